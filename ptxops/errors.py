@@ -1,0 +1,31 @@
+"""Exceptions raised by ptxops."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+
+class QualifierError(ValueError):
+    """An instruction form that the PTX ISA (or ptxas) does not allow.
+
+    Raised by :func:`ptxops.spec.instruction` and, at trace time, by every device function.
+    The message names the family, the offending qualifiers, the rule broken, the legal
+    alternatives in that context and the compile target.  The same facts are attributes:
+    """
+
+    def __init__(
+        self,
+        family: str,
+        message: str,
+        *,
+        offending: Mapping[str, object] | None = None,
+        rule: str | None = None,
+        legal: Mapping[str, Sequence[object]] | None = None,
+        target: str | None = None,
+    ) -> None:
+        self.family = family
+        self.offending = dict(offending or {})
+        self.rule = rule
+        self.legal = {k: list(v) for k, v in (legal or {}).items()}
+        self.target = target
+        super().__init__(message)

@@ -1,0 +1,150 @@
+"""Turn a validated :class:`~ptxops.render.Instruction` into one CuTeDSL inline-asm op.
+
+This is the only module that builds ``llvm.inline_asm``; the device functions choose a form,
+validate it through :mod:`ptxops.spec` and hand it here with their operands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import cutlass.cute as cute
+from cutlass._mlir import ir
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import BaseDSL, T
+
+from .. import spec
+from ..errors import QualifierError
+from ..render import Instruction
+from ..spec.engine import Value
+from ..spec.targets import normalise_target
+
+#: The state space a pointer's address space implies when the caller names none.
+SPACE_OF_POINTER = {
+    cute.AddressSpace.gmem: "global",
+    cute.AddressSpace.smem: "shared::cta",
+    cute.AddressSpace.dsmem: "shared::cluster",
+    cute.AddressSpace.generic: None,
+}
+#: Address spaces a pointer may have for each state-space qualifier.
+POINTERS_FOR_SPACE = {
+    None: (cute.AddressSpace.generic, cute.AddressSpace.gmem),
+    "global": (cute.AddressSpace.gmem, cute.AddressSpace.generic),
+    "shared": (cute.AddressSpace.smem,),
+    "shared::cta": (cute.AddressSpace.smem,),
+    "shared::cluster": (cute.AddressSpace.smem, cute.AddressSpace.dsmem),
+}
+
+
+def compile_target() -> str:
+    """The target of the compile being traced (``cute.GPUArch`` option, else CUTE_DSL_ARCH)."""
+    return normalise_target(BaseDSL._get_dsl().get_arch_enum().name)
+
+
+def instruction(family: str, **qualifiers: Value) -> Instruction:
+    """:func:`ptxops.spec.instruction` for the target being compiled."""
+    return spec.instruction(family, target=compile_target(), **qualifiers)
+
+
+def state_space(family: str, ptr: cute.Pointer, space: Value, allowed: Sequence[Value]) -> Value:
+    """The state-space qualifier for ``ptr``: the caller's, checked, or the one ``ptr`` implies."""
+    memspace = ptr.memspace
+    if space == "auto":
+        if memspace not in SPACE_OF_POINTER:
+            raise _pointer_error(family, f"a pointer in {memspace} memory", allowed)
+        space = SPACE_OF_POINTER[memspace]
+        if space not in allowed and None in allowed and memspace == cute.AddressSpace.generic:
+            space = None
+    if space not in allowed:
+        raise _pointer_error(family, f"space={space!r} (pointer in {memspace})", allowed)
+    if memspace not in POINTERS_FOR_SPACE.get(space, ()):
+        raise _pointer_error(family, f"space={space!r} with a pointer in {memspace} memory", allowed)
+    return space
+
+
+def _pointer_error(family: str, what: str, allowed: Sequence[Value]) -> QualifierError:
+    legal = [("generic" if s is None else s) for s in allowed]
+    return QualifierError(
+        family,
+        f"{family}: {what} is not allowed (target {compile_target()}).\n"
+        f"  rule [pointer-space]: {family} addresses memory in "
+        f"{', '.join(legal)}; pass a pointer in one of those spaces.",
+        offending={"space": what},
+        rule="pointer-space",
+        legal={"space": list(allowed)},
+        target=compile_target(),
+    )
+
+
+def check_alignment(inst: Instruction, ptr: cute.Pointer) -> None:
+    """Reject an access wider than the pointer's known alignment (vector accesses must be
+    naturally aligned, or the GPU faults with a misaligned-address error)."""
+    data = next((o for o in inst.operands if o.role in ("b", "d")), None)
+    if data is None:
+        return
+    width = data.count * max(data.bits, 8) // 8
+    if data.bits > 8 and inst.qualifiers.get("type") in ("b8", "u8", "s8"):
+        width = data.count
+    if ptr.alignment < width:
+        raise QualifierError(
+            inst.family,
+            f"{inst.opcode}: the pointer is known to be {ptr.alignment}-byte aligned, but the "
+            f"access is {width} bytes (target {inst.target}).\n"
+            f"  rule [pointer-alignment]: a {width}-byte access must be {width}-byte aligned; "
+            "give the tensor assumed_align, or use a narrower access.",
+            offending={"alignment": ptr.alignment},
+            rule="pointer-alignment",
+            legal={"alignment": [width]},
+            target=inst.target,
+        )
+
+
+def address(ptr: cute.Pointer, space: Value, *, loc=None, ip=None) -> ir.Value:
+    """The address operand: 32-bit for shared spaces, 64-bit otherwise."""
+    value = ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)
+    return value
+
+
+def emit(
+    inst: Instruction,
+    addr: ir.Value | None,
+    sources: Sequence[Sequence[ir.Value]] = (),
+    *,
+    loc=None,
+    ip=None,
+) -> list[ir.Value]:
+    """Emit ``inst`` with its address and the carriers of each source operand, in operand
+    order; return the carriers of its destination (empty for stores, reductions, fences)."""
+    out_bits = [b for o in inst.outputs for b in o.carriers]
+    operands: list[ir.Value] = []
+    pending = list(sources)
+    for op in inst.inputs:
+        if op.role == "a":
+            operands.append(addr)
+        else:
+            values = list(pending.pop(0))
+            if len(values) != len(op.carriers):
+                raise ValueError(
+                    f"{inst.opcode}: operand {op.role} needs {len(op.carriers)} registers, "
+                    f"got {len(values)}"
+                )
+            operands += values
+    if not out_bits:
+        result_type = None
+    elif len(out_bits) == 1:
+        result_type = T.i(out_bits[0])
+    else:
+        result_type = llvm.StructType.get_literal([T.i(b) for b in out_bits])
+    result = llvm.inline_asm(
+        result_type,
+        operands,
+        inst.template,
+        inst.constraints,
+        has_side_effects=True,
+        asm_dialect=0,
+        loc=loc,
+        ip=ip,
+    )
+    if len(out_bits) <= 1:
+        return [result] if out_bits else []
+    return [llvm.extractvalue(T.i(b), result, [i], loc=loc, ip=ip) for i, b in enumerate(out_bits)]

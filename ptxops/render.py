@@ -1,0 +1,223 @@
+"""Render a form of an instruction family into PTX text.
+
+Rendering never validates: the oracle tests render illegal forms on purpose to see ptxas reject
+them.  :func:`ptxops.spec.instruction` validates first and then renders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from .spec.engine import Family, Value
+from .spec.ptxtypes import TYPES
+from .spec.targets import PTX_VERSION
+
+#: LLVM inline-asm constraint letter for a register of each width.
+CONSTRAINT = {16: "h", 32: "r", 64: "l"}
+#: PTX register names used when a form is rendered as a standalone statement.
+REGISTER = {8: "%b", 16: "%h", 32: "%r", 64: "%rd", 128: "%q"}
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One PTX operand: ``count`` registers of ``bits`` each (``count > 1`` is a ``{...}`` list).
+
+    ``role`` is the signature token: ``d`` destination, ``a`` address, ``b``/``c`` sources, or
+    a literal such as ``128``.
+    """
+
+    role: str
+    count: int = 1
+    bits: int = 0
+
+    @property
+    def is_output(self) -> bool:
+        return self.role == "d"
+
+    @property
+    def carriers(self) -> tuple[int, ...]:
+        """Widths of the LLVM values that carry this operand through inline asm.
+
+        LLVM has no 8- or 128-bit NVPTX registers: four ``.b8`` lanes travel packed in one
+        32-bit value, a ``.b128`` value as two 64-bit halves (low first).
+        """
+        if self.is_literal or self.role == "a":
+            return () if self.is_literal else (self.bits,)
+        if self.bits == 8:
+            return (32,) * (self.count // 4)
+        if self.bits == 128:
+            return (64, 64) * self.count
+        return (self.bits,) * self.count
+
+    @property
+    def is_literal(self) -> bool:
+        return self.role not in ("a", "b", "c", "d")
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """A validated instruction form and everything needed to emit it.
+
+    ``template`` is an LLVM inline-asm string whose ``$n`` operands follow ``constraints``:
+    outputs first, then the address, then sources, with a ``~{memory}`` clobber.  A 128-bit
+    value travels as two 64-bit halves (low first) and is joined in a scoped ``.b128`` register.
+    """
+
+    family: str
+    target: str
+    qualifiers: Mapping[str, Value]
+    opcode: str
+    operands: tuple[Operand, ...]
+    template: str
+    constraints: str
+    effective: Mapping[str, Value] = field(default_factory=dict)
+
+    @property
+    def statement(self) -> str:
+        """The instruction in PTX syntax with symbolic operand names (``d``, ``[a]``, ...)."""
+        parts = []
+        for op in self.operands:
+            if op.is_literal:
+                parts.append(op.role)
+            elif op.role == "a":
+                parts.append("[a]")
+            elif op.count > 1:
+                parts.append("{" + ", ".join(f"{op.role}{i}" for i in range(op.count)) + "}")
+            else:
+                parts.append(op.role)
+        return f"{self.opcode} {', '.join(parts)};" if parts else f"{self.opcode};"
+
+    @property
+    def outputs(self) -> tuple[Operand, ...]:
+        return tuple(o for o in self.operands if o.is_output)
+
+    @property
+    def inputs(self) -> tuple[Operand, ...]:
+        return tuple(o for o in self.operands if not o.is_output and not o.is_literal)
+
+
+def opcode(family: Family, q: Mapping[str, Value]) -> str:
+    """The dotted opcode: the mnemonic and each qualifier present, in the family's order."""
+    return family.name + "".join(slot.render_in(q) for slot in family.qualifiers)
+
+
+def operands(family: Family, q: Mapping[str, Value]) -> tuple[Operand, ...]:
+    """The operand layout of a form, from the family's signature and the form's type/vec/space."""
+    ptx_type = TYPES.get(str(q.get("type")))
+    count = int(q["vec"]) if q.get("vec") else 1
+    bits = ptx_type.reg_bits if ptx_type else 0
+    space = str(q.get("space") or "")
+    out = []
+    for token in family.signature(q):
+        if token == "a":
+            out.append(Operand("a", 1, 32 if space.startswith("shared") else 64))
+        elif token in ("b", "c", "d"):
+            out.append(Operand(token, count, bits))
+        else:
+            out.append(Operand(token))
+    return tuple(out)
+
+
+def statement(op_text: str, layout: Iterable[Operand], names: Iterable[Iterable[str]]) -> str:
+    """Join an opcode and per-operand register names into one PTX statement."""
+    parts = []
+    for op, regs in zip(layout, names):
+        regs = list(regs)
+        if op.is_literal:
+            parts.append(op.role)
+        elif op.role == "a":
+            parts.append(f"[{regs[0]}]")
+        elif op.count > 1:
+            parts.append("{" + ", ".join(regs) + "}")
+        else:
+            parts.append(regs[0])
+    return f"{op_text} {', '.join(parts)};" if parts else f"{op_text};"
+
+
+def asm_template(op_text: str, layout: tuple[Operand, ...]) -> tuple[str, str]:
+    """The inline-asm template and constraint string for a layout.
+
+    LLVM numbers outputs before inputs, so outputs are numbered first whatever their position
+    in the PTX statement.  Operands whose registers LLVM cannot hold (``.b8`` lanes, ``.b128``)
+    go through scoped temporaries that a ``mov`` joins to or splits from their carriers.
+    """
+    order = [o for o in layout if o.is_output] + [o for o in layout if not o.is_output]
+    names: dict[int, list[str]] = {}
+    constraints: list[str] = []
+    before: list[str] = []
+    after: list[str] = []
+    n = 0
+    for op in order:
+        if op.is_literal:
+            continue
+        carriers = [f"${n + i}" for i in range(len(op.carriers))]
+        constraints += [("=" if op.is_output else "") + CONSTRAINT[b] for b in op.carriers]
+        n += len(carriers)
+        if op.bits not in (8, 128):
+            names[id(op)] = carriers
+            continue
+        temps = [f"%ptxops_{op.role}{i}" for i in range(op.count)]
+        before.append(f".reg .b{op.bits} {', '.join(temps)};")
+        if op.bits == 8:  # four lanes per 32-bit carrier
+            pairs = [(c, temps[4 * i : 4 * i + 4]) for i, c in enumerate(carriers)]
+        else:  # two 64-bit carriers per lane
+            pairs = [(f"{{{carriers[2 * i]}, {carriers[2 * i + 1]}}}", [t]) for i, t in enumerate(temps)]
+        for carrier, regs in pairs:
+            joined = regs[0] if len(regs) == 1 else "{" + ", ".join(regs) + "}"
+            if op.is_output:
+                after.append(f"mov.b{32 if op.bits == 8 else 128} {carrier}, {joined};")
+            else:
+                before.append(f"mov.b{32 if op.bits == 8 else 128} {joined}, {carrier};")
+        names[id(op)] = temps
+    body = statement(op_text, layout, (names.get(id(o), []) for o in layout))
+    if before or after:
+        body = "{ " + " ".join(before + [body] + after) + " }"
+    return body, ",".join(constraints + ["~{memory}"])
+
+
+def register_names(layout: Iterable[Operand], counter: dict[int, int]) -> list[list[str]]:
+    """Fresh PTX register names for a layout (for standalone modules)."""
+    names = []
+    for op in layout:
+        regs = []
+        for _ in range(op.count if not op.is_literal else 0):
+            counter[op.bits] = counter.get(op.bits, 0) + 1
+            regs.append(f"{REGISTER[op.bits]}{counter[op.bits]}")
+        names.append(regs)
+    return names
+
+
+def module(statements: Iterable[str], target: str, registers: int = 64) -> str:
+    """A complete PTX module with one kernel holding ``statements``.
+
+    The kernel declares ``registers`` registers of each class; statements use ``%h``, ``%r``,
+    ``%rd`` and ``%q`` names below that bound.  Statement ``n`` (from 0) is line ``FIRST_BODY_LINE + n`` of the
+    module (see :data:`FIRST_BODY_LINE`).
+    """
+    head = [
+        f".version {PTX_VERSION}",
+        f".target {target}",
+        ".address_size 64",
+        ".visible .entry ptxops_forms(.param .u64 p)",
+        "{",
+        f".reg .b8 %b<{registers}>; .reg .b16 %h<{registers}>; .reg .b32 %r<{registers}>;",
+        f".reg .b64 %rd<{registers}>;",
+        f".reg .b128 %q<{registers}>;",
+    ]
+    return "\n".join(head + list(statements) + ["ret;", "}", ""])
+
+
+#: Line number (1-based) of the first statement in :func:`module`'s output.
+FIRST_BODY_LINE = 9
+
+
+def render(family: Family, q: Mapping[str, Value], effective: Mapping[str, Value]) -> Instruction:
+    """Render a normalised form (legal or not) into an :class:`Instruction`."""
+    text = opcode(family, q)
+    layout = operands(family, q)
+    template, constraints = asm_template(text, layout)
+    return Instruction(
+        family.name, str(q["target"]), dict(q), text, layout, template, constraints,
+        dict(effective),
+    )

@@ -1,0 +1,71 @@
+"""The declarative spec of every instruction family ptxops wraps, and its pure API.
+
+Importable without CuTeDSL.  ``instruction(family, **qualifiers)`` validates a form and renders
+it; ``forms(family, target=...)`` enumerates every legal form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ..errors import QualifierError
+from ..render import Instruction, render
+from . import atomics, fence, memory, multimem
+from .engine import Family, Qualifier, Rule, Value
+from .targets import DEFAULT_TARGET, TARGETS
+
+FAMILIES: dict[str, Family] = {
+    f.name: f for f in (*multimem.FAMILIES, *atomics.FAMILIES, *memory.FAMILIES, *fence.FAMILIES)
+}
+
+
+def family(name: str) -> Family:
+    """The :class:`Family` for a PTX mnemonic such as ``"multimem.ld_reduce"``."""
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise QualifierError(
+            str(name),
+            f"unknown instruction family {name!r}; ptxops knows {', '.join(FAMILIES)}",
+            offending={"family": name},
+            rule="known-families",
+            legal={"family": list(FAMILIES)},
+        ) from None
+
+
+def instruction(family_name: str, /, **qualifiers: Value) -> Instruction:
+    """Validate one form of ``family_name`` and render it.
+
+    Keys are ``sem``, ``scope``, ``space``, ``op``, ``type``, ``vec``, ``acc``, ``target`` (and
+    ``proxy``, ``op_restrict``, ``sync_restrict`` for ``fence``), with PTX spellings without the
+    dot.  A key left out means what PTX means when the qualifier is left out; a missing target
+    means ``sm_90``.  Raises :class:`~ptxops.QualifierError` for any illegal combination.
+    """
+    fam = family(family_name)
+    q = fam.normalise(qualifiers)
+    fam.check(q)
+    return render(fam, q, fam.effective(q))
+
+
+def forms(family_name: str, /, target: str = DEFAULT_TARGET, **fixed: Value) -> Iterator[Instruction]:
+    """Every legal form of ``family_name`` on ``target``, optionally with some qualifiers fixed."""
+    fam = family(family_name)
+    given = {**fixed, "target": target}
+    spelled = fam.normalise(given, partial=True)
+    for q in fam.enumerate(**{k: spelled[k] for k in given}):
+        yield render(fam, q, fam.effective(q))
+
+
+__all__ = [
+    "DEFAULT_TARGET",
+    "FAMILIES",
+    "TARGETS",
+    "Family",
+    "Instruction",
+    "Qualifier",
+    "QualifierError",
+    "Rule",
+    "family",
+    "forms",
+    "instruction",
+]

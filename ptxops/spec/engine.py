@@ -1,0 +1,291 @@
+"""The rule engine behind every instruction family: qualifiers, rules, validation, enumeration.
+
+A family is data: an ordered list of :class:`Qualifier` domains and a list of :class:`Rule`
+records.  A rule reads "when these qualifiers take these values, that qualifier must take one of
+those values".  Validation finds the first rule a form breaks and explains it; enumeration walks
+the cross product of the domains, pruning with the rules.  Nothing here knows about a particular
+instruction.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from ..errors import QualifierError
+from .targets import DEFAULT_TARGET, TARGETS
+
+Value = str | int | None
+
+
+def _fs(values: Value | Iterable[Value]) -> frozenset[Value]:
+    if values is None or isinstance(values, (str, int)):
+        return frozenset([values])
+    return frozenset(values)
+
+
+def show(value: Value) -> str:
+    """How a qualifier value is written in messages and tables."""
+    return "(absent)" if value is None else repr(value)
+
+
+@dataclass(frozen=True)
+class Qualifier:
+    """One qualifier slot of an opcode.
+
+    ``values`` are the spellings the slot takes (PTX spelling without the dot); ``None`` in
+    ``values`` means the slot may be left out, and ``absent`` is what PTX assumes then
+    (``"weak"`` for a missing sem of ``ld``, ``"generic"`` for a missing state space).
+    ``prefix`` renders a value into the opcode (``".acc::" + "f32"``).
+    """
+
+    key: str
+    values: tuple[Value, ...]
+    doc: str
+    absent: Value = None
+    prefix: str = "."
+    implied_by: Mapping[str, frozenset[Value]] | None = None
+
+    @property
+    def settable(self) -> bool:
+        """False for slots the form implies, such as ``.noftz`` on 16-bit float atomics."""
+        return self.implied_by is None
+
+    def render(self, value: Value) -> str:
+        return "" if value is None else f"{self.prefix}{value}"
+
+    def render_in(self, q: Mapping[str, Value]) -> str:
+        """This slot's text in the opcode of form ``q``."""
+        if self.implied_by is None:
+            return self.render(q.get(self.key))
+        implied = all(q.get(k) in vs for k, vs in self.implied_by.items())
+        return self.render(self.values[0]) if implied else ""
+
+
+def implied(key: str, text: str, doc: str, *, by: Mapping[str, Iterable[Value]]) -> Qualifier:
+    """A slot nobody sets: ``text`` appears in the opcode whenever the form matches ``by``."""
+    return Qualifier(key, (text,), doc, implied_by={k: _fs(v) for k, v in by.items()})
+
+
+@dataclass(frozen=True)
+class Rule:
+    """When every key in ``when`` holds one of its values, each key in ``allow`` must too.
+
+    ``ptxas_enforced`` is False for the few rules where ptxas lets a form through that the PTX
+    ISA forbids; ptxops follows the documentation there and the oracle tests know it.
+    """
+
+    name: str
+    text: str
+    when: Mapping[str, frozenset[Value]]
+    allow: Mapping[str, frozenset[Value]]
+    ptxas_enforced: bool = True
+
+    @property
+    def keys(self) -> frozenset[str]:
+        return frozenset(self.when) | frozenset(self.allow)
+
+    def applies(self, q: Mapping[str, Value]) -> bool:
+        return all(q.get(k) in vs for k, vs in self.when.items())
+
+    def broken_keys(self, q: Mapping[str, Value]) -> list[str]:
+        if not self.applies(q):
+            return []
+        return [k for k, vs in self.allow.items() if q.get(k) not in vs]
+
+
+def rule(
+    name: str,
+    text: str,
+    *,
+    when: Mapping[str, Value | Iterable[Value]] | None = None,
+    allow: Mapping[str, Value | Iterable[Value]],
+    ptxas_enforced: bool = True,
+) -> Rule:
+    """Build a :class:`Rule` from plain values or iterables of values."""
+    return Rule(
+        name,
+        text,
+        {k: _fs(v) for k, v in (when or {}).items()},
+        {k: _fs(v) for k, v in allow.items()},
+        ptxas_enforced,
+    )
+
+
+@dataclass(frozen=True)
+class Family:
+    """One PTX instruction family as data.
+
+    ``qualifiers`` are in opcode order.  ``operands`` is the operand signature, one token per
+    operand: ``d`` destination value, ``a`` address, ``b`` and ``c`` source values, or a literal;
+    ``operand_variants`` maps conditions such as ``"op=cas"`` or ``"proxy=x,sem=y"`` to the
+    signature of the forms that match them.
+    ``device_function`` names the ptxops function that emits the family.
+    """
+
+    name: str
+    summary: str
+    qualifiers: tuple[Qualifier, ...]
+    rules: tuple[Rule, ...]
+    operands: tuple[str, ...]
+    device_function: str
+    section: str
+    operand_variants: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def settable(self) -> tuple[Qualifier, ...]:
+        return tuple(q for q in self.qualifiers if q.settable)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(q.key for q in self.settable) + ("target",)
+
+    def qualifier(self, key: str) -> Qualifier:
+        for q in self.qualifiers:
+            if q.key == key:
+                return q
+        raise KeyError(key)
+
+    def effective(self, q: Mapping[str, Value]) -> dict[str, Value]:
+        """The form with every absent qualifier replaced by what PTX assumes for it."""
+        return {
+            k: (v if v is not None or k == "target" else self.qualifier(k).absent)
+            for k, v in q.items()
+        }
+
+    def domain(self, key: str) -> tuple[Value, ...]:
+        return TARGETS if key == "target" else self.qualifier(key).values
+
+    def signature(self, q: Mapping[str, Value]) -> tuple[str, ...]:
+        """Operand tokens for a form (``atom.cas`` takes one more source than ``atom.add``)."""
+        for condition, tokens in self.operand_variants.items():
+            pairs = (c.partition("=") for c in condition.split(","))
+            if all(str(q.get(key)) == value for key, _, value in pairs):
+                return tokens
+        return self.operands
+
+    # -- validation -------------------------------------------------------------------------
+
+    def normalise(self, given: Mapping[str, object], *, partial: bool = False) -> dict[str, Value]:
+        """Check keys and spellings; return every key with its value (``None`` if left out),
+        or with ``partial`` only the keys given."""
+        unknown = sorted(set(given) - set(self.keys))
+        if unknown:
+            raise QualifierError(
+                self.name,
+                f"{self.name}: unknown qualifier key(s) {', '.join(map(repr, unknown))}; "
+                f"{self.name} takes {', '.join(self.keys)}",
+                offending={k: given[k] for k in unknown},
+                rule="known-keys",
+                legal={"keys": list(self.keys)},
+                target=str(given.get("target", DEFAULT_TARGET)),
+            )
+        q: dict[str, Value] = {}
+        target = given.get("target", DEFAULT_TARGET)
+        for key in self.keys:
+            if partial and key not in given:
+                continue
+            value = given.get(key, DEFAULT_TARGET if key == "target" else None)
+            if isinstance(value, str) and key == "vec" and value.startswith("v"):
+                value = value[1:]
+            if key == "vec" and isinstance(value, str) and value.isdigit():
+                value = int(value)
+            domain = self.domain(key)
+            if value not in domain:
+                spelled = [str(v) for v in domain if v is not None]
+                near = difflib.get_close_matches(str(value), spelled, n=1)
+                hint = f" (did you mean {near[0]!r}?)" if near else ""
+                problem = (
+                    f"{self.name} needs {key}="
+                    if key not in given
+                    else f"{key}={value!r} is not a {key} of {self.name}{hint}"
+                )
+                raise QualifierError(
+                    self.name,
+                    f"{self.name}: {problem}; legal values: "
+                    f"{', '.join(show(v) for v in domain)} (target {target})",
+                    offending={key: value},
+                    rule="known-values",
+                    legal={key: list(domain)},
+                    target=str(target),
+                )
+            q[key] = value
+        return q
+
+    def broken(self, q: Mapping[str, Value]) -> tuple[Rule, list[str]] | None:
+        """The first rule the form breaks and the keys it breaks, or None."""
+        for r in self.rules:
+            keys = r.broken_keys(q)
+            if keys:
+                return r, keys
+        return None
+
+    def is_legal(self, q: Mapping[str, Value]) -> bool:
+        return self.broken(q) is None
+
+    def alternatives(self, q: Mapping[str, Value], key: str) -> list[Value]:
+        """Values of ``key`` that make the form legal with every other qualifier kept."""
+        return [v for v in self.domain(key) if self.is_legal({**q, key: v})]
+
+    def check(self, q: Mapping[str, Value]) -> None:
+        """Raise :class:`QualifierError` for the first rule the normalised form ``q`` breaks."""
+        found = self.broken(q)
+        if found is None:
+            return
+        r, keys = found
+        offending = {k: q[k] for k in keys}
+        context = {k: q[k] for k in r.when}
+        legal = {k: self.alternatives(q, k) for k in [*keys, *r.when] if k in q}
+        what = ", ".join(f"{k}={show(v)}" for k, v in offending.items())
+        with_ = ", ".join(f"{k}={show(v)}" for k, v in context.items())
+        options = "; ".join(
+            f"{k} in {{{', '.join(show(v) for v in vs)}}}" for k, vs in legal.items() if vs
+        )
+        raise QualifierError(
+            self.name,
+            f"{self.name}: {what} is not allowed" + (f" with {with_}" if with_ else "")
+            + f" (target {q['target']}).\n  rule [{r.name}]: {r.text}\n"
+            + f"  legal here: {options or 'nothing with these other qualifiers'}",
+            offending=offending,
+            rule=r.name,
+            legal=legal,
+            target=str(q["target"]),
+        )
+
+    # -- enumeration ------------------------------------------------------------------------
+
+    def enumerate(self, **fixed: Value) -> Iterator[dict[str, Value]]:
+        """Every legal form, with the keys in ``fixed`` held at the given values."""
+        keys = ("target",) + tuple(q.key for q in self.settable)
+        ready: list[list[Rule]] = [[] for _ in keys]
+        for r in self.rules:
+            ready[max(keys.index(k) for k in r.keys)].append(r)
+
+        def walk(i: int, q: dict[str, Value]) -> Iterator[dict[str, Value]]:
+            if i == len(keys):
+                yield dict(q)
+                return
+            key = keys[i]
+            for v in (fixed[key],) if key in fixed else self.domain(key):
+                q[key] = v
+                if not any(r.broken_keys(q) for r in ready[i]):
+                    yield from walk(i + 1, q)
+            del q[key]
+
+        yield from walk(0, {})
+
+    def space(self, **fixed: Value) -> Iterator[dict[str, Value]]:
+        """The whole cross product of the domains, legal or not (for the oracle tests)."""
+        keys = ("target",) + tuple(q.key for q in self.settable)
+
+        def walk(i: int, q: dict[str, Value]) -> Iterator[dict[str, Value]]:
+            if i == len(keys):
+                yield dict(q)
+                return
+            for v in (fixed[keys[i]],) if keys[i] in fixed else self.domain(keys[i]):
+                q[keys[i]] = v
+                yield from walk(i + 1, q)
+            del q[keys[i]]
+
+        yield from walk(0, {})

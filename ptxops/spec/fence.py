@@ -1,0 +1,87 @@
+"""``fence``: memory fences, proxy fences and their restricted forms.
+
+PTX ISA 9.0, section 9.7.13.4 (membar/fence).  ``fence.sem.scope`` orders this thread's memory
+operations; ``fence.proxy.*`` orders across proxies (the generic proxy against the async proxy
+of TMA and multicast, or the tensormap proxy); ``mbarrier_init`` and ``sync_restrict`` are
+cluster-scoped lightweight variants.
+"""
+
+from __future__ import annotations
+
+from .engine import Family, Qualifier, rule
+
+SCOPES = ("cta", "cluster", "gpu", "sys")
+BIDIRECTIONAL = ("alias", "async", "async.global", "async.shared::cta", "async.shared::cluster")
+
+FENCE = Family(
+    name="fence",
+    summary="Memory fence: order memory operations at a scope, or across proxies.",
+    qualifiers=(
+        Qualifier(
+            "proxy", (None,) + BIDIRECTIONAL + ("tensormap::generic", "async::generic"),
+            "proxy kind (absent: an ordinary fence)", prefix=".proxy.",
+        ),
+        Qualifier("op_restrict", (None, "mbarrier_init"), "restrict to mbarrier.init ordering"),
+        Qualifier(
+            "sem", (None, "sc", "acq_rel", "acquire", "release"), "fence semantics",
+            absent="acq_rel",
+        ),
+        Qualifier(
+            "sync_restrict", (None, "shared::cta", "shared::cluster"),
+            "restrict to shared-memory synchronisation", prefix=".sync_restrict::",
+        ),
+        Qualifier("scope", (None,) + SCOPES, "the set of threads the fence orders with"),
+    ),
+    rules=(
+        rule(
+            "scope-required",
+            "A fence (other than a bidirectional proxy fence) needs a scope (ptxas: \"Scope "
+            "modifier required for instruction 'fence'\").",
+            when={"proxy": (None, "tensormap::generic", "async::generic")},
+            allow={"scope": SCOPES},
+        ),
+        rule(
+            "bidirectional-proxy-bare",
+            "Bidirectional proxy fences (fence.proxy.alias/async/async.global/async.shared::*) "
+            "take no sem, no scope and no restriction.",
+            when={"proxy": BIDIRECTIONAL},
+            allow={"sem": None, "scope": None, "op_restrict": None, "sync_restrict": None},
+        ),
+        rule(
+            "tensormap-sem",
+            "fence.proxy.tensormap::generic is .release, or .acquire with operands [a], 128.",
+            when={"proxy": "tensormap::generic"},
+            allow={"sem": ("acquire", "release"), "op_restrict": None, "sync_restrict": None},
+        ),
+        rule(
+            "async-generic-restricted",
+            "fence.proxy.async::generic exists only with a .sync_restrict qualifier.",
+            when={"proxy": "async::generic"},
+            allow={"sync_restrict": ("shared::cta", "shared::cluster"), "op_restrict": None},
+        ),
+        rule(
+            "mbarrier-init",
+            "fence.mbarrier_init exists only as fence.mbarrier_init.release.cluster.",
+            when={"op_restrict": "mbarrier_init"},
+            allow={"proxy": None, "sem": "release", "scope": "cluster", "sync_restrict": None},
+        ),
+        rule(
+            "sync-restrict-cta",
+            ".sync_restrict::shared::cta requires .release and .cluster scope.",
+            when={"sync_restrict": "shared::cta"},
+            allow={"sem": "release", "scope": "cluster"},
+        ),
+        rule(
+            "sync-restrict-cluster",
+            ".sync_restrict::shared::cluster requires .acquire and .cluster scope.",
+            when={"sync_restrict": "shared::cluster"},
+            allow={"sem": "acquire", "scope": "cluster"},
+        ),
+    ),
+    operands=(),
+    operand_variants={"proxy=tensormap::generic,sem=acquire": ("a", "128")},
+    device_function="fence",
+    section="9.7.13.4 membar/fence (PTX ISA 9.0)",
+)
+
+FAMILIES = (FENCE,)

@@ -1,0 +1,26 @@
+"""Compile targets ptxops knows, and the feature groups the rules refer to."""
+
+from __future__ import annotations
+
+#: Every target the spec covers, in order of introduction.
+TARGETS: tuple[str, ...] = ("sm_90", "sm_90a", "sm_100a", "sm_100f", "sm_103a", "sm_120a")
+
+#: The target assumed when none is given: the oldest one, so a form legal there is portable.
+DEFAULT_TARGET = "sm_90"
+
+#: PTX ISA version written into the header of rendered modules (the newest ptxas 13.0 reads).
+PTX_VERSION = "9.0"
+
+#: Targets with the fp8 (e4m3/e5m2) multimem forms and ``.acc::f16``: the PTX ISA lists
+#: sm_100a, sm_101a/110a, sm_120a, sm_121a and the sm_100f/sm_110f families.
+FP8_MULTIMEM = ("sm_100a", "sm_100f", "sm_103a", "sm_120a")
+
+#: Targets with 256-bit ``ld``/``st`` (``.v8`` of 32-bit types, ``.v4`` of 64-bit types).
+#: The PTX ISA: "require sm_100 or higher".
+WIDE_LDST = ("sm_100a", "sm_100f", "sm_103a", "sm_120a")
+
+
+def normalise_target(arch: str) -> str:
+    """``"sm_90a"`` from ``"sm_90a"``, ``"90a"`` or ``"SM_90A"``; unknown targets pass through."""
+    a = arch.strip().lower()
+    return a if a.startswith("sm_") else f"sm_{a}"
