@@ -1,3 +1,27 @@
-"""ptxops: validated, typed CuTeDSL bindings for PTX memory-ordering and multicast instructions."""
-from .errors import QualifierError
+"""ptxops: validated, typed CuTeDSL bindings for PTX memory-ordering and multicast instructions.
+
+``ptxops.spec`` (pure Python) holds the instruction tables and validates forms.  The device
+functions (``multimem_ld_reduce``, ``atom``, ``ld_acquire``, ...) need CuTeDSL and are loaded
+on first use, so ``import ptxops`` works on machines without it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from . import spec
+from .errors import QualifierError
+
+DEVICE_FUNCTIONS = (
+    "atom", "atom_add", "atom_cas", "atom_exch", "fence", "ld", "ld_acquire",
+    "multimem_ld_reduce", "multimem_red", "multimem_st", "red", "st", "st_release",
+)
+
+__all__ = ["QualifierError", "spec", *DEVICE_FUNCTIONS]
+
+
+def __getattr__(name: str) -> Any:
+    if name in DEVICE_FUNCTIONS:
+        return getattr(importlib.import_module(".ops", __name__), name)
+    raise AttributeError(f"module 'ptxops' has no attribute {name!r}")

@@ -7,6 +7,7 @@ validate it through :mod:`ptxops.spec` and hand it here with their operands.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import cutlass.cute as cute
 from cutlass._mlir import ir
@@ -18,6 +19,7 @@ from ..errors import QualifierError
 from ..render import Instruction
 from ..spec.engine import Value
 from ..spec.targets import normalise_target
+from . import values
 
 #: The state space a pointer's address space implies when the caller names none.
 SPACE_OF_POINTER = {
@@ -99,10 +101,9 @@ def check_alignment(inst: Instruction, ptr: cute.Pointer) -> None:
         )
 
 
-def address(ptr: cute.Pointer, space: Value, *, loc=None, ip=None) -> ir.Value:
-    """The address operand: 32-bit for shared spaces, 64-bit otherwise."""
-    value = ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)
-    return value
+def address(ptr: cute.Pointer, *, loc=None, ip=None) -> ir.Value:
+    """The address operand: a shared pointer's 32-bit offset, else the 64-bit address."""
+    return ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)
 
 
 def emit(
@@ -148,3 +149,27 @@ def emit(
     if len(out_bits) <= 1:
         return [result] if out_bits else []
     return [llvm.extractvalue(T.i(b), result, [i], loc=loc, ip=ip) for i, b in enumerate(out_bits)]
+
+
+def send(
+    inst: Instruction,
+    ptr: cute.Pointer,
+    sources: Sequence[tuple[Any, Any]],
+    packed: bool,
+    *,
+    result: Any = None,
+    loc=None,
+    ip=None,
+) -> Any:
+    """Emit a memory instruction at ``ptr``: check alignment, pack each ``(data, dtype)``
+    source, and return the destination as ``result`` dtype values (None if it has none)."""
+    check_alignment(inst, ptr)
+    operands = [o for o in inst.inputs if o.role != "a"]
+    carriers = [
+        values.source(data, dtype, op, packed, loc=loc, ip=ip)
+        for (data, dtype), op in zip(sources, operands)
+    ]
+    out = emit(inst, address(ptr, loc=loc, ip=ip), carriers, loc=loc, ip=ip)
+    if not inst.outputs:
+        return None
+    return values.result(out, result, inst.outputs[0], packed, loc=loc, ip=ip)

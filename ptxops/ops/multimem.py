@@ -12,7 +12,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cutlass_dsl import dsl_user_op
 
-from ..spec.ptxtypes import FP8_ALL, HALF, HALF_X2, TYPES
+from ..spec.ptxtypes import FP8_ALL, HALF, HALF_X2
 from . import emit, forms, values
 
 _ACC_NAMES = {cutlass.Float32: "f32", cutlass.Float16: "f16"}
@@ -73,12 +73,7 @@ def multimem_ld_reduce(
         "multimem.ld_reduce", dtype, num_elements, op, type, vec, acc,
         sem=sem, scope=scope, space=space,
     )
-    emit.check_alignment(inst, mc_ptr)
-    out = inst.outputs[0]
-    regs = emit.emit(inst, emit.address(mc_ptr, space, loc=loc, ip=ip), loc=loc, ip=ip)
-    if packed:
-        return values.raw(regs, out)
-    return values.from_carriers(regs, _value_type(inst, dtype), out, loc=loc, ip=ip)
+    return emit.send(inst, mc_ptr, [], packed, result=dtype, loc=loc, ip=ip)
 
 
 @dsl_user_op
@@ -102,10 +97,10 @@ def multimem_st(
     or ``"release"``.  ``data`` is a TensorSSA, a sequence of scalars or one scalar of
     ``dtype`` (default: the pointer's), or packed registers with ``packed=True``.
     """
-    dtype, n = _data_shape(data, dtype or mc_ptr.dtype, num_elements, packed)
+    dtype, n = values.data_shape(data, dtype or mc_ptr.dtype, num_elements, packed)
     space = emit.state_space("multimem.st", mc_ptr, "auto", ("global", None))
     inst = _form("multimem.st", dtype, n, None, type, vec, None, sem=sem, scope=scope, space=space)
-    _store(inst, mc_ptr, space, data, dtype, packed, loc=loc, ip=ip)
+    emit.send(inst, mc_ptr, [(data, dtype)], packed, loc=loc, ip=ip)
 
 
 @dsl_user_op
@@ -130,38 +125,10 @@ def multimem_red(
     ``.relaxed.sys``; with one (``"relaxed"``/``"release"``) give ``scope`` too.
     ``multimem_red(flag_mc, 1, sem="release", scope="sys")`` is the arrive of a barrier.
     """
-    dtype, n = _data_shape(data, dtype or mc_ptr.dtype, num_elements, packed)
+    dtype, n = values.data_shape(data, dtype or mc_ptr.dtype, num_elements, packed)
     space = emit.state_space("multimem.red", mc_ptr, "auto", ("global", None))
     inst = _form("multimem.red", dtype, n, op, type, vec, None, sem=sem, scope=scope, space=space)
-    _store(inst, mc_ptr, space, data, dtype, packed, loc=loc, ip=ip)
+    emit.send(inst, mc_ptr, [(data, dtype)], packed, loc=loc, ip=ip)
 
 
-def _value_type(inst, dtype):
-    """The dtype the registers hold: the caller's, unless an explicit type says otherwise."""
-    return dtype
-
-
-def _data_shape(data: Any, dtype, num_elements: int | None, packed: bool) -> tuple[Any, int]:
-    if num_elements is not None:
-        return dtype, num_elements
-    if isinstance(data, cute.TensorSSA):
-        return data.dtype, cute.size(data.shape)
-    if isinstance(data, (list, tuple)):
-        if packed:
-            raise ValueError("packed registers need num_elements= (how many values they hold)")
-        return dtype, len(data)
-    return dtype, 1
-
-
-def _store(inst, ptr, space, data, dtype, packed: bool, *, loc=None, ip=None) -> None:
-    emit.check_alignment(inst, ptr)
-    src = inst.inputs[-1]
-    carriers = (
-        values.from_raw(list(data), src, loc=loc, ip=ip)
-        if packed
-        else values.to_carriers(data, dtype, src, loc=loc, ip=ip)
-    )
-    emit.emit(inst, emit.address(ptr, space, loc=loc, ip=ip), [carriers], loc=loc, ip=ip)
-
-
-__all__ = ["multimem_ld_reduce", "multimem_st", "multimem_red", "TYPES"]
+__all__ = ["multimem_ld_reduce", "multimem_st", "multimem_red"]

@@ -108,3 +108,30 @@ def from_raw(values: Sequence[Any], operand: Operand, *, loc=None, ip=None) -> l
         raise ValueError(f"{len(values)} registers given, the form takes {len(operand.carriers)}")
     kinds = {16: cutlass.Int16, 32: cutlass.Int32, 64: cutlass.Int64}
     return [_ir(v, kinds[b], loc=loc, ip=ip) for v, b in zip(values, operand.carriers)]
+
+
+def data_shape(data: Any, dtype: Numeric, num_elements: int | None, packed: bool) -> tuple[Numeric, int]:
+    """The dtype and count of values a source operand holds."""
+    if num_elements is not None:
+        return dtype, num_elements
+    if isinstance(data, cute.TensorSSA):
+        return data.dtype, cute.size(data.shape)
+    if isinstance(data, (list, tuple)):
+        if packed:
+            raise ValueError("packed registers need num_elements= (how many values they hold)")
+        return dtype, len(data)
+    return dtype, 1
+
+
+def source(data: Any, dtype: Numeric, operand: Operand, packed: bool, *, loc=None, ip=None) -> list[ir.Value]:
+    """Carriers of a source operand from typed values, or from packed registers."""
+    if packed:
+        return from_raw(list(data), operand, loc=loc, ip=ip)
+    return to_carriers(data, dtype, operand, loc=loc, ip=ip)
+
+
+def result(carriers: Sequence[ir.Value], dtype: Numeric, operand: Operand, packed: bool, *, loc=None, ip=None) -> Any:
+    """A destination operand as typed values, or as packed registers."""
+    if packed:
+        return raw(carriers, operand)
+    return from_carriers(carriers, dtype, operand, loc=loc, ip=ip)
