@@ -51,6 +51,7 @@ def multimem_ld_reduce(
     acc: Any = "auto",
     sem: str | None = None,
     scope: str | None = None,
+    space: str | None = "auto",
     type: str | None = None,
     vec: int | None = None,
     packed: bool = False,
@@ -68,7 +69,7 @@ def multimem_ld_reduce(
     pick an exact PTX form instead of the packed one chosen for ``dtype``.
     """
     dtype = dtype or mc_ptr.dtype
-    space = emit.state_space("multimem.ld_reduce", mc_ptr, "auto", ("global", None))
+    space = emit.state_space("multimem.ld_reduce", mc_ptr, space, ("global", None))
     inst = _form(
         "multimem.ld_reduce", dtype, num_elements, op, type, vec, acc,
         sem=sem, scope=scope, space=space,
@@ -85,6 +86,7 @@ def multimem_st(
     num_elements: int | None = None,
     sem: str | None = None,
     scope: str | None = None,
+    space: str | None = "auto",
     type: str | None = None,
     vec: int | None = None,
     packed: bool = False,
@@ -97,8 +99,8 @@ def multimem_st(
     or ``"release"``.  ``data`` is a TensorSSA, a sequence of scalars or one scalar of
     ``dtype`` (default: the pointer's), or packed registers with ``packed=True``.
     """
-    dtype, n = values.data_shape(data, dtype or mc_ptr.dtype, num_elements, packed)
-    space = emit.state_space("multimem.st", mc_ptr, "auto", ("global", None))
+    dtype, n = values.data_shape(data, dtype or mc_ptr.dtype, num_elements, packed, type is not None)
+    space = emit.state_space("multimem.st", mc_ptr, space, ("global", None))
     inst = _form("multimem.st", dtype, n, None, type, vec, None, sem=sem, scope=scope, space=space)
     emit.send(inst, mc_ptr, [(data, dtype)], packed, loc=loc, ip=ip)
 
@@ -113,6 +115,7 @@ def multimem_red(
     num_elements: int | None = None,
     sem: str | None = None,
     scope: str | None = None,
+    space: str | None = "auto",
     type: str | None = None,
     vec: int | None = None,
     packed: bool = False,
@@ -125,8 +128,8 @@ def multimem_red(
     ``.relaxed.sys``; with one (``"relaxed"``/``"release"``) give ``scope`` too.
     ``multimem_red(flag_mc, 1, sem="release", scope="sys")`` is the arrive of a barrier.
     """
-    dtype, n = values.data_shape(data, dtype or mc_ptr.dtype, num_elements, packed)
-    space = emit.state_space("multimem.red", mc_ptr, "auto", ("global", None))
+    dtype, n = values.data_shape(data, dtype or mc_ptr.dtype, num_elements, packed, type is not None)
+    space = emit.state_space("multimem.red", mc_ptr, space, ("global", None))
     inst = _form("multimem.red", dtype, n, op, type, vec, None, sem=sem, scope=scope, space=space)
     emit.send(inst, mc_ptr, [(data, dtype)], packed, loc=loc, ip=ip)
 

@@ -110,15 +110,20 @@ def from_raw(values: Sequence[Any], operand: Operand, *, loc=None, ip=None) -> l
     return [_ir(v, kinds[b], loc=loc, ip=ip) for v, b in zip(values, operand.carriers)]
 
 
-def data_shape(data: Any, dtype: Numeric, num_elements: int | None, packed: bool) -> tuple[Numeric, int]:
-    """The dtype and count of values a source operand holds."""
+def data_shape(
+    data: Any, dtype: Numeric, num_elements: int | None, packed: bool, explicit: bool
+) -> tuple[Numeric, int]:
+    """The dtype and count of values a source operand holds (``explicit``: the caller named
+    the PTX type, so packed registers need no count)."""
     if num_elements is not None:
         return dtype, num_elements
     if isinstance(data, cute.TensorSSA):
         return data.dtype, cute.size(data.shape)
     if isinstance(data, (list, tuple)):
-        if packed:
-            raise ValueError("packed registers need num_elements= (how many values they hold)")
+        if packed and not explicit:
+            raise ValueError(
+                "packed registers need num_elements= (how many values they hold) or type="
+            )
         return dtype, len(data)
     return dtype, 1
 
