@@ -1,0 +1,264 @@
+"""The ``python -m ptxops`` command line, run in-process through ``ptxops.cli.main``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ptxops import cli, ptxas, spec
+
+ROOT = Path(__file__).resolve().parents[1]
+needs_ptxas = pytest.mark.skipif(
+    not (os.environ.get("PTXAS") or shutil.which("ptxas")), reason="ptxas not on PATH"
+)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def rows(out: str) -> list[list[str]]:
+    """The table rows of ``list`` output (header and count line dropped)."""
+    lines = out.strip().splitlines()
+    return [line.split() for line in lines[1:-1]]
+
+
+# -- list ------------------------------------------------------------------------------------
+
+
+def test_list_family(capsys):
+    code, out, err = run(capsys, "list", "multimem.ld_reduce", "--target", "sm_90a")
+    assert code == 0 and err == ""
+    header, *_, count = out.strip().splitlines()
+    assert header.split() == ["sem", "scope", "space", "op", "acc", "vec", "type", "opcode"]
+    expected = [i.opcode for i in spec.forms("multimem.ld_reduce", target="sm_90a")]
+    assert [r[-1] for r in rows(out)] == expected
+    assert count.startswith(f"{len(expected)} forms of multimem.ld_reduce on sm_90a")
+    assert "multimem.ld_reduce.relaxed.sys.global.add.acc::f32.v4.bf16x2" in expected
+    assert not any("e4m3" in op for op in expected)  # fp8 needs sm_100a or newer
+
+
+def test_list_target_changes_forms(capsys):
+    _, out90, _ = run(capsys, "list", "multimem.st", "--target", "90a")
+    _, out100, _ = run(capsys, "list", "multimem.st", "--target", "sm_100a")
+    assert "e4m3" not in out90 and "multimem.st.v4.e4m3" in out100
+    assert len(rows(out100)) > len(rows(out90))
+
+
+def test_list_where(capsys):
+    code, out, _ = run(
+        capsys, "list", "multimem.ld_reduce", "--target", "sm_90a",
+        "--where", "op=add", "--where", "type=bf16x2", "--where", "vec=v4",
+    )
+    assert code == 0
+    table = rows(out)
+    expected = list(spec.forms("multimem.ld_reduce", target="sm_90a", op="add", type="bf16x2", vec=4))
+    assert len(table) == len(expected) > 0
+    for row in table:
+        op, vec, type_, opcode = row[3], row[5], row[6], row[7]
+        assert (op, vec, type_) == ("add", "4", "bf16x2")
+        assert opcode.endswith(".v4.bf16x2")
+    assert out.strip().splitlines()[-1].startswith(f"{len(expected)} forms")
+
+
+def test_list_where_absent(capsys):
+    code, out, _ = run(capsys, "list", "fence", "--where", "sem=-")
+    assert code == 0
+    assert rows(out) and all(r[2] == "-" for r in rows(out))
+    assert all(".acquire" not in r[-1] and ".release" not in r[-1] for r in rows(out))
+
+
+def test_list_where_unknown_key(capsys):
+    code, out, err = run(capsys, "list", "fence", "--where", "acc=f32")
+    assert code == 2 and out == ""
+    assert "unknown qualifier key" in err and "'acc'" in err
+
+
+def test_list_bad_target(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["list", "fence", "--target", "sm_89"])
+    assert e.value.code == 2
+    assert "unknown target 'sm_89'" in capsys.readouterr().err
+
+
+def test_list_families(capsys):
+    code, out, _ = run(capsys, "list")
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert lines[0].split() == ["family", *spec.TARGETS]
+    table = {line.split()[0]: line.split()[1:] for line in lines[1:-1]}
+    assert list(table) == list(spec.FAMILIES)
+    fence = sum(1 for _ in spec.forms("fence", target="sm_90a"))
+    assert table["fence"][spec.TARGETS.index("sm_90a")] == str(fence)
+
+
+# -- explain ---------------------------------------------------------------------------------
+
+LEGAL = (
+    "explain", "multimem.ld_reduce", "--sem", "relaxed", "--scope", "sys", "--space", "global",
+    "--op", "add", "--acc", "f32", "--vec", "4", "--type", "bf16x2", "--target", "sm_90a",
+)
+
+
+def test_explain_legal(capsys):
+    code, out, err = run(capsys, *LEGAL)
+    assert code == 0 and err == ""
+    inst = spec.instruction(
+        "multimem.ld_reduce", sem="relaxed", scope="sys", space="global", op="add", acc="f32",
+        vec=4, type="bf16x2", target="sm_90a",
+    )
+    assert "multimem.ld_reduce.relaxed.sys.global.add.acc::f32.v4.bf16x2" in out
+    for text in (inst.opcode, inst.statement, inst.template, inst.constraints):
+        assert text in out
+    assert "ptxops.multimem_ld_reduce" in out
+    assert "[acc-add-only]" in out and "[acc-f32-types]" in out
+    assert "[fp8-target]" not in out  # its `when` does not match a bf16x2 form
+    operands = out.split("operands")[1].split("qualifiers")[0]
+    assert "d     4          32    32,32,32,32" in operands
+    assert "a     1          64    64" in operands
+
+
+def test_explain_vec_spellings_agree(capsys):
+    _, with_digit, _ = run(capsys, *LEGAL)
+    argv = list(LEGAL)
+    argv[argv.index("--vec") + 1] = "v4"
+    _, with_v, _ = run(capsys, *argv)
+    assert with_v == with_digit
+
+
+def test_explain_fills_ptx_defaults(capsys):
+    code, out, _ = run(capsys, "explain", "multimem.red", "--op", "add", "--type", "f32")
+    assert code == 0
+    quals = {
+        line.split()[0]: line.split()[1:]
+        for line in out.split("qualifiers")[1].split("rules that apply")[0].strip().splitlines()[2:]
+    }
+    assert quals["sem"] == ["relaxed", "PTX", "default"]
+    assert quals["scope"] == ["sys", "PTX", "default"]
+    assert quals["op"] == ["add", "given"]
+    assert quals["target"] == [spec.DEFAULT_TARGET, "ptxops", "default"]
+    assert "multimem.red.add.f32 [a], b;" in out
+
+
+def test_explain_illegal(capsys):
+    code, out, err = run(
+        capsys, "explain", "multimem.ld_reduce", "--op", "min", "--acc", "f32",
+        "--type", "bf16x2", "--vec", "4", "--target", "sm_90a",
+    )
+    assert code == 2 and out == ""
+    assert "acc-add-only" in err and "sm_90a" in err
+    assert "legal here" in err
+
+
+def test_explain_key_foreign_to_family(capsys):
+    code, _, err = run(capsys, "explain", "atom", "--op", "add", "--type", "f32", "--acc", "f32")
+    assert code == 2 and "unknown qualifier key" in err
+
+
+def test_explain_unknown_family(capsys):
+    code, _, err = run(capsys, "explain", "multimem.ld")
+    assert code == 2 and "unknown instruction family" in err
+
+
+def test_explain_fence(capsys):
+    code, out, _ = run(
+        capsys, "explain", "fence", "--proxy", "tensormap::generic", "--sem", "acquire",
+        "--scope", "gpu",
+    )
+    assert code == 0
+    assert "fence.proxy.tensormap::generic.acquire.gpu [a], 128;" in out
+    code, out, err = run(capsys, "explain", "fence", "--op-restrict", "mbarrier_init", "--scope", "gpu")
+    assert code == 2 and "mbarrier-init" in err
+
+
+# -- rules -----------------------------------------------------------------------------------
+
+
+def test_rules(capsys):
+    code, out, _ = run(capsys, "rules", "ld")
+    assert code == 0
+    fam = spec.FAMILIES["ld"]
+    for r in fam.rules:
+        enforced = "yes" if r.ptxas_enforced else "no"
+        assert f"[{r.name}]  ptxas enforces: {enforced}" in out
+    assert "[v8-32bit-only]  ptxas enforces: no" in out
+    assert out.strip().splitlines()[-1].startswith(f"{len(fam.rules)} rules of ld")
+
+
+def test_rules_texts(capsys):
+    _, out, _ = run(capsys, "rules", "multimem.ld_reduce")
+    flat = " ".join(out.split())
+    for r in spec.FAMILIES["multimem.ld_reduce"].rules:
+        assert " ".join(r.text.split()) in flat
+
+
+# -- check -----------------------------------------------------------------------------------
+
+
+@needs_ptxas
+def test_check_fence(capsys):
+    code, out, _ = run(capsys, "check", "fence", "--target", "sm_90a")
+    assert code == 0
+    n = sum(1 for _ in spec.forms("fence", target="sm_90a"))
+    assert ["fence", "sm_90a", str(n), str(n), "0"] in [line.split() for line in out.splitlines()]
+    assert out.strip().splitlines()[-1] == f"{n} forms, {n} accepted, 0 rejected"
+
+
+def test_check_reports_rejections(capsys, monkeypatch):
+    seen: list[tuple[list[str], str]] = []
+
+    def fake_assemble(lines, target):
+        seen.append((list(lines), target))
+        return ["bad" if ".sys" in line else None for line in lines]
+
+    monkeypatch.setattr(ptxas, "ptxas_version", lambda: "fake")
+    monkeypatch.setattr(ptxas, "ptxas_path", lambda: "/fake/ptxas")
+    monkeypatch.setattr(ptxas, "assemble", fake_assemble)
+    code, out, err = run(capsys, "check", "fence", "--target", "sm_90", "sm_100a")
+    assert code == 1
+    assert [t for _, t in seen] == ["sm_90", "sm_100a"]
+    lines, _ = seen[0]
+    assert "fence.sc.sys;" in lines and "fence.proxy.tensormap::generic.acquire.gpu [%rd1], 128;" in lines
+    bad = sum(".sys" in line for line in lines)
+    n = len(lines)
+    assert ["fence", "sm_90", str(n), str(n - bad), str(bad)] in [l.split() for l in out.splitlines()]
+    assert "fence.sc.sys;" in err and "bad" in err
+
+
+def test_check_without_ptxas(capsys, monkeypatch):
+    monkeypatch.delenv("PTXAS", raising=False)
+    monkeypatch.setenv("PATH", "")
+    code, _, err = run(capsys, "check", "fence")
+    assert code == 3 and "ptxas not found" in err
+
+
+# -- the module entry point ------------------------------------------------------------------
+
+
+def test_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("list", "explain", "rules", "check"):
+        assert command in out
+
+
+def test_python_m_ptxops_without_cutlass():
+    """``python -m ptxops`` must work where CuTeDSL cannot be imported."""
+    code = (
+        "import runpy, sys; sys.modules['cutlass'] = None; "
+        "sys.argv = ['ptxops', 'list', 'fence', '--target', 'sm_90a']; "
+        "runpy.run_module('ptxops', run_name='__main__', alter_sys=True)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "fence.proxy.alias" in proc.stdout and "forms of fence on sm_90a" in proc.stdout
