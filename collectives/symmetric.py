@@ -1,0 +1,410 @@
+"""Symmetric memory on nvshmem4py, bootstrapped from ``torch.distributed`` (torchrun).
+
+Every allocation is collective: all ranks of the context's group call :meth:`Context.empty`
+(or :meth:`Context.signal_pad`, :meth:`Context.free`) in the same order with the same size.
+The sizes are all-gathered and compared *before* nvshmem is called, so a mismatch raises
+:class:`SymmetricMemoryError` on every rank instead of hanging in ``nvshmem_malloc``.
+
+Allocations live until :meth:`Context.free` or :meth:`Context.close`; dropping the Python
+tensor does not free them. Peer and multicast views die with their allocation.
+
+NVLink multicast: unless the agreed backend is ``"multicast"``, :func:`init` sets
+``NVSHMEM_DISABLE_NVLS=1`` before nvshmem starts, so nvshmem never creates a multicast
+object; :meth:`Context.multicast_tensor` re-checks env and capabilities before asking.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import socket
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+
+from . import capability
+from .capability import Backend, Capabilities
+from .errors import CollectiveError, MulticastUnavailable, SymmetricMemoryError
+
+__all__ = ["ALIGN", "Context", "Heap", "current", "init", "is_symmetric"]
+
+ALIGN = 16
+"""Byte alignment guaranteed for every allocation and required by :meth:`Context.peer_pointers`."""
+
+_CTX: Context | None = None
+
+
+class Heap(Protocol):
+    """What :class:`Context` needs from the allocator (real: nvshmem4py; tests: a fake)."""
+
+    def alloc(self, nbytes: int) -> torch.Tensor: ...  # collective; flat uint8 tensor
+
+    def peer(self, raw: torch.Tensor, rank: int) -> torch.Tensor: ...  # rank's raw view
+
+    def multicast(self, raw: torch.Tensor) -> torch.Tensor: ...
+
+    def free(self, raw: torch.Tensor) -> None: ...  # collective
+
+    def synchronize(self) -> None: ...
+
+    def finalize(self) -> None: ...
+
+
+class _Nvshmem:
+    """:class:`Heap` on ``nvshmem.core`` (uid bootstrap broadcast over ``torch.distributed``)."""
+
+    def __init__(self, device: int, rank: int, nranks: int, group: Any) -> None:
+        import numpy as np
+        import nvshmem.core as nvshmem
+        from cuda.core import Device
+
+        self._nv = nvshmem
+        dev = Device(device)
+        dev.set_current()
+        uid = nvshmem.get_unique_id(empty=rank != 0)
+        raw = uid._data.view(np.uint8)
+        t = torch.from_numpy(raw.copy()).to(_coll_device(group))
+        dist.broadcast(t, src=_global_rank(group, 0), group=group)
+        raw[:] = t.cpu().numpy()
+        nvshmem.init(device=dev, uid=uid, rank=rank, nranks=nranks, initializer_method="uid")
+        if (nvshmem.my_pe(), nvshmem.n_pes()) != (rank, nranks):
+            raise SymmetricMemoryError(
+                f"nvshmem PE {nvshmem.my_pe()}/{nvshmem.n_pes()} != group rank {rank}/{nranks}")
+
+    def alloc(self, nbytes: int) -> torch.Tensor:
+        return self._nv.tensor((nbytes,), dtype=torch.uint8)
+
+    def peer(self, raw: torch.Tensor, rank: int) -> torch.Tensor:
+        return self._nv.get_peer_tensor(raw, rank)
+
+    def multicast(self, raw: torch.Tensor) -> torch.Tensor:
+        return self._nv.get_multicast_tensor(self._nv.Teams.TEAM_WORLD, raw)
+
+    def free(self, raw: torch.Tensor) -> None:
+        self._nv.free_tensor(raw)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize()
+
+    def finalize(self) -> None:
+        self._nv.finalize()
+
+
+@dataclasses.dataclass
+class _Alloc:
+    seq: int
+    raw: torch.Tensor  # flat uint8, nbytes rounded up to ALIGN
+    nbytes: int
+    peers: list[torch.Tensor] | None = None
+    mc: torch.Tensor | None = None
+
+    @property
+    def ptr(self) -> int:
+        return self.raw.data_ptr()
+
+
+def _coll_device(group: Any) -> torch.device:
+    return capability._collective_device(group)
+
+
+def _global_rank(group: Any, rank: int) -> int:
+    return rank if group is None else dist.get_global_rank(group, rank)
+
+
+def _extent(t: torch.Tensor) -> int:
+    """Bytes from ``t.data_ptr()`` to one past its last element."""
+    if t.numel() == 0:
+        return 0
+    return (sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True)) + 1) * t.element_size()
+
+
+class Context:
+    """An open symmetric heap over ``group``; create it with :func:`init`.
+
+    Attributes: ``rank``, ``world_size``, ``device`` (CUDA ordinal), ``group``,
+    ``caps`` (agreed :class:`Capabilities`), ``backend`` (``"multicast"`` or ``"peer"``).
+    """
+
+    def __init__(self, *, heap: Heap, group: Any, rank: int, world_size: int, device: int,
+                 caps: Capabilities, backend: Backend, owns_group: bool = False) -> None:
+        self.heap, self.group, self.rank, self.world_size = heap, group, rank, world_size
+        self.device, self.caps, self.backend = device, caps, backend
+        self._owns_group = owns_group
+        self._allocs: dict[int, _Alloc] = {}
+        self._seq = 0
+        self.closed = False
+
+    # ---- collective agreement -------------------------------------------------------
+    def _agree(self, what: str, values: Sequence[int]) -> None:
+        """All-gather ``values``; raise SymmetricMemoryError on every rank if any differ."""
+        if self.world_size == 1:
+            return
+        mine = torch.tensor(list(values), dtype=torch.int64, device=_coll_device(self.group))
+        rows = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(rows, mine, group=self.group)
+        got = [r.tolist() for r in rows]
+        if any(g != got[0] for g in got):
+            raise SymmetricMemoryError(f"{what}: ranks disagree, per rank {got}")
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise SymmetricMemoryError("symmetric memory context is closed")
+
+    # ---- allocation -----------------------------------------------------------------
+    def _alloc(self, what: str, nbytes: int) -> _Alloc:
+        self._check_open()
+        self._agree(f"{what} (values: nbytes, allocation #)", [nbytes, self._seq])
+        if nbytes <= 0:
+            raise SymmetricMemoryError(f"{what}: cannot allocate {nbytes} bytes of symmetric memory")
+        padded = -(-nbytes // ALIGN) * ALIGN
+        raw = self.heap.alloc(padded)
+        a = _Alloc(self._seq, raw, nbytes)
+        self._allocs[a.ptr] = a
+        self._seq += 1
+        if a.ptr % ALIGN:
+            raise SymmetricMemoryError(f"{what}: heap returned pointer {a.ptr:#x}, not {ALIGN}-byte aligned")
+        return a
+
+    def empty(self, shape: int | Iterable[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Uninitialized symmetric tensor (collective: same shape bytes on every rank)."""
+        shape = (int(shape),) if isinstance(shape, int) else tuple(int(s) for s in shape)
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        a = self._alloc(f"empty({shape}, {dtype})", nbytes)
+        return a.raw[:nbytes].view(dtype).view(shape)
+
+    def signal_pad(self, nbytes: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+        """Zeroed 1-D int32/uint32 symmetric tensor for barrier flags (collective).
+
+        Returns after every rank has zeroed its pad. The host never resets it again:
+        kernels are expected to use monotonic epochs.
+        """
+        if dtype not in (torch.int32, torch.uint32):
+            raise SymmetricMemoryError(f"signal_pad dtype must be int32 or uint32, not {dtype}")
+        if nbytes <= 0 or nbytes % 4:
+            raise SymmetricMemoryError(f"signal_pad nbytes must be a positive multiple of 4, not {nbytes}")
+        a = self._alloc(f"signal_pad({nbytes})", nbytes)
+        a.raw.view(torch.int32).zero_()
+        self.host_barrier()
+        return a.raw[:nbytes].view(dtype)
+
+    def free(self, t: torch.Tensor) -> None:
+        """Free the allocation ``t`` belongs to (collective); its views become invalid."""
+        a, _ = self._find(t)
+        self._agree("free() (value: allocation #)", [a.seq])
+        self.heap.synchronize()
+        self._release(a)
+
+    def _release(self, a: _Alloc) -> None:
+        self._allocs.pop(a.ptr, None)
+        a.peers = a.mc = None  # drop child views before the parent goes
+        self.heap.free(a.raw)
+
+    # ---- lookup ---------------------------------------------------------------------
+    def _find(self, t: torch.Tensor) -> tuple[_Alloc, int]:
+        """Allocation containing all of ``t`` and ``t``'s byte offset in it."""
+        self._check_open()
+        if not isinstance(t, torch.Tensor):
+            raise SymmetricMemoryError(f"expected a torch.Tensor, got {type(t).__name__}")
+        p, n = t.data_ptr(), _extent(t)
+        for a in self._allocs.values():
+            if a.ptr <= p and p + n <= a.ptr + a.nbytes and (n or p < a.ptr + a.nbytes):
+                return a, p - a.ptr
+        raise SymmetricMemoryError(
+            f"tensor at {p:#x} ({n} bytes, {t.device}) is not (entirely) in this context's symmetric heap")
+
+    def is_symmetric(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` lies entirely within one live allocation of this context."""
+        try:
+            self._find(t)
+            return True
+        except SymmetricMemoryError:
+            return False
+
+    def _view_like(self, base: torch.Tensor, t: torch.Tensor, offset: int) -> torch.Tensor:
+        es = t.element_size()
+        if offset % es:
+            raise SymmetricMemoryError(f"tensor offset {offset} is not a multiple of its element size {es}")
+        bv = base.view(t.dtype)
+        return bv.as_strided(t.shape, t.stride(), bv.storage_offset() + offset // es)
+
+    # ---- peer / multicast views -----------------------------------------------------
+    def peer_tensors(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """``t`` as seen in every rank's buffer (index = rank; own rank is ``t``'s memory).
+
+        Each view is a load/store mapping of the peer's memory (``nvshmem_ptr``).
+        """
+        a, off = self._find(t)
+        if a.peers is None:
+            peers = []
+            for r in range(self.world_size):
+                if r == self.rank:
+                    peers.append(a.raw)  # never via nvshmem: that would bump the parent's refcount
+                    continue
+                try:
+                    peers.append(self.heap.peer(a.raw, r))
+                except Exception as e:
+                    raise SymmetricMemoryError(
+                        f"rank {r}'s buffer is not load/store addressable from rank {self.rank} "
+                        f"(no P2P/NVLink mapping): {e}") from e
+            a.peers = peers
+        return [self._view_like(p, t, off) for p in a.peers]
+
+    def peer_pointers(self, t: torch.Tensor, align: int = ALIGN) -> list[int]:
+        """Device addresses of ``t`` in every rank's buffer (index = rank), for kernels.
+
+        Raises SymmetricMemoryError if an address is not ``align``-byte aligned.
+        """
+        ptrs = [p.data_ptr() for p in self.peer_tensors(t)]
+        bad = [(r, hex(p)) for r, p in enumerate(ptrs) if p % align]
+        if bad:
+            raise SymmetricMemoryError(f"peer pointers not {align}-byte aligned: {bad}")
+        return ptrs
+
+    def multicast_tensor(self, t: torch.Tensor) -> torch.Tensor:
+        """Multicast (NVLS) view of ``t``, for ``multimem.*`` kernels only.
+
+        Raises MulticastUnavailable unless the environment allows multicast, the agreed
+        capabilities say it is available and this context's backend is ``"multicast"``.
+        """
+        reason = capability.multicast_disabled_by_env()
+        if reason is None and not self.caps.multicast:
+            reason = self.caps.multicast_reason or "capabilities say multicast is unavailable"
+        if reason is None and self.backend != "multicast":
+            reason = f"context backend is {self.backend!r}; init(backend='multicast') to use multicast"
+        if reason is not None:
+            raise MulticastUnavailable(reason)
+        a, off = self._find(t)
+        if a.mc is None:
+            try:
+                a.mc = self.heap.multicast(a.raw)
+            except Exception as e:
+                raise MulticastUnavailable(f"nvshmem multicast view failed: {e}") from e
+        return self._view_like(a.mc, t, off)
+
+    # ---- lifecycle ------------------------------------------------------------------
+    def host_barrier(self) -> None:
+        """Finish this rank's queued GPU work, then wait for every rank (host side)."""
+        self._check_open()
+        self.heap.synchronize()
+        if self.world_size > 1:
+            dist.barrier(group=self.group)
+
+    def close(self) -> None:
+        """Free every allocation (collective, reverse order), finalize nvshmem. Idempotent."""
+        global _CTX
+        if self.closed:
+            return
+        allocs = sorted(self._allocs.values(), key=lambda a: -a.seq)
+        self._agree("close() (values: live allocations, next allocation #)", [len(allocs), self._seq])
+        try:
+            self.heap.synchronize()
+            for a in allocs:
+                self._release(a)
+            self.heap.finalize()
+        finally:
+            self.closed = True
+            if _CTX is self:
+                _CTX = None
+            if self._owns_group and dist.is_initialized():
+                dist.destroy_process_group()
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{len(self._allocs)} allocations"
+        return (f"Context(rank={self.rank}/{self.world_size}, device={self.device}, "
+                f"backend={self.backend!r}, {state})")
+
+
+def _topology(group: Any, device: int, world_size: int) -> tuple[list[int], list[str]]:
+    """Local device ordinals of all ranks' GPUs, and problems found (other hosts, invisible GPUs)."""
+    mine = (socket.gethostname(), capability._pci_bus_id(device))
+    everyone: list[Any] = [None] * world_size
+    if world_size > 1:
+        dist.all_gather_object(everyone, mine, group=group)
+    else:
+        everyone = [mine]
+    hosts = {h for h, _ in everyone}
+    if len(hosts) > 1:
+        return [], [f"ranks span {len(hosts)} hosts; the peer backend needs one NVLink domain"]
+    from cuda.bindings import driver
+
+    peers, problems = [], []
+    for r, (_, bus) in enumerate(everyone):
+        err, dev = driver.cuDeviceGetByPCIBusId(bus.encode())
+        if err != driver.CUresult.CUDA_SUCCESS:
+            problems.append(f"rank {r}'s GPU {bus} is not visible here (CUDA_VISIBLE_DEVICES?)")
+        else:
+            peers.append(int(dev))
+    return peers, problems
+
+
+def init(group: Any = None, *, backend: str = "auto", device: int | None = None) -> Context:
+    """Open (or return the open) symmetric-memory context over ``group`` (collective).
+
+    Initializes ``torch.distributed`` from the torchrun environment if needed (and then
+    tears it down in :meth:`Context.close`), binds ``device`` (default ``LOCAL_RANK``),
+    probes and agrees on capabilities, picks the backend with
+    :func:`capability.choose_backend`, and starts nvshmem with a uid broadcast from rank 0.
+
+    Raises:
+        MulticastUnavailable: ``backend="multicast"`` but multicast is unavailable.
+        CollectiveError: no usable backend, or a context with another backend is open.
+    """
+    global _CTX
+    if _CTX is not None and not _CTX.closed:
+        chosen = capability.choose_backend(backend, _CTX.caps)
+        if chosen != _CTX.backend or (group is not None and group is not _CTX.group):
+            raise CollectiveError(f"a context is already open ({_CTX!r}); close() it first")
+        return _CTX
+
+    owns = False
+    if not dist.is_initialized():
+        if "WORLD_SIZE" not in os.environ:
+            raise CollectiveError("torch.distributed is not initialized and this is not a torchrun launch")
+        if device is None:
+            device = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(device)
+        dist.init_process_group(backend="cpu:gloo,cuda:nccl")
+        owns = True
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    if device is None:
+        device = int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1)))
+    torch.cuda.set_device(device)
+    try:
+        peers, problems = _topology(group, device, world)
+        caps = capability.probe(device, world, peers)
+        if problems:
+            why = "; ".join(problems)
+            caps = dataclasses.replace(caps, peer_access=False, peer_reason=why, multicast=False,
+                                       multicast_reason="; ".join(filter(None, [caps.multicast_reason, why])))
+        caps = capability.agree(caps, group)
+        chosen = capability.choose_backend(backend, caps)
+        if chosen != "multicast":
+            os.environ["NVSHMEM_DISABLE_NVLS"] = "1"  # nvshmem must not create multicast objects
+        heap = _Nvshmem(device, rank, world, group)
+    except BaseException:
+        if owns:
+            dist.destroy_process_group()
+        raise
+    _CTX = Context(heap=heap, group=group, rank=rank, world_size=world, device=device,
+                   caps=caps, backend=chosen, owns_group=owns)
+    return _CTX
+
+
+def current() -> Context | None:
+    """The open context, if any."""
+    return _CTX if _CTX is not None and not _CTX.closed else None
+
+
+def is_symmetric(t: torch.Tensor) -> bool:
+    """Whether ``t`` lies in the open context's symmetric heap."""
+    ctx = current()
+    return ctx is not None and ctx.is_symmetric(t)
