@@ -290,9 +290,11 @@ def agree(caps: Capabilities, group: Any = None) -> Capabilities:
     try:
         import torch
         import torch.distributed as dist
+
+        ready = dist.is_available() and dist.is_initialized()
     except ImportError:
-        return caps
-    if not (dist.is_available() and dist.is_initialized()):
+        ready = False
+    if not ready:
         if caps.world_size > 1:
             raise CollectiveError("agree() needs torch.distributed to be initialized for world_size > 1")
         return caps
