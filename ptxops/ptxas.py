@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from .render import FIRST_BODY_LINE, module
 
-_LINE = re.compile(r"line (\d+); (error|warning)\s*:\s*(.*)")
+_LINE = re.compile(r"line (\d+); (error|fatal|warning)\s*:\s*(.*)")
 _CHUNK = 4000
 
 
@@ -38,12 +38,23 @@ def ptxas_version() -> str:
 def assemble(statements: Sequence[str], target: str) -> list[str | None]:
     """ptxas's verdict on each statement for ``target``: None if accepted, else its error text.
 
-    Warnings count as rejection only when they say a qualifier is ignored, because ptxops
-    never emits a qualifier that has no effect.
+    Some errors surface only once a module has no others, so the statements that passed are
+    assembled again on their own until a module of them assembles cleanly.  Warnings count
+    as rejection only when they say a qualifier is ignored.
     """
-    verdicts: list[str | None] = []
-    for start in range(0, len(statements), _CHUNK):
-        verdicts += _assemble_chunk(statements[start : start + _CHUNK], target)
+    verdicts: list[str | None] = [None] * len(statements)
+    pending = list(range(len(statements)))
+    while pending:
+        found = False
+        for start in range(0, len(pending), _CHUNK):
+            chunk = pending[start : start + _CHUNK]
+            for i, verdict in zip(chunk, _assemble_chunk([statements[i] for i in chunk], target)):
+                if verdict:
+                    verdicts[i] = verdict
+                    found = True
+        if not found:
+            break
+        pending = [i for i in pending if verdicts[i] is None]
     return verdicts
 
 

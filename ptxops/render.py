@@ -105,8 +105,9 @@ def opcode(family: Family, q: Mapping[str, Value]) -> str:
 def operands(family: Family, q: Mapping[str, Value]) -> tuple[Operand, ...]:
     """The operand layout of a form, from the family's signature and the form's type/vec/space."""
     ptx_type = TYPES.get(str(q.get("type")))
-    count = int(q["vec"]) if q.get("vec") else 1
-    bits = ptx_type.reg_bits if ptx_type else 0
+    vec = q.get("vec")
+    count = vec if isinstance(vec, int) and vec > 0 else 1
+    bits = ptx_type.reg_bits if ptx_type else 32
     space = str(q.get("space") or "")
     out = []
     for token in family.signature(q):

@@ -237,6 +237,13 @@ class Family:
         offending = {k: q[k] for k in keys}
         context = {k: q[k] for k in r.when}
         legal = {k: self.alternatives(q, k) for k in [*keys, *r.when] if k in q}
+        label = "legal here"
+        if not any(legal.values()):  # no one change makes the whole form legal: satisfy the rule
+            legal = {
+                k: [v for v in self.domain(k) if not r.broken_keys({**q, k: v})]
+                for k in [*keys, *r.when] if k in q
+            }
+            label = "this rule allows (other qualifiers must change too)"
         what = ", ".join(f"{k}={show(v)}" for k, v in offending.items())
         with_ = ", ".join(f"{k}={show(v)}" for k, v in context.items())
         options = "; ".join(
@@ -246,7 +253,7 @@ class Family:
             self.name,
             f"{self.name}: {what} is not allowed" + (f" with {with_}" if with_ else "")
             + f" (target {q['target']}).\n  rule [{r.name}]: {r.text}\n"
-            + f"  legal here: {options or 'nothing with these other qualifiers'}",
+            + f"  {label}: {options}",
             offending=offending,
             rule=r.name,
             legal=legal,

@@ -45,13 +45,20 @@ FENCE = Family(
             "Bidirectional proxy fences (fence.proxy.alias/async/async.global/async.shared::*) "
             "take no sem, no scope and no restriction.",
             when={"proxy": BIDIRECTIONAL},
-            allow={"sem": None, "scope": None, "op_restrict": None, "sync_restrict": None},
+            allow={"sem": None, "scope": None, "op_restrict": None},
         ),
         rule(
             "tensormap-sem",
             "fence.proxy.tensormap::generic is .release, or .acquire with operands [a], 128.",
             when={"proxy": "tensormap::generic"},
-            allow={"sem": ("acquire", "release"), "op_restrict": None, "sync_restrict": None},
+            allow={"sem": ("acquire", "release"), "op_restrict": None},
+        ),
+        rule(
+            "tensormap-acquire-unrestricted",
+            "fence.proxy.tensormap::generic.acquire takes no .sync_restrict (ptxas: \"Illegal "
+            "modifier '.sync_restrict::shared::cta' for instruction 'fence.proxy'\").",
+            when={"proxy": "tensormap::generic", "sem": "acquire"},
+            allow={"sync_restrict": None},
         ),
         rule(
             "async-generic-restricted",
@@ -63,18 +70,27 @@ FENCE = Family(
             "mbarrier-init",
             "fence.mbarrier_init exists only as fence.mbarrier_init.release.cluster.",
             when={"op_restrict": "mbarrier_init"},
-            allow={"proxy": None, "sem": "release", "scope": "cluster", "sync_restrict": None},
+            allow={"proxy": None, "sem": "release", "scope": "cluster"},
+        ),
+        rule(
+            "sync-restrict-placement",
+            ".sync_restrict goes only on fence.acquire/.release and fence.proxy.async::generic. "
+            "ptxas 13.0 accepts and ignores it on the proxy, tensormap and mbarrier_init fences; "
+            "the PTX ISA gives those forms no .sync_restrict, so ptxops rejects it there.",
+            when={"sync_restrict": ("shared::cta", "shared::cluster")},
+            allow={"proxy": (None, "async::generic"), "op_restrict": None},
+            ptxas_enforced=False,
         ),
         rule(
             "sync-restrict-cta",
             ".sync_restrict::shared::cta requires .release and .cluster scope.",
-            when={"sync_restrict": "shared::cta"},
+            when={"sync_restrict": "shared::cta", "proxy": (None, "async::generic"), "op_restrict": None},
             allow={"sem": "release", "scope": "cluster"},
         ),
         rule(
             "sync-restrict-cluster",
             ".sync_restrict::shared::cluster requires .acquire and .cluster scope.",
-            when={"sync_restrict": "shared::cluster"},
+            when={"sync_restrict": "shared::cluster", "proxy": (None, "async::generic"), "op_restrict": None},
             allow={"sem": "acquire", "scope": "cluster"},
         ),
     ),

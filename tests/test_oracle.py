@@ -1,0 +1,152 @@
+"""The spec accepts exactly what ptxas accepts.
+
+The oracle is ptxas itself: forms are rendered into PTX modules and assembled (see
+``ptxops.ptxas``).  The one sanctioned difference is a rule marked ``ptxas_enforced=False``:
+there ptxas lets through a form the PTX ISA forbids, and ptxops follows the documentation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ptxops import QualifierError, render, spec
+from ptxops.ptxas import assemble, ptxas_path
+from ptxops.spec.engine import Family
+
+try:
+    ptxas_path()
+except RuntimeError:  # pragma: no cover - every CI machine has ptxas
+    pytest.skip("ptxas not on PATH", allow_module_level=True)
+
+#: Docs-only rules whose forms crash ptxas 13.0 (segfault in its back end) instead of
+#: assembling: ptxas is not asked about them.
+PTXAS_CRASHES = {("ld", "v8-32bit-only")}
+
+
+def line(family: Family, q: Mapping) -> str:
+    layout = render.operands(family, q)
+    return render.statement(render.opcode(family, q), layout, render.register_names(layout, {}))
+
+
+def broken_rules(family: Family, q: Mapping) -> list:
+    return [r for r in family.rules if r.broken_keys(q)]
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("name", list(spec.FAMILIES))
+def test_spec_agrees_with_ptxas_on_the_whole_domain(name: str, target: str) -> None:
+    """Every combination of the family's qualifier domains: legal in the spec exactly when
+    ptxas assembles it, docs-only rules aside (ptxas must accept those forms: the rule
+    exists only because the PTX ISA forbids what ptxas lets through)."""
+    family = spec.FAMILIES[name]
+    forms, expected = [], []
+    for q in family.space(target=target):
+        broken = broken_rules(family, q)
+        if any((name, r.name) in PTXAS_CRASHES for r in broken):
+            continue
+        forms.append(q)
+        expected.append(all(not r.ptxas_enforced for r in broken))
+    verdicts = assemble([line(family, q) for q in forms], target)
+    wrong = [
+        (line(family, q), verdict, [r.name for r in broken_rules(family, q)])
+        for q, verdict, ok in zip(forms, verdicts, expected)
+        if (verdict is None) != ok
+    ]
+    assert not wrong, f"{len(wrong)} disagreements, first: {wrong[:5]}"
+    assert sum(expected) >= sum(1 for _ in family.enumerate(target=target)) > 0
+
+
+@pytest.mark.parametrize("target", spec.TARGETS)
+def test_every_form_of_every_family_assembles(target: str) -> None:
+    statements = [
+        line(spec.FAMILIES[name], inst.qualifiers)
+        for name in spec.FAMILIES
+        for inst in spec.forms(name, target=target)
+    ]
+    verdicts = assemble(statements, target)
+    rejected = [(s, v) for s, v in zip(statements, verdicts) if v]
+    assert not rejected, rejected[:5]
+
+
+def test_a_docs_only_rule_really_is_lenient_in_ptxas() -> None:
+    """st.v8 of a 16-bit type: ptxas assembles it, the PTX ISA forbids it, ptxops rejects it."""
+    with pytest.raises(QualifierError, match="v8-32bit-only"):
+        spec.instruction("st", space="global", vec=8, type="b16", target="sm_100a")
+    q = spec.FAMILIES["st"].normalise(dict(space="global", vec=8, type="b16", target="sm_100a"))
+    assert assemble([line(spec.FAMILIES["st"], q)], "sm_100a") == [None]
+
+
+# -- arbitrary qualifier dictionaries, legal and illegal values mixed ---------------------------
+
+#: Misspellings and values of other families, to mix into each family's domains (no PTX
+#: spelling that is legal but outside the spec, such as the .local space).
+STRAY = ("relax", ".relaxed", "acq_rel", "weak", "release", "acquire", "volatile", "shared",
+         "v4", 3, 16, "f8", "e4m3", "b16", "s64", "f16", "acc::f32", "cas", "inc", "sc")
+
+
+def _values(family: Family, key: str) -> list:
+    """The key's own values, other families' values for it, and strays; never a value that
+    another slot of this family takes (``sem="inc"`` on ``red`` spells the legal ``red.inc``)."""
+    own = [v for v in family.domain(key)] if key in family.keys else []
+    others = {v for f in spec.FAMILIES.values() for k in f.keys if k == key for v in f.domain(k)}
+    taken = {str(v) for k in family.keys if k not in (key, "target") for v in family.domain(k)}
+    foreign = [v for v in sorted(others - set(own), key=str) + list(STRAY) if str(v) not in taken]
+    return own + foreign
+
+
+@st.composite
+def qualifier_dicts(draw, family: Family) -> dict:
+    keys = [k for k in family.keys if k != "target"] + ["acc", "op", "vec", "proxy"]
+    chosen = draw(st.lists(st.sampled_from(sorted(set(keys))), unique=True, max_size=len(keys)))
+    q = {
+        k: draw(st.sampled_from([v for v in _values(family, k) if v is not None or k in family.keys]))
+        for k in chosen
+    }
+    q["target"] = draw(st.sampled_from(spec.TARGETS))
+    return q
+
+
+def raw_line(family: Family, q: Mapping) -> str:
+    """Render a dictionary the spec may reject: known slots in their place, anything else
+    appended before the type, as a user mistyping an opcode would."""
+    known = {k: v for k, v in q.items() if k in family.keys}
+    text = render.opcode(family, known)
+    extra = "".join(f".{v}" for k, v in q.items() if k not in family.keys and v is not None)
+    if extra and "type" in known and known["type"] is not None:
+        head, _, tail = text.rpartition(f".{known['type']}")
+        text = f"{head}{extra}.{known['type']}{tail}"
+    else:
+        text += extra
+    layout = render.operands(family, known)
+    return render.statement(text, layout, render.register_names(layout, {}))
+
+
+@pytest.mark.parametrize("name", list(spec.FAMILIES))
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_instruction_accepts_exactly_what_ptxas_accepts(name: str, data) -> None:
+    family = spec.FAMILIES[name]
+    q = data.draw(qualifier_dicts(family))
+    try:
+        inst = spec.instruction(name, **q)
+    except QualifierError as err:
+        accepted, rule = False, err.rule
+    else:
+        accepted, rule = True, None
+    if accepted:
+        verdict = assemble([line(family, inst.qualifiers)], q["target"])[0]
+        assert verdict is None, f"spec accepts {inst.opcode}, ptxas says {verdict}"
+        return
+    normal = None
+    try:
+        normal = family.normalise(q)
+    except QualifierError:
+        pass
+    if normal is not None and all(not r.ptxas_enforced for r in broken_rules(family, normal)):
+        return  # a docs-only rule: ptxas is known to be lenient here
+    verdict = assemble([raw_line(family, normal or q)], q["target"])[0]
+    assert verdict is not None, f"spec rejects {q} (rule {rule}) but ptxas assembles it"

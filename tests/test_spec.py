@@ -1,0 +1,233 @@
+"""The pure spec API: names, defaults, error messages, and golden rendered text."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ptxops import QualifierError, spec
+
+# -- golden rendered text ------------------------------------------------------------------------
+
+GOLDEN = [
+    (
+        ("multimem.ld_reduce", dict(sem="relaxed", scope="sys", space="global", op="add", acc="f32", vec=4, type="bf16x2")),
+        "multimem.ld_reduce.relaxed.sys.global.add.acc::f32.v4.bf16x2",
+        "multimem.ld_reduce.relaxed.sys.global.add.acc::f32.v4.bf16x2 {$0, $1, $2, $3}, [$4];",
+        "=r,=r,=r,=r,l,~{memory}",
+    ),
+    (
+        ("multimem.ld_reduce", dict(op="add", acc="f16", vec=4, type="e4m3", target="sm_100a")),
+        "multimem.ld_reduce.add.acc::f16.v4.e4m3",
+        "{ .reg .b8 %ptxops_d0, %ptxops_d1, %ptxops_d2, %ptxops_d3; "
+        "multimem.ld_reduce.add.acc::f16.v4.e4m3 {%ptxops_d0, %ptxops_d1, %ptxops_d2, %ptxops_d3}, [$1]; "
+        "mov.b32 $0, {%ptxops_d0, %ptxops_d1, %ptxops_d2, %ptxops_d3}; }",
+        "=r,l,~{memory}",
+    ),
+    (
+        ("multimem.st", dict(sem="release", scope="gpu", space="global", vec=2, type="f32")),
+        "multimem.st.release.gpu.global.v2.f32",
+        "multimem.st.release.gpu.global.v2.f32 [$0], {$1, $2};",
+        "l,r,r,~{memory}",
+    ),
+    (
+        ("multimem.red", dict(sem="release", scope="sys", space="global", op="add", type="u32")),
+        "multimem.red.release.sys.global.add.u32",
+        "multimem.red.release.sys.global.add.u32 [$0], $1;",
+        "l,r,~{memory}",
+    ),
+    (
+        ("atom", dict(sem="acq_rel", scope="gpu", space="global", op="add", vec=2, type="f16x2")),
+        "atom.acq_rel.gpu.global.add.noftz.v2.f16x2",
+        "atom.acq_rel.gpu.global.add.noftz.v2.f16x2 {$0, $1}, [$2], {$3, $4};",
+        "=r,=r,l,r,r,~{memory}",
+    ),
+    (
+        ("atom", dict(space="shared::cta", op="cas", type="b16")),
+        "atom.shared::cta.cas.b16",
+        "atom.shared::cta.cas.b16 $0, [$1], $2, $3;",
+        "=h,r,h,h,~{memory}",
+    ),
+    (
+        ("atom", dict(sem="relaxed", scope="sys", space="global", op="exch", type="b128")),
+        "atom.relaxed.sys.global.exch.b128",
+        "{ .reg .b128 %ptxops_d0; .reg .b128 %ptxops_b0; mov.b128 %ptxops_b0, {$3, $4}; "
+        "atom.relaxed.sys.global.exch.b128 %ptxops_d0, [$2], %ptxops_b0; "
+        "mov.b128 {$0, $1}, %ptxops_d0; }",
+        "=l,=l,l,l,l,~{memory}",
+    ),
+    (
+        ("red", dict(sem="release", scope="sys", space="global", op="add", type="s32")),
+        "red.release.sys.global.add.s32",
+        "red.release.sys.global.add.s32 [$0], $1;",
+        "l,r,~{memory}",
+    ),
+    (
+        ("ld", dict(sem="acquire", scope="sys", space="global", type="b32")),
+        "ld.acquire.sys.global.b32",
+        "ld.acquire.sys.global.b32 $0, [$1];",
+        "=r,l,~{memory}",
+    ),
+    (
+        ("ld", dict(space="global", vec=8, type="b32", target="sm_100a")),
+        "ld.global.v8.b32",
+        "ld.global.v8.b32 {$0, $1, $2, $3, $4, $5, $6, $7}, [$8];",
+        "=r,=r,=r,=r,=r,=r,=r,=r,l,~{memory}",
+    ),
+    (
+        ("st", dict(sem="volatile", space="shared::cta", vec=2, type="u16")),
+        "st.volatile.shared::cta.v2.u16",
+        "st.volatile.shared::cta.v2.u16 [$0], {$1, $2};",
+        "r,h,h,~{memory}",
+    ),
+    (
+        ("st", dict(sem="mmio.relaxed", scope="sys", space="global", type="u32")),
+        "st.mmio.relaxed.sys.global.u32",
+        "st.mmio.relaxed.sys.global.u32 [$0], $1;",
+        "l,r,~{memory}",
+    ),
+    (("fence", dict(sem="sc", scope="sys")), "fence.sc.sys", "fence.sc.sys;", "~{memory}"),
+    (("fence", dict(proxy="async.global")), "fence.proxy.async.global", "fence.proxy.async.global;", "~{memory}"),
+    (
+        ("fence", dict(proxy="tensormap::generic", sem="acquire", scope="gpu")),
+        "fence.proxy.tensormap::generic.acquire.gpu",
+        "fence.proxy.tensormap::generic.acquire.gpu [$0], 128;",
+        "l,~{memory}",
+    ),
+    (
+        ("fence", dict(sem="acquire", sync_restrict="shared::cluster", scope="cluster")),
+        "fence.acquire.sync_restrict::shared::cluster.cluster",
+        "fence.acquire.sync_restrict::shared::cluster.cluster;",
+        "~{memory}",
+    ),
+]
+
+
+@pytest.mark.parametrize(("call", "opcode", "template", "constraints"), GOLDEN, ids=[g[1] for g in GOLDEN])
+def test_golden_rendering(call, opcode, template, constraints) -> None:
+    family, qualifiers = call
+    inst = spec.instruction(family, **qualifiers)
+    assert inst.opcode == opcode
+    assert inst.template == template
+    assert inst.constraints == constraints
+
+
+def test_instruction_carries_effective_defaults() -> None:
+    inst = spec.instruction("atom", op="add", type="u32")
+    assert inst.opcode == "atom.add.u32"
+    assert inst.effective["sem"] == "relaxed" and inst.effective["scope"] == "gpu"
+    assert inst.effective["space"] == "generic"
+    assert spec.instruction("multimem.red", op="add", type="u32").effective["scope"] == "sys"
+    assert spec.instruction("ld", type="b32").effective["sem"] == "weak"
+    assert spec.instruction("fence", scope="gpu").effective["sem"] == "acq_rel"
+
+
+# -- errors name the rule, the offending qualifiers, the legal values and the target -------------
+
+
+def test_acc_f32_with_min_names_rule_legal_values_and_target() -> None:
+    with pytest.raises(QualifierError) as info:
+        spec.instruction("multimem.ld_reduce", op="min", acc="f32", vec=2, type="bf16x2", target="sm_90a")
+    err = info.value
+    text = str(err)
+    assert err.rule == "acc-add-only" and "acc-add-only" in text
+    assert "multimem.ld_reduce" in text and "sm_90a" in text
+    assert "acc='f32'" in text
+    assert err.legal["acc"] == [None] and err.legal["op"] == ["add"]
+    assert isinstance(err, ValueError)
+
+
+def test_fp8_on_hopper_names_the_target() -> None:
+    with pytest.raises(QualifierError, match=r"fp8-target[\s\S]*sm_100a") as info:
+        spec.instruction("multimem.ld_reduce", op="add", vec=4, type="e4m3x4", target="sm_90a")
+    assert info.value.target == "sm_90a"
+    assert "sm_90a" in str(info.value)
+    assert "sm_100a" in info.value.legal["target"]
+
+
+@pytest.mark.parametrize(
+    ("family", "qualifiers", "rule"),
+    [
+        ("multimem.ld_reduce", dict(sem="weak", scope="sys", op="add", type="u32"), "scope-needs-order"),
+        ("multimem.ld_reduce", dict(sem="relaxed", op="add", type="u32"), "order-needs-scope"),
+        ("multimem.ld_reduce", dict(op="add", type="f16"), "vec-width-f16"),
+        ("multimem.ld_reduce", dict(op="add", type="s64"), "op-add-types"),
+        ("multimem.red", dict(op="min", type="f16x2"), "minmax-packed-needs-vec"),
+        ("atom", dict(op="inc", type="u64"), "inc-types"),
+        ("atom", dict(op="add", vec=2, space="shared::cta", type="f32"), "vector-global-only"),
+        ("ld", dict(sem="mmio.relaxed", scope="gpu", type="u32"), "mmio-sys-scope"),
+        ("ld", dict(sem="mmio.acquire", scope="sys", type="u32"), "mmio-needs-ptx-9.3"),
+        ("ld", dict(vec=8, type="b32", target="sm_90a"), "v8-wide"),
+        ("st", dict(sem="volatile", scope="gpu", type="u32"), "scope-needs-order"),
+        ("fence", dict(sem="sc"), "scope-required"),
+        ("fence", dict(op_restrict="mbarrier_init", sem="release", scope="gpu"), "mbarrier-init"),
+    ],
+)
+def test_each_rule_reports_itself(family: str, qualifiers: dict, rule: str) -> None:
+    with pytest.raises(QualifierError) as info:
+        spec.instruction(family, **qualifiers)
+    assert info.value.rule == rule
+    assert f"[{rule}]" in str(info.value)
+
+
+def test_unknown_keys_and_misspelled_values_are_errors() -> None:
+    with pytest.raises(QualifierError, match=r"unknown qualifier key\(s\) 'order'"):
+        spec.instruction("ld", order="relaxed", type="u32")
+    with pytest.raises(QualifierError, match=r"did you mean 'relaxed'"):
+        spec.instruction("ld", sem="relax", scope="gpu", type="u32")
+    with pytest.raises(QualifierError, match=r"needs op="):
+        spec.instruction("atom", type="u32")
+    with pytest.raises(QualifierError, match=r"unknown instruction family 'multimem.ld'"):
+        spec.instruction("multimem.ld")
+    with pytest.raises(QualifierError, match="acc"):
+        spec.instruction("ld", acc=None, type="u32")
+
+
+def test_vec_spellings() -> None:
+    assert spec.instruction("ld", vec="v4", type="b32").opcode == "ld.v4.b32"
+    assert spec.instruction("ld", vec=4, type="b32").opcode == "ld.v4.b32"
+
+
+# -- properties of the rules ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(spec.FAMILIES))
+def test_forms_are_legal_distinct_and_reproducible(name: str) -> None:
+    for target in ("sm_90a", "sm_100a"):
+        forms = list(spec.forms(name, target=target))
+        opcodes = [f.opcode for f in forms]
+        assert len(opcodes) == len(set(opcodes))
+        for f in forms[:: max(1, len(forms) // 50)]:
+            given = {k: v for k, v in f.qualifiers.items() if v is not None}
+            assert spec.instruction(name, **given).opcode == f.opcode
+
+
+@pytest.mark.parametrize("name", list(spec.FAMILIES))
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_every_rejection_offers_a_legal_way_out(name: str, data) -> None:
+    """Any form in the domain is legal, or its error lists values that make it legal."""
+    family = spec.FAMILIES[name]
+    q = {k: data.draw(st.sampled_from(family.domain(k)), label=k) for k in family.keys}
+    try:
+        family.check(q)
+    except QualifierError as err:
+        assert err.rule and err.target == q["target"]
+        fixes = [(k, v) for k, vs in err.legal.items() for v in vs]
+        assert fixes, str(err)
+        k, v = fixes[0]
+        fixed = {**q, k: v}
+        assert family.broken(fixed) is None or family.broken(fixed)[0] is not family.broken(q)[0]
+
+
+def test_fp8_forms_only_where_the_target_has_them() -> None:
+    hopper = {f.opcode for f in spec.forms("multimem.ld_reduce", target="sm_90a")}
+    blackwell = {f.opcode for f in spec.forms("multimem.ld_reduce", target="sm_100a")}
+    assert hopper < blackwell
+    assert all("e4m3" in o or "e5m2" in o for o in blackwell - hopper)
+
+
+def test_forms_can_hold_qualifiers_fixed() -> None:
+    forms = list(spec.forms("multimem.ld_reduce", target="sm_90a", op="add", acc="f32"))
+    assert forms and all(".add.acc::f32." in f.opcode for f in forms)
