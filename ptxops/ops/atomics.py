@@ -51,7 +51,7 @@ def atom(
     """
     if op == "cas":
         raise ValueError("atom: use atom_cas(ptr, compare, value) for op='cas'")
-    dtype, n = values.data_shape(value, dtype or ptr.dtype, num_elements, packed, type is not None)
+    dtype, n = values.data_shape(value, dtype, ptr.dtype, num_elements, packed, type is not None)
     inst = _form("atom", ptr, dtype, n, op, sem, scope, space, type, vec)
     return emit.send(inst, ptr, [(value, dtype)], packed, result=dtype, loc=loc, ip=ip)
 
@@ -86,7 +86,7 @@ def atom_cas(
     """``atom.cas``: if memory at ``ptr`` equals ``compare``, store ``value``; return the old
     value either way.  ``atom{.sem}{.scope}{.space}.cas.type d, [a], b, c`` (b16/b32/b64/b128).
     """
-    dtype, n = values.data_shape(value, dtype or ptr.dtype, None, packed, type is not None)
+    dtype, n = values.data_shape(value, dtype, ptr.dtype, None, packed, type is not None)
     inst = _form("atom", ptr, dtype, n, "cas", sem, scope, space, type, None)
     return emit.send(inst, ptr, [(compare, dtype), (value, dtype)], packed, result=dtype, loc=loc, ip=ip)
 
@@ -111,7 +111,7 @@ def red(
     """Atomically reduce ``value`` into ``ptr`` (no result): ``red{.sem}{.scope}{.space}.op
     {.vec}.type [a], b``; sem is relaxed (default) or release.  ``red(flag, 1, sem="release",
     scope="sys")`` publishes everything this thread wrote before it."""
-    dtype, n = values.data_shape(value, dtype or ptr.dtype, num_elements, packed, type is not None)
+    dtype, n = values.data_shape(value, dtype, ptr.dtype, num_elements, packed, type is not None)
     inst = _form("red", ptr, dtype, n, op, sem, scope, space, type, vec)
     emit.send(inst, ptr, [(value, dtype)], packed, loc=loc, ip=ip)
 

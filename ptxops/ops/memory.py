@@ -73,7 +73,7 @@ def st(
     ``st{.sem}{.scope}{.space}{.vec}.type [a], b``; sem is weak (default), ``"relaxed"``,
     ``"release"`` (both need ``scope``), ``"volatile"`` or ``"mmio.relaxed"``.
     """
-    dtype, n = values.data_shape(value, dtype or ptr.dtype, num_elements, packed, type is not None)
+    dtype, n = values.data_shape(value, dtype, ptr.dtype, num_elements, packed, type is not None)
     inst = _form("st", ptr, dtype, n, sem, scope, space, type, vec)
     emit.send(inst, ptr, [(value, dtype)], packed, loc=loc, ip=ip)
 

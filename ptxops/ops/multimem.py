@@ -99,7 +99,7 @@ def multimem_st(
     or ``"release"``.  ``data`` is a TensorSSA, a sequence of scalars or one scalar of
     ``dtype`` (default: the pointer's), or packed registers with ``packed=True``.
     """
-    dtype, n = values.data_shape(data, dtype or mc_ptr.dtype, num_elements, packed, type is not None)
+    dtype, n = values.data_shape(data, dtype, mc_ptr.dtype, num_elements, packed, type is not None)
     space = emit.state_space("multimem.st", mc_ptr, space, ("global", None))
     inst = _form("multimem.st", dtype, n, None, type, vec, None, sem=sem, scope=scope, space=space)
     emit.send(inst, mc_ptr, [(data, dtype)], packed, loc=loc, ip=ip)
@@ -128,7 +128,7 @@ def multimem_red(
     ``.relaxed.sys``; with one (``"relaxed"``/``"release"``) give ``scope`` too.
     ``multimem_red(flag_mc, 1, sem="release", scope="sys")`` is the arrive of a barrier.
     """
-    dtype, n = values.data_shape(data, dtype or mc_ptr.dtype, num_elements, packed, type is not None)
+    dtype, n = values.data_shape(data, dtype, mc_ptr.dtype, num_elements, packed, type is not None)
     space = emit.state_space("multimem.red", mc_ptr, space, ("global", None))
     inst = _form("multimem.red", dtype, n, op, type, vec, None, sem=sem, scope=scope, space=space)
     emit.send(inst, mc_ptr, [(data, dtype)], packed, loc=loc, ip=ip)

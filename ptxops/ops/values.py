@@ -111,14 +111,31 @@ def from_raw(values: Sequence[Any], operand: Operand, *, loc=None, ip=None) -> l
 
 
 def data_shape(
-    data: Any, dtype: Numeric, num_elements: int | None, packed: bool, explicit: bool
+    data: Any,
+    dtype: Numeric | None,
+    pointer_dtype: Numeric,
+    num_elements: int | None,
+    packed: bool,
+    explicit: bool,
 ) -> tuple[Numeric, int]:
-    """The dtype and count of values a source operand holds (``explicit``: the caller named
-    the PTX type, so packed registers need no count)."""
+    """The dtype and count of values a source operand holds.
+
+    The dtype is ``dtype`` if given, else the values' own (a TensorSSA's or a typed scalar's:
+    CuTeDSL pointers are signless, so ``Uint32(1)`` is what makes an atomic max unsigned),
+    else the pointer's.  ``explicit``: the caller named the PTX type, so packed registers need
+    no count.
+    """
+    if isinstance(data, cute.TensorSSA):
+        own = data.dtype
+    elif isinstance(data, cutlass.Numeric) and not packed:
+        own = type(data)
+    else:
+        own = None
+    dtype = dtype or own or pointer_dtype
     if num_elements is not None:
         return dtype, num_elements
     if isinstance(data, cute.TensorSSA):
-        return data.dtype, cute.size(data.shape)
+        return dtype, cute.size(data.shape)
     if isinstance(data, (list, tuple)):
         if packed and not explicit:
             raise ValueError(

@@ -1,0 +1,112 @@
+"""What a compiled collective kernel is specialised on, and the signal-pad layout (pure Python).
+
+A kernel is compiled once per :class:`KernelKey`; everything else (addresses, element counts,
+rank, timeout) is a runtime argument, so one compile serves every tensor of a shape class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "barrier")
+ALGORITHMS = {"all_reduce": ("one_shot", "two_shot"), "reduce_scatter": ("one_shot",), "barrier": ("one_shot",)}
+BACKENDS = ("multicast", "peer")
+OPS = ("sum", "min", "max")
+#: dtype name -> (bytes, accumulation dtype name of the peer backend, multicast .acc)
+DTYPES = {
+    "f32": (4, "f32", None),
+    "f16": (2, "f32", "f32"),
+    "bf16": (2, "f32", "f32"),
+    "e4m3": (1, "f16", "f16"),
+    "e5m2": (1, "f16", "f16"),
+}
+#: dtypes whose multimem forms need sm_100a or newer.
+FP8 = ("e4m3", "e5m2")
+VECTOR_BYTES = 16
+MAX_WORLD = 8
+
+
+@dataclass(frozen=True)
+class KernelKey:
+    """The compile-time choices of one collective kernel.
+
+    ``vector`` is the elements each thread moves at once (16 bytes' worth, or 1 for data that
+    is not 16-byte aligned); ``copy_back`` makes a one-shot all-reduce write its result into
+    its own input buffer after every peer has read it (in-place on symmetric memory);
+    ``gather_out`` makes a two-shot all-reduce copy the result from the symmetric buffer to a
+    separate output.
+    """
+
+    collective: str
+    algorithm: str
+    backend: str
+    dtype: str
+    world: int
+    op: str = "sum"
+    vector: int = 0
+    threads: int = 512
+    copy_back: bool = False
+    gather_out: bool = False
+
+    def __post_init__(self) -> None:
+        if self.collective not in COLLECTIVES:
+            raise ValueError(f"collective must be one of {COLLECTIVES}, not {self.collective!r}")
+        if self.algorithm not in ALGORITHMS[self.collective]:
+            raise ValueError(
+                f"{self.collective} algorithms: {ALGORITHMS[self.collective]}, not {self.algorithm!r}"
+            )
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, not {self.backend!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {tuple(DTYPES)}, not {self.dtype!r}")
+        if not 2 <= self.world <= MAX_WORLD:
+            raise ValueError(f"world size must be 2..{MAX_WORLD}, not {self.world}")
+        if self.op not in OPS:
+            raise ValueError(f"op must be one of {OPS}, not {self.op!r}")
+        if self.dtype in FP8 and self.op != "sum":
+            raise ValueError(f"{self.op} of fp8 is not supported (multimem reduces fp8 by add only)")
+        if self.vector not in (0, 1, self.full_vector):
+            raise ValueError(f"vector must be 1 or {self.full_vector} for {self.dtype}")
+
+    @property
+    def full_vector(self) -> int:
+        return VECTOR_BYTES // DTYPES[self.dtype][0]
+
+    @property
+    def elements_per_access(self) -> int:
+        return self.vector or self.full_vector
+
+    @property
+    def barriers(self) -> int:
+        """Cross-GPU barriers the kernel passes (start and end, or one for a barrier)."""
+        return 1 if self.collective == "barrier" else 2
+
+
+@dataclass(frozen=True)
+class PadLayout:
+    """Word offsets in each rank's signal pad (uint32, symmetric, zeroed once, never reset).
+
+    ``arrival(block, src)`` is written by rank ``src`` (peer barriers), ``counter(block)`` is
+    incremented by every rank through multicast, ``epoch(block)`` is this rank's own count of
+    barriers passed by ``block``.  Epochs only grow; comparisons are wrap-safe.
+    """
+
+    max_blocks: int = 1024
+    world: int = MAX_WORLD
+
+    def arrival(self, block: int, src: int) -> int:
+        return block * self.world + src
+
+    def counter(self, block: int) -> int:
+        return self.max_blocks * self.world + block
+
+    def epoch(self, block: int) -> int:
+        return self.max_blocks * (self.world + 1) + block
+
+    @property
+    def words(self) -> int:
+        return self.max_blocks * (self.world + 2)
+
+
+#: Fields of the error record a timed-out kernel writes (int32 words, host-mapped memory).
+ERROR_FIELDS = ("status", "barrier", "missing_rank", "block", "rank")

@@ -1,0 +1,24 @@
+"""Device building blocks for cross-GPU kernels: signals, bounded waits, barriers, and
+backend-neutral load-reduce / store-to-all.  ``@cute.jit`` functions: call them from your own
+``@cute.kernel`` (see docs for an all-gather written with them)."""
+
+from .reduce import combine, load_reduce_multicast, load_reduce_peer, store_multicast, store_peers
+from .signals import (
+    advance_epoch,
+    barrier_multicast,
+    barrier_peer,
+    block_all,
+    gmem,
+    peer_address,
+    reached,
+    read_epoch,
+    record_timeout,
+    signal,
+    wait_until,
+)
+
+__all__ = [
+    "advance_epoch", "barrier_multicast", "barrier_peer", "block_all", "combine", "gmem",
+    "load_reduce_multicast", "load_reduce_peer", "peer_address", "reached", "read_epoch",
+    "record_timeout", "signal", "store_multicast", "store_peers", "wait_until",
+]

@@ -1,0 +1,96 @@
+"""Reading every rank's values at one offset and combining them, in either backend.
+
+The multicast backend asks the switch: one ``multimem.ld_reduce`` returns the reduced values
+(16-bit floats accumulated in f32, fp8 in f16).  The peer backend loads each rank's copy over
+NVLink and combines them in registers in rank order 0..W-1, accumulating in the same precision,
+so every rank computes bit-identical results.  Storing to every rank is one ``multimem.st`` or
+one store per peer.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64
+
+import ptxops
+
+from .signals import gmem, peer_address
+
+_ACC = {"f32": cutlass.Float32, "f16": cutlass.Float16}
+
+
+@cute.jit
+def combine(a, b, op: cutlass.Constexpr):
+    """``a op b`` elementwise for op in sum/min/max (TensorSSA or scalars)."""
+    if cutlass.const_expr(op == "sum"):
+        return a + b
+    elif cutlass.const_expr(isinstance(a, cute.TensorSSA)):
+        return cute.where(a < b, a, b) if cutlass.const_expr(op == "min") else cute.where(a > b, a, b)
+    else:
+        return cutlass.min(a, b) if cutlass.const_expr(op == "min") else cutlass.max(a, b)
+
+
+@cute.jit
+def convert(values, dtype: cutlass.Constexpr):
+    """Values (TensorSSA or scalar) converted to ``dtype``."""
+    if cutlass.const_expr(isinstance(values, cute.TensorSSA)):
+        return values.to(dtype)
+    else:
+        return dtype(values)
+
+
+@cute.jit
+def load_reduce_peer(
+    table: Int64,
+    offset: Int64,
+    dtype: cutlass.Constexpr,
+    acc: cutlass.Constexpr,
+    n: cutlass.Constexpr,
+    world: cutlass.Constexpr,
+    op: cutlass.Constexpr,
+):
+    """Every rank's ``n`` values at element ``offset`` of the buffer whose per-rank addresses are
+    in ``table``, combined with ``op`` in ``acc`` precision; returned as ``dtype``."""
+    align = cutlass.const_expr(n * dtype.width // 8)
+    total = convert(ptxops.ld(gmem(dtype, peer_address(table, Int32(0)), align) + cute.assume(offset, divby=n), num_elements=n), acc)
+    for r in cutlass.range_constexpr(1, world):
+        src = gmem(dtype, peer_address(table, Int32(r)), align) + cute.assume(offset, divby=n)
+        total = combine(total, convert(ptxops.ld(src, num_elements=n), acc), op)
+    return convert(total, dtype)
+
+
+@cute.jit
+def load_reduce_multicast(
+    mc: Int64,
+    offset: Int64,
+    dtype: cutlass.Constexpr,
+    acc: cutlass.Constexpr,
+    n: cutlass.Constexpr,
+    op: cutlass.Constexpr,
+):
+    """The same through one ``multimem.ld_reduce`` on the multicast address ``mc`` (``acc`` is
+    implied: the instruction accumulates 16-bit floats in f32 and fp8 in f16, as ``acc``)."""
+    align = cutlass.const_expr(n * dtype.width // 8)
+    ptx_op = cutlass.const_expr({"sum": "add", "min": "min", "max": "max"}[op])
+    return ptxops.multimem_ld_reduce(
+        gmem(dtype, mc, align) + cute.assume(offset, divby=n),
+        dtype=dtype, num_elements=n, op=ptx_op, acc="auto" if cutlass.const_expr(op == "sum") else None,
+    )
+
+
+@cute.jit
+def store_peers(table: Int64, offset: Int64, values, dtype: cutlass.Constexpr, n: cutlass.Constexpr, world: cutlass.Constexpr, first: Int32):
+    """Store ``values`` at element ``offset`` of every rank's buffer, starting with rank
+    ``first`` (spread the ranks' first stores over different links)."""
+    align = cutlass.const_expr(n * dtype.width // 8)
+    for i in cutlass.range_constexpr(world):
+        r = (first + i) % world
+        ptxops.st(gmem(dtype, peer_address(table, r), align) + cute.assume(offset, divby=n), values)
+
+
+@cute.jit
+def store_multicast(mc: Int64, offset: Int64, values, dtype: cutlass.Constexpr, n: cutlass.Constexpr):
+    """Store ``values`` at element ``offset`` on every rank with one ``multimem.st``."""
+    align = cutlass.const_expr(n * dtype.width // 8)
+    ptxops.multimem_st(gmem(dtype, mc, align) + cute.assume(offset, divby=n), values)

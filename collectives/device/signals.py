@@ -1,0 +1,158 @@
+"""Cross-GPU signals and barriers over a symmetric signal pad, built from ptxops.
+
+Every rank owns a pad of uint32 words (see :class:`collectives.config.PadLayout`); the pad is
+zeroed once and never reset.  A barrier passes monotonically growing epochs: rank ``src``
+announces epoch ``e`` by writing ``e`` into ``arrival(block, src)`` of every peer's pad (peer
+flavour) or by adding 1 to ``counter(block)`` through the multicast address (multicast flavour,
+``W * e`` after epoch ``e``); a waiter compares wrap-safely (``int32(seen - want) >= 0``), so a
+fast rank that is already at ``e + 1`` never confuses a slow one and nothing is ever reset.
+
+Every wait is bounded by a deadline on ``%globaltimer``; a wait that times out writes an error
+record (status, barrier, missing rank, block, rank) that the host turns into
+:class:`collectives.CollectiveTimeout`, and reports failure so the kernel can exit.
+
+These are ``@cute.jit`` functions: call them from your own ``@cute.kernel``.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Boolean, Int32, Int64, Uint32
+
+import ptxops
+
+from ..config import PadLayout
+
+
+@cute.jit
+def gmem(dtype: cutlass.Constexpr, address: Int64, align: cutlass.Constexpr = 16) -> cute.Pointer:
+    """A global-memory pointer of ``dtype`` at a 64-bit device address."""
+    return cute.make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align)
+
+
+@cute.jit
+def peer_address(table: Int64, rank: Int32) -> Int64:
+    """Entry ``rank`` of a device table of 64-bit addresses (one per rank)."""
+    return ptxops.ld(gmem(Int64, table, 8) + rank, dtype=Int64)
+
+
+@cute.jit
+def reached(seen: Uint32, want: Uint32) -> Boolean:
+    """Wrap-safe ``seen >= want`` for monotonic 32-bit epochs."""
+    return Int32(seen - want) >= 0
+
+
+@cute.jit
+def wait_until(flag: cute.Pointer, want: Uint32, deadline: Int64) -> Boolean:
+    """Poll ``flag`` with acquire loads at sys scope until it reaches ``want`` (wrap-safe) or
+    ``%globaltimer`` passes ``deadline``; True if it was reached."""
+    seen = ptxops.ld_acquire(flag, scope="sys", dtype=Uint32)
+    while not reached(seen, want) and cute.arch.globaltimer() < deadline:
+        seen = ptxops.ld_acquire(flag, scope="sys", dtype=Uint32)
+    return reached(seen, want)
+
+
+@cute.jit
+def signal(pad: Int64, offset: Int32, value: Uint32) -> None:
+    """Publish ``value`` at word ``offset`` of the pad at ``pad`` (a peer's or our own): a
+    release store at sys scope, so everything this thread saw before is visible to a waiter
+    whose acquire reads it."""
+    ptxops.st_release(gmem(Uint32, pad, 4) + offset, value, scope="sys")
+
+
+@cute.jit
+def record_timeout(err: Int64, barrier: Int32, missing: Int32, block: Int32, rank: Int32) -> None:
+    """Write the error record once (the first timeout wins the compare-and-swap)."""
+    record = gmem(Int32, err, 4)
+    if ptxops.atom_cas(record, Int32(0), Int32(1), sem="relaxed", scope="sys") == 0:
+        ptxops.st(record + 1, barrier, sem="relaxed", scope="sys")
+        ptxops.st(record + 2, missing, sem="relaxed", scope="sys")
+        ptxops.st(record + 3, block, sem="relaxed", scope="sys")
+        ptxops.st(record + 4, rank, sem="relaxed", scope="sys")
+
+
+@cute.jit
+def read_epoch(pad: Int64, block: Int32, world: cutlass.Constexpr) -> Uint32:
+    """This rank's count of barriers passed by ``block`` (read before the kernel's first
+    barrier; :func:`advance_epoch` stores the new count)."""
+    layout = PadLayout(world=world)
+    return ptxops.ld(gmem(Uint32, pad, 4) + layout.epoch(block), dtype=Uint32)
+
+
+@cute.jit
+def advance_epoch(pad: Int64, block: Int32, epoch: Uint32, world: cutlass.Constexpr) -> None:
+    layout = PadLayout(world=world)
+    ptxops.st(gmem(Uint32, pad, 4) + layout.epoch(block), epoch)
+
+
+@cute.jit
+def barrier_peer(
+    pad_table: Int64,
+    rank: Int32,
+    block: Int32,
+    epoch: Uint32,
+    deadline: Int64,
+    err: Int64,
+    which: Int32,
+    world: cutlass.Constexpr,
+) -> Boolean:
+    """Peer-flavour barrier of thread block ``block`` with block ``block`` of every rank.
+
+    Threads ``t < world`` each signal rank ``t`` and wait for rank ``t``; the block's
+    ``sync_threads`` before and after carry the ordering to the other threads.  Returns (in
+    threads ``t < world``) whether rank ``t`` arrived before the deadline.
+    """
+    layout = PadLayout(world=world)
+    tidx = cute.arch.thread_idx()[0]
+    ok = Boolean(True)
+    cute.arch.sync_threads()
+    if tidx < world:
+        signal(peer_address(pad_table, tidx), layout.arrival(block, rank), epoch)
+        own = gmem(Uint32, peer_address(pad_table, rank), 4)
+        ok = wait_until(own + layout.arrival(block, tidx), epoch, deadline)
+        if not ok:
+            record_timeout(err, which, tidx, block, rank)
+    return ok
+
+
+@cute.jit
+def barrier_multicast(
+    mc_pad: Int64,
+    pad: Int64,
+    rank: Int32,
+    block: Int32,
+    epoch: Uint32,
+    deadline: Int64,
+    err: Int64,
+    which: Int32,
+    world: cutlass.Constexpr,
+) -> Boolean:
+    """Multicast-flavour barrier: thread 0 adds 1 to the block's counter on every rank with one
+    ``multimem.red.release.sys`` and waits until its own copy reaches ``world * epoch``."""
+    layout = PadLayout(world=world)
+    tidx = cute.arch.thread_idx()[0]
+    ok = Boolean(True)
+    cute.arch.sync_threads()
+    if tidx == 0:
+        counter = layout.counter(block)
+        ptxops.multimem_red(gmem(Uint32, mc_pad, 4) + counter, Uint32(1), sem="release", scope="sys")
+        ok = wait_until(gmem(Uint32, pad, 4) + counter, epoch * Uint32(world), deadline)
+        if not ok:
+            record_timeout(err, which, Int32(-1), block, rank)
+    return ok
+
+
+@cute.jit
+def block_all(flag: cute.Tensor, ok: Boolean) -> Boolean:
+    """True in every thread of the block iff ``ok`` held in every thread (one shared word)."""
+    tidx = cute.arch.thread_idx()[0]
+    if tidx == 0:
+        flag[0] = Int32(1)
+    cute.arch.sync_threads()
+    if not ok:
+        flag[0] = Int32(0)
+    cute.arch.sync_threads()
+    result = flag[0] != 0
+    cute.arch.sync_threads()
+    return result

@@ -1,0 +1,186 @@
+"""The collective kernels: one design, two backends chosen at compile time.
+
+Every kernel is ``start barrier -> move data -> end barrier`` for one thread block, paired with
+the same block index on every rank (the data partition is the same on every rank, so a
+per-block barrier orders exactly the accesses that conflict).  Data moves in 16-byte vectors;
+the elements past the last whole vector (and all of them when the data is not 16-byte aligned,
+``vector=1``) take the peer path one at a time.
+
+Runtime arguments are plain 64-bit addresses and counts, so one compile serves every tensor of
+a :class:`~collectives.config.KernelKey`:
+
+``data_table``  device table of every rank's data buffer address (int64[W])
+``data_mc``     the data buffer's multicast address (multicast backend; 0 otherwise)
+``out``         this rank's output (all-reduce one-shot, reduce-scatter, gathered two-shot)
+``n``           elements per rank (all-reduce) or per output (reduce-scatter)
+``pad_table``   device table of every rank's signal pad; ``pad_mc`` its multicast address
+``err``         the error record (host-mapped int32[5])
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cuda.bindings import driver
+from cutlass import Int32, Int64, Uint32
+from cutlass.memory import SmemAllocator
+
+import ptxops
+
+from .config import DTYPES, KernelKey
+from .device import reduce, signals
+
+DTYPE = {
+    "f32": cutlass.Float32,
+    "f16": cutlass.Float16,
+    "bf16": cutlass.BFloat16,
+    "e4m3": cutlass.Float8E4M3FN,
+    "e5m2": cutlass.Float8E5M2,
+}
+ACC = {"f32": cutlass.Float32, "f16": cutlass.Float16}
+
+
+def build(key: KernelKey):
+    """The ``@cute.jit`` launcher of the kernel for ``key`` (compile it with ``cute.compile``)."""
+    world = key.world
+    threads = key.threads
+    dtype = DTYPE[key.dtype]
+    acc = ACC[DTYPES[key.dtype][1]]
+    vec = key.elements_per_access
+    multicast = key.backend == "multicast"
+    op = key.op
+
+    @cute.jit
+    def barrier(pad_table, pad_mc, pad, rank, block, epoch, deadline, err, which):
+        if cutlass.const_expr(multicast):
+            return signals.barrier_multicast(pad_mc, pad, rank, block, epoch, deadline, err, which, world)
+        else:
+            return signals.barrier_peer(pad_table, rank, block, epoch, deadline, err, which, world)
+
+    @cute.jit
+    def load_reduce(table, mc, offset, n: cutlass.Constexpr):
+        if cutlass.const_expr(multicast and n > 1):
+            return reduce.load_reduce_multicast(mc, offset, dtype, acc, n, op)
+        else:
+            return reduce.load_reduce_peer(table, offset, dtype, acc, n, world, op)
+
+    @cute.jit
+    def store_all(table, mc, offset, values, rank, n: cutlass.Constexpr):
+        if cutlass.const_expr(multicast and n > 1):
+            reduce.store_multicast(mc, offset, values, dtype, n)
+        else:
+            reduce.store_peers(table, offset, values, dtype, n, world, rank)
+
+    @cute.jit
+    def store_local(address, offset, values, n: cutlass.Constexpr):
+        align = cutlass.const_expr(n * dtype.width // 8)
+        ptxops.st(signals.gmem(dtype, address, align) + cute.assume(offset, divby=n), values)
+
+    @cute.jit
+    def copy_local(src, dst, begin, end, first, step):
+        """dst[i] = src[i] for i in [begin, end), vectors then single elements."""
+        v = begin // vec + first
+        while v < end // vec:
+            off = Int64(v) * vec
+            align = cutlass.const_expr(vec * dtype.width // 8)
+            values = ptxops.ld(signals.gmem(dtype, src, align) + cute.assume(off, divby=vec), num_elements=vec)
+            store_local(dst, off, values, vec)
+            v += step
+        j = Int64(end // vec * vec) + first
+        while j < end:
+            store_local(dst, j, ptxops.ld(signals.gmem(dtype, src, dtype.width // 8) + j), 1)
+            j += step
+
+    @cute.jit
+    def move(data_table, data_mc, out, n, rank, first, step):
+        """The data phase between the two barriers."""
+        if cutlass.const_expr(key.collective == "all_reduce" and key.algorithm == "one_shot"):
+            dst = out
+            v = first
+            while v < n // vec:
+                off = Int64(v) * vec
+                store_local(dst, off, load_reduce(data_table, data_mc, off, vec), vec)
+                v += step
+            j = Int64(n // vec * vec) + first
+            while j < n:
+                store_local(dst, j, load_reduce(data_table, data_mc, j, 1), 1)
+                j += step
+        elif cutlass.const_expr(key.collective == "all_reduce"):  # two-shot
+            vectors = n // vec
+            chunk = (vectors + world - 1) // world
+            begin = Int64(rank) * chunk
+            end = cutlass.min(begin + chunk, vectors)
+            v = begin + first
+            while v < end:
+                off = Int64(v) * vec
+                store_all(data_table, data_mc, off, load_reduce(data_table, data_mc, off, vec), rank, vec)
+                v += step
+            if rank == world - 1:
+                j = Int64(vectors * vec) + first
+                while j < n:
+                    store_all(data_table, data_mc, j, load_reduce(data_table, data_mc, j, 1), rank, 1)
+                    j += step
+        elif cutlass.const_expr(key.collective == "reduce_scatter"):
+            base = Int64(rank) * n
+            v = first
+            while v < n // vec:
+                off = Int64(v) * vec
+                store_local(out, off, load_reduce(data_table, data_mc, base + off, vec), vec)
+                v += step
+            j = Int64(n // vec * vec) + first
+            while j < n:
+                store_local(out, j, load_reduce(data_table, data_mc, base + j, 1), 1)
+                j += step
+
+    @cute.kernel
+    def kernel(
+        data_table: Int64, data_mc: Int64, out: Int64, n: Int64,
+        pad_table: Int64, pad_mc: Int64, err: Int64, rank: Int32, timeout_ns: Int64,
+    ):
+        tidx = cute.arch.thread_idx()[0]
+        block = cute.arch.block_idx()[0]
+        blocks = cute.arch.grid_dim()[0]
+        smem = SmemAllocator()
+        flag = smem.allocate_tensor(Int32, cute.make_layout(1), byte_alignment=4)
+        pad = signals.peer_address(pad_table, rank)
+        epoch = signals.read_epoch(pad, block, world)
+        deadline = cute.arch.globaltimer() + timeout_ns
+        ok = barrier(pad_table, pad_mc, pad, rank, block, epoch + Uint32(1), deadline, err, Int32(0))
+        ok = signals.block_all(flag, ok)
+        first = Int64(block) * threads + tidx
+        step = Int64(blocks) * threads
+        if cutlass.const_expr(key.barriers == 2):
+            if ok:
+                move(data_table, data_mc, out, n, rank, first, step)
+                ok2 = barrier(pad_table, pad_mc, pad, rank, block, epoch + Uint32(2), deadline, err, Int32(1))
+                ok2 = signals.block_all(flag, ok2)
+                if cutlass.const_expr(key.copy_back or key.gather_out):
+                    if ok2:
+                        own = signals.peer_address(data_table, rank)
+                        if cutlass.const_expr(key.copy_back):
+                            copy_local(out, own, Int64(0), n, first, step)
+                        else:
+                            copy_local(own, out, Int64(0), n, first, step)
+        if tidx == 0:
+            signals.advance_epoch(pad, block, epoch + Uint32(key.barriers), world)
+
+    @cute.jit
+    def launch(
+        data_table: Int64, data_mc: Int64, out: Int64, n: Int64,
+        pad_table: Int64, pad_mc: Int64, err: Int64, rank: Int32, timeout_ns: Int64,
+        blocks: Int32, stream: driver.CUstream,
+    ):
+        kernel(data_table, data_mc, out, n, pad_table, pad_mc, err, rank, timeout_ns).launch(
+            grid=[blocks, 1, 1], block=[threads, 1, 1], stream=stream
+        )
+
+    return launch
+
+
+def example_arguments() -> tuple:
+    """Placeholder runtime arguments for compiling without a GPU."""
+    return (Int64(0), Int64(0), Int64(0), Int64(0), Int64(0), Int64(0), Int64(0), Int32(0),
+            Int64(0), Int32(1), driver.CUstream(0))
+
+
+__all__ = ["ACC", "DTYPE", "build", "example_arguments"]
