@@ -1,8 +1,11 @@
 """Multi-GPU collectives (barrier, all-reduce, reduce-scatter) in CuTeDSL on symmetric memory.
 
-Host layer: :mod:`collectives.errors`, :mod:`collectives.capability` (backend detection:
-NVLink multicast vs. peer) and :mod:`collectives.symmetric` (nvshmem4py heap). The symmetric
-layer needs torch and nvshmem4py, so it is imported lazily: ``collectives.init`` etc.
+``collectives.all_reduce / reduce_scatter / barrier / empty`` (:mod:`collectives.api`) run the
+kernels of :mod:`collectives.kernels`, built from the device building blocks of
+:mod:`collectives.device` and ptxops.  Host layer: :mod:`collectives.errors`,
+:mod:`collectives.capability` (backend detection: NVLink multicast vs. peer) and
+:mod:`collectives.symmetric` (nvshmem4py heap).  Everything that needs torch and nvshmem4py
+is imported lazily.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from .capability import (
 from .errors import CollectiveError, CollectiveTimeout, MulticastUnavailable, SymmetricMemoryError
 
 _LAZY = {"init", "current", "is_symmetric", "Context", "ALIGN"}  # from .symmetric
+_API = {"all_reduce", "reduce_scatter", "barrier", "empty", "synchronize"}  # from .api (torch)
 
 __all__ = [
     # errors
@@ -29,7 +33,8 @@ __all__ = [
     "multicast_disabled_by_env", "probe",
     # symmetric memory (lazy, see _LAZY)
     "ALIGN", "Context", "current", "init", "is_symmetric",
-    # collectives API (kernels): all_reduce, reduce_scatter, barrier, empty -- added with the kernels
+    # collectives (lazy, see _API)
+    "all_reduce", "barrier", "empty", "reduce_scatter", "synchronize",
 ]
 
 
@@ -38,4 +43,8 @@ def __getattr__(name: str) -> Any:
         from . import symmetric
 
         return getattr(symmetric, name)
+    if name in _API:
+        from . import api
+
+        return getattr(api, name)
     raise AttributeError(f"module 'collectives' has no attribute {name!r}")

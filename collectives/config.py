@@ -87,8 +87,9 @@ class PadLayout:
     """Word offsets in each rank's signal pad (uint32, symmetric, zeroed once, never reset).
 
     ``arrival(block, src)`` is written by rank ``src`` (peer barriers), ``counter(block)`` is
-    incremented by every rank through multicast, ``epoch(block)`` is this rank's own count of
-    barriers passed by ``block``.  Epochs only grow; comparisons are wrap-safe.
+    incremented by every rank through multicast, ``size(block, src)`` is the element count rank
+    ``src`` brought to its last barrier (checked against ours), ``epoch(block)`` is this rank's
+    own count of barriers passed by ``block``.  Epochs only grow; comparisons are wrap-safe.
     """
 
     max_blocks: int = 1024
@@ -100,13 +101,18 @@ class PadLayout:
     def counter(self, block: int) -> int:
         return self.max_blocks * self.world + block
 
+    def size(self, block: int, src: int) -> int:
+        return self.max_blocks * (self.world + 1) + block * self.world + src
+
     def epoch(self, block: int) -> int:
-        return self.max_blocks * (self.world + 1) + block
+        return self.max_blocks * (2 * self.world + 1) + block
 
     @property
     def words(self) -> int:
-        return self.max_blocks * (self.world + 2)
+        return self.max_blocks * (2 * self.world + 2)
 
 
-#: Fields of the error record a timed-out kernel writes (int32 words, host-mapped memory).
-ERROR_FIELDS = ("status", "barrier", "missing_rank", "block", "rank")
+#: Fields of the error record a failed kernel writes (int32 words, host-mapped memory).
+ERROR_FIELDS = ("status", "barrier", "peer", "block", "rank")
+#: Values of the record's status word.
+TIMEOUT, SIZE_MISMATCH = 1, 2

@@ -51,11 +51,11 @@ def build(key: KernelKey):
     op = key.op
 
     @cute.jit
-    def barrier(pad_table, pad_mc, pad, rank, block, epoch, deadline, err, which):
+    def barrier(pad_table, pad_mc, pad, rank, block, epoch, deadline, err, which, size):
         if cutlass.const_expr(multicast):
-            return signals.barrier_multicast(pad_mc, pad, rank, block, epoch, deadline, err, which, world)
+            return signals.barrier_multicast(pad_mc, pad, rank, block, epoch, deadline, err, which, size, world)
         else:
-            return signals.barrier_peer(pad_table, rank, block, epoch, deadline, err, which, world)
+            return signals.barrier_peer(pad_table, rank, block, epoch, deadline, err, which, size, world)
 
     @cute.jit
     def load_reduce(table, mc, offset, n: cutlass.Constexpr):
@@ -145,14 +145,15 @@ def build(key: KernelKey):
         pad = signals.peer_address(pad_table, rank)
         epoch = signals.read_epoch(pad, block, world)
         deadline = cute.arch.globaltimer() + timeout_ns
-        ok = barrier(pad_table, pad_mc, pad, rank, block, epoch + Uint32(1), deadline, err, Int32(0))
+        size = Uint32(n)
+        ok = barrier(pad_table, pad_mc, pad, rank, block, epoch + Uint32(1), deadline, err, Int32(0), size)
         ok = signals.block_all(flag, ok)
         first = Int64(block) * threads + tidx
         step = Int64(blocks) * threads
         if cutlass.const_expr(key.barriers == 2):
             if ok:
                 move(data_table, data_mc, out, n, rank, first, step)
-                ok2 = barrier(pad_table, pad_mc, pad, rank, block, epoch + Uint32(2), deadline, err, Int32(1))
+                ok2 = barrier(pad_table, pad_mc, pad, rank, block, epoch + Uint32(2), deadline, err, Int32(1), size)
                 ok2 = signals.block_all(flag, ok2)
                 if cutlass.const_expr(key.copy_back or key.gather_out):
                     if ok2:

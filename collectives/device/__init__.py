@@ -12,7 +12,7 @@ from .signals import (
     peer_address,
     reached,
     read_epoch,
-    record_timeout,
+    record_error,
     signal,
     wait_until,
 )
@@ -20,5 +20,5 @@ from .signals import (
 __all__ = [
     "advance_epoch", "barrier_multicast", "barrier_peer", "block_all", "combine", "gmem",
     "load_reduce_multicast", "load_reduce_peer", "peer_address", "reached", "read_epoch",
-    "record_timeout", "signal", "store_multicast", "store_peers", "wait_until",
+    "record_error", "signal", "store_multicast", "store_peers", "wait_until",
 ]

@@ -22,7 +22,7 @@ from cutlass import Boolean, Int32, Int64, Uint32
 
 import ptxops
 
-from ..config import PadLayout
+from ..config import SIZE_MISMATCH, TIMEOUT, PadLayout
 
 
 @cute.jit
@@ -62,12 +62,12 @@ def signal(pad: Int64, offset: Int32, value: Uint32) -> None:
 
 
 @cute.jit
-def record_timeout(err: Int64, barrier: Int32, missing: Int32, block: Int32, rank: Int32) -> None:
-    """Write the error record once (the first timeout wins the compare-and-swap)."""
+def record_error(err: Int64, status: Int32, barrier: Int32, peer: Int32, block: Int32, rank: Int32) -> None:
+    """Write the error record once (the first failure wins the compare-and-swap)."""
     record = gmem(Int32, err, 4)
-    if ptxops.atom_cas(record, Int32(0), Int32(1), sem="relaxed", scope="sys") == 0:
+    if ptxops.atom_cas(record, Int32(0), status, sem="relaxed", scope="sys") == 0:
         ptxops.st(record + 1, barrier, sem="relaxed", scope="sys")
-        ptxops.st(record + 2, missing, sem="relaxed", scope="sys")
+        ptxops.st(record + 2, peer, sem="relaxed", scope="sys")
         ptxops.st(record + 3, block, sem="relaxed", scope="sys")
         ptxops.st(record + 4, rank, sem="relaxed", scope="sys")
 
@@ -95,24 +95,31 @@ def barrier_peer(
     deadline: Int64,
     err: Int64,
     which: Int32,
+    size: Uint32,
     world: cutlass.Constexpr,
 ) -> Boolean:
     """Peer-flavour barrier of thread block ``block`` with block ``block`` of every rank.
 
-    Threads ``t < world`` each signal rank ``t`` and wait for rank ``t``; the block's
-    ``sync_threads`` before and after carry the ordering to the other threads.  Returns (in
-    threads ``t < world``) whether rank ``t`` arrived before the deadline.
+    Threads ``t < world`` each give rank ``t`` our ``size`` and signal it, then wait for rank
+    ``t`` and compare its size with ours; the block's ``sync_threads`` before and after carry
+    the ordering to the other threads.  Returns (in threads ``t < world``) whether rank ``t``
+    arrived before the deadline with the same size.
     """
     layout = PadLayout(world=world)
     tidx = cute.arch.thread_idx()[0]
     ok = Boolean(True)
     cute.arch.sync_threads()
     if tidx < world:
+        peer_pad = gmem(Uint32, peer_address(pad_table, tidx), 4)
+        ptxops.st(peer_pad + layout.size(block, rank), size)
         signal(peer_address(pad_table, tidx), layout.arrival(block, rank), epoch)
         own = gmem(Uint32, peer_address(pad_table, rank), 4)
         ok = wait_until(own + layout.arrival(block, tidx), epoch, deadline)
         if not ok:
-            record_timeout(err, which, tidx, block, rank)
+            record_error(err, Int32(TIMEOUT), which, tidx, block, rank)
+        elif ptxops.ld(own + layout.size(block, tidx), dtype=Uint32) != size:
+            ok = Boolean(False)
+            record_error(err, Int32(SIZE_MISMATCH), which, tidx, block, rank)
     return ok
 
 
@@ -126,20 +133,29 @@ def barrier_multicast(
     deadline: Int64,
     err: Int64,
     which: Int32,
+    size: Uint32,
     world: cutlass.Constexpr,
 ) -> Boolean:
-    """Multicast-flavour barrier: thread 0 adds 1 to the block's counter on every rank with one
-    ``multimem.red.release.sys`` and waits until its own copy reaches ``world * epoch``."""
+    """Multicast-flavour barrier: thread 0 stores our ``size`` on every rank and adds 1 to the
+    block's counter on every rank (``multimem.st`` then ``multimem.red.release.sys``), waits
+    until its own counter reaches ``world * epoch`` and compares every rank's size with ours."""
     layout = PadLayout(world=world)
     tidx = cute.arch.thread_idx()[0]
     ok = Boolean(True)
     cute.arch.sync_threads()
     if tidx == 0:
-        counter = layout.counter(block)
-        ptxops.multimem_red(gmem(Uint32, mc_pad, 4) + counter, Uint32(1), sem="release", scope="sys")
-        ok = wait_until(gmem(Uint32, pad, 4) + counter, epoch * Uint32(world), deadline)
+        mc = gmem(Uint32, mc_pad, 4)
+        own = gmem(Uint32, pad, 4)
+        ptxops.multimem_st(mc + layout.size(block, rank), size, sem="relaxed", scope="sys")
+        ptxops.multimem_red(mc + layout.counter(block), Uint32(1), sem="release", scope="sys")
+        ok = wait_until(own + layout.counter(block), epoch * Uint32(world), deadline)
         if not ok:
-            record_timeout(err, which, Int32(-1), block, rank)
+            record_error(err, Int32(TIMEOUT), which, Int32(-1), block, rank)
+        else:
+            for r in cutlass.range_constexpr(world):
+                if ptxops.ld(own + layout.size(block, r), dtype=Uint32) != size:
+                    ok = Boolean(False)
+                    record_error(err, Int32(SIZE_MISMATCH), which, Int32(r), block, rank)
     return ok
 
 

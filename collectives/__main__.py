@@ -1,0 +1,50 @@
+"""``python -m collectives ptx ...``: print (or write) a collective kernel's PTX, no GPU needed."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .config import ALGORITHMS, BACKENDS, COLLECTIVES, DTYPES, OPS, KernelKey
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m collectives", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    ptx = sub.add_parser("ptx", help="compile a collective kernel and print its PTX")
+    ptx.add_argument("--collective", choices=COLLECTIVES, required=True)
+    ptx.add_argument("--algorithm", default="one_shot",
+                     choices=sorted({a for algs in ALGORITHMS.values() for a in algs}))
+    ptx.add_argument("--backend", choices=BACKENDS, required=True)
+    ptx.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
+    ptx.add_argument("--op", choices=OPS, default="sum")
+    ptx.add_argument("--world-size", type=int, default=8)
+    ptx.add_argument("--arch", default="sm_90a", help="compile target, e.g. sm_90a or sm_100a")
+    ptx.add_argument("--unaligned", action="store_true", help="the one-element-at-a-time variant")
+    ptx.add_argument("-o", "--output", help="write the PTX here instead of printing it")
+    args = parser.parse_args(argv)
+    try:
+        key = KernelKey(args.collective, args.algorithm, args.backend, args.dtype, args.world_size,
+                        op=args.op, vector=1 if args.unaligned else 0)
+    except ValueError as err:
+        parser.error(str(err))
+    from ptxops import QualifierError
+
+    from .ptx import kernel_ptx
+
+    try:
+        text = kernel_ptx(key, args.arch)
+    except QualifierError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+        print(f"wrote {len(text.splitlines())} lines of PTX to {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

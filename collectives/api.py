@@ -1,0 +1,141 @@
+"""The Python API: ``all_reduce``, ``reduce_scatter``, ``barrier``, ``empty``, ``synchronize``.
+
+Collectives run on the current torch stream and are capturable in a CUDA graph once warmed up
+(one eager call of the same shape class compiles the kernel and builds its tables).  A tensor
+from :func:`empty` lives in symmetric memory and goes zero-copy; any other CUDA tensor is staged
+through an internal symmetric buffer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import tuning
+from .capability import choose_backend
+from .config import DTYPES, FP8, VECTOR_BYTES, KernelKey
+from .errors import CollectiveError, MulticastUnavailable
+from .runtime import TORCH_DTYPES, Communicator, communicator, compile_target
+
+
+def empty(shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A tensor in symmetric memory (collective: every rank asks for the same shape)."""
+    return communicator().ctx.empty(shape, dtype)
+
+
+def synchronize() -> None:
+    """Wait for this rank's queued collectives and raise any error a kernel recorded
+    (:class:`~collectives.CollectiveTimeout`, size mismatch across ranks)."""
+    torch.cuda.current_stream().synchronize()
+    communicator().check()
+
+
+def barrier() -> None:
+    """A device-side barrier of every rank on the current stream (no host sync; a rank that
+    never arrives surfaces as CollectiveTimeout at the next collective or :func:`synchronize`)."""
+    comm = communicator()
+    key = KernelKey("barrier", "one_shot", _backend(comm, "auto", "bf16"), "bf16", comm.world, threads=32)
+    comm.launch(key, comm.pad_buffer, 0, 0, 1)
+
+
+def all_reduce(
+    t: torch.Tensor, op: str = "sum", algorithm: str = "auto", backend: str = "auto"
+) -> torch.Tensor:
+    """Reduce ``t`` across ranks in place (sum, min or max) and return it.
+
+    ``algorithm``: ``"one_shot"`` (every rank reads every rank: lowest latency),
+    ``"two_shot"`` (reduce-scatter then all-gather: least traffic), or ``"auto"`` (chosen by
+    size from measured crossovers, :mod:`collectives.tuning`).  ``backend``: ``"multicast"``
+    (NVLS ``multimem``), ``"peer"`` (NVLink loads/stores), or ``"auto"``.
+    """
+    comm = communicator()
+    dtype = _dtype(t)
+    nbytes = t.numel() * t.element_size()
+    backend = _backend(comm, backend, dtype)
+    if algorithm == "auto":
+        algorithm = tuning.all_reduce_algorithm(comm.world, nbytes, backend)
+    if t.numel() == 0:
+        return t
+    zero_copy = comm.ctx.is_symmetric(t)
+    data = t if zero_copy else _stage(comm, t)
+    vector = _vector(dtype, backend, data, t)
+    key = KernelKey(
+        "all_reduce", algorithm, backend, dtype, comm.world, op=op, vector=vector,
+        copy_back=zero_copy and algorithm == "one_shot",
+        gather_out=not zero_copy and algorithm == "two_shot",
+    )
+    if key.copy_back:
+        out = comm.scratch(nbytes).data_ptr()
+    else:
+        out = 0 if zero_copy else t.data_ptr()
+    work = -(-t.numel() // key.elements_per_access)
+    if algorithm == "two_shot":
+        work = -(-work // comm.world)
+    comm.launch(key, comm.buffer(data), out, t.numel(), comm.blocks(key, work))
+    return t
+
+
+def reduce_scatter(
+    out: torch.Tensor, inp: torch.Tensor, op: str = "sum", algorithm: str = "auto", backend: str = "auto"
+) -> torch.Tensor:
+    """``out`` (M elements) = the reduction over ranks of block ``rank`` of ``inp`` (W*M
+    elements).  ``algorithm``: ``"one_shot"`` or ``"auto"``; ``backend`` as for all_reduce."""
+    comm = communicator()
+    dtype = _dtype(inp)
+    if out.dtype != inp.dtype:
+        raise CollectiveError(f"reduce_scatter: out is {out.dtype}, inp is {inp.dtype}")
+    if not out.is_contiguous():
+        raise CollectiveError("reduce_scatter: out must be contiguous")
+    if inp.numel() != comm.world * out.numel():
+        raise CollectiveError(
+            f"reduce_scatter: inp has {inp.numel()} elements, out {out.numel()}; inp must have "
+            f"world_size ({comm.world}) x out elements"
+        )
+    if algorithm not in ("auto", "one_shot"):
+        raise CollectiveError(f"reduce_scatter algorithms: 'one_shot', 'auto'; not {algorithm!r}")
+    backend = _backend(comm, backend, dtype)
+    if out.numel() == 0:
+        return out
+    data = inp if comm.ctx.is_symmetric(inp) else _stage(comm, inp)
+    aligned = out.numel() * out.element_size() % VECTOR_BYTES == 0 and out.data_ptr() % VECTOR_BYTES == 0
+    vector = _vector(dtype, backend, data, inp) if aligned else 1
+    key = KernelKey("reduce_scatter", "one_shot", backend, dtype, comm.world, op=op, vector=vector)
+    work = -(-out.numel() // key.elements_per_access)
+    comm.launch(key, comm.buffer(data), out.data_ptr(), out.numel(), comm.blocks(key, work))
+    return out
+
+
+def _dtype(t: torch.Tensor) -> str:
+    if not t.is_cuda:
+        raise CollectiveError(f"collectives take CUDA tensors, not {t.device}")
+    if not t.is_contiguous():
+        raise CollectiveError("collectives take contiguous tensors")
+    if t.dtype not in TORCH_DTYPES:
+        raise CollectiveError(f"dtype {t.dtype} is not supported; use one of {list(TORCH_DTYPES)}")
+    return TORCH_DTYPES[t.dtype]
+
+
+def _backend(comm: Communicator, requested: str, dtype: str) -> str:
+    backend = choose_backend(requested, comm.ctx.caps)
+    if backend == "multicast" and comm.ctx.backend != "multicast":
+        raise MulticastUnavailable(f"this context was opened with the {comm.ctx.backend!r} backend")
+    if backend == "multicast" and dtype in FP8 and not compile_target().startswith("sm_10"):
+        raise MulticastUnavailable(f"multimem on {dtype} needs sm_100a or newer, not {compile_target()}")
+    return backend
+
+
+def _stage(comm: Communicator, t: torch.Tensor) -> torch.Tensor:
+    """Copy ``t`` into the internal symmetric buffer (on the current stream)."""
+    nbytes = t.numel() * t.element_size()
+    staged = comm.staging(nbytes)[:nbytes].view(t.dtype)
+    staged.copy_(t.view(-1))
+    return staged
+
+
+def _vector(dtype: str, backend: str, *tensors: torch.Tensor) -> int:
+    """16-byte vectors when every tensor is 16-byte aligned, else one element at a time
+    (the peer path: multimem has no single-element form of the 16-bit types)."""
+    if all(t.data_ptr() % VECTOR_BYTES == 0 for t in tensors):
+        return VECTOR_BYTES // DTYPES[dtype][0]
+    if backend == "multicast":
+        raise CollectiveError("the multicast backend needs 16-byte aligned tensors; use backend='peer'")
+    return 1

@@ -1,0 +1,155 @@
+"""The per-process communicator: signal pad, error record, staging buffers, compiled kernels.
+
+One :class:`Communicator` sits on the open symmetric-memory :class:`~collectives.symmetric.Context`
+(``collectives.init()``).  Everything a launch needs that is not a runtime argument is cached:
+compiled kernels per :class:`~collectives.config.KernelKey`, device tables of peer addresses per
+buffer.  Build those before a CUDA-graph capture (one eager call warms them).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from cuda.bindings import driver
+
+from . import symmetric
+from .config import ERROR_FIELDS, SIZE_MISMATCH, TIMEOUT, KernelKey, PadLayout
+from .errors import CollectiveError, CollectiveTimeout
+
+#: Default bound of every cross-GPU wait, in seconds (``COLLECTIVES_TIMEOUT_S`` overrides).
+DEFAULT_TIMEOUT_S = float(os.environ.get("COLLECTIVES_TIMEOUT_S", "30"))
+TORCH_DTYPES = {
+    torch.float32: "f32",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.float8_e4m3fn: "e4m3",
+    torch.float8_e5m2: "e5m2",
+}
+
+
+def compile_target() -> str:
+    """``sm_90a`` on Hopper, ``sm_100a`` on Blackwell data-centre parts: what this GPU runs."""
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}a"
+
+
+@dataclass
+class Buffer:
+    """A symmetric buffer as kernels see it: the table of every rank's address, and the
+    multicast address (0 unless the backend is multicast)."""
+
+    table: torch.Tensor
+    mc: int
+
+
+class Communicator:
+    """Collective state of this process over ``ctx``."""
+
+    def __init__(self, ctx: Any, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.ctx = ctx
+        self.world = ctx.world_size
+        self.rank = ctx.rank
+        self.timeout_s = timeout_s
+        self.layout = PadLayout()
+        self.pad = ctx.signal_pad(self.layout.words * 4, torch.int32)
+        self.error = torch.zeros(len(ERROR_FIELDS), dtype=torch.int32, pin_memory=True)
+        self.failed: CollectiveError | None = None
+        self._kernels: dict[tuple[KernelKey, str], Any] = {}
+        self._buffers: dict[int, Buffer] = {}
+        self._staging: torch.Tensor | None = None
+        self._scratch: torch.Tensor | None = None
+        self.pad_buffer = self.buffer(self.pad)
+        self.sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
+
+    # -- errors -------------------------------------------------------------------------------
+
+    def check(self) -> None:
+        """Raise the error a kernel recorded (reading host-mapped memory: no GPU sync)."""
+        if self.failed is not None:
+            raise self.failed
+        status, barrier, peer, block, rank = (int(v) for v in self.error.tolist())
+        if status == 0:
+            return
+        where = f"rank {rank}, thread block {block}, {'start' if barrier == 0 else 'end'} barrier"
+        if status == TIMEOUT:
+            missing = [peer] if peer >= 0 else []
+            self.failed = CollectiveTimeout("collective", missing, self.timeout_s, where)
+        elif status == SIZE_MISMATCH:
+            self.failed = CollectiveError(
+                f"ranks called the collective with different sizes: rank {peer} disagrees with "
+                f"rank {rank} ({where}); every rank must pass the same shape"
+            )
+        else:
+            self.failed = CollectiveError(f"kernel error record {self.error.tolist()}")
+        raise self.failed
+
+    # -- buffers ------------------------------------------------------------------------------
+
+    def buffer(self, t: torch.Tensor) -> Buffer:
+        """The kernel view of symmetric tensor ``t`` (cached by address)."""
+        key = t.data_ptr()
+        if key not in self._buffers:
+            table = torch.tensor(self.ctx.peer_pointers(t, align=1), dtype=torch.int64, device="cuda")
+            mc = self.ctx.multicast_tensor(t).data_ptr() if self.ctx.backend == "multicast" else 0
+            self._buffers[key] = Buffer(table, mc)
+        return self._buffers[key]
+
+    def staging(self, nbytes: int) -> torch.Tensor:
+        """An internal symmetric byte buffer of at least ``nbytes`` (grown collectively: every
+        rank reaches here with the same size, or the allocation's size check raises)."""
+        if self._staging is None or self._staging.numel() < nbytes:
+            size = max(nbytes, 1 << 20)
+            self._staging = self.ctx.empty(size, torch.uint8)
+        return self._staging
+
+    def scratch(self, nbytes: int) -> torch.Tensor:
+        """A local byte buffer of at least ``nbytes`` (one-shot in-place results)."""
+        if self._scratch is None or self._scratch.numel() < nbytes:
+            self._scratch = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8, device="cuda")
+        return self._scratch
+
+    # -- kernels ------------------------------------------------------------------------------
+
+    def kernel(self, key: KernelKey) -> Any:
+        """The compiled kernel for ``key`` on this GPU (compiled on first use)."""
+        import cutlass.cute as cute
+
+        from . import kernels
+
+        target = compile_target()
+        if (key, target) not in self._kernels:
+            self._kernels[(key, target)] = cute.compile[cute.GPUArch(target)](
+                kernels.build(key), *kernels.example_arguments()
+            )
+        return self._kernels[(key, target)]
+
+    def blocks(self, key: KernelKey, work: int) -> int:
+        """Thread blocks for ``work`` vector accesses per rank: enough to cover them, at most
+        two per SM and never more than the pad has slots for."""
+        per_block = key.threads
+        return max(1, min(-(-work // per_block), 2 * self.sms, self.layout.max_blocks))
+
+    def launch(self, key: KernelKey, data: Buffer, out: int, n: int, blocks: int) -> None:
+        self.check()
+        compiled = self.kernel(key)
+        stream = driver.CUstream(torch.cuda.current_stream().cuda_stream)
+        compiled(
+            data.table.data_ptr(), data.mc, out, n,
+            self.pad_buffer.table.data_ptr(), self.pad_buffer.mc, self.error.data_ptr(),
+            self.rank, int(self.timeout_s * 1e9), blocks, stream,
+        )
+
+
+_COMM: Communicator | None = None
+
+
+def communicator() -> Communicator:
+    """The process's communicator, opening symmetric memory (``collectives.init()``) if needed."""
+    global _COMM
+    ctx = symmetric.current() or symmetric.init()
+    if _COMM is None or _COMM.ctx is not ctx:
+        _COMM = Communicator(ctx)
+    return _COMM

@@ -1,0 +1,95 @@
+"""Every collective kernel compiles without a GPU (ptxas included): each collective, algorithm,
+backend, dtype and world size 2/4/8; multicast kernels hold the multimem instructions and peer
+kernels none."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from collectives.__main__ import main
+from collectives.config import ALGORITHMS, DTYPES, FP8, KernelKey, PadLayout
+
+pytest.importorskip("cutlass")
+from collectives.ptx import kernel_ptx  # noqa: E402
+
+CASES = [
+    (collective, algorithm, backend, dtype, world)
+    for collective, algorithms in ALGORITHMS.items()
+    for algorithm in algorithms
+    for backend in ("multicast", "peer")
+    for dtype in (DTYPES if collective != "barrier" else ("bf16",))
+    for world in (2, 4, 8)
+]
+
+
+def _multimem(ptx: str) -> set[str]:
+    return set(re.findall(r"\bmultimem\.[\w.:]+", ptx))
+
+
+@pytest.mark.parametrize(("collective", "algorithm", "backend", "dtype", "world"), CASES)
+def test_kernel_compiles(collective: str, algorithm: str, backend: str, dtype: str, world: int) -> None:
+    key = KernelKey(collective, algorithm, backend, dtype, world)
+    ptx = kernel_ptx(key, "sm_100a" if dtype in FP8 else "sm_90a")
+    found = _multimem(ptx)
+    if backend == "peer":
+        assert not found, found
+        assert "st.release.sys.global" in ptx and "ld.acquire.sys.global" in ptx
+        return
+    assert any(f.startswith("multimem.red.release.sys") for f in found), found
+    if collective != "barrier":
+        acc = {"f32": "", "f16": ".acc::f32", "bf16": ".acc::f32", "e4m3": ".acc::f16", "e5m2": ".acc::f16"}[dtype]
+        assert any(f.startswith("multimem.ld_reduce") and f".add{acc}.v" in f for f in found), found
+    if collective == "all_reduce" and algorithm == "two_shot":
+        assert any(f.startswith("multimem.st.global.v4") for f in found), found
+
+
+@pytest.mark.parametrize("op", ["min", "max"])
+@pytest.mark.parametrize("backend", ["multicast", "peer"])
+def test_min_max_kernels(op: str, backend: str) -> None:
+    ptx = kernel_ptx(KernelKey("all_reduce", "one_shot", backend, "bf16", 4, op=op))
+    if backend == "multicast":
+        assert any(f".{op}.v" in f for f in _multimem(ptx))
+
+
+def test_unaligned_variant_moves_single_elements() -> None:
+    ptx = kernel_ptx(KernelKey("all_reduce", "one_shot", "peer", "bf16", 2, vector=1))
+    assert "ld.global.b16" in ptx and "v4.b32" not in ptx
+
+
+def test_fp8_multicast_needs_blackwell() -> None:
+    from ptxops import QualifierError
+
+    with pytest.raises(QualifierError, match=r"fp8-target[\s\S]*sm_90a"):
+        kernel_ptx(KernelKey("all_reduce", "one_shot", "multicast", "e4m3", 4), "sm_90a")
+
+
+def test_cli_prints_and_writes_ptx(tmp_path, capsys) -> None:
+    out = tmp_path / "k.ptx"
+    assert main(["ptx", "--collective", "reduce_scatter", "--backend", "multicast", "--dtype", "bf16",
+                 "--world-size", "8", "--arch", "sm_90a", "-o", str(out)]) == 0
+    assert "multimem.ld_reduce" in out.read_text()
+    assert main(["ptx", "--collective", "barrier", "--backend", "peer", "--world-size", "2"]) == 0
+    assert ".target sm_90a" in capsys.readouterr().out
+    assert main(["ptx", "--collective", "all_reduce", "--backend", "multicast", "--dtype", "e5m2",
+                 "--arch", "sm_90a"]) == 2
+    assert "fp8-target" in capsys.readouterr().err
+
+
+def test_kernel_keys_reject_bad_choices() -> None:
+    with pytest.raises(ValueError, match="world size"):
+        KernelKey("all_reduce", "one_shot", "peer", "bf16", 9)
+    with pytest.raises(ValueError, match="algorithms"):
+        KernelKey("reduce_scatter", "two_shot", "peer", "bf16", 4)
+    with pytest.raises(ValueError, match="fp8"):
+        KernelKey("all_reduce", "one_shot", "peer", "e4m3", 4, op="max")
+
+
+def test_pad_regions_do_not_overlap() -> None:
+    layout = PadLayout(max_blocks=4, world=3)
+    words = [layout.arrival(b, s) for b in range(4) for s in range(3)]
+    words += [layout.counter(b) for b in range(4)]
+    words += [layout.size(b, s) for b in range(4) for s in range(3)]
+    words += [layout.epoch(b) for b in range(4)]
+    assert sorted(words) == list(range(layout.words))
