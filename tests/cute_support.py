@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import tempfile
 from collections import Counter
@@ -12,15 +11,15 @@ import pytest
 
 cutlass = pytest.importorskip("cutlass")
 cute = pytest.importorskip("cutlass.cute")
+from cutlass.base_dsl.compiler import DumpDir  # noqa: E402
 from cutlass.cute.runtime import make_fake_compact_tensor  # noqa: E402
 
 _DUMP = tempfile.mkdtemp(prefix="ptxops-ptx-")
-os.environ.setdefault("CUTE_DSL_DUMP_DIR", _DUMP)
 
 
 def compile_ptx(launcher: Callable, *args, arch: str = "sm_90a") -> str:
     """Compile ``launcher(*args)`` for ``arch`` (ptxas runs) and return the PTX text."""
-    compiled = cute.compile[cute.KeepPTX, cute.GPUArch(arch)](launcher, *args)
+    compiled = cute.compile[cute.KeepPTX, cute.GPUArch(arch), DumpDir(_DUMP)](launcher, *args)
     ptx = compiled.__ptx__
     assert ptx.lstrip().startswith("//") or ".version" in ptx, f"no PTX returned: {ptx[:200]}"
     return ptx
