@@ -38,9 +38,14 @@ def barrier() -> None:
 
 
 def all_reduce(
-    t: torch.Tensor, op: str = "sum", algorithm: str = "auto", backend: str = "auto"
+    t: torch.Tensor,
+    op: str = "sum",
+    algorithm: str = "auto",
+    backend: str = "auto",
+    *,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Reduce ``t`` across ranks in place (sum, min or max) and return it.
+    """Reduce ``t`` across ranks (sum, min or max) in place, or into ``out``; return the result.
 
     ``algorithm``: ``"one_shot"`` (every rank reads every rank: lowest latency),
     ``"two_shot"`` (reduce-scatter then all-gather: least traffic), or ``"auto"`` (chosen by
@@ -53,25 +58,26 @@ def all_reduce(
     backend = _backend(comm, backend, dtype)
     if algorithm == "auto":
         algorithm = tuning.all_reduce_algorithm(comm.world, nbytes, backend)
+    result = t if out is None else out
+    if out is not None and (out.dtype != t.dtype or out.shape != t.shape or not out.is_contiguous()):
+        raise CollectiveError("all_reduce: out must be a contiguous tensor of t's dtype and shape")
     if t.numel() == 0:
-        return t
-    zero_copy = comm.ctx.is_symmetric(t)
+        return result
+    # Zero-copy when t is symmetric and may be overwritten (two-shot writes into its buffer).
+    zero_copy = comm.ctx.is_symmetric(t) and (out is None or algorithm == "one_shot")
     data = t if zero_copy else _stage(comm, t)
-    vector = _vector(dtype, backend, data, t)
+    vector = _vector(dtype, backend, data, result)
     key = KernelKey(
         "all_reduce", algorithm, backend, dtype, comm.world, op=op, vector=vector,
-        copy_back=zero_copy and algorithm == "one_shot",
-        gather_out=not zero_copy and algorithm == "two_shot",
+        copy_back=zero_copy and out is None and algorithm == "one_shot",
+        gather_out=algorithm == "two_shot" and (not zero_copy or out is not None),
     )
-    if key.copy_back:
-        out = comm.scratch(nbytes).data_ptr()
-    else:
-        out = 0 if zero_copy else t.data_ptr()
+    target = comm.scratch(nbytes).data_ptr() if key.copy_back else result.data_ptr()
     work = -(-t.numel() // key.elements_per_access)
     if algorithm == "two_shot":
         work = -(-work // comm.world)
-    comm.launch(key, comm.buffer(data), out, t.numel(), comm.blocks(key, work))
-    return t
+    comm.launch(key, comm.buffer(data), target, t.numel(), comm.blocks(key, work))
+    return result
 
 
 def reduce_scatter(

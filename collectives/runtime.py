@@ -78,7 +78,9 @@ class Communicator:
             missing = [peer] if peer >= 0 else []
             self.failed = CollectiveTimeout("collective", missing, self.timeout_s, where)
         elif status == SIZE_MISMATCH:
-            self.failed = CollectiveError(
+            # Every rank passed both barriers' epochs, so the communicator stays usable.
+            self.error.zero_()
+            raise CollectiveError(
                 f"ranks called the collective with different sizes: rank {peer} disagrees with "
                 f"rank {rank} ({where}); every rank must pass the same shape"
             )

@@ -1,0 +1,191 @@
+"""Collectives on real GPUs (peer backend), against the reference model.
+
+Run under torchrun on 2 or 4 GPUs:
+    torchrun --nproc-per-node 4 -m pytest -q tests/test_collectives_gpu.py
+Never launches a multimem kernel: NVLink multicast stays off (the backend resolves to peer).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+for _var, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+                     ("NVSHMEM_DISABLE_NVLS", "1")):
+    os.environ[_var] = _value
+
+pytestmark = pytest.mark.multigpu
+torch = pytest.importorskip("torch")
+
+from collectives import reference  # noqa: E402
+
+TORCH = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
+         "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+SIZES = [1, 7, 1000, 3 * 4096 + 5, (1 << 20) + 3]
+HASH = 2654435761
+
+
+@pytest.fixture(scope="module")
+def comm():
+    import collectives
+    from collectives.runtime import communicator
+
+    c = communicator()
+    assert c.ctx.backend == "peer", "multicast must stay off on these machines"
+    yield c
+    torch.cuda.synchronize()
+    collectives.current().close()
+
+
+def values_at(rank: int, i: np.ndarray) -> np.ndarray:
+    """Rank ``rank``'s input at indices ``i`` (float32, before rounding to a dtype)."""
+    return (((i.astype(np.int64) * HASH + rank * 97) % 1024) - 512).astype(np.float32) / 64
+
+
+def values(rank: int, n: int) -> np.ndarray:
+    return values_at(rank, np.arange(n))
+
+
+def device_values(rank: int, n: int, dtype: str) -> torch.Tensor:
+    i = torch.arange(n, dtype=torch.int64, device="cuda")
+    return ((((i * HASH + rank * 97) % 1024) - 512).to(torch.float32) / 64).to(TORCH[dtype])
+
+
+def expected(world: int, n: int, dtype: str, op: str) -> np.ndarray:
+    inputs = [reference.round_to(values(r, n), dtype) for r in range(world)]
+    return reference.all_reduce(inputs, dtype, op)
+
+
+def place(comm, x: torch.Tensor, placement: str) -> torch.Tensor:
+    """``x`` copied into a symmetric tensor, a plain tensor, or a plain tensor at an
+    element offset (not 16-byte aligned)."""
+    import collectives
+
+    if placement == "symmetric":
+        t = collectives.empty(x.numel(), x.dtype)
+    elif placement == "offset":
+        t = torch.empty(x.numel() + 1, dtype=x.dtype, device="cuda")[1:]
+    else:
+        t = torch.empty_like(x)
+    t.copy_(x)
+    return t
+
+
+CASES = [(d, "sum") for d in TORCH] + [("bf16", "max"), ("f32", "min"), ("f16", "max")]
+
+
+@pytest.mark.parametrize("placement", ["symmetric", "staged", "offset", "out"])
+@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot"])
+@pytest.mark.parametrize(("dtype", "op"), CASES)
+def test_all_reduce_matches_reference(comm, dtype: str, op: str, algorithm: str, placement: str) -> None:
+    import collectives
+
+    for n in SIZES:
+        x = device_values(comm.rank, n, dtype)
+        t = place(comm, x, "staged" if placement == "out" else placement)
+        out = torch.empty_like(t) if placement == "out" else None
+        result = collectives.all_reduce(t, op=op, algorithm=algorithm, backend="peer", out=out)
+        collectives.synchronize()
+        got = result.float().cpu().numpy()
+        want = expected(comm.world, n, dtype, op)
+        assert np.array_equal(got, want), (n, np.flatnonzero(got != want)[:5])
+        if placement == "out":
+            assert torch.equal(t, x), "out-of-place all_reduce changed its input"
+
+
+@pytest.mark.parametrize("placement", ["symmetric", "staged"])
+@pytest.mark.parametrize(("dtype", "op"), CASES)
+def test_reduce_scatter_matches_reference(comm, dtype: str, op: str, placement: str) -> None:
+    import collectives
+
+    for m in (1, 5, 8, 1000, 65536 + 3):
+        x = device_values(comm.rank, m * comm.world, dtype)
+        inp = place(comm, x, placement)
+        out = torch.empty(m, dtype=x.dtype, device="cuda")
+        collectives.reduce_scatter(out, inp, op=op, backend="peer")
+        collectives.synchronize()
+        want = expected(comm.world, m * comm.world, dtype, op).reshape(comm.world, m)[comm.rank]
+        assert np.array_equal(out.float().cpu().numpy(), want), m
+
+
+@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot"])
+def test_256_mb(comm, algorithm: str) -> None:
+    import collectives
+
+    n = 128 << 20  # bf16: 256 MB per rank
+    t = device_values(comm.rank, n, "bf16")
+    collectives.all_reduce(t, algorithm=algorithm, backend="peer")
+    collectives.synchronize()
+    sample = np.random.default_rng(1).choice(n, 4096, replace=False)
+    got = t.float()[torch.from_numpy(sample).cuda()].cpu().numpy()
+    rows = [reference.round_to(values_at(r, sample), "bf16") for r in range(comm.world)]
+    assert np.array_equal(got, reference.all_reduce(rows, "bf16"))
+
+
+def test_10000_back_to_back_calls_of_mixed_sizes(comm) -> None:
+    import collectives
+
+    sizes = [64, 4096 + 1, 65536, 300_007, 8]
+    tensors = [torch.empty(n, dtype=torch.bfloat16, device="cuda") for n in sizes]
+    symmetric = collectives.empty(65536, torch.float32)
+    want = comm.world * (comm.world + 1) / 2
+    bad = torch.zeros((), dtype=torch.int64, device="cuda")
+    for i in range(10_000):
+        t = symmetric if i % 7 == 3 else tensors[i % len(tensors)]
+        t.fill_(comm.rank + 1)
+        collectives.all_reduce(t, backend="peer")
+        bad += (t != want).sum()
+    collectives.synchronize()
+    assert int(bad) == 0
+
+
+def test_cuda_graph_replay_matches_eager(comm) -> None:
+    import collectives
+
+    n = 3 * 4096 + 5
+    staged = torch.empty(n, dtype=torch.bfloat16, device="cuda")
+    sym = collectives.empty(4096, torch.float32)
+    source = torch.empty(n, dtype=torch.bfloat16, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up: compile and build tables outside the capture
+        collectives.all_reduce(staged, backend="peer")
+        collectives.all_reduce(sym, backend="peer")
+        collectives.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        staged.copy_(source)
+        collectives.all_reduce(staged, backend="peer")
+        collectives.all_reduce(sym, algorithm="two_shot", backend="peer")
+    for round_ in range(3):
+        source.copy_(device_values(comm.rank + round_, n, "bf16"))
+        sym.fill_(comm.rank + round_)
+        graph.replay()
+        collectives.synchronize()
+        inputs = [reference.round_to(values(r + round_, n), "bf16") for r in range(comm.world)]
+        assert np.array_equal(staged.float().cpu().numpy(), reference.all_reduce(inputs, "bf16"))
+        assert torch.all(sym == sum(r + round_ for r in range(comm.world)))
+
+
+def test_different_sizes_across_ranks_raise_and_the_communicator_recovers(comm) -> None:
+    import collectives
+
+    base = collectives.empty(1024, torch.float32)
+    n = 512 + 8 * comm.rank
+    with pytest.raises(collectives.CollectiveError, match="different sizes"):
+        collectives.all_reduce(base[:n], backend="peer")
+        collectives.synchronize()
+    base.fill_(1)
+    collectives.all_reduce(base, backend="peer")
+    collectives.synchronize()
+    assert torch.all(base == comm.world)
+
+
+def test_barrier_back_to_back(comm) -> None:
+    import collectives
+
+    for _ in range(1000):
+        collectives.barrier()
+    collectives.synchronize()

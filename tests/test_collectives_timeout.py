@@ -1,0 +1,43 @@
+"""A rank that never arrives makes the others raise CollectiveTimeout within the bound.
+
+Run on its own (it leaves the communicator broken):
+    torchrun --nproc-per-node 2 -m pytest -q tests/test_collectives_timeout.py
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+for _var, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+                     ("NVSHMEM_DISABLE_NVLS", "1")):
+    os.environ[_var] = _value
+
+pytestmark = pytest.mark.multigpu
+torch = pytest.importorskip("torch")
+
+
+def test_absent_rank_times_out_the_others() -> None:
+    import collectives
+    from collectives.runtime import communicator
+
+    comm = communicator()
+    comm.timeout_s = 2.0
+    absent = comm.world - 1
+    collectives.barrier()  # everyone: the pad works
+    collectives.synchronize()
+    comm.ctx.host_barrier()
+    if comm.rank != absent:
+        start = time.monotonic()
+        with pytest.raises(collectives.CollectiveTimeout) as info:
+            collectives.barrier()
+            collectives.synchronize()
+        elapsed = time.monotonic() - start
+        assert elapsed < comm.timeout_s + 5, elapsed
+        assert absent in info.value.missing_ranks
+        with pytest.raises(collectives.CollectiveTimeout):  # the communicator stays failed
+            collectives.barrier()
+    comm.ctx.host_barrier()
+    collectives.current().close()
