@@ -78,7 +78,8 @@ def build(key: KernelKey):
 
     @cute.jit
     def copy_local(src, dst, begin, end, first, step):
-        """dst[i] = src[i] for i in [begin, end), vectors then single elements."""
+        """dst[i] = src[i] for i in [begin, end): the whole vectors from ``begin`` (a vector
+        boundary) split as the data phase splits them, then the elements past the last one."""
         v = begin // vec + first
         while v < end // vec:
             off = Int64(v) * vec
@@ -86,10 +87,22 @@ def build(key: KernelKey):
             values = ptxops.ld(signals.gmem(dtype, src, align) + cute.assume(off, divby=vec), num_elements=vec)
             store_local(dst, off, values, vec)
             v += step
-        j = Int64(end // vec * vec) + first
+        j = cutlass.max(Int64(end // vec * vec), begin) + first
         while j < end:
             store_local(dst, j, ptxops.ld(signals.gmem(dtype, src, dtype.width // 8) + j), 1)
             j += step
+
+    @cute.jit
+    def gather(src, dst, n, first, step):
+        """Two-shot: copy the whole result from the symmetric buffer to ``out``, each block
+        taking exactly the vectors that block of the slice's owner wrote (its end barrier
+        with that block is what makes them visible)."""
+        vectors = n // vec
+        chunk = (vectors + world - 1) // world
+        for q in cutlass.range_constexpr(world):
+            begin = Int64(q) * chunk
+            copy_local(src, dst, begin * vec, cutlass.min(begin + chunk, vectors) * vec, first, step)
+        copy_local(src, dst, Int64(vectors * vec), n, first, step)
 
     @cute.jit
     def move(data_table, data_mc, out, n, rank, first, step):
@@ -161,7 +174,7 @@ def build(key: KernelKey):
                         if cutlass.const_expr(key.copy_back):
                             copy_local(out, own, Int64(0), n, first, step)
                         else:
-                            copy_local(own, out, Int64(0), n, first, step)
+                            gather(own, out, n, first, step)
         if tidx == 0:
             signals.advance_epoch(pad, block, epoch + Uint32(key.barriers), world)
 
