@@ -1,9 +1,10 @@
 """The Python API: ``all_reduce``, ``reduce_scatter``, ``barrier``, ``empty``, ``synchronize``.
 
 Collectives run on the current torch stream and are capturable in a CUDA graph once warmed up
-(one eager call of the same shape class compiles the kernel and builds its tables).  A tensor
-from :func:`empty` lives in symmetric memory and goes zero-copy; any other CUDA tensor is staged
-through an internal symmetric buffer.
+(one eager call with the same tensors compiles the kernel and builds its plan).  A tensor from
+:func:`empty` lives in symmetric memory and goes zero-copy; any other CUDA tensor is staged
+through an internal symmetric buffer by the kernel itself.  Each distinct call (tensors,
+dtype, op, algorithm, backend) is planned once; later calls only launch.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from . import tuning
 from .capability import choose_backend
 from .config import DTYPES, FP8, VECTOR_BYTES, KernelKey
 from .errors import CollectiveError, MulticastUnavailable
-from .runtime import TORCH_DTYPES, Communicator, communicator, compile_target
+from .runtime import TORCH_DTYPES, Buffer, Communicator, communicator, compile_target
 
 
 def empty(shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -33,8 +34,13 @@ def barrier() -> None:
     """A device-side barrier of every rank on the current stream (no host sync; a rank that
     never arrives surfaces as CollectiveTimeout at the next collective or :func:`synchronize`)."""
     comm = communicator()
-    key = KernelKey("barrier", "one_shot", _backend(comm, "auto", "bf16"), "bf16", comm.world, threads=32)
-    comm.launch(key, comm.pad_buffer, 0, 0, 1)
+    comm.check()
+    plan = comm.plans.get(("barrier",))
+    if plan is None:
+        backend = _backend(comm, "auto", "bf16")
+        key = KernelKey("barrier", "one_shot", backend, "bf16", comm.world, threads=32)
+        plan = comm.plans[("barrier",)] = comm.plan(key, comm.pad_buffer, 0, 0, 0, 1)
+    plan.run()
 
 
 def all_reduce(
@@ -53,31 +59,52 @@ def all_reduce(
     (NVLS ``multimem``), ``"peer"`` (NVLink loads/stores), or ``"auto"``.
     """
     comm = communicator()
+    comm.check()
+    result = t if out is None else out
+    capturing = torch.cuda.is_current_stream_capturing()
+    key = ("all_reduce", t.data_ptr(), t.numel(), t.dtype, op, algorithm, backend,
+           result.data_ptr(), capturing)
+    plan = comm.plans.get(key)
+    if plan is None:
+        if t.numel() == 0:
+            return result
+        plan = comm.plans[key] = _all_reduce_plan(comm, t, op, algorithm, backend, out, capturing)
+    plan.run()
+    return result
+
+
+def _all_reduce_plan(comm: Communicator, t, op, algorithm, backend, out, capturing: bool):
     dtype = _dtype(t)
+    result = t if out is None else out
+    if out is not None and (out.dtype != t.dtype or out.shape != t.shape or not out.is_contiguous()):
+        raise CollectiveError("all_reduce: out must be a contiguous tensor of t's dtype and shape")
     nbytes = t.numel() * t.element_size()
     backend = _backend(comm, backend, dtype)
     if algorithm == "auto":
         algorithm = tuning.all_reduce_algorithm(comm.world, nbytes, backend)
-    result = t if out is None else out
-    if out is not None and (out.dtype != t.dtype or out.shape != t.shape or not out.is_contiguous()):
-        raise CollectiveError("all_reduce: out must be a contiguous tensor of t's dtype and shape")
-    if t.numel() == 0:
-        return result
-    # Zero-copy when t is symmetric and may be overwritten (two-shot writes into its buffer).
+    # Zero-copy when t is symmetric and may be overwritten (two-shot writes into its buffer);
+    # otherwise the kernel stages t into an internal buffer, alternating between two when
+    # that lets a one-shot skip its end barrier (not under graph capture: a replayed graph
+    # would reuse one buffer).
     zero_copy = comm.ctx.is_symmetric(t) and (out is None or algorithm == "one_shot")
-    data = t if zero_copy else _stage(comm, t)
-    vector = _vector(dtype, backend, data, result)
+    alternate = not zero_copy and algorithm == "one_shot" and not capturing
+    if zero_copy:
+        data: Buffer | list[Buffer] = comm.buffer(t)
+    else:
+        data = [comm.buffer(comm.staging(nbytes, i)) for i in range(2 if alternate else 1)]
+    vector = _vector(dtype, backend, t, result)
     key = KernelKey(
         "all_reduce", algorithm, backend, dtype, comm.world, op=op, vector=vector,
         copy_back=zero_copy and out is None and algorithm == "one_shot",
         gather_out=algorithm == "two_shot" and (not zero_copy or out is not None),
+        stage_in=not zero_copy, end_barrier=not alternate,
     )
     target = comm.scratch(nbytes).data_ptr() if key.copy_back else result.data_ptr()
     work = -(-t.numel() // key.elements_per_access)
     if algorithm == "two_shot":
         work = -(-work // comm.world)
-    comm.launch(key, comm.buffer(data), target, t.numel(), comm.blocks(key, work))
-    return result
+    src = 0 if zero_copy else t.data_ptr()
+    return comm.plan(key, data, target, src, t.numel(), comm.blocks(key, work))
 
 
 def reduce_scatter(
@@ -86,6 +113,21 @@ def reduce_scatter(
     """``out`` (M elements) = the reduction over ranks of block ``rank`` of ``inp`` (W*M
     elements).  ``algorithm``: ``"one_shot"`` or ``"auto"``; ``backend`` as for all_reduce."""
     comm = communicator()
+    comm.check()
+    capturing = torch.cuda.is_current_stream_capturing()
+    key = ("reduce_scatter", inp.data_ptr(), inp.numel(), inp.dtype, out.data_ptr(), out.numel(),
+           out.dtype, op, algorithm, backend, capturing)
+    plan = comm.plans.get(key)
+    if plan is None:
+        plan = _reduce_scatter_plan(comm, out, inp, op, algorithm, backend, capturing)
+        if plan is None:
+            return out
+        comm.plans[key] = plan
+    plan.run()
+    return out
+
+
+def _reduce_scatter_plan(comm: Communicator, out, inp, op, algorithm, backend, capturing: bool):
     dtype = _dtype(inp)
     if out.dtype != inp.dtype:
         raise CollectiveError(f"reduce_scatter: out is {out.dtype}, inp is {inp.dtype}")
@@ -100,14 +142,21 @@ def reduce_scatter(
         raise CollectiveError(f"reduce_scatter algorithms: 'one_shot', 'auto'; not {algorithm!r}")
     backend = _backend(comm, backend, dtype)
     if out.numel() == 0:
-        return out
-    data = inp if comm.ctx.is_symmetric(inp) else _stage(comm, inp)
-    aligned = out.numel() * out.element_size() % VECTOR_BYTES == 0 and out.data_ptr() % VECTOR_BYTES == 0
-    vector = _vector(dtype, backend, data, inp) if aligned else 1
-    key = KernelKey("reduce_scatter", "one_shot", backend, dtype, comm.world, op=op, vector=vector)
+        return None
+    zero_copy = comm.ctx.is_symmetric(inp)
+    alternate = not zero_copy and not capturing
+    nbytes = inp.numel() * inp.element_size()
+    if zero_copy:
+        data: Buffer | list[Buffer] = comm.buffer(inp)
+    else:
+        data = [comm.buffer(comm.staging(nbytes, i)) for i in range(2 if alternate else 1)]
+    aligned = out.numel() * out.element_size() % VECTOR_BYTES == 0
+    vector = _vector(dtype, backend, inp, out) if aligned else 1
+    key = KernelKey("reduce_scatter", "one_shot", backend, dtype, comm.world, op=op, vector=vector,
+                    stage_in=not zero_copy, end_barrier=not alternate)
     work = -(-out.numel() // key.elements_per_access)
-    comm.launch(key, comm.buffer(data), out.data_ptr(), out.numel(), comm.blocks(key, work))
-    return out
+    src = 0 if zero_copy else inp.data_ptr()
+    return comm.plan(key, data, out.data_ptr(), src, out.numel(), comm.blocks(key, work))
 
 
 def _dtype(t: torch.Tensor) -> str:
@@ -127,14 +176,6 @@ def _backend(comm: Communicator, requested: str, dtype: str) -> str:
     if backend == "multicast" and dtype in FP8 and not compile_target().startswith("sm_10"):
         raise MulticastUnavailable(f"multimem on {dtype} needs sm_100a or newer, not {compile_target()}")
     return backend
-
-
-def _stage(comm: Communicator, t: torch.Tensor) -> torch.Tensor:
-    """Copy ``t`` into the internal symmetric buffer (on the current stream)."""
-    nbytes = t.numel() * t.element_size()
-    staged = comm.staging(nbytes)[:nbytes].view(t.dtype)
-    staged.copy_(t.view(-1))
-    return staged
 
 
 def _vector(dtype: str, backend: str, *tensors: torch.Tensor) -> int:

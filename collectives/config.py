@@ -34,7 +34,11 @@ class KernelKey:
     is not 16-byte aligned); ``copy_back`` makes a one-shot all-reduce write its result into
     its own input buffer after every peer has read it (in-place on symmetric memory);
     ``gather_out`` makes a two-shot all-reduce copy the result from the symmetric buffer to a
-    separate output.
+    separate output; ``stage_in`` makes the kernel copy a non-symmetric input into this rank's
+    symmetric buffer before the start barrier (instead of a separate copy); ``end_barrier=False``
+    drops the end barrier of a one-shot collective whose symmetric buffers the caller
+    alternates between two (a rank cannot reuse a buffer before every rank has started the
+    next collective, and so finished reading it).
     """
 
     collective: str
@@ -47,6 +51,8 @@ class KernelKey:
     threads: int = 512
     copy_back: bool = False
     gather_out: bool = False
+    stage_in: bool = False
+    end_barrier: bool = True
 
     def __post_init__(self) -> None:
         if self.collective not in COLLECTIVES:
@@ -67,6 +73,8 @@ class KernelKey:
             raise ValueError(f"{self.op} of fp8 is not supported (multimem reduces fp8 by add only)")
         if self.vector not in (0, 1, self.full_vector):
             raise ValueError(f"vector must be 1 or {self.full_vector} for {self.dtype}")
+        if not self.end_barrier and (self.algorithm != "one_shot" or self.copy_back or not self.stage_in):
+            raise ValueError("only a staged one-shot collective may drop its end barrier")
 
     @property
     def full_vector(self) -> int:
@@ -79,7 +87,7 @@ class KernelKey:
     @property
     def barriers(self) -> int:
         """Cross-GPU barriers the kernel passes (start and end, or one for a barrier)."""
-        return 1 if self.collective == "barrier" else 2
+        return 1 if self.collective == "barrier" or not self.end_barrier else 2
 
 
 @dataclass(frozen=True)

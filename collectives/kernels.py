@@ -12,6 +12,7 @@ a :class:`~collectives.config.KernelKey`:
 ``data_table``  device table of every rank's data buffer address (int64[W])
 ``data_mc``     the data buffer's multicast address (multicast backend; 0 otherwise)
 ``out``         this rank's output (all-reduce one-shot, reduce-scatter, gathered two-shot)
+``src``         this rank's input when it is not symmetric (``stage_in``: copied in-kernel)
 ``n``           elements per rank (all-reduce) or per output (reduce-scatter)
 ``pad_table``   device table of every rank's signal pad; ``pad_mc`` its multicast address
 ``err``         the error record (host-mapped int32[5])
@@ -105,6 +106,18 @@ def build(key: KernelKey):
         copy_local(src, dst, Int64(vectors * vec), n, first, step)
 
     @cute.jit
+    def stage(src, own, n, first, step):
+        """Copy this rank's input into its symmetric buffer, each block taking exactly the
+        elements that block of every reader will read after the start barrier."""
+        if cutlass.const_expr(key.collective == "all_reduce" and key.algorithm == "two_shot"):
+            gather(src, own, n, first, step)
+        elif cutlass.const_expr(key.collective == "reduce_scatter"):
+            for q in cutlass.range_constexpr(world):
+                copy_local(src, own, Int64(q) * n, Int64(q + 1) * n, first, step)
+        else:
+            copy_local(src, own, Int64(0), n, first, step)
+
+    @cute.jit
     def move(data_table, data_mc, out, n, rank, first, step):
         """The data phase between the two barriers."""
         if cutlass.const_expr(key.collective == "all_reduce" and key.algorithm == "one_shot"):
@@ -147,7 +160,7 @@ def build(key: KernelKey):
 
     @cute.kernel
     def kernel(
-        data_table: Int64, data_mc: Int64, out: Int64, n: Int64,
+        data_table: Int64, data_mc: Int64, out: Int64, src: Int64, n: Int64,
         pad_table: Int64, pad_mc: Int64, err: Int64, rank: Int32, timeout_ns: Int64,
     ):
         tidx = cute.arch.thread_idx()[0]
@@ -159,10 +172,15 @@ def build(key: KernelKey):
         epoch = signals.read_epoch(pad, block, world)
         deadline = cute.arch.globaltimer() + timeout_ns
         size = Uint32(n)
-        ok = barrier(pad_table, pad_mc, pad, rank, block, epoch + Uint32(1), deadline, err, Int32(0), size)
-        ok = signals.block_all(flag, ok)
         first = Int64(block) * threads + tidx
         step = Int64(blocks) * threads
+        if cutlass.const_expr(key.stage_in):
+            stage(src, signals.peer_address(data_table, rank), n, first, step)
+        ok = barrier(pad_table, pad_mc, pad, rank, block, epoch + Uint32(1), deadline, err, Int32(0), size)
+        ok = signals.block_all(flag, ok)
+        if cutlass.const_expr(key.collective != "barrier" and not key.end_barrier):
+            if ok:
+                move(data_table, data_mc, out, n, rank, first, step)
         if cutlass.const_expr(key.barriers == 2):
             if ok:
                 move(data_table, data_mc, out, n, rank, first, step)
@@ -180,11 +198,11 @@ def build(key: KernelKey):
 
     @cute.jit
     def launch(
-        data_table: Int64, data_mc: Int64, out: Int64, n: Int64,
+        data_table: Int64, data_mc: Int64, out: Int64, src: Int64, n: Int64,
         pad_table: Int64, pad_mc: Int64, err: Int64, rank: Int32, timeout_ns: Int64,
         blocks: Int32, stream: driver.CUstream,
     ):
-        kernel(data_table, data_mc, out, n, pad_table, pad_mc, err, rank, timeout_ns).launch(
+        kernel(data_table, data_mc, out, src, n, pad_table, pad_mc, err, rank, timeout_ns).launch(
             grid=[blocks, 1, 1], block=[threads, 1, 1], stream=stream
         )
 
@@ -193,8 +211,8 @@ def build(key: KernelKey):
 
 def example_arguments() -> tuple:
     """Placeholder runtime arguments for compiling without a GPU."""
-    return (Int64(0), Int64(0), Int64(0), Int64(0), Int64(0), Int64(0), Int64(0), Int32(0),
-            Int64(0), Int32(1), driver.CUstream(0))
+    return (Int64(0), Int64(0), Int64(0), Int64(0), Int64(0), Int64(0), Int64(0), Int64(0),
+            Int32(0), Int64(0), Int32(1), driver.CUstream(0))
 
 
 __all__ = ["ACC", "DTYPE", "build", "example_arguments"]

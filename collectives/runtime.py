@@ -9,11 +9,11 @@ buffer.  Build those before a CUDA-graph capture (one eager call warms them).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from cuda.bindings import driver
 
 from . import symmetric
 from .config import ERROR_FIELDS, SIZE_MISMATCH, TIMEOUT, KernelKey, PadLayout
@@ -56,10 +56,12 @@ class Communicator:
         self.layout = PadLayout()
         self.pad = ctx.signal_pad(self.layout.words * 4, torch.int32)
         self.error = torch.zeros(len(ERROR_FIELDS), dtype=torch.int32, pin_memory=True)
+        self._status = self.error.numpy()  # host-mapped: read without a GPU sync
         self.failed: CollectiveError | None = None
+        self.plans: dict[tuple, Plan] = {}
         self._kernels: dict[tuple[KernelKey, str], Any] = {}
         self._buffers: dict[int, Buffer] = {}
-        self._staging: torch.Tensor | None = None
+        self._staging: list[torch.Tensor | None] = [None, None]
         self._scratch: torch.Tensor | None = None
         self.pad_buffer = self.buffer(self.pad)
         self.sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
@@ -70,6 +72,8 @@ class Communicator:
         """Raise the error a kernel recorded (reading host-mapped memory: no GPU sync)."""
         if self.failed is not None:
             raise self.failed
+        if not self._status[0]:
+            return
         status, barrier, peer, block, rank = (int(v) for v in self.error.tolist())
         if status == 0:
             return
@@ -99,13 +103,15 @@ class Communicator:
             self._buffers[key] = Buffer(table, mc)
         return self._buffers[key]
 
-    def staging(self, nbytes: int) -> torch.Tensor:
-        """An internal symmetric byte buffer of at least ``nbytes`` (grown collectively: every
-        rank reaches here with the same size, or the allocation's size check raises)."""
-        if self._staging is None or self._staging.numel() < nbytes:
-            size = max(nbytes, 1 << 20)
-            self._staging = self.ctx.empty(size, torch.uint8)
-        return self._staging
+    def staging(self, nbytes: int, which: int = 0) -> torch.Tensor:
+        """Internal symmetric byte buffer ``which`` (0 or 1) of at least ``nbytes`` (grown
+        collectively: every rank reaches here with the same size, or the allocation's size
+        check raises).  A grown buffer replaces the old one for new plans; plans that hold
+        the old one keep it."""
+        current = self._staging[which]
+        if current is None or current.numel() < nbytes:
+            current = self._staging[which] = self.ctx.empty(max(nbytes, 1 << 20), torch.uint8)
+        return current
 
     def scratch(self, nbytes: int) -> torch.Tensor:
         """A local byte buffer of at least ``nbytes`` (one-shot in-place results)."""
@@ -115,18 +121,20 @@ class Communicator:
 
     # -- kernels ------------------------------------------------------------------------------
 
-    def kernel(self, key: KernelKey) -> Any:
-        """The compiled kernel for ``key`` on this GPU (compiled on first use)."""
+    def kernel(self, key: KernelKey) -> Callable[..., Any]:
+        """The compiled kernel for ``key`` on this GPU (compiled on first use), as the
+        positional TVM-FFI function: CuTeDSL's low-overhead call path."""
         import cutlass.cute as cute
 
         from . import kernels
 
         target = compile_target()
         if (key, target) not in self._kernels:
-            self._kernels[(key, target)] = cute.compile[cute.GPUArch(target)](
-                kernels.build(key), *kernels.example_arguments()
+            compiled = cute.compile[cute.GPUArch(target)](
+                kernels.build(key), *kernels.example_arguments(), options="--enable-tvm-ffi"
             )
-        return self._kernels[(key, target)]
+            self._kernels[(key, target)] = (compiled, compiled.__tvm_ffi_object__())
+        return self._kernels[(key, target)][1]
 
     def blocks(self, key: KernelKey, work: int) -> int:
         """Thread blocks for ``work`` vector accesses per rank: enough to cover them, at most
@@ -134,15 +142,43 @@ class Communicator:
         per_block = key.threads
         return max(1, min(-(-work // per_block), 2 * self.sms, self.layout.max_blocks))
 
-    def launch(self, key: KernelKey, data: Buffer, out: int, n: int, blocks: int) -> None:
-        self.check()
-        compiled = self.kernel(key)
-        stream = driver.CUstream(torch.cuda.current_stream().cuda_stream)
-        compiled(
-            data.table.data_ptr(), data.mc, out, n,
-            self.pad_buffer.table.data_ptr(), self.pad_buffer.mc, self.error.data_ptr(),
-            self.rank, int(self.timeout_s * 1e9), blocks, stream,
-        )
+    def plan(self, key: KernelKey, data: Buffer | list[Buffer], out: int, src: int, n: int, blocks: int) -> Plan:
+        """A ready launch of ``key``: everything but the stream fixed.  With two buffers the
+        plan alternates between them, call by call (``end_barrier=False`` collectives)."""
+        fn = self.kernel(key)
+        buffers = data if isinstance(data, list) else [data]
+        common = (out, src, n, self.pad_buffer.table.data_ptr(), self.pad_buffer.mc,
+                  self.error.data_ptr(), self.rank, int(self.timeout_s * 1e9), blocks)
+        return Plan(fn, [(b.table.data_ptr(), b.mc) + common for b in buffers], self.device_index)
+
+    @property
+    def device_index(self) -> int:
+        return self.ctx.device
+
+
+class Plan:
+    """One collective call, prepared: ``run()`` takes the current stream and launches."""
+
+    __slots__ = ("fn", "args", "device", "turn")
+
+    def __init__(self, fn: Callable[..., Any], args: list[tuple], device: int) -> None:
+        self.fn, self.args, self.device, self.turn = fn, args, device, 0
+
+    def run(self) -> None:
+        args = self.args[self.turn]
+        if len(self.args) > 1:
+            self.turn ^= 1
+        self.fn(*args, current_stream(self.device))
+
+
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def current_stream(device: int) -> int:
+    """The raw handle of torch's current stream on ``device`` (the cheap way where torch has it)."""
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(device)
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 _COMM: Communicator | None = None

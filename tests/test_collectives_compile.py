@@ -93,3 +93,16 @@ def test_pad_regions_do_not_overlap() -> None:
     words += [layout.size(b, s) for b in range(4) for s in range(3)]
     words += [layout.epoch(b) for b in range(4)]
     assert sorted(words) == list(range(layout.words))
+
+
+def test_runtime_call_path_compiles_with_tvm_ffi() -> None:
+    """The runtime calls kernels through CuTeDSL's TVM-FFI path (microseconds per call)."""
+    import cutlass.cute as cute
+
+    from collectives import kernels
+
+    key = KernelKey("all_reduce", "one_shot", "peer", "bf16", 2, stage_in=True, end_barrier=False)
+    compiled = cute.compile[cute.GPUArch("sm_90a")](
+        kernels.build(key), *kernels.example_arguments(), options="--enable-tvm-ffi"
+    )
+    assert callable(compiled.__tvm_ffi_object__())
