@@ -9,6 +9,8 @@ dtype, op, algorithm, backend) is planned once; later calls only launch.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from . import tuning
@@ -82,12 +84,12 @@ def _all_reduce_plan(comm: Communicator, t, op, algorithm, backend, out, capturi
     backend = _backend(comm, backend, dtype)
     if algorithm == "auto":
         algorithm = tuning.all_reduce_algorithm(comm.world, nbytes, backend)
-    # Zero-copy when t is symmetric and may be overwritten (two-shot writes into its buffer);
-    # otherwise the kernel stages t into an internal buffer, alternating between two when
-    # that lets a one-shot skip its end barrier (not under graph capture: a replayed graph
-    # would reuse one buffer).
-    zero_copy = comm.ctx.is_symmetric(t) and (out is None or algorithm == "one_shot")
-    alternate = not zero_copy and algorithm == "one_shot" and not capturing
+    # Two-shot works in place on a symmetric t (zero-copy).  One-shot always stages t into an
+    # internal symmetric buffer inside the kernel: alternating between two buffers lets it
+    # write its result straight into t and skip the end barrier (not under graph capture,
+    # where a replayed graph would reuse one buffer: there it keeps the end barrier).
+    zero_copy = algorithm == "two_shot" and out is None and comm.ctx.is_symmetric(t)
+    alternate = algorithm == "one_shot" and not capturing
     if zero_copy:
         data: Buffer | list[Buffer] = comm.buffer(t)
     else:
@@ -95,15 +97,16 @@ def _all_reduce_plan(comm: Communicator, t, op, algorithm, backend, out, capturi
     vector = _vector(dtype, backend, t, result)
     key = KernelKey(
         "all_reduce", algorithm, backend, dtype, comm.world, op=op, vector=vector,
-        copy_back=zero_copy and out is None and algorithm == "one_shot",
-        gather_out=algorithm == "two_shot" and (not zero_copy or out is not None),
+        gather_out=algorithm == "two_shot" and not zero_copy,
         stage_in=not zero_copy, end_barrier=not alternate,
     )
-    target = comm.scratch(nbytes).data_ptr() if key.copy_back else result.data_ptr()
     work = -(-t.numel() // key.elements_per_access)
     if algorithm == "two_shot":
         work = -(-work // comm.world)
     src = 0 if zero_copy else t.data_ptr()
+    target = result.data_ptr()
+    if alternate:  # a later graph capture of this call needs the end-barrier kernel: build it now
+        comm.kernel(dataclasses.replace(key, end_barrier=True))
     return comm.plan(key, data, target, src, t.numel(), comm.blocks(key, work))
 
 
@@ -143,9 +146,11 @@ def _reduce_scatter_plan(comm: Communicator, out, inp, op, algorithm, backend, c
     backend = _backend(comm, backend, dtype)
     if out.numel() == 0:
         return None
-    zero_copy = comm.ctx.is_symmetric(inp)
-    alternate = not zero_copy and not capturing
+    # Small inputs are staged in-kernel into alternating buffers (one barrier); large
+    # symmetric ones are read in place (two barriers, no copy).
     nbytes = inp.numel() * inp.element_size()
+    zero_copy = comm.ctx.is_symmetric(inp) and nbytes > tuning.STAGE_MAX_BYTES
+    alternate = not zero_copy and not capturing
     if zero_copy:
         data: Buffer | list[Buffer] = comm.buffer(inp)
     else:
@@ -156,6 +161,8 @@ def _reduce_scatter_plan(comm: Communicator, out, inp, op, algorithm, backend, c
                     stage_in=not zero_copy, end_barrier=not alternate)
     work = -(-out.numel() // key.elements_per_access)
     src = 0 if zero_copy else inp.data_ptr()
+    if alternate:
+        comm.kernel(dataclasses.replace(key, end_barrier=True))
     return comm.plan(key, data, out.data_ptr(), src, out.numel(), comm.blocks(key, work))
 
 

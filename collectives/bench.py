@@ -114,6 +114,8 @@ def main(argv: list[str] | None = None) -> None:
                     record("all_reduce", f"ours_{algorithm}", name, nbytes, graph, us)
                 us = time_op(lambda: collectives.all_reduce(ours, backend="peer"), iters, graph)
                 record("all_reduce", "ours_auto", name, nbytes, graph, us)
+                us = time_op(lambda: collectives.all_reduce(plain, backend="peer"), iters, graph)
+                record("all_reduce", "ours_auto_plain_tensor", name, nbytes, graph, us)
                 record("all_reduce", "nccl", name, nbytes, graph, time_op(lambda: dist.all_reduce(plain), iters, graph))
                 record("all_reduce", "torch_one_shot", name, nbytes, graph, time_op(
                     lambda: torch.ops.symm_mem.one_shot_all_reduce(theirs, "sum", group_name), iters, graph))
@@ -146,7 +148,8 @@ def report(results: list[dict], world: int, out_dir: str) -> None:
             print(f"[{mode}] barrier: ours {ours['us']:.2f} us, torch symm_mem {theirs['us']:.2f} us, "
                   f"ours/torch {ours['us'] / theirs['us']:.2f}")
         for collective, impls, baselines in (
-            ("all_reduce", ("ours_one_shot", "ours_two_shot", "ours_auto"), ("nccl", "torch_one_shot", "torch_two_shot")),
+            ("all_reduce", ("ours_one_shot", "ours_two_shot", "ours_auto", "ours_auto_plain_tensor"),
+             ("nccl", "torch_one_shot", "torch_two_shot")),
             ("reduce_scatter", ("ours",), ("nccl",)),
         ):
             keys = sorted({(r["dtype"], r["bytes"]) for r in results if r["collective"] == collective and r["mode"] == mode})

@@ -31,9 +31,7 @@ class KernelKey:
     """The compile-time choices of one collective kernel.
 
     ``vector`` is the elements each thread moves at once (16 bytes' worth, or 1 for data that
-    is not 16-byte aligned); ``copy_back`` makes a one-shot all-reduce write its result into
-    its own input buffer after every peer has read it (in-place on symmetric memory);
-    ``gather_out`` makes a two-shot all-reduce copy the result from the symmetric buffer to a
+    is not 16-byte aligned); ``gather_out`` makes a two-shot all-reduce copy the result from the symmetric buffer to a
     separate output; ``stage_in`` makes the kernel copy a non-symmetric input into this rank's
     symmetric buffer before the start barrier (instead of a separate copy); ``end_barrier=False``
     drops the end barrier of a one-shot collective whose symmetric buffers the caller
@@ -49,7 +47,6 @@ class KernelKey:
     op: str = "sum"
     vector: int = 0
     threads: int = 512
-    copy_back: bool = False
     gather_out: bool = False
     stage_in: bool = False
     end_barrier: bool = True
@@ -73,7 +70,7 @@ class KernelKey:
             raise ValueError(f"{self.op} of fp8 is not supported (multimem reduces fp8 by add only)")
         if self.vector not in (0, 1, self.full_vector):
             raise ValueError(f"vector must be 1 or {self.full_vector} for {self.dtype}")
-        if not self.end_barrier and (self.algorithm != "one_shot" or self.copy_back or not self.stage_in):
+        if not self.end_barrier and (self.algorithm != "one_shot" or not self.stage_in):
             raise ValueError("only a staged one-shot collective may drop its end barrier")
 
     @property

@@ -186,13 +186,9 @@ def build(key: KernelKey):
                 move(data_table, data_mc, out, n, rank, first, step)
                 ok2 = barrier(pad_table, pad_mc, pad, rank, block, epoch + Uint32(2), deadline, err, Int32(1), size)
                 ok2 = signals.block_all(flag, ok2)
-                if cutlass.const_expr(key.copy_back or key.gather_out):
+                if cutlass.const_expr(key.gather_out):
                     if ok2:
-                        own = signals.peer_address(data_table, rank)
-                        if cutlass.const_expr(key.copy_back):
-                            copy_local(out, own, Int64(0), n, first, step)
-                        else:
-                            gather(own, out, n, first, step)
+                        gather(signals.peer_address(data_table, rank), out, n, first, step)
         if tidx == 0:
             signals.advance_epoch(pad, block, epoch + Uint32(key.barriers), world)
 

@@ -62,7 +62,6 @@ class Communicator:
         self._kernels: dict[tuple[KernelKey, str], Any] = {}
         self._buffers: dict[int, Buffer] = {}
         self._staging: list[torch.Tensor | None] = [None, None]
-        self._scratch: torch.Tensor | None = None
         self.pad_buffer = self.buffer(self.pad)
         self.sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
 
@@ -112,12 +111,6 @@ class Communicator:
         if current is None or current.numel() < nbytes:
             current = self._staging[which] = self.ctx.empty(max(nbytes, 1 << 20), torch.uint8)
         return current
-
-    def scratch(self, nbytes: int) -> torch.Tensor:
-        """A local byte buffer of at least ``nbytes`` (one-shot in-place results)."""
-        if self._scratch is None or self._scratch.numel() < nbytes:
-            self._scratch = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8, device="cuda")
-        return self._scratch
 
     # -- kernels ------------------------------------------------------------------------------
 

@@ -22,3 +22,8 @@ def all_reduce_algorithm(world: int, nbytes: int, backend: str) -> str:
     """``"one_shot"`` up to the measured crossover for (backend, world), else ``"two_shot"``."""
     limit = ONE_SHOT_MAX_BYTES.get((backend, world), ONE_SHOT_MAX_BYTES[(backend, 8)])
     return "one_shot" if nbytes <= limit else "two_shot"
+
+
+#: reduce_scatter stages inputs up to this size (bytes per rank) even when they are symmetric:
+#: the in-kernel copy costs less than the end barrier it saves.
+STAGE_MAX_BYTES = 4 << 20
