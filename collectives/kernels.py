@@ -50,6 +50,7 @@ def build(key: KernelKey):
     vec = key.elements_per_access
     multicast = key.backend == "multicast"
     op = key.op
+    unroll = 2 if vec > 1 else 1
 
     @cute.jit
     def barrier(pad_table, pad_mc, pad, rank, block, epoch, deadline, err, which, size):
@@ -59,18 +60,19 @@ def build(key: KernelKey):
             return signals.barrier_peer(pad_table, rank, block, epoch, deadline, err, which, size, world)
 
     @cute.jit
-    def load_reduce(table, mc, offset, n: cutlass.Constexpr):
+    def load_reduce(addrs, mc, offsets, n: cutlass.Constexpr):
+        """The reduced values at each of ``offsets`` (a tuple: all loads in flight at once)."""
         if cutlass.const_expr(multicast and n > 1):
-            return reduce.load_reduce_multicast(mc, offset, dtype, acc, n, op)
+            return [reduce.load_reduce_multicast(mc, o, dtype, acc, n, op) for o in offsets]
         else:
-            return reduce.load_reduce_peer(table, offset, dtype, acc, n, world, op)
+            return reduce.load_reduce_peer(addrs, offsets, dtype, acc, n, op)
 
     @cute.jit
-    def store_all(table, mc, offset, values, rank, n: cutlass.Constexpr):
+    def store_all(addrs, mc, offset, values, n: cutlass.Constexpr):
         if cutlass.const_expr(multicast and n > 1):
             reduce.store_multicast(mc, offset, values, dtype, n)
         else:
-            reduce.store_peers(table, offset, values, dtype, n, world, rank)
+            reduce.store_peers(addrs, offset, values, dtype, n)
 
     @cute.jit
     def store_local(address, offset, values, n: cutlass.Constexpr):
@@ -118,44 +120,49 @@ def build(key: KernelKey):
             copy_local(src, own, Int64(0), n, first, step)
 
     @cute.jit
-    def move(data_table, data_mc, out, n, rank, first, step):
-        """The data phase between the two barriers."""
-        if cutlass.const_expr(key.collective == "all_reduce" and key.algorithm == "one_shot"):
-            dst = out
-            v = first
-            while v < n // vec:
-                off = Int64(v) * vec
-                store_local(dst, off, load_reduce(data_table, data_mc, off, vec), vec)
-                v += step
-            j = Int64(n // vec * vec) + first
-            while j < n:
-                store_local(dst, j, load_reduce(data_table, data_mc, j, 1), 1)
-                j += step
-        elif cutlass.const_expr(key.collective == "all_reduce"):  # two-shot
-            vectors = n // vec
+    def each_vector(begin, end, first, step, body):
+        """``body((v, ...))`` for this thread's vectors in [begin, end): ``unroll`` at a time
+        while they last, then one by one (the same vectors per block as a plain stride loop)."""
+        v = begin + first
+        while v + (unroll - 1) * step < end:
+            body(tuple(v + u * step for u in range(unroll)))
+            v += unroll * step
+        while v < end:
+            body((v,))
+            v += step
+
+    @cute.jit
+    def move(addrs, data_mc, out, n, rank, first, step):
+        """The data phase between the barriers."""
+        vectors = n // vec
+        if cutlass.const_expr(key.collective == "all_reduce" and key.algorithm == "two_shot"):
             chunk = (vectors + world - 1) // world
             begin = Int64(rank) * chunk
             end = cutlass.min(begin + chunk, vectors)
-            v = begin + first
-            while v < end:
-                off = Int64(v) * vec
-                store_all(data_table, data_mc, off, load_reduce(data_table, data_mc, off, vec), rank, vec)
-                v += step
+
+            def reduce_and_share(vs):
+                offsets = tuple(Int64(v) * vec for v in vs)
+                for o, values in zip(offsets, load_reduce(addrs, data_mc, offsets, vec)):
+                    store_all(addrs, data_mc, o, values, vec)
+
+            each_vector(begin, end, first, step, reduce_and_share)
             if rank == world - 1:
                 j = Int64(vectors * vec) + first
                 while j < n:
-                    store_all(data_table, data_mc, j, load_reduce(data_table, data_mc, j, 1), rank, 1)
+                    store_all(addrs, data_mc, j, load_reduce(addrs, data_mc, (j,), 1)[0], 1)
                     j += step
-        elif cutlass.const_expr(key.collective == "reduce_scatter"):
-            base = Int64(rank) * n
-            v = first
-            while v < n // vec:
-                off = Int64(v) * vec
-                store_local(out, off, load_reduce(data_table, data_mc, base + off, vec), vec)
-                v += step
-            j = Int64(n // vec * vec) + first
+        else:
+            base = Int64(rank) * n if cutlass.const_expr(key.collective == "reduce_scatter") else Int64(0)
+
+            def reduce_here(vs):
+                offsets = tuple(Int64(v) * vec for v in vs)
+                for o, values in zip(offsets, load_reduce(addrs, data_mc, tuple(base + o for o in offsets), vec)):
+                    store_local(out, o, values, vec)
+
+            each_vector(Int64(0), vectors, first, step, reduce_here)
+            j = Int64(vectors * vec) + first
             while j < n:
-                store_local(out, j, load_reduce(data_table, data_mc, base + j, 1), 1)
+                store_local(out, j, load_reduce(addrs, data_mc, (base + j,), 1)[0], 1)
                 j += step
 
     @cute.kernel
@@ -178,12 +185,13 @@ def build(key: KernelKey):
             stage(src, signals.peer_address(data_table, rank), n, first, step)
         ok = barrier(pad_table, pad_mc, pad, rank, block, epoch + Uint32(1), deadline, err, Int32(0), size)
         ok = signals.block_all(flag, ok)
+        addrs = [signals.peer_address(data_table, Int32(r)) for r in range(world)]
         if cutlass.const_expr(key.collective != "barrier" and not key.end_barrier):
             if ok:
-                move(data_table, data_mc, out, n, rank, first, step)
+                move(addrs, data_mc, out, n, rank, first, step)
         if cutlass.const_expr(key.barriers == 2):
             if ok:
-                move(data_table, data_mc, out, n, rank, first, step)
+                move(addrs, data_mc, out, n, rank, first, step)
                 ok2 = barrier(pad_table, pad_mc, pad, rank, block, epoch + Uint32(2), deadline, err, Int32(1), size)
                 ok2 = signals.block_all(flag, ok2)
                 if cutlass.const_expr(key.gather_out):

@@ -38,11 +38,12 @@ def compile_target() -> str:
 
 @dataclass
 class Buffer:
-    """A symmetric buffer as kernels see it: the table of every rank's address, and the
-    multicast address (0 unless the backend is multicast)."""
+    """A symmetric buffer as kernels see it: the table of every rank's address (and the pinned
+    host copy it came from), and the multicast address (0 unless the backend is multicast)."""
 
     table: torch.Tensor
     mc: int
+    host: torch.Tensor
 
 
 class Communicator:
@@ -97,9 +98,11 @@ class Communicator:
         """The kernel view of symmetric tensor ``t`` (cached by address)."""
         key = t.data_ptr()
         if key not in self._buffers:
-            table = torch.tensor(self.ctx.peer_pointers(t, align=1), dtype=torch.int64, device="cuda")
+            # Copied from pinned memory: allowed (and recorded) inside a CUDA-graph capture.
+            host = torch.tensor(self.ctx.peer_pointers(t, align=1), dtype=torch.int64).pin_memory()
+            table = host.to("cuda", non_blocking=True)
             mc = self.ctx.multicast_tensor(t).data_ptr() if self.ctx.backend == "multicast" else 0
-            self._buffers[key] = Buffer(table, mc)
+            self._buffers[key] = Buffer(table, mc, host)
         return self._buffers[key]
 
     def staging(self, nbytes: int, which: int = 0) -> torch.Tensor:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Int64
+from cutlass import Int64
 
 import ptxops
 
-from .signals import gmem, peer_address
+from .signals import gmem
 
 _ACC = {"f32": cutlass.Float32, "f16": cutlass.Float16}
 
@@ -42,22 +42,30 @@ def convert(values, dtype: cutlass.Constexpr):
 
 @cute.jit
 def load_reduce_peer(
-    table: Int64,
-    offset: Int64,
+    addrs,
+    offsets,
     dtype: cutlass.Constexpr,
     acc: cutlass.Constexpr,
     n: cutlass.Constexpr,
-    world: cutlass.Constexpr,
     op: cutlass.Constexpr,
 ):
-    """Every rank's ``n`` values at element ``offset`` of the buffer whose per-rank addresses are
-    in ``table``, combined with ``op`` in ``acc`` precision; returned as ``dtype``."""
+    """For each offset in ``offsets``: every rank's ``n`` values at that element offset of the
+    buffer whose per-rank addresses are ``addrs`` (rank order), combined with ``op`` in ``acc``
+    precision and returned as ``dtype``.  All loads are issued before any is used, so
+    ``len(addrs) * len(offsets)`` NVLink reads are in flight at once."""
     align = cutlass.const_expr(n * dtype.width // 8)
-    total = convert(ptxops.ld(gmem(dtype, peer_address(table, Int32(0)), align) + cute.assume(offset, divby=n), num_elements=n), acc)
-    for r in cutlass.range_constexpr(1, world):
-        src = gmem(dtype, peer_address(table, Int32(r)), align) + cute.assume(offset, divby=n)
-        total = combine(total, convert(ptxops.ld(src, num_elements=n), acc), op)
-    return convert(total, dtype)
+    loaded = []
+    for u in cutlass.range_constexpr(len(offsets)):
+        for r in cutlass.range_constexpr(len(addrs)):
+            src = gmem(dtype, addrs[r], align) + cute.assume(offsets[u], divby=n)
+            loaded.append(ptxops.ld(src, num_elements=n))
+    results = []
+    for u in cutlass.range_constexpr(len(offsets)):
+        total = convert(loaded[u * len(addrs)], acc)
+        for r in cutlass.range_constexpr(1, len(addrs)):
+            total = combine(total, convert(loaded[u * len(addrs) + r], acc), op)
+        results.append(convert(total, dtype))
+    return results
 
 
 @cute.jit
@@ -80,13 +88,11 @@ def load_reduce_multicast(
 
 
 @cute.jit
-def store_peers(table: Int64, offset: Int64, values, dtype: cutlass.Constexpr, n: cutlass.Constexpr, world: cutlass.Constexpr, first: Int32):
-    """Store ``values`` at element ``offset`` of every rank's buffer, starting with rank
-    ``first`` (spread the ranks' first stores over different links)."""
+def store_peers(addrs, offset: Int64, values, dtype: cutlass.Constexpr, n: cutlass.Constexpr):
+    """Store ``values`` at element ``offset`` of every rank's buffer (``addrs``)."""
     align = cutlass.const_expr(n * dtype.width // 8)
-    for i in cutlass.range_constexpr(world):
-        r = (first + i) % world
-        ptxops.st(gmem(dtype, peer_address(table, r), align) + cute.assume(offset, divby=n), values)
+    for r in cutlass.range_constexpr(len(addrs)):
+        ptxops.st(gmem(dtype, addrs[r], align) + cute.assume(offset, divby=n), values)
 
 
 @cute.jit
