@@ -150,9 +150,9 @@ def test_cuda_graph_replay_matches_eager(comm) -> None:
     source = torch.empty(n, dtype=torch.bfloat16, device="cuda")
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm up: compile and build tables outside the capture
+    with torch.cuda.stream(stream):  # warm up the same calls: compile and plan outside the capture
         collectives.all_reduce(staged, backend="peer")
-        collectives.all_reduce(sym, backend="peer")
+        collectives.all_reduce(sym, algorithm="two_shot", backend="peer")
         collectives.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
