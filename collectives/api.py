@@ -93,7 +93,7 @@ def _all_reduce_plan(comm: Communicator, t, op, algorithm, backend, out, capturi
     if zero_copy:
         data: Buffer | list[Buffer] = comm.buffer(t)
     else:
-        data = [comm.buffer(comm.staging(nbytes, i)) for i in range(2 if alternate else 1)]
+        data = [comm.buffer(comm.staging(nbytes, i)) for i in ((0, 1) if alternate else (2,))]
     vector = _vector(dtype, backend, t, result)
     key = KernelKey(
         "all_reduce", algorithm, backend, dtype, comm.world, op=op, vector=vector,
@@ -154,7 +154,7 @@ def _reduce_scatter_plan(comm: Communicator, out, inp, op, algorithm, backend, c
     if zero_copy:
         data: Buffer | list[Buffer] = comm.buffer(inp)
     else:
-        data = [comm.buffer(comm.staging(nbytes, i)) for i in range(2 if alternate else 1)]
+        data = [comm.buffer(comm.staging(nbytes, i)) for i in ((0, 1) if alternate else (2,))]
     aligned = out.numel() * out.element_size() % VECTOR_BYTES == 0
     vector = _vector(dtype, backend, inp, out) if aligned else 1
     key = KernelKey("reduce_scatter", "one_shot", backend, dtype, comm.world, op=op, vector=vector,

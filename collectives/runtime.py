@@ -62,7 +62,8 @@ class Communicator:
         self.plans: dict[tuple, Plan] = {}
         self._kernels: dict[tuple[KernelKey, str], Any] = {}
         self._buffers: dict[int, Buffer] = {}
-        self._staging: list[torch.Tensor | None] = [None, None]
+        self._staging: list[torch.Tensor | None] = [None, None, None]
+        self.turn = 0  # which of staging buffers 0/1 the next single-barrier collective uses
         self.pad_buffer = self.buffer(self.pad)
         self.sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
 
@@ -105,11 +106,15 @@ class Communicator:
             self._buffers[key] = Buffer(table, mc, host)
         return self._buffers[key]
 
-    def staging(self, nbytes: int, which: int = 0) -> torch.Tensor:
-        """Internal symmetric byte buffer ``which`` (0 or 1) of at least ``nbytes`` (grown
-        collectively: every rank reaches here with the same size, or the allocation's size
-        check raises).  A grown buffer replaces the old one for new plans; plans that hold
-        the old one keep it."""
+    def staging(self, nbytes: int, which: int) -> torch.Tensor:
+        """Internal symmetric byte buffer ``which`` of at least ``nbytes`` (grown collectively:
+        every rank reaches here with the same size, or the allocation's size check raises).
+
+        Buffers 0 and 1 serve the single-barrier collectives, strictly in turn across all of
+        them (:attr:`turn`): a rank may rewrite a buffer only after every rank has started a
+        later collective, which proves it finished reading.  Buffer 2 serves the staged
+        collectives that keep their end barrier.  A grown buffer replaces the old one for new
+        plans; plans that hold the old one keep it (it stays allocated)."""
         current = self._staging[which]
         if current is None or current.numel() < nbytes:
             current = self._staging[which] = self.ctx.empty(max(nbytes, 1 << 20), torch.uint8)
@@ -139,13 +144,14 @@ class Communicator:
         return max(1, min(-(-work // per_block), 2 * self.sms, self.layout.max_blocks))
 
     def plan(self, key: KernelKey, data: Buffer | list[Buffer], out: int, src: int, n: int, blocks: int) -> Plan:
-        """A ready launch of ``key``: everything but the stream fixed.  With two buffers the
-        plan alternates between them, call by call (``end_barrier=False`` collectives)."""
+        """A ready launch of ``key``: everything but the stream fixed.  Given staging buffers
+        0 and 1, the plan launches on the one whose :attr:`turn` it is and passes the turn on
+        (``end_barrier=False`` collectives)."""
         fn = self.kernel(key)
         buffers = data if isinstance(data, list) else [data]
         common = (out, src, n, self.pad_buffer.table.data_ptr(), self.pad_buffer.mc,
                   self.error.data_ptr(), self.rank, int(self.timeout_s * 1e9), blocks)
-        return Plan(fn, [(b.table.data_ptr(), b.mc) + common for b in buffers], self.device_index)
+        return Plan(fn, [(b.table.data_ptr(), b.mc) + common for b in buffers], self)
 
     @property
     def device_index(self) -> int:
@@ -155,16 +161,19 @@ class Communicator:
 class Plan:
     """One collective call, prepared: ``run()`` takes the current stream and launches."""
 
-    __slots__ = ("fn", "args", "device", "turn")
+    __slots__ = ("fn", "args", "comm")
 
-    def __init__(self, fn: Callable[..., Any], args: list[tuple], device: int) -> None:
-        self.fn, self.args, self.device, self.turn = fn, args, device, 0
+    def __init__(self, fn: Callable[..., Any], args: list[tuple], comm: Communicator) -> None:
+        self.fn, self.args, self.comm = fn, args, comm
 
     def run(self) -> None:
-        args = self.args[self.turn]
+        comm = self.comm
         if len(self.args) > 1:
-            self.turn ^= 1
-        self.fn(*args, current_stream(self.device))
+            args = self.args[comm.turn]
+            comm.turn ^= 1
+        else:
+            args = self.args[0]
+        self.fn(*args, current_stream(comm.device_index))
 
 
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)

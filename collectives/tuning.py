@@ -1,29 +1,34 @@
-"""Size-based algorithm choice for ``algorithm="auto"``.
+"""Size-based choices for ``algorithm="auto"`` and for staging, from measured crossovers.
 
-The crossovers are measured with ``python -m collectives.bench`` (see the table in its output:
-the smallest size at which two-shot beats one-shot, per world size and backend) and recorded
-here; the values below and the run that produced them are in the issue notes.
+Measured on 2026-11-21 with ``torchrun --nproc-per-node {2,4} -m collectives.bench`` on
+NVIDIA H200 (NVLink NV18 full mesh, multicast off, peer backend), eager launches, bf16 and f32:
+one-shot beat two-shot up to 1-4 MB on 2 GPUs and up to 4-16 KB on 4 GPUs; two-shot won from
+16 MB (2 GPUs) and 64 KB (4 GPUs) on.  8 GPUs and the multicast backend were not measurable
+here (no 8-GPU machine; multicast is off on these machines): their entries extrapolate
+(one-shot reads W-1 remote copies per element, so its crossover falls as W grows).
 """
 
 from __future__ import annotations
 
 #: (backend, world size) -> largest message (bytes per rank) for which one-shot is chosen.
 ONE_SHOT_MAX_BYTES: dict[tuple[str, int], int] = {
-    ("peer", 2): 1 << 20,
-    ("peer", 4): 256 << 10,
-    ("peer", 8): 128 << 10,
-    ("multicast", 2): 256 << 10,
-    ("multicast", 4): 128 << 10,
-    ("multicast", 8): 64 << 10,
+    ("peer", 2): 4 << 20,
+    ("peer", 3): 256 << 10,
+    ("peer", 4): 16 << 10,
+    ("peer", 8): 8 << 10,
+    ("multicast", 2): 4 << 20,
+    ("multicast", 4): 256 << 10,
+    ("multicast", 8): 128 << 10,
 }
-
-
-def all_reduce_algorithm(world: int, nbytes: int, backend: str) -> str:
-    """``"one_shot"`` up to the measured crossover for (backend, world), else ``"two_shot"``."""
-    limit = ONE_SHOT_MAX_BYTES.get((backend, world), ONE_SHOT_MAX_BYTES[(backend, 8)])
-    return "one_shot" if nbytes <= limit else "two_shot"
-
 
 #: reduce_scatter stages inputs up to this size (bytes per rank) even when they are symmetric:
 #: the in-kernel copy costs less than the end barrier it saves.
 STAGE_MAX_BYTES = 4 << 20
+
+
+def all_reduce_algorithm(world: int, nbytes: int, backend: str) -> str:
+    """``"one_shot"`` up to the crossover for (backend, world), else ``"two_shot"``; world
+    sizes without an entry use the next larger measured one."""
+    sizes = sorted(w for b, w in ONE_SHOT_MAX_BYTES if b == backend)
+    nearest = next((w for w in sizes if w >= world), sizes[-1])
+    return "one_shot" if nbytes <= ONE_SHOT_MAX_BYTES[(backend, nearest)] else "two_shot"
