@@ -1,0 +1,154 @@
+"""Typed use of the device functions inside kernels: values in and out as CuTeDSL numerics and
+TensorSSA, the form each call chooses, and illegal uses rejected at trace time by rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from cute_support import compile_ptx, cute, cutlass, global_tensor, opcodes
+from cutlass.memory import SmemAllocator
+
+import ptxops
+from ptxops import QualifierError
+
+BF16, F16, F32, F64 = cutlass.BFloat16, cutlass.Float16, cutlass.Float32, cutlass.Float64
+I32, U32, I64 = cutlass.Int32, cutlass.Uint32, cutlass.Int64
+
+
+def launcher(body, dtype=I32):
+    """A one-block kernel running ``body(ptr)`` on a 32-byte aligned global tensor."""
+
+    @cute.kernel
+    def kernel(g: cute.Tensor):
+        body(g.iterator)
+
+    @cute.jit
+    def launch(g: cute.Tensor):
+        kernel(g).launch(grid=[1, 1, 1], block=[32, 1, 1])
+
+    return launch, global_tensor(dtype)
+
+
+def ptx_of(body, dtype=I32, arch: str = "sm_90a") -> str:
+    launch, arg = launcher(body, dtype)
+    return compile_ptx(launch, arg, arch=arch)
+
+
+@pytest.mark.parametrize(
+    ("dtype", "n", "load", "reduce"),
+    [
+        (BF16, 8, "ld.global.v4.b32", "multimem.ld_reduce.relaxed.sys.global.add.acc::f32.v4.bf16x2"),
+        (F16, 4, "ld.global.v2.b32", "multimem.ld_reduce.relaxed.sys.global.add.acc::f32.v2.f16x2"),
+        (F32, 4, "ld.global.v4.b32", "multimem.ld_reduce.relaxed.sys.global.add.v4.f32"),
+        (F64, 1, "ld.global.b64", "multimem.ld_reduce.relaxed.sys.global.add.f64"),
+        (I32, 1, "ld.global.b32", "multimem.ld_reduce.relaxed.sys.global.add.s32"),
+    ],
+)
+def test_values_round_trip_through_typed_calls(dtype, n, load, reduce) -> None:
+    def body(ptr):
+        p = cute.recast_ptr(ptr, dtype=dtype)
+        values = ptxops.ld(p, num_elements=n)
+        reduced = ptxops.multimem_ld_reduce(p, num_elements=n, sem="relaxed", scope="sys")
+        ptxops.st(p + 16 // (dtype.width // 8) * 2, reduced)
+        ptxops.multimem_st(p, values, sem="relaxed", scope="sys")
+
+    found = opcodes(ptx_of(body, dtype))
+    assert found[load] == 1 and found[reduce] == 1, found
+
+
+def test_arithmetic_on_returned_values_and_scalars() -> None:
+    def body(ptr):
+        p = cute.recast_ptr(ptr, dtype=BF16)
+        x = ptxops.ld(p, num_elements=8)
+        ptxops.st(p + 8, (x.to(F32) * 2.0).to(BF16))
+        q = cute.recast_ptr(ptr, dtype=F32)
+        old = ptxops.atom_add(q, F32(1.5), sem="relaxed", scope="gpu")
+        ptxops.st_release(q + 4, old + F32(1.0), scope="sys")
+
+    found = opcodes(ptx_of(body))
+    assert found["atom.relaxed.gpu.global.add.f32"] == 1
+    assert found["st.release.sys.global.b32"] == 1
+
+
+def test_value_dtype_picks_signedness() -> None:
+    """CuTeDSL pointers are signless; a Uint32 value makes an atomic max unsigned."""
+
+    def body(ptr):
+        ptxops.atom(ptr, U32(7), op="max", sem="relaxed", scope="gpu")
+        ptxops.atom(ptr, I32(7), op="max", sem="relaxed", scope="gpu")
+        ptxops.red(ptr, I64(1), op="add", dtype=I64)
+
+    found = opcodes(ptx_of(body))
+    assert found["atom.relaxed.gpu.global.max.u32"] == 1
+    assert found["atom.relaxed.gpu.global.max.s32"] == 1
+    assert found["red.global.add.u64"] == 1
+
+
+def test_fp8_on_blackwell_accumulates_in_f16() -> None:
+    def body(ptr):
+        p = cute.recast_ptr(ptr, dtype=cutlass.Float8E4M3FN)
+        v = ptxops.multimem_ld_reduce(p, num_elements=16)
+        ptxops.multimem_st(p, v)
+
+    found = opcodes(ptx_of(body, arch="sm_100a"))
+    assert found["multimem.ld_reduce.global.add.acc::f16.v4.e4m3x4"] == 1
+    assert found["multimem.st.global.v4.e4m3x4"] == 1
+
+
+def test_shared_memory_pointer_selects_shared_space() -> None:
+    def body(ptr):
+        smem = SmemAllocator()
+        s = smem.allocate_array(I32, num_elems=8, byte_alignment=16)
+        ptxops.st(s, ptxops.ld_acquire(ptr, scope="gpu"), sem="relaxed", scope="cta")
+        ptxops.atom_add(s + 1, I32(1))
+
+    found = opcodes(ptx_of(body))
+    assert found["st.relaxed.cta.shared::cta.b32"] == 1
+    assert found["atom.shared::cta.add.s32"] == 1
+
+
+# -- illegal uses: QualifierError at trace time, naming the rule and the target -----------------
+
+
+@pytest.mark.parametrize(
+    ("body", "arch", "pattern"),
+    [
+        (lambda p: ptxops.multimem_ld_reduce(cute.recast_ptr(p, dtype=BF16), num_elements=8, op="min",
+                                             acc=F32), "sm_90a", r"acc-add-only[\s\S]*"),
+        (lambda p: ptxops.multimem_ld_reduce(cute.recast_ptr(p, dtype=cutlass.Float8E4M3FN),
+                                             num_elements=16), "sm_90a", r"sm_90a[\s\S]*fp8-target"),
+        (lambda p: ptxops.multimem_ld_reduce(cute.recast_ptr(p, dtype=BF16), num_elements=8,
+                                             sem="relaxed"), "sm_90a", r"order-needs-scope"),
+        (lambda p: ptxops.multimem_ld_reduce(cute.recast_ptr(p, dtype=BF16), num_elements=1),
+         "sm_90a", r"legal num_elements here: 2, 4, 8"),
+        (lambda p: ptxops.ld(cute.recast_ptr(p, dtype=F32), num_elements=8), "sm_90a", r"v8-wide"),
+        (lambda p: ptxops.ld_acquire(p, scope="gpus"), "sm_90a", r"did you mean .gpu."),
+        (lambda p: ptxops.st(p, I32(1), sem="volatile", scope="gpu"), "sm_90a", r"scope-needs-order"),
+        (lambda p: ptxops.fence(sem="sc"), "sm_90a", r"scope-required"),
+    ],
+    ids=["acc-with-min", "fp8-on-hopper", "relaxed-without-scope", "one-bf16", "v8-on-hopper",
+         "bad-scope", "volatile-with-scope", "fence-without-scope"],
+)
+def test_illegal_use_raises_at_trace_time(body, arch: str, pattern: str) -> None:
+    with pytest.raises(QualifierError, match=pattern) as info:
+        ptx_of(body, arch=arch)
+    assert info.value.target == arch
+
+
+def test_multimem_on_shared_memory_is_rejected() -> None:
+    def body(ptr):
+        smem = SmemAllocator()
+        s = smem.allocate_array(I32, num_elems=8, byte_alignment=16)
+        ptxops.multimem_red(s, I32(1), sem="release", scope="sys")
+
+    with pytest.raises(QualifierError, match=r"pointer-space[\s\S]*global"):
+        ptx_of(body)
+
+
+def test_misaligned_vector_access_is_rejected() -> None:
+    def body(ptr):
+        p = cute.recast_ptr(ptr, dtype=BF16) + 1  # 2-byte aligned
+        ptxops.ld(p, num_elements=8)
+
+    with pytest.raises(QualifierError, match=r"pointer-alignment[\s\S]*16-byte"):
+        ptx_of(body)
