@@ -84,14 +84,12 @@ def _all_reduce_plan(comm: Communicator, t, op, algorithm, backend, out, capturi
     backend = _backend(comm, backend, dtype)
     if algorithm == "auto":
         algorithm = tuning.all_reduce_algorithm(comm.world, nbytes, backend)
-    # Two-shot works in place on a symmetric t (zero-copy); in the peer backend it moves data
-    # by NVLink writes only (push), reading t where it is.  One-shot always stages t into an
+    # Two-shot works in place on a symmetric t (zero-copy).  One-shot always stages t into an
     # internal symmetric buffer inside the kernel: alternating between two buffers lets it
     # write its result straight into t and skip the end barrier (not under graph capture,
     # where a replayed graph would reuse one buffer: there it keeps the end barrier).
     zero_copy = algorithm == "two_shot" and out is None and comm.ctx.is_symmetric(t)
     alternate = algorithm == "one_shot" and not capturing
-    push = algorithm == "two_shot" and backend == "peer"
     if zero_copy:
         data: Buffer | list[Buffer] = comm.buffer(t)
     else:
@@ -100,21 +98,16 @@ def _all_reduce_plan(comm: Communicator, t, op, algorithm, backend, out, capturi
     key = KernelKey(
         "all_reduce", algorithm, backend, dtype, comm.world, op=op, vector=vector,
         gather_out=algorithm == "two_shot" and not zero_copy,
-        stage_in=not zero_copy and not push, end_barrier=not alternate, push=push,
+        stage_in=not zero_copy, end_barrier=not alternate,
     )
-    recv = None
-    if push:  # W slots of one slice, then W tails
-        per = key.elements_per_access
-        chunk = -(-(t.numel() // per) // comm.world)
-        recv = comm.buffer(comm.staging(comm.world * (chunk + 1) * per * t.element_size(), 3))
     work = -(-t.numel() // key.elements_per_access)
     if algorithm == "two_shot":
         work = -(-work // comm.world)
-    src = t.data_ptr() if (push or not zero_copy) else 0
+    src = 0 if zero_copy else t.data_ptr()
     target = result.data_ptr()
     if alternate:  # a later graph capture of this call needs the end-barrier kernel: build it now
         comm.kernel(dataclasses.replace(key, end_barrier=True))
-    return comm.plan(key, data, target, src, t.numel(), comm.blocks(key, work), recv)
+    return comm.plan(key, data, target, src, t.numel(), comm.blocks(key, work))
 
 
 def reduce_scatter(

@@ -36,9 +36,7 @@ class KernelKey:
     symmetric buffer before the start barrier (instead of a separate copy); ``end_barrier=False``
     drops the end barrier of a one-shot collective whose symmetric buffers the caller
     alternates between two (a rank cannot reuse a buffer before every rank has started the
-    next collective, and so finished reading it); ``push`` makes a peer two-shot move data by
-    NVLink writes only: each rank writes its slices into their owners' receive buffers, owners
-    reduce locally and write the results to every rank.
+    next collective, and so finished reading it).
     """
 
     collective: str
@@ -52,7 +50,6 @@ class KernelKey:
     gather_out: bool = False
     stage_in: bool = False
     end_barrier: bool = True
-    push: bool = False
 
     def __post_init__(self) -> None:
         if self.collective not in COLLECTIVES:
@@ -75,8 +72,6 @@ class KernelKey:
             raise ValueError(f"vector must be 1 or {self.full_vector} for {self.dtype}")
         if not self.end_barrier and (self.algorithm != "one_shot" or not self.stage_in):
             raise ValueError("only a staged one-shot collective may drop its end barrier")
-        if self.push and (self.algorithm != "two_shot" or self.backend != "peer" or self.stage_in):
-            raise ValueError("push is a peer two-shot all-reduce that reads its input in place")
 
     @property
     def full_vector(self) -> int:

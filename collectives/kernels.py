@@ -12,9 +12,7 @@ a :class:`~collectives.config.KernelKey`:
 ``data_table``  device table of every rank's data buffer address (int64[W])
 ``data_mc``     the data buffer's multicast address (multicast backend; 0 otherwise)
 ``out``         this rank's output (all-reduce one-shot, reduce-scatter, gathered two-shot)
-``src``         this rank's input when it is not symmetric (``stage_in``: copied in-kernel), or
-                the input a ``push`` two-shot reads
-``recv_table``  ``push``: every rank's receive buffer (W slots of one slice, then W tails)
+``src``         this rank's input when it is not symmetric (``stage_in``: copied in-kernel)
 ``n``           elements per rank (all-reduce) or per output (reduce-scatter)
 ``pad_table``   device table of every rank's signal pad; ``pad_mc`` its multicast address
 ``err``         the error record (host-mapped int32[5])
@@ -167,72 +165,10 @@ def build(key: KernelKey):
                 store_local(out, j, load_reduce(addrs, data_mc, (base + j,), 1)[0], 1)
                 j += step
 
-    @cute.jit
-    def load_local(address, offset, n: cutlass.Constexpr):
-        align = cutlass.const_expr(n * dtype.width // 8)
-        return ptxops.ld(signals.gmem(dtype, address, align) + cute.assume(offset, divby=n), num_elements=n)
-
-    @cute.jit
-    def push_slices(src, recv, n, rank, first, step):
-        """Push: write every slice of this rank's input into its owner's receive buffer, slot
-        ``rank`` (the owner reduces the W slots locally after the start barrier)."""
-        vectors = n // vec
-        chunk = (vectors + world - 1) // world
-        for q in cutlass.range_constexpr(world):
-            begin = Int64(q) * chunk
-            slot = (Int64(rank) * chunk - begin) * vec
-
-            def push(vs):
-                offsets = tuple(Int64(v) * vec for v in vs)
-                values = [load_local(src, o, vec) for o in offsets]
-                for o, x in zip(offsets, values):
-                    store_local(recv[q], slot + o, x, vec)
-
-            each_vector(begin, cutlass.min(begin + chunk, vectors), first, step, push)
-        j = Int64(vectors * vec) + first
-        tails = Int64(world) * chunk * vec + Int64(rank) * vec - Int64(vectors * vec)
-        while j < n:
-            store_local(recv[world - 1], tails + j, load_local(src, j, 1), 1)
-            j += step
-
-    @cute.jit
-    def reduce_slots(own_recv, slots, n: cutlass.Constexpr):
-        """Combine the W values a receive buffer holds at ``slots`` (rank order), all loaded
-        before any is used."""
-        loaded = [load_local(own_recv, o, n) for o in slots]
-        total = reduce.convert(loaded[0], acc)
-        for r in cutlass.range_constexpr(1, world):
-            total = reduce.combine(total, reduce.convert(loaded[r], acc), op)
-        return reduce.convert(total, dtype)
-
-    @cute.jit
-    def reduce_pushed(own_recv, addrs, n, rank, first, step):
-        """Push, after the start barrier: reduce this rank's slice from its receive buffer
-        and write the result into every rank's buffer."""
-        vectors = n // vec
-        chunk = (vectors + world - 1) // world
-        begin = Int64(rank) * chunk
-
-        def reduce_and_share(vs):
-            for v in vs:
-                base = (Int64(v) - begin) * vec
-                values = reduce_slots(own_recv, tuple(Int64(r) * chunk * vec + base for r in range(world)), vec)
-                store_all(addrs, Int64(0), Int64(v) * vec, values, vec)
-
-        each_vector(begin, cutlass.min(begin + chunk, vectors), first, step, reduce_and_share)
-        if rank == world - 1:
-            j = Int64(vectors * vec) + first
-            tails = Int64(world) * chunk * vec - Int64(vectors * vec)
-            while j < n:
-                values = reduce_slots(own_recv, tuple(tails + Int64(r) * vec + j for r in range(world)), 1)
-                store_all(addrs, Int64(0), j, values, 1)
-                j += step
-
     @cute.kernel
     def kernel(
         data_table: Int64, data_mc: Int64, out: Int64, src: Int64, n: Int64,
         pad_table: Int64, pad_mc: Int64, err: Int64, rank: Int32, timeout_ns: Int64,
-        recv_table: Int64,
     ):
         tidx = cute.arch.thread_idx()[0]
         block = cute.arch.block_idx()[0]
@@ -247,9 +183,6 @@ def build(key: KernelKey):
         step = Int64(blocks) * threads
         if cutlass.const_expr(key.stage_in):
             stage(src, signals.peer_address(data_table, rank), n, first, step)
-        if cutlass.const_expr(key.push):
-            recv = [signals.peer_address(recv_table, Int32(r)) for r in range(world)]
-            push_slices(src, recv, n, rank, first, step)
         ok = barrier(pad_table, pad_mc, pad, rank, block, epoch + Uint32(1), deadline, err, Int32(0), size)
         ok = signals.block_all(flag, ok)
         addrs = [signals.peer_address(data_table, Int32(r)) for r in range(world)]
@@ -258,10 +191,7 @@ def build(key: KernelKey):
                 move(addrs, data_mc, out, n, rank, first, step)
         if cutlass.const_expr(key.barriers == 2):
             if ok:
-                if cutlass.const_expr(key.push):
-                    reduce_pushed(signals.peer_address(recv_table, rank), addrs, n, rank, first, step)
-                else:
-                    move(addrs, data_mc, out, n, rank, first, step)
+                move(addrs, data_mc, out, n, rank, first, step)
                 ok2 = barrier(pad_table, pad_mc, pad, rank, block, epoch + Uint32(2), deadline, err, Int32(1), size)
                 ok2 = signals.block_all(flag, ok2)
                 if cutlass.const_expr(key.gather_out):
@@ -274,9 +204,9 @@ def build(key: KernelKey):
     def launch(
         data_table: Int64, data_mc: Int64, out: Int64, src: Int64, n: Int64,
         pad_table: Int64, pad_mc: Int64, err: Int64, rank: Int32, timeout_ns: Int64,
-        recv_table: Int64, blocks: Int32, stream: driver.CUstream,
+        blocks: Int32, stream: driver.CUstream,
     ):
-        kernel(data_table, data_mc, out, src, n, pad_table, pad_mc, err, rank, timeout_ns, recv_table).launch(
+        kernel(data_table, data_mc, out, src, n, pad_table, pad_mc, err, rank, timeout_ns).launch(
             grid=[blocks, 1, 1], block=[threads, 1, 1], stream=stream
         )
 
@@ -286,7 +216,7 @@ def build(key: KernelKey):
 def example_arguments() -> tuple:
     """Placeholder runtime arguments for compiling without a GPU."""
     return (Int64(0), Int64(0), Int64(0), Int64(0), Int64(0), Int64(0), Int64(0), Int64(0),
-            Int32(0), Int64(0), Int64(0), Int32(1), driver.CUstream(0))
+            Int32(0), Int64(0), Int32(1), driver.CUstream(0))
 
 
 __all__ = ["ACC", "DTYPE", "build", "example_arguments"]

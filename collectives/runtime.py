@@ -62,7 +62,7 @@ class Communicator:
         self.plans: dict[tuple, Plan] = {}
         self._kernels: dict[tuple[KernelKey, str], Any] = {}
         self._buffers: dict[int, Buffer] = {}
-        self._staging: list[torch.Tensor | None] = [None, None, None, None]
+        self._staging: list[torch.Tensor | None] = [None, None, None]
         self.turn = 0  # which of staging buffers 0/1 the next single-barrier collective uses
         self.pad_buffer = self.buffer(self.pad)
         self.sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
@@ -143,18 +143,14 @@ class Communicator:
         per_block = key.threads
         return max(1, min(-(-work // per_block), 2 * self.sms, self.layout.max_blocks))
 
-    def plan(
-        self, key: KernelKey, data: Buffer | list[Buffer], out: int, src: int, n: int, blocks: int,
-        recv: Buffer | None = None,
-    ) -> Plan:
+    def plan(self, key: KernelKey, data: Buffer | list[Buffer], out: int, src: int, n: int, blocks: int) -> Plan:
         """A ready launch of ``key``: everything but the stream fixed.  Given staging buffers
         0 and 1, the plan launches on the one whose :attr:`turn` it is and passes the turn on
         (``end_barrier=False`` collectives)."""
         fn = self.kernel(key)
         buffers = data if isinstance(data, list) else [data]
         common = (out, src, n, self.pad_buffer.table.data_ptr(), self.pad_buffer.mc,
-                  self.error.data_ptr(), self.rank, int(self.timeout_s * 1e9),
-                  recv.table.data_ptr() if recv is not None else 0, blocks)
+                  self.error.data_ptr(), self.rank, int(self.timeout_s * 1e9), blocks)
         return Plan(fn, [(b.table.data_ptr(), b.mc) + common for b in buffers], self)
 
     @property

@@ -106,15 +106,3 @@ def test_runtime_call_path_compiles_with_tvm_ffi() -> None:
         kernels.build(key), *kernels.example_arguments(), options="--enable-tvm-ffi"
     )
     assert callable(compiled.__tvm_ffi_object__())
-
-
-@pytest.mark.parametrize("world", [2, 4, 8])
-@pytest.mark.parametrize("gather_out", [False, True])
-def test_push_two_shot_writes_and_never_reads_peers(world: int, gather_out: bool) -> None:
-    """The peer two-shot the API uses moves data by stores only (plus local loads)."""
-    ptx = kernel_ptx(KernelKey("all_reduce", "two_shot", "peer", "bf16", world, push=True,
-                               gather_out=gather_out))
-    assert not _multimem(ptx)
-    assert "st.global.v4.b32" in ptx and "ld.global.v4.b32" in ptx
-    with pytest.raises(ValueError, match="push"):
-        KernelKey("all_reduce", "one_shot", "peer", "bf16", world, push=True)
