@@ -105,9 +105,17 @@ def _all_reduce_plan(comm: Communicator, t, op, algorithm, backend, out, capturi
         work = -(-work // comm.world)
     src = 0 if zero_copy else t.data_ptr()
     target = result.data_ptr()
-    if alternate:  # a later graph capture of this call needs the end-barrier kernel: build it now
-        comm.kernel(dataclasses.replace(key, end_barrier=True))
+    if alternate:  # a later graph capture of this call needs the end-barrier variant: prepare it
+        _prepare_capture(comm, key, nbytes)
     return comm.plan(key, data, target, src, t.numel(), comm.blocks(key, work))
+
+
+def _prepare_capture(comm: Communicator, key: KernelKey, nbytes: int) -> None:
+    """Compile the end-barrier variant of a single-barrier collective and allocate the staging
+    buffer it uses, so that capturing the same call in a CUDA graph allocates and compiles
+    nothing (neither may happen during a capture)."""
+    comm.kernel(dataclasses.replace(key, end_barrier=True))
+    comm.buffer(comm.staging(nbytes, 2))
 
 
 def reduce_scatter(
@@ -162,7 +170,7 @@ def _reduce_scatter_plan(comm: Communicator, out, inp, op, algorithm, backend, c
     work = -(-out.numel() // key.elements_per_access)
     src = 0 if zero_copy else inp.data_ptr()
     if alternate:
-        comm.kernel(dataclasses.replace(key, end_barrier=True))
+        _prepare_capture(comm, key, nbytes)
     return comm.plan(key, data, out.data_ptr(), src, out.numel(), comm.blocks(key, work))
 
 
