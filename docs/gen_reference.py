@@ -1,0 +1,264 @@
+"""Generate the instruction reference (MyST Markdown) from ``ptxops.spec`` at build time.
+
+``docs/conf.py`` calls :func:`generate` before Sphinx reads the sources; it writes
+``docs/instructions/`` (git-ignored: generated, never committed, so it cannot drift from the
+spec).  Run by hand with ``python docs/gen_reference.py [OUTDIR]``.
+
+Per family: the summary, PTX ISA section, device function, qualifiers (domain, what absence
+means, which values only some targets have), rules (name, text, condition, whether ptxas
+enforces them), legal-form counts per target, and every legal form's PTX statement with the
+targets it is legal on (one collapsible block per ``op`` or ``sem`` value).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))  # the checkout's ptxops, installed or not
+
+from ptxops import spec  # noqa: E402
+from ptxops.spec.engine import Family, Rule, Value  # noqa: E402
+
+OUT = HERE / "instructions"
+
+
+def page_name(family: str) -> str:
+    return family.replace(".", "-")
+
+
+def show(value: Value) -> str:
+    return "(absent)" if value is None else f"`{value}`"
+
+
+def show_targets(targets: Iterable[str]) -> str:
+    targets = [t for t in spec.TARGETS if t in set(targets)]
+    return "all targets" if len(targets) == len(spec.TARGETS) else ", ".join(targets)
+
+
+def cell(text: str) -> str:
+    """Text safe inside a Markdown table cell."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def condition(values: dict) -> str:
+    if not values:
+        return "always"
+    parts = []
+    for key, vs in values.items():
+        vs = sorted(vs, key=lambda v: (v is not None, str(v)))
+        parts.append(f"{key} ∈ {{{', '.join(show(v) for v in vs)}}}" if vs else f"{key}: nothing")
+    return "; ".join(parts)
+
+
+class Forms:
+    """Every legal form of a family on every target, enumerated once through ``spec.forms``."""
+
+    def __init__(self, family: Family) -> None:
+        self.family = family
+        self.counts: dict[str, int] = {}
+        # statement -> (qualifiers without target, targets it is legal on), in first-seen order
+        self.by_statement: dict[str, tuple[dict, list[str]]] = {}
+        # qualifier key -> value -> targets where some legal form uses it
+        self.values: dict[str, dict[Value, set[str]]] = defaultdict(lambda: defaultdict(set))
+        for target in spec.TARGETS:
+            n = 0
+            for inst in spec.forms(family.name, target=target):
+                n += 1
+                q = {k: v for k, v in inst.qualifiers.items() if k != "target"}
+                entry = self.by_statement.setdefault(inst.statement, (q, []))
+                entry[1].append(target)
+                for k, v in q.items():
+                    self.values[k][v].add(target)
+            self.counts[target] = n
+
+    @property
+    def group_key(self) -> str | None:
+        keys = [q.key for q in self.family.settable]
+        return next((k for k in ("op", "sem", "proxy") if k in keys), None)
+
+
+def qualifier_table(family: Family, forms: Forms) -> list[str]:
+    lines = [
+        "| key | opcode slot | values | absent means | only on some targets |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for q in family.qualifiers:
+        if not q.settable:
+            by = condition(dict(q.implied_by or {}))
+            lines.append(
+                f"| {q.key} | `{q.render(q.values[0])}` | implied, not settable | "
+                f"— | written whenever {cell(by)} |"
+            )
+            continue
+        values = ", ".join(show(v) for v in q.values)
+        absent = show(q.absent) if None in q.values and q.absent is not None else (
+            "left out of the opcode" if None in q.values else "required"
+        )
+        partial = [
+            f"{show(v)}: {show_targets(ts)}"
+            for v, ts in forms.values[q.key].items()
+            if len(ts) < len(spec.TARGETS)
+        ]
+        unused = [show(v) for v in q.values if v not in forms.values[q.key]]
+        if unused:
+            partial.append(f"never legal: {', '.join(unused)}")
+        slot = f"`{q.prefix}<{q.key}>`"
+        lines.append(
+            f"| {q.key} | {slot} | {cell(values)} | {cell(absent)} | "
+            f"{cell('; '.join(partial)) or '—'} |"
+        )
+    lines.append("")
+    lines.append("What each key means:")
+    lines.append("")
+    for q in family.qualifiers:
+        lines.append(f"- **{q.key}**: {q.doc}")
+    return lines
+
+
+def rule_table(rules: Iterable[Rule]) -> list[str]:
+    lines = [
+        "| rule | when | must hold | ptxas enforces | what the PTX ISA says |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in rules:
+        enforced = "yes" if r.ptxas_enforced else "**no** (ptxops follows the ISA)"
+        lines.append(
+            f"| `{r.name}` | {cell(condition(dict(r.when)))} | {cell(condition(dict(r.allow)))} | "
+            f"{enforced} | {cell(r.text)} |"
+        )
+    return lines
+
+
+def family_page(family: Family, forms: Forms) -> str:
+    fn = family.device_function
+    out = [
+        f"(instr-{page_name(family.name)})=",
+        f"# `{family.name}`",
+        "",
+        family.summary,
+        "",
+        f"- **PTX ISA section:** {family.section}",
+        f"- **Device function:** {{py:func}}`ptxops.{fn}` (`from ptxops import {fn}`)",
+        f"- **Operands:** `{' '.join(family.operands) or '(none)'}`"
+        + "".join(
+            f"; `{' '.join(v)}` when {c.replace(',', ', ')}" for c, v in family.operand_variants.items()
+        )
+        + " (`d` destination, `a` address, `b`/`c` sources)",
+        f"- **Explain one form:** `python -m ptxops explain {family.name} --target sm_90a ...`",
+        "",
+        "## Legal forms per target",
+        "",
+        "| " + " | ".join(spec.TARGETS) + " |",
+        "|" + " --- |" * len(spec.TARGETS),
+        "| " + " | ".join(str(forms.counts[t]) for t in spec.TARGETS) + " |",
+        "",
+        "## Qualifiers",
+        "",
+        "In opcode order. Values are spelled as in PTX without the dot; *absent* means the "
+        "qualifier is left out, and the column says what PTX assumes then.",
+        "",
+        *qualifier_table(family, forms),
+        "",
+        "## Rules",
+        "",
+        "A rule reads: when the qualifiers match *when*, they must satisfy *must hold*. A form "
+        f"that breaks one raises {{py:class}}`ptxops.QualifierError` naming the rule, at trace "
+        "time in a kernel or from {py:func}`ptxops.spec.instruction`.",
+        "",
+        *rule_table(family.rules),
+        "",
+        "## Every legal form",
+        "",
+        f"{len(forms.by_statement)} distinct statements over all targets, each with the targets "
+        "it is legal on (the opcode a combination of qualifiers renders to, then its operands). "
+        f"The same list, per target: `python -m ptxops list {family.name} --target sm_90a`.",
+        "",
+    ]
+    groups: dict[Value, list[tuple[str, list[str]]]] = defaultdict(list)
+    key = forms.group_key
+    for statement, (q, targets) in forms.by_statement.items():
+        groups[q.get(key) if key else None].append((statement, targets))
+    width = max(len(s) for s in forms.by_statement) + 2
+    for value, rows in groups.items():
+        label = f"{key} = {value if value is not None else '(absent)'}" if key else "all forms"
+        out += [
+            "<details>",
+            f"<summary>{label}: {len(rows)} forms</summary>",
+            "",
+            "```text",
+            *(f"{s.ljust(width)}{show_targets(ts)}" for s, ts in rows),
+            "```",
+            "",
+            "</details>",
+            "",
+        ]
+    return "\n".join(out)
+
+
+def index_page(families: dict[str, Forms]) -> str:
+    out = [
+        "(instructions)=",
+        "# Instruction reference",
+        "",
+        "Generated from {py:mod}`ptxops.spec` when the documentation is built: every table here "
+        "is the spec itself, so it cannot drift from what the device functions accept. "
+        "Targets: " + ", ".join(f"`{t}`" for t in spec.TARGETS)
+        + f" (default `{spec.DEFAULT_TARGET}`).",
+        "",
+        "| family | summary | device function | " + " | ".join(spec.TARGETS) + " |",
+        "| --- | --- | --- |" + " --- |" * len(spec.TARGETS),
+    ]
+    for name, forms in families.items():
+        fam = forms.family
+        out.append(
+            f"| [`{name}`]({page_name(name)}.md) | {cell(fam.summary)} | "
+            f"{{py:func}}`ptxops.{fam.device_function}` | "
+            + " | ".join(str(forms.counts[t]) for t in spec.TARGETS) + " |"
+        )
+    out += [
+        "",
+        "The counts are legal forms per target (the same as `python -m ptxops list`). "
+        "`python -m ptxops check` assembles every legal form with `ptxas`; the oracle tests "
+        "check that the spec accepts exactly what `ptxas` accepts.",
+        "",
+        "```{toctree}",
+        ":maxdepth: 1",
+        ":hidden:",
+        "",
+        *(page_name(name) for name in families),
+        "```",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def write(path: Path, text: str) -> None:
+    """Write only when the text changed, so Sphinx re-reads only what changed."""
+    if not path.exists() or path.read_text() != text:
+        path.write_text(text)
+
+
+def generate(out: Path = OUT) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    families = {name: Forms(fam) for name, fam in spec.FAMILIES.items()}
+    written = []
+    for name, forms in families.items():
+        path = out / f"{page_name(name)}.md"
+        write(path, family_page(forms.family, forms))
+        written.append(path)
+    write(out / "index.md", index_page(families))
+    written.append(out / "index.md")
+    expected = {p.name for p in written}
+    for stale in out.glob("*.md"):
+        if stale.name not in expected:
+            stale.unlink()
+    return written
+
+
+if __name__ == "__main__":
+    for p in generate(Path(sys.argv[1]) if len(sys.argv) > 1 else OUT):
+        print(p)
