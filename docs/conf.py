@@ -46,18 +46,6 @@ exclude_patterns = ["_build", "Thumbs.db", ".DS_Store"]
 myst_enable_extensions = ["colon_fence", "deflist", "substitution"]
 myst_heading_anchors = 3
 
-# The litmus results page is written by another part of the project; link it only once it
-# exists (``setup`` below adds it to the index's toctree, after the benchmarks).
-HAVE_LITMUS = (DOCS / "litmus.md").exists()
-myst_substitutions = {
-    "litmus": (
-        "The measured outcomes of these patterns on real GPUs are on the "
-        "[litmus results](litmus.md) page."
-        if HAVE_LITMUS
-        else "Litmus tests that measure these outcomes on real GPUs are not published yet."
-    ),
-}
-
 # torch and nvshmem4py are not installed where the docs are built (CI has no GPU stack):
 # collectives' host modules are documented against mocks of them, here too.
 autodoc_mock_imports = ["torch", "nvshmem"]
@@ -72,12 +60,3 @@ html_theme = "furo"
 html_title = "ptxops"
 html_static_path: list[str] = []
 pygments_style = "sphinx"
-
-
-def _add_litmus(app, docname: str, source: list[str]) -> None:
-    if docname == "index" and HAVE_LITMUS:
-        source[0] = source[0].replace("\nbenchmarks\n", "\nbenchmarks\nlitmus\n", 1)
-
-
-def setup(app):
-    app.connect("source-read", _add_litmus)
