@@ -18,6 +18,7 @@ from .. import spec
 from ..errors import QualifierError
 from ..render import Instruction
 from ..spec.engine import Value
+from ..spec.ptxtypes import TYPES
 from ..spec.targets import normalise_target
 from . import values
 
@@ -84,9 +85,7 @@ def check_alignment(inst: Instruction, ptr: cute.Pointer) -> None:
     data = next((o for o in inst.operands if o.role in ("b", "d")), None)
     if data is None:
         return
-    width = data.count * max(data.bits, 8) // 8
-    if data.bits > 8 and inst.qualifiers.get("type") in ("b8", "u8", "s8"):
-        width = data.count
+    width = data.count * TYPES[str(inst.qualifiers["type"])].bits // 8
     if ptr.alignment < width:
         raise QualifierError(
             inst.family,
