@@ -29,7 +29,6 @@ __all__ = [
 ]
 
 Backend = Literal["multicast", "peer"]
-Requested = Literal["auto", "multicast", "peer"]
 _TRUE = {"1", "true", "yes", "on", "y", "t"}
 _FALSE = {"0", "false", "no", "off", "n", "f"}
 
