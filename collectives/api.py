@@ -64,8 +64,8 @@ def all_reduce(
     comm.check()
     result = t if out is None else out
     capturing = torch.cuda.is_current_stream_capturing()
-    key = ("all_reduce", t.data_ptr(), t.numel(), t.dtype, op, algorithm, backend,
-           result.data_ptr(), capturing)
+    key = ("all_reduce", t.data_ptr(), t.numel(), t.dtype, t.is_contiguous(), op, algorithm,
+           backend, result.data_ptr(), result.is_contiguous(), capturing)
     plan = comm.plans.get(key)
     if plan is None:
         if t.numel() == 0:
@@ -126,8 +126,9 @@ def reduce_scatter(
     comm = communicator()
     comm.check()
     capturing = torch.cuda.is_current_stream_capturing()
-    key = ("reduce_scatter", inp.data_ptr(), inp.numel(), inp.dtype, out.data_ptr(), out.numel(),
-           out.dtype, op, algorithm, backend, capturing)
+    key = ("reduce_scatter", inp.data_ptr(), inp.numel(), inp.dtype, inp.is_contiguous(),
+           out.data_ptr(), out.numel(), out.dtype, out.is_contiguous(), op, algorithm, backend,
+           capturing)
     plan = comm.plans.get(key)
     if plan is None:
         plan = _reduce_scatter_plan(comm, out, inp, op, algorithm, backend, capturing)
