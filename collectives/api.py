@@ -76,8 +76,10 @@ def all_reduce(
 
 
 def _all_reduce_plan(comm: Communicator, t, op, algorithm, backend, out, capturing: bool):
-    dtype = _dtype(t)
+    dtype = _dtype(comm, t)
     result = t if out is None else out
+    if out is not None:
+        _dtype(comm, out)
     if out is not None and (out.dtype != t.dtype or out.shape != t.shape or not out.is_contiguous()):
         raise CollectiveError("all_reduce: out must be a contiguous tensor of t's dtype and shape")
     nbytes = t.numel() * t.element_size()
@@ -140,7 +142,8 @@ def reduce_scatter(
 
 
 def _reduce_scatter_plan(comm: Communicator, out, inp, op, algorithm, backend, capturing: bool):
-    dtype = _dtype(inp)
+    dtype = _dtype(comm, inp)
+    _dtype(comm, out)
     if out.dtype != inp.dtype:
         raise CollectiveError(f"reduce_scatter: out is {out.dtype}, inp is {inp.dtype}")
     if not out.is_contiguous():
@@ -175,9 +178,14 @@ def _reduce_scatter_plan(comm: Communicator, out, inp, op, algorithm, backend, c
     return comm.plan(key, data, out.data_ptr(), src, out.numel(), comm.blocks(key, work))
 
 
-def _dtype(t: torch.Tensor) -> str:
+def _dtype(comm: Communicator, t: torch.Tensor) -> str:
     if not t.is_cuda:
         raise CollectiveError(f"collectives take CUDA tensors, not {t.device}")
+    if t.device.index != comm.device_index:
+        raise CollectiveError(
+            f"tensor on {t.device}, but this rank's collectives run on cuda:{comm.device_index} "
+            "(create tensors after collectives.init(), or torch.cuda.set_device(LOCAL_RANK))"
+        )
     if not t.is_contiguous():
         raise CollectiveError("collectives take contiguous tensors")
     if t.dtype not in TORCH_DTYPES:
