@@ -21,6 +21,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the checkout's ptxops, installed or not
 
 from ptxops import spec  # noqa: E402
+from ptxops.render import ROLE_DOC  # noqa: E402
 from ptxops.spec.engine import Family, Rule, Value  # noqa: E402
 
 OUT = HERE / "instructions"
@@ -82,6 +83,8 @@ class Forms:
 
 
 def qualifier_table(family: Family, forms: Forms) -> list[str]:
+    if not family.qualifiers:
+        return [f"`{family.name}` takes no qualifiers."]
     lines = [
         "| key | opcode slot | values | absent means | only on some targets |",
         "| --- | --- | --- | --- | --- |",
@@ -120,6 +123,9 @@ def qualifier_table(family: Family, forms: Forms) -> list[str]:
 
 
 def rule_table(rules: Iterable[Rule]) -> list[str]:
+    rules = list(rules)
+    if not rules:
+        return ["No rules: every combination of the qualifiers is legal."]
     lines = [
         "| rule | when | must hold | ptxas enforces | what the PTX ISA says |",
         "| --- | --- | --- | --- | --- |",
@@ -131,6 +137,17 @@ def rule_table(rules: Iterable[Rule]) -> list[str]:
             f"{enforced} | {cell(r.text)} |"
         )
     return lines
+
+
+def operand_legend(family: Family) -> str:
+    """What the family's operand tokens mean (`d` destination, `a` address, ...)."""
+    tokens = dict.fromkeys(
+        t for sig in (family.operands, *family.operand_variants.values()) for t in sig
+    )
+    named = [f"`{t}` {ROLE_DOC[t]}" for t in tokens if t in ROLE_DOC]
+    if "_" in tokens:
+        named.append("`_` the sink (no result)")
+    return f" ({', '.join(named)})" if named else ""
 
 
 def family_page(family: Family, forms: Forms) -> str:
@@ -147,7 +164,7 @@ def family_page(family: Family, forms: Forms) -> str:
         + "".join(
             f"; `{' '.join(v)}` when {c.replace(',', ', ')}" for c, v in family.operand_variants.items()
         )
-        + " (`d` destination, `a` address, `b`/`c` sources)",
+        + operand_legend(family),
         f"- **Explain one form:** `python -m ptxops explain {family.name} --target sm_90a ...`",
         "",
         "## Legal forms per target",

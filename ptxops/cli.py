@@ -35,6 +35,12 @@ QUALIFIER_OPTIONS: tuple[tuple[str, str, str], ...] = (
     ("--proxy", "proxy", "fence only: alias, async, async.global, tensormap::generic, ..."),
     ("--op-restrict", "op_restrict", "fence only: mbarrier_init"),
     ("--sync-restrict", "sync_restrict", "fence only: shared::cta or shared::cluster"),
+    ("--dst", "dst", "cp.async.bulk only: destination state space (shared::cta, shared::cluster, global)"),
+    ("--src", "src", "cp.async.bulk only: source state space (global, shared::cta)"),
+    ("--completion", "completion", "cp.async.bulk only: mbarrier::complete_tx::bytes or bulk_group"),
+    ("--expect-tx", "expect_tx", "mbarrier.arrive only: expect_tx"),
+    ("--parity", "parity", "mbarrier.try_wait only: parity"),
+    ("--read", "read", "cp.async.bulk.wait_group only: read"),
 )
 
 #: Spellings ``--where`` accepts for "this qualifier is left out".

@@ -16,15 +16,40 @@ from .spec.targets import PTX_VERSION
 #: LLVM inline-asm constraint letter for a register of each width.
 CONSTRAINT = {16: "h", 32: "r", 64: "l"}
 #: PTX register names used when a form is rendered as a standalone statement.
-REGISTER = {8: "%b", 16: "%h", 32: "%r", 64: "%rd", 128: "%q"}
+REGISTER = {1: "%p", 8: "%b", 16: "%h", 32: "%r", 64: "%rd", 128: "%q"}
+
+#: Address tokens of operand signatures, and the qualifier naming each one's state space
+#: (a shared space means a 32-bit address, anything else a 64-bit one).  ``mbar``, the
+#: address of an mbarrier object, is always in shared memory.
+ADDRESSES: dict[str, str | None] = {"a": "space", "dst": "dst", "src": "src", "mbar": None}
+#: Value tokens with a fixed register width whatever the form's type: byte counts, arrival
+#: counts, transaction counts, phase parity, an mbarrier phase state.
+FIXED_BITS = {"size": 32, "count": 32, "tx": 32, "phase": 32, "state": 64}
+#: Value tokens whose width follows the form's type and vector.
+TYPED = ("b", "c", "d")
+#: Destination tokens: ``d`` a value, ``p`` a predicate (carried as a 32-bit 0 or 1).
+OUTPUTS = ("d", "p")
+#: An integer immediate (``cp.async.bulk.wait_group N``): an ``n`` constraint in inline asm,
+#: written as :data:`IMMEDIATE_EXAMPLE` in standalone statements.
+IMMEDIATE = "n"
+IMMEDIATE_EXAMPLE = "0"
+#: What each token means, for messages and the documentation.
+ROLE_DOC = {
+    "d": "destination", "a": "address", "b": "source", "c": "source",
+    "dst": "destination address", "src": "source address", "mbar": "mbarrier address",
+    "size": "byte count", "count": "expected arrival count", "tx": "transaction byte count",
+    "phase": "phase parity", "state": "mbarrier phase state", "p": "predicate result",
+    "n": "integer immediate",
+}
 
 
 @dataclass(frozen=True)
 class Operand:
     """One PTX operand: ``count`` registers of ``bits`` each (``count > 1`` is a ``{...}`` list).
 
-    ``role`` is the signature token: ``d`` destination, ``a`` address, ``b``/``c`` sources, or
-    a literal such as ``128``.
+    ``role`` is the signature token: ``d`` destination, ``a`` address, ``b``/``c`` sources,
+    another token of :data:`ROLE_DOC` (``dst``/``src``/``mbar`` addresses, ``size``/``tx``/...
+    32-bit sources, ``p`` a predicate, ``n`` an immediate), or a literal such as ``128``.
     """
 
     role: str
@@ -33,17 +58,28 @@ class Operand:
 
     @property
     def is_output(self) -> bool:
-        return self.role == "d"
+        return self.role in OUTPUTS
+
+    @property
+    def is_address(self) -> bool:
+        return self.role in ADDRESSES
+
+    @property
+    def is_immediate(self) -> bool:
+        return self.role == IMMEDIATE
 
     @property
     def carriers(self) -> tuple[int, ...]:
         """Widths of the LLVM values that carry this operand through inline asm.
 
         LLVM has no 8- or 128-bit NVPTX registers: four ``.b8`` lanes travel packed in one
-        32-bit value, a ``.b128`` value as two 64-bit halves (low first).
+        32-bit value, a ``.b128`` value as two 64-bit halves (low first), a predicate as a
+        32-bit 0 or 1.
         """
-        if self.is_literal or self.role == "a":
+        if self.is_literal or self.is_address or self.is_immediate:
             return () if self.is_literal else (self.bits,)
+        if self.bits == 1:
+            return (32,) * self.count
         if self.bits == 8:
             return (32,) * (self.count // 4)
         if self.bits == 128:
@@ -52,7 +88,7 @@ class Operand:
 
     @property
     def is_literal(self) -> bool:
-        return self.role not in ("a", "b", "c", "d")
+        return self.role not in ROLE_DOC
 
 
 @dataclass(frozen=True)
@@ -80,8 +116,8 @@ class Instruction:
         for op in self.operands:
             if op.is_literal:
                 parts.append(op.role)
-            elif op.role == "a":
-                parts.append("[a]")
+            elif op.is_address:
+                parts.append(f"[{op.role}]")
             elif op.count > 1:
                 parts.append("{" + ", ".join(f"{op.role}{i}" for i in range(op.count)) + "}")
             else:
@@ -102,19 +138,37 @@ def opcode(family: Family, q: Mapping[str, Value]) -> str:
     return family.name + "".join(slot.render_in(q) for slot in family.qualifiers)
 
 
+def form_type(family: Family, q: Mapping[str, Value]) -> Value:
+    """The form's ``.type``: the one given, or the one an implied slot writes (``.b64`` of
+    every ``mbarrier`` form)."""
+    if q.get("type") is not None:
+        return q["type"]
+    for slot in family.qualifiers:
+        if slot.key == "type" and not slot.settable and slot.render_in(q):
+            return slot.values[0]
+    return None
+
+
 def operands(family: Family, q: Mapping[str, Value]) -> tuple[Operand, ...]:
     """The operand layout of a form, from the family's signature and the form's type/vec/space."""
-    ptx_type = TYPES.get(str(q.get("type")))
+    ptx_type = TYPES.get(str(form_type(family, q)))
     vec = q.get("vec")
     count = vec if isinstance(vec, int) and vec > 0 else 1
     bits = ptx_type.reg_bits if ptx_type else 32
-    space = str(q.get("space") or "")
     out = []
     for token in family.signature(q):
-        if token == "a":
-            out.append(Operand("a", 1, 32 if space.startswith("shared") else 64))
-        elif token in ("b", "c", "d"):
+        if token in ADDRESSES:
+            key = ADDRESSES[token]
+            space = "shared" if key is None else str(q.get(key) or "")
+            out.append(Operand(token, 1, 32 if space.startswith("shared") else 64))
+        elif token in TYPED:
             out.append(Operand(token, count, bits))
+        elif token in FIXED_BITS:
+            out.append(Operand(token, 1, FIXED_BITS[token]))
+        elif token == "p":
+            out.append(Operand(token, 1, 1))
+        elif token == IMMEDIATE:
+            out.append(Operand(token, 1, 32))
         else:
             out.append(Operand(token))
     return tuple(out)
@@ -127,7 +181,7 @@ def statement(op_text: str, layout: Iterable[Operand], names: Iterable[Iterable[
         regs = list(regs)
         if op.is_literal:
             parts.append(op.role)
-        elif op.role == "a":
+        elif op.is_address:
             parts.append(f"[{regs[0]}]")
         elif op.count > 1:
             parts.append("{" + ", ".join(regs) + "}")
@@ -140,8 +194,10 @@ def asm_template(op_text: str, layout: tuple[Operand, ...]) -> tuple[str, str]:
     """The inline-asm template and constraint string for a layout.
 
     LLVM numbers outputs before inputs, so outputs are numbered first whatever their position
-    in the PTX statement.  Operands whose registers LLVM cannot hold (``.b8`` lanes, ``.b128``)
-    go through scoped temporaries that a ``mov`` joins to or splits from their carriers.
+    in the PTX statement.  Operands whose registers LLVM cannot hold (``.b8`` lanes, ``.b128``,
+    predicates) go through scoped temporaries that a ``mov`` joins to or splits from their
+    carriers (a ``selp`` turns a predicate into 0 or 1).  An immediate takes an ``n``
+    constraint: its value must be a constant.
     """
     order = [o for o in layout if o.is_output] + [o for o in layout if not o.is_output]
     names: dict[int, list[str]] = {}
@@ -153,12 +209,20 @@ def asm_template(op_text: str, layout: tuple[Operand, ...]) -> tuple[str, str]:
         if op.is_literal:
             continue
         carriers = [f"${n + i}" for i in range(len(op.carriers))]
-        constraints += [("=" if op.is_output else "") + CONSTRAINT[b] for b in op.carriers]
+        if op.is_immediate:
+            constraints.append("n")
+        else:
+            constraints += [("=" if op.is_output else "") + CONSTRAINT[b] for b in op.carriers]
         n += len(carriers)
-        if op.bits not in (8, 128):
+        if op.bits not in (1, 8, 128):
             names[id(op)] = carriers
             continue
         temps = [f"%ptxops_{op.role}{i}" for i in range(op.count)]
+        if op.bits == 1:  # a predicate: 1 or 0 in a 32-bit carrier
+            before.append(f".reg .pred {', '.join(temps)};")
+            after += [f"selp.u32 {c}, 1, 0, {t};" for c, t in zip(carriers, temps)]
+            names[id(op)] = temps
+            continue
         before.append(f".reg .b{op.bits} {', '.join(temps)};")
         if op.bits == 8:  # four lanes per 32-bit carrier
             pairs = [(c, temps[4 * i : 4 * i + 4]) for i, c in enumerate(carriers)]
@@ -181,6 +245,9 @@ def register_names(layout: Iterable[Operand], counter: dict[int, int]) -> list[l
     """Fresh PTX register names for a layout (for standalone modules)."""
     names = []
     for op in layout:
+        if op.is_immediate:
+            names.append([IMMEDIATE_EXAMPLE])
+            continue
         regs = []
         for _ in range(op.count if not op.is_literal else 0):
             counter[op.bits] = counter.get(op.bits, 0) + 1
@@ -193,7 +260,7 @@ def module(statements: Iterable[str], target: str, registers: int = 64) -> str:
     """A complete PTX module with one kernel holding ``statements``.
 
     The kernel declares ``registers`` registers of each class; statements use ``%h``, ``%r``,
-    ``%rd`` and ``%q`` names below that bound.  Statement ``n`` (from 0) is line ``FIRST_BODY_LINE + n`` of the
+    ``%rd``, ``%q`` and ``%p`` (predicate) names below that bound.  Statement ``n`` (from 0) is line ``FIRST_BODY_LINE + n`` of the
     module (see :data:`FIRST_BODY_LINE`).
     """
     head = [
@@ -203,7 +270,7 @@ def module(statements: Iterable[str], target: str, registers: int = 64) -> str:
         ".visible .entry ptxops_forms(.param .u64 p)",
         "{",
         f".reg .b8 %b<{registers}>; .reg .b16 %h<{registers}>; .reg .b32 %r<{registers}>;",
-        f".reg .b64 %rd<{registers}>;",
+        f".reg .b64 %rd<{registers}>; .reg .pred %p<{registers}>;",
         f".reg .b128 %q<{registers}>;",
     ]
     return "\n".join(head + list(statements) + ["ret;", "}", ""])

@@ -30,7 +30,9 @@ def global_tensor(dtype=None, n: int = 4096, align: int = 32):
     return make_fake_compact_tensor(dtype or cutlass.Int32, (n,), assumed_align=align)
 
 
-_OPCODE = re.compile(r"(?<![\w.%])((?:multimem|atom|red|ld|st|fence)(?:\.[\w:]+)*)(?=[\s;])")
+_OPCODE = re.compile(
+    r"(?<![\w.%])((?:multimem|atom|red|ld|st|fence|cp\.async\.bulk|mbarrier)(?:\.[\w:]+)*)(?=[\s;])"
+)
 
 
 def opcodes(ptx: str, wanted: Iterable[str] | None = None) -> Counter:

@@ -50,6 +50,26 @@ def emit_form(inst: Instruction, gptr, sptr) -> None:
         ptxops.ld(ptr, space=space, **q, **common)
     elif inst.family == "st":
         ptxops.st(ptr, _zeros(inst, "b"), space=space, **q, **common)
+    elif inst.family == "cp.async.bulk":
+        dst = sptr if q["dst"].startswith("shared") else gptr
+        src = sptr if q["src"].startswith("shared") else gptr
+        mbar = sptr if any(o.role == "mbar" for o in inst.operands) else None
+        ptxops.cp_async_bulk(
+            dst, src, 16, mbar=mbar, dst_space=q["dst"], src_space=q["src"],
+            completion=q["completion"],
+        )
+    elif inst.family == "cp.async.bulk.commit_group":
+        ptxops.cp_async_bulk_commit_group()
+    elif inst.family == "cp.async.bulk.wait_group":
+        ptxops.cp_async_bulk_wait_group(1, **q)
+    elif inst.family == "mbarrier.init":
+        ptxops.mbarrier_init(ptr, 1, space=space)
+    elif inst.family == "mbarrier.arrive":
+        tx = cutlass.Int32(16) if q.pop("expect_tx") else None
+        ptxops.mbarrier_arrive(ptr, tx, space=space, **q)
+    elif inst.family == "mbarrier.try_wait":
+        waits = dict(phase=0) if q.pop("parity") else dict(state=cutlass.Int64(0))
+        ptxops.mbarrier_try_wait(ptr, space=space, **waits, **q)
     else:
         raise AssertionError(inst.family)
 

@@ -152,3 +152,77 @@ def test_misaligned_vector_access_is_rejected() -> None:
 
     with pytest.raises(QualifierError, match=r"pointer-alignment[\s\S]*16-byte"):
         ptx_of(body)
+
+
+# -- TMA bulk copies and mbarriers ---------------------------------------------------------------
+
+
+def test_bulk_copy_round_trip_through_an_mbarrier() -> None:
+    """One thread loads 256 bytes into shared memory with a bulk copy that completes on an
+    mbarrier, waits on the phase in a loop, and stores them back in a bulk async-group."""
+
+    @cute.kernel
+    def kernel(g: cute.Tensor):
+        smem = SmemAllocator()
+        bar = smem.allocate_array(I64, num_elems=1, byte_alignment=8)
+        buf = smem.allocate_array(I32, num_elems=64, byte_alignment=16)
+        tidx, _, _ = cute.arch.thread_idx()
+        if tidx == 0:
+            ptxops.mbarrier_init(bar, 1)
+            ptxops.fence(op_restrict="mbarrier_init", sem="release", scope="cluster")
+            ptxops.mbarrier_arrive(bar, 256)
+            ptxops.cp_async_bulk(buf, g.iterator, 256, mbar=bar)
+            done = ptxops.mbarrier_try_wait(bar, phase=0)
+            while not done:
+                done = ptxops.mbarrier_try_wait(bar, phase=0)
+            ptxops.cp_async_bulk(g.iterator + 64, buf, 256)
+            ptxops.cp_async_bulk_commit_group()
+            ptxops.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def launch(g: cute.Tensor):
+        kernel(g).launch(grid=[1, 1, 1], block=[32, 1, 1])
+
+    ptx = compile_ptx(launch, global_tensor(), arch="sm_90a")
+    found = opcodes(ptx)
+    assert found["mbarrier.init.shared::cta.b64"] == 1
+    assert found["mbarrier.arrive.expect_tx.shared::cta.b64"] == 1
+    assert found["cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes"] == 1
+    assert found["mbarrier.try_wait.parity.shared::cta.b64"] == 2
+    assert found["cp.async.bulk.global.shared::cta.bulk_group"] == 1
+    assert found["cp.async.bulk.commit_group"] == 1
+    assert found["cp.async.bulk.wait_group.read"] == 1
+    assert "cp.async.bulk.wait_group.read 0;" in ptx
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "pattern"),
+    [
+        (lambda g, s: ptxops.cp_async_bulk(s, g, 256), QualifierError,
+         r"shared-destination-completes-on-mbarrier"),
+        (lambda g, s: ptxops.cp_async_bulk(g, s, 256, mbar=s), QualifierError,
+         r"global-destination-bulk-group"),
+        (lambda g, s: ptxops.cp_async_bulk(s, g, 256, completion="mbarrier::complete_tx::bytes"),
+         ValueError, r"needs mbar="),
+        (lambda g, s: ptxops.cp_async_bulk(g, s, 24), ValueError, r"multiple of 16"),
+        (lambda g, s: ptxops.cp_async_bulk(g, g + 4, 32), QualifierError, r"global-source-to-shared"),
+        (lambda g, s: ptxops.cp_async_bulk(s + 2, g, 32, mbar=s), QualifierError,
+         r"pointer-alignment[\s\S]*16-byte"),
+        (lambda g, s: ptxops.mbarrier_arrive(s, sem="relaxed"), QualifierError, r"sem-needs-scope"),
+        (lambda g, s: ptxops.mbarrier_try_wait(s, phase=0, space="shared::cluster"), QualifierError,
+         r"pointer-space|wait-local"),
+        (lambda g, s: ptxops.mbarrier_try_wait(s), ValueError, r"exactly one of state= and phase="),
+        (lambda g, s: ptxops.cp_async_bulk_wait_group(-1), ValueError, r"non-negative"),
+    ],
+    ids=["load-without-mbar", "store-with-mbar", "explicit-completion-without-mbar", "size-not-16", "global-to-global", "misaligned",
+         "arrive-sem-without-scope", "wait-on-cluster-barrier", "wait-without-phase",
+         "negative-wait-group"],
+)
+def test_illegal_bulk_and_mbarrier_uses(call, error, pattern) -> None:
+    def body(ptr):
+        smem = SmemAllocator()
+        s = smem.allocate_array(I32, num_elems=64, byte_alignment=16)
+        call(ptr, s)
+
+    with pytest.raises(error, match=pattern):
+        ptx_of(body)

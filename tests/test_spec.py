@@ -101,6 +101,56 @@ GOLDEN = [
         "fence.acquire.sync_restrict::shared::cluster.cluster;",
         "~{memory}",
     ),
+    (
+        ("cp.async.bulk", dict(dst="shared::cluster", src="global", completion="mbarrier::complete_tx::bytes")),
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes",
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], $2, [$3];",
+        "r,l,r,r,~{memory}",
+    ),
+    (
+        ("cp.async.bulk", dict(dst="global", src="shared::cta", completion="bulk_group")),
+        "cp.async.bulk.global.shared::cta.bulk_group",
+        "cp.async.bulk.global.shared::cta.bulk_group [$0], [$1], $2;",
+        "l,r,r,~{memory}",
+    ),
+    (
+        ("cp.async.bulk.commit_group", {}),
+        "cp.async.bulk.commit_group", "cp.async.bulk.commit_group;", "~{memory}",
+    ),
+    (
+        ("cp.async.bulk.wait_group", dict(read="read")),
+        "cp.async.bulk.wait_group.read", "cp.async.bulk.wait_group.read $0;", "n,~{memory}",
+    ),
+    (
+        ("mbarrier.init", dict(space="shared::cta")),
+        "mbarrier.init.shared::cta.b64", "mbarrier.init.shared::cta.b64 [$0], $1;", "r,r,~{memory}",
+    ),
+    (
+        ("mbarrier.arrive", dict(expect_tx="expect_tx", sem="release", scope="cta", space="shared::cta")),
+        "mbarrier.arrive.expect_tx.release.cta.shared::cta.b64",
+        "mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 $0, [$1], $2;",
+        "=l,r,r,~{memory}",
+    ),
+    (
+        ("mbarrier.arrive", dict(sem="release", scope="cluster", space="shared::cluster")),
+        "mbarrier.arrive.release.cluster.shared::cluster.b64",
+        "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [$0];",
+        "r,~{memory}",
+    ),
+    (
+        ("mbarrier.try_wait", dict(parity="parity", sem="acquire", scope="cta", space="shared::cta")),
+        "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64",
+        "{ .reg .pred %ptxops_p0; mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 "
+        "%ptxops_p0, [$1], $2; selp.u32 $0, 1, 0, %ptxops_p0; }",
+        "=r,r,r,~{memory}",
+    ),
+    (
+        ("mbarrier.try_wait", dict(space="shared")),
+        "mbarrier.try_wait.shared.b64",
+        "{ .reg .pred %ptxops_p0; mbarrier.try_wait.shared.b64 %ptxops_p0, [$1], $2; "
+        "selp.u32 $0, 1, 0, %ptxops_p0; }",
+        "=r,r,l,~{memory}",
+    ),
 ]
 
 
@@ -111,6 +161,19 @@ def test_golden_rendering(call, opcode, template, constraints) -> None:
     assert inst.opcode == opcode
     assert inst.template == template
     assert inst.constraints == constraints
+
+
+def test_effective_defaults_of_mbarrier_and_bulk_forms() -> None:
+    assert spec.instruction("mbarrier.arrive", space="shared::cta").effective["sem"] == "release"
+    wait = spec.instruction("mbarrier.try_wait", parity="parity", space="shared::cta")
+    assert wait.effective["sem"] == "acquire" and wait.effective["scope"] == "cta"
+    assert [o.role for o in wait.operands] == ["p", "a", "phase"]
+    assert wait.statement == "mbarrier.try_wait.parity.shared::cta.b64 p, [a], phase;"
+    bulk = spec.instruction(
+        "cp.async.bulk", dst="shared::cta", src="global", completion="mbarrier::complete_tx::bytes"
+    )
+    assert [(o.role, o.bits) for o in bulk.operands] == [("dst", 32), ("src", 64), ("size", 32), ("mbar", 32)]
+    assert bulk.statement.endswith("[dst], [src], size, [mbar];")
 
 
 def test_instruction_carries_effective_defaults() -> None:
@@ -162,6 +225,14 @@ def test_fp8_on_hopper_names_the_target() -> None:
         ("st", dict(sem="volatile", scope="gpu", type="u32"), "scope-needs-order"),
         ("fence", dict(sem="sc"), "scope-required"),
         ("fence", dict(op_restrict="mbarrier_init", sem="release", scope="gpu"), "mbarrier-init"),
+        ("cp.async.bulk", dict(dst="global", src="global", completion="bulk_group"), "global-source-to-shared"),
+        ("cp.async.bulk", dict(dst="shared::cta", src="shared::cta", completion="mbarrier::complete_tx::bytes"), "shared-source-out"),
+        ("cp.async.bulk", dict(dst="shared::cta", src="global", completion="bulk_group"), "shared-destination-completes-on-mbarrier"),
+        ("cp.async.bulk", dict(dst="global", src="shared::cta", completion="mbarrier::complete_tx::bytes"), "global-destination-bulk-group"),
+        ("mbarrier.init", dict(space="shared::cluster"), "init-local"),
+        ("mbarrier.arrive", dict(sem="release", space="shared::cta"), "sem-needs-scope"),
+        ("mbarrier.arrive", dict(scope="cluster", space="shared::cta"), "scope-needs-sem"),
+        ("mbarrier.try_wait", dict(parity="parity", space="shared::cluster"), "wait-local"),
     ],
 )
 def test_each_rule_reports_itself(family: str, qualifiers: dict, rule: str) -> None:

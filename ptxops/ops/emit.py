@@ -100,6 +100,23 @@ def check_alignment(inst: Instruction, ptr: cute.Pointer) -> None:
         )
 
 
+def require_alignment(inst: Instruction, ptr: cute.Pointer, what: str, bytes_: int) -> None:
+    """Reject a pointer known to be less than ``bytes_``-byte aligned where the instruction
+    needs that alignment (a bulk copy's 16 bytes, an mbarrier's 8)."""
+    if ptr.alignment < bytes_:
+        raise QualifierError(
+            inst.family,
+            f"{inst.opcode}: the {what} pointer is known to be {ptr.alignment}-byte aligned "
+            f"(target {inst.target}).\n"
+            f"  rule [pointer-alignment]: {inst.family} needs a {bytes_}-byte aligned {what}; "
+            "give the tensor or allocation assumed_align / byte_alignment.",
+            offending={"alignment": ptr.alignment},
+            rule="pointer-alignment",
+            legal={"alignment": [bytes_]},
+            target=inst.target,
+        )
+
+
 def address(ptr: cute.Pointer, *, loc=None, ip=None) -> ir.Value:
     """The address operand: a shared pointer's 32-bit offset, else the 64-bit address."""
     return ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)

@@ -10,12 +10,16 @@ from collections.abc import Iterator
 
 from ..errors import QualifierError
 from ..render import Instruction, render
-from . import atomics, fence, memory, multimem
+from . import atomics, bulk, fence, mbarrier, memory, multimem
 from .engine import Family, Qualifier, Rule, Value
 from .targets import DEFAULT_TARGET, TARGETS
 
 FAMILIES: dict[str, Family] = {
-    f.name: f for f in (*multimem.FAMILIES, *atomics.FAMILIES, *memory.FAMILIES, *fence.FAMILIES)
+    f.name: f
+    for f in (
+        *multimem.FAMILIES, *atomics.FAMILIES, *memory.FAMILIES, *fence.FAMILIES,
+        *bulk.FAMILIES, *mbarrier.FAMILIES,
+    )
 }
 
 
@@ -37,7 +41,9 @@ def instruction(family_name: str, /, **qualifiers: Value) -> Instruction:
     """Validate one form of ``family_name`` and render it.
 
     Keys are ``sem``, ``scope``, ``space``, ``op``, ``type``, ``vec``, ``acc``, ``target`` (and
-    ``proxy``, ``op_restrict``, ``sync_restrict`` for ``fence``), with PTX spellings without the
+    ``proxy``, ``op_restrict``, ``sync_restrict`` for ``fence``; ``dst``, ``src``, ``completion``
+    for ``cp.async.bulk``; ``read`` for ``cp.async.bulk.wait_group``; ``expect_tx`` and
+    ``parity`` for ``mbarrier.arrive`` and ``mbarrier.try_wait``), with PTX spellings without the
     dot.  A key left out means what PTX means when the qualifier is left out; a missing target
     means ``sm_90``.  Raises :class:`~ptxops.QualifierError` for any illegal combination.
     """

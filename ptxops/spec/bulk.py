@@ -1,0 +1,103 @@
+"""``cp.async.bulk``, ``cp.async.bulk.commit_group`` and ``cp.async.bulk.wait_group``: 1-D
+bulk copies by the Tensor Memory Accelerator (TMA), without a tensor map.
+
+PTX ISA 9.0, Data Movement and Conversion Instructions: cp.async.bulk,
+cp.async.bulk.commit_group and cp.async.bulk.wait_group.  A bulk copy moves ``size`` bytes (a multiple of
+16, both addresses 16-byte aligned) in the async proxy.  A copy into shared memory completes
+on an mbarrier: its bytes count down the barrier's transaction count
+(``.mbarrier::complete_tx::bytes``); a copy out to global memory joins the thread's current
+bulk async-group (``.bulk_group``), which ``commit_group`` closes and ``wait_group`` waits on.
+Multicast (``.multicast::cluster``), cache hints (``.L2::cache_hint``) and byte masks
+(``.cp_mask``) are not wrapped.
+"""
+
+from __future__ import annotations
+
+from .engine import Family, Qualifier, rule
+
+SECTION = "Data Movement and Conversion Instructions: cp.async.bulk (PTX ISA 9.0)"
+SHARED = ("shared::cta", "shared::cluster")
+MBARRIER = "mbarrier::complete_tx::bytes"
+
+CP_ASYNC_BULK = Family(
+    name="cp.async.bulk",
+    summary="Copy a contiguous block of bytes asynchronously (TMA, no tensor map) between "
+    "global and shared memory or between the shared memories of a cluster.",
+    qualifiers=(
+        Qualifier("dst", ("shared::cta", "shared::cluster", "global"), "state space of the destination"),
+        Qualifier("src", ("global", "shared::cta"), "state space of the source"),
+        Qualifier(
+            "completion", (MBARRIER, "bulk_group"),
+            "completion mechanism: the mbarrier's transaction count (copies into shared "
+            "memory) or the bulk async-group (copies out to global memory)",
+        ),
+    ),
+    rules=(
+        rule(
+            "global-source-to-shared",
+            "A copy from .global goes to .shared::cta (PTX ISA 8.6) or .shared::cluster "
+            "(ptxas: \"State space incorrect for instruction 'cp.async.bulk'\").",
+            when={"src": "global"},
+            allow={"dst": SHARED},
+        ),
+        rule(
+            "shared-source-out",
+            "A copy from .shared::cta goes to .shared::cluster (another CTA of the cluster) "
+            "or to .global; never .shared::cta to .shared::cta (ptxas: \"State space "
+            "incorrect for instruction 'cp.async.bulk'\").",
+            when={"src": "shared::cta"},
+            allow={"dst": ("shared::cluster", "global")},
+        ),
+        rule(
+            "shared-destination-completes-on-mbarrier",
+            "A copy into shared memory completes on an mbarrier: "
+            ".mbarrier::complete_tx::bytes (ptxas: \"Illegal modifier '.bulk_group' for "
+            "instruction 'cp.async.bulk'\").",
+            when={"dst": SHARED},
+            allow={"completion": MBARRIER},
+        ),
+        rule(
+            "global-destination-bulk-group",
+            "A copy into .global completes in a bulk async-group: .bulk_group (ptxas: "
+            "\"Illegal modifier '.mbarrier::complete_tx::bytes' for instruction "
+            "'cp.async.bulk'\").",
+            when={"dst": "global"},
+            allow={"completion": "bulk_group"},
+        ),
+    ),
+    operands=("dst", "src", "size", "mbar"),
+    operand_variants={"completion=bulk_group": ("dst", "src", "size")},
+    device_function="cp_async_bulk",
+    section=SECTION,
+)
+
+CP_ASYNC_BULK_COMMIT_GROUP = Family(
+    name="cp.async.bulk.commit_group",
+    summary="Close the thread's current bulk async-group: the .bulk_group copies issued since "
+    "the last commit become one group that cp.async.bulk.wait_group can wait on.",
+    qualifiers=(),
+    rules=(),
+    operands=(),
+    device_function="cp_async_bulk_commit_group",
+    section="Data Movement and Conversion Instructions: cp.async.bulk.commit_group (PTX ISA 9.0)",
+)
+
+CP_ASYNC_BULK_WAIT_GROUP = Family(
+    name="cp.async.bulk.wait_group",
+    summary="Wait until at most N of the thread's most recent bulk async-groups are pending "
+    "(N an integer constant; 0 waits for all).",
+    qualifiers=(
+        Qualifier(
+            "read", (None, "read"),
+            "wait only until the groups' sources have been read (their shared memory may be "
+            "reused), not until their writes are done",
+        ),
+    ),
+    rules=(),
+    operands=("n",),
+    device_function="cp_async_bulk_wait_group",
+    section="Data Movement and Conversion Instructions: cp.async.bulk.wait_group (PTX ISA 9.0)",
+)
+
+FAMILIES = (CP_ASYNC_BULK, CP_ASYNC_BULK_COMMIT_GROUP, CP_ASYNC_BULK_WAIT_GROUP)
+__all__ = ["CP_ASYNC_BULK", "CP_ASYNC_BULK_COMMIT_GROUP", "CP_ASYNC_BULK_WAIT_GROUP", "FAMILIES"]
