@@ -87,12 +87,19 @@ def test_a_docs_only_rule_really_is_lenient_in_ptxas() -> None:
 #: ptxas 13.0 silently ignores where it does not belong, such as `ld.acc::f32.b8`).
 STRAY = ("relax", ".relaxed", "acq_rel", "weak", "release", "acquire", "volatile", "shared",
          "v4", 3, 16, "f8", "e4m3", "b16", "s64", "f16", "cas", "inc", "sc")
+#: Values that are no PTX qualifier at all, for keys a family does not have.
+MISSPELLED = ("relax", ".relaxed", "f8", 3, 16, "glob", "acc::f31", "v3")
 
 
 def _values(family: Family, key: str) -> list:
     """The key's own values, other families' values for it, and strays; never a value that
-    another slot of this family takes (``sem="inc"`` on ``red`` spells the legal ``red.inc``)."""
-    own = [v for v in family.domain(key)] if key in family.keys else []
+    another slot of this family takes (``sem="inc"`` on ``red`` spells the legal ``red.inc``).
+    A key the family does not have gets misspellings only: any real PTX word could be a
+    qualifier of this family's instruction (``proxy="async"`` on ``st`` spells the legal
+    ``st.async``, ``acc="acq_rel"`` on ``atom`` the legal ``atom.acq_rel``)."""
+    if key not in family.keys:
+        return list(MISSPELLED)
+    own = list(family.domain(key))
     others = {v for f in spec.FAMILIES.values() for k in f.keys if k == key for v in f.domain(k)}
     taken = {str(v) for k in family.keys if k not in (key, "target") for v in family.domain(k)}
     foreign = [v for v in sorted(others - set(own), key=str) + list(STRAY) if str(v) not in taken]
