@@ -264,9 +264,18 @@ class Family:
 
     def enumerate(self, **fixed: Value) -> Iterator[dict[str, Value]]:
         """Every legal form, with the keys in ``fixed`` held at the given values."""
+        return self._walk(fixed, self.rules)
+
+    def space(self, **fixed: Value) -> Iterator[dict[str, Value]]:
+        """The whole cross product of the domains, legal or not (for the oracle tests)."""
+        return self._walk(fixed, ())
+
+    def _walk(self, fixed: Mapping[str, Value], rules: Iterable[Rule]) -> Iterator[dict[str, Value]]:
+        """The cross product of the domains (``fixed`` keys held), pruned by ``rules``: each
+        rule is checked as soon as every key it reads has a value."""
         keys = ("target",) + tuple(q.key for q in self.settable)
         ready: list[list[Rule]] = [[] for _ in keys]
-        for r in self.rules:
+        for r in rules:
             ready[max(keys.index(k) for k in r.keys)].append(r)
 
         def walk(i: int, q: dict[str, Value]) -> Iterator[dict[str, Value]]:
@@ -279,20 +288,5 @@ class Family:
                 if not any(r.broken_keys(q) for r in ready[i]):
                     yield from walk(i + 1, q)
             del q[key]
-
-        yield from walk(0, {})
-
-    def space(self, **fixed: Value) -> Iterator[dict[str, Value]]:
-        """The whole cross product of the domains, legal or not (for the oracle tests)."""
-        keys = ("target",) + tuple(q.key for q in self.settable)
-
-        def walk(i: int, q: dict[str, Value]) -> Iterator[dict[str, Value]]:
-            if i == len(keys):
-                yield dict(q)
-                return
-            for v in (fixed[keys[i]],) if keys[i] in fixed else self.domain(keys[i]):
-                q[keys[i]] = v
-                yield from walk(i + 1, q)
-            del q[keys[i]]
 
         yield from walk(0, {})
