@@ -78,7 +78,7 @@ def condition(fam: Family, key: str, values: frozenset[Value]) -> str:
 
 def standalone(inst: Instruction) -> str:
     """The form as one PTX statement with real register names (``%r1``, ``%rd1``, ...)."""
-    return render.statement(inst.opcode, inst.operands, render.register_names(inst.operands, {}))
+    return render.standalone(inst.opcode, inst.operands)
 
 
 # -- argument helpers ------------------------------------------------------------------------

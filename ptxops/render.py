@@ -6,7 +6,7 @@ them.  :func:`ptxops.spec.instruction` validates first and then renders.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .spec.engine import Family, Value
@@ -112,17 +112,11 @@ class Instruction:
     @property
     def statement(self) -> str:
         """The instruction in PTX syntax with symbolic operand names (``d``, ``[a]``, ...)."""
-        parts = []
-        for op in self.operands:
-            if op.is_literal:
-                parts.append(op.role)
-            elif op.is_address:
-                parts.append(f"[{op.role}]")
-            elif op.count > 1:
-                parts.append("{" + ", ".join(f"{op.role}{i}" for i in range(op.count)) + "}")
-            else:
-                parts.append(op.role)
-        return f"{self.opcode} {', '.join(parts)};" if parts else f"{self.opcode};"
+        names = [
+            [f"{op.role}{i}" for i in range(op.count)] if op.count > 1 else [op.role]
+            for op in self.operands
+        ]
+        return statement(self.opcode, self.operands, names)
 
     @property
     def outputs(self) -> tuple[Operand, ...]:
@@ -254,6 +248,11 @@ def register_names(layout: Iterable[Operand], counter: dict[int, int]) -> list[l
             regs.append(f"{REGISTER[op.bits]}{counter[op.bits]}")
         names.append(regs)
     return names
+
+
+def standalone(op_text: str, layout: Sequence[Operand]) -> str:
+    """One PTX statement with fresh register names (``%r1``, ``%rd1``, ...), for a module."""
+    return statement(op_text, layout, register_names(layout, {}))
 
 
 def module(statements: Iterable[str], target: str, registers: int = 64) -> str:

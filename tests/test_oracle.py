@@ -29,7 +29,7 @@ PTXAS_CRASHES = {("ld", "v8-32bit-only")}
 
 def line(family: Family, q: Mapping) -> str:
     layout = render.operands(family, q)
-    return render.statement(render.opcode(family, q), layout, render.register_names(layout, {}))
+    return render.standalone(render.opcode(family, q), layout)
 
 
 def broken_rules(family: Family, q: Mapping) -> list:
@@ -130,7 +130,7 @@ def raw_line(family: Family, q: Mapping) -> str:
     else:
         text += extra
     layout = render.operands(family, known)
-    return render.statement(text, layout, render.register_names(layout, {}))
+    return render.standalone(text, layout)
 
 
 @pytest.mark.parametrize("name", list(spec.FAMILIES))
