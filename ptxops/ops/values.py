@@ -47,7 +47,7 @@ def to_carriers(
         if cute.size(values.shape) != n:
             raise ValueError(f"{cute.size(values.shape)} values given, the form takes {n}")
         vec = values.ir_value(loc=loc, ip=ip)
-        if len(values.shape) != 1:
+        if ir.VectorType(vec.type).rank != 1:  # shapes (n,) and n are both one-dimensional
             vec = vector.shape_cast(T.vector(n, dtype.mlir_type), vec, loc=loc, ip=ip)
         elements = None
     else:
