@@ -46,5 +46,6 @@ def __getattr__(name: str) -> Any:
     if name in _API:
         from . import api
 
-        return getattr(api, name)
+        value = globals()[name] = getattr(api, name)  # later lookups skip this hook
+        return value
     raise AttributeError(f"module 'collectives' has no attribute {name!r}")

@@ -15,7 +15,7 @@ import torch
 
 from . import tuning
 from .capability import choose_backend
-from .config import DTYPES, FP8, VECTOR_BYTES, KernelKey
+from .config import ALGORITHMS, DTYPES, FP8, LAMPORT_MAX_BYTES, VECTOR_BYTES, KernelKey
 from .errors import CollectiveError, MulticastUnavailable
 from .runtime import TORCH_DTYPES, Buffer, Communicator, communicator, compile_target
 
@@ -55,15 +55,19 @@ def all_reduce(
 ) -> torch.Tensor:
     """Reduce ``t`` across ranks (sum, min or max) in place, or into ``out``; return the result.
 
-    ``algorithm``: ``"one_shot"`` (every rank reads every rank: lowest latency),
-    ``"two_shot"`` (reduce-scatter then all-gather: least traffic), or ``"auto"`` (chosen by
-    size from measured crossovers, :mod:`collectives.tuning`).  ``backend``: ``"multicast"``
+    ``algorithm``: ``"one_shot"`` (every rank reads every rank), ``"two_shot"``
+    (reduce-scatter then all-gather: least traffic), ``"lamport"`` (one-shot without barriers:
+    lowest latency, up to :data:`~collectives.config.LAMPORT_MAX_BYTES` per rank), ``"tma"``
+    (two-shot moving tiles with bulk copies on at most a quarter of the SMs; 16-byte aligned
+    tensors), or ``"auto"`` (chosen by size from measured crossovers, :mod:`collectives.tuning`).  ``backend``: ``"multicast"``
     (NVLS ``multimem``), ``"peer"`` (NVLink loads/stores), or ``"auto"``.
     """
     comm = communicator()
     comm.check()
+    if comm.lamport_dirty:
+        comm.reset_lamport()
     result = t if out is None else out
-    capturing = torch.cuda.is_current_stream_capturing()
+    capturing = _capturing()
     key = ("all_reduce", t.data_ptr(), t.numel(), t.dtype, t.is_contiguous(), op, algorithm,
            backend, result.data_ptr(), result.is_contiguous(), capturing)
     plan = comm.plans.get(key)
@@ -84,13 +88,17 @@ def _all_reduce_plan(comm: Communicator, t, op, algorithm, backend, out, capturi
         raise CollectiveError("all_reduce: out must be a contiguous tensor of t's dtype and shape")
     nbytes = t.numel() * t.element_size()
     backend = _backend(comm, backend, dtype)
+    aligned = all(x.data_ptr() % VECTOR_BYTES == 0 for x in (t, result))
     if algorithm == "auto":
-        algorithm = tuning.all_reduce_algorithm(comm.world, nbytes, backend)
+        algorithm = tuning.all_reduce_algorithm(comm.world, nbytes, backend, aligned)
+    _check_algorithm("all_reduce", algorithm, nbytes, aligned)
+    if algorithm == "lamport":
+        return _lamport_plan(comm, t, result, dtype, op, backend)
     # Two-shot works in place on a symmetric t (zero-copy).  One-shot always stages t into an
     # internal symmetric buffer inside the kernel: alternating between two buffers lets it
     # write its result straight into t and skip the end barrier (not under graph capture,
     # where a replayed graph would reuse one buffer: there it keeps the end barrier).
-    zero_copy = algorithm == "two_shot" and out is None and comm.ctx.is_symmetric(t)
+    zero_copy = algorithm in ("two_shot", "tma") and out is None and comm.ctx.is_symmetric(t)
     alternate = algorithm == "one_shot" and not capturing
     if zero_copy:
         data: Buffer | list[Buffer] = comm.buffer(t)
@@ -99,17 +107,43 @@ def _all_reduce_plan(comm: Communicator, t, op, algorithm, backend, out, capturi
     vector = _vector(dtype, backend, t, result)
     key = KernelKey(
         "all_reduce", algorithm, backend, dtype, comm.world, op=op, vector=vector,
-        gather_out=algorithm == "two_shot" and not zero_copy,
+        gather_out=algorithm != "one_shot" and not zero_copy,
         stage_in=not zero_copy, end_barrier=not alternate,
     )
     work = -(-t.numel() // key.elements_per_access)
-    if algorithm == "two_shot":
+    if algorithm != "one_shot":
         work = -(-work // comm.world)
     src = 0 if zero_copy else t.data_ptr()
     target = result.data_ptr()
     if alternate:  # a later graph capture of this call needs the end-barrier variant: prepare it
         _prepare_capture(comm, key, nbytes)
     return comm.plan(key, data, target, src, t.numel(), comm.blocks(key, work))
+
+
+def _lamport_plan(comm: Communicator, t, result, dtype: str, op: str, backend: str):
+    """A Lamport all-reduce reads ``t`` and writes ``result`` directly (no staging): its
+    symmetric memory is the rotating receive buffers of its element width."""
+    vector = _vector(dtype, backend, t, result)
+    key = KernelKey("all_reduce", "lamport", backend, dtype, comm.world, op=op, vector=vector, threads=256)
+    data = comm.buffer(comm.lamport(t.element_size()))
+    work = -(-t.numel() // key.elements_per_access)
+    return comm.plan(key, data, result.data_ptr(), t.data_ptr(), t.numel(), comm.blocks(key, work))
+
+
+def _check_algorithm(collective: str, algorithm: str, nbytes: int, aligned: bool) -> None:
+    """Refuse an algorithm the call cannot use, saying why."""
+    if algorithm not in ALGORITHMS[collective]:
+        raise CollectiveError(f"{collective} algorithms: {ALGORITHMS[collective] + ('auto',)}; not {algorithm!r}")
+    if algorithm == "lamport" and nbytes > LAMPORT_MAX_BYTES:
+        raise CollectiveError(
+            f"lamport all_reduce carries at most {LAMPORT_MAX_BYTES} bytes per rank, not {nbytes}; "
+            "use algorithm='auto', 'one_shot' or 'two_shot'"
+        )
+    if algorithm == "tma" and not aligned:
+        raise CollectiveError(
+            f"tma {collective} moves 16-byte tiles: its tensors (and a reduce-scatter's output "
+            "size) must be 16-byte aligned; use algorithm='auto'"
+        )
 
 
 def _prepare_capture(comm: Communicator, key: KernelKey, nbytes: int) -> None:
@@ -124,10 +158,12 @@ def reduce_scatter(
     out: torch.Tensor, inp: torch.Tensor, op: str = "sum", algorithm: str = "auto", backend: str = "auto"
 ) -> torch.Tensor:
     """``out`` (M elements) = the reduction over ranks of block ``rank`` of ``inp`` (W*M
-    elements).  ``algorithm``: ``"one_shot"`` or ``"auto"``; ``backend`` as for all_reduce."""
+    elements).  ``algorithm``: ``"one_shot"``, ``"tma"`` (bulk copies on at most a quarter of
+    the SMs; 16-byte aligned tensors and output size) or ``"auto"``; ``backend`` as for
+    all_reduce."""
     comm = communicator()
     comm.check()
-    capturing = torch.cuda.is_current_stream_capturing()
+    capturing = _capturing()
     key = ("reduce_scatter", inp.data_ptr(), inp.numel(), inp.dtype, inp.is_contiguous(),
            out.data_ptr(), out.numel(), out.dtype, out.is_contiguous(), op, algorithm, backend,
            capturing)
@@ -153,29 +189,35 @@ def _reduce_scatter_plan(comm: Communicator, out, inp, op, algorithm, backend, c
             f"reduce_scatter: inp has {inp.numel()} elements, out {out.numel()}; inp must have "
             f"world_size ({comm.world}) x out elements"
         )
-    if algorithm not in ("auto", "one_shot"):
-        raise CollectiveError(f"reduce_scatter algorithms: 'one_shot', 'auto'; not {algorithm!r}")
     backend = _backend(comm, backend, dtype)
     if out.numel() == 0:
         return None
-    # Small inputs are staged in-kernel into alternating buffers (one barrier); large
-    # symmetric ones are read in place (two barriers, no copy).
     nbytes = inp.numel() * inp.element_size()
+    aligned = out.numel() * out.element_size() % VECTOR_BYTES == 0 and all(
+        x.data_ptr() % VECTOR_BYTES == 0 for x in (inp, out))
+    if algorithm == "auto":
+        algorithm = tuning.reduce_scatter_algorithm(comm.world, nbytes, backend, aligned)
+    _check_algorithm("reduce_scatter", algorithm, nbytes, aligned)
+    # Small inputs are staged in-kernel into alternating buffers (one barrier); large
+    # symmetric ones are read in place (two barriers, no copy).  TMA keeps both barriers.
     zero_copy = comm.ctx.is_symmetric(inp) and nbytes > tuning.STAGE_MAX_BYTES
-    alternate = not zero_copy and not capturing
+    alternate = not zero_copy and not capturing and algorithm == "one_shot"
     if zero_copy:
         data: Buffer | list[Buffer] = comm.buffer(inp)
     else:
         data = [comm.buffer(comm.staging(nbytes, i)) for i in ((0, 1) if alternate else (2,))]
-    aligned = out.numel() * out.element_size() % VECTOR_BYTES == 0
     vector = _vector(dtype, backend, inp, out) if aligned else 1
-    key = KernelKey("reduce_scatter", "one_shot", backend, dtype, comm.world, op=op, vector=vector,
+    key = KernelKey("reduce_scatter", algorithm, backend, dtype, comm.world, op=op, vector=vector,
                     stage_in=not zero_copy, end_barrier=not alternate)
     work = -(-out.numel() // key.elements_per_access)
     src = 0 if zero_copy else inp.data_ptr()
     if alternate:
         _prepare_capture(comm, key, nbytes)
     return comm.plan(key, data, out.data_ptr(), src, out.numel(), comm.blocks(key, work))
+
+
+#: torch.cuda.is_current_stream_capturing without its Python wrapper (per-call cost matters).
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
 
 
 def _dtype(comm: Communicator, t: torch.Tensor) -> str:

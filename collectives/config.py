@@ -9,7 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "barrier")
-ALGORITHMS = {"all_reduce": ("one_shot", "two_shot"), "reduce_scatter": ("one_shot",), "barrier": ("one_shot",)}
+ALGORITHMS = {
+    "all_reduce": ("one_shot", "two_shot", "lamport", "tma"),
+    "reduce_scatter": ("one_shot", "tma"),
+    "barrier": ("one_shot",),
+}
 BACKENDS = ("multicast", "peer")
 OPS = ("sum", "min", "max")
 #: dtype name -> (bytes, accumulation dtype name of the peer backend, multicast .acc)
@@ -24,6 +28,12 @@ DTYPES = {
 FP8 = ("e4m3", "e5m2")
 VECTOR_BYTES = 16
 MAX_WORLD = 8
+#: Bytes per rank a Lamport all-reduce carries at most (the size of each sender's slot in
+#: each of the three rotating receive buffers).
+LAMPORT_MAX_BYTES = 1 << 20
+#: TMA kernels: shared memory their pipeline may use, and its stages.
+TMA_SMEM_BYTES = 192 << 10
+TMA_STAGES = 4
 
 
 @dataclass(frozen=True)
@@ -72,6 +82,10 @@ class KernelKey:
             raise ValueError(f"vector must be 1 or {self.full_vector} for {self.dtype}")
         if not self.end_barrier and (self.algorithm != "one_shot" or not self.stage_in):
             raise ValueError("only a staged one-shot collective may drop its end barrier")
+        if self.algorithm == "tma" and self.vector == 1:
+            raise ValueError("tma moves 16-byte tiles: it needs 16-byte aligned data (vector 0)")
+        if self.algorithm == "lamport" and (self.stage_in or self.gather_out):
+            raise ValueError("lamport reads its input and writes its output in place: no staging")
 
     @property
     def full_vector(self) -> int:
@@ -83,8 +97,23 @@ class KernelKey:
 
     @property
     def barriers(self) -> int:
-        """Cross-GPU barriers the kernel passes (start and end, or one for a barrier)."""
+        """Cross-GPU barriers the kernel passes (start and end, one, or none for Lamport)."""
+        if self.algorithm == "lamport":
+            return 0
         return 1 if self.collective == "barrier" or not self.end_barrier else 2
+
+    @property
+    def element_bytes(self) -> int:
+        return DTYPES[self.dtype][0]
+
+    @property
+    def tile_bytes(self) -> int:
+        """Bytes per rank of one TMA tile: the largest power of two (at most 32 KB) for which
+        every stage's ``world`` input tiles plus two output tiles fit :data:`TMA_SMEM_BYTES`."""
+        tile = 32 << 10
+        while tile > 1024 and tile * (TMA_STAGES * self.world + 2) > TMA_SMEM_BYTES:
+            tile //= 2
+        return tile
 
 
 @dataclass(frozen=True)
@@ -112,12 +141,24 @@ class PadLayout:
     def epoch(self, block: int) -> int:
         return self.max_blocks * (2 * self.world + 1) + block
 
+    def lamport_step(self, width: int) -> int:
+        return self.max_blocks * (2 * self.world + 2) + width
+
+    def lamport_done(self, width: int) -> int:
+        return self.max_blocks * (2 * self.world + 2) + 3 + width
+
+    def lamport_size(self, width: int, buffer: int, src: int) -> int:
+        return self.max_blocks * (2 * self.world + 2) + 6 + (width * 3 + buffer) * self.world + src
+
     @property
     def words(self) -> int:
-        return self.max_blocks * (2 * self.world + 2)
+        return self.max_blocks * (2 * self.world + 2) + 6 + 9 * self.world
 
 
 #: Fields of the error record a failed kernel writes (int32 words, host-mapped memory).
+#: ``barrier`` is 0 (start), 1 (end), :data:`LAMPORT_EXCHANGE` (a Lamport data wait) or
+#: :data:`DATA_PHASE` (a TMA stage that never landed).
 ERROR_FIELDS = ("status", "barrier", "peer", "block", "rank")
+LAMPORT_EXCHANGE, DATA_PHASE = 2, 3
 #: Values of the record's status word.
 TIMEOUT, SIZE_MISMATCH = 1, 2

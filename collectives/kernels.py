@@ -14,7 +14,8 @@ a :class:`~collectives.config.KernelKey`:
 ``out``         this rank's output (all-reduce one-shot, reduce-scatter, gathered two-shot)
 ``src``         this rank's input when it is not symmetric (``stage_in``: copied in-kernel)
 ``n``           elements per rank (all-reduce) or per output (reduce-scatter)
-``pad_table``   device table of every rank's signal pad; ``pad_mc`` its multicast address
+``pad_table``   device table of every rank's signal pad; ``pad_mc`` its multicast address;
+``pad``         this rank's signal pad (its entry of ``pad_table``, saving the kernel a load)
 ``err``         the error record (host-mapped int32[5])
 """
 
@@ -28,21 +29,16 @@ from cutlass.memory import SmemAllocator
 
 import ptxops
 
-from .config import DTYPES, KernelKey
-from .device import reduce, signals
-
-DTYPE = {
-    "f32": cutlass.Float32,
-    "f16": cutlass.Float16,
-    "bf16": cutlass.BFloat16,
-    "e4m3": cutlass.Float8E4M3FN,
-    "e5m2": cutlass.Float8E5M2,
-}
-ACC = {"f32": cutlass.Float32, "f16": cutlass.Float16}
+from . import lamport_kernel
+from .config import DATA_PHASE, DTYPES, TIMEOUT, TMA_STAGES, VECTOR_BYTES, KernelKey
+from .device import reduce, signals, tiles
+from .device.reduce import ACC, DTYPE
 
 
 def build(key: KernelKey):
     """The ``@cute.jit`` launcher of the kernel for ``key`` (compile it with ``cute.compile``)."""
+    if key.algorithm == "lamport":
+        return lamport_kernel.build(key)
     world = key.world
     threads = key.threads
     dtype = DTYPE[key.dtype]
@@ -51,6 +47,9 @@ def build(key: KernelKey):
     multicast = key.backend == "multicast"
     op = key.op
     unroll = 2 if vec > 1 else 1
+    tma = key.algorithm == "tma"
+    tile = key.tile_bytes
+    tile_vectors = tile // VECTOR_BYTES
 
     @cute.jit
     def barrier(pad_table, pad_mc, pad, rank, block, epoch, deadline, err, which, size):
@@ -96,26 +95,59 @@ def build(key: KernelKey):
             j += step
 
     @cute.jit
-    def gather(src, dst, n, first, step):
-        """Two-shot: copy the whole result from the symmetric buffer to ``out``, each block
-        taking exactly the vectors that block of the slice's owner wrote (its end barrier
-        with that block is what makes them visible)."""
+    def copy_tiles(src, dst, begin, end):
+        """dst[v] = src[v] for the whole vectors v in [begin, end) of the TMA tiles this block
+        moves (tile ``t`` of the range goes to block ``t % blocks``)."""
+        tidx = cute.arch.thread_idx()[0]
+        block = cute.arch.block_idx()[0]
+        blocks = cute.arch.grid_dim()[0]
+        t = Int64(block)
+        while t * tile_vectors < end - begin:
+            v = begin + t * tile_vectors + tidx
+            while v < cutlass.min(begin + (t + 1) * tile_vectors, end):
+                off = v * vec
+                align = cutlass.const_expr(vec * dtype.width // 8)
+                values = ptxops.ld(signals.gmem(dtype, src, align) + cute.assume(off, divby=vec), num_elements=vec)
+                store_local(dst, off, values, vec)
+                v += threads
+            t += blocks
+
+    @cute.jit
+    def copy_slices(src, dst, n, first, step):
+        """dst = src for all ``n`` elements, each block taking exactly the vectors that block of
+        every rank reads or writes in the data phase (two-shot: this block's share of each
+        rank's slice; TMA: this block's tiles of each slice), then the elements past the last
+        vector."""
         vectors = n // vec
         chunk = (vectors + world - 1) // world
         for q in cutlass.range_constexpr(world):
             begin = Int64(q) * chunk
-            copy_local(src, dst, begin * vec, cutlass.min(begin + chunk, vectors) * vec, first, step)
+            end = cutlass.min(begin + chunk, vectors)
+            if cutlass.const_expr(tma):
+                copy_tiles(src, dst, begin, end)
+            else:
+                copy_local(src, dst, begin * vec, end * vec, first, step)
         copy_local(src, dst, Int64(vectors * vec), n, first, step)
+
+    @cute.jit
+    def gather(src, dst, n, first, step):
+        """Two-shot: copy the whole result from the symmetric buffer to ``out``, each block
+        taking exactly the vectors that block of the slice's owner wrote (its end barrier
+        with that block is what makes them visible)."""
+        copy_slices(src, dst, n, first, step)
 
     @cute.jit
     def stage(src, own, n, first, step):
         """Copy this rank's input into its symmetric buffer, each block taking exactly the
         elements that block of every reader will read after the start barrier."""
-        if cutlass.const_expr(key.collective == "all_reduce" and key.algorithm == "two_shot"):
-            gather(src, own, n, first, step)
+        if cutlass.const_expr(key.collective == "all_reduce" and key.algorithm != "one_shot"):
+            copy_slices(src, own, n, first, step)
         elif cutlass.const_expr(key.collective == "reduce_scatter"):
             for q in cutlass.range_constexpr(world):
-                copy_local(src, own, Int64(q) * n, Int64(q + 1) * n, first, step)
+                if cutlass.const_expr(tma):  # n fills whole vectors (a TMA reduce-scatter needs it)
+                    copy_tiles(src, own, Int64(q) * (n // vec), Int64(q + 1) * (n // vec))
+                else:
+                    copy_local(src, own, Int64(q) * n, Int64(q + 1) * n, first, step)
         else:
             copy_local(src, own, Int64(0), n, first, step)
 
@@ -132,10 +164,20 @@ def build(key: KernelKey):
             v += step
 
     @cute.jit
-    def move(addrs, data_mc, out, n, rank, first, step):
+    def tile_timeout(landed, err, rank):
+        """Record a TMA stage that never landed (as a timeout of this rank, in the data phase)."""
+        if not landed and cute.arch.thread_idx()[0] == 0:
+            signals.record_error(err, Int32(TIMEOUT), Int32(DATA_PHASE), rank, cute.arch.block_idx()[0], rank)
+
+    @cute.jit
+    def move(addrs, data_mc, out, n, rank, first, step, buffers, deadline, err):
         """The data phase between the barriers."""
         vectors = n // vec
-        if cutlass.const_expr(key.collective == "all_reduce" and key.algorithm == "two_shot"):
+        if cutlass.const_expr(tma and key.collective == "reduce_scatter"):
+            landed = tiles.reduce_tiles(addrs, Int64(rank) * n * (dtype.width // 8), vectors * VECTOR_BYTES, [out],
+                                        Int64(0), Int64(0), buffers, dtype, acc, op, tile, TMA_STAGES, False, deadline)
+            tile_timeout(landed, err, rank)
+        elif cutlass.const_expr(key.collective == "all_reduce" and key.algorithm != "one_shot"):
             chunk = (vectors + world - 1) // world
             begin = Int64(rank) * chunk
             end = cutlass.min(begin + chunk, vectors)
@@ -145,7 +187,13 @@ def build(key: KernelKey):
                 for o, values in zip(offsets, load_reduce(addrs, data_mc, offsets, vec)):
                     store_all(addrs, data_mc, o, values, vec)
 
-            each_vector(begin, end, first, step, reduce_and_share)
+            if cutlass.const_expr(tma):
+                at = begin * VECTOR_BYTES
+                landed = tiles.reduce_tiles(addrs, at, cutlass.max(end - begin, Int64(0)) * VECTOR_BYTES, addrs, at,
+                                            data_mc, buffers, dtype, acc, op, tile, TMA_STAGES, multicast, deadline)
+                tile_timeout(landed, err, rank)
+            else:
+                each_vector(begin, end, first, step, reduce_and_share)
             if rank == world - 1:
                 j = Int64(vectors * vec) + first
                 while j < n:
@@ -168,14 +216,16 @@ def build(key: KernelKey):
     @cute.kernel
     def kernel(
         data_table: Int64, data_mc: Int64, out: Int64, src: Int64, n: Int64,
-        pad_table: Int64, pad_mc: Int64, err: Int64, rank: Int32, timeout_ns: Int64,
+        pad_table: Int64, pad_mc: Int64, pad: Int64, err: Int64, rank: Int32, timeout_ns: Int64,
     ):
         tidx = cute.arch.thread_idx()[0]
         block = cute.arch.block_idx()[0]
         blocks = cute.arch.grid_dim()[0]
         smem = SmemAllocator()
         flag = smem.allocate_tensor(Int32, cute.make_layout(1), byte_alignment=4)
-        pad = signals.peer_address(pad_table, rank)
+        buffers = None
+        if cutlass.const_expr(tma):
+            buffers = tiles.shared_buffers(smem, dtype, world, tile, TMA_STAGES)
         epoch = signals.read_epoch(pad, block, world)
         deadline = cute.arch.globaltimer() + timeout_ns
         size = Uint32(n)
@@ -188,10 +238,10 @@ def build(key: KernelKey):
         addrs = [signals.peer_address(data_table, Int32(r)) for r in range(world)]
         if cutlass.const_expr(key.collective != "barrier" and not key.end_barrier):
             if ok:
-                move(addrs, data_mc, out, n, rank, first, step)
+                move(addrs, data_mc, out, n, rank, first, step, buffers, deadline, err)
         if cutlass.const_expr(key.barriers == 2):
             if ok:
-                move(addrs, data_mc, out, n, rank, first, step)
+                move(addrs, data_mc, out, n, rank, first, step, buffers, deadline, err)
                 ok2 = barrier(pad_table, pad_mc, pad, rank, block, epoch + Uint32(2), deadline, err, Int32(1), size)
                 ok2 = signals.block_all(flag, ok2)
                 if cutlass.const_expr(key.gather_out):
@@ -203,10 +253,10 @@ def build(key: KernelKey):
     @cute.jit
     def launch(
         data_table: Int64, data_mc: Int64, out: Int64, src: Int64, n: Int64,
-        pad_table: Int64, pad_mc: Int64, err: Int64, rank: Int32, timeout_ns: Int64,
+        pad_table: Int64, pad_mc: Int64, pad: Int64, err: Int64, rank: Int32, timeout_ns: Int64,
         blocks: Int32, stream: driver.CUstream,
     ):
-        kernel(data_table, data_mc, out, src, n, pad_table, pad_mc, err, rank, timeout_ns).launch(
+        kernel(data_table, data_mc, out, src, n, pad_table, pad_mc, pad, err, rank, timeout_ns).launch(
             grid=[blocks, 1, 1], block=[threads, 1, 1], stream=stream
         )
 
@@ -215,7 +265,7 @@ def build(key: KernelKey):
 
 def example_arguments() -> tuple:
     """Placeholder runtime arguments for compiling without a GPU."""
-    return (Int64(0), Int64(0), Int64(0), Int64(0), Int64(0), Int64(0), Int64(0), Int64(0),
+    return (Int64(0), Int64(0), Int64(0), Int64(0), Int64(0), Int64(0), Int64(0), Int64(0), Int64(0),
             Int32(0), Int64(0), Int32(1), driver.CUstream(0))
 
 

@@ -16,7 +16,16 @@ from typing import Any
 import torch
 
 from . import symmetric
-from .config import ERROR_FIELDS, SIZE_MISMATCH, TIMEOUT, KernelKey, PadLayout
+from .config import (
+    DATA_PHASE,
+    ERROR_FIELDS,
+    LAMPORT_EXCHANGE,
+    LAMPORT_MAX_BYTES,
+    SIZE_MISMATCH,
+    TIMEOUT,
+    KernelKey,
+    PadLayout,
+)
 from .errors import CollectiveError, CollectiveTimeout
 
 #: Default bound of every cross-GPU wait, in seconds (``COLLECTIVES_TIMEOUT_S`` overrides).
@@ -63,6 +72,8 @@ class Communicator:
         self._kernels: dict[tuple[KernelKey, str], Any] = {}
         self._buffers: dict[int, Buffer] = {}
         self._staging: list[torch.Tensor | None] = [None, None, None]
+        self._lamport: dict[int, torch.Tensor] = {}
+        self.lamport_dirty = False  # set by a Lamport size mismatch: reset before the next call
         self.turn = 0  # which of staging buffers 0/1 the next single-barrier collective uses
         self.pad_buffer = self.buffer(self.pad)
         self.sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
@@ -78,10 +89,22 @@ class Communicator:
         status, barrier, peer, block, rank = (int(v) for v in self.error.tolist())
         if status == 0:
             return
-        where = f"rank {rank}, thread block {block}, {'start' if barrier == 0 else 'end'} barrier"
+        phase = {0: "start barrier", 1: "end barrier", LAMPORT_EXCHANGE: "Lamport data exchange",
+                 DATA_PHASE: "TMA bulk copies"}
+        where = f"rank {rank}, thread block {block}, {phase.get(barrier, barrier)}"
         if status == TIMEOUT:
             missing = [peer] if peer >= 0 else []
             self.failed = CollectiveTimeout("collective", missing, self.timeout_s, where)
+        elif status == SIZE_MISMATCH and barrier == LAMPORT_EXCHANGE:
+            # Every rank sees the disagreement (each compares every rank's size with its own).
+            # Data of the wrong size may sit in the Lamport buffers: the next collective
+            # empties them first (reset_lamport), collectively.
+            self.error.zero_()
+            self.lamport_dirty = True
+            raise CollectiveError(
+                f"ranks called the collective with different sizes: rank {peer} disagrees with "
+                f"rank {rank} ({where}); every rank must pass the same shape"
+            )
         elif status == SIZE_MISMATCH:
             # Every rank passed both barriers' epochs, so the communicator stays usable.
             self.error.zero_()
@@ -120,6 +143,33 @@ class Communicator:
             current = self._staging[which] = self.ctx.empty(max(nbytes, 1 << 20), torch.uint8)
         return current
 
+    def lamport(self, element_bytes: int) -> torch.Tensor:
+        """The three rotating Lamport receive buffers for elements of ``element_bytes`` bytes
+        (``3 x world`` slots of :data:`~collectives.config.LAMPORT_MAX_BYTES`, symmetric),
+        allocated on first use (collectively) and filled with -0.0 of that width; a barrier
+        after the fill keeps every rank from sending before every rank's fill is done."""
+        if element_bytes not in self._lamport:
+            buf = self._lamport[element_bytes] = self.ctx.empty(3 * self.world * LAMPORT_MAX_BYTES, torch.uint8)
+            _fill_empty(buf, element_bytes)
+            from .api import barrier
+
+            barrier()
+        return self._lamport[element_bytes]
+
+    def reset_lamport(self) -> None:
+        """Empty every Lamport buffer and restart its rotation, on every rank (collective: the
+        next collective call of every rank after a Lamport size mismatch).  Barriers before
+        (every rank's failed kernel has finished sending) and after (every rank's buffers are
+        empty before anyone sends)."""
+        from .api import barrier
+
+        barrier()
+        for element_bytes, buf in self._lamport.items():
+            _fill_empty(buf, element_bytes)
+        self.pad[self.layout.lamport_step(0):].zero_()
+        barrier()
+        self.lamport_dirty = False
+
     # -- kernels ------------------------------------------------------------------------------
 
     def kernel(self, key: KernelKey) -> Callable[..., Any]:
@@ -139,9 +189,14 @@ class Communicator:
 
     def blocks(self, key: KernelKey, work: int) -> int:
         """Thread blocks for ``work`` vector accesses per rank: enough to cover them, at most
-        two per SM and never more than the pad has slots for."""
-        per_block = key.threads
-        return max(1, min(-(-work // per_block), 2 * self.sms, self.layout.max_blocks))
+        two per SM and never more than the pad has slots for.  A TMA kernel takes at most a
+        quarter of the SMs (bulk copies need few); a Lamport one at most one block per SM
+        (every block must be resident: each waits for data other ranks' blocks send)."""
+        if key.algorithm == "tma":
+            tiles = -(-work * 16 // key.tile_bytes)
+            return max(1, min(tiles, self.sms // 4))
+        limit = self.sms if key.algorithm == "lamport" else 2 * self.sms
+        return max(1, min(-(-work // key.threads), limit, self.layout.max_blocks))
 
     def plan(self, key: KernelKey, data: Buffer | list[Buffer], out: int, src: int, n: int, blocks: int) -> Plan:
         """A ready launch of ``key``: everything but the stream fixed.  Given staging buffers
@@ -150,12 +205,19 @@ class Communicator:
         fn = self.kernel(key)
         buffers = data if isinstance(data, list) else [data]
         common = (out, src, n, self.pad_buffer.table.data_ptr(), self.pad_buffer.mc,
-                  self.error.data_ptr(), self.rank, int(self.timeout_s * 1e9), blocks)
+                  int(self.pad_buffer.host[self.rank]), self.error.data_ptr(), self.rank,
+                  int(self.timeout_s * 1e9), blocks)
         return Plan(fn, [(b.table.data_ptr(), b.mc) + common for b in buffers], self)
 
     @property
     def device_index(self) -> int:
         return self.ctx.device
+
+
+def _fill_empty(buf: torch.Tensor, element_bytes: int) -> None:
+    """Fill a Lamport buffer with -0.0 of the element width (an empty slot)."""
+    view, value = {1: (torch.uint8, 0x80), 2: (torch.int16, -(1 << 15)), 4: (torch.int32, -(1 << 31))}[element_bytes]
+    buf.view(view).fill_(value)
 
 
 class Plan:
@@ -173,7 +235,7 @@ class Plan:
             comm.turn ^= 1
         else:
             args = self.args[0]
-        self.fn(*args, current_stream(comm.device_index))
+        self.fn(*args, _RAW_STREAM(comm.device_index) if _RAW_STREAM else current_stream(comm.device_index))
 
 
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)

@@ -1,24 +1,60 @@
 """Size-based choices for ``algorithm="auto"`` and for staging, from measured crossovers.
 
-Measured on 2026-11-21 with ``torchrun --nproc-per-node {2,4} -m collectives.bench`` on
-NVIDIA H200 (NVLink NV18 full mesh, multicast off, peer backend), eager launches, bf16 and f32:
-one-shot beat two-shot up to 1-4 MB on 2 GPUs and up to 4-16 KB on 4 GPUs; two-shot won from
-16 MB (2 GPUs) and 64 KB (4 GPUs) on.  8 GPUs and the multicast backend were not measurable
-here (no 8-GPU machine; multicast is off on these machines): their entries extrapolate
-(one-shot reads W-1 remote copies per element, so its crossover falls as W grows).
+Measured on 2026-11-21 with ``torchrun --nproc-per-node {2,4} -m collectives.bench --dtypes bf16``
+on NVIDIA H200 (NVLink NV18 full mesh, multicast off, peer backend), eager launches and CUDA
+graphs.  All-reduce: Lamport was fastest up to 1 MB on 2 GPUs and up to 256 KB on 4; above
+that two-shot and TMA tie within noise (TMA ahead from 4 MB on 2 GPUs, 16 MB on 4, using at
+most a quarter of the SMs), and one-shot no longer wins anywhere Lamport does not.
+Reduce-scatter: one-shot up to 16 MB, TMA from 64 MB.
+8 GPUs and the multicast backend were not measurable here (no 8-GPU machine; multicast is off
+on these machines): their entries extrapolate from the measured ones (one-shot reads W-1
+remote copies per element, so its crossovers fall as W grows).
 """
 
 from __future__ import annotations
 
-#: (backend, world size) -> largest message (bytes per rank) for which one-shot is chosen.
-ONE_SHOT_MAX_BYTES: dict[tuple[str, int], int] = {
-    ("peer", 2): 4 << 20,
-    ("peer", 3): 256 << 10,
-    ("peer", 4): 16 << 10,
+from .config import LAMPORT_MAX_BYTES
+
+#: (backend, world size) -> largest message (bytes per rank) for which Lamport is chosen.
+LAMPORT_MAX: dict[tuple[str, int], int] = {
+    ("peer", 2): 1 << 20,
+    ("peer", 4): 256 << 10,
+    ("peer", 8): 64 << 10,
+    ("multicast", 2): 1 << 20,
+    ("multicast", 4): 256 << 10,
+    ("multicast", 8): 64 << 10,
+}
+
+#: (backend, world size) -> largest message (bytes per rank) for which one-shot is chosen
+#: (on 2 and 4 GPUs Lamport covers every size where one-shot won, so it is never picked there).
+ONE_SHOT_MAX: dict[tuple[str, int], int] = {
+    ("peer", 2): 1 << 20,
+    ("peer", 4): 256 << 10,
     ("peer", 8): 8 << 10,
     ("multicast", 2): 4 << 20,
     ("multicast", 4): 256 << 10,
     ("multicast", 8): 128 << 10,
+}
+
+#: (backend, world size) -> smallest message (bytes per rank) from which TMA is chosen
+#: (over two-shot) for 16-byte aligned tensors.
+TMA_MIN: dict[tuple[str, int], int] = {
+    ("peer", 2): 4 << 20,
+    ("peer", 4): 16 << 20,
+    ("peer", 8): 16 << 20,
+    ("multicast", 2): 4 << 20,
+    ("multicast", 4): 16 << 20,
+    ("multicast", 8): 16 << 20,
+}
+
+#: Smallest reduce-scatter input (bytes per rank) from which TMA is chosen over one-shot.
+RS_TMA_MIN: dict[tuple[str, int], int] = {
+    ("peer", 2): 64 << 20,
+    ("peer", 4): 64 << 20,
+    ("peer", 8): 64 << 20,
+    ("multicast", 2): 64 << 20,
+    ("multicast", 4): 64 << 20,
+    ("multicast", 8): 64 << 20,
 }
 
 #: reduce_scatter stages inputs up to this size (bytes per rank) even when they are symmetric:
@@ -26,9 +62,26 @@ ONE_SHOT_MAX_BYTES: dict[tuple[str, int], int] = {
 STAGE_MAX_BYTES = 4 << 20
 
 
-def all_reduce_algorithm(world: int, nbytes: int, backend: str) -> str:
-    """``"one_shot"`` up to the crossover for (backend, world), else ``"two_shot"``; world
-    sizes without an entry use the next larger measured one."""
-    sizes = sorted(w for b, w in ONE_SHOT_MAX_BYTES if b == backend)
-    nearest = next((w for w in sizes if w >= world), sizes[-1])
-    return "one_shot" if nbytes <= ONE_SHOT_MAX_BYTES[(backend, nearest)] else "two_shot"
+def _lookup(table: dict[tuple[str, int], int], backend: str, world: int) -> int:
+    """The entry for (backend, world); world sizes without one use the next larger measured one."""
+    sizes = sorted(w for b, w in table if b == backend)
+    return table[(backend, next((w for w in sizes if w >= world), sizes[-1]))]
+
+
+def all_reduce_algorithm(world: int, nbytes: int, backend: str, aligned: bool = True) -> str:
+    """Lamport up to its crossover, then one-shot, then two-shot, and TMA from its crossover
+    on (16-byte aligned tensors only)."""
+    if nbytes <= min(_lookup(LAMPORT_MAX, backend, world), LAMPORT_MAX_BYTES):
+        return "lamport"
+    if nbytes <= _lookup(ONE_SHOT_MAX, backend, world):
+        return "one_shot"
+    if aligned and nbytes >= _lookup(TMA_MIN, backend, world):
+        return "tma"
+    return "two_shot"
+
+
+def reduce_scatter_algorithm(world: int, nbytes: int, backend: str, aligned: bool = True) -> str:
+    """One-shot, or TMA from its crossover on (16-byte aligned tensors and output size)."""
+    if aligned and nbytes >= _lookup(RS_TMA_MIN, backend, world):
+        return "tma"
+    return "one_shot"

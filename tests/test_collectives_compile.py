@@ -33,16 +33,54 @@ def test_kernel_compiles(collective: str, algorithm: str, backend: str, dtype: s
     key = KernelKey(collective, algorithm, backend, dtype, world)
     ptx = kernel_ptx(key, "sm_100a" if dtype in FP8 else "sm_90a")
     found = _multimem(ptx)
+    bulk = set(re.findall(r"\bcp\.async\.bulk[\w.:]*", ptx))
+    if algorithm == "tma":
+        assert "cp.async.bulk.shared::cta.global.mbarrier::complete_tx::bytes" in bulk, bulk
+        assert "cp.async.bulk.global.shared::cta.bulk_group" in bulk, bulk
+        assert {"cp.async.bulk.commit_group", "cp.async.bulk.wait_group.read"} <= bulk, bulk
+        assert "mbarrier.try_wait.parity.shared::cta.b64" in ptx
+    else:
+        assert not bulk, bulk
+    if algorithm == "lamport":  # no barrier: relaxed sys-scope data stores and polls
+        assert "ld.relaxed.sys.global.v4.b32" in ptx and "st.release" not in ptx
+        if backend == "peer":
+            assert not found and "st.relaxed.sys.global.v4.b32" in ptx
+        else:
+            assert found == {"multimem.st.relaxed.sys.global.v4.f32", "multimem.st.relaxed.sys.global.b32"}, found
+        return
     if backend == "peer":
         assert not found, found
         assert "st.release.sys.global" in ptx and "ld.acquire.sys.global" in ptx
         return
     assert any(f.startswith("multimem.red.release.sys") for f in found), found
-    if collective != "barrier":
+    if collective != "barrier" and algorithm != "tma":
         acc = {"f32": "", "f16": ".acc::f32", "bf16": ".acc::f32", "e4m3": ".acc::f16", "e5m2": ".acc::f16"}[dtype]
         assert any(f.startswith("multimem.ld_reduce") and f".add{acc}.v" in f for f in found), found
     if collective == "all_reduce" and algorithm == "two_shot":
         assert any(f.startswith("multimem.st.global.v4") for f in found), found
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter"])
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_tma_pipeline_fits_shared_memory(collective: str, world: int) -> None:
+    """Every stage's input tiles and both output tiles fit the budget, with at least 4 KB tiles."""
+    from collectives.config import TMA_SMEM_BYTES, TMA_STAGES
+    from collectives.device.tiles import smem_bytes
+
+    key = KernelKey(collective, "tma", "peer", "bf16", world)
+    assert key.tile_bytes >= 4096
+    assert smem_bytes(world, key.tile_bytes, TMA_STAGES) <= TMA_SMEM_BYTES + 1024
+
+
+def test_staged_and_unaligned_variants_compile() -> None:
+    for key in (
+        KernelKey("all_reduce", "tma", "peer", "bf16", 4, stage_in=True, gather_out=True),
+        KernelKey("reduce_scatter", "tma", "peer", "f32", 2, stage_in=True),
+        KernelKey("all_reduce", "lamport", "peer", "e5m2", 2, vector=1),
+        KernelKey("all_reduce", "lamport", "multicast", "f16", 8, vector=1),
+    ):
+        ptx = kernel_ptx(key, "sm_100a" if key.dtype in FP8 else "sm_90a")
+        assert ".entry" in ptx, key
 
 
 @pytest.mark.parametrize("op", ["min", "max"])
@@ -84,6 +122,12 @@ def test_kernel_keys_reject_bad_choices() -> None:
         KernelKey("reduce_scatter", "two_shot", "peer", "bf16", 4)
     with pytest.raises(ValueError, match="fp8"):
         KernelKey("all_reduce", "one_shot", "peer", "e4m3", 4, op="max")
+    with pytest.raises(ValueError, match="16-byte"):
+        KernelKey("all_reduce", "tma", "peer", "bf16", 4, vector=1)
+    with pytest.raises(ValueError, match="lamport"):
+        KernelKey("all_reduce", "lamport", "peer", "bf16", 4, stage_in=True)
+    with pytest.raises(ValueError, match="algorithms"):
+        KernelKey("reduce_scatter", "lamport", "peer", "bf16", 4)
 
 
 def test_pad_regions_do_not_overlap() -> None:
@@ -92,6 +136,8 @@ def test_pad_regions_do_not_overlap() -> None:
     words += [layout.counter(b) for b in range(4)]
     words += [layout.size(b, s) for b in range(4) for s in range(3)]
     words += [layout.epoch(b) for b in range(4)]
+    words += [layout.lamport_step(w) for w in range(3)] + [layout.lamport_done(w) for w in range(3)]
+    words += [layout.lamport_size(w, b, s) for w in range(3) for b in range(3) for s in range(3)]
     assert sorted(words) == list(range(layout.words))
 
 

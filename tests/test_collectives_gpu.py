@@ -77,12 +77,19 @@ CASES = [(d, "sum") for d in TORCH] + [("bf16", "max"), ("f32", "min"), ("f16", 
 
 
 @pytest.mark.parametrize("placement", ["symmetric", "staged", "offset", "out"])
-@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot"])
+@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot", "lamport", "tma"])
 @pytest.mark.parametrize(("dtype", "op"), CASES)
 def test_all_reduce_matches_reference(comm, dtype: str, op: str, algorithm: str, placement: str) -> None:
     import collectives
+    from collectives.config import LAMPORT_MAX_BYTES
 
+    if algorithm == "tma" and placement == "offset":
+        with pytest.raises(collectives.CollectiveError, match="16-byte"):
+            collectives.all_reduce(place(comm, device_values(comm.rank, 64, dtype), placement), algorithm="tma")
+        return
     for n in SIZES:
+        if algorithm == "lamport" and n * TORCH[dtype].itemsize > LAMPORT_MAX_BYTES:
+            continue
         x = device_values(comm.rank, n, dtype)
         t = place(comm, x, "staged" if placement == "out" else placement)
         out = torch.empty_like(t) if placement == "out" else None
@@ -96,21 +103,31 @@ def test_all_reduce_matches_reference(comm, dtype: str, op: str, algorithm: str,
 
 
 @pytest.mark.parametrize("placement", ["symmetric", "staged"])
+@pytest.mark.parametrize("algorithm", ["one_shot", "tma"])
 @pytest.mark.parametrize(("dtype", "op"), CASES)
-def test_reduce_scatter_matches_reference(comm, dtype: str, op: str, placement: str) -> None:
+def test_reduce_scatter_matches_reference(comm, dtype: str, op: str, algorithm: str, placement: str) -> None:
     import collectives
 
-    for m in (1, 5, 8, 1000, 65536 + 3):
+    sizes = (1, 5, 8, 1000, 65536 + 3) if algorithm == "one_shot" else (16, 4096, 65536 + 16, (1 << 21) + 48)
+    for m in sizes:
         x = device_values(comm.rank, m * comm.world, dtype)
         inp = place(comm, x, placement)
         out = torch.empty(m, dtype=x.dtype, device="cuda")
-        collectives.reduce_scatter(out, inp, op=op, backend="peer")
+        collectives.reduce_scatter(out, inp, op=op, algorithm=algorithm, backend="peer")
         collectives.synchronize()
         want = expected(comm.world, m * comm.world, dtype, op).reshape(comm.world, m)[comm.rank]
         assert np.array_equal(out.float().cpu().numpy(), want), m
 
 
-@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot"])
+def test_unaligned_tma_reduce_scatter_is_refused(comm) -> None:
+    import collectives
+
+    inp = torch.ones(5 * comm.world, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(collectives.CollectiveError, match="16-byte"):
+        collectives.reduce_scatter(torch.empty(5, dtype=torch.bfloat16, device="cuda"), inp, algorithm="tma")
+
+
+@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot", "tma"])
 def test_256_mb(comm, algorithm: str) -> None:
     import collectives
 
@@ -124,7 +141,35 @@ def test_256_mb(comm, algorithm: str) -> None:
     assert np.array_equal(got, reference.all_reduce(rows, "bf16"))
 
 
-def test_10000_back_to_back_calls_of_mixed_sizes(comm) -> None:
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "e4m3", "e5m2"])
+def test_lamport_reduces_negative_zero_and_subnormals(comm, dtype: str) -> None:
+    """-0.0 is Lamport's empty-slot mark: a tensor full of it, and one of -0.0 and (negative)
+    subnormals, still reduce as the reference does (a sum of zeros may come out +0.0)."""
+    import collectives
+
+    info = torch.finfo(TORCH[dtype])
+    tiny = info.smallest_normal * info.eps  # the smallest subnormal of the dtype
+    n = 3 * 4096 + 5
+    i = np.arange(n)
+
+    def mixed(rank: int) -> np.ndarray:
+        """-0.0; negative subnormals from every rank; small subnormals from rank 0 alone (their
+        sums stay subnormal on any number of ranks)."""
+        alone = tiny * (i % 5) if rank == 0 else np.zeros(n)
+        return np.select([i % 3 == 0, i % 3 == 1], [-0.0, -tiny * (1 + rank)], alone).astype(np.float32)
+
+    for inputs in ([np.full(n, -0.0, dtype=np.float32)] * comm.world, [mixed(r) for r in range(comm.world)]):
+        t = torch.from_numpy(inputs[comm.rank]).to("cuda").to(TORCH[dtype])
+        collectives.all_reduce(t, algorithm="lamport", backend="peer")
+        collectives.synchronize()
+        want = reference.all_reduce([reference.round_to(x, dtype) for x in inputs], dtype)
+        got = t.float().cpu().numpy()
+        assert np.array_equal(got, want), (dtype, np.flatnonzero(got != want)[:5])
+    assert np.any((want != 0) & (np.abs(want) < info.smallest_normal)), "no subnormal result tested"
+
+
+@pytest.mark.parametrize("algorithm", ["auto", "lamport"])
+def test_10000_back_to_back_calls_of_mixed_sizes(comm, algorithm: str) -> None:
     import collectives
 
     sizes = [64, 4096 + 1, 65536, 300_007, 8]
@@ -135,7 +180,7 @@ def test_10000_back_to_back_calls_of_mixed_sizes(comm) -> None:
     for i in range(10_000):
         t = symmetric if i % 7 == 3 else tensors[i % len(tensors)]
         t.fill_(comm.rank + 1)
-        collectives.all_reduce(t, backend="peer")
+        collectives.all_reduce(t, algorithm=algorithm, backend="peer")
         bad += (t != want).sum()
     collectives.synchronize()
     assert int(bad) == 0
@@ -150,23 +195,44 @@ def test_cuda_graph_replay_matches_eager(comm) -> None:
     source = torch.empty(n, dtype=torch.bfloat16, device="cuda")
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
+    lamport = torch.empty(n, dtype=torch.bfloat16, device="cuda")
+    big = collectives.empty(1 << 20, torch.bfloat16)
     with torch.cuda.stream(stream):  # warm up the same calls: compile and plan outside the capture
-        collectives.all_reduce(staged, backend="peer")
+        collectives.all_reduce(staged, algorithm="one_shot", backend="peer")
         collectives.all_reduce(sym, algorithm="two_shot", backend="peer")
+        collectives.all_reduce(lamport, algorithm="lamport", backend="peer")
+        collectives.all_reduce(big, algorithm="tma", backend="peer")
         collectives.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         staged.copy_(source)
-        collectives.all_reduce(staged, backend="peer")
+        lamport.copy_(source)
+        collectives.all_reduce(staged, algorithm="one_shot", backend="peer")
         collectives.all_reduce(sym, algorithm="two_shot", backend="peer")
-    for round_ in range(3):
+        # Two Lamport calls per replay: the device-side step rotates the three buffers
+        # through every phase across replays and the eager calls between them.
+        collectives.all_reduce(lamport, algorithm="lamport", backend="peer")
+        collectives.all_reduce(lamport, algorithm="lamport", backend="peer")
+        collectives.all_reduce(big, algorithm="tma", backend="peer")
+    for round_ in range(5):
         source.copy_(device_values(comm.rank + round_, n, "bf16"))
         sym.fill_(comm.rank + round_)
+        big.fill_(1)
         graph.replay()
         collectives.synchronize()
         inputs = [reference.round_to(values(r + round_, n), "bf16") for r in range(comm.world)]
-        assert np.array_equal(staged.float().cpu().numpy(), reference.all_reduce(inputs, "bf16"))
+        once = reference.all_reduce(inputs, "bf16")
+        assert np.array_equal(staged.float().cpu().numpy(), once)
+        twice = reference.all_reduce([once] * comm.world, "bf16")
+        assert np.array_equal(lamport.float().cpu().numpy(), twice), round_
         assert torch.all(sym == sum(r + round_ for r in range(comm.world)))
+        assert torch.all(big == comm.world)
+        if round_ % 2:  # an eager Lamport call between replays shifts the rotation by one
+            eager = torch.ones(100, dtype=torch.float16, device="cuda")
+            collectives.all_reduce(eager, algorithm="lamport", backend="peer")
+            collectives.all_reduce(lamport[:7], algorithm="lamport", backend="peer")
+            collectives.synchronize()
+            assert torch.all(eager == comm.world)
 
 
 def test_different_sizes_across_ranks_raise_and_the_communicator_recovers(comm) -> None:

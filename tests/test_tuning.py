@@ -1,16 +1,32 @@
 """The auto choice follows the measured crossovers."""
 
 from collectives import tuning
+from collectives.config import LAMPORT_MAX_BYTES
 
 
-def test_small_messages_go_one_shot_and_large_two_shot() -> None:
+def test_sizes_go_lamport_then_one_shot_then_two_shot_or_tma() -> None:
+    order = ["lamport", "one_shot", "two_shot", "tma"]
     for world in range(2, 9):
         for backend in ("peer", "multicast"):
-            assert tuning.all_reduce_algorithm(world, 4096, backend) == "one_shot"
-            assert tuning.all_reduce_algorithm(world, 256 << 20, backend) == "two_shot"
+            assert tuning.all_reduce_algorithm(world, 4096, backend) == "lamport"
+            assert tuning.all_reduce_algorithm(world, 256 << 20, backend) == "tma"
+            assert tuning.all_reduce_algorithm(world, 256 << 20, backend, aligned=False) == "two_shot"
+            picks = [tuning.all_reduce_algorithm(world, 1 << k, backend) for k in range(10, 30)]
+            ranks = [order.index(p) for p in picks]
+            assert ranks == sorted(ranks), (world, backend, picks)
+
+
+def test_lamport_never_exceeds_its_buffers() -> None:
+    for world in range(2, 9):
+        assert tuning.all_reduce_algorithm(world, LAMPORT_MAX_BYTES + 16, "peer") != "lamport"
+
+
+def test_unaligned_reduce_scatter_never_picks_tma() -> None:
+    assert tuning.reduce_scatter_algorithm(4, 1 << 30, "peer", aligned=False) == "one_shot"
+    assert tuning.reduce_scatter_algorithm(4, 4096, "peer") == "one_shot"
 
 
 def test_crossover_falls_with_world_size() -> None:
     limits = [max(n for n in (1 << k for k in range(10, 30))
-                  if tuning.all_reduce_algorithm(w, n, "peer") == "one_shot") for w in (2, 4, 8)]
+                  if tuning.all_reduce_algorithm(w, n, "peer") in ("lamport", "one_shot")) for w in (2, 4, 8)]
     assert limits == sorted(limits, reverse=True) and limits[0] > limits[-1]

@@ -1,8 +1,15 @@
 """Device building blocks for cross-GPU kernels: signals, bounded waits, barriers, and
-backend-neutral load-reduce / store-to-all.  ``@cute.jit`` functions: call them from your own
-``@cute.kernel`` (see docs for an all-gather written with them)."""
+backend-neutral load-reduce / store-to-all; :mod:`.lamport` (data that is its own flag) and
+:mod:`.tiles` (a TMA bulk-copy reduce pipeline) in their own modules.  ``@cute.jit`` functions:
+call them from your own ``@cute.kernel`` (see docs for an all-gather written with them)."""
 
-from .reduce import combine, load_reduce_multicast, load_reduce_peer, store_multicast, store_peers
+from .reduce import (
+    combine,
+    load_reduce_multicast,
+    load_reduce_peer,
+    store_multicast,
+    store_peers,
+)
 from .signals import (
     advance_epoch,
     barrier_multicast,
