@@ -31,6 +31,9 @@ MAX_WORLD = 8
 #: Bytes per rank a Lamport all-reduce carries at most (the size of each sender's slot in
 #: each of the three rotating receive buffers).
 LAMPORT_MAX_BYTES = 1 << 20
+#: Thread blocks of every Lamport kernel: a fixed grid, so that each 16-byte vector of a slot
+#: always belongs to the same block (whose call count then picks its buffer).
+LAMPORT_BLOCKS = 128
 #: TMA kernels: shared memory their pipeline may use, and its stages.
 TMA_SMEM_BYTES = 192 << 10
 TMA_STAGES = 4
@@ -141,18 +144,20 @@ class PadLayout:
     def epoch(self, block: int) -> int:
         return self.max_blocks * (2 * self.world + 1) + block
 
-    def lamport_step(self, width: int) -> int:
-        return self.max_blocks * (2 * self.world + 2) + width
-
-    def lamport_done(self, width: int) -> int:
-        return self.max_blocks * (2 * self.world + 2) + 3 + width
+    @property
+    def lamport_base(self) -> int:
+        """First word of the Lamport state (even: the size entries are 8-byte aligned)."""
+        return self.max_blocks * (2 * self.world + 2)
 
     def lamport_size(self, width: int, buffer: int, src: int) -> int:
-        return self.max_blocks * (2 * self.world + 2) + 6 + (width * 3 + buffer) * self.world + src
+        return self.lamport_base + 2 * ((width * 3 + buffer) * self.world + src)
+
+    def lamport_step(self, width: int, block: int) -> int:
+        return self.lamport_base + 18 * self.world + width * LAMPORT_BLOCKS + block
 
     @property
     def words(self) -> int:
-        return self.max_blocks * (2 * self.world + 2) + 6 + 9 * self.world
+        return self.lamport_base + 18 * self.world + 3 * LAMPORT_BLOCKS
 
 
 #: Fields of the error record a failed kernel writes (int32 words, host-mapped memory).

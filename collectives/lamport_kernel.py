@@ -9,10 +9,13 @@ result and marks the slots empty again.  The slots it empties are written next i
 ``s + 3``, by a rank that has by then received this rank's data of calls ``s + 1`` and
 ``s + 2``, which this rank sends only after emptying them: clearing never races with writing.
 
-The call count lives on the device (``lamport_step`` in the signal pad, advanced by the last
-thread block to finish), so CUDA-graph replays rotate the buffers just as eager calls do.
-With its data each rank sends its element count; a receiver that reads another count
-records a size mismatch, and a wait bounded by the deadline records a timeout.
+The grid is fixed (:data:`~collectives.config.LAMPORT_BLOCKS` blocks striding over 16-byte
+vectors), so every vector of a slot always belongs to the same thread block, and each block
+counts its own calls on the device (``lamport_step`` in the signal pad): the buffer follows
+that count, in eager calls and CUDA-graph replays alike, with no inter-block coordination.
+With its data each rank sends ``(call + 1) << 32 | elements``; a receiver waits for the entry
+of this call (older entries carry older calls, so nothing is ever cleared) and records a size
+mismatch if the count differs.  Every wait is bounded by the deadline.
 
 The launch takes the same arguments as :mod:`collectives.kernels` (``data_table`` and
 ``data_mc`` are the receive buffers', ``src`` is the input, ``out`` the output).
@@ -23,13 +26,14 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cuda.bindings import driver
-from cutlass import Boolean, Int32, Int64, Uint32
+from cutlass import Boolean, Int32, Int64, Uint32, Uint64
 from cutlass.memory import SmemAllocator
 
 import ptxops
 
 from .config import (
     DTYPES,
+    LAMPORT_BLOCKS,
     LAMPORT_EXCHANGE,
     LAMPORT_MAX_BYTES,
     SIZE_MISMATCH,
@@ -64,8 +68,8 @@ def build(key: KernelKey):
     layout = PadLayout(world=world)
 
     def size_word(buffer, src):
-        """Pad word of ``src``'s element count in ``buffer`` (a runtime value)."""
-        return layout.lamport_size(width, 0, src) + buffer * world
+        """Pad word (the first of two) of ``src``'s size entry in ``buffer`` (a runtime value)."""
+        return layout.lamport_size(width, 0, src) + 2 * buffer * world
 
     @cute.jit
     def reduce_slots(slots):
@@ -76,105 +80,105 @@ def build(key: KernelKey):
         return reduce.convert(total, dtype)
 
     @cute.jit
-    def send(addrs, data_mc, region, src, n, first, step):
-        """Send this thread's elements, canonical, into our slot on every rank: whole vectors,
-        then the elements past the last one."""
-        vectors = n // per_vector if cutlass.const_expr(vectored) else Int64(0)
-        v = first
-        while v < vectors:
-            words = cute.make_rmem_tensor(4, Uint32)
-            lamport.load_words(words, src + v * VECTOR_BYTES)
-            for i in cutlass.range_constexpr(4):
-                words[i] = lamport.canonical(words[i], bits)
-            at = region + v * VECTOR_BYTES
-            lamport.send(words, [a + at for a in addrs], data_mc + at, multicast)
-            v += step
-        j = vectors * per_vector + first
-        while j < n:
-            word = cute.make_rmem_tensor(1, tail_carrier)
-            lamport.load_words(word, src + j * (bits // 8))
-            word[0] = lamport.canonical(word[0], bits)
-            at = region + j * (bits // 8)
-            lamport.send(word, [a + at for a in addrs], data_mc + at, multicast)
-            j += step
+    def send_one(words, src, addrs, data_mc, at):
+        """Load ``words`` from ``src``, make them canonical and send them to byte ``at`` of our
+        slot on every rank."""
+        lamport.load_words(words, src)
+        for i in cutlass.range_constexpr(cute.size(words)):
+            words[i] = lamport.canonical(words[i], bits)
+        lamport.send(words, [a + at for a in addrs], data_mc + at, multicast)
 
     @cute.jit
-    def receive(own, out, n, deadline, err, rank, block, first, step):
-        """Wait for every rank's copy of this thread's elements in our buffer at ``own``,
-        reduce them into ``out`` and empty their slots.  Returns False on a timeout."""
-        ok = Boolean(True)
-        vectors = n // per_vector if cutlass.const_expr(vectored) else Int64(0)
-        v = first
-        while v < vectors and ok:
-            slots = [cute.make_rmem_tensor(4, Uint32) for _ in range(world)]
-            where = [own + Int64(q) * slot + v * VECTOR_BYTES for q in range(world)]
-            missing = lamport.wait_slots(slots, where, bits, deadline)
-            if missing >= 0:
-                signals.record_error(err, Int32(TIMEOUT), Int32(LAMPORT_EXCHANGE), missing, block, rank)
-                ok = Boolean(False)
-            else:
-                at = signals.gmem(dtype, out, VECTOR_BYTES) + cute.assume(v * per_vector, divby=per_vector)
-                ptxops.st(at, reduce_slots(slots))
-                for q in cutlass.range_constexpr(world):
-                    lamport.clear(slots[q], where[q], bits)
-            v += step
-        j = vectors * per_vector + first
-        while j < n and ok:
-            slots = [cute.make_rmem_tensor(1, tail_carrier) for _ in range(world)]
-            where = [own + Int64(q) * slot + j * (bits // 8) for q in range(world)]
-            missing = lamport.wait_slots(slots, where, bits, deadline)
-            if missing >= 0:
-                signals.record_error(err, Int32(TIMEOUT), Int32(LAMPORT_EXCHANGE), missing, block, rank)
-                ok = Boolean(False)
-            else:
-                ptxops.st(signals.gmem(dtype, out, bits // 8) + j, reduce_slots(slots)[0])
-                for q in cutlass.range_constexpr(world):
-                    lamport.clear(slots[q], where[q], bits)
-            j += step
+    def receive_one(slots, where, out, deadline, err, rank, block) -> Boolean:
+        """Wait for every rank's ``slots`` at ``where``, store their reduction at ``out`` and
+        empty them; False (and an error record) on a timeout."""
+        missing = lamport.wait_slots(slots, where, bits, deadline)
+        ok = missing < 0
+        if ok:
+            values = reduce_slots(slots)
+            n = cutlass.const_expr(cute.size(slots[0]) * slots[0].element_type.width // bits)
+            ptr = signals.gmem(dtype, out, n * bits // 8)
+            ptxops.st(ptr, values if cutlass.const_expr(n > 1) else values[0])
+            for q in cutlass.range_constexpr(world):
+                lamport.clear(slots[q], where[q], bits)
+        else:
+            signals.record_error(err, Int32(TIMEOUT), Int32(LAMPORT_EXCHANGE), missing, block, rank)
         return ok
 
     @cute.jit
-    def announce(pad_table, pad_mc, buffer, size, rank, block):
-        """Block 0 sends our element count into every rank's size word of ``buffer``."""
+    def send(addrs, data_mc, region, src, n, first, step):
+        """Send this thread's 16-byte vectors of the slot (``v = first, first + step, ...``),
+        canonical, into our slot on every rank; a vector that the data does not fill (or all
+        of them, for data that is not 16-byte aligned) goes element by element."""
+        full = n // per_vector if cutlass.const_expr(vectored) else Int64(0)
+        v = first
+        while v < (n + per_vector - 1) // per_vector:
+            at = v * VECTOR_BYTES
+            if v < full:
+                send_one(cute.make_rmem_tensor(4, Uint32), src + at, addrs, data_mc, region + at)
+            else:
+                j = v * per_vector
+                while j < cutlass.min(v * per_vector + per_vector, n):
+                    e = j * (bits // 8)
+                    send_one(cute.make_rmem_tensor(1, tail_carrier), src + e, addrs, data_mc, region + e)
+                    j += 1
+            v += step
+
+    @cute.jit
+    def receive(own, out, n, deadline, err, rank, block, first, step):
+        """Wait for every rank's copy of this thread's vectors in our buffer at ``own``, reduce
+        them into ``out`` and empty their slots (the vectors :func:`send` sent)."""
+        ok = Boolean(True)
+        full = n // per_vector if cutlass.const_expr(vectored) else Int64(0)
+        v = first
+        while v < (n + per_vector - 1) // per_vector and ok:
+            at = v * VECTOR_BYTES
+            if v < full:
+                slots = [cute.make_rmem_tensor(4, Uint32) for _ in range(world)]
+                ok = receive_one(slots, [own + Int64(q) * slot + at for q in range(world)], out + at,
+                                 deadline, err, rank, block)
+            else:
+                j = v * per_vector
+                while j < cutlass.min(v * per_vector + per_vector, n) and ok:
+                    e = j * (bits // 8)
+                    slots = [cute.make_rmem_tensor(1, tail_carrier) for _ in range(world)]
+                    ok = receive_one(slots, [own + Int64(q) * slot + e for q in range(world)], out + e,
+                                     deadline, err, rank, block)
+                    j += 1
+            v += step
+        return ok
+
+    @cute.jit
+    def announce(pad_table, pad_mc, buffer, entry, rank, block):
+        """Block 0 sends our size entry into every rank's size words of ``buffer``."""
         tidx = cute.arch.thread_idx()[0]
         if block == 0 and tidx < world:
             if cutlass.const_expr(multicast):
                 if tidx == 0:
-                    at = signals.gmem(Uint32, pad_mc, 4) + size_word(buffer, rank)
-                    ptxops.multimem_st(at, size, sem="relaxed", scope="sys")
+                    at = signals.gmem(Uint64, pad_mc, 8) + size_word(buffer, rank) // 2
+                    ptxops.multimem_st(at, entry, sem="relaxed", scope="sys")
             else:
-                peer = signals.gmem(Uint32, signals.peer_address(pad_table, tidx), 4)
-                ptxops.st(peer + size_word(buffer, rank), size, sem="relaxed", scope="sys")
+                peer = signals.gmem(Uint64, signals.peer_address(pad_table, tidx), 8)
+                ptxops.st(peer + size_word(buffer, rank) // 2, entry, sem="relaxed", scope="sys")
 
     @cute.jit
-    def sizes_agree(pad, buffer, size, deadline, err, rank, block) -> Boolean:
-        """Threads ``t < world`` wait for rank ``t``'s element count and compare it with ours
-        (True in threads that found it equal, and in the others)."""
+    def sizes_agree(pad, buffer, entry, deadline, err, rank, block) -> Boolean:
+        """Threads ``t < world`` wait for rank ``t``'s size entry of this call and compare its
+        element count with ours (True in threads that found it equal, and in the others)."""
         tidx = cute.arch.thread_idx()[0]
         ok = Boolean(True)
         if tidx < world:
-            own = signals.gmem(Uint32, pad, 4) + size_word(buffer, tidx)
+            own = signals.gmem(Uint64, pad, 8) + size_word(buffer, tidx) // 2
             seen = ptxops.ld(own, sem="relaxed", scope="sys")
-            while seen == Uint32(0) and cute.arch.globaltimer() < deadline:
+            while (seen >> 32) != (entry >> 32) and cute.arch.globaltimer() < deadline:
                 seen = ptxops.ld(own, sem="relaxed", scope="sys")
-            if seen == Uint32(0):
+            if (seen >> 32) != (entry >> 32):
                 signals.record_error(err, Int32(TIMEOUT), Int32(LAMPORT_EXCHANGE), tidx, block, rank)
                 ok = Boolean(False)
-            elif seen != size:
+            elif seen != entry:
                 signals.record_error(err, Int32(SIZE_MISMATCH), Int32(LAMPORT_EXCHANGE), tidx, block, rank)
                 ok = Boolean(False)
         return ok
-
-    @cute.jit
-    def finish(pad, buffer, step_now, blocks):
-        """The last block to finish empties this call's size words and advances the step."""
-        words = signals.gmem(Uint32, pad, 4)
-        done = ptxops.atom_add(words + layout.lamport_done(width), Uint32(1), sem="acq_rel", scope="gpu")
-        if done == Uint32(blocks - 1):
-            ptxops.st(words + layout.lamport_done(width), Uint32(0))
-            for q in cutlass.range_constexpr(world):
-                ptxops.st(words + size_word(buffer, q), Uint32(0))
-            ptxops.st(words + layout.lamport_step(width), step_now + Uint32(1))
 
     @cute.kernel
     def kernel(
@@ -183,26 +187,27 @@ def build(key: KernelKey):
     ):
         tidx = cute.arch.thread_idx()[0]
         block = cute.arch.block_idx()[0]
-        blocks = cute.arch.grid_dim()[0]
         smem = SmemAllocator()
         flag = smem.allocate_tensor(Int32, cute.make_layout(1), byte_alignment=4)
-        step_now = ptxops.ld(signals.gmem(Uint32, pad, 4) + layout.lamport_step(width))
-        buffer = Int32(step_now % Uint32(BUFFERS))
+        counter = signals.gmem(Uint32, pad, 4) + (layout.lamport_step(width, 0) + block)
+        call = ptxops.ld(counter)
+        buffer = Int32(call % Uint32(BUFFERS))
         deadline = cute.arch.globaltimer() + timeout_ns
         first = Int64(block) * threads + tidx
-        step = Int64(blocks) * threads
+        step = Int64(LAMPORT_BLOCKS * threads)
         addrs = [signals.peer_address(data_table, Int32(r)) for r in range(world)]
         base = Int64(buffer) * (world * slot)
-        region = base + Int64(rank) * slot
-        size = Uint32(n)
-        announce(pad_table, pad_mc, buffer, size, rank, block)
-        send(addrs, data_mc, region, src, n, first, step)
-        ok = sizes_agree(pad, buffer, size, deadline, err, rank, block)
-        if signals.block_all(flag, ok):
-            receive(signals.peer_address(data_table, rank) + base, out, n, deadline, err, rank, block, first, step)
+        entry = (Uint64(call + Uint32(1)) << 32) | Uint64(n)
+        announce(pad_table, pad_mc, buffer, entry, rank, block)
+        send(addrs, data_mc, base + Int64(rank) * slot, src, n, first, step)
+        # A block with no vectors has nothing to wait for.
+        if Int64(block) * threads < (n + per_vector - 1) // per_vector:
+            ok = sizes_agree(pad, buffer, entry, deadline, err, rank, block)
+            if signals.block_all(flag, ok):
+                receive(signals.peer_address(data_table, rank) + base, out, n, deadline, err, rank, block, first, step)
         cute.arch.sync_threads()
         if tidx == 0:
-            finish(pad, buffer, step_now, blocks)
+            ptxops.st(counter, call + Uint32(1))
 
     @cute.jit
     def launch(
@@ -211,7 +216,7 @@ def build(key: KernelKey):
         blocks: Int32, stream: driver.CUstream,
     ):
         kernel(data_table, data_mc, out, src, n, pad_table, pad_mc, pad, err, rank, timeout_ns).launch(
-            grid=[blocks, 1, 1], block=[threads, 1, 1], stream=stream
+            grid=[LAMPORT_BLOCKS, 1, 1], block=[threads, 1, 1], stream=stream
         )
 
     return launch

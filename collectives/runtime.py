@@ -18,6 +18,7 @@ import torch
 from . import symmetric
 from .config import (
     DATA_PHASE,
+    LAMPORT_BLOCKS,
     ERROR_FIELDS,
     LAMPORT_EXCHANGE,
     LAMPORT_MAX_BYTES,
@@ -166,7 +167,7 @@ class Communicator:
         barrier()
         for element_bytes, buf in self._lamport.items():
             _fill_empty(buf, element_bytes)
-        self.pad[self.layout.lamport_step(0):].zero_()
+        self.pad[self.layout.lamport_base:].zero_()
         barrier()
         self.lamport_dirty = False
 
@@ -190,13 +191,16 @@ class Communicator:
     def blocks(self, key: KernelKey, work: int) -> int:
         """Thread blocks for ``work`` vector accesses per rank: enough to cover them, at most
         two per SM and never more than the pad has slots for.  A TMA kernel takes at most a
-        quarter of the SMs (bulk copies need few); a Lamport one at most one block per SM
-        (every block must be resident: each waits for data other ranks' blocks send)."""
+        quarter of the SMs (bulk copies need few); a Lamport one always has
+        :data:`~collectives.config.LAMPORT_BLOCKS` (each block owns fixed vectors of the
+        rotating buffers; all are resident at once: each waits for data other ranks' blocks
+        send)."""
         if key.algorithm == "tma":
             tiles = -(-work * 16 // key.tile_bytes)
             return max(1, min(tiles, self.sms // 4))
-        limit = self.sms if key.algorithm == "lamport" else 2 * self.sms
-        return max(1, min(-(-work // key.threads), limit, self.layout.max_blocks))
+        if key.algorithm == "lamport":
+            return LAMPORT_BLOCKS  # a fixed grid (the kernel launches this many regardless)
+        return max(1, min(-(-work // key.threads), 2 * self.sms, self.layout.max_blocks))
 
     def plan(self, key: KernelKey, data: Buffer | list[Buffer], out: int, src: int, n: int, blocks: int) -> Plan:
         """A ready launch of ``key``: everything but the stream fixed.  Given staging buffers

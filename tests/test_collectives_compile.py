@@ -9,7 +9,7 @@ import re
 import pytest
 
 from collectives.__main__ import main
-from collectives.config import ALGORITHMS, DTYPES, FP8, KernelKey, PadLayout
+from collectives.config import ALGORITHMS, DTYPES, FP8, LAMPORT_BLOCKS, KernelKey, PadLayout
 
 pytest.importorskip("cutlass")
 from collectives.ptx import kernel_ptx  # noqa: E402
@@ -46,7 +46,7 @@ def test_kernel_compiles(collective: str, algorithm: str, backend: str, dtype: s
         if backend == "peer":
             assert not found and "st.relaxed.sys.global.v4.b32" in ptx
         else:
-            assert found == {"multimem.st.relaxed.sys.global.v4.f32", "multimem.st.relaxed.sys.global.b32"}, found
+            assert found == {"multimem.st.relaxed.sys.global.v4.f32", "multimem.st.relaxed.sys.global.b64"}, found
         return
     if backend == "peer":
         assert not found, found
@@ -136,9 +136,10 @@ def test_pad_regions_do_not_overlap() -> None:
     words += [layout.counter(b) for b in range(4)]
     words += [layout.size(b, s) for b in range(4) for s in range(3)]
     words += [layout.epoch(b) for b in range(4)]
-    words += [layout.lamport_step(w) for w in range(3)] + [layout.lamport_done(w) for w in range(3)]
-    words += [layout.lamport_size(w, b, s) for w in range(3) for b in range(3) for s in range(3)]
+    words += [layout.lamport_step(w, b) for w in range(3) for b in range(LAMPORT_BLOCKS)]
+    words += [layout.lamport_size(w, b, s) + half for w in range(3) for b in range(3) for s in range(3) for half in (0, 1)]
     assert sorted(words) == list(range(layout.words))
+    assert all(layout.lamport_size(w, b, s) % 2 == 0 for w in range(3) for b in range(3) for s in range(3))
 
 
 def test_runtime_call_path_compiles_with_tvm_ffi() -> None:
