@@ -18,8 +18,8 @@ import torch
 from . import symmetric
 from .config import (
     DATA_PHASE,
-    LAMPORT_BLOCKS,
     ERROR_FIELDS,
+    LAMPORT_BLOCKS,
     LAMPORT_EXCHANGE,
     LAMPORT_MAX_BYTES,
     SIZE_MISMATCH,

@@ -9,7 +9,14 @@ import re
 import pytest
 
 from collectives.__main__ import main
-from collectives.config import ALGORITHMS, DTYPES, FP8, LAMPORT_BLOCKS, KernelKey, PadLayout
+from collectives.config import (
+    ALGORITHMS,
+    DTYPES,
+    FP8,
+    LAMPORT_BLOCKS,
+    KernelKey,
+    PadLayout,
+)
 
 pytest.importorskip("cutlass")
 from collectives.ptx import kernel_ptx  # noqa: E402
