@@ -2,9 +2,12 @@
 
 Every kernel is ``start barrier -> move data -> end barrier`` for one thread block, paired with
 the same block index on every rank (the data partition is the same on every rank, so a
-per-block barrier orders exactly the accesses that conflict).  Data moves in 16-byte vectors;
-the elements past the last whole vector (and all of them when the data is not 16-byte aligned,
-``vector=1``) take the peer path one at a time.
+per-block barrier orders exactly the accesses that conflict).  Data moves in 16-byte vectors
+through registers, or, for ``algorithm="tma"``, in tiles through the bulk-copy pipeline of
+:mod:`collectives.device.tiles` (block ``b`` owning tiles ``b, b + B, ...`` of each slice);
+the elements past the last whole vector (and all of them when the data is not 16-byte
+aligned, ``vector=1``) take the peer path one at a time.  The Lamport all-reduce, which has
+no barrier, is built by :mod:`collectives.lamport_kernel` with the same launch arguments.
 
 Runtime arguments are plain 64-bit addresses and counts, so one compile serves every tensor of
 a :class:`~collectives.config.KernelKey`:
