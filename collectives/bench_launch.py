@@ -1,0 +1,70 @@
+"""Host cost of one kernel launch: CuTeDSL's TVM-FFI call vs ``cuLaunchKernel`` with
+pre-packed parameters (the floor of any eager collective call), and a torch op for scale.
+
+    python -m collectives.bench_launch        # one GPU
+
+Launches a kernel with the collectives' launch signature (11 parameters) that does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import time
+from collections.abc import Callable
+
+import cutlass.cute as cute
+import torch
+from cuda.bindings import driver
+from cutlass import Int32, Int64
+
+
+@cute.kernel
+def _idle(a: Int64, b: Int64, c: Int64, d: Int64, e: Int64, f: Int64, g: Int64, h: Int64, i: Int64,
+          j: Int32, k: Int64):
+    if cute.arch.thread_idx()[0] == 1024:  # never: blocks have 256 threads
+        cute.printf("unreachable")
+
+
+@cute.jit
+def _launch(a: Int64, b: Int64, c: Int64, d: Int64, e: Int64, f: Int64, g: Int64, h: Int64, i: Int64,
+            j: Int32, k: Int64, blocks: Int32, stream: driver.CUstream):
+    _idle(a, b, c, d, e, f, g, h, i, j, k).launch(grid=[blocks, 1, 1], block=[256, 1, 1], stream=stream)
+
+
+def host_us(fn: Callable[[], object], n: int = 20000) -> float:
+    """Host microseconds per call of ``fn`` (after warm-up; the GPU drains afterwards)."""
+    for _ in range(100):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed * 1e6 / n
+
+
+def main() -> None:
+    from .runtime import compile_target
+
+    torch.zeros(1, device="cuda")
+    args = [Int64(0)] * 9 + [Int32(0), Int64(0), Int32(1), driver.CUstream(0)]
+    arch = cute.GPUArch(compile_target())
+    fn = cute.compile[arch](_launch, *args, options="--enable-tvm-ffi").__tvm_ffi_object__()
+    cubin = cute.compile[arch, cute.KeepCUBIN](_launch, *args).__cubin__
+    _, module = driver.cuModuleLoadData(cubin)
+    _, kernel = driver.cuModuleGetFunction(module, re.search(rb"kernel_cutlass__idle\w*", cubin).group(0))
+    values = [ctypes.c_uint64(v) for v in range(1, 10)] + [ctypes.c_uint32(10), ctypes.c_uint64(11)]
+    params = (ctypes.c_void_p * len(values))(*[ctypes.addressof(v) for v in values])
+    stream = torch.cuda.current_stream().cuda_stream
+    x = torch.zeros(1, device="cuda")
+    print(f"{torch.cuda.get_device_name()}: host microseconds per launch")
+    print(f"  CuTeDSL TVM-FFI call        {host_us(lambda: fn(*range(1, 12), 1, stream)):.2f}")
+    print(f"  cuLaunchKernel, pre-packed  "
+          f"{host_us(lambda: driver.cuLaunchKernel(kernel, 1, 1, 1, 256, 1, 1, 0, stream, ctypes.addressof(params), 0)):.2f}")
+    print(f"  torch x.add_(1)             {host_us(lambda: x.add_(1)):.2f}")
+
+
+if __name__ == "__main__":
+    main()
