@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cuda.bindings import driver
 from cutlass import Int32, Int64, Uint32
 from cutlass.memory import SmemAllocator
 
@@ -36,6 +35,7 @@ from . import lamport_kernel
 from .config import DATA_PHASE, DTYPES, TIMEOUT, TMA_STAGES, VECTOR_BYTES, KernelKey
 from .device import reduce, signals, tiles
 from .device.reduce import ACC, DTYPE
+from .launch import example_arguments, launcher
 
 
 def build(key: KernelKey):
@@ -253,23 +253,7 @@ def build(key: KernelKey):
         if tidx == 0:
             signals.advance_epoch(pad, block, epoch + Uint32(key.barriers), world)
 
-    @cute.jit
-    def launch(
-        data_table: Int64, data_mc: Int64, out: Int64, src: Int64, n: Int64,
-        pad_table: Int64, pad_mc: Int64, pad: Int64, err: Int64, rank: Int32, timeout_ns: Int64,
-        blocks: Int32, stream: driver.CUstream,
-    ):
-        kernel(data_table, data_mc, out, src, n, pad_table, pad_mc, pad, err, rank, timeout_ns).launch(
-            grid=[blocks, 1, 1], block=[threads, 1, 1], stream=stream
-        )
-
-    return launch
-
-
-def example_arguments() -> tuple:
-    """Placeholder runtime arguments for compiling without a GPU."""
-    return (Int64(0), Int64(0), Int64(0), Int64(0), Int64(0), Int64(0), Int64(0), Int64(0), Int64(0),
-            Int32(0), Int64(0), Int32(1), driver.CUstream(0))
+    return launcher(kernel, threads)
 
 
 __all__ = ["ACC", "DTYPE", "build", "example_arguments"]

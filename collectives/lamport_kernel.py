@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cuda.bindings import driver
 from cutlass import Boolean, Int32, Int64, Uint32, Uint64
 from cutlass.memory import SmemAllocator
 
@@ -44,6 +43,7 @@ from .config import (
 )
 from .device import lamport, reduce, signals
 from .device.reduce import ACC, DTYPE
+from .launch import launcher
 
 BUFFERS = 3
 
@@ -209,17 +209,7 @@ def build(key: KernelKey):
         if tidx == 0:
             ptxops.st(counter, call + Uint32(1))
 
-    @cute.jit
-    def launch(
-        data_table: Int64, data_mc: Int64, out: Int64, src: Int64, n: Int64,
-        pad_table: Int64, pad_mc: Int64, pad: Int64, err: Int64, rank: Int32, timeout_ns: Int64,
-        blocks: Int32, stream: driver.CUstream,
-    ):
-        kernel(data_table, data_mc, out, src, n, pad_table, pad_mc, pad, err, rank, timeout_ns).launch(
-            grid=[LAMPORT_BLOCKS, 1, 1], block=[threads, 1, 1], stream=stream
-        )
-
-    return launch
+    return launcher(kernel, threads, grid=LAMPORT_BLOCKS)
 
 
 __all__ = ["BUFFERS", "build", "width_index"]
