@@ -88,12 +88,13 @@ def _all_reduce_plan(comm: Communicator, t, op, algorithm, backend, out, capturi
         raise CollectiveError("all_reduce: out must be a contiguous tensor of t's dtype and shape")
     nbytes = t.numel() * t.element_size()
     backend = _backend(comm, backend, dtype)
-    aligned = all(x.data_ptr() % VECTOR_BYTES == 0 for x in (t, result))
+    aligned = _aligned(t, result)
     if algorithm == "auto":
         algorithm = tuning.all_reduce_algorithm(comm.world, nbytes, backend, aligned)
     _check_algorithm("all_reduce", algorithm, nbytes, aligned)
+    vector = _vector(dtype, backend, aligned)
     if algorithm == "lamport":
-        return _lamport_plan(comm, t, result, dtype, op, backend)
+        return _lamport_plan(comm, t, result, dtype, op, backend, vector)
     # Two-shot works in place on a symmetric t (zero-copy).  One-shot always stages t into an
     # internal symmetric buffer inside the kernel: alternating between two buffers lets it
     # write its result straight into t and skip the end barrier (not under graph capture,
@@ -104,7 +105,6 @@ def _all_reduce_plan(comm: Communicator, t, op, algorithm, backend, out, capturi
         data: Buffer | list[Buffer] = comm.buffer(t)
     else:
         data = [comm.buffer(comm.staging(nbytes, i)) for i in ((0, 1) if alternate else (2,))]
-    vector = _vector(dtype, backend, t, result)
     key = KernelKey(
         "all_reduce", algorithm, backend, dtype, comm.world, op=op, vector=vector,
         gather_out=algorithm != "one_shot" and not zero_copy,
@@ -120,10 +120,9 @@ def _all_reduce_plan(comm: Communicator, t, op, algorithm, backend, out, capturi
     return comm.plan(key, data, target, src, t.numel(), comm.blocks(key, work))
 
 
-def _lamport_plan(comm: Communicator, t, result, dtype: str, op: str, backend: str):
+def _lamport_plan(comm: Communicator, t, result, dtype: str, op: str, backend: str, vector: int):
     """A Lamport all-reduce reads ``t`` and writes ``result`` directly (no staging): its
     symmetric memory is the rotating receive buffers of its element width."""
-    vector = _vector(dtype, backend, t, result)
     key = KernelKey("all_reduce", "lamport", backend, dtype, comm.world, op=op, vector=vector, threads=256)
     data = comm.buffer(comm.lamport(t.element_size()))
     work = -(-t.numel() // key.elements_per_access)
@@ -193,8 +192,9 @@ def _reduce_scatter_plan(comm: Communicator, out, inp, op, algorithm, backend, c
     if out.numel() == 0:
         return None
     nbytes = inp.numel() * inp.element_size()
-    aligned = out.numel() * out.element_size() % VECTOR_BYTES == 0 and all(
-        x.data_ptr() % VECTOR_BYTES == 0 for x in (inp, out))
+    whole_vectors = out.numel() * out.element_size() % VECTOR_BYTES == 0
+    pointers_aligned = _aligned(inp, out)
+    aligned = whole_vectors and pointers_aligned
     if algorithm == "auto":
         algorithm = tuning.reduce_scatter_algorithm(comm.world, nbytes, backend, aligned)
     _check_algorithm("reduce_scatter", algorithm, nbytes, aligned)
@@ -206,7 +206,7 @@ def _reduce_scatter_plan(comm: Communicator, out, inp, op, algorithm, backend, c
         data: Buffer | list[Buffer] = comm.buffer(inp)
     else:
         data = [comm.buffer(comm.staging(nbytes, i)) for i in ((0, 1) if alternate else (2,))]
-    vector = _vector(dtype, backend, inp, out) if aligned else 1
+    vector = _vector(dtype, backend, pointers_aligned) if whole_vectors else 1
     key = KernelKey("reduce_scatter", algorithm, backend, dtype, comm.world, op=op, vector=vector,
                     stage_in=not zero_copy, end_barrier=not alternate)
     work = -(-out.numel() // key.elements_per_access)
@@ -244,10 +244,15 @@ def _backend(comm: Communicator, requested: str, dtype: str) -> str:
     return backend
 
 
-def _vector(dtype: str, backend: str, *tensors: torch.Tensor) -> int:
-    """16-byte vectors when every tensor is 16-byte aligned, else one element at a time
+def _aligned(*tensors: torch.Tensor) -> bool:
+    """Whether every tensor starts on a 16-byte boundary."""
+    return all(t.data_ptr() % VECTOR_BYTES == 0 for t in tensors)
+
+
+def _vector(dtype: str, backend: str, aligned: bool) -> int:
+    """16-byte vectors when the tensors are 16-byte aligned, else one element at a time
     (the peer path: multimem has no single-element form of the 16-bit types)."""
-    if all(t.data_ptr() % VECTOR_BYTES == 0 for t in tensors):
+    if aligned:
         return VECTOR_BYTES // DTYPES[dtype][0]
     if backend == "multicast":
         raise CollectiveError("the multicast backend needs 16-byte aligned tensors; use backend='peer'")

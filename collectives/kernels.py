@@ -82,15 +82,19 @@ def build(key: KernelKey):
         ptxops.st(signals.gmem(dtype, address, align) + cute.assume(offset, divby=n), values)
 
     @cute.jit
+    def copy_vector(src, dst, off):
+        """dst[off:off + vec] = src[off:off + vec]: one vector (``off`` a multiple of ``vec``)."""
+        align = cutlass.const_expr(vec * dtype.width // 8)
+        values = ptxops.ld(signals.gmem(dtype, src, align) + cute.assume(off, divby=vec), num_elements=vec)
+        store_local(dst, off, values, vec)
+
+    @cute.jit
     def copy_local(src, dst, begin, end, first, step):
         """dst[i] = src[i] for i in [begin, end): the whole vectors from ``begin`` (a vector
         boundary) split as the data phase splits them, then the elements past the last one."""
         v = begin // vec + first
         while v < end // vec:
-            off = Int64(v) * vec
-            align = cutlass.const_expr(vec * dtype.width // 8)
-            values = ptxops.ld(signals.gmem(dtype, src, align) + cute.assume(off, divby=vec), num_elements=vec)
-            store_local(dst, off, values, vec)
+            copy_vector(src, dst, Int64(v) * vec)
             v += step
         j = cutlass.max(Int64(end // vec * vec), begin) + first
         while j < end:
@@ -108,10 +112,7 @@ def build(key: KernelKey):
         while t * tile_vectors < end - begin:
             v = begin + t * tile_vectors + tidx
             while v < cutlass.min(begin + (t + 1) * tile_vectors, end):
-                off = v * vec
-                align = cutlass.const_expr(vec * dtype.width // 8)
-                values = ptxops.ld(signals.gmem(dtype, src, align) + cute.assume(off, divby=vec), num_elements=vec)
-                store_local(dst, off, values, vec)
+                copy_vector(src, dst, v * vec)
                 v += threads
             t += blocks
 

@@ -24,6 +24,7 @@ from .config import (
     LAMPORT_MAX_BYTES,
     SIZE_MISMATCH,
     TIMEOUT,
+    VECTOR_BYTES,
     KernelKey,
     PadLayout,
 )
@@ -196,7 +197,7 @@ class Communicator:
         rotating buffers; all are resident at once: each waits for data other ranks' blocks
         send)."""
         if key.algorithm == "tma":
-            tiles = -(-work * 16 // key.tile_bytes)
+            tiles = -(-work * VECTOR_BYTES // key.tile_bytes)
             return max(1, min(tiles, self.sms // 4))
         if key.algorithm == "lamport":
             return LAMPORT_BLOCKS  # a fixed grid (the kernel launches this many regardless)
@@ -239,7 +240,7 @@ class Plan:
             comm.turn ^= 1
         else:
             args = self.args[0]
-        self.fn(*args, _RAW_STREAM(comm.device_index) if _RAW_STREAM else current_stream(comm.device_index))
+        self.fn(*args, current_stream(comm.device_index))
 
 
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)

@@ -24,10 +24,9 @@ from cutlass.memory import SmemAllocator
 
 import ptxops
 
+from ..config import VECTOR_BYTES
 from .reduce import combine, convert
 from .signals import gmem
-
-VECTOR_BYTES = 16
 
 
 def smem_bytes(world: int, tile: int, stages: int) -> int:
@@ -49,10 +48,15 @@ def shared_buffers(smem: SmemAllocator, dtype: cutlass.Constexpr, world: cutlass
 
 
 @cute.jit
+def _tile_at(k: Int64, tile: cutlass.Constexpr) -> Int64:
+    """Byte offset of this block's ``k``-th tile (tile ``block + k * blocks`` of the range)."""
+    return (Int64(cute.arch.block_idx()[0]) + k * cute.arch.grid_dim()[0]) * tile
+
+
+@cute.jit
 def _tile_bytes(k: Int64, nbytes: Int64, tile: cutlass.Constexpr) -> Int64:
     """Bytes of this block's ``k``-th tile (the last tile of the range may be short)."""
-    at = (Int64(cute.arch.block_idx()[0]) + k * cute.arch.grid_dim()[0]) * tile
-    return cutlass.min(Int64(tile), nbytes - at)
+    return cutlass.min(Int64(tile), nbytes - _tile_at(k, tile))
 
 
 @cute.jit
@@ -62,7 +66,7 @@ def _issue(k: Int64, srcs, src_offset: Int64, nbytes: Int64, inputs, mbars, dtyp
     world = cutlass.const_expr(len(srcs))
     per_tile = cutlass.const_expr(tile * 8 // dtype.width)
     s = Int32(k % stages)
-    at = (Int64(cute.arch.block_idx()[0]) + k * cute.arch.grid_dim()[0]) * tile
+    at = _tile_at(k, tile)
     size = Int32(_tile_bytes(k, nbytes, tile))
     ptxops.mbarrier_arrive(mbars + s, size * world)
     for q in cutlass.range_constexpr(world):
@@ -143,7 +147,7 @@ def reduce_tiles(
         ptxops.fence(proxy="async.shared::cta")
         cute.arch.sync_threads()
         if tidx == 0:
-            at = (Int64(block) + k * blocks) * tile
+            at = _tile_at(k, tile)
             if cutlass.const_expr(multicast):
                 ptxops.cp_async_bulk(gmem(dtype, mc + dst_offset + at, VECTOR_BYTES), out, Int32(size))
             else:
