@@ -15,9 +15,9 @@ import json
 import os
 from collections.abc import Callable
 
-for _var, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
-                     ("NVSHMEM_DISABLE_NVLS", "1")):
-    os.environ[_var] = _value
+from .capability import force_multicast_off
+
+force_multicast_off()
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

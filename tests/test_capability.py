@@ -11,7 +11,15 @@ from collections.abc import Sequence
 import pytest
 
 from collectives import capability
-from collectives.capability import Capabilities, agree, choose_backend, multicast_disabled_by_env, probe
+from collectives.capability import (
+    MULTICAST_OFF,
+    Capabilities,
+    agree,
+    choose_backend,
+    force_multicast_off,
+    multicast_disabled_by_env,
+    probe,
+)
 from collectives.errors import CollectiveError, MulticastUnavailable
 
 CLEAN: dict[str, str] = {}
@@ -50,6 +58,14 @@ def test_env_default_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
     assert multicast_disabled_by_env() is None
     monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
     assert "NCCL_NVLS_ENABLE=0" in (multicast_disabled_by_env() or "")
+
+
+def test_force_multicast_off_sets_every_switch_even_over_a_stray_value() -> None:
+    env = {"NVSHMEM_DISABLE_NVLS": "0", "NCCL_NVLS_ENABLE": "1", "PATH": "/bin"}
+    force_multicast_off(env)
+    reason = multicast_disabled_by_env(env) or ""
+    assert all(f"{n}={v}" in reason for n, v in MULTICAST_OFF.items()), reason
+    assert env["PATH"] == "/bin"
 
 
 class FakeQuery:

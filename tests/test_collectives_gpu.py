@@ -7,14 +7,13 @@ Never launches a multimem kernel: NVLink multicast stays off (the backend resolv
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
 
-for _var, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
-                     ("NVSHMEM_DISABLE_NVLS", "1")):
-    os.environ[_var] = _value
+from collectives.capability import force_multicast_off
+
+force_multicast_off()
 
 pytestmark = pytest.mark.multigpu
 torch = pytest.importorskip("torch")

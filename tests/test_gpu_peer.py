@@ -35,6 +35,7 @@ from cutlass.cute.runtime import make_fake_stream  # noqa: E402
 from gpu_support import THREADS, compile_for_device, current_stream, spin_until  # noqa: E402
 
 import ptxops  # noqa: E402
+from collectives.capability import force_multicast_off  # noqa: E402
 
 pytestmark = pytest.mark.multigpu
 
@@ -42,9 +43,7 @@ if "WORLD_SIZE" in os.environ:
     # NVLink multicast must stay off wherever this runs (shared GPU hosts); set before
     # nvshmem / NCCL start.  Forced (not setdefault): a stray NVSHMEM_DISABLE_NVLS=0 must not
     # let nvshmem create multicast objects.
-    os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
-    os.environ["NCCL_NVLS_ENABLE"] = "0"
-    os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+    force_multicast_off()
 
 CHANNELS = 8  # sender CTAs (and as many receiver CTAs) per rank
 WORDS = 4096  # payload words per channel per round (32 per thread)

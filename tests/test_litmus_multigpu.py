@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
+from collectives.capability import force_multicast_off
+
 pytestmark = pytest.mark.multigpu
 
 if "WORLD_SIZE" in os.environ:  # peer memory only: keep NVLink multicast off (set before nvshmem)
-    os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
-    os.environ["NCCL_NVLS_ENABLE"] = "0"
-    os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+    force_multicast_off()
 
 RUNS = 1_000_000
 MUST_HOLD = ["MP+rel_acq@sys", "MP+fence_acq_rel@sys", "MP+red_rel_acq@sys", "SB+fence_sc@sys"]

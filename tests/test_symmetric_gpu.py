@@ -22,9 +22,9 @@ if not torch.cuda.is_available() or torch.cuda.device_count() < 2 or int(os.envi
 pytest.importorskip("nvshmem.core")
 
 # NVLink multicast must stay off wherever this runs (shared GPU hosts): force the switches.
-os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
-os.environ["NCCL_NVLS_ENABLE"] = "0"
-os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+from collectives.capability import force_multicast_off  # noqa: E402
+
+force_multicast_off()
 
 import collectives  # noqa: E402
 from collectives import MulticastUnavailable, SymmetricMemoryError  # noqa: E402

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from collectives import symmetric  # noqa: E402
-from collectives.capability import Capabilities  # noqa: E402
+from collectives.capability import MULTICAST_OFF, Capabilities  # noqa: E402
 from collectives.errors import MulticastUnavailable, SymmetricMemoryError  # noqa: E402
 from collectives.symmetric import ALIGN, Context  # noqa: E402
 
@@ -174,8 +174,7 @@ def test_multicast_tensor_guards(monkeypatch: pytest.MonkeyPatch) -> None:
     # capable and multicast backend, but the environment disables it now
     with make_ctx(backend="multicast", mc=True) as ctx:
         a = ctx.empty(8)
-        offs = (("NVSHMEM_DISABLE_NVLS", "1"), ("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"))
-        for n, v in offs:
+        for n, v in MULTICAST_OFF.items():
             monkeypatch.setenv(n, v)
             with pytest.raises(MulticastUnavailable, match=n):
                 ctx.multicast_tensor(a)

@@ -105,9 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("--placement gpu runs under torchrun --nproc-per-node 2", file=sys.stderr)
             return 2
         # peer memory only: NVLink multicast stays off (set before nvshmem and NCCL start)
-        os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
-        os.environ["NCCL_NVLS_ENABLE"] = "0"
-        os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+        from collectives.capability import force_multicast_off
+
+        force_multicast_off()
         import collectives
 
         local = int(os.environ.get("LOCAL_RANK", "0"))
