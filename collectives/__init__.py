@@ -1,7 +1,7 @@
 """Multi-GPU collectives (barrier, all-reduce, reduce-scatter) in CuTeDSL on symmetric memory.
 
 ``collectives.all_reduce / reduce_scatter / barrier / empty`` (:mod:`collectives.api`) run the
-kernels of :mod:`collectives.kernels`, built from the device building blocks of
+kernels of :mod:`collectives.algorithms` (one module per algorithm), built from the device building blocks of
 :mod:`collectives.device` and ptxops.  Host layer: :mod:`collectives.errors`,
 :mod:`collectives.capability` (backend detection: NVLink multicast vs. peer) and
 :mod:`collectives.symmetric` (nvshmem4py heap).  Everything that needs torch and nvshmem4py

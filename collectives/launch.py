@@ -1,5 +1,5 @@
 """The launch contract every collective kernel shares: its runtime arguments (see
-:mod:`collectives.kernels` for what each holds) and the ``@cute.jit`` launcher around a
+:mod:`collectives.algorithms.design` for what each holds) and the ``@cute.jit`` launcher around a
 ``@cute.kernel`` that takes them."""
 
 from __future__ import annotations

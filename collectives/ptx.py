@@ -12,10 +12,10 @@ def kernel_ptx(key: KernelKey, arch: str = "sm_90a") -> str:
     import cutlass.cute as cute
     from cutlass.base_dsl.compiler import DumpDir
 
-    from . import kernels
+    from . import algorithms
 
     with tempfile.TemporaryDirectory() as dump:
         compiled = cute.compile[cute.KeepPTX, cute.GPUArch(arch), DumpDir(dump)](
-            kernels.build(key), *kernels.example_arguments()
+            algorithms.build(key), *algorithms.example_arguments()
         )
         return compiled.__ptx__

@@ -179,12 +179,12 @@ class Communicator:
         positional TVM-FFI function: CuTeDSL's low-overhead call path."""
         import cutlass.cute as cute
 
-        from . import kernels
+        from . import algorithms
 
         target = compile_target()
         if (key, target) not in self._kernels:
             compiled = cute.compile[cute.GPUArch(target)](
-                kernels.build(key), *kernels.example_arguments(), options="--enable-tvm-ffi"
+                algorithms.build(key), *algorithms.example_arguments(), options="--enable-tvm-ffi"
             )
             self._kernels[(key, target)] = (compiled, compiled.__tvm_ffi_object__())
         return self._kernels[(key, target)][1]

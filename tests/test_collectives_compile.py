@@ -31,6 +31,18 @@ CASES = [
 ]
 
 
+def test_every_algorithm_has_one_builder() -> None:
+    """The registry of algorithm modules names exactly the algorithms the config offers."""
+    from collectives.algorithms import BUILDERS
+
+    assert set(BUILDERS) == {(c, a) for c, algorithms in ALGORITHMS.items() for a in algorithms}
+
+
+def test_gather_out_only_where_a_result_is_gathered() -> None:
+    with pytest.raises(ValueError, match="gather_out"):
+        KernelKey("all_reduce", "one_shot", "peer", "bf16", 2, gather_out=True)
+
+
 def _multimem(ptx: str) -> set[str]:
     return set(re.findall(r"\bmultimem\.[\w.:]+", ptx))
 
@@ -153,11 +165,11 @@ def test_runtime_call_path_compiles_with_tvm_ffi() -> None:
     """The runtime calls kernels through CuTeDSL's TVM-FFI path (microseconds per call)."""
     import cutlass.cute as cute
 
-    from collectives import kernels
+    from collectives import algorithms
 
     key = KernelKey("all_reduce", "one_shot", "peer", "bf16", 2, stage_in=True, end_barrier=False)
     compiled = cute.compile[cute.GPUArch("sm_90a")](
-        kernels.build(key), *kernels.example_arguments(), options="--enable-tvm-ffi"
+        algorithms.build(key), *algorithms.example_arguments(), options="--enable-tvm-ffi"
     )
     assert callable(compiled.__tvm_ffi_object__())
 

@@ -17,7 +17,7 @@ With its data each rank sends ``(call + 1) << 32 | elements``; a receiver waits 
 of this call (older entries carry older calls, so nothing is ever cleared) and records a size
 mismatch if the count differs.  Every wait is bounded by the deadline.
 
-The launch takes the same arguments as :mod:`collectives.kernels` (``data_table`` and
+The launch takes the same arguments as :mod:`collectives.algorithms.design` (``data_table`` and
 ``data_mc`` are the receive buffers', ``src`` is the input, ``out`` the output).
 """
 
@@ -30,7 +30,7 @@ from cutlass.memory import SmemAllocator
 
 import ptxops
 
-from .config import (
+from ..config import (
     DTYPES,
     LAMPORT_BLOCKS,
     LAMPORT_EXCHANGE,
@@ -41,9 +41,9 @@ from .config import (
     KernelKey,
     PadLayout,
 )
-from .device import lamport, reduce, signals
-from .device.reduce import ACC, DTYPE
-from .launch import launcher
+from ..device import lamport, reduce, signals
+from ..device.reduce import ACC, DTYPE
+from ..launch import launcher
 
 BUFFERS = 3
 

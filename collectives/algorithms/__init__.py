@@ -1,0 +1,33 @@
+"""The collective kernels, one module per algorithm, built from the shared
+:mod:`~collectives.algorithms.design` (``start barrier -> move data -> end barrier``) and the
+:mod:`collectives.device` blocks, with one design for two backends chosen at compile time by
+``key.backend``.  :data:`BUILDERS` maps ``(collective, algorithm)`` to the module's ``build``:
+a new algorithm is a new module and one line here (and its name in
+:data:`collectives.config.ALGORITHMS`)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ..config import KernelKey
+from ..launch import example_arguments
+from . import barrier, lamport, one_shot, tma, two_shot
+
+BUILDERS: dict[tuple[str, str], Callable] = {
+    ("barrier", "one_shot"): barrier.build,
+    ("all_reduce", "one_shot"): one_shot.build,
+    ("all_reduce", "two_shot"): two_shot.build,
+    ("all_reduce", "lamport"): lamport.build,
+    ("all_reduce", "tma"): tma.build,
+    ("reduce_scatter", "one_shot"): one_shot.build,
+    ("reduce_scatter", "tma"): tma.build,
+}
+
+
+def build(key: KernelKey):
+    """The ``@cute.jit`` launcher of the kernel for ``key`` (compile it with ``cute.compile``
+    and :func:`~collectives.launch.example_arguments`)."""
+    return BUILDERS[key.collective, key.algorithm](key)
+
+
+__all__ = ["BUILDERS", "build", "example_arguments"]

@@ -1,0 +1,78 @@
+"""TMA all-reduce and reduce-scatter: the data phase moves tiles through the bulk-copy reduce
+pipeline of :mod:`collectives.device.tiles` (block ``b`` owning tiles ``b, b + B, ...`` of each
+slice): all-reduce reduces this rank's slice and stores it to every rank (as two-shot does),
+reduce-scatter reduces this rank's output.  Elements past the last whole vector take the peer
+path one at a time."""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int64
+
+from ..config import TMA_STAGES, VECTOR_BYTES, KernelKey
+from ..device import tiles
+from . import design
+
+
+def build(key: KernelKey):
+    """The ``@cute.jit`` launcher of the TMA kernel for ``key``."""
+    b = design.blocks(key)
+    world, threads, vec, dtype = b.world, b.threads, b.vec, b.dtype
+    tile = key.tile_bytes
+    tile_vectors = tile // VECTOR_BYTES
+
+    @cute.jit
+    def copy_tiles(src, dst, begin, end):
+        """dst[v] = src[v] for the whole vectors v in [begin, end) of the TMA tiles this block
+        moves (tile ``t`` of the range goes to block ``t % blocks``)."""
+        tidx = cute.arch.thread_idx()[0]
+        block = cute.arch.block_idx()[0]
+        blocks = cute.arch.grid_dim()[0]
+        t = Int64(block)
+        while t * tile_vectors < end - begin:
+            v = begin + t * tile_vectors + tidx
+            while v < cutlass.min(begin + (t + 1) * tile_vectors, end):
+                b.copy_vector(src, dst, v * vec)
+                v += threads
+            t += blocks
+
+    @cute.jit
+    def copy(src, dst, n, first, step):
+        """dst = src, each block taking exactly its tiles of every rank's slice (all-reduce)."""
+        b.copy_slices(src, dst, n, first, step, copy_tiles)
+
+    @cute.jit
+    def stage_scatter(src, own, n, first, step):
+        """Copy this rank's ``world`` inputs into its symmetric buffer by the tiles that block
+        reduces (``n`` fills whole vectors: a TMA reduce-scatter needs it)."""
+        for q in cutlass.range_constexpr(world):
+            copy_tiles(src, own, Int64(q) * (n // vec), Int64(q + 1) * (n // vec))
+
+    @cute.jit
+    def all_reduce(addrs, data_mc, out, n, rank, first, step, buffers, deadline, err):
+        """Reduce this rank's slice tile by tile and store it to every rank."""
+        begin, end = b.own_slice(n, rank)
+        at = begin * VECTOR_BYTES
+        landed = tiles.reduce_tiles(addrs, at, cutlass.max(end - begin, Int64(0)) * VECTOR_BYTES, addrs, at,
+                                    data_mc, buffers, dtype, b.acc, b.op, tile, TMA_STAGES, b.multicast, deadline)
+        design.tile_timeout(landed, err, rank)
+        b.reduce_tail(addrs, data_mc, n, rank, first, step)
+
+    @cute.jit
+    def reduce_scatter(addrs, data_mc, out, n, rank, first, step, buffers, deadline, err):
+        """Reduce this rank's output tile by tile (from every rank's buffer, by peer loads)."""
+        vectors = n // vec
+        landed = tiles.reduce_tiles(addrs, Int64(rank) * n * (dtype.width // 8), vectors * VECTOR_BYTES, [out],
+                                    Int64(0), Int64(0), buffers, dtype, b.acc, b.op, tile, TMA_STAGES, False, deadline)
+        design.tile_timeout(landed, err, rank)
+
+    def buffers(smem):
+        return tiles.shared_buffers(smem, dtype, world, tile, TMA_STAGES)
+
+    if key.collective == "reduce_scatter":
+        return design.kernel(key, b, stage=stage_scatter, move=reduce_scatter, buffers=buffers)
+    return design.kernel(key, b, stage=copy, move=all_reduce, gather=copy, buffers=buffers)
+
+
+__all__ = ["build"]
