@@ -14,10 +14,9 @@ import dataclasses
 import torch
 
 from . import tuning
-from .capability import choose_backend
-from .config import ALGORITHMS, DTYPES, FP8, LAMPORT_MAX_BYTES, VECTOR_BYTES, KernelKey
-from .errors import CollectiveError, MulticastUnavailable
-from .runtime import TORCH_DTYPES, Buffer, Communicator, communicator, compile_target
+from .config import ALGORITHMS, DTYPES, LAMPORT_MAX_BYTES, VECTOR_BYTES, KernelKey
+from .errors import CollectiveError
+from .runtime import TORCH_DTYPES, Buffer, Communicator, communicator
 
 
 def empty(shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -37,12 +36,7 @@ def barrier() -> None:
     never arrives surfaces as CollectiveTimeout at the next collective or :func:`synchronize`)."""
     comm = communicator()
     comm.check()
-    plan = comm.plans.get(("barrier",))
-    if plan is None:
-        backend = _backend(comm, "auto", "bf16")
-        key = KernelKey("barrier", "one_shot", backend, "bf16", comm.world, threads=32)
-        plan = comm.plans[("barrier",)] = comm.plan(key, comm.pad_buffer, 0, 0, 0, 1)
-    plan.run()
+    comm.barrier()
 
 
 def all_reduce(
@@ -87,7 +81,7 @@ def _all_reduce_plan(comm: Communicator, t, op, algorithm, backend, out, capturi
     if out is not None and (out.dtype != t.dtype or out.shape != t.shape or not out.is_contiguous()):
         raise CollectiveError("all_reduce: out must be a contiguous tensor of t's dtype and shape")
     nbytes = t.numel() * t.element_size()
-    backend = _backend(comm, backend, dtype)
+    backend = comm.choose_backend(backend, dtype)
     aligned = _aligned(t, result)
     if algorithm == "auto":
         algorithm = tuning.all_reduce_algorithm(comm.world, nbytes, backend, aligned)
@@ -188,7 +182,7 @@ def _reduce_scatter_plan(comm: Communicator, out, inp, op, algorithm, backend, c
             f"reduce_scatter: inp has {inp.numel()} elements, out {out.numel()}; inp must have "
             f"world_size ({comm.world}) x out elements"
         )
-    backend = _backend(comm, backend, dtype)
+    backend = comm.choose_backend(backend, dtype)
     if out.numel() == 0:
         return None
     nbytes = inp.numel() * inp.element_size()
@@ -233,15 +227,6 @@ def _dtype(comm: Communicator, t: torch.Tensor) -> str:
     if t.dtype not in TORCH_DTYPES:
         raise CollectiveError(f"dtype {t.dtype} is not supported; use one of {list(TORCH_DTYPES)}")
     return TORCH_DTYPES[t.dtype]
-
-
-def _backend(comm: Communicator, requested: str, dtype: str) -> str:
-    backend = choose_backend(requested, comm.ctx.caps)
-    if backend == "multicast" and comm.ctx.backend != "multicast":
-        raise MulticastUnavailable(f"this context was opened with the {comm.ctx.backend!r} backend")
-    if backend == "multicast" and dtype in FP8 and not compile_target().startswith("sm_10"):
-        raise MulticastUnavailable(f"multimem on {dtype} needs sm_100a or newer, not {compile_target()}")
-    return backend
 
 
 def _aligned(*tensors: torch.Tensor) -> bool:

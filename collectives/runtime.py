@@ -16,9 +16,11 @@ from typing import Any
 import torch
 
 from . import symmetric
+from .capability import Backend, choose_backend
 from .config import (
     DATA_PHASE,
     ERROR_FIELDS,
+    FP8,
     LAMPORT_BLOCKS,
     LAMPORT_EXCHANGE,
     LAMPORT_MAX_BYTES,
@@ -28,7 +30,7 @@ from .config import (
     KernelKey,
     PadLayout,
 )
-from .errors import CollectiveError, CollectiveTimeout
+from .errors import CollectiveError, CollectiveTimeout, MulticastUnavailable
 
 #: Default bound of every cross-GPU wait, in seconds (``COLLECTIVES_TIMEOUT_S`` overrides).
 DEFAULT_TIMEOUT_S = float(os.environ.get("COLLECTIVES_TIMEOUT_S", "30"))
@@ -153,9 +155,7 @@ class Communicator:
         if element_bytes not in self._lamport:
             buf = self._lamport[element_bytes] = self.ctx.empty(3 * self.world * LAMPORT_MAX_BYTES, torch.uint8)
             _fill_empty(buf, element_bytes)
-            from .api import barrier
-
-            barrier()
+            self.barrier()
         return self._lamport[element_bytes]
 
     def reset_lamport(self) -> None:
@@ -163,16 +163,33 @@ class Communicator:
         next collective call of every rank after a Lamport size mismatch).  Barriers before
         (every rank's failed kernel has finished sending) and after (every rank's buffers are
         empty before anyone sends)."""
-        from .api import barrier
-
-        barrier()
+        self.barrier()
         for element_bytes, buf in self._lamport.items():
             _fill_empty(buf, element_bytes)
         self.pad[self.layout.lamport_base:].zero_()
-        barrier()
+        self.barrier()
         self.lamport_dirty = False
 
     # -- kernels ------------------------------------------------------------------------------
+
+    def choose_backend(self, requested: str, dtype: str) -> Backend:
+        """The backend a collective on ``dtype`` uses: ``requested`` resolved against this
+        context (``"auto"`` picks by capability); refused where this GPU or context lacks it."""
+        backend = choose_backend(requested, self.ctx.caps)
+        if backend == "multicast" and self.ctx.backend != "multicast":
+            raise MulticastUnavailable(f"this context was opened with the {self.ctx.backend!r} backend")
+        if backend == "multicast" and dtype in FP8 and not compile_target().startswith("sm_10"):
+            raise MulticastUnavailable(f"multimem on {dtype} needs sm_100a or newer, not {compile_target()}")
+        return backend
+
+    def barrier(self) -> None:
+        """Launch a device-side barrier of every rank on the current stream (see
+        :func:`collectives.barrier`)."""
+        plan = self.plans.get(("barrier",))
+        if plan is None:
+            key = KernelKey("barrier", "one_shot", self.choose_backend("auto", "bf16"), "bf16", self.world, threads=32)
+            plan = self.plans[("barrier",)] = self.plan(key, self.pad_buffer, 0, 0, 0, 1)
+        plan.run()
 
     def kernel(self, key: KernelKey) -> Callable[..., Any]:
         """The compiled kernel for ``key`` on this GPU (compiled on first use), as the
