@@ -12,6 +12,8 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal, Protocol
 
+from ptxops.nvls import MULTICAST_OFF, force_multicast_off
+
 from .errors import CollectiveError, MulticastUnavailable
 
 __all__ = [
@@ -37,16 +39,6 @@ _FALSE = {"0", "false", "no", "off", "n", "f"}
 def _flag(env: Mapping[str, str], name: str) -> str | None:
     v = env.get(name)
     return None if v is None else v.strip().lower()
-
-
-#: The variables that keep NVSHMEM, NCCL and torch symm_mem off NVLink multicast, and their values.
-MULTICAST_OFF = {"NVSHMEM_DISABLE_NVLS": "1", "NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
-
-
-def force_multicast_off(env: dict[str, str] | None = None) -> None:
-    """Set every variable of :data:`MULTICAST_OFF` in ``env`` (default ``os.environ``), before
-    NVSHMEM, NCCL or torch start: on shared hosts NVLink multicast must stay off."""
-    (os.environ if env is None else env).update(MULTICAST_OFF)
 
 
 def multicast_disabled_by_env(env: Mapping[str, str] | None = None) -> str | None:

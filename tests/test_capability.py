@@ -68,6 +68,12 @@ def test_force_multicast_off_sets_every_switch_even_over_a_stray_value() -> None
     assert env["PATH"] == "/bin"
 
 
+def test_multicast_switches_are_defined_once_in_ptxops() -> None:
+    import ptxops.nvls
+
+    assert MULTICAST_OFF is ptxops.nvls.MULTICAST_OFF and force_multicast_off is ptxops.nvls.force_multicast_off
+
+
 class FakeQuery:
     """Fake devices: ``mc`` = devices with the multicast attribute, ``no_peer`` = pairs without P2P."""
 

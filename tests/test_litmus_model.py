@@ -246,6 +246,14 @@ def test_cli_list(capsys: pytest.CaptureFixture) -> None:
     assert cli_main(["--list", "--tests", "XX"]) == 2
 
 
+def test_cli_gpu_placement_needs_the_upper_layer(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ptxops opens no symmetric memory: placement gpu points to collectives.tools.litmus."""
+    pytest.importorskip("torch")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert cli_main(["--placement", "gpu", "--tests", "MP"]) == 2
+    assert "-m collectives.tools.litmus" in capsys.readouterr().err
+
+
 def test_docs_verdict_table_is_current() -> None:
     """docs/litmus.md carries the table `--verdicts-markdown` prints (regenerate: see there)."""
     with open(os.path.join(ROOT, "docs", "litmus.md")) as f:

@@ -6,7 +6,10 @@ Examples::
     python -m ptxops.litmus --verdicts-markdown             # the docs' verdict table (no GPU)
     python -m ptxops.litmus --tests MP,SB --placement cta --iterations 1000000 --json out.json
     python -m ptxops.litmus --tests MP+rel_acq@gpu,SB+relaxed@gpu --placement warp
-    torchrun --nproc-per-node 2 -m ptxops.litmus --placement gpu --tests MP --scopes sys,gpu
+    torchrun --nproc-per-node 2 -m collectives.tools.litmus --placement gpu --tests MP --scopes sys,gpu
+
+Placement ``gpu`` needs symmetric memory across GPUs, which the upper layer opens:
+``collectives.tools.litmus`` is this command with it (ptxops imports nothing from collectives).
 
 ``--tests`` takes shape names (every style of the shape, at ``--scopes``) and full test names
 (``MP+rel_acq@gpu``, ``SB+weak``).  Exit status: 0, or 1 if any forbidden outcome was seen.
@@ -18,8 +21,10 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
+from ..nvls import force_multicast_off
 from .classify import Result, render_histogram, render_summary, render_verdicts
 from .shapes import PLACEMENTS, SCOPES, SHAPES, LitmusTest, catalogue, parse
 
@@ -75,7 +80,9 @@ def _list(tests: Sequence[LitmusTest], placement: str) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, open_context: Callable[[int], Any] | None = None) -> int:
+    """Run the command; ``open_context(device)`` opens the symmetric-memory context (peer
+    backend) that placement ``gpu`` runs on, e.g. ``collectives.init``."""
     args = parser().parse_args(argv)
     scopes = [s for s in args.scopes.split(",") if s]
     bad = [s for s in scopes if s not in SCOPES]
@@ -104,15 +111,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "WORLD_SIZE" not in os.environ:
             print("--placement gpu runs under torchrun --nproc-per-node 2", file=sys.stderr)
             return 2
-        # peer memory only: NVLink multicast stays off (set before nvshmem and NCCL start)
-        from collectives.capability import force_multicast_off
-
-        force_multicast_off()
-        import collectives
-
+        if open_context is None:
+            print("--placement gpu needs symmetric memory across GPUs: run it as "
+                  "torchrun --nproc-per-node 2 -m collectives.tools.litmus (same options)", file=sys.stderr)
+            return 2
+        force_multicast_off()  # peer memory only: set before nvshmem and NCCL start
         local = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(local)
-        ctx = collectives.init(device=local)
+        ctx = open_context(local)
     elif not torch.cuda.is_available():
         print("no CUDA GPU visible to torch", file=sys.stderr)
         return 2
