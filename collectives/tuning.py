@@ -1,6 +1,6 @@
 """Size-based choices for ``algorithm="auto"`` and for staging, from measured crossovers.
 
-Measured on 2026-11-21 with ``torchrun --nproc-per-node {2,4} -m collectives.bench --dtypes bf16``
+Measured on 2026-11-21 with ``torchrun --nproc-per-node {2,4} -m collectives.tools.bench --dtypes bf16``
 on NVIDIA H200 (NVLink NV18 full mesh, multicast off, peer backend), eager launches and CUDA
 graphs.  All-reduce: Lamport was fastest up to 1 MB on 2 GPUs and up to 256 KB on 4; above
 that two-shot and TMA tie within noise (TMA ahead from 4 MB on 2 GPUs, 16 MB on 4, using at

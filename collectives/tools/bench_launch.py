@@ -1,7 +1,7 @@
 """Host cost of one kernel launch: CuTeDSL's TVM-FFI call vs ``cuLaunchKernel`` with
 pre-packed parameters (the floor of any eager collective call), and a torch op for scale.
 
-    python -m collectives.bench_launch        # one GPU
+    python -m collectives.tools.bench_launch        # one GPU
 
 Launches a kernel with the collectives' launch signature (11 parameters) that does nothing.
 """
@@ -46,7 +46,7 @@ def host_us(fn: Callable[[], object], n: int = 20000) -> float:
 
 
 def main() -> None:
-    from .runtime import compile_target
+    from ..runtime import compile_target
 
     torch.zeros(1, device="cuda")
     args = [Int64(0)] * 9 + [Int32(0), Int64(0), Int32(1), driver.CUstream(0)]

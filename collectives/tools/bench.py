@@ -1,6 +1,6 @@
 """Benchmark: ours vs NCCL vs ``torch.ops.symm_mem`` in one run on the same GPUs.
 
-    torchrun --nproc-per-node 4 -m collectives.bench [--dtypes bf16,f32] [--out DIR]
+    torchrun --nproc-per-node 4 -m collectives.tools.bench [--dtypes bf16,f32] [--out DIR]
 
 Times back-to-back operations with CUDA events, eager launches from Python and CUDA-graph
 replays separately; prints a table with times, bus bandwidth and ratios (rank 0), writes
@@ -15,7 +15,7 @@ import json
 import os
 from collections.abc import Callable
 
-from .capability import force_multicast_off
+from ..capability import force_multicast_off
 
 force_multicast_off()
 
@@ -70,7 +70,7 @@ def bus_bandwidth(collective: str, nbytes: int, world: int, us: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m collectives.bench", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m collectives.tools.bench", description=__doc__)
     parser.add_argument("--dtypes", default="bf16,f32")
     parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES), help="bytes per rank")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -193,7 +193,7 @@ def report(results: list[dict], world: int, out_dir: str, sms: dict) -> None:
     try:
         plot(results, world, gpu, os.path.join(out_dir, "bench.png"))
     except ImportError:
-        print("matplotlib not installed: no bench.png (python -m collectives.plot bench.json makes one)")
+        print("matplotlib not installed: no bench.png")
 
 
 def plot(results: list[dict], world: int, gpu: str, path: str) -> None:
@@ -266,7 +266,7 @@ def markdown(run: dict) -> str:
 
 def _auto_pick(collective: str, world: int, nbytes: int) -> str:
     """The algorithm ``auto`` runs for a 16-byte aligned tensor of ``nbytes`` on the peer backend."""
-    from . import tuning
+    from .. import tuning
 
     if collective == "all_reduce":
         return tuning.all_reduce_algorithm(world, nbytes, "peer")
