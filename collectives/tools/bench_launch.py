@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -17,6 +18,11 @@ import cutlass.cute as cute
 import torch
 from cuda.bindings import driver
 from cutlass import Int32, Int64
+from cutlass.base_dsl.compiler import DumpDir
+
+
+#: Placeholder launch arguments (addresses and counts, the block count, the stream).
+ARGS = (*[Int64(0)] * 9, Int32(0), Int64(0), Int32(1), driver.CUstream(0))
 
 
 @cute.kernel
@@ -30,6 +36,12 @@ def _idle(a: Int64, b: Int64, c: Int64, d: Int64, e: Int64, f: Int64, g: Int64, 
 def _launch(a: Int64, b: Int64, c: Int64, d: Int64, e: Int64, f: Int64, g: Int64, h: Int64, i: Int64,
             j: Int32, k: Int64, blocks: Int32, stream: driver.CUstream):
     _idle(a, b, c, d, e, f, g, h, i, j, k).launch(grid=[blocks, 1, 1], block=[256, 1, 1], stream=stream)
+
+
+def idle_cubin(arch: str) -> bytes:
+    """The idle kernel's cubin for ``arch`` (CuTeDSL writes the file into a temporary directory)."""
+    with tempfile.TemporaryDirectory() as dump:
+        return cute.compile[cute.GPUArch(arch), cute.KeepCUBIN, DumpDir(dump)](_launch, *ARGS).__cubin__
 
 
 def host_us(fn: Callable[[], object], n: int = 20000) -> float:
@@ -49,10 +61,9 @@ def main() -> None:
     from ..runtime import compile_target
 
     torch.zeros(1, device="cuda")
-    args = [Int64(0)] * 9 + [Int32(0), Int64(0), Int32(1), driver.CUstream(0)]
-    arch = cute.GPUArch(compile_target())
-    fn = cute.compile[arch](_launch, *args, options="--enable-tvm-ffi").__tvm_ffi_object__()
-    cubin = cute.compile[arch, cute.KeepCUBIN](_launch, *args).__cubin__
+    arch = compile_target()
+    fn = cute.compile[cute.GPUArch(arch)](_launch, *ARGS, options="--enable-tvm-ffi").__tvm_ffi_object__()
+    cubin = idle_cubin(arch)
     _, module = driver.cuModuleLoadData(cubin)
     _, kernel = driver.cuModuleGetFunction(module, re.search(rb"kernel_cutlass__idle\w*", cubin).group(0))
     values = [ctypes.c_uint64(v) for v in range(1, 10)] + [ctypes.c_uint32(10), ctypes.c_uint64(11)]
