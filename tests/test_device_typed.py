@@ -154,6 +154,26 @@ def test_misaligned_vector_access_is_rejected() -> None:
         ptx_of(body)
 
 
+def test_alignment_lost_in_pointer_arithmetic_names_the_assume_fix() -> None:
+    """``ptr + tidx * 8`` drops a 32-byte aligned tensor's alignment to 2 bytes: the error says
+    so and gives ``cute.assume(offset, divby=8)``; with it the 16-byte access compiles."""
+
+    def lost(ptr):
+        p = cute.recast_ptr(ptr, dtype=BF16) + cute.arch.thread_idx()[0] * 8
+        ptxops.multimem_st(p, ptxops.ld(p, num_elements=8), sem="relaxed", scope="sys")
+
+    with pytest.raises(QualifierError, match=r"pointer-alignment") as info:
+        ptx_of(lost)
+    message = str(info.value)
+    assert "dynamic offset" in message and "cute.assume(offset, divby=8)" in message, message
+
+    def kept(ptr):
+        p = cute.recast_ptr(ptr, dtype=BF16) + cute.assume(cute.arch.thread_idx()[0] * 8, divby=8)
+        ptxops.multimem_st(p, ptxops.ld(p, num_elements=8), sem="relaxed", scope="sys")
+
+    assert opcodes(ptx_of(kept))["multimem.st.relaxed.sys.global.v4.bf16x2"] == 1
+
+
 # -- TMA bulk copies and mbarriers ---------------------------------------------------------------
 
 

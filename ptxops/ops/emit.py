@@ -91,8 +91,8 @@ def check_alignment(inst: Instruction, ptr: cute.Pointer) -> None:
             inst.family,
             f"{inst.opcode}: the pointer is known to be {ptr.alignment}-byte aligned, but the "
             f"access is {width} bytes (target {inst.target}).\n"
-            f"  rule [pointer-alignment]: a {width}-byte access must be {width}-byte aligned; "
-            "give the tensor assumed_align, or use a narrower access.",
+            f"  rule [pointer-alignment]: a {width}-byte access must be {width}-byte aligned.\n"
+            + _alignment_fix(ptr, width, "tensor") + ", or use a narrower access.",
             offending={"alignment": ptr.alignment},
             rule="pointer-alignment",
             legal={"alignment": [width]},
@@ -108,13 +108,34 @@ def require_alignment(inst: Instruction, ptr: cute.Pointer, what: str, bytes_: i
             inst.family,
             f"{inst.opcode}: the {what} pointer is known to be {ptr.alignment}-byte aligned "
             f"(target {inst.target}).\n"
-            f"  rule [pointer-alignment]: {inst.family} needs a {bytes_}-byte aligned {what}; "
-            "give the tensor or allocation assumed_align / byte_alignment.",
+            f"  rule [pointer-alignment]: {inst.family} needs a {bytes_}-byte aligned {what}.\n"
+            + _alignment_fix(ptr, bytes_, "tensor or allocation") + ".",
             offending={"alignment": ptr.alignment},
             rule="pointer-alignment",
             legal={"alignment": [bytes_]},
             target=inst.target,
         )
+
+
+def _alignment_fix(ptr: cute.Pointer, bytes_: int, owner: str) -> str:
+    """How to give ``ptr`` the ``bytes_``-byte alignment an access needs.  CuTeDSL keeps a
+    pointer's alignment through ``ptr + offset`` only for an offset it can prove a multiple of
+    the elements that alignment spans; a dynamic offset (``ptr + tidx * 8``) drops it to the
+    element size, whatever the tensor was given."""
+    element = max(ptr.dtype.width // 8, 1)
+    divby = max(bytes_ // element, 1)
+    lost = (
+        f"  The alignment is only the element size ({element} bytes of {ptr.dtype}): pointer "
+        "arithmetic with a dynamic offset loses the alignment the tensor had, or the "
+        f"{owner} was never given one.\n"
+        if ptr.alignment <= element else ""
+    )
+    return (
+        f"{lost}  Fix: `ptr + cute.assume(offset, divby={divby})` (a {bytes_}-byte aligned base plus "
+        f"an offset that is a multiple of {divby} elements stays {bytes_}-byte aligned); "
+        f"give the tensor assumed_align={bytes_}"
+        + (f" or the allocation byte_alignment={bytes_}" if owner != "tensor" else "")
+    )
 
 
 def address(ptr: cute.Pointer, *, loc=None, ip=None) -> ir.Value:
