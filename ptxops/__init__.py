@@ -5,11 +5,6 @@ functions (``multimem_ld_reduce``, ``atom``, ``ld_acquire``, ...) need CuTeDSL a
 on first use, so ``import ptxops`` works on machines without it.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import Any
-
 from . import spec
 from .errors import QualifierError
 
@@ -23,7 +18,14 @@ DEVICE_FUNCTIONS = (
 __all__ = ["QualifierError", "spec", *DEVICE_FUNCTIONS]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
+    """The device functions, loaded (with CuTeDSL) on first use."""
     if name in DEVICE_FUNCTIONS:
-        return getattr(importlib.import_module(".ops", __name__), name)
+        from . import ops
+
+        return getattr(ops, name)
     raise AttributeError(f"module 'ptxops' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
