@@ -7,8 +7,7 @@ there ptxas lets through a form the PTX ISA forbids, and ptxops follows the docu
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -17,6 +16,7 @@ from hypothesis import strategies as st
 from ptxops import QualifierError, render, spec
 from ptxops.ptxas import assemble, ptxas_path
 from ptxops.spec.engine import Family
+from spec_groups import ORACLE_GROUPS, domain, groups, legal_forms
 
 try:
     ptxas_path()
@@ -27,25 +27,6 @@ except RuntimeError:  # pragma: no cover - every CI machine has ptxas
 #: assembling: ptxas is not asked about them.
 PTXAS_CRASHES = {("ld", "v8-32bit-only"), ("st", "param-not-wrapped")}
 
-#: Qualifier groups whose products the oracle walks for families too large for their whole
-#: cross product (ld: 36 million forms a target).  Every rule reads keys of one group only
-#: (``test_oracle_groups_hold_every_rule`` asserts it from the rule data), so a form breaks a
-#: rule exactly when its restriction to that rule's group does.
-ORDER = ("sem", "scope", "space", "vec", "type")
-ORACLE_GROUPS: dict[str, tuple[tuple[str, ...], ...]] = {
-    "ld": (
-        ORDER,
-        ("sem", "space", "cache", "nc", "l1_eviction", "l2_eviction"),
-        ("sem", "space", "nc", "cache", "cache_hint", "prefetch"),
-        ("cache", "nc", "l1_eviction", "l2_eviction", "cache_hint", "prefetch"),
-        ("space", "vec", "type", "l2_eviction"),
-    ),
-    "st": (
-        ORDER,
-        ("sem", "space", "cache", "l1_eviction", "l2_eviction", "cache_hint"),
-        ("space", "vec", "type", "l2_eviction"),
-    ),
-}
 
 
 def line(family: Family, q: Mapping) -> str:
@@ -55,30 +36,6 @@ def line(family: Family, q: Mapping) -> str:
 
 def broken_rules(family: Family, q: Mapping) -> list:
     return [r for r in family.rules if r.broken_keys(q)]
-
-
-def groups(family: Family) -> tuple[tuple[str, ...], ...]:
-    return ORACLE_GROUPS.get(family.name, (tuple(q.key for q in family.settable),))
-
-
-def domain(family: Family, target: str) -> Iterator[dict]:
-    """The forms the oracle asks ptxas about: each group's whole product, every other key
-    completed to values that keep the rules reading them (the first such completion; the
-    first value of each domain where none exists).  A family without groups: its whole
-    cross product."""
-    if family.name not in ORACLE_GROUPS:
-        yield from family.space(target=target)
-        return
-    seen = set()
-    for group in groups(family):
-        for values in itertools.product(*(family.domain(k) for k in group)):
-            fixed = dict(zip(group, values), target=target)
-            others = [r for r in family.rules if not r.keys <= set(fixed)]
-            q = family.complete(others, **fixed) or next(family.space(**fixed))
-            key = tuple(q.items())
-            if key not in seen:
-                seen.add(key)
-                yield q
 
 
 @pytest.mark.parametrize("name", list(ORACLE_GROUPS))
@@ -120,10 +77,11 @@ def test_spec_agrees_with_ptxas_on_the_whole_domain(name: str, target: str) -> N
 
 @pytest.mark.parametrize("target", spec.TARGETS)
 def test_every_form_of_every_family_assembles(target: str) -> None:
+    """Every legal form (for ld and st: every legal form of the oracle groups) assembles."""
     statements = [
         line(spec.FAMILIES[name], inst.qualifiers)
         for name in spec.FAMILIES
-        for inst in spec.forms(name, target=target)
+        for inst in legal_forms(name, target)
     ]
     verdicts = assemble(statements, target)
     rejected = [(s, v) for s, v in zip(statements, verdicts) if v]
