@@ -43,11 +43,19 @@ def domain(family: Family, target: str) -> Iterator[dict]:
         yield from family.space(target=target)
         return
     seen = set()
+    order = ("target", *(q.key for q in family.settable))
     for group in groups(family):
+        others = [r for r in family.rules if not r.keys <= {*group, "target"}]
+        reads = [k for k in group if any(k in r.keys for r in others)]
+        completions: dict[tuple, dict | None] = {}  # the completion depends on ``reads`` only
         for values in itertools.product(*(family.domain(k) for k in group)):
             fixed = dict(zip(group, values), target=target)
-            others = [r for r in family.rules if not r.keys <= set(fixed)]
-            q = family.complete(others, **fixed) or next(family.space(**fixed))
+            read = tuple(fixed[k] for k in reads)
+            if read not in completions:
+                completions[read] = family.complete(others, target=target, **dict(zip(reads, read)))
+            base = completions[read]
+            q = {**(base or next(family.space(**fixed))), **fixed}
+            q = {k: q[k] for k in order}
             key = tuple(q.items())
             if key not in seen:
                 seen.add(key)

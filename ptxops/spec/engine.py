@@ -294,10 +294,11 @@ class Family:
     ) -> Iterator[dict[str, Value]]:
         """The cross product of the domains (``fixed`` keys held), pruned by ``rules``: each
         rule is checked as soon as every key it reads has a value.  Keys are walked in opcode
-        order, or with ``fixed_first`` the fixed ones first."""
+        order, or with ``fixed_first`` the fixed ones first and then the free ones from the
+        last (the type) back, so that a completion the type and vector rule out fails fast."""
         keys = ("target",) + tuple(q.key for q in self.settable)
-        if fixed_first:
-            keys = tuple(sorted(keys, key=lambda k: k not in fixed))
+        if fixed_first:  # then the free keys from the type back: type and vector decide most
+            keys = tuple(k for k in keys if k in fixed) + tuple(k for k in reversed(keys) if k not in fixed)
         ready: list[list[Rule]] = [[] for _ in keys]
         for r in rules:
             ready[max(keys.index(k) for k in r.keys)].append(r)
