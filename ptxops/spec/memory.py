@@ -35,8 +35,6 @@ ST_CACHE = ("wb", "cg", "cs", "wt")
 #: Cache operators of ld.global.nc.
 NC_CACHE = ("ca", "cg", "cs")
 SECTION = "9.7.9.8 ld, 9.7.9.9 ld.global.nc, 9.7.9.10 st (PTX ISA 9.0)"
-#: Qualifier keys of the cache hints (as opposed to order, space, vector and type).
-HINTS = ("cache", "nc", "l1_eviction", "l2_eviction", "cache_hint", "prefetch")
 
 
 def _rules(name: str, ordered: str) -> tuple[Rule, ...]:
