@@ -99,7 +99,7 @@ def test_a_docs_only_rule_really_is_lenient_in_ptxas() -> None:
 # -- arbitrary qualifier dictionaries, legal and illegal values mixed ---------------------------
 
 #: Misspellings and values of other families, to mix into each family's domains (no PTX
-#: spelling that is legal but outside the spec, such as the .local space, and no qualifier
+#: spelling that is legal but outside the spec, such as `.unified`, and no qualifier
 #: ptxas 13.0 silently ignores where it does not belong, such as `ld.acc::f32.b8`).
 STRAY = ("relax", ".relaxed", "acq_rel", "weak", "release", "acquire", "volatile", "shared",
          "v4", 3, 16, "f8", "e4m3", "b16", "s64", "f16", "cas", "inc", "sc")
