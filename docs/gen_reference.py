@@ -55,6 +55,12 @@ def condition(values: dict) -> str:
     return "; ".join(parts)
 
 
+#: Families with more distinct statements than this list only those with every qualifier
+#: outside :data:`CORE_KEYS` (the cache hints of ld/st) left out.
+MAX_LISTED = 10000
+CORE_KEYS = ("sem", "scope", "space", "op", "vec", "type")
+
+
 class Forms:
     """Every legal form of a family on every target, enumerated once through ``spec.forms``."""
 
@@ -195,11 +201,21 @@ def family_page(family: Family, forms: Forms) -> str:
         f"The same list, per target: `python -m ptxops list {family.name} --target sm_90a`.",
         "",
     ]
+    listed = forms.by_statement
+    hints = [k.key for k in family.settable if k.key not in CORE_KEYS]
+    if len(listed) > MAX_LISTED and hints:  # ld, st: the forms with every cache hint left out
+        listed = {s: e for s, e in listed.items() if all(e[0].get(k) is None for k in hints)}
+        out += [
+            f"Listed here: the {len(listed)} statements with {', '.join(hints)} left out; each "
+            "combines with those qualifiers as the rules allow (for example "
+            f"`python -m ptxops list {family.name} --where {hints[0]}=... --target sm_90a`).",
+            "",
+        ]
     groups: dict[Value, list[tuple[str, list[str]]]] = defaultdict(list)
     key = forms.group_key
-    for statement, (q, targets) in forms.by_statement.items():
+    for statement, (q, targets) in listed.items():
         groups[q.get(key) if key else None].append((statement, targets))
-    width = max(len(s) for s in forms.by_statement) + 2
+    width = max(len(s) for s in listed) + 2
     for value, rows in groups.items():
         label = f"{key} = {value if value is not None else '(absent)'}" if key else "all forms"
         out += [

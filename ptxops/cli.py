@@ -27,10 +27,16 @@ EXIT_OK, EXIT_REJECTED, EXIT_USAGE, EXIT_NO_PTXAS = 0, 1, 2, 3
 QUALIFIER_OPTIONS: tuple[tuple[str, str, str], ...] = (
     ("--sem", "sem", "memory-ordering semantics: weak, relaxed, acquire, release, acq_rel, sc, ..."),
     ("--scope", "scope", "scope: cta, cluster, gpu or sys"),
-    ("--space", "space", "state space: global, shared, shared::cta, shared::cluster"),
+    ("--space", "space", "state space: global, shared, shared::cta, shared::cluster, local, const, param"),
     ("--op", "op", "operation: add, min, max, and, or, xor, inc, dec, exch, cas"),
     ("--type", "type", "element type in PTX spelling: bf16x2, f32, u64, e4m3, ..."),
     ("--vec", "vec", "vector width: 2, 4, 8 (or v2, v4, v8)"),
+    ("--cache", "cache", "ld/st only: cache operator (ld: ca, cg, cs, lu, cv; st: wb, cg, cs, wt)"),
+    ("--nc", "nc", "ld only: nc (ld.global.nc, the non-coherent read-only load)"),
+    ("--l1-eviction", "l1_eviction", "ld/st only: evict_normal, evict_unchanged, evict_first, evict_last, no_allocate"),
+    ("--l2-eviction", "l2_eviction", "ld/st only: evict_normal, evict_first, evict_last (256-bit accesses)"),
+    ("--cache-hint", "cache_hint", "ld/st only: cache_hint (.L2::cache_hint; adds a 64-bit cache-policy operand)"),
+    ("--prefetch", "prefetch", "ld only: L2 prefetch size 64B, 128B or 256B"),
     ("--acc", "acc", "accumulation precision of multimem.ld_reduce: f32 or f16"),
     ("--proxy", "proxy", "fence only: alias, async, async.global, tensormap::generic, ..."),
     ("--op-restrict", "op_restrict", "fence only: mbarrier_init"),
@@ -184,7 +190,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     rules = applicable_rules(fam, inst)
     print(f"\nrules that apply ({len(rules)} of {len(fam.rules)})")
     for r in rules:
-        print(f"  [{r.name}]" + ("" if r.ptxas_enforced else "  (not enforced by ptxas)"))
+        note = "  (legal PTX ptxops does not wrap)" if not r.wrapped else (
+            "" if r.ptxas_enforced else "  (not enforced by ptxas)")
+        print(f"  [{r.name}]{note}")
         print(wrap(r.text))
     return EXIT_OK
 
@@ -194,7 +202,8 @@ def cmd_rules(args: argparse.Namespace) -> int:
     fam = spec.family(args.family)
     print(f"{fam.name}: {fam.summary}\n{fam.section}\n")
     for r in fam.rules:
-        print(f"[{r.name}]  ptxas enforces: {'yes' if r.ptxas_enforced else 'no'}")
+        wrapped = "" if r.wrapped else "  (legal PTX that ptxops does not wrap)"
+        print(f"[{r.name}]  ptxas enforces: {'yes' if r.ptxas_enforced else 'no'}{wrapped}")
         when = " and ".join(condition(fam, k, vs) for k, vs in r.when.items()) or "always"
         allow = " and ".join(condition(fam, k, vs) for k, vs in r.allow.items())
         print(wrap(f"when {when}: {allow}"))

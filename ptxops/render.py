@@ -23,8 +23,8 @@ REGISTER = {1: "%p", 8: "%b", 16: "%h", 32: "%r", 64: "%rd", 128: "%q"}
 #: address of an mbarrier object, is always in shared memory.
 ADDRESSES: dict[str, str | None] = {"a": "space", "dst": "dst", "src": "src", "mbar": None}
 #: Value tokens with a fixed register width whatever the form's type: byte counts, arrival
-#: counts, transaction counts, phase parity, an mbarrier phase state.
-FIXED_BITS = {"size": 32, "count": 32, "tx": 32, "phase": 32, "state": 64}
+#: counts, transaction counts, phase parity, an mbarrier phase state, an L2 cache policy.
+FIXED_BITS = {"size": 32, "count": 32, "tx": 32, "phase": 32, "state": 64, "policy": 64}
 #: Value tokens whose width follows the form's type and vector.
 TYPED = ("b", "c", "d")
 #: Destination tokens: ``d`` a value, ``p`` a predicate (carried as a 32-bit 0 or 1).
@@ -39,6 +39,7 @@ ROLE_DOC = {
     "dst": "destination address", "src": "source address", "mbar": "mbarrier address",
     "size": "byte count", "count": "expected arrival count", "tx": "transaction byte count",
     "phase": "phase parity", "state": "mbarrier phase state", "p": "predicate result",
+    "policy": "64-bit L2 cache policy (createpolicy)",
     "n": "integer immediate",
 }
 

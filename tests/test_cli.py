@@ -262,3 +262,20 @@ def test_python_m_ptxops_without_cutlass():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "fence.proxy.alias" in proc.stdout and "forms of fence on sm_90a" in proc.stdout
+
+
+def test_ld_cache_hints_list_and_explain(capsys):
+    code, out, _ = run(capsys, "list", "ld", "--target", "sm_90a", "--where", "nc=nc", "--where", "vec=4")
+    assert code == 0 and "ld.global.cg.nc.L2::cache_hint.L2::256B.v4.b32" in out
+    code, out, _ = run(
+        capsys, "explain", "ld", "--space", "global", "--cache-hint", "cache_hint",
+        "--prefetch", "128B", "--type", "b32", "--target", "sm_90a",
+    )
+    assert code == 0
+    assert "ld.global.L2::cache_hint.L2::128B.b32 %r1, [%rd1], %rd2;" in out
+    assert "policy" in out and "=r,l,l,~{memory}" in out
+
+
+def test_explain_param_is_legal_ptx_not_wrapped(capsys):
+    code, _, err = run(capsys, "explain", "ld", "--space", "param", "--type", "b32")
+    assert code != 0 and "legal PTX that ptxops does not wrap" in err

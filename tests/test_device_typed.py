@@ -246,3 +246,24 @@ def test_illegal_bulk_and_mbarrier_uses(call, error, pattern) -> None:
 
     with pytest.raises(error, match=pattern):
         ptx_of(body)
+
+
+def test_cache_hinted_load_and_non_coherent_load() -> None:
+    """A cache policy becomes the 64-bit operand of .L2::cache_hint; nc=True is ld.global.nc;
+    a write-through store with an L1 hint is refused by rule."""
+
+    def body(ptr):
+        policy = ptxops.ld(cute.recast_ptr(ptr, dtype=I64) + 2, nc=True)
+        x = ptxops.ld(ptr, cache_policy=policy, prefetch=128, l1_eviction="evict_last")
+        y = ptxops.ld(ptr + 4, nc=True, cache="cg", num_elements=4)
+        ptxops.st(ptr, x + y[0], cache="wt")
+
+    found = opcodes(ptx_of(body))
+    assert found["ld.global.nc.b64"] == 1
+    assert found["ld.global.L1::evict_last.L2::cache_hint.L2::128B.b32"] == 1
+    assert found["ld.global.cg.nc.v4.b32"] == 1
+    assert found["st.global.wt.b32"] == 1
+    with pytest.raises(QualifierError, match="cache-op-or-eviction"):
+        ptx_of(lambda ptr: ptxops.st(ptr, I32(1), cache="wt", l1_eviction="evict_first"))
+    with pytest.raises(QualifierError, match="legal PTX that ptxops does not wrap"):
+        ptx_of(lambda ptr: ptxops.ld(ptr, space="param"))

@@ -32,6 +32,36 @@ GOLDEN = [
         "l,r,r,~{memory}",
     ),
     (
+        ("ld", dict(space="global", l1_eviction="evict_last", cache_hint="cache_hint", prefetch="128B", vec=2, type="b32")),
+        "ld.global.L1::evict_last.L2::cache_hint.L2::128B.v2.b32",
+        "ld.global.L1::evict_last.L2::cache_hint.L2::128B.v2.b32 {$0, $1}, [$2], $3;",
+        "=r,=r,l,l,~{memory}",
+    ),
+    (
+        ("ld", dict(space="global", cache="cg", nc="nc", vec=4, type="b32")),
+        "ld.global.cg.nc.v4.b32",
+        "ld.global.cg.nc.v4.b32 {$0, $1, $2, $3}, [$4];",
+        "=r,=r,=r,=r,l,~{memory}",
+    ),
+    (
+        ("st", dict(sem="release", scope="sys", space="global", cache_hint="cache_hint", type="u64")),
+        "st.release.sys.global.L2::cache_hint.u64",
+        "st.release.sys.global.L2::cache_hint.u64 [$0], $1, $2;",
+        "l,l,l,~{memory}",
+    ),
+    (
+        ("st", dict(space="global", l2_eviction="evict_last", vec=8, type="b32", target="sm_100a")),
+        "st.global.L2::evict_last.v8.b32",
+        "st.global.L2::evict_last.v8.b32 [$0], {$1, $2, $3, $4, $5, $6, $7, $8};",
+        "l,r,r,r,r,r,r,r,r,~{memory}",
+    ),
+    (
+        ("ld", dict(space="const", vec=4, type="u32")),
+        "ld.const.v4.u32",
+        "ld.const.v4.u32 {$0, $1, $2, $3}, [$4];",
+        "=r,=r,=r,=r,l,~{memory}",
+    ),
+    (
         ("multimem.red", dict(sem="release", scope="sys", space="global", op="add", type="u32")),
         "multimem.red.release.sys.global.add.u32",
         "multimem.red.release.sys.global.add.u32 [$0], $1;",
@@ -223,6 +253,18 @@ def test_fp8_on_hopper_names_the_target() -> None:
         ("ld", dict(sem="mmio.acquire", scope="sys", type="u32"), "mmio-needs-ptx-9.3"),
         ("ld", dict(vec=8, type="b32", target="sm_90a"), "v8-wide"),
         ("st", dict(sem="volatile", scope="gpu", type="u32"), "scope-needs-order"),
+        ("ld", dict(sem="relaxed", scope="gpu", space="global", cache="cg", type="u32"), "cache-op-weak-only"),
+        ("ld", dict(space="global", cache="cg", l1_eviction="evict_last", type="u32"), "cache-op-or-eviction"),
+        ("ld", dict(space="global", l2_eviction="evict_last", type="u32", target="sm_100a"), "l2-eviction-256-bit"),
+        ("ld", dict(space="shared", cache_hint="cache_hint", type="u32"), "cache-hint-global-only"),
+        ("ld", dict(space="local", l1_eviction="evict_first", type="u32"), "eviction-global-only"),
+        ("ld", dict(sem="volatile", space="local", type="u32"), "ordering-spaces"),
+        ("ld", dict(nc="nc", type="u32"), "nc-global"),
+        ("ld", dict(nc="nc", sem="weak", space="global", type="u32"), "nc-no-sem"),
+        ("ld", dict(nc="nc", cache="lu", space="global", type="u32"), "nc-cache-ops"),
+        ("st", dict(space="global", cache="wt", l2_eviction="evict_last", vec=8, type="b32", target="sm_100a"), "cache-op-or-l2-eviction"),
+        ("st", dict(space="const", type="u32"), "st-no-const"),
+        ("st", dict(space="param::entry", type="u32"), "st-param-func"),
         ("fence", dict(sem="sc"), "scope-required"),
         ("fence", dict(op_restrict="mbarrier_init", sem="release", scope="gpu"), "mbarrier-init"),
         ("cp.async.bulk", dict(dst="global", src="global", completion="bulk_group"), "global-source-to-shared"),
@@ -253,6 +295,19 @@ def test_unknown_keys_and_misspelled_values_are_errors() -> None:
         spec.instruction("multimem.ld")
     with pytest.raises(QualifierError, match="acc"):
         spec.instruction("ld", acc=None, type="u32")
+
+
+def test_const_local_and_param_spaces() -> None:
+    """ld.const and ld.local are wrapped; .param is legal PTX that ptxops does not wrap, and
+    the error says so, never that the PTX is illegal; stores to .const are illegal."""
+    assert spec.instruction("ld", space="const", type="u32").opcode == "ld.const.u32"
+    assert spec.instruction("st", space="local", cache="wt", type="u32").opcode == "st.local.wt.u32"
+    for family in ("ld", "st"):
+        with pytest.raises(QualifierError, match="legal PTX that ptxops does not wrap") as info:
+            spec.instruction(family, space="param", type="u32")
+        assert info.value.rule == "param-not-wrapped" and "not allowed" not in str(info.value)
+    with pytest.raises(QualifierError, match="Stores to const memory are illegal"):
+        spec.instruction("st", space="const", type="u32")
 
 
 def test_vec_spellings() -> None:

@@ -27,6 +27,8 @@ SPACE_OF_POINTER = {
     cute.AddressSpace.gmem: "global",
     cute.AddressSpace.smem: "shared::cta",
     cute.AddressSpace.dsmem: "shared::cluster",
+    cute.AddressSpace.rmem: "local",
+    cute.AddressSpace.cmem: "const",
     cute.AddressSpace.generic: None,
 }
 #: Address spaces a pointer may have for each state-space qualifier.
@@ -36,6 +38,8 @@ POINTERS_FOR_SPACE = {
     "shared": (cute.AddressSpace.smem,),
     "shared::cta": (cute.AddressSpace.smem,),
     "shared::cluster": (cute.AddressSpace.smem, cute.AddressSpace.dsmem),
+    "local": (cute.AddressSpace.rmem,),
+    "const": (cute.AddressSpace.cmem,),
 }
 
 
@@ -195,18 +199,20 @@ def send(
     packed: bool,
     *,
     result: Any = None,
+    extra: Sequence[Sequence[ir.Value]] = (),
     loc=None,
     ip=None,
 ) -> Any:
     """Emit a memory instruction at ``ptr``: check alignment, pack each ``(data, dtype)``
-    source, and return the destination as ``result`` dtype values (None if it has none)."""
+    source, append the carriers in ``extra`` (operands after the data, such as a cache
+    policy), and return the destination as ``result`` dtype values (None if it has none)."""
     check_alignment(inst, ptr)
     operands = [o for o in inst.inputs if o.role != "a"]
     carriers = [
         values.source(data, dtype, op, packed, loc=loc, ip=ip)
         for (data, dtype), op in zip(sources, operands)
     ]
-    out = emit(inst, address(ptr, loc=loc, ip=ip), carriers, loc=loc, ip=ip)
+    out = emit(inst, address(ptr, loc=loc, ip=ip), [*carriers, *extra], loc=loc, ip=ip)
     if not inst.outputs:
         return None
     return values.result(out, result, inst.outputs[0], packed, loc=loc, ip=ip)

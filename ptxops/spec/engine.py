@@ -74,6 +74,9 @@ class Rule:
 
     ``ptxas_enforced`` is False for the few rules where ptxas lets a form through that the PTX
     ISA forbids; ptxops follows the documentation there and the oracle tests know it.
+    ``wrapped`` is False for a rule that marks legal PTX ptxops chooses not to wrap (``ld.param``:
+    no CuTeDSL pointer addresses the parameter space): its error says so, never that the PTX
+    is illegal, and ptxas is not expected to reject what only such rules refuse.
     """
 
     name: str
@@ -81,6 +84,13 @@ class Rule:
     when: Mapping[str, frozenset[Value]]
     allow: Mapping[str, frozenset[Value]]
     ptxas_enforced: bool = True
+    wrapped: bool = True
+
+    @property
+    def legal_ptx(self) -> bool:
+        """True where the forms this rule refuses are legal PTX as ptxas reads it: a
+        docs-only rule, or legal PTX that ptxops does not wrap."""
+        return not self.ptxas_enforced or not self.wrapped
 
     @property
     def keys(self) -> frozenset[str]:
@@ -102,6 +112,7 @@ def rule(
     when: Mapping[str, Value | Iterable[Value]] | None = None,
     allow: Mapping[str, Value | Iterable[Value]],
     ptxas_enforced: bool = True,
+    wrapped: bool = True,
 ) -> Rule:
     """Build a :class:`Rule` from plain values or iterables of values."""
     return Rule(
@@ -110,6 +121,7 @@ def rule(
         {k: _fs(v) for k, v in (when or {}).items()},
         {k: _fs(v) for k, v in allow.items()},
         ptxas_enforced,
+        wrapped,
     )
 
 
@@ -235,7 +247,7 @@ class Family:
             return
         r, keys = found
         offending = {k: q[k] for k in keys}
-        context = {k: q[k] for k in r.when}
+        context = {k: q[k] for k in r.when if k not in offending}
         legal = {k: self.alternatives(q, k) for k in [*keys, *r.when] if k in q}
         label = "legal here"
         if not any(legal.values()):  # no one change makes the whole form legal: satisfy the rule
@@ -249,9 +261,10 @@ class Family:
         options = "; ".join(
             f"{k} in {{{', '.join(show(v) for v in vs)}}}" for k, vs in legal.items() if vs
         )
+        verdict = "is legal PTX that ptxops does not wrap" if not r.wrapped else "is not allowed"
         raise QualifierError(
             self.name,
-            f"{self.name}: {what} is not allowed" + (f" with {with_}" if with_ else "")
+            f"{self.name}: {what} {verdict}" + (f" with {with_}" if with_ else "")
             + f" (target {q['target']}).\n  rule [{r.name}]: {r.text}\n"
             + f"  {label}: {options}",
             offending=offending,
@@ -270,10 +283,22 @@ class Family:
         """The whole cross product of the domains, legal or not (for the oracle tests)."""
         return self._walk(fixed, ())
 
-    def _walk(self, fixed: Mapping[str, Value], rules: Iterable[Rule]) -> Iterator[dict[str, Value]]:
+    def complete(self, rules: Iterable[Rule] | None = None, **fixed: Value) -> dict[str, Value] | None:
+        """The first form holding ``fixed`` that keeps ``rules`` (default: every rule), or None.
+        The fixed keys are walked first, so a combination that cannot be completed fails fast."""
+        chosen = self.rules if rules is None else tuple(rules)
+        return next(self._walk(fixed, chosen, fixed_first=True), None)
+
+    def _walk(
+        self, fixed: Mapping[str, Value], rules: Iterable[Rule], *, fixed_first: bool = False
+    ) -> Iterator[dict[str, Value]]:
         """The cross product of the domains (``fixed`` keys held), pruned by ``rules``: each
-        rule is checked as soon as every key it reads has a value."""
+        rule is checked as soon as every key it reads has a value.  Keys are walked in opcode
+        order, or with ``fixed_first`` the fixed ones first and then the free ones from the
+        last (the type) back, so that a completion the type and vector rule out fails fast."""
         keys = ("target",) + tuple(q.key for q in self.settable)
+        if fixed_first:  # then the free keys from the type back: type and vector decide most
+            keys = tuple(k for k in keys if k in fixed) + tuple(k for k in reversed(keys) if k not in fixed)
         ready: list[list[Rule]] = [[] for _ in keys]
         for r in rules:
             ready[max(keys.index(k) for k in r.keys)].append(r)
