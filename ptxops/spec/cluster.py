@@ -29,11 +29,8 @@ RED_ASYNC_SECTION = (
 )
 MAPA_SECTION = "Data Movement and Conversion Instructions: mapa (PTX ISA 9.0)"
 
-_SPACE = Qualifier(
-    "space", (None, "shared::cluster", "global"),
-    "state space of the destination (and of the mbarrier); absent: generic addressing",
-    absent="generic",
-)
+_SPACE_DOC = "state space of the destination (and of the mbarrier); absent: generic addressing"
+_SPACE = Qualifier("space", (None, "shared::cluster", "global"), _SPACE_DOC, absent="generic")
 _COMPLETION = Qualifier(
     "completion", (None, MBARRIER),
     "completion mechanism: a complete-tx of the bytes written on the mbarrier operand",
@@ -76,11 +73,18 @@ _RELEASE_RULES = (
         allow={"space": (None, "global")},
     ),
     rule(
-        "mbarrier-shared-cluster",
-        "A write that completes on an mbarrier goes to .shared::cluster (or a generic address "
+        "mbarrier-not-global",
+        "A write that completes on an mbarrier goes to shared memory (or a generic address "
         "in it), never .global (ptxas: \"State space incorrect\").",
         when={"completion": MBARRIER},
-        allow={"space": (None, "shared::cluster")},
+        allow={"space": (None, "shared", "shared::cta", "shared::cluster")},
+    ),
+    rule(
+        "gpu-sys-scope-global",
+        "A write at .gpu or .sys scope goes to .global memory or a generic address "
+        "(ptxas: \"Modifier '.gpu' requires '.global' space\").",
+        when={"scope": ("gpu", "sys")},
+        allow={"space": (None, "global")},
     ),
     rule(
         "shared-cluster-completes-on-mbarrier",
@@ -108,12 +112,24 @@ ST_ASYNC = Family(
             "store to global memory, sm_100+)", absent="weak",
         ),
         Qualifier("scope", (None, "gpu", "sys"), "scope of a .release store"),
-        _SPACE,
+        Qualifier(
+            "space", (None, "shared", "shared::cta", "shared::cluster", "global"), _SPACE_DOC,
+            absent="generic",
+        ),
         _COMPLETION,
         Qualifier("vec", (None, 2, 4), "vector width", prefix=".v"),
         Qualifier("type", ST_ASYNC_TYPES, "type of the value stored"),
     ),
     rules=_RELEASE_RULES + (
+        rule(
+            "no-own-shared-memory",
+            "The destination is another CTA's shared memory (.shared::cluster), .global, or a "
+            "generic address: the PTX ISA allows no other space.  ptxas 13.0 also assembles "
+            ".shared / .shared::cta, whose meaning the PTX ISA does not define; map this CTA's "
+            "address with mapa first.",
+            allow={"space": (None, "shared::cluster", "global")},
+            ptxas_enforced=False,
+        ),
         rule(
             "weak-no-scope",
             "A .weak store takes no scope (ptxas: \"Illegal modifier\").",
