@@ -174,17 +174,19 @@ def send(
     packed: bool,
     *,
     result: Any = None,
+    extra: Sequence[Sequence[ir.Value]] = (),
     loc=None,
     ip=None,
 ) -> Any:
     """Emit a memory instruction at ``ptr``: check alignment, pack each ``(data, dtype)``
-    source, and return the destination as ``result`` dtype values (None if it has none)."""
+    source, and return the destination as ``result`` dtype values (None if it has none).
+    ``extra`` holds the carriers of operands after the sources (an mbarrier address)."""
     check_alignment(inst, ptr)
     operands = [o for o in inst.inputs if o.role != "a"]
     carriers = [
         values.source(data, dtype, op, packed, loc=loc, ip=ip)
         for (data, dtype), op in zip(sources, operands)
-    ]
+    ] + [list(c) for c in extra]
     out = emit(inst, address(ptr, loc=loc, ip=ip), carriers, loc=loc, ip=ip)
     if not inst.outputs:
         return None
