@@ -1,7 +1,7 @@
 """``nanosleep``: suspend the thread for about a given number of nanoseconds.
 
-PTX ISA 9.0, Miscellaneous Instructions: nanosleep (sm_70+).  ``nanosleep.u32 t`` sleeps for a
-time in [0, 2*t] nanoseconds, at most 1 ms; threads of a warp may wake together.  It backs off a
+PTX ISA 9.0, Miscellaneous Instructions: nanosleep (sm_70+).  ``nanosleep.u32 ns`` sleeps for a
+time in [0, 2*ns] nanoseconds, at most 1 ms; threads of a warp may wake together.  It backs off a
 spin loop so that the waiting threads leave issue slots and memory bandwidth to others.
 """
 
@@ -11,7 +11,7 @@ from .engine import Family, implied
 
 NANOSLEEP = Family(
     name="nanosleep",
-    summary="Suspend the thread for a time in [0, 2*t] nanoseconds (at most 1 ms).",
+    summary="Suspend the thread for a time in [0, 2*ns] nanoseconds (at most 1 ms).",
     qualifiers=(implied("type", "u32", "the delay is always .u32", by={}),),
     rules=(),
     operands=("ns",),
