@@ -45,26 +45,19 @@ def _completion(completion: Value, mbar: cute.Pointer | None) -> Value:
 
 def _emit_bulk(inst: Instruction, dst, src, size: Any, mbar, *, loc=None, ip=None) -> None:
     """Check a bulk form's mbarrier, size and alignments, and emit it."""
-    needs_mbar = any(o.role == "mbar" for o in inst.operands)
-    if needs_mbar != (mbar is not None):
-        raise ValueError(
-            f"{inst.opcode}: "
-            + ("needs mbar= (the mbarrier the copy completes on)" if needs_mbar else "takes no mbar")
-        )
     if isinstance(size, int) and (size <= 0 or size % BULK_ALIGN):
         raise ValueError(f"{inst.opcode}: size must be a positive multiple of 16 bytes, got {size}")
     emit.require_alignment(inst, dst, "destination", BULK_ALIGN)
     emit.require_alignment(inst, src, "source", BULK_ALIGN)
+    mbar_carriers = emit.mbarrier_operand(
+        inst, mbar, "auto", ("shared::cta", "shared::cluster"), loc=loc, ip=ip
+    )
     operands = [
         [emit.address(dst, loc=loc, ip=ip)],
         [emit.address(src, loc=loc, ip=ip)],
         [cutlass.Int32(size).ir_value(loc=loc, ip=ip)],
     ]
-    if mbar is not None:
-        emit.state_space(inst.family, mbar, "auto", ("shared::cta", "shared::cluster"))
-        emit.require_alignment(inst, mbar, "mbarrier", 8)
-        operands.append([emit.address(mbar, loc=loc, ip=ip)])
-    emit.emit(inst, None, operands, loc=loc, ip=ip)
+    emit.emit(inst, None, operands + mbar_carriers, loc=loc, ip=ip)
 
 
 @dsl_user_op

@@ -22,26 +22,6 @@ from ..spec.cluster import MBARRIER, RED_ASYNC, ST_ASYNC
 from ..spec.engine import Value
 from . import emit, forms, values
 
-#: An mbarrier object is 8 bytes, 8-byte aligned.
-MBARRIER_ALIGN = 8
-
-
-def _mbarrier(inst, mbar: cute.Pointer | None, space: Value, *, loc=None, ip=None) -> list:
-    """The carriers of the mbarrier operand, checked against the form (same space as the
-    destination, 8-byte aligned)."""
-    needs_mbar = any(o.role == "mbar" for o in inst.operands)
-    if needs_mbar != (mbar is not None):
-        raise ValueError(
-            f"{inst.opcode}: "
-            + ("needs mbar= (the receiver's mbarrier)" if needs_mbar else "takes no mbar")
-        )
-    if mbar is None:
-        return []
-    emit.state_space(inst.family, mbar, space, (space,))
-    emit.require_alignment(inst, mbar, "mbarrier", MBARRIER_ALIGN)
-    return [[emit.address(mbar, loc=loc, ip=ip)]]
-
-
 @dsl_user_op
 def st_async(
     ptr: cute.Pointer,
@@ -76,7 +56,7 @@ def st_async(
         inst = emit.instruction("st.async", type=type, vec=vec, **q)
     else:
         inst = forms.choose("st.async", dtype, n, forms.words(dtype), **q)
-    extra = _mbarrier(inst, mbar, space, loc=loc, ip=ip)
+    extra = emit.mbarrier_operand(inst, mbar, space, (space,), loc=loc, ip=ip)
     emit.send(inst, ptr, [(value, dtype)], packed, extra=extra, loc=loc, ip=ip)
 
 
@@ -115,7 +95,7 @@ def red_async(
         "red.async", dtype, op, type, sem=sem or "release", scope=scope, space=space,
         completion=MBARRIER if mbar is not None else None,
     )
-    extra = _mbarrier(inst, mbar, space, loc=loc, ip=ip)
+    extra = emit.mbarrier_operand(inst, mbar, space, (space,), loc=loc, ip=ip)
     emit.send(inst, ptr, [(value, dtype)], packed, extra=extra, loc=loc, ip=ip)
 
 

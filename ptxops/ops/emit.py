@@ -117,6 +117,28 @@ def require_alignment(inst: Instruction, ptr: cute.Pointer, what: str, bytes_: i
         )
 
 
+#: An mbarrier object is 8 bytes, 8-byte aligned.
+MBARRIER_ALIGN = 8
+
+
+def mbarrier_operand(
+    inst: Instruction, mbar: cute.Pointer | None, space: Value, allowed: Sequence[Value], *, loc=None, ip=None
+) -> list[list[ir.Value]]:
+    """The carriers of ``inst``'s mbarrier operand (none if the form has none): ``mbar`` must be
+    given exactly when the form completes on an mbarrier, in one of ``allowed`` spaces, 8-byte
+    aligned."""
+    needed = any(o.role == "mbar" for o in inst.operands)
+    if needed != (mbar is not None):
+        raise ValueError(
+            f"{inst.opcode}: " + ("needs mbar= (the mbarrier it completes on)" if needed else "takes no mbar")
+        )
+    if mbar is None:
+        return []
+    state_space(inst.family, mbar, space, allowed)
+    require_alignment(inst, mbar, "mbarrier", MBARRIER_ALIGN)
+    return [[address(mbar, loc=loc, ip=ip)]]
+
+
 def address(ptr: cute.Pointer, *, loc=None, ip=None) -> ir.Value:
     """The address operand: a shared pointer's 32-bit offset, else the 64-bit address."""
     return ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)
