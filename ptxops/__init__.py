@@ -10,9 +10,9 @@ from .errors import QualifierError
 
 DEVICE_FUNCTIONS = (
     "atom", "atom_add", "atom_cas", "atom_exch", "cp_async_bulk", "cp_async_bulk_commit_group",
-    "cp_async_bulk_wait_group", "fence", "ld", "ld_acquire", "mbarrier_arrive", "mbarrier_init",
-    "mbarrier_try_wait", "multimem_ld_reduce", "multimem_red", "multimem_st", "red", "st",
-    "st_release",
+    "cp_async_bulk_wait_group", "cp_reduce_async_bulk", "fence", "ld", "ld_acquire", "mapa",
+    "mbarrier_arrive", "mbarrier_init", "mbarrier_try_wait", "multimem_ld_reduce", "multimem_red",
+    "multimem_st", "nanosleep", "red", "red_async", "st", "st_async", "st_release",
 )
 
 __all__ = ["QualifierError", "spec", *DEVICE_FUNCTIONS]

@@ -20,13 +20,16 @@ REGISTER = {1: "%p", 8: "%b", 16: "%h", 32: "%r", 64: "%rd", 128: "%q"}
 
 #: Address tokens of operand signatures, and the qualifier naming each one's state space
 #: (a shared space means a 32-bit address, anything else a 64-bit one).  ``mbar``, the
-#: address of an mbarrier object, is always in shared memory.
+#: address of an mbarrier object, is in the form's ``space`` where it has one (generic when
+#: that is absent, as in ``st.async``), else in shared memory.
 ADDRESSES: dict[str, str | None] = {"a": "space", "dst": "dst", "src": "src", "mbar": None}
 #: Value tokens with a fixed register width whatever the form's type: byte counts, arrival
-#: counts, transaction counts, phase parity, an mbarrier phase state, an L2 cache policy.
-FIXED_BITS = {"size": 32, "count": 32, "tx": 32, "phase": 32, "state": 64, "policy": 64}
-#: Value tokens whose width follows the form's type and vector.
-TYPED = ("b", "c", "d")
+#: counts, transaction counts, phase parity, an mbarrier phase state, an L2 cache policy, a CTA
+#: rank, a sleep time.
+FIXED_BITS = {"size": 32, "count": 32, "tx": 32, "phase": 32, "state": 64, "policy": 64, "rank": 32, "ns": 32}
+#: Value tokens whose width follows the form's type and vector (``addr``: an address held in a
+#: register as a value, such as the address ``mapa`` maps).
+TYPED = ("b", "c", "d", "addr")
 #: Destination tokens: ``d`` a value, ``p`` a predicate (carried as a 32-bit 0 or 1).
 OUTPUTS = ("d", "p")
 #: An integer immediate (``cp.async.bulk.wait_group N``): an ``n`` constraint in inline asm,
@@ -40,7 +43,8 @@ ROLE_DOC = {
     "size": "byte count", "count": "expected arrival count", "tx": "transaction byte count",
     "phase": "phase parity", "state": "mbarrier phase state", "p": "predicate result",
     "policy": "64-bit L2 cache policy (createpolicy)",
-    "n": "integer immediate",
+    "n": "integer immediate", "addr": "address value", "rank": "CTA rank in the cluster",
+    "ns": "sleep time in nanoseconds",
 }
 
 
@@ -153,7 +157,7 @@ def operands(family: Family, q: Mapping[str, Value]) -> tuple[Operand, ...]:
     out = []
     for token in family.signature(q):
         if token in ADDRESSES:
-            key = ADDRESSES[token]
+            key = ADDRESSES[token] or ("space" if "space" in q else None)
             space = "shared" if key is None else str(q.get(key) or "")
             out.append(Operand(token, 1, 32 if space.startswith("shared") else 64))
         elif token in TYPED:

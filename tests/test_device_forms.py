@@ -66,6 +66,25 @@ def emit_form(inst: Instruction, gptr, sptr, pointers: dict | None = None) -> No
             dst, src, 16, mbar=mbar, dst_space=q["dst"], src_space=q["src"],
             completion=q["completion"],
         )
+    elif inst.family == "cp.reduce.async.bulk":
+        dst = ptxops.mapa(sptr, 0) if q["dst"] == "shared::cluster" else gptr
+        mbar = dst if any(o.role == "mbar" for o in inst.operands) else None
+        ptxops.cp_reduce_async_bulk(
+            dst, sptr, 16, op=q["op"], type=common["type"], mbar=mbar, dst_space=q["dst"],
+            src_space=q["src"], completion=q["completion"],
+        )
+    elif inst.family in ("st.async", "red.async"):
+        ptr = ptxops.mapa(sptr, 0) if space == "shared::cluster" else gptr
+        mbar = ptr if q.pop("completion") else None
+        if inst.family == "st.async":
+            ptxops.st_async(ptr, _zeros(inst, "b"), mbar, space=space, **q, **common)
+        else:
+            common.pop("vec")
+            ptxops.red_async(ptr, _zeros(inst, "b"), mbar, space=space, **q, **common)
+    elif inst.family == "mapa":
+        ptxops.mapa(sptr if space else gptr, 1, space=space, type=common["type"])
+    elif inst.family == "nanosleep":
+        ptxops.nanosleep(100)
     elif inst.family == "cp.async.bulk.commit_group":
         ptxops.cp_async_bulk_commit_group()
     elif inst.family == "cp.async.bulk.wait_group":

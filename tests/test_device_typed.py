@@ -267,3 +267,85 @@ def test_cache_hinted_load_and_non_coherent_load() -> None:
         ptx_of(lambda ptr: ptxops.st(ptr, I32(1), cache="wt", l1_eviction="evict_first"))
     with pytest.raises(QualifierError, match="legal PTX that ptxops does not wrap"):
         ptx_of(lambda ptr: ptxops.ld(ptr, space="param"))
+
+
+# -- bulk reductions, cluster stores and reductions, mapa, nanosleep ----------------------------
+
+
+def test_bulk_reductions_choose_their_type_from_the_dtype() -> None:
+    """BFloat16 add into global memory is ``.add.noftz.bf16``; Int32 max ``.max.s32``; an
+    Int64 add into another CTA's shared memory (through mapa) completes on its mbarrier."""
+
+    def body(ptr):
+        smem = SmemAllocator()
+        bar = smem.allocate_array(I64, num_elems=1, byte_alignment=8)
+        buf = smem.allocate_array(I64, num_elems=32, byte_alignment=16)
+        ptxops.cp_reduce_async_bulk(cute.recast_ptr(ptr, dtype=BF16), cute.recast_ptr(buf, dtype=BF16), 256)
+        ptxops.cp_reduce_async_bulk(ptr, cute.recast_ptr(buf, dtype=I32), 128, op="max")
+        ptxops.cp_async_bulk_commit_group()
+        ptxops.cp_reduce_async_bulk(ptxops.mapa(buf, 1), buf, 256, mbar=ptxops.mapa(bar, 1))
+
+    found = opcodes(ptx_of(body))
+    assert found["cp.reduce.async.bulk.global.shared::cta.bulk_group.add.noftz.bf16"] == 1
+    assert found["cp.reduce.async.bulk.global.shared::cta.bulk_group.max.s32"] == 1
+    assert found["cp.reduce.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes.add.u64"] == 1
+    assert found["mapa.shared::cluster.u32"] == 2
+
+
+def test_cluster_stores_and_reductions_complete_on_the_receivers_mbarrier() -> None:
+    """Four Float32 go to rank 1's buffer as one ``.v4.b32``; an Int32 add and a Uint32 inc
+    reduce into it; a backoff sleeps in a register-held and a constant delay."""
+
+    def body(ptr):
+        smem = SmemAllocator()
+        bar = smem.allocate_array(I64, num_elems=1, byte_alignment=8)
+        buf = smem.allocate_array(F32, num_elems=8, byte_alignment=16)
+        remote, remote_bar = ptxops.mapa(buf, 1), ptxops.mapa(bar, 1)
+        ptxops.st_async(remote, ptxops.ld(cute.recast_ptr(ptr, dtype=F32), num_elements=4), remote_bar)
+        counters = cute.recast_ptr(remote, dtype=I32)
+        ptxops.red_async(counters + 4, I32(1), remote_bar)
+        ptxops.red_async(counters + 5, U32(7), remote_bar, op="inc")
+        ptxops.nanosleep(I32(32) * 2)
+        ptxops.nanosleep(100)
+
+    found = opcodes(ptx_of(body))
+    assert found["st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32"] == 1
+    assert found["red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.add.s32"] == 1
+    assert found["red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.inc.u32"] == 1
+    assert found["nanosleep.u32"] == 2
+
+
+def test_release_forms_of_st_async_and_red_async_on_blackwell() -> None:
+    def body(ptr):
+        ptxops.st_async(ptr, I32(1), sem="release", scope="gpu")
+        ptxops.red_async(cute.recast_ptr(ptr, dtype=I64) + 4, I64(1), scope="sys")
+
+    found = opcodes(ptx_of(body, arch="sm_100a"))
+    assert found["st.async.release.gpu.global.b32"] == 1
+    assert found["red.async.release.sys.global.add.u64"] == 1
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "pattern"),
+    [
+        (lambda g, s, b: ptxops.cp_reduce_async_bulk(
+            ptxops.mapa(cute.recast_ptr(s, dtype=F32), 1), cute.recast_ptr(s, dtype=F32), 64,
+            mbar=ptxops.mapa(b, 1)), QualifierError, r"add-types-shared-cluster"),
+        (lambda g, s, b: ptxops.st_async(s, I32(1), b), QualifierError, r"no-own-shared-memory"),
+        (lambda g, s, b: ptxops.red_async(g, I32(1), scope="gpu"), QualifierError,
+         r"release-target[\s\S]*sm_100a"),
+        (lambda g, s, b: ptxops.mapa(g, 1), QualifierError, r"pointer-space"),
+        (lambda g, s, b: ptxops.nanosleep(2_000_000), ValueError, r"\[0, 1000000\]"),
+    ],
+    ids=["f32-add-into-shared-cluster", "st-async-to-own-shared", "release-red-async-on-hopper",
+         "mapa-of-global", "sleep-longer-than-1ms"],
+)
+def test_illegal_cluster_and_reduction_uses(call, error, pattern) -> None:
+    def body(ptr):
+        smem = SmemAllocator()
+        bar = smem.allocate_array(I64, num_elems=1, byte_alignment=8)
+        s = smem.allocate_array(I32, num_elems=64, byte_alignment=16)
+        call(ptr, s, bar)
+
+    with pytest.raises(error, match=pattern):
+        ptx_of(body)

@@ -181,6 +181,48 @@ GOLDEN = [
         "selp.u32 $0, 1, 0, %ptxops_p0; }",
         "=r,r,l,~{memory}",
     ),
+    (
+        ("cp.reduce.async.bulk", dict(dst="global", src="shared::cta", completion="bulk_group", op="add", type="bf16")),
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.noftz.bf16",
+        "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.noftz.bf16 [$0], [$1], $2;",
+        "l,r,r,~{memory}",
+    ),
+    (
+        ("cp.reduce.async.bulk", dict(dst="shared::cluster", src="shared::cta", completion="mbarrier::complete_tx::bytes", op="min", type="s32")),
+        "cp.reduce.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes.min.s32",
+        "cp.reduce.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes.min.s32 [$0], [$1], $2, [$3];",
+        "r,r,r,r,~{memory}",
+    ),
+    (
+        ("st.async", dict(space="shared::cluster", completion="mbarrier::complete_tx::bytes", vec=2, type="b64")),
+        "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b64",
+        "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b64 [$0], {$1, $2}, [$3];",
+        "r,l,l,r,~{memory}",
+    ),
+    (
+        ("st.async", dict(completion="mbarrier::complete_tx::bytes", type="b32")),
+        "st.async.mbarrier::complete_tx::bytes.b32",
+        "st.async.mbarrier::complete_tx::bytes.b32 [$0], $1, [$2];",
+        "l,r,l,~{memory}",
+    ),
+    (
+        ("red.async", dict(sem="release", scope="sys", space="global", op="add", type="u64", target="sm_100a")),
+        "red.async.release.sys.global.add.u64",
+        "red.async.release.sys.global.add.u64 [$0], $1;",
+        "l,l,~{memory}",
+    ),
+    (
+        ("red.async", dict(sem="relaxed", scope="cluster", space="shared::cluster", completion="mbarrier::complete_tx::bytes", op="inc", type="u32")),
+        "red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.inc.u32",
+        "red.async.relaxed.cluster.shared::cluster.mbarrier::complete_tx::bytes.inc.u32 [$0], $1, [$2];",
+        "r,r,r,~{memory}",
+    ),
+    (
+        ("mapa", dict(space="shared::cluster", type="u32")),
+        "mapa.shared::cluster.u32", "mapa.shared::cluster.u32 $0, $1, $2;", "=r,r,r,~{memory}",
+    ),
+    (("mapa", dict(type="u64")), "mapa.u64", "mapa.u64 $0, $1, $2;", "=l,l,r,~{memory}"),
+    (("nanosleep", {}), "nanosleep.u32", "nanosleep.u32 $0;", "r,~{memory}"),
 ]
 
 
@@ -275,6 +317,15 @@ def test_fp8_on_hopper_names_the_target() -> None:
         ("mbarrier.arrive", dict(sem="release", space="shared::cta"), "sem-needs-scope"),
         ("mbarrier.arrive", dict(scope="cluster", space="shared::cta"), "scope-needs-sem"),
         ("mbarrier.try_wait", dict(parity="parity", space="shared::cluster"), "wait-local"),
+        ("cp.reduce.async.bulk", dict(dst="global", src="shared::cta", completion="bulk_group", op="add", type="s64"), "add-types-global"),
+        ("cp.reduce.async.bulk", dict(dst="shared::cluster", src="shared::cta", completion="bulk_group", op="add", type="u32"), "shared-destination-completes-on-mbarrier"),
+        ("st.async", dict(space="shared::cluster", type="b32"), "shared-cluster-completes-on-mbarrier"),
+        ("st.async", dict(sem="release", scope="gpu", space="global", type="b32"), "release-target"),
+        ("st.async", dict(space="shared::cta", completion="mbarrier::complete_tx::bytes", type="b32"), "no-own-shared-memory"),
+        ("st.async", dict(completion="mbarrier::complete_tx::bytes", vec=4, type="b64"), "v4-32bit"),
+        ("red.async", dict(sem="relaxed", scope="gpu", op="add", type="u32"), "relaxed-completes-on-mbarrier"),
+        ("red.async", dict(sem="relaxed", scope="cluster", completion="mbarrier::complete_tx::bytes", op="max", type="b32"), "max-types"),
+        ("red.async", dict(sem="release", scope="cluster", op="add", type="u32", target="sm_100a"), "release-scope"),
     ],
 )
 def test_each_rule_reports_itself(family: str, qualifiers: dict, rule: str) -> None:

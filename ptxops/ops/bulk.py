@@ -1,4 +1,5 @@
-"""Device functions for ``cp.async.bulk`` (1-D TMA bulk copies) and its bulk async-groups.
+"""Device functions for ``cp.async.bulk`` and ``cp.reduce.async.bulk`` (1-D TMA bulk copies
+and bulk reductions) and their bulk async-groups.
 
 A copy into shared memory completes on an mbarrier (pass ``mbar=``: the copy's bytes count
 down the transaction count that :func:`~ptxops.mbarrier_arrive` with ``tx_count`` raised); a
@@ -17,12 +18,46 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cutlass_dsl import dsl_user_op
 
-from ..spec.bulk import CP_ASYNC_BULK, MBARRIER
+from .. import spec
+from ..render import Instruction
+from ..spec.bulk import MBARRIER
 from ..spec.engine import Value
-from . import emit
+from . import emit, forms
 
 #: Bulk copies need 16-byte aligned addresses and a size that is a multiple of 16.
 BULK_ALIGN = 16
+
+
+def _spaces(family: str, dst, src, dst_space: Value, src_space: Value) -> tuple[Value, Value]:
+    fam = spec.family(family)
+    return (
+        emit.state_space(family, dst, dst_space, fam.domain("dst")),
+        emit.state_space(family, src, src_space, fam.domain("src")),
+    )
+
+
+def _completion(completion: Value, mbar: cute.Pointer | None) -> Value:
+    """The completion mechanism ``mbar`` implies unless the caller names one."""
+    if completion != "auto":
+        return completion
+    return MBARRIER if mbar is not None else "bulk_group"
+
+
+def _emit_bulk(inst: Instruction, dst, src, size: Any, mbar, *, loc=None, ip=None) -> None:
+    """Check a bulk form's mbarrier, size and alignments, and emit it."""
+    if isinstance(size, int) and (size <= 0 or size % BULK_ALIGN):
+        raise ValueError(f"{inst.opcode}: size must be a positive multiple of 16 bytes, got {size}")
+    emit.require_alignment(inst, dst, "destination", BULK_ALIGN)
+    emit.require_alignment(inst, src, "source", BULK_ALIGN)
+    mbar_carriers = emit.mbarrier_operand(
+        inst, mbar, "auto", ("shared::cta", "shared::cluster"), loc=loc, ip=ip
+    )
+    operands = [
+        [emit.address(dst, loc=loc, ip=ip)],
+        [emit.address(src, loc=loc, ip=ip)],
+        [cutlass.Int32(size).ir_value(loc=loc, ip=ip)],
+    ]
+    emit.emit(inst, None, operands + mbar_carriers, loc=loc, ip=ip)
 
 
 @dsl_user_op
@@ -46,31 +81,55 @@ def cp_async_bulk(
     bulk async-group (``.bulk_group``, no ``mbar``).  ``completion`` defaults to the one that
     ``mbar`` implies.  Both pointers must be 16-byte aligned.
     """
-    dst_space = emit.state_space("cp.async.bulk", dst, dst_space, CP_ASYNC_BULK.domain("dst"))
-    src_space = emit.state_space("cp.async.bulk", src, src_space, CP_ASYNC_BULK.domain("src"))
-    if completion == "auto":
-        completion = MBARRIER if mbar is not None else "bulk_group"
-    inst = emit.instruction("cp.async.bulk", dst=dst_space, src=src_space, completion=completion)
-    needs_mbar = any(o.role == "mbar" for o in inst.operands)
-    if needs_mbar != (mbar is not None):
-        raise ValueError(
-            f"{inst.opcode}: "
-            + ("needs mbar= (the mbarrier the copy completes on)" if needs_mbar else "takes no mbar")
-        )
-    if isinstance(size, int) and (size <= 0 or size % BULK_ALIGN):
-        raise ValueError(f"{inst.opcode}: size must be a positive multiple of 16 bytes, got {size}")
-    emit.require_alignment(inst, dst, "destination", BULK_ALIGN)
-    emit.require_alignment(inst, src, "source", BULK_ALIGN)
-    operands = [
-        [emit.address(dst, loc=loc, ip=ip)],
-        [emit.address(src, loc=loc, ip=ip)],
-        [cutlass.Int32(size).ir_value(loc=loc, ip=ip)],
-    ]
-    if mbar is not None:
-        emit.state_space("cp.async.bulk", mbar, "auto", ("shared::cta", "shared::cluster"))
-        emit.require_alignment(inst, mbar, "mbarrier", 8)
-        operands.append([emit.address(mbar, loc=loc, ip=ip)])
-    emit.emit(inst, None, operands, loc=loc, ip=ip)
+    dst_space, src_space = _spaces("cp.async.bulk", dst, src, dst_space, src_space)
+    inst = emit.instruction(
+        "cp.async.bulk", dst=dst_space, src=src_space, completion=_completion(completion, mbar)
+    )
+    _emit_bulk(inst, dst, src, size, mbar, loc=loc, ip=ip)
+
+
+@dsl_user_op
+def cp_reduce_async_bulk(
+    dst: cute.Pointer,
+    src: cute.Pointer,
+    size: Any,
+    *,
+    op: str = "add",
+    dtype: type[cutlass.Numeric] | None = None,
+    mbar: cute.Pointer | None = None,
+    dst_space: Value = "auto",
+    src_space: Value = "auto",
+    completion: Value = "auto",
+    type: str | None = None,
+    loc=None,
+    ip=None,
+) -> None:
+    """Reduce ``size`` bytes of elements at ``src`` (this CTA's shared memory) into ``dst``
+    asynchronously: ``cp.reduce.async.bulk.dst.src.completion.op{.noftz}.type [dst], [src],
+    size{, [mbar]}``.
+
+    Element-wise: every ``dst[i]`` becomes ``op(dst[i], src[i])`` for ``op`` in add, min, max,
+    inc, dec, and, or, xor over elements of ``dtype`` (default: ``src``'s; Int32 add is
+    ``.s32``, BFloat16 add ``.add.noftz.bf16``, ...) or of the PTX ``type`` named.  Each
+    element's reduction is a separate atomic read-modify-write with ``.relaxed.gpu``
+    semantics; the array as a whole is not one atomic access, and the source reads are weak.
+    A ``.gpu`` scope holds only the issuing GPU's threads, so reductions that several GPUs
+    issue into one peer array are not atomic with respect to each other by the PTX memory
+    model.  The f32 add flushes subnormals to zero; the f16/bf16 add keeps them.
+
+    Into ``.global`` (a global or generic pointer) the reduction joins the bulk async-group
+    (``.bulk_group``: :func:`cp_async_bulk_commit_group` / :func:`cp_async_bulk_wait_group`);
+    into another CTA's shared memory (``.shared::cluster``, a distributed-shared pointer, e.g.
+    from :func:`~ptxops.mapa`) it completes on that CTA's mbarrier at ``mbar``, whose
+    complete-tx has ``.release.cluster`` semantics.  Both pointers 16-byte aligned, ``size`` a
+    multiple of 16.
+    """
+    dst_space, src_space = _spaces("cp.reduce.async.bulk", dst, src, dst_space, src_space)
+    inst = forms.scalar(
+        "cp.reduce.async.bulk", dtype or src.dtype, op, type,
+        dst=dst_space, src=src_space, completion=_completion(completion, mbar),
+    )
+    _emit_bulk(inst, dst, src, size, mbar, loc=loc, ip=ip)
 
 
 @dsl_user_op
@@ -94,4 +153,7 @@ def cp_async_bulk_wait_group(n: int = 0, *, read: bool | str | None = None, loc=
     emit.emit(inst, None, [[cutlass.Int32(n).ir_value(loc=loc, ip=ip)]], loc=loc, ip=ip)
 
 
-__all__ = ["cp_async_bulk", "cp_async_bulk_commit_group", "cp_async_bulk_wait_group"]
+__all__ = [
+    "cp_async_bulk", "cp_async_bulk_commit_group", "cp_async_bulk_wait_group",
+    "cp_reduce_async_bulk",
+]

@@ -142,6 +142,28 @@ def _alignment_fix(ptr: cute.Pointer, bytes_: int, owner: str) -> str:
     )
 
 
+#: An mbarrier object is 8 bytes, 8-byte aligned.
+MBARRIER_ALIGN = 8
+
+
+def mbarrier_operand(
+    inst: Instruction, mbar: cute.Pointer | None, space: Value, allowed: Sequence[Value], *, loc=None, ip=None
+) -> list[list[ir.Value]]:
+    """The carriers of ``inst``'s mbarrier operand (none if the form has none): ``mbar`` must be
+    given exactly when the form completes on an mbarrier, in one of ``allowed`` spaces, 8-byte
+    aligned."""
+    needed = any(o.role == "mbar" for o in inst.operands)
+    if needed != (mbar is not None):
+        raise ValueError(
+            f"{inst.opcode}: " + ("needs mbar= (the mbarrier it completes on)" if needed else "takes no mbar")
+        )
+    if mbar is None:
+        return []
+    state_space(inst.family, mbar, space, allowed)
+    require_alignment(inst, mbar, "mbarrier", MBARRIER_ALIGN)
+    return [[address(mbar, loc=loc, ip=ip)]]
+
+
 def address(ptr: cute.Pointer, *, loc=None, ip=None) -> ir.Value:
     """The address operand: a shared pointer's 32-bit offset, else the 64-bit address."""
     return ptr.toint(loc=loc, ip=ip).ir_value(loc=loc, ip=ip)
@@ -204,8 +226,9 @@ def send(
     ip=None,
 ) -> Any:
     """Emit a memory instruction at ``ptr``: check alignment, pack each ``(data, dtype)``
-    source, append the carriers in ``extra`` (operands after the data, such as a cache
-    policy), and return the destination as ``result`` dtype values (None if it has none)."""
+    source, append the carriers in ``extra`` (operands after the data: a cache policy, an
+    mbarrier address), and return the destination as ``result`` dtype values (None if it has
+    none)."""
     check_alignment(inst, ptr)
     operands = [o for o in inst.inputs if o.role != "a"]
     carriers = [

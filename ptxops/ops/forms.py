@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 import cutlass
 
+from .. import spec
 from ..errors import QualifierError
 from ..render import Instruction
 from ..spec.engine import Value
@@ -101,3 +102,21 @@ def _legal(family: str, ptx_type: str, regs: int, qualifiers: dict[str, Value]) 
     except QualifierError:
         return False
     return True
+
+
+def scalar(family: str, dtype: Numeric, op: str, type: str | None = None, **qualifiers: Value) -> Instruction:
+    """The form of a family without vectors (``red.async``, ``cp.reduce.async.bulk``) for
+    ``op`` on ``dtype``: the PTX ``type`` if given, else the first legal one of the types
+    that carry ``dtype`` for ``op``; the spec's error for the first of them if none is."""
+    if type is not None:
+        return instruction(family, op=op, type=type, **qualifiers)
+    domain = spec.family(family).domain("type")
+    carriers = arithmetic_types(dtype, op)
+    first: QualifierError | None = None
+    for ptx_type in [t for t in carriers if t in domain] or carriers[:1]:
+        try:
+            return instruction(family, op=op, type=ptx_type, **qualifiers)
+        except QualifierError as err:
+            first = first or err
+    assert first is not None
+    raise first

@@ -18,12 +18,8 @@ from ..spec.engine import Value
 from ..spec.mbarrier import LOCAL, SPACES
 from . import emit
 
-#: An mbarrier object is 8 bytes, 8-byte aligned.
-MBARRIER_ALIGN = 8
-
-
 def _address(inst, mbar: cute.Pointer, *, loc=None, ip=None):
-    emit.require_alignment(inst, mbar, "mbarrier", MBARRIER_ALIGN)
+    emit.require_alignment(inst, mbar, "mbarrier", emit.MBARRIER_ALIGN)
     return emit.address(mbar, loc=loc, ip=ip)
 
 

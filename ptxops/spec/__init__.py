@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 from ..errors import QualifierError
 from ..render import Instruction, render
-from . import atomics, bulk, fence, mbarrier, memory, multimem
+from . import atomics, bulk, cluster, fence, mbarrier, memory, multimem, nanosleep
 from .engine import Family, Qualifier, Rule, Value
 from .targets import DEFAULT_TARGET, TARGETS
 
@@ -18,7 +18,7 @@ FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
         *multimem.FAMILIES, *atomics.FAMILIES, *memory.FAMILIES, *fence.FAMILIES,
-        *bulk.FAMILIES, *mbarrier.FAMILIES,
+        *bulk.FAMILIES, *mbarrier.FAMILIES, *cluster.FAMILIES, *nanosleep.FAMILIES,
     )
 }
 

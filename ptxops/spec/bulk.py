@@ -1,5 +1,6 @@
-"""``cp.async.bulk``, ``cp.async.bulk.commit_group`` and ``cp.async.bulk.wait_group``: 1-D
-bulk copies by the Tensor Memory Accelerator (TMA), without a tensor map.
+"""``cp.async.bulk``, ``cp.reduce.async.bulk``, ``cp.async.bulk.commit_group`` and
+``cp.async.bulk.wait_group``: 1-D bulk copies and bulk reductions by the Tensor Memory
+Accelerator (TMA), without a tensor map.
 
 PTX ISA 9.0, Data Movement and Conversion Instructions: cp.async.bulk,
 cp.async.bulk.commit_group and cp.async.bulk.wait_group.  A bulk copy moves ``size`` bytes (a multiple of
@@ -7,13 +8,16 @@ cp.async.bulk.commit_group and cp.async.bulk.wait_group.  A bulk copy moves ``si
 on an mbarrier: its bytes count down the barrier's transaction count
 (``.mbarrier::complete_tx::bytes``); a copy out to global memory joins the thread's current
 bulk async-group (``.bulk_group``), which ``commit_group`` closes and ``wait_group`` waits on.
+A bulk reduction (``cp.reduce.async.bulk``) does the same, but reduces each element of the
+source array into the destination element instead of overwriting it.
 Multicast (``.multicast::cluster``), cache hints (``.L2::cache_hint``) and byte masks
 (``.cp_mask``) are not wrapped.
 """
 
 from __future__ import annotations
 
-from .engine import Family, Qualifier, rule
+from .engine import Family, Qualifier, Rule, implied, rule
+from .ptxtypes import HALF
 
 SECTION = "Data Movement and Conversion Instructions: cp.async.bulk (PTX ISA 9.0)"
 SHARED = ("shared::cta", "shared::cluster")
@@ -99,5 +103,91 @@ CP_ASYNC_BULK_WAIT_GROUP = Family(
     section="Data Movement and Conversion Instructions: cp.async.bulk.wait_group (PTX ISA 9.0)",
 )
 
-FAMILIES = (CP_ASYNC_BULK, CP_ASYNC_BULK_COMMIT_GROUP, CP_ASYNC_BULK_WAIT_GROUP)
-__all__ = ["CP_ASYNC_BULK", "CP_ASYNC_BULK_COMMIT_GROUP", "CP_ASYNC_BULK_WAIT_GROUP", "FAMILIES"]
+#: op -> element types, per destination (PTX ISA 9.0, cp.reduce.async.bulk: the table of valid
+#: .redOp / element-type combinations; ptxas 13.0 accepts exactly these).
+REDUCE_TYPES: dict[str, dict[str, tuple[str, ...]]] = {
+    "shared::cluster": {
+        "add": ("u32", "s32", "u64"), "min": ("u32", "s32"), "max": ("u32", "s32"),
+        "inc": ("u32",), "dec": ("u32",), "and": ("b32",), "or": ("b32",), "xor": ("b32",),
+    },
+    "global": {
+        "add": ("u32", "s32", "u64", "f32", "f64") + HALF,
+        "min": ("u32", "s32", "u64", "s64") + HALF, "max": ("u32", "s32", "u64", "s64") + HALF,
+        "inc": ("u32",), "dec": ("u32",),
+        "and": ("b32", "b64"), "or": ("b32", "b64"), "xor": ("b32", "b64"),
+    },
+}
+REDUCE_OPS = tuple(REDUCE_TYPES["global"])
+REDUCE_SECTION = "Data Movement and Conversion Instructions: cp.reduce.async.bulk (PTX ISA 9.0)"
+
+
+def _reduce_type_rules() -> tuple[Rule, ...]:
+    return tuple(
+        rule(
+            f"{op}-types-{dst.replace('::', '-')}",
+            f"A bulk .{op} into .{dst} takes ." + ", .".join(types) + " (ptxas: \"Incorrect "
+            "type\" / \"Unexpected instruction types specified for 'cp.reduce.async.bulk'\").",
+            when={"dst": dst, "op": op},
+            allow={"type": types},
+        )
+        for dst, ops in REDUCE_TYPES.items()
+        for op, types in ops.items()
+    )
+
+
+CP_REDUCE_ASYNC_BULK = Family(
+    name="cp.reduce.async.bulk",
+    summary="Reduce a contiguous array in shared memory element-wise into global memory or "
+    "into another CTA's shared memory, asynchronously (TMA, no tensor map).",
+    qualifiers=(
+        Qualifier(
+            "dst", ("shared::cluster", "global"),
+            "state space of the destination (the array reduced into)",
+        ),
+        Qualifier("src", ("shared::cta",), "state space of the source: this CTA's shared memory"),
+        Qualifier(
+            "completion", (MBARRIER, "bulk_group"),
+            "completion mechanism: the mbarrier's transaction count (into .shared::cluster) "
+            "or the bulk async-group (into .global)",
+        ),
+        Qualifier("op", REDUCE_OPS, "reduction applied to each element"),
+        implied(
+            "noftz", "noftz", "no flush-to-zero: required on the f16/bf16 add",
+            by={"op": "add", "type": HALF},
+        ),
+        Qualifier(
+            "type", ("b32", "b64", "u32", "s32", "u64", "s64", "f32", "f64") + HALF,
+            "element type",
+        ),
+    ),
+    rules=(
+        rule(
+            "shared-destination-completes-on-mbarrier",
+            "A reduction into .shared::cluster completes on an mbarrier of the destination "
+            "CTA: .mbarrier::complete_tx::bytes (ptxas: \"Illegal modifier '.bulk_group' for "
+            "instruction 'cp.reduce.async.bulk'\").",
+            when={"dst": "shared::cluster"},
+            allow={"completion": MBARRIER},
+        ),
+        rule(
+            "global-destination-bulk-group",
+            "A reduction into .global completes in a bulk async-group: .bulk_group (ptxas: "
+            "\"Illegal modifier '.mbarrier::complete_tx::bytes' for instruction "
+            "'cp.reduce.async.bulk'\").",
+            when={"dst": "global"},
+            allow={"completion": "bulk_group"},
+        ),
+    ) + _reduce_type_rules(),
+    operands=("dst", "src", "size", "mbar"),
+    operand_variants={"completion=bulk_group": ("dst", "src", "size")},
+    device_function="cp_reduce_async_bulk",
+    section=REDUCE_SECTION,
+)
+
+FAMILIES = (
+    CP_ASYNC_BULK, CP_REDUCE_ASYNC_BULK, CP_ASYNC_BULK_COMMIT_GROUP, CP_ASYNC_BULK_WAIT_GROUP,
+)
+__all__ = [
+    "CP_ASYNC_BULK", "CP_ASYNC_BULK_COMMIT_GROUP", "CP_ASYNC_BULK_WAIT_GROUP",
+    "CP_REDUCE_ASYNC_BULK", "FAMILIES",
+]

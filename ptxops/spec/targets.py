@@ -19,6 +19,10 @@ FP8_MULTIMEM = ("sm_100a", "sm_100f", "sm_103a", "sm_120a")
 #: The PTX ISA: "require sm_100 or higher".
 WIDE_LDST = ("sm_100a", "sm_100f", "sm_103a", "sm_120a")
 
+#: Targets with the ``.release`` semantics and ``.global`` state space of ``st.async`` and
+#: ``red.async`` (PTX ISA 8.7): the PTX ISA says "require sm_100 or higher".
+ASYNC_RELEASE = ("sm_100a", "sm_100f", "sm_103a", "sm_120a")
+
 
 def normalise_target(arch: str) -> str:
     """``"sm_90a"`` from ``"sm_90a"``, ``"90a"`` or ``"SM_90A"``; unknown targets pass through."""
