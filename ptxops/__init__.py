@@ -20,10 +20,15 @@ DEVICE_FUNCTIONS = (
     "st_release",
 )
 
-__all__ = ["QualifierError", "spec", *DEVICE_FUNCTIONS]
+#: Trace-time multicast emulation (:mod:`ptxops.emulation`), loaded on first use too.
+EMULATION = ("emulate_multicast", "translation_table")
+
+__all__ = ["QualifierError", "spec", *DEVICE_FUNCTIONS, *EMULATION]
 
 
 def __getattr__(name: str) -> Any:
     if name in DEVICE_FUNCTIONS:
         return getattr(importlib.import_module(".ops", __name__), name)
+    if name in EMULATION:
+        return getattr(importlib.import_module(".emulation", __name__), name)
     raise AttributeError(f"module 'ptxops' has no attribute {name!r}")

@@ -6,7 +6,8 @@ copy out to global memory joins the thread's bulk async-group, which
 :func:`cp_async_bulk_commit_group` closes and :func:`cp_async_bulk_wait_group` waits on.  The
 state spaces follow the pointers (``.global`` for a global pointer, ``.shared::cta`` for a shared
 one, ``.shared::cluster`` for a distributed-shared one) unless ``dst_space``/``src_space`` say
-otherwise.
+otherwise.  Under :func:`ptxops.emulate_multicast` a copy to a global address in a multicast
+window becomes one copy per rank.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cutlass_dsl import dsl_user_op
 
+from .. import emulation
 from ..spec.bulk import CP_ASYNC_BULK, MBARRIER
 from ..spec.engine import Value
 from . import emit
@@ -62,7 +64,6 @@ def cp_async_bulk(
     emit.require_alignment(inst, dst, "destination", BULK_ALIGN)
     emit.require_alignment(inst, src, "source", BULK_ALIGN)
     operands = [
-        [emit.address(dst, loc=loc, ip=ip)],
         [emit.address(src, loc=loc, ip=ip)],
         [cutlass.Int32(size).ir_value(loc=loc, ip=ip)],
     ]
@@ -70,7 +71,15 @@ def cp_async_bulk(
         emit.state_space("cp.async.bulk", mbar, "auto", ("shared::cta", "shared::cluster"))
         emit.require_alignment(inst, mbar, "mbarrier", 8)
         operands.append([emit.address(mbar, loc=loc, ip=ip)])
-    emit.emit(inst, None, operands, loc=loc, ip=ip)
+
+    def copy(address) -> None:
+        emit.emit(inst, None, [[address], *operands], loc=loc, ip=ip)
+
+    em = emulation.active()
+    if em is not None and dst_space == "global":
+        emulation.bulk_copy(em, dst, copy, loc=loc, ip=ip)  # one copy per rank in a window
+    else:
+        copy(emit.address(dst, loc=loc, ip=ip))
 
 
 @dsl_user_op
