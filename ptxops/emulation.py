@@ -243,7 +243,7 @@ def bulk_copy(em: MulticastEmulation, dst: cute.Pointer, copy: Any, *, loc=None,
     """A bulk copy to ``dst``: ``copy(address)`` once per rank if ``dst`` is in a window, else
     ``copy(dst)`` (one runtime branch)."""
     inside, peers = em.translate(dst.toint(loc=loc, ip=ip))
-    branch = scf.IfOp(inside.ir_value(loc=loc, ip=ip), [], hasElse=True, loc=loc, ip=ip)
+    branch = scf.IfOp(inside.ir_value(loc=loc, ip=ip), [], has_else=True, loc=loc, ip=ip)
     with ir.InsertionPoint(branch.then_block):
         for p in peers:
             copy(Int64(p).ir_value())
