@@ -15,7 +15,7 @@ import torch
 
 from . import tuning
 from .capability import choose_backend
-from .config import ALGORITHMS, DTYPES, FP8, LAMPORT_MAX_BYTES, VECTOR_BYTES, KernelKey
+from .config import ALGORITHMS, DTYPES, FP8, LAMPORT_MAX_BYTES, MULTICAST_PATHS, VECTOR_BYTES, KernelKey
 from .errors import CollectiveError, MulticastUnavailable
 from .runtime import TORCH_DTYPES, Buffer, Communicator, communicator, compile_target
 
@@ -32,16 +32,17 @@ def synchronize() -> None:
     communicator().check()
 
 
-def barrier() -> None:
+def barrier(backend: str = "auto") -> None:
     """A device-side barrier of every rank on the current stream (no host sync; a rank that
-    never arrives surfaces as CollectiveTimeout at the next collective or :func:`synchronize`)."""
+    never arrives surfaces as CollectiveTimeout at the next collective or :func:`synchronize`).
+    ``backend`` as for :func:`all_reduce`."""
     comm = communicator()
     comm.check()
-    plan = comm.plans.get(("barrier",))
+    plan = comm.plans.get(("barrier", backend))
     if plan is None:
-        backend = _backend(comm, "auto", "bf16")
-        key = KernelKey("barrier", "one_shot", backend, "bf16", comm.world, threads=32)
-        plan = comm.plans[("barrier",)] = comm.plan(key, comm.pad_buffer, 0, 0, 0, 1)
+        chosen = _backend(comm, backend, "bf16")
+        key = KernelKey("barrier", "one_shot", chosen, "bf16", comm.world, threads=32)
+        plan = comm.plans[("barrier", backend)] = comm.plan(key, comm.pad_buffer, 0, 0, 0, 1)
     plan.run()
 
 
@@ -60,7 +61,9 @@ def all_reduce(
     lowest latency, up to :data:`~collectives.config.LAMPORT_MAX_BYTES` per rank), ``"tma"``
     (two-shot moving tiles with bulk copies on at most a quarter of the SMs; 16-byte aligned
     tensors), or ``"auto"`` (chosen by size from measured crossovers, :mod:`collectives.tuning`).  ``backend``: ``"multicast"``
-    (NVLS ``multimem``), ``"peer"`` (NVLink loads/stores), or ``"auto"``.
+    (NVLS ``multimem``), ``"peer"`` (NVLink loads/stores), ``"multicast_emulated"`` (the
+    multicast kernels with every multimem access emulated by unicast accesses to every rank:
+    runs with peer access alone, for testing; never chosen by ``"auto"``), or ``"auto"``.
     """
     comm = communicator()
     comm.check()
@@ -236,10 +239,13 @@ def _dtype(comm: Communicator, t: torch.Tensor) -> str:
 
 
 def _backend(comm: Communicator, requested: str, dtype: str) -> str:
-    backend = choose_backend(requested, comm.ctx.caps)
-    if backend == "multicast" and comm.ctx.backend != "multicast":
-        raise MulticastUnavailable(f"this context was opened with the {comm.ctx.backend!r} backend")
-    if backend == "multicast" and dtype in FP8 and not compile_target().startswith("sm_10"):
+    if requested == "multicast_emulated":  # runs with peer access alone; never chosen by "auto"
+        backend = requested
+    else:
+        backend = choose_backend(requested, comm.ctx.caps)
+        if backend == "multicast" and comm.ctx.backend != "multicast":
+            raise MulticastUnavailable(f"this context was opened with the {comm.ctx.backend!r} backend")
+    if backend in MULTICAST_PATHS and dtype in FP8 and not compile_target().startswith("sm_10"):
         raise MulticastUnavailable(f"multimem on {dtype} needs sm_100a or newer, not {compile_target()}")
     return backend
 
@@ -254,6 +260,6 @@ def _vector(dtype: str, backend: str, aligned: bool) -> int:
     (the peer path: multimem has no single-element form of the 16-bit types)."""
     if aligned:
         return VECTOR_BYTES // DTYPES[dtype][0]
-    if backend == "multicast":
-        raise CollectiveError("the multicast backend needs 16-byte aligned tensors; use backend='peer'")
+    if backend in MULTICAST_PATHS:
+        raise CollectiveError(f"the {backend} backend needs 16-byte aligned tensors; use backend='peer'")
     return 1

@@ -9,6 +9,7 @@ buffer.  Build those before a CUDA-graph capture (one eager call warms them).
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,9 @@ from .errors import CollectiveError, CollectiveTimeout
 
 #: Default bound of every cross-GPU wait, in seconds (``COLLECTIVES_TIMEOUT_S`` overrides).
 DEFAULT_TIMEOUT_S = float(os.environ.get("COLLECTIVES_TIMEOUT_S", "30"))
+#: Added to a buffer's local address to make the fake multicast base of ``multicast_emulated``:
+#: above every real device address, so a translation window never covers real memory.
+FAKE_MULTICAST = 1 << 62
 TORCH_DTYPES = {
     torch.float32: "f32",
     torch.float16: "f16",
@@ -50,11 +54,16 @@ def compile_target() -> str:
 @dataclass
 class Buffer:
     """A symmetric buffer as kernels see it: the table of every rank's address (and the pinned
-    host copy it came from), and the multicast address (0 unless the backend is multicast)."""
+    host copy it came from), the multicast address (0 unless the backend is multicast), and for
+    ``multicast_emulated`` the translation table of its window and the signal pad's (the
+    kernels' ``data_mc``; its pinned host copy kept alive with it)."""
 
     table: torch.Tensor
     mc: int
     host: torch.Tensor
+    window: tuple[int, int, list[int]]
+    emulation: torch.Tensor
+    emulation_host: torch.Tensor
 
 
 class Communicator:
@@ -125,10 +134,17 @@ class Communicator:
         key = t.data_ptr()
         if key not in self._buffers:
             # Copied from pinned memory: allowed (and recorded) inside a CUDA-graph capture.
-            host = torch.tensor(self.ctx.peer_pointers(t, align=1), dtype=torch.int64).pin_memory()
+            import ptxops
+
+            peers = self.ctx.peer_pointers(t, align=1)
+            host = torch.tensor(peers, dtype=torch.int64).pin_memory()
             table = host.to("cuda", non_blocking=True)
             mc = self.ctx.multicast_tensor(t).data_ptr() if self.ctx.backend == "multicast" else 0
-            self._buffers[key] = Buffer(table, mc, host)
+            window = (FAKE_MULTICAST + peers[self.rank], t.nbytes, peers)
+            pad = self._buffers[self.pad.data_ptr()].window if self._buffers else window  # the pad comes first
+            emulation_host = torch.tensor(ptxops.translation_table([window, pad]), dtype=torch.int64).pin_memory()
+            emulation = emulation_host.to("cuda", non_blocking=True)
+            self._buffers[key] = Buffer(table, mc, host, window, emulation, emulation_host)
         return self._buffers[key]
 
     def staging(self, nbytes: int, which: int) -> torch.Tensor:
@@ -176,16 +192,24 @@ class Communicator:
 
     def kernel(self, key: KernelKey) -> Callable[..., Any]:
         """The compiled kernel for ``key`` on this GPU (compiled on first use), as the
-        positional TVM-FFI function: CuTeDSL's low-overhead call path."""
+        positional TVM-FFI function: CuTeDSL's low-overhead call path.
+
+        Raises:
+            CollectiveError: the kernel's PTX holds a ``multimem`` instruction and this context
+                has no NVLink multicast (a safety net, checked once per compiled kernel).
+        """
         import cutlass.cute as cute
 
         from . import algorithms
 
         target = compile_target()
         if (key, target) not in self._kernels:
-            compiled = cute.compile[cute.GPUArch(target)](
-                algorithms.build(key), *algorithms.example_arguments(), options="--enable-tvm-ffi"
-            )
+            with tempfile.TemporaryDirectory() as dump:
+                compiled = cute.compile[cute.GPUArch(target)](
+                    algorithms.build(key), *algorithms.example_arguments(),
+                    options=f"--enable-tvm-ffi --keep-ptx --dump-dir={dump}",
+                )
+                refuse_multimem(compiled.__ptx__, key, self.ctx.backend)
             self._kernels[(key, target)] = (compiled, compiled.__tvm_ffi_object__())
         return self._kernels[(key, target)][1]
 
@@ -212,11 +236,28 @@ class Communicator:
         common = (out, src, n, self.pad_buffer.table.data_ptr(), self.pad_buffer.mc,
                   int(self.pad_buffer.host[self.rank]), self.error.data_ptr(), self.rank,
                   int(self.timeout_s * 1e9), blocks)
-        return Plan(fn, [(b.table.data_ptr(), b.mc) + common for b in buffers], self)
+        emulated = key.backend == "multicast_emulated"
+        return Plan(fn, [(b.table.data_ptr(), b.emulation.data_ptr() if emulated else b.mc) + common
+                         for b in buffers], self)
 
     @property
     def device_index(self) -> int:
         return self.ctx.device
+
+
+def refuse_multimem(ptx: str | None, key: KernelKey, backend: str) -> None:
+    """Refuse a kernel whose PTX holds a ``multimem`` instruction unless the context runs on
+    NVLink multicast (``backend``), and one whose PTX could not be read."""
+    if backend == "multicast":
+        return
+    if not ptx:
+        raise CollectiveError(f"no PTX to check for {key}: refusing to launch it without multicast")
+    if "multimem." in ptx:
+        raise CollectiveError(
+            f"the kernel for {key} holds multimem instructions, but this context has no NVLink "
+            f"multicast ({backend!r} backend): refusing to launch it; use backend='peer' or "
+            "'multicast_emulated'"
+        )
 
 
 def _fill_empty(buf: torch.Tensor, element_bytes: int) -> None:
