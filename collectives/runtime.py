@@ -30,6 +30,7 @@ from .config import (
     PadLayout,
 )
 from .errors import CollectiveError, CollectiveTimeout
+from .ptx import refuse_multimem
 
 #: Default bound of every cross-GPU wait, in seconds (``COLLECTIVES_TIMEOUT_S`` overrides).
 DEFAULT_TIMEOUT_S = float(os.environ.get("COLLECTIVES_TIMEOUT_S", "30"))
@@ -243,21 +244,6 @@ class Communicator:
     @property
     def device_index(self) -> int:
         return self.ctx.device
-
-
-def refuse_multimem(ptx: str | None, key: KernelKey, backend: str) -> None:
-    """Refuse a kernel whose PTX holds a ``multimem`` instruction unless the context runs on
-    NVLink multicast (``backend``), and one whose PTX could not be read."""
-    if backend == "multicast":
-        return
-    if not ptx:
-        raise CollectiveError(f"no PTX to check for {key}: refusing to launch it without multicast")
-    if "multimem." in ptx:
-        raise CollectiveError(
-            f"the kernel for {key} holds multimem instructions, but this context has no NVLink "
-            f"multicast ({backend!r} backend): refusing to launch it; use backend='peer' or "
-            "'multicast_emulated'"
-        )
 
 
 def _fill_empty(buf: torch.Tensor, element_bytes: int) -> None:

@@ -119,7 +119,7 @@ class MulticastEmulation:
             if inside is None:
                 inside, peers = hit, bases
             else:
-                peers = [cutlass.select_(hit, b, p) for b, p in zip(bases, peers)]
+                peers = [Int64(cutlass.select_(hit, b, p)) for b, p in zip(bases, peers)]
                 inside = inside | hit
         return Boolean(inside), peers
 

@@ -37,9 +37,8 @@ def test_emulated_kernel_has_no_multimem(collective: str, algorithm: str, dtype:
 
 
 def test_safety_net_refuses_multimem_without_multicast() -> None:
-    pytest.importorskip("torch")
     from collectives.errors import CollectiveError
-    from collectives.runtime import refuse_multimem
+    from collectives.ptx import refuse_multimem
 
     key = KernelKey("barrier", "one_shot", "multicast", "bf16", 2)
     ptx = kernel_ptx(key)
