@@ -21,18 +21,18 @@ a bulk copy outside every window is the plain copy.
 
 Mapping (per rank, in rank order 0..W-1):
 
-==========================================  ==================================================
-multimem form                               emulation
-==========================================  ==================================================
-``multimem.ld_reduce{.weak}``               ``ld`` (weak) from every rank, reduced in registers
-``multimem.ld_reduce.relaxed.S``            ``ld.relaxed.S`` from every rank, reduced
-``multimem.ld_reduce.acquire.S``            ``ld.acquire.S`` from every rank, reduced
-``multimem.st{.weak}``                      ``st`` (weak) to every rank
-``multimem.st.relaxed.S`` / ``.release.S``  ``st.relaxed.S`` / ``st.release.S`` to every rank
-``multimem.red`` (means ``.relaxed.sys``)   ``red.relaxed.sys`` to every rank
-``multimem.red.relaxed.S`` / ``.release.S`` ``red.relaxed.S`` / ``red.release.S`` to every rank
-``cp.async.bulk`` to a multicast window     one ``cp.async.bulk`` per rank, same bulk group
-==========================================  ==================================================
+=============================================  ==================================================
+multimem form                                  emulation
+=============================================  ==================================================
+``multimem.ld_reduce{.weak}``                  ``ld`` (weak) from every rank, reduced in registers
+``multimem.ld_reduce.relaxed.S``               ``ld.relaxed.S`` from every rank, reduced
+``multimem.ld_reduce.acquire.S``               ``ld.acquire.S`` from every rank, reduced
+``multimem.st{.weak}``                         ``st`` (weak) to every rank
+``multimem.st.relaxed.S`` / ``.release.S``     ``st.relaxed.S`` / ``st.release.S`` to every rank
+``multimem.red`` (means ``.relaxed.sys``)      ``red.relaxed.sys`` to every rank
+``multimem.red.relaxed.S`` / ``.release.S``    ``red.relaxed.S`` / ``red.release.S`` to every rank
+``cp.async.bulk`` to a multicast window        one ``cp.async.bulk`` per rank, same bulk group
+=============================================  ==================================================
 
 Where it differs from the hardware:
 
