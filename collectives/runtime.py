@@ -37,6 +37,10 @@ DEFAULT_TIMEOUT_S = float(os.environ.get("COLLECTIVES_TIMEOUT_S", "30"))
 #: Added to a buffer's local address to make the fake multicast base of ``multicast_emulated``:
 #: above every real device address, so a translation window never covers real memory.
 FAKE_MULTICAST = 1 << 62
+#: Bytes of a data buffer's translation window: past any tensor, since buffers are cached by
+#: address and a later, larger tensor may start there; the signal pad's window (exact, and
+#: checked last, so it wins) is the only other one, and no data access falls in it.
+DATA_WINDOW_BYTES = 1 << 40
 TORCH_DTYPES = {
     torch.float32: "f32",
     torch.float16: "f16",
@@ -141,8 +145,11 @@ class Communicator:
             host = torch.tensor(peers, dtype=torch.int64).pin_memory()
             table = host.to("cuda", non_blocking=True)
             mc = self.ctx.multicast_tensor(t).data_ptr() if self.ctx.backend == "multicast" else 0
-            window = (FAKE_MULTICAST + peers[self.rank], t.nbytes, peers)
-            pad = self._buffers[self.pad.data_ptr()].window if self._buffers else window  # the pad comes first
+            base = FAKE_MULTICAST + peers[self.rank]
+            if self._buffers:
+                window, pad = (base, DATA_WINDOW_BYTES, peers), self._buffers[self.pad.data_ptr()].window
+            else:  # the signal pad, the first buffer
+                window = pad = (base, t.nbytes, peers)
             emulation_host = torch.tensor(ptxops.translation_table([window, pad]), dtype=torch.int64).pin_memory()
             emulation = emulation_host.to("cuda", non_blocking=True)
             self._buffers[key] = Buffer(table, mc, host, window, emulation, emulation_host)
