@@ -47,15 +47,15 @@ def readme_all_reduce(mc, out, flag):
     """README's pattern: eight bf16 reduced through the multicast address, stored back to all."""
     offset = Int64(cute.arch.thread_idx()[0] * 8)
     src = _gmem(cutlass.BFloat16, mc) + cute.assume(offset, divby=8)
-    total = ptxops.multimem_ld_reduce(src, num_elements=8)
-    ptxops.multimem_st(src, total)
+    total = ptxops.multimem_ld_reduce(src, num_elements=8, acc=cutlass.Float32, sem="relaxed", scope="sys")
+    ptxops.multimem_st(src, total, sem="relaxed", scope="sys")
     ptxops.multimem_red(_gmem(cutlass.Uint32, flag, 4), cutlass.Uint32(1), sem="release", scope="sys")
 
 
 def test_readme_pattern_is_unicast() -> None:
     found = opcodes(compiled(readme_all_reduce))
-    assert found["ld.global.v4.b32"] >= WORLD, found  # one 16-byte load per rank
-    assert found["st.global.v4.b32"] >= WORLD, found
+    assert found["ld.relaxed.sys.global.v4.b32"] == WORLD, found  # one 16-byte load per rank
+    assert found["st.relaxed.sys.global.v4.b32"] == WORLD, found
     assert found["red.release.sys.global.add.u32"] == WORLD, found
 
 
