@@ -14,8 +14,7 @@ Runtime arguments are plain 64-bit addresses and counts, so one compile serves e
 a key:
 
 ``data_table``  device table of every rank's data buffer address (int64[W])
-``data_mc``     the data buffer's multicast address (multicast backend; the translation table
-                of :mod:`collectives.launch` for ``multicast_emulated``; 0 otherwise)
+``data_mc``     the data buffer's multicast address (multicast; emulated: a translation table)
 ``out``         this rank's output (all-reduce one-shot, reduce-scatter, gathered two-shot)
 ``src``         this rank's input when it is not symmetric (``stage_in``: copied in-kernel)
 ``n``           elements per rank (all-reduce) or per output (reduce-scatter)
