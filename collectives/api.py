@@ -14,7 +14,7 @@ import dataclasses
 import torch
 
 from . import tuning
-from .config import ALGORITHMS, DTYPES, LAMPORT_MAX_BYTES, VECTOR_BYTES, KernelKey
+from .config import ALGORITHMS, DTYPES, LAMPORT_MAX_BYTES, MULTICAST_PATHS, VECTOR_BYTES, KernelKey
 from .errors import CollectiveError
 from .runtime import TORCH_DTYPES, Buffer, Communicator, communicator
 
@@ -31,12 +31,13 @@ def synchronize() -> None:
     communicator().check()
 
 
-def barrier() -> None:
+def barrier(backend: str = "auto") -> None:
     """A device-side barrier of every rank on the current stream (no host sync; a rank that
-    never arrives surfaces as CollectiveTimeout at the next collective or :func:`synchronize`)."""
+    never arrives surfaces as CollectiveTimeout at the next collective or :func:`synchronize`).
+    ``backend`` as for :func:`all_reduce`."""
     comm = communicator()
     comm.check()
-    comm.barrier()
+    comm.barrier(backend)
 
 
 def all_reduce(
@@ -54,7 +55,9 @@ def all_reduce(
     lowest latency, up to :data:`~collectives.config.LAMPORT_MAX_BYTES` per rank), ``"tma"``
     (two-shot moving tiles with bulk copies on at most a quarter of the SMs; 16-byte aligned
     tensors), or ``"auto"`` (chosen by size from measured crossovers, :mod:`collectives.tuning`).  ``backend``: ``"multicast"``
-    (NVLS ``multimem``), ``"peer"`` (NVLink loads/stores), or ``"auto"``.
+    (NVLS ``multimem``), ``"peer"`` (NVLink loads/stores), ``"multicast_emulated"`` (the
+    multicast kernels with every multimem access emulated by unicast accesses to every rank:
+    runs with peer access alone, for testing; never chosen by ``"auto"``), or ``"auto"``.
     """
     comm = communicator()
     comm.check()
@@ -239,6 +242,6 @@ def _vector(dtype: str, backend: str, aligned: bool) -> int:
     (the peer path: multimem has no single-element form of the 16-bit types)."""
     if aligned:
         return VECTOR_BYTES // DTYPES[dtype][0]
-    if backend == "multicast":
-        raise CollectiveError("the multicast backend needs 16-byte aligned tensors; use backend='peer'")
+    if backend in MULTICAST_PATHS:
+        raise CollectiveError(f"the {backend} backend needs 16-byte aligned tensors; use backend='peer'")
     return 1

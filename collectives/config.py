@@ -14,7 +14,10 @@ ALGORITHMS = {
     "reduce_scatter": ("one_shot", "tma"),
     "barrier": ("one_shot",),
 }
-BACKENDS = ("multicast", "peer")
+BACKENDS = ("multicast", "peer", "multicast_emulated")
+#: Backends whose kernels take the multicast code paths; ``multicast_emulated`` traces them under
+#: :func:`ptxops.emulate_multicast` (unicast accesses to every rank, no multimem): never "auto".
+MULTICAST_PATHS = ("multicast", "multicast_emulated")
 OPS = ("sum", "min", "max")
 #: dtype name -> (bytes, accumulation dtype name of the peer backend, multicast .acc)
 DTYPES = {

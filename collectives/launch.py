@@ -1,6 +1,13 @@
 """The launch contract every collective kernel shares: its runtime arguments (see
-:mod:`collectives.algorithms.design` for what each holds) and the ``@cute.jit`` launcher around a
-``@cute.kernel`` that takes them."""
+:mod:`collectives.algorithms.design` for what each holds) and the ``@cute.jit`` launcher around
+the ``@cute.kernel`` that takes them.
+
+For ``backend="multicast_emulated"`` the kernel traces its body under
+:func:`ptxops.emulate_multicast`: ``data_mc`` is then the address of a translation table of two
+windows (:data:`EMULATION_WINDOWS`: the data buffer, then the signal pad; ``W + 2`` int64
+entries each, see :func:`ptxops.translation_table`) and the body sees the windows' fake
+multicast bases as ``data_mc`` and ``pad_mc``.
+"""
 
 from __future__ import annotations
 
@@ -9,10 +16,29 @@ import cutlass.cute as cute
 from cuda.bindings import driver
 from cutlass import Int32, Int64
 
+import ptxops
 
-def launcher(kernel, threads: int, grid: int | None = None):
-    """The ``@cute.jit`` launch of ``kernel`` with ``threads`` threads per block, on ``blocks``
-    thread blocks (a runtime argument) or, given ``grid``, always on that many."""
+#: Windows of a collective's translation table: the data buffer's, then the signal pad's.
+EMULATION_WINDOWS = 2
+
+
+def launcher(body, threads: int, grid: int | None = None, *, emulate: int = 0):
+    """The ``@cute.jit`` launch of a kernel running the ``@cute.jit`` ``body`` with ``threads``
+    threads per block, on ``blocks`` thread blocks (a runtime argument) or, given ``grid``,
+    always on that many; ``emulate``: the world size of a multicast emulation (0: none)."""
+
+    @cute.kernel
+    def kernel(
+        data_table: Int64, data_mc: Int64, out: Int64, src: Int64, n: Int64,
+        pad_table: Int64, pad_mc: Int64, pad: Int64, err: Int64, rank: Int32, timeout_ns: Int64,
+    ):
+        if cutlass.const_expr(emulate):
+            with ptxops.emulate_multicast(data_mc, world=emulate, windows=EMULATION_WINDOWS):
+                entry = cute.make_ptr(Int64, data_mc, cute.AddressSpace.gmem, assumed_align=8)
+                body(data_table, ptxops.ld(entry, dtype=Int64), out, src, n, pad_table,
+                     ptxops.ld(entry + (emulate + 2), dtype=Int64), pad, err, rank, timeout_ns)
+        else:
+            body(data_table, data_mc, out, src, n, pad_table, pad_mc, pad, err, rank, timeout_ns)
 
     @cute.jit
     def launch(
@@ -34,4 +60,4 @@ def example_arguments() -> tuple:
             Int32(0), Int64(0), Int32(1), driver.CUstream(0))
 
 
-__all__ = ["example_arguments", "launcher"]
+__all__ = ["EMULATION_WINDOWS", "example_arguments", "launcher"]

@@ -1,10 +1,12 @@
-"""Compile a collective kernel for a target without a GPU and return its PTX."""
+"""Compile a collective kernel for a target without a GPU and return its PTX; refuse PTX that
+holds multimem where there is no NVLink multicast."""
 
 from __future__ import annotations
 
 import tempfile
 
 from .config import KernelKey
+from .errors import CollectiveError
 
 
 def kernel_ptx(key: KernelKey, arch: str = "sm_90a") -> str:
@@ -19,3 +21,18 @@ def kernel_ptx(key: KernelKey, arch: str = "sm_90a") -> str:
             algorithms.build(key), *algorithms.example_arguments()
         )
         return compiled.__ptx__
+
+
+def refuse_multimem(ptx: str | None, key: KernelKey, backend: str) -> None:
+    """Refuse a kernel whose PTX holds a ``multimem`` instruction unless the context runs on
+    NVLink multicast (``backend``), and one whose PTX could not be read."""
+    if backend == "multicast":
+        return
+    if not ptx:
+        raise CollectiveError(f"no PTX to check for {key}: refusing to launch it without multicast")
+    if "multimem." in ptx:
+        raise CollectiveError(
+            f"the kernel for {key} holds multimem instructions, but this context has no NVLink "
+            f"multicast ({backend!r} backend): refusing to launch it; use backend='peer' or "
+            "'multicast_emulated'"
+        )

@@ -9,6 +9,7 @@ buffer.  Build those before a CUDA-graph capture (one eager call warms them).
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 
 from . import symmetric
-from .capability import Backend, choose_backend
+from .capability import choose_backend
 from .config import (
     DATA_PHASE,
     ERROR_FIELDS,
@@ -24,6 +25,7 @@ from .config import (
     LAMPORT_BLOCKS,
     LAMPORT_EXCHANGE,
     LAMPORT_MAX_BYTES,
+    MULTICAST_PATHS,
     SIZE_MISMATCH,
     TIMEOUT,
     VECTOR_BYTES,
@@ -31,9 +33,17 @@ from .config import (
     PadLayout,
 )
 from .errors import CollectiveError, CollectiveTimeout, MulticastUnavailable
+from .ptx import refuse_multimem
 
 #: Default bound of every cross-GPU wait, in seconds (``COLLECTIVES_TIMEOUT_S`` overrides).
 DEFAULT_TIMEOUT_S = float(os.environ.get("COLLECTIVES_TIMEOUT_S", "30"))
+#: Added to a buffer's local address to make the fake multicast base of ``multicast_emulated``:
+#: above every real device address, so a translation window never covers real memory.
+FAKE_MULTICAST = 1 << 62
+#: Bytes of a data buffer's translation window: past any tensor, since buffers are cached by
+#: address and a later, larger tensor may start there; the signal pad's window (exact, and
+#: checked last, so it wins) is the only other one, and no data access falls in it.
+DATA_WINDOW_BYTES = 1 << 40
 TORCH_DTYPES = {
     torch.float32: "f32",
     torch.float16: "f16",
@@ -52,11 +62,16 @@ def compile_target() -> str:
 @dataclass
 class Buffer:
     """A symmetric buffer as kernels see it: the table of every rank's address (and the pinned
-    host copy it came from), and the multicast address (0 unless the backend is multicast)."""
+    host copy it came from), the multicast address (0 unless the backend is multicast), and for
+    ``multicast_emulated`` the translation table of its window and the signal pad's (the
+    kernels' ``data_mc``; its pinned host copy kept alive with it)."""
 
     table: torch.Tensor
     mc: int
     host: torch.Tensor
+    window: tuple[int, int, list[int]]
+    emulation: torch.Tensor
+    emulation_host: torch.Tensor
 
 
 class Communicator:
@@ -127,10 +142,20 @@ class Communicator:
         key = t.data_ptr()
         if key not in self._buffers:
             # Copied from pinned memory: allowed (and recorded) inside a CUDA-graph capture.
-            host = torch.tensor(self.ctx.peer_pointers(t, align=1), dtype=torch.int64).pin_memory()
+            import ptxops
+
+            peers = self.ctx.peer_pointers(t, align=1)
+            host = torch.tensor(peers, dtype=torch.int64).pin_memory()
             table = host.to("cuda", non_blocking=True)
             mc = self.ctx.multicast_tensor(t).data_ptr() if self.ctx.backend == "multicast" else 0
-            self._buffers[key] = Buffer(table, mc, host)
+            base = FAKE_MULTICAST + peers[self.rank]
+            if self._buffers:
+                window, pad = (base, DATA_WINDOW_BYTES, peers), self._buffers[self.pad.data_ptr()].window
+            else:  # the signal pad, the first buffer
+                window = pad = (base, t.nbytes, peers)
+            emulation_host = torch.tensor(ptxops.translation_table([window, pad]), dtype=torch.int64).pin_memory()
+            emulation = emulation_host.to("cuda", non_blocking=True)
+            self._buffers[key] = Buffer(table, mc, host, window, emulation, emulation_host)
         return self._buffers[key]
 
     def staging(self, nbytes: int, which: int) -> torch.Tensor:
@@ -172,37 +197,49 @@ class Communicator:
 
     # -- kernels ------------------------------------------------------------------------------
 
-    def choose_backend(self, requested: str, dtype: str) -> Backend:
+    def choose_backend(self, requested: str, dtype: str) -> str:
         """The backend a collective on ``dtype`` uses: ``requested`` resolved against this
-        context (``"auto"`` picks by capability); refused where this GPU or context lacks it."""
-        backend = choose_backend(requested, self.ctx.caps)
-        if backend == "multicast" and self.ctx.backend != "multicast":
-            raise MulticastUnavailable(f"this context was opened with the {self.ctx.backend!r} backend")
-        if backend == "multicast" and dtype in FP8 and not compile_target().startswith("sm_10"):
+        context (``"auto"`` picks by capability; ``"multicast_emulated"`` runs on peer access
+        alone and is never picked by ``"auto"``); refused where this GPU or context lacks it."""
+        if requested == "multicast_emulated":
+            backend = requested
+        else:
+            backend = choose_backend(requested, self.ctx.caps)
+            if backend == "multicast" and self.ctx.backend != "multicast":
+                raise MulticastUnavailable(f"this context was opened with the {self.ctx.backend!r} backend")
+        if backend in MULTICAST_PATHS and dtype in FP8 and not compile_target().startswith("sm_10"):
             raise MulticastUnavailable(f"multimem on {dtype} needs sm_100a or newer, not {compile_target()}")
         return backend
 
-    def barrier(self) -> None:
+    def barrier(self, backend: str = "auto") -> None:
         """Launch a device-side barrier of every rank on the current stream (see
         :func:`collectives.barrier`)."""
-        plan = self.plans.get(("barrier",))
+        plan = self.plans.get(("barrier", backend))
         if plan is None:
-            key = KernelKey("barrier", "one_shot", self.choose_backend("auto", "bf16"), "bf16", self.world, threads=32)
-            plan = self.plans[("barrier",)] = self.plan(key, self.pad_buffer, 0, 0, 0, 1)
+            key = KernelKey("barrier", "one_shot", self.choose_backend(backend, "bf16"), "bf16", self.world, threads=32)
+            plan = self.plans[("barrier", backend)] = self.plan(key, self.pad_buffer, 0, 0, 0, 1)
         plan.run()
 
     def kernel(self, key: KernelKey) -> Callable[..., Any]:
         """The compiled kernel for ``key`` on this GPU (compiled on first use), as the
-        positional TVM-FFI function: CuTeDSL's low-overhead call path."""
+        positional TVM-FFI function: CuTeDSL's low-overhead call path.
+
+        Raises:
+            CollectiveError: the kernel's PTX holds a ``multimem`` instruction and this context
+                has no NVLink multicast (a safety net, checked once per compiled kernel).
+        """
         import cutlass.cute as cute
 
         from . import algorithms
 
         target = compile_target()
         if (key, target) not in self._kernels:
-            compiled = cute.compile[cute.GPUArch(target)](
-                algorithms.build(key), *algorithms.example_arguments(), options="--enable-tvm-ffi"
-            )
+            with tempfile.TemporaryDirectory() as dump:
+                compiled = cute.compile[cute.GPUArch(target)](
+                    algorithms.build(key), *algorithms.example_arguments(),
+                    options=f"--enable-tvm-ffi --keep-ptx --dump-dir={dump}",
+                )
+                refuse_multimem(compiled.__ptx__, key, self.ctx.backend)
             self._kernels[(key, target)] = (compiled, compiled.__tvm_ffi_object__())
         return self._kernels[(key, target)][1]
 
@@ -229,7 +266,9 @@ class Communicator:
         common = (out, src, n, self.pad_buffer.table.data_ptr(), self.pad_buffer.mc,
                   int(self.pad_buffer.host[self.rank]), self.error.data_ptr(), self.rank,
                   int(self.timeout_s * 1e9), blocks)
-        return Plan(fn, [(b.table.data_ptr(), b.mc) + common for b in buffers], self)
+        emulated = key.backend == "multicast_emulated"
+        return Plan(fn, [(b.table.data_ptr(), b.emulation.data_ptr() if emulated else b.mc) + common
+                         for b in buffers], self)
 
     @property
     def device_index(self) -> int:

@@ -15,15 +15,22 @@ DEVICE_FUNCTIONS = (
     "multimem_st", "nanosleep", "red", "red_async", "st", "st_async", "st_release",
 )
 
-__all__ = ["QualifierError", "spec", *DEVICE_FUNCTIONS]
+#: Trace-time multicast emulation (:mod:`ptxops.ops.emulation`), loaded on first use too.
+EMULATION = ("emulate_multicast", "translation_table")
+
+__all__ = ["QualifierError", "spec", *DEVICE_FUNCTIONS, *EMULATION]
 
 
 def __getattr__(name: str) -> object:
-    """The device functions, loaded (with CuTeDSL) on first use."""
+    """The device functions and the emulation entry points, loaded (with CuTeDSL) on first use."""
     if name in DEVICE_FUNCTIONS:
         from . import ops
 
         return getattr(ops, name)
+    if name in EMULATION:
+        from .ops import emulation
+
+        return getattr(emulation, name)
     raise AttributeError(f"module 'ptxops' has no attribute {name!r}")
 
 

@@ -1,8 +1,10 @@
-"""Collectives on real GPUs (peer backend), against the reference model.
+"""Collectives on real GPUs, against the reference model, with the peer backend and with the
+multicast kernels in emulation (``multicast_emulated``: every multimem access is unicast).
 
 Run under torchrun on 2 or 4 GPUs:
     torchrun --nproc-per-node 4 -m pytest -q tests/test_collectives_gpu.py
-Never launches a multimem kernel: NVLink multicast stays off (the backend resolves to peer).
+Never launches a multimem kernel: NVLink multicast stays off (the context's backend is peer,
+and the runtime refuses any kernel whose PTX holds multimem).
 """
 
 from __future__ import annotations
@@ -24,6 +26,20 @@ TORCH = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
          "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 SIZES = [1, 7, 1000, 3 * 4096 + 5, (1 << 20) + 3]
 HASH = 2654435761
+
+
+@pytest.fixture(params=["peer", "multicast_emulated"])
+def backend(request) -> str:
+    return request.param
+
+
+def fp8_refused(backend: str, dtype: str) -> bool:
+    """Emulation validates the multimem forms: fp8 ones need sm_100a, so on Hopper the
+    emulated backend refuses fp8 as the multicast backend does."""
+    from collectives.config import FP8
+    from collectives.runtime import compile_target
+
+    return backend == "multicast_emulated" and dtype in FP8 and not compile_target().startswith("sm_10")
 
 
 @pytest.fixture(scope="module")
@@ -78,13 +94,18 @@ CASES = [(d, "sum") for d in TORCH] + [("bf16", "max"), ("f32", "min"), ("f16", 
 @pytest.mark.parametrize("placement", ["symmetric", "staged", "offset", "out"])
 @pytest.mark.parametrize("algorithm", ["one_shot", "two_shot", "lamport", "tma"])
 @pytest.mark.parametrize(("dtype", "op"), CASES)
-def test_all_reduce_matches_reference(comm, dtype: str, op: str, algorithm: str, placement: str) -> None:
+def test_all_reduce_matches_reference(comm, backend: str, dtype: str, op: str, algorithm: str, placement: str) -> None:
     import collectives
     from collectives.config import LAMPORT_MAX_BYTES
 
-    if algorithm == "tma" and placement == "offset":
+    if fp8_refused(backend, dtype):
+        with pytest.raises(collectives.MulticastUnavailable, match="sm_100a"):
+            collectives.all_reduce(place(comm, device_values(comm.rank, 64, dtype), placement), backend=backend)
+        return
+    if placement == "offset" and (algorithm == "tma" or backend == "multicast_emulated"):
         with pytest.raises(collectives.CollectiveError, match="16-byte"):
-            collectives.all_reduce(place(comm, device_values(comm.rank, 64, dtype), placement), algorithm="tma")
+            collectives.all_reduce(place(comm, device_values(comm.rank, 64, dtype), placement), algorithm=algorithm,
+                                   backend=backend)
         return
     for n in SIZES:
         if algorithm == "lamport" and n * TORCH[dtype].itemsize > LAMPORT_MAX_BYTES:
@@ -92,7 +113,7 @@ def test_all_reduce_matches_reference(comm, dtype: str, op: str, algorithm: str,
         x = device_values(comm.rank, n, dtype)
         t = place(comm, x, "staged" if placement == "out" else placement)
         out = torch.empty_like(t) if placement == "out" else None
-        result = collectives.all_reduce(t, op=op, algorithm=algorithm, backend="peer", out=out)
+        result = collectives.all_reduce(t, op=op, algorithm=algorithm, backend=backend, out=out)
         collectives.synchronize()
         got = result.float().cpu().numpy()
         want = expected(comm.world, n, dtype, op)
@@ -104,35 +125,39 @@ def test_all_reduce_matches_reference(comm, dtype: str, op: str, algorithm: str,
 @pytest.mark.parametrize("placement", ["symmetric", "staged"])
 @pytest.mark.parametrize("algorithm", ["one_shot", "tma"])
 @pytest.mark.parametrize(("dtype", "op"), CASES)
-def test_reduce_scatter_matches_reference(comm, dtype: str, op: str, algorithm: str, placement: str) -> None:
+def test_reduce_scatter_matches_reference(comm, backend: str, dtype: str, op: str, algorithm: str, placement: str) -> None:
     import collectives
+
+    if fp8_refused(backend, dtype):
+        return  # as in test_all_reduce_matches_reference
 
     sizes = (1, 5, 8, 1000, 65536 + 3) if algorithm == "one_shot" else (16, 4096, 65536 + 16, (1 << 21) + 48)
     for m in sizes:
         x = device_values(comm.rank, m * comm.world, dtype)
         inp = place(comm, x, placement)
         out = torch.empty(m, dtype=x.dtype, device="cuda")
-        collectives.reduce_scatter(out, inp, op=op, algorithm=algorithm, backend="peer")
+        collectives.reduce_scatter(out, inp, op=op, algorithm=algorithm, backend=backend)
         collectives.synchronize()
         want = expected(comm.world, m * comm.world, dtype, op).reshape(comm.world, m)[comm.rank]
         assert np.array_equal(out.float().cpu().numpy(), want), m
 
 
-def test_unaligned_tma_reduce_scatter_is_refused(comm) -> None:
+def test_unaligned_tma_reduce_scatter_is_refused(comm, backend: str) -> None:
     import collectives
 
     inp = torch.ones(5 * comm.world, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(collectives.CollectiveError, match="16-byte"):
-        collectives.reduce_scatter(torch.empty(5, dtype=torch.bfloat16, device="cuda"), inp, algorithm="tma")
+        collectives.reduce_scatter(torch.empty(5, dtype=torch.bfloat16, device="cuda"), inp, algorithm="tma",
+                                   backend=backend)
 
 
 @pytest.mark.parametrize("algorithm", ["one_shot", "two_shot", "tma"])
-def test_256_mb(comm, algorithm: str) -> None:
+def test_256_mb(comm, backend: str, algorithm: str) -> None:
     import collectives
 
     n = 128 << 20  # bf16: 256 MB per rank
     t = device_values(comm.rank, n, "bf16")
-    collectives.all_reduce(t, algorithm=algorithm, backend="peer")
+    collectives.all_reduce(t, algorithm=algorithm, backend=backend)
     collectives.synchronize()
     sample = np.random.default_rng(1).choice(n, 4096, replace=False)
     got = t.float()[torch.from_numpy(sample).cuda()].cpu().numpy()
@@ -141,11 +166,13 @@ def test_256_mb(comm, algorithm: str) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "e4m3", "e5m2"])
-def test_lamport_reduces_negative_zero_and_subnormals(comm, dtype: str) -> None:
+def test_lamport_reduces_negative_zero_and_subnormals(comm, backend: str, dtype: str) -> None:
     """-0.0 is Lamport's empty-slot mark: a tensor full of it, and one of -0.0 and (negative)
     subnormals, still reduce as the reference does (a sum of zeros may come out +0.0)."""
     import collectives
 
+    if fp8_refused(backend, dtype):
+        return
     info = torch.finfo(TORCH[dtype])
     tiny = info.smallest_normal * info.eps  # the smallest subnormal of the dtype
     n = 3 * 4096 + 5
@@ -159,7 +186,7 @@ def test_lamport_reduces_negative_zero_and_subnormals(comm, dtype: str) -> None:
 
     for inputs in ([np.full(n, -0.0, dtype=np.float32)] * comm.world, [mixed(r) for r in range(comm.world)]):
         t = torch.from_numpy(inputs[comm.rank]).to("cuda").to(TORCH[dtype])
-        collectives.all_reduce(t, algorithm="lamport", backend="peer")
+        collectives.all_reduce(t, algorithm="lamport", backend=backend)
         collectives.synchronize()
         want = reference.all_reduce([reference.round_to(x, dtype) for x in inputs], dtype)
         got = t.float().cpu().numpy()
@@ -168,7 +195,7 @@ def test_lamport_reduces_negative_zero_and_subnormals(comm, dtype: str) -> None:
 
 
 @pytest.mark.parametrize("algorithm", ["auto", "lamport"])
-def test_10000_back_to_back_calls_of_mixed_sizes(comm, algorithm: str) -> None:
+def test_10000_back_to_back_calls_of_mixed_sizes(comm, backend: str, algorithm: str) -> None:
     import collectives
 
     sizes = [64, 4096 + 1, 65536, 300_007, 8]
@@ -179,13 +206,13 @@ def test_10000_back_to_back_calls_of_mixed_sizes(comm, algorithm: str) -> None:
     for i in range(10_000):
         t = symmetric if i % 7 == 3 else tensors[i % len(tensors)]
         t.fill_(comm.rank + 1)
-        collectives.all_reduce(t, algorithm=algorithm, backend="peer")
+        collectives.all_reduce(t, algorithm=algorithm, backend=backend)
         bad += (t != want).sum()
     collectives.synchronize()
     assert int(bad) == 0
 
 
-def test_cuda_graph_replay_matches_eager(comm) -> None:
+def test_cuda_graph_replay_matches_eager(comm, backend: str) -> None:
     import collectives
 
     n = 3 * 4096 + 5
@@ -197,22 +224,22 @@ def test_cuda_graph_replay_matches_eager(comm) -> None:
     lamport = torch.empty(n, dtype=torch.bfloat16, device="cuda")
     big = collectives.empty(1 << 20, torch.bfloat16)
     with torch.cuda.stream(stream):  # warm up the same calls: compile and plan outside the capture
-        collectives.all_reduce(staged, algorithm="one_shot", backend="peer")
-        collectives.all_reduce(sym, algorithm="two_shot", backend="peer")
-        collectives.all_reduce(lamport, algorithm="lamport", backend="peer")
-        collectives.all_reduce(big, algorithm="tma", backend="peer")
+        collectives.all_reduce(staged, algorithm="one_shot", backend=backend)
+        collectives.all_reduce(sym, algorithm="two_shot", backend=backend)
+        collectives.all_reduce(lamport, algorithm="lamport", backend=backend)
+        collectives.all_reduce(big, algorithm="tma", backend=backend)
         collectives.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         staged.copy_(source)
         lamport.copy_(source)
-        collectives.all_reduce(staged, algorithm="one_shot", backend="peer")
-        collectives.all_reduce(sym, algorithm="two_shot", backend="peer")
+        collectives.all_reduce(staged, algorithm="one_shot", backend=backend)
+        collectives.all_reduce(sym, algorithm="two_shot", backend=backend)
         # Two Lamport calls per replay: the device-side step rotates the three buffers
         # through every phase across replays and the eager calls between them.
-        collectives.all_reduce(lamport, algorithm="lamport", backend="peer")
-        collectives.all_reduce(lamport, algorithm="lamport", backend="peer")
-        collectives.all_reduce(big, algorithm="tma", backend="peer")
+        collectives.all_reduce(lamport, algorithm="lamport", backend=backend)
+        collectives.all_reduce(lamport, algorithm="lamport", backend=backend)
+        collectives.all_reduce(big, algorithm="tma", backend=backend)
     for round_ in range(5):
         source.copy_(device_values(comm.rank + round_, n, "bf16"))
         sym.fill_(comm.rank + round_)
@@ -228,29 +255,29 @@ def test_cuda_graph_replay_matches_eager(comm) -> None:
         assert torch.all(big == comm.world)
         if round_ % 2:  # an eager Lamport call between replays shifts the rotation by one
             eager = torch.ones(100, dtype=torch.float16, device="cuda")
-            collectives.all_reduce(eager, algorithm="lamport", backend="peer")
-            collectives.all_reduce(lamport[:7], algorithm="lamport", backend="peer")
+            collectives.all_reduce(eager, algorithm="lamport", backend=backend)
+            collectives.all_reduce(lamport[:7], algorithm="lamport", backend=backend)
             collectives.synchronize()
             assert torch.all(eager == comm.world)
 
 
-def test_different_sizes_across_ranks_raise_and_the_communicator_recovers(comm) -> None:
+def test_different_sizes_across_ranks_raise_and_the_communicator_recovers(comm, backend: str) -> None:
     import collectives
 
     base = collectives.empty(1024, torch.float32)
     n = 512 + 8 * comm.rank
     with pytest.raises(collectives.CollectiveError, match="different sizes"):
-        collectives.all_reduce(base[:n], backend="peer")
+        collectives.all_reduce(base[:n], backend=backend)
         collectives.synchronize()
     base.fill_(1)
-    collectives.all_reduce(base, backend="peer")
+    collectives.all_reduce(base, backend=backend)
     collectives.synchronize()
     assert torch.all(base == comm.world)
 
 
-def test_barrier_back_to_back(comm) -> None:
+def test_barrier_back_to_back(comm, backend: str) -> None:
     import collectives
 
     for _ in range(1000):
-        collectives.barrier()
+        collectives.barrier(backend)
     collectives.synchronize()

@@ -8,6 +8,9 @@ unless launched by torchrun with 2 ranks on GPUs; never creates or touches multi
 * SB with fence.sc at sys scope: zero (0, 0).
 * MP relaxed at sys scope, and release/acquire at gpu scope (too narrow across GPUs): weak
   outcomes allowed; whether they appear is reported, never a failure.
+* Multicast-shaped MP in emulation (``ptxops.litmus.multicast``: ``multimem.st``/``.red``
+  traced under ``ptxops.emulate_multicast``, PTX checked for multimem before launch): zero
+  forbidden outcomes with a release flag and an acquire reader; relaxed reported.
 """
 
 from __future__ import annotations
@@ -102,3 +105,28 @@ def test_weak_outcomes_across_gpus_observed_or_reported(runner: Any, name: str) 
         print(msg)
     if r.weak_observed == 0:
         warnings.warn(msg + " (allowed by the PTX model; an observation, not a failure)", stacklevel=1)
+
+
+def _run_emulated(runner: Any, name: str) -> dict:
+    from ptxops.litmus.multicast import TESTS
+    from ptxops.litmus.multicast_kernel import run
+
+    result = run(TESTS[name], runner.ctx, RUNS)
+    if runner.rank == 0:
+        print(f"\n{name}: {result}")
+    assert sum(result["histogram"].values()) >= RUNS
+    assert result["timeouts"] == 0, result
+    return result
+
+
+@pytest.mark.parametrize("name", ["MP+mc_st_rel_acq@sys (emulated)", "MP+mc_red_rel_acq@sys (emulated)"])
+def test_emulated_multicast_forbidden_outcomes_never_appear(runner: Any, name: str) -> None:
+    result = _run_emulated(runner, name)
+    assert result["violations"] == 0, result
+
+
+def test_emulated_multicast_relaxed_observed_or_reported(runner: Any) -> None:
+    name = "MP+mc_st_rlx_rlx@sys (emulated)"
+    result = _run_emulated(runner, name)
+    if result["histogram"].get((1, 0), 0) == 0:
+        warnings.warn(f"{name}: no weak outcome in {RUNS} runs (allowed; an observation)", stacklevel=1)

@@ -3,8 +3,9 @@ one thread block, paired with the same block index on every rank (the data parti
 same on every rank, so a per-block barrier orders exactly the accesses that conflict).
 
 :func:`blocks` gives the ``@cute.jit`` building blocks of one :class:`~collectives.config.KernelKey`
-(the backend chosen at compile time by ``key.backend``: multimem for ``multicast``, NVLink loads
-and stores for ``peer``); :func:`kernel` wraps an algorithm's data phase in the barriers,
+(the backend chosen at compile time by ``key.backend``: multimem for ``multicast`` and, traced
+under :func:`ptxops.emulate_multicast` by :func:`~collectives.launch.launcher`, for
+``multicast_emulated``; NVLink loads and stores for ``peer``); :func:`kernel` wraps an algorithm's data phase in the barriers,
 epochs and deadline.  Data moves in 16-byte vectors through registers; the elements past the
 last whole vector (and all of them when the data is not 16-byte aligned, ``vector=1``) take
 the peer path one at a time.
@@ -13,7 +14,7 @@ Runtime arguments are plain 64-bit addresses and counts, so one compile serves e
 a key:
 
 ``data_table``  device table of every rank's data buffer address (int64[W])
-``data_mc``     the data buffer's multicast address (multicast backend; 0 otherwise)
+``data_mc``     the data buffer's multicast address (multicast; emulated: a translation table)
 ``out``         this rank's output (all-reduce one-shot, reduce-scatter, gathered two-shot)
 ``src``         this rank's input when it is not symmetric (``stage_in``: copied in-kernel)
 ``n``           elements per rank (all-reduce) or per output (reduce-scatter)
@@ -34,7 +35,7 @@ from cutlass.memory import SmemAllocator
 
 import ptxops
 
-from ..config import DATA_PHASE, DTYPES, TIMEOUT, KernelKey
+from ..config import DATA_PHASE, DTYPES, MULTICAST_PATHS, TIMEOUT, KernelKey
 from ..device import reduce, signals
 from ..device.reduce import ACC, DTYPE
 from ..launch import launcher
@@ -47,7 +48,7 @@ def blocks(key: KernelKey) -> SimpleNamespace:
     dtype = DTYPE[key.dtype]
     acc = ACC[DTYPES[key.dtype][1]]
     vec = key.elements_per_access
-    multicast = key.backend == "multicast"
+    multicast = key.backend in MULTICAST_PATHS
     op = key.op
     unroll = 2 if vec > 1 else 1
 
@@ -169,7 +170,7 @@ def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable, move: Callable |
     ``buffers(smem)`` allocates the shared memory ``move`` takes."""
     world, threads = key.world, key.threads
 
-    @cute.kernel
+    @cute.jit
     def kernel(
         data_table: Int64, data_mc: Int64, out: Int64, src: Int64, n: Int64,
         pad_table: Int64, pad_mc: Int64, pad: Int64, err: Int64, rank: Int32, timeout_ns: Int64,
@@ -206,7 +207,7 @@ def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable, move: Callable |
         if tidx == 0:
             signals.advance_epoch(pad, block, epoch + Uint32(key.barriers), world)
 
-    return launcher(kernel, threads)
+    return launcher(kernel, threads, emulate=key.backend == "multicast_emulated" and world)
 
 
 __all__ = ["blocks", "kernel", "tile_timeout"]

@@ -35,6 +35,7 @@ from ..config import (
     LAMPORT_BLOCKS,
     LAMPORT_EXCHANGE,
     LAMPORT_MAX_BYTES,
+    MULTICAST_PATHS,
     SIZE_MISMATCH,
     TIMEOUT,
     VECTOR_BYTES,
@@ -60,7 +61,7 @@ def build(key: KernelKey):
     acc = ACC[DTYPES[key.dtype][1]]
     bits = dtype.width
     width = width_index(key.element_bytes)
-    multicast = key.backend == "multicast"
+    multicast = key.backend in MULTICAST_PATHS
     vectored = key.elements_per_access > 1
     per_vector = VECTOR_BYTES // key.element_bytes
     tail_carrier = lamport.CARRIER[bits]
@@ -180,7 +181,7 @@ def build(key: KernelKey):
                 ok = Boolean(False)
         return ok
 
-    @cute.kernel
+    @cute.jit
     def kernel(
         data_table: Int64, data_mc: Int64, out: Int64, src: Int64, n: Int64,
         pad_table: Int64, pad_mc: Int64, pad: Int64, err: Int64, rank: Int32, timeout_ns: Int64,
@@ -209,7 +210,7 @@ def build(key: KernelKey):
         if tidx == 0:
             ptxops.st(counter, call + Uint32(1))
 
-    return launcher(kernel, threads, grid=LAMPORT_BLOCKS)
+    return launcher(kernel, threads, grid=LAMPORT_BLOCKS, emulate=key.backend == "multicast_emulated" and world)
 
 
 __all__ = ["BUFFERS", "build", "width_index"]

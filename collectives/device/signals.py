@@ -4,7 +4,7 @@ Every rank owns a pad of uint32 words (see :class:`collectives.config.PadLayout`
 zeroed once and never reset.  A barrier passes monotonically growing epochs: rank ``src``
 announces epoch ``e`` by writing ``e`` into ``arrival(block, src)`` of every peer's pad (peer
 flavour) or by adding 1 to ``counter(block)`` through the multicast address (multicast flavour,
-``W * e`` after epoch ``e``); a waiter compares wrap-safely (``int32(seen - want) >= 0``), so a
+``W * m`` after ``m`` multicast barriers, so the flavours mix); a waiter compares wrap-safely (``int32(seen - want) >= 0``), so a
 fast rank that is already at ``e + 1`` never confuses a slow one and nothing is ever reset.
 
 Every wait is bounded by a deadline on ``%globaltimer``; a wait that times out writes an error
@@ -138,7 +138,12 @@ def barrier_multicast(
 ) -> Boolean:
     """Multicast-flavour barrier: thread 0 stores our ``size`` on every rank and adds 1 to the
     block's counter on every rank (``multimem.st`` then ``multimem.red.release.sys``), waits
-    until its own counter reaches ``world * epoch`` and compares every rank's size with ours."""
+    until its own counter has every rank's arrival and compares every rank's size with ours.
+
+    The counter, not ``epoch``, says how many multicast barriers the block has passed: before
+    our arrival at the m-th it holds ``world * m`` plus the ranks already arrived (< world; none
+    can be at the next one before we arrive), so the target is ``world * (m + 1)`` whatever
+    peer-flavour barriers (which advance the epoch, not the counter) ran in between."""
     layout = PadLayout(world=world)
     tidx = cute.arch.thread_idx()[0]
     ok = Boolean(True)
@@ -146,9 +151,10 @@ def barrier_multicast(
     if tidx == 0:
         mc = gmem(Uint32, mc_pad, 4)
         own = gmem(Uint32, pad, 4)
+        passed = ptxops.ld(own + layout.counter(block), sem="relaxed", scope="sys", dtype=Uint32) // Uint32(world)
         ptxops.multimem_st(mc + layout.size(block, rank), size, sem="relaxed", scope="sys")
         ptxops.multimem_red(mc + layout.counter(block), Uint32(1), sem="release", scope="sys")
-        ok = wait_until(own + layout.counter(block), epoch * Uint32(world), deadline)
+        ok = wait_until(own + layout.counter(block), (passed + Uint32(1)) * Uint32(world), deadline)
         if not ok:
             record_error(err, Int32(TIMEOUT), which, Int32(-1), block, rank)
         else:

@@ -7,7 +7,8 @@ copy out to global memory joins the thread's bulk async-group, which
 :func:`cp_async_bulk_commit_group` closes and :func:`cp_async_bulk_wait_group` waits on.  The
 state spaces follow the pointers (``.global`` for a global pointer, ``.shared::cta`` for a shared
 one, ``.shared::cluster`` for a distributed-shared one) unless ``dst_space``/``src_space`` say
-otherwise.
+otherwise.  Under :func:`ptxops.emulate_multicast` a copy to a global address in a multicast
+window becomes one copy per rank.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .. import spec
 from ..render import Instruction
 from ..spec.bulk import MBARRIER
 from ..spec.engine import Value
-from . import emit, forms
+from . import emit, emulation, forms
 
 #: Bulk copies need 16-byte aligned addresses and a size that is a multiple of 16.
 BULK_ALIGN = 16
@@ -44,7 +45,9 @@ def _completion(completion: Value, mbar: cute.Pointer | None) -> Value:
 
 
 def _emit_bulk(inst: Instruction, dst, src, size: Any, mbar, *, loc=None, ip=None) -> None:
-    """Check a bulk form's mbarrier, size and alignments, and emit it."""
+    """Check a bulk form's mbarrier, size and alignments, and emit it; under
+    :func:`~ptxops.emulate_multicast`, a ``.global`` destination inside a multicast window
+    becomes one bulk operation per rank."""
     if isinstance(size, int) and (size <= 0 or size % BULK_ALIGN):
         raise ValueError(f"{inst.opcode}: size must be a positive multiple of 16 bytes, got {size}")
     emit.require_alignment(inst, dst, "destination", BULK_ALIGN)
@@ -53,11 +56,19 @@ def _emit_bulk(inst: Instruction, dst, src, size: Any, mbar, *, loc=None, ip=Non
         inst, mbar, "auto", ("shared::cta", "shared::cluster"), loc=loc, ip=ip
     )
     operands = [
-        [emit.address(dst, loc=loc, ip=ip)],
         [emit.address(src, loc=loc, ip=ip)],
         [cutlass.Int32(size).ir_value(loc=loc, ip=ip)],
+        *mbar_carriers,
     ]
-    emit.emit(inst, None, operands + mbar_carriers, loc=loc, ip=ip)
+
+    def issue(address) -> None:
+        emit.emit(inst, None, [[address], *operands], loc=loc, ip=ip)
+
+    em = emulation.active()
+    if em is not None and inst.qualifiers.get("dst") == "global":
+        emulation.bulk_copy(em, dst, issue, loc=loc, ip=ip)
+    else:
+        issue(emit.address(dst, loc=loc, ip=ip))
 
 
 @dsl_user_op

@@ -1,7 +1,8 @@
 """Device functions for ``multimem.ld_reduce``, ``multimem.st`` and ``multimem.red``.
 
 ``mc_ptr`` is a multicast address (global memory): every GPU of the multicast group holds the
-location.  These functions never run on GPUs without NVLink multicast; compile them anywhere.
+location.  These functions never run on GPUs without NVLink multicast; compile them anywhere,
+or trace them under :func:`ptxops.emulate_multicast` to emit unicast accesses to every rank.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import cutlass.cute as cute
 from cutlass.cutlass_dsl import dsl_user_op
 
 from ..spec.ptxtypes import FP8_ALL, HALF, HALF_X2
-from . import emit, forms, values
+from . import emit, emulation, forms, values
 
 _ACC_NAMES = {cutlass.Float32: "f32", cutlass.Float16: "f16"}
 
@@ -74,6 +75,8 @@ def multimem_ld_reduce(
         "multimem.ld_reduce", dtype, num_elements, op, type, vec, acc,
         sem=sem, scope=scope, space=space,
     )
+    if (em := emulation.active()) is not None:
+        return emulation.ld_reduce(em, inst, mc_ptr, dtype, packed)
     return emit.send(inst, mc_ptr, [], packed, result=dtype, loc=loc, ip=ip)
 
 
@@ -102,6 +105,8 @@ def multimem_st(
     dtype, n = values.data_shape(data, dtype, mc_ptr.dtype, num_elements, packed, type is not None)
     space = emit.state_space("multimem.st", mc_ptr, space, ("global", None))
     inst = _form("multimem.st", dtype, n, None, type, vec, None, sem=sem, scope=scope, space=space)
+    if (em := emulation.active()) is not None:
+        return emulation.store(em, inst, mc_ptr, data, dtype, packed)
     emit.send(inst, mc_ptr, [(data, dtype)], packed, loc=loc, ip=ip)
 
 
@@ -131,6 +136,8 @@ def multimem_red(
     dtype, n = values.data_shape(data, dtype, mc_ptr.dtype, num_elements, packed, type is not None)
     space = emit.state_space("multimem.red", mc_ptr, space, ("global", None))
     inst = _form("multimem.red", dtype, n, op, type, vec, None, sem=sem, scope=scope, space=space)
+    if (em := emulation.active()) is not None:
+        return emulation.reduce(em, inst, mc_ptr, data, dtype, packed)
     emit.send(inst, mc_ptr, [(data, dtype)], packed, loc=loc, ip=ip)
 
 

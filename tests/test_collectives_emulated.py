@@ -1,0 +1,58 @@
+"""``backend="multicast_emulated"``: every collective, algorithm, dtype and world size 2/4/8
+compiles without a GPU with the multicast code paths under ptxops emulation, and its PTX holds
+no ``multimem`` instruction but the unicast accesses that replace them; the runtime's safety net
+refuses a kernel with multimem on a context without multicast."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from collectives.config import ALGORITHMS, DTYPES, FP8, KernelKey
+
+pytest.importorskip("cutlass")
+from collectives.ptx import kernel_ptx  # noqa: E402
+
+CASES = [
+    (collective, algorithm, dtype, world)
+    for collective, algorithms in ALGORITHMS.items()
+    for algorithm in algorithms
+    for dtype in (DTYPES if collective != "barrier" else ("bf16",))
+    for world in (2, 4, 8)
+]
+
+
+@pytest.mark.parametrize(("collective", "algorithm", "dtype", "world"), CASES)
+def test_emulated_kernel_has_no_multimem(collective: str, algorithm: str, dtype: str, world: int) -> None:
+    ptx = kernel_ptx(KernelKey(collective, algorithm, "multicast_emulated", dtype, world),
+                     "sm_100a" if dtype in FP8 else "sm_90a")
+    assert "multimem" not in ptx
+    # the multicast barrier's arrive, a multimem.red.release.sys, is one red per rank
+    if algorithm != "lamport":
+        assert len(re.findall(r"red\.release\.sys\.global\.add\.u32", ptx)) >= world
+    if algorithm == "tma" and collective == "all_reduce":  # the multicast TMA store: a copy per rank
+        stores = re.findall(r"cp\.async\.bulk\.global\.shared::cta\.bulk_group", ptx)
+        assert len(stores) >= world + 1, len(stores)  # W translated copies and the plain one
+
+
+def test_safety_net_refuses_multimem_without_multicast() -> None:
+    from collectives.errors import CollectiveError
+    from collectives.ptx import refuse_multimem
+
+    key = KernelKey("barrier", "one_shot", "multicast", "bf16", 2)
+    ptx = kernel_ptx(key)
+    with pytest.raises(CollectiveError, match="multimem"):
+        refuse_multimem(ptx, key, "peer")
+    refuse_multimem(ptx, key, "multicast")
+    emulated = KernelKey("barrier", "one_shot", "multicast_emulated", "bf16", 2)
+    refuse_multimem(kernel_ptx(emulated), emulated, "peer")
+    with pytest.raises(CollectiveError, match="no PTX"):
+        refuse_multimem(None, emulated, "peer")
+
+
+def test_auto_never_chooses_emulation() -> None:
+    from collectives.capability import choose_backend
+
+    with pytest.raises(ValueError):
+        choose_backend("multicast_emulated", None)  # only Communicator.choose_backend knows it, explicitly
