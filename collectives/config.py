@@ -27,6 +27,8 @@ DTYPES = {
 #: dtypes whose multimem forms need sm_100a or newer.
 FP8 = ("e4m3", "e5m2")
 VECTOR_BYTES = 16
+#: Prepared plans a communicator keeps (least recently used evicted; plans hold no memory).
+PLAN_CACHE_SIZE = 512
 MAX_WORLD = 8
 #: Bytes per rank a Lamport all-reduce carries at most (the size of each sender's slot in
 #: each of the three rotating receive buffers).
