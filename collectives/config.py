@@ -127,9 +127,10 @@ class KernelKey:
 class PadLayout:
     """Word offsets in each rank's signal pad (uint32, symmetric, zeroed once, never reset).
 
-    ``arrival(block, src)`` is written by rank ``src`` (peer barriers), ``counter(block)`` is
+    ``arrival(block, src)`` is the first word of a 64-bit slot that rank ``src`` writes
+    (peer barriers: ``size << 32 | epoch`` in one store), ``counter(block)`` is
     incremented by every rank through multicast, ``size(block, src)`` is the element count rank
-    ``src`` brought to its last barrier (checked against ours), ``epoch(block)`` is this rank's
+    ``src`` brought to its last multicast barrier (checked against ours), ``epoch(block)`` is this rank's
     own count of barriers passed by ``block``.  Epochs only grow; comparisons are wrap-safe.
     """
 
@@ -137,21 +138,22 @@ class PadLayout:
     world: int = MAX_WORLD
 
     def arrival(self, block: int, src: int) -> int:
-        return block * self.world + src
+        return 2 * (block * self.world + src)
 
     def counter(self, block: int) -> int:
-        return self.max_blocks * self.world + block
+        return 2 * self.max_blocks * self.world + block
 
     def size(self, block: int, src: int) -> int:
-        return self.max_blocks * (self.world + 1) + block * self.world + src
+        return self.max_blocks * (2 * self.world + 1) + block * self.world + src
 
     def epoch(self, block: int) -> int:
-        return self.max_blocks * (2 * self.world + 1) + block
+        return self.max_blocks * (3 * self.world + 1) + block
 
     @property
     def lamport_base(self) -> int:
-        """First word of the Lamport state (even: the size entries are 8-byte aligned)."""
-        return self.max_blocks * (2 * self.world + 2)
+        """First word of the Lamport state (even for an even ``max_blocks``: the size entries
+        are 8-byte aligned)."""
+        return self.max_blocks * (3 * self.world + 2)
 
     def lamport_size(self, width: int, buffer: int, src: int) -> int:
         return self.lamport_base + 2 * ((width * 3 + buffer) * self.world + src)

@@ -151,7 +151,7 @@ def test_kernel_keys_reject_bad_choices() -> None:
 
 def test_pad_regions_do_not_overlap() -> None:
     layout = PadLayout(max_blocks=4, world=3)
-    words = [layout.arrival(b, s) for b in range(4) for s in range(3)]
+    words = [layout.arrival(b, s) + half for b in range(4) for s in range(3) for half in (0, 1)]
     words += [layout.counter(b) for b in range(4)]
     words += [layout.size(b, s) for b in range(4) for s in range(3)]
     words += [layout.epoch(b) for b in range(4)]
@@ -159,6 +159,7 @@ def test_pad_regions_do_not_overlap() -> None:
     words += [layout.lamport_size(w, b, s) + half for w in range(3) for b in range(3) for s in range(3) for half in (0, 1)]
     assert sorted(words) == list(range(layout.words))
     assert all(layout.lamport_size(w, b, s) % 2 == 0 for w in range(3) for b in range(3) for s in range(3))
+    assert all(layout.arrival(b, s) % 2 == 0 for b in range(4) for s in range(3))
 
 
 def test_runtime_call_path_compiles_with_tvm_ffi() -> None:
@@ -185,3 +186,16 @@ def test_launch_cost_benchmark_kernel_compiles() -> None:
     args = [Int64(0)] * 9 + [Int32(0), Int64(0), Int32(1), driver.CUstream(0)]
     compiled = cute.compile[cute.GPUArch("sm_90a"), cute.KeepCUBIN](bench_launch._launch, *args)
     assert b"kernel_cutlass__idle" in compiled.__cubin__
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_peer_barrier_is_one_64_bit_release_store_and_no_block_sync(world: int) -> None:
+    """The barrier kernel signals each rank with one 64-bit release store (size and epoch),
+    polls one 64-bit acquire load, reads no peer size word and no own table entry, and never
+    syncs its one warp; the data kernels keep the bar.sync before their barriers."""
+    ptx = kernel_ptx(KernelKey("barrier", "one_shot", "peer", "bf16", world, threads=32), "sm_90a")
+    assert re.findall(r"\bst\.release\.sys\.global\.\w+", ptx) == ["st.release.sys.global.b64"]
+    assert set(re.findall(r"\bld\.acquire\.sys\.global\.\w+", ptx)) == {"ld.acquire.sys.global.b64"}
+    assert "bar.sync" not in ptx and "barrier.sync" not in ptx
+    data = kernel_ptx(KernelKey("all_reduce", "one_shot", "peer", "bf16", world), "sm_90a")
+    assert "st.release.sys.global.b64" in data and ("bar.sync" in data or "barrier.sync" in data)

@@ -100,7 +100,7 @@ def test_100000_calls_over_changing_sizes_and_addresses_keep_memory_bounded(comm
     collectives.synchronize()
     assert int(bad) == 0
     assert len(comm.plans) <= PLAN_CACHE_SIZE
-    assert len(comm.ctx._allocs) <= allocations + 3  # at most one new buffer per staging slot
+    assert len(comm.ctx._allocs) <= allocations + 4  # the three staging slots, bf16 Lamport buffers
     unpinned = comm.pool.live_bytes - sum(t.numel() for t in comm.pool.pinned)
     assert unpinned <= 3 * capacity(largest)
 

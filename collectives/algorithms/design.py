@@ -51,12 +51,15 @@ def blocks(key: KernelKey) -> SimpleNamespace:
     op = key.op
     unroll = 2 if vec > 1 else 1
 
+    # The barrier collective's block made no accesses before its barrier: no bar.sync first.
+    sync = key.collective != "barrier"
+
     @cute.jit
     def barrier(pad_table, pad_mc, pad, rank, block, epoch, deadline, err, which, size):
         if cutlass.const_expr(multicast):
-            return signals.barrier_multicast(pad_mc, pad, rank, block, epoch, deadline, err, which, size, world)
+            return signals.barrier_multicast(pad_mc, pad, rank, block, epoch, deadline, err, which, size, world, sync)
         else:
-            return signals.barrier_peer(pad_table, rank, block, epoch, deadline, err, which, size, world)
+            return signals.barrier_peer(pad_table, pad, rank, block, epoch, deadline, err, which, size, world, sync)
 
     @cute.jit
     def load_reduce(addrs, mc, offsets, n: cutlass.Constexpr):
@@ -190,19 +193,20 @@ def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable, move: Callable |
         if cutlass.const_expr(key.stage_in):
             stage(src, signals.peer_address(data_table, rank), n, first, step)
         ok = b.barrier(pad_table, pad_mc, pad, rank, block, epoch + Uint32(1), deadline, err, Int32(0), size)
-        ok = signals.block_all(flag, ok)
-        addrs = [signals.peer_address(data_table, Int32(r)) for r in range(world)]
-        if cutlass.const_expr(move is not None and not key.end_barrier):
-            if ok:
-                move(addrs, data_mc, out, n, rank, first, step, shared, deadline, err)
-        if cutlass.const_expr(key.barriers == 2):
-            if ok:
-                move(addrs, data_mc, out, n, rank, first, step, shared, deadline, err)
-                ok2 = b.barrier(pad_table, pad_mc, pad, rank, block, epoch + Uint32(2), deadline, err, Int32(1), size)
-                ok2 = signals.block_all(flag, ok2)
-                if cutlass.const_expr(key.gather_out):
-                    if ok2:
-                        gather(signals.peer_address(data_table, rank), out, n, first, step)
+        if cutlass.const_expr(move is not None):  # a bare barrier has nothing to guard
+            ok = signals.block_all(flag, ok)
+            addrs = [signals.peer_address(data_table, Int32(r)) for r in range(world)]
+            if cutlass.const_expr(not key.end_barrier):
+                if ok:
+                    move(addrs, data_mc, out, n, rank, first, step, shared, deadline, err)
+            if cutlass.const_expr(key.barriers == 2):
+                if ok:
+                    move(addrs, data_mc, out, n, rank, first, step, shared, deadline, err)
+                    ok2 = b.barrier(pad_table, pad_mc, pad, rank, block, epoch + Uint32(2), deadline, err, Int32(1), size)
+                    ok2 = signals.block_all(flag, ok2)
+                    if cutlass.const_expr(key.gather_out):
+                        if ok2:
+                            gather(signals.peer_address(data_table, rank), out, n, first, step)
         if tidx == 0:
             signals.advance_epoch(pad, block, epoch + Uint32(key.barriers), world)
 
