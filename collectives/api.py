@@ -158,8 +158,9 @@ def reduce_scatter(
 ) -> torch.Tensor:
     """``out`` (M elements) = the reduction over ranks of block ``rank`` of ``inp`` (W*M
     elements).  ``algorithm``: ``"one_shot"``, ``"tma"`` (bulk copies on at most a quarter of
-    the SMs; 16-byte aligned tensors and output size) or ``"auto"``; ``backend`` as for
-    all_reduce."""
+    the SMs; 16-byte aligned tensors and output size), ``"push"`` (each slice stored straight
+    from ``inp`` into its owner's receive buffer, no staging copy: ``auto``'s choice for an
+    ``inp`` outside symmetric memory) or ``"auto"``; ``backend`` as for all_reduce."""
     comm = communicator()
     comm.check()
     capturing = _capturing()
@@ -195,13 +196,15 @@ def _reduce_scatter_plan(comm: Communicator, out, inp, op, algorithm, backend, c
     whole_vectors = out.numel() * out.element_size() % VECTOR_BYTES == 0
     pointers_aligned = _aligned(inp, out)
     aligned = whole_vectors and pointers_aligned
+    symmetric = comm.ctx.is_symmetric(inp)
     if algorithm == "auto":
-        algorithm = tuning.reduce_scatter_algorithm(comm.world, nbytes, backend, aligned)
+        algorithm = tuning.reduce_scatter_algorithm(comm.world, nbytes, backend, aligned, symmetric)
     _check_algorithm("reduce_scatter", algorithm, nbytes, aligned)
     # Small inputs are staged in-kernel into alternating buffers (one barrier); large
     # symmetric ones are read in place (two barriers, no copy).  TMA keeps both barriers.
-    zero_copy = comm.ctx.is_symmetric(inp) and nbytes > tuning.STAGE_MAX_BYTES
-    alternate = not zero_copy and not capturing and algorithm == "one_shot"
+    # Push sends the input straight into the owners' alternating receive buffers.
+    zero_copy = symmetric and nbytes > tuning.STAGE_MAX_BYTES and algorithm != "push"
+    alternate = not zero_copy and not capturing and algorithm in ("one_shot", "push")
     if zero_copy:
         data: Buffer | list[Buffer] = comm.buffer(inp)
     else:

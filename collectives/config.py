@@ -11,7 +11,7 @@ from dataclasses import dataclass
 COLLECTIVES = ("all_reduce", "reduce_scatter", "barrier")
 ALGORITHMS = {
     "all_reduce": ("one_shot", "two_shot", "lamport", "tma"),
-    "reduce_scatter": ("one_shot", "tma"),
+    "reduce_scatter": ("one_shot", "tma", "push"),
     "barrier": ("one_shot",),
 }
 BACKENDS = ("multicast", "peer")
@@ -85,8 +85,10 @@ class KernelKey:
             raise ValueError(f"{self.op} of fp8 is not supported (multimem reduces fp8 by add only)")
         if self.vector not in (0, 1, self.full_vector):
             raise ValueError(f"vector must be 1 or {self.full_vector} for {self.dtype}")
-        if not self.end_barrier and (self.algorithm != "one_shot" or not self.stage_in):
-            raise ValueError("only a staged one-shot collective may drop its end barrier")
+        if not self.end_barrier and (self.algorithm not in ("one_shot", "push") or not self.stage_in):
+            raise ValueError("only a staged one-shot or push collective may drop its end barrier")
+        if self.algorithm == "push" and not self.stage_in:
+            raise ValueError("push sends a non-symmetric input (stage_in=True) straight to its owners")
         if self.algorithm == "tma" and self.vector == 1:
             raise ValueError("tma moves 16-byte tiles: it needs 16-byte aligned data (vector 0)")
         if self.gather_out and (self.collective, self.algorithm) not in (("all_reduce", "two_shot"), ("all_reduce", "tma")):

@@ -80,8 +80,13 @@ def all_reduce_algorithm(world: int, nbytes: int, backend: str, aligned: bool = 
     return "two_shot"
 
 
-def reduce_scatter_algorithm(world: int, nbytes: int, backend: str, aligned: bool = True) -> str:
-    """One-shot, or TMA from its crossover on (16-byte aligned tensors and output size)."""
+def reduce_scatter_algorithm(world: int, nbytes: int, backend: str, aligned: bool = True,
+                             symmetric: bool = True) -> str:
+    """Push for an input outside symmetric memory (no staging copy; TMA's crossovers were
+    measured on symmetric inputs); else one-shot, or TMA from its crossover on (16-byte
+    aligned tensors and output size)."""
+    if not symmetric:
+        return "push"
     if aligned and nbytes >= _lookup(RS_TMA_MIN, backend, world):
         return "tma"
     return "one_shot"

@@ -49,7 +49,7 @@ def _multimem(ptx: str) -> set[str]:
 
 @pytest.mark.parametrize(("collective", "algorithm", "backend", "dtype", "world"), CASES)
 def test_kernel_compiles(collective: str, algorithm: str, backend: str, dtype: str, world: int) -> None:
-    key = KernelKey(collective, algorithm, backend, dtype, world)
+    key = KernelKey(collective, algorithm, backend, dtype, world, stage_in=algorithm == "push")
     ptx = kernel_ptx(key, "sm_100a" if dtype in FP8 else "sm_90a")
     found = _multimem(ptx)
     bulk = set(re.findall(r"\bcp\.async\.bulk[\w.:]*", ptx))
@@ -72,7 +72,7 @@ def test_kernel_compiles(collective: str, algorithm: str, backend: str, dtype: s
         assert "st.release.sys.global" in ptx and "ld.acquire.sys.global" in ptx
         return
     assert any(f.startswith("multimem.red.release.sys") for f in found), found
-    if collective != "barrier" and algorithm != "tma":
+    if collective != "barrier" and algorithm not in ("tma", "push"):
         acc = {"f32": "", "f16": ".acc::f32", "bf16": ".acc::f32", "e4m3": ".acc::f16", "e5m2": ".acc::f16"}[dtype]
         assert any(f.startswith("multimem.ld_reduce") and f".add{acc}.v" in f for f in found), found
     if collective == "all_reduce" and algorithm == "two_shot":
@@ -199,3 +199,26 @@ def test_peer_barrier_is_one_64_bit_release_store_and_no_block_sync(world: int) 
     assert "bar.sync" not in ptx and "barrier.sync" not in ptx
     data = kernel_ptx(KernelKey("all_reduce", "one_shot", "peer", "bf16", world), "sm_90a")
     assert "st.release.sys.global.b64" in data and ("bar.sync" in data or "barrier.sync" in data)
+
+
+@pytest.mark.parametrize("backend", ["multicast", "peer"])
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("vector", [0, 1])
+def test_push_reduce_scatter_stores_to_peers_and_reduces_locally(backend: str, world: int, vector: int) -> None:
+    """Push: plain stores into the owners' buffers, local loads, no multimem data path (the
+    multicast flavour keeps only its multicast barrier), one barrier eagerly, two in graphs."""
+    for end_barrier in (False, True):
+        key = KernelKey("reduce_scatter", "push", backend, "bf16", world, vector=vector,
+                        stage_in=True, end_barrier=end_barrier)
+        ptx = kernel_ptx(key, "sm_90a")
+        stores = re.findall(r"\bst\.global\.[\w.]+", ptx)
+        assert ("st.global.v4.b32" in stores) == (vector == 0), stores
+        found = _multimem(ptx)
+        if backend == "peer":
+            assert not found and "st.release.sys.global.b64" in ptx
+        else:
+            assert found == {"multimem.st.relaxed.sys.global.b32", "multimem.red.release.sys.global.add.u32"}, found
+        releases = len(re.findall(r"st\.release\.sys|multimem\.red\.release", ptx))
+        assert releases == (2 if end_barrier else 1), releases
+    with pytest.raises(ValueError, match="push"):
+        KernelKey("reduce_scatter", "push", backend, "bf16", world)

@@ -181,12 +181,12 @@ def test_all_reduce_matches_reference(comm, dtype: str, op: str, algorithm: str,
 
 
 @pytest.mark.parametrize("placement", ["symmetric", "staged"])
-@pytest.mark.parametrize("algorithm", ["one_shot", "tma"])
+@pytest.mark.parametrize("algorithm", ["one_shot", "tma", "push", "auto"])
 @pytest.mark.parametrize(("dtype", "op"), CASES)
 def test_reduce_scatter_matches_reference(comm, dtype: str, op: str, algorithm: str, placement: str) -> None:
     import collectives
 
-    sizes = (1, 5, 8, 1000, 65536 + 3) if algorithm == "one_shot" else (16, 4096, 65536 + 16, (1 << 21) + 48)
+    sizes = (16, 4096, 65536 + 16, (1 << 21) + 48) if algorithm == "tma" else (1, 5, 8, 1000, 65536 + 3, (1 << 21) + 48)
     for m in sizes:
         x = device_values(comm.rank, m * comm.world, dtype)
         inp = place(comm, x, placement)
@@ -195,6 +195,60 @@ def test_reduce_scatter_matches_reference(comm, dtype: str, op: str, algorithm: 
         collectives.synchronize()
         want = expected(comm.world, m * comm.world, dtype, op).reshape(comm.world, m)[comm.rank]
         assert np.array_equal(out.float().cpu().numpy(), want), m
+
+
+def test_push_reduce_scatter_in_graphs_at_offsets_and_reused_addresses(comm) -> None:
+    """Push from a plain input: eager calls alternating receive buffers, a captured call
+    replayed with new inputs, an input not 16-byte aligned, and a new input at a freed one's
+    address."""
+    import collectives
+
+    m = 4096 * 3 + 8
+    world = comm.world
+
+    def check(out, round_):
+        want = expected(world, m * world, "bf16", "sum") if round_ == 0 else reference.all_reduce(
+            [reference.round_to(values(r + round_, m * world), "bf16") for r in range(world)], "bf16")
+        assert np.array_equal(out.float().cpu().numpy(), want.reshape(world, m)[comm.rank]), round_
+
+    source = torch.empty(m * world, dtype=torch.bfloat16, device="cuda")
+    inp = torch.empty(m * world, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty(m, dtype=torch.bfloat16, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        collectives.reduce_scatter(out, inp, algorithm="push", backend="peer")
+        collectives.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        inp.copy_(source)
+        collectives.reduce_scatter(out, inp, algorithm="push", backend="peer")
+    for round_ in range(4):
+        source.copy_(device_values(comm.rank + round_, m * world, "bf16"))
+        graph.replay()
+        collectives.synchronize()
+        check(out, round_)
+        for _ in range(round_ + 1):  # eager calls between replays move the buffer turn
+            eager_out = torch.empty(m, dtype=torch.bfloat16, device="cuda")
+            collectives.reduce_scatter(eager_out, source, algorithm="push", backend="peer")
+        collectives.synchronize()
+        check(eager_out, round_)
+    shifted = torch.empty(m * world + 1, dtype=torch.bfloat16, device="cuda")[1:]
+    shifted.copy_(device_values(comm.rank, m * world, "bf16"))
+    collectives.reduce_scatter(out, shifted, algorithm="push", backend="peer")
+    collectives.synchronize()
+    check(out, 0)
+    sources = [device_values(comm.rank + round_, m * world, "bf16") for round_ in range(3)]
+    for round_ in range(3):
+        x = torch.empty(m * world, dtype=torch.bfloat16, device="cuda")  # the block just freed
+        if round_:
+            assert x.data_ptr() == address, "the caching allocator did not reuse the address"
+        address = x.data_ptr()
+        x.copy_(sources[round_])
+        collectives.reduce_scatter(out, x, backend="peer")  # auto: push for a plain input
+        collectives.synchronize()
+        check(out, round_)
+        del x
 
 
 def test_unaligned_tma_reduce_scatter_is_refused(comm) -> None:
