@@ -150,7 +150,15 @@ def _prepare_capture(comm: Communicator, key: KernelKey, nbytes: int) -> None:
     buffer it uses, so that capturing the same call in a CUDA graph allocates and compiles
     nothing (neither may happen during a capture)."""
     comm.kernel(dataclasses.replace(key, end_barrier=True))
-    comm.buffer(comm.staging(nbytes, 2))
+    comm.buffer(comm.staging(nbytes, _two_barrier_slot(key.algorithm)))
+
+
+def _two_barrier_slot(algorithm: str) -> int:
+    """The staging buffer of a staged collective that keeps its end barrier: 3 for push,
+    whose stores into other ranks' buffers come before its first barrier (so no other kind
+    of collective, some of which read their buffer after their last barrier, may share it), 2
+    for the rest."""
+    return 3 if algorithm == "push" else 2
 
 
 def reduce_scatter(
@@ -208,7 +216,8 @@ def _reduce_scatter_plan(comm: Communicator, out, inp, op, algorithm, backend, c
     if zero_copy:
         data: Buffer | list[Buffer] = comm.buffer(inp)
     else:
-        data = [comm.buffer(comm.staging(nbytes, i)) for i in ((0, 1) if alternate else (2,))]
+        slots = (0, 1) if alternate else (_two_barrier_slot(algorithm),)
+        data = [comm.buffer(comm.staging(nbytes, i)) for i in slots]
     vector = _vector(dtype, backend, pointers_aligned) if whole_vectors else 1
     key = KernelKey("reduce_scatter", algorithm, backend, dtype, comm.world, op=op, vector=vector,
                     stage_in=not zero_copy, end_barrier=not alternate)

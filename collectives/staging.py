@@ -85,13 +85,15 @@ def capacity(nbytes: int) -> int:
 
 
 class StagingPool:
-    """Staging slots 0, 1 (the single-barrier collectives, in turn) and 2 (the rest).
+    """Staging slots 0, 1 (the single-barrier collectives, in turn), 2 (the staged collectives
+    with an end barrier) and 3 (push collectives with an end barrier: see
+    :func:`collectives.api._two_barrier_slot`).
 
     ``forget(ptr)`` is called for each buffer freed (drop cached views of it)."""
 
     def __init__(self, ctx: Allocator, plans: PlanCache, forget: Callable[[int], None]) -> None:
         self.ctx, self.plans, self.forget = ctx, plans, forget
-        self.current: list[torch.Tensor | None] = [None, None, None]
+        self.current: list[torch.Tensor | None] = [None] * 4
         self.pinned: list[torch.Tensor] = []  # superseded, held by a captured graph: never freed
         self._captured: set[int] = set()  # data pointers of current buffers a captured plan holds
 

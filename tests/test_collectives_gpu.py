@@ -100,9 +100,9 @@ def test_100000_calls_over_changing_sizes_and_addresses_keep_memory_bounded(comm
     collectives.synchronize()
     assert int(bad) == 0
     assert len(comm.plans) <= PLAN_CACHE_SIZE
-    assert len(comm.ctx._allocs) <= allocations + 4  # the three staging slots, bf16 Lamport buffers
+    assert len(comm.ctx._allocs) <= allocations + 5  # four staging slots, bf16 Lamport buffers
     unpinned = comm.pool.live_bytes - sum(t.numel() for t in comm.pool.pinned)
-    assert unpinned <= 3 * capacity(largest)
+    assert unpinned <= 4 * capacity(largest)
 
 
 def test_graph_replay_after_its_staging_buffer_was_superseded(comm) -> None:
@@ -223,6 +223,7 @@ def test_push_reduce_scatter_in_graphs_at_offsets_and_reused_addresses(comm) -> 
     with torch.cuda.graph(graph):
         inp.copy_(source)
         collectives.reduce_scatter(out, inp, algorithm="push", backend="peer")
+    assert comm.pool.current[3] is not None, "a captured push takes its own staging slot"
     for round_ in range(4):
         source.copy_(device_values(comm.rank + round_, m * world, "bf16"))
         graph.replay()
