@@ -90,7 +90,8 @@ def _all_reduce_plan(comm: Communicator, t, op, algorithm, backend, out, capturi
     backend = _backend(comm, backend, dtype)
     aligned = _aligned(t, result)
     if algorithm == "auto":
-        algorithm = tuning.all_reduce_algorithm(comm.world, nbytes, backend, aligned)
+        symmetric = out is None and comm.ctx.is_symmetric(t)
+        algorithm = tuning.all_reduce_algorithm(comm.world, nbytes, backend, aligned, symmetric)
     _check_algorithm("all_reduce", algorithm, nbytes, aligned)
     vector = _vector(dtype, backend, aligned)
     if algorithm == "lamport":

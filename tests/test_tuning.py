@@ -21,6 +21,13 @@ def test_lamport_never_exceeds_its_buffers() -> None:
         assert tuning.all_reduce_algorithm(world, LAMPORT_MAX_BYTES + 16, "peer") != "lamport"
 
 
+def test_plain_all_reduce_tensors_never_pick_tma() -> None:
+    for world in (2, 4, 8):
+        for backend in ("peer", "multicast"):
+            picks = {tuning.all_reduce_algorithm(world, 1 << k, backend, symmetric=False) for k in range(10, 31)}
+            assert "tma" not in picks and "two_shot" in picks, picks
+
+
 def test_plain_reduce_scatter_inputs_are_pushed() -> None:
     for world in (2, 4, 8):
         for nbytes in (16, 4096, 1 << 20, 256 << 20):
