@@ -87,7 +87,8 @@ def _all_reduce_plan(comm: Communicator, t, op, algorithm, backend, out, capturi
     backend = comm.choose_backend(backend, dtype)
     aligned = _aligned(t, result)
     if algorithm == "auto":
-        algorithm = tuning.all_reduce_algorithm(comm.world, nbytes, backend, aligned)
+        symmetric = out is None and comm.ctx.is_symmetric(t)
+        algorithm = tuning.all_reduce_algorithm(comm.world, nbytes, backend, aligned, symmetric)
     _check_algorithm("all_reduce", algorithm, nbytes, aligned)
     vector = _vector(dtype, backend, aligned)
     if algorithm == "lamport":
@@ -147,7 +148,15 @@ def _prepare_capture(comm: Communicator, key: KernelKey, nbytes: int) -> None:
     buffer it uses, so that capturing the same call in a CUDA graph allocates and compiles
     nothing (neither may happen during a capture)."""
     comm.kernel(dataclasses.replace(key, end_barrier=True))
-    comm.buffer(comm.staging(nbytes, 2))
+    comm.buffer(comm.staging(nbytes, _two_barrier_slot(key.algorithm)))
+
+
+def _two_barrier_slot(algorithm: str) -> int:
+    """The staging buffer of a staged collective that keeps its end barrier: 3 for push,
+    whose stores into other ranks' buffers come before its first barrier (so no other kind
+    of collective, some of which read their buffer after their last barrier, may share it), 2
+    for the rest."""
+    return 3 if algorithm == "push" else 2
 
 
 def reduce_scatter(
@@ -155,8 +164,9 @@ def reduce_scatter(
 ) -> torch.Tensor:
     """``out`` (M elements) = the reduction over ranks of block ``rank`` of ``inp`` (W*M
     elements).  ``algorithm``: ``"one_shot"``, ``"tma"`` (bulk copies on at most a quarter of
-    the SMs; 16-byte aligned tensors and output size) or ``"auto"``; ``backend`` as for
-    all_reduce."""
+    the SMs; 16-byte aligned tensors and output size), ``"push"`` (each slice stored straight
+    from ``inp`` into its owner's receive buffer, no staging copy: ``auto``'s choice for an
+    ``inp`` outside symmetric memory) or ``"auto"``; ``backend`` as for all_reduce."""
     comm = communicator()
     comm.check()
     capturing = _capturing()
@@ -192,17 +202,20 @@ def _reduce_scatter_plan(comm: Communicator, out, inp, op, algorithm, backend, c
     whole_vectors = out.numel() * out.element_size() % VECTOR_BYTES == 0
     pointers_aligned = _aligned(inp, out)
     aligned = whole_vectors and pointers_aligned
+    symmetric = comm.ctx.is_symmetric(inp)
     if algorithm == "auto":
-        algorithm = tuning.reduce_scatter_algorithm(comm.world, nbytes, backend, aligned)
+        algorithm = tuning.reduce_scatter_algorithm(comm.world, nbytes, backend, aligned, symmetric)
     _check_algorithm("reduce_scatter", algorithm, nbytes, aligned)
     # Small inputs are staged in-kernel into alternating buffers (one barrier); large
     # symmetric ones are read in place (two barriers, no copy).  TMA keeps both barriers.
-    zero_copy = comm.ctx.is_symmetric(inp) and nbytes > tuning.STAGE_MAX_BYTES
-    alternate = not zero_copy and not capturing and algorithm == "one_shot"
+    # Push sends the input straight into the owners' alternating receive buffers.
+    zero_copy = symmetric and nbytes > tuning.STAGE_MAX_BYTES and algorithm != "push"
+    alternate = not zero_copy and not capturing and algorithm in ("one_shot", "push")
     if zero_copy:
         data: Buffer | list[Buffer] = comm.buffer(inp)
     else:
-        data = [comm.buffer(comm.staging(nbytes, i)) for i in ((0, 1) if alternate else (2,))]
+        slots = (0, 1) if alternate else (_two_barrier_slot(algorithm),)
+        data = [comm.buffer(comm.staging(nbytes, i)) for i in slots]
     vector = _vector(dtype, backend, pointers_aligned) if whole_vectors else 1
     key = KernelKey("reduce_scatter", algorithm, backend, dtype, comm.world, op=op, vector=vector,
                     stage_in=not zero_copy, end_barrier=not alternate)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 COLLECTIVES = ("all_reduce", "reduce_scatter", "barrier")
 ALGORITHMS = {
     "all_reduce": ("one_shot", "two_shot", "lamport", "tma"),
-    "reduce_scatter": ("one_shot", "tma"),
+    "reduce_scatter": ("one_shot", "tma", "push"),
     "barrier": ("one_shot",),
 }
 BACKENDS = ("multicast", "peer", "multicast_emulated")
@@ -30,6 +30,8 @@ DTYPES = {
 #: dtypes whose multimem forms need sm_100a or newer.
 FP8 = ("e4m3", "e5m2")
 VECTOR_BYTES = 16
+#: Prepared plans a communicator keeps (least recently used evicted; plans hold no memory).
+PLAN_CACHE_SIZE = 512
 MAX_WORLD = 8
 #: Bytes per rank a Lamport all-reduce carries at most (the size of each sender's slot in
 #: each of the three rotating receive buffers).
@@ -86,8 +88,10 @@ class KernelKey:
             raise ValueError(f"{self.op} of fp8 is not supported (multimem reduces fp8 by add only)")
         if self.vector not in (0, 1, self.full_vector):
             raise ValueError(f"vector must be 1 or {self.full_vector} for {self.dtype}")
-        if not self.end_barrier and (self.algorithm != "one_shot" or not self.stage_in):
-            raise ValueError("only a staged one-shot collective may drop its end barrier")
+        if not self.end_barrier and (self.algorithm not in ("one_shot", "push") or not self.stage_in):
+            raise ValueError("only a staged one-shot or push collective may drop its end barrier")
+        if self.algorithm == "push" and not self.stage_in:
+            raise ValueError("push sends a non-symmetric input (stage_in=True) straight to its owners")
         if self.algorithm == "tma" and self.vector == 1:
             raise ValueError("tma moves 16-byte tiles: it needs 16-byte aligned data (vector 0)")
         if self.gather_out and (self.collective, self.algorithm) not in (("all_reduce", "two_shot"), ("all_reduce", "tma")):
@@ -128,9 +132,10 @@ class KernelKey:
 class PadLayout:
     """Word offsets in each rank's signal pad (uint32, symmetric, zeroed once, never reset).
 
-    ``arrival(block, src)`` is written by rank ``src`` (peer barriers), ``counter(block)`` is
+    ``arrival(block, src)`` is the first word of a 64-bit slot that rank ``src`` writes
+    (peer barriers: ``size << 32 | epoch`` in one store), ``counter(block)`` is
     incremented by every rank through multicast, ``size(block, src)`` is the element count rank
-    ``src`` brought to its last barrier (checked against ours), ``epoch(block)`` is this rank's
+    ``src`` brought to its last multicast barrier (checked against ours), ``epoch(block)`` is this rank's
     own count of barriers passed by ``block``.  Epochs only grow; comparisons are wrap-safe.
     """
 
@@ -138,21 +143,22 @@ class PadLayout:
     world: int = MAX_WORLD
 
     def arrival(self, block: int, src: int) -> int:
-        return block * self.world + src
+        return 2 * (block * self.world + src)
 
     def counter(self, block: int) -> int:
-        return self.max_blocks * self.world + block
+        return 2 * self.max_blocks * self.world + block
 
     def size(self, block: int, src: int) -> int:
-        return self.max_blocks * (self.world + 1) + block * self.world + src
+        return self.max_blocks * (2 * self.world + 1) + block * self.world + src
 
     def epoch(self, block: int) -> int:
-        return self.max_blocks * (2 * self.world + 1) + block
+        return self.max_blocks * (3 * self.world + 1) + block
 
     @property
     def lamport_base(self) -> int:
-        """First word of the Lamport state (even: the size entries are 8-byte aligned)."""
-        return self.max_blocks * (2 * self.world + 2)
+        """First word of the Lamport state (even for an even ``max_blocks``: the size entries
+        are 8-byte aligned)."""
+        return self.max_blocks * (3 * self.world + 2)
 
     def lamport_size(self, width: int, buffer: int, src: int) -> int:
         return self.lamport_base + 2 * ((width * 3 + buffer) * self.world + src)

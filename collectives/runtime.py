@@ -34,6 +34,7 @@ from .config import (
 )
 from .errors import CollectiveError, CollectiveTimeout, MulticastUnavailable
 from .ptx import refuse_multimem
+from .staging import PlanCache, StagingPool
 
 #: Default bound of every cross-GPU wait, in seconds (``COLLECTIVES_TIMEOUT_S`` overrides).
 DEFAULT_TIMEOUT_S = float(os.environ.get("COLLECTIVES_TIMEOUT_S", "30"))
@@ -72,6 +73,7 @@ class Buffer:
     window: tuple[int, int, list[int]]
     emulation: torch.Tensor
     emulation_host: torch.Tensor
+    ptr: int  # this rank's address of the buffer
 
 
 class Communicator:
@@ -87,10 +89,10 @@ class Communicator:
         self.error = torch.zeros(len(ERROR_FIELDS), dtype=torch.int32, pin_memory=True)
         self._status = self.error.numpy()  # host-mapped: read without a GPU sync
         self.failed: CollectiveError | None = None
-        self.plans: dict[tuple, Plan] = {}
+        self.plans = PlanCache()
         self._kernels: dict[tuple[KernelKey, str], Any] = {}
         self._buffers: dict[int, Buffer] = {}
-        self._staging: list[torch.Tensor | None] = [None, None, None]
+        self.pool = StagingPool(ctx, self.plans, self._forget)
         self._lamport: dict[int, torch.Tensor] = {}
         self.lamport_dirty = False  # set by a Lamport size mismatch: reset before the next call
         self.turn = 0  # which of staging buffers 0/1 the next single-barrier collective uses
@@ -155,8 +157,12 @@ class Communicator:
                 window = pad = (base, t.nbytes, peers)
             emulation_host = torch.tensor(ptxops.translation_table([window, pad]), dtype=torch.int64).pin_memory()
             emulation = emulation_host.to("cuda", non_blocking=True)
-            self._buffers[key] = Buffer(table, mc, host, window, emulation, emulation_host)
+            self._buffers[key] = Buffer(table, mc, host, window, emulation, emulation_host, key)
         return self._buffers[key]
+
+    def _forget(self, ptr: int) -> None:
+        """Drop the kernel view of a freed symmetric buffer (its address may be reused)."""
+        self._buffers.pop(ptr, None)
 
     def staging(self, nbytes: int, which: int) -> torch.Tensor:
         """Internal symmetric byte buffer ``which`` of at least ``nbytes`` (grown collectively:
@@ -165,12 +171,9 @@ class Communicator:
         Buffers 0 and 1 serve the single-barrier collectives, strictly in turn across all of
         them (:attr:`turn`): a rank may rewrite a buffer only after every rank has started a
         later collective, which proves it finished reading.  Buffer 2 serves the staged
-        collectives that keep their end barrier.  A grown buffer replaces the old one for new
-        plans; plans that hold the old one keep it (it stays allocated)."""
-        current = self._staging[which]
-        if current is None or current.numel() < nbytes:
-            current = self._staging[which] = self.ctx.empty(max(nbytes, 1 << 20), torch.uint8)
-        return current
+        collectives that keep their end barrier, buffer 3 the push ones that do.  Growing frees the superseded buffer and
+        drops the plans that hold it (:class:`~collectives.staging.StagingPool`)."""
+        return self.pool.get(nbytes, which)
 
     def lamport(self, element_bytes: int) -> torch.Tensor:
         """The three rotating Lamport receive buffers for elements of ``element_bytes`` bytes
@@ -266,9 +269,13 @@ class Communicator:
         common = (out, src, n, self.pad_buffer.table.data_ptr(), self.pad_buffer.mc,
                   int(self.pad_buffer.host[self.rank]), self.error.data_ptr(), self.rank,
                   int(self.timeout_s * 1e9), blocks)
+        holds = tuple(b.ptr for b in buffers if self.pool.owns(b.ptr))
+        if torch.cuda.is_current_stream_capturing():  # a graph keeps these addresses for good
+            for ptr in holds:
+                self.pool.capture(ptr)
         emulated = key.backend == "multicast_emulated"
         return Plan(fn, [(b.table.data_ptr(), b.emulation.data_ptr() if emulated else b.mc) + common
-                         for b in buffers], self)
+                         for b in buffers], self, holds)
 
     @property
     def device_index(self) -> int:
@@ -284,10 +291,11 @@ def _fill_empty(buf: torch.Tensor, element_bytes: int) -> None:
 class Plan:
     """One collective call, prepared: ``run()`` takes the current stream and launches."""
 
-    __slots__ = ("fn", "args", "comm")
+    __slots__ = ("fn", "args", "comm", "holds")
 
-    def __init__(self, fn: Callable[..., Any], args: list[tuple], comm: Communicator) -> None:
-        self.fn, self.args, self.comm = fn, args, comm
+    def __init__(self, fn: Callable[..., Any], args: list[tuple], comm: Communicator,
+                 holds: tuple[int, ...] = ()) -> None:
+        self.fn, self.args, self.comm, self.holds = fn, args, comm, holds
 
     def run(self) -> None:
         comm = self.comm

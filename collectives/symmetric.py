@@ -149,6 +149,16 @@ class Context:
         if any(g != got[0] for g in got):
             raise SymmetricMemoryError(f"{what}: ranks disagree, per rank {got}")
 
+    def agree_any(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any rank (collective: every rank asks, in the same order)."""
+        self._check_open()
+        if self.world_size == 1:
+            return flag
+        mine = torch.tensor([int(flag)], dtype=torch.int64, device=_coll_device(self.group))
+        rows = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(rows, mine, group=self.group)
+        return any(int(r.item()) for r in rows)
+
     def _check_open(self) -> None:
         if self.closed:
             raise SymmetricMemoryError("symmetric memory context is closed")

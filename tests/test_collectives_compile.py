@@ -49,7 +49,7 @@ def _multimem(ptx: str) -> set[str]:
 
 @pytest.mark.parametrize(("collective", "algorithm", "backend", "dtype", "world"), CASES)
 def test_kernel_compiles(collective: str, algorithm: str, backend: str, dtype: str, world: int) -> None:
-    key = KernelKey(collective, algorithm, backend, dtype, world)
+    key = KernelKey(collective, algorithm, backend, dtype, world, stage_in=algorithm == "push")
     ptx = kernel_ptx(key, "sm_100a" if dtype in FP8 else "sm_90a")
     found = _multimem(ptx)
     bulk = set(re.findall(r"\bcp\.async\.bulk[\w.:]*", ptx))
@@ -72,7 +72,7 @@ def test_kernel_compiles(collective: str, algorithm: str, backend: str, dtype: s
         assert "st.release.sys.global" in ptx and "ld.acquire.sys.global" in ptx
         return
     assert any(f.startswith("multimem.red.release.sys") for f in found), found
-    if collective != "barrier" and algorithm != "tma":
+    if collective != "barrier" and algorithm not in ("tma", "push"):
         acc = {"f32": "", "f16": ".acc::f32", "bf16": ".acc::f32", "e4m3": ".acc::f16", "e5m2": ".acc::f16"}[dtype]
         assert any(f.startswith("multimem.ld_reduce") and f".add{acc}.v" in f for f in found), found
     if collective == "all_reduce" and algorithm == "two_shot":
@@ -151,7 +151,7 @@ def test_kernel_keys_reject_bad_choices() -> None:
 
 def test_pad_regions_do_not_overlap() -> None:
     layout = PadLayout(max_blocks=4, world=3)
-    words = [layout.arrival(b, s) for b in range(4) for s in range(3)]
+    words = [layout.arrival(b, s) + half for b in range(4) for s in range(3) for half in (0, 1)]
     words += [layout.counter(b) for b in range(4)]
     words += [layout.size(b, s) for b in range(4) for s in range(3)]
     words += [layout.epoch(b) for b in range(4)]
@@ -159,6 +159,7 @@ def test_pad_regions_do_not_overlap() -> None:
     words += [layout.lamport_size(w, b, s) + half for w in range(3) for b in range(3) for s in range(3) for half in (0, 1)]
     assert sorted(words) == list(range(layout.words))
     assert all(layout.lamport_size(w, b, s) % 2 == 0 for w in range(3) for b in range(3) for s in range(3))
+    assert all(layout.arrival(b, s) % 2 == 0 for b in range(4) for s in range(3))
 
 
 def test_runtime_call_path_compiles_with_tvm_ffi() -> None:
@@ -179,3 +180,39 @@ def test_launch_cost_benchmark_kernel_compiles() -> None:
     from collectives.tools import bench_launch
 
     assert b"kernel_cutlass__idle" in bench_launch.idle_cubin("sm_90a")
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_peer_barrier_is_one_64_bit_release_store_and_no_block_sync(world: int) -> None:
+    """The barrier kernel signals each rank with one 64-bit release store (size and epoch),
+    polls one 64-bit acquire load, reads no peer size word and no own table entry, and never
+    syncs its one warp; the data kernels keep the bar.sync before their barriers."""
+    ptx = kernel_ptx(KernelKey("barrier", "one_shot", "peer", "bf16", world, threads=32), "sm_90a")
+    assert re.findall(r"\bst\.release\.sys\.global\.\w+", ptx) == ["st.release.sys.global.b64"]
+    assert set(re.findall(r"\bld\.acquire\.sys\.global\.\w+", ptx)) == {"ld.acquire.sys.global.b64"}
+    assert "bar.sync" not in ptx and "barrier.sync" not in ptx
+    data = kernel_ptx(KernelKey("all_reduce", "one_shot", "peer", "bf16", world), "sm_90a")
+    assert "st.release.sys.global.b64" in data and ("bar.sync" in data or "barrier.sync" in data)
+
+
+@pytest.mark.parametrize("backend", ["multicast", "peer"])
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("vector", [0, 1])
+def test_push_reduce_scatter_stores_to_peers_and_reduces_locally(backend: str, world: int, vector: int) -> None:
+    """Push: plain stores into the owners' buffers, local loads, no multimem data path (the
+    multicast flavour keeps only its multicast barrier), one barrier eagerly, two in graphs."""
+    for end_barrier in (False, True):
+        key = KernelKey("reduce_scatter", "push", backend, "bf16", world, vector=vector,
+                        stage_in=True, end_barrier=end_barrier)
+        ptx = kernel_ptx(key, "sm_90a")
+        stores = re.findall(r"\bst\.global\.[\w.]+", ptx)
+        assert ("st.global.v4.b32" in stores) == (vector == 0), stores
+        found = _multimem(ptx)
+        if backend == "peer":
+            assert not found and "st.release.sys.global.b64" in ptx
+        else:
+            assert found == {"multimem.st.relaxed.sys.global.b32", "multimem.red.release.sys.global.add.u32"}, found
+        releases = len(re.findall(r"st\.release\.sys|multimem\.red\.release", ptx))
+        assert releases == (2 if end_barrier else 1), releases
+    with pytest.raises(ValueError, match="push"):
+        KernelKey("reduce_scatter", "push", backend, "bf16", world)

@@ -25,8 +25,9 @@ CASES = [
 
 @pytest.mark.parametrize(("collective", "algorithm", "dtype", "world"), CASES)
 def test_emulated_kernel_has_no_multimem(collective: str, algorithm: str, dtype: str, world: int) -> None:
-    ptx = kernel_ptx(KernelKey(collective, algorithm, "multicast_emulated", dtype, world),
-                     "sm_100a" if dtype in FP8 else "sm_90a")
+    key = KernelKey(collective, algorithm, "multicast_emulated", dtype, world,
+                    stage_in=algorithm == "push")  # push always sends a non-symmetric input
+    ptx = kernel_ptx(key, "sm_100a" if dtype in FP8 else "sm_90a")
     assert "multimem" not in ptx
     # the multicast barrier's arrive, a multimem.red.release.sys, is one red per rank
     if algorithm != "lamport":

@@ -91,6 +91,85 @@ def place(comm, x: torch.Tensor, placement: str) -> torch.Tensor:
 CASES = [(d, "sum") for d in TORCH] + [("bf16", "max"), ("f32", "min"), ("f16", "max")]
 
 
+# The memory tests come first: the staging slots are still small, so growing them is cheap.
+def test_100000_calls_over_changing_sizes_and_addresses_keep_memory_bounded(comm) -> None:
+    import collectives
+    from collectives.config import PLAN_CACHE_SIZE
+    from collectives.staging import capacity
+
+    base = torch.empty(1 << 16, dtype=torch.bfloat16, device="cuda")
+    growing = [torch.empty(n, dtype=torch.bfloat16, device="cuda") for n in (3 << 20, 5 << 20, 9 << 20)]
+    allocations = len(comm.ctx._allocs)
+    want = comm.world * (comm.world + 1) / 2
+    bad = torch.zeros((), dtype=torch.int64, device="cuda")
+    largest = 0
+    for i in range(100_000):
+        if i % 25_000 == 24_999:  # a new largest size: every staging slot grows, frees the old
+            t = growing[i // 25_000]
+        else:  # 8 of every 9 offsets 16-byte aligned; ~2000 sizes x offsets: every call plans anew
+            offset = (i * 8 + (i % 9 == 0)) % 4096
+            t = base[offset:offset + 64 + (i * 37) % 2000]
+        largest = max(largest, t.numel() * 2)
+        t.fill_(comm.rank + 1)
+        collectives.all_reduce(t, backend="peer")
+        bad += (t != want).sum()
+    collectives.synchronize()
+    assert int(bad) == 0
+    assert len(comm.plans) <= PLAN_CACHE_SIZE
+    assert len(comm.ctx._allocs) <= allocations + 5  # four staging slots, bf16 Lamport buffers
+    unpinned = comm.pool.live_bytes - sum(t.numel() for t in comm.pool.pinned)
+    assert unpinned <= 4 * capacity(largest)
+
+
+def test_graph_replay_after_its_staging_buffer_was_superseded(comm) -> None:
+    """A plan made under capture pins its staging buffer: growing the slot later keeps it."""
+    import collectives
+
+    n = 3000
+    t = torch.empty(n, dtype=torch.bfloat16, device="cuda")
+    source = torch.empty(n, dtype=torch.bfloat16, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        collectives.all_reduce(t, algorithm="one_shot", backend="peer")
+        collectives.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        t.copy_(source)
+        collectives.all_reduce(t, algorithm="one_shot", backend="peer")
+    captured = comm.pool.current[2]
+    bigger = torch.ones(captured.numel(), dtype=torch.bfloat16, device="cuda")  # 2x the bytes: grows
+    collectives.all_reduce(bigger, algorithm="two_shot", backend="peer")
+    assert comm.pool.current[2] is not captured and any(p is captured for p in comm.pool.pinned)
+    for round_ in range(3):
+        source.copy_(device_values(comm.rank + round_, n, "bf16"))
+        graph.replay()
+        collectives.synchronize()
+        inputs = [reference.round_to(values(r + round_, n), "bf16") for r in range(comm.world)]
+        assert np.array_equal(t.float().cpu().numpy(), reference.all_reduce(inputs, "bf16")), round_
+    assert torch.all(bigger == comm.world)
+
+
+@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot", "lamport", "tma"])
+def test_plain_tensor_at_a_reused_address(comm, algorithm: str) -> None:
+    """Allocate, reduce, free, allocate another tensor at the same address, reduce again."""
+    import collectives
+
+    n = 4096 * 5
+    sources = [device_values(comm.rank + round_, n, "bf16") for round_ in range(3)]
+    for round_ in range(3):
+        t = torch.empty(n, dtype=torch.bfloat16, device="cuda")  # the block just freed
+        if round_:
+            assert t.data_ptr() == address, "the caching allocator did not reuse the address"
+        address = t.data_ptr()
+        t.copy_(sources[round_])
+        collectives.all_reduce(t, algorithm=algorithm, backend="peer")
+        collectives.synchronize()
+        inputs = [reference.round_to(values(r + round_, n), "bf16") for r in range(comm.world)]
+        assert np.array_equal(t.float().cpu().numpy(), reference.all_reduce(inputs, "bf16")), round_
+        del t
+
+
 @pytest.mark.parametrize("placement", ["symmetric", "staged", "offset", "out"])
 @pytest.mark.parametrize("algorithm", ["one_shot", "two_shot", "lamport", "tma"])
 @pytest.mark.parametrize(("dtype", "op"), CASES)
@@ -123,7 +202,7 @@ def test_all_reduce_matches_reference(comm, backend: str, dtype: str, op: str, a
 
 
 @pytest.mark.parametrize("placement", ["symmetric", "staged"])
-@pytest.mark.parametrize("algorithm", ["one_shot", "tma"])
+@pytest.mark.parametrize("algorithm", ["one_shot", "tma", "push", "auto"])
 @pytest.mark.parametrize(("dtype", "op"), CASES)
 def test_reduce_scatter_matches_reference(comm, backend: str, dtype: str, op: str, algorithm: str, placement: str) -> None:
     import collectives
@@ -131,7 +210,7 @@ def test_reduce_scatter_matches_reference(comm, backend: str, dtype: str, op: st
     if fp8_refused(backend, dtype):
         return  # as in test_all_reduce_matches_reference
 
-    sizes = (1, 5, 8, 1000, 65536 + 3) if algorithm == "one_shot" else (16, 4096, 65536 + 16, (1 << 21) + 48)
+    sizes = (16, 4096, 65536 + 16, (1 << 21) + 48) if algorithm == "tma" else (1, 5, 8, 1000, 65536 + 3, (1 << 21) + 48)
     for m in sizes:
         x = device_values(comm.rank, m * comm.world, dtype)
         inp = place(comm, x, placement)
@@ -140,6 +219,61 @@ def test_reduce_scatter_matches_reference(comm, backend: str, dtype: str, op: st
         collectives.synchronize()
         want = expected(comm.world, m * comm.world, dtype, op).reshape(comm.world, m)[comm.rank]
         assert np.array_equal(out.float().cpu().numpy(), want), m
+
+
+def test_push_reduce_scatter_in_graphs_at_offsets_and_reused_addresses(comm) -> None:
+    """Push from a plain input: eager calls alternating receive buffers, a captured call
+    replayed with new inputs, an input not 16-byte aligned, and a new input at a freed one's
+    address."""
+    import collectives
+
+    m = 4096 * 3 + 8
+    world = comm.world
+
+    def check(out, round_):
+        want = expected(world, m * world, "bf16", "sum") if round_ == 0 else reference.all_reduce(
+            [reference.round_to(values(r + round_, m * world), "bf16") for r in range(world)], "bf16")
+        assert np.array_equal(out.float().cpu().numpy(), want.reshape(world, m)[comm.rank]), round_
+
+    source = torch.empty(m * world, dtype=torch.bfloat16, device="cuda")
+    inp = torch.empty(m * world, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty(m, dtype=torch.bfloat16, device="cuda")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        collectives.reduce_scatter(out, inp, algorithm="push", backend="peer")
+        collectives.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        inp.copy_(source)
+        collectives.reduce_scatter(out, inp, algorithm="push", backend="peer")
+    assert comm.pool.current[3] is not None, "a captured push takes its own staging slot"
+    for round_ in range(4):
+        source.copy_(device_values(comm.rank + round_, m * world, "bf16"))
+        graph.replay()
+        collectives.synchronize()
+        check(out, round_)
+        for _ in range(round_ + 1):  # eager calls between replays move the buffer turn
+            eager_out = torch.empty(m, dtype=torch.bfloat16, device="cuda")
+            collectives.reduce_scatter(eager_out, source, algorithm="push", backend="peer")
+        collectives.synchronize()
+        check(eager_out, round_)
+    shifted = torch.empty(m * world + 1, dtype=torch.bfloat16, device="cuda")[1:]
+    shifted.copy_(device_values(comm.rank, m * world, "bf16"))
+    collectives.reduce_scatter(out, shifted, algorithm="push", backend="peer")
+    collectives.synchronize()
+    check(out, 0)
+    sources = [device_values(comm.rank + round_, m * world, "bf16") for round_ in range(3)]
+    for round_ in range(3):
+        x = torch.empty(m * world, dtype=torch.bfloat16, device="cuda")  # the block just freed
+        if round_:
+            assert x.data_ptr() == address, "the caching allocator did not reuse the address"
+        address = x.data_ptr()
+        x.copy_(sources[round_])
+        collectives.reduce_scatter(out, x, backend="peer")  # auto: push for a plain input
+        collectives.synchronize()
+        check(out, round_)
+        del x
 
 
 def test_unaligned_tma_reduce_scatter_is_refused(comm, backend: str) -> None:

@@ -21,6 +21,20 @@ def test_lamport_never_exceeds_its_buffers() -> None:
         assert tuning.all_reduce_algorithm(world, LAMPORT_MAX_BYTES + 16, "peer") != "lamport"
 
 
+def test_plain_all_reduce_tensors_never_pick_tma() -> None:
+    for world in (2, 4, 8):
+        for backend in ("peer", "multicast"):
+            picks = {tuning.all_reduce_algorithm(world, 1 << k, backend, symmetric=False) for k in range(10, 31)}
+            assert "tma" not in picks and "two_shot" in picks, picks
+
+
+def test_plain_reduce_scatter_inputs_are_pushed() -> None:
+    for world in (2, 4, 8):
+        for nbytes in (16, 4096, 1 << 20, 256 << 20):
+            assert tuning.reduce_scatter_algorithm(world, nbytes, "peer", symmetric=False) == "push"
+            assert tuning.reduce_scatter_algorithm(world, nbytes, "peer") != "push"
+
+
 def test_unaligned_reduce_scatter_never_picks_tma() -> None:
     assert tuning.reduce_scatter_algorithm(4, 1 << 30, "peer", aligned=False) == "one_shot"
     assert tuning.reduce_scatter_algorithm(4, 4096, "peer") == "one_shot"

@@ -52,12 +52,15 @@ def blocks(key: KernelKey) -> SimpleNamespace:
     op = key.op
     unroll = 2 if vec > 1 else 1
 
+    # The barrier collective's block made no accesses before its barrier: no bar.sync first.
+    sync = key.collective != "barrier"
+
     @cute.jit
     def barrier(pad_table, pad_mc, pad, rank, block, epoch, deadline, err, which, size):
         if cutlass.const_expr(multicast):
-            return signals.barrier_multicast(pad_mc, pad, rank, block, epoch, deadline, err, which, size, world)
+            return signals.barrier_multicast(pad_mc, pad, rank, block, epoch, deadline, err, which, size, world, sync)
         else:
-            return signals.barrier_peer(pad_table, rank, block, epoch, deadline, err, which, size, world)
+            return signals.barrier_peer(pad_table, pad, rank, block, epoch, deadline, err, which, size, world, sync)
 
     @cute.jit
     def load_reduce(addrs, mc, offsets, n: cutlass.Constexpr):
@@ -161,10 +164,11 @@ def tile_timeout(landed, err, rank):
         signals.record_error(err, Int32(TIMEOUT), Int32(DATA_PHASE), rank, cute.arch.block_idx()[0], rank)
 
 
-def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable, move: Callable | None = None,
-           gather: Callable | None = None, buffers: Callable | None = None):
+def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable | None, move: Callable | None = None,
+           gather: Callable | None = None, buffers: Callable | None = None, push: Callable | None = None):
     """The ``@cute.jit`` launcher of ``key``'s kernel: ``stage(src, own, n, first, step)`` (for
-    ``stage_in``), the start barrier, ``move(addrs, data_mc, out, n, rank, first, step, buffers,
+    ``stage_in``; or, given ``push``, ``push(addrs, src, n, rank, first, step)`` storing the
+    input into other ranks' buffers instead), the start barrier, ``move(addrs, data_mc, out, n, rank, first, step, buffers,
     deadline, err)`` (the data phase; none for a bare barrier), the end barrier (unless
     ``end_barrier=False``) and ``gather(src, out, n, first, step)`` (for ``gather_out``).
     ``buffers(smem)`` allocates the shared memory ``move`` takes."""
@@ -188,22 +192,28 @@ def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable, move: Callable |
         size = Uint32(n)
         first = Int64(block) * threads + tidx
         step = Int64(blocks) * threads
-        if cutlass.const_expr(key.stage_in):
+        addrs = None
+        if cutlass.const_expr(push is not None):
+            addrs = [signals.peer_address(data_table, Int32(r)) for r in range(world)]
+            push(addrs, src, n, rank, first, step)
+        elif cutlass.const_expr(key.stage_in):
             stage(src, signals.peer_address(data_table, rank), n, first, step)
         ok = b.barrier(pad_table, pad_mc, pad, rank, block, epoch + Uint32(1), deadline, err, Int32(0), size)
-        ok = signals.block_all(flag, ok)
-        addrs = [signals.peer_address(data_table, Int32(r)) for r in range(world)]
-        if cutlass.const_expr(move is not None and not key.end_barrier):
-            if ok:
-                move(addrs, data_mc, out, n, rank, first, step, shared, deadline, err)
-        if cutlass.const_expr(key.barriers == 2):
-            if ok:
-                move(addrs, data_mc, out, n, rank, first, step, shared, deadline, err)
-                ok2 = b.barrier(pad_table, pad_mc, pad, rank, block, epoch + Uint32(2), deadline, err, Int32(1), size)
-                ok2 = signals.block_all(flag, ok2)
-                if cutlass.const_expr(key.gather_out):
-                    if ok2:
-                        gather(signals.peer_address(data_table, rank), out, n, first, step)
+        if cutlass.const_expr(move is not None):  # a bare barrier has nothing to guard
+            ok = signals.block_all(flag, ok)
+            if cutlass.const_expr(push is None):
+                addrs = [signals.peer_address(data_table, Int32(r)) for r in range(world)]
+            if cutlass.const_expr(not key.end_barrier):
+                if ok:
+                    move(addrs, data_mc, out, n, rank, first, step, shared, deadline, err)
+            if cutlass.const_expr(key.barriers == 2):
+                if ok:
+                    move(addrs, data_mc, out, n, rank, first, step, shared, deadline, err)
+                    ok2 = b.barrier(pad_table, pad_mc, pad, rank, block, epoch + Uint32(2), deadline, err, Int32(1), size)
+                    ok2 = signals.block_all(flag, ok2)
+                    if cutlass.const_expr(key.gather_out):
+                        if ok2:
+                            gather(signals.peer_address(data_table, rank), out, n, first, step)
         if tidx == 0:
             signals.advance_epoch(pad, block, epoch + Uint32(key.barriers), world)
 

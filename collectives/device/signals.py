@@ -2,9 +2,10 @@
 
 Every rank owns a pad of uint32 words (see :class:`collectives.config.PadLayout`); the pad is
 zeroed once and never reset.  A barrier passes monotonically growing epochs: rank ``src``
-announces epoch ``e`` by writing ``e`` into ``arrival(block, src)`` of every peer's pad (peer
-flavour) or by adding 1 to ``counter(block)`` through the multicast address (multicast flavour,
-``W * m`` after ``m`` multicast barriers, so the flavours mix); a waiter compares wrap-safely (``int32(seen - want) >= 0``), so a
+announces epoch ``e`` by writing ``size << 32 | e`` into the 64-bit ``arrival(block, src)`` of
+every peer's pad (peer flavour) or by adding 1 to ``counter(block)`` through the multicast
+address (multicast flavour, ``W * m`` after ``m`` multicast barriers, so the flavours mix); a
+waiter compares wrap-safely (``int32(seen - want) >= 0``), so a
 fast rank that is already at ``e + 1`` never confuses a slow one and nothing is ever reset.
 
 Every wait is bounded by a deadline on ``%globaltimer``; a wait that times out writes an error
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Boolean, Int32, Int64, Uint32
+from cutlass import Boolean, Int32, Int64, Uint32, Uint64
 
 import ptxops
 
@@ -89,6 +90,7 @@ def advance_epoch(pad: Int64, block: Int32, epoch: Uint32, world: cutlass.Conste
 @cute.jit
 def barrier_peer(
     pad_table: Int64,
+    pad: Int64,
     rank: Int32,
     block: Int32,
     epoch: Uint32,
@@ -97,27 +99,39 @@ def barrier_peer(
     which: Int32,
     size: Uint32,
     world: cutlass.Constexpr,
+    sync: cutlass.Constexpr = True,
 ) -> Boolean:
     """Peer-flavour barrier of thread block ``block`` with block ``block`` of every rank.
 
-    Threads ``t < world`` each give rank ``t`` our ``size`` and signal it, then wait for rank
-    ``t`` and compare its size with ours; the block's ``sync_threads`` before and after carry
-    the ordering to the other threads.  Returns (in threads ``t < world``) whether rank ``t``
-    arrived before the deadline with the same size.
+    Threads ``t < world`` each load rank ``t``'s pad address once and give it one 64-bit
+    ``st.release.sys`` of ``size << 32 | epoch`` (arrival and size in one store), then poll
+    their own pad (``pad``, no table load) for rank ``t``'s word with ``ld.acquire.sys``.  A
+    word at exactly ``epoch`` carries rank ``t``'s size for this barrier, compared with ours;
+    a word past ``epoch`` means rank ``t`` already passed this barrier, which it does only
+    after comparing our size with its own (and its next barrier may have replaced the size).
+    With ``sync`` a ``bar.sync`` first carries the block's earlier accesses into the release
+    (drop it only where the block made none in this kernel); the caller's sync after the
+    barrier carries the acquire to the other threads.  Returns (in threads ``t < world``)
+    whether rank ``t`` arrived before the deadline with the same size.
     """
     layout = PadLayout(world=world)
     tidx = cute.arch.thread_idx()[0]
     ok = Boolean(True)
-    cute.arch.sync_threads()
+    if cutlass.const_expr(sync):
+        cute.arch.sync_threads()
     if tidx < world:
-        peer_pad = gmem(Uint32, peer_address(pad_table, tidx), 4)
-        ptxops.st(peer_pad + layout.size(block, rank), size)
-        signal(peer_address(pad_table, tidx), layout.arrival(block, rank), epoch)
-        own = gmem(Uint32, peer_address(pad_table, rank), 4)
-        ok = wait_until(own + layout.arrival(block, tidx), epoch, deadline)
-        if not ok:
+        word = (Uint64(size) << 32) | Uint64(epoch)
+        peer = gmem(Uint64, peer_address(pad_table, tidx), 8)
+        ptxops.st_release(peer + layout.arrival(block, rank) // 2, word, scope="sys")
+        own = gmem(Uint64, pad, 8) + layout.arrival(block, tidx) // 2
+        seen = ptxops.ld_acquire(own, scope="sys", dtype=Uint64)
+        while not reached(Uint32(seen & Uint64(0xFFFFFFFF)), epoch) and cute.arch.globaltimer() < deadline:
+            seen = ptxops.ld_acquire(own, scope="sys", dtype=Uint64)
+        seen_epoch = Uint32(seen & Uint64(0xFFFFFFFF))
+        if not reached(seen_epoch, epoch):
+            ok = Boolean(False)
             record_error(err, Int32(TIMEOUT), which, tidx, block, rank)
-        elif ptxops.ld(own + layout.size(block, tidx), dtype=Uint32) != size:
+        elif seen_epoch == epoch and Uint32(seen >> 32) != size:
             ok = Boolean(False)
             record_error(err, Int32(SIZE_MISMATCH), which, tidx, block, rank)
     return ok
@@ -135,10 +149,12 @@ def barrier_multicast(
     which: Int32,
     size: Uint32,
     world: cutlass.Constexpr,
+    sync: cutlass.Constexpr = True,
 ) -> Boolean:
     """Multicast-flavour barrier: thread 0 stores our ``size`` on every rank and adds 1 to the
     block's counter on every rank (``multimem.st`` then ``multimem.red.release.sys``), waits
-    until its own counter has every rank's arrival and compares every rank's size with ours.
+    until its own counter has every rank's arrival and compares every rank's size with ours
+    (``sync`` as for :func:`barrier_peer`).
 
     The counter, not ``epoch``, says how many multicast barriers the block has passed: before
     our arrival at the m-th it holds ``world * m`` plus the ranks already arrived (< world; none
@@ -147,7 +163,8 @@ def barrier_multicast(
     layout = PadLayout(world=world)
     tidx = cute.arch.thread_idx()[0]
     ok = Boolean(True)
-    cute.arch.sync_threads()
+    if cutlass.const_expr(sync):
+        cute.arch.sync_threads()
     if tidx == 0:
         mc = gmem(Uint32, mc_pad, 4)
         own = gmem(Uint32, pad, 4)

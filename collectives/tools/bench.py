@@ -136,6 +136,9 @@ def main(argv: list[str] | None = None) -> None:
                 for algorithm in ("one_shot", "tma", "auto"):
                     record("reduce_scatter", f"ours_{algorithm}", name, nbytes, graph, time_op(
                         lambda a=algorithm: collectives.reduce_scatter(rs_out, ours, algorithm=a, backend="peer"), iters, graph))
+                for algorithm in ("one_shot", "push", "auto"):  # an input outside symmetric memory
+                    record("reduce_scatter", f"ours_{algorithm}_plain_input", name, nbytes, graph, time_op(
+                        lambda a=algorithm: collectives.reduce_scatter(rs_out, plain, algorithm=a, backend="peer"), iters, graph))
                 record("reduce_scatter", "nccl", name, nbytes, graph, time_op(
                     lambda: dist.reduce_scatter_tensor(rs_out, plain), iters, graph))
             collectives.synchronize()
@@ -165,11 +168,7 @@ def report(results: list[dict], world: int, out_dir: str, sms: dict) -> None:
             theirs = index.get(("barrier", "torch_symm_mem", "-", 0, mode))
             print(f"[{mode}] barrier: ours {ours['us']:.2f} us, torch symm_mem {theirs['us']:.2f} us, "
                   f"ours/torch {ours['us'] / theirs['us']:.2f}")
-        for collective, impls, baselines in (
-            ("all_reduce", ("ours_lamport", "ours_one_shot", "ours_two_shot", "ours_tma", "ours_auto",
-                            "ours_auto_plain_tensor"), ("nccl", "torch_one_shot", "torch_two_shot")),
-            ("reduce_scatter", ("ours_one_shot", "ours_tma", "ours_auto"), ("nccl",)),
-        ):
+        for collective, (impls, baselines) in IMPLS.items():
             keys = sorted({(r["dtype"], r["bytes"]) for r in results if r["collective"] == collective and r["mode"] == mode})
             if not keys:
                 continue
@@ -221,7 +220,8 @@ def plot(results: list[dict], world: int, gpu: str, path: str) -> None:
 IMPLS = {
     "all_reduce": (("ours_lamport", "ours_one_shot", "ours_two_shot", "ours_tma", "ours_auto", "ours_auto_plain_tensor"),
                    ("nccl", "torch_one_shot", "torch_two_shot")),
-    "reduce_scatter": (("ours_one_shot", "ours_tma", "ours_auto"), ("nccl",)),
+    "reduce_scatter": (("ours_one_shot", "ours_tma", "ours_auto", "ours_one_shot_plain_input",
+                        "ours_push_plain_input", "ours_auto_plain_input"), ("nccl",)),
 }
 
 

@@ -1,0 +1,131 @@
+"""Bounded memory of the collectives: the plan cache and the staging buffers (pure Python).
+
+Plans are keyed on data pointers, so a program that keeps allocating new tensors would grow
+an unbounded dict: :class:`PlanCache` keeps the :data:`~collectives.config.PLAN_CACHE_SIZE`
+most recently used.  Evicting a plan frees nothing (it holds no memory of its own), so ranks
+may evict differently without consequence.
+
+Staging buffers are symmetric, and symmetric allocations and frees are collective: every rank
+must make the same ones in the same order.  :class:`StagingPool` therefore allocates and frees
+only at points every rank reaches in the same call: the first call whose size exceeds a
+slot's capacity (the capacity is a function of the sizes called so far, which every rank
+shares, never of plan-cache hits, which are not shared).  There the slot grows to the next
+power of two and its superseded buffer is freed: the plans holding it are dropped (a later
+call plans again on the new buffer), every rank's queued kernels finish first (a host
+barrier), unless a plan made under CUDA-graph capture on any rank holds it (agreed across
+ranks), in which case a graph may replay it and it stays allocated.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any, Protocol
+
+import torch
+
+from .config import PLAN_CACHE_SIZE
+
+#: Smallest staging buffer (bytes).
+STAGING_MIN_BYTES = 1 << 20
+
+
+class Holder(Protocol):
+    """What the cache needs of a plan: the data pointers of the staging buffers it holds."""
+
+    holds: tuple[int, ...]
+
+
+class PlanCache:
+    """Prepared plans by call key, at most ``capacity``, least recently used evicted first."""
+
+    __slots__ = ("_plans", "capacity")
+
+    def __init__(self, capacity: int = PLAN_CACHE_SIZE) -> None:
+        self._plans: OrderedDict[Hashable, Any] = OrderedDict()
+        self.capacity = capacity
+
+    def get(self, key: Hashable) -> Any:
+        plan = self._plans.get(key)
+        if plan is not None:
+            self._plans.move_to_end(key)
+        return plan
+
+    def __setitem__(self, key: Hashable, plan: Any) -> None:
+        self._plans[key] = plan
+        self._plans.move_to_end(key)
+        while len(self._plans) > self.capacity:
+            self._plans.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def drop_holding(self, ptr: int) -> None:
+        """Forget every plan that holds the staging buffer at ``ptr``."""
+        for key in [k for k, p in self._plans.items() if ptr in p.holds]:
+            del self._plans[key]
+
+
+class Allocator(Protocol):
+    """What the pool needs of the symmetric-memory context (real: :class:`~collectives.symmetric.Context`)."""
+
+    def empty(self, shape: int, dtype: torch.dtype) -> torch.Tensor: ...  # collective
+
+    def free(self, t: torch.Tensor) -> None: ...  # collective
+
+    def host_barrier(self) -> None: ...  # every rank's queued GPU work done
+
+    def agree_any(self, flag: bool) -> bool: ...  # collective OR
+
+
+def capacity(nbytes: int) -> int:
+    """Bytes of the staging buffer that serves ``nbytes``: the next power of two, at least
+    :data:`STAGING_MIN_BYTES` (so a slot grows O(log size) times, to under twice the largest call)."""
+    return max(STAGING_MIN_BYTES, 1 << (max(nbytes, 1) - 1).bit_length())
+
+
+class StagingPool:
+    """Staging slots 0, 1 (the single-barrier collectives, in turn), 2 (the staged collectives
+    with an end barrier) and 3 (push collectives with an end barrier: see
+    :func:`collectives.api._two_barrier_slot`).
+
+    ``forget(ptr)`` is called for each buffer freed (drop cached views of it)."""
+
+    def __init__(self, ctx: Allocator, plans: PlanCache, forget: Callable[[int], None]) -> None:
+        self.ctx, self.plans, self.forget = ctx, plans, forget
+        self.current: list[torch.Tensor | None] = [None] * 4
+        self.pinned: list[torch.Tensor] = []  # superseded, held by a captured graph: never freed
+        self._captured: set[int] = set()  # data pointers of current buffers a captured plan holds
+
+    def get(self, nbytes: int, which: int) -> torch.Tensor:
+        """Slot ``which``'s buffer, of at least ``nbytes`` (grown collectively: every rank
+        reaches here with the same sizes, or the allocation's size check raises)."""
+        old = self.current[which]
+        if old is not None and old.numel() >= nbytes:
+            return old
+        if old is not None:
+            self._retire(old)
+        self.current[which] = self.ctx.empty(capacity(nbytes), torch.uint8)
+        return self.current[which]
+
+    def owns(self, ptr: int) -> bool:
+        return any(t is not None and t.data_ptr() == ptr for t in self.current)
+
+    def capture(self, ptr: int) -> None:
+        """A plan made under CUDA-graph capture holds the buffer at ``ptr``: never free it."""
+        self._captured.add(ptr)
+
+    def _retire(self, old: torch.Tensor) -> None:
+        ptr = old.data_ptr()
+        if self.ctx.agree_any(ptr in self._captured):
+            self._captured.discard(ptr)
+            self.pinned.append(old)
+            return
+        self.plans.drop_holding(ptr)
+        self.ctx.host_barrier()  # no rank's queued kernel still reads or writes it
+        self.ctx.free(old)
+        self.forget(ptr)
+
+    @property
+    def live_bytes(self) -> int:
+        return sum(t.numel() for t in self.current if t is not None) + sum(t.numel() for t in self.pinned)
