@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-COLLECTIVES = ("all_reduce", "reduce_scatter", "barrier")
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "barrier")
 ALGORITHMS = {
     "all_reduce": ("one_shot", "two_shot", "lamport", "tma"),
     "reduce_scatter": ("one_shot", "tma"),
+    "all_gather": ("one_shot", "tma"),
     "barrier": ("one_shot",),
 }
 BACKENDS = ("multicast", "peer")
