@@ -1,4 +1,4 @@
-"""The Python API: ``all_reduce``, ``reduce_scatter``, ``barrier``, ``empty``, ``synchronize``.
+"""The Python API: ``all_reduce``, ``reduce_scatter``, ``all_gather``, ``barrier``, ``empty``, ``synchronize``.
 
 Collectives run on the current torch stream and are capturable in a CUDA graph once warmed up
 (one eager call with the same tensors compiles the kernel and builds its plan).  A tensor from
@@ -141,7 +141,7 @@ def _check_algorithm(collective: str, algorithm: str, nbytes: int, aligned: bool
     if algorithm == "tma" and not aligned:
         raise CollectiveError(
             f"tma {collective} moves 16-byte tiles: its tensors (and a reduce-scatter's output "
-            "size) must be 16-byte aligned; use algorithm='auto'"
+            "or an all-gather's input size) must be 16-byte aligned; use algorithm='auto'"
         )
 
 
@@ -214,6 +214,57 @@ def _reduce_scatter_plan(comm: Communicator, out, inp, op, algorithm, backend, c
     if alternate:
         _prepare_capture(comm, key, nbytes)
     return comm.plan(key, data, out.data_ptr(), src, out.numel(), comm.blocks(key, work))
+
+
+def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", backend: str = "auto") -> torch.Tensor:
+    """Block ``r`` of ``out`` (W*M elements) = rank ``r``'s ``inp`` (M elements), on every rank.
+
+    Each rank stores its ``inp`` into block ``rank`` of every rank's symmetric buffer (one
+    ``multimem.st`` per vector, or one store per peer) between a start and an end barrier;
+    a symmetric ``out`` is that buffer (zero-copy), any other is copied from an internal one.
+    ``algorithm``: ``"one_shot"`` (16-byte vectors, or one element at a time when the tensors
+    or M are not 16-byte aligned), ``"tma"`` (bulk copies on at most a quarter of the SMs;
+    16-byte aligned tensors and block size) or ``"auto"``; ``backend`` as for all_reduce."""
+    comm = communicator()
+    comm.check()
+    key = ("all_gather", inp.data_ptr(), inp.numel(), inp.dtype, inp.is_contiguous(),
+           out.data_ptr(), out.numel(), out.dtype, out.is_contiguous(), algorithm, backend)
+    plan = comm.plans.get(key)
+    if plan is None:
+        plan = _all_gather_plan(comm, out, inp, algorithm, backend)
+        if plan is None:
+            return out
+        comm.plans[key] = plan
+    plan.run()
+    return out
+
+
+def _all_gather_plan(comm: Communicator, out, inp, algorithm, backend):
+    dtype = _dtype(comm, inp)
+    _dtype(comm, out)
+    if out.dtype != inp.dtype:
+        raise CollectiveError(f"all_gather: out is {out.dtype}, inp is {inp.dtype}")
+    if out.numel() != comm.world * inp.numel():
+        raise CollectiveError(
+            f"all_gather: out has {out.numel()} elements, inp {inp.numel()}; out must have "
+            f"world_size ({comm.world}) x inp elements"
+        )
+    backend = _backend(comm, backend, dtype)
+    if inp.numel() == 0:
+        return None
+    nbytes = out.numel() * out.element_size()
+    whole_vectors = inp.numel() * inp.element_size() % VECTOR_BYTES == 0
+    pointers_aligned = _aligned(inp, out)
+    aligned = whole_vectors and pointers_aligned
+    if algorithm == "auto":
+        algorithm = tuning.all_gather_algorithm(comm.world, nbytes, backend, aligned)
+    _check_algorithm("all_gather", algorithm, nbytes, aligned)
+    zero_copy = comm.ctx.is_symmetric(out)
+    data = comm.buffer(out if zero_copy else comm.staging(nbytes, 2))
+    vector = _vector(dtype, backend, aligned)
+    key = KernelKey("all_gather", algorithm, backend, dtype, comm.world, vector=vector, gather_out=not zero_copy)
+    work = -(-inp.numel() // key.elements_per_access)
+    return comm.plan(key, data, out.data_ptr(), inp.data_ptr(), inp.numel(), comm.blocks(key, work))
 
 
 #: torch.cuda.is_current_stream_capturing without its Python wrapper (per-call cost matters).
