@@ -88,8 +88,12 @@ class KernelKey:
             raise ValueError("only a staged one-shot collective may drop its end barrier")
         if self.algorithm == "tma" and self.vector == 1:
             raise ValueError("tma moves 16-byte tiles: it needs 16-byte aligned data (vector 0)")
-        if self.gather_out and (self.collective, self.algorithm) not in (("all_reduce", "two_shot"), ("all_reduce", "tma")):
-            raise ValueError("gather_out copies a two-shot or TMA all-reduce's result out: not for this algorithm")
+        if self.gather_out and self.collective != "all_gather" and (self.collective, self.algorithm) not in (
+            ("all_reduce", "two_shot"), ("all_reduce", "tma")
+        ):
+            raise ValueError(
+                "gather_out copies a two-shot or TMA all-reduce's or an all-gather's result out: not for this algorithm"
+            )
         if self.algorithm == "lamport" and (self.stage_in or self.gather_out):
             raise ValueError("lamport reads its input and writes its output in place: no staging")
 

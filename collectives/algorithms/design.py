@@ -14,9 +14,10 @@ a key:
 
 ``data_table``  device table of every rank's data buffer address (int64[W])
 ``data_mc``     the data buffer's multicast address (multicast backend; 0 otherwise)
-``out``         this rank's output (all-reduce one-shot, reduce-scatter, gathered two-shot)
-``src``         this rank's input when it is not symmetric (``stage_in``: copied in-kernel)
-``n``           elements per rank (all-reduce) or per output (reduce-scatter)
+``out``         this rank's output (all-reduce one-shot, reduce-scatter, gathered two-shot, all-gather)
+``src``         this rank's input when it is not symmetric (``stage_in``: copied in-kernel), or
+                the input an all-gather pushes
+``n``           elements per rank (all-reduce, all-gather's input) or per output (reduce-scatter)
 ``pad_table``   device table of every rank's signal pad; ``pad_mc`` its multicast address;
 ``pad``         this rank's signal pad (its entry of ``pad_table``, saving the kernel a load)
 ``err``         the error record (host-mapped int32[5])
@@ -34,7 +35,7 @@ from cutlass.memory import SmemAllocator
 
 import ptxops
 
-from ..config import DATA_PHASE, DTYPES, TIMEOUT, KernelKey
+from ..config import DATA_PHASE, DTYPES, TIMEOUT, VECTOR_BYTES, KernelKey
 from ..device import reduce, signals
 from ..device.reduce import ACC, DTYPE
 from ..launch import launcher
@@ -50,6 +51,7 @@ def blocks(key: KernelKey) -> SimpleNamespace:
     multicast = key.backend == "multicast"
     op = key.op
     unroll = 2 if vec > 1 else 1
+    tile_vectors = key.tile_bytes // VECTOR_BYTES
 
     @cute.jit
     def barrier(pad_table, pad_mc, pad, rank, block, epoch, deadline, err, which, size):
@@ -97,6 +99,22 @@ def blocks(key: KernelKey) -> SimpleNamespace:
         while j < end:
             store_local(dst, j, ptxops.ld(signals.gmem(dtype, src, dtype.width // 8) + j), 1)
             j += step
+
+    @cute.jit
+    def copy_tiles(src, dst, begin, end):
+        """dst[v] = src[v] for the whole vectors v in [begin, end) of the TMA tiles this block
+        moves (tile ``t`` of the range, of ``key.tile_bytes``, goes to block ``t % blocks``:
+        the split of :func:`collectives.device.tiles.reduce_tiles`)."""
+        tidx = cute.arch.thread_idx()[0]
+        block = cute.arch.block_idx()[0]
+        blocks = cute.arch.grid_dim()[0]
+        t = Int64(block)
+        while t * tile_vectors < end - begin:
+            v = begin + t * tile_vectors + tidx
+            while v < cutlass.min(begin + (t + 1) * tile_vectors, end):
+                copy_vector(src, dst, v * vec)
+                v += threads
+            t += blocks
 
     @cute.jit
     def copy_slices(src, dst, n, first, step, copy_slice):
@@ -148,7 +166,7 @@ def blocks(key: KernelKey) -> SimpleNamespace:
     return SimpleNamespace(
         world=world, threads=threads, dtype=dtype, acc=acc, vec=vec, multicast=multicast, op=op,
         barrier=barrier, load_reduce=load_reduce, store_all=store_all, store_local=store_local,
-        copy_vector=copy_vector, copy_local=copy_local, copy_slices=copy_slices,
+        copy_vector=copy_vector, copy_local=copy_local, copy_tiles=copy_tiles, copy_slices=copy_slices,
         each_vector=each_vector, own_slice=own_slice, reduce_tail=reduce_tail, stage_whole=stage_whole,
     )
 
@@ -163,8 +181,8 @@ def tile_timeout(landed, err, rank):
 def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable, move: Callable | None = None,
            gather: Callable | None = None, buffers: Callable | None = None):
     """The ``@cute.jit`` launcher of ``key``'s kernel: ``stage(src, own, n, first, step)`` (for
-    ``stage_in``), the start barrier, ``move(addrs, data_mc, out, n, rank, first, step, buffers,
-    deadline, err)`` (the data phase; none for a bare barrier), the end barrier (unless
+    ``stage_in``), the start barrier, ``move(addrs, data_mc, out, src, n, rank, first, step,
+    buffers, deadline, err)`` (the data phase; none for a bare barrier), the end barrier (unless
     ``end_barrier=False``) and ``gather(src, out, n, first, step)`` (for ``gather_out``).
     ``buffers(smem)`` allocates the shared memory ``move`` takes."""
     world, threads = key.world, key.threads
@@ -194,10 +212,10 @@ def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable, move: Callable |
         addrs = [signals.peer_address(data_table, Int32(r)) for r in range(world)]
         if cutlass.const_expr(move is not None and not key.end_barrier):
             if ok:
-                move(addrs, data_mc, out, n, rank, first, step, shared, deadline, err)
+                move(addrs, data_mc, out, src, n, rank, first, step, shared, deadline, err)
         if cutlass.const_expr(key.barriers == 2):
             if ok:
-                move(addrs, data_mc, out, n, rank, first, step, shared, deadline, err)
+                move(addrs, data_mc, out, src, n, rank, first, step, shared, deadline, err)
                 ok2 = b.barrier(pad_table, pad_mc, pad, rank, block, epoch + Uint32(2), deadline, err, Int32(1), size)
                 ok2 = signals.block_all(flag, ok2)
                 if cutlass.const_expr(key.gather_out):
