@@ -24,6 +24,7 @@ from .errors import CollectiveError, CollectiveTimeout, MulticastUnavailable, Sy
 
 _LAZY = {"init", "current", "is_symmetric", "Context", "ALIGN"}  # from .symmetric
 _API = {"all_gather", "all_reduce", "reduce_scatter", "barrier", "empty", "synchronize"}  # from .api (torch)
+_OVERLAP = {"gemm_reduce_scatter", "all_gather_gemm"}  # from .overlap (torch)
 
 __all__ = [
     # errors
@@ -35,6 +36,8 @@ __all__ = [
     "ALIGN", "Context", "current", "init", "is_symmetric",
     # collectives (lazy, see _API)
     "all_gather", "all_reduce", "barrier", "empty", "reduce_scatter", "synchronize",
+    # GEMM overlapped with communication (lazy, see _OVERLAP)
+    "all_gather_gemm", "gemm_reduce_scatter",
 ]
 
 
@@ -47,5 +50,10 @@ def __getattr__(name: str) -> Any:
         from . import api
 
         value = globals()[name] = getattr(api, name)  # later lookups skip this hook
+        return value
+    if name in _OVERLAP:
+        from . import overlap
+
+        value = globals()[name] = getattr(overlap, name)
         return value
     raise AttributeError(f"module 'collectives' has no attribute {name!r}")
