@@ -15,8 +15,7 @@ a key:
 ``data_table``  device table of every rank's data buffer address (int64[W])
 ``data_mc``     the data buffer's multicast address (multicast backend; 0 otherwise)
 ``out``         this rank's output (all-reduce one-shot, reduce-scatter, gathered two-shot, all-gather)
-``src``         this rank's input when it is not symmetric (``stage_in``: copied in-kernel), or
-                the input an all-gather pushes
+``src``         this rank's input (``stage_in``: copied in-kernel; all-gather: pushed)
 ``n``           elements per rank (all-reduce, all-gather's input) or per output (reduce-scatter)
 ``pad_table``   device table of every rank's signal pad; ``pad_mc`` its multicast address;
 ``pad``         this rank's signal pad (its entry of ``pad_table``, saving the kernel a load)
