@@ -177,23 +177,11 @@ def reduce_scatter(
 
 
 def _reduce_scatter_plan(comm: Communicator, out, inp, op, algorithm, backend, capturing: bool):
-    dtype = _dtype(comm, inp)
-    _dtype(comm, out)
-    if out.dtype != inp.dtype:
-        raise CollectiveError(f"reduce_scatter: out is {out.dtype}, inp is {inp.dtype}")
-    if not out.is_contiguous():
-        raise CollectiveError("reduce_scatter: out must be contiguous")
-    if inp.numel() != comm.world * out.numel():
-        raise CollectiveError(
-            f"reduce_scatter: inp has {inp.numel()} elements, out {out.numel()}; inp must have "
-            f"world_size ({comm.world}) x out elements"
-        )
+    dtype, whole_vectors, pointers_aligned = _block_pair(comm, "reduce_scatter", out, inp, out)
     backend = _backend(comm, backend, dtype)
     if out.numel() == 0:
         return None
     nbytes = inp.numel() * inp.element_size()
-    whole_vectors = out.numel() * out.element_size() % VECTOR_BYTES == 0
-    pointers_aligned = _aligned(inp, out)
     aligned = whole_vectors and pointers_aligned
     if algorithm == "auto":
         algorithm = tuning.reduce_scatter_algorithm(comm.world, nbytes, backend, aligned)
@@ -240,31 +228,39 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
 
 
 def _all_gather_plan(comm: Communicator, out, inp, algorithm, backend):
-    dtype = _dtype(comm, inp)
-    _dtype(comm, out)
-    if out.dtype != inp.dtype:
-        raise CollectiveError(f"all_gather: out is {out.dtype}, inp is {inp.dtype}")
-    if out.numel() != comm.world * inp.numel():
-        raise CollectiveError(
-            f"all_gather: out has {out.numel()} elements, inp {inp.numel()}; out must have "
-            f"world_size ({comm.world}) x inp elements"
-        )
+    dtype, whole_vectors, pointers_aligned = _block_pair(comm, "all_gather", out, inp, inp)
     backend = _backend(comm, backend, dtype)
     if inp.numel() == 0:
         return None
     nbytes = out.numel() * out.element_size()
-    whole_vectors = inp.numel() * inp.element_size() % VECTOR_BYTES == 0
-    pointers_aligned = _aligned(inp, out)
     aligned = whole_vectors and pointers_aligned
     if algorithm == "auto":
         algorithm = tuning.all_gather_algorithm(comm.world, nbytes, backend, aligned)
     _check_algorithm("all_gather", algorithm, nbytes, aligned)
     zero_copy = comm.ctx.is_symmetric(out)
     data = comm.buffer(out if zero_copy else comm.staging(nbytes, 2))
-    vector = _vector(dtype, backend, aligned)
+    vector = _vector(dtype, backend, pointers_aligned) if whole_vectors else 1
     key = KernelKey("all_gather", algorithm, backend, dtype, comm.world, vector=vector, gather_out=not zero_copy)
     work = -(-inp.numel() // key.elements_per_access)
     return comm.plan(key, data, out.data_ptr(), inp.data_ptr(), inp.numel(), comm.blocks(key, work))
+
+
+def _block_pair(comm: Communicator, collective: str, out: torch.Tensor, inp: torch.Tensor,
+                block: torch.Tensor) -> tuple[str, bool, bool]:
+    """Check ``out`` and ``inp`` of a collective where ``block`` (one of them) is one rank's
+    block of the other; return (dtype, whether a block fills whole 16-byte vectors, whether
+    both start on a 16-byte boundary)."""
+    dtype = _dtype(comm, inp)
+    _dtype(comm, out)
+    if out.dtype != inp.dtype:
+        raise CollectiveError(f"{collective}: out is {out.dtype}, inp is {inp.dtype}")
+    whole, names = (inp, ("inp", "out")) if block is out else (out, ("out", "inp"))
+    if whole.numel() != comm.world * block.numel():
+        raise CollectiveError(
+            f"{collective}: {names[0]} has {whole.numel()} elements, {names[1]} {block.numel()}; "
+            f"{names[0]} must have world_size ({comm.world}) x {names[1]} elements"
+        )
+    return dtype, block.numel() * block.element_size() % VECTOR_BYTES == 0, _aligned(inp, out)
 
 
 #: torch.cuda.is_current_stream_capturing without its Python wrapper (per-call cost matters).

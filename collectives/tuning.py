@@ -58,15 +58,8 @@ RS_TMA_MIN: dict[tuple[str, int], int] = {
 }
 
 #: Smallest all-gather output (bytes per rank, W x the input) from which TMA is chosen over
-#: one-shot.  NOT YET MEASURED: a placeholder at the reduce-scatter crossover's order of size.
-AG_TMA_MIN: dict[tuple[str, int], int] = {
-    ("peer", 2): 64 << 20,
-    ("peer", 4): 64 << 20,
-    ("peer", 8): 64 << 20,
-    ("multicast", 2): 64 << 20,
-    ("multicast", 4): 64 << 20,
-    ("multicast", 8): 64 << 20,
-}
+#: one-shot.  NOT YET MEASURED: the reduce-scatter crossover (same traffic) as a placeholder.
+AG_TMA_MIN: dict[tuple[str, int], int] = dict(RS_TMA_MIN)
 
 #: reduce_scatter stages inputs up to this size (bytes per rank) even when they are symmetric:
 #: the in-kernel copy costs less than the end barrier it saves.
