@@ -105,6 +105,7 @@ def test_staged_and_unaligned_variants_compile() -> None:
         KernelKey("all_gather", "one_shot", "peer", "e4m3", 4, vector=1, gather_out=True),
         KernelKey("all_gather", "tma", "multicast", "bf16", 8, gather_out=True),
         KernelKey("all_gather", "one_shot", "multicast", "f32", 2, gather_out=True),
+        KernelKey("all_gather", "one_shot", "multicast", "bf16", 4, vector=1, gather_out=True),
     ):
         ptx = kernel_ptx(key, "sm_100a" if key.dtype in FP8 else "sm_90a")
         assert ".entry" in ptx, key
