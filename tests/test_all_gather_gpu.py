@@ -21,8 +21,9 @@ ALIGNED_SIZES = [16, 4096, 65536 + 16, (1 << 20) + 64]  # TMA: every block 16-by
 
 
 def gathered(world: int, n: int, dtype: str) -> torch.Tensor:
-    """Every rank's input concatenated in rank order, computed on this GPU (the expected bytes)."""
-    return torch.cat([device_values(r, n, dtype) for r in range(world)])
+    """The bytes of every rank's input concatenated in rank order, computed on this GPU
+    (as bytes: fp8 tensors have few torch ops)."""
+    return torch.cat([device_values(r, n, dtype).view(torch.uint8) for r in range(world)])
 
 
 def check(out: torch.Tensor, world: int, n: int, dtype: str) -> None:
@@ -30,7 +31,7 @@ def check(out: torch.Tensor, world: int, n: int, dtype: str) -> None:
     want = reference.all_gather([reference.round_to(values(r, n), dtype) for r in range(world)])
     got = out.float().cpu().numpy()
     assert np.array_equal(got, want), (n, np.flatnonzero(got != want)[:5])
-    assert torch.equal(out.view(torch.uint8), gathered(world, n, dtype).view(torch.uint8)), n
+    assert torch.equal(out.view(torch.uint8), gathered(world, n, dtype)), n
 
 
 def tensors(comm, n: int, dtype: str, placement: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -47,7 +48,7 @@ def tensors(comm, n: int, dtype: str, placement: str) -> tuple[torch.Tensor, tor
     else:
         out, inp = torch.empty(comm.world * n, dtype=kind, device="cuda"), torch.empty(n, dtype=kind, device="cuda")
     inp.copy_(device_values(comm.rank, n, dtype))
-    out.fill_(-7)
+    out.view(torch.uint8).fill_(0xAB)  # garbage the gather must overwrite
     return out, inp
 
 
@@ -64,11 +65,11 @@ def test_all_gather_matches_reference(comm, dtype: str, algorithm: str, placemen
         return
     for n in ALIGNED_SIZES if algorithm == "tma" else SIZES:
         out, inp = tensors(comm, n, dtype, placement)
-        before = inp.clone()
+        before = inp.view(torch.uint8).clone()
         assert collectives.all_gather(out, inp, algorithm=algorithm, backend="peer") is out
         collectives.synchronize()
         check(out, comm.world, n, dtype)
-        assert torch.equal(inp, before), "all_gather changed its input"
+        assert torch.equal(inp.view(torch.uint8), before), "all_gather changed its input"
 
 
 def test_in_place_input_is_a_block_of_out(comm) -> None:
