@@ -30,17 +30,25 @@ DTYPES = (torch.bfloat16, torch.float16)
 CHUNKS = 4
 VECTOR_BYTES = 16
 
-_WORKSPACE: dict[tuple[int, str], torch.Tensor] = {}
+#: The symmetric workspaces by name, of the context they were allocated in (a new context,
+#: after ``close()``, starts afresh: the old heap is gone).
+_WORKSPACE: dict[str, torch.Tensor] = {}
+_WORKSPACE_CTX: list = [None]
 _SIDE: dict[int, torch.cuda.Stream] = {}
 
 
 def _workspace(comm: Communicator, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """Symmetric buffer ``name`` of at least ``numel`` elements (grown collectively; kept)."""
-    key = (id(comm.ctx), name)
+    """Symmetric buffer ``name`` of at least ``numel`` elements (kept; grown collectively, the
+    smaller one freed)."""
+    if _WORKSPACE_CTX[0] is not comm.ctx:
+        _WORKSPACE.clear()
+        _WORKSPACE_CTX[0] = comm.ctx
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
-    current = _WORKSPACE.get(key)
+    current = _WORKSPACE.get(name)
     if current is None or current.numel() < nbytes:
-        current = _WORKSPACE[key] = comm.ctx.empty(nbytes, torch.uint8)
+        if current is not None:  # collective, after every rank's GPU work: heap space is finite
+            comm.ctx.free(current)
+        current = _WORKSPACE[name] = comm.ctx.empty(nbytes, torch.uint8)
     return current[:nbytes].view(dtype)
 
 

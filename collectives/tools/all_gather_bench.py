@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> None:
                 collectives.synchronize()
                 if comm.rank == 0:
                     print(f"{mode:6} {world * n * size:>10} {label:9} {nccl:9.1f} " + " ".join(row), flush=True)
+            comm.ctx.free(sym_in)
+            comm.ctx.free(sym_out)
     torch.cuda.synchronize()
     dist.barrier()
     collectives.current().close()
