@@ -1,6 +1,6 @@
 """Multi-GPU collectives (barrier, all-reduce, reduce-scatter) in CuTeDSL on symmetric memory.
 
-``collectives.all_reduce / reduce_scatter / barrier / empty`` (:mod:`collectives.api`) run the
+``collectives.all_reduce / reduce_scatter / all_gather / barrier / empty`` (:mod:`collectives.api`) run the
 kernels of :mod:`collectives.algorithms` (one module per algorithm), built from the device building blocks of
 :mod:`collectives.device` and ptxops.  Host layer: :mod:`collectives.errors`,
 :mod:`collectives.capability` (backend detection: NVLink multicast vs. peer) and
@@ -23,7 +23,8 @@ from .capability import (
 from .errors import CollectiveError, CollectiveTimeout, MulticastUnavailable, SymmetricMemoryError
 
 _LAZY = {"init", "current", "is_symmetric", "Context", "ALIGN"}  # from .symmetric
-_API = {"all_reduce", "reduce_scatter", "barrier", "empty", "synchronize"}  # from .api (torch)
+_API = {"all_gather", "all_reduce", "reduce_scatter", "barrier", "empty", "synchronize"}  # from .api (torch)
+_OVERLAP = {"gemm_reduce_scatter", "all_gather_gemm"}  # from .overlap (torch)
 
 __all__ = [
     # errors
@@ -34,7 +35,9 @@ __all__ = [
     # symmetric memory (lazy, see _LAZY)
     "ALIGN", "Context", "current", "init", "is_symmetric",
     # collectives (lazy, see _API)
-    "all_reduce", "barrier", "empty", "reduce_scatter", "synchronize",
+    "all_gather", "all_reduce", "barrier", "empty", "reduce_scatter", "synchronize",
+    # GEMM overlapped with communication (lazy, see _OVERLAP)
+    "all_gather_gemm", "gemm_reduce_scatter",
 ]
 
 
@@ -47,5 +50,10 @@ def __getattr__(name: str) -> Any:
         from . import api
 
         value = globals()[name] = getattr(api, name)  # later lookups skip this hook
+        return value
+    if name in _OVERLAP:
+        from . import overlap
+
+        value = globals()[name] = getattr(overlap, name)
         return value
     raise AttributeError(f"module 'collectives' has no attribute {name!r}")

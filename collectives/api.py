@@ -1,4 +1,4 @@
-"""The Python API: ``all_reduce``, ``reduce_scatter``, ``barrier``, ``empty``, ``synchronize``.
+"""The Python API: ``all_reduce``, ``reduce_scatter``, ``all_gather``, ``barrier``, ``empty``, ``synchronize``.
 
 Collectives run on the current torch stream and are capturable in a CUDA graph once warmed up
 (one eager call with the same tensors compiles the kernel and builds its plan).  A tensor from
@@ -139,7 +139,7 @@ def _check_algorithm(collective: str, algorithm: str, nbytes: int, aligned: bool
     if algorithm == "tma" and not aligned:
         raise CollectiveError(
             f"tma {collective} moves 16-byte tiles: its tensors (and a reduce-scatter's output "
-            "size) must be 16-byte aligned; use algorithm='auto'"
+            "or an all-gather's input size) must be 16-byte aligned; use algorithm='auto'"
         )
 
 
@@ -184,23 +184,11 @@ def reduce_scatter(
 
 
 def _reduce_scatter_plan(comm: Communicator, out, inp, op, algorithm, backend, capturing: bool):
-    dtype = _dtype(comm, inp)
-    _dtype(comm, out)
-    if out.dtype != inp.dtype:
-        raise CollectiveError(f"reduce_scatter: out is {out.dtype}, inp is {inp.dtype}")
-    if not out.is_contiguous():
-        raise CollectiveError("reduce_scatter: out must be contiguous")
-    if inp.numel() != comm.world * out.numel():
-        raise CollectiveError(
-            f"reduce_scatter: inp has {inp.numel()} elements, out {out.numel()}; inp must have "
-            f"world_size ({comm.world}) x out elements"
-        )
+    dtype, whole_vectors, pointers_aligned = _block_pair(comm, "reduce_scatter", out, inp, out)
     backend = comm.choose_backend(backend, dtype)
     if out.numel() == 0:
         return None
     nbytes = inp.numel() * inp.element_size()
-    whole_vectors = out.numel() * out.element_size() % VECTOR_BYTES == 0
-    pointers_aligned = _aligned(inp, out)
     aligned = whole_vectors and pointers_aligned
     symmetric = comm.ctx.is_symmetric(inp)
     if algorithm == "auto":
@@ -224,6 +212,65 @@ def _reduce_scatter_plan(comm: Communicator, out, inp, op, algorithm, backend, c
     if alternate:
         _prepare_capture(comm, key, nbytes)
     return comm.plan(key, data, out.data_ptr(), src, out.numel(), comm.blocks(key, work))
+
+
+def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", backend: str = "auto") -> torch.Tensor:
+    """Block ``r`` of ``out`` (W*M elements) = rank ``r``'s ``inp`` (M elements), on every rank.
+
+    Each rank stores its ``inp`` into block ``rank`` of every rank's symmetric buffer (one
+    ``multimem.st`` per vector, or one store per peer) between a start and an end barrier;
+    a symmetric ``out`` is that buffer (zero-copy), any other is copied from an internal one.
+    ``algorithm``: ``"one_shot"`` (16-byte vectors, or one element at a time when the tensors
+    or M are not 16-byte aligned), ``"tma"`` (bulk copies on at most a quarter of the SMs;
+    16-byte aligned tensors and block size) or ``"auto"``; ``backend`` as for all_reduce."""
+    comm = communicator()
+    comm.check()
+    key = ("all_gather", inp.data_ptr(), inp.numel(), inp.dtype, inp.is_contiguous(),
+           out.data_ptr(), out.numel(), out.dtype, out.is_contiguous(), algorithm, backend)
+    plan = comm.plans.get(key)
+    if plan is None:
+        plan = _all_gather_plan(comm, out, inp, algorithm, backend)
+        if plan is None:
+            return out
+        comm.plans[key] = plan
+    plan.run()
+    return out
+
+
+def _all_gather_plan(comm: Communicator, out, inp, algorithm, backend):
+    dtype, whole_vectors, pointers_aligned = _block_pair(comm, "all_gather", out, inp, inp)
+    backend = comm.choose_backend(backend, dtype)
+    if inp.numel() == 0:
+        return None
+    nbytes = out.numel() * out.element_size()
+    aligned = whole_vectors and pointers_aligned
+    if algorithm == "auto":
+        algorithm = tuning.all_gather_algorithm(comm.world, nbytes, backend, aligned)
+    _check_algorithm("all_gather", algorithm, nbytes, aligned)
+    zero_copy = comm.ctx.is_symmetric(out)
+    data = comm.buffer(out if zero_copy else comm.staging(nbytes, 2))
+    vector = _vector(dtype, backend, pointers_aligned) if whole_vectors else 1
+    key = KernelKey("all_gather", algorithm, backend, dtype, comm.world, vector=vector, gather_out=not zero_copy)
+    work = -(-inp.numel() // key.elements_per_access)
+    return comm.plan(key, data, out.data_ptr(), inp.data_ptr(), inp.numel(), comm.blocks(key, work))
+
+
+def _block_pair(comm: Communicator, collective: str, out: torch.Tensor, inp: torch.Tensor,
+                block: torch.Tensor) -> tuple[str, bool, bool]:
+    """Check ``out`` and ``inp`` of a collective where ``block`` (one of them) is one rank's
+    block of the other; return (dtype, whether a block fills whole 16-byte vectors, whether
+    both start on a 16-byte boundary)."""
+    dtype = _dtype(comm, inp)
+    _dtype(comm, out)
+    if out.dtype != inp.dtype:
+        raise CollectiveError(f"{collective}: out is {out.dtype}, inp is {inp.dtype}")
+    whole, names = (inp, ("inp", "out")) if block is out else (out, ("out", "inp"))
+    if whole.numel() != comm.world * block.numel():
+        raise CollectiveError(
+            f"{collective}: {names[0]} has {whole.numel()} elements, {names[1]} {block.numel()}; "
+            f"{names[0]} must have world_size ({comm.world}) x {names[1]} elements"
+        )
+    return dtype, block.numel() * block.element_size() % VECTOR_BYTES == 0, _aligned(inp, out)
 
 
 #: torch.cuda.is_current_stream_capturing without its Python wrapper (per-call cost matters).

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-COLLECTIVES = ("all_reduce", "reduce_scatter", "barrier")
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "barrier")
 ALGORITHMS = {
     "all_reduce": ("one_shot", "two_shot", "lamport", "tma"),
     "reduce_scatter": ("one_shot", "tma", "push"),
+    "all_gather": ("one_shot", "tma"),
     "barrier": ("one_shot",),
 }
 BACKENDS = ("multicast", "peer", "multicast_emulated")
@@ -49,8 +50,8 @@ class KernelKey:
     """The compile-time choices of one collective kernel.
 
     ``vector`` is the elements each thread moves at once (16 bytes' worth, or 1 for data that
-    is not 16-byte aligned); ``gather_out`` makes a two-shot all-reduce copy the result from the symmetric buffer to a
-    separate output; ``stage_in`` makes the kernel copy a non-symmetric input into this rank's
+    is not 16-byte aligned); ``gather_out`` makes a two-shot all-reduce or an all-gather copy the result from the
+    symmetric buffer to a separate output; ``stage_in`` makes the kernel copy a non-symmetric input into this rank's
     symmetric buffer before the start barrier (instead of a separate copy); ``end_barrier=False``
     drops the end barrier of a one-shot collective whose symmetric buffers the caller
     alternates between two (a rank cannot reuse a buffer before every rank has started the
@@ -94,8 +95,12 @@ class KernelKey:
             raise ValueError("push sends a non-symmetric input (stage_in=True) straight to its owners")
         if self.algorithm == "tma" and self.vector == 1:
             raise ValueError("tma moves 16-byte tiles: it needs 16-byte aligned data (vector 0)")
-        if self.gather_out and (self.collective, self.algorithm) not in (("all_reduce", "two_shot"), ("all_reduce", "tma")):
-            raise ValueError("gather_out copies a two-shot or TMA all-reduce's result out: not for this algorithm")
+        if self.gather_out and self.collective != "all_gather" and (self.collective, self.algorithm) not in (
+            ("all_reduce", "two_shot"), ("all_reduce", "tma")
+        ):
+            raise ValueError(
+                "gather_out copies a two-shot or TMA all-reduce's or an all-gather's result out: not for this algorithm"
+            )
         if self.algorithm == "lamport" and (self.stage_in or self.gather_out):
             raise ValueError("lamport reads its input and writes its output in place: no staging")
 

@@ -72,3 +72,11 @@ def reduce_scatter(inputs: Sequence[np.ndarray], dtype: str, op: str = "sum") ->
     if total.size % world:
         raise ValueError(f"{total.size} elements do not split into {world} equal blocks")
     return list(total.reshape(world, -1))
+
+
+def all_gather(inputs: Sequence[np.ndarray]) -> np.ndarray:
+    """What every rank holds after ``all_gather``: the inputs concatenated in rank order
+    (a copy: bit-exact in every dtype and backend)."""
+    if not inputs:
+        raise ValueError("all_gather needs at least one rank's input")
+    return np.concatenate([np.asarray(x, dtype=np.float32).ravel() for x in inputs])

@@ -57,6 +57,10 @@ RS_TMA_MIN: dict[tuple[str, int], int] = {
     ("multicast", 8): 64 << 20,
 }
 
+#: Smallest all-gather output (bytes per rank, W x the input) from which TMA is chosen over
+#: one-shot.  NOT YET MEASURED: the reduce-scatter crossover (same traffic) as a placeholder.
+AG_TMA_MIN: dict[tuple[str, int], int] = dict(RS_TMA_MIN)
+
 #: reduce_scatter stages inputs up to this size (bytes per rank) even when they are symmetric:
 #: the in-kernel copy costs less than the end barrier it saves.
 STAGE_MAX_BYTES = 4 << 20
@@ -91,5 +95,13 @@ def reduce_scatter_algorithm(world: int, nbytes: int, backend: str, aligned: boo
     if not symmetric:
         return "push"
     if aligned and nbytes >= _lookup(RS_TMA_MIN, backend, world):
+        return "tma"
+    return "one_shot"
+
+
+def all_gather_algorithm(world: int, nbytes: int, backend: str, aligned: bool = True) -> str:
+    """One-shot, or TMA from its (not yet measured) crossover on (16-byte aligned tensors and
+    input size)."""
+    if aligned and nbytes >= _lookup(AG_TMA_MIN, backend, world):
         return "tma"
     return "one_shot"

@@ -72,6 +72,11 @@ def test_kernel_compiles(collective: str, algorithm: str, backend: str, dtype: s
         assert "st.release.sys.global" in ptx and "ld.acquire.sys.global" in ptx
         return
     assert any(f.startswith("multimem.red.release.sys") for f in found), found
+    if collective == "all_gather":  # a copy: stores to every rank, never a reduction
+        assert not any(f.startswith("multimem.ld_reduce") for f in found), found
+        if algorithm == "one_shot":
+            assert any(f.startswith("multimem.st.global.v4") for f in found), found
+        return
     if collective != "barrier" and algorithm not in ("tma", "push"):
         acc = {"f32": "", "f16": ".acc::f32", "bf16": ".acc::f32", "e4m3": ".acc::f16", "e5m2": ".acc::f16"}[dtype]
         assert any(f.startswith("multimem.ld_reduce") and f".add{acc}.v" in f for f in found), found
@@ -79,7 +84,7 @@ def test_kernel_compiles(collective: str, algorithm: str, backend: str, dtype: s
         assert any(f.startswith("multimem.st.global.v4") for f in found), found
 
 
-@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter"])
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter", "all_gather"])
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_tma_pipeline_fits_shared_memory(collective: str, world: int) -> None:
     """Every stage's input tiles and both output tiles fit the budget, with at least 4 KB tiles."""
@@ -97,6 +102,10 @@ def test_staged_and_unaligned_variants_compile() -> None:
         KernelKey("reduce_scatter", "tma", "peer", "f32", 2, stage_in=True),
         KernelKey("all_reduce", "lamport", "peer", "e5m2", 2, vector=1),
         KernelKey("all_reduce", "lamport", "multicast", "f16", 8, vector=1),
+        KernelKey("all_gather", "one_shot", "peer", "e4m3", 4, vector=1, gather_out=True),
+        KernelKey("all_gather", "tma", "multicast", "bf16", 8, gather_out=True),
+        KernelKey("all_gather", "one_shot", "multicast", "f32", 2, gather_out=True),
+        KernelKey("all_gather", "one_shot", "multicast", "bf16", 4, vector=1, gather_out=True),
     ):
         ptx = kernel_ptx(key, "sm_100a" if key.dtype in FP8 else "sm_90a")
         assert ".entry" in ptx, key

@@ -54,3 +54,9 @@ def test_min_max_are_exact_and_reduce_scatter_splits() -> None:
     assert [b.tolist() for b in blocks] == [[5.0, 3.0], [-2.0, 0.75]]
     with pytest.raises(ValueError, match="equal blocks"):
         reference.reduce_scatter([np.ones(3), np.ones(3)], "f32")
+
+
+def test_all_gather_concatenates_in_rank_order() -> None:
+    xs = [np.full(3, r, dtype=np.float32) for r in range(4)]
+    out = reference.all_gather(xs)
+    assert out.tolist() == [0.0] * 3 + [1.0] * 3 + [2.0] * 3 + [3.0] * 3

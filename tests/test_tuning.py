@@ -44,3 +44,11 @@ def test_crossover_falls_with_world_size() -> None:
     limits = [max(n for n in (1 << k for k in range(10, 30))
                   if tuning.all_reduce_algorithm(w, n, "peer") in ("lamport", "one_shot")) for w in (2, 4, 8)]
     assert limits == sorted(limits, reverse=True) and limits[0] > limits[-1]
+
+
+def test_all_gather_picks_tma_only_when_aligned_and_large() -> None:
+    for world in (2, 4, 8):
+        for backend in ("peer", "multicast"):
+            assert tuning.all_gather_algorithm(world, 4096, backend) == "one_shot"
+            assert tuning.all_gather_algorithm(world, 1 << 30, backend) == "tma"
+            assert tuning.all_gather_algorithm(world, 1 << 30, backend, aligned=False) == "one_shot"

@@ -11,7 +11,7 @@ from typing import Callable
 
 from ..config import KernelKey
 from ..launch import example_arguments
-from . import barrier, lamport, one_shot, push, tma, two_shot
+from . import all_gather, barrier, lamport, one_shot, push, tma, two_shot
 
 BUILDERS: dict[tuple[str, str], Callable] = {
     ("barrier", "one_shot"): barrier.build,
@@ -22,6 +22,8 @@ BUILDERS: dict[tuple[str, str], Callable] = {
     ("reduce_scatter", "one_shot"): one_shot.build,
     ("reduce_scatter", "tma"): tma.build,
     ("reduce_scatter", "push"): push.build,
+    ("all_gather", "one_shot"): all_gather.build,
+    ("all_gather", "tma"): all_gather.build,
 }
 
 

@@ -15,9 +15,9 @@ a key:
 
 ``data_table``  device table of every rank's data buffer address (int64[W])
 ``data_mc``     the data buffer's multicast address (multicast; emulated: a translation table)
-``out``         this rank's output (all-reduce one-shot, reduce-scatter, gathered two-shot)
-``src``         this rank's input when it is not symmetric (``stage_in``: copied in-kernel)
-``n``           elements per rank (all-reduce) or per output (reduce-scatter)
+``out``         this rank's output (all-reduce one-shot, reduce-scatter, gathered two-shot, all-gather)
+``src``         this rank's input (``stage_in``: copied in-kernel; push and all-gather: pushed)
+``n``           elements per rank (all-reduce, all-gather's input) or per output (reduce-scatter)
 ``pad_table``   device table of every rank's signal pad; ``pad_mc`` its multicast address;
 ``pad``         this rank's signal pad (its entry of ``pad_table``, saving the kernel a load)
 ``err``         the error record (host-mapped int32[5])
@@ -35,7 +35,7 @@ from cutlass.memory import SmemAllocator
 
 import ptxops
 
-from ..config import DATA_PHASE, DTYPES, MULTICAST_PATHS, TIMEOUT, KernelKey
+from ..config import DATA_PHASE, DTYPES, MULTICAST_PATHS, TIMEOUT, VECTOR_BYTES, KernelKey
 from ..device import reduce, signals
 from ..device.reduce import ACC, DTYPE
 from ..launch import launcher
@@ -51,6 +51,7 @@ def blocks(key: KernelKey) -> SimpleNamespace:
     multicast = key.backend in MULTICAST_PATHS
     op = key.op
     unroll = 2 if vec > 1 else 1
+    tile_vectors = key.tile_bytes // VECTOR_BYTES
 
     # The barrier collective's block made no accesses before its barrier: no bar.sync first.
     sync = key.collective != "barrier"
@@ -103,6 +104,22 @@ def blocks(key: KernelKey) -> SimpleNamespace:
             j += step
 
     @cute.jit
+    def copy_tiles(src, dst, begin, end):
+        """dst[v] = src[v] for the whole vectors v in [begin, end) of the TMA tiles this block
+        moves (tile ``t`` of the range, of ``key.tile_bytes``, goes to block ``t % blocks``:
+        the split of :func:`collectives.device.tiles.reduce_tiles`)."""
+        tidx = cute.arch.thread_idx()[0]
+        block = cute.arch.block_idx()[0]
+        blocks = cute.arch.grid_dim()[0]
+        t = Int64(block)
+        while t * tile_vectors < end - begin:
+            v = begin + t * tile_vectors + tidx
+            while v < cutlass.min(begin + (t + 1) * tile_vectors, end):
+                copy_vector(src, dst, v * vec)
+                v += threads
+            t += blocks
+
+    @cute.jit
     def copy_slices(src, dst, n, first, step, copy_slice):
         """dst = src for all ``n`` elements, each block taking exactly the vectors that block of
         every rank reads or writes in the data phase (``copy_slice(src, dst, begin, end)`` the
@@ -152,7 +169,7 @@ def blocks(key: KernelKey) -> SimpleNamespace:
     return SimpleNamespace(
         world=world, threads=threads, dtype=dtype, acc=acc, vec=vec, multicast=multicast, op=op,
         barrier=barrier, load_reduce=load_reduce, store_all=store_all, store_local=store_local,
-        copy_vector=copy_vector, copy_local=copy_local, copy_slices=copy_slices,
+        copy_vector=copy_vector, copy_local=copy_local, copy_tiles=copy_tiles, copy_slices=copy_slices,
         each_vector=each_vector, own_slice=own_slice, reduce_tail=reduce_tail, stage_whole=stage_whole,
     )
 
@@ -168,8 +185,9 @@ def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable | None, move: Cal
            gather: Callable | None = None, buffers: Callable | None = None, push: Callable | None = None):
     """The ``@cute.jit`` launcher of ``key``'s kernel: ``stage(src, own, n, first, step)`` (for
     ``stage_in``; or, given ``push``, ``push(addrs, src, n, rank, first, step)`` storing the
-    input into other ranks' buffers instead), the start barrier, ``move(addrs, data_mc, out, n, rank, first, step, buffers,
-    deadline, err)`` (the data phase; none for a bare barrier), the end barrier (unless
+    input into other ranks' buffers instead), the start barrier, ``move(addrs, data_mc, out,
+    src, n, rank, first, step, buffers, deadline, err)`` (the data phase; none for a bare
+    barrier), the end barrier (unless
     ``end_barrier=False``) and ``gather(src, out, n, first, step)`` (for ``gather_out``).
     ``buffers(smem)`` allocates the shared memory ``move`` takes."""
     world, threads = key.world, key.threads
@@ -205,10 +223,10 @@ def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable | None, move: Cal
                 addrs = [signals.peer_address(data_table, Int32(r)) for r in range(world)]
             if cutlass.const_expr(not key.end_barrier):
                 if ok:
-                    move(addrs, data_mc, out, n, rank, first, step, shared, deadline, err)
+                    move(addrs, data_mc, out, src, n, rank, first, step, shared, deadline, err)
             if cutlass.const_expr(key.barriers == 2):
                 if ok:
-                    move(addrs, data_mc, out, n, rank, first, step, shared, deadline, err)
+                    move(addrs, data_mc, out, src, n, rank, first, step, shared, deadline, err)
                     ok2 = b.barrier(pad_table, pad_mc, pad, rank, block, epoch + Uint32(2), deadline, err, Int32(1), size)
                     ok2 = signals.block_all(flag, ok2)
                     if cutlass.const_expr(key.gather_out):

@@ -30,7 +30,7 @@ def build(key: KernelKey):
             b.stage_whole(src, own, n, first, step)
 
     @cute.jit
-    def move(addrs, data_mc, out, n, rank, first, step, buffers, deadline, err):
+    def move(addrs, data_mc, out, src, n, rank, first, step, buffers, deadline, err):
         """out = the reduction over ranks of (this rank's slice of) the data."""
         vectors = n // vec
         base = Int64(rank) * n if cutlass.const_expr(scatter) else Int64(0)

@@ -39,7 +39,7 @@ def build(key: KernelKey):
             b.copy_local(src + Int64(q) * n * element_bytes, slot, Int64(0), n, first, step)
 
     @cute.jit
-    def move(addrs, data_mc, out, n, rank, first, step, buffers, deadline, err):
+    def move(addrs, data_mc, out, src, n, rank, first, step, buffers, deadline, err):
         """out = the reduction of our ``world`` receive slots (local loads)."""
         own = addrs[0]
         for r in cutlass.range_constexpr(1, world):

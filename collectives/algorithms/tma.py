@@ -18,24 +18,9 @@ from . import design
 def build(key: KernelKey):
     """The ``@cute.jit`` launcher of the TMA kernel for ``key``."""
     b = design.blocks(key)
-    world, threads, vec, dtype = b.world, b.threads, b.vec, b.dtype
+    world, vec, dtype = b.world, b.vec, b.dtype
     tile = key.tile_bytes
-    tile_vectors = tile // VECTOR_BYTES
-
-    @cute.jit
-    def copy_tiles(src, dst, begin, end):
-        """dst[v] = src[v] for the whole vectors v in [begin, end) of the TMA tiles this block
-        moves (tile ``t`` of the range goes to block ``t % blocks``)."""
-        tidx = cute.arch.thread_idx()[0]
-        block = cute.arch.block_idx()[0]
-        blocks = cute.arch.grid_dim()[0]
-        t = Int64(block)
-        while t * tile_vectors < end - begin:
-            v = begin + t * tile_vectors + tidx
-            while v < cutlass.min(begin + (t + 1) * tile_vectors, end):
-                b.copy_vector(src, dst, v * vec)
-                v += threads
-            t += blocks
+    copy_tiles = b.copy_tiles
 
     @cute.jit
     def copy(src, dst, n, first, step):
@@ -50,7 +35,7 @@ def build(key: KernelKey):
             copy_tiles(src, own, Int64(q) * (n // vec), Int64(q + 1) * (n // vec))
 
     @cute.jit
-    def all_reduce(addrs, data_mc, out, n, rank, first, step, buffers, deadline, err):
+    def all_reduce(addrs, data_mc, out, src, n, rank, first, step, buffers, deadline, err):
         """Reduce this rank's slice tile by tile and store it to every rank."""
         begin, end = b.own_slice(n, rank)
         at = begin * VECTOR_BYTES
@@ -60,7 +45,7 @@ def build(key: KernelKey):
         b.reduce_tail(addrs, data_mc, n, rank, first, step)
 
     @cute.jit
-    def reduce_scatter(addrs, data_mc, out, n, rank, first, step, buffers, deadline, err):
+    def reduce_scatter(addrs, data_mc, out, src, n, rank, first, step, buffers, deadline, err):
         """Reduce this rank's output tile by tile (from every rank's buffer, by peer loads)."""
         vectors = n // vec
         landed = tiles.reduce_tiles(addrs, Int64(rank) * n * (dtype.width // 8), vectors * VECTOR_BYTES, [out],

@@ -27,7 +27,7 @@ def build(key: KernelKey):
         b.copy_slices(src, dst, n, first, step, copy_slice)
 
     @cute.jit
-    def move(addrs, data_mc, out, n, rank, first, step, buffers, deadline, err):
+    def move(addrs, data_mc, out, src, n, rank, first, step, buffers, deadline, err):
         """Reduce this rank's slice and store it to every rank."""
         begin, end = b.own_slice(n, rank)
 

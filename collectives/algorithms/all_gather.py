@@ -1,0 +1,77 @@
+"""All-gather, one-shot and TMA: between the start and end barriers each rank pushes its input
+into block ``rank`` of every rank's symmetric buffer; after the end barrier every rank's buffer
+holds every block, and ``gather_out`` copies it to a separate output (a symmetric ``out`` is the
+buffer itself).
+
+Push rather than pull: the input is read where it lies (no staging copy, symmetric or not), and
+the traffic that crosses NVLink is stores, which need no round trip; on the multicast backend
+each vector is one ``multimem.st`` (TMA: one bulk store of each tile to the multicast address)
+instead of one store per rank.  The start barrier keeps a rank from writing into a peer's buffer
+before that peer's previous collective has finished with it; the end barrier of block ``b``
+with block ``b`` of every rank makes exactly the vectors block ``b`` of each rank pushed
+visible, so the copy-out takes, in each rank's block, the vectors that block pushed.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int64
+
+import ptxops
+
+from ..config import TMA_STAGES, VECTOR_BYTES, KernelKey
+from ..device import signals, tiles
+from . import design
+
+
+def build(key: KernelKey):
+    """The ``@cute.jit`` launcher of the all-gather kernel for ``key`` (one-shot or TMA)."""
+    b = design.blocks(key)
+    world, vec, dtype = b.world, b.vec, b.dtype
+    tma = key.algorithm == "tma"
+    tile = key.tile_bytes
+
+    @cute.jit
+    def push(addrs, data_mc, out, src, n, rank, first, step, buffers, deadline, err):
+        """This rank's ``n`` elements at ``src`` into block ``rank`` of every rank's buffer."""
+        vectors = n // vec
+        base = Int64(rank) * n
+        if cutlass.const_expr(tma):  # n fills whole vectors (a TMA all-gather needs it)
+            # One input per tile: the pipeline's "reduction" of a single tile in its own dtype
+            # is a copy, bit for bit.
+            landed = tiles.reduce_tiles([src], Int64(0), vectors * VECTOR_BYTES, addrs, base * (dtype.width // 8),
+                                        data_mc, buffers, dtype, dtype, "sum", tile, TMA_STAGES, b.multicast, deadline)
+            design.tile_timeout(landed, err, rank)
+        else:
+            def send(vs):
+                align = cutlass.const_expr(vec * dtype.width // 8)
+                offsets = tuple(Int64(v) * vec for v in vs)
+                loaded = [ptxops.ld(signals.gmem(dtype, src, align) + cute.assume(o, divby=vec), num_elements=vec)
+                          for o in offsets]  # all loads in flight before the stores
+                for o, values in zip(offsets, loaded):
+                    b.store_all(addrs, data_mc, base + o, values, vec)
+
+            b.each_vector(Int64(0), vectors, first, step, send)
+            j = Int64(vectors * vec) + first
+            while j < n:
+                b.store_all(addrs, data_mc, base + j, ptxops.ld(signals.gmem(dtype, src, dtype.width // 8) + j), 1)
+                j += step
+
+    @cute.jit
+    def copy_out(src, dst, n, first, step):
+        """dst = src, each block taking in each rank's block exactly the vectors (TMA: tiles)
+        that block of that rank pushed."""
+        for q in cutlass.range_constexpr(world):
+            if cutlass.const_expr(tma):
+                b.copy_tiles(src, dst, Int64(q) * (n // vec), Int64(q + 1) * (n // vec))
+            else:
+                b.copy_local(src, dst, Int64(q) * n, Int64(q + 1) * n, first, step)
+
+    def buffers(smem):
+        return tiles.shared_buffers(smem, dtype, 1, tile, TMA_STAGES)
+
+    return design.kernel(key, b, stage=None, move=push, gather=copy_out, buffers=buffers if tma else None)
+
+
+__all__ = ["build"]

@@ -1,0 +1,202 @@
+"""GEMM overlapped with communication: ``gemm_reduce_scatter`` and ``all_gather_gemm``.
+
+The GEMM is cuBLAS (``torch.mm``) on row chunks, on the current stream; the communication of
+each chunk is this library's ``reduce_scatter`` / ``all_gather`` kernel on a side stream, so the
+communication of one chunk runs while the GEMM of the next computes.  The two streams are
+ordered by CUDA events (recorded and waited on the GPU: no host synchronisation, capturable in
+a CUDA graph: the side stream forks from and joins the current one); across GPUs the kernels'
+own ptxops barriers order everything.  The communication kernels use TMA (at most a quarter of
+the SMs) when every chunk is 16-byte aligned, else one-shot.
+
+Ownership of rows (``W`` ranks, ``M`` rows of ``a`` per rank, ``M % W == 0``):
+
+- ``gemm_reduce_scatter(a, b)`` returns ``(M / W, N)``: rows ``[rank * M / W, (rank + 1) * M / W)``
+  of ``sum_r a_r @ b_r``;
+- ``all_gather_gemm(a_shard, b)`` returns ``(W * M_shard, N)``: ``concat_r(a_shard_r) @ b``.
+
+Like the collectives, a call is capturable in a CUDA graph once the same call ran eagerly
+(that call allocates the symmetric workspace and compiles the kernels).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import CollectiveError
+from .runtime import Communicator, communicator
+
+DTYPES = (torch.bfloat16, torch.float16)
+#: Row chunks per call (fewer when a rank's block has fewer rows).
+CHUNKS = 4
+VECTOR_BYTES = 16
+
+#: The symmetric workspaces by name, of the context they were allocated in (a new context,
+#: after ``close()``, starts afresh: the old heap is gone).
+_WORKSPACE: dict[str, torch.Tensor] = {}
+_WORKSPACE_CTX: list = [None]
+_SIDE: dict[int, torch.cuda.Stream] = {}
+
+
+def _workspace(comm: Communicator, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """Symmetric buffer ``name`` of at least ``numel`` elements (kept; grown collectively, the
+    smaller one freed)."""
+    if _WORKSPACE_CTX[0] is not comm.ctx:
+        _WORKSPACE.clear()
+        _WORKSPACE_CTX[0] = comm.ctx
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    current = _WORKSPACE.get(name)
+    if current is None or current.numel() < nbytes:
+        if current is not None:  # collective, after every rank's GPU work: heap space is finite
+            comm.ctx.free(current)
+        current = _WORKSPACE[name] = comm.ctx.empty(nbytes, torch.uint8)
+    return current[:nbytes].view(dtype)
+
+
+def _side_stream(device: int) -> torch.cuda.Stream:
+    if device not in _SIDE:
+        _SIDE[device] = torch.cuda.Stream(device)
+    return _SIDE[device]
+
+
+def _check(name: str, comm: Communicator, a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int]:
+    """(rows, K, N) of ``a`` (rows x K) and ``b`` (K x N), refusing what the GEMM cannot take."""
+    for t in (a, b):
+        if not t.is_cuda or t.device.index != comm.device_index:
+            raise CollectiveError(f"{name}: tensors must be on cuda:{comm.device_index}, not {t.device}")
+        if t.dim() != 2 or not t.is_contiguous():
+            raise CollectiveError(f"{name}: a and b must be contiguous row-major matrices")
+    if a.dtype not in DTYPES or b.dtype != a.dtype:
+        raise CollectiveError(f"{name}: a and b must both be bf16 or f16, not {a.dtype} and {b.dtype}")
+    if a.shape[1] != b.shape[0]:
+        raise CollectiveError(f"{name}: a is {tuple(a.shape)}, b {tuple(b.shape)}: inner sizes differ")
+    return a.shape[0], a.shape[1], b.shape[1]
+
+
+def _bounds(rows: int, chunks: int) -> list[tuple[int, int]]:
+    """Row ranges of the chunks of ``rows`` rows (as even as possible, none empty)."""
+    count = max(1, min(chunks, rows))
+    return [(c * rows // count, (c + 1) * rows // count) for c in range(count)]
+
+
+def _algorithm(*tensors: torch.Tensor) -> str:
+    """TMA (few SMs) when every tensor is 16-byte aligned in address and size, else one-shot."""
+    ok = all(t.data_ptr() % VECTOR_BYTES == 0 and t.numel() * t.element_size() % VECTOR_BYTES == 0 for t in tensors)
+    return "tma" if ok else "one_shot"
+
+
+def gemm_reduce_scatter(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Rows ``[rank * M / W, (rank + 1) * M / W)`` of ``sum over ranks of a @ b`` (``a``: M x K,
+    ``b``: K x N, bf16 or f16, per rank), as an ``(M / W, N)`` tensor (``out`` if given)."""
+    return _gemm_reduce_scatter(a, b, out)
+
+
+def _gemm_reduce_scatter(a, b, out, chunks: int = CHUNKS, timeline: list | None = None) -> torch.Tensor:
+    """``gemm_reduce_scatter``; given ``timeline``, appends ``(kind, chunk, start, end)`` CUDA
+    events around each chunk's GEMM and communication."""
+    from .api import reduce_scatter
+
+    comm = communicator()
+    rows, _, n = _check("gemm_reduce_scatter", comm, a, b)
+    world = comm.world
+    if rows % world:
+        raise CollectiveError(f"gemm_reduce_scatter: a has {rows} rows, not a multiple of world_size ({world})")
+    m = rows // world
+    if out is None:
+        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    if out.shape != (m, n) or out.dtype != a.dtype or not out.is_contiguous():
+        raise CollectiveError(f"gemm_reduce_scatter: out must be a contiguous ({m}, {n}) {a.dtype} tensor")
+    # Chunk c's partial products, every owner's rows of the chunk together: (W, rows_c, N).
+    partial = _workspace(comm, "gemm_reduce_scatter", rows * n, a.dtype)
+    main = torch.cuda.current_stream()
+    side = _side_stream(comm.device_index)
+    side.wait_stream(main)
+    at = 0
+    for c, (r0, r1) in enumerate(_bounds(m, chunks)):
+        p = partial[at:at + world * (r1 - r0) * n].view(world, r1 - r0, n)
+        at += world * (r1 - r0) * n
+        marks = _marks(timeline, "gemm", c, main)
+        for q in range(world):
+            torch.mm(a[q * m + r0:q * m + r1], b, out=p[q])
+        _close(marks, main)
+        ready = torch.cuda.Event()
+        ready.record(main)
+        side.wait_event(ready)
+        with torch.cuda.stream(side):
+            marks = _marks(timeline, "comm", c, side)
+            target = out[r0:r1].view(-1)
+            reduce_scatter(target, p.view(-1), algorithm=_algorithm(target, p))
+            _close(marks, side)
+    main.wait_stream(side)
+    return out
+
+
+def all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """``concat over ranks of a_shard @ b`` (``a_shard``: M_shard x K, ``b``: K x N, bf16 or f16),
+    as a ``(W * M_shard, N)`` tensor (``out`` if given)."""
+    return _all_gather_gemm(a_shard, b, out)
+
+
+def _all_gather_gemm(a_shard, b, out, chunks: int = CHUNKS, timeline: list | None = None) -> torch.Tensor:
+    """``all_gather_gemm``; ``timeline`` as for :func:`_gemm_reduce_scatter`.  This rank's own
+    rows are multiplied first, while the side stream gathers the first chunk of the others'."""
+    from .api import all_gather
+
+    comm = communicator()
+    m, k, n = _check("all_gather_gemm", comm, a_shard, b)
+    world, rank = comm.world, comm.rank
+    if out is None:
+        out = torch.empty((world * m, n), dtype=a_shard.dtype, device=a_shard.device)
+    if out.shape != (world * m, n) or out.dtype != a_shard.dtype or not out.is_contiguous():
+        raise CollectiveError(f"all_gather_gemm: out must be a contiguous ({world * m}, {n}) {a_shard.dtype} tensor")
+    if m == 0:
+        return out
+    # Chunk c of every rank's shard, gathered: (W, rows_c, K).
+    gathered = _workspace(comm, "all_gather_gemm", world * m * k, a_shard.dtype)
+    main = torch.cuda.current_stream()
+    side = _side_stream(comm.device_index)
+    side.wait_stream(main)
+    bounds = _bounds(m, chunks)
+    views, ready = [], []
+    at = 0
+    with torch.cuda.stream(side):
+        for c, (r0, r1) in enumerate(bounds):
+            g = gathered[at:at + world * (r1 - r0) * k].view(world, r1 - r0, k)
+            at += world * (r1 - r0) * k
+            marks = _marks(timeline, "comm", c, side)
+            src = a_shard[r0:r1].view(-1)
+            all_gather(g.view(-1), src, algorithm=_algorithm(g, src))
+            _close(marks, side)
+            event = torch.cuda.Event()
+            event.record(side)
+            views.append(g)
+            ready.append(event)
+    marks = _marks(timeline, "gemm", -1, main)
+    torch.mm(a_shard, b, out=out[rank * m:(rank + 1) * m])
+    _close(marks, main)
+    for c, (r0, r1) in enumerate(bounds):
+        main.wait_event(ready[c])
+        marks = _marks(timeline, "gemm", c, main)
+        for q in range(world):
+            if q != rank:
+                torch.mm(views[c][q], b, out=out[q * m + r0:q * m + r1])
+        _close(marks, main)
+    main.wait_stream(side)
+    return out
+
+
+def _marks(timeline: list | None, kind: str, chunk: int, stream: torch.cuda.Stream):
+    """A started timeline entry (its start event recorded on ``stream``), or None."""
+    if timeline is None:
+        return None
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(stream)
+    timeline.append((kind, chunk, start, end))
+    return end
+
+
+def _close(end: torch.cuda.Event | None, stream: torch.cuda.Stream) -> None:
+    if end is not None:
+        end.record(stream)
+
+
+__all__ = ["all_gather_gemm", "gemm_reduce_scatter"]

@@ -1,0 +1,97 @@
+"""Benchmark GEMM + communication: ours (overlapped) vs torch.matmul and NCCL back to back vs
+``torch.ops.symm_mem``'s fused ops (where this torch has them).
+
+    torchrun --nproc-per-node 2 -m collectives.tools.gemm_overlap_bench [--shapes 4096x4096,16384x8192]
+
+Shapes are ``MxN`` with K = N, bf16 (tensor-parallel layers).  gemm_reduce_scatter: each rank's
+``a`` is M x K, the output M/W x N; all_gather_gemm: each rank's shard is M/W x K, the output
+M x N.  Eager calls, slowest rank's time, best of 3 (``collectives.tools.bench.time_op``); rank 0
+prints microseconds and ours / baseline.  NVLink multicast stays off.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..capability import force_multicast_off
+
+force_multicast_off()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from .bench import time_op  # noqa: E402
+
+SHAPES = "4096x4096,4096x8192,16384x4096,16384x8192"
+
+
+def fused(name: str):
+    """``torch.ops.symm_mem.<name>``, or None where this torch lacks it."""
+    return getattr(getattr(torch.ops, "symm_mem", None), name, None)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m collectives.tools.gemm_overlap_bench", description=__doc__)
+    parser.add_argument("--shapes", default=SHAPES)
+    parser.add_argument("--iters", type=int, default=10)
+    args = parser.parse_args(argv)
+
+    import collectives
+    from collectives.runtime import communicator
+
+    comm = communicator()
+    world = comm.world
+    group = dist.group.WORLD.group_name
+    try:  # older torch needs the group registered for symmetric memory
+        import torch.distributed._symmetric_memory as symm_mem
+
+        symm_mem.enable_symm_mem_for_group(group)
+    except Exception:  # noqa: BLE001 (absent or not needed in this torch)
+        pass
+    if comm.rank == 0:
+        print(f"bf16, {world} GPUs, eager; us per call; ratio = ours / that")
+        print(f"{'op':20} {'M':>6} {'N=K':>6} {'ours':>9} {'mm+nccl':>9} {'ratio':>6} {'symm_mem':>9} {'ratio':>6}")
+    for shape in args.shapes.split(","):
+        m, n = (int(x) for x in shape.split("x"))
+        k = n
+        a = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+        b = torch.randn(k, n, device="cuda").to(torch.bfloat16) / 64
+        rs_out = torch.empty(m // world, n, dtype=torch.bfloat16, device="cuda")
+        shard = a[: m // world]
+        gathered = torch.empty(m, k, dtype=torch.bfloat16, device="cuda")
+        ag_out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+
+        def mm_nccl_rs() -> None:
+            dist.reduce_scatter_tensor(rs_out, torch.mm(a, b))
+
+        def nccl_ag_mm() -> None:
+            dist.all_gather_into_tensor(gathered, shard)
+            torch.mm(gathered, b, out=ag_out)
+
+        rs_fused, ag_fused = fused("fused_matmul_reduce_scatter"), fused("fused_all_gather_matmul")
+        rows = [
+            ("gemm_reduce_scatter", lambda: collectives.gemm_reduce_scatter(a, b, out=rs_out), mm_nccl_rs,
+             rs_fused and (lambda: rs_fused(a, b, "sum", 0, group))),
+            ("all_gather_gemm", lambda: collectives.all_gather_gemm(shard, b, out=ag_out), nccl_ag_mm,
+             ag_fused and (lambda: ag_fused(shard, [b], 0, group))),
+        ]
+        for name, ours, baseline, theirs in rows:
+            t_ours = time_op(ours, args.iters, graph=False)
+            collectives.synchronize()
+            t_base = time_op(baseline, args.iters, graph=False)
+            try:
+                t_theirs = time_op(theirs, args.iters, graph=False) if theirs else float("nan")
+            except Exception as e:  # noqa: BLE001 (report, keep benchmarking)
+                t_theirs = float("nan")
+                if comm.rank == 0:
+                    print(f"  symm_mem {name} failed: {type(e).__name__}: {str(e)[:200]}")
+            if comm.rank == 0:
+                print(f"{name:20} {m:6} {n:6} {t_ours:9.1f} {t_base:9.1f} {t_ours / t_base:6.2f} "
+                      f"{t_theirs:9.1f} {t_ours / t_theirs:6.2f}", flush=True)
+    torch.cuda.synchronize()
+    dist.barrier()
+    collectives.current().close()
+
+
+if __name__ == "__main__":
+    main()

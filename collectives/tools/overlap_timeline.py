@@ -1,0 +1,101 @@
+"""The overlap timeline: when each chunk's GEMM and communication ran, from CUDA events.
+
+    torchrun --nproc-per-node 4 -m collectives.tools.overlap_timeline [--m 16384 --n 8192 --k 8192] [--out DIR]
+
+Runs ``gemm_reduce_scatter`` and ``all_gather_gemm`` (bf16) once each after a warm-up, with a
+start and end event around every chunk's GEMM (current stream) and communication (side
+stream).  Rank 0 prints the intervals (microseconds from the first event), writes
+``overlap_timeline.json`` and, where matplotlib is installed, ``overlap_timeline.png`` (one
+row per stream, one bar per chunk) into ``--out``: the plot for ``docs/guide-gemm-overlap.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+from ..capability import force_multicast_off
+
+force_multicast_off()
+
+import torch  # noqa: E402
+
+
+def run(fn, timeline: list) -> list[dict]:
+    """Run ``fn(timeline)`` and return its intervals in microseconds from the first start."""
+    fn(timeline)
+    torch.cuda.synchronize()
+    origin = timeline[0][2]
+    return [dict(kind=kind, chunk=chunk, start=origin.elapsed_time(start) * 1e3, end=origin.elapsed_time(end) * 1e3)
+            for kind, chunk, start, end in timeline]
+
+
+def plot(results: dict[str, list[dict]], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(results), 1, figsize=(10, 1.6 * len(results) + 0.6), squeeze=False)
+    for ax, (name, rows) in zip(axes[:, 0], results.items()):
+        for row in rows:
+            y = 1 if row["kind"] == "gemm" else 0
+            ax.broken_barh([(row["start"], row["end"] - row["start"])], (y - 0.4, 0.8),
+                           color="tab:blue" if y else "tab:orange", edgecolor="black")
+            ax.text((row["start"] + row["end"]) / 2, y, "own" if row["chunk"] < 0 else str(row["chunk"]),
+                    ha="center", va="center", fontsize=8)
+        ax.set_yticks([0, 1], ["comm (side stream)", "GEMM (cuBLAS)"])
+        ax.set_title(name, fontsize=9)
+    axes[-1, 0].set_xlabel("microseconds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m collectives.tools.overlap_timeline", description=__doc__)
+    parser.add_argument("--m", type=int, default=16384, help="rows of a per rank (gemm_reduce_scatter)")
+    parser.add_argument("--n", type=int, default=8192)
+    parser.add_argument("--k", type=int, default=8192)
+    parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = parser.parse_args(argv)
+
+    import collectives
+    from collectives.overlap import _all_gather_gemm, _gemm_reduce_scatter
+    from collectives.runtime import communicator
+
+    comm = communicator()
+    a = torch.randn(args.m, args.k, device="cuda").to(torch.bfloat16)
+    b = torch.randn(args.k, args.n, device="cuda").to(torch.bfloat16)
+    shard = a[: args.m // comm.world]
+    calls = {
+        f"gemm_reduce_scatter M={args.m} N={args.n} K={args.k}, {comm.world} GPUs":
+            lambda t: _gemm_reduce_scatter(a, b, None, timeline=t),
+        f"all_gather_gemm M={args.m} N={args.n} K={args.k}, {comm.world} GPUs":
+            lambda t: _all_gather_gemm(shard, b, None, timeline=t),
+    }
+    results = {}
+    for name, fn in calls.items():
+        for _ in range(3):
+            fn(None)
+        collectives.synchronize()
+        results[name] = run(fn, [])
+    collectives.synchronize()
+    if comm.rank == 0:
+        for name, rows in results.items():
+            print(name)
+            for row in rows:
+                print(f"  {row['kind']:4} chunk {row['chunk']:2}: {row['start']:9.1f} .. {row['end']:9.1f} us")
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "overlap_timeline.json"), "w") as f:
+            json.dump(results, f, indent=1)
+        try:
+            plot(results, os.path.join(args.out, "overlap_timeline.png"))
+        except ImportError:
+            print("matplotlib not installed: no plot")
+    torch.cuda.synchronize()
+    collectives.current().close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""gemm_reduce_scatter and all_gather_gemm on real GPUs (peer backend), against torch.matmul
+and the reference reduction.
+
+Run under torchrun on 2 or 4 GPUs:
+    torchrun --nproc-per-node 4 -m pytest -q tests/test_gemm_overlap_gpu.py
+Small-integer inputs make every product and partial sum exact, so those results are compared
+bit for bit; random inputs are compared with a bf16/f16 tolerance.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_collectives_gpu import HASH, comm  # noqa: F401 (comm: the fixture)
+
+from collectives import reference
+
+pytestmark = pytest.mark.multigpu
+torch = pytest.importorskip("torch")
+
+KINDS = {"bf16": torch.bfloat16, "f16": torch.float16}
+#: (rows of a per rank / per shard, K, N): aligned (TMA) and unaligned (one element at a time).
+SHAPES = [(64, 64, 128), (7, 60, 100), (256, 64, 512)]
+
+
+def small_ints(salt: int, rows: int, cols: int, dtype: str) -> torch.Tensor:
+    """Integers in [-2, 2] (exact in every dtype; with K <= 64 every dot product is <= 256)."""
+    i = torch.arange(rows * cols, dtype=torch.int64, device="cuda")
+    return ((i * HASH + salt * 97) % 5 - 2).to(KINDS[dtype]).view(rows, cols)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", list(KINDS))
+def test_gemm_reduce_scatter_is_exact(comm, dtype: str, shape: tuple[int, int, int]) -> None:
+    import collectives
+
+    m, k, n = shape
+    world = comm.world
+    a = [small_ints(r, world * m, k, dtype) for r in range(world)]
+    b = [small_ints(100 + r, k, n, dtype) for r in range(world)]
+    out = collectives.gemm_reduce_scatter(a[comm.rank], b[comm.rank])
+    collectives.synchronize()
+    partials = [torch.mm(a[r], b[r]).float().cpu().numpy().ravel() for r in range(world)]
+    want = reference.reduce_scatter(partials, dtype)[comm.rank].reshape(m, n)
+    assert out.shape == (m, n)
+    assert np.array_equal(out.float().cpu().numpy(), want)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("dtype", list(KINDS))
+def test_all_gather_gemm_is_exact(comm, dtype: str, shape: tuple[int, int, int]) -> None:
+    import collectives
+
+    m, k, n = shape
+    shards = [small_ints(r, m, k, dtype) for r in range(comm.world)]
+    b = small_ints(100, k, n, dtype)
+    out = torch.full((comm.world * m, n), -7, dtype=KINDS[dtype], device="cuda")
+    assert collectives.all_gather_gemm(shards[comm.rank], b, out=out) is out
+    collectives.synchronize()
+    assert torch.equal(out, torch.mm(torch.cat(shards), b))
+
+
+@pytest.mark.parametrize("dtype", list(KINDS))
+def test_random_inputs_match_matmul(comm, dtype: str) -> None:
+    import collectives
+
+    world, m, k, n = comm.world, 512, 1024, 1024
+    gen = torch.Generator(device="cuda")
+    a = [torch.randn(world * m, k, device="cuda", generator=gen.manual_seed(r)).to(KINDS[dtype]) for r in range(world)]
+    b = [torch.randn(k, n, device="cuda", generator=gen.manual_seed(50 + r)).to(KINDS[dtype]) / 32 for r in range(world)]
+    got = collectives.gemm_reduce_scatter(a[comm.rank], b[comm.rank])
+    gathered = collectives.all_gather_gemm(a[comm.rank][:m], b[0])
+    collectives.synchronize()
+    partials = [torch.mm(a[r], b[r]).float().cpu().numpy().ravel() for r in range(world)]
+    want = reference.reduce_scatter(partials, dtype)[comm.rank].reshape(m, n)
+    assert np.allclose(got.float().cpu().numpy(), want, rtol=2**-5, atol=2**-4)
+    full = torch.mm(torch.cat([a[r][:m] for r in range(world)]), b[0])
+    assert torch.allclose(gathered.float(), full.float(), rtol=2**-5, atol=2**-4)
+
+
+def test_cuda_graph_replay(comm) -> None:
+    import collectives
+
+    world, m, k, n = comm.world, 64, 64, 256
+    a = torch.empty(world * m, k, dtype=torch.bfloat16, device="cuda")
+    b = small_ints(7 + comm.rank, k, n, "bf16")
+    shard = torch.empty(m, k, dtype=torch.bfloat16, device="cuda")
+    rs_out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    ag_out = torch.empty(world * m, n, dtype=torch.bfloat16, device="cuda")
+    b0 = small_ints(7, k, n, "bf16")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # the same calls eagerly first: workspace and kernels
+        collectives.gemm_reduce_scatter(a.zero_(), b, out=rs_out)
+        collectives.all_gather_gemm(shard.zero_(), b0, out=ag_out)
+        collectives.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        collectives.gemm_reduce_scatter(a, b, out=rs_out)
+        collectives.all_gather_gemm(shard, b0, out=ag_out)
+    for round_ in range(3):
+        a.copy_(small_ints(comm.rank + round_, world * m, k, "bf16"))
+        shard.copy_(small_ints(comm.rank + round_, m, k, "bf16"))
+        graph.replay()
+        collectives.synchronize()
+        partials = [torch.mm(small_ints(r + round_, world * m, k, "bf16"), small_ints(7 + r, k, n, "bf16"))
+                    .float().cpu().numpy().ravel() for r in range(world)]
+        want = reference.reduce_scatter(partials, "bf16")[comm.rank].reshape(m, n)
+        assert np.array_equal(rs_out.float().cpu().numpy(), want), round_
+        shards = torch.cat([small_ints(r + round_, m, k, "bf16") for r in range(world)])
+        assert torch.equal(ag_out, torch.mm(shards, b0)), round_
+
+
+def test_bad_shapes_and_dtypes_are_refused(comm) -> None:
+    import collectives
+
+    b = torch.ones(16, 16, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(collectives.CollectiveError, match="multiple of world_size"):
+        collectives.gemm_reduce_scatter(torch.ones(comm.world * 4 + 1, 16, dtype=torch.bfloat16, device="cuda"), b)
+    with pytest.raises(collectives.CollectiveError, match="bf16 or f16"):
+        collectives.all_gather_gemm(torch.ones(4, 16, device="cuda"), b.float())
+    with pytest.raises(collectives.CollectiveError, match="inner sizes"):
+        collectives.all_gather_gemm(torch.ones(4, 8, dtype=torch.bfloat16, device="cuda"), b)
+    with pytest.raises(collectives.CollectiveError, match="out must be"):
+        collectives.gemm_reduce_scatter(torch.ones(comm.world * 4, 16, dtype=torch.bfloat16, device="cuda"), b,
+                                        out=torch.empty(5, 16, dtype=torch.bfloat16, device="cuda"))
