@@ -84,7 +84,7 @@ def _all_reduce_plan(comm: Communicator, t, op, algorithm, backend, out, capturi
     if out is not None and (out.dtype != t.dtype or out.shape != t.shape or not out.is_contiguous()):
         raise CollectiveError("all_reduce: out must be a contiguous tensor of t's dtype and shape")
     nbytes = t.numel() * t.element_size()
-    backend = comm.choose_backend(backend, dtype)
+    backend = comm.choose_backend(backend, dtype, op)
     aligned = _aligned(t, result)
     if algorithm == "auto":
         symmetric = out is None and comm.ctx.is_symmetric(t)
@@ -185,7 +185,7 @@ def reduce_scatter(
 
 def _reduce_scatter_plan(comm: Communicator, out, inp, op, algorithm, backend, capturing: bool):
     dtype, whole_vectors, pointers_aligned = _block_pair(comm, "reduce_scatter", out, inp, out)
-    backend = comm.choose_backend(backend, dtype)
+    backend = comm.choose_backend(backend, dtype, op)
     if out.numel() == 0:
         return None
     nbytes = inp.numel() * inp.element_size()

@@ -20,6 +20,8 @@ BACKENDS = ("multicast", "peer", "multicast_emulated")
 #: :func:`ptxops.emulate_multicast` (unicast accesses to every rank, no multimem): never "auto".
 MULTICAST_PATHS = ("multicast", "multicast_emulated")
 OPS = ("sum", "min", "max")
+#: The PTX reduction operation of each op.
+PTX_OP = {"sum": "add", "min": "min", "max": "max"}
 #: dtype name -> (bytes, accumulation dtype name of the peer backend, multicast .acc)
 DTYPES = {
     "f32": (4, "f32", None),
@@ -30,6 +32,14 @@ DTYPES = {
 }
 #: dtypes whose multimem forms need sm_100a or newer.
 FP8 = ("e4m3", "e5m2")
+
+
+def multimem_reduces(dtype: str, op: str) -> bool:
+    """Whether ``multimem.ld_reduce`` has a form reducing ``dtype`` by ``op`` on any target,
+    as ptxops' spec says (PTX has no ``.min``/``.max`` of ``.f32``, for one)."""
+    from ptxops import spec
+
+    return spec.family("multimem.ld_reduce").complete(type=dtype, op=PTX_OP[op]) is not None
 VECTOR_BYTES = 16
 #: Prepared plans a communicator keeps (least recently used evicted; plans hold no memory).
 PLAN_CACHE_SIZE = 512
@@ -87,6 +97,9 @@ class KernelKey:
             raise ValueError(f"op must be one of {OPS}, not {self.op!r}")
         if self.dtype in FP8 and self.op != "sum":
             raise ValueError(f"{self.op} of fp8 is not supported (multimem reduces fp8 by add only)")
+        if (self.backend in MULTICAST_PATHS and self.collective in ("all_reduce", "reduce_scatter")
+                and not multimem_reduces(self.dtype, self.op)):
+            raise ValueError(f"multimem.ld_reduce has no {PTX_OP[self.op]} of {self.dtype}: use the peer backend")
         if self.vector not in (0, 1, self.full_vector):
             raise ValueError(f"vector must be 1 or {self.full_vector} for {self.dtype}")
         if not self.end_barrier and (self.algorithm not in ("one_shot", "push") or not self.stage_in):

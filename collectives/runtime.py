@@ -26,11 +26,13 @@ from .config import (
     LAMPORT_EXCHANGE,
     LAMPORT_MAX_BYTES,
     MULTICAST_PATHS,
+    PTX_OP,
     SIZE_MISMATCH,
     TIMEOUT,
     VECTOR_BYTES,
     KernelKey,
     PadLayout,
+    multimem_reduces,
 )
 from .errors import CollectiveError, CollectiveTimeout, MulticastUnavailable
 from .ptx import refuse_multimem
@@ -200,16 +202,24 @@ class Communicator:
 
     # -- kernels ------------------------------------------------------------------------------
 
-    def choose_backend(self, requested: str, dtype: str) -> str:
-        """The backend a collective on ``dtype`` uses: ``requested`` resolved against this
-        context (``"auto"`` picks by capability; ``"multicast_emulated"`` runs on peer access
-        alone and is never picked by ``"auto"``); refused where this GPU or context lacks it."""
+    def choose_backend(self, requested: str, dtype: str, op: str = "sum") -> str:
+        """The backend a collective reducing ``dtype`` by ``op`` uses: ``requested`` resolved
+        against this context (``"auto"`` picks by capability, and the peer backend where
+        multimem has no such reduction; ``"multicast_emulated"`` runs on peer access alone and
+        is never picked by ``"auto"``); refused where this GPU or context lacks it."""
         if requested == "multicast_emulated":
             backend = requested
         else:
             backend = choose_backend(requested, self.ctx.caps)
             if backend == "multicast" and self.ctx.backend != "multicast":
                 raise MulticastUnavailable(f"this context was opened with the {self.ctx.backend!r} backend")
+        if backend in MULTICAST_PATHS and not multimem_reduces(dtype, op):
+            if requested == "auto":
+                return "peer"
+            raise CollectiveError(
+                f"multimem.ld_reduce has no {PTX_OP[op]} of {dtype} (PTX: .min/.max reduce integers, "
+                f"16-bit floats and fp8, not .f32); use backend='peer' or 'auto'"
+            )
         if backend in MULTICAST_PATHS and dtype in FP8 and not compile_target().startswith("sm_10"):
             raise MulticastUnavailable(f"multimem on {dtype} needs sm_100a or newer, not {compile_target()}")
         return backend

@@ -57,3 +57,16 @@ def test_auto_never_chooses_emulation() -> None:
 
     with pytest.raises(ValueError):
         choose_backend("multicast_emulated", None)  # only Communicator.choose_backend knows it, explicitly
+
+
+def test_multicast_paths_refuse_what_multimem_cannot_reduce() -> None:
+    """ptxops' spec decides: PTX has no multimem .min/.max of .f32, so neither multicast path
+    builds one (the runtime falls back to peer under auto, and names the reason otherwise)."""
+    from collectives.config import multimem_reduces
+
+    assert not multimem_reduces("f32", "min") and not multimem_reduces("f32", "max")
+    assert multimem_reduces("f32", "sum") and multimem_reduces("bf16", "max") and multimem_reduces("e4m3", "min")
+    for backend in ("multicast", "multicast_emulated"):
+        with pytest.raises(ValueError, match="no min of f32"):
+            KernelKey("all_reduce", "one_shot", backend, "f32", 2, op="min")
+    KernelKey("all_reduce", "one_shot", "peer", "f32", 2, op="min")

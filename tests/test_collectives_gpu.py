@@ -42,6 +42,13 @@ def fp8_refused(backend: str, dtype: str) -> bool:
     return backend == "multicast_emulated" and dtype in FP8 and not compile_target().startswith("sm_10")
 
 
+def op_refused(backend: str, dtype: str, op: str) -> bool:
+    """multimem.ld_reduce has no min/max of f32: the multicast paths refuse it by name."""
+    from collectives.config import multimem_reduces
+
+    return backend == "multicast_emulated" and not multimem_reduces(dtype, op)
+
+
 @pytest.fixture(scope="module")
 def comm():
     import collectives
@@ -98,7 +105,7 @@ def test_100000_calls_over_changing_sizes_and_addresses_keep_memory_bounded(comm
     from collectives.staging import capacity
 
     base = torch.empty(1 << 16, dtype=torch.bfloat16, device="cuda")
-    growing = [torch.empty(n, dtype=torch.bfloat16, device="cuda") for n in (3 << 20, 5 << 20, 9 << 20)]
+    growing = [torch.empty(n, dtype=torch.bfloat16, device="cuda") for n in (3 << 20, 5 << 20, 9 << 20, 17 << 20)]
     allocations = len(comm.ctx._allocs)
     want = comm.world * (comm.world + 1) / 2
     bad = torch.zeros((), dtype=torch.int64, device="cuda")
@@ -181,6 +188,14 @@ def test_all_reduce_matches_reference(comm, backend: str, dtype: str, op: str, a
         with pytest.raises(collectives.MulticastUnavailable, match="sm_100a"):
             collectives.all_reduce(place(comm, device_values(comm.rank, 64, dtype), placement), backend=backend)
         return
+    if op_refused(backend, dtype, op):
+        with pytest.raises(collectives.CollectiveError, match=f"no {op} of {dtype}"):
+            collectives.all_reduce(place(comm, device_values(comm.rank, 64, dtype), placement), op=op,
+                                   algorithm=algorithm, backend=backend)
+        assert collectives.all_reduce(place(comm, device_values(comm.rank, 64, dtype), placement), op=op,
+                                      algorithm=algorithm).shape == (64,), "auto falls back to the peer backend"
+        collectives.synchronize()
+        return
     if placement == "offset" and (algorithm == "tma" or backend == "multicast_emulated"):
         with pytest.raises(collectives.CollectiveError, match="16-byte"):
             collectives.all_reduce(place(comm, device_values(comm.rank, 64, dtype), placement), algorithm=algorithm,
@@ -209,6 +224,12 @@ def test_reduce_scatter_matches_reference(comm, backend: str, dtype: str, op: st
 
     if fp8_refused(backend, dtype):
         return  # as in test_all_reduce_matches_reference
+    if op_refused(backend, dtype, op):
+        with pytest.raises(collectives.CollectiveError, match=f"no {op} of {dtype}"):
+            collectives.reduce_scatter(torch.empty(8, dtype=TORCH[dtype], device="cuda"),
+                                       place(comm, device_values(comm.rank, 8 * comm.world, dtype), placement),
+                                       op=op, algorithm=algorithm, backend=backend)
+        return
 
     sizes = (16, 4096, 65536 + 16, (1 << 21) + 48) if algorithm == "tma" else (1, 5, 8, 1000, 65536 + 3, (1 << 21) + 48)
     for m in sizes:

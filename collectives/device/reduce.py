@@ -15,6 +15,7 @@ from cutlass import Int64
 
 import ptxops
 
+from ..config import PTX_OP
 from .signals import gmem
 
 #: The CuTeDSL type of each collectives dtype name, and of each accumulation precision.
@@ -88,7 +89,7 @@ def load_reduce_multicast(
     """The same through one ``multimem.ld_reduce`` on the multicast address ``mc`` (``acc`` is
     implied: the instruction accumulates 16-bit floats in f32 and fp8 in f16, as ``acc``)."""
     align = cutlass.const_expr(n * dtype.width // 8)
-    ptx_op = cutlass.const_expr({"sum": "add", "min": "min", "max": "max"}[op])
+    ptx_op = cutlass.const_expr(PTX_OP[op])
     return ptxops.multimem_ld_reduce(
         gmem(dtype, mc, align) + cute.assume(offset, divby=n),
         dtype=dtype, num_elements=n, op=ptx_op, acc="auto" if cutlass.const_expr(op == "sum") else None,
