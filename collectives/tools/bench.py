@@ -121,13 +121,12 @@ def main(argv: list[str] | None = None) -> None:
             rs_out = torch.empty(n // world, dtype=dtype, device="cuda")
             algorithms = ["one_shot", "two_shot", "tma"] + (["lamport"] if nbytes <= LAMPORT_MAX_BYTES else [])
             for graph in modes:
-                for algorithm in algorithms:
+                for algorithm in (*algorithms, "auto"):
                     us = time_op(lambda a=algorithm: collectives.all_reduce(ours, algorithm=a, backend="peer"), iters, graph)
                     record("all_reduce", f"ours_{algorithm}", name, nbytes, graph, us)
-                us = time_op(lambda: collectives.all_reduce(ours, backend="peer"), iters, graph)
-                record("all_reduce", "ours_auto", name, nbytes, graph, us)
-                us = time_op(lambda: collectives.all_reduce(plain, backend="peer"), iters, graph)
-                record("all_reduce", "ours_auto_plain_tensor", name, nbytes, graph, us)
+                for algorithm in ("one_shot", "two_shot", "tma", "auto"):  # a tensor from torch's allocator
+                    us = time_op(lambda a=algorithm: collectives.all_reduce(plain, algorithm=a, backend="peer"), iters, graph)
+                    record("all_reduce", f"ours_{algorithm}_plain", name, nbytes, graph, us)
                 record("all_reduce", "nccl", name, nbytes, graph, time_op(lambda: dist.all_reduce(plain), iters, graph))
                 record("all_reduce", "torch_one_shot", name, nbytes, graph, time_op(
                     lambda: torch.ops.symm_mem.one_shot_all_reduce(theirs, "sum", group_name), iters, graph))
@@ -136,8 +135,8 @@ def main(argv: list[str] | None = None) -> None:
                 for algorithm in ("one_shot", "tma", "auto"):
                     record("reduce_scatter", f"ours_{algorithm}", name, nbytes, graph, time_op(
                         lambda a=algorithm: collectives.reduce_scatter(rs_out, ours, algorithm=a, backend="peer"), iters, graph))
-                for algorithm in ("one_shot", "push", "auto"):  # an input outside symmetric memory
-                    record("reduce_scatter", f"ours_{algorithm}_plain_input", name, nbytes, graph, time_op(
+                for algorithm in ("one_shot", "tma", "push", "auto"):  # an input outside symmetric memory
+                    record("reduce_scatter", f"ours_{algorithm}_plain", name, nbytes, graph, time_op(
                         lambda a=algorithm: collectives.reduce_scatter(rs_out, plain, algorithm=a, backend="peer"), iters, graph))
                 record("reduce_scatter", "nccl", name, nbytes, graph, time_op(
                     lambda: dist.reduce_scatter_tensor(rs_out, plain), iters, graph))
@@ -152,40 +151,77 @@ def main(argv: list[str] | None = None) -> None:
     collectives.current().close()
 
 
+#: Per collective: our implementations on symmetric tensors, on tensors from torch's allocator
+#: (``_plain``), and the baselines (NCCL on the plain tensor, torch symm_mem on its own buffer).
+IMPLS = {
+    "all_reduce": {
+        "symmetric": ("ours_lamport", "ours_one_shot", "ours_two_shot", "ours_tma", "ours_auto"),
+        "plain": ("ours_one_shot_plain", "ours_two_shot_plain", "ours_tma_plain", "ours_auto_plain"),
+        "baselines": ("nccl", "torch_one_shot", "torch_two_shot"),
+    },
+    "reduce_scatter": {
+        "symmetric": ("ours_one_shot", "ours_tma", "ours_auto"),
+        "plain": ("ours_one_shot_plain", "ours_tma_plain", "ours_push_plain", "ours_auto_plain"),
+        "baselines": ("nccl",),
+    },
+}
+
+
+def table(results: list[dict], world: int, collective: str, dtype: str, mode: str) -> list[list[str]]:
+    """One table (header first) of a collective, dtype and mode: microseconds of every
+    implementation, NCCL over ours for auto on symmetric and on plain tensors (> 1: ours
+    faster), torch symm_mem over ours (symmetric), and auto over the best fixed algorithm of
+    its placement (<= 1.05 wanted)."""
+    index = {(r["impl"], r["bytes"]): r for r in results
+             if (r["collective"], r["dtype"], r["mode"]) == (collective, dtype, mode)}
+    groups = IMPLS[collective]
+    shown = [i for g in ("symmetric", "plain", "baselines") for i in groups[g] if any(k[0] == i for k in index)]
+    torch_impls = [b for b in groups["baselines"] if b.startswith("torch") and b in shown]
+    head = (["size"] + [i.removeprefix("ours_").replace("_", " ") for i in shown]
+            + ["nccl/auto", "nccl/auto plain"] + [f"{b.replace('_', ' ')}/auto" for b in torch_impls]
+            + ["auto/best", "auto plain/best plain", "auto picks"])
+    rows = [head]
+    for nbytes in sorted({b for _, b in index}):
+        us = {i: index[(i, nbytes)]["us"] for i in shown if (i, nbytes) in index}
+
+        def best(group: str) -> float:
+            return min(us[i] for i in groups[group] if i in us and "auto" not in i)
+
+        auto, auto_plain = us["ours_auto"], us["ours_auto_plain"]
+        rows.append([_size(nbytes)] + [f"{us[i]:.1f}" if i in us else "-" for i in shown]
+                    + [f"{us['nccl'] / auto:.2f}", f"{us['nccl'] / auto_plain:.2f}"]
+                    + [f"{us[b] / auto:.2f}" for b in torch_impls]
+                    + [f"{auto / best('symmetric'):.2f}", f"{auto_plain / best('plain'):.2f}",
+                       _auto_pick(collective, world, nbytes)])
+    return rows
+
+
+def _tables(results: list[dict], world: int):
+    for collective in IMPLS:
+        for dtype in sorted({r["dtype"] for r in results if r["collective"] == collective}):
+            for mode in ("eager", "graph"):
+                if any((r["collective"], r["dtype"], r["mode"]) == (collective, dtype, mode) for r in results):
+                    yield f"{collective}, {dtype}, {mode}", table(results, world, collective, dtype, mode)
+
+
+def _barrier_lines(results: list[dict]) -> list[str]:
+    index = {(r["impl"], r["mode"]): r["us"] for r in results if r["collective"] == "barrier"}
+    return [f"Barrier ({mode}): ours {index[('ours', mode)]:.2f} us, torch symm_mem "
+            f"{index[('torch_symm_mem', mode)]:.2f} us (ours/torch {index[('ours', mode)] / index[('torch_symm_mem', mode)]:.2f})."
+            for mode in ("eager", "graph") if ("ours", mode) in index and ("torch_symm_mem", mode) in index]
+
+
 def report(results: list[dict], world: int, out_dir: str, sms: dict) -> None:
-    """Print the comparison table and write bench.json (and bench.png with matplotlib)."""
+    """Print the comparison tables and write bench.json (and bench.png with matplotlib)."""
     gpu = torch.cuda.get_device_name()
     print(f"\n{world} x {gpu}, NVLink multicast off (our backend: peer); microseconds per call, "
-          "back-to-back; bus GB/s; ratio = theirs / ours (>1: ours faster); auto/best: ours_auto "
-          "over the best fixed algorithm (<= 1.05 wanted)")
+          "back-to-back, slowest rank, best of 3; 'plain': a tensor from torch's allocator")
     print(f"{sms['sms']} SMs per GPU; thread blocks (one per SM at most) of the tma all-reduce by "
           f"size: {', '.join(f'{_size(b)}: {n}' for b, n in sms['tma_blocks_all_reduce_bf16'].items())}")
-    index = {(r["collective"], r["impl"], r["dtype"], r["bytes"], r["mode"]): r for r in results}
-    for mode in ("eager", "graph"):
-        rows = [r for r in results if r["mode"] == mode and r["collective"] == "barrier"]
-        if rows:
-            ours = index.get(("barrier", "ours", "-", 0, mode))
-            theirs = index.get(("barrier", "torch_symm_mem", "-", 0, mode))
-            print(f"[{mode}] barrier: ours {ours['us']:.2f} us, torch symm_mem {theirs['us']:.2f} us, "
-                  f"ours/torch {ours['us'] / theirs['us']:.2f}")
-        for collective, (impls, baselines) in IMPLS.items():
-            keys = sorted({(r["dtype"], r["bytes"]) for r in results if r["collective"] == collective and r["mode"] == mode})
-            if not keys:
-                continue
-            head = (["dtype", "size"] + [f"{i} us" for i in impls + baselines] + ["best ours GB/s", "nccl GB/s"]
-                    + [f"{b}/ours" for b in baselines] + ["auto/best", "auto picks"])
-            print(f"\n[{mode}] {collective}")
-            print(" | ".join(head))
-            for dtype, nbytes in keys:
-                cells = [index.get((collective, i, dtype, nbytes, mode)) for i in impls + baselines]
-                best = min((c for c in cells[: len(impls)] if c), key=lambda c: c["us"])
-                fixed = min(c["us"] for c in cells[: len(impls)] if c and "auto" not in c["impl"])
-                auto = index[(collective, "ours_auto", dtype, nbytes, mode)]["us"]
-                ratios = [f"{index[(collective, b, dtype, nbytes, mode)]['us'] / best['us']:.2f}" for b in baselines]
-                ratios += [f"{auto / fixed:.2f}", _auto_pick(collective, world, nbytes)]
-                nccl = index[(collective, "nccl", dtype, nbytes, mode)]
-                print(" | ".join([dtype, _size(nbytes)] + [f"{c['us']:.1f}" if c else "-" for c in cells]
-                                 + [f"{best['busbw']:.0f}", f"{nccl['busbw']:.0f}"] + ratios))
+    print("\n".join(_barrier_lines(results)))
+    for title, rows in _tables(results, world):
+        print(f"\n[{title}]")
+        print("\n".join(" | ".join(row) for row in rows))
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "bench.json"), "w") as f:
         json.dump({"gpu": gpu, "world": world, **sms, "results": results}, f, indent=1)
@@ -217,60 +253,27 @@ def plot(results: list[dict], world: int, gpu: str, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-IMPLS = {
-    "all_reduce": (("ours_lamport", "ours_one_shot", "ours_two_shot", "ours_tma", "ours_auto", "ours_auto_plain_tensor"),
-                   ("nccl", "torch_one_shot", "torch_two_shot")),
-    "reduce_scatter": (("ours_one_shot", "ours_tma", "ours_auto", "ours_one_shot_plain_input",
-                        "ours_push_plain_input", "ours_auto_plain_input"), ("nccl",)),
-}
-
-
 def markdown(run: dict) -> str:
-    """A run's bench.json as Markdown: the barrier line and one table per collective, dtype and
-    mode (microseconds; best ours and NCCL bus GB/s; theirs/ours; auto over the best fixed)."""
-    results, world = run["results"], run["world"]
-    index = {(r["collective"], r["impl"], r["dtype"], r["bytes"], r["mode"]): r for r in results}
-    lines = [f"## {world} x {run['gpu']}", ""]
+    """A run's bench.json as Markdown: the barrier lines and one table per collective, dtype
+    and mode (see :func:`table`)."""
+    lines = [f"## {run['world']} x {run['gpu']}", ""]
     if "tma_blocks_all_reduce_bf16" in run:
         blocks = ", ".join(f"{_size(int(b))}: {n}" for b, n in run["tma_blocks_all_reduce_bf16"].items())
         lines += [f"{run['sms']} SMs per GPU. Thread blocks of the TMA all-reduce by size: {blocks}.", ""]
-    for mode in ("eager", "graph"):
-        ours, theirs = index.get(("barrier", "ours", "-", 0, mode)), index.get(("barrier", "torch_symm_mem", "-", 0, mode))
-        if ours and theirs:
-            lines += [f"Barrier ({mode}): ours {ours['us']:.2f} us, torch symm_mem {theirs['us']:.2f} us "
-                      f"(ours/torch {ours['us'] / theirs['us']:.2f}).", ""]
-    for collective, (impls, baselines) in IMPLS.items():
-        for dtype in sorted({r["dtype"] for r in results if r["collective"] == collective}):
-            for mode in ("eager", "graph"):
-                sizes = sorted({r["bytes"] for r in results if (r["collective"], r["dtype"], r["mode"]) == (collective, dtype, mode)})
-                if not sizes:
-                    continue
-                shown = [i for i in impls + baselines if any((collective, i, dtype, b, mode) in index for b in sizes)]
-                head = ["size"] + [i.replace("_", " ") for i in shown] + ["ours best GB/s", "NCCL GB/s"] + [
-                    f"{b.replace('_', ' ')}/ours" for b in baselines] + ["auto/best fixed", "auto picks"]
-                lines += [f"### {collective}, {dtype}, {mode}", "", "| " + " | ".join(head) + " |",
-                          "|" + "---|" * len(head)]
-                for nbytes in sizes:
-                    cells = {i: index.get((collective, i, dtype, nbytes, mode)) for i in shown}
-                    mine = [c for i, c in cells.items() if c and i.startswith("ours")]
-                    best = min(c["us"] for c in mine)
-                    fixed = min(c["us"] for i, c in cells.items() if c and i.startswith("ours") and "auto" not in i)
-                    row = [_size(nbytes)] + [f"{c['us']:.1f}" if c else "-" for c in cells.values()]
-                    row += [f"{max(c['busbw'] for c in mine):.0f}", f"{cells['nccl']['busbw']:.0f}"]
-                    row += [f"{cells[b]['us'] / best:.2f}" for b in baselines]
-                    row += [f"{cells['ours_auto']['us'] / fixed:.2f}", _auto_pick(collective, world, nbytes)]
-                    lines.append("| " + " | ".join(row) + " |")
-                lines.append("")
+    lines += [line for b in _barrier_lines(run["results"]) for line in (b, "")]
+    for title, rows in _tables(run["results"], run["world"]):
+        lines += [f"### {title}", "", "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+        lines += ["| " + " | ".join(row) + " |" for row in rows[1:]] + [""]
     return "\n".join(lines)
 
 
 def _auto_pick(collective: str, world: int, nbytes: int) -> str:
-    """The algorithm ``auto`` runs for a 16-byte aligned tensor of ``nbytes`` on the peer backend."""
+    """The algorithms ``auto`` runs for a 16-byte aligned tensor of ``nbytes`` on the peer
+    backend, symmetric / plain."""
     from .. import tuning
 
-    if collective == "all_reduce":
-        return tuning.all_reduce_algorithm(world, nbytes, "peer")
-    return tuning.reduce_scatter_algorithm(world, nbytes, "peer")
+    pick = tuning.all_reduce_algorithm if collective == "all_reduce" else tuning.reduce_scatter_algorithm
+    return " / ".join(pick(world, nbytes, "peer", symmetric=s) for s in (True, False))
 
 
 def _size(nbytes: int) -> str:
