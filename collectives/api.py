@@ -14,7 +14,7 @@ import dataclasses
 import torch
 
 from . import tuning
-from .config import ALGORITHMS, DTYPES, LAMPORT_MAX_BYTES, MULTICAST_PATHS, VECTOR_BYTES, KernelKey
+from .config import ALGORITHMS, DTYPES, LAMPORT_MAX_BYTES, MULTICAST_PATHS, VECTOR_BYTES, KernelKey, push_slice_elements
 from .errors import CollectiveError
 from .runtime import TORCH_DTYPES, Buffer, Communicator, communicator
 
@@ -93,6 +93,8 @@ def _all_reduce_plan(comm: Communicator, t, op, algorithm, backend, out, capturi
     vector = _vector(dtype, backend, aligned)
     if algorithm == "lamport":
         return _lamport_plan(comm, t, result, dtype, op, backend, vector)
+    if algorithm == "push":
+        return _push_all_reduce_plan(comm, t, result, dtype, op, backend, vector)
     # Two-shot works in place on a symmetric t (zero-copy).  One-shot always stages t into an
     # internal symmetric buffer inside the kernel: alternating between two buffers lets it
     # write its result straight into t and skip the end barrier (not under graph capture,
@@ -124,6 +126,16 @@ def _lamport_plan(comm: Communicator, t, result, dtype: str, op: str, backend: s
     key = KernelKey("all_reduce", "lamport", backend, dtype, comm.world, op=op, vector=vector, threads=256)
     data = comm.buffer(comm.lamport(t.element_size()))
     work = -(-t.numel() // key.elements_per_access)
+    return comm.plan(key, data, result.data_ptr(), t.data_ptr(), t.numel(), comm.blocks(key, work))
+
+
+def _push_all_reduce_plan(comm: Communicator, t, result, dtype: str, op: str, backend: str, vector: int):
+    """A push all-reduce reads ``t`` and writes ``result`` directly: its symmetric memory is
+    staging slot 4 (``world`` receive slots and a result region of one slice each)."""
+    key = KernelKey("all_reduce", "push", backend, dtype, comm.world, op=op, vector=vector, stage_in=True)
+    m = push_slice_elements(t.numel(), comm.world, key.elements_per_access)
+    data = comm.buffer(comm.staging((comm.world + 1) * m * t.element_size(), 4))
+    work = -(-m // key.elements_per_access)
     return comm.plan(key, data, result.data_ptr(), t.data_ptr(), t.numel(), comm.blocks(key, work))
 
 

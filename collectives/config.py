@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "barrier")
 ALGORITHMS = {
-    "all_reduce": ("one_shot", "two_shot", "lamport", "tma"),
+    "all_reduce": ("one_shot", "two_shot", "lamport", "tma", "push"),
     "reduce_scatter": ("one_shot", "tma", "push"),
     "all_gather": ("one_shot", "tma"),
     "barrier": ("one_shot",),
@@ -53,6 +53,12 @@ LAMPORT_BLOCKS = 128
 #: TMA kernels: shared memory their pipeline may use, and its stages.
 TMA_SMEM_BYTES = 192 << 10
 TMA_STAGES = 4
+
+
+def push_slice_elements(n: int, world: int, vec: int) -> int:
+    """Elements of each slice of a push all-reduce of ``n``: ``n / world`` rounded up to whole
+    vectors of ``vec`` (so every slice starts 16-byte aligned when the tensor does)."""
+    return -(-(-(-n // world)) // vec) * vec
 
 
 @dataclass(frozen=True)
@@ -102,8 +108,9 @@ class KernelKey:
             raise ValueError(f"multimem.ld_reduce has no {PTX_OP[self.op]} of {self.dtype}: use the peer backend")
         if self.vector not in (0, 1, self.full_vector):
             raise ValueError(f"vector must be 1 or {self.full_vector} for {self.dtype}")
-        if not self.end_barrier and (self.algorithm not in ("one_shot", "push") or not self.stage_in):
-            raise ValueError("only a staged one-shot or push collective may drop its end barrier")
+        if not self.end_barrier and (self.algorithm not in ("one_shot", "push") or not self.stage_in
+                                     or self.collective == "all_reduce" and self.algorithm == "push"):
+            raise ValueError("only a staged one-shot or a push reduce-scatter may drop its end barrier")
         if self.algorithm == "push" and not self.stage_in:
             raise ValueError("push sends a non-symmetric input (stage_in=True) straight to its owners")
         if self.algorithm == "tma" and self.vector == 1:

@@ -173,7 +173,8 @@ class Communicator:
         Buffers 0 and 1 serve the single-barrier collectives, strictly in turn across all of
         them (:attr:`turn`): a rank may rewrite a buffer only after every rank has started a
         later collective, which proves it finished reading.  Buffer 2 serves the staged
-        collectives that keep their end barrier, buffer 3 the push ones that do.  Growing frees the superseded buffer and
+        collectives that keep their end barrier, buffer 3 the push reduce-scatters that do, buffer 4
+        the push all-reduces.  Growing frees the superseded buffer and
         drops the plans that hold it (:class:`~collectives.staging.StagingPool`)."""
         return self.pool.get(nbytes, which)
 

@@ -226,3 +226,20 @@ def test_push_reduce_scatter_stores_to_peers_and_reduces_locally(backend: str, w
         assert releases == (2 if end_barrier else 1), releases
     with pytest.raises(ValueError, match="push"):
         KernelKey("reduce_scatter", "push", backend, "bf16", world)
+
+
+def test_push_all_reduce_keeps_both_barriers_and_slices_whole_vectors() -> None:
+    """Push all-reduce: the input goes straight to its owners (stage_in), the second barrier
+    guards the pull of the owners' results, so it cannot be dropped; slices are whole vectors."""
+    from collectives.config import push_slice_elements
+
+    with pytest.raises(ValueError, match="end barrier"):
+        KernelKey("all_reduce", "push", "peer", "bf16", 4, stage_in=True, end_barrier=False)
+    with pytest.raises(ValueError, match="push"):
+        KernelKey("all_reduce", "push", "peer", "bf16", 4)
+    key = KernelKey("all_reduce", "push", "peer", "bf16", 4, stage_in=True)
+    assert key.barriers == 2
+    assert [push_slice_elements(n, 4, 8) for n in (1, 32, 33, 1000)] == [8, 8, 16, 256]
+    assert push_slice_elements(1001, 4, 1) == 251
+    ptx = kernel_ptx(key, "sm_90a")
+    assert not _multimem(ptx) and "ld.global.v4.b32" in ptx and "st.global.v4.b32" in ptx

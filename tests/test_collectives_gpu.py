@@ -157,7 +157,7 @@ def test_graph_replay_after_its_staging_buffer_was_superseded(comm) -> None:
     assert torch.all(bigger == comm.world)
 
 
-@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot", "lamport", "tma"])
+@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot", "lamport", "tma", "push"])
 def test_plain_tensor_at_a_reused_address(comm, algorithm: str) -> None:
     """Allocate, reduce, free, allocate another tensor at the same address, reduce again."""
     import collectives
@@ -178,7 +178,7 @@ def test_plain_tensor_at_a_reused_address(comm, algorithm: str) -> None:
 
 
 @pytest.mark.parametrize("placement", ["symmetric", "staged", "offset", "out"])
-@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot", "lamport", "tma"])
+@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot", "lamport", "tma", "push"])
 @pytest.mark.parametrize(("dtype", "op"), CASES)
 def test_all_reduce_matches_reference(comm, backend: str, dtype: str, op: str, algorithm: str, placement: str) -> None:
     import collectives
@@ -307,7 +307,7 @@ def test_unaligned_tma_reduce_scatter_is_refused(comm, backend: str) -> None:
                                    backend=backend)
 
 
-@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot", "tma"])
+@pytest.mark.parametrize("algorithm", ["one_shot", "two_shot", "tma", "push"])
 def test_256_mb(comm, backend: str, algorithm: str) -> None:
     import collectives
 
@@ -350,7 +350,7 @@ def test_lamport_reduces_negative_zero_and_subnormals(comm, backend: str, dtype:
     assert np.any((want != 0) & (np.abs(want) < info.smallest_normal)), "no subnormal result tested"
 
 
-@pytest.mark.parametrize("algorithm", ["auto", "lamport"])
+@pytest.mark.parametrize("algorithm", ["auto", "lamport", "push"])
 def test_10000_back_to_back_calls_of_mixed_sizes(comm, backend: str, algorithm: str) -> None:
     import collectives
 
@@ -379,7 +379,9 @@ def test_cuda_graph_replay_matches_eager(comm, backend: str) -> None:
     stream.wait_stream(torch.cuda.current_stream())
     lamport = torch.empty(n, dtype=torch.bfloat16, device="cuda")
     big = collectives.empty(1 << 20, torch.bfloat16)
+    pushed = torch.empty(n, dtype=torch.bfloat16, device="cuda")
     with torch.cuda.stream(stream):  # warm up the same calls: compile and plan outside the capture
+        collectives.all_reduce(pushed, algorithm="push", backend=backend)
         collectives.all_reduce(staged, algorithm="one_shot", backend=backend)
         collectives.all_reduce(sym, algorithm="two_shot", backend=backend)
         collectives.all_reduce(lamport, algorithm="lamport", backend=backend)
@@ -389,6 +391,8 @@ def test_cuda_graph_replay_matches_eager(comm, backend: str) -> None:
     with torch.cuda.graph(graph):
         staged.copy_(source)
         lamport.copy_(source)
+        pushed.copy_(source)
+        collectives.all_reduce(pushed, algorithm="push", backend=backend)
         collectives.all_reduce(staged, algorithm="one_shot", backend=backend)
         collectives.all_reduce(sym, algorithm="two_shot", backend=backend)
         # Two Lamport calls per replay: the device-side step rotates the three buffers
@@ -405,6 +409,7 @@ def test_cuda_graph_replay_matches_eager(comm, backend: str) -> None:
         inputs = [reference.round_to(values(r + round_, n), "bf16") for r in range(comm.world)]
         once = reference.all_reduce(inputs, "bf16")
         assert np.array_equal(staged.float().cpu().numpy(), once)
+        assert np.array_equal(pushed.float().cpu().numpy(), once)
         twice = reference.all_reduce([once] * comm.world, "bf16")
         assert np.array_equal(lamport.float().cpu().numpy(), twice), round_
         assert torch.all(sym == sum(r + round_ for r in range(comm.world)))
@@ -413,8 +418,9 @@ def test_cuda_graph_replay_matches_eager(comm, backend: str) -> None:
             eager = torch.ones(100, dtype=torch.float16, device="cuda")
             collectives.all_reduce(eager, algorithm="lamport", backend=backend)
             collectives.all_reduce(lamport[:7], algorithm="lamport", backend=backend)
+            collectives.all_reduce(eager, algorithm="push", backend=backend)  # the graph's push buffer
             collectives.synchronize()
-            assert torch.all(eager == comm.world)
+            assert torch.all(eager == comm.world * comm.world)
 
 
 def test_different_sizes_across_ranks_raise_and_the_communicator_recovers(comm, backend: str) -> None:

@@ -19,6 +19,7 @@ BUILDERS: dict[tuple[str, str], Callable] = {
     ("all_reduce", "two_shot"): two_shot.build,
     ("all_reduce", "lamport"): lamport.build,
     ("all_reduce", "tma"): tma.build,
+    ("all_reduce", "push"): push.build,
     ("reduce_scatter", "one_shot"): one_shot.build,
     ("reduce_scatter", "tma"): tma.build,
     ("reduce_scatter", "push"): push.build,

@@ -182,13 +182,15 @@ def tile_timeout(landed, err, rank):
 
 
 def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable | None, move: Callable | None = None,
-           gather: Callable | None = None, buffers: Callable | None = None, push: Callable | None = None):
+           gather: Callable | None = None, buffers: Callable | None = None, push: Callable | None = None,
+           pull: Callable | None = None):
     """The ``@cute.jit`` launcher of ``key``'s kernel: ``stage(src, own, n, first, step)`` (for
     ``stage_in``; or, given ``push``, ``push(addrs, src, n, rank, first, step)`` storing the
     input into other ranks' buffers instead), the start barrier, ``move(addrs, data_mc, out,
     src, n, rank, first, step, buffers, deadline, err)`` (the data phase; none for a bare
-    barrier), the end barrier (unless
-    ``end_barrier=False``) and ``gather(src, out, n, first, step)`` (for ``gather_out``).
+    barrier), the end barrier (unless ``end_barrier=False``) and ``gather(src, out, n, first,
+    step)`` (for ``gather_out``) or ``pull(addrs, out, n, rank, first, step)`` (reading the
+    other ranks' buffers after the end barrier).
     ``buffers(smem)`` allocates the shared memory ``move`` takes."""
     world, threads = key.world, key.threads
 
@@ -232,6 +234,9 @@ def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable | None, move: Cal
                     if cutlass.const_expr(key.gather_out):
                         if ok2:
                             gather(signals.peer_address(data_table, rank), out, n, first, step)
+                    if cutlass.const_expr(pull is not None):
+                        if ok2:
+                            pull(addrs, out, n, rank, first, step)
         if tidx == 0:
             signals.advance_epoch(pad, block, epoch + Uint32(key.barriers), world)
 

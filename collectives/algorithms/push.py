@@ -1,4 +1,4 @@
-"""Push reduce-scatter for inputs outside symmetric memory: no staging copy.
+"""Push reduce-scatter and all-reduce for inputs outside symmetric memory: no staging copy.
 
 Each rank stores slice ``q`` of its input straight from the user's tensor into slot ``rank`` of
 rank ``q``'s symmetric receive buffer (``world`` slots of ``n`` elements), passes one barrier,
@@ -12,6 +12,15 @@ A push writes into another rank's buffer before the barrier, so the buffer must 
 eagerly the caller alternates between two buffers with no end barrier (as the staged one-shot
 does: a rank pushes into a buffer again only after a barrier that every rank entered after
 finishing the call that read it); under graph capture the kernel keeps its end barrier.
+
+The all-reduce is the same push of slices of ``m`` elements (``n`` split in ``world`` slices,
+``m`` rounded up to whole vectors; the last slice may be shorter), then the owner reduces its
+slice into its output and into a result region after its slots, passes a second barrier, and
+every rank pulls each owner's result region into its output (plain loads from the peers).
+Its second barrier makes one buffer enough, eagerly and in graphs: a rank pushes into a buffer
+only after the second barrier of the previous call, by which time every owner has read its
+slots, and an owner rewrites its result region only after the next call's first barrier, by
+which time every rank has pulled it.
 """
 
 from __future__ import annotations
@@ -26,7 +35,9 @@ from . import design
 
 
 def build(key: KernelKey):
-    """The ``@cute.jit`` launcher of the push reduce-scatter for ``key``."""
+    """The ``@cute.jit`` launcher of the push reduce-scatter or all-reduce for ``key``."""
+    if key.collective == "all_reduce":
+        return _all_reduce(key)
     b = design.blocks(key)
     vec, world, dtype, acc, op = b.vec, b.world, b.dtype, b.acc, b.op
     element_bytes = dtype.width // 8
@@ -60,6 +71,72 @@ def build(key: KernelKey):
             j += step
 
     return design.kernel(key, b, stage=None, move=move, push=push)
+
+
+def _all_reduce(key: KernelKey):
+    """Push slices, reduce our own (out and result region), second barrier, pull the others'."""
+    b = design.blocks(key)
+    vec, world, dtype, acc, op = b.vec, b.world, b.dtype, b.acc, b.op
+    element_bytes = dtype.width // 8
+
+    @cute.jit
+    def bounds(n, q):
+        """(first element, length) of slice ``q`` of ``n`` elements, and the slice size
+        (:func:`collectives.config.push_slice_elements`)."""
+        m = (((n + world - 1) // world + vec - 1) // vec) * vec
+        begin = cutlass.min(Int64(q) * m, n)
+        return begin, cutlass.min(begin + m, n) - begin, m
+
+    @cute.jit
+    def push(addrs, src, n, rank, first, step):
+        """Slot ``rank`` of rank ``q``'s buffer = slice ``q`` of our input, for every ``q``."""
+        for q in cutlass.range_constexpr(world):
+            begin, length, m = bounds(n, q)
+            slot = addrs[q] + Int64(rank) * m * element_bytes
+            b.copy_local(src + begin * element_bytes, slot, Int64(0), length, first, step)
+
+    @cute.jit
+    def own_address(addrs, rank):
+        own = addrs[0]
+        for r in cutlass.range_constexpr(1, world):
+            if rank == r:
+                own = addrs[r]
+        return own
+
+    @cute.jit
+    def move(addrs, data_mc, out, src, n, rank, first, step, buffers, deadline, err):
+        """Our slice of out and our result region = the reduction of our ``world`` slots."""
+        begin, length, m = bounds(n, rank)
+        own = own_address(addrs, rank)
+        slots = [own + Int64(s) * m * element_bytes for s in range(world)]
+        result = own + Int64(world) * m * element_bytes
+        mine = out + begin * element_bytes
+        vectors = length // vec
+
+        def reduce_here(vs):
+            offsets = tuple(Int64(v) * vec for v in vs)
+            for o, values in zip(offsets, reduce.load_reduce_peer(slots, offsets, dtype, acc, vec, op)):
+                b.store_local(mine, o, values, vec)
+                b.store_local(result, o, values, vec)
+
+        b.each_vector(Int64(0), vectors, first, step, reduce_here)
+        j = Int64(vectors * vec) + first
+        while j < length:
+            value = reduce.load_reduce_peer(slots, (j,), dtype, acc, 1, op)[0]
+            b.store_local(mine, j, value, 1)
+            b.store_local(result, j, value, 1)
+            j += step
+
+    @cute.jit
+    def pull(addrs, out, n, rank, first, step):
+        """Slice ``q`` of out = rank ``q``'s result region, for every other ``q``."""
+        for q in cutlass.range_constexpr(world):
+            if q != rank:
+                begin, length, m = bounds(n, q)
+                result = addrs[q] + Int64(world) * m * element_bytes
+                b.copy_local(result, out + begin * element_bytes, Int64(0), length, first, step)
+
+    return design.kernel(key, b, stage=None, move=move, push=push, pull=pull)
 
 
 __all__ = ["build"]

@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
                 for algorithm in (*algorithms, "auto"):
                     us = time_op(lambda a=algorithm: collectives.all_reduce(ours, algorithm=a, backend="peer"), iters, graph)
                     record("all_reduce", f"ours_{algorithm}", name, nbytes, graph, us)
-                for algorithm in ("one_shot", "two_shot", "tma", "auto"):  # a tensor from torch's allocator
+                for algorithm in ("one_shot", "two_shot", "tma", "push", "auto"):  # a tensor from torch's allocator
                     us = time_op(lambda a=algorithm: collectives.all_reduce(plain, algorithm=a, backend="peer"), iters, graph)
                     record("all_reduce", f"ours_{algorithm}_plain", name, nbytes, graph, us)
                 record("all_reduce", "nccl", name, nbytes, graph, time_op(lambda: dist.all_reduce(plain), iters, graph))
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
 IMPLS = {
     "all_reduce": {
         "symmetric": ("ours_lamport", "ours_one_shot", "ours_two_shot", "ours_tma", "ours_auto"),
-        "plain": ("ours_one_shot_plain", "ours_two_shot_plain", "ours_tma_plain", "ours_auto_plain"),
+        "plain": ("ours_one_shot_plain", "ours_two_shot_plain", "ours_tma_plain", "ours_push_plain", "ours_auto_plain"),
         "baselines": ("nccl", "torch_one_shot", "torch_two_shot"),
     },
     "reduce_scatter": {
