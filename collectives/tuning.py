@@ -61,6 +61,19 @@ RS_TMA_MIN: dict[tuple[str, int], int] = {
 #: one-shot.  NOT YET MEASURED: the reduce-scatter crossover (same traffic) as a placeholder.
 AG_TMA_MIN: dict[tuple[str, int], int] = dict(RS_TMA_MIN)
 
+#: (backend, world size) -> largest all-reduce (bytes per rank) of a tensor outside symmetric
+#: memory for which one-shot (staging in-kernel) is chosen over push; measured on 2 x H200
+#: (2026-11-22: one-shot 21.0 vs push 22.0 us at 4 MB, push ahead from 16 MB: 62.7 vs 65.9 us,
+#: graphs); 4 and 8 GPUs unmeasured (no such machine lent), one-shot's own crossover used.
+PLAIN_ONE_SHOT_MAX: dict[tuple[str, int], int] = {
+    ("peer", 2): 4 << 20,
+    ("peer", 4): 256 << 10,
+    ("peer", 8): 8 << 10,
+    ("multicast", 2): 4 << 20,
+    ("multicast", 4): 256 << 10,
+    ("multicast", 8): 128 << 10,
+}
+
 #: reduce_scatter stages inputs up to this size (bytes per rank) even when they are symmetric:
 #: the in-kernel copy costs less than the end barrier it saves.
 STAGE_MAX_BYTES = 4 << 20
@@ -75,14 +88,17 @@ def _lookup(table: dict[tuple[str, int], int], backend: str, world: int) -> int:
 
 def all_reduce_algorithm(world: int, nbytes: int, backend: str, aligned: bool = True,
                          symmetric: bool = True) -> str:
-    """Lamport up to its crossover, then one-shot, then two-shot, and TMA from its crossover
-    on (16-byte aligned symmetric tensors only: its crossovers were measured on symmetric
-    buffers, and on a staged tensor it lost to two-shot, 2339 vs 1587 us at 256 MB on 4 x H200)."""
+    """Lamport up to its crossover, then one-shot; past that, for a tensor outside symmetric
+    memory push (no staging copy in or out: two-shot and TMA staged lost to it, 1094 and 1820
+    vs 875 us at 256 MB on 2 x H200), and for a symmetric one two-shot, or TMA from its
+    crossover on (16-byte aligned)."""
     if nbytes <= min(_lookup(LAMPORT_MAX, backend, world), LAMPORT_MAX_BYTES):
         return "lamport"
+    if not symmetric:
+        return "one_shot" if nbytes <= _lookup(PLAIN_ONE_SHOT_MAX, backend, world) else "push"
     if nbytes <= _lookup(ONE_SHOT_MAX, backend, world):
         return "one_shot"
-    if aligned and symmetric and nbytes >= _lookup(TMA_MIN, backend, world):
+    if aligned and nbytes >= _lookup(TMA_MIN, backend, world):
         return "tma"
     return "two_shot"
 

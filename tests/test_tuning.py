@@ -21,11 +21,15 @@ def test_lamport_never_exceeds_its_buffers() -> None:
         assert tuning.all_reduce_algorithm(world, LAMPORT_MAX_BYTES + 16, "peer") != "lamport"
 
 
-def test_plain_all_reduce_tensors_never_pick_tma() -> None:
+def test_large_plain_all_reduce_tensors_are_pushed() -> None:
+    """Past one-shot, a tensor outside symmetric memory is pushed (never staged through
+    two-shot or TMA); the order by size is Lamport, one-shot, push."""
+    order = ["lamport", "one_shot", "push"]
     for world in (2, 4, 8):
         for backend in ("peer", "multicast"):
-            picks = {tuning.all_reduce_algorithm(world, 1 << k, backend, symmetric=False) for k in range(10, 31)}
-            assert "tma" not in picks and "two_shot" in picks, picks
+            picks = [tuning.all_reduce_algorithm(world, 1 << k, backend, symmetric=False) for k in range(10, 31)]
+            assert picks[-1] == "push" and set(picks) <= set(order), picks
+            assert [order.index(p) for p in picks] == sorted(order.index(p) for p in picks), picks
 
 
 def test_plain_reduce_scatter_inputs_are_pushed() -> None:
