@@ -181,6 +181,16 @@ def tile_timeout(landed, err, rank):
         signals.record_error(err, Int32(TIMEOUT), Int32(DATA_PHASE), rank, cute.arch.block_idx()[0], rank)
 
 
+@cute.jit
+def pick(addrs: list, q: Int32) -> Int64:
+    """``addrs[q]`` for a runtime rank ``q`` (a select per rank: the list is of registers)."""
+    chosen = addrs[0]
+    for r in cutlass.range_constexpr(1, len(addrs)):
+        if q == r:
+            chosen = addrs[r]
+    return chosen
+
+
 def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable | None, move: Callable | None = None,
            gather: Callable | None = None, buffers: Callable | None = None, push: Callable | None = None,
            pull: Callable | None = None):
@@ -243,4 +253,4 @@ def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable | None, move: Cal
     return launcher(kernel, threads, emulate=key.backend == "multicast_emulated" and world)
 
 
-__all__ = ["blocks", "kernel", "tile_timeout"]
+__all__ = ["blocks", "kernel", "pick", "tile_timeout"]

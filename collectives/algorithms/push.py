@@ -44,18 +44,17 @@ def build(key: KernelKey):
 
     @cute.jit
     def push(addrs, src, n, rank, first, step):
-        """Slot ``rank`` of rank ``q``'s buffer = slice ``q`` of our input, for every ``q``."""
-        for q in cutlass.range_constexpr(world):
-            slot = addrs[q] + Int64(rank) * n * element_bytes
+        """Slot ``rank`` of rank ``q``'s buffer = slice ``q`` of our input, for every ``q``
+        (``q = rank + i``: each rank writes to a different owner at a time)."""
+        for i in cutlass.range_constexpr(world):
+            q = (rank + i) % world
+            slot = design.pick(addrs, q) + Int64(rank) * n * element_bytes
             b.copy_local(src + Int64(q) * n * element_bytes, slot, Int64(0), n, first, step)
 
     @cute.jit
     def move(addrs, data_mc, out, src, n, rank, first, step, buffers, deadline, err):
         """out = the reduction of our ``world`` receive slots (local loads)."""
-        own = addrs[0]
-        for r in cutlass.range_constexpr(1, world):
-            if rank == r:
-                own = addrs[r]
+        own = design.pick(addrs, rank)
         slots = [own + Int64(s) * n * element_bytes for s in range(world)]
         vectors = n // vec
 
@@ -89,25 +88,19 @@ def _all_reduce(key: KernelKey):
 
     @cute.jit
     def push(addrs, src, n, rank, first, step):
-        """Slot ``rank`` of rank ``q``'s buffer = slice ``q`` of our input, for every ``q``."""
-        for q in cutlass.range_constexpr(world):
+        """Slot ``rank`` of rank ``q``'s buffer = slice ``q`` of our input, for every ``q``
+        (``q = rank + i``: each rank writes to a different owner at a time)."""
+        for i in cutlass.range_constexpr(world):
+            q = (rank + i) % world
             begin, length, m = bounds(n, q)
-            slot = addrs[q] + Int64(rank) * m * element_bytes
+            slot = design.pick(addrs, q) + Int64(rank) * m * element_bytes
             b.copy_local(src + begin * element_bytes, slot, Int64(0), length, first, step)
-
-    @cute.jit
-    def own_address(addrs, rank):
-        own = addrs[0]
-        for r in cutlass.range_constexpr(1, world):
-            if rank == r:
-                own = addrs[r]
-        return own
 
     @cute.jit
     def move(addrs, data_mc, out, src, n, rank, first, step, buffers, deadline, err):
         """Our slice of out and our result region = the reduction of our ``world`` slots."""
         begin, length, m = bounds(n, rank)
-        own = own_address(addrs, rank)
+        own = design.pick(addrs, rank)
         slots = [own + Int64(s) * m * element_bytes for s in range(world)]
         result = own + Int64(world) * m * element_bytes
         mine = out + begin * element_bytes
@@ -129,12 +122,13 @@ def _all_reduce(key: KernelKey):
 
     @cute.jit
     def pull(addrs, out, n, rank, first, step):
-        """Slice ``q`` of out = rank ``q``'s result region, for every other ``q``."""
-        for q in cutlass.range_constexpr(world):
-            if q != rank:
-                begin, length, m = bounds(n, q)
-                result = addrs[q] + Int64(world) * m * element_bytes
-                b.copy_local(result, out + begin * element_bytes, Int64(0), length, first, step)
+        """Slice ``q`` of out = rank ``q``'s result region, for every other ``q`` (``q = rank +
+        i``: each rank reads from a different owner at a time)."""
+        for i in cutlass.range_constexpr(1, world):
+            q = (rank + i) % world
+            begin, length, m = bounds(n, q)
+            result = design.pick(addrs, q) + Int64(world) * m * element_bytes
+            b.copy_local(result, out + begin * element_bytes, Int64(0), length, first, step)
 
     return design.kernel(key, b, stage=None, move=move, push=push, pull=pull)
 
