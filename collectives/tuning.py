@@ -62,9 +62,11 @@ RS_TMA_MIN: dict[tuple[str, int], int] = {
 AG_TMA_MIN: dict[tuple[str, int], int] = dict(RS_TMA_MIN)
 
 #: (backend, world size) -> largest all-reduce (bytes per rank) of a tensor outside symmetric
-#: memory for which one-shot (staging in-kernel) is chosen over push; measured on 2 x H200
-#: (2026-11-22: one-shot 21.0 vs push 22.0 us at 4 MB, push ahead from 16 MB: 62.7 vs 65.9 us,
-#: graphs); 4 and 8 GPUs unmeasured (no such machine lent), one-shot's own crossover used.
+#: memory for which one-shot (staging in-kernel) is chosen over push.  Measured 2026-11-22:
+#: on 2 x H200 one-shot 21.0 vs push 22.0 us at 4 MB, push ahead from 16 MB (62.2 vs 62.4 us,
+#: 882 vs 940 us at 256 MB, graphs); on 4 x H200 push is the fastest plain algorithm from 1 MB
+#: (16.9 us vs two-shot staged 18.0) to 256 MB (1300 vs 1562 us), so one-shot's own crossover
+#: (inside Lamport's range) stands; 8 GPUs extrapolated.
 PLAIN_ONE_SHOT_MAX: dict[tuple[str, int], int] = {
     ("peer", 2): 4 << 20,
     ("peer", 4): 256 << 10,
