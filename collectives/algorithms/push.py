@@ -35,56 +35,25 @@ from . import design
 
 
 def build(key: KernelKey):
-    """The ``@cute.jit`` launcher of the push reduce-scatter or all-reduce for ``key``."""
-    if key.collective == "all_reduce":
-        return _all_reduce(key)
+    """The ``@cute.jit`` launcher of the push reduce-scatter or all-reduce for ``key``: one
+    push, one local reduction of the ``world`` receive slots and, for the all-reduce, the pull
+    of the other owners' results; the two differ only in how ``n`` is sliced."""
     b = design.blocks(key)
     vec, world, dtype, acc, op = b.vec, b.world, b.dtype, b.acc, b.op
     element_bytes = dtype.width // 8
-
-    @cute.jit
-    def push(addrs, src, n, rank, first, step):
-        """Slot ``rank`` of rank ``q``'s buffer = slice ``q`` of our input, for every ``q``
-        (``q = rank + i``: each rank writes to a different owner at a time)."""
-        for i in cutlass.range_constexpr(world):
-            q = (rank + i) % world
-            slot = design.pick(addrs, q) + Int64(rank) * n * element_bytes
-            b.copy_local(src + Int64(q) * n * element_bytes, slot, Int64(0), n, first, step)
-
-    @cute.jit
-    def move(addrs, data_mc, out, src, n, rank, first, step, buffers, deadline, err):
-        """out = the reduction of our ``world`` receive slots (local loads)."""
-        own = design.pick(addrs, rank)
-        slots = [own + Int64(s) * n * element_bytes for s in range(world)]
-        vectors = n // vec
-
-        def reduce_here(vs):
-            offsets = tuple(Int64(v) * vec for v in vs)
-            for o, values in zip(offsets, reduce.load_reduce_peer(slots, offsets, dtype, acc, vec, op)):
-                b.store_local(out, o, values, vec)
-
-        b.each_vector(Int64(0), vectors, first, step, reduce_here)
-        j = Int64(vectors * vec) + first
-        while j < n:
-            b.store_local(out, j, reduce.load_reduce_peer(slots, (j,), dtype, acc, 1, op)[0], 1)
-            j += step
-
-    return design.kernel(key, b, stage=None, move=move, push=push)
-
-
-def _all_reduce(key: KernelKey):
-    """Push slices, reduce our own (out and result region), second barrier, pull the others'."""
-    b = design.blocks(key)
-    vec, world, dtype, acc, op = b.vec, b.world, b.dtype, b.acc, b.op
-    element_bytes = dtype.width // 8
+    all_reduce = key.collective == "all_reduce"
 
     @cute.jit
     def bounds(n, q):
-        """(first element, length) of slice ``q`` of ``n`` elements, and the slice size
-        (:func:`collectives.config.push_slice_elements`)."""
-        m = (((n + world - 1) // world + vec - 1) // vec) * vec
-        begin = cutlass.min(Int64(q) * m, n)
-        return begin, cutlass.min(begin + m, n) - begin, m
+        """(first input element, length, slot size) of slice ``q``: reduce-scatter slices are
+        the ``n`` elements of an output; all-reduce slices split ``n`` in ``world``
+        (:func:`collectives.config.push_slice_elements`, the last may be shorter)."""
+        if cutlass.const_expr(all_reduce):
+            m = (((n + world - 1) // world + vec - 1) // vec) * vec
+            begin = cutlass.min(Int64(q) * m, n)
+            return begin, cutlass.min(begin + m, n) - begin, m
+        else:
+            return Int64(q) * n, n, n
 
     @cute.jit
     def push(addrs, src, n, rank, first, step):
@@ -98,26 +67,29 @@ def _all_reduce(key: KernelKey):
 
     @cute.jit
     def move(addrs, data_mc, out, src, n, rank, first, step, buffers, deadline, err):
-        """Our slice of out and our result region = the reduction of our ``world`` slots."""
+        """The reduction of our ``world`` slots (local loads) into out (the all-reduce: into
+        our slice of out and our result region)."""
         begin, length, m = bounds(n, rank)
         own = design.pick(addrs, rank)
         slots = [own + Int64(s) * m * element_bytes for s in range(world)]
-        result = own + Int64(world) * m * element_bytes
-        mine = out + begin * element_bytes
+        if cutlass.const_expr(all_reduce):
+            dests = [out + begin * element_bytes, own + Int64(world) * m * element_bytes]
+        else:
+            dests = [out]
         vectors = length // vec
 
         def reduce_here(vs):
             offsets = tuple(Int64(v) * vec for v in vs)
             for o, values in zip(offsets, reduce.load_reduce_peer(slots, offsets, dtype, acc, vec, op)):
-                b.store_local(mine, o, values, vec)
-                b.store_local(result, o, values, vec)
+                for d in dests:
+                    b.store_local(d, o, values, vec)
 
         b.each_vector(Int64(0), vectors, first, step, reduce_here)
         j = Int64(vectors * vec) + first
         while j < length:
             value = reduce.load_reduce_peer(slots, (j,), dtype, acc, 1, op)[0]
-            b.store_local(mine, j, value, 1)
-            b.store_local(result, j, value, 1)
+            for d in dests:
+                b.store_local(d, j, value, 1)
             j += step
 
     @cute.jit
@@ -130,7 +102,7 @@ def _all_reduce(key: KernelKey):
             result = design.pick(addrs, q) + Int64(world) * m * element_bytes
             b.copy_local(result, out + begin * element_bytes, Int64(0), length, first, step)
 
-    return design.kernel(key, b, stage=None, move=move, push=push, pull=pull)
+    return design.kernel(key, b, stage=None, move=move, push=push, pull=pull if all_reduce else None)
 
 
 __all__ = ["build"]
