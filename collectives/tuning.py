@@ -57,10 +57,6 @@ RS_TMA_MIN: dict[tuple[str, int], int] = {
     ("multicast", 8): 64 << 20,
 }
 
-#: Smallest all-gather output (bytes per rank, W x the input) from which TMA is chosen over
-#: one-shot.  NOT YET MEASURED: the reduce-scatter crossover (same traffic) as a placeholder.
-AG_TMA_MIN: dict[tuple[str, int], int] = dict(RS_TMA_MIN)
-
 #: (backend, world size) -> largest all-reduce (bytes per rank) of a tensor outside symmetric
 #: memory for which one-shot (staging in-kernel) is chosen over push.  Measured 2026-11-22:
 #: on 2 x H200 one-shot 21.0 vs push 22.0 us at 4 MB, push ahead from 16 MB (62.2 vs 62.4 us,
@@ -118,8 +114,9 @@ def reduce_scatter_algorithm(world: int, nbytes: int, backend: str, aligned: boo
 
 
 def all_gather_algorithm(world: int, nbytes: int, backend: str, aligned: bool = True) -> str:
-    """One-shot, or TMA from its (not yet measured) crossover on (16-byte aligned tensors and
-    input size)."""
-    if aligned and nbytes >= _lookup(AG_TMA_MIN, backend, world):
-        return "tma"
+    """One-shot at every size.  Measured 2026-11-23 on 2 x H200 (``collectives.tools.all_gather_bench``,
+    bf16, 4 KB-256 MB of output per rank, eager and graphs): TMA never beat one-shot by more
+    than noise on symmetric tensors (16 MB graph 34.5 vs 37.0 us; 256 MB 409 vs 376-380 us, 8%
+    slower) and lost badly on plain ones (926 vs 497-509 us at 256 MB: its copy-out runs on the
+    quarter of the SMs it is given).  4 and 8 GPUs are not yet measured: one-shot until they are."""
     return "one_shot"

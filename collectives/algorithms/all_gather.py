@@ -1,7 +1,9 @@
 """All-gather, one-shot and TMA: between the start and end barriers each rank pushes its input
 into block ``rank`` of every rank's symmetric buffer; after the end barrier every rank's buffer
 holds every block, and ``gather_out`` copies it to a separate output (a symmetric ``out`` is the
-buffer itself).
+buffer itself).  The one-shot kernel stores its own block into a separate output while it
+pushes it (local stores overlapping the NVLink ones), so only the other ranks' blocks are
+copied after the end barrier.
 
 Push rather than pull: the input is read where it lies (no staging copy, symmetric or not), and
 the traffic that crosses NVLink is stores, which need no round trip; on the multicast backend
@@ -31,6 +33,7 @@ def build(key: KernelKey):
     world, vec, dtype = b.world, b.vec, b.dtype
     tma = key.algorithm == "tma"
     tile = key.tile_bytes
+    own_to_out = key.gather_out and not tma
 
     @cute.jit
     def push(addrs, data_mc, out, src, n, rank, first, step, buffers, deadline, err):
@@ -51,27 +54,40 @@ def build(key: KernelKey):
                           for o in offsets]  # all loads in flight before the stores
                 for o, values in zip(offsets, loaded):
                     b.store_all(addrs, data_mc, base + o, values, vec)
+                    if cutlass.const_expr(own_to_out):
+                        b.store_local(out, base + o, values, vec)
 
             b.each_vector(Int64(0), vectors, first, step, send)
             j = Int64(vectors * vec) + first
             while j < n:
-                b.store_all(addrs, data_mc, base + j, ptxops.ld(signals.gmem(dtype, src, dtype.width // 8) + j), 1)
+                value = ptxops.ld(signals.gmem(dtype, src, dtype.width // 8) + j)
+                b.store_all(addrs, data_mc, base + j, value, 1)
+                if cutlass.const_expr(own_to_out):
+                    b.store_local(out, base + j, value, 1)
                 j += step
 
     @cute.jit
     def copy_out(src, dst, n, first, step):
-        """dst = src, each block taking in each rank's block exactly the vectors (TMA: tiles)
-        that block of that rank pushed."""
+        """dst = src (TMA), each block taking in each rank's block exactly the tiles that
+        block of that rank pushed."""
         for q in cutlass.range_constexpr(world):
-            if cutlass.const_expr(tma):
-                b.copy_tiles(src, dst, Int64(q) * (n // vec), Int64(q + 1) * (n // vec))
-            else:
-                b.copy_local(src, dst, Int64(q) * n, Int64(q + 1) * n, first, step)
+            b.copy_tiles(src, dst, Int64(q) * (n // vec), Int64(q + 1) * (n // vec))
+
+    @cute.jit
+    def copy_others(addrs, out, n, rank, first, step):
+        """out = this rank's buffer in every other rank's block (its own block went to out
+        during the push), each block taking the vectors that block of that rank pushed."""
+        own = design.pick(addrs, rank)
+        for q in cutlass.range_constexpr(world):
+            if q != rank:
+                b.copy_local(own, out, Int64(q) * n, Int64(q + 1) * n, first, step)
 
     def buffers(smem):
         return tiles.shared_buffers(smem, dtype, 1, tile, TMA_STAGES)
 
-    return design.kernel(key, b, stage=None, move=push, gather=copy_out, buffers=buffers if tma else None)
+    if tma:
+        return design.kernel(key, b, stage=None, move=push, gather=copy_out, buffers=buffers)
+    return design.kernel(key, b, stage=None, move=push, pull=copy_others if own_to_out else None)
 
 
 __all__ = ["build"]

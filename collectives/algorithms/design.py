@@ -199,8 +199,8 @@ def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable | None, move: Cal
     input into other ranks' buffers instead), the start barrier, ``move(addrs, data_mc, out,
     src, n, rank, first, step, buffers, deadline, err)`` (the data phase; none for a bare
     barrier), the end barrier (unless ``end_barrier=False``) and ``gather(src, out, n, first,
-    step)`` (for ``gather_out``) or ``pull(addrs, out, n, rank, first, step)`` (reading the
-    other ranks' buffers after the end barrier).
+    step)`` (for ``gather_out``, where given) or ``pull(addrs, out, n, rank, first, step)``
+    (reading the ranks' buffers after the end barrier).
     ``buffers(smem)`` allocates the shared memory ``move`` takes."""
     world, threads = key.world, key.threads
 
@@ -241,7 +241,7 @@ def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable | None, move: Cal
                     move(addrs, data_mc, out, src, n, rank, first, step, shared, deadline, err)
                     ok2 = b.barrier(pad_table, pad_mc, pad, rank, block, epoch + Uint32(2), deadline, err, Int32(1), size)
                     ok2 = signals.block_all(flag, ok2)
-                    if cutlass.const_expr(key.gather_out):
+                    if cutlass.const_expr(key.gather_out and gather is not None):
                         if ok2:
                             gather(signals.peer_address(data_table, rank), out, n, first, step)
                     if cutlass.const_expr(pull is not None):
