@@ -1,5 +1,5 @@
-"""The GEMM-overlap functions' host logic: row chunking, and how a flag wait that timed out is
-reported (no GPU)."""
+"""The GEMM-overlap functions' host logic: row chunking, flag slots, and how a flag wait that
+timed out is reported (no GPU)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from collectives.config import FLAG_SLOTS, FLAG_WAIT, TIMEOUT  # noqa: E402
 from collectives.errors import CollectiveError, CollectiveTimeout  # noqa: E402
-from collectives.overlap import _bounds  # noqa: E402
+from collectives.overlap import _FLAG_BASE, CHUNKS, _bounds  # noqa: E402
 from collectives.runtime import Communicator  # noqa: E402
 
 
@@ -20,6 +20,13 @@ def test_chunks_cover_every_row_once_and_none_is_empty(rows: int, chunks: int) -
     assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
     assert len(bounds) == max(1, min(chunks, rows))
     assert rows == 0 or all(r1 > r0 for r0, r1 in bounds)
+
+
+def test_each_function_has_its_own_flag_slots() -> None:
+    """One consumer per slot: the two functions' chunks use disjoint slots of the communicator."""
+    slots = [set(range(base, base + CHUNKS)) for base in _FLAG_BASE.values()]
+    assert not set.intersection(*slots)
+    assert set.union(*slots) <= set(range(FLAG_SLOTS))
 
 
 def _bare_communicator(record: list[int]) -> Communicator:
