@@ -197,9 +197,13 @@ class PadLayout:
 
 
 #: Fields of the error record a failed kernel writes (int32 words, host-mapped memory).
-#: ``barrier`` is 0 (start), 1 (end), :data:`LAMPORT_EXCHANGE` (a Lamport data wait) or
-#: :data:`DATA_PHASE` (a TMA stage that never landed).
+#: ``barrier`` is 0 (start), 1 (end), :data:`LAMPORT_EXCHANGE` (a Lamport data wait),
+#: :data:`DATA_PHASE` (a TMA stage that never landed) or :data:`FLAG_WAIT` (a stream flag
+#: never posted; ``block`` is then its slot).
 ERROR_FIELDS = ("status", "barrier", "peer", "block", "rank")
-LAMPORT_EXCHANGE, DATA_PHASE = 2, 3
+LAMPORT_EXCHANGE, DATA_PHASE, FLAG_WAIT = 2, 3, 4
+#: Slots of a communicator's stream flags (:meth:`collectives.runtime.Communicator.post`; the
+#: GEMM-overlap functions use the first ``2 x 4``).
+FLAG_SLOTS = 16
 #: Values of the record's status word.
 TIMEOUT, SIZE_MISMATCH = 1, 2

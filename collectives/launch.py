@@ -60,4 +60,26 @@ def example_arguments() -> tuple:
             Int32(0), Int64(0), Int32(1), driver.CUstream(0))
 
 
-__all__ = ["EMULATION_WINDOWS", "example_arguments", "launcher"]
+def flag_launcher(body):
+    """The ``@cute.jit`` launch of a one-thread kernel running the ``@cute.jit``
+    ``body(flags, consumed, index, err, rank, timeout_ns)``: the stream flags' contract
+    (``flags`` and ``consumed``: the counter words, ``index`` the slot, ``err`` the error record)."""
+
+    @cute.kernel
+    def kernel(flags: Int64, consumed: Int64, index: Int32, err: Int64, rank: Int32, timeout_ns: Int64):
+        body(flags, consumed, index, err, rank, timeout_ns)
+
+    @cute.jit
+    def launch(flags: Int64, consumed: Int64, index: Int32, err: Int64, rank: Int32, timeout_ns: Int64,
+               stream: driver.CUstream):
+        kernel(flags, consumed, index, err, rank, timeout_ns).launch(grid=[1, 1, 1], block=[1, 1, 1], stream=stream)
+
+    return launch
+
+
+def flag_example_arguments() -> tuple:
+    """Placeholder runtime arguments of :func:`flag_launcher`'s launch."""
+    return Int64(0), Int64(0), Int32(0), Int64(0), Int32(0), Int64(0), driver.CUstream(0)
+
+
+__all__ = ["EMULATION_WINDOWS", "example_arguments", "flag_example_arguments", "flag_launcher", "launcher"]

@@ -2,11 +2,22 @@
 
 The GEMM is cuBLAS (``torch.mm``) on row chunks, on the current stream; the communication of
 each chunk is this library's ``reduce_scatter`` / ``all_gather`` kernel on a side stream, so the
-communication of one chunk runs while the GEMM of the next computes.  The two streams are
-ordered by CUDA events (recorded and waited on the GPU: no host synchronisation, capturable in
-a CUDA graph: the side stream forks from and joins the current one); across GPUs the kernels'
-own ptxops barriers order everything.  The communication kernels use TMA (at most a quarter of
-the SMs) when every chunk is 16-byte aligned, else one-shot.
+communication of one chunk runs while the GEMM of the next computes.  The side stream forks
+from the current one at the start of a call and joins it at the end (CUDA stream waits: they
+order the call against the work around it and keep it capturable in a CUDA graph).  Between
+them, each chunk's producer and consumer are synchronised by device-side flags built from
+ptxops (:meth:`~collectives.runtime.Communicator.post` after the producer on its stream,
+:meth:`~collectives.runtime.Communicator.wait` before the consumer on the other: one-thread
+kernels, ``red.release.gpu`` / ``ld.acquire.gpu``, bounded by the communicator's timeout), not
+by events or host syncs; across GPUs the collectives' own ptxops barriers order everything.
+The communication kernels use TMA (at most a quarter of the SMs) when every chunk is 16-byte
+aligned, else one-shot.
+
+Forward progress: the producer of every wait was queued (on the other stream) before the wait
+itself, and a spinning wait holds one warp of one SM, so the producer always has the rest of
+the GPU.  Reuse: a call's side-stream work ends before the current stream passes the join, and
+the next call's side stream forks after the current stream's work of this call, so neither
+stream overwrites a workspace chunk the other may still read (calls ordered by one stream).
 
 Ownership of rows (``W`` ranks, ``M`` rows of ``a`` per rank, ``M % W == 0``):
 
@@ -35,6 +46,8 @@ VECTOR_BYTES = 16
 _WORKSPACE: dict[str, torch.Tensor] = {}
 _WORKSPACE_CTX: list = [None]
 _SIDE: dict[int, torch.cuda.Stream] = {}
+#: The first stream-flag slot of each function's chunks (its chunk ``c`` posts slot base + c).
+_FLAG_BASE = {"gemm_reduce_scatter": 0, "all_gather_gemm": CHUNKS}
 
 
 def _workspace(comm: Communicator, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -90,12 +103,14 @@ def gemm_reduce_scatter(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | No
     return _gemm_reduce_scatter(a, b, out)
 
 
-def _gemm_reduce_scatter(a, b, out, chunks: int = CHUNKS, timeline: list | None = None) -> torch.Tensor:
+def _gemm_reduce_scatter(a, b, out, timeline: list | None = None) -> torch.Tensor:
     """``gemm_reduce_scatter``; given ``timeline``, appends ``(kind, chunk, start, end)`` CUDA
-    events around each chunk's GEMM and communication."""
+    events around each chunk's GEMM and communication.  Chunk ``c``: GEMMs then a post on the
+    current stream; a wait then the reduce-scatter on the side stream."""
     from .api import reduce_scatter
 
     comm = communicator()
+    comm.check()
     rows, _, n = _check("gemm_reduce_scatter", comm, a, b)
     world = comm.world
     if rows % world:
@@ -110,18 +125,18 @@ def _gemm_reduce_scatter(a, b, out, chunks: int = CHUNKS, timeline: list | None 
     main = torch.cuda.current_stream()
     side = _side_stream(comm.device_index)
     side.wait_stream(main)
+    slot = _FLAG_BASE["gemm_reduce_scatter"]
     at = 0
-    for c, (r0, r1) in enumerate(_bounds(m, chunks)):
+    for c, (r0, r1) in enumerate(_bounds(m, CHUNKS)):
         p = partial[at:at + world * (r1 - r0) * n].view(world, r1 - r0, n)
         at += world * (r1 - r0) * n
         marks = _marks(timeline, "gemm", c, main)
         for q in range(world):
             torch.mm(a[q * m + r0:q * m + r1], b, out=p[q])
         _close(marks, main)
-        ready = torch.cuda.Event()
-        ready.record(main)
-        side.wait_event(ready)
+        comm.post(slot + c)
         with torch.cuda.stream(side):
+            comm.wait(slot + c)
             marks = _marks(timeline, "comm", c, side)
             target = out[r0:r1].view(-1)
             reduce_scatter(target, p.view(-1), algorithm=_algorithm(target, p))
@@ -136,12 +151,15 @@ def all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, out: torch.Tensor | 
     return _all_gather_gemm(a_shard, b, out)
 
 
-def _all_gather_gemm(a_shard, b, out, chunks: int = CHUNKS, timeline: list | None = None) -> torch.Tensor:
+def _all_gather_gemm(a_shard, b, out, timeline: list | None = None) -> torch.Tensor:
     """``all_gather_gemm``; ``timeline`` as for :func:`_gemm_reduce_scatter`.  This rank's own
-    rows are multiplied first, while the side stream gathers the first chunk of the others'."""
+    rows are multiplied first, while the side stream gathers the first chunk of the others'.
+    Chunk ``c``: the all-gather then a post on the side stream; a wait then the GEMMs on the
+    current stream."""
     from .api import all_gather
 
     comm = communicator()
+    comm.check()
     m, k, n = _check("all_gather_gemm", comm, a_shard, b)
     world, rank = comm.world, comm.rank
     if out is None:
@@ -155,8 +173,9 @@ def _all_gather_gemm(a_shard, b, out, chunks: int = CHUNKS, timeline: list | Non
     main = torch.cuda.current_stream()
     side = _side_stream(comm.device_index)
     side.wait_stream(main)
-    bounds = _bounds(m, chunks)
-    views, ready = [], []
+    bounds = _bounds(m, CHUNKS)
+    slot = _FLAG_BASE["all_gather_gemm"]
+    views = []
     at = 0
     with torch.cuda.stream(side):
         for c, (r0, r1) in enumerate(bounds):
@@ -166,15 +185,13 @@ def _all_gather_gemm(a_shard, b, out, chunks: int = CHUNKS, timeline: list | Non
             src = a_shard[r0:r1].view(-1)
             all_gather(g.view(-1), src, algorithm=_algorithm(g, src))
             _close(marks, side)
-            event = torch.cuda.Event()
-            event.record(side)
+            comm.post(slot + c)
             views.append(g)
-            ready.append(event)
     marks = _marks(timeline, "gemm", -1, main)
     torch.mm(a_shard, b, out=out[rank * m:(rank + 1) * m])
     _close(marks, main)
     for c, (r0, r1) in enumerate(bounds):
-        main.wait_event(ready[c])
+        comm.wait(slot + c)
         marks = _marks(timeline, "gemm", c, main)
         for q in range(world):
             if q != rank:

@@ -23,7 +23,7 @@ def kernel_ptx(key: KernelKey, arch: str = "sm_90a") -> str:
         return compiled.__ptx__
 
 
-def refuse_multimem(ptx: str | None, key: KernelKey, backend: str) -> None:
+def refuse_multimem(ptx: str | None, key: KernelKey | str, backend: str) -> None:
     """Refuse a kernel whose PTX holds a ``multimem`` instruction unless the context runs on
     NVLink multicast (``backend``), and one whose PTX could not be read."""
     if backend == "multicast":

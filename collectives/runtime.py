@@ -1,4 +1,5 @@
-"""The per-process communicator: signal pad, error record, staging buffers, compiled kernels.
+"""The per-process communicator: signal pad, error record, staging buffers, compiled kernels,
+stream flags.
 
 One :class:`Communicator` sits on the open symmetric-memory :class:`~collectives.symmetric.Context`
 (``collectives.init()``).  Everything a launch needs that is not a runtime argument is cached:
@@ -21,6 +22,8 @@ from .capability import choose_backend
 from .config import (
     DATA_PHASE,
     ERROR_FIELDS,
+    FLAG_SLOTS,
+    FLAG_WAIT,
     FP8,
     LAMPORT_BLOCKS,
     LAMPORT_EXCHANGE,
@@ -92,13 +95,15 @@ class Communicator:
         self._status = self.error.numpy()  # host-mapped: read without a GPU sync
         self.failed: CollectiveError | None = None
         self.plans = PlanCache()
-        self._kernels: dict[tuple[KernelKey, str], Any] = {}
+        self._kernels: dict[tuple[KernelKey | str, str], Any] = {}
         self._buffers: dict[int, Buffer] = {}
         self.pool = StagingPool(ctx, self.plans, self._forget)
         self._lamport: dict[int, torch.Tensor] = {}
         self.lamport_dirty = False  # set by a Lamport size mismatch: reset before the next call
         self.turn = 0  # which of staging buffers 0/1 the next single-barrier collective uses
         self.pad_buffer = self.buffer(self.pad)
+        # Stream flags: row 0 counts each slot's posts, row 1 the posts its consumer took.
+        self.flags = torch.zeros((2, FLAG_SLOTS), dtype=torch.int32, device=ctx.device)
         self.sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
 
     # -- errors -------------------------------------------------------------------------------
@@ -115,6 +120,11 @@ class Communicator:
         phase = {0: "start barrier", 1: "end barrier", LAMPORT_EXCHANGE: "Lamport data exchange",
                  DATA_PHASE: "TMA bulk copies"}
         where = f"rank {rank}, thread block {block}, {phase.get(barrier, barrier)}"
+        if status == TIMEOUT and barrier == FLAG_WAIT:
+            # Local to this GPU and no other rank's state involved: match the counts again
+            # and stay usable.
+            self._rematch_flags()
+            raise CollectiveTimeout("flag wait", [], self.timeout_s, f"rank {rank}, slot {block} was never posted")
         if status == TIMEOUT:
             missing = [peer] if peer >= 0 else []
             self.failed = CollectiveTimeout("collective", missing, self.timeout_s, where)
@@ -138,6 +148,37 @@ class Communicator:
         else:
             self.failed = CollectiveError(f"kernel error record {self.error.tolist()}")
         raise self.failed
+
+    def _rematch_flags(self) -> None:
+        """After a flag wait timed out (taking nothing): once this GPU's queued work is done
+        (a late post has landed), every slot's posts count as taken, and the record is
+        cleared.  A host synchronisation, on this error path only."""
+        torch.cuda.synchronize(self.device_index)
+        self.flags[1].copy_(self.flags[0])
+        torch.cuda.synchronize(self.device_index)
+        self.error.zero_()
+
+    # -- stream flags -------------------------------------------------------------------------
+
+    def post(self, index: int) -> None:
+        """Post flag slot ``index`` on the current stream: a one-thread kernel whose
+        ``red.release.gpu`` publishes what the stream's earlier kernels wrote
+        (:func:`collectives.device.flags.post`).  Every post must be taken by one :meth:`wait`."""
+        self._flag("post", index)
+
+    def wait(self, index: int) -> None:
+        """Make the current stream wait, on the GPU, for the next post of slot ``index`` (a
+        one-thread kernel polling with ``ld.acquire.gpu``, :func:`collectives.device.flags.wait`);
+        bounded by :attr:`timeout_s`, after which :meth:`check` raises CollectiveTimeout and
+        the communicator stays usable.  One consumer per slot, its waits ordered (one stream)."""
+        self._flag("wait", index)
+
+    def _flag(self, kind: str, index: int) -> None:
+        if not 0 <= index < FLAG_SLOTS:
+            raise CollectiveError(f"flag slot {index} out of range (0..{FLAG_SLOTS - 1})")
+        posted = self.flags.data_ptr()
+        self.kernel(kind)(posted, posted + 4 * FLAG_SLOTS, index, self.error.data_ptr(), self.rank,
+                          int(self.timeout_s * 1e9), current_stream(self.device_index))
 
     # -- buffers ------------------------------------------------------------------------------
 
@@ -234,9 +275,10 @@ class Communicator:
             plan = self.plans[("barrier", backend)] = self.plan(key, self.pad_buffer, 0, 0, 0, 1)
         plan.run()
 
-    def kernel(self, key: KernelKey) -> Callable[..., Any]:
+    def kernel(self, key: KernelKey | str) -> Callable[..., Any]:
         """The compiled kernel for ``key`` on this GPU (compiled on first use), as the
-        positional TVM-FFI function: CuTeDSL's low-overhead call path.
+        positional TVM-FFI function: CuTeDSL's low-overhead call path.  A string key names a
+        stream-flag kernel (:mod:`collectives.algorithms.flags`).
 
         Raises:
             CollectiveError: the kernel's PTX holds a ``multimem`` instruction and this context
@@ -245,13 +287,18 @@ class Communicator:
         import cutlass.cute as cute
 
         from . import algorithms
+        from .algorithms import flags
+        from .launch import flag_example_arguments
 
         target = compile_target()
         if (key, target) not in self._kernels:
+            if isinstance(key, str):
+                launch, args = flags.build(key), flag_example_arguments()
+            else:
+                launch, args = algorithms.build(key), algorithms.example_arguments()
             with tempfile.TemporaryDirectory() as dump:
                 compiled = cute.compile[cute.GPUArch(target)](
-                    algorithms.build(key), *algorithms.example_arguments(),
-                    options=f"--enable-tvm-ffi --keep-ptx --dump-dir={dump}",
+                    launch, *args, options=f"--enable-tvm-ffi --keep-ptx --dump-dir={dump}",
                 )
                 refuse_multimem(compiled.__ptx__, key, self.ctx.backend)
             self._kernels[(key, target)] = (compiled, compiled.__tvm_ffi_object__())

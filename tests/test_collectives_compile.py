@@ -243,3 +243,22 @@ def test_push_all_reduce_keeps_both_barriers_and_slices_whole_vectors() -> None:
     assert push_slice_elements(1001, 4, 1) == 251
     ptx = kernel_ptx(key, "sm_90a")
     assert not _multimem(ptx) and "ld.global.v4.b32" in ptx and "st.global.v4.b32" in ptx
+
+
+def test_flag_kernels_post_with_release_and_wait_with_acquire_at_gpu_scope() -> None:
+    """The stream flags: one thread each; the post is one ``red.release.gpu`` add, the wait
+    polls with ``ld.acquire.gpu`` against its own consumed count (a plain load and store) and,
+    on a timeout, writes the error record; nothing at sys scope but the record."""
+    from cute_support import compile_ptx, opcodes
+
+    from collectives.algorithms import flags
+    from collectives.launch import flag_example_arguments
+
+    post, wait = (compile_ptx(flags.build(kind), *flag_example_arguments()) for kind in flags.KINDS)
+    assert ".reqntid 1, 1, 1" in post and ".reqntid 1, 1, 1" in wait
+    assert opcodes(post) == {"red.release.gpu.global.add.u32": 1}
+    found = opcodes(wait)
+    assert found["ld.acquire.gpu.global.b32"] >= 1 and found["ld.global.b32"] == 1 and found["st.global.b32"] == 1
+    assert "%globaltimer" in wait and found["atom.relaxed.sys.global.cas.b32"] == 1
+    assert {op for op in found if ".sys." in op} == {"atom.relaxed.sys.global.cas.b32", "st.relaxed.sys.global.b32"}
+    assert not {op for op in found if op.startswith(("red", "st.release", "ld.acquire.sys"))}

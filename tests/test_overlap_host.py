@@ -1,11 +1,15 @@
-"""The row chunking of the GEMM-overlap functions (pure host logic)."""
+"""The GEMM-overlap functions' host logic: row chunking, flag slots, and how a flag wait that
+timed out is reported (no GPU)."""
 
 from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("torch")
-from collectives.overlap import _bounds  # noqa: E402
+torch = pytest.importorskip("torch")
+from collectives.config import FLAG_SLOTS, FLAG_WAIT, TIMEOUT  # noqa: E402
+from collectives.errors import CollectiveError, CollectiveTimeout  # noqa: E402
+from collectives.overlap import _FLAG_BASE, CHUNKS, _bounds  # noqa: E402
+from collectives.runtime import Communicator  # noqa: E402
 
 
 @pytest.mark.parametrize("rows", [0, 1, 3, 7, 1024, 1027])
@@ -16,3 +20,42 @@ def test_chunks_cover_every_row_once_and_none_is_empty(rows: int, chunks: int) -
     assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
     assert len(bounds) == max(1, min(chunks, rows))
     assert rows == 0 or all(r1 > r0 for r0, r1 in bounds)
+
+
+def test_each_function_has_its_own_flag_slots() -> None:
+    """One consumer per slot: the two functions' chunks use disjoint slots of the communicator."""
+    slots = [set(range(base, base + CHUNKS)) for base in _FLAG_BASE.values()]
+    assert not set.intersection(*slots)
+    assert set.union(*slots) <= set(range(FLAG_SLOTS))
+
+
+def _bare_communicator(record: list[int]) -> Communicator:
+    """A communicator with only its error state (no context, no GPU)."""
+    comm = Communicator.__new__(Communicator)
+    comm.failed, comm.timeout_s = None, 2.0
+    comm.error = torch.tensor(record, dtype=torch.int32)
+    comm._status = comm.error.numpy()
+    comm._rematch_flags = comm.error.zero_  # the GPU part (synchronise, copy the counts) aside
+    return comm
+
+
+def test_flag_wait_timeout_raises_once_and_leaves_the_communicator_usable() -> None:
+    comm = _bare_communicator([TIMEOUT, FLAG_WAIT, -1, 5, 1])
+    with pytest.raises(CollectiveTimeout, match=r"flag wait timed out after 2s.*rank 1, slot 5"):
+        comm.check()
+    assert comm.failed is None
+    comm.check()  # cleared
+
+
+def test_collective_timeout_still_fails_the_communicator() -> None:
+    comm = _bare_communicator([TIMEOUT, 0, 1, 0, 0])
+    for _ in range(2):
+        with pytest.raises(CollectiveTimeout, match="collective"):
+            comm.check()
+    assert comm.failed is not None
+
+
+@pytest.mark.parametrize("index", [-1, FLAG_SLOTS])
+def test_flag_slot_out_of_range_is_refused(index: int) -> None:
+    with pytest.raises(CollectiveError, match="flag slot"):
+        _bare_communicator([0] * 5).post(index)

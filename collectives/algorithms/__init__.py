@@ -3,7 +3,8 @@
 :mod:`collectives.device` blocks, with one design for two backends chosen at compile time by
 ``key.backend``.  :data:`BUILDERS` maps ``(collective, algorithm)`` to the module's ``build``:
 a new algorithm is a new module and one line here (and its name in
-:data:`collectives.config.ALGORITHMS`)."""
+:data:`collectives.config.ALGORITHMS`).  :mod:`.flags` holds the stream-flag kernels (no
+collective: one thread, one GPU), built by its own ``build``."""
 
 from __future__ import annotations
 

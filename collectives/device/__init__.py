@@ -1,6 +1,7 @@
 """Device building blocks for cross-GPU kernels: signals, bounded waits, barriers, and
-backend-neutral load-reduce / store-to-all; :mod:`.lamport` (data that is its own flag) and
-:mod:`.tiles` (a TMA bulk-copy reduce pipeline) in their own modules.  ``@cute.jit`` functions:
+backend-neutral load-reduce / store-to-all; :mod:`.lamport` (data that is its own flag),
+:mod:`.tiles` (a TMA bulk-copy reduce pipeline) and :mod:`.flags` (post/wait between two
+kernels of one GPU) in their own modules.  ``@cute.jit`` functions:
 call them from your own ``@cute.kernel`` (see docs for an all-gather written with them)."""
 
 from .reduce import (

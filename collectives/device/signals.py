@@ -45,12 +45,13 @@ def reached(seen: Uint32, want: Uint32) -> Boolean:
 
 
 @cute.jit
-def wait_until(flag: cute.Pointer, want: Uint32, deadline: Int64) -> Boolean:
-    """Poll ``flag`` with acquire loads at sys scope until it reaches ``want`` (wrap-safe) or
-    ``%globaltimer`` passes ``deadline``; True if it was reached."""
-    seen = ptxops.ld_acquire(flag, scope="sys", dtype=Uint32)
+def wait_until(flag: cute.Pointer, want: Uint32, deadline: Int64, scope: cutlass.Constexpr = "sys") -> Boolean:
+    """Poll ``flag`` with acquire loads at ``scope`` (``sys`` when the writer is another GPU)
+    until it reaches ``want`` (wrap-safe) or ``%globaltimer`` passes ``deadline``; True if it
+    was reached."""
+    seen = ptxops.ld_acquire(flag, scope=scope, dtype=Uint32)
     while not reached(seen, want) and cute.arch.globaltimer() < deadline:
-        seen = ptxops.ld_acquire(flag, scope="sys", dtype=Uint32)
+        seen = ptxops.ld_acquire(flag, scope=scope, dtype=Uint32)
     return reached(seen, want)
 
 

@@ -1,0 +1,39 @@
+"""The stream-flag kernels: one thread each, launched on a stream between a producer's and a
+consumer's kernels (:mod:`collectives.flags`), built from :mod:`collectives.device.flags`.
+
+``post`` adds 1 to the slot's counter with ``red.release.gpu``; ``wait`` polls it with
+``ld.acquire.gpu`` until the communicator's timeout, and on a timeout records
+:data:`~collectives.config.FLAG_WAIT` (slot in ``block``) in the error record, which the host
+raises as :class:`~collectives.CollectiveTimeout`."""
+
+from __future__ import annotations
+
+import cutlass.cute as cute
+from cutlass import Int32
+
+from ..config import FLAG_WAIT, TIMEOUT
+from ..device import flags, signals
+from ..launch import flag_launcher
+
+KINDS = ("post", "wait")
+
+
+@cute.jit
+def _post(flag_words, consumed, index, err, rank, timeout_ns):
+    flags.post(flag_words, index)
+
+
+@cute.jit
+def _wait(flag_words, consumed, index, err, rank, timeout_ns):
+    deadline = cute.arch.globaltimer() + timeout_ns
+    if not flags.wait(flag_words, consumed, index, deadline):
+        signals.record_error(err, Int32(TIMEOUT), Int32(FLAG_WAIT), Int32(-1), index, rank)
+
+
+def build(kind: str):
+    """The ``@cute.jit`` launcher of the ``kind`` (``"post"`` or ``"wait"``) kernel; compile it
+    with :func:`~collectives.launch.flag_example_arguments`."""
+    return flag_launcher({"post": _post, "wait": _wait}[kind])
+
+
+__all__ = ["KINDS", "build"]
