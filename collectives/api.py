@@ -172,22 +172,26 @@ def _two_barrier_slot(algorithm: str) -> int:
 
 
 def reduce_scatter(
-    out: torch.Tensor, inp: torch.Tensor, op: str = "sum", algorithm: str = "auto", backend: str = "auto"
+    out: torch.Tensor, inp: torch.Tensor, op: str = "sum", algorithm: str = "auto", backend: str = "auto",
+    *, max_blocks: int | None = None,
 ) -> torch.Tensor:
     """``out`` (M elements) = the reduction over ranks of block ``rank`` of ``inp`` (W*M
     elements).  ``algorithm``: ``"one_shot"``, ``"tma"`` (bulk copies on at most a quarter of
     the SMs; 16-byte aligned tensors and output size), ``"push"`` (each slice stored straight
     from ``inp`` into its owner's receive buffer, no staging copy: ``auto``'s choice for an
-    ``inp`` outside symmetric memory) or ``"auto"``; ``backend`` as for all_reduce."""
+    ``inp`` outside symmetric memory) or ``"auto"``; ``backend`` as for all_reduce.
+    ``max_blocks`` caps the kernel's thread blocks (to leave SMs to kernels running beside it,
+    as a GEMM does in :func:`collectives.gemm_reduce_scatter`); the same on every rank."""
     comm = communicator()
     comm.check()
     capturing = _capturing()
     key = ("reduce_scatter", inp.data_ptr(), inp.numel(), inp.dtype, inp.is_contiguous(),
            out.data_ptr(), out.numel(), out.dtype, out.is_contiguous(), op, algorithm, backend,
-           capturing)
+           capturing, max_blocks)
     plan = comm.plans.get(key)
     if plan is None:
-        plan = _reduce_scatter_plan(comm, out, inp, op, algorithm, backend, capturing)
+        _check_max_blocks("reduce_scatter", max_blocks)
+        plan = _reduce_scatter_plan(comm, out, inp, op, algorithm, backend, capturing, max_blocks)
         if plan is None:
             return out
         comm.plans[key] = plan
@@ -195,7 +199,13 @@ def reduce_scatter(
     return out
 
 
-def _reduce_scatter_plan(comm: Communicator, out, inp, op, algorithm, backend, capturing: bool):
+def _check_max_blocks(collective: str, max_blocks: int | None) -> None:
+    if max_blocks is not None and (not isinstance(max_blocks, int) or max_blocks < 1):
+        raise CollectiveError(f"{collective}: max_blocks must be a positive int or None, not {max_blocks!r}")
+
+
+def _reduce_scatter_plan(comm: Communicator, out, inp, op, algorithm, backend, capturing: bool,
+                         max_blocks: int | None):
     dtype, whole_vectors, pointers_aligned = _block_pair(comm, "reduce_scatter", out, inp, out)
     backend = comm.choose_backend(backend, dtype, op)
     if out.numel() == 0:
@@ -223,10 +233,11 @@ def _reduce_scatter_plan(comm: Communicator, out, inp, op, algorithm, backend, c
     src = 0 if zero_copy else inp.data_ptr()
     if alternate:
         _prepare_capture(comm, key, nbytes)
-    return comm.plan(key, data, out.data_ptr(), src, out.numel(), comm.blocks(key, work))
+    return comm.plan(key, data, out.data_ptr(), src, out.numel(), comm.blocks(key, work, max_blocks))
 
 
-def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", backend: str = "auto") -> torch.Tensor:
+def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", backend: str = "auto",
+               *, max_blocks: int | None = None) -> torch.Tensor:
     """Block ``r`` of ``out`` (W*M elements) = rank ``r``'s ``inp`` (M elements), on every rank.
 
     Each rank stores its ``inp`` into block ``rank`` of every rank's symmetric buffer (one
@@ -234,14 +245,16 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
     a symmetric ``out`` is that buffer (zero-copy), any other is copied from an internal one.
     ``algorithm``: ``"one_shot"`` (16-byte vectors, or one element at a time when the tensors
     or M are not 16-byte aligned), ``"tma"`` (bulk copies on at most a quarter of the SMs;
-    16-byte aligned tensors and block size) or ``"auto"``; ``backend`` as for all_reduce."""
+    16-byte aligned tensors and block size) or ``"auto"``; ``backend`` as for all_reduce;
+    ``max_blocks`` as for reduce_scatter."""
     comm = communicator()
     comm.check()
     key = ("all_gather", inp.data_ptr(), inp.numel(), inp.dtype, inp.is_contiguous(),
-           out.data_ptr(), out.numel(), out.dtype, out.is_contiguous(), algorithm, backend)
+           out.data_ptr(), out.numel(), out.dtype, out.is_contiguous(), algorithm, backend, max_blocks)
     plan = comm.plans.get(key)
     if plan is None:
-        plan = _all_gather_plan(comm, out, inp, algorithm, backend)
+        _check_max_blocks("all_gather", max_blocks)
+        plan = _all_gather_plan(comm, out, inp, algorithm, backend, max_blocks)
         if plan is None:
             return out
         comm.plans[key] = plan
@@ -249,7 +262,7 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
     return out
 
 
-def _all_gather_plan(comm: Communicator, out, inp, algorithm, backend):
+def _all_gather_plan(comm: Communicator, out, inp, algorithm, backend, max_blocks: int | None):
     dtype, whole_vectors, pointers_aligned = _block_pair(comm, "all_gather", out, inp, inp)
     backend = comm.choose_backend(backend, dtype)
     if inp.numel() == 0:
@@ -264,7 +277,7 @@ def _all_gather_plan(comm: Communicator, out, inp, algorithm, backend):
     vector = _vector(dtype, backend, pointers_aligned) if whole_vectors else 1
     key = KernelKey("all_gather", algorithm, backend, dtype, comm.world, vector=vector, gather_out=not zero_copy)
     work = -(-inp.numel() // key.elements_per_access)
-    return comm.plan(key, data, out.data_ptr(), inp.data_ptr(), inp.numel(), comm.blocks(key, work))
+    return comm.plan(key, data, out.data_ptr(), inp.data_ptr(), inp.numel(), comm.blocks(key, work, max_blocks))
 
 
 def _block_pair(comm: Communicator, collective: str, out: torch.Tensor, inp: torch.Tensor,

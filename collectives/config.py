@@ -203,7 +203,7 @@ class PadLayout:
 ERROR_FIELDS = ("status", "barrier", "peer", "block", "rank")
 LAMPORT_EXCHANGE, DATA_PHASE, FLAG_WAIT = 2, 3, 4
 #: Slots of a communicator's stream flags (:meth:`collectives.runtime.Communicator.post`; the
-#: GEMM-overlap functions use the first ``2 x 4``).
-FLAG_SLOTS = 16
+#: GEMM-overlap functions use the first ``2 x overlap.MAX_CHUNKS``).
+FLAG_SLOTS = 32
 #: Values of the record's status word.
 TIMEOUT, SIZE_MISMATCH = 1, 2

@@ -37,8 +37,12 @@ from .errors import CollectiveError
 from .runtime import Communicator, communicator
 
 DTYPES = (torch.bfloat16, torch.float16)
-#: Row chunks per call (fewer when a rank's block has fewer rows).
+#: Row chunks per call (fewer when a rank's block has fewer rows), at most :data:`MAX_CHUNKS`.
 CHUNKS = 4
+MAX_CHUNKS = 8
+#: Thread blocks each chunk's communication kernel may take (None: the collective's own
+#: choice, a quarter of the SMs for TMA); the rest of the GPU stays with the GEMM.
+COMM_BLOCKS: int | None = None
 VECTOR_BYTES = 16
 
 #: The symmetric workspaces by name, of the context they were allocated in (a new context,
@@ -47,7 +51,7 @@ _WORKSPACE: dict[str, torch.Tensor] = {}
 _WORKSPACE_CTX: list = [None]
 _SIDE: dict[int, torch.cuda.Stream] = {}
 #: The first stream-flag slot of each function's chunks (its chunk ``c`` posts slot base + c).
-_FLAG_BASE = {"gemm_reduce_scatter": 0, "all_gather_gemm": CHUNKS}
+_FLAG_BASE = {"gemm_reduce_scatter": 0, "all_gather_gemm": MAX_CHUNKS}
 
 
 def _workspace(comm: Communicator, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
@@ -85,9 +89,12 @@ def _check(name: str, comm: Communicator, a: torch.Tensor, b: torch.Tensor) -> t
     return a.shape[0], a.shape[1], b.shape[1]
 
 
-def _bounds(rows: int, chunks: int) -> list[tuple[int, int]]:
-    """Row ranges of the chunks of ``rows`` rows (as even as possible, none empty)."""
-    count = max(1, min(chunks, rows))
+def _bounds(rows: int) -> list[tuple[int, int]]:
+    """Row ranges of the :data:`CHUNKS` chunks of ``rows`` rows (as even as possible, none
+    empty)."""
+    if not 1 <= CHUNKS <= MAX_CHUNKS:
+        raise CollectiveError(f"overlap.CHUNKS must be 1..{MAX_CHUNKS} (one flag slot each), not {CHUNKS}")
+    count = max(1, min(CHUNKS, rows))
     return [(c * rows // count, (c + 1) * rows // count) for c in range(count)]
 
 
@@ -127,7 +134,7 @@ def _gemm_reduce_scatter(a, b, out, timeline: list | None = None) -> torch.Tenso
     side.wait_stream(main)
     slot = _FLAG_BASE["gemm_reduce_scatter"]
     at = 0
-    for c, (r0, r1) in enumerate(_bounds(m, CHUNKS)):
+    for c, (r0, r1) in enumerate(_bounds(m)):
         p = partial[at:at + world * (r1 - r0) * n].view(world, r1 - r0, n)
         at += world * (r1 - r0) * n
         marks = _marks(timeline, "gemm", c, main)
@@ -139,7 +146,7 @@ def _gemm_reduce_scatter(a, b, out, timeline: list | None = None) -> torch.Tenso
             comm.wait(slot + c)
             marks = _marks(timeline, "comm", c, side)
             target = out[r0:r1].view(-1)
-            reduce_scatter(target, p.view(-1), algorithm=_algorithm(target, p))
+            reduce_scatter(target, p.view(-1), algorithm=_algorithm(target, p), max_blocks=COMM_BLOCKS)
             _close(marks, side)
     main.wait_stream(side)
     return out
@@ -173,7 +180,7 @@ def _all_gather_gemm(a_shard, b, out, timeline: list | None = None) -> torch.Ten
     main = torch.cuda.current_stream()
     side = _side_stream(comm.device_index)
     side.wait_stream(main)
-    bounds = _bounds(m, CHUNKS)
+    bounds = _bounds(m)
     slot = _FLAG_BASE["all_gather_gemm"]
     views = []
     at = 0
@@ -183,7 +190,7 @@ def _all_gather_gemm(a_shard, b, out, timeline: list | None = None) -> torch.Ten
             at += world * (r1 - r0) * k
             marks = _marks(timeline, "comm", c, side)
             src = a_shard[r0:r1].view(-1)
-            all_gather(g.view(-1), src, algorithm=_algorithm(g, src))
+            all_gather(g.view(-1), src, algorithm=_algorithm(g, src), max_blocks=COMM_BLOCKS)
             _close(marks, side)
             comm.post(slot + c)
             views.append(g)

@@ -304,19 +304,21 @@ class Communicator:
             self._kernels[(key, target)] = (compiled, compiled.__tvm_ffi_object__())
         return self._kernels[(key, target)][1]
 
-    def blocks(self, key: KernelKey, work: int) -> int:
+    def blocks(self, key: KernelKey, work: int, limit: int | None = None) -> int:
         """Thread blocks for ``work`` vector accesses per rank: enough to cover them, at most
-        two per SM and never more than the pad has slots for.  A TMA kernel takes at most a
-        quarter of the SMs (bulk copies need few); a Lamport one always has
+        two per SM, never more than the pad has slots for, nor than ``limit`` (a caller
+        sharing the GPU with other kernels; every rank must pass the same).  A TMA kernel
+        takes at most a quarter of the SMs (bulk copies need few); a Lamport one always has
         :data:`~collectives.config.LAMPORT_BLOCKS` (each block owns fixed vectors of the
         rotating buffers; all are resident at once: each waits for data other ranks' blocks
         send)."""
-        if key.algorithm == "tma":
-            tiles = -(-work * VECTOR_BYTES // key.tile_bytes)
-            return max(1, min(tiles, self.sms // 4))
         if key.algorithm == "lamport":
             return LAMPORT_BLOCKS  # a fixed grid (the kernel launches this many regardless)
-        return max(1, min(-(-work // key.threads), 2 * self.sms, self.layout.max_blocks))
+        if key.algorithm == "tma":
+            blocks = min(-(-work * VECTOR_BYTES // key.tile_bytes), self.sms // 4)
+        else:
+            blocks = min(-(-work // key.threads), 2 * self.sms, self.layout.max_blocks)
+        return max(1, min(blocks, limit or blocks))
 
     def plan(self, key: KernelKey, data: Buffer | list[Buffer], out: int, src: int, n: int, blocks: int) -> Plan:
         """A ready launch of ``key``: everything but the stream fixed.  Given staging buffers

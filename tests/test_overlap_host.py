@@ -8,14 +8,16 @@ import pytest
 torch = pytest.importorskip("torch")
 from collectives.config import FLAG_SLOTS, FLAG_WAIT, TIMEOUT  # noqa: E402
 from collectives.errors import CollectiveError, CollectiveTimeout  # noqa: E402
-from collectives.overlap import _FLAG_BASE, CHUNKS, _bounds  # noqa: E402
+from collectives import overlap  # noqa: E402
+from collectives.overlap import _FLAG_BASE, MAX_CHUNKS, _bounds  # noqa: E402
 from collectives.runtime import Communicator  # noqa: E402
 
 
 @pytest.mark.parametrize("rows", [0, 1, 3, 7, 1024, 1027])
 @pytest.mark.parametrize("chunks", [1, 4, 8])
-def test_chunks_cover_every_row_once_and_none_is_empty(rows: int, chunks: int) -> None:
-    bounds = _bounds(rows, chunks)
+def test_chunks_cover_every_row_once_and_none_is_empty(monkeypatch, rows: int, chunks: int) -> None:
+    monkeypatch.setattr(overlap, "CHUNKS", chunks)
+    bounds = _bounds(rows)
     assert bounds[0][0] == 0 and bounds[-1][1] == rows
     assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
     assert len(bounds) == max(1, min(chunks, rows))
@@ -24,9 +26,16 @@ def test_chunks_cover_every_row_once_and_none_is_empty(rows: int, chunks: int) -
 
 def test_each_function_has_its_own_flag_slots() -> None:
     """One consumer per slot: the two functions' chunks use disjoint slots of the communicator."""
-    slots = [set(range(base, base + CHUNKS)) for base in _FLAG_BASE.values()]
+    slots = [set(range(base, base + MAX_CHUNKS)) for base in _FLAG_BASE.values()]
     assert not set.intersection(*slots)
     assert set.union(*slots) <= set(range(FLAG_SLOTS))
+
+
+@pytest.mark.parametrize("chunks", [0, MAX_CHUNKS + 1])
+def test_chunk_counts_beyond_the_flag_slots_are_refused(monkeypatch, chunks: int) -> None:
+    monkeypatch.setattr(overlap, "CHUNKS", chunks)
+    with pytest.raises(CollectiveError, match="CHUNKS"):
+        _bounds(64)
 
 
 def _bare_communicator(record: list[int]) -> Communicator:
@@ -59,3 +68,28 @@ def test_collective_timeout_still_fails_the_communicator() -> None:
 def test_flag_slot_out_of_range_is_refused(index: int) -> None:
     with pytest.raises(CollectiveError, match="flag slot"):
         _bare_communicator([0] * 5).post(index)
+
+
+def _grid_communicator(sms: int) -> Communicator:
+    """A communicator with only what :meth:`Communicator.blocks` reads (no context, no GPU)."""
+    from collectives.config import PadLayout
+
+    comm = Communicator.__new__(Communicator)
+    comm.sms, comm.layout = sms, PadLayout()
+    return comm
+
+
+@pytest.mark.parametrize("algorithm", ["one_shot", "tma"])
+def test_max_blocks_caps_the_grid_and_never_raises_it(algorithm: str) -> None:
+    from collectives.config import LAMPORT_BLOCKS, KernelKey
+
+    comm = _grid_communicator(132)
+    key = KernelKey("reduce_scatter", algorithm, "peer", "bf16", 2)
+    big, small = 1 << 24, 3
+    own = comm.blocks(key, big)
+    assert own == (33 if algorithm == "tma" else 264)
+    assert comm.blocks(key, big, 8) == 8
+    assert comm.blocks(key, big, 10_000) == own
+    assert comm.blocks(key, small, 8) == comm.blocks(key, small) == 1
+    lamport = KernelKey("all_reduce", "lamport", "peer", "bf16", 2)
+    assert comm.blocks(lamport, big, 8) == LAMPORT_BLOCKS  # a fixed grid: the cap does not apply
