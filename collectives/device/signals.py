@@ -123,6 +123,7 @@ def wait_peers(
     block: Int32,
     want: Uint32,
     last: Uint32,
+    past: Boolean,
     deadline: Int64,
     err: Int64,
     which: Int32,
@@ -135,11 +136,14 @@ def wait_peers(
 
     ``last`` ends the epochs of the waiter's call: a word in ``[want, last]`` was stored by
     rank ``t`` in this call and carries its size, compared with ours; a word past ``last``
-    means rank ``t`` already finished this call, which it does only after its own waits
-    compared our size with its own (which, then, a later call may have replaced).  The
-    caller's sync after the wait carries the acquire to the other threads.  Returns (in
-    threads ``t < world``) whether rank ``t`` arrived before the deadline with the same size;
-    a failure is written to the error record (``which``: the barrier or phase it names)."""
+    means rank ``t`` already left this call.  With ``past`` (the call's last wait) that is
+    how a call ends: rank ``t`` left after its own waits compared our size with its own
+    (which, then, a later call may have replaced).  Without, rank ``t`` left a call that still
+    needed it, as only a failed call does (its waits saw another size): recorded as a size
+    mismatch.  The caller's sync after the wait carries the acquire to the other threads.
+    Returns (in threads ``t < world``) whether rank ``t`` arrived before the deadline with
+    the same size; a failure is written to the error record (``which``: the barrier or phase
+    it names)."""
     layout = PadLayout(world=world)
     tidx = cute.arch.thread_idx()[0]
     ok = Boolean(True)
@@ -149,10 +153,11 @@ def wait_peers(
         while not reached(Uint32(seen & Uint64(0xFFFFFFFF)), want) and cute.arch.globaltimer() < deadline:
             seen = ptxops.ld_acquire(own, scope="sys", dtype=Uint64)
         seen_epoch = Uint32(seen & Uint64(0xFFFFFFFF))
+        mine = reached(last, seen_epoch)  # a word of this call, with rank t's size
         if not reached(seen_epoch, want):
             ok = Boolean(False)
             record_error(err, Int32(TIMEOUT), which, tidx, block, rank)
-        elif reached(last, seen_epoch) and Uint32(seen >> 32) != size:
+        elif mine and Uint32(seen >> 32) != size or not mine and not past:
             ok = Boolean(False)
             record_error(err, Int32(SIZE_MISMATCH), which, tidx, block, rank)
     return ok
@@ -179,7 +184,7 @@ def barrier_peer(
     world``) whether rank ``t`` arrived before the deadline with the same size.
     """
     signal_peers(pad_table, rank, block, epoch, size, world, sync)
-    return wait_peers(pad, rank, block, epoch, epoch, deadline, err, which, size, world)
+    return wait_peers(pad, rank, block, epoch, epoch, Boolean(True), deadline, err, which, size, world)
 
 
 @cute.jit
