@@ -19,10 +19,10 @@ slot in rounds (:func:`collectives.config.push_rounds`: chunks of whole grid str
 is epoch ``e + 1 + j``; every rank's block emits the same events in the same order, so one
 monotone word per block and rank says how far it got::
 
-    push chunk 0;                                  signal event 0
+    push chunk 0;   signal event 0;   wait for every rank's event 0
     for k in 0 .. R-1:
         push chunk k+1 (if any)                    # remote stores in flight ...
-        wait for every rank's event k              # ... while we wait, reduce and pull
+        k > 0: wait for every rank's event k       # ... while we wait, reduce and pull
         reduce chunk k of our slots -> out (+ result region)
         all-reduce: pull chunk k-1 of every owner's result region
         signal event k+1 (unless it is the reduce-scatter's last round, eagerly)
@@ -42,7 +42,10 @@ differed.  A wait compares the size of any word within the call's range
 wait, so that wait sees every rank's size unless the rank has left the call.  A rank leaves a
 call only after its last wait, which needs the waiter's last event; so a word past the range
 is the end of a call at the last wait only, and anywhere else the sign that a rank left a
-failed call: the waiter stops too, before it pushes anything more.
+failed call: the waiter stops too.  No rank passes the first wait of a call whose sizes
+differ, and it pushes nothing but chunk 0 (which its event 0 releases) before it: so every
+push of a failed call is ordered before the next call's (or it could land on them, in a
+layout of another size).
 
 Buffer reuse across calls: a push writes into another rank's buffer before any wait, so the
 buffer must be free there.  A rank finishes a call only after its blocks saw the event every
@@ -67,7 +70,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Boolean, Int32, Int64, Uint32
+from cutlass import Int32, Int64, Uint32
 from cutlass.memory import SmemAllocator
 
 from ..config import (
@@ -206,6 +209,13 @@ def pipeline(key: KernelKey, slot_elements, push, reduce_chunk, pull):
     final = pull is not None or key.end_barrier
 
     @cute.jit
+    def wait(flag, pad, rank, block, epoch, last, j, events, deadline, err, which, size):
+        """Wait for every rank's event ``j`` (True in every thread of the block if it came,
+        with our size); a word past ``last`` may end only the call's last wait."""
+        return signals.block_all(flag, signals.wait_peers(
+            pad, rank, block, epoch + Uint32(j + 1), last, j + 1 == events, deadline, err, which, size, world))
+
+    @cute.jit
     def kernel(
         data_table: Int64, data_mc: Int64, out: Int64, src: Int64, n: Int64,
         pad_table: Int64, pad_mc: Int64, pad: Int64, err: Int64, rank: Int32, timeout_ns: Int64,
@@ -230,14 +240,14 @@ def pipeline(key: KernelKey, slot_elements, push, reduce_chunk, pull):
 
         push(addrs, src, n, rank, Int64(0), chunk, first, step)
         signals.signal_peers(pad_table, rank, block, epoch + Uint32(1), size, world)
-        ok = Boolean(True)
+        # Every rank's size before any other push: a failed call's pushes are all signalled.
+        ok = wait(flag, pad, rank, block, epoch, last, Int64(0), events, deadline, err, Int32(0), size)
         k = Int64(0)
         while ok and k < rounds:
             if k + 1 < rounds:
                 push(addrs, src, n, rank, k + 1, chunk, first, step)
-            ok = signals.block_all(flag, signals.wait_peers(
-                pad, rank, block, epoch + Uint32(k + 1), last, k + 1 == events, deadline, err, Int32(PUSH_ROUND),
-                size, world))
+            if k > 0:
+                ok = wait(flag, pad, rank, block, epoch, last, k, events, deadline, err, Int32(PUSH_ROUND), size)
             if ok:
                 reduce_chunk(addrs, results, out, n, rank, k, chunk, first, step)
                 if cutlass.const_expr(pull is not None):
@@ -248,9 +258,7 @@ def pipeline(key: KernelKey, slot_elements, push, reduce_chunk, pull):
             k += 1
         if cutlass.const_expr(final):
             if ok:
-                ok = signals.block_all(flag, signals.wait_peers(
-                    pad, rank, block, epoch + Uint32(rounds + 1), last, Boolean(True), deadline, err, Int32(1),
-                    size, world))
+                ok = wait(flag, pad, rank, block, epoch, last, rounds, events, deadline, err, Int32(1), size)
                 if cutlass.const_expr(pull is not None):
                     if ok:
                         pull(addrs, results, out, n, rank, rounds - 1, chunk, first, step)
