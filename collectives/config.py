@@ -55,10 +55,50 @@ TMA_SMEM_BYTES = 192 << 10
 TMA_STAGES = 4
 
 
-def push_slice_elements(n: int, world: int, vec: int) -> int:
+def ceil_div(a, b):
+    """``a / b`` rounded up, for non-negative integers (Python or CuTeDSL: the kernels share
+    the formulas below)."""
+    return (a + b - 1) // b
+
+
+def push_slice_elements(n, world: int, vec: int):
     """Elements of each slice of a push all-reduce of ``n``: ``n / world`` rounded up to whole
     vectors of ``vec`` (so every slice starts 16-byte aligned when the tensor does)."""
-    return -(-(-(-n // world)) // vec) * vec
+    return ceil_div(ceil_div(n, world), vec) * vec
+
+
+#: The pipelined push (peer backend) moves each slot in rounds of at least this many grid
+#: strides (a stride: one vector per thread of the grid; per block and slice, 2 x 512 threads x
+#: 16 bytes = 16 KB), and in at most :data:`PUSH_MAX_ROUNDS` rounds (larger slots take longer
+#: rounds), so that a call's signals fit a fixed range of :data:`PUSH_EPOCHS` epochs.
+PUSH_ROUND_STRIDES = 2
+PUSH_MAX_ROUNDS = 32
+#: Epochs every pipelined push call advances each block's count by, whatever its size: the
+#: most signals a call emits (:func:`push_events`).  A fixed range keeps every rank's epochs
+#: equal after a call whose sizes differed across ranks (each rank's rounds then differ).
+PUSH_EPOCHS = PUSH_MAX_ROUNDS + 1
+
+
+def push_round_strides(strides):
+    """Grid strides per round of a pipelined push whose slots take ``strides`` grid strides
+    (``ceil(ceil(m / vec) / (blocks * threads))`` for slots of ``m`` elements, at least 1):
+    :data:`PUSH_ROUND_STRIDES`, or the least multiple of it that makes at most
+    :data:`PUSH_MAX_ROUNDS` rounds."""
+    return PUSH_ROUND_STRIDES * ceil_div(ceil_div(strides, PUSH_MAX_ROUNDS), PUSH_ROUND_STRIDES)
+
+
+def push_rounds(strides):
+    """Rounds of a pipelined push whose slots take ``strides`` grid strides (1 to
+    :data:`PUSH_MAX_ROUNDS`; the last may be shorter)."""
+    return ceil_div(strides, push_round_strides(strides))
+
+
+def push_events(rounds, final: bool):
+    """Signals each block of a pipelined push emits in a call of ``rounds`` rounds: event 0
+    once the first round's chunk is pushed, event ``k + 1`` once chunk ``k + 1`` is pushed and
+    chunk ``k`` reduced (and, in an all-reduce, chunk ``k - 1`` pulled), the last (after the
+    last round) only when a ``final`` wait reads it (the all-reduce's pull, an end barrier)."""
+    return rounds + int(final)
 
 
 @dataclass(frozen=True)
@@ -198,10 +238,11 @@ class PadLayout:
 
 #: Fields of the error record a failed kernel writes (int32 words, host-mapped memory).
 #: ``barrier`` is 0 (start), 1 (end), :data:`LAMPORT_EXCHANGE` (a Lamport data wait),
-#: :data:`DATA_PHASE` (a TMA stage that never landed) or :data:`FLAG_WAIT` (a stream flag
-#: never posted; ``block`` is then its slot).
+#: :data:`DATA_PHASE` (a TMA stage that never landed), :data:`FLAG_WAIT` (a stream flag
+#: never posted; ``block`` is then its slot) or :data:`PUSH_ROUND` (a pipelined push's wait
+#: for a round's chunk).
 ERROR_FIELDS = ("status", "barrier", "peer", "block", "rank")
-LAMPORT_EXCHANGE, DATA_PHASE, FLAG_WAIT = 2, 3, 4
+LAMPORT_EXCHANGE, DATA_PHASE, FLAG_WAIT, PUSH_ROUND = 2, 3, 4, 5
 #: Slots of a communicator's stream flags (:meth:`collectives.runtime.Communicator.post`; the
 #: GEMM-overlap functions use the first ``2 x overlap.MAX_CHUNKS``).
 FLAG_SLOTS = 32

@@ -30,6 +30,7 @@ from .config import (
     LAMPORT_MAX_BYTES,
     MULTICAST_PATHS,
     PTX_OP,
+    PUSH_ROUND,
     SIZE_MISMATCH,
     TIMEOUT,
     VECTOR_BYTES,
@@ -118,7 +119,7 @@ class Communicator:
         if status == 0:
             return
         phase = {0: "start barrier", 1: "end barrier", LAMPORT_EXCHANGE: "Lamport data exchange",
-                 DATA_PHASE: "TMA bulk copies"}
+                 DATA_PHASE: "TMA bulk copies", PUSH_ROUND: "push round"}
         where = f"rank {rank}, thread block {block}, {phase.get(barrier, barrier)}"
         if status == TIMEOUT and barrier == FLAG_WAIT:
             # Local to this GPU and no other rank's state involved: match the counts again
@@ -215,7 +216,8 @@ class Communicator:
         them (:attr:`turn`): a rank may rewrite a buffer only after every rank has started a
         later collective, which proves it finished reading.  Buffer 2 serves the staged
         collectives that keep their end barrier, buffer 3 the push reduce-scatters that do, buffer 4
-        the push all-reduces.  Growing frees the superseded buffer and
+        the push all-reduces, buffer 5 the peer push all-reduces' result regions.  Growing frees
+        the superseded buffer and
         drops the plans that hold it (:class:`~collectives.staging.StagingPool`)."""
         return self.pool.get(nbytes, which)
 
@@ -320,22 +322,30 @@ class Communicator:
             blocks = min(-(-work // key.threads), 2 * self.sms, self.layout.max_blocks)
         return max(1, min(blocks, limit or blocks))
 
-    def plan(self, key: KernelKey, data: Buffer | list[Buffer], out: int, src: int, n: int, blocks: int) -> Plan:
+    def plan(self, key: KernelKey, data: Buffer | list[Buffer], out: int, src: int, n: int, blocks: int,
+             results: Buffer | None = None) -> Plan:
         """A ready launch of ``key``: everything but the stream fixed.  Given staging buffers
         0 and 1, the plan launches on the one whose :attr:`turn` it is and passes the turn on
-        (``end_barrier=False`` collectives)."""
+        (``end_barrier=False`` collectives).  ``results`` (the peer push all-reduce's result
+        buffer) goes to the kernel as its table, in place of the data buffer's multicast
+        address."""
         fn = self.kernel(key)
         buffers = data if isinstance(data, list) else [data]
         common = (out, src, n, self.pad_buffer.table.data_ptr(), self.pad_buffer.mc,
                   int(self.pad_buffer.host[self.rank]), self.error.data_ptr(), self.rank,
                   int(self.timeout_s * 1e9), blocks)
-        holds = tuple(b.ptr for b in buffers if self.pool.owns(b.ptr))
+        holds = tuple(b.ptr for b in buffers + [results] if b is not None and self.pool.owns(b.ptr))
         if torch.cuda.is_current_stream_capturing():  # a graph keeps these addresses for good
             for ptr in holds:
                 self.pool.capture(ptr)
         emulated = key.backend == "multicast_emulated"
-        return Plan(fn, [(b.table.data_ptr(), b.emulation.data_ptr() if emulated else b.mc) + common
-                         for b in buffers], self, holds)
+
+        def second(b: Buffer) -> int:
+            if results is not None:
+                return results.table.data_ptr()
+            return b.emulation.data_ptr() if emulated else b.mc
+
+        return Plan(fn, [(b.table.data_ptr(), second(b)) + common for b in buffers], self, holds)
 
     @property
     def device_index(self) -> int:

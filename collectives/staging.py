@@ -87,14 +87,16 @@ def capacity(nbytes: int) -> int:
 class StagingPool:
     """Staging slots 0, 1 (the single-barrier collectives, in turn), 2 (the staged collectives
     with an end barrier), 3 (push reduce-scatters with an end barrier: see
-    :func:`collectives.api._two_barrier_slot`) and 4 (push all-reduces, which read other ranks'
-    buffers after their last barrier and push into them before their first).
+    :func:`collectives.api._two_barrier_slot`), 4 (push all-reduces, which read other ranks'
+    buffers after their last barrier and push into them before their first) and 5 (the peer
+    push all-reduces' result regions, apart from the slots that the next call pushes into
+    while other ranks may still pull the last one's results, whatever their sizes).
 
     ``forget(ptr)`` is called for each buffer freed (drop cached views of it)."""
 
     def __init__(self, ctx: Allocator, plans: PlanCache, forget: Callable[[int], None]) -> None:
         self.ctx, self.plans, self.forget = ctx, plans, forget
-        self.current: list[torch.Tensor | None] = [None] * 5
+        self.current: list[torch.Tensor | None] = [None] * 6
         self.pinned: list[torch.Tensor] = []  # superseded, held by a captured graph: never freed
         self._captured: set[int] = set()  # data pointers of current buffers a captured plan holds
 

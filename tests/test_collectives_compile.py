@@ -205,12 +205,34 @@ def test_peer_barrier_is_one_64_bit_release_store_and_no_block_sync(world: int) 
     assert "st.release.sys.global.b64" in data and ("bar.sync" in data or "barrier.sync" in data)
 
 
+def _signals(ptx: str) -> tuple[int, int]:
+    """(64-bit release stores, 64-bit acquire loads) in ``ptx``: the peer signals and waits
+    (a wait polls with two loads, the first and the loop's)."""
+    return (len(re.findall(r"\bst\.release\.sys\.global\.b64", ptx)),
+            len(re.findall(r"\bld\.acquire\.sys\.global\.b64", ptx)))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f32", "e4m3"])
+@pytest.mark.parametrize("world", [2, 4, 8])
+@pytest.mark.parametrize("vector", [0, 1])
+def test_peer_push_all_reduce_is_a_pipeline_of_split_signals(dtype: str, world: int, vector: int) -> None:
+    """The peer push all-reduce: one signal after the first chunk's pushes and one per round,
+    the first wait, one per later round and the final one, no barrier (no other release or
+    acquire) and no multimem."""
+    ptx = kernel_ptx(KernelKey("all_reduce", "push", "peer", dtype, world, vector=vector, stage_in=True),
+                     "sm_100a" if dtype in FP8 else "sm_90a")
+    assert _signals(ptx) == (2, 6), _signals(ptx)
+    assert len(re.findall(r"\.(release|acquire)\.", ptx)) == 8
+    assert not _multimem(ptx)
+
+
 @pytest.mark.parametrize("backend", ["multicast", "peer"])
 @pytest.mark.parametrize("world", [2, 4, 8])
 @pytest.mark.parametrize("vector", [0, 1])
 def test_push_reduce_scatter_stores_to_peers_and_reduces_locally(backend: str, world: int, vector: int) -> None:
     """Push: plain stores into the owners' buffers, local loads, no multimem data path (the
-    multicast flavour keeps only its multicast barrier), one barrier eagerly, two in graphs."""
+    multicast flavour keeps only its multicast barrier, one eagerly, two in graphs; the peer
+    pipeline signals in two places and waits in two, and once more in graphs)."""
     for end_barrier in (False, True):
         key = KernelKey("reduce_scatter", "push", backend, "bf16", world, vector=vector,
                         stage_in=True, end_barrier=end_barrier)
@@ -219,9 +241,10 @@ def test_push_reduce_scatter_stores_to_peers_and_reduces_locally(backend: str, w
         assert ("st.global.v4.b32" in stores) == (vector == 0), stores
         found = _multimem(ptx)
         if backend == "peer":
-            assert not found and "st.release.sys.global.b64" in ptx
-        else:
-            assert found == {"multimem.st.relaxed.sys.global.b32", "multimem.red.release.sys.global.add.u32"}, found
+            assert not found
+            assert _signals(ptx) == (2, 2 * (2 + end_barrier)), _signals(ptx)
+            continue
+        assert found == {"multimem.st.relaxed.sys.global.b32", "multimem.red.release.sys.global.add.u32"}, found
         releases = len(re.findall(r"st\.release\.sys|multimem\.red\.release", ptx))
         assert releases == (2 if end_barrier else 1), releases
     with pytest.raises(ValueError, match="push"):

@@ -123,7 +123,7 @@ def test_100000_calls_over_changing_sizes_and_addresses_keep_memory_bounded(comm
     collectives.synchronize()
     assert int(bad) == 0
     assert len(comm.plans) <= PLAN_CACHE_SIZE
-    assert len(comm.ctx._allocs) <= allocations + 5  # four staging slots, bf16 Lamport buffers
+    assert len(comm.ctx._allocs) <= allocations + 6  # five staging slots, bf16 Lamport buffers
     unpinned = comm.pool.live_bytes - sum(t.numel() for t in comm.pool.pinned)
     assert unpinned <= 4 * capacity(largest)
 
@@ -241,6 +241,54 @@ def test_reduce_scatter_matches_reference(comm, backend: str, dtype: str, op: st
         collectives.synchronize()
         want = expected(comm.world, m * comm.world, dtype, op).reshape(comm.world, m)[comm.rank]
         assert np.array_equal(out.float().cpu().numpy(), want), m
+
+
+@pytest.mark.parametrize("placement", ["staged", "offset"])
+def test_push_pipeline_over_many_rounds_and_changing_sizes(comm, placement: str) -> None:
+    """Peer push all-reduces and reduce-scatters large enough for several rounds of the
+    pipeline (collectives.config.push_rounds; 16-byte vectors or, at an offset, single
+    elements), with elements past the last vector, back to back with a size that changes
+    every call (a call's pushes then overlap where the last call's results lay)."""
+    import collectives
+    from collectives.config import push_rounds, push_slice_elements
+
+    world = comm.world
+    sizes = [3 * (1 << 22) + 5, (1 << 23) + 24, 5 * (1 << 21) + 3]
+    vec = 1 if placement == "offset" else 8
+    step = min(-(-push_slice_elements(sizes[0], world, vec) // vec // 512), 2 * comm.sms) * 512
+    assert push_rounds(-(-push_slice_elements(sizes[0], world, vec) // vec // step)) > 1
+    calls = []
+    for i in range(6):
+        n = sizes[i % 3]
+        t = place(comm, device_values(comm.rank + i, n, "bf16"), placement)
+        collectives.all_reduce(t, algorithm="push", backend="peer")
+        m = n // world
+        inp = place(comm, device_values(comm.rank + i, m * world, "bf16"), placement)
+        out = torch.empty(m, dtype=torch.bfloat16, device="cuda")
+        collectives.reduce_scatter(out, inp, algorithm="push", backend="peer")
+        calls.append((i, n, t, m, out))
+    collectives.synchronize()
+    for i, n, t, m, out in calls:
+        inputs = [reference.round_to(values(r + i, n), "bf16") for r in range(world)]
+        assert np.array_equal(t.float().cpu().numpy(), reference.all_reduce(inputs, "bf16")), (i, n)
+        scattered = reference.reduce_scatter([x[:m * world] for x in inputs], "bf16")[comm.rank]
+        assert np.array_equal(out.float().cpu().numpy(), scattered), (i, m)
+
+
+def test_different_sizes_of_a_push_all_reduce_raise_and_the_communicator_recovers(comm) -> None:
+    """Every rank's first wait of the pipeline sees another rank's size (or that it left the
+    call), so every rank raises, and the epochs stay equal."""
+    import collectives
+
+    base = torch.empty(1024, dtype=torch.float32, device="cuda")
+    n = 512 + 8 * comm.rank
+    with pytest.raises(collectives.CollectiveError, match="different sizes"):
+        collectives.all_reduce(base[:n], algorithm="push", backend="peer")
+        collectives.synchronize()
+    base.fill_(1)
+    collectives.all_reduce(base, algorithm="push", backend="peer")
+    collectives.synchronize()
+    assert torch.all(base == comm.world)
 
 
 def test_push_reduce_scatter_in_graphs_at_offsets_and_reused_addresses(comm) -> None:

@@ -1,82 +1,162 @@
 """Push reduce-scatter and all-reduce for inputs outside symmetric memory: no staging copy.
 
 Each rank stores slice ``q`` of its input straight from the user's tensor into slot ``rank`` of
-rank ``q``'s symmetric receive buffer (``world`` slots of ``n`` elements), passes one barrier,
-and reduces its ``world`` slots from local memory into its output.  The push and the reduction
-split the ``n`` elements alike (whole vectors in one stride, then the elements past the last),
-so block ``b``'s barrier orders exactly the stores that block ``b`` of the owner reads.  The
-pushes are plain stores on both backends (a reduction of local slots has nothing to
-multicast), so the kernel holds no ``multimem``.
+rank ``q``'s symmetric receive buffer (``world`` slots of ``m`` elements), and the owner
+reduces its ``world`` slots from local memory into its output.  The all-reduce's slices split
+``n`` in ``world`` (``m`` rounded up to whole vectors; the last slice may be shorter): the owner
+also stores its reduction into its result region, and every rank pulls each owner's result
+region into its output (plain loads from the peers).  The reduce-scatter's slices are its
+outputs (``m = n``).  Every phase splits a slice alike (whole vectors in one grid stride, then
+the elements past the last), so block ``b``'s signals order exactly the accesses that block
+``b`` of another rank makes to the same elements.  The pushes are plain stores on every
+backend (a reduction of local slots has nothing to multicast), so the kernel holds no
+``multimem`` but the multicast barrier's.
 
-A push writes into another rank's buffer before the barrier, so the buffer must be free there:
-eagerly the caller alternates between two buffers with no end barrier (as the staged one-shot
-does: a rank pushes into a buffer again only after a barrier that every rank entered after
-finishing the call that read it); under graph capture the kernel keeps its end barrier.
+On the peer backend the kernel is a software pipeline.  Each block cuts its share of every
+slot in rounds (:func:`collectives.config.push_rounds`: chunks of whole grid strides, at most
+:data:`~collectives.config.PUSH_MAX_ROUNDS`) and announces events with
+:func:`~collectives.device.signals.signal_peers`: event ``j`` of a call entered at epoch ``e``
+is epoch ``e + 1 + j``; every rank's block emits the same events in the same order, so one
+monotone word per block and rank says how far it got::
 
-The all-reduce is the same push of slices of ``m`` elements (``n`` split in ``world`` slices,
-``m`` rounded up to whole vectors; the last slice may be shorter), then the owner reduces its
-slice into its output and into a result region after its slots, passes a second barrier, and
-every rank pulls each owner's result region into its output (plain loads from the peers).
-Its second barrier makes one buffer enough, eagerly and in graphs: a rank pushes into a buffer
-only after the second barrier of the previous call, by which time every owner has read its
-slots, and an owner rewrites its result region only after the next call's first barrier, by
-which time every rank has pulled it.
+    push chunk 0;   signal event 0;   wait for every rank's event 0
+    for k in 0 .. R-1:
+        push chunk k+1 (if any)                    # remote stores in flight ...
+        k > 0: wait for every rank's event k       # ... while we wait, reduce and pull
+        reduce chunk k of our slots -> out (+ result region)
+        all-reduce: pull chunk k-1 of every owner's result region
+        signal event k+1 (unless it is the reduce-scatter's last round, eagerly)
+    all-reduce, or an end barrier: wait for every rank's event R
+    all-reduce: pull chunk R-1
+
+Event ``k + 1`` says "chunk ``k + 1`` pushed, chunk ``k`` reduced (and chunk ``k - 1``
+pulled)": a rank reduces chunk ``k`` only after every rank pushed it, and pulls chunk ``k - 1``
+of an owner only after the owner reduced it.  The release of a signal waits for the block's
+stores before it (after a ``bar.sync``), so signalling after the reduction lets the pushes of
+chunk ``k + 1`` drain while chunk ``k`` is reduced and chunk ``k - 1`` pulled.
+
+Sizes: every call advances the epochs by :data:`~collectives.config.PUSH_EPOCHS`, whatever its
+rounds (which depend on its size), so every rank's epochs stay equal after a call whose sizes
+differed.  A wait compares the size of any word within the call's range
+(:func:`~collectives.device.signals.wait_peers`); every rank signals event 0 before its first
+wait, so that wait sees every rank's size unless the rank has left the call.  A rank leaves a
+call only after its last wait, which needs the waiter's last event; so a word past the range
+is the end of a call at the last wait only, and anywhere else the sign that a rank left a
+failed call: the waiter stops too.  No rank passes the first wait of a call whose sizes
+differ, and it pushes nothing but chunk 0 (which its event 0 releases) before it: so every
+push of a failed call is ordered before the next call's (or it could land on them, in a
+layout of another size).
+
+Buffer reuse across calls: a push writes into another rank's buffer before any wait, so the
+buffer must be free there.  A rank finishes a call only after its blocks saw the event every
+rank's block emits last (the data of other blocks is ordered by the end of the kernel), and it
+emits any event of a call only after its previous kernel completed.  With a final wait (the
+all-reduce; the reduce-scatter under graph capture) one receive buffer is enough: a rank
+pushes the next call only after every owner's event ``R``, by which time every owner has
+reduced all its slots.  Eagerly the reduce-scatter has no final wait and the caller
+alternates two buffers (as the staged one-shot does): a rank pushes into a buffer again only
+after a wait of the call in between, which every rank's block passed the event of only after
+finishing the call that read it.  The all-reduce's result regions are a buffer of their own
+(``data_mc`` holds its table): a rank may start the next call's pushes while another still
+pulls the last call's results, and a call of another size would lay its slots over a result
+region that followed them.  An owner rewrites its result region only after every rank's event
+0 of the next call, by which time every rank has pulled it.  The multicast backends run the
+same phases as one round between two multicast barriers, the result region after the slots
+(where a next call of a larger size may push before a slower rank has pulled it: not yet
+fixed there).
 """
 
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int64
+from cutlass import Int32, Int64, Uint32
+from cutlass.memory import SmemAllocator
 
-from ..config import KernelKey
-from ..device import reduce
+from ..config import (
+    PUSH_EPOCHS,
+    PUSH_ROUND,
+    KernelKey,
+    ceil_div,
+    push_events,
+    push_round_strides,
+    push_rounds,
+    push_slice_elements,
+)
+from ..device import reduce, signals
+from ..launch import launcher
 from . import design
 
 
 def build(key: KernelKey):
-    """The ``@cute.jit`` launcher of the push reduce-scatter or all-reduce for ``key``: one
-    push, one local reduction of the ``world`` receive slots and, for the all-reduce, the pull
-    of the other owners' results; the two differ only in how ``n`` is sliced."""
+    """The ``@cute.jit`` launcher of the push reduce-scatter or all-reduce for ``key``: the
+    pipeline on the peer backend, one round between two multicast barriers on the others; the
+    reduce-scatter and the all-reduce differ only in how ``n`` is sliced."""
     b = design.blocks(key)
     vec, world, dtype, acc, op = b.vec, b.world, b.dtype, b.acc, b.op
     element_bytes = dtype.width // 8
     all_reduce = key.collective == "all_reduce"
+    pipelined = key.backend == "peer"
+
+    @cute.jit
+    def slot_elements(n):
+        """Elements of each slot: a whole-vector share of ``n`` (all-reduce) or ``n``."""
+        if cutlass.const_expr(all_reduce):
+            return push_slice_elements(n, world, vec)
+        else:
+            return n
 
     @cute.jit
     def bounds(n, q):
         """(first input element, length, slot size) of slice ``q``: reduce-scatter slices are
         the ``n`` elements of an output; all-reduce slices split ``n`` in ``world``
         (:func:`collectives.config.push_slice_elements`, the last may be shorter)."""
+        m = slot_elements(n)
         if cutlass.const_expr(all_reduce):
-            m = (((n + world - 1) // world + vec - 1) // vec) * vec
             begin = cutlass.min(Int64(q) * m, n)
             return begin, cutlass.min(begin + m, n) - begin, m
         else:
-            return Int64(q) * n, n, n
+            return Int64(q) * n, n, m
 
     @cute.jit
-    def push(addrs, src, n, rank, first, step):
-        """Slot ``rank`` of rank ``q``'s buffer = slice ``q`` of our input, for every ``q``
-        (``q = rank + i``: each rank writes to a different owner at a time)."""
+    def result_region(addrs, results, q, m):
+        """Rank ``q``'s result region: its result buffer (``results``, the pipeline) or the
+        region after its ``world`` slots."""
+        if cutlass.const_expr(pipelined):
+            return design.pick(results, q)
+        else:
+            return design.pick(addrs, q) + Int64(world) * m * element_bytes
+
+    @cute.jit
+    def window(length, k, chunk):
+        """Elements [lo, hi) of round ``k`` (rounds of ``chunk`` elements, whole grid strides)
+        of a slice of ``length``: the elements past its last vector fall in the last one."""
+        return cutlass.min(k * chunk, length), cutlass.min((k + 1) * chunk, length)
+
+    @cute.jit
+    def push(addrs, src, n, rank, k, chunk, first, step):
+        """Chunk ``k`` of slot ``rank`` of rank ``q``'s buffer = chunk ``k`` of slice ``q`` of
+        our input, for every ``q`` (``q = rank + i``: each rank writes to a different owner at a
+        time)."""
         for i in cutlass.range_constexpr(world):
             q = (rank + i) % world
             begin, length, m = bounds(n, q)
+            lo, hi = window(length, k, chunk)
             slot = design.pick(addrs, q) + Int64(rank) * m * element_bytes
-            b.copy_local(src + begin * element_bytes, slot, Int64(0), length, first, step)
+            b.copy_local(src + begin * element_bytes, slot, lo, hi, first, step)
 
     @cute.jit
-    def move(addrs, data_mc, out, src, n, rank, first, step, buffers, deadline, err):
-        """The reduction of our ``world`` slots (local loads) into out (the all-reduce: into
-        our slice of out and our result region)."""
+    def reduce_chunk(addrs, results, out, n, rank, k, chunk, first, step):
+        """Chunk ``k`` of the reduction of our ``world`` slots (local loads) into out (the
+        all-reduce: into our slice of out and our result region)."""
         begin, length, m = bounds(n, rank)
+        lo, hi = window(length, k, chunk)
         own = design.pick(addrs, rank)
         slots = [own + Int64(s) * m * element_bytes for s in range(world)]
         if cutlass.const_expr(all_reduce):
-            dests = [out + begin * element_bytes, own + Int64(world) * m * element_bytes]
+            dests = [out + begin * element_bytes, result_region(addrs, results, rank, m)]
         else:
             dests = [out]
-        vectors = length // vec
 
         def reduce_here(vs):
             offsets = tuple(Int64(v) * vec for v in vs)
@@ -84,25 +164,108 @@ def build(key: KernelKey):
                 for d in dests:
                     b.store_local(d, o, values, vec)
 
-        b.each_vector(Int64(0), vectors, first, step, reduce_here)
-        j = Int64(vectors * vec) + first
-        while j < length:
+        b.each_vector(lo // vec, hi // vec, first, step, reduce_here)
+        j = cutlass.max(Int64(hi // vec * vec), lo) + first
+        while j < hi:
             value = reduce.load_reduce_peer(slots, (j,), dtype, acc, 1, op)[0]
             for d in dests:
                 b.store_local(d, j, value, 1)
             j += step
 
     @cute.jit
-    def pull(addrs, out, n, rank, first, step):
-        """Slice ``q`` of out = rank ``q``'s result region, for every other ``q`` (``q = rank +
-        i``: each rank reads from a different owner at a time)."""
+    def pull(addrs, results, out, n, rank, k, chunk, first, step):
+        """Chunk ``k`` of slice ``q`` of out = chunk ``k`` of rank ``q``'s result region, for
+        every other ``q`` (``q = rank + i``: each rank reads from a different owner at a
+        time)."""
         for i in cutlass.range_constexpr(1, world):
             q = (rank + i) % world
             begin, length, m = bounds(n, q)
-            result = design.pick(addrs, q) + Int64(world) * m * element_bytes
-            b.copy_local(result, out + begin * element_bytes, Int64(0), length, first, step)
+            lo, hi = window(length, k, chunk)
+            b.copy_local(result_region(addrs, results, q, m), out + begin * element_bytes, lo, hi, first, step)
 
-    return design.kernel(key, b, stage=None, move=move, push=push, pull=pull if all_reduce else None)
+    if pipelined:
+        return pipeline(key, slot_elements, push, reduce_chunk, pull if all_reduce else None)
+
+    @cute.jit
+    def push_all(addrs, src, n, rank, first, step):
+        push(addrs, src, n, rank, Int64(0), slot_elements(n), first, step)
+
+    @cute.jit
+    def reduce_all(addrs, data_mc, out, src, n, rank, first, step, buffers, deadline, err):
+        reduce_chunk(addrs, addrs, out, n, rank, Int64(0), slot_elements(n), first, step)
+
+    @cute.jit
+    def pull_all(addrs, out, n, rank, first, step):
+        pull(addrs, addrs, out, n, rank, Int64(0), slot_elements(n), first, step)
+
+    return design.kernel(key, b, stage=None, move=reduce_all, push=push_all, pull=pull_all if all_reduce else None)
 
 
-__all__ = ["build"]
+def pipeline(key: KernelKey, slot_elements, push, reduce_chunk, pull):
+    """The ``@cute.jit`` launcher of the pipelined push (peer signals; the module docstring
+    gives the schedule): ``push``, ``reduce_chunk`` and ``pull`` (none for a reduce-scatter)
+    move chunk ``k`` of ``chunk`` elements of every slot of ``slot_elements(n)``."""
+    world, threads, vec = key.world, key.threads, key.elements_per_access
+    final = pull is not None or key.end_barrier
+
+    @cute.jit
+    def wait(flag, pad, rank, block, epoch, last, j, events, deadline, err, which, size):
+        """Wait for every rank's event ``j`` (True in every thread of the block if it came,
+        with our size); a word past ``last`` may end only the call's last wait."""
+        return signals.block_all(flag, signals.wait_peers(
+            pad, rank, block, epoch + Uint32(j + 1), last, j + 1 == events, deadline, err, which, size, world))
+
+    @cute.jit
+    def kernel(
+        data_table: Int64, data_mc: Int64, out: Int64, src: Int64, n: Int64,
+        pad_table: Int64, pad_mc: Int64, pad: Int64, err: Int64, rank: Int32, timeout_ns: Int64,
+    ):
+        tidx = cute.arch.thread_idx()[0]
+        block = cute.arch.block_idx()[0]
+        flag = SmemAllocator().allocate_tensor(Int32, cute.make_layout(1), byte_alignment=4)
+        epoch = signals.read_epoch(pad, block, world)
+        last = epoch + Uint32(PUSH_EPOCHS)  # this call's events are epoch + 1 .. last
+        deadline = cute.arch.globaltimer() + timeout_ns
+        size = Uint32(n)
+        first = Int64(block) * threads + tidx
+        step = Int64(cute.arch.grid_dim()[0]) * threads
+        addrs = [signals.peer_address(data_table, Int32(r)) for r in range(world)]
+        results = None
+        if cutlass.const_expr(pull is not None):
+            results = [signals.peer_address(data_mc, Int32(r)) for r in range(world)]
+        strides = ceil_div(ceil_div(slot_elements(n), vec), step)
+        chunk = push_round_strides(strides) * step * vec
+        rounds = push_rounds(strides)
+        events = push_events(rounds, final)
+
+        push(addrs, src, n, rank, Int64(0), chunk, first, step)
+        signals.signal_peers(pad_table, rank, block, epoch + Uint32(1), size, world)
+        # Every rank's size before any other push: a failed call's pushes are all signalled.
+        ok = wait(flag, pad, rank, block, epoch, last, Int64(0), events, deadline, err, Int32(0), size)
+        k = Int64(0)
+        while ok and k < rounds:
+            if k + 1 < rounds:
+                push(addrs, src, n, rank, k + 1, chunk, first, step)
+            if k > 0:
+                ok = wait(flag, pad, rank, block, epoch, last, k, events, deadline, err, Int32(PUSH_ROUND), size)
+            if ok:
+                reduce_chunk(addrs, results, out, n, rank, k, chunk, first, step)
+                if cutlass.const_expr(pull is not None):
+                    if k > 0:
+                        pull(addrs, results, out, n, rank, k - 1, chunk, first, step)
+                if k + 1 < events:
+                    signals.signal_peers(pad_table, rank, block, epoch + Uint32(k + 2), size, world)
+            k += 1
+        if cutlass.const_expr(final):
+            if ok:
+                ok = wait(flag, pad, rank, block, epoch, last, rounds, events, deadline, err, Int32(1), size)
+                if cutlass.const_expr(pull is not None):
+                    if ok:
+                        pull(addrs, results, out, n, rank, rounds - 1, chunk, first, step)
+        if tidx == 0:
+            signals.advance_epoch(pad, block, last, world)
+
+    return launcher(kernel, threads)
+
+
+__all__ = ["build", "pipeline"]

@@ -22,11 +22,13 @@ from .signals import (
     read_epoch,
     record_error,
     signal,
+    signal_peers,
+    wait_peers,
     wait_until,
 )
 
 __all__ = [
     "advance_epoch", "barrier_multicast", "barrier_peer", "block_all", "combine", "gmem",
     "load_reduce_multicast", "load_reduce_peer", "peer_address", "reached", "read_epoch",
-    "record_error", "signal", "store_multicast", "store_peers", "wait_until",
+    "record_error", "signal", "signal_peers", "store_multicast", "store_peers", "wait_peers", "wait_until",
 ]

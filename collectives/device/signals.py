@@ -12,6 +12,10 @@ Every wait is bounded by a deadline on ``%globaltimer``; a wait that times out w
 record (status, barrier, missing rank, block, rank) that the host turns into
 :class:`collectives.CollectiveTimeout`, and reports failure so the kernel can exit.
 
+The peer barrier is a :func:`signal_peers` and a :func:`wait_peers` of one epoch; a kernel may
+use them apart, as a sequence of epochs that every rank's block announces in the same order
+(a pipeline: wait for the peers' epoch ``e`` while its own later work is in flight).
+
 These are ``@cute.jit`` functions: call them from your own ``@cute.kernel``.
 """
 
@@ -89,6 +93,78 @@ def advance_epoch(pad: Int64, block: Int32, epoch: Uint32, world: cutlass.Conste
 
 
 @cute.jit
+def signal_peers(
+    pad_table: Int64,
+    rank: Int32,
+    block: Int32,
+    epoch: Uint32,
+    size: Uint32,
+    world: cutlass.Constexpr,
+    sync: cutlass.Constexpr = True,
+) -> None:
+    """Announce ``epoch`` of thread block ``block`` to every rank: threads ``t < world`` each
+    load rank ``t``'s pad address and give it one 64-bit ``st.release.sys`` of ``size << 32 |
+    epoch`` at ``arrival(block, rank)`` (arrival and size in one store).  With ``sync`` a
+    ``bar.sync`` first carries the block's earlier accesses into the release (drop it only
+    where the block made none in this kernel)."""
+    layout = PadLayout(world=world)
+    tidx = cute.arch.thread_idx()[0]
+    if cutlass.const_expr(sync):
+        cute.arch.sync_threads()
+    if tidx < world:
+        word = (Uint64(size) << 32) | Uint64(epoch)
+        peer = gmem(Uint64, peer_address(pad_table, tidx), 8)
+        ptxops.st_release(peer + layout.arrival(block, rank) // 2, word, scope="sys")
+
+
+@cute.jit
+def wait_peers(
+    pad: Int64,
+    rank: Int32,
+    block: Int32,
+    want: Uint32,
+    last: Uint32,
+    past: Boolean,
+    deadline: Int64,
+    err: Int64,
+    which: Int32,
+    size: Uint32,
+    world: cutlass.Constexpr,
+) -> Boolean:
+    """Wait until every rank's block ``block`` has announced ``want``: threads ``t < world``
+    poll their own pad (``pad``, no table load) for rank ``t``'s word with ``ld.acquire.sys``
+    until its epoch reaches ``want`` (wrap-safe) or ``%globaltimer`` passes ``deadline``.
+
+    ``last`` ends the epochs of the waiter's call: a word in ``[want, last]`` was stored by
+    rank ``t`` in this call and carries its size, compared with ours; a word past ``last``
+    means rank ``t`` already left this call.  With ``past`` (the call's last wait) that is
+    how a call ends: rank ``t`` left after its own waits compared our size with its own
+    (which, then, a later call may have replaced).  Without, rank ``t`` left a call that still
+    needed it, as only a failed call does (its waits saw another size): recorded as a size
+    mismatch.  The caller's sync after the wait carries the acquire to the other threads.
+    Returns (in threads ``t < world``) whether rank ``t`` arrived before the deadline with
+    the same size; a failure is written to the error record (``which``: the barrier or phase
+    it names)."""
+    layout = PadLayout(world=world)
+    tidx = cute.arch.thread_idx()[0]
+    ok = Boolean(True)
+    if tidx < world:
+        own = gmem(Uint64, pad, 8) + layout.arrival(block, tidx) // 2
+        seen = ptxops.ld_acquire(own, scope="sys", dtype=Uint64)
+        while not reached(Uint32(seen & Uint64(0xFFFFFFFF)), want) and cute.arch.globaltimer() < deadline:
+            seen = ptxops.ld_acquire(own, scope="sys", dtype=Uint64)
+        seen_epoch = Uint32(seen & Uint64(0xFFFFFFFF))
+        mine = reached(last, seen_epoch)  # a word of this call, with rank t's size
+        if not reached(seen_epoch, want):
+            ok = Boolean(False)
+            record_error(err, Int32(TIMEOUT), which, tidx, block, rank)
+        elif mine and Uint32(seen >> 32) != size or not mine and not past:
+            ok = Boolean(False)
+            record_error(err, Int32(SIZE_MISMATCH), which, tidx, block, rank)
+    return ok
+
+
+@cute.jit
 def barrier_peer(
     pad_table: Int64,
     pad: Int64,
@@ -102,40 +178,14 @@ def barrier_peer(
     world: cutlass.Constexpr,
     sync: cutlass.Constexpr = True,
 ) -> Boolean:
-    """Peer-flavour barrier of thread block ``block`` with block ``block`` of every rank.
-
-    Threads ``t < world`` each load rank ``t``'s pad address once and give it one 64-bit
-    ``st.release.sys`` of ``size << 32 | epoch`` (arrival and size in one store), then poll
-    their own pad (``pad``, no table load) for rank ``t``'s word with ``ld.acquire.sys``.  A
-    word at exactly ``epoch`` carries rank ``t``'s size for this barrier, compared with ours;
-    a word past ``epoch`` means rank ``t`` already passed this barrier, which it does only
-    after comparing our size with its own (and its next barrier may have replaced the size).
-    With ``sync`` a ``bar.sync`` first carries the block's earlier accesses into the release
-    (drop it only where the block made none in this kernel); the caller's sync after the
-    barrier carries the acquire to the other threads.  Returns (in threads ``t < world``)
-    whether rank ``t`` arrived before the deadline with the same size.
+    """Peer-flavour barrier of thread block ``block`` with block ``block`` of every rank:
+    :func:`signal_peers` of ``epoch``, then :func:`wait_peers` for it, the barrier being its
+    own range of epochs (a word past ``epoch`` means rank ``t`` already passed this barrier,
+    which it does only after comparing our size with its own).  Returns (in threads ``t <
+    world``) whether rank ``t`` arrived before the deadline with the same size.
     """
-    layout = PadLayout(world=world)
-    tidx = cute.arch.thread_idx()[0]
-    ok = Boolean(True)
-    if cutlass.const_expr(sync):
-        cute.arch.sync_threads()
-    if tidx < world:
-        word = (Uint64(size) << 32) | Uint64(epoch)
-        peer = gmem(Uint64, peer_address(pad_table, tidx), 8)
-        ptxops.st_release(peer + layout.arrival(block, rank) // 2, word, scope="sys")
-        own = gmem(Uint64, pad, 8) + layout.arrival(block, tidx) // 2
-        seen = ptxops.ld_acquire(own, scope="sys", dtype=Uint64)
-        while not reached(Uint32(seen & Uint64(0xFFFFFFFF)), epoch) and cute.arch.globaltimer() < deadline:
-            seen = ptxops.ld_acquire(own, scope="sys", dtype=Uint64)
-        seen_epoch = Uint32(seen & Uint64(0xFFFFFFFF))
-        if not reached(seen_epoch, epoch):
-            ok = Boolean(False)
-            record_error(err, Int32(TIMEOUT), which, tidx, block, rank)
-        elif seen_epoch == epoch and Uint32(seen >> 32) != size:
-            ok = Boolean(False)
-            record_error(err, Int32(SIZE_MISMATCH), which, tidx, block, rank)
-    return ok
+    signal_peers(pad_table, rank, block, epoch, size, world, sync)
+    return wait_peers(pad, rank, block, epoch, epoch, Boolean(True), deadline, err, which, size, world)
 
 
 @cute.jit
