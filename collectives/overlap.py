@@ -1,6 +1,6 @@
 """GEMM overlapped with communication: ``gemm_reduce_scatter`` and ``all_gather_gemm``.
 
-The GEMM is cuBLAS (``torch.mm``) on row chunks, on the current stream; the communication of
+The GEMM is cuBLAS (through torch) on row chunks, on the current stream; the communication of
 each chunk is this library's ``reduce_scatter`` / ``all_gather`` kernel on a side stream, so the
 communication of one chunk runs while the GEMM of the next computes.  The side stream forks
 from the current one at the start of a call and joins it at the end (CUDA stream waits: they
@@ -133,19 +133,24 @@ def _gemm_reduce_scatter(a, b, out, timeline: list | None = None) -> torch.Tenso
     side = _side_stream(comm.device_index)
     side.wait_stream(main)
     slot = _FLAG_BASE["gemm_reduce_scatter"]
+    # Every owner's rows of a chunk in one batched GEMM (b broadcast: batch stride 0).
+    owners, shared_b = a.view(world, m, a.shape[1]), b.expand(world, *b.shape)
+    chunks = []
     at = 0
     for c, (r0, r1) in enumerate(_bounds(m)):
         p = partial[at:at + world * (r1 - r0) * n].view(world, r1 - r0, n)
         at += world * (r1 - r0) * n
         marks = _marks(timeline, "gemm", c, main)
-        for q in range(world):
-            torch.mm(a[q * m + r0:q * m + r1], b, out=p[q])
+        torch.bmm(owners[:, r0:r1], shared_b, out=p)
         _close(marks, main)
         comm.post(slot + c)
-        with torch.cuda.stream(side):
+        chunks.append((c, out[r0:r1].view(-1), p))
+    # Enqueued after the GEMMs (one switch of streams): the flags, not the host's order, make
+    # each reduce-scatter wait for its chunk.
+    with torch.cuda.stream(side):
+        for c, target, p in chunks:
             comm.wait(slot + c)
             marks = _marks(timeline, "comm", c, side)
-            target = out[r0:r1].view(-1)
             reduce_scatter(target, p.view(-1), algorithm=_algorithm(target, p), max_blocks=COMM_BLOCKS)
             _close(marks, side)
     main.wait_stream(side)

@@ -9,6 +9,7 @@ buffer.  Build those before a CUDA-graph capture (one eager call warms them).
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from collections.abc import Callable
@@ -60,9 +61,15 @@ TORCH_DTYPES = {
 }
 
 
-def compile_target() -> str:
-    """``sm_90a`` on Hopper, ``sm_100a`` on Blackwell data-centre parts: what this GPU runs."""
-    major, minor = torch.cuda.get_device_capability()
+def compile_target(device: int | None = None) -> str:
+    """``sm_90a`` on Hopper, ``sm_100a`` on Blackwell data-centre parts: what GPU ``device``
+    (default: the current one) runs."""
+    return _target(torch.cuda.current_device() if device is None else device)
+
+
+@functools.cache
+def _target(device: int) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
     return f"sm_{major}{minor}a"
 
 
@@ -264,8 +271,9 @@ class Communicator:
                 f"multimem.ld_reduce has no {PTX_OP[op]} of {dtype} (PTX: .min/.max reduce integers, "
                 f"16-bit floats and fp8, not .f32); use backend='peer' or 'auto'"
             )
-        if backend in MULTICAST_PATHS and dtype in FP8 and not compile_target().startswith("sm_10"):
-            raise MulticastUnavailable(f"multimem on {dtype} needs sm_100a or newer, not {compile_target()}")
+        if backend in MULTICAST_PATHS and dtype in FP8 and not compile_target(self.device_index).startswith("sm_10"):
+            raise MulticastUnavailable(
+                f"multimem on {dtype} needs sm_100a or newer, not {compile_target(self.device_index)}")
         return backend
 
     def barrier(self, backend: str = "auto") -> None:
@@ -286,25 +294,30 @@ class Communicator:
             CollectiveError: the kernel's PTX holds a ``multimem`` instruction and this context
                 has no NVLink multicast (a safety net, checked once per compiled kernel).
         """
+        target = compile_target(self.device_index)
+        compiled = self._kernels.get((key, target))  # the per-call path: a lookup
+        if compiled is None:
+            compiled = self._kernels[(key, target)] = self._compile(key, target)
+        return compiled[1]
+
+    def _compile(self, key: KernelKey | str, target: str) -> tuple[Any, Callable[..., Any]]:
+        """(CuTeDSL's compiled kernel, its TVM-FFI function) for ``key`` on ``target``."""
         import cutlass.cute as cute
 
         from . import algorithms
         from .algorithms import flags
         from .launch import flag_example_arguments
 
-        target = compile_target()
-        if (key, target) not in self._kernels:
-            if isinstance(key, str):
-                launch, args = flags.build(key), flag_example_arguments()
-            else:
-                launch, args = algorithms.build(key), algorithms.example_arguments()
-            with tempfile.TemporaryDirectory() as dump:
-                compiled = cute.compile[cute.GPUArch(target)](
-                    launch, *args, options=f"--enable-tvm-ffi --keep-ptx --dump-dir={dump}",
-                )
-                refuse_multimem(compiled.__ptx__, key, self.ctx.backend)
-            self._kernels[(key, target)] = (compiled, compiled.__tvm_ffi_object__())
-        return self._kernels[(key, target)][1]
+        if isinstance(key, str):
+            launch, args = flags.build(key), flag_example_arguments()
+        else:
+            launch, args = algorithms.build(key), algorithms.example_arguments()
+        with tempfile.TemporaryDirectory() as dump:
+            compiled = cute.compile[cute.GPUArch(target)](
+                launch, *args, options=f"--enable-tvm-ffi --keep-ptx --dump-dir={dump}",
+            )
+            refuse_multimem(compiled.__ptx__, key, self.ctx.backend)
+        return compiled, compiled.__tvm_ffi_object__()
 
     def blocks(self, key: KernelKey, work: int, limit: int | None = None) -> int:
         """Thread blocks for ``work`` vector accesses per rank: enough to cover them, at most

@@ -14,8 +14,7 @@ Runtime arguments are plain 64-bit addresses and counts, so one compile serves e
 a key:
 
 ``data_table``  device table of every rank's data buffer address (int64[W])
-``data_mc``     the data buffer's multicast address (multicast; emulated: a translation table;
-                the peer push all-reduce: the device table of every rank's result buffer)
+``data_mc``     the data buffer's multicast address (multicast; emulated: a translation table; peer push all-reduce: the result buffers' table)
 ``out``         this rank's output (all-reduce one-shot, reduce-scatter, gathered two-shot, all-gather)
 ``src``         this rank's input (``stage_in``: copied in-kernel; push and all-gather: pushed)
 ``n``           elements per rank (all-reduce, all-gather's input) or per output (reduce-scatter)
