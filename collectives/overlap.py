@@ -187,6 +187,11 @@ def _all_gather_gemm(a_shard, b, out, timeline: list | None = None) -> torch.Ten
     side.wait_stream(main)
     bounds = _bounds(m)
     slot = _FLAG_BASE["all_gather_gemm"]
+    # This rank's own rows first: they need no communication, and the GPU starts on them while
+    # the host enqueues the gathers (the flags, not the host's order, order the rest).
+    marks = _marks(timeline, "gemm", -1, main)
+    torch.mm(a_shard, b, out=out[rank * m:(rank + 1) * m])
+    _close(marks, main)
     views = []
     at = 0
     with torch.cuda.stream(side):
@@ -199,9 +204,6 @@ def _all_gather_gemm(a_shard, b, out, timeline: list | None = None) -> torch.Ten
             _close(marks, side)
             comm.post(slot + c)
             views.append(g)
-    marks = _marks(timeline, "gemm", -1, main)
-    torch.mm(a_shard, b, out=out[rank * m:(rank + 1) * m])
-    _close(marks, main)
     for c, (r0, r1) in enumerate(bounds):
         comm.wait(slot + c)
         marks = _marks(timeline, "gemm", c, main)
