@@ -96,8 +96,9 @@ def push_rounds(strides):
 def push_events(rounds, final: bool):
     """Signals each block of a pipelined push emits in a call of ``rounds`` rounds: event 0
     once the first round's chunk is pushed, event ``k + 1`` once chunk ``k + 1`` is pushed and
-    chunk ``k`` reduced (and, in an all-reduce, chunk ``k - 1`` pulled), the last (after the
-    last round) only when a ``final`` wait reads it (the all-reduce's pull, an end barrier)."""
+    chunk ``k`` reduced (in an all-reduce: its result stored on every rank, and chunk ``k - 1``
+    of the others' results copied out), the last (after the last round) only when a ``final``
+    wait reads it (the all-reduce's last copy, an end barrier)."""
     return rounds + int(final)
 
 

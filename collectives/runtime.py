@@ -223,7 +223,7 @@ class Communicator:
         them (:attr:`turn`): a rank may rewrite a buffer only after every rank has started a
         later collective, which proves it finished reading.  Buffer 2 serves the staged
         collectives that keep their end barrier, buffer 3 the push reduce-scatters that do, buffer 4
-        the push all-reduces, buffer 5 the peer push all-reduces' result regions.  Growing frees
+        the push all-reduces, buffer 5 the peer push all-reduces' result regions (one per rank).  Growing frees
         the superseded buffer and
         drops the plans that hold it (:class:`~collectives.staging.StagingPool`)."""
         return self.pool.get(nbytes, which)

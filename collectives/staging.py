@@ -89,8 +89,9 @@ class StagingPool:
     with an end barrier), 3 (push reduce-scatters with an end barrier: see
     :func:`collectives.api._two_barrier_slot`), 4 (push all-reduces, which read other ranks'
     buffers after their last barrier and push into them before their first) and 5 (the peer
-    push all-reduces' result regions, apart from the slots that the next call pushes into
-    while other ranks may still pull the last one's results, whatever their sizes).
+    push all-reduces' result regions, one per owner, apart from the slots that the next call
+    pushes into while other ranks may still copy out the last one's results, whatever their
+    sizes).
 
     ``forget(ptr)`` is called for each buffer freed (drop cached views of it)."""
 

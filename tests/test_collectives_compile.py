@@ -218,12 +218,17 @@ def _signals(ptx: str) -> tuple[int, int]:
 def test_peer_push_all_reduce_is_a_pipeline_of_split_signals(dtype: str, world: int, vector: int) -> None:
     """The peer push all-reduce: one signal after the first chunk's pushes and one per round,
     the first wait, one per later round and the final one, no barrier (no other release or
-    acquire) and no multimem."""
+    acquire) and no multimem.  Every data load has one store: the pushes and the copies out of
+    the result buffer copy, and the reduction stores each vector it loads from ``world``
+    slots to ``world`` places (out and its region on every other rank: no pull)."""
     ptx = kernel_ptx(KernelKey("all_reduce", "push", "peer", dtype, world, vector=vector, stage_in=True),
                      "sm_100a" if dtype in FP8 else "sm_90a")
     assert _signals(ptx) == (2, 6), _signals(ptx)
     assert len(re.findall(r"\.(release|acquire)\.", ptx)) == 8
     assert not _multimem(ptx)
+    loads = sorted(op for op in re.findall(r"\bld\.global\.([\w.]+)", ptx) if op != "b64")  # not the tables
+    stores = sorted(re.findall(r"\bst\.global\.([\w.]+)", ptx))
+    assert loads == stores, (loads, stores)
 
 
 @pytest.mark.parametrize("backend", ["multicast", "peer"])

@@ -4,9 +4,11 @@ The round and event formulas are the ones the kernel evaluates (:mod:`collective
 :func:`program` restates the schedule of one thread block of
 :func:`collectives.algorithms.push.pipeline` step by step; :class:`Model` runs it for every
 rank over consecutive calls in random interleavings, tracking each element of every rank's
-buffer: a read must see the value written in the same call, ordered before it by a signal the
-reader acquired, and a value may be overwritten only once every rank that reads it has, each
-read ordered before the write the same way.
+buffers (receive slots; the all-reduce's result buffer, a region per owner, which the owner
+stores into on every other rank and each rank copies out of locally): a read must see the
+value written in the same call, ordered before it by a signal the reader acquired, and a value
+may be overwritten only once every rank that reads it has, each read ordered before the write
+the same way.
 """
 
 from __future__ import annotations
@@ -62,19 +64,19 @@ def program(rounds: int, all_reduce: bool, final: bool, mutation: str = ""):
     for k in range(rounds):
         if k + 1 < rounds:
             yield "push", k + 1
+        if all_reduce and k > 0 and mutation == "collect before wait":
+            yield "collect", k - 1
         if k > 0 and mutation != "reduce before wait" or k == 0 and mutation == "push before the first wait":
             yield "wait", k
         yield "reduce", k
-        if all_reduce and k > 0:
-            yield "pull", k - 1
+        if all_reduce and k > 0 and mutation != "collect before wait":
+            yield "collect", k - 1
         if k + 1 < events:
             yield "signal", k + 1
     if final and mutation != "no final wait":
         yield "wait", rounds
-        if all_reduce:
-            yield "pull", rounds - 1
-    elif all_reduce:
-        yield "pull", rounds - 1
+    if all_reduce:
+        yield "collect", rounds - 1
 
 
 class Hazard(AssertionError):
@@ -123,10 +125,11 @@ class Model:
     def _buffer(self, c: int) -> int:
         return c % 2 if self.alternate else 0
 
-    def _result(self, c: int, r: int, q: int, i: int) -> tuple:
-        """Element ``i`` of rank ``q``'s result region in call ``c``, as rank ``r`` sees it."""
-        m = self.calls[c][r][0]
-        return (q, "results", i) if self.apart else (q, self._buffer(c), self.world * m + i)
+    def _result(self, c: int, m: int, holder: int, q: int, i: int) -> tuple:
+        """Element ``i`` of owner ``q``'s result region (``world`` regions of ``m`` elements,
+        ``m`` as the accessing rank sees it) on rank ``holder``."""
+        region = 0 if self.mutation == "one result region" else q * m
+        return (holder, "results", region + i) if self.apart else (holder, self._buffer(c), self.world * m + region + i)
 
     # -- memory accesses ---------------------------------------------------------------------
 
@@ -179,12 +182,13 @@ class Model:
             for i in self._chunk(c, r, k):
                 for s in range(self.world):
                     self._read(r, c, (r, b, s * m + i))
-                if self.all_reduce:
-                    self._write(r, c, self._result(c, r, r, i), set(range(self.world)) - {r})
-        elif kind == "pull":
+                if self.all_reduce:  # the owner's result, stored into its region on every other rank
+                    for p in set(range(self.world)) - {r}:
+                        self._write(r, c, self._result(c, m, p, r, i), {p})
+        elif kind == "collect":  # the other owners' results, from our own result buffer
             for q in set(range(self.world)) - {r}:
                 for i in self._chunk(c, r, k):
-                    self._read(r, c, self._result(c, r, q, i))
+                    self._read(r, c, self._result(c, m, r, q, i))
         elif kind == "signal":
             self.word[r] = (self.epoch[r] + 1 + k, m)
         else:  # wait: acquire every rank's word, compare the sizes of this call's range
@@ -225,13 +229,15 @@ def test_schedule_is_race_free_over_consecutive_calls(kind: str, world: int) -> 
 @pytest.mark.parametrize(("kind", "mutation", "alternate", "apart"), [
     ("all_reduce", "no final wait", None, True),
     ("all_reduce", "reduce before wait", None, True),
+    ("all_reduce", "collect before wait", None, True),  # an owner's chunk before its signal
+    ("all_reduce", "one result region", None, True),  # owners' results over each other
     ("all_reduce", "", None, False),  # results after the slots: a larger call pushes over them
     ("reduce_scatter in graphs", "no final wait", False, True),
     ("reduce_scatter", "", False, True),  # one buffer without the final wait
 ])
 def test_model_catches_a_broken_schedule(kind: str, mutation: str, alternate: bool | None, apart: bool) -> None:
-    """The model is strong enough to matter: dropping a wait, the second buffer, or the
-    result buffer races."""
+    """The model is strong enough to matter: dropping or passing a wait, the second buffer, the
+    result buffer or its region per owner races."""
     all_reduce, final = KINDS[kind]
     with pytest.raises(Hazard):
         for seed in range(300):

@@ -3,14 +3,18 @@
 Each rank stores slice ``q`` of its input straight from the user's tensor into slot ``rank`` of
 rank ``q``'s symmetric receive buffer (``world`` slots of ``m`` elements), and the owner
 reduces its ``world`` slots from local memory into its output.  The all-reduce's slices split
-``n`` in ``world`` (``m`` rounded up to whole vectors; the last slice may be shorter): the owner
-also stores its reduction into its result region, and every rank pulls each owner's result
-region into its output (plain loads from the peers).  The reduce-scatter's slices are its
-outputs (``m = n``).  Every phase splits a slice alike (whole vectors in one grid stride, then
-the elements past the last), so block ``b``'s signals order exactly the accesses that block
-``b`` of another rank makes to the same elements.  The pushes are plain stores on every
-backend (a reduction of local slots has nothing to multicast), so the kernel holds no
-``multimem`` but the multicast barrier's.
+``n`` in ``world`` (``m`` rounded up to whole vectors; the last slice may be shorter) and the
+owner also hands its reduction to every rank: on the peer backend it stores it into its
+region (region ``q`` of ``world`` regions of ``m`` elements) of every other rank's result
+buffer, and every rank copies the other owners' regions out of its own result buffer into
+its output (local loads), so that every byte crossing NVLink is a store; on the multicast
+backends it stores it into its own result region and every rank pulls each owner's region
+into its output (plain loads from the peers).  The reduce-scatter's slices are its outputs
+(``m = n``).  Every phase splits a slice alike (whole vectors in one grid stride, then the
+elements past the last), so block ``b``'s signals order exactly the accesses that block ``b``
+of another rank makes to the same elements.  The pushes are plain stores on every backend (a
+reduction of local slots has nothing to multicast), so the kernel holds no ``multimem`` but
+the multicast barrier's.
 
 On the peer backend the kernel is a software pipeline.  Each block cuts its share of every
 slot in rounds (:func:`collectives.config.push_rounds`: chunks of whole grid strides, at most
@@ -22,18 +26,21 @@ monotone word per block and rank says how far it got::
     push chunk 0;   signal event 0;   wait for every rank's event 0
     for k in 0 .. R-1:
         push chunk k+1 (if any)                    # remote stores in flight ...
-        k > 0: wait for every rank's event k       # ... while we wait, reduce and pull
-        reduce chunk k of our slots -> out (+ result region)
-        all-reduce: pull chunk k-1 of every owner's result region
+        k > 0: wait for every rank's event k       # ... while we wait, reduce and copy
+        reduce chunk k of our slots -> out
+            all-reduce: and -> our region of every other rank's result buffer (remote stores)
+        all-reduce: copy chunk k-1 of every other owner's region of our result buffer -> out
         signal event k+1 (unless it is the reduce-scatter's last round, eagerly)
     all-reduce, or an end barrier: wait for every rank's event R
-    all-reduce: pull chunk R-1
+    all-reduce: copy chunk R-1
 
-Event ``k + 1`` says "chunk ``k + 1`` pushed, chunk ``k`` reduced (and chunk ``k - 1``
-pulled)": a rank reduces chunk ``k`` only after every rank pushed it, and pulls chunk ``k - 1``
-of an owner only after the owner reduced it.  The release of a signal waits for the block's
-stores before it (after a ``bar.sync``), so signalling after the reduction lets the pushes of
-chunk ``k + 1`` drain while chunk ``k`` is reduced and chunk ``k - 1`` pulled.
+Event ``k + 1`` says "chunk ``k + 1`` pushed, chunk ``k`` reduced (and its result stored on
+every rank, and chunk ``k - 1`` copied out)": a rank reduces chunk ``k`` only after every rank
+pushed it, and copies chunk ``k - 1`` of owner ``q`` only after ``q``'s event ``k``, which
+``q`` emits after storing that chunk's result into every rank's result buffer.  The release of
+a signal waits for the block's stores before it, remote ones included (after a ``bar.sync``),
+so signalling after the local copy lets the pushes of chunk ``k + 1`` and the result stores of
+chunk ``k`` drain while chunk ``k - 1`` is copied.
 
 Sizes: every call advances the epochs by :data:`~collectives.config.PUSH_EPOCHS`, whatever its
 rounds (which depend on its size), so every rank's epochs stay equal after a call whose sizes
@@ -43,9 +50,9 @@ wait, so that wait sees every rank's size unless the rank has left the call.  A 
 call only after its last wait, which needs the waiter's last event; so a word past the range
 is the end of a call at the last wait only, and anywhere else the sign that a rank left a
 failed call: the waiter stops too.  No rank passes the first wait of a call whose sizes
-differ, and it pushes nothing but chunk 0 (which its event 0 releases) before it: so every
-push of a failed call is ordered before the next call's (or it could land on them, in a
-layout of another size).
+differ, and it pushes nothing but chunk 0 (which its event 0 releases) before it and stores
+no result: so every store of a failed call into another rank is ordered before the next
+call's (or it could land on them, in a layout of another size).
 
 Buffer reuse across calls: a push writes into another rank's buffer before any wait, so the
 buffer must be free there.  A rank finishes a call only after its blocks saw the event every
@@ -56,14 +63,18 @@ pushes the next call only after every owner's event ``R``, by which time every o
 reduced all its slots.  Eagerly the reduce-scatter has no final wait and the caller
 alternates two buffers (as the staged one-shot does): a rank pushes into a buffer again only
 after a wait of the call in between, which every rank's block passed the event of only after
-finishing the call that read it.  The all-reduce's result regions are a buffer of their own
-(``data_mc`` holds its table): a rank may start the next call's pushes while another still
-pulls the last call's results, and a call of another size would lay its slots over a result
-region that followed them.  An owner rewrites its result region only after every rank's event
-0 of the next call, by which time every rank has pulled it.  The multicast backends run the
-same phases as one round between two multicast barriers, the result region after the slots
-(where a next call of a larger size may push before a slower rank has pulled it: not yet
-fixed there).
+finishing the call that read it.  The all-reduce's result buffers are buffers of their own
+(``data_mc`` holds their table), with a region per owner so that owners never store over each
+other.  Owner ``q`` stores a result of the next call into rank ``p``'s buffer only after a
+wait for every rank's event 0 (or a later one) of that call, which ``p``'s block emits only
+after its kernel of this call completed: after all of ``p``'s blocks copied every region out,
+whatever the sizes, and so the regions, rounds and blocks' shares, of the two calls.  Results
+within the slots' buffer would not do: a rank pushes the next call's chunk 0 before any wait,
+while a slower rank may still copy its last chunk out (after its final wait), and a call of
+another size lays its slots over the regions that followed the last call's.  The multicast
+backends run the same phases as one round between two multicast barriers, the result region
+after the slots (where a next call of a larger size may push before a slower rank has pulled
+it: not yet fixed there).
 """
 
 from __future__ import annotations
@@ -119,13 +130,9 @@ def build(key: KernelKey):
             return Int64(q) * n, n, m
 
     @cute.jit
-    def result_region(addrs, results, q, m):
-        """Rank ``q``'s result region: its result buffer (``results``, the pipeline) or the
-        region after its ``world`` slots."""
-        if cutlass.const_expr(pipelined):
-            return design.pick(results, q)
-        else:
-            return design.pick(addrs, q) + Int64(world) * m * element_bytes
+    def result_region(addrs, q, m):
+        """Rank ``q``'s result region on the multicast backends: after its ``world`` slots."""
+        return design.pick(addrs, q) + Int64(world) * m * element_bytes
 
     @cute.jit
     def window(length, k, chunk):
@@ -148,15 +155,21 @@ def build(key: KernelKey):
     @cute.jit
     def reduce_chunk(addrs, results, out, n, rank, k, chunk, first, step):
         """Chunk ``k`` of the reduction of our ``world`` slots (local loads) into out (the
-        all-reduce: into our slice of out and our result region)."""
+        all-reduce: into our slice of out and, in the pipeline, into region ``rank`` of every
+        other rank's result buffer (peer stores; ``results`` the buffers' table), else into our
+        result region)."""
         begin, length, m = bounds(n, rank)
         lo, hi = window(length, k, chunk)
         own = design.pick(addrs, rank)
         slots = [own + Int64(s) * m * element_bytes for s in range(world)]
+        dests = [out]
         if cutlass.const_expr(all_reduce):
-            dests = [out + begin * element_bytes, result_region(addrs, results, rank, m)]
-        else:
-            dests = [out]
+            dests = [out + begin * element_bytes]
+            if cutlass.const_expr(pipelined):
+                region = Int64(rank) * m * element_bytes
+                dests += [signals.peer_address(results, (rank + i) % world) + region for i in range(1, world)]
+            else:
+                dests += [result_region(addrs, rank, m)]
 
         def reduce_here(vs):
             offsets = tuple(Int64(v) * vec for v in vs)
@@ -173,18 +186,30 @@ def build(key: KernelKey):
             j += step
 
     @cute.jit
-    def pull(addrs, results, out, n, rank, k, chunk, first, step):
+    def pull(addrs, out, n, rank, k, chunk, first, step):
         """Chunk ``k`` of slice ``q`` of out = chunk ``k`` of rank ``q``'s result region, for
         every other ``q`` (``q = rank + i``: each rank reads from a different owner at a
-        time)."""
+        time; the multicast backends)."""
         for i in cutlass.range_constexpr(1, world):
             q = (rank + i) % world
             begin, length, m = bounds(n, q)
             lo, hi = window(length, k, chunk)
-            b.copy_local(result_region(addrs, results, q, m), out + begin * element_bytes, lo, hi, first, step)
+            b.copy_local(result_region(addrs, q, m), out + begin * element_bytes, lo, hi, first, step)
+
+    @cute.jit
+    def collect(addrs, results, out, n, rank, k, chunk, first, step):
+        """Chunk ``k`` of slice ``q`` of out = chunk ``k`` of region ``q`` of our own result
+        buffer (owner ``q`` stored it there), for every other ``q``: local loads and stores
+        (the pipeline; ``results`` the result buffers' table)."""
+        own = signals.peer_address(results, rank)
+        for i in cutlass.range_constexpr(1, world):
+            q = (rank + i) % world
+            begin, length, m = bounds(n, q)
+            lo, hi = window(length, k, chunk)
+            b.copy_local(own + Int64(q) * m * element_bytes, out + begin * element_bytes, lo, hi, first, step)
 
     if pipelined:
-        return pipeline(key, slot_elements, push, reduce_chunk, pull if all_reduce else None)
+        return pipeline(key, slot_elements, push, reduce_chunk, collect if all_reduce else None)
 
     @cute.jit
     def push_all(addrs, src, n, rank, first, step):
@@ -196,17 +221,17 @@ def build(key: KernelKey):
 
     @cute.jit
     def pull_all(addrs, out, n, rank, first, step):
-        pull(addrs, addrs, out, n, rank, Int64(0), slot_elements(n), first, step)
+        pull(addrs, out, n, rank, Int64(0), slot_elements(n), first, step)
 
     return design.kernel(key, b, stage=None, move=reduce_all, push=push_all, pull=pull_all if all_reduce else None)
 
 
-def pipeline(key: KernelKey, slot_elements, push, reduce_chunk, pull):
+def pipeline(key: KernelKey, slot_elements, push, reduce_chunk, collect):
     """The ``@cute.jit`` launcher of the pipelined push (peer signals; the module docstring
-    gives the schedule): ``push``, ``reduce_chunk`` and ``pull`` (none for a reduce-scatter)
+    gives the schedule): ``push``, ``reduce_chunk`` and ``collect`` (none for a reduce-scatter)
     move chunk ``k`` of ``chunk`` elements of every slot of ``slot_elements(n)``."""
     world, threads, vec = key.world, key.threads, key.elements_per_access
-    final = pull is not None or key.end_barrier
+    final = collect is not None or key.end_barrier
 
     @cute.jit
     def wait(flag, pad, rank, block, epoch, last, j, events, deadline, err, which, size):
@@ -230,9 +255,7 @@ def pipeline(key: KernelKey, slot_elements, push, reduce_chunk, pull):
         first = Int64(block) * threads + tidx
         step = Int64(cute.arch.grid_dim()[0]) * threads
         addrs = [signals.peer_address(data_table, Int32(r)) for r in range(world)]
-        results = None
-        if cutlass.const_expr(pull is not None):
-            results = [signals.peer_address(data_mc, Int32(r)) for r in range(world)]
+        results = data_mc  # the result buffers' table (the all-reduce), read where it is used
         strides = ceil_div(ceil_div(slot_elements(n), vec), step)
         chunk = push_round_strides(strides) * step * vec
         rounds = push_rounds(strides)
@@ -250,18 +273,18 @@ def pipeline(key: KernelKey, slot_elements, push, reduce_chunk, pull):
                 ok = wait(flag, pad, rank, block, epoch, last, k, events, deadline, err, Int32(PUSH_ROUND), size)
             if ok:
                 reduce_chunk(addrs, results, out, n, rank, k, chunk, first, step)
-                if cutlass.const_expr(pull is not None):
+                if cutlass.const_expr(collect is not None):
                     if k > 0:
-                        pull(addrs, results, out, n, rank, k - 1, chunk, first, step)
+                        collect(addrs, results, out, n, rank, k - 1, chunk, first, step)
                 if k + 1 < events:
                     signals.signal_peers(pad_table, rank, block, epoch + Uint32(k + 2), size, world)
             k += 1
         if cutlass.const_expr(final):
             if ok:
                 ok = wait(flag, pad, rank, block, epoch, last, rounds, events, deadline, err, Int32(1), size)
-                if cutlass.const_expr(pull is not None):
+                if cutlass.const_expr(collect is not None):
                     if ok:
-                        pull(addrs, results, out, n, rank, rounds - 1, chunk, first, step)
+                        collect(addrs, results, out, n, rank, rounds - 1, chunk, first, step)
         if tidx == 0:
             signals.advance_epoch(pad, block, last, world)
 
