@@ -58,13 +58,14 @@ RS_TMA_MIN: dict[tuple[str, int], int] = {
 }
 
 #: (backend, world size) -> largest all-reduce (bytes per rank) of a tensor outside symmetric
-#: memory for which one-shot (staging in-kernel) is chosen over push.  Measured 2026-11-22:
-#: on 2 x H200 one-shot 21.0 vs push 22.0 us at 4 MB, push ahead from 16 MB (62.2 vs 62.4 us,
-#: 882 vs 940 us at 256 MB, graphs); on 4 x H200 push is the fastest plain algorithm from 1 MB
-#: (16.9 us vs two-shot staged 18.0) to 256 MB (1300 vs 1562 us), so one-shot's own crossover
-#: (inside Lamport's range) stands; 8 GPUs extrapolated.
+#: memory for which one-shot (staging in-kernel) is chosen over push.  Measured 2026-11-23 on
+#: 2 x H200 with the pipelined push that stores its results: one-shot 68.2 / 63.0 us vs push
+#: 73.7 / 70.1 at 16 MB (eager / graph), push ahead from 64 MB (209.9 vs 244.2 us; 776 vs 944
+#: at 256 MB).  On 4 x H200 (2026-11-22, the earlier push) push was the fastest plain algorithm
+#: from 1 MB (16.9 us vs two-shot staged 18.0) to 256 MB (1300 vs 1562 us), so one-shot's own
+#: crossover (inside Lamport's range) stands there; 8 GPUs extrapolated.
 PLAIN_ONE_SHOT_MAX: dict[tuple[str, int], int] = {
-    ("peer", 2): 4 << 20,
+    ("peer", 2): 16 << 20,
     ("peer", 4): 256 << 10,
     ("peer", 8): 8 << 10,
     ("multicast", 2): 4 << 20,
