@@ -1,5 +1,6 @@
 """The stream-flag kernels: one thread each, launched on a stream between a producer's and a
-consumer's kernels (:mod:`collectives.flags`), built from :mod:`collectives.device.flags`.
+consumer's kernels (:meth:`collectives.runtime.Communicator.post` / ``wait``), built from
+:mod:`collectives.device.flags`.
 
 ``post`` adds 1 to the slot's counter with ``red.release.gpu``; ``wait`` polls it with
 ``ld.acquire.gpu`` until the communicator's timeout, and on a timeout records
