@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import torch
 
+from .config import VECTOR_BYTES
 from .errors import CollectiveError
 from .runtime import Communicator, communicator
 
@@ -43,7 +44,6 @@ MAX_CHUNKS = 8
 #: Thread blocks each chunk's communication kernel may take (None: the collective's own
 #: choice, a quarter of the SMs for TMA); the rest of the GPU stays with the GEMM.
 COMM_BLOCKS: int | None = None
-VECTOR_BYTES = 16
 
 #: The symmetric workspaces by name, of the context they were allocated in (a new context,
 #: after ``close()``, starts afresh: the old heap is gone).
