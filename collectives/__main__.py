@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .config import ALGORITHMS, BACKENDS, COLLECTIVES, DTYPES, OPS, KernelKey
+from .config import ALGORITHMS, BACKENDS, BARRIER_THREADS, COLLECTIVES, DTYPES, OPS, KernelKey
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         key = KernelKey(args.collective, args.algorithm, args.backend, args.dtype, args.world_size,
-                        op=args.op, vector=1 if args.unaligned else 0)
+                        op=args.op, vector=1 if args.unaligned else 0,
+                        stage_in=args.algorithm == "push",  # push always sends a non-symmetric input
+                        **({"threads": BARRIER_THREADS} if args.collective == "barrier" else {}))
     except ValueError as err:
         parser.error(str(err))
     from ptxops import QualifierError

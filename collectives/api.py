@@ -131,17 +131,14 @@ def _lamport_plan(comm: Communicator, t, result, dtype: str, op: str, backend: s
 
 def _push_all_reduce_plan(comm: Communicator, t, result, dtype: str, op: str, backend: str, vector: int):
     """A push all-reduce reads ``t`` and writes ``result`` directly: its symmetric memory is
-    staging slot 4 (``world`` receive slots of one slice each) and result regions of one slice
-    each.  On the peer backend they are slot 5, one region per owner (each owner stores its
-    reduced slice into its region on every other rank; apart from the slots, so that a call's
-    pushes never land where the last call's results, of another size, may still be copied
-    out); on the others one region, the owner's own, after the slots."""
+    staging slot 4 (``world`` receive slots of one slice each) and slot 5 (``world`` result
+    regions of one slice each, one per owner), apart from the slots so that a call's pushes
+    never land where the last call's results, of another size, may still be read."""
     key = KernelKey("all_reduce", "push", backend, dtype, comm.world, op=op, vector=vector, stage_in=True)
     m = push_slice_elements(t.numel(), comm.world, key.elements_per_access)
     slice_bytes = m * t.element_size()
-    apart = backend == "peer"
-    data = comm.buffer(comm.staging((comm.world + (not apart)) * slice_bytes, 4))
-    results = comm.buffer(comm.staging(comm.world * slice_bytes, 5)) if apart else None
+    data = comm.buffer(comm.staging(comm.world * slice_bytes, 4))
+    results = comm.buffer(comm.staging(comm.world * slice_bytes, 5))
     work = -(-m // key.elements_per_access)
     return comm.plan(key, data, result.data_ptr(), t.data_ptr(), t.numel(), comm.blocks(key, work), results)
 

@@ -44,6 +44,8 @@ VECTOR_BYTES = 16
 #: Prepared plans a communicator keeps (least recently used evicted; plans hold no memory).
 PLAN_CACHE_SIZE = 512
 MAX_WORLD = 8
+#: Threads of the barrier collective's one block: a warp (thread ``t`` signals and waits for rank ``t``).
+BARRIER_THREADS = 32
 #: Bytes per rank a Lamport all-reduce carries at most (the size of each sender's slot in
 #: each of the three rotating receive buffers).
 LAMPORT_MAX_BYTES = 1 << 20

@@ -21,6 +21,7 @@ import torch
 from . import symmetric
 from .capability import choose_backend
 from .config import (
+    BARRIER_THREADS,
     DATA_PHASE,
     ERROR_FIELDS,
     FLAG_SLOTS,
@@ -223,7 +224,7 @@ class Communicator:
         them (:attr:`turn`): a rank may rewrite a buffer only after every rank has started a
         later collective, which proves it finished reading.  Buffer 2 serves the staged
         collectives that keep their end barrier, buffer 3 the push reduce-scatters that do, buffer 4
-        the push all-reduces, buffer 5 the peer push all-reduces' result regions (one per rank).  Growing frees
+        the push all-reduces, buffer 5 their result regions (one per rank).  Growing frees
         the superseded buffer and
         drops the plans that hold it (:class:`~collectives.staging.StagingPool`)."""
         return self.pool.get(nbytes, which)
@@ -281,7 +282,8 @@ class Communicator:
         :func:`collectives.barrier`)."""
         plan = self.plans.get(("barrier", backend))
         if plan is None:
-            key = KernelKey("barrier", "one_shot", self.choose_backend(backend, "bf16"), "bf16", self.world, threads=32)
+            key = KernelKey("barrier", "one_shot", self.choose_backend(backend, "bf16"), "bf16", self.world,
+                            threads=BARRIER_THREADS)
             plan = self.plans[("barrier", backend)] = self.plan(key, self.pad_buffer, 0, 0, 0, 1)
         plan.run()
 
@@ -339,9 +341,9 @@ class Communicator:
              results: Buffer | None = None) -> Plan:
         """A ready launch of ``key``: everything but the stream fixed.  Given staging buffers
         0 and 1, the plan launches on the one whose :attr:`turn` it is and passes the turn on
-        (``end_barrier=False`` collectives).  ``results`` (the peer push all-reduce's result
-        buffer) goes to the kernel as its table, in place of the data buffer's multicast
-        address."""
+        (``end_barrier=False`` collectives).  ``results`` (the push all-reduce's result
+        buffer) goes to the kernel in place of the data buffer's multicast address: its table
+        (its translation table, emulated)."""
         fn = self.kernel(key)
         buffers = data if isinstance(data, list) else [data]
         common = (out, src, n, self.pad_buffer.table.data_ptr(), self.pad_buffer.mc,
@@ -355,7 +357,7 @@ class Communicator:
 
         def second(b: Buffer) -> int:
             if results is not None:
-                return results.table.data_ptr()
+                return results.emulation.data_ptr() if emulated else results.table.data_ptr()
             return b.emulation.data_ptr() if emulated else b.mc
 
         return Plan(fn, [(b.table.data_ptr(), second(b)) + common for b in buffers], self, holds)

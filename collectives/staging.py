@@ -88,10 +88,9 @@ class StagingPool:
     """Staging slots 0, 1 (the single-barrier collectives, in turn), 2 (the staged collectives
     with an end barrier), 3 (push reduce-scatters with an end barrier: see
     :func:`collectives.api._two_barrier_slot`), 4 (push all-reduces, which read other ranks'
-    buffers after their last barrier and push into them before their first) and 5 (the peer
-    push all-reduces' result regions, one per owner, apart from the slots that the next call
-    pushes into while other ranks may still copy out the last one's results, whatever their
-    sizes).
+    buffers after their last barrier and push into them before their first) and 5 (the push
+    all-reduces' result regions, one per owner, apart from the slots that the next call pushes
+    into while other ranks may still read the last one's results, whatever their sizes).
 
     ``forget(ptr)`` is called for each buffer freed (drop cached views of it)."""
 

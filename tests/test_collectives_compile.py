@@ -137,7 +137,11 @@ def test_cli_prints_and_writes_ptx(tmp_path, capsys) -> None:
                  "--world-size", "8", "--arch", "sm_90a", "-o", str(out)]) == 0
     assert "multimem.ld_reduce" in out.read_text()
     assert main(["ptx", "--collective", "barrier", "--backend", "peer", "--world-size", "2"]) == 0
-    assert ".target sm_90a" in capsys.readouterr().out
+    barrier = capsys.readouterr().out
+    assert ".target sm_90a" in barrier and ".reqntid 32," in barrier  # the runtime's one warp
+    assert main(["ptx", "--collective", "all_reduce", "--algorithm", "push", "--backend", "peer",
+                 "--world-size", "2"]) == 0  # a push key sends a non-symmetric input
+    assert "st.release.sys" in capsys.readouterr().out
     assert main(["ptx", "--collective", "all_reduce", "--backend", "multicast", "--dtype", "e5m2",
                  "--arch", "sm_90a"]) == 2
     assert "fp8-target" in capsys.readouterr().err

@@ -8,7 +8,9 @@ buffers (receive slots; the all-reduce's result buffer, a region per owner, whic
 stores into on every other rank and each rank copies out of locally): a read must see the
 value written in the same call, ordered before it by a signal the reader acquired, and a value
 may be overwritten only once every rank that reads it has, each read ordered before the write
-the same way.
+the same way.  The multicast backends' push all-reduce is the same schedule in one round (its
+two barriers are the signal and wait of events 0 and 1), with each owner storing its result
+into its own result buffer and every rank pulling the other owners' results from theirs.
 """
 
 from __future__ import annotations
@@ -87,12 +89,13 @@ class Model:
     """``world`` ranks, one block each, running ``calls`` (per call and rank: its slot
     elements, also its size, and its rounds) on buffers of one element per slot element.  The reduce-scatter
     without a final wait alternates two buffers, as its caller does; the all-reduce's result
-    regions are a buffer of their own (``apart``) or follow the slots."""
+    regions are a buffer of their own (``apart``) or follow the slots; ``multicast``: the owner
+    stores its result on its own rank and the others pull it (calls of one round)."""
 
     def __init__(self, world: int, calls: list, all_reduce: bool, final: bool, mutation: str = "",
-                 alternate: bool | None = None, apart: bool = True) -> None:
+                 alternate: bool | None = None, apart: bool = True, multicast: bool = False) -> None:
         self.world, self.calls, self.all_reduce, self.final = world, calls, all_reduce, final
-        self.mutation, self.apart = mutation, apart
+        self.mutation, self.apart, self.multicast = mutation, apart, multicast
         self.alternate = (not final) if alternate is None else alternate
         self.memory: dict = {}  # (owner, buffer, element) -> value record
         self.word = [(0, None)] * world  # each rank's last signal: (epoch, size)
@@ -182,13 +185,16 @@ class Model:
             for i in self._chunk(c, r, k):
                 for s in range(self.world):
                     self._read(r, c, (r, b, s * m + i))
-                if self.all_reduce:  # the owner's result, stored into its region on every other rank
-                    for p in set(range(self.world)) - {r}:
+                others = set(range(self.world)) - {r}
+                if self.all_reduce and self.multicast:  # the owner's result, on its own rank
+                    self._write(r, c, self._result(c, m, r, r, i), others)
+                elif self.all_reduce:  # the owner's result, stored into its region on every other rank
+                    for p in others:
                         self._write(r, c, self._result(c, m, p, r, i), {p})
-        elif kind == "collect":  # the other owners' results, from our own result buffer
+        elif kind == "collect":  # the other owners' results: pulled from theirs, or from our own buffer
             for q in set(range(self.world)) - {r}:
                 for i in self._chunk(c, r, k):
-                    self._read(r, c, self._result(c, m, r, q, i))
+                    self._read(r, c, self._result(c, m, q if self.multicast else r, q, i))
         elif kind == "signal":
             self.word[r] = (self.epoch[r] + 1 + k, m)
         else:  # wait: acquire every rank's word, compare the sizes of this call's range
@@ -242,6 +248,23 @@ def test_model_catches_a_broken_schedule(kind: str, mutation: str, alternate: bo
     with pytest.raises(Hazard):
         for seed in range(300):
             Model(3, _calls(3, SHAPES), all_reduce, final, mutation, alternate, apart).run(seed)
+
+
+ONE_ROUND = [(m, 1) for m, _ in SHAPES]
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_multicast_schedule_is_race_free_over_consecutive_calls(world: int) -> None:
+    for seed in range(150):
+        Model(world, _calls(world, ONE_ROUND), True, True, multicast=True).run(seed)
+
+
+def test_multicast_results_after_the_slots_race() -> None:
+    """The multicast backends' former layout, each owner's result region after its slots: a
+    rank's next call of a larger size pushes over a region another rank is still pulling."""
+    with pytest.raises(Hazard, match="overwrote"):
+        for seed in range(300):
+            Model(3, _calls(3, ONE_ROUND), True, True, apart=False, multicast=True).run(seed)
 
 
 MISMATCH = [(12, 3), (20, 5), (20, 5), (12, 3)]  # rank 1's chunk 1 lies on rank 2's chunk 0 of 12

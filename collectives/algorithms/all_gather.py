@@ -74,7 +74,7 @@ def build(key: KernelKey):
             b.copy_tiles(src, dst, Int64(q) * (n // vec), Int64(q + 1) * (n // vec))
 
     @cute.jit
-    def copy_others(addrs, out, n, rank, first, step):
+    def copy_others(addrs, data_mc, out, n, rank, first, step):
         """out = this rank's buffer in every other rank's block (its own block went to out
         during the push), each block taking the vectors that block of that rank pushed."""
         own = design.pick(addrs, rank)

@@ -14,7 +14,7 @@ Runtime arguments are plain 64-bit addresses and counts, so one compile serves e
 a key:
 
 ``data_table``  device table of every rank's data buffer address (int64[W])
-``data_mc``     the data buffer's multicast address (multicast; emulated: a translation table; peer push all-reduce: the result buffers' table)
+``data_mc``     the data buffer's multicast address (multicast; emulated: a translation table; push all-reduce: the result buffers', see :mod:`~collectives.algorithms.push`)
 ``out``         this rank's output (all-reduce one-shot, reduce-scatter, gathered two-shot, all-gather)
 ``src``         this rank's input (``stage_in``: copied in-kernel; push and all-gather: pushed)
 ``n``           elements per rank (all-reduce, all-gather's input) or per output (reduce-scatter)
@@ -199,8 +199,8 @@ def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable | None, move: Cal
     input into other ranks' buffers instead), the start barrier, ``move(addrs, data_mc, out,
     src, n, rank, first, step, buffers, deadline, err)`` (the data phase; none for a bare
     barrier), the end barrier (unless ``end_barrier=False``) and ``gather(src, out, n, first,
-    step)`` (for ``gather_out``, where given) or ``pull(addrs, out, n, rank, first, step)``
-    (reading the ranks' buffers after the end barrier).
+    step)`` (for ``gather_out``, where given) or ``pull(addrs, data_mc, out, n, rank, first,
+    step)`` (reading the ranks' buffers after the end barrier).
     ``buffers(smem)`` allocates the shared memory ``move`` takes."""
     world, threads = key.world, key.threads
 
@@ -246,7 +246,7 @@ def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable | None, move: Cal
                             gather(signals.peer_address(data_table, rank), out, n, first, step)
                     if cutlass.const_expr(pull is not None):
                         if ok2:
-                            pull(addrs, out, n, rank, first, step)
+                            pull(addrs, data_mc, out, n, rank, first, step)
         if tidx == 0:
             signals.advance_epoch(pad, block, epoch + Uint32(key.barriers), world)
 

@@ -4,12 +4,13 @@ Each rank stores slice ``q`` of its input straight from the user's tensor into s
 rank ``q``'s symmetric receive buffer (``world`` slots of ``m`` elements), and the owner
 reduces its ``world`` slots from local memory into its output.  The all-reduce's slices split
 ``n`` in ``world`` (``m`` rounded up to whole vectors; the last slice may be shorter) and the
-owner also hands its reduction to every rank: on the peer backend it stores it into its
-region (region ``q`` of ``world`` regions of ``m`` elements) of every other rank's result
-buffer, and every rank copies the other owners' regions out of its own result buffer into
-its output (local loads), so that every byte crossing NVLink is a store; on the multicast
-backends it stores it into its own result region and every rank pulls each owner's region
-into its output (plain loads from the peers).  The reduce-scatter's slices are its outputs
+owner also hands its reduction to every rank through result buffers of their own (``world``
+regions of ``m`` elements, region ``q`` owner ``q``'s; ``data_mc`` holds their table): on the
+peer backend it stores it into its region of every other rank's result buffer, and every rank
+copies the other owners' regions out of its own result buffer into its output (local loads),
+so that every byte crossing NVLink is a store; on the multicast backends it stores it into its
+region of its own result buffer and every rank pulls each owner's region into its output
+(plain loads from the peers).  The reduce-scatter's slices are its outputs
 (``m = n``).  Every phase splits a slice alike (whole vectors in one grid stride, then the
 elements past the last), so block ``b``'s signals order exactly the accesses that block ``b``
 of another rank makes to the same elements.  The pushes are plain stores on every backend (a
@@ -71,10 +72,15 @@ after its kernel of this call completed: after all of ``p``'s blocks copied ever
 whatever the sizes, and so the regions, rounds and blocks' shares, of the two calls.  Results
 within the slots' buffer would not do: a rank pushes the next call's chunk 0 before any wait,
 while a slower rank may still copy its last chunk out (after its final wait), and a call of
-another size lays its slots over the regions that followed the last call's.  The multicast
-backends run the same phases as one round between two multicast barriers, the result region
-after the slots (where a next call of a larger size may push before a slower rank has pulled
-it: not yet fixed there).
+another size lays its slots over the regions that followed the last call's.
+
+The multicast backends run the same phases as one round between two multicast barriers:
+push, barrier, reduce (into the owner's own result region), barrier, pull.  A rank's pushes of
+the next call follow its previous kernel, which ended after every rank's blocks reached the
+second barrier, so after every rank reduced its slots; an owner stores the next call's result
+only after its first barrier, which every rank's block reaches only after its previous kernel,
+so after every rank pulled.  Under emulation ``data_mc`` is the result buffer's translation
+table (the emulated barrier needs its pad window), whose window 0 lists the result buffers.
 """
 
 from __future__ import annotations
@@ -94,9 +100,18 @@ from ..config import (
     push_rounds,
     push_slice_elements,
 )
+from ptxops.ops import emulation
+
 from ..device import reduce, signals
 from ..launch import launcher
 from . import design
+
+
+def results_table(data_mc: Int64) -> Int64:
+    """The table of every rank's result buffer: ``data_mc``, or, traced under a multicast
+    emulation, the bases of window 0 of the translation table that ``data_mc`` was."""
+    active = emulation.active()
+    return data_mc if active is None else active.table + Int64(2 * 8)
 
 
 def build(key: KernelKey):
@@ -130,9 +145,9 @@ def build(key: KernelKey):
             return Int64(q) * n, n, m
 
     @cute.jit
-    def result_region(addrs, q, m):
-        """Rank ``q``'s result region on the multicast backends: after its ``world`` slots."""
-        return design.pick(addrs, q) + Int64(world) * m * element_bytes
+    def region(results, holder, q, m):
+        """Owner ``q``'s region of rank ``holder``'s result buffer (``results``: the table)."""
+        return signals.peer_address(results, holder) + Int64(q) * m * element_bytes
 
     @cute.jit
     def window(length, k, chunk):
@@ -155,9 +170,8 @@ def build(key: KernelKey):
     @cute.jit
     def reduce_chunk(addrs, results, out, n, rank, k, chunk, first, step):
         """Chunk ``k`` of the reduction of our ``world`` slots (local loads) into out (the
-        all-reduce: into our slice of out and, in the pipeline, into region ``rank`` of every
-        other rank's result buffer (peer stores; ``results`` the buffers' table), else into our
-        result region)."""
+        all-reduce: into our slice of out and into our region of the result buffers, ``results``
+        their table: in the pipeline every other rank's (peer stores), else our own)."""
         begin, length, m = bounds(n, rank)
         lo, hi = window(length, k, chunk)
         own = design.pick(addrs, rank)
@@ -166,10 +180,9 @@ def build(key: KernelKey):
         if cutlass.const_expr(all_reduce):
             dests = [out + begin * element_bytes]
             if cutlass.const_expr(pipelined):
-                region = Int64(rank) * m * element_bytes
-                dests += [signals.peer_address(results, (rank + i) % world) + region for i in range(1, world)]
+                dests += [region(results, (rank + i) % world, rank, m) for i in range(1, world)]
             else:
-                dests += [result_region(addrs, rank, m)]
+                dests += [region(results, rank, rank, m)]
 
         def reduce_here(vs):
             offsets = tuple(Int64(v) * vec for v in vs)
@@ -186,27 +199,26 @@ def build(key: KernelKey):
             j += step
 
     @cute.jit
-    def pull(addrs, out, n, rank, k, chunk, first, step):
-        """Chunk ``k`` of slice ``q`` of out = chunk ``k`` of rank ``q``'s result region, for
-        every other ``q`` (``q = rank + i``: each rank reads from a different owner at a
-        time; the multicast backends)."""
+    def pull(results, out, n, rank, k, chunk, first, step):
+        """Chunk ``k`` of slice ``q`` of out = chunk ``k`` of owner ``q``'s region of its own
+        result buffer, for every other ``q`` (``q = rank + i``: each rank reads from a
+        different owner at a time; the multicast backends)."""
         for i in cutlass.range_constexpr(1, world):
             q = (rank + i) % world
             begin, length, m = bounds(n, q)
             lo, hi = window(length, k, chunk)
-            b.copy_local(result_region(addrs, q, m), out + begin * element_bytes, lo, hi, first, step)
+            b.copy_local(region(results, q, q, m), out + begin * element_bytes, lo, hi, first, step)
 
     @cute.jit
     def collect(addrs, results, out, n, rank, k, chunk, first, step):
         """Chunk ``k`` of slice ``q`` of out = chunk ``k`` of region ``q`` of our own result
         buffer (owner ``q`` stored it there), for every other ``q``: local loads and stores
         (the pipeline; ``results`` the result buffers' table)."""
-        own = signals.peer_address(results, rank)
         for i in cutlass.range_constexpr(1, world):
             q = (rank + i) % world
             begin, length, m = bounds(n, q)
             lo, hi = window(length, k, chunk)
-            b.copy_local(own + Int64(q) * m * element_bytes, out + begin * element_bytes, lo, hi, first, step)
+            b.copy_local(region(results, rank, q, m), out + begin * element_bytes, lo, hi, first, step)
 
     if pipelined:
         return pipeline(key, slot_elements, push, reduce_chunk, collect if all_reduce else None)
@@ -217,11 +229,11 @@ def build(key: KernelKey):
 
     @cute.jit
     def reduce_all(addrs, data_mc, out, src, n, rank, first, step, buffers, deadline, err):
-        reduce_chunk(addrs, addrs, out, n, rank, Int64(0), slot_elements(n), first, step)
+        reduce_chunk(addrs, results_table(data_mc), out, n, rank, Int64(0), slot_elements(n), first, step)
 
     @cute.jit
-    def pull_all(addrs, out, n, rank, first, step):
-        pull(addrs, out, n, rank, Int64(0), slot_elements(n), first, step)
+    def pull_all(addrs, data_mc, out, n, rank, first, step):
+        pull(results_table(data_mc), out, n, rank, Int64(0), slot_elements(n), first, step)
 
     return design.kernel(key, b, stage=None, move=reduce_all, push=push_all, pull=pull_all if all_reduce else None)
 
@@ -291,4 +303,4 @@ def pipeline(key: KernelKey, slot_elements, push, reduce_chunk, collect):
     return launcher(kernel, threads)
 
 
-__all__ = ["build", "pipeline"]
+__all__ = ["build", "pipeline", "results_table"]
