@@ -196,6 +196,26 @@ def test_launch_cost_benchmark_kernel_compiles() -> None:
     assert b"kernel_cutlass__idle" in bench_launch.idle_cubin("sm_90a")
 
 
+def test_barrier_cost_variants_compile_and_differ_where_named() -> None:
+    """python -m collectives.tools.barrier_costs (one GPU) times these kernels; each does what
+    its name says: only the barrier releases, only the fence variant fences alone."""
+    pytest.importorskip("torch")
+    import cutlass.cute as cute
+
+    from collectives.launch import example_arguments
+    from collectives.tools import barrier_costs
+
+    ptx = {}
+    for name, launch in barrier_costs.kernels().items():
+        ptx[name] = cute.compile[cute.KeepPTX](launch, *example_arguments()).__ptx__
+    assert "st.release.sys" in ptx["barrier"] and "ld.acquire.sys" in ptx["barrier"]
+    relaxed = ptx["relaxed signal"]
+    assert "st.relaxed.sys" in relaxed and "ld.acquire.sys" in relaxed and ".release" not in relaxed
+    assert "red.release.sys" in ptx["no loads"] and "ld.global.b" not in ptx["no loads"]
+    assert "fence.acq_rel.sys" in ptx["fence only"] and "st." not in ptx["fence only"].split(".entry")[1]
+    assert not any(op in ptx["empty"].split(".entry")[1] for op in ("ld.global", "st.", "fence"))
+
+
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_peer_barrier_is_one_64_bit_release_store_and_no_block_sync(world: int) -> None:
     """The barrier kernel signals each rank with one 64-bit release store (size and epoch),

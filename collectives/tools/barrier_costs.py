@@ -1,0 +1,118 @@
+"""What the barrier kernel's time is made of, measured on one GPU.
+
+    python -m collectives.tools.barrier_costs        # one GPU
+
+Runs the peer barrier kernel of 2 ranks with both ranks' signal words in this GPU's memory
+(rank 1's word set far ahead, so every wait passes once our own signal lands), beside variants
+that drop one part of it, each launched 200 times in a CUDA graph and eagerly.  The difference
+to a real 2-GPU barrier is the NVLink trip of the signal.  Variants:
+
+* ``barrier``: the collective's kernel (epoch and pad-table loads, ``st.release.sys``,
+  ``ld.acquire.sys`` poll, epoch store);
+* ``relaxed signal``: the same with ``st.relaxed.sys`` (not a barrier that orders memory: it
+  shows what the sys-scope release costs);
+* ``no loads``: a ``red.release.sys`` to an address the launch passes, then the poll (no
+  epoch, no pad table: what those loads cost);
+* ``fence only``: one ``fence.acq_rel.sys`` per signalling thread;
+* ``empty``: the launch alone.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass import Int32, Int64, Uint32, Uint64
+
+import ptxops
+
+from .. import algorithms
+from ..config import BARRIER_THREADS, KernelKey, PadLayout
+from ..device import signals
+from ..launch import example_arguments, launcher
+
+WORLD = 2
+LAYOUT = PadLayout(world=WORLD)
+LAUNCHES = 200
+
+
+def _variant(part: str):
+    """A kernel body of the launch contract doing ``part`` of a barrier (see the module)."""
+
+    @cute.jit
+    def body(data_table: Int64, data_mc: Int64, out: Int64, src: Int64, n: Int64, pad_table: Int64,
+             pad_mc: Int64, pad: Int64, err: Int64, rank: Int32, timeout_ns: Int64):
+        tidx = cute.arch.thread_idx()[0]
+        block = cute.arch.block_idx()[0]
+        if cutlass.const_expr(part == "fence only"):
+            if tidx < WORLD:
+                ptxops.fence(sem="acq_rel", scope="sys")
+        elif cutlass.const_expr(part == "no loads"):
+            deadline = cute.arch.globaltimer() + timeout_ns
+            if tidx < WORLD:
+                ptxops.red(signals.gmem(Uint32, pad_mc, 4) + tidx, Uint32(1), sem="release", scope="sys")
+                signals.wait_until(signals.gmem(Uint32, pad, 4) + LAYOUT.arrival(block, 1), Uint32(1), deadline)
+        elif cutlass.const_expr(part == "relaxed signal"):
+            epoch = signals.read_epoch(pad, block, WORLD) + Uint32(1)
+            deadline = cute.arch.globaltimer() + timeout_ns
+            if tidx < WORLD:
+                peer = signals.gmem(Uint64, signals.peer_address(pad_table, tidx), 8)
+                ptxops.st(peer + LAYOUT.arrival(block, rank) // 2, Uint64(epoch), sem="relaxed", scope="sys")
+                own = signals.gmem(Uint32, pad, 4) + LAYOUT.arrival(block, tidx)
+                signals.wait_until(own, epoch, deadline)
+            if tidx == 0:
+                signals.advance_epoch(pad, block, epoch, WORLD)
+
+    return body
+
+
+def kernels() -> dict[str, object]:
+    """Each variant's ``@cute.jit`` launcher."""
+    real = algorithms.build(KernelKey("barrier", "one_shot", "peer", "bf16", WORLD, threads=BARRIER_THREADS))
+    made = {part: launcher(_variant(part), BARRIER_THREADS) for part in ("relaxed signal", "no loads", "fence only", "empty")}
+    return {"barrier": real, **made}
+
+
+def _time(fn, args: tuple, graph: bool) -> float:
+    """Best of 5: microseconds per launch of ``fn`` on a side stream, in a graph or eagerly."""
+    stream = torch.cuda.Stream()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(stream):
+        for _ in range(20):
+            fn(*args, stream.cuda_stream)
+        run = lambda: [fn(*args, stream.cuda_stream) for _ in range(LAUNCHES)]  # noqa: E731
+        if graph:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=stream):
+                run()
+            run = g.replay
+        best = float("inf")
+        for _ in range(5):
+            start.record(stream)
+            run()
+            end.record(stream)
+            end.synchronize()
+            best = min(best, start.elapsed_time(end) * 1e3 / LAUNCHES)
+    return best
+
+
+def main() -> None:
+    torch.cuda.set_device(0)
+    print(f"{torch.cuda.get_device_name()}: microseconds per barrier kernel, 2 ranks looped back to one GPU")
+    print(f"{'variant':16s} {'graph':>7s} {'eager':>7s}")
+    for name, launch in kernels().items():
+        fn = cute.compile(launch, *example_arguments(), options="--enable-tvm-ffi").__tvm_ffi_object__()
+        pad = torch.zeros(LAYOUT.words, dtype=torch.int32, device="cuda")
+        elsewhere = torch.zeros_like(pad)  # where "rank 1" receives our signal
+        table = torch.tensor([pad.data_ptr(), elsewhere.data_ptr()], dtype=torch.int64, device="cuda")
+        pad.view(torch.int64)[LAYOUT.arrival(0, 1) // 2] = 1 << 30  # rank 1: far ahead, size 0
+        err = torch.zeros(8, dtype=torch.int32, device="cuda")
+        args = (0, 0, 0, 0, 0, table.data_ptr(), elsewhere.data_ptr(), pad.data_ptr(), err.data_ptr(), 0, 10**9, 1)
+        graph, eager = _time(fn, args, True), _time(fn, args, False)
+        if int(err[0]):
+            raise RuntimeError(f"{name}: the kernel recorded an error {err.tolist()}")
+        print(f"{name:16s} {graph:7.2f} {eager:7.2f}")
+
+
+if __name__ == "__main__":
+    main()
