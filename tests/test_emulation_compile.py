@@ -108,3 +108,15 @@ def test_table_entries() -> None:
     assert ptxops.translation_table([(100, 64, [1000, 2000])]) == [100, 64, 1000, 2000]
     with pytest.raises(ValueError):
         ptxops.translation_table([(1, 2, [3]), (4, 5, [6, 7])])
+
+
+def test_window_bases_address_the_entries_the_table_puts_there() -> None:
+    """``bases(w)`` points at window ``w``'s ``base_0`` in the flat table (a table of peers)."""
+    from cutlass import Int64
+
+    from ptxops.ops.emulation import MulticastEmulation
+
+    entries = ptxops.translation_table([(100, 64, [1000, 2000, 3000]), (200, 32, [4000, 5000, 6000])])
+    emulation = MulticastEmulation(Int64(0), world=3, windows=2)
+    for window, first in ((0, 1000), (1, 4000)):
+        assert entries[int(emulation.bases(window)) // 8] == first

@@ -90,6 +90,8 @@ import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint32
 from cutlass.memory import SmemAllocator
 
+from ptxops.ops import emulation
+
 from ..config import (
     PUSH_EPOCHS,
     PUSH_ROUND,
@@ -100,8 +102,6 @@ from ..config import (
     push_rounds,
     push_slice_elements,
 )
-from ptxops.ops import emulation
-
 from ..device import reduce, signals
 from ..launch import launcher
 from . import design
@@ -111,7 +111,7 @@ def results_table(data_mc: Int64) -> Int64:
     """The table of every rank's result buffer: ``data_mc``, or, traced under a multicast
     emulation, the bases of window 0 of the translation table that ``data_mc`` was."""
     active = emulation.active()
-    return data_mc if active is None else active.table + Int64(2 * 8)
+    return data_mc if active is None else active.bases(0)
 
 
 def build(key: KernelKey):
@@ -303,4 +303,4 @@ def pipeline(key: KernelKey, slot_elements, push, reduce_chunk, collect):
     return launcher(kernel, threads)
 
 
-__all__ = ["build", "pipeline", "results_table"]
+__all__ = ["build", "pipeline"]

@@ -106,6 +106,15 @@ class MulticastEmulation:
         ptr = cute.make_ptr(Int64, self.table, cute.AddressSpace.gmem, assumed_align=8)
         return ld(ptr + index, dtype=Int64)
 
+    def _bases_entry(self, window: int) -> int:
+        """Index of ``base_0`` of ``window`` (after its ``mc_base`` and ``bytes``)."""
+        return window * (self.world + 2) + 2
+
+    def bases(self, window: int = 0) -> Int64:
+        """The address of ``window``'s ``[base_0, ..., base_{W-1}]``: a device table of every
+        rank's copy of the window, as a kernel's table of peer addresses."""
+        return Int64(self.table) + Int64(8 * self._bases_entry(window))
+
     def translate(self, address: Int64) -> tuple[Boolean, list[Int64]]:
         """Whether ``address`` lies in a window, and its address on every rank (through the
         last window that holds it; window 0's translation if none does)."""
@@ -117,7 +126,7 @@ class MulticastEmulation:
             mc, size = self._entry(w * stride), self._entry(w * stride + 1)
             offset = address - mc
             hit = (address >= mc) & (offset < size)
-            bases = [self._entry(w * stride + 2 + r) + offset for r in range(self.world)]
+            bases = [self._entry(self._bases_entry(w) + r) + offset for r in range(self.world)]
             if inside is None:
                 inside, peers = hit, bases
             else:
