@@ -5,6 +5,10 @@ Collectives run on the current torch stream and are capturable in a CUDA graph o
 :func:`empty` lives in symmetric memory and goes zero-copy; any other CUDA tensor is staged
 through an internal symmetric buffer by the kernel itself.  Each distinct call (tensors,
 dtype, op, algorithm, backend) is planned once; later calls only launch.
+
+A size mismatch across ranks, which kernels record, is raised by :func:`synchronize` or by the
+first later call that reads the record, after that call's own launch (ranks read it at
+different calls; every rank still makes every call).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import torch
 from . import tuning
 from .config import ALGORITHMS, DTYPES, LAMPORT_MAX_BYTES, MULTICAST_PATHS, VECTOR_BYTES, KernelKey, push_slice_elements
 from .errors import CollectiveError
-from .runtime import TORCH_DTYPES, Buffer, Communicator, communicator
+from .runtime import TORCH_DTYPES, Buffer, Communicator, _capturing, communicator
 
 
 def empty(shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -36,8 +40,9 @@ def barrier(backend: str = "auto") -> None:
     never arrives surfaces as CollectiveTimeout at the next collective or :func:`synchronize`).
     ``backend`` as for :func:`all_reduce`."""
     comm = communicator()
-    comm.check()
+    comm.poll()
     comm.barrier(backend)
+    comm.finish()
 
 
 def all_reduce(
@@ -60,9 +65,7 @@ def all_reduce(
     runs with peer access alone, for testing; never chosen by ``"auto"``), or ``"auto"``.
     """
     comm = communicator()
-    comm.check()
-    if comm.lamport_dirty:
-        comm.reset_lamport()
+    comm.poll()
     result = t if out is None else out
     capturing = _capturing()
     key = ("all_reduce", t.data_ptr(), t.numel(), t.dtype, t.is_contiguous(), op, algorithm,
@@ -73,6 +76,7 @@ def all_reduce(
             return result
         plan = comm.plans[key] = _all_reduce_plan(comm, t, op, algorithm, backend, out, capturing)
     plan.run()
+    comm.finish()
     return result
 
 
@@ -187,7 +191,7 @@ def reduce_scatter(
     ``max_blocks`` caps the kernel's thread blocks (to leave SMs to kernels running beside it,
     as a GEMM does in :func:`collectives.gemm_reduce_scatter`); the same on every rank."""
     comm = communicator()
-    comm.check()
+    comm.poll()
     capturing = _capturing()
     key = ("reduce_scatter", inp.data_ptr(), inp.numel(), inp.dtype, inp.is_contiguous(),
            out.data_ptr(), out.numel(), out.dtype, out.is_contiguous(), op, algorithm, backend,
@@ -200,6 +204,7 @@ def reduce_scatter(
             return out
         comm.plans[key] = plan
     plan.run()
+    comm.finish()
     return out
 
 
@@ -252,7 +257,7 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
     16-byte aligned tensors and block size) or ``"auto"``; ``backend`` as for all_reduce;
     ``max_blocks`` as for reduce_scatter."""
     comm = communicator()
-    comm.check()
+    comm.poll()
     key = ("all_gather", inp.data_ptr(), inp.numel(), inp.dtype, inp.is_contiguous(),
            out.data_ptr(), out.numel(), out.dtype, out.is_contiguous(), algorithm, backend, max_blocks)
     plan = comm.plans.get(key)
@@ -263,6 +268,7 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
             return out
         comm.plans[key] = plan
     plan.run()
+    comm.finish()
     return out
 
 
@@ -300,10 +306,6 @@ def _block_pair(comm: Communicator, collective: str, out: torch.Tensor, inp: tor
             f"{names[0]} must have world_size ({comm.world}) x {names[1]} elements"
         )
     return dtype, block.numel() * block.element_size() % VECTOR_BYTES == 0, _aligned(inp, out)
-
-
-#: torch.cuda.is_current_stream_capturing without its Python wrapper (per-call cost matters).
-_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
 
 
 def _dtype(comm: Communicator, t: torch.Tensor) -> str:

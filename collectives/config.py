@@ -52,6 +52,50 @@ LAMPORT_MAX_BYTES = 1 << 20
 #: Thread blocks of every Lamport kernel: a fixed grid, so that each 16-byte vector of a slot
 #: always belongs to the same block (whose call count then picks its buffer).
 LAMPORT_BLOCKS = 128
+#: Rotating Lamport receive buffers per element width.
+LAMPORT_BUFFERS = 3
+#: A Lamport call count runs modulo this multiple of :data:`LAMPORT_BUFFERS` (below 2^32, so a
+#: ``Uint32`` pad word holds it and its tag): the buffers then rotate 0, 1, 2, 0, ... across the
+#: wrap too.  (2^32 is no multiple of 3: counting modulo 2^32, calls 2^32 - 1 and 2^32 would
+#: both use buffer 0, and a fast rank would overwrite a slot a slow rank still reads.)
+LAMPORT_CALLS = LAMPORT_BUFFERS << 30
+
+
+def _like(call, value):
+    """``value`` in the type of ``call``: a CuTeDSL ``Uint32`` count keeps to unsigned 32-bit
+    arithmetic (a bare Python constant would make CuTeDSL compute a signed remainder)."""
+    return type(call)(value)
+
+
+def lamport_buffer(call):
+    """The receive buffer of Lamport call ``call`` (a count below :data:`LAMPORT_CALLS`;
+    Python or CuTeDSL: the kernel evaluates these formulas)."""
+    return call % _like(call, LAMPORT_BUFFERS)
+
+
+def lamport_next(call):
+    """The count after ``call``: it wraps at :data:`LAMPORT_CALLS`."""
+    return (call + _like(call, 1)) % _like(call, LAMPORT_CALLS)
+
+
+def lamport_tag(call):
+    """The tag of call ``call`` in its size entries (and in a buffer's clean-up word):
+    1 .. :data:`LAMPORT_CALLS`, never the 0 of a fresh pad, unique among any three calls in a row."""
+    return call + _like(call, 1)
+
+
+def lamport_stale(call):
+    """The buffer call ``call`` empties first when a size mismatch left it dirty: that of the
+    call two before (``call - 2``), which no rank writes again before ``call + 1`` (after
+    receiving this rank's data of ``call``) and into which every rank's stores of ``call - 2``
+    have landed (each rank sent its ``call - 1`` size entry, which this rank's ``call - 1``
+    received, after them)."""
+    return (call + _like(call, 1)) % _like(call, LAMPORT_BUFFERS)
+
+
+def lamport_cleanup_call(call):
+    """The call that empties the buffer of ``call``, should ``call`` fail with a size mismatch."""
+    return lamport_next(lamport_next(call))
 #: TMA kernels: shared memory their pipeline may use, and its stages.
 TMA_SMEM_BYTES = 192 << 10
 TMA_STAGES = 4
@@ -234,9 +278,14 @@ class PadLayout:
     def lamport_step(self, width: int, block: int) -> int:
         return self.lamport_base + 18 * self.world + width * LAMPORT_BLOCKS + block
 
+    def lamport_dirty(self, width: int, buffer: int) -> int:
+        """The tag of the call that must empty ``buffer`` (:func:`lamport_stale`), written by a
+        call whose sizes differed across ranks."""
+        return self.lamport_base + 18 * self.world + 3 * LAMPORT_BLOCKS + width * LAMPORT_BUFFERS + buffer
+
     @property
     def words(self) -> int:
-        return self.lamport_base + 18 * self.world + 3 * LAMPORT_BLOCKS
+        return self.lamport_base + 18 * self.world + 3 * LAMPORT_BLOCKS + 3 * LAMPORT_BUFFERS
 
 
 #: Fields of the error record a failed kernel writes (int32 words, host-mapped memory).

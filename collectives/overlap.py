@@ -26,7 +26,9 @@ Ownership of rows (``W`` ranks, ``M`` rows of ``a`` per rank, ``M % W == 0``):
 - ``all_gather_gemm(a_shard, b)`` returns ``(W * M_shard, N)``: ``concat_r(a_shard_r) @ b``.
 
 Like the collectives, a call is capturable in a CUDA graph once the same call ran eagerly
-(that call allocates the symmetric workspace and compiles the kernels).
+(that call allocates the symmetric workspace and compiles the kernels).  The workspaces are
+staging-pool slots (:class:`~collectives.staging.StagingPool`): grown collectively, and never
+freed once a captured graph used them (the collectives' launches under capture pin what they use).
 """
 
 from __future__ import annotations
@@ -45,28 +47,18 @@ MAX_CHUNKS = 8
 #: choice, a quarter of the SMs for TMA); the rest of the GPU stays with the GEMM.
 COMM_BLOCKS: int | None = None
 
-#: The symmetric workspaces by name, of the context they were allocated in (a new context,
-#: after ``close()``, starts afresh: the old heap is gone).
-_WORKSPACE: dict[str, torch.Tensor] = {}
-_WORKSPACE_CTX: list = [None]
+#: The staging-pool slot of each function's symmetric workspace.
+_WORKSPACE_SLOT = {"gemm_reduce_scatter": 6, "all_gather_gemm": 7}
 _SIDE: dict[int, torch.cuda.Stream] = {}
 #: The first stream-flag slot of each function's chunks (its chunk ``c`` posts slot base + c).
 _FLAG_BASE = {"gemm_reduce_scatter": 0, "all_gather_gemm": MAX_CHUNKS}
 
 
 def _workspace(comm: Communicator, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """Symmetric buffer ``name`` of at least ``numel`` elements (kept; grown collectively, the
-    smaller one freed)."""
-    if _WORKSPACE_CTX[0] is not comm.ctx:
-        _WORKSPACE.clear()
-        _WORKSPACE_CTX[0] = comm.ctx
+    """Symmetric workspace ``name`` of ``numel`` elements: the front of its staging-pool slot
+    (grown collectively; a superseded one is freed only if no captured graph used it)."""
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
-    current = _WORKSPACE.get(name)
-    if current is None or current.numel() < nbytes:
-        if current is not None:  # collective, after every rank's GPU work: heap space is finite
-            comm.ctx.free(current)
-        current = _WORKSPACE[name] = comm.ctx.empty(nbytes, torch.uint8)
-    return current[:nbytes].view(dtype)
+    return comm.staging(nbytes, _WORKSPACE_SLOT[name])[:nbytes].view(dtype)
 
 
 def _side_stream(device: int) -> torch.cuda.Stream:
@@ -114,10 +106,14 @@ def _gemm_reduce_scatter(a, b, out, timeline: list | None = None) -> torch.Tenso
     """``gemm_reduce_scatter``; given ``timeline``, appends ``(kind, chunk, start, end)`` CUDA
     events around each chunk's GEMM and communication.  Chunk ``c``: GEMMs then a post on the
     current stream; a wait then the reduce-scatter on the side stream."""
+    comm = communicator()
+    with comm.call():
+        return _gemm_reduce_scatter_on(comm, a, b, out, timeline)
+
+
+def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None) -> torch.Tensor:
     from .api import reduce_scatter
 
-    comm = communicator()
-    comm.check()
     rows, _, n = _check("gemm_reduce_scatter", comm, a, b)
     world = comm.world
     if rows % world:
@@ -168,10 +164,14 @@ def _all_gather_gemm(a_shard, b, out, timeline: list | None = None) -> torch.Ten
     rows are multiplied first, while the side stream gathers the first chunk of the others'.
     Chunk ``c``: the all-gather then a post on the side stream; a wait then the GEMMs on the
     current stream."""
+    comm = communicator()
+    with comm.call():
+        return _all_gather_gemm_on(comm, a_shard, b, out, timeline)
+
+
+def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | None) -> torch.Tensor:
     from .api import all_gather
 
-    comm = communicator()
-    comm.check()
     m, k, n = _check("all_gather_gemm", comm, a_shard, b)
     world, rank = comm.world, comm.rank
     if out is None:

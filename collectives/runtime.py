@@ -9,10 +9,11 @@ buffer.  Build those before a CUDA-graph capture (one eager call warms them).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ from .config import (
     FLAG_WAIT,
     FP8,
     LAMPORT_BLOCKS,
+    LAMPORT_CALLS,
     LAMPORT_EXCHANGE,
     LAMPORT_MAX_BYTES,
     MULTICAST_PATHS,
@@ -46,6 +48,10 @@ from .staging import PlanCache, StagingPool
 
 #: Default bound of every cross-GPU wait, in seconds (``COLLECTIVES_TIMEOUT_S`` overrides).
 DEFAULT_TIMEOUT_S = float(os.environ.get("COLLECTIVES_TIMEOUT_S", "30"))
+#: Test only: a communicator made while this is set starts every Lamport call count there
+#: (below :data:`~collectives.config.LAMPORT_CALLS`; ``LAMPORT_CALLS - 2`` crosses the wrap in
+#: a few calls).  Every rank must set the same value.
+SEED_CALL_ENV = "COLLECTIVES_TEST_SEED_CALL"
 #: Added to a buffer's local address to make the fake multicast base of ``multicast_emulated``:
 #: above every real device address, so a translation window never covers real memory.
 FAKE_MULTICAST = 1 << 62
@@ -108,7 +114,7 @@ class Communicator:
         self._buffers: dict[int, Buffer] = {}
         self.pool = StagingPool(ctx, self.plans, self._forget)
         self._lamport: dict[int, torch.Tensor] = {}
-        self.lamport_dirty = False  # set by a Lamport size mismatch: reset before the next call
+        self.seed_lamport(int(os.environ.get(SEED_CALL_ENV, "0")))
         self.turn = 0  # which of staging buffers 0/1 the next single-barrier collective uses
         self.pad_buffer = self.buffer(self.pad)
         # Stream flags: row 0 counts each slot's posts, row 1 the posts its consumer took.
@@ -117,8 +123,25 @@ class Communicator:
 
     # -- errors -------------------------------------------------------------------------------
 
+    #: A recoverable error :meth:`poll` found, raised by :meth:`finish`.
+    deferred: CollectiveError | None = None
+    #: Calls in progress that make collective calls of their own (GEMM overlap): the innermost
+    #: calls' :meth:`finish` leaves a deferred error to the outermost.
+    nested = 0
+
     def check(self) -> None:
-        """Raise the error a kernel recorded (reading host-mapped memory: no GPU sync)."""
+        """Raise the error a kernel recorded, or one deferred (reading host-mapped memory: no
+        GPU sync)."""
+        self.poll()
+        self.finish()
+
+    def poll(self) -> None:
+        """At the start of a collective call: raise a fatal error (a timeout: the communicator
+        is lost); clear a recoverable one (a size mismatch, a stream-flag timeout) and defer it
+        to :meth:`finish`, after this call's launches.  Ranks see a kernel's record at different
+        calls (the host reads it without a sync): raising before the launch would make the rank
+        that sees it first skip a call that the others make, and their kernels wait for it in
+        vain."""
         if self.failed is not None:
             raise self.failed
         if not self._status[0]:
@@ -133,30 +156,48 @@ class Communicator:
             # Local to this GPU and no other rank's state involved: match the counts again
             # and stay usable.
             self._rematch_flags()
-            raise CollectiveTimeout("flag wait", [], self.timeout_s, f"rank {rank}, slot {block} was never posted")
-        if status == TIMEOUT:
+            self._defer(CollectiveTimeout("flag wait", [], self.timeout_s, f"rank {rank}, slot {block} was never posted"))
+        elif status == TIMEOUT:
             missing = [peer] if peer >= 0 else []
             self.failed = CollectiveTimeout("collective", missing, self.timeout_s, where)
-        elif status == SIZE_MISMATCH and barrier == LAMPORT_EXCHANGE:
-            # Every rank sees the disagreement (each compares every rank's size with its own).
-            # Data of the wrong size may sit in the Lamport buffers: the next collective
-            # empties them first (reset_lamport), collectively.
-            self.error.zero_()
-            self.lamport_dirty = True
-            raise CollectiveError(
-                f"ranks called the collective with different sizes: rank {peer} disagrees with "
-                f"rank {rank} ({where}); every rank must pass the same shape"
-            )
+            raise self.failed
         elif status == SIZE_MISMATCH:
-            # Every rank passed both barriers' epochs, so the communicator stays usable.
+            # Every rank sees the disagreement (each compares every rank's size with its own)
+            # and passes the kernel's barriers' epochs, so the communicator stays usable.  A
+            # Lamport buffer the mismatch left dirty is emptied on the GPU two calls later
+            # (collectives.algorithms.lamport): no host step.
             self.error.zero_()
-            raise CollectiveError(
+            self._defer(CollectiveError(
                 f"ranks called the collective with different sizes: rank {peer} disagrees with "
                 f"rank {rank} ({where}); every rank must pass the same shape"
-            )
+            ))
         else:
             self.failed = CollectiveError(f"kernel error record {self.error.tolist()}")
-        raise self.failed
+            raise self.failed
+
+    @contextlib.contextmanager
+    def call(self) -> Iterator[None]:
+        """One call made of collective calls (GEMM overlap): :meth:`poll` before, :meth:`finish`
+        after; its collectives' own :meth:`finish` leaves a deferred error to it, so that every
+        rank makes all of them."""
+        self.poll()
+        self.nested += 1
+        try:
+            yield
+        finally:
+            self.nested -= 1
+        self.finish()
+
+    def _defer(self, error: CollectiveError) -> None:
+        if self.deferred is None:
+            self.deferred = error
+
+    def finish(self) -> None:
+        """At the end of a collective call (after its launches): raise the error :meth:`poll`
+        deferred, unless this call is part of an outer one (:attr:`nested`)."""
+        if self.deferred is not None and not self.nested:
+            error, self.deferred = self.deferred, None
+            raise error
 
     def _rematch_flags(self) -> None:
         """After a flag wait timed out (taking nothing): once this GPU's queued work is done
@@ -212,9 +253,11 @@ class Communicator:
             self._buffers[key] = Buffer(table, mc, host, window, emulation, emulation_host, key)
         return self._buffers[key]
 
-    def _forget(self, ptr: int) -> None:
-        """Drop the kernel view of a freed symmetric buffer (its address may be reused)."""
-        self._buffers.pop(ptr, None)
+    def _forget(self, ptr: int, nbytes: int) -> None:
+        """Drop the kernel views of a freed symmetric buffer of ``nbytes`` at ``ptr``, and of
+        every view into it (its addresses may be reused)."""
+        for key in [k for k in self._buffers if ptr <= k < ptr + nbytes]:
+            del self._buffers[key]
 
     def staging(self, nbytes: int, which: int) -> torch.Tensor:
         """Internal symmetric byte buffer ``which`` of at least ``nbytes`` (grown collectively:
@@ -224,9 +267,10 @@ class Communicator:
         them (:attr:`turn`): a rank may rewrite a buffer only after every rank has started a
         later collective, which proves it finished reading.  Buffer 2 serves the staged
         collectives that keep their end barrier, buffer 3 the push reduce-scatters that do, buffer 4
-        the push all-reduces, buffer 5 their result regions (one per rank).  Growing frees
-        the superseded buffer and
-        drops the plans that hold it (:class:`~collectives.staging.StagingPool`)."""
+        the push all-reduces, buffer 5 their result regions (one per rank), buffers 6 and 7
+        the GEMM-overlap workspaces (:mod:`collectives.overlap`).  Growing frees the
+        superseded buffer and drops the plans that hold it, unless a CUDA graph may use it
+        (:class:`~collectives.staging.StagingPool`)."""
         return self.pool.get(nbytes, which)
 
     def lamport(self, element_bytes: int) -> torch.Tensor:
@@ -240,17 +284,18 @@ class Communicator:
             self.barrier()
         return self._lamport[element_bytes]
 
-    def reset_lamport(self) -> None:
-        """Empty every Lamport buffer and restart its rotation, on every rank (collective: the
-        next collective call of every rank after a Lamport size mismatch).  Barriers before
-        (every rank's failed kernel has finished sending) and after (every rank's buffers are
-        empty before anyone sends)."""
-        self.barrier()
-        for element_bytes, buf in self._lamport.items():
-            _fill_empty(buf, element_bytes)
-        self.pad[self.layout.lamport_base:].zero_()
-        self.barrier()
-        self.lamport_dirty = False
+    def seed_lamport(self, call: int) -> None:
+        """Start every Lamport call count at ``call`` (test only, :data:`SEED_CALL_ENV`; 0, the
+        zeroed pad's, needs no write).  The counts are the kernels' words: the layout of this
+        world size, not the pad's allocation layout (:attr:`layout`, of the largest world)."""
+        if not 0 <= call < LAMPORT_CALLS:
+            raise CollectiveError(f"{SEED_CALL_ENV}={call}: a Lamport call count is 0..{LAMPORT_CALLS - 1}")
+        if call:
+            kernel_layout = PadLayout(world=self.world)
+            as_int32 = call - (1 << 32) if call >= 1 << 31 else call  # the pad holds int32 words
+            for width in range(3):
+                start = kernel_layout.lamport_step(width, 0)
+                self.pad[start:start + LAMPORT_BLOCKS].fill_(as_int32)
 
     # -- kernels ------------------------------------------------------------------------------
 
@@ -349,10 +394,8 @@ class Communicator:
         common = (out, src, n, self.pad_buffer.table.data_ptr(), self.pad_buffer.mc,
                   int(self.pad_buffer.host[self.rank]), self.error.data_ptr(), self.rank,
                   int(self.timeout_s * 1e9), blocks)
-        holds = tuple(b.ptr for b in buffers + [results] if b is not None and self.pool.owns(b.ptr))
-        if torch.cuda.is_current_stream_capturing():  # a graph keeps these addresses for good
-            for ptr in holds:
-                self.pool.capture(ptr)
+        used = [b.ptr for b in buffers + [results] if b is not None] + [out, src]
+        holds = tuple({h for h in map(self.pool.holder, used) if h is not None})
         emulated = key.backend == "multicast_emulated"
 
         def second(b: Buffer) -> int:
@@ -373,8 +416,13 @@ def _fill_empty(buf: torch.Tensor, element_bytes: int) -> None:
     buf.view(view).fill_(value)
 
 
+#: torch.cuda.is_current_stream_capturing without its Python wrapper (per-call cost matters).
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
+
+
 class Plan:
-    """One collective call, prepared: ``run()`` takes the current stream and launches."""
+    """One collective call, prepared: ``run()`` takes the current stream and launches.
+    ``holds``: the staging-pool buffers (data pointers) any address of the launch lies in."""
 
     __slots__ = ("fn", "args", "comm", "holds")
 
@@ -383,7 +431,12 @@ class Plan:
         self.fn, self.args, self.comm, self.holds = fn, args, comm, holds
 
     def run(self) -> None:
+        """Launch on the current stream.  Under CUDA-graph capture, first pin what the launch
+        uses: the graph replays these addresses for good, whichever call made the plan (an
+        eager warm-up's plan is reused under capture)."""
         comm = self.comm
+        if self.holds and _capturing():
+            comm.pool.capture(self.holds)
         if len(self.args) > 1:
             args = self.args[comm.turn]
             comm.turn ^= 1

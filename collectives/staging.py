@@ -12,8 +12,13 @@ slot's capacity (the capacity is a function of the sizes called so far, which ev
 shares, never of plan-cache hits, which are not shared).  There the slot grows to the next
 power of two and its superseded buffer is freed: the plans holding it are dropped (a later
 call plans again on the new buffer), every rank's queued kernels finish first (a host
-barrier), unless a plan made under CUDA-graph capture on any rank holds it (agreed across
-ranks), in which case a graph may replay it and it stays allocated.
+barrier), unless a launch under CUDA-graph capture on any rank used it (agreed across ranks),
+in which case a graph may replay it and it stays allocated for good.
+
+Why for good: a graph's lifetime cannot be seen from inside its capture (torch gives the
+capturing code no handle on the ``CUDAGraph``), ranks destroy their graphs at different times
+(garbage collection) while a free must be collective, and what stays is bounded: a slot grows
+by doubling, so the buffers it keeps sum to less than its current one.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ STAGING_MIN_BYTES = 1 << 20
 
 
 class Holder(Protocol):
-    """What the cache needs of a plan: the data pointers of the staging buffers it holds."""
+    """What the cache needs of a plan: the data pointers of the pool buffers it holds."""
 
     holds: tuple[int, ...]
 
@@ -90,15 +95,18 @@ class StagingPool:
     :func:`collectives.api._two_barrier_slot`), 4 (push all-reduces, which read other ranks'
     buffers after their last barrier and push into them before their first) and 5 (the push
     all-reduces' result regions, one per owner, apart from the slots that the next call pushes
-    into while other ranks may still read the last one's results, whatever their sizes).
+    into while other ranks may still read the last one's results, whatever their sizes), 6 and
+    7 (the GEMM-overlap workspaces of :mod:`collectives.overlap`).
 
-    ``forget(ptr)`` is called for each buffer freed (drop cached views of it)."""
+    ``forget(ptr, nbytes)`` is called for each buffer freed (drop cached views into it)."""
 
-    def __init__(self, ctx: Allocator, plans: PlanCache, forget: Callable[[int], None]) -> None:
+    SLOTS = 8
+
+    def __init__(self, ctx: Allocator, plans: PlanCache, forget: Callable[[int, int], None]) -> None:
         self.ctx, self.plans, self.forget = ctx, plans, forget
-        self.current: list[torch.Tensor | None] = [None] * 6
-        self.pinned: list[torch.Tensor] = []  # superseded, held by a captured graph: never freed
-        self._captured: set[int] = set()  # data pointers of current buffers a captured plan holds
+        self.current: list[torch.Tensor | None] = [None] * self.SLOTS
+        self.pinned: list[torch.Tensor] = []  # superseded, used by a captured graph: never freed
+        self._captured: set[int] = set()  # data pointers of current buffers a capture used
 
     def get(self, nbytes: int, which: int) -> torch.Tensor:
         """Slot ``which``'s buffer, of at least ``nbytes`` (grown collectively: every rank
@@ -111,12 +119,17 @@ class StagingPool:
         self.current[which] = self.ctx.empty(capacity(nbytes), torch.uint8)
         return self.current[which]
 
-    def owns(self, ptr: int) -> bool:
-        return any(t is not None and t.data_ptr() == ptr for t in self.current)
+    def holder(self, ptr: int) -> int | None:
+        """The data pointer of the current buffer that address ``ptr`` lies in, if any."""
+        for t in self.current:
+            if t is not None and t.data_ptr() <= ptr < t.data_ptr() + t.numel():
+                return t.data_ptr()
+        return None
 
-    def capture(self, ptr: int) -> None:
-        """A plan made under CUDA-graph capture holds the buffer at ``ptr``: never free it."""
-        self._captured.add(ptr)
+    def capture(self, ptrs: tuple[int, ...]) -> None:
+        """A launch under CUDA-graph capture used the buffers at ``ptrs`` (from :meth:`holder`):
+        never free them."""
+        self._captured.update(ptrs)
 
     def _retire(self, old: torch.Tensor) -> None:
         ptr = old.data_ptr()
@@ -127,7 +140,7 @@ class StagingPool:
         self.plans.drop_holding(ptr)
         self.ctx.host_barrier()  # no rank's queued kernel still reads or writes it
         self.ctx.free(old)
-        self.forget(ptr)
+        self.forget(ptr, old.numel())
 
     @property
     def live_bytes(self) -> int:

@@ -48,7 +48,7 @@ class FakeCtx:
 
 def pool(ctx: FakeCtx | None = None) -> tuple[StagingPool, PlanCache, list[int]]:
     plans, forgotten = PlanCache(), []
-    return StagingPool(ctx or FakeCtx(), plans, forgotten.append), plans, forgotten
+    return StagingPool(ctx or FakeCtx(), plans, lambda ptr, nbytes: forgotten.append(ptr)), plans, forgotten
 
 
 def test_plan_cache_evicts_least_recently_used() -> None:
@@ -97,7 +97,7 @@ def test_a_buffer_a_graph_may_use_on_any_rank_is_never_freed(mine: bool) -> None
     small = staging.get(1000, 0)
     plans["captured"] = FakePlan((small.data_ptr(),))
     if mine:
-        staging.capture(small.data_ptr())
+        staging.capture((small.data_ptr(),))
     staging.get(2 << 20, 0)
     assert ("free", STAGING_MIN_BYTES) not in ctx.log
     assert staging.pinned == [small] and plans.get("captured") is not None

@@ -2,7 +2,8 @@
 
 Every rank owns three rotating receive buffers per element width (one symmetric allocation,
 ``3 x world`` slots of :data:`~collectives.config.LAMPORT_MAX_BYTES`); call ``s`` of a width
-uses buffer ``s % 3``.  A rank sends its canonical input (:mod:`collectives.device.lamport`)
+uses buffer ``s % 3`` (:func:`~collectives.config.lamport_buffer`; the count wraps at
+:data:`~collectives.config.LAMPORT_CALLS`, a multiple of 3, so the rotation holds across the wrap).  A rank sends its canonical input (:mod:`collectives.device.lamport`)
 into its own slot of buffer ``s % 3`` on every rank, polls its own buffer until every slot of
 its elements holds data, reduces in rank order (16-bit floats in f32, fp8 in f16), writes the
 result and marks the slots empty again.  The slots it empties are written next in call
@@ -13,9 +14,17 @@ The grid is fixed (:data:`~collectives.config.LAMPORT_BLOCKS` blocks striding ov
 vectors), so every vector of a slot always belongs to the same thread block, and each block
 counts its own calls on the device (``lamport_step`` in the signal pad): the buffer follows
 that count, in eager calls and CUDA-graph replays alike, with no inter-block coordination.
-With its data each rank sends ``(call + 1) << 32 | elements``; a receiver waits for the entry
-of this call (older entries carry older calls, so nothing is ever cleared) and records a size
-mismatch if the count differs.  Every wait is bounded by the deadline.
+With its data each rank sends ``tag << 32 | elements`` (``tag = call + 1``,
+:func:`~collectives.config.lamport_tag`); a receiver waits for the entry of this call (older
+entries carry older calls, so nothing is ever cleared) and records a size mismatch if the count
+differs.  Every wait is bounded by the deadline.
+
+A size mismatch leaves the call's buffer dirty (the receivers skip it; data past the smaller
+sizes is never cleared).  Every rank's block 0 sees the mismatch and writes, in its own pad,
+the tag of the call two later (:func:`~collectives.config.lamport_cleanup_call`); that call's
+block 0 empties the whole buffer before it announces its size
+(:func:`~collectives.config.lamport_stale` says why then).  Each rank decides from its own
+earlier kernel, on the GPU, at the same call: no host step, no collective reset.
 
 The launch takes the same arguments as :mod:`collectives.algorithms.design` (``data_table`` and
 ``data_mc`` are the receive buffers', ``src`` is the input, ``out`` the output).
@@ -33,6 +42,7 @@ import ptxops
 from ..config import (
     DTYPES,
     LAMPORT_BLOCKS,
+    LAMPORT_BUFFERS,
     LAMPORT_EXCHANGE,
     LAMPORT_MAX_BYTES,
     MULTICAST_PATHS,
@@ -41,12 +51,17 @@ from ..config import (
     VECTOR_BYTES,
     KernelKey,
     PadLayout,
+    lamport_buffer,
+    lamport_cleanup_call,
+    lamport_next,
+    lamport_stale,
+    lamport_tag,
 )
 from ..device import lamport, reduce, signals
 from ..device.reduce import ACC, DTYPE
 from ..launch import launcher
 
-BUFFERS = 3
+BUFFERS = LAMPORT_BUFFERS
 
 
 def width_index(element_bytes: int) -> int:
@@ -150,6 +165,14 @@ def build(key: KernelKey):
         return ok
 
     @cute.jit
+    def empty_buffer(own, tidx):
+        """Block 0's threads mark every slot of the buffer at ``own`` empty (-0.0)."""
+        v = Int64(tidx)
+        while v < world * slot // VECTOR_BYTES:
+            lamport.clear(cute.make_rmem_tensor(4, Uint32), own + v * VECTOR_BYTES, bits)
+            v += threads
+
+    @cute.jit
     def announce(pad_table, pad_mc, buffer, entry, rank, block):
         """Block 0 sends our size entry into every rank's size words of ``buffer``."""
         tidx = cute.arch.thread_idx()[0]
@@ -191,14 +214,20 @@ def build(key: KernelKey):
         smem = SmemAllocator()
         flag = smem.allocate_tensor(Int32, cute.make_layout(1), byte_alignment=4)
         counter = signals.gmem(Uint32, pad, 4) + (layout.lamport_step(width, 0) + block)
-        call = ptxops.ld(counter)
-        buffer = Int32(call % Uint32(BUFFERS))
+        call = Uint32(ptxops.ld(counter))  # unsigned: the count runs up to LAMPORT_CALLS > 2^31
+        buffer = Int32(lamport_buffer(call))
+        dirty = signals.gmem(Uint32, pad, 4) + layout.lamport_dirty(width, 0)
         deadline = cute.arch.globaltimer() + timeout_ns
         first = Int64(block) * threads + tidx
         step = Int64(LAMPORT_BLOCKS * threads)
         addrs = [signals.peer_address(data_table, Int32(r)) for r in range(world)]
         base = Int64(buffer) * (world * slot)
-        entry = (Uint64(call + Uint32(1)) << 32) | Uint64(n)
+        entry = (Uint64(lamport_tag(call)) << 32) | Uint64(n)
+        if block == 0:
+            stale = Int32(lamport_stale(call))
+            if ptxops.ld(dirty + stale) == Uint32(lamport_tag(call)):
+                empty_buffer(signals.peer_address(data_table, rank) + Int64(stale) * (world * slot), tidx)
+                cute.arch.sync_threads()
         announce(pad_table, pad_mc, buffer, entry, rank, block)
         send(addrs, data_mc, base + Int64(rank) * slot, src, n, first, step)
         # A block with no vectors has nothing to wait for.
@@ -206,9 +235,11 @@ def build(key: KernelKey):
             ok = sizes_agree(pad, buffer, entry, deadline, err, rank, block)
             if signals.block_all(flag, ok):
                 receive(signals.peer_address(data_table, rank) + base, out, n, deadline, err, rank, block, first, step)
+            elif block == 0 and tidx == 0:  # every rank's block 0 gets here: mark the buffer dirty
+                ptxops.st(dirty + buffer, Uint32(lamport_tag(lamport_cleanup_call(call))))
         cute.arch.sync_threads()
         if tidx == 0:
-            ptxops.st(counter, call + Uint32(1))
+            ptxops.st(counter, Uint32(lamport_next(call)))
 
     return launcher(kernel, threads, grid=LAMPORT_BLOCKS, emulate=key.backend == "multicast_emulated" and world)
 
