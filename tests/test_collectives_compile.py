@@ -170,9 +170,20 @@ def test_pad_regions_do_not_overlap() -> None:
     words += [layout.epoch(b) for b in range(4)]
     words += [layout.lamport_step(w, b) for w in range(3) for b in range(LAMPORT_BLOCKS)]
     words += [layout.lamport_size(w, b, s) + half for w in range(3) for b in range(3) for s in range(3) for half in (0, 1)]
+    words += [layout.lamport_dirty(w, b) for w in range(3) for b in range(3)]
     assert sorted(words) == list(range(layout.words))
     assert all(layout.lamport_size(w, b, s) % 2 == 0 for w in range(3) for b in range(3) for s in range(3))
     assert all(layout.arrival(b, s) % 2 == 0 for b in range(4) for s in range(3))
+
+
+def test_lamport_count_is_unsigned_and_wraps_at_lamport_calls() -> None:
+    """The call count (up to 3 x 2^30, past 2^31) is taken modulo 3 and wrapped at
+    LAMPORT_CALLS in unsigned arithmetic: a signed remainder would pick a wrong buffer."""
+    from collectives.config import LAMPORT_CALLS
+
+    ptx = kernel_ptx(KernelKey("all_reduce", "lamport", "peer", "bf16", 3), "sm_90a")
+    assert "mul.hi.u32" in ptx and not re.search(r"mul\.hi\.s32|rem\.s32|div\.s32", ptx)
+    assert re.search(rf"setp\.lt\.u32\s+%p\d+, %r\d+, {LAMPORT_CALLS - 2**32};", ptx)
 
 
 def test_runtime_call_path_compiles_with_tvm_ffi() -> None:
