@@ -1,0 +1,134 @@
+"""A communicator without a GPU, for models of the host runtime: the real
+:class:`~collectives.runtime.Communicator` logic (plans, staging pool, errors, the API's plan
+functions) over a fake symmetric heap that records every allocation and free, tensors that
+are only addresses, and kernels that record their launches (no CuTeDSL compile)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import torch
+
+from collectives.capability import Capabilities
+from collectives.config import ERROR_FIELDS, PadLayout
+from collectives.runtime import Buffer, Communicator
+from collectives.staging import PlanCache, StagingPool
+
+
+class FakeTensor:
+    """What the API reads of a contiguous CUDA tensor: its address, size and dtype."""
+
+    is_cuda = True
+
+    def __init__(self, ptr: int, numel: int, dtype: torch.dtype = torch.bfloat16) -> None:
+        self._ptr, self._numel, self.dtype = ptr, numel, dtype
+        self.shape = (numel,)
+        self.device = SimpleNamespace(index=0, type="cuda")
+
+    def data_ptr(self) -> int:
+        return self._ptr
+
+    def numel(self) -> int:
+        return self._numel
+
+    def element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    def is_contiguous(self) -> bool:
+        return True
+
+
+@dataclass
+class FakeHeap:
+    """Symmetric allocations as CPU byte tensors, never released (so no address is reused and a
+    freed one stays recognisable); ``agree_any`` answers for this rank alone."""
+
+    world_size: int = 2
+    rank: int = 0
+    device: int = 0
+    backend: str = "peer"
+    live: dict[int, torch.Tensor] = field(default_factory=dict)
+    freed: dict[int, torch.Tensor] = field(default_factory=dict)
+    log: list[tuple] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.caps = Capabilities(device=0, world_size=self.world_size, multicast=False,
+                                 multicast_reason="NVSHMEM_DISABLE_NVLS=1", peer_access=True,
+                                 peer_reason=None, nvlink_mesh=True)
+
+    def empty(self, shape: int, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+        t = torch.empty(shape, dtype=dtype)
+        self.live[t.data_ptr()] = t
+        self.log.append(("empty", t.nbytes))
+        return t
+
+    def free(self, t: torch.Tensor) -> None:
+        self.freed[t.data_ptr()] = self.live.pop(t.data_ptr())
+        self.log.append(("free", t.nbytes))
+
+    def host_barrier(self) -> None:
+        self.log.append(("host_barrier",))
+
+    def agree_any(self, flag: bool) -> bool:
+        self.log.append(("agree_any", flag))
+        return flag
+
+    def is_symmetric(self, t) -> bool:
+        return self.find(t.data_ptr(), self.live) is not None
+
+    @staticmethod
+    def find(ptr: int, allocations: dict[int, torch.Tensor]) -> torch.Tensor | None:
+        for base, t in allocations.items():
+            if base <= ptr < base + t.nbytes:
+                return t
+        return None
+
+
+class FakeComm(Communicator):
+    """The communicator's host logic on a :class:`FakeHeap`; ``launches`` lists each launch as
+    ``(key, addresses)``: the data addresses its kernel would touch (the data and result
+    buffers, ``out`` and ``src``)."""
+
+    def __init__(self, heap: FakeHeap) -> None:  # no GPU state: only what the host logic reads
+        self.ctx, self.world, self.rank, self.timeout_s = heap, heap.world_size, heap.rank, 30.0
+        self.layout = PadLayout()
+        self.error = torch.zeros(len(ERROR_FIELDS), dtype=torch.int32)
+        self._status = self.error.numpy()
+        self.failed = None
+        self.plans = PlanCache()
+        self._kernels = {}
+        self._buffers = {}
+        self.pool = StagingPool(heap, self.plans, self._forget)
+        self._lamport = {}
+        self.turn = 0
+        self.sms = 132
+        self.launches: list[tuple] = []
+        self._tables: dict[int, int] = {}  # a fake peer table's address -> its buffer's
+        self.pad = heap.empty(self.layout.words * 4, torch.int32)
+        self.pad_buffer = self.buffer(self.pad)
+
+    def buffer(self, t) -> Buffer:
+        key = t.data_ptr()
+        if key not in self._buffers:
+            table = torch.full((self.world,), key, dtype=torch.int64)
+            self._tables[table.data_ptr()] = key
+            self._buffers[key] = Buffer(table, 0, table, (key, 0, []), table, table, key)
+        return self._buffers[key]
+
+    def kernel(self, key):
+        def launch(data_table, data_mc, out, src, *rest):
+            used = [self._tables[data_table], out, src] + ([self._tables[data_mc]] if data_mc in self._tables else [])
+            self.launches.append((key, [a for a in used if a]))
+        return launch
+
+
+def install(monkeypatch, comm: FakeComm, capturing: list[bool]) -> None:
+    """Make the API use ``comm``, and CUDA-graph capture be on while ``capturing[0]``."""
+    from collectives import api, overlap, runtime
+
+    monkeypatch.setattr(api, "communicator", lambda: comm)
+    monkeypatch.setattr(overlap, "communicator", lambda: comm)
+    monkeypatch.setattr(api, "_capturing", lambda: capturing[0])
+    monkeypatch.setattr(runtime, "_capturing", lambda: capturing[0])
+    monkeypatch.setattr(runtime, "current_stream", lambda device: 0)
