@@ -201,3 +201,25 @@ def test_a_tag_of_zero_matches_a_fresh_size_word() -> None:
     size word that no call wrote yet (zero) already holds: a false size mismatch."""
     with pytest.raises(Hazard, match="agree=False"):
         Model(2, [[2, 2]], 2**32 - 1, OLD_WRAP).run(0, fast=1.0)  # rank 0 checks before rank 1 announces
+
+
+@pytest.mark.parametrize("world", range(2, 9))
+def test_the_test_seed_starts_exactly_the_kernels_counts(world: int) -> None:
+    """COLLECTIVES_TEST_SEED_CALL writes the words the kernel of this world size counts in
+    (``PadLayout(world=W)``, not the pad's allocation layout of 8 ranks), and nothing else."""
+    torch = pytest.importorskip("torch")
+    from collectives.config import LAMPORT_BLOCKS, PadLayout
+    from collectives.errors import CollectiveError
+    from collectives.runtime import Communicator
+
+    comm = Communicator.__new__(Communicator)
+    comm.world = world
+    comm.pad = torch.zeros(PadLayout().words, dtype=torch.int32)
+    comm.seed_lamport(LAMPORT_CALLS - 2)
+    kernel = PadLayout(world=world)
+    steps = {kernel.lamport_step(w, b) for w in range(3) for b in range(LAMPORT_BLOCKS)}
+    written = set(torch.nonzero(comm.pad).flatten().tolist())
+    assert written == steps
+    assert {int(comm.pad[i]) % 2**32 for i in written} == {LAMPORT_CALLS - 2}
+    with pytest.raises(CollectiveError, match="COLLECTIVES_TEST_SEED_CALL"):
+        comm.seed_lamport(LAMPORT_CALLS)
