@@ -112,7 +112,7 @@ class Communicator:
         self.plans = PlanCache()
         self._kernels: dict[tuple[KernelKey | str, str], Any] = {}
         self._buffers: dict[int, Buffer] = {}
-        self.pool = StagingPool(ctx, self.plans, self._forget)
+        self.pool = StagingPool(ctx, self.plans, self._forget, self.agree_growth)
         self._lamport: dict[int, torch.Tensor] = {}
         self.seed_lamport(int(os.environ.get(SEED_CALL_ENV, "0")))
         self.turn = 0  # which of staging buffers 0/1 the next single-barrier collective uses
@@ -125,6 +125,8 @@ class Communicator:
 
     #: A recoverable error :meth:`poll` found, raised by :meth:`finish`.
     deferred: CollectiveError | None = None
+    #: Collective calls made so far (counted by :meth:`poll`): the same on every rank.
+    calls = 0
     #: Calls in progress that make collective calls of their own (GEMM overlap): the innermost
     #: calls' :meth:`finish` leaves a deferred error to the outermost.
     nested = 0
@@ -142,6 +144,7 @@ class Communicator:
         calls (the host reads it without a sync): raising before the launch would make the rank
         that sees it first skip a call that the others make, and their kernels wait for it in
         vain."""
+        self.calls += 1
         if self.failed is not None:
             raise self.failed
         if not self._status[0]:
@@ -259,6 +262,22 @@ class Communicator:
         for key in [k for k in self._buffers if ptr <= k < ptr + nbytes]:
             del self._buffers[key]
 
+    def agree_growth(self, what: int, nbytes: int) -> None:
+        """Before a collective allocation that a call makes (staging slot ``what`` growing to
+        ``nbytes``; ``-element_bytes`` for the Lamport buffers of a width): every rank must make the same one at the same
+        call.  A caller's size mismatch can make some ranks grow and others not: agreed through
+        :meth:`~collectives.symmetric.Context.agree_bounded` (bounded by :attr:`timeout_s`), it
+        raises CollectiveError instead of pairing the allocation's collective steps with
+        something else or hanging.  The communicator is then lost (a rank that did not grow
+        launched a kernel that waits for this one)."""
+        try:
+            self.ctx.agree_bounded("collective allocation (values: call, slot, bytes)",
+                                   [self.calls, what, nbytes], self.timeout_s)
+        except CollectiveError as e:
+            self.failed = CollectiveError(
+                f"ranks called collectives with different sizes (a buffer grew on some ranks only): {e}")
+            raise self.failed from e
+
     def staging(self, nbytes: int, which: int) -> torch.Tensor:
         """Internal symmetric byte buffer ``which`` of at least ``nbytes`` (grown collectively:
         every rank reaches here with the same size, or the allocation's size check raises).
@@ -279,6 +298,7 @@ class Communicator:
         allocated on first use (collectively) and filled with -0.0 of that width; a barrier
         after the fill keeps every rank from sending before every rank's fill is done."""
         if element_bytes not in self._lamport:
+            self.agree_growth(-element_bytes, 3 * self.world * LAMPORT_MAX_BYTES)
             buf = self._lamport[element_bytes] = self.ctx.empty(3 * self.world * LAMPORT_MAX_BYTES, torch.uint8)
             _fill_empty(buf, element_bytes)
             self.barrier()

@@ -98,12 +98,16 @@ class StagingPool:
     into while other ranks may still read the last one's results, whatever their sizes), 6 and
     7 (the GEMM-overlap workspaces of :mod:`collectives.overlap`).
 
-    ``forget(ptr, nbytes)`` is called for each buffer freed (drop cached views into it)."""
+    ``forget(ptr, nbytes)`` is called for each buffer freed (drop cached views into it);
+    ``agree(slot, nbytes)`` before each growth: it raises unless every rank grows the same
+    slot to the same size at the same call (a caller's size mismatch makes some ranks grow and
+    others not, and the collective steps of growth must not pair with anything else)."""
 
     SLOTS = 8
 
-    def __init__(self, ctx: Allocator, plans: PlanCache, forget: Callable[[int, int], None]) -> None:
-        self.ctx, self.plans, self.forget = ctx, plans, forget
+    def __init__(self, ctx: Allocator, plans: PlanCache, forget: Callable[[int, int], None],
+                 agree: Callable[[int, int], None]) -> None:
+        self.ctx, self.plans, self.forget, self.agree = ctx, plans, forget, agree
         self.current: list[torch.Tensor | None] = [None] * self.SLOTS
         self.pinned: list[torch.Tensor] = []  # superseded, used by a captured graph: never freed
         self._captured: set[int] = set()  # data pointers of current buffers a capture used
@@ -114,6 +118,7 @@ class StagingPool:
         old = self.current[which]
         if old is not None and old.numel() >= nbytes:
             return old
+        self.agree(which, capacity(nbytes))
         if old is not None:
             self._retire(old)
         self.current[which] = self.ctx.empty(capacity(nbytes), torch.uint8)

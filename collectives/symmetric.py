@@ -16,10 +16,12 @@ object; :meth:`Context.multicast_tensor` re-checks env and capabilities before a
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import socket
 from collections.abc import Iterable, Sequence
+from datetime import timedelta
 from typing import Any, Protocol
 
 import torch
@@ -135,6 +137,7 @@ class Context:
         self._owns_group = owns_group
         self._allocs: dict[int, _Alloc] = {}
         self._seq = 0
+        self._bounded = 0  # agree_bounded calls so far
         self.closed = False
 
     # ---- collective agreement -------------------------------------------------------
@@ -158,6 +161,29 @@ class Context:
         rows = [torch.empty_like(mine) for _ in range(self.world_size)]
         dist.all_gather(rows, mine, group=self.group)
         return any(int(r.item()) for r in rows)
+
+    def agree_bounded(self, what: str, values: Sequence[int], timeout_s: float) -> None:
+        """Every rank's ``values`` through the process group's key-value store, waiting at most
+        ``timeout_s``; raise SymmetricMemoryError where ranks disagree or some do not arrive.
+        The ``k``-th call of each rank meets only the ``k``-th of the others, and a rank that
+        never arrives blocks nothing of the group's (unlike a collective it would later pair
+        with something else)."""
+        self._check_open()
+        if self.world_size == 1:
+            return
+        ranks = [_global_rank(self.group, r) for r in range(self.world_size)]
+        keys = [f"collectives/agree/{ranks}/{self._bounded}/{r}" for r in range(self.world_size)]
+        self._bounded += 1
+        store = dist.distributed_c10d._get_default_store()
+        store.set(keys[self.rank], json.dumps(list(values)))
+        try:
+            store.wait(keys, timedelta(seconds=timeout_s))
+        except Exception as e:  # the store's timeout error type varies by store
+            missing = [r for r, k in enumerate(keys) if not store.check([k])]
+            raise SymmetricMemoryError(f"{what}: ranks {missing} did not arrive within {timeout_s:g}s") from e
+        got = [json.loads(store.get(k)) for k in keys]
+        if any(g != got[0] for g in got):
+            raise SymmetricMemoryError(f"{what}: ranks disagree, per rank {got}")
 
     def _check_open(self) -> None:
         if self.closed:

@@ -74,6 +74,9 @@ class FakeHeap:
         self.log.append(("agree_any", flag))
         return flag
 
+    def agree_bounded(self, what: str, values: list[int], timeout_s: float) -> None:
+        self.log.append(("agree_bounded", *values))
+
     def is_symmetric(self, t) -> bool:
         return self.find(t.data_ptr(), self.live) is not None
 
@@ -99,7 +102,7 @@ class FakeComm(Communicator):
         self.plans = PlanCache()
         self._kernels = {}
         self._buffers = {}
-        self.pool = StagingPool(heap, self.plans, self._forget)
+        self.pool = StagingPool(heap, self.plans, self._forget, self.agree_growth)
         self._lamport = {}
         self.turn = 0
         self.sms = 132

@@ -47,8 +47,10 @@ class FakeCtx:
 
 
 def pool(ctx: FakeCtx | None = None) -> tuple[StagingPool, PlanCache, list[int]]:
+    ctx = ctx or FakeCtx()
     plans, forgotten = PlanCache(), []
-    return StagingPool(ctx or FakeCtx(), plans, lambda ptr, nbytes: forgotten.append(ptr)), plans, forgotten
+    return (StagingPool(ctx, plans, lambda ptr, nbytes: forgotten.append(ptr), lambda slot, n: ctx.log.append(("agree", slot, n))),
+            plans, forgotten)
 
 
 def test_plan_cache_evicts_least_recently_used() -> None:
@@ -84,8 +86,8 @@ def test_growth_frees_the_superseded_buffer_after_a_host_barrier_and_drops_its_p
     assert staging.get(STAGING_MIN_BYTES, 2) is small  # fits: no allocation
     big = staging.get(3 << 20, 2)
     assert big.numel() == 4 << 20
-    assert ctx.log == [("empty", STAGING_MIN_BYTES), ("agree_any",), ("host_barrier",),
-                       ("free", STAGING_MIN_BYTES), ("empty", 4 << 20)]
+    assert ctx.log == [("agree", 2, STAGING_MIN_BYTES), ("empty", STAGING_MIN_BYTES), ("agree", 2, 4 << 20),
+                       ("agree_any",), ("host_barrier",), ("free", STAGING_MIN_BYTES), ("empty", 4 << 20)]
     assert plans.get("small") is None and plans.get("other") is not None
     assert forgotten == [small.data_ptr()]
 
@@ -133,3 +135,4 @@ def test_heap_stays_bounded_over_growing_sizes() -> None:
         staging.get(n, 2)
     assert len(ctx.live) == 1 and staging.live_bytes == 1 << 26
     assert sum(1 for op in ctx.log if op[0] == "empty") == 7  # 1 MB .. 64 MB
+    assert [op[0] for op in ctx.log if op[0] in ("agree", "empty")] == ["agree", "empty"] * 7  # agreed first
