@@ -125,7 +125,8 @@ class Communicator:
 
     #: A recoverable error :meth:`poll` found, raised by :meth:`finish`.
     deferred: CollectiveError | None = None
-    #: Collective calls made so far (counted by :meth:`poll`): the same on every rank.
+    #: Collective calls made so far (counted by :meth:`poll`, not by :meth:`check`, which a
+    #: rank may call at will): the same on every rank.
     calls = 0
     #: Calls in progress that make collective calls of their own (GEMM overlap): the innermost
     #: calls' :meth:`finish` leaves a deferred error to the outermost.
@@ -134,7 +135,7 @@ class Communicator:
     def check(self) -> None:
         """Raise the error a kernel recorded, or one deferred (reading host-mapped memory: no
         GPU sync)."""
-        self.poll()
+        self._read()
         self.finish()
 
     def poll(self) -> None:
@@ -145,6 +146,10 @@ class Communicator:
         that sees it first skip a call that the others make, and their kernels wait for it in
         vain."""
         self.calls += 1
+        self._read()
+
+    def _read(self) -> None:
+        """Raise a fatal error recorded or found before; defer a recoverable one."""
         if self.failed is not None:
             raise self.failed
         if not self._status[0]:

@@ -1,0 +1,195 @@
+"""Soak: many mixed collective calls, each checked against :mod:`collectives.reference`.
+
+    torchrun --nproc-per-node 2 -m collectives.tools.soak [--calls 100000] [--seconds 3600]
+
+Every rank draws the same sequence from ``--seed``: a collective, an algorithm (or ``auto``), a
+backend (``peer`` or ``multicast_emulated``: NVLink multicast stays off), a dtype, a size, and
+eager or CUDA-graph (a graph per call shape, captured after an eager warm-up and replayed).
+Inputs are small integers (exact in every dtype and sum); each result is compared with the
+reference.  Every ``--mismatch-every`` calls one rank brings another size (within one thread
+block and one staging capacity): every rank must raise CollectiveError at the synchronize,
+and the next calls must be right again.  Exits non-zero on any wrong result, unexpected error
+or missed mismatch, or when ``--seconds`` runs out before the calls are done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+
+from ..capability import force_multicast_off
+
+force_multicast_off()
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from .. import reference  # noqa: E402
+from ..config import ALGORITHMS, LAMPORT_MAX_BYTES  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+BACKENDS = ("peer", "multicast_emulated")
+#: Elements per rank (all-gather input, reduce-scatter output): unaligned, aligned, small and large.
+SIZES = (1, 7, 64, 1000, 4096, 3 * 4096 + 5, 65536, 1 << 18)
+GRAPHS = 64  # graphs kept (oldest dropped)
+
+
+def inputs(rank: int, salt: int, n: int) -> np.ndarray:
+    """Rank ``rank``'s input for call ``salt``: integers in [-4, 4] (exact in every dtype, and any
+    sum of 8 of them too)."""
+    i = np.arange(n, dtype=np.int64)
+    return ((i * 2654435761 + rank * 97 + salt * 31) % 9 - 4).astype(np.float32)
+
+
+class Soak:
+    def __init__(self, args: argparse.Namespace) -> None:
+        import collectives
+        from collectives.runtime import communicator
+
+        self.collectives, self.comm = collectives, communicator()
+        self.world, self.rank = self.comm.world, self.comm.rank
+        self.args, self.rng = args, random.Random(args.seed)
+        self.graphs: dict[tuple, tuple] = {}
+        self.stats = {"eager": 0, "graph": 0, "mismatch": 0, "refused": 0}
+
+    def draw(self) -> tuple:
+        rng = self.rng
+        collective = rng.choice(("all_reduce", "reduce_scatter", "all_gather"))
+        algorithm = rng.choice(ALGORITHMS[collective] + ("auto",))
+        dtype, backend, n = rng.choice(list(DTYPES)), rng.choice(BACKENDS), rng.choice(SIZES)
+        if algorithm == "tma":
+            n = -(-n // 16) * 16  # TMA moves whole 16-byte tiles
+        if algorithm == "lamport":
+            n = min(n, LAMPORT_MAX_BYTES // 4)
+        return collective, algorithm, backend, dtype, n, rng.random() < self.args.graph_fraction
+
+    def tensors(self, collective: str, dtype: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input, output) of a call; an all-reduce works in place."""
+        kind = DTYPES[dtype]
+        count = self.world * n if collective == "reduce_scatter" else n
+        t = torch.empty(count, dtype=kind, device="cuda")
+        if collective == "all_reduce":
+            return t, t
+        return t, torch.empty(self.world * n if collective == "all_gather" else n, dtype=kind, device="cuda")
+
+    def launch(self, collective, algorithm, backend, t, out) -> None:
+        c = self.collectives
+        if collective == "all_reduce":
+            c.all_reduce(t, algorithm=algorithm, backend=backend)
+        elif collective == "reduce_scatter":
+            c.reduce_scatter(out, t, algorithm=algorithm, backend=backend)
+        else:
+            c.all_gather(out, t, algorithm=algorithm, backend=backend)
+
+    def want(self, collective: str, dtype: str, count: int, salt: int) -> np.ndarray:
+        ins = [reference.round_to(inputs(r, salt, count), dtype) for r in range(self.world)]
+        if collective == "all_reduce":
+            return reference.all_reduce(ins, dtype)
+        if collective == "reduce_scatter":
+            return reference.reduce_scatter(ins, dtype)[self.rank]
+        return reference.all_gather(ins)
+
+    def call(self, step: int, shape: tuple) -> None:
+        """Run and check one call; a refusal (the same on every rank: every rank drew the same
+        call) is counted and skipped."""
+        try:
+            self._call(step, shape)
+        except self.collectives.CollectiveError as e:
+            if isinstance(e, self.collectives.CollectiveTimeout) or "different sizes" in str(e):
+                raise
+            self.stats["refused"] += 1
+
+    def _call(self, step: int, shape: tuple) -> None:
+        collective, algorithm, backend, dtype, n, graph = shape
+        key = shape[:5]
+        if graph and key in self.graphs:
+            g, source, t, out = self.graphs[key]
+        else:
+            t, out = self.tensors(collective, dtype, n)
+            source = torch.empty_like(t)
+        source.copy_(torch.from_numpy(inputs(self.rank, step, t.numel())).to(t.dtype))
+        if not graph:
+            t.copy_(source)
+            self.launch(collective, algorithm, backend, t, out)
+        else:
+            if key not in self.graphs:
+                def fn() -> None:
+                    t.copy_(source)
+                    self.launch(collective, algorithm, backend, t, out)
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    fn()  # the warm-up: plans, grows and compiles outside the capture
+                torch.cuda.current_stream().wait_stream(side)
+                self.collectives.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    fn()
+                if len(self.graphs) >= GRAPHS:
+                    del self.graphs[next(iter(self.graphs))]
+                self.graphs[key] = (g, source, t, out)
+            g.replay()
+        self.collectives.synchronize()
+        self.stats["graph" if graph else "eager"] += 1
+        got = out.float().cpu().numpy()
+        want = self.want(collective, dtype, t.numel(), step)
+        if not np.array_equal(got, want):
+            bad = int(np.flatnonzero(got != want)[0])
+            raise AssertionError(f"call {step} {shape}: element {bad} is {got[bad]}, not {want[bad]}")
+
+    def mismatch(self, step: int) -> None:
+        """Rank 1 brings 8 more elements (one block and one staging capacity either way)."""
+        n = 512 + 8 * (self.rank == 1)
+        algorithm = self.rng.choice(("one_shot", "two_shot", "lamport", "push"))
+        t = torch.ones(n, dtype=torch.bfloat16, device="cuda")
+        try:
+            self.collectives.all_reduce(t, algorithm=algorithm, backend="peer")
+            self.collectives.synchronize()
+        except self.collectives.CollectiveError as e:
+            if "different sizes" not in str(e):
+                raise
+            self.stats["mismatch"] += 1
+            return
+        raise AssertionError(f"call {step}: a {algorithm} size mismatch raised nothing")
+
+    def run(self) -> int:
+        args, start = self.args, time.monotonic()
+        for step in range(args.calls):
+            if time.monotonic() - start > args.seconds:
+                print(f"rank {self.rank}: out of time after {step} calls", file=sys.stderr)
+                return 2
+            if args.mismatch_every and step % args.mismatch_every == args.mismatch_every - 1:
+                self.mismatch(step)
+            else:
+                self.call(step, self.draw())
+        if self.rank == 0:
+            print(f"soak: {args.calls} calls on {self.world} GPUs in {time.monotonic() - start:.0f}s: {self.stats}")
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m collectives.tools.soak", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=100_000)
+    parser.add_argument("--seconds", type=float, default=3600.0, help="bound of the whole run")
+    parser.add_argument("--seed", type=int, default=0, help="the same on every rank")
+    parser.add_argument("--mismatch-every", type=int, default=97, help="0: none")
+    parser.add_argument("--graph-fraction", type=float, default=0.3)
+    args = parser.parse_args(argv)
+    try:
+        return Soak(args).run()
+    except Exception as e:  # any wrong result or unexpected error fails the run
+        print(f"soak failed: {e!r}", file=sys.stderr)
+        return 1
+    finally:
+        import collectives
+
+        if collectives.current() is not None:
+            torch.cuda.synchronize()
+            collectives.current().close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
