@@ -164,7 +164,8 @@ class Communicator:
             # Local to this GPU and no other rank's state involved: match the counts again
             # and stay usable.
             self._rematch_flags()
-            self._defer(CollectiveTimeout("flag wait", [], self.timeout_s, f"rank {rank}, slot {block} was never posted"))
+            self._defer(CollectiveTimeout("flag wait", [], self.timeout_s,
+                                          f"rank {rank}, slot {block} was never posted"))
         elif status == TIMEOUT:
             missing = [peer] if peer >= 0 else []
             self.failed = CollectiveTimeout("collective", missing, self.timeout_s, where)
@@ -269,8 +270,9 @@ class Communicator:
 
     def agree_growth(self, what: int, nbytes: int) -> None:
         """Before a collective allocation that a call makes (staging slot ``what`` growing to
-        ``nbytes``; ``-element_bytes`` for the Lamport buffers of a width): every rank must make the same one at the same
-        call.  A caller's size mismatch can make some ranks grow and others not: agreed through
+        ``nbytes``; ``-element_bytes`` for the Lamport buffers of a width): every rank must
+        make the same one at the same call.  A caller's size mismatch can make some ranks grow
+        and others not: agreed through
         :meth:`~collectives.symmetric.Context.agree_bounded` (bounded by :attr:`timeout_s`), it
         raises CollectiveError instead of pairing the allocation's collective steps with
         something else or hanging.  The communicator is then lost (a rank that did not grow

@@ -107,7 +107,8 @@ class Model:
                 for q in range(world):
                     for i in range(n):
                         if self.data[r][b][q][i] != (g, q):
-                            raise Hazard(f"rank {r} call {g} read {self.data[r][b][q][i]} from buffer {b} slot {q}[{i}]")
+                            raise Hazard(f"rank {r} call {g} read {self.data[r][b][q][i]} "
+                                         f"from buffer {b} slot {q}[{i}]")
                         self.data[r][b][q][i] = None
                 self.read.add((r, g))
             self.count[r] = rule.next(c)

@@ -49,8 +49,9 @@ class FakeCtx:
 def pool(ctx: FakeCtx | None = None) -> tuple[StagingPool, PlanCache, list[int]]:
     ctx = ctx or FakeCtx()
     plans, forgotten = PlanCache(), []
-    return (StagingPool(ctx, plans, lambda ptr, nbytes: forgotten.append(ptr), lambda slot, n: ctx.log.append(("agree", slot, n))),
-            plans, forgotten)
+    staging = StagingPool(ctx, plans, lambda ptr, nbytes: forgotten.append(ptr),
+                          lambda slot, n: ctx.log.append(("agree", slot, n)))
+    return staging, plans, forgotten
 
 
 def test_plan_cache_evicts_least_recently_used() -> None:

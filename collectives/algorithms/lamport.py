@@ -3,9 +3,10 @@
 Every rank owns three rotating receive buffers per element width (one symmetric allocation,
 ``3 x world`` slots of :data:`~collectives.config.LAMPORT_MAX_BYTES`); call ``s`` of a width
 uses buffer ``s % 3`` (:func:`~collectives.config.lamport_buffer`; the count wraps at
-:data:`~collectives.config.LAMPORT_CALLS`, a multiple of 3, so the rotation holds across the wrap).  A rank sends its canonical input (:mod:`collectives.device.lamport`)
-into its own slot of buffer ``s % 3`` on every rank, polls its own buffer until every slot of
-its elements holds data, reduces in rank order (16-bit floats in f32, fp8 in f16), writes the
+:data:`~collectives.config.LAMPORT_CALLS`, a multiple of 3, so the rotation holds across the
+wrap).  A rank sends its canonical input (:mod:`collectives.device.lamport`) into its own slot
+of buffer ``s % 3`` on every rank, polls its own buffer until every slot of its elements holds
+data, reduces in rank order (16-bit floats in f32, fp8 in f16), writes the
 result and marks the slots empty again.  The slots it empties are written next in call
 ``s + 3``, by a rank that has by then received this rank's data of calls ``s + 1`` and
 ``s + 2``, which this rank sends only after emptying them: clearing never races with writing.
