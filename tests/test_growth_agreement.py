@@ -4,7 +4,6 @@ the fake heap of tests/test_symmetric_host.py)."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import time
 
@@ -15,59 +14,31 @@ torch = pytest.importorskip("torch")
 from collectives.errors import CollectiveError, SymmetricMemoryError  # noqa: E402
 from collectives.staging import STAGING_MIN_BYTES  # noqa: E402
 from fake_comm import FakeComm, FakeHeap  # noqa: E402
+from test_symmetric_host import on_ranks  # noqa: E402
 
 
-def _worker(rank: int, world: int, store: str, q: mp.Queue[object]) -> None:
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    from collectives.symmetric import Context
-    from test_symmetric_host import FakeHeap as Heap, caps
-
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
-    out: list[str] = []
+def _growth(ctx, rank: int, out: list[str]) -> None:
+    ctx.agree_bounded("grow", [3, 2, 1 << 21], 10.0)
+    out.append("agreed")
     try:
-        ctx = Context(heap=Heap(rank), group=None, rank=rank, world_size=world, device=0,
-                      caps=caps(False, world), backend="peer")
-        ctx.agree_bounded("grow", [3, 2, 1 << 21], 10.0)
-        out.append("agreed")
+        ctx.agree_bounded("grow", [4, 2, (1 << 21) << rank], 10.0)  # rank 1 needs more
+        out.append("no error")
+    except SymmetricMemoryError as e:
+        out.append("disagree:" + str(e))
+    start = time.monotonic()
+    if rank == 0:  # only rank 0 grows: rank 1 never comes
         try:
-            ctx.agree_bounded("grow", [4, 2, (1 << 21) << rank], 10.0)  # rank 1 needs more
+            ctx.agree_bounded("grow", [5, 0, 1 << 22], 2.0)
             out.append("no error")
         except SymmetricMemoryError as e:
-            out.append("disagree:" + str(e))
-        start = time.monotonic()
-        if rank == 0:  # only rank 0 grows: rank 1 never comes
-            try:
-                ctx.agree_bounded("grow", [5, 0, 1 << 22], 2.0)
-                out.append("no error")
-            except SymmetricMemoryError as e:
-                out.append(f"missing:{time.monotonic() - start < 10}:" + str(e))
-        a = ctx.empty(64, torch.float32)  # the group's collectives are still paired
-        out.append(f"ok:{a.shape[0]}")
-        ctx.close()
-    except BaseException as e:
-        out.append("unexpected:" + repr(e))
-    finally:
-        q.put((rank, out))
-        dist.destroy_process_group()
+            out.append(f"missing:{time.monotonic() - start < 10}:" + str(e))
+    a = ctx.empty(64, torch.float32)  # the group's collectives are still paired
+    out.append(f"ok:{a.shape[0]}")
+    ctx.close()
 
 
 def test_ranks_that_disagree_on_growth_raise_and_stay_paired(tmp_path: os.PathLike[str]) -> None:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, 2, str(tmp_path) + "/store", q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        results = dict(q.get(timeout=120) for _ in range(2))
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    results = on_ranks(_growth, 2, tmp_path)
     for rank in range(2):
         out = results[rank]
         assert out[0] == "agreed", out

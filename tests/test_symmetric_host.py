@@ -202,7 +202,9 @@ def test_init_outside_torchrun_raises_clearly(monkeypatch: pytest.MonkeyPatch) -
         symmetric.init()
 
 
-def _mismatch_worker(rank: int, world: int, store: str, q: mp.Queue[object]) -> None:
+def _rank_worker(body, rank: int, world: int, store: str, q: mp.Queue[object]) -> None:
+    """One spawned rank: a gloo group over ``store``, a Context on a fake heap, then
+    ``body(ctx, rank, out)``; puts ``(rank, out)`` (an unexpected error as its last entry)."""
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -211,23 +213,8 @@ def _mismatch_worker(rank: int, world: int, store: str, q: mp.Queue[object]) -> 
                             timeout=timedelta(seconds=60))
     out: list[str] = []
     try:
-        ctx = Context(heap=FakeHeap(rank), group=None, rank=rank, world_size=world, device=0,
-                      caps=caps(False, world), backend="peer")
-        try:
-            ctx.empty(128 + rank, torch.uint8)  # sizes differ: every rank must raise
-            out.append("no error")
-        except SymmetricMemoryError as e:
-            out.append("size:" + str(e))
-        a = ctx.empty(64, torch.float32)  # still in lockstep afterwards
-        out.append(f"ok:{a.shape[0]}")
-        b = ctx.empty(8)
-        try:
-            ctx.free(a if rank == 0 else b)  # ranks free different allocations
-            out.append("no error")
-        except SymmetricMemoryError as e:
-            out.append("free:" + str(e))
-        ctx.close()
-        out.append(f"closed:{ctx.heap.finalized}")  # type: ignore[attr-defined]
+        body(Context(heap=FakeHeap(rank), group=None, rank=rank, world_size=world, device=0,
+                     caps=caps(False, world), backend="peer"), rank, out)
     except BaseException as e:
         out.append("unexpected:" + repr(e))
     finally:
@@ -235,20 +222,44 @@ def _mismatch_worker(rank: int, world: int, store: str, q: mp.Queue[object]) -> 
         dist.destroy_process_group()
 
 
-def test_mismatched_sizes_raise_on_every_rank(tmp_path: os.PathLike[str]) -> None:
+def on_ranks(body, world: int, tmp_path: os.PathLike[str]) -> dict[int, list[str]]:
+    """Run the module-level ``body(ctx, rank, out)`` on ``world`` spawned ranks: each rank's ``out``."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    world = 2
-    procs = [ctx.Process(target=_mismatch_worker, args=(r, world, str(tmp_path) + "/store", q)) for r in range(world)]
+    procs = [ctx.Process(target=_rank_worker, args=(body, r, world, str(tmp_path) + "/store", q))
+             for r in range(world)]
     for p in procs:
         p.start()
     try:
-        results = dict(q.get(timeout=120) for _ in range(world))
+        return dict(q.get(timeout=120) for _ in range(world))
     finally:
         for p in procs:
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+
+
+def _mismatch(ctx: Context, rank: int, out: list[str]) -> None:
+    try:
+        ctx.empty(128 + rank, torch.uint8)  # sizes differ: every rank must raise
+        out.append("no error")
+    except SymmetricMemoryError as e:
+        out.append("size:" + str(e))
+    a = ctx.empty(64, torch.float32)  # still in lockstep afterwards
+    out.append(f"ok:{a.shape[0]}")
+    b = ctx.empty(8)
+    try:
+        ctx.free(a if rank == 0 else b)  # ranks free different allocations
+        out.append("no error")
+    except SymmetricMemoryError as e:
+        out.append("free:" + str(e))
+    ctx.close()
+    out.append(f"closed:{ctx.heap.finalized}")  # type: ignore[attr-defined]
+
+
+def test_mismatched_sizes_raise_on_every_rank(tmp_path: os.PathLike[str]) -> None:
+    world = 2
+    results = on_ranks(_mismatch, world, tmp_path)
     for rank in range(world):
         out = results[rank]
         assert out[0].startswith("size:") and "[[128, 0], [129, 0]]" in out[0], out
