@@ -31,6 +31,9 @@ Like the collectives, a call is capturable in a CUDA graph once the same call ra
 
 from __future__ import annotations
 
+import weakref
+from typing import Any
+
 import torch
 
 from .config import VECTOR_BYTES
@@ -45,10 +48,9 @@ MAX_CHUNKS = 8
 #: choice, a quarter of the SMs for TMA); the rest of the GPU stays with the GEMM.
 COMM_BLOCKS: int | None = None
 
-#: The symmetric workspaces by name, of the context they were allocated in (a new context,
-#: after ``close()``, starts afresh: the old heap is gone).
-_WORKSPACE: dict[str, torch.Tensor] = {}
-_WORKSPACE_CTX: list = [None]
+#: The symmetric workspaces of each communicator's context, by name (a context closed and a
+#: new one opened start afresh: the old heap is gone).
+_WORKSPACE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _SIDE: dict[int, torch.cuda.Stream] = {}
 #: The first stream-flag slot of each function's chunks (its chunk ``c`` posts slot base + c).
 _FLAG_BASE = {"gemm_reduce_scatter": 0, "all_gather_gemm": MAX_CHUNKS}
@@ -57,15 +59,13 @@ _FLAG_BASE = {"gemm_reduce_scatter": 0, "all_gather_gemm": MAX_CHUNKS}
 def _workspace(comm: Communicator, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
     """Symmetric buffer ``name`` of at least ``numel`` elements (kept; grown collectively, the
     smaller one freed)."""
-    if _WORKSPACE_CTX[0] is not comm.ctx:
-        _WORKSPACE.clear()
-        _WORKSPACE_CTX[0] = comm.ctx
+    spaces = _WORKSPACE.setdefault(comm.ctx, {})
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
-    current = _WORKSPACE.get(name)
+    current = spaces.get(name)
     if current is None or current.numel() < nbytes:
         if current is not None:  # collective, after every rank's GPU work: heap space is finite
             comm.ctx.free(current)
-        current = _WORKSPACE[name] = comm.ctx.empty(nbytes, torch.uint8)
+        current = spaces[name] = comm.ctx.empty(nbytes, torch.uint8)
     return current[:nbytes].view(dtype)
 
 
@@ -104,19 +104,21 @@ def _algorithm(*tensors: torch.Tensor) -> str:
     return "tma" if ok else "one_shot"
 
 
-def gemm_reduce_scatter(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def gemm_reduce_scatter(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
+                        group: Any = None) -> torch.Tensor:
     """Rows ``[rank * M / W, (rank + 1) * M / W)`` of ``sum over ranks of a @ b`` (``a``: M x K,
-    ``b``: K x N, bf16 or f16, per rank), as an ``(M / W, N)`` tensor (``out`` if given)."""
-    return _gemm_reduce_scatter(a, b, out)
+    ``b``: K x N, bf16 or f16, per rank), as an ``(M / W, N)`` tensor (``out`` if given);
+    ranks, ``W`` and ``rank`` those of ``group`` (as for :func:`collectives.all_reduce`)."""
+    return _gemm_reduce_scatter(a, b, out, group=group)
 
 
-def _gemm_reduce_scatter(a, b, out, timeline: list | None = None) -> torch.Tensor:
+def _gemm_reduce_scatter(a, b, out, timeline: list | None = None, group: Any = None) -> torch.Tensor:
     """``gemm_reduce_scatter``; given ``timeline``, appends ``(kind, chunk, start, end)`` CUDA
     events around each chunk's GEMM and communication.  Chunk ``c``: GEMMs then a post on the
     current stream; a wait then the reduce-scatter on the side stream."""
     from .api import reduce_scatter
 
-    comm = communicator()
+    comm = communicator(group)
     comm.check()
     rows, _, n = _check("gemm_reduce_scatter", comm, a, b)
     world = comm.world
@@ -151,26 +153,27 @@ def _gemm_reduce_scatter(a, b, out, timeline: list | None = None) -> torch.Tenso
         for c, target, p in chunks:
             comm.wait(slot + c)
             marks = _marks(timeline, "comm", c, side)
-            reduce_scatter(target, p.view(-1), algorithm=_algorithm(target, p), max_blocks=COMM_BLOCKS)
+            reduce_scatter(target, p.view(-1), algorithm=_algorithm(target, p), max_blocks=COMM_BLOCKS, group=comm)
             _close(marks, side)
     main.wait_stream(side)
     return out
 
 
-def all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
+                    group: Any = None) -> torch.Tensor:
     """``concat over ranks of a_shard @ b`` (``a_shard``: M_shard x K, ``b``: K x N, bf16 or f16),
-    as a ``(W * M_shard, N)`` tensor (``out`` if given)."""
-    return _all_gather_gemm(a_shard, b, out)
+    as a ``(W * M_shard, N)`` tensor (``out`` if given); ranks those of ``group``."""
+    return _all_gather_gemm(a_shard, b, out, group=group)
 
 
-def _all_gather_gemm(a_shard, b, out, timeline: list | None = None) -> torch.Tensor:
+def _all_gather_gemm(a_shard, b, out, timeline: list | None = None, group: Any = None) -> torch.Tensor:
     """``all_gather_gemm``; ``timeline`` as for :func:`_gemm_reduce_scatter`.  This rank's own
     rows are multiplied first, while the side stream gathers the first chunk of the others'.
     Chunk ``c``: the all-gather then a post on the side stream; a wait then the GEMMs on the
     current stream."""
     from .api import all_gather
 
-    comm = communicator()
+    comm = communicator(group)
     comm.check()
     m, k, n = _check("all_gather_gemm", comm, a_shard, b)
     world, rank = comm.world, comm.rank
@@ -200,7 +203,7 @@ def _all_gather_gemm(a_shard, b, out, timeline: list | None = None) -> torch.Ten
             at += world * (r1 - r0) * k
             marks = _marks(timeline, "comm", c, side)
             src = a_shard[r0:r1].view(-1)
-            all_gather(g.view(-1), src, algorithm=_algorithm(g, src), max_blocks=COMM_BLOCKS)
+            all_gather(g.view(-1), src, algorithm=_algorithm(g, src), max_blocks=COMM_BLOCKS, group=comm)
             _close(marks, side)
             comm.post(slot + c)
             views.append(g)

@@ -402,13 +402,32 @@ def current_stream(device: int) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
-_COMM: Communicator | None = None
+#: Communicators by the symmetric-memory context they sit on (the base one and each sub-group's).
+_COMMS: dict[int, Communicator] = {}
 
 
-def communicator() -> Communicator:
-    """The process's communicator, opening symmetric memory (``collectives.init()``) if needed."""
-    global _COMM
-    ctx = symmetric.current() or symmetric.init()
-    if _COMM is None or _COMM.ctx is not ctx:
-        _COMM = Communicator(ctx)
-    return _COMM
+def communicator(group: Any = None) -> Communicator:
+    """The communicator of ``group``: None (the base context's, opening symmetric memory with
+    ``collectives.init()`` if needed), a ``torch.distributed`` ProcessGroup or a one-dimensional
+    DeviceMesh (its context opened with ``collectives.init(group=...)`` on first use: collective
+    over the group), a context from ``collectives.init``, or a Communicator (itself)."""
+    if group is None:
+        ctx = symmetric.current() or symmetric.init()
+        if ctx.group is not None:
+            raise CollectiveError(
+                "this job spans nodes: symmetric memory covers one node's ranks; pass group= (a group "
+                "within a node) or use collectives.hierarchical for a group spanning nodes")
+    elif isinstance(group, Communicator):
+        ctx = group.ctx
+    elif isinstance(group, symmetric.Context):
+        ctx = group
+    else:
+        ctx = symmetric.init(group=group)
+    if ctx.closed:
+        raise CollectiveError(f"the communicator's context is closed ({ctx!r})")
+    comm = _COMMS.get(id(ctx))
+    if comm is None or comm.ctx is not ctx:
+        for key in [k for k, c in _COMMS.items() if c.ctx.closed]:  # contexts closed since
+            del _COMMS[key]
+        comm = _COMMS[id(ctx)] = Communicator(ctx)
+    return comm
