@@ -232,8 +232,9 @@ class Context:
         if not isinstance(t, torch.Tensor):
             raise SymmetricMemoryError(f"expected a torch.Tensor, got {type(t).__name__}")
         p, n = t.data_ptr(), _extent(t)
-        for a in self._allocs.values():
-            if a.ptr <= p and p + n <= a.ptr + a.nbytes and (n or p < a.ptr + a.nbytes):
+        pool = self.pool.data_ptr() if self.pool is not None else None
+        for a in self._allocs.values():  # (not the sub-group pool: symmetric over its groups only)
+            if a.ptr <= p and p + n <= a.ptr + a.nbytes and (n or p < a.ptr + a.nbytes) and a.ptr != pool:
                 return a, p - a.ptr
         raise SymmetricMemoryError(
             f"tensor at {p:#x} ({n} bytes, {t.device}) is not (entirely) in this context's symmetric heap")
@@ -260,6 +261,16 @@ class Context:
         Each view is a load/store mapping of the peer's memory (``nvshmem_ptr``).
         """
         a, off = self._find(t)
+        return [self._view_like(p, t, off) for p in self._peers(a)]
+
+    def pool_peers(self) -> list[torch.Tensor]:
+        """The sub-group pool (:meth:`reserve`) at every rank (index = rank)."""
+        if self.pool is None:
+            raise SymmetricMemoryError("no sub-group pool was reserved")
+        return self._peers(self._allocs[self.pool.data_ptr()])
+
+    def _peers(self, a: _Alloc) -> list[torch.Tensor]:
+        """Allocation ``a`` at every rank (index = rank), mapped once."""
         if a.peers is None:
             peers = []
             for r in range(self.world_size):
@@ -273,7 +284,7 @@ class Context:
                         f"rank {r}'s buffer is not load/store addressable from rank {self.rank} "
                         f"(no P2P/NVLink mapping): {e}") from e
             a.peers = peers
-        return [self._view_like(p, t, off) for p in a.peers]
+        return a.peers
 
     def peer_pointers(self, t: torch.Tensor, align: int = ALIGN) -> list[int]:
         """Device addresses of ``t`` in every rank's buffer (index = rank), for kernels.
@@ -408,9 +419,10 @@ def init(group: Any = None, *, backend: str = "auto", device: int | None = None,
     members = groups.group_ranks(group)
     if members == _ranks(base):
         return base
-    if backend not in ("auto", "peer"):
-        capability.choose_backend(backend, base.caps)  # an unknown name raises ValueError
+    if backend == "multicast":
         raise MulticastUnavailable("a sub-group communicator has no multicast object; use backend='peer' or 'auto'")
+    if backend not in ("auto", "peer"):
+        raise ValueError(f"backend must be 'auto', 'multicast' or 'peer', not {backend!r}")
     ctx = _GROUPS.get(members)
     if ctx is None or ctx.closed:
         ctx = _GROUPS[members] = _open_group(base, group, members)
@@ -430,7 +442,7 @@ def _open_group(base: Context, group: Any, members: tuple[int, ...]) -> Context:
         raise CollectiveError(
             "no symmetric memory was reserved for sub-groups: open the base context with "
             "collectives.init(group_heap_bytes=N) (or COLLECTIVES_GROUP_HEAP_BYTES=N) on every process first")
-    peers = base.peer_tensors(base.pool)
+    peers = base.pool_peers()
 
     def gather(value: Any) -> list[Any]:
         out: list[Any] = [None] * len(members)
