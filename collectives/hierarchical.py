@@ -184,7 +184,7 @@ def _levels(members: tuple[int, ...], size: int, intra: str) -> Levels:
     # Created by the members alone (use_local_synchronization), each its node's, then its local index's.
     intra_pg = dist.new_group(h.global_ranks(h.intra[node]), use_local_synchronization=True)
     inter_pg = dist.new_group(h.global_ranks(h.inter[local]), use_local_synchronization=True)
-    if intra == "torch":
+    if intra == "torch" or h.local == 1:  # (a communicator needs 2 ranks)
         intra_level: Level = TorchLevel(intra_pg)
     else:
         from .runtime import communicator
