@@ -23,6 +23,7 @@ from collectives.capability import force_multicast_off  # noqa: E402
 force_multicast_off()
 
 import torch.distributed as dist  # noqa: E402
+from gpu_support import small_ints  # noqa: E402
 
 import collectives  # noqa: E402
 from collectives.errors import CollectiveError, MulticastUnavailable  # noqa: E402
@@ -41,12 +42,6 @@ def groups():
     yield world, tp, pairs[RANK // 2], odd
     torch.cuda.synchronize()
     world.close()
-
-
-def ints(n: int, salt: int, dtype: torch.dtype) -> torch.Tensor:
-    """Small integers (sums of 4 are exact in every dtype here)."""
-    i = torch.arange(n, device="cuda")
-    return (((i * 7 + salt * 13) % 17) - 8).to(dtype)
 
 
 def test_contexts_per_group(groups) -> None:
@@ -68,7 +63,7 @@ def test_all_reduce_on_two_pairs_and_the_world_interleaved(groups, dtype, n, alg
     if algorithm == "lamport" and n * torch.empty((), dtype=dtype).element_size() > (1 << 20):
         pytest.skip("over Lamport's size")
     for step in range(3):
-        a, b = ints(n, RANK + step, dtype), ints(n, 3 * RANK + step, dtype)
+        a, b = small_ints(n, RANK + step, dtype), small_ints(n, 3 * RANK + step, dtype)
         want_a, want_b = a.clone(), b.clone()
         dist.all_reduce(want_a, group=pair)
         dist.all_reduce(want_b)
@@ -85,7 +80,7 @@ def test_reduce_scatter_and_all_gather_on_a_pair_with_its_own_symmetric_memory(g
     _, tp, pair, _ = groups
     inp = collectives.empty(2 * n, torch.float32, group=pair)
     assert tp.is_symmetric(inp) and not collectives.current().is_symmetric(inp)
-    inp.copy_(ints(2 * n, RANK, torch.float32))
+    inp.copy_(small_ints(2 * n, RANK, torch.float32))
     out = torch.empty(n, device="cuda")
     want = torch.empty(n, device="cuda")
     dist.reduce_scatter_tensor(want, inp.clone(), group=pair)
@@ -104,7 +99,7 @@ def test_a_pair_tensor_in_a_world_collective_is_staged(groups) -> None:
     the world all-reduce must stage it, not read it in place on every rank."""
     n = 1 << 16
     t = collectives.empty(n, torch.float32, group=groups[2])
-    t.copy_(ints(n, RANK, torch.float32))
+    t.copy_(small_ints(n, RANK, torch.float32))
     want = t.clone()
     dist.all_reduce(want)
     collectives.all_reduce(t, algorithm="two_shot")

@@ -7,11 +7,10 @@ nvshmem is a fake heap (tests/test_symmetric_host.py); the process groups are re
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-from datetime import timedelta
 
 import pytest
+from spawn_support import run_gloo
 
 torch = pytest.importorskip("torch")
 from hypothesis import given, settings  # noqa: E402
@@ -152,117 +151,95 @@ class StubCommunicator:
         raise LookupError(id(self.ctx))
 
 
-def _worker(rank: int, world: int, store: str, q) -> None:
+def _contexts(rank: int, world: int, out: list[str]) -> None:
     import torch.distributed as dist
-    from torch.distributed.device_mesh import init_device_mesh
     from test_symmetric_host import FakeHeap, caps
+    from torch.distributed.device_mesh import init_device_mesh
 
     from collectives import api, runtime, symmetric
 
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
-    out: list[str] = []
+    base = symmetric.Context(heap=FakeHeap(rank), group=None, rank=rank, world_size=world, device=0,
+                             caps=caps(False, world), backend="peer")
+    base.reserve(1 << 16)
+    symmetric._CTX = base
+    assert symmetric.init() is base
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    tp_pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    mine = tp_pairs[rank // 2]
+    odd = dist.new_group([1, 3])
+    tp = symmetric.init(group=mine)
+    out.append(f"tp:{tp.rank}/{tp.world_size}:{tp.backend}")
+    out.append(f"same:{symmetric.init(group=mine) is tp}:{symmetric.init(group=mesh['tp']) is tp}")
+    out.append(f"world_is_base:{symmetric.init(group=dist.group.WORLD) is base}")
+    # Allocations of the TP group: one offset on both members, apart from the base's own.
+    a = tp.empty(100, torch.float32)
+    offset = a.data_ptr() - base.pool.data_ptr()
+    offsets: list = [None] * world
+    dist.all_gather_object(offsets, offset)
+    out.append(f"offsets:{offsets[rank ^ 1] == offset}")
+    peers = tp.peer_pointers(a)
+    out.append(f"peers:{len(peers)}:{peers[tp.rank] == a.data_ptr()}")
+    w = base.empty(100, torch.float32)
+    out.append(f"apart:{not base.is_symmetric(a) and not tp.is_symmetric(w)}")
+    # The odd ranks' group shares ranks 1 and 3's pool with their TP groups: no overlap.
+    if rank % 2:
+        other = symmetric.init(group=odd)
+        b = other.empty(100, torch.float32)
+        out.append(f"odd:{other.rank}:{b.data_ptr() >= a.data_ptr() + 400 or b.data_ptr() + 400 <= a.data_ptr()}"
+                   f":{not other.is_symmetric(a)}")
+    else:
+        try:
+            symmetric.init(group=odd)
+            out.append("odd:no error")
+        except CollectiveError as e:
+            out.append("odd:" + ("not a member" in str(e)).__str__())
     try:
-        base = symmetric.Context(heap=FakeHeap(rank), group=None, rank=rank, world_size=world, device=0,
-                                 caps=caps(False, world), backend="peer")
-        base.reserve(1 << 16)
-        symmetric._CTX = base
-        assert symmetric.init() is base
-        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-        tp_pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
-        mine = tp_pairs[rank // 2]
-        odd = dist.new_group([1, 3])
-        tp = symmetric.init(group=mine)
-        out.append(f"tp:{tp.rank}/{tp.world_size}:{tp.backend}")
-        out.append(f"same:{symmetric.init(group=mine) is tp}:{symmetric.init(group=mesh['tp']) is tp}")
-        out.append(f"world_is_base:{symmetric.init(group=dist.group.WORLD) is base}")
-        # Allocations of the TP group: one offset on both members, apart from the base's own.
-        a = tp.empty(100, torch.float32)
-        offset = a.data_ptr() - base.pool.data_ptr()
-        offsets: list = [None] * world
-        dist.all_gather_object(offsets, offset)
-        out.append(f"offsets:{offsets[rank ^ 1] == offset}")
-        peers = tp.peer_pointers(a)
-        out.append(f"peers:{len(peers)}:{peers[tp.rank] == a.data_ptr()}")
-        w = base.empty(100, torch.float32)
-        out.append(f"apart:{not base.is_symmetric(a) and not tp.is_symmetric(w)}")
-        # The odd ranks' group shares ranks 1 and 3's pool with their TP groups: no overlap.
-        if rank % 2:
-            other = symmetric.init(group=odd)
-            b = other.empty(100, torch.float32)
-            out.append(f"odd:{other.rank}:{b.data_ptr() >= a.data_ptr() + 400 or b.data_ptr() + 400 <= a.data_ptr()}"
-                       f":{not other.is_symmetric(a)}")
-        else:
-            try:
-                symmetric.init(group=odd)
-                out.append("odd:no error")
-            except CollectiveError as e:
-                out.append("odd:" + ("not a member" in str(e)).__str__())
-        try:
-            symmetric.init(group=mine, backend="multicast")
-            out.append("mc:no error")
-        except MulticastUnavailable as e:
-            out.append("mc:" + str("sub-group" in str(e)))
-        try:
-            symmetric.init(group=mesh)
-            out.append("mesh2d:no error")
-        except CollectiveError as e:
-            out.append("mesh2d:" + str("one dimension" in str(e)))
-        try:
-            tp.empty(1 << 20, torch.uint8)
-            out.append("full:no error")
-        except SymmetricMemoryError as e:
-            out.append("full:" + str("free on every member" in str(e)))
-        c = tp.empty(16, torch.uint8)  # still in step after the refusal
-        out.append(f"after_full:{c.numel()}")
-        # Dispatch by group: one communicator per context, whatever names its group.
-        runtime.Communicator = StubCommunicator  # type: ignore[misc]
-        comm = runtime.communicator(mine)
-        same = [runtime.communicator(g) for g in (mesh["tp"], tp, comm)]
-        out.append(f"comm:{comm.ctx is tp}:{all(s is comm for s in same)}:{runtime.communicator() is not comm}")
-        e_ = api.empty(8, torch.float32, group=mesh["tp"])
-        out.append(f"api_empty:{tp.is_symmetric(e_)}")
-        try:
-            api.all_reduce(torch.zeros(4), group=mine)
-        except LookupError as e:
-            out.append(f"api_all_reduce:{e.args[0] == id(tp)}")
-        try:
-            api.barrier(group=None)
-        except LookupError as e:
-            out.append(f"api_barrier:{e.args[0] == id(base)}")
-        used = base.ranges.used
-        tp.close()
-        out.append(f"closed:{base.ranges.used < used}:{symmetric.init(group=mine) is not tp}")
-        try:
-            runtime.communicator(tp)
-            out.append("closed_comm:no error")
-        except CollectiveError as e:
-            out.append("closed_comm:" + str("closed" in str(e)))
-        base.close()
-        out.append(f"base_closed:{all(g.closed for g in [tp]) and not symmetric._GROUPS}")
-    except BaseException as e:  # noqa: BLE001
-        import traceback
-
-        out.append("unexpected:" + repr(e) + traceback.format_exc()[-600:])
-    finally:
-        q.put((rank, out))
-        dist.destroy_process_group()
+        symmetric.init(group=mine, backend="multicast")
+        out.append("mc:no error")
+    except MulticastUnavailable as e:
+        out.append("mc:" + str("sub-group" in str(e)))
+    try:
+        symmetric.init(group=mesh)
+        out.append("mesh2d:no error")
+    except CollectiveError as e:
+        out.append("mesh2d:" + str("one dimension" in str(e)))
+    try:
+        tp.empty(1 << 20, torch.uint8)
+        out.append("full:no error")
+    except SymmetricMemoryError as e:
+        out.append("full:" + str("free on every member" in str(e)))
+    c = tp.empty(16, torch.uint8)  # still in step after the refusal
+    out.append(f"after_full:{c.numel()}")
+    # Dispatch by group: one communicator per context, whatever names its group.
+    runtime.Communicator = StubCommunicator  # type: ignore[misc]
+    comm = runtime.communicator(mine)
+    same = [runtime.communicator(g) for g in (mesh["tp"], tp, comm)]
+    out.append(f"comm:{comm.ctx is tp}:{all(s is comm for s in same)}:{runtime.communicator() is not comm}")
+    e_ = api.empty(8, torch.float32, group=mesh["tp"])
+    out.append(f"api_empty:{tp.is_symmetric(e_)}")
+    try:
+        api.all_reduce(torch.zeros(4), group=mine)
+    except LookupError as e:
+        out.append(f"api_all_reduce:{e.args[0] == id(tp)}")
+    try:
+        api.barrier(group=None)
+    except LookupError as e:
+        out.append(f"api_barrier:{e.args[0] == id(base)}")
+    used = base.ranges.used
+    tp.close()
+    out.append(f"closed:{base.ranges.used < used}:{symmetric.init(group=mine) is not tp}")
+    try:
+        runtime.communicator(tp)
+        out.append("closed_comm:no error")
+    except CollectiveError as e:
+        out.append("closed_comm:" + str("closed" in str(e)))
+    base.close()
+    out.append(f"base_closed:{all(g.closed for g in [tp]) and not symmetric._GROUPS}")
 
 
 def test_group_contexts_over_gloo(tmp_path: os.PathLike[str]) -> None:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
     world = 4
-    procs = [ctx.Process(target=_worker, args=(r, world, str(tmp_path) + "/store", q)) for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        results = dict(q.get(timeout=180) for _ in range(world))
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    results = run_gloo(_contexts, world, tmp_path)
     for rank in range(world):
         out = results[rank]
         expect = [f"tp:{rank % 2}/2:peer", "same:True:True", "world_is_base:True", "offsets:True",

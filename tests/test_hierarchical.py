@@ -8,13 +8,12 @@ at both levels and a forced split of 2 "nodes" of 2.  Both test the composition,
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import threading
-from datetime import timedelta
 
 import numpy as np
 import pytest
+from spawn_support import run_gloo
 
 torch = pytest.importorskip("torch")
 
@@ -272,54 +271,34 @@ def test_blocks_that_do_not_fit_the_group_are_refused() -> None:
 # -- the composition over gloo: 4 processes, 2 forced "nodes" of 2 -----------------------------
 
 
-def _gloo_worker(rank: int, world: int, store: str, q) -> None:
+def _forced_nodes(rank: int, world: int, out: list[str]) -> None:
     import torch.distributed as dist
 
     os.environ["COLLECTIVES_NODE_SIZE"] = "2"
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
-    out: list[str] = []
-    try:
-        lv = hierarchical.levels(None, intra="torch")
-        out.append(f"levels:{lv.intra.size}x{lv.inter.size}")
-        for n in (1, 37, 4096 + 3):
-            x = (torch.arange(n, dtype=torch.float64) * (rank + 1)) % 11 - rank
-            for op, flat_op in (("sum", dist.ReduceOp.SUM), ("min", dist.ReduceOp.MIN)):
-                got, want = x.clone(), x.clone()
-                hierarchical.all_reduce(got, op, intra="torch")
-                dist.all_reduce(want, op=flat_op)
-                out.append(f"ar:{n}:{op}:{torch.equal(got, want)}")
-            m = n
-            inp = torch.arange(world * m, dtype=torch.float64) * (rank + 1)
-            rs, rs_flat = torch.empty(m, dtype=torch.float64), torch.empty(m, dtype=torch.float64)
-            hierarchical.reduce_scatter(rs, inp, intra="torch")
-            dist.reduce_scatter_tensor(rs_flat, inp)
-            out.append(f"rs:{n}:{torch.equal(rs, rs_flat)}")
-            ag, ag_flat = torch.empty(world * m, dtype=torch.float64), torch.empty(world * m, dtype=torch.float64)
-            hierarchical.all_gather(ag, x, intra="torch")
-            dist.all_gather_into_tensor(ag_flat, x)
-            out.append(f"ag:{n}:{torch.equal(ag, ag_flat)}")
-    except BaseException as e:  # noqa: BLE001
-        out.append("unexpected:" + repr(e))
-    finally:
-        q.put((rank, out))
-        dist.destroy_process_group()
+    lv = hierarchical.levels(None, intra="torch")
+    out.append(f"levels:{lv.intra.size}x{lv.inter.size}")
+    for n in (1, 37, 4096 + 3):
+        x = (torch.arange(n, dtype=torch.float64) * (rank + 1)) % 11 - rank
+        for op, flat_op in (("sum", dist.ReduceOp.SUM), ("min", dist.ReduceOp.MIN)):
+            got, want = x.clone(), x.clone()
+            hierarchical.all_reduce(got, op, intra="torch")
+            dist.all_reduce(want, op=flat_op)
+            out.append(f"ar:{n}:{op}:{torch.equal(got, want)}")
+        m = n
+        inp = torch.arange(world * m, dtype=torch.float64) * (rank + 1)
+        rs, rs_flat = torch.empty(m, dtype=torch.float64), torch.empty(m, dtype=torch.float64)
+        hierarchical.reduce_scatter(rs, inp, intra="torch")
+        dist.reduce_scatter_tensor(rs_flat, inp)
+        out.append(f"rs:{n}:{torch.equal(rs, rs_flat)}")
+        ag, ag_flat = torch.empty(world * m, dtype=torch.float64), torch.empty(world * m, dtype=torch.float64)
+        hierarchical.all_gather(ag, x, intra="torch")
+        dist.all_gather_into_tensor(ag_flat, x)
+        out.append(f"ag:{n}:{torch.equal(ag, ag_flat)}")
 
 
 def test_gloo_composition_over_two_forced_nodes_equals_flat(tmp_path) -> None:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
     world = 4
-    procs = [ctx.Process(target=_gloo_worker, args=(r, world, str(tmp_path) + "/store", q)) for r in range(world)]
-    for p in procs:
-        p.start()
-    try:
-        results = dict(q.get(timeout=180) for _ in range(world))
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    results = run_gloo(_forced_nodes, world, tmp_path)
     for rank in range(world):
         out = results[rank]
         assert out[0] == "levels:2x2", out

@@ -23,6 +23,7 @@ from collectives.capability import force_multicast_off  # noqa: E402
 force_multicast_off()
 
 import torch.distributed as dist  # noqa: E402
+from gpu_support import small_ints  # noqa: E402
 
 import collectives  # noqa: E402
 from collectives import hierarchical  # noqa: E402
@@ -42,11 +43,6 @@ def node():
     ctx.close()
 
 
-def ints(n: int, salt: int, dtype: torch.dtype) -> torch.Tensor:
-    i = torch.arange(n, device="cuda")
-    return (((i * 7 + salt * 13) % 17) - 8).to(dtype)
-
-
 def test_the_node_is_the_symmetric_domain(node) -> None:
     assert node.world_size == 2 and node.rank == RANK % 2
     with pytest.raises(CollectiveError, match="spans nodes"):
@@ -60,7 +56,7 @@ def test_the_node_is_the_symmetric_domain(node) -> None:
 @pytest.mark.parametrize("op", ["sum", "max"])
 def test_all_reduce_matches_flat_nccl(node, dtype, n, op) -> None:
     for step in range(2):
-        t = ints(n, RANK + step, dtype)
+        t = small_ints(n, RANK + step, dtype)
         want = t.clone()
         dist.all_reduce(want, op=OPS[op])
         hierarchical.all_reduce(t, op)
@@ -70,7 +66,7 @@ def test_all_reduce_matches_flat_nccl(node, dtype, n, op) -> None:
 
 @pytest.mark.parametrize("m", [1, 999, 1 << 20])
 def test_reduce_scatter_and_all_gather_match_flat_nccl(node, m) -> None:
-    inp = ints(4 * m, RANK, torch.bfloat16)
+    inp = small_ints(4 * m, RANK, torch.bfloat16)
     out, want = torch.empty(m, dtype=torch.bfloat16, device="cuda"), torch.empty(m, dtype=torch.bfloat16, device="cuda")
     hierarchical.reduce_scatter(out, inp)
     dist.reduce_scatter_tensor(want, inp)
