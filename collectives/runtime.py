@@ -404,6 +404,8 @@ def current_stream(device: int) -> int:
 
 #: Communicators by the symmetric-memory context they sit on (the base one and each sub-group's).
 _COMMS: dict[int, Communicator] = {}
+#: The communicator each ProcessGroup / DeviceMesh object named last (a per-call shortcut).
+_BY_GROUP: dict[int, tuple[Any, Communicator]] = {}
 
 
 def communicator(group: Any = None) -> Communicator:
@@ -421,8 +423,13 @@ def communicator(group: Any = None) -> Communicator:
         ctx = group.ctx
     elif isinstance(group, symmetric.Context):
         ctx = group
-    else:
-        ctx = symmetric.init(group=group)
+    else:  # a ProcessGroup or DeviceMesh: the last answer for this very object, if still open
+        hit = _BY_GROUP.get(id(group))
+        if hit is not None and hit[0] is group and not hit[1].ctx.closed:
+            return hit[1]
+        comm = communicator(symmetric.init(group=group))
+        _BY_GROUP[id(group)] = (group, comm)  # (holding the group: its id is not reused)
+        return comm
     if ctx.closed:
         raise CollectiveError(f"the communicator's context is closed ({ctx!r})")
     comm = _COMMS.get(id(ctx))
