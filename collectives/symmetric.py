@@ -418,7 +418,7 @@ def init(group: Any = None, *, backend: str = "auto", device: int | None = None,
         return base
     members = groups.group_ranks(group)
     if members == _ranks(base):
-        return base
+        return _open_base(backend, device, group_heap_bytes)  # (checks the backend asked for)
     if backend == "multicast":
         raise MulticastUnavailable("a sub-group communicator has no multicast object; use backend='peer' or 'auto'")
     if backend not in ("auto", "peer"):
