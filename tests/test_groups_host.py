@@ -225,6 +225,17 @@ def _contexts(rank: int, world: int, out: list[str]) -> None:
         api.barrier(group=None)
     except LookupError as e:
         out.append(f"api_barrier:{e.args[0] == id(base)}")
+    from collectives import overlap
+
+    calls = [lambda: api.reduce_scatter(torch.zeros(2), torch.zeros(4), group=tp),
+             lambda: api.all_gather(torch.zeros(4), torch.zeros(2), group=mesh["tp"]),
+             lambda: overlap.gemm_reduce_scatter(torch.zeros(2, 2), torch.zeros(2, 2), group=mine),
+             lambda: overlap.all_gather_gemm(torch.zeros(2, 2), torch.zeros(2, 2), group=comm)]
+    for call in calls:
+        try:
+            call()
+        except LookupError as e:
+            out.append(f"dispatch:{e.args[0] == id(tp)}")
     used = base.ranges.used
     tp.close()
     out.append(f"closed:{base.ranges.used < used}:{symmetric.init(group=mine) is not tp}")
@@ -246,6 +257,6 @@ def test_group_contexts_over_gloo(tmp_path: os.PathLike[str]) -> None:
                   "peers:2:True", "apart:True",
                   f"odd:{rank // 2}:True:True" if rank % 2 else "odd:True",
                   "mc:True", "mesh2d:True", "full:True", "after_full:16", "comm:True:True:True",
-                  "api_empty:True", "api_all_reduce:True", "api_barrier:True", "closed:True:True",
+                  "api_empty:True", "api_all_reduce:True", "api_barrier:True", *["dispatch:True"] * 4, "closed:True:True",
                   "closed_comm:True", "base_closed:True"]
         assert out == expect, (rank, out)
