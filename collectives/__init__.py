@@ -4,8 +4,10 @@
 kernels of :mod:`collectives.algorithms` (one module per algorithm), built from the device building blocks of
 :mod:`collectives.device` and ptxops.  Host layer: :mod:`collectives.errors`,
 :mod:`collectives.capability` (backend detection: NVLink multicast vs. peer) and
-:mod:`collectives.symmetric` (nvshmem4py heap).  Everything that needs torch and nvshmem4py
-is imported lazily.
+:mod:`collectives.symmetric` (nvshmem4py heap; sub-groups' memory: :mod:`collectives.groups`).
+Every call takes ``group=`` (default: every rank); :mod:`collectives.hierarchical` runs groups
+spanning nodes (our kernels inside a node, NCCL across).  Everything that needs torch and
+nvshmem4py is imported lazily.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ different calls; every rank still makes every call).
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 
@@ -23,23 +24,27 @@ from .errors import CollectiveError
 from .runtime import TORCH_DTYPES, Buffer, Communicator, _capturing, communicator
 
 
-def empty(shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """A tensor in symmetric memory (collective: every rank asks for the same shape)."""
-    return communicator().ctx.empty(shape, dtype)
+def empty(shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32, *, group: Any = None) -> torch.Tensor:
+    """A tensor in ``group``'s symmetric memory (collective over the group: every rank asks for
+    the same shape); zero-copy in that group's collectives.  ``group``, in every function here:
+    None (every rank), a ``torch.distributed`` ProcessGroup or one-dimensional DeviceMesh
+    (its communicator opened on first use: :func:`collectives.init`), a context from
+    ``collectives.init(group=...)`` or a :class:`~collectives.runtime.Communicator`."""
+    return communicator(group).ctx.empty(shape, dtype)
 
 
-def synchronize() -> None:
-    """Wait for this rank's queued collectives and raise any error a kernel recorded
-    (:class:`~collectives.CollectiveTimeout`, size mismatch across ranks)."""
+def synchronize(group: Any = None) -> None:
+    """Wait for this rank's queued collectives and raise any error a kernel of ``group``'s
+    communicator recorded (:class:`~collectives.CollectiveTimeout`, size mismatch across ranks)."""
     torch.cuda.current_stream().synchronize()
-    communicator().check()
+    communicator(group).check()
 
 
-def barrier(backend: str = "auto") -> None:
+def barrier(backend: str = "auto", *, group: Any = None) -> None:
     """A device-side barrier of every rank on the current stream (no host sync; a rank that
     never arrives surfaces as CollectiveTimeout at the next collective or :func:`synchronize`).
     ``backend`` as for :func:`all_reduce`."""
-    comm = communicator()
+    comm = communicator(group)
     comm.poll()
     comm.barrier(backend)
     comm.finish()
@@ -52,6 +57,7 @@ def all_reduce(
     backend: str = "auto",
     *,
     out: torch.Tensor | None = None,
+    group: Any = None,
 ) -> torch.Tensor:
     """Reduce ``t`` across ranks (sum, min or max) in place, or into ``out``; return the result.
 
@@ -63,8 +69,9 @@ def all_reduce(
     (NVLS ``multimem``), ``"peer"`` (NVLink loads/stores), ``"multicast_emulated"`` (the
     multicast kernels with every multimem access emulated by unicast accesses to every rank:
     runs with peer access alone, for testing; never chosen by ``"auto"``), or ``"auto"``.
+    ``group``: the ranks that reduce (see :func:`empty`).
     """
-    comm = communicator()
+    comm = communicator(group)
     comm.poll()
     result = t if out is None else out
     capturing = _capturing()
@@ -181,7 +188,7 @@ def _two_barrier_slot(algorithm: str) -> int:
 
 def reduce_scatter(
     out: torch.Tensor, inp: torch.Tensor, op: str = "sum", algorithm: str = "auto", backend: str = "auto",
-    *, max_blocks: int | None = None,
+    *, max_blocks: int | None = None, group: Any = None,
 ) -> torch.Tensor:
     """``out`` (M elements) = the reduction over ranks of block ``rank`` of ``inp`` (W*M
     elements).  ``algorithm``: ``"one_shot"``, ``"tma"`` (bulk copies on at most a quarter of
@@ -189,8 +196,9 @@ def reduce_scatter(
     from ``inp`` into its owner's receive buffer, no staging copy: ``auto``'s choice for an
     ``inp`` outside symmetric memory) or ``"auto"``; ``backend`` as for all_reduce.
     ``max_blocks`` caps the kernel's thread blocks (to leave SMs to kernels running beside it,
-    as a GEMM does in :func:`collectives.gemm_reduce_scatter`); the same on every rank."""
-    comm = communicator()
+    as a GEMM does in :func:`collectives.gemm_reduce_scatter`); the same on every rank.
+    ``group`` as for :func:`empty` (W: its size; ``rank``: the group rank)."""
+    comm = communicator(group)
     comm.poll()
     capturing = _capturing()
     key = ("reduce_scatter", inp.data_ptr(), inp.numel(), inp.dtype, inp.is_contiguous(),
@@ -246,7 +254,7 @@ def _reduce_scatter_plan(comm: Communicator, out, inp, op, algorithm, backend, c
 
 
 def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", backend: str = "auto",
-               *, max_blocks: int | None = None) -> torch.Tensor:
+               *, max_blocks: int | None = None, group: Any = None) -> torch.Tensor:
     """Block ``r`` of ``out`` (W*M elements) = rank ``r``'s ``inp`` (M elements), on every rank.
 
     Each rank stores its ``inp`` into block ``rank`` of every rank's symmetric buffer (one
@@ -255,8 +263,8 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
     ``algorithm``: ``"one_shot"`` (16-byte vectors, or one element at a time when the tensors
     or M are not 16-byte aligned), ``"tma"`` (bulk copies on at most a quarter of the SMs;
     16-byte aligned tensors and block size) or ``"auto"``; ``backend`` as for all_reduce;
-    ``max_blocks`` as for reduce_scatter."""
-    comm = communicator()
+    ``max_blocks`` and ``group`` as for reduce_scatter."""
+    comm = communicator(group)
     comm.poll()
     key = ("all_gather", inp.data_ptr(), inp.numel(), inp.dtype, inp.is_contiguous(),
            out.data_ptr(), out.numel(), out.dtype, out.is_contiguous(), algorithm, backend, max_blocks)

@@ -33,6 +33,8 @@ freed once a captured graph used them (the collectives' launches under capture p
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .config import VECTOR_BYTES
@@ -96,17 +98,19 @@ def _algorithm(*tensors: torch.Tensor) -> str:
     return "tma" if ok else "one_shot"
 
 
-def gemm_reduce_scatter(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def gemm_reduce_scatter(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
+                        group: Any = None) -> torch.Tensor:
     """Rows ``[rank * M / W, (rank + 1) * M / W)`` of ``sum over ranks of a @ b`` (``a``: M x K,
-    ``b``: K x N, bf16 or f16, per rank), as an ``(M / W, N)`` tensor (``out`` if given)."""
-    return _gemm_reduce_scatter(a, b, out)
+    ``b``: K x N, bf16 or f16, per rank), as an ``(M / W, N)`` tensor (``out`` if given);
+    ranks, ``W`` and ``rank`` those of ``group`` (as for :func:`collectives.all_reduce`)."""
+    return _gemm_reduce_scatter(a, b, out, group=group)
 
 
-def _gemm_reduce_scatter(a, b, out, timeline: list | None = None) -> torch.Tensor:
+def _gemm_reduce_scatter(a, b, out, timeline: list | None = None, group: Any = None) -> torch.Tensor:
     """``gemm_reduce_scatter``; given ``timeline``, appends ``(kind, chunk, start, end)`` CUDA
     events around each chunk's GEMM and communication.  Chunk ``c``: GEMMs then a post on the
     current stream; a wait then the reduce-scatter on the side stream."""
-    comm = communicator()
+    comm = communicator(group)
     with comm.call():
         return _gemm_reduce_scatter_on(comm, a, b, out, timeline)
 
@@ -147,24 +151,25 @@ def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None
         for c, target, p in chunks:
             comm.wait(slot + c)
             marks = _marks(timeline, "comm", c, side)
-            reduce_scatter(target, p.view(-1), algorithm=_algorithm(target, p), max_blocks=COMM_BLOCKS)
+            reduce_scatter(target, p.view(-1), algorithm=_algorithm(target, p), max_blocks=COMM_BLOCKS, group=comm)
             _close(marks, side)
     main.wait_stream(side)
     return out
 
 
-def all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+def all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
+                    group: Any = None) -> torch.Tensor:
     """``concat over ranks of a_shard @ b`` (``a_shard``: M_shard x K, ``b``: K x N, bf16 or f16),
-    as a ``(W * M_shard, N)`` tensor (``out`` if given)."""
-    return _all_gather_gemm(a_shard, b, out)
+    as a ``(W * M_shard, N)`` tensor (``out`` if given); ranks those of ``group``."""
+    return _all_gather_gemm(a_shard, b, out, group=group)
 
 
-def _all_gather_gemm(a_shard, b, out, timeline: list | None = None) -> torch.Tensor:
+def _all_gather_gemm(a_shard, b, out, timeline: list | None = None, group: Any = None) -> torch.Tensor:
     """``all_gather_gemm``; ``timeline`` as for :func:`_gemm_reduce_scatter`.  This rank's own
     rows are multiplied first, while the side stream gathers the first chunk of the others'.
     Chunk ``c``: the all-gather then a post on the side stream; a wait then the GEMMs on the
     current stream."""
-    comm = communicator()
+    comm = communicator(group)
     with comm.call():
         return _all_gather_gemm_on(comm, a_shard, b, out, timeline)
 
@@ -200,7 +205,7 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
             at += world * (r1 - r0) * k
             marks = _marks(timeline, "comm", c, side)
             src = a_shard[r0:r1].view(-1)
-            all_gather(g.view(-1), src, algorithm=_algorithm(g, src), max_blocks=COMM_BLOCKS)
+            all_gather(g.view(-1), src, algorithm=_algorithm(g, src), max_blocks=COMM_BLOCKS, group=comm)
             _close(marks, side)
             comm.post(slot + c)
             views.append(g)

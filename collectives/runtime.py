@@ -482,13 +482,39 @@ def current_stream(device: int) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
-_COMM: Communicator | None = None
+#: Communicators by the symmetric-memory context they sit on (the base one and each sub-group's).
+_COMMS: dict[int, Communicator] = {}
+#: The communicator each ProcessGroup / DeviceMesh object named last (a per-call shortcut).
+_BY_GROUP: dict[int, tuple[Any, Communicator]] = {}
 
 
-def communicator() -> Communicator:
-    """The process's communicator, opening symmetric memory (``collectives.init()``) if needed."""
-    global _COMM
-    ctx = symmetric.current() or symmetric.init()
-    if _COMM is None or _COMM.ctx is not ctx:
-        _COMM = Communicator(ctx)
-    return _COMM
+def communicator(group: Any = None) -> Communicator:
+    """The communicator of ``group``: None (the base context's, opening symmetric memory with
+    ``collectives.init()`` if needed), a ``torch.distributed`` ProcessGroup or a one-dimensional
+    DeviceMesh (its context opened with ``collectives.init(group=...)`` on first use: collective
+    over the group), a context from ``collectives.init``, or a Communicator (itself)."""
+    if group is None:
+        ctx = symmetric.current() or symmetric.init()
+        if ctx.group is not None:
+            raise CollectiveError(
+                "this job spans nodes: symmetric memory covers one node's ranks; pass group= (a group "
+                "within a node) or use collectives.hierarchical for a group spanning nodes")
+    elif isinstance(group, Communicator):
+        ctx = group.ctx
+    elif isinstance(group, symmetric.Context):
+        ctx = group
+    else:  # a ProcessGroup or DeviceMesh: the last answer for this very object, if still open
+        hit = _BY_GROUP.get(id(group))
+        if hit is not None and hit[0] is group and not hit[1].ctx.closed:
+            return hit[1]
+        comm = communicator(symmetric.init(group=group))
+        _BY_GROUP[id(group)] = (group, comm)  # (holding the group: its id is not reused)
+        return comm
+    if ctx.closed:
+        raise CollectiveError(f"the communicator's context is closed ({ctx!r})")
+    comm = _COMMS.get(id(ctx))
+    if comm is None or comm.ctx is not ctx:
+        for key in [k for k, c in _COMMS.items() if c.ctx.closed]:  # contexts closed since
+            del _COMMS[key]
+        comm = _COMMS[id(ctx)] = Communicator(ctx)
+    return comm

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from . import capability
+from . import capability, groups
 from .capability import Backend, Capabilities
 from .errors import CollectiveError, MulticastUnavailable, SymmetricMemoryError
 
@@ -37,6 +37,8 @@ ALIGN = 16
 """Byte alignment guaranteed for every allocation and required by :meth:`Context.peer_pointers`."""
 
 _CTX: Context | None = None
+#: Open sub-group contexts by their members' global ranks (:func:`init` with a group).
+_GROUPS: dict[tuple[int, ...], Context] = {}
 
 
 class Heap(Protocol):
@@ -139,6 +141,17 @@ class Context:
         self._seq = 0
         self._bounded = 0  # agree_bounded calls so far
         self.closed = False
+        # The sub-group pool (base context only, :meth:`reserve`) and this rank's free ranges of it.
+        self.pool: torch.Tensor | None = None
+        self.ranges = groups.Ranges(0)
+
+    def reserve(self, nbytes: int) -> None:
+        """Reserve ``nbytes`` (rounded down to :data:`ALIGN`) of symmetric memory that
+        sub-group contexts allocate in (collective; once, at start; 0 reserves nothing)."""
+        nbytes -= nbytes % ALIGN
+        if nbytes:
+            self.pool = self.empty(nbytes, torch.uint8)
+            self.ranges = groups.Ranges(nbytes)
 
     # ---- collective agreement -------------------------------------------------------
     def _agree(self, what: str, values: Sequence[int]) -> None:
@@ -245,8 +258,9 @@ class Context:
         if not isinstance(t, torch.Tensor):
             raise SymmetricMemoryError(f"expected a torch.Tensor, got {type(t).__name__}")
         p, n = t.data_ptr(), _extent(t)
-        for a in self._allocs.values():
-            if a.ptr <= p and p + n <= a.ptr + a.nbytes and (n or p < a.ptr + a.nbytes):
+        pool = self.pool.data_ptr() if self.pool is not None else None
+        for a in self._allocs.values():  # (not the sub-group pool: symmetric over its groups only)
+            if a.ptr <= p and p + n <= a.ptr + a.nbytes and (n or p < a.ptr + a.nbytes) and a.ptr != pool:
                 return a, p - a.ptr
         raise SymmetricMemoryError(
             f"tensor at {p:#x} ({n} bytes, {t.device}) is not (entirely) in this context's symmetric heap")
@@ -273,6 +287,16 @@ class Context:
         Each view is a load/store mapping of the peer's memory (``nvshmem_ptr``).
         """
         a, off = self._find(t)
+        return [self._view_like(p, t, off) for p in self._peers(a)]
+
+    def pool_peers(self) -> list[torch.Tensor]:
+        """The sub-group pool (:meth:`reserve`) at every rank (index = rank)."""
+        if self.pool is None:
+            raise SymmetricMemoryError("no sub-group pool was reserved")
+        return self._peers(self._allocs[self.pool.data_ptr()])
+
+    def _peers(self, a: _Alloc) -> list[torch.Tensor]:
+        """Allocation ``a`` at every rank (index = rank), mapped once."""
         if a.peers is None:
             peers = []
             for r in range(self.world_size):
@@ -286,7 +310,7 @@ class Context:
                         f"rank {r}'s buffer is not load/store addressable from rank {self.rank} "
                         f"(no P2P/NVLink mapping): {e}") from e
             a.peers = peers
-        return [self._view_like(p, t, off) for p in a.peers]
+        return a.peers
 
     def peer_pointers(self, t: torch.Tensor, align: int = ALIGN) -> list[int]:
         """Device addresses of ``t`` in every rank's buffer (index = rank), for kernels.
@@ -342,8 +366,14 @@ class Context:
             self.heap.finalize()
         finally:
             self.closed = True
-            if _CTX is self:
+            if _CTX is self:  # every sub-group context lived in its pool: gone with it
                 _CTX = None
+                for sub in _GROUPS.values():
+                    sub.closed = True
+                    sub._allocs.clear()
+                _GROUPS.clear()
+            for members in [m for m, c in _GROUPS.items() if c is self]:
+                del _GROUPS[members]
             if self._owns_group and dist.is_initialized():
                 dist.destroy_process_group()
 
@@ -382,24 +412,85 @@ def _topology(group: Any, device: int, world_size: int) -> tuple[list[int], list
     return peers, problems
 
 
-def init(group: Any = None, *, backend: str = "auto", device: int | None = None) -> Context:
-    """Open (or return the open) symmetric-memory context over ``group`` (collective).
+def init(group: Any = None, *, backend: str = "auto", device: int | None = None,
+         group_heap_bytes: int | None = None) -> Context:
+    """Open (or return the open) symmetric-memory context of ``group`` (collective).
 
-    Initializes ``torch.distributed`` from the torchrun environment if needed (and then
-    tears it down in :meth:`Context.close`), binds ``device`` (default ``LOCAL_RANK``),
-    probes and agrees on capabilities, picks the backend with
-    :func:`capability.choose_backend`, and starts nvshmem with a uid broadcast from rank 0.
+    Without ``group``: the base context, the NVSHMEM job of every process of this NVLink
+    domain (every process, or this node's when the job spans nodes: :mod:`collectives.topology`);
+    collective over every process.  It initializes ``torch.distributed`` from the torchrun
+    environment if needed (and then tears it down in :meth:`Context.close`), binds ``device``
+    (default ``LOCAL_RANK``), probes and agrees on capabilities, picks the backend with
+    :func:`capability.choose_backend`, starts nvshmem with a uid broadcast from rank 0, and
+    reserves ``group_heap_bytes`` (default ``COLLECTIVES_GROUP_HEAP_BYTES`` or
+    :data:`~collectives.groups.GROUP_HEAP_BYTES`; none where no sub-group of 2 is possible) of
+    symmetric memory for sub-groups.
+
+    With ``group`` (a ``torch.distributed`` ProcessGroup or a one-dimensional DeviceMesh) of
+    fewer ranks: that group's context (collective over its members; the base context is opened
+    first if it is not, which every process must then join), on the peer backend, its rank the
+    group rank, its allocations in the members' shares of the reserved pool
+    (:mod:`collectives.groups`).  Contexts are kept per group (by global ranks): asking again
+    returns the same one.
 
     Raises:
-        MulticastUnavailable: ``backend="multicast"`` but multicast is unavailable.
-        CollectiveError: no usable backend, or a context with another backend is open.
+        MulticastUnavailable: ``backend="multicast"`` but multicast is unavailable (always on
+            a sub-group).
+        CollectiveError: no usable backend, a context with another backend is open, or a group
+            this process is not in, or that reaches outside this domain.
     """
+    base = _open_base(backend if group is None else None, device, group_heap_bytes)
+    if group is None:
+        return base
+    members = groups.group_ranks(group)
+    if members == _ranks(base):
+        return _open_base(backend, device, group_heap_bytes)  # (checks the backend asked for)
+    if backend == "multicast":
+        raise MulticastUnavailable("a sub-group communicator has no multicast object; use backend='peer' or 'auto'")
+    if backend not in ("auto", "peer"):
+        raise ValueError(f"backend must be 'auto', 'multicast' or 'peer', not {backend!r}")
+    ctx = _GROUPS.get(members)
+    if ctx is None or ctx.closed:
+        ctx = _GROUPS[members] = _open_group(base, group, members)
+    return ctx
+
+
+def _ranks(ctx: Context) -> tuple[int, ...]:
+    """The global ranks of ``ctx``'s group, in rank order."""
+    return tuple(dist.get_process_group_ranks(ctx.group)) if ctx.group is not None else tuple(range(ctx.world_size))
+
+
+def _open_group(base: Context, group: Any, members: tuple[int, ...]) -> Context:
+    """A sub-group context on the base context's pool (collective over ``members``)."""
+    group = groups.process_group(group)
+    pes = groups.pe_map(members, _ranks(base), dist.get_rank())
+    if base.pool is None:
+        raise CollectiveError(
+            "no symmetric memory was reserved for sub-groups: open the base context with "
+            "collectives.init(group_heap_bytes=N) (or COLLECTIVES_GROUP_HEAP_BYTES=N) on every process first")
+    peers = base.pool_peers()
+
+    def gather(value: Any) -> list[Any]:
+        out: list[Any] = [None] * len(members)
+        dist.all_gather_object(out, value, group=group)
+        return out
+
+    heap = groups.PoolHeap(base.pool, [peers[p] for p in pes], base.ranges, gather, base.heap.synchronize)
+    caps = dataclasses.replace(base.caps, world_size=len(members), multicast=False,
+                               multicast_reason="sub-group communicator (peer backend only)")
+    return Context(heap=heap, group=group, rank=dist.get_rank(group), world_size=len(members),
+                   device=base.device, caps=caps, backend="peer")
+
+
+def _open_base(backend: str | None, device: int | None, group_heap_bytes: int | None) -> Context:
+    """The base context (the one NVSHMEM job), opened if needed (collective over every
+    process); ``backend`` None: any open one will do, else it must be the open one's."""
     global _CTX
     if _CTX is not None and not _CTX.closed:
-        chosen = capability.choose_backend(backend, _CTX.caps)
-        if chosen != _CTX.backend or (group is not None and group is not _CTX.group):
+        if backend is not None and capability.choose_backend(backend, _CTX.caps) != _CTX.backend:
             raise CollectiveError(f"a context is already open ({_CTX!r}); close() it first")
         return _CTX
+    backend = backend or "auto"
 
     owns = False
     if not dist.is_initialized():
@@ -410,11 +501,12 @@ def init(group: Any = None, *, backend: str = "auto", device: int | None = None)
         torch.cuda.set_device(device)
         dist.init_process_group(backend="cpu:gloo,cuda:nccl")
         owns = True
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
-    if device is None:
-        device = int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1)))
-    torch.cuda.set_device(device)
     try:
+        group = _domain_group()
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
+        if device is None:
+            device = int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1)))
+        torch.cuda.set_device(device)
         peers, problems = _topology(group, device, world)
         caps = capability.probe(device, world, peers)
         if problems:
@@ -430,13 +522,45 @@ def init(group: Any = None, *, backend: str = "auto", device: int | None = None)
         if owns:
             dist.destroy_process_group()
         raise
-    _CTX = Context(heap=heap, group=group, rank=rank, world_size=world, device=device,
-                   caps=caps, backend=chosen, owns_group=owns)
+    ctx = Context(heap=heap, group=group, rank=rank, world_size=world, device=device,
+                  caps=caps, backend=chosen, owns_group=owns)
+    ctx.reserve(_group_heap_bytes(group_heap_bytes, world))
+    _CTX = ctx
     return _CTX
 
 
+def _group_heap_bytes(requested: int | None, world: int) -> int:
+    """Bytes of the sub-group pool: ``requested``, else ``COLLECTIVES_GROUP_HEAP_BYTES``, else
+    :data:`~collectives.groups.GROUP_HEAP_BYTES` where a proper sub-group of 2 exists."""
+    if requested is None:
+        env = os.environ.get("COLLECTIVES_GROUP_HEAP_BYTES")
+        requested = int(env) if env else (groups.GROUP_HEAP_BYTES if world > 2 else 0)
+    if requested < 0:
+        raise CollectiveError(f"group_heap_bytes must be >= 0, not {requested}")
+    return requested
+
+
+def _domain_group() -> Any:
+    """The group the NVSHMEM job spans: every process (None) when all share a node, else this
+    node's (:func:`collectives.topology.node_size`; creating every node's group: collective)."""
+    from . import topology
+
+    world = dist.get_world_size()
+    size = topology.node_size(world, hosts=lambda: _all_hosts(world))
+    if size == world:
+        return None
+    nodes = [dist.new_group(list(range(n * size, (n + 1) * size))) for n in range(world // size)]
+    return nodes[dist.get_rank() // size]
+
+
+def _all_hosts(world: int) -> list[str]:
+    hosts: list[Any] = [None] * world
+    dist.all_gather_object(hosts, socket.gethostname())
+    return hosts
+
+
 def current() -> Context | None:
-    """The open context, if any."""
+    """The open base context, if any."""
     return _CTX if _CTX is not None and not _CTX.closed else None
 
 

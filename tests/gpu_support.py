@@ -72,6 +72,15 @@ def compile_for_device(launcher: Any, *args: Any) -> Any:
     return cute.compile[cute.GPUArch(device_arch())](launcher, *args)
 
 
+def small_ints(n: int, salt: int, dtype: Any) -> Any:
+    """``n`` small integers on the current GPU in a torch ``dtype`` (sums of a few ranks' values
+    are exact in every float dtype, whatever the order: results compare bit for bit with NCCL)."""
+    import torch
+
+    i = torch.arange(n, device="cuda")
+    return (((i * 7 + salt * 13) % 17) - 8).to(dtype)
+
+
 def sm_count() -> int:
     import torch
 

@@ -29,12 +29,14 @@ def seeded():
     from collectives import runtime, symmetric
     from collectives.config import LAMPORT_CALLS
 
+    ctx = symmetric.current() or symmetric.init()
+    runtime._COMMS.pop(id(ctx), None)  # a fresh communicator reads the seed
     os.environ[runtime.SEED_CALL_ENV] = str(LAMPORT_CALLS - 4)
     try:
-        runtime._COMM = runtime.Communicator(symmetric.current() or symmetric.init())
+        comm = runtime.communicator()
     finally:
         del os.environ[runtime.SEED_CALL_ENV]
-    yield runtime._COMM
+    yield comm
     torch.cuda.synchronize()
     collectives.current().close()
 
