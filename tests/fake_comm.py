@@ -130,8 +130,8 @@ def install(monkeypatch, comm: FakeComm, capturing: list[bool]) -> None:
     """Make the API use ``comm``, and CUDA-graph capture be on while ``capturing[0]``."""
     from collectives import api, overlap, runtime
 
-    monkeypatch.setattr(api, "communicator", lambda: comm)
-    monkeypatch.setattr(overlap, "communicator", lambda: comm)
+    monkeypatch.setattr(api, "communicator", lambda group=None: comm)
+    monkeypatch.setattr(overlap, "communicator", lambda group=None: comm)
     monkeypatch.setattr(api, "_capturing", lambda: capturing[0])
     monkeypatch.setattr(runtime, "_capturing", lambda: capturing[0])
     monkeypatch.setattr(runtime, "current_stream", lambda device: 0)

@@ -142,13 +142,16 @@ def test_pe_map_and_its_refusals() -> None:
 
 
 class StubCommunicator:
-    """Stands in for runtime.Communicator (which needs a GPU): its check() names its context."""
+    """Stands in for runtime.Communicator (which needs a GPU): the first method an API call uses
+    (check, poll, or call for the GEMM overlap) names its context."""
 
     def __init__(self, ctx) -> None:
         self.ctx = ctx
 
     def check(self) -> None:
         raise LookupError(id(self.ctx))
+
+    poll = call = check
 
 
 def _contexts(rank: int, world: int, out: list[str]) -> None:
