@@ -85,6 +85,10 @@ def emit_form(inst: Instruction, gptr, sptr, pointers: dict | None = None) -> No
         ptxops.mapa(sptr if space else gptr, 1, space=space, type=common["type"])
     elif inst.family == "nanosleep":
         ptxops.nanosleep(100)
+    elif inst.family == "griddepcontrol.launch_dependents":
+        ptxops.griddepcontrol_launch_dependents()
+    elif inst.family == "griddepcontrol.wait":
+        ptxops.griddepcontrol_wait()
     elif inst.family == "cp.async.bulk.commit_group":
         ptxops.cp_async_bulk_commit_group()
     elif inst.family == "cp.async.bulk.wait_group":

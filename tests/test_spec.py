@@ -223,6 +223,11 @@ GOLDEN = [
     ),
     (("mapa", dict(type="u64")), "mapa.u64", "mapa.u64 $0, $1, $2;", "=l,l,r,~{memory}"),
     (("nanosleep", {}), "nanosleep.u32", "nanosleep.u32 $0;", "r,~{memory}"),
+    (
+        ("griddepcontrol.launch_dependents", {}),
+        "griddepcontrol.launch_dependents", "griddepcontrol.launch_dependents;", "~{memory}",
+    ),
+    (("griddepcontrol.wait", {}), "griddepcontrol.wait", "griddepcontrol.wait;", "~{memory}"),
 ]
 
 

@@ -6,6 +6,7 @@ from .bulk import (
 )
 from .cluster import mapa, red_async, st_async
 from .fence import fence
+from .griddepcontrol import griddepcontrol_launch_dependents, griddepcontrol_wait
 from .mbarrier import mbarrier_arrive, mbarrier_init, mbarrier_try_wait
 from .memory import ld, ld_acquire, st, st_release
 from .multimem import multimem_ld_reduce, multimem_red, multimem_st
@@ -13,7 +14,8 @@ from .nanosleep import nanosleep
 
 __all__ = [
     "atom", "atom_add", "atom_cas", "atom_exch", "cp_async_bulk", "cp_async_bulk_commit_group",
-    "cp_async_bulk_wait_group", "cp_reduce_async_bulk", "fence", "ld", "ld_acquire", "mapa",
+    "cp_async_bulk_wait_group", "cp_reduce_async_bulk", "fence", "griddepcontrol_launch_dependents",
+    "griddepcontrol_wait", "ld", "ld_acquire", "mapa",
     "mbarrier_arrive", "mbarrier_init", "mbarrier_try_wait", "multimem_ld_reduce", "multimem_red",
     "multimem_st", "nanosleep", "red", "red_async", "st", "st_async", "st_release",
 ]
