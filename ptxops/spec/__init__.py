@@ -11,7 +11,8 @@ from collections.abc import Iterator
 from ..errors import QualifierError
 from ..render import Instruction, render
 from . import (
-    atomics, bulk, cluster, fence, griddepcontrol, mbarrier, memory, multimem, nanosleep,
+    atomics, bulk, cluster, clusterlaunchcontrol, elect, fence, griddepcontrol, mbarrier, membar,
+    memory, multimem, nanosleep, prefetch, st_bulk,
 )
 from .engine import Family, Qualifier, Rule, Value
 from .targets import DEFAULT_TARGET, TARGETS
@@ -21,7 +22,8 @@ FAMILIES: dict[str, Family] = {
     for f in (
         *multimem.FAMILIES, *atomics.FAMILIES, *memory.FAMILIES, *fence.FAMILIES,
         *bulk.FAMILIES, *mbarrier.FAMILIES, *cluster.FAMILIES, *nanosleep.FAMILIES,
-        *griddepcontrol.FAMILIES,
+        *griddepcontrol.FAMILIES, *membar.FAMILIES, *elect.FAMILIES, *prefetch.FAMILIES,
+        *st_bulk.FAMILIES, *clusterlaunchcontrol.FAMILIES,
     )
 }
 
