@@ -142,7 +142,8 @@ def _stream_arg():
 
 
 def test_kernels_compile_for_hopper() -> None:
-    elect = opcodes(compile_ptx(make_elect_launcher(), global_tensor(n=32 * WARPS * ELECT_SLOTS), _stream_arg()))
+    table = global_tensor(n=32 * WARPS * ELECT_SLOTS)
+    elect = opcodes(compile_ptx(make_elect_launcher(), table, _stream_arg()))
     assert elect["elect.sync"] == 2
     membar = opcodes(compile_ptx(make_membar_launcher(), global_tensor(n=MEMBAR_WORDS), _stream_arg()))
     assert membar["membar.gl"] == 3 and membar["membar.sys"] == 1
