@@ -68,6 +68,7 @@ PREFETCH = Family(
             "tensor map's generic address instead).",
             when={"space": PARAM},
             allow={"space": ()},
+            ptxas_enforced=False,
             wrapped=False,
         ),
     ),
