@@ -266,15 +266,16 @@ def wait_peers(
         epoch = Uint32(seen & Uint64(0xFFFFFFFF))
         if cutlass.const_expr(alias):
             ptxops.fence(proxy="alias")
+        status = Int32(0)
         if not reached(epoch, want) and other:
-            ok = Boolean(False)
-            record_error(err, Int32(SIZE_MISMATCH), which, tidx, block, rank)
+            status = Int32(SIZE_MISMATCH)
         elif not reached(epoch, want) or not in_call(epoch, calls):
-            ok = Boolean(False)
-            record_error(err, Int32(TIMEOUT), which, tidx, block, rank)
+            status = Int32(TIMEOUT)
         elif Uint32(seen >> 32) != size:
+            status = Int32(SIZE_MISMATCH)
+        if status != 0:
             ok = Boolean(False)
-            record_error(err, Int32(SIZE_MISMATCH), which, tidx, block, rank)
+            record_error(err, status, which, tidx, block, rank)
     return ok
 
 
