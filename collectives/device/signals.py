@@ -212,12 +212,14 @@ def signal_multicast(
     sync: cutlass.Constexpr = True,
 ) -> None:
     """:func:`signal_peers` through the pad's multicast address: thread 0 gives our arrival
-    word on every rank one ``multimem.st.release.sys`` of ``size << 32 | epoch``."""
+    word on every rank one ``multimem.st.release.sys`` of ``size << 32 | epoch``, then a
+    ``fence.proxy.alias``: our own word is polled next through the unicast address."""
     if cutlass.const_expr(sync):
         cute.arch.sync_threads()
     if cute.arch.thread_idx()[0] == 0:
         word = (Uint64(size) << 32) | Uint64(epoch)
         ptxops.multimem_st(arrival_word(mc_pad, calls, block, rank, world), word, sem="release", scope="sys")
+        ptxops.fence(proxy="alias")
 
 
 @cute.jit
