@@ -319,3 +319,12 @@ def test_flag_kernels_post_with_release_and_wait_with_acquire_at_gpu_scope() -> 
     assert {op for op in found if ".sys." in op} == {"atom.relaxed.sys.global.cas.b32", "st.relaxed.sys.global.b32",
                                                      "st.release.sys.global.b32"}
     assert not {op for op in found if op.startswith(("red", "ld.acquire.sys"))}
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter"])
+def test_tma_block_that_timed_out_waits_for_its_bulk_loads(collective: str) -> None:
+    """A TMA stage that missed its deadline: the block waits (bounded) for that stage and the
+    ones issued after it before exiting, so no bulk load writes into shared memory after the
+    block has gone: the pipeline's wait (first try and loop) and the drain's."""
+    ptx = kernel_ptx(KernelKey(collective, "tma", "peer", "bf16", 2, stage_in=True), "sm_90a")
+    assert ptx.count("mbarrier.try_wait.parity.shared::cta.b64") == 4, ptx.count("mbarrier.try_wait")
