@@ -18,26 +18,10 @@ force_multicast_off()
 
 pytestmark = pytest.mark.multigpu
 torch = pytest.importorskip("torch")
+from test_collectives_gpu import backend, comm  # noqa: E402,F401  (the fixtures: both backends, the communicator)
 
 #: One-shot f32: 2048 elements take one block, 2056 two (the issue's example).
 ONE_BLOCK, TWO_BLOCKS = 2048, 2056
-
-
-@pytest.fixture(params=["peer", "multicast_emulated"])
-def backend(request) -> str:
-    return request.param
-
-
-@pytest.fixture(scope="module")
-def comm():
-    import collectives
-    from collectives.runtime import communicator
-
-    c = communicator()
-    assert c.ctx.backend == "peer", "multicast must stay off on these machines"
-    yield c
-    torch.cuda.synchronize()
-    collectives.current().close()
 
 
 def call_and_check(comm, t: torch.Tensor, i: int, backend: str, algorithm: str) -> None:
