@@ -99,6 +99,9 @@ def lamport_cleanup_call(call):
 #: TMA kernels: shared memory their pipeline may use, and its stages.
 TMA_SMEM_BYTES = 192 << 10
 TMA_STAGES = 4
+#: Nanoseconds a TMA block whose stage missed its deadline still waits for the bulk loads it
+#: issued (they write into its shared memory) before it exits.
+TMA_DRAIN_NS = 10**9
 
 
 def ceil_div(a, b):
@@ -119,10 +122,31 @@ def push_slice_elements(n, world: int, vec: int):
 #: rounds), so that a call's signals fit a fixed range of :data:`PUSH_EPOCHS` epochs.
 PUSH_ROUND_STRIDES = 2
 PUSH_MAX_ROUNDS = 32
-#: Epochs every pipelined push call advances each block's count by, whatever its size: the
-#: most signals a call emits (:func:`push_events`).  A fixed range keeps every rank's epochs
-#: equal after a call whose sizes differed across ranks (each rank's rounds then differ).
+#: The most signals a block of a pipelined push emits in a call (:func:`push_events`).
 PUSH_EPOCHS = PUSH_MAX_ROUNDS + 1
+#: Epochs every collective call takes, whatever its collective, algorithm, size or grid: a
+#: rank's pad holds its count of calls ``C`` (a multiple of this, see :func:`call_parity`) and a
+#: call's blocks signal epochs ``C + 1`` up to :func:`call_last`; then ``C`` grows by this.  A
+#: fixed step per call keeps every rank's ``C`` equal after a call whose sizes, and so grids,
+#: rounds or algorithms, differed across ranks.  A power of two above :data:`PUSH_EPOCHS`, so
+#: that ``C / CALL_EPOCHS`` alternates in parity across the 2^32 wrap (2^32 is a multiple of
+#: twice it).
+CALL_EPOCHS = 64
+assert CALL_EPOCHS > PUSH_EPOCHS and CALL_EPOCHS & (CALL_EPOCHS - 1) == 0
+
+
+def call_parity(calls):
+    """Which of the two arrival slots the call at count ``calls`` signals into (0 or 1):
+    consecutive calls alternate, so a rank's words of a call stay readable until every rank
+    has left it (a rank starts call ``C + 2 * CALL_EPOCHS`` only after every rank entered the
+    call between).  Python or CuTeDSL (a uint32 count), like :func:`ceil_div`."""
+    return calls // CALL_EPOCHS % 2
+
+
+def call_last(calls):
+    """The last epoch of the call at count ``calls`` (which every signal of the call reaches at
+    most): ``calls + CALL_EPOCHS - 1``, to be taken modulo 2^32 (the kernel's uint32 wraps)."""
+    return calls + (CALL_EPOCHS - 1)
 
 
 def push_round_strides(strides):
@@ -244,33 +268,31 @@ class KernelKey:
 class PadLayout:
     """Word offsets in each rank's signal pad (uint32, symmetric, zeroed once, never reset).
 
-    ``arrival(block, src)`` is the first word of a 64-bit slot that rank ``src`` writes
-    (peer barriers: ``size << 32 | epoch`` in one store), ``counter(block)`` is
-    incremented by every rank through multicast, ``size(block, src)`` is the element count rank
-    ``src`` brought to its last multicast barrier (checked against ours), ``epoch(block)`` is this rank's
-    own count of barriers passed by ``block``.  Epochs only grow; comparisons are wrap-safe.
+    ``arrival(parity, block, src)`` is the first word of the 64-bit slot that rank ``src``'s
+    block ``block`` writes in calls of that :func:`call_parity` (``size << 32 | epoch`` in one
+    store, through every peer's pad or the multicast address); ``calls`` is this rank's count
+    of collective calls (:data:`CALL_EPOCHS` per call), ``tickets`` counts the blocks of the
+    running call that have read it.  Epochs only grow; comparisons are wrap-safe.
     """
 
     max_blocks: int = 1024
     world: int = MAX_WORLD
 
-    def arrival(self, block: int, src: int) -> int:
-        return 2 * (block * self.world + src)
+    def arrival(self, parity: int, block: int, src: int) -> int:
+        return 2 * ((parity * self.max_blocks + block) * self.world + src)
 
-    def counter(self, block: int) -> int:
-        return 2 * self.max_blocks * self.world + block
+    @property
+    def calls(self) -> int:
+        return 4 * self.max_blocks * self.world
 
-    def size(self, block: int, src: int) -> int:
-        return self.max_blocks * (2 * self.world + 1) + block * self.world + src
-
-    def epoch(self, block: int) -> int:
-        return self.max_blocks * (3 * self.world + 1) + block
+    @property
+    def tickets(self) -> int:
+        return self.calls + 1
 
     @property
     def lamport_base(self) -> int:
-        """First word of the Lamport state (even for an even ``max_blocks``: the size entries
-        are 8-byte aligned)."""
-        return self.max_blocks * (3 * self.world + 2)
+        """First word of the Lamport state (even: the size entries are 8-byte aligned)."""
+        return self.calls + 2
 
     def lamport_size(self, width: int, buffer: int, src: int) -> int:
         return self.lamport_base + 2 * ((width * 3 + buffer) * self.world + src)
@@ -295,8 +317,14 @@ class PadLayout:
 #: for a round's chunk).
 ERROR_FIELDS = ("status", "barrier", "peer", "block", "rank")
 LAMPORT_EXCHANGE, DATA_PHASE, FLAG_WAIT, PUSH_ROUND = 2, 3, 4, 5
+#: The error records, each of :data:`ERROR_FIELDS`: the first for what leaves the communicator
+#: unusable (a timeout of a collective), the second for what the host clears and raises while
+#: the communicator stays usable (a size mismatch, a stream flag's timeout), so that clearing
+#: one never erases the other.
+FATAL_RECORD, RECOVERABLE_RECORD = 0, 1
+ERROR_RECORDS = 2
 #: Slots of a communicator's stream flags (:meth:`collectives.runtime.Communicator.post`; the
 #: GEMM-overlap functions use the first ``2 x overlap.MAX_CHUNKS``).
 FLAG_SLOTS = 32
-#: Values of the record's status word.
-TIMEOUT, SIZE_MISMATCH = 1, 2
+#: Values of the record's status word (``CLAIMED``: a kernel is writing the other fields).
+TIMEOUT, SIZE_MISMATCH, CLAIMED = 1, 2, -1

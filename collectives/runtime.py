@@ -23,8 +23,11 @@ from . import symmetric
 from .capability import choose_backend
 from .config import (
     BARRIER_THREADS,
+    CALL_EPOCHS,
     DATA_PHASE,
     ERROR_FIELDS,
+    ERROR_RECORDS,
+    FATAL_RECORD,
     FLAG_SLOTS,
     FLAG_WAIT,
     FP8,
@@ -35,6 +38,7 @@ from .config import (
     MULTICAST_PATHS,
     PTX_OP,
     PUSH_ROUND,
+    RECOVERABLE_RECORD,
     SIZE_MISMATCH,
     TIMEOUT,
     VECTOR_BYTES,
@@ -52,6 +56,11 @@ DEFAULT_TIMEOUT_S = float(os.environ.get("COLLECTIVES_TIMEOUT_S", "30"))
 #: (below :data:`~collectives.config.LAMPORT_CALLS`; ``LAMPORT_CALLS - 2`` crosses the wrap in
 #: a few calls).  Every rank must set the same value.
 SEED_CALL_ENV = "COLLECTIVES_TEST_SEED_CALL"
+
+#: Test only: ``COLLECTIVES_TEST_SEED_EPOCH`` starts every communicator's call count at this
+#: value (a multiple of :data:`~collectives.config.CALL_EPOCHS`, e.g. ``2**32 - 4 * 64``) instead
+#: of 0, so that a test crosses the 2^32 wrap of the epochs in a few calls.  Read once, here.
+TEST_SEED_EPOCH = int(os.environ.get("COLLECTIVES_TEST_SEED_EPOCH", "0"), 0)
 #: Added to a buffer's local address to make the fake multicast base of ``multicast_emulated``:
 #: above every real device address, so a translation window never covers real memory.
 FAKE_MULTICAST = 1 << 62
@@ -106,7 +115,7 @@ class Communicator:
         self.timeout_s = timeout_s
         self.layout = PadLayout()
         self.pad = ctx.signal_pad(self.layout.words * 4, torch.int32)
-        self.error = torch.zeros(len(ERROR_FIELDS), dtype=torch.int32, pin_memory=True)
+        self.error = torch.zeros((ERROR_RECORDS, len(ERROR_FIELDS)), dtype=torch.int32, pin_memory=True)
         self._status = self.error.numpy()  # host-mapped: read without a GPU sync
         self.failed: CollectiveError | None = None
         self.plans = PlanCache()
@@ -117,9 +126,24 @@ class Communicator:
         self.seed_lamport(int(os.environ.get(SEED_CALL_ENV, "0")))
         self.turn = 0  # which of staging buffers 0/1 the next single-barrier collective uses
         self.pad_buffer = self.buffer(self.pad)
+        if TEST_SEED_EPOCH:
+            self._seed_epochs(TEST_SEED_EPOCH)
         # Stream flags: row 0 counts each slot's posts, row 1 the posts its consumer took.
         self.flags = torch.zeros((2, FLAG_SLOTS), dtype=torch.int32, device=ctx.device)
         self.sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
+
+    def _seed_epochs(self, calls: int) -> None:
+        """Test only (:data:`TEST_SEED_EPOCH`): start the call count at ``calls`` and every
+        arrival word at epoch ``calls`` (as if a call had just ended there: no wait takes
+        it for a later one), on every rank before any rank's first collective."""
+        if calls % CALL_EPOCHS or not 0 <= calls < 1 << 32:
+            raise ValueError(f"COLLECTIVES_TEST_SEED_EPOCH must be a uint32 multiple of {CALL_EPOCHS}, not {calls}")
+        layout = PadLayout(world=self.world)
+        signed = calls - (1 << 32) if calls >= 1 << 31 else calls
+        self.pad[0:layout.calls:2] = signed  # the epoch half of every arrival word (size 0)
+        self.pad[layout.calls] = signed
+        torch.cuda.synchronize(self.device_index)
+        self.ctx.host_barrier()
 
     # -- errors -------------------------------------------------------------------------------
 
@@ -149,21 +173,24 @@ class Communicator:
         self._read()
 
     def _read(self) -> None:
-        """Raise a fatal error recorded or found before; defer a recoverable one."""
+        """Raise a fatal error recorded or found before; defer a recoverable one.  The fatal
+        record is read first (a collective timed out: the communicator is unusable), then the
+        recoverable one (cleared here: the communicator stays usable).  A record a kernel is
+        still writing (status ``CLAIMED``) is read at a later call."""
         if self.failed is not None:
             raise self.failed
-        if not self._status[0]:
+        if self._status[FATAL_RECORD, 0] <= 0 and self._status[RECOVERABLE_RECORD, 0] <= 0:
             return
-        status, barrier, peer, block, rank = (int(v) for v in self.error.tolist())
-        if status == 0:
-            return
+        fatal = self._status[FATAL_RECORD, 0] > 0
+        record = self.error[FATAL_RECORD if fatal else RECOVERABLE_RECORD]
+        status, barrier, peer, block, rank = (int(v) for v in record.tolist())
         phase = {0: "start barrier", 1: "end barrier", LAMPORT_EXCHANGE: "Lamport data exchange",
                  DATA_PHASE: "TMA bulk copies", PUSH_ROUND: "push round"}
         where = f"rank {rank}, thread block {block}, {phase.get(barrier, barrier)}"
         if status == TIMEOUT and barrier == FLAG_WAIT:
             # Local to this GPU and no other rank's state involved: match the counts again
             # and stay usable.
-            self._rematch_flags()
+            self._rematch_flags(record)
             self._defer(CollectiveTimeout("flag wait", [], self.timeout_s,
                                           f"rank {rank}, slot {block} was never posted"))
         elif status == TIMEOUT:
@@ -171,11 +198,11 @@ class Communicator:
             self.failed = CollectiveTimeout("collective", missing, self.timeout_s, where)
             raise self.failed
         elif status == SIZE_MISMATCH:
-            # Every rank sees the disagreement (each compares every rank's size with its own)
-            # and passes the kernel's barriers' epochs, so the communicator stays usable.  A
-            # Lamport buffer the mismatch left dirty is emptied on the GPU two calls later
-            # (collectives.algorithms.lamport): no host step.
-            self.error.zero_()
+            # Every rank sees the disagreement (each compares every rank's size with its own),
+            # and every rank's call count moved on by the same step whatever ran; a Lamport
+            # buffer the mismatch left dirty is emptied on the GPU two calls later
+            # (collectives.algorithms.lamport): no host step, the communicator stays usable.
+            record.zero_()
             self._defer(CollectiveError(
                 f"ranks called the collective with different sizes: rank {peer} disagrees with "
                 f"rank {rank} ({where}); every rank must pass the same shape"
@@ -208,14 +235,14 @@ class Communicator:
             error, self.deferred = self.deferred, None
             raise error
 
-    def _rematch_flags(self) -> None:
+    def _rematch_flags(self, record: torch.Tensor) -> None:
         """After a flag wait timed out (taking nothing): once this GPU's queued work is done
         (a late post has landed), every slot's posts count as taken, and the record is
         cleared.  A host synchronisation, on this error path only."""
         torch.cuda.synchronize(self.device_index)
         self.flags[1].copy_(self.flags[0])
         torch.cuda.synchronize(self.device_index)
-        self.error.zero_()
+        record.zero_()
 
     # -- stream flags -------------------------------------------------------------------------
 

@@ -61,7 +61,8 @@ def test_kernel_compiles(collective: str, algorithm: str, backend: str, dtype: s
     else:
         assert not bulk, bulk
     if algorithm == "lamport":  # no barrier: relaxed sys-scope data stores and polls
-        assert "ld.relaxed.sys.global.v4.b32" in ptx and "st.release" not in ptx
+        # (its one release store is the error record's status, 32 bits)
+        assert "ld.relaxed.sys.global.v4.b32" in ptx and not re.findall(r"st\.release\.sys\.global\.(?!b32\b)", ptx)
         if backend == "peer":
             assert not found and "st.relaxed.sys.global.v4.b32" in ptx
         else:
@@ -71,7 +72,7 @@ def test_kernel_compiles(collective: str, algorithm: str, backend: str, dtype: s
         assert not found, found
         assert "st.release.sys.global" in ptx and "ld.acquire.sys.global" in ptx
         return
-    assert any(f.startswith("multimem.red.release.sys") for f in found), found
+    assert "multimem.st.release.sys.global.b64" in found, found  # the barrier's signal
     if collective == "all_gather":  # a copy: stores to every rank, never a reduction
         assert not any(f.startswith("multimem.ld_reduce") for f in found), found
         if algorithm == "one_shot":
@@ -164,16 +165,14 @@ def test_kernel_keys_reject_bad_choices() -> None:
 
 def test_pad_regions_do_not_overlap() -> None:
     layout = PadLayout(max_blocks=4, world=3)
-    words = [layout.arrival(b, s) + half for b in range(4) for s in range(3) for half in (0, 1)]
-    words += [layout.counter(b) for b in range(4)]
-    words += [layout.size(b, s) for b in range(4) for s in range(3)]
-    words += [layout.epoch(b) for b in range(4)]
+    words = [layout.arrival(p, b, s) + half for p in (0, 1) for b in range(4) for s in range(3) for half in (0, 1)]
+    words += [layout.calls, layout.tickets]
     words += [layout.lamport_step(w, b) for w in range(3) for b in range(LAMPORT_BLOCKS)]
     words += [layout.lamport_size(w, b, s) + half for w in range(3) for b in range(3) for s in range(3) for half in (0, 1)]
     words += [layout.lamport_dirty(w, b) for w in range(3) for b in range(3)]
     assert sorted(words) == list(range(layout.words))
     assert all(layout.lamport_size(w, b, s) % 2 == 0 for w in range(3) for b in range(3) for s in range(3))
-    assert all(layout.arrival(b, s) % 2 == 0 for b in range(4) for s in range(3))
+    assert all(layout.arrival(p, b, s) % 2 == 0 for p in (0, 1) for b in range(4) for s in range(3))
 
 
 def test_lamport_count_is_unsigned_and_wraps_at_lamport_calls() -> None:
@@ -230,14 +229,19 @@ def test_barrier_cost_variants_compile_and_differ_where_named() -> None:
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_peer_barrier_is_one_64_bit_release_store_and_no_block_sync(world: int) -> None:
     """The barrier kernel signals each rank with one 64-bit release store (size and epoch),
-    polls one 64-bit acquire load, reads no peer size word and no own table entry, and never
-    syncs its one warp; the data kernels keep the bar.sync before their barriers."""
+    polls one 64-bit acquire load, reads no peer size word and no own table entry, never
+    syncs its one warp and takes no ticket (one block); the data kernels keep the bar.sync
+    before their barriers and take a ticket (atom.add.acq_rel.gpu) when their grid has
+    several blocks."""
     ptx = kernel_ptx(KernelKey("barrier", "one_shot", "peer", "bf16", world, threads=32), "sm_90a")
-    assert re.findall(r"\bst\.release\.sys\.global\.\w+", ptx) == ["st.release.sys.global.b64"]
+    # (and the error record's publishing store, st.release.sys.global.b32)
+    assert re.findall(r"\bst\.release\.sys\.global\.\w+", ptx) == ["st.release.sys.global.b64",
+                                                                    "st.release.sys.global.b32"]
     assert set(re.findall(r"\bld\.acquire\.sys\.global\.\w+", ptx)) == {"ld.acquire.sys.global.b64"}
-    assert "bar.sync" not in ptx and "barrier.sync" not in ptx
+    assert "bar.sync" not in ptx and "barrier.sync" not in ptx and ".add.u32" not in ptx
     data = kernel_ptx(KernelKey("all_reduce", "one_shot", "peer", "bf16", world), "sm_90a")
     assert "st.release.sys.global.b64" in data and ("bar.sync" in data or "barrier.sync" in data)
+    assert "atom.acq_rel.gpu.global.add.u32" in data
 
 
 def _signals(ptx: str) -> tuple[int, int]:
@@ -259,10 +263,13 @@ def test_peer_push_all_reduce_is_a_pipeline_of_split_signals(dtype: str, world: 
     ptx = kernel_ptx(KernelKey("all_reduce", "push", "peer", dtype, world, vector=vector, stage_in=True),
                      "sm_100a" if dtype in FP8 else "sm_90a")
     assert _signals(ptx) == (2, 6), _signals(ptx)
-    assert len(re.findall(r"\.(release|acquire)\.", ptx)) == 8
+    records = ptx.count("st.release.sys.global.b32")  # each wait's error record, published
+    assert len(re.findall(r"\.(release|acquire)\.", ptx)) - records == 8
     assert not _multimem(ptx)
     loads = sorted(op for op in re.findall(r"\bld\.global\.([\w.]+)", ptx) if op != "b64")  # not the tables
     stores = sorted(re.findall(r"\bst\.global\.([\w.]+)", ptx))
+    loads.remove("b32")  # the call count, read
+    stores.remove("b32"), stores.remove("b32")  # the tickets and the call count, stored
     assert loads == stores, (loads, stores)
 
 
@@ -284,8 +291,8 @@ def test_push_reduce_scatter_stores_to_peers_and_reduces_locally(backend: str, w
             assert not found
             assert _signals(ptx) == (2, 2 * (2 + end_barrier)), _signals(ptx)
             continue
-        assert found == {"multimem.st.relaxed.sys.global.b32", "multimem.red.release.sys.global.add.u32"}, found
-        releases = len(re.findall(r"st\.release\.sys|multimem\.red\.release", ptx))
+        assert found == {"multimem.st.release.sys.global.b64"}, found  # the barriers' signals
+        releases = len(re.findall(r"st\.release\.sys\.global\.b64", ptx))
         assert releases == (2 if end_barrier else 1), releases
     with pytest.raises(ValueError, match="push"):
         KernelKey("reduce_scatter", "push", backend, "bf16", world)
@@ -323,5 +330,16 @@ def test_flag_kernels_post_with_release_and_wait_with_acquire_at_gpu_scope() -> 
     found = opcodes(wait)
     assert found["ld.acquire.gpu.global.b32"] >= 1 and found["ld.global.b32"] == 1 and found["st.global.b32"] == 1
     assert "%globaltimer" in wait and found["atom.relaxed.sys.global.cas.b32"] == 1
-    assert {op for op in found if ".sys." in op} == {"atom.relaxed.sys.global.cas.b32", "st.relaxed.sys.global.b32"}
-    assert not {op for op in found if op.startswith(("red", "st.release", "ld.acquire.sys"))}
+    # the record: claimed (cas), its fields (relaxed stores), its status published (release)
+    assert {op for op in found if ".sys." in op} == {"atom.relaxed.sys.global.cas.b32", "st.relaxed.sys.global.b32",
+                                                     "st.release.sys.global.b32"}
+    assert not {op for op in found if op.startswith(("red", "ld.acquire.sys"))}
+
+
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter"])
+def test_tma_block_that_timed_out_waits_for_its_bulk_loads(collective: str) -> None:
+    """A TMA stage that missed its deadline: the block waits (bounded) for that stage and the
+    ones issued after it before exiting, so no bulk load writes into shared memory after the
+    block has gone: the pipeline's wait (first try and loop) and the drain's."""
+    ptx = kernel_ptx(KernelKey(collective, "tma", "peer", "bf16", 2, stage_in=True), "sm_90a")
+    assert ptx.count("mbarrier.try_wait.parity.shared::cta.b64") == 4, ptx.count("mbarrier.try_wait")

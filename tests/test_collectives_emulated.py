@@ -29,9 +29,9 @@ def test_emulated_kernel_has_no_multimem(collective: str, algorithm: str, dtype:
                     stage_in=algorithm == "push")  # push always sends a non-symmetric input
     ptx = kernel_ptx(key, "sm_100a" if dtype in FP8 else "sm_90a")
     assert "multimem" not in ptx
-    # the multicast barrier's arrive, a multimem.red.release.sys, is one red per rank
+    # the multicast barrier's signal, a multimem.st.release.sys, is one release store per rank
     if algorithm != "lamport":
-        assert len(re.findall(r"red\.release\.sys\.global\.add\.u32", ptx)) >= world
+        assert len(re.findall(r"st\.release\.sys\.global\.b64", ptx)) >= world
     if algorithm == "tma" and collective == "all_reduce":  # the multicast TMA store: a copy per rank
         stores = re.findall(r"cp\.async\.bulk\.global\.shared::cta\.bulk_group", ptx)
         assert len(stores) >= world + 1, len(stores)  # W translated copies and the plain one

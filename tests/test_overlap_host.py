@@ -6,7 +6,16 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
-from collectives.config import FLAG_SLOTS, FLAG_WAIT, TIMEOUT  # noqa: E402
+from collectives.config import (  # noqa: E402
+    CLAIMED,
+    ERROR_RECORDS,
+    FATAL_RECORD,
+    FLAG_SLOTS,
+    FLAG_WAIT,
+    RECOVERABLE_RECORD,
+    SIZE_MISMATCH,
+    TIMEOUT,
+)
 from collectives.errors import CollectiveError, CollectiveTimeout  # noqa: E402
 from collectives import overlap  # noqa: E402
 from collectives.overlap import _FLAG_BASE, MAX_CHUNKS, _bounds  # noqa: E402
@@ -38,18 +47,20 @@ def test_chunk_counts_beyond_the_flag_slots_are_refused(monkeypatch, chunks: int
         _bounds(64)
 
 
-def _bare_communicator(record: list[int]) -> Communicator:
-    """A communicator with only its error state (no context, no GPU)."""
+def _bare_communicator(record: list[int], index: int = FATAL_RECORD) -> Communicator:
+    """A communicator with only its error state (no context, no GPU), ``record`` in record
+    ``index`` (the other empty)."""
     comm = Communicator.__new__(Communicator)
     comm.failed, comm.timeout_s = None, 2.0
-    comm.error = torch.tensor(record, dtype=torch.int32)
+    comm.error = torch.zeros((ERROR_RECORDS, len(record)), dtype=torch.int32)
+    comm.error[index] = torch.tensor(record, dtype=torch.int32)
     comm._status = comm.error.numpy()
-    comm._rematch_flags = comm.error.zero_  # the GPU part (synchronise, copy the counts) aside
+    comm._rematch_flags = lambda record: record.zero_()  # the GPU part (synchronise, copy the counts) aside
     return comm
 
 
 def test_flag_wait_timeout_raises_once_and_leaves_the_communicator_usable() -> None:
-    comm = _bare_communicator([TIMEOUT, FLAG_WAIT, -1, 5, 1])
+    comm = _bare_communicator([TIMEOUT, FLAG_WAIT, -1, 5, 1], RECOVERABLE_RECORD)
     with pytest.raises(CollectiveTimeout, match=r"flag wait timed out after 2s.*rank 1, slot 5"):
         comm.check()
     assert comm.failed is None
@@ -62,6 +73,26 @@ def test_collective_timeout_still_fails_the_communicator() -> None:
         with pytest.raises(CollectiveTimeout, match="collective"):
             comm.check()
     assert comm.failed is not None
+
+
+def test_clearing_a_size_mismatch_keeps_a_collective_timeout() -> None:
+    """A size mismatch (recoverable) and a timeout (fatal) recorded by one call: the host
+    raises the timeout, and clearing the mismatch's record cannot erase it."""
+    comm = _bare_communicator([SIZE_MISMATCH, 0, 1, 0, 0], RECOVERABLE_RECORD)
+    comm.error[FATAL_RECORD] = torch.tensor([TIMEOUT, 1, 1, 1, 0], dtype=torch.int32)
+    with pytest.raises(CollectiveTimeout, match="collective"):
+        comm.check()
+    assert comm.failed is not None
+
+
+def test_a_mismatch_is_raised_once_and_a_record_being_written_waits() -> None:
+    comm = _bare_communicator([CLAIMED, 0, 0, 0, 0], RECOVERABLE_RECORD)
+    comm.check()  # a kernel is still writing the fields: nothing yet
+    comm.error[RECOVERABLE_RECORD] = torch.tensor([SIZE_MISMATCH, 0, 1, 0, 0], dtype=torch.int32)
+    with pytest.raises(CollectiveError, match="different sizes"):
+        comm.check()
+    comm.check()  # cleared: the communicator stays usable
+    assert comm.failed is None
 
 
 @pytest.mark.parametrize("index", [-1, FLAG_SLOTS])

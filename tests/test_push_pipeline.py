@@ -20,9 +20,12 @@ import random
 import pytest
 
 from collectives.config import (
+    CALL_EPOCHS,
     PUSH_EPOCHS,
     PUSH_MAX_ROUNDS,
     PUSH_ROUND_STRIDES,
+    call_last,
+    call_parity,
     ceil_div,
     push_events,
     push_round_strides,
@@ -45,6 +48,7 @@ def test_rounds_cover_the_slots_in_whole_rounds() -> None:
 def test_a_call_emits_at_most_its_range_of_epochs() -> None:
     assert push_events(1, False) == 1 and push_events(1, True) == 2  # the unpipelined barriers
     assert push_events(PUSH_MAX_ROUNDS, True) == PUSH_EPOCHS
+    assert call_last(0) >= PUSH_EPOCHS  # event j of the call at count C is epoch C + 1 + j
 
 
 def test_rounds_of_large_tensors() -> None:
@@ -99,6 +103,7 @@ class Model:
         self.alternate = (not final) if alternate is None else alternate
         self.memory: dict = {}  # (owner, buffer, element) -> value record
         self.word = [(0, None)] * world  # each rank's last signal: (epoch, size)
+        self.slots = [[(0, None)] * 2 for _ in range(world)]  # its arrival words, by call parity
         self.seen = [[0] * world for _ in range(world)]  # epochs each rank acquired of each rank
         self.epoch = [0] * world
         self.failed = [[] for _ in range(world)]  # calls in which a wait saw another size
@@ -117,7 +122,7 @@ class Model:
                         break
                 else:
                     yield (step[0], c, step[1])
-            self.epoch[r] += PUSH_EPOCHS
+            self.epoch[r] += CALL_EPOCHS
         yield None
 
     def _chunk(self, c: int, r: int, k: int) -> range:
@@ -171,7 +176,8 @@ class Model:
         if step[0] != "wait":
             return True
         want = self.epoch[r] + 1 + step[2]
-        return all(self.word[p][0] >= want for p in range(self.world))
+        parity = call_parity(self.epoch[r])
+        return all(self.slots[p][parity][0] >= want for p in range(self.world))
 
     def do(self, r: int) -> None:
         kind, c, k = self.pending[r]
@@ -196,13 +202,12 @@ class Model:
                 for i in self._chunk(c, r, k):
                     self._read(r, c, self._result(c, m, q if self.multicast else r, q, i))
         elif kind == "signal":
-            self.word[r] = (self.epoch[r] + 1 + k, m)
-        else:  # wait: acquire every rank's word, compare the sizes of this call's range
-            last = self.epoch[r] + PUSH_EPOCHS
-            past = k + 1 == push_events(rounds, self.final)  # the call's last wait
-            for p in range(self.world):
-                self.seen[r][p] = max(self.seen[r][p], self.word[p][0])
-            if any(size != m if epoch <= last else not past for epoch, size in self.word):
+            self.word[r] = self.slots[r][call_parity(self.epoch[r])] = (self.epoch[r] + 1 + k, m)
+        else:  # wait: acquire every rank's word of this call's slot, compare its size
+            words = [self.slots[p][call_parity(self.epoch[r])] for p in range(self.world)]
+            for p, (epoch, _) in enumerate(words):
+                self.seen[r][p] = max(self.seen[r][p], epoch)
+            if any(epoch > call_last(self.epoch[r]) or size != m for epoch, size in words):
                 self.failed[r].append(c)
         self.pending[r] = next(self.programs[r])
 

@@ -57,11 +57,13 @@ def blocks(key: KernelKey) -> SimpleNamespace:
     sync = key.collective != "barrier"
 
     @cute.jit
-    def barrier(pad_table, pad_mc, pad, rank, block, epoch, deadline, err, which, size):
+    def barrier(pad_table, pad_mc, pad, rank, block, calls, epoch, deadline, err, which, size):
         if cutlass.const_expr(multicast):
-            return signals.barrier_multicast(pad_mc, pad, rank, block, epoch, deadline, err, which, size, world, sync)
+            return signals.barrier_multicast(pad_mc, pad, rank, block, calls, epoch, deadline, err, which, size, world,
+                                             sync)
         else:
-            return signals.barrier_peer(pad_table, pad, rank, block, epoch, deadline, err, which, size, world, sync)
+            return signals.barrier_peer(pad_table, pad, rank, block, calls, epoch, deadline, err, which, size, world,
+                                        sync)
 
     @cute.jit
     def load_reduce(addrs, mc, offsets, n: cutlass.Constexpr):
@@ -203,6 +205,7 @@ def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable | None, move: Cal
     step)`` (reading the ranks' buffers after the end barrier).
     ``buffers(smem)`` allocates the shared memory ``move`` takes."""
     world, threads = key.world, key.threads
+    single = key.collective == "barrier"  # launched as one block (Communicator.barrier)
 
     @cute.jit
     def kernel(
@@ -217,7 +220,7 @@ def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable | None, move: Cal
         shared = None
         if cutlass.const_expr(buffers is not None):
             shared = buffers(smem)
-        epoch = signals.read_epoch(pad, block, world)
+        calls, last = signals.enter_call(pad, world, single)
         deadline = cute.arch.globaltimer() + timeout_ns
         size = Uint32(n)
         first = Int64(block) * threads + tidx
@@ -228,7 +231,7 @@ def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable | None, move: Cal
             push(addrs, src, n, rank, first, step)
         elif cutlass.const_expr(key.stage_in):
             stage(src, signals.peer_address(data_table, rank), n, first, step)
-        ok = b.barrier(pad_table, pad_mc, pad, rank, block, epoch + Uint32(1), deadline, err, Int32(0), size)
+        ok = b.barrier(pad_table, pad_mc, pad, rank, block, calls, calls + Uint32(1), deadline, err, Int32(0), size)
         if cutlass.const_expr(move is not None):  # a bare barrier has nothing to guard
             ok = signals.block_all(flag, ok)
             if cutlass.const_expr(push is None):
@@ -239,7 +242,8 @@ def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable | None, move: Cal
             if cutlass.const_expr(key.barriers == 2):
                 if ok:
                     move(addrs, data_mc, out, src, n, rank, first, step, shared, deadline, err)
-                    ok2 = b.barrier(pad_table, pad_mc, pad, rank, block, epoch + Uint32(2), deadline, err, Int32(1), size)
+                    ok2 = b.barrier(pad_table, pad_mc, pad, rank, block, calls, calls + Uint32(2), deadline, err, Int32(1),
+                                    size)
                     ok2 = signals.block_all(flag, ok2)
                     if cutlass.const_expr(key.gather_out and gather is not None):
                         if ok2:
@@ -247,8 +251,7 @@ def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable | None, move: Cal
                     if cutlass.const_expr(pull is not None):
                         if ok2:
                             pull(addrs, data_mc, out, n, rank, first, step)
-        if tidx == 0:
-            signals.advance_epoch(pad, block, epoch + Uint32(key.barriers), world)
+        signals.leave_call(pad, calls, last, world, single)
 
     return launcher(kernel, threads, emulate=key.backend == "multicast_emulated" and world)
 

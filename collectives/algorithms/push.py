@@ -20,9 +20,9 @@ the multicast barrier's.
 On the peer backend the kernel is a software pipeline.  Each block cuts its share of every
 slot in rounds (:func:`collectives.config.push_rounds`: chunks of whole grid strides, at most
 :data:`~collectives.config.PUSH_MAX_ROUNDS`) and announces events with
-:func:`~collectives.device.signals.signal_peers`: event ``j`` of a call entered at epoch ``e``
-is epoch ``e + 1 + j``; every rank's block emits the same events in the same order, so one
-monotone word per block and rank says how far it got::
+:func:`~collectives.device.signals.signal_peers`: event ``j`` of the call at count ``C`` is
+epoch ``C + 1 + j``; every rank's block emits the same events in the same order, so one
+monotone word per block and rank (of the call's slot) says how far it got::
 
     push chunk 0;   signal event 0;   wait for every rank's event 0
     for k in 0 .. R-1:
@@ -43,17 +43,15 @@ a signal waits for the block's stores before it, remote ones included (after a `
 so signalling after the local copy lets the pushes of chunk ``k + 1`` and the result stores of
 chunk ``k`` drain while chunk ``k - 1`` is copied.
 
-Sizes: every call advances the epochs by :data:`~collectives.config.PUSH_EPOCHS`, whatever its
-rounds (which depend on its size), so every rank's epochs stay equal after a call whose sizes
-differed.  A wait compares the size of any word within the call's range
-(:func:`~collectives.device.signals.wait_peers`); every rank signals event 0 before its first
-wait, so that wait sees every rank's size unless the rank has left the call.  A rank leaves a
-call only after its last wait, which needs the waiter's last event; so a word past the range
-is the end of a call at the last wait only, and anywhere else the sign that a rank left a
-failed call: the waiter stops too.  No rank passes the first wait of a call whose sizes
-differ, and it pushes nothing but chunk 0 (which its event 0 releases) before it and stores
-no result: so every store of a failed call into another rank is ordered before the next
-call's (or it could land on them, in a layout of another size).
+Sizes: every call takes the same range of epochs (:data:`~collectives.config.CALL_EPOCHS`,
+see :mod:`~collectives.device.signals`), whatever its rounds (which depend on its size), so
+every rank's epochs stay equal after a call whose sizes differed.  Every rank signals event 0
+before its first wait, and a rank's words of a call stay in place until every rank has
+entered the next call, so each wait compares the size of every rank's word of this call.  No
+rank passes the first wait of a call whose sizes differ, and it pushes nothing but chunk 0
+(which its event 0 releases) before it and stores no result: so every store of a failed call
+into another rank is ordered before the next call's (or it could land on them, in a layout of
+another size).
 
 Buffer reuse across calls: a push writes into another rank's buffer before any wait, so the
 buffer must be free there.  A rank finishes a call only after its blocks saw the event every
@@ -93,7 +91,6 @@ from cutlass.memory import SmemAllocator
 from ptxops.ops import emulation
 
 from ..config import (
-    PUSH_EPOCHS,
     PUSH_ROUND,
     KernelKey,
     ceil_div,
@@ -246,11 +243,11 @@ def pipeline(key: KernelKey, slot_elements, push, reduce_chunk, collect):
     final = collect is not None or key.end_barrier
 
     @cute.jit
-    def wait(flag, pad, rank, block, epoch, last, j, events, deadline, err, which, size):
+    def wait(flag, pad, rank, block, calls, j, deadline, err, which, size):
         """Wait for every rank's event ``j`` (True in every thread of the block if it came,
-        with our size); a word past ``last`` may end only the call's last wait."""
+        with our size)."""
         return signals.block_all(flag, signals.wait_peers(
-            pad, rank, block, epoch + Uint32(j + 1), last, j + 1 == events, deadline, err, which, size, world))
+            pad, rank, block, calls, calls + Uint32(j + 1), deadline, err, which, size, world))
 
     @cute.jit
     def kernel(
@@ -260,8 +257,7 @@ def pipeline(key: KernelKey, slot_elements, push, reduce_chunk, collect):
         tidx = cute.arch.thread_idx()[0]
         block = cute.arch.block_idx()[0]
         flag = SmemAllocator().allocate_tensor(Int32, cute.make_layout(1), byte_alignment=4)
-        epoch = signals.read_epoch(pad, block, world)
-        last = epoch + Uint32(PUSH_EPOCHS)  # this call's events are epoch + 1 .. last
+        calls, last = signals.enter_call(pad, world)  # this call's events are calls + 1 ...
         deadline = cute.arch.globaltimer() + timeout_ns
         size = Uint32(n)
         first = Int64(block) * threads + tidx
@@ -274,31 +270,30 @@ def pipeline(key: KernelKey, slot_elements, push, reduce_chunk, collect):
         events = push_events(rounds, final)
 
         push(addrs, src, n, rank, Int64(0), chunk, first, step)
-        signals.signal_peers(pad_table, rank, block, epoch + Uint32(1), size, world)
+        signals.signal_peers(pad_table, rank, block, calls, calls + Uint32(1), size, world)
         # Every rank's size before any other push: a failed call's pushes are all signalled.
-        ok = wait(flag, pad, rank, block, epoch, last, Int64(0), events, deadline, err, Int32(0), size)
+        ok = wait(flag, pad, rank, block, calls, Int64(0), deadline, err, Int32(0), size)
         k = Int64(0)
         while ok and k < rounds:
             if k + 1 < rounds:
                 push(addrs, src, n, rank, k + 1, chunk, first, step)
             if k > 0:
-                ok = wait(flag, pad, rank, block, epoch, last, k, events, deadline, err, Int32(PUSH_ROUND), size)
+                ok = wait(flag, pad, rank, block, calls, k, deadline, err, Int32(PUSH_ROUND), size)
             if ok:
                 reduce_chunk(addrs, results, out, n, rank, k, chunk, first, step)
                 if cutlass.const_expr(collect is not None):
                     if k > 0:
                         collect(addrs, results, out, n, rank, k - 1, chunk, first, step)
                 if k + 1 < events:
-                    signals.signal_peers(pad_table, rank, block, epoch + Uint32(k + 2), size, world)
+                    signals.signal_peers(pad_table, rank, block, calls, calls + Uint32(k + 2), size, world)
             k += 1
         if cutlass.const_expr(final):
             if ok:
-                ok = wait(flag, pad, rank, block, epoch, last, rounds, events, deadline, err, Int32(1), size)
+                ok = wait(flag, pad, rank, block, calls, rounds, deadline, err, Int32(1), size)
                 if cutlass.const_expr(collect is not None):
                     if ok:
                         collect(addrs, results, out, n, rank, rounds - 1, chunk, first, step)
-        if tidx == 0:
-            signals.advance_epoch(pad, block, last, world)
+        signals.leave_call(pad, calls, last, world)
 
     return launcher(kernel, threads)
 

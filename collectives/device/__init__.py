@@ -12,23 +12,24 @@ from .reduce import (
     store_peers,
 )
 from .signals import (
-    advance_epoch,
     barrier_multicast,
     barrier_peer,
     block_all,
+    enter_call,
     gmem,
+    leave_call,
     peer_address,
     reached,
-    read_epoch,
     record_error,
     signal,
+    signal_multicast,
     signal_peers,
     wait_peers,
     wait_until,
 )
 
 __all__ = [
-    "advance_epoch", "barrier_multicast", "barrier_peer", "block_all", "combine", "gmem",
-    "load_reduce_multicast", "load_reduce_peer", "peer_address", "reached", "read_epoch",
-    "record_error", "signal", "signal_peers", "store_multicast", "store_peers", "wait_peers", "wait_until",
+    "barrier_multicast", "barrier_peer", "block_all", "combine", "enter_call", "gmem", "leave_call",
+    "load_reduce_multicast", "load_reduce_peer", "peer_address", "reached",
+    "record_error", "signal", "signal_multicast", "signal_peers", "store_multicast", "store_peers", "wait_peers", "wait_until",
 ]

@@ -1,20 +1,47 @@
 """Cross-GPU signals and barriers over a symmetric signal pad, built from ptxops.
 
 Every rank owns a pad of uint32 words (see :class:`collectives.config.PadLayout`); the pad is
-zeroed once and never reset.  A barrier passes monotonically growing epochs: rank ``src``
-announces epoch ``e`` by writing ``size << 32 | e`` into the 64-bit ``arrival(block, src)`` of
-every peer's pad (peer flavour) or by adding 1 to ``counter(block)`` through the multicast
-address (multicast flavour, ``W * m`` after ``m`` multicast barriers, so the flavours mix); a
-waiter compares wrap-safely (``int32(seen - want) >= 0``), so a
-fast rank that is already at ``e + 1`` never confuses a slow one and nothing is ever reset.
+zeroed once and never reset.  A rank counts its collective calls in the pad (``C``, a multiple
+of :data:`~collectives.config.CALL_EPOCHS`, read at a kernel's start by :func:`enter_call` and
+advanced once per call by :func:`leave_call`, whatever the call's grid), and the blocks of a
+call signal epochs ``C + 1 .. call_last(C)``: rank ``src``'s block ``b`` announces epoch ``e``
+by writing ``size << 32 | e`` into its 64-bit arrival word of block ``b`` in every rank's pad
+(peer flavour: one ``st.release.sys`` per peer; multicast flavour: one
+``multimem.st.release.sys``), and a waiter polls its own pad and compares wrap-safely
+(``int32(seen - want) >= 0``), so nothing is ever reset.
+
+Why a count of calls and not a count per block: a call whose sizes differ across ranks may
+launch grids of different sizes (one-shot f32 of 2048 elements: one block; of 2056: two); a
+count per block would then advance on some ranks only, and a later call's wait would pass on
+a stale word.  Every call advances ``C`` by the same step on every rank, whatever ran.  Its
+cost is one ``atom.add.acq_rel.gpu`` per block of a kernel of several blocks, issued at the
+start (its result is used at the end, so its latency hides behind the kernel's work); a
+one-block kernel (the barrier, the smallest collectives) takes no ticket and costs what the
+count per block did: one load at the start, one store at the end.  A grid that never depends
+on the size would cost every small collective hundreds of blocks' barriers, and repairing the
+counts after a mismatch would need a collective step on the host.
+
+Why two arrival slots, alternating by call (:func:`~collectives.config.call_parity`): a rank's
+words of call ``C`` stay there until it starts the call after next, which it can do only
+after every rank has entered the next call (each call's first wait waits for every rank's
+first signal, whatever its size).  So a waiter always finds every rank's word of its own call,
+with that rank's size, and never mistakes a rank that already left the call (perhaps failing
+it) for one that passed.
 
 Every wait is bounded by a deadline on ``%globaltimer``; a wait that times out writes an error
 record (status, barrier, missing rank, block, rank) that the host turns into
 :class:`collectives.CollectiveTimeout`, and reports failure so the kernel can exit.
 
-The peer barrier is a :func:`signal_peers` and a :func:`wait_peers` of one epoch; a kernel may
-use them apart, as a sequence of epochs that every rank's block announces in the same order
-(a pipeline: wait for the peers' epoch ``e`` while its own later work is in flight).
+A barrier is a :func:`signal_peers` (or :func:`signal_multicast`) and a :func:`wait_peers` of
+one epoch; a kernel may use them apart, as a sequence of epochs that every rank's block
+announces in the same order (a pipeline: wait for the peers' epoch ``e`` while its own later
+work is in flight).
+
+A buffer's multicast address and its unicast addresses are virtual aliases, which the PTX
+memory model treats as different proxies: the multicast flavour's wait ends with
+``fence.proxy.alias`` in every polling thread, so that every path from an access through one
+address before a rank's signal to an access through the other after our wait crosses an alias
+proxy fence (docs/guide-memory-ordering.md, "Multicast and unicast addresses of one buffer").
 
 These are ``@cute.jit`` functions: call them from your own ``@cute.kernel``.
 """
@@ -27,7 +54,19 @@ from cutlass import Boolean, Int32, Int64, Uint32, Uint64
 
 import ptxops
 
-from ..config import SIZE_MISMATCH, TIMEOUT, PadLayout
+from ..config import (
+    CALL_EPOCHS,
+    CLAIMED,
+    ERROR_FIELDS,
+    FATAL_RECORD,
+    FLAG_WAIT,
+    RECOVERABLE_RECORD,
+    SIZE_MISMATCH,
+    TIMEOUT,
+    PadLayout,
+    call_last,
+    call_parity,
+)
 
 
 @cute.jit
@@ -69,27 +108,72 @@ def signal(pad: Int64, offset: Int32, value: Uint32) -> None:
 
 @cute.jit
 def record_error(err: Int64, status: Int32, barrier: Int32, peer: Int32, block: Int32, rank: Int32) -> None:
-    """Write the error record once (the first failure wins the compare-and-swap)."""
-    record = gmem(Int32, err, 4)
-    if ptxops.atom_cas(record, Int32(0), status, sem="relaxed", scope="sys") == 0:
+    """Write an error record once: the fatal record for a collective's timeout, the
+    recoverable one for a size mismatch or a stream flag's timeout (``barrier``
+    :data:`~collectives.config.FLAG_WAIT`), so that the host's clearing of the second never
+    erases the first.  The first failure claims the record (compare-and-swap of its status to
+    :data:`~collectives.config.CLAIMED`), stores the fields, then publishes the status with a
+    sys-scope release: a host that reads the status reads the fields of the same failure."""
+    index = Int32(RECOVERABLE_RECORD)
+    if status == Int32(TIMEOUT) and barrier != Int32(FLAG_WAIT):
+        index = Int32(FATAL_RECORD)
+    record = gmem(Int32, err, 4) + index * len(ERROR_FIELDS)
+    if ptxops.atom_cas(record, Int32(0), Int32(CLAIMED), sem="relaxed", scope="sys") == 0:
         ptxops.st(record + 1, barrier, sem="relaxed", scope="sys")
         ptxops.st(record + 2, peer, sem="relaxed", scope="sys")
         ptxops.st(record + 3, block, sem="relaxed", scope="sys")
         ptxops.st(record + 4, rank, sem="relaxed", scope="sys")
+        ptxops.st_release(record, status, scope="sys")
 
 
 @cute.jit
-def read_epoch(pad: Int64, block: Int32, world: cutlass.Constexpr) -> Uint32:
-    """This rank's count of barriers passed by ``block`` (read before the kernel's first
-    barrier; :func:`advance_epoch` stores the new count)."""
+def enter_call(pad: Int64, world: cutlass.Constexpr, single: cutlass.Constexpr = False) -> tuple:
+    """(``C``, whether this block is the last of the call to have read it): every thread
+    reads the rank's call count ``C``; in a kernel of several blocks thread 0 then takes a
+    ticket (``atom.add.acq_rel.gpu``, after a ``bar.sync`` that puts the block's reads before
+    it), and the block whose ticket completes the grid advances ``C`` in :func:`leave_call`
+    (its acquire orders that store after every block's read).  ``single``: the kernel always
+    runs one block (no ticket code at all)."""
     layout = PadLayout(world=world)
-    return ptxops.ld(gmem(Uint32, pad, 4) + layout.epoch(block), dtype=Uint32)
+    words = gmem(Uint32, pad, 4)
+    calls = ptxops.ld(words + layout.calls, dtype=Uint32)
+    blocks = cute.arch.grid_dim()[0]
+    last = Boolean(True)
+    if cutlass.const_expr(not single) and blocks > 1:
+        cute.arch.sync_threads()
+        if cute.arch.thread_idx()[0] == 0:
+            ticket = ptxops.atom_add(words + layout.tickets, Uint32(1), sem="acq_rel", scope="gpu")
+            last = ticket == Uint32(blocks - 1)
+    return calls, last
 
 
 @cute.jit
-def advance_epoch(pad: Int64, block: Int32, epoch: Uint32, world: cutlass.Constexpr) -> None:
+def leave_call(pad: Int64, calls: Uint32, last: Boolean, world: cutlass.Constexpr,
+               single: cutlass.Constexpr = False) -> None:
+    """In thread 0 of the call's last block: the tickets back to 0 and ``C`` on by
+    :data:`~collectives.config.CALL_EPOCHS` (plain stores: the next kernel reads them after
+    this one ends; ``single`` as for :func:`enter_call`)."""
     layout = PadLayout(world=world)
-    ptxops.st(gmem(Uint32, pad, 4) + layout.epoch(block), epoch)
+    words = gmem(Uint32, pad, 4)
+    if cute.arch.thread_idx()[0] == 0 and last:
+        if cutlass.const_expr(not single) and cute.arch.grid_dim()[0] > 1:
+            ptxops.st(words + layout.tickets, Uint32(0))
+        ptxops.st(words + layout.calls, calls + Uint32(CALL_EPOCHS))
+
+
+@cute.jit
+def arrival_word(pad: Int64, calls: Uint32, block: Int32, src: Int32, world: cutlass.Constexpr) -> cute.Pointer:
+    """Rank ``src``'s 64-bit arrival word of block ``block`` in the pad at ``pad``, in the slot
+    of the call at count ``calls``."""
+    layout = PadLayout(world=world)
+    return gmem(Uint64, pad, 8) + layout.arrival(Int32(call_parity(calls)), block, src) // 2
+
+
+@cute.jit
+def in_call(epoch: Uint32, calls: Uint32) -> Boolean:
+    """Whether ``epoch`` is one of the call at count ``calls`` (in ``calls + 1 ..
+    call_last(calls)``, wrap-safe)."""
+    return not reached(calls, epoch) and reached(Uint32(call_last(calls)), epoch)
 
 
 @cute.jit
@@ -97,6 +181,7 @@ def signal_peers(
     pad_table: Int64,
     rank: Int32,
     block: Int32,
+    calls: Uint32,
     epoch: Uint32,
     size: Uint32,
     world: cutlass.Constexpr,
@@ -104,17 +189,37 @@ def signal_peers(
 ) -> None:
     """Announce ``epoch`` of thread block ``block`` to every rank: threads ``t < world`` each
     load rank ``t``'s pad address and give it one 64-bit ``st.release.sys`` of ``size << 32 |
-    epoch`` at ``arrival(block, rank)`` (arrival and size in one store).  With ``sync`` a
-    ``bar.sync`` first carries the block's earlier accesses into the release (drop it only
-    where the block made none in this kernel)."""
-    layout = PadLayout(world=world)
+    epoch`` at our arrival word (arrival and size in one store).  With ``sync`` a ``bar.sync``
+    first carries the block's earlier accesses into the release (drop it only where the block
+    made none in this kernel)."""
     tidx = cute.arch.thread_idx()[0]
     if cutlass.const_expr(sync):
         cute.arch.sync_threads()
     if tidx < world:
         word = (Uint64(size) << 32) | Uint64(epoch)
-        peer = gmem(Uint64, peer_address(pad_table, tidx), 8)
-        ptxops.st_release(peer + layout.arrival(block, rank) // 2, word, scope="sys")
+        ptxops.st_release(arrival_word(peer_address(pad_table, tidx), calls, block, rank, world), word, scope="sys")
+
+
+@cute.jit
+def signal_multicast(
+    mc_pad: Int64,
+    rank: Int32,
+    block: Int32,
+    calls: Uint32,
+    epoch: Uint32,
+    size: Uint32,
+    world: cutlass.Constexpr,
+    sync: cutlass.Constexpr = True,
+) -> None:
+    """:func:`signal_peers` through the pad's multicast address: thread 0 gives our arrival
+    word on every rank one ``multimem.st.release.sys`` of ``size << 32 | epoch``, then a
+    ``fence.proxy.alias``: our own word is polled next through the unicast address."""
+    if cutlass.const_expr(sync):
+        cute.arch.sync_threads()
+    if cute.arch.thread_idx()[0] == 0:
+        word = (Uint64(size) << 32) | Uint64(epoch)
+        ptxops.multimem_st(arrival_word(mc_pad, calls, block, rank, world), word, sem="release", scope="sys")
+        ptxops.fence(proxy="alias")
 
 
 @cute.jit
@@ -122,45 +227,57 @@ def wait_peers(
     pad: Int64,
     rank: Int32,
     block: Int32,
+    calls: Uint32,
     want: Uint32,
-    last: Uint32,
-    past: Boolean,
     deadline: Int64,
     err: Int64,
     which: Int32,
     size: Uint32,
     world: cutlass.Constexpr,
+    alias: cutlass.Constexpr = False,
 ) -> Boolean:
-    """Wait until every rank's block ``block`` has announced ``want``: threads ``t < world``
-    poll their own pad (``pad``, no table load) for rank ``t``'s word with ``ld.acquire.sys``
-    until its epoch reaches ``want`` (wrap-safe) or ``%globaltimer`` passes ``deadline``.
+    """Wait until every rank's block ``block`` has announced ``want`` in the call at count
+    ``calls``: threads ``t < world`` poll their own pad (no table load) for rank ``t``'s word
+    with ``ld.acquire.sys`` until its epoch reaches ``want`` (wrap-safe) or ``%globaltimer``
+    passes ``deadline``.
 
-    ``last`` ends the epochs of the waiter's call: a word in ``[want, last]`` was stored by
-    rank ``t`` in this call and carries its size, compared with ours; a word past ``last``
-    means rank ``t`` already left this call.  With ``past`` (the call's last wait) that is
-    how a call ends: rank ``t`` left after its own waits compared our size with its own
-    (which, then, a later call may have replaced).  Without, rank ``t`` left a call that still
-    needed it, as only a failed call does (its waits saw another size): recorded as a size
-    mismatch.  The caller's sync after the wait carries the acquire to the other threads.
-    Returns (in threads ``t < world``) whether rank ``t`` arrived before the deadline with
-    the same size; a failure is written to the error record (``which``: the barrier or phase
-    it names)."""
-    layout = PadLayout(world=world)
+    The word is rank ``t``'s of this call (the slots alternate by call, see the module), so
+    the size it carries is rank ``t``'s for this call: compared with ours.  An epoch past
+    :func:`~collectives.config.call_last` would be a rank two calls ahead, which only a rank
+    that gave up on a timeout can be: recorded as a timeout.  A block other than 0 also
+    watches rank ``t``'s block 0 while it waits (block 0 runs on every rank): once that has
+    signalled this call with another size, rank ``t``'s grid may lack this block, and the wait
+    ends with a size mismatch instead of the deadline.  ``alias`` (the multicast flavour, whose
+    words arrive through the multicast address): ``fence.proxy.alias`` after the wait.  The
+    caller's sync after the wait carries the acquire (and the fence) to the other threads.
+    Returns (in threads ``t < world``) whether rank ``t`` arrived before the deadline with the
+    same size; a failure is written to the error record (``which``: the barrier or phase it
+    names)."""
     tidx = cute.arch.thread_idx()[0]
     ok = Boolean(True)
     if tidx < world:
-        own = gmem(Uint64, pad, 8) + layout.arrival(block, tidx) // 2
+        own = arrival_word(pad, calls, block, tidx, world)
+        head = arrival_word(pad, calls, Int32(0), tidx, world)
         seen = ptxops.ld_acquire(own, scope="sys", dtype=Uint64)
-        while not reached(Uint32(seen & Uint64(0xFFFFFFFF)), want) and cute.arch.globaltimer() < deadline:
+        other = Boolean(False)  # rank t's block 0 signalled this call with another size
+        while not reached(Uint32(seen & Uint64(0xFFFFFFFF)), want) and not other and cute.arch.globaltimer() < deadline:
+            if block > 0:
+                first = ptxops.ld(head, sem="relaxed", scope="sys", dtype=Uint64)
+                other = in_call(Uint32(first & Uint64(0xFFFFFFFF)), calls) and Uint32(first >> 32) != size
             seen = ptxops.ld_acquire(own, scope="sys", dtype=Uint64)
-        seen_epoch = Uint32(seen & Uint64(0xFFFFFFFF))
-        mine = reached(last, seen_epoch)  # a word of this call, with rank t's size
-        if not reached(seen_epoch, want):
+        epoch = Uint32(seen & Uint64(0xFFFFFFFF))
+        if cutlass.const_expr(alias):
+            ptxops.fence(proxy="alias")
+        status = Int32(0)
+        if not reached(epoch, want) and other:
+            status = Int32(SIZE_MISMATCH)
+        elif not reached(epoch, want) or not in_call(epoch, calls):
+            status = Int32(TIMEOUT)
+        elif Uint32(seen >> 32) != size:
+            status = Int32(SIZE_MISMATCH)
+        if status != 0:
             ok = Boolean(False)
-            record_error(err, Int32(TIMEOUT), which, tidx, block, rank)
-        elif mine and Uint32(seen >> 32) != size or not mine and not past:
-            ok = Boolean(False)
-            record_error(err, Int32(SIZE_MISMATCH), which, tidx, block, rank)
+            record_error(err, status, which, tidx, block, rank)
     return ok
 
 
@@ -170,6 +287,7 @@ def barrier_peer(
     pad: Int64,
     rank: Int32,
     block: Int32,
+    calls: Uint32,
     epoch: Uint32,
     deadline: Int64,
     err: Int64,
@@ -179,13 +297,10 @@ def barrier_peer(
     sync: cutlass.Constexpr = True,
 ) -> Boolean:
     """Peer-flavour barrier of thread block ``block`` with block ``block`` of every rank:
-    :func:`signal_peers` of ``epoch``, then :func:`wait_peers` for it, the barrier being its
-    own range of epochs (a word past ``epoch`` means rank ``t`` already passed this barrier,
-    which it does only after comparing our size with its own).  Returns (in threads ``t <
-    world``) whether rank ``t`` arrived before the deadline with the same size.
-    """
-    signal_peers(pad_table, rank, block, epoch, size, world, sync)
-    return wait_peers(pad, rank, block, epoch, epoch, Boolean(True), deadline, err, which, size, world)
+    :func:`signal_peers` of ``epoch``, then :func:`wait_peers` for it.  Returns (in threads
+    ``t < world``) whether rank ``t`` arrived before the deadline with the same size."""
+    signal_peers(pad_table, rank, block, calls, epoch, size, world, sync)
+    return wait_peers(pad, rank, block, calls, epoch, deadline, err, which, size, world)
 
 
 @cute.jit
@@ -194,6 +309,7 @@ def barrier_multicast(
     pad: Int64,
     rank: Int32,
     block: Int32,
+    calls: Uint32,
     epoch: Uint32,
     deadline: Int64,
     err: Int64,
@@ -202,35 +318,14 @@ def barrier_multicast(
     world: cutlass.Constexpr,
     sync: cutlass.Constexpr = True,
 ) -> Boolean:
-    """Multicast-flavour barrier: thread 0 stores our ``size`` on every rank and adds 1 to the
-    block's counter on every rank (``multimem.st`` then ``multimem.red.release.sys``), waits
-    until its own counter has every rank's arrival and compares every rank's size with ours
-    (``sync`` as for :func:`barrier_peer`).
-
-    The counter, not ``epoch``, says how many multicast barriers the block has passed: before
-    our arrival at the m-th it holds ``world * m`` plus the ranks already arrived (< world; none
-    can be at the next one before we arrive), so the target is ``world * (m + 1)`` whatever
-    peer-flavour barriers (which advance the epoch, not the counter) ran in between."""
-    layout = PadLayout(world=world)
-    tidx = cute.arch.thread_idx()[0]
-    ok = Boolean(True)
-    if cutlass.const_expr(sync):
-        cute.arch.sync_threads()
-    if tidx == 0:
-        mc = gmem(Uint32, mc_pad, 4)
-        own = gmem(Uint32, pad, 4)
-        passed = ptxops.ld(own + layout.counter(block), sem="relaxed", scope="sys", dtype=Uint32) // Uint32(world)
-        ptxops.multimem_st(mc + layout.size(block, rank), size, sem="relaxed", scope="sys")
-        ptxops.multimem_red(mc + layout.counter(block), Uint32(1), sem="release", scope="sys")
-        ok = wait_until(own + layout.counter(block), (passed + Uint32(1)) * Uint32(world), deadline)
-        if not ok:
-            record_error(err, Int32(TIMEOUT), which, Int32(-1), block, rank)
-        else:
-            for r in cutlass.range_constexpr(world):
-                if ptxops.ld(own + layout.size(block, r), dtype=Uint32) != size:
-                    ok = Boolean(False)
-                    record_error(err, Int32(SIZE_MISMATCH), which, Int32(r), block, rank)
-    return ok
+    """Multicast-flavour barrier: :func:`signal_multicast` of ``epoch`` (one
+    ``multimem.st.release.sys`` to every rank), then :func:`wait_peers` for it, ending with
+    ``fence.proxy.alias``.  The words are the peer flavour's, so a size travels with its
+    epoch (no later barrier overwrites it before a slower rank reads it) and there is no
+    shared counter whose count of passed barriers would have to survive the 2^32 wrap for
+    world sizes that do not divide it."""
+    signal_multicast(mc_pad, rank, block, calls, epoch, size, world, sync)
+    return wait_peers(pad, rank, block, calls, epoch, deadline, err, which, size, world, alias=True)
 
 
 @cute.jit

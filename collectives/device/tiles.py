@@ -24,7 +24,7 @@ from cutlass.memory import SmemAllocator
 
 import ptxops
 
-from ..config import VECTOR_BYTES
+from ..config import TMA_DRAIN_NS, VECTOR_BYTES
 from .reduce import combine, convert
 from .signals import gmem
 
@@ -96,15 +96,11 @@ def reduce_tiles(
     ``src_offset`` of every address in ``srcs`` (rank order) and store the result at
     ``dst_offset`` of every address in ``dsts``, or of ``mc`` with ``multicast``.  Returns
     False (in every thread) if a stage had not landed by ``%globaltimer`` ``deadline``: the
-    block then stops early."""
+    block then stores nothing more and exits once the loads still in flight have landed."""
     inputs, outputs, mbars, flag = buffers
-    world = cutlass.const_expr(len(srcs))
     tidx = cute.arch.thread_idx()[0]
-    threads = cute.arch.block_dim()[0]
     block = cute.arch.block_idx()[0]
     blocks = cute.arch.grid_dim()[0]
-    per_tile = cutlass.const_expr(tile * 8 // dtype.width)
-    vec = cutlass.const_expr(VECTOR_BYTES * 8 // dtype.width)
     count = (nbytes + tile - 1) // tile
     mine = (count - block + blocks - 1) // blocks
 
@@ -133,37 +129,73 @@ def reduce_tiles(
             flag[0] = Int32(landed)
         cute.arch.sync_threads()
         landed = flag[0] != 0
-        size = _tile_bytes(k, nbytes, tile)
-        out = outputs + cute.assume(Int32(k % 2) * per_tile, divby=per_tile)
-        v = Int64(tidx)
-        while v < size // VECTOR_BYTES:
-            total = convert(ptxops.ld(inputs + cute.assume((s * world) * per_tile + Int32(v) * vec, divby=vec),
-                                      num_elements=vec), acc)
-            for q in cutlass.range_constexpr(1, world):
-                at = inputs + cute.assume((s * world + q) * per_tile + Int32(v) * vec, divby=vec)
-                total = combine(total, convert(ptxops.ld(at, num_elements=vec), acc), op)
-            ptxops.st(out + cute.assume(Int32(v) * vec, divby=vec), convert(total, dtype))
-            v += threads
-        ptxops.fence(proxy="async.shared::cta")
-        cute.arch.sync_threads()
-        if tidx == 0:
-            at = _tile_at(k, tile)
-            if cutlass.const_expr(multicast):
-                ptxops.cp_async_bulk(gmem(dtype, mc + dst_offset + at, VECTOR_BYTES), out, Int32(size))
-            else:
-                for d in cutlass.range_constexpr(len(dsts)):
-                    ptxops.cp_async_bulk(gmem(dtype, dsts[d] + dst_offset + at, VECTOR_BYTES), out, Int32(size))
-            ptxops.cp_async_bulk_commit_group()
-            if k + stages < mine:
-                _issue(k + stages, srcs, src_offset, nbytes, inputs, mbars, dtype, tile, stages)
-            ptxops.cp_async_bulk_wait_group(1, read=True)
-        cute.arch.sync_threads()
-        k += 1
+        if landed:
+            _reduce_and_store(k, mine, nbytes, inputs, outputs, mbars, srcs, src_offset, dsts, dst_offset, mc, dtype, acc, op,
+                              tile, stages, multicast)
+            k += 1
     if tidx == 0:
+        if not landed:
+            _drain(k, mine, mbars, stages)
         ptxops.cp_async_bulk_wait_group(0)
         ptxops.fence(proxy="async.global")
     cute.arch.sync_threads()
     return landed
+
+
+@cute.jit
+def _drain(k: Int64, mine: Int64, mbars, stages: cutlass.Constexpr) -> None:
+    """After stage ``k`` missed the deadline: wait for it and the stages issued after it, so
+    that no bulk load still writes into shared memory once the block has exited (bounded by
+    :data:`~collectives.config.TMA_DRAIN_NS`; one thread)."""
+    drained = cute.arch.globaltimer() + TMA_DRAIN_NS
+    j = k
+    while j < cutlass.min(k + stages, mine):
+        s = Int32(j % stages)
+        parity = Int32((j // stages) % 2)
+        done = ptxops.mbarrier_try_wait(mbars + s, phase=parity)
+        while not done and cute.arch.globaltimer() < drained:
+            done = ptxops.mbarrier_try_wait(mbars + s, phase=parity)
+        j += 1
+
+
+@cute.jit
+def _reduce_and_store(k: Int64, mine: Int64, nbytes: Int64, inputs, outputs, mbars, srcs, src_offset: Int64, dsts,
+                      dst_offset: Int64, mc: Int64, dtype: cutlass.Constexpr, acc: cutlass.Constexpr,
+                      op: cutlass.Constexpr, tile: cutlass.Constexpr, stages: cutlass.Constexpr,
+                      multicast: cutlass.Constexpr) -> None:
+    """Reduce this block's landed ``k``-th tile (of ``mine``) into an output buffer, bulk-store
+    it, and refill its stage with the tile ``stages`` ahead."""
+    world = cutlass.const_expr(len(srcs))
+    tidx = cute.arch.thread_idx()[0]
+    threads = cute.arch.block_dim()[0]
+    per_tile = cutlass.const_expr(tile * 8 // dtype.width)
+    vec = cutlass.const_expr(VECTOR_BYTES * 8 // dtype.width)
+    s = Int32(k % stages)
+    size = _tile_bytes(k, nbytes, tile)
+    out = outputs + cute.assume(Int32(k % 2) * per_tile, divby=per_tile)
+    v = Int64(tidx)
+    while v < size // VECTOR_BYTES:
+        total = convert(ptxops.ld(inputs + cute.assume((s * world) * per_tile + Int32(v) * vec, divby=vec),
+                                  num_elements=vec), acc)
+        for q in cutlass.range_constexpr(1, world):
+            at = inputs + cute.assume((s * world + q) * per_tile + Int32(v) * vec, divby=vec)
+            total = combine(total, convert(ptxops.ld(at, num_elements=vec), acc), op)
+        ptxops.st(out + cute.assume(Int32(v) * vec, divby=vec), convert(total, dtype))
+        v += threads
+    ptxops.fence(proxy="async.shared::cta")
+    cute.arch.sync_threads()
+    if tidx == 0:
+        at = _tile_at(k, tile)
+        if cutlass.const_expr(multicast):
+            ptxops.cp_async_bulk(gmem(dtype, mc + dst_offset + at, VECTOR_BYTES), out, Int32(size))
+        else:
+            for d in cutlass.range_constexpr(len(dsts)):
+                ptxops.cp_async_bulk(gmem(dtype, dsts[d] + dst_offset + at, VECTOR_BYTES), out, Int32(size))
+        ptxops.cp_async_bulk_commit_group()
+        if k + stages < mine:
+            _issue(k + stages, srcs, src_offset, nbytes, inputs, mbars, dtype, tile, stages)
+        ptxops.cp_async_bulk_wait_group(1, read=True)
+    cute.arch.sync_threads()
 
 
 __all__ = ["reduce_tiles", "shared_buffers", "smem_bytes"]

@@ -2,13 +2,15 @@
 
     python -m collectives.tools.barrier_costs        # one GPU
 
-Runs the peer barrier kernel of 2 ranks with both ranks' signal words in this GPU's memory
-(rank 1's word set far ahead, so every wait passes once our own signal lands), beside variants
+Runs the peer barrier kernel of 2 ranks as rank 1 with both ranks' signal words in this GPU's
+pad: the pad table's entry for rank 0 lies 8 bytes before the pad, so the store meant for rank
+0's copy of our word lands on rank 0's word, and every wait passes once our own signals land.
+Beside it, variants
 that drop one part of it, each launched 200 times in a CUDA graph and eagerly.  The difference
 to a real 2-GPU barrier is the NVLink trip of the signal.  Variants:
 
-* ``barrier``: the collective's kernel (epoch and pad-table loads, ``st.release.sys``,
-  ``ld.acquire.sys`` poll, epoch store);
+* ``barrier``: the collective's kernel (call-count and pad-table loads, ``st.release.sys``,
+  ``ld.acquire.sys`` poll, call-count store);
 * ``relaxed signal``: the same with ``st.relaxed.sys`` (not a barrier that orders memory: it
   shows what the sys-scope release costs);
 * ``no loads``: a ``red.release.sys`` to an address the launch passes, then the poll (no
@@ -51,17 +53,17 @@ def _variant(part: str):
             deadline = cute.arch.globaltimer() + timeout_ns
             if tidx < WORLD:
                 ptxops.red(signals.gmem(Uint32, pad_mc, 4) + tidx, Uint32(1), sem="release", scope="sys")
-                signals.wait_until(signals.gmem(Uint32, pad, 4) + LAYOUT.arrival(block, 1), Uint32(1), deadline)
+                signals.wait_until(signals.gmem(Uint32, pad, 4) + LAYOUT.arrival(0, block, 1), Uint32(1), deadline)
         elif cutlass.const_expr(part == "relaxed signal"):
-            epoch = signals.read_epoch(pad, block, WORLD) + Uint32(1)
+            calls, last = signals.enter_call(pad, WORLD)
             deadline = cute.arch.globaltimer() + timeout_ns
             if tidx < WORLD:
-                peer = signals.gmem(Uint64, signals.peer_address(pad_table, tidx), 8)
-                ptxops.st(peer + LAYOUT.arrival(block, rank) // 2, Uint64(epoch), sem="relaxed", scope="sys")
-                own = signals.gmem(Uint32, pad, 4) + LAYOUT.arrival(block, tidx)
-                signals.wait_until(own, epoch, deadline)
-            if tidx == 0:
-                signals.advance_epoch(pad, block, epoch, WORLD)
+                peer = signals.peer_address(pad_table, tidx)
+                ptxops.st(signals.arrival_word(peer, calls, block, rank, WORLD), Uint64(calls + Uint32(1)),
+                          sem="relaxed", scope="sys")
+                own = signals.arrival_word(pad, calls, block, tidx, WORLD)
+                signals.wait_until(cute.recast_ptr(own, dtype=Uint32), calls + Uint32(1), deadline)
+            signals.leave_call(pad, calls, last, WORLD)
 
     return body
 
@@ -103,13 +105,12 @@ def main() -> None:
     for name, launch in kernels().items():
         fn = cute.compile(launch, *example_arguments(), options="--enable-tvm-ffi").__tvm_ffi_object__()
         pad = torch.zeros(LAYOUT.words, dtype=torch.int32, device="cuda")
-        elsewhere = torch.zeros_like(pad)  # where "rank 1" receives our signal
-        table = torch.tensor([pad.data_ptr(), elsewhere.data_ptr()], dtype=torch.int64, device="cuda")
-        pad.view(torch.int64)[LAYOUT.arrival(0, 1) // 2] = 1 << 30  # rank 1: far ahead, size 0
-        err = torch.zeros(8, dtype=torch.int32, device="cuda")
-        args = (0, 0, 0, 0, 0, table.data_ptr(), elsewhere.data_ptr(), pad.data_ptr(), err.data_ptr(), 0, 10**9, 1)
+        # We are rank 1; rank 0's entry is 8 bytes (one arrival word) early: see the module.
+        table = torch.tensor([pad.data_ptr() - 8, pad.data_ptr()], dtype=torch.int64, device="cuda")
+        err = torch.zeros(16, dtype=torch.int32, device="cuda")
+        args = (0, 0, 0, 0, 1, table.data_ptr(), pad.data_ptr(), pad.data_ptr(), err.data_ptr(), 1, 10**9, 1)
         graph, eager = _time(fn, args, True), _time(fn, args, False)
-        if int(err[0]):
+        if int(err.abs().sum()):
             raise RuntimeError(f"{name}: the kernel recorded an error {err.tolist()}")
         print(f"{name:16s} {graph:7.2f} {eager:7.2f}")
 

@@ -41,6 +41,10 @@ Where it differs from the hardware:
 * Weaker: the W accesses are separate: another thread can see the value on rank 0 before rank 1
   (a multimem store is not one atomic write), and the W loads of a reduction are not one
   snapshot.  ``red`` is atomic per rank, as ``multimem.red`` is.
+* No aliasing: every emulated access goes through a rank's unicast address, the one the
+  kernel's unicast accesses use, so a missing ``fence.proxy.alias`` between a multicast and a
+  unicast access of the same bytes (which the hardware needs: the two addresses are virtual
+  aliases, different proxies) changes nothing under emulation; it cannot expose aliasing bugs.
 * Reductions: loads are combined in rank order 0..W-1, in the accumulation the instruction
   names (``.acc::f32`` for 16-bit floats, ``.acc::f16`` for fp8, else the type's own, rounding
   after every addition), and rounded once to the type at the end: the result is bit-identical
