@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import torch
 
 from collectives.capability import Capabilities
-from collectives.config import ERROR_FIELDS, PadLayout
+from collectives.config import ERROR_FIELDS, ERROR_RECORDS, PadLayout
 from collectives.runtime import Buffer, Communicator
 from collectives.staging import PlanCache, StagingPool
 
@@ -96,7 +96,7 @@ class FakeComm(Communicator):
     def __init__(self, heap: FakeHeap) -> None:  # no GPU state: only what the host logic reads
         self.ctx, self.world, self.rank, self.timeout_s = heap, heap.world_size, heap.rank, 30.0
         self.layout = PadLayout()
-        self.error = torch.zeros(len(ERROR_FIELDS), dtype=torch.int32)
+        self.error = torch.zeros((ERROR_RECORDS, len(ERROR_FIELDS)), dtype=torch.int32)
         self._status = self.error.numpy()
         self.failed = None
         self.plans = PlanCache()

@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from collectives import api  # noqa: E402
-from collectives.config import LAMPORT_EXCHANGE, SIZE_MISMATCH  # noqa: E402
+from collectives.config import LAMPORT_EXCHANGE, RECOVERABLE_RECORD, SIZE_MISMATCH  # noqa: E402
 from collectives.errors import CollectiveError  # noqa: E402
 from collectives.runtime import Communicator  # noqa: E402
 from fake_comm import FakeComm, FakeHeap, FakeTensor, install  # noqa: E402
@@ -39,7 +39,7 @@ def _run(monkeypatch, rank: int, notice: int, barrier_phase: int = LAMPORT_EXCHA
     raised = []
     for call, kind in enumerate(PROGRAM):
         if call == notice:
-            comm.error[:] = torch.tensor([SIZE_MISMATCH, barrier_phase, (rank + 1) % WORLD, 0, rank])
+            comm.error[RECOVERABLE_RECORD] = torch.tensor([SIZE_MISMATCH, barrier_phase, (rank + 1) % WORLD, 0, rank])
         try:
             if kind == "barrier":
                 api.barrier(backend="peer")
@@ -77,9 +77,10 @@ def _old_check(self: Communicator) -> None:
         self.old_dirty = False
         self.barrier()
         self.barrier()
-    if self._status[0]:
-        lamport = int(self.error[1]) == LAMPORT_EXCHANGE
-        self.error.zero_()
+    record = self.error[RECOVERABLE_RECORD]
+    if int(record[0]):
+        lamport = int(record[1]) == LAMPORT_EXCHANGE
+        record.zero_()
         self.old_dirty = lamport
         raise CollectiveError("ranks called the collective with different sizes")
 
