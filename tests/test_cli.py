@@ -116,6 +116,8 @@ def test_list_prefix_counts_the_families_under_it(capsys):
     assert names == [f for f in spec.FAMILIES if f.startswith("multimem.")] and len(names) >= 3
     code, _, err = run(capsys, "list", "multi", "--target", "sm_90a")  # prefixes end at a dot
     assert code == 2 and "unknown instruction family 'multi'" in err and "multimem.st" in err
+    code, _, err = run(capsys, "list", "multimem", "--where", "op=add")
+    assert code == 2 and "--where needs one FAMILY" in err
 
 
 # -- explain ---------------------------------------------------------------------------------
