@@ -30,7 +30,7 @@ A loop index running from ``start`` in steps of ``step`` is ``start + k * step``
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 #: The bound that means "the expression is zero" (more trailing zeros than any width has).
@@ -100,7 +100,8 @@ def trailing_zeros(expr: Expr) -> int:
     return bound(expr)
 
 
-def _rule(e: Expr, bound) -> int:
+def _rule(e: Expr, bound: Callable[[Expr], int]) -> int:
+    """The bound of ``e`` from its operands' (see the table in the module docstring)."""
     if isinstance(e, Const):
         return tz(e.value)
     if isinstance(e, Var):
@@ -116,14 +117,14 @@ def _rule(e: Expr, bound) -> int:
         return min(bound(args[0]) + bound(args[1]), ZERO)
     if e.name in ("and", "assume"):
         return max(bound(args[0]), bound(args[1]))
-    shift = args[1].value if len(args) > 1 and isinstance(args[1], Const) else None
+    c = args[1].value if len(args) > 1 and isinstance(args[1], Const) else None  # a constant right operand
     if e.name == "shl":
-        return min(bound(args[0]) + (shift if shift is not None and 0 <= shift < ZERO else 0), ZERO)
+        return min(bound(args[0]) + (c if c is not None and 0 <= c < ZERO else 0), ZERO)
     if e.name in ("shrs", "shru"):
-        return max(bound(args[0]) - shift, 0) if shift is not None and 0 <= shift < ZERO else 0
+        return max(bound(args[0]) - c, 0) if c is not None and 0 <= c < ZERO else 0
     if e.name in ("divs", "divu"):
-        if shift is not None and shift > 0 and shift & (shift - 1) == 0:
-            k = shift.bit_length() - 1
+        if c is not None and c > 0 and c & (c - 1) == 0:
+            k = c.bit_length() - 1
             return bound(args[0]) - k if bound(args[0]) >= k else 0
         return 0
     raise ValueError(f"unknown operation {e.name!r}; known: {', '.join(OPS)}")
