@@ -102,6 +102,18 @@ def target_arg(text: str) -> str:
     return target
 
 
+def families_under(name: str, *, exact_first: bool = False) -> list[str]:
+    """The families ``name`` selects: itself and every family below it in dot-separated
+    mnemonic parts (``multimem`` selects ``multimem.st``, ``multimem.red``, ...;
+    ``cp.async.bulk`` selects itself and ``cp.async.bulk.wait_group``, ...).  With
+    ``exact_first`` a name that is a family selects only that family.  An unknown name raises
+    the :func:`ptxops.spec.family` error, which lists the known families."""
+    if exact_first and name in spec.FAMILIES:
+        return [name]
+    found = [f for f in spec.FAMILIES if f == name or f.startswith(name + ".")]
+    return found or [spec.family(name).name]
+
+
 def where_arg(text: str) -> tuple[str, Value]:
     """``key=value`` for ``--where``; an empty value or ``-``/``none`` means left out."""
     key, sep, value = text.partition("=")
@@ -116,14 +128,17 @@ def where_arg(text: str) -> tuple[str, Value]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    """Legal forms of one family as a table, or form counts of every family per target."""
-    if args.family is None:
-        rows = [
-            [name, *(sum(1 for _ in fam.enumerate(target=t)) for t in spec.TARGETS)]
-            for name, fam in spec.FAMILIES.items()
-        ]
-        print(table(["family", *spec.TARGETS], rows))
-        print(f"{len(rows)} families, {len(spec.TARGETS)} targets (legal forms per target)")
+    """Legal forms of one family as a table, or form counts of every family (or every family
+    under a prefix such as ``multimem``) per target (or on ``--target`` only)."""
+    if args.family is None or args.family not in spec.FAMILIES:
+        names = families_under(args.family) if args.family else list(spec.FAMILIES)
+        if args.where:
+            raise QualifierError(names[0], "--where needs one FAMILY, not a prefix", rule="cli-usage")
+        targets = [args.target] if args.target else list(spec.TARGETS)
+        rows = [[name, *(spec.FAMILIES[name].count(target=t) for t in targets)] for name in names]
+        print(table(["family", *targets], rows))
+        print(f"{len(rows)} families, {len(targets)} target{'s' if len(targets) != 1 else ''}"
+              " (legal forms per target)")
         return EXIT_OK
     fam = spec.family(args.family)
     fixed = dict(args.where or [])
@@ -201,7 +216,15 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def cmd_rules(args: argparse.Namespace) -> int:
     """Every rule of a family: name, whether ptxas enforces it, condition and text."""
-    fam = spec.family(args.family)
+    for i, name in enumerate(families_under(args.family, exact_first=True)):
+        if i:
+            print()
+        print_rules(spec.FAMILIES[name])
+    return EXIT_OK
+
+
+def print_rules(fam: Family) -> None:
+    """``rules`` output for one family."""
     print(f"{fam.name}: {fam.summary}\n{fam.section}\n")
     for r in fam.rules:
         wrapped = "" if r.wrapped else "  (legal PTX that ptxops does not wrap)"
@@ -213,12 +236,12 @@ def cmd_rules(args: argparse.Namespace) -> int:
         print()
     enforced = sum(r.ptxas_enforced for r in fam.rules)
     print(f"{len(fam.rules)} rules of {fam.name} ({enforced} enforced by ptxas)")
-    return EXIT_OK
 
 
 def cmd_check(args: argparse.Namespace) -> int:
     """Assemble every legal form with ptxas; report forms/accepted/rejected per family x target."""
-    families = [spec.family(name).name for name in args.families] or list(spec.FAMILIES)
+    selected = [f for name in args.families for f in families_under(name)] or list(spec.FAMILIES)
+    families = list(dict.fromkeys(selected))
     targets = args.target or list(spec.TARGETS)
     try:
         version = ptxas.ptxas_version()
@@ -271,12 +294,13 @@ def parser() -> argparse.ArgumentParser:
         "list",
         help="legal forms of a family (or form counts of every family)",
         description="Print the legal forms of FAMILY on a target as a table: the qualifier "
-        "values (- for left out) and the opcode.  Without FAMILY, print the number of legal "
-        "forms of every family on every target.",
+        "values (- for left out) and the opcode.  Without FAMILY, or with a prefix such as "
+        "multimem, print the number of legal forms of every family (under the prefix) on "
+        "every target, or on --target.",
         epilog="example: python -m ptxops list multimem.ld_reduce --target sm_90a "
         "--where op=add --where type=bf16x2",
     )
-    ls.add_argument("family", nargs="?", metavar="FAMILY", help=f"one of: {families}")
+    ls.add_argument("family", nargs="?", metavar="FAMILY", help=f"one of: {families}; or a prefix")
     ls.add_argument("--target", type=target_arg, help=f"compile target (default {spec.DEFAULT_TARGET})")
     ls.add_argument(
         "--where", type=where_arg, action="append", metavar="KEY=VALUE",
@@ -305,10 +329,10 @@ def parser() -> argparse.ArgumentParser:
     ru = sub.add_parser(
         "rules",
         help="every rule of a family",
-        description="Print every rule of FAMILY: its name, whether ptxas enforces it, the "
-        "condition it checks and its text.",
+        description="Print every rule of FAMILY (or of every family under a prefix): its name, "
+        "whether ptxas enforces it, the condition it checks and its text.",
     )
-    ru.add_argument("family", metavar="FAMILY", help=f"one of: {families}")
+    ru.add_argument("family", metavar="FAMILY", help=f"one of: {families}; or a prefix (every family under it)")
     ru.set_defaults(run=cmd_rules)
 
     ck = sub.add_parser(
@@ -317,9 +341,12 @@ def parser() -> argparse.ArgumentParser:
         description="Render every legal form of the families as a PTX statement, assemble them "
         "with ptxas (PATH or $PTXAS) and print forms/accepted/rejected per family and target.  "
         "Exits 1 if ptxas rejects any legal form, 3 if there is no ptxas.",
-        epilog="example: python -m ptxops check fence multimem.st --target sm_90a",
+        epilog="example: python -m ptxops check fence multimem --target sm_90a",
     )
-    ck.add_argument("families", nargs="*", metavar="FAMILY", help="families to check (default: all)")
+    ck.add_argument(
+        "families", nargs="*", metavar="FAMILY",
+        help="families to check, or prefixes: multimem checks every multimem.* family (default: all)",
+    )
     ck.add_argument(
         "--target", type=target_arg, action="extend", nargs="+", metavar="T",
         help="targets to check (repeatable; default: all)",

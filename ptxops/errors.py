@@ -29,3 +29,21 @@ class QualifierError(ValueError):
         self.legal = {k: list(v) for k, v in (legal or {}).items()}
         self.target = target
         super().__init__(message)
+
+
+class CuTeDSLMissing(ModuleNotFoundError):
+    """The device functions need CuTeDSL (the ``cutlass`` package), which cannot be imported.
+
+    Raised when a device function (``ptxops.multimem_ld_reduce``, ...) is first used; the spec
+    and ``python -m ptxops`` work without CuTeDSL.
+    """
+
+    INSTALL = "pip install 'ptxops[dsl]'"
+
+    def __init__(self, missing: str) -> None:
+        super().__init__(
+            f"ptxops's device functions need CuTeDSL, and {missing!r} cannot be imported: "
+            f"{self.INSTALL} (NVIDIA's nvidia-cutlass-dsl).  ptxops.spec and "
+            "`python -m ptxops` work without it.",
+            name=missing,
+        )

@@ -99,6 +99,27 @@ def test_list_families(capsys):
     assert table["fence"][spec.TARGETS.index("sm_90a")] == str(fence)
 
 
+def test_list_overview_honours_target(capsys):
+    code, out, _ = run(capsys, "list", "--target", "sm_100a")
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert lines[0].split() == ["family", "sm_100a"]
+    table = {line.split()[0]: line.split()[1:] for line in lines[1:-1]}
+    assert table["multimem.st"] == [str(sum(1 for _ in spec.forms("multimem.st", target="sm_100a")))]
+    assert lines[-1] == f"{len(spec.FAMILIES)} families, 1 target (legal forms per target)"
+
+
+def test_list_prefix_counts_the_families_under_it(capsys):
+    code, out, _ = run(capsys, "list", "multimem", "--target", "sm_90a")
+    assert code == 0
+    names = [line.split()[0] for line in out.strip().splitlines()[1:-1]]
+    assert names == [f for f in spec.FAMILIES if f.startswith("multimem.")] and len(names) >= 3
+    code, _, err = run(capsys, "list", "multi", "--target", "sm_90a")  # prefixes end at a dot
+    assert code == 2 and "unknown instruction family 'multi'" in err and "multimem.st" in err
+    code, _, err = run(capsys, "list", "multimem", "--where", "op=add")
+    assert code == 2 and "--where needs one FAMILY" in err
+
+
 # -- explain ---------------------------------------------------------------------------------
 
 LEGAL = (
@@ -230,6 +251,39 @@ def test_check_reports_rejections(capsys, monkeypatch):
     n = len(lines)
     assert ["fence", "sm_90", str(n), str(n - bad), str(bad)] in [l.split() for l in out.splitlines()]
     assert "fence.sc.sys;" in err and "bad" in err
+
+
+def test_check_a_prefix_checks_every_family_under_it(capsys, monkeypatch):
+    seen: list[str] = []
+
+    def fake_assemble(lines, target):
+        seen.extend(lines)
+        return [None for _ in lines]
+
+    monkeypatch.setattr(ptxas, "ptxas_version", lambda: "fake")
+    monkeypatch.setattr(ptxas, "ptxas_path", lambda: "/fake/ptxas")
+    monkeypatch.setattr(ptxas, "assemble", fake_assemble)
+    code, out, _ = run(capsys, "check", "multimem", "cp.async.bulk", "--target", "sm_90a")
+    assert code == 0
+    checked = [line.split()[0] for line in out.splitlines()[2:-1]]
+    expected = [f for f in spec.FAMILIES if f.startswith("multimem.")]
+    expected += [f for f in spec.FAMILIES if f == "cp.async.bulk" or f.startswith("cp.async.bulk.")]
+    assert checked == expected and "cp.async.bulk.wait_group" in checked
+    assert len(seen) == sum(sum(1 for _ in spec.forms(f, target="sm_90a")) for f in expected)
+    code, out, err = run(capsys, "check", "multimem.nope")
+    assert code == 2 and out == ""
+    assert "unknown instruction family 'multimem.nope'" in err and "multimem.ld_reduce" in err
+
+
+def test_rules_of_a_prefix(capsys):
+    code, out, _ = run(capsys, "rules", "mbarrier")
+    assert code == 0
+    footers = [line for line in out.splitlines() if " rules of " in line]
+    assert [f.split(" rules of ")[1].split()[0] for f in footers] == [
+        f for f in spec.FAMILIES if f.startswith("mbarrier.")
+    ]
+    code, out, _ = run(capsys, "rules", "cp.async.bulk")  # a family itself: only its rules
+    assert code == 0 and out.count(" rules of ") == 1
 
 
 def test_check_without_ptxas(capsys, monkeypatch):

@@ -154,24 +154,68 @@ def test_misaligned_vector_access_is_rejected() -> None:
         ptx_of(body)
 
 
-def test_alignment_lost_in_pointer_arithmetic_names_the_assume_fix() -> None:
-    """``ptr + tidx * 8`` drops a 32-byte aligned tensor's alignment to 2 bytes: the error says
-    so and gives ``cute.assume(offset, divby=8)``; with it the 16-byte access compiles."""
+def _tidx():
+    return cute.arch.thread_idx()[0]
 
-    def lost(ptr):
-        p = cute.recast_ptr(ptr, dtype=BF16) + cute.arch.thread_idx()[0] * 8
+
+@pytest.mark.parametrize(
+    "offset",
+    [
+        lambda: _tidx() * 8,  # the README's natural code
+        lambda: (_tidx() << 4) + 16,
+        lambda: _tidx() * 16 + cute.arch.block_idx()[0] * 8,
+        lambda: cute.assume(_tidx() * 3, divby=8),  # not provable: the caller's promise
+    ],
+    ids=["tidx*8", "(tidx<<4)+16", "sum-of-multiples", "assume"],
+)
+def test_alignment_follows_the_offset_arithmetic(offset) -> None:
+    """On a 32-byte aligned tensor, ``bf16_ptr + offset`` is 16-byte aligned whenever the
+    offset is provably a multiple of 8 elements: the 16-byte accesses compile as written."""
+
+    def body(ptr):
+        p = cute.recast_ptr(ptr, dtype=BF16) + offset()
+        ptxops.multimem_st(p, ptxops.multimem_ld_reduce(p, num_elements=8), sem="relaxed", scope="sys")
+
+    found = opcodes(ptx_of(body))
+    assert found["multimem.st.relaxed.sys.global.v4.bf16x2"] == 1, found
+    assert found["multimem.ld_reduce.global.add.acc::f32.v4.bf16x2"] == 1, found
+
+
+def loop_ptx(step: int) -> str:
+    """A kernel copying 8 bf16 values at ``base + i`` for ``i`` from ``16 * block`` in steps of
+    ``step`` (the loop is in the kernel itself: CuTeDSL turns only its loops into IR loops)."""
+
+    @cute.kernel
+    def kernel(g: cute.Tensor):
+        base = cute.recast_ptr(g.iterator, dtype=BF16)
+        for i in cutlass.range(cute.arch.block_idx()[0] * 16, 256, step):
+            ptxops.st(base + i, ptxops.ld(base + i, num_elements=8))
+
+    @cute.jit
+    def launch(g: cute.Tensor):
+        kernel(g).launch(grid=[1, 1, 1], block=[32, 1, 1])
+
+    return compile_ptx(launch, global_tensor(I32))
+
+
+def test_alignment_follows_a_loop_step() -> None:
+    assert opcodes(loop_ptx(8))["ld.global.v4.b32"] >= 1  # LLVM may unroll the loop
+
+
+def test_unprovable_alignment_names_what_was_proved_and_the_assume_fix() -> None:
+    """``tidx * 4`` bf16 elements is only 8-byte aligned: the 16-byte access is refused with
+    the alignment proved and ``cute.assume(offset, divby=8)``; the same for a loop step of 4."""
+
+    def by_thread(ptr):
+        p = cute.recast_ptr(ptr, dtype=BF16) + _tidx() * 4
         ptxops.multimem_st(p, ptxops.ld(p, num_elements=8), sem="relaxed", scope="sys")
 
-    with pytest.raises(QualifierError, match=r"pointer-alignment") as info:
-        ptx_of(lost)
-    message = str(info.value)
-    assert "dynamic offset" in message and "cute.assume(offset, divby=8)" in message, message
-
-    def kept(ptr):
-        p = cute.recast_ptr(ptr, dtype=BF16) + cute.assume(cute.arch.thread_idx()[0] * 8, divby=8)
-        ptxops.multimem_st(p, ptxops.ld(p, num_elements=8), sem="relaxed", scope="sys")
-
-    assert opcodes(ptx_of(kept))["multimem.st.relaxed.sys.global.v4.bf16x2"] == 1
+    for compile_it in (lambda: ptx_of(by_thread), lambda: loop_ptx(4)):
+        with pytest.raises(QualifierError, match=r"pointer-alignment") as info:
+            compile_it()
+        message = str(info.value)
+        assert "known to be 8-byte aligned" in message, message
+        assert "cute.assume(offset, divby=8)" in message and info.value.offending == {"alignment": 8}
 
 
 # -- TMA bulk copies and mbarriers ---------------------------------------------------------------

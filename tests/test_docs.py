@@ -1,6 +1,6 @@
 """Every code block of the documentation runs here, so the docs cannot rot.
 
-Per page of ``docs/*.md``, the ``python`` blocks run in order in one namespace (a block may use
+Per page of ``docs/*.md`` and the README, the ``python`` blocks run in order in one namespace (a block may use
 what an earlier one defined), on the CPU: kernels compile for sm_90a without a GPU.  A block
 marked ``<!-- gpu -->`` on the line before its fence needs GPUs under torchrun: it is compiled
 (syntax), every ``ptxops``/``collectives`` name it imports or uses must exist, and it may not
@@ -21,8 +21,10 @@ from pathlib import Path
 
 import pytest
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
-PAGES = sorted(p for p in DOCS.glob("*.md"))
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+README = ROOT / "README.md"
+PAGES = [*sorted(p for p in DOCS.glob("*.md")), README]
 FENCE = re.compile(r"^(?P<fence>```+|~~~+)\s*(?P<info>[^\n`]*)$")
 GPU_MARKER = "<!-- gpu -->"
 PACKAGES = ("ptxops", "collectives")
@@ -167,9 +169,9 @@ def run_command(argv: list[str]) -> int:
 
 def test_the_pages_have_code() -> None:
     names = {p.name for p in PAGES}
-    for page in ("guide-memory-ordering.md", "tutorial-all-gather.md", "guide-collectives.md"):
+    for page in ("guide-memory-ordering.md", "tutorial-all-gather.md", "guide-collectives.md", "README.md"):
         assert page in names
-        assert python_blocks(DOCS / page), f"{page} has no python blocks"
+        assert python_blocks(README if page == README.name else DOCS / page), f"{page} has no python blocks"
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p)], ids=lambda p: p.name)

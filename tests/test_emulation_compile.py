@@ -59,6 +59,18 @@ def test_readme_pattern_is_unicast() -> None:
     assert found["red.release.sys.global.add.u32"] == WORLD, found
 
 
+def natural_offset(mc, out, flag):
+    """``mc + tidx * 8`` without ``cute.assume``: the alignment proved from the arithmetic
+    reaches every rank's unicast pointer (each peer's 16-byte access is checked again)."""
+    src = _gmem(cutlass.BFloat16, mc) + Int64(cute.arch.thread_idx()[0] * 8)
+    ptxops.multimem_st(src, ptxops.multimem_ld_reduce(src, num_elements=8), sem="relaxed", scope="sys")
+
+
+def test_natural_offset_is_aligned_on_every_rank() -> None:
+    found = opcodes(compiled(natural_offset))
+    assert found["ld.global.v4.b32"] == WORLD and found["st.relaxed.sys.global.v4.b32"] == WORLD, found
+
+
 def ordered(mc, out, flag):
     p = _gmem(cutlass.Float32, mc, 16)
     v = ptxops.multimem_ld_reduce(p, num_elements=4, sem="acquire", scope="sys")

@@ -37,3 +37,30 @@ def test_import_and_dir_load_no_cutlass() -> None:
 def test_every_public_name_resolves() -> None:
     pytest.importorskip("cutlass")
     assert all(callable(getattr(ptxops, name)) or name == "spec" for name in ptxops.__all__)
+
+
+_WITHOUT_CUTLASS = """
+import importlib.abc, sys
+class Blocker(importlib.abc.MetaPathFinder):  # as if CuTeDSL were not installed
+    def find_spec(self, name, path=None, target=None):
+        if name.partition('.')[0] == 'cutlass':
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, Blocker())
+from ptxops.errors import CuTeDSLMissing
+for load in ("from ptxops import multimem_ld_reduce", "from ptxops import emulate_multicast",
+             "import ptxops.ops.memory"):
+    try:
+        exec(load)
+    except ModuleNotFoundError as e:
+        assert isinstance(e, CuTeDSLMissing) and e.name == 'cutlass', repr(e)
+        print(e)
+    else:
+        raise AssertionError(load + ' loaded without CuTeDSL')
+"""
+
+
+def test_device_functions_without_cutedsl_say_how_to_install_it() -> None:
+    proc = subprocess.run([sys.executable, "-c", _WITHOUT_CUTLASS], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 3 and all("pip install 'ptxops[dsl]'" in line for line in lines), proc.stdout

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from ptxops import QualifierError, spec
@@ -428,6 +428,7 @@ def test_forms_are_legal_distinct_and_reproducible(name: str) -> None:
         forms = list(spec.forms(name, target=target))
         opcodes = [f.opcode for f in forms]
         assert len(opcodes) == len(set(opcodes))
+        assert spec.FAMILIES[name].count(target=target) == len(forms)
         for f in forms[:: max(1, len(forms) // 50)]:
             given = {k: v for k, v in f.qualifiers.items() if v is not None}
             assert spec.instruction(name, **given).opcode == f.opcode
@@ -449,6 +450,20 @@ def test_every_rejection_offers_a_legal_way_out(name: str, data) -> None:
         k, v = fixes[0]
         fixed = {**q, k: v}
         assert family.broken(fixed) is None or family.broken(fixed)[0] is not family.broken(q)[0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_count_agrees_with_enumeration_with_qualifiers_fixed(data) -> None:
+    """``Family.count`` (the memoised walk ``python -m ptxops list`` uses) counts exactly the
+    forms ``enumerate`` yields, whatever qualifiers are held fixed (legal or not).  Whole
+    families are compared in the test above."""
+    family = spec.FAMILIES[data.draw(st.sampled_from(list(spec.FAMILIES)), label="family")]
+    keys = data.draw(st.sets(st.sampled_from(family.keys), min_size=1, max_size=3), label="fixed")
+    fixed = {k: data.draw(st.sampled_from(family.domain(k)), label=k) for k in sorted(keys)}
+    counted = family.count(**fixed)
+    assume(counted <= 2000)  # keep the enumeration cheap
+    assert counted == sum(1 for _ in family.enumerate(**fixed))
 
 
 def test_fp8_forms_only_where_the_target_has_them() -> None:

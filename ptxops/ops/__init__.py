@@ -1,5 +1,14 @@
 """CuTeDSL device functions, one per PTX instruction family, validated through ptxops.spec."""
 
+from ..errors import CuTeDSLMissing
+
+try:
+    import cutlass  # noqa: F401  (first, so that a missing CuTeDSL says how to install it)
+except ModuleNotFoundError as missing:
+    if (missing.name or "").partition(".")[0] != "cutlass":
+        raise
+    raise CuTeDSLMissing(missing.name) from missing
+
 from .atomics import atom, atom_add, atom_cas, atom_exch, red
 from .bulk import (
     cp_async_bulk, cp_async_bulk_commit_group, cp_async_bulk_wait_group, cp_reduce_async_bulk,

@@ -20,7 +20,7 @@ from ..render import Instruction
 from ..spec.engine import Value
 from ..spec.ptxtypes import TYPES
 from ..spec.targets import normalise_target
-from . import values
+from . import alignment, values
 
 #: The state space a pointer's address space implies when the caller names none.
 SPACE_OF_POINTER = {
@@ -89,56 +89,38 @@ def check_alignment(inst: Instruction, ptr: cute.Pointer) -> None:
     data = next((o for o in inst.operands if o.role in ("b", "d")), None)
     if data is None:
         return
-    width = data.count * TYPES[str(inst.qualifiers["type"])].bits // 8
-    if ptr.alignment < width:
-        raise QualifierError(
-            inst.family,
-            f"{inst.opcode}: the pointer is known to be {ptr.alignment}-byte aligned, but the "
-            f"access is {width} bytes (target {inst.target}).\n"
-            f"  rule [pointer-alignment]: a {width}-byte access must be {width}-byte aligned.\n"
-            + _alignment_fix(ptr, width, "tensor") + ", or use a narrower access.",
-            offending={"alignment": ptr.alignment},
-            rule="pointer-alignment",
-            legal={"alignment": [width]},
-            target=inst.target,
-        )
+    require_alignment(inst, ptr, "", data.count * TYPES[str(inst.qualifiers["type"])].bits // 8)
 
 
 def require_alignment(inst: Instruction, ptr: cute.Pointer, what: str, bytes_: int) -> None:
-    """Reject a pointer known to be less than ``bytes_``-byte aligned where the instruction
-    needs that alignment (a bulk copy's 16 bytes, an mbarrier's 8)."""
-    if ptr.alignment < bytes_:
-        raise QualifierError(
-            inst.family,
-            f"{inst.opcode}: the {what} pointer is known to be {ptr.alignment}-byte aligned "
-            f"(target {inst.target}).\n"
-            f"  rule [pointer-alignment]: {inst.family} needs a {bytes_}-byte aligned {what}.\n"
-            + _alignment_fix(ptr, bytes_, "tensor or allocation") + ".",
-            offending={"alignment": ptr.alignment},
-            rule="pointer-alignment",
-            legal={"alignment": [bytes_]},
-            target=inst.target,
-        )
-
-
-def _alignment_fix(ptr: cute.Pointer, bytes_: int, owner: str) -> str:
-    """How to give ``ptr`` the ``bytes_``-byte alignment an access needs.  CuTeDSL keeps a
-    pointer's alignment through ``ptr + offset`` only for an offset it can prove a multiple of
-    the elements that alignment spans; a dynamic offset (``ptr + tidx * 8``) drops it to the
-    element size, whatever the tensor was given."""
+    """Reject a pointer not known to be ``bytes_``-byte aligned where the instruction needs
+    that alignment (a vector access its width, a bulk copy 16 bytes, an mbarrier 8).  The
+    alignment is the pointer's type's or what its offsets' arithmetic proves
+    (:func:`ptxops.ops.alignment.known`)."""
+    proved = alignment.known(ptr)
+    if proved >= bytes_:
+        return
+    need = (f"a {bytes_}-byte access must be {bytes_}-byte aligned" if not what
+            else f"{inst.family} needs a {bytes_}-byte aligned {what}")
     element = max(ptr.dtype.width // 8, 1)
     divby = max(bytes_ // element, 1)
-    lost = (
-        f"  The alignment is only the element size ({element} bytes of {ptr.dtype}): pointer "
-        "arithmetic with a dynamic offset loses the alignment the tensor had, or the "
-        f"{owner} was never given one.\n"
-        if ptr.alignment <= element else ""
-    )
-    return (
-        f"{lost}  Fix: `ptr + cute.assume(offset, divby={divby})` (a {bytes_}-byte aligned base plus "
-        f"an offset that is a multiple of {divby} elements stays {bytes_}-byte aligned); "
-        f"give the tensor assumed_align={bytes_}"
-        + (f" or the allocation byte_alignment={bytes_}" if owner != "tensor" else "")
+    raise QualifierError(
+        inst.family,
+        f"{inst.opcode}: the {what + ' ' if what else ''}pointer is known to be {proved}-byte "
+        f"aligned, but {bytes_}-byte alignment is needed (target {inst.target}).\n"
+        f"  rule [pointer-alignment]: {need}.\n"
+        f"  ptxops proves alignment from the pointer's type and from how its offsets were "
+        f"computed (products and shifts by constants, sums, loop steps, cute.assume); it proves "
+        f"{proved} bytes here.\n"
+        f"  Fix: an offset that is a multiple of {divby} elements ({bytes_} bytes of {ptr.dtype}) "
+        f"by construction, or `ptr + cute.assume(offset, divby={divby})` where it is one but "
+        f"cannot be proved; a {bytes_}-byte aligned base (the tensor's assumed_align="
+        f"{bytes_}, an allocation's byte_alignment={bytes_})"
+        + (", or a narrower access." if not what else "."),
+        offending={"alignment": proved},
+        rule="pointer-alignment",
+        legal={"alignment": [bytes_]},
+        target=inst.target,
     )
 
 

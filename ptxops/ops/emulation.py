@@ -69,6 +69,7 @@ from cutlass._mlir.dialects import scf
 from ..render import Instruction
 from ..spec.ptxtypes import TYPES
 from . import values
+from .alignment import known
 from .atomics import red
 from .emit import check_alignment
 from .memory import ld, st
@@ -174,7 +175,7 @@ def _shape(inst: Instruction) -> tuple[type[cutlass.Numeric], int]:
 def _peer_pointers(em: MulticastEmulation, inst: Instruction, mc_ptr: cute.Pointer, dtype) -> list[cute.Pointer]:
     check_alignment(inst, mc_ptr)
     _, peers = em.translate(mc_ptr.toint())
-    return [cute.make_ptr(dtype, p, cute.AddressSpace.gmem, assumed_align=mc_ptr.alignment) for p in peers]
+    return [cute.make_ptr(dtype, p, cute.AddressSpace.gmem, assumed_align=known(mc_ptr)) for p in peers]
 
 
 def _ordering(inst: Instruction, default: tuple[str | None, str | None]) -> dict[str, Any]:

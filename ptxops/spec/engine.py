@@ -279,6 +279,34 @@ class Family:
         """Every legal form, with the keys in ``fixed`` held at the given values."""
         return self._walk(fixed, self.rules)
 
+    def count(self, **fixed: Value) -> int:
+        """How many forms :meth:`enumerate` yields, without building them.
+
+        The same walk, memoised: the forms below a key depend only on the values of the keys
+        before it that a rule still to be checked reads, so each such prefix is counted once.
+        """
+        keys, ready = self._schedule(fixed, self.rules)
+        # keys before i that a rule checked at i or later reads: the state a suffix depends on
+        later = [sorted({keys.index(k) for rs in ready[i:] for r in rs for k in r.keys
+                         if keys.index(k) < i}) for i in range(len(keys) + 1)]
+        memo: dict[tuple[int, tuple[Value, ...]], int] = {}
+
+        def walk(i: int, q: dict[str, Value]) -> int:
+            if i == len(keys):
+                return 1
+            state = (i, tuple(q[keys[j]] for j in later[i]))
+            if state not in memo:
+                total = 0
+                for v in (fixed[keys[i]],) if keys[i] in fixed else self.domain(keys[i]):
+                    q[keys[i]] = v
+                    if not any(r.broken_keys(q) for r in ready[i]):
+                        total += walk(i + 1, q)
+                del q[keys[i]]
+                memo[state] = total
+            return memo[state]
+
+        return walk(0, {})
+
     def space(self, **fixed: Value) -> Iterator[dict[str, Value]]:
         """The whole cross product of the domains, legal or not (for the oracle tests)."""
         return self._walk(fixed, ())
@@ -289,6 +317,19 @@ class Family:
         chosen = self.rules if rules is None else tuple(rules)
         return next(self._walk(fixed, chosen, fixed_first=True), None)
 
+    def _schedule(
+        self, fixed: Mapping[str, Value], rules: Iterable[Rule], *, fixed_first: bool = False
+    ) -> tuple[tuple[str, ...], list[list[Rule]]]:
+        """The order the walk sets keys in, and the rules checked once each key is set (a rule
+        as soon as every key it reads has a value)."""
+        keys = ("target",) + tuple(q.key for q in self.settable)
+        if fixed_first:  # then the free keys from the type back: type and vector decide most
+            keys = tuple(k for k in keys if k in fixed) + tuple(k for k in reversed(keys) if k not in fixed)
+        ready: list[list[Rule]] = [[] for _ in keys]
+        for r in rules:
+            ready[max(keys.index(k) for k in r.keys)].append(r)
+        return keys, ready
+
     def _walk(
         self, fixed: Mapping[str, Value], rules: Iterable[Rule], *, fixed_first: bool = False
     ) -> Iterator[dict[str, Value]]:
@@ -296,12 +337,7 @@ class Family:
         rule is checked as soon as every key it reads has a value.  Keys are walked in opcode
         order, or with ``fixed_first`` the fixed ones first and then the free ones from the
         last (the type) back, so that a completion the type and vector rule out fails fast."""
-        keys = ("target",) + tuple(q.key for q in self.settable)
-        if fixed_first:  # then the free keys from the type back: type and vector decide most
-            keys = tuple(k for k in keys if k in fixed) + tuple(k for k in reversed(keys) if k not in fixed)
-        ready: list[list[Rule]] = [[] for _ in keys]
-        for r in rules:
-            ready[max(keys.index(k) for k in r.keys)].append(r)
+        keys, ready = self._schedule(fixed, rules, fixed_first=fixed_first)
 
         def walk(i: int, q: dict[str, Value]) -> Iterator[dict[str, Value]]:
             if i == len(keys):
