@@ -4,7 +4,9 @@ Collectives run on the current torch stream and are capturable in a CUDA graph o
 (one eager call with the same tensors compiles the kernel and builds its plan).  A tensor from
 :func:`empty` lives in symmetric memory and goes zero-copy; any other CUDA tensor is staged
 through an internal symmetric buffer by the kernel itself.  Each distinct call (tensors,
-dtype, op, algorithm, backend) is planned once; later calls only launch.
+dtype, op, algorithm, backend) is planned once; later calls only launch.  Traced by
+``torch.compile``, each function records its custom operator (:mod:`collectives.torch_ops`)
+instead of running.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import dataclasses
 
 import torch
 
-from . import tuning
+from . import torch_ops, tuning
 from .config import ALGORITHMS, DTYPES, LAMPORT_MAX_BYTES, MULTICAST_PATHS, VECTOR_BYTES, KernelKey, push_slice_elements
 from .errors import CollectiveError
 from .runtime import TORCH_DTYPES, Buffer, Communicator, communicator
@@ -35,6 +37,8 @@ def barrier(backend: str = "auto") -> None:
     """A device-side barrier of every rank on the current stream (no host sync; a rank that
     never arrives surfaces as CollectiveTimeout at the next collective or :func:`synchronize`).
     ``backend`` as for :func:`all_reduce`."""
+    if _compiling():
+        return torch_ops.traced_barrier(backend)
     comm = communicator()
     comm.check()
     comm.barrier(backend)
@@ -59,6 +63,8 @@ def all_reduce(
     multicast kernels with every multimem access emulated by unicast accesses to every rank:
     runs with peer access alone, for testing; never chosen by ``"auto"``), or ``"auto"``.
     """
+    if _compiling():
+        return torch_ops.traced_all_reduce(t, op, algorithm, backend, out)
     comm = communicator()
     comm.check()
     if comm.lamport_dirty:
@@ -186,6 +192,8 @@ def reduce_scatter(
     ``inp`` outside symmetric memory) or ``"auto"``; ``backend`` as for all_reduce.
     ``max_blocks`` caps the kernel's thread blocks (to leave SMs to kernels running beside it,
     as a GEMM does in :func:`collectives.gemm_reduce_scatter`); the same on every rank."""
+    if _compiling():
+        return torch_ops.traced_reduce_scatter(out, inp, op, algorithm, backend, max_blocks)
     comm = communicator()
     comm.check()
     capturing = _capturing()
@@ -251,6 +259,8 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
     or M are not 16-byte aligned), ``"tma"`` (bulk copies on at most a quarter of the SMs;
     16-byte aligned tensors and block size) or ``"auto"``; ``backend`` as for all_reduce;
     ``max_blocks`` as for reduce_scatter."""
+    if _compiling():
+        return torch_ops.traced_all_gather(out, inp, algorithm, backend, max_blocks)
     comm = communicator()
     comm.check()
     key = ("all_gather", inp.data_ptr(), inp.numel(), inp.dtype, inp.is_contiguous(),
@@ -302,6 +312,8 @@ def _block_pair(comm: Communicator, collective: str, out: torch.Tensor, inp: tor
     return dtype, block.numel() * block.element_size() % VECTOR_BYTES == 0, _aligned(inp, out)
 
 
+#: Whether torch.compile is tracing the call (then it records the custom operator).
+_compiling = torch.compiler.is_compiling
 #: torch.cuda.is_current_stream_capturing without its Python wrapper (per-call cost matters).
 _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
 

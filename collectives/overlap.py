@@ -25,6 +25,8 @@ Ownership of rows (``W`` ranks, ``M`` rows of ``a`` per rank, ``M % W == 0``):
   of ``sum_r a_r @ b_r``;
 - ``all_gather_gemm(a_shard, b)`` returns ``(W * M_shard, N)``: ``concat_r(a_shard_r) @ b``.
 
+Traced by ``torch.compile``, each function records its custom operator
+(``collectives::gemm_reduce_scatter`` / ``collectives::all_gather_gemm``, :mod:`collectives.torch_ops`).
 Like the collectives, a call is capturable in a CUDA graph once the same call ran eagerly
 (that call allocates the symmetric workspace and compiles the kernels).
 """
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import torch
 
+from . import torch_ops
 from .config import VECTOR_BYTES
 from .errors import CollectiveError
 from .runtime import Communicator, communicator
@@ -107,6 +110,8 @@ def _algorithm(*tensors: torch.Tensor) -> str:
 def gemm_reduce_scatter(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """Rows ``[rank * M / W, (rank + 1) * M / W)`` of ``sum over ranks of a @ b`` (``a``: M x K,
     ``b``: K x N, bf16 or f16, per rank), as an ``(M / W, N)`` tensor (``out`` if given)."""
+    if torch.compiler.is_compiling():
+        return torch_ops.traced_gemm("gemm_reduce_scatter", a, b, out)
     return _gemm_reduce_scatter(a, b, out)
 
 
@@ -160,6 +165,8 @@ def _gemm_reduce_scatter(a, b, out, timeline: list | None = None) -> torch.Tenso
 def all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """``concat over ranks of a_shard @ b`` (``a_shard``: M_shard x K, ``b``: K x N, bf16 or f16),
     as a ``(W * M_shard, N)`` tensor (``out`` if given)."""
+    if torch.compiler.is_compiling():
+        return torch_ops.traced_gemm("all_gather_gemm", a_shard, b, out)
     return _all_gather_gemm(a_shard, b, out)
 
 
