@@ -346,3 +346,28 @@ def _vector(dtype: str, backend: str, aligned: bool) -> int:
     if backend in MULTICAST_PATHS:
         raise CollectiveError(f"the {backend} backend needs 16-byte aligned tensors; use backend='peer'")
     return 1
+
+
+# -- the kernels of the custom operators (collectives.torch_ops): the functions above, eager --------
+
+
+@torch_ops.implement("all_reduce")
+def _all_reduce_kernel(t: torch.Tensor, op: str, algorithm: str, backend: str) -> None:
+    all_reduce(t, op, algorithm, backend)
+
+
+@torch_ops.implement("reduce_scatter")
+def _reduce_scatter_kernel(out: torch.Tensor, inp: torch.Tensor, op: str, algorithm: str, backend: str,
+                           max_blocks: int | None) -> None:
+    reduce_scatter(out, inp, op, algorithm, backend, max_blocks=max_blocks)
+
+
+@torch_ops.implement("all_gather")
+def _all_gather_kernel(out: torch.Tensor, inp: torch.Tensor, algorithm: str, backend: str,
+                       max_blocks: int | None) -> None:
+    all_gather(out, inp, algorithm, backend, max_blocks=max_blocks)
+
+
+@torch_ops.implement("barrier", "CompositeExplicitAutograd")  # no tensor to dispatch on
+def _barrier_kernel(backend: str) -> None:
+    barrier(backend)

@@ -111,7 +111,7 @@ def gemm_reduce_scatter(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | No
     """Rows ``[rank * M / W, (rank + 1) * M / W)`` of ``sum over ranks of a @ b`` (``a``: M x K,
     ``b``: K x N, bf16 or f16, per rank), as an ``(M / W, N)`` tensor (``out`` if given)."""
     if torch.compiler.is_compiling():
-        return torch_ops.traced_gemm("gemm_reduce_scatter", a, b, out)
+        return torch_ops.traced_gemm("gemm_reduce_scatter", a, b, _world(), out)
     return _gemm_reduce_scatter(a, b, out)
 
 
@@ -166,7 +166,7 @@ def all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, out: torch.Tensor | 
     """``concat over ranks of a_shard @ b`` (``a_shard``: M_shard x K, ``b``: K x N, bf16 or f16),
     as a ``(W * M_shard, N)`` tensor (``out`` if given)."""
     if torch.compiler.is_compiling():
-        return torch_ops.traced_gemm("all_gather_gemm", a_shard, b, out)
+        return torch_ops.traced_gemm("all_gather_gemm", a_shard, b, _world(), out)
     return _all_gather_gemm(a_shard, b, out)
 
 
@@ -220,6 +220,31 @@ def _all_gather_gemm(a_shard, b, out, timeline: list | None = None) -> torch.Ten
         _close(marks, main)
     main.wait_stream(side)
     return out
+
+
+@torch.compiler.assume_constant_result
+def _world() -> int:
+    """The communicator's world size: a constant of a compiled graph (read once, while tracing),
+    which the operators' kernels check."""
+    return communicator().world
+
+
+def _check_world(name: str, world: int) -> None:
+    """Refuse a graph traced for another world size (its output shape would be wrong)."""
+    if world != communicator().world:
+        raise CollectiveError(f"{name}: traced for {world} ranks, but the communicator has {communicator().world}")
+
+
+@torch_ops.implement("gemm_reduce_scatter")
+def _gemm_reduce_scatter_kernel(a: torch.Tensor, b: torch.Tensor, world: int) -> torch.Tensor:
+    _check_world("gemm_reduce_scatter", world)
+    return _gemm_reduce_scatter(a, b, None)
+
+
+@torch_ops.implement("all_gather_gemm")
+def _all_gather_gemm_kernel(a_shard: torch.Tensor, b: torch.Tensor, world: int) -> torch.Tensor:
+    _check_world("all_gather_gemm", world)
+    return _all_gather_gemm(a_shard, b, None)
 
 
 def _marks(timeline: list | None, kind: str, chunk: int, stream: torch.cuda.Stream):

@@ -1,11 +1,13 @@
 """The collectives as PyTorch custom operators, so that ``torch.compile`` keeps them in its graph.
 
-Registered (with :mod:`torch.library`) when :mod:`collectives.api` is imported::
+Defined (with :mod:`torch.library`) here, with their fake implementations; their CUDA kernels
+are the eager functions, registered by :mod:`collectives.api` and :mod:`collectives.overlap`
+when they are imported (as any use of the collectives functions does)::
 
-    collectives::all_reduce(Tensor(a0!) t, str op="sum", str algorithm="auto", str backend="auto") -> ()
-    collectives::reduce_scatter(Tensor(a0!) out, Tensor inp, str op="sum", str algorithm="auto",
+    collectives::all_reduce(Tensor(a!) t, str op="sum", str algorithm="auto", str backend="auto") -> ()
+    collectives::reduce_scatter(Tensor(a!) out, Tensor inp, str op="sum", str algorithm="auto",
                                 str backend="auto", SymInt? max_blocks=None) -> ()
-    collectives::all_gather(Tensor(a0!) out, Tensor inp, str algorithm="auto", str backend="auto",
+    collectives::all_gather(Tensor(a!) out, Tensor inp, str algorithm="auto", str backend="auto",
                             SymInt? max_blocks=None) -> ()
     collectives::barrier(str backend="auto") -> ()
     collectives::gemm_reduce_scatter(Tensor a, Tensor b, SymInt world) -> Tensor
@@ -23,122 +25,78 @@ stays in order with other effects.
 The public functions (:func:`collectives.all_reduce` and the others) are the API: traced by
 ``torch.compile`` (:func:`torch.compiler.is_compiling`) they call these operators through
 the ``traced_*`` functions below; anywhere else they run eagerly, and so do the operators'
-CUDA kernels, which call them.
+CUDA kernels, which call them.  This module imports nothing else of the package.
 """
 
+from collections.abc import Callable
 from typing import Optional
 
 import torch
 from torch import Tensor
-from torch._higher_order_ops.effects import _EffectType
+from torch._higher_order_ops.effects import _EffectType, _register_effectful_op
+
+#: The operators' schemas, by name (namespace ``collectives``).
+SCHEMAS = {
+    "all_reduce": '(Tensor(a!) t, str op="sum", str algorithm="auto", str backend="auto") -> ()',
+    "reduce_scatter": '(Tensor(a!) out, Tensor inp, str op="sum", str algorithm="auto", str backend="auto", '
+                      "SymInt? max_blocks=None) -> ()",
+    "all_gather": '(Tensor(a!) out, Tensor inp, str algorithm="auto", str backend="auto", '
+                  "SymInt? max_blocks=None) -> ()",
+    "barrier": '(str backend="auto") -> ()',
+    "gemm_reduce_scatter": "(Tensor a, Tensor b, SymInt world) -> Tensor",
+    "all_gather_gemm": "(Tensor a_shard, Tensor b, SymInt world) -> Tensor",
+}
+
+LIB = torch.library.Library("collectives", "DEF")
+for _name, _schema in SCHEMAS.items():
+    LIB.define(_name + _schema)
+# The barrier reads and writes no tensor: an ordered effect keeps it (with a token) in the graph.
+_register_effectful_op(torch.ops.collectives.barrier.default, _EffectType.ORDERED)
 
 
-@torch.library.custom_op("collectives::all_reduce", mutates_args=("t",), device_types="cuda")
-def all_reduce(t: Tensor, op: str = "sum", algorithm: str = "auto", backend: str = "auto") -> None:
-    """:func:`collectives.all_reduce` of ``t`` in place."""
-    from . import api
+def implement(name: str, dispatch_key: str = "CUDA") -> Callable[[Callable], Callable]:
+    """Register the decorated function as operator ``name``'s kernel for ``dispatch_key``."""
 
-    api.all_reduce(t, op, algorithm, backend)
+    def register(kernel: Callable) -> Callable:
+        LIB.impl(name, kernel, dispatch_key)
+        return kernel
+
+    return register
 
 
-@all_reduce.register_fake
+def _fake(name: str) -> Callable[[Callable], Callable]:
+    return torch.library.register_fake(f"collectives::{name}", lib=LIB)
+
+
+@_fake("all_reduce")
 def _(t, op="sum", algorithm="auto", backend="auto"):
     return None
 
 
-@torch.library.custom_op("collectives::reduce_scatter", mutates_args=("out",), device_types="cuda")
-def reduce_scatter(out: Tensor, inp: Tensor, op: str = "sum", algorithm: str = "auto", backend: str = "auto",
-                   max_blocks: Optional[int] = None) -> None:
-    """:func:`collectives.reduce_scatter` of ``inp`` into ``out``."""
-    from . import api
-
-    api.reduce_scatter(out, inp, op, algorithm, backend, max_blocks=max_blocks)
-
-
-@reduce_scatter.register_fake
+@_fake("reduce_scatter")
 def _(out, inp, op="sum", algorithm="auto", backend="auto", max_blocks=None):
     return None
 
 
-@torch.library.custom_op("collectives::all_gather", mutates_args=("out",), device_types="cuda")
-def all_gather(out: Tensor, inp: Tensor, algorithm: str = "auto", backend: str = "auto",
-               max_blocks: Optional[int] = None) -> None:
-    """:func:`collectives.all_gather` of every rank's ``inp`` into ``out``."""
-    from . import api
-
-    api.all_gather(out, inp, algorithm, backend, max_blocks=max_blocks)
-
-
-@all_gather.register_fake
+@_fake("all_gather")
 def _(out, inp, algorithm="auto", backend="auto", max_blocks=None):
     return None
 
 
-@torch.library.custom_op("collectives::barrier", mutates_args=())
-def barrier(backend: str = "auto") -> None:
-    """:func:`collectives.barrier` on the current stream."""
-    from . import api
-
-    api.barrier(backend)
-
-
-@barrier.register_fake
+@_fake("barrier")
 def _(backend="auto"):
     return None
 
 
-if hasattr(barrier, "register_effect"):
-    barrier.register_effect(_EffectType.ORDERED)
-else:  # torch before CustomOpDef.register_effect: the table of effects by operator overload
-    from torch._higher_order_ops.effects import _register_effectful_op
-
-    _register_effectful_op(torch.ops.collectives.barrier.default, _EffectType.ORDERED)
-
-
-@torch.library.custom_op("collectives::gemm_reduce_scatter", mutates_args=(), device_types="cuda")
-def gemm_reduce_scatter(a: Tensor, b: Tensor, world: int) -> Tensor:
-    """:func:`collectives.gemm_reduce_scatter` of ``a`` and ``b`` over ``world`` ranks."""
-    from . import overlap
-
-    _check_world("gemm_reduce_scatter", world)
-    return overlap.gemm_reduce_scatter(a, b)
-
-
-@gemm_reduce_scatter.register_fake
+@_fake("gemm_reduce_scatter")
 def _(a, b, world):
     torch._check(a.shape[0] % world == 0, lambda: f"gemm_reduce_scatter: a's rows are not a multiple of {world}")
     return a.new_empty((a.shape[0] // world, b.shape[1]))
 
 
-@torch.library.custom_op("collectives::all_gather_gemm", mutates_args=(), device_types="cuda")
-def all_gather_gemm(a_shard: Tensor, b: Tensor, world: int) -> Tensor:
-    """:func:`collectives.all_gather_gemm` of ``a_shard`` and ``b`` over ``world`` ranks."""
-    from . import overlap
-
-    _check_world("all_gather_gemm", world)
-    return overlap.all_gather_gemm(a_shard, b)
-
-
-@all_gather_gemm.register_fake
+@_fake("all_gather_gemm")
 def _(a_shard, b, world):
     return a_shard.new_empty((world * a_shard.shape[0], b.shape[1]))
-
-
-def _check_world(name: str, world: int) -> None:
-    """Refuse a traced world size that is not the communicator's (its output shape would be wrong)."""
-    from .errors import CollectiveError
-    from .runtime import communicator
-
-    if world != communicator().world:
-        raise CollectiveError(f"{name}: traced for {world} ranks, but the communicator has {communicator().world}")
-
-
-@torch.compiler.assume_constant_result
-def world_size() -> int:
-    """The communicator's world size, a constant of a compiled graph (read once, while tracing)."""
-    from .runtime import communicator
-
-    return communicator().world
 
 
 # -- the public functions' traced path ------------------------------------------------------------
@@ -167,8 +125,9 @@ def traced_barrier(backend: str) -> None:
     torch.ops.collectives.barrier(backend)
 
 
-def traced_gemm(name: str, a: Tensor, b: Tensor, out: Optional[Tensor]) -> Tensor:
+def traced_gemm(name: str, a: Tensor, b: Tensor, world: int, out: Optional[Tensor]) -> Tensor:
     """What :func:`collectives.gemm_reduce_scatter` / :func:`collectives.all_gather_gemm`
-    (``name``) record in a traced graph: the functional operator, copied into ``out`` if given."""
-    result = getattr(torch.ops.collectives, name)(a, b, world_size())
+    (``name``) record in a traced graph: the functional operator over ``world`` ranks, copied
+    into ``out`` if given."""
+    result = getattr(torch.ops.collectives, name)(a, b, world)
     return result if out is None else out.copy_(result)

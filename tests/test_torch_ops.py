@@ -10,15 +10,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import collectives  # noqa: E402
-from collectives import torch_ops  # noqa: E402
+from collectives import overlap  # noqa: E402
 from torch._dynamo.backends.common import aot_autograd  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 SCHEMAS = {
-    "all_reduce": 'collectives::all_reduce(Tensor(a0!) t, str op="sum", str algorithm="auto", str backend="auto") -> ()',
-    "reduce_scatter": 'collectives::reduce_scatter(Tensor(a0!) out, Tensor inp, str op="sum", str algorithm="auto", '
+    "all_reduce": 'collectives::all_reduce(Tensor(a!) t, str op="sum", str algorithm="auto", str backend="auto") -> ()',
+    "reduce_scatter": 'collectives::reduce_scatter(Tensor(a!) out, Tensor inp, str op="sum", str algorithm="auto", '
                       'str backend="auto", SymInt? max_blocks=None) -> ()',
-    "all_gather": 'collectives::all_gather(Tensor(a0!) out, Tensor inp, str algorithm="auto", str backend="auto", '
+    "all_gather": 'collectives::all_gather(Tensor(a!) out, Tensor inp, str algorithm="auto", str backend="auto", '
                   "SymInt? max_blocks=None) -> ()",
     "barrier": 'collectives::barrier(str backend="auto") -> ()',
     "gemm_reduce_scatter": "collectives::gemm_reduce_scatter(Tensor a, Tensor b, SymInt world) -> Tensor",
@@ -31,6 +31,14 @@ W = 2
 @pytest.mark.parametrize("name", list(SCHEMAS))
 def test_schemas_declare_what_each_operator_writes(name: str) -> None:
     assert str(getattr(torch.ops.collectives, name).default._schema) == SCHEMAS[name]
+
+
+def test_the_eager_functions_are_the_operators_cuda_kernels() -> None:
+    from collectives import api, overlap  # noqa: F401 (they register the kernels)
+
+    for name in SCHEMAS:
+        key = "CompositeExplicitAutograd" if name == "barrier" else "CUDA"
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"collectives::{name}", key), name
 
 
 # -- opcheck: the operators' registrations (schema, fake, functionalization) against a CPU model ---
@@ -59,15 +67,16 @@ def _model_all_gather_gemm(a_shard, b, world):
 
 
 @pytest.fixture(scope="module")
-def cpu_model() -> None:
+def cpu_model():
     """CPU kernels of the operators for ``opcheck``: rank 0 of W ranks that all hold the same
-    inputs.  (The real kernels are CUDA only; nothing else in the package has CPU kernels, and
-    the public functions run eagerly without these operators, so registering them is harmless.)"""
-    for op, fn in ((torch_ops.all_reduce, _model_all_reduce), (torch_ops.reduce_scatter, _model_reduce_scatter),
-                   (torch_ops.all_gather, _model_all_gather),
-                   (torch_ops.gemm_reduce_scatter, _model_gemm_reduce_scatter),
-                   (torch_ops.all_gather_gemm, _model_all_gather_gemm)):
-        op.register_kernel("cpu")(fn)
+    inputs (the real kernels are CUDA only), registered for this module's tests."""
+    lib = torch.library.Library("collectives", "IMPL")
+    for name, kernel in (("all_reduce", _model_all_reduce), ("reduce_scatter", _model_reduce_scatter),
+                         ("all_gather", _model_all_gather), ("gemm_reduce_scatter", _model_gemm_reduce_scatter),
+                         ("all_gather_gemm", _model_all_gather_gemm)):
+        lib.impl(name, kernel, "CPU")
+    yield
+    lib._destroy()
 
 
 def _args(name: str) -> tuple:
@@ -128,7 +137,7 @@ def _compile(model: torch.nn.Module) -> tuple[torch.nn.Module, list[str]]:
 
 def test_compiled_model_has_no_graph_break(monkeypatch: pytest.MonkeyPatch) -> None:
     # The communicator's world size is read while tracing; there is none here (no GPU).
-    monkeypatch.setattr(torch_ops, "world_size", lambda: W)
+    monkeypatch.setattr(overlap, "_world", lambda: W)
     compiled, graphs = _compile(Model())
     with FakeTensorMode():  # nothing runs: every operator's fake implementation answers
         total, rs, ag = compiled(torch.randn(8), torch.randn(4, 3), torch.randn(3, 5))
