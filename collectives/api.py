@@ -4,7 +4,9 @@ Collectives run on the current torch stream and are capturable in a CUDA graph o
 (one eager call with the same tensors compiles the kernel and builds its plan).  A tensor from
 :func:`empty` lives in symmetric memory and goes zero-copy; any other CUDA tensor is staged
 through an internal symmetric buffer by the kernel itself.  Each distinct call (tensors,
-dtype, op, algorithm, backend) is planned once; later calls only launch.
+dtype, op, algorithm, backend) is planned once; later calls only launch.  Traced by
+``torch.compile``, each function records its custom operator (:mod:`collectives.torch_ops`)
+instead of running (on the default communicator: ``group=None``).
 
 A size mismatch across ranks, which kernels record, is raised by :func:`synchronize` or by the
 first later call that reads the record, after that call's own launch (ranks read it at
@@ -18,10 +20,10 @@ from typing import Any
 
 import torch
 
-from . import tuning
+from . import torch_ops, tuning
 from .config import ALGORITHMS, DTYPES, LAMPORT_MAX_BYTES, MULTICAST_PATHS, VECTOR_BYTES, KernelKey, push_slice_elements
 from .errors import CollectiveError
-from .runtime import TORCH_DTYPES, Buffer, Communicator, _capturing, communicator
+from .runtime import TORCH_DTYPES, Buffer, Communicator, _capturing, communicator, traceable
 
 
 def empty(shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32, *, group: Any = None) -> torch.Tensor:
@@ -44,6 +46,9 @@ def barrier(backend: str = "auto", *, group: Any = None) -> None:
     """A device-side barrier of every rank on the current stream (no host sync; a rank that
     never arrives surfaces as CollectiveTimeout at the next collective or :func:`synchronize`).
     ``backend`` as for :func:`all_reduce`."""
+    if _compiling():
+        traceable(group, "barrier")
+        return torch_ops.traced_barrier(backend)
     comm = communicator(group)
     comm.poll()
     comm.barrier(backend)
@@ -71,6 +76,9 @@ def all_reduce(
     runs with peer access alone, for testing; never chosen by ``"auto"``), or ``"auto"``.
     ``group``: the ranks that reduce (see :func:`empty`).
     """
+    if _compiling():
+        traceable(group, "all_reduce")
+        return torch_ops.traced_all_reduce(t, op, algorithm, backend, out)
     comm = communicator(group)
     comm.poll()
     result = t if out is None else out
@@ -198,6 +206,9 @@ def reduce_scatter(
     ``max_blocks`` caps the kernel's thread blocks (to leave SMs to kernels running beside it,
     as a GEMM does in :func:`collectives.gemm_reduce_scatter`); the same on every rank.
     ``group`` as for :func:`empty` (W: its size; ``rank``: the group rank)."""
+    if _compiling():
+        traceable(group, "reduce_scatter")
+        return torch_ops.traced_reduce_scatter(out, inp, op, algorithm, backend, max_blocks)
     comm = communicator(group)
     comm.poll()
     capturing = _capturing()
@@ -264,6 +275,9 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
     or M are not 16-byte aligned), ``"tma"`` (bulk copies on at most a quarter of the SMs;
     16-byte aligned tensors and block size) or ``"auto"``; ``backend`` as for all_reduce;
     ``max_blocks`` and ``group`` as for reduce_scatter."""
+    if _compiling():
+        traceable(group, "all_gather")
+        return torch_ops.traced_all_gather(out, inp, algorithm, backend, max_blocks)
     comm = communicator(group)
     comm.poll()
     key = ("all_gather", inp.data_ptr(), inp.numel(), inp.dtype, inp.is_contiguous(),
@@ -316,6 +330,10 @@ def _block_pair(comm: Communicator, collective: str, out: torch.Tensor, inp: tor
     return dtype, block.numel() * block.element_size() % VECTOR_BYTES == 0, _aligned(inp, out)
 
 
+#: Whether torch.compile is tracing the call (then it records the custom operator).
+_compiling = torch.compiler.is_compiling
+
+
 def _dtype(comm: Communicator, t: torch.Tensor) -> str:
     if not t.is_cuda:
         raise CollectiveError(f"collectives take CUDA tensors, not {t.device}")
@@ -344,3 +362,28 @@ def _vector(dtype: str, backend: str, aligned: bool) -> int:
     if backend in MULTICAST_PATHS:
         raise CollectiveError(f"the {backend} backend needs 16-byte aligned tensors; use backend='peer'")
     return 1
+
+
+# -- the kernels of the custom operators (collectives.torch_ops): the functions above, eager --------
+
+
+@torch_ops.implement("all_reduce")
+def _all_reduce_kernel(t: torch.Tensor, op: str, algorithm: str, backend: str) -> None:
+    all_reduce(t, op, algorithm, backend)
+
+
+@torch_ops.implement("reduce_scatter")
+def _reduce_scatter_kernel(out: torch.Tensor, inp: torch.Tensor, op: str, algorithm: str, backend: str,
+                           max_blocks: int | None) -> None:
+    reduce_scatter(out, inp, op, algorithm, backend, max_blocks=max_blocks)
+
+
+@torch_ops.implement("all_gather")
+def _all_gather_kernel(out: torch.Tensor, inp: torch.Tensor, algorithm: str, backend: str,
+                       max_blocks: int | None) -> None:
+    all_gather(out, inp, algorithm, backend, max_blocks=max_blocks)
+
+
+@torch_ops.implement("barrier", "CompositeExplicitAutograd")  # no tensor to dispatch on
+def _barrier_kernel(backend: str) -> None:
+    barrier(backend)

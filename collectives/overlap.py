@@ -25,6 +25,8 @@ Ownership of rows (``W`` ranks, ``M`` rows of ``a`` per rank, ``M % W == 0``):
   of ``sum_r a_r @ b_r``;
 - ``all_gather_gemm(a_shard, b)`` returns ``(W * M_shard, N)``: ``concat_r(a_shard_r) @ b``.
 
+Traced by ``torch.compile``, each function records its custom operator
+(``collectives::gemm_reduce_scatter`` / ``collectives::all_gather_gemm``, :mod:`collectives.torch_ops`).
 Like the collectives, a call is capturable in a CUDA graph once the same call ran eagerly
 (that call allocates the symmetric workspace and compiles the kernels).  The workspaces are
 staging-pool slots (:class:`~collectives.staging.StagingPool`): grown collectively, and never
@@ -37,9 +39,10 @@ from typing import Any
 
 import torch
 
+from . import torch_ops
 from .config import VECTOR_BYTES
 from .errors import CollectiveError
-from .runtime import Communicator, communicator
+from .runtime import Communicator, communicator, traceable
 
 DTYPES = (torch.bfloat16, torch.float16)
 #: Row chunks per call (fewer when a rank's block has fewer rows), at most :data:`MAX_CHUNKS`.
@@ -103,6 +106,9 @@ def gemm_reduce_scatter(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | No
     """Rows ``[rank * M / W, (rank + 1) * M / W)`` of ``sum over ranks of a @ b`` (``a``: M x K,
     ``b``: K x N, bf16 or f16, per rank), as an ``(M / W, N)`` tensor (``out`` if given);
     ranks, ``W`` and ``rank`` those of ``group`` (as for :func:`collectives.all_reduce`)."""
+    if torch.compiler.is_compiling():
+        traceable(group, "gemm_reduce_scatter")
+        return torch_ops.traced_gemm("gemm_reduce_scatter", a, b, _world(), out)
     return _gemm_reduce_scatter(a, b, out, group=group)
 
 
@@ -161,6 +167,9 @@ def all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, out: torch.Tensor | 
                     group: Any = None) -> torch.Tensor:
     """``concat over ranks of a_shard @ b`` (``a_shard``: M_shard x K, ``b``: K x N, bf16 or f16),
     as a ``(W * M_shard, N)`` tensor (``out`` if given); ranks those of ``group``."""
+    if torch.compiler.is_compiling():
+        traceable(group, "all_gather_gemm")
+        return torch_ops.traced_gemm("all_gather_gemm", a_shard, b, _world(), out)
     return _all_gather_gemm(a_shard, b, out, group=group)
 
 
@@ -218,6 +227,31 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
         _close(marks, main)
     main.wait_stream(side)
     return out
+
+
+@torch.compiler.assume_constant_result
+def _world() -> int:
+    """The communicator's world size: a constant of a compiled graph (read once, while tracing),
+    which the operators' kernels check."""
+    return communicator().world
+
+
+def _check_world(name: str, world: int) -> None:
+    """Refuse a graph traced for another world size (its output shape would be wrong)."""
+    if world != communicator().world:
+        raise CollectiveError(f"{name}: traced for {world} ranks, but the communicator has {communicator().world}")
+
+
+@torch_ops.implement("gemm_reduce_scatter")
+def _gemm_reduce_scatter_kernel(a: torch.Tensor, b: torch.Tensor, world: int) -> torch.Tensor:
+    _check_world("gemm_reduce_scatter", world)
+    return _gemm_reduce_scatter(a, b, None)
+
+
+@torch_ops.implement("all_gather_gemm")
+def _all_gather_gemm_kernel(a_shard: torch.Tensor, b: torch.Tensor, world: int) -> torch.Tensor:
+    _check_world("all_gather_gemm", world)
+    return _all_gather_gemm(a_shard, b, None)
 
 
 def _marks(timeline: list | None, kind: str, chunk: int, stream: torch.cuda.Stream):

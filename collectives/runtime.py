@@ -545,3 +545,13 @@ def communicator(group: Any = None) -> Communicator:
             del _COMMS[key]
         comm = _COMMS[id(ctx)] = Communicator(ctx)
     return comm
+
+
+def traceable(group: Any, what: str) -> None:
+    """Refuse ``group`` while torch.compile traces ``what``: its custom operator
+    (:mod:`collectives.torch_ops`) runs on the default communicator, so a sub-group's call
+    would silently run on all ranks."""
+    if group is not None:
+        raise CollectiveError(
+            f"{what}(group=...) inside torch.compile: the compiled operators use the default "
+            "communicator (group=None) only; call it outside the compiled region, or on all ranks")
