@@ -10,7 +10,10 @@ from .errors import QualifierError
 
 DEVICE_FUNCTIONS = (
     "atom", "atom_add", "atom_cas", "atom_exch", "cp_async_bulk", "cp_async_bulk_commit_group",
-    "cp_async_bulk_wait_group", "cp_reduce_async_bulk", "fence", "ld", "ld_acquire", "mapa",
+    "cp_async_bulk_wait_group", "cp_reduce_async_bulk", "fence", "griddepcontrol_launch_dependents",
+    "griddepcontrol_wait", "ld",
+    "membar", "elect_sync", "prefetch", "prefetchu", "cp_async_bulk_prefetch", "st_bulk",
+    "clusterlaunchcontrol_try_cancel", "clusterlaunchcontrol_query_cancel", "ld_acquire", "mapa",
     "mbarrier_arrive", "mbarrier_init", "mbarrier_try_wait", "multimem_ld_reduce", "multimem_red",
     "multimem_st", "nanosleep", "red", "red_async", "st", "st_async", "st_release",
 )

@@ -35,7 +35,7 @@ QUALIFIER_OPTIONS: tuple[tuple[str, str, str], ...] = (
     ("--nc", "nc", "ld only: nc (ld.global.nc, the non-coherent read-only load)"),
     ("--l1-eviction", "l1_eviction", "ld/st only: evict_normal, evict_unchanged, evict_first, evict_last, no_allocate"),
     ("--l2-eviction", "l2_eviction", "ld/st only: evict_normal, evict_first, evict_last (256-bit accesses)"),
-    ("--cache-hint", "cache_hint", "ld/st only: cache_hint (.L2::cache_hint; adds a 64-bit cache-policy operand)"),
+    ("--cache-hint", "cache_hint", "ld/st, cp.async.bulk.prefetch: cache_hint (.L2::cache_hint; adds a 64-bit cache-policy operand)"),
     ("--prefetch", "prefetch", "ld only: L2 prefetch size 64B, 128B or 256B"),
     ("--acc", "acc", "accumulation precision of multimem.ld_reduce: f32 or f16"),
     ("--proxy", "proxy", "fence only: alias, async, async.global, tensormap::generic, ..."),
@@ -47,6 +47,8 @@ QUALIFIER_OPTIONS: tuple[tuple[str, str, str], ...] = (
     ("--expect-tx", "expect_tx", "mbarrier.arrive only: expect_tx"),
     ("--parity", "parity", "mbarrier.try_wait only: parity"),
     ("--read", "read", "cp.async.bulk.wait_group only: read"),
+    ("--level", "level", "membar: cta, gl, sys; prefetch: L1, L2, L2::evict_last, L2::evict_normal, tensormap"),
+    ("--query", "query", "clusterlaunchcontrol.query_cancel only: is_canceled, get_first_ctaid, get_first_ctaid::x, ::y, ::z"),
 )
 
 #: Spellings ``--where`` accepts for "this qualifier is left out".

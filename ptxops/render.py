@@ -26,7 +26,10 @@ ADDRESSES: dict[str, str | None] = {"a": "space", "dst": "dst", "src": "src", "m
 #: Value tokens with a fixed register width whatever the form's type: byte counts, arrival
 #: counts, transaction counts, phase parity, an mbarrier phase state, an L2 cache policy, a CTA
 #: rank, a sleep time.
-FIXED_BITS = {"size": 32, "count": 32, "tx": 32, "phase": 32, "state": 64, "policy": 64, "rank": 32, "ns": 32}
+FIXED_BITS = {
+    "size": 32, "count": 32, "tx": 32, "phase": 32, "state": 64, "policy": 64, "rank": 32, "ns": 32,
+    "mask": 32, "bytes": 64, "response": 128,
+}
 #: Value tokens whose width follows the form's type and vector (``addr``: an address held in a
 #: register as a value, such as the address ``mapa`` maps).
 TYPED = ("b", "c", "d", "addr")
@@ -44,8 +47,11 @@ ROLE_DOC = {
     "phase": "phase parity", "state": "mbarrier phase state", "p": "predicate result",
     "policy": "64-bit L2 cache policy (createpolicy)",
     "n": "integer immediate", "addr": "address value", "rank": "CTA rank in the cluster",
-    "ns": "sleep time in nanoseconds",
+    "ns": "sleep time in nanoseconds", "mask": "32-bit member mask of lanes",
+    "bytes": "64-bit byte count", "response": "128-bit try_cancel response",
 }
+#: A literal operand that joins its neighbours into one (``elect.sync d|p, mask``).
+JOIN = "|"
 
 
 @dataclass(frozen=True)
@@ -137,21 +143,26 @@ def opcode(family: Family, q: Mapping[str, Value]) -> str:
     return family.name + "".join(slot.render_in(q) for slot in family.qualifiers)
 
 
-def form_type(family: Family, q: Mapping[str, Value]) -> Value:
-    """The form's ``.type``: the one given, or the one an implied slot writes (``.b64`` of
-    every ``mbarrier`` form)."""
-    if q.get("type") is not None:
-        return q["type"]
+def form_value(family: Family, q: Mapping[str, Value], key: str) -> Value:
+    """The form's value of ``key``: the one given, or the one an implied slot writes (``.b64``
+    of every ``mbarrier`` form, ``.v4`` of ``clusterlaunchcontrol.query_cancel.get_first_ctaid``)."""
+    if q.get(key) is not None:
+        return q[key]
     for slot in family.qualifiers:
-        if slot.key == "type" and not slot.settable and slot.render_in(q):
+        if slot.key == key and not slot.settable and slot.render_in(q):
             return slot.values[0]
     return None
+
+
+def form_type(family: Family, q: Mapping[str, Value]) -> Value:
+    """The form's ``.type``, given or implied."""
+    return form_value(family, q, "type")
 
 
 def operands(family: Family, q: Mapping[str, Value]) -> tuple[Operand, ...]:
     """The operand layout of a form, from the family's signature and the form's type/vec/space."""
     ptx_type = TYPES.get(str(form_type(family, q)))
-    vec = q.get("vec")
+    vec = form_value(family, q, "vec")
     count = vec if isinstance(vec, int) and vec > 0 else 1
     bits = ptx_type.reg_bits if ptx_type else 32
     out = []
@@ -174,8 +185,9 @@ def operands(family: Family, q: Mapping[str, Value]) -> tuple[Operand, ...]:
 
 
 def statement(op_text: str, layout: Iterable[Operand], names: Iterable[Iterable[str]]) -> str:
-    """Join an opcode and per-operand register names into one PTX statement."""
-    parts = []
+    """Join an opcode and per-operand register names into one PTX statement (a :data:`JOIN`
+    literal glues its neighbours: ``d|p``)."""
+    parts: list[str] = []
     for op, regs in zip(layout, names):
         regs = list(regs)
         if op.is_literal:
@@ -186,7 +198,8 @@ def statement(op_text: str, layout: Iterable[Operand], names: Iterable[Iterable[
             parts.append("{" + ", ".join(regs) + "}")
         else:
             parts.append(regs[0])
-    return f"{op_text} {', '.join(parts)};" if parts else f"{op_text};"
+    text = ", ".join(parts).replace(f", {JOIN}, ", JOIN)
+    return f"{op_text} {text};" if parts else f"{op_text};"
 
 
 def asm_template(op_text: str, layout: tuple[Operand, ...]) -> tuple[str, str]:

@@ -279,3 +279,39 @@ def test_ld_cache_hints_list_and_explain(capsys):
 def test_explain_param_is_legal_ptx_not_wrapped(capsys):
     code, _, err = run(capsys, "explain", "ld", "--space", "param", "--type", "b32")
     assert code != 0 and "legal PTX that ptxops does not wrap" in err
+
+
+# -- the control, prefetch and Blackwell families -----------------------------------------------
+
+NEW = ("griddepcontrol.launch_dependents", "griddepcontrol.wait", "membar", "elect.sync",
+       "prefetch", "prefetchu", "cp.async.bulk.prefetch", "st.bulk",
+       "clusterlaunchcontrol.try_cancel", "clusterlaunchcontrol.query_cancel")
+
+
+@pytest.mark.parametrize("target", ["sm_90a", "sm_100a"])
+def test_list_new_families_per_target(capsys, target):
+    for name in NEW:
+        code, out, _ = run(capsys, "list", name, "--target", target)
+        n = sum(1 for _ in spec.forms(name, target=target))
+        assert code == 0 and out.strip().splitlines()[-1].startswith(f"{n} form")
+        assert (n == 0) == (target == "sm_90a" and name.startswith(("st.bulk", "clusterlaunch")))
+
+
+def test_explain_elect_and_query_cancel(capsys):
+    code, out, _ = run(capsys, "explain", "elect.sync")
+    assert code == 0 and "elect.sync %r1|%p1, %r2;" in out and "ptxops.elect_sync" in out
+    code, out, _ = run(capsys, "explain", "clusterlaunchcontrol.query_cancel", "--query",
+                       "get_first_ctaid::y", "--target", "sm_100a")
+    assert code == 0 and "query_cancel.get_first_ctaid::y.b32.b128 %r1, %q1;" in out
+    code, _, err = run(capsys, "explain", "st.bulk", "--target", "sm_90a")
+    assert code == 2 and "[target]" in err and "sm_100a" in err
+    code, out, _ = run(capsys, "explain", "prefetch", "--space", "global", "--level", "L2::evict_last")
+    assert code == 0 and "prefetch.global.L2::evict_last [%rd1];" in out
+
+
+@needs_ptxas
+def test_check_new_families(capsys):
+    code, out, _ = run(capsys, "check", *NEW, "--target", "sm_90a", "sm_100a")
+    assert code == 0
+    total = sum(sum(1 for _ in spec.forms(n, target=t)) for n in NEW for t in ("sm_90a", "sm_100a"))
+    assert out.strip().splitlines()[-1] == f"{total} forms, {total} accepted, 0 rejected"

@@ -85,6 +85,26 @@ def emit_form(inst: Instruction, gptr, sptr, pointers: dict | None = None) -> No
         ptxops.mapa(sptr if space else gptr, 1, space=space, type=common["type"])
     elif inst.family == "nanosleep":
         ptxops.nanosleep(100)
+    elif inst.family == "griddepcontrol.launch_dependents":
+        ptxops.griddepcontrol_launch_dependents()
+    elif inst.family == "griddepcontrol.wait":
+        ptxops.griddepcontrol_wait()
+    elif inst.family == "membar":
+        ptxops.membar(q["level"])
+    elif inst.family == "elect.sync":
+        ptxops.elect_sync()
+    elif inst.family == "prefetch":
+        ptxops.prefetch(ptr, q["level"], space=space)
+    elif inst.family == "prefetchu":
+        ptxops.prefetchu(gptr)
+    elif inst.family == "cp.async.bulk.prefetch":
+        ptxops.cp_async_bulk_prefetch(gptr, 64, cache_policy=cutlass.Int64(0) if q["cache_hint"] else None)
+    elif inst.family == "st.bulk":
+        ptxops.st_bulk(ptr, 64, sem=q["sem"], space=space)
+    elif inst.family == "clusterlaunchcontrol.try_cancel":
+        ptxops.clusterlaunchcontrol_try_cancel(ptr, ptr + 4, space=space)
+    elif inst.family == "clusterlaunchcontrol.query_cancel":
+        ptxops.clusterlaunchcontrol_query_cancel([cutlass.Int64(0), cutlass.Int64(0)], q["query"])
     elif inst.family == "cp.async.bulk.commit_group":
         ptxops.cp_async_bulk_commit_group()
     elif inst.family == "cp.async.bulk.wait_group":
@@ -121,8 +141,15 @@ def make_launcher(forms: list[Instruction]):
     return launch
 
 
-@pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("family", list(spec.FAMILIES))
+#: Every family on every target where it has forms (st.bulk, clusterlaunchcontrol: sm_100+).
+CASES = [(f, t) for f in spec.FAMILIES for t in TARGETS if next(spec.forms(f, target=t), None)]
+
+
+def test_every_family_has_forms_on_a_tested_target() -> None:
+    assert {f for f, _ in CASES} == set(spec.FAMILIES)
+
+
+@pytest.mark.parametrize(("family", "target"), CASES)
 def test_every_form_compiles_through_its_device_function(family: str, target: str) -> None:
     forms = legal_forms(family, target)
     assert forms, f"{family} has no forms on {target}"

@@ -349,3 +349,90 @@ def test_illegal_cluster_and_reduction_uses(call, error, pattern) -> None:
 
     with pytest.raises(error, match=pattern):
         ptx_of(body)
+
+
+# -- control, prefetch and Blackwell families ---------------------------------------------------
+
+
+def test_prefetches_follow_the_pointer() -> None:
+    """A global pointer prefetches ``.global``; a tensor map in global memory is prefetched
+    through its generic address; a register-memory pointer ``.local``; a cache policy adds
+    ``.L2::cache_hint`` to the bulk prefetch."""
+
+    def body(ptr):
+        local = cute.make_rmem_tensor((4,), I32)
+        ptxops.prefetch(ptr, "L2::evict_last")
+        ptxops.prefetch(ptr, "tensormap")
+        ptxops.prefetch(cute.recast_ptr(local.iterator, dtype=I32), "L1")
+        ptxops.prefetchu(ptr)
+        ptxops.cp_async_bulk_prefetch(ptr, 256, cache_policy=ptxops.ld(cute.recast_ptr(ptr, dtype=I64)))
+
+    found = opcodes(ptx_of(body))
+    assert found["prefetch.global.L2::evict_last"] == 1
+    assert found["prefetch.tensormap"] == 1
+    assert found["prefetch.local.L1"] == 1
+    assert found["prefetchu.L1"] == 1
+    assert found["cp.async.bulk.prefetch.L2.global.L2::cache_hint"] == 1
+
+
+def test_cluster_launch_control_round_trip_and_bulk_zeroing_on_blackwell() -> None:
+    """try_cancel into shared memory on an mbarrier expecting 16 bytes, a wait on its phase,
+    the response read back as two Int64 and decoded; st.bulk zeroes shared and global memory."""
+
+    @cute.kernel
+    def kernel(g: cute.Tensor):
+        smem = SmemAllocator()
+        bar = smem.allocate_array(I64, num_elems=1, byte_alignment=8)
+        resp = smem.allocate_array(I64, num_elems=2, byte_alignment=16)
+        ptxops.mbarrier_init(bar, 1)
+        ptxops.mbarrier_arrive(bar, 16)
+        ptxops.clusterlaunchcontrol_try_cancel(resp, bar)
+        done = ptxops.mbarrier_try_wait(bar, phase=0)
+        while not done:
+            done = ptxops.mbarrier_try_wait(bar, phase=0)
+        halves = ptxops.ld(resp, num_elements=2)
+        if ptxops.clusterlaunchcontrol_query_cancel(halves):
+            x, y, z = ptxops.clusterlaunchcontrol_query_cancel(halves, "get_first_ctaid")
+            ptxops.st(g.iterator, x + y + z + ptxops.clusterlaunchcontrol_query_cancel(halves, "get_first_ctaid::z"))
+        ptxops.st_bulk(resp, 16)
+        ptxops.st_bulk(g.iterator + 8, I64(64))
+
+    @cute.jit
+    def launch(g: cute.Tensor):
+        kernel(g).launch(grid=[1, 1, 1], block=[32, 1, 1])
+
+    found = opcodes(compile_ptx(launch, global_tensor(), arch="sm_100a"))
+    assert found["clusterlaunchcontrol.try_cancel.async.shared::cta.mbarrier::complete_tx::bytes.b128"] == 1
+    assert found["clusterlaunchcontrol.query_cancel.is_canceled.pred.b128"] == 1
+    assert found["clusterlaunchcontrol.query_cancel.get_first_ctaid.v4.b32.b128"] == 1
+    assert found["clusterlaunchcontrol.query_cancel.get_first_ctaid::z.b32.b128"] == 1
+    assert found["st.bulk.shared::cta"] == 1 and found["st.bulk"] == 1
+
+
+@pytest.mark.parametrize(
+    ("call", "arch", "error", "pattern"),
+    [
+        (lambda g, s: ptxops.st_bulk(g, 64), "sm_90a", QualifierError, r"\[target\][\s\S]*sm_100a"),
+        (lambda g, s: ptxops.st_bulk(g, 12), "sm_100a", ValueError, r"multiple of 8"),
+        (lambda g, s: ptxops.st_bulk(g + 1, 64), "sm_100a", QualifierError, r"pointer-alignment[\s\S]*8-byte"),
+        (lambda g, s: ptxops.clusterlaunchcontrol_try_cancel(s + 1, s), "sm_100a", QualifierError,
+         r"pointer-alignment[\s\S]*16-byte"),
+        (lambda g, s: ptxops.clusterlaunchcontrol_try_cancel(g, s), "sm_100a", QualifierError, r"pointer-space"),
+        (lambda g, s: ptxops.prefetch(s, "L2"), "sm_90a", QualifierError, r"pointer-space"),
+        (lambda g, s: ptxops.prefetch(g, "L1::evict_last"), "sm_90a", QualifierError, r"did you mean"),
+        (lambda g, s: ptxops.cp_async_bulk_prefetch(g, 24), "sm_90a", ValueError, r"multiple of 16"),
+        (lambda g, s: ptxops.elect_sync(0), "sm_90a", ValueError, r"non-zero 32-bit lane mask"),
+        (lambda g, s: ptxops.membar("gpu"), "sm_90a", QualifierError, r"'cta', 'gl', 'sys'"),
+    ],
+    ids=["st-bulk-on-hopper", "st-bulk-size-12", "st-bulk-misaligned", "try-cancel-misaligned",
+         "try-cancel-global-response", "prefetch-shared", "prefetch-l1-eviction",
+         "bulk-prefetch-size-24", "elect-empty-mask", "membar-gpu-level"],
+)
+def test_illegal_control_and_prefetch_uses(call, arch, error, pattern) -> None:
+    def body(ptr):
+        smem = SmemAllocator()
+        s = smem.allocate_array(I64, num_elems=4, byte_alignment=16)
+        call(ptr, s)
+
+    with pytest.raises(error, match=pattern):
+        ptx_of(body, arch=arch)

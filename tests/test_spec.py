@@ -223,6 +223,52 @@ GOLDEN = [
     ),
     (("mapa", dict(type="u64")), "mapa.u64", "mapa.u64 $0, $1, $2;", "=l,l,r,~{memory}"),
     (("nanosleep", {}), "nanosleep.u32", "nanosleep.u32 $0;", "r,~{memory}"),
+    (
+        ("griddepcontrol.launch_dependents", {}),
+        "griddepcontrol.launch_dependents", "griddepcontrol.launch_dependents;", "~{memory}",
+    ),
+    (("griddepcontrol.wait", {}), "griddepcontrol.wait", "griddepcontrol.wait;", "~{memory}"),
+    (("membar", dict(level="gl")), "membar.gl", "membar.gl;", "~{memory}"),
+    (
+        ("elect.sync", {}),
+        "elect.sync",
+        "{ .reg .pred %ptxops_p0; elect.sync $0|%ptxops_p0, $2; selp.u32 $1, 1, 0, %ptxops_p0; }",
+        "=r,=r,r,~{memory}",
+    ),
+    (("prefetch", dict(space="global", level="L2::evict_last")), "prefetch.global.L2::evict_last", "prefetch.global.L2::evict_last [$0];", "l,~{memory}"),
+    (("prefetch", dict(level="tensormap")), "prefetch.tensormap", "prefetch.tensormap [$0];", "l,~{memory}"),
+    (("prefetchu", dict(level="L1")), "prefetchu.L1", "prefetchu.L1 [$0];", "l,~{memory}"),
+    (
+        ("cp.async.bulk.prefetch", dict(cache_hint="cache_hint")),
+        "cp.async.bulk.prefetch.L2.global.L2::cache_hint",
+        "cp.async.bulk.prefetch.L2.global.L2::cache_hint [$0], $1, $2;",
+        "l,r,l,~{memory}",
+    ),
+    (
+        ("st.bulk", dict(sem="weak", space="shared::cta", target="sm_100a")),
+        "st.bulk.weak.shared::cta", "st.bulk.weak.shared::cta [$0], $1, 0;", "r,l,~{memory}",
+    ),
+    (
+        ("clusterlaunchcontrol.try_cancel", dict(space="shared::cta", target="sm_100a")),
+        "clusterlaunchcontrol.try_cancel.async.shared::cta.mbarrier::complete_tx::bytes.b128",
+        "clusterlaunchcontrol.try_cancel.async.shared::cta.mbarrier::complete_tx::bytes.b128 [$0], [$1];",
+        "r,r,~{memory}",
+    ),
+    (
+        ("clusterlaunchcontrol.query_cancel", dict(query="get_first_ctaid", target="sm_100a")),
+        "clusterlaunchcontrol.query_cancel.get_first_ctaid.v4.b32.b128",
+        "{ .reg .b128 %ptxops_response0; mov.b128 %ptxops_response0, {$4, $5}; "
+        "clusterlaunchcontrol.query_cancel.get_first_ctaid.v4.b32.b128 {$0, $1, $2, $3}, %ptxops_response0; }",
+        "=r,=r,=r,=r,l,l,~{memory}",
+    ),
+    (
+        ("clusterlaunchcontrol.query_cancel", dict(query="is_canceled", target="sm_100a")),
+        "clusterlaunchcontrol.query_cancel.is_canceled.pred.b128",
+        "{ .reg .pred %ptxops_p0; .reg .b128 %ptxops_response0; mov.b128 %ptxops_response0, {$1, $2}; "
+        "clusterlaunchcontrol.query_cancel.is_canceled.pred.b128 %ptxops_p0, %ptxops_response0; "
+        "selp.u32 $0, 1, 0, %ptxops_p0; }",
+        "=r,l,l,~{memory}",
+    ),
 ]
 
 
@@ -326,6 +372,13 @@ def test_fp8_on_hopper_names_the_target() -> None:
         ("red.async", dict(sem="relaxed", scope="gpu", op="add", type="u32"), "relaxed-completes-on-mbarrier"),
         ("red.async", dict(sem="relaxed", scope="cluster", completion="mbarrier::complete_tx::bytes", op="max", type="b32"), "max-types"),
         ("red.async", dict(sem="release", scope="cluster", op="add", type="u32", target="sm_100a"), "release-scope"),
+        ("prefetch", dict(space="const", level="L1"), "cache-spaces"),
+        ("prefetch", dict(space="local", level="L2::evict_last"), "eviction-priority-global"),
+        ("prefetch", dict(space="global", level="tensormap"), "tensormap-spaces"),
+        ("prefetch", dict(space="param", level="tensormap"), "param-not-wrapped"),
+        ("st.bulk", dict(target="sm_90a"), "target"),
+        ("clusterlaunchcontrol.try_cancel", dict(target="sm_90a"), "target"),
+        ("clusterlaunchcontrol.query_cancel", dict(query="is_canceled", target="sm_90a"), "target"),
     ],
 )
 def test_each_rule_reports_itself(family: str, qualifiers: dict, rule: str) -> None:
@@ -408,3 +461,22 @@ def test_fp8_forms_only_where_the_target_has_them() -> None:
 def test_forms_can_hold_qualifiers_fixed() -> None:
     forms = list(spec.forms("multimem.ld_reduce", target="sm_90a", op="add", acc="f32"))
     assert forms and all(".add.acc::f32." in f.opcode for f in forms)
+
+
+def test_membar_levels_are_the_fence_sc_scopes() -> None:
+    """membar.{cta,gl,sys} is fence.sc.{cta,gpu,sys} (PTX ISA): every level maps to a scope
+    the fence family takes with sem=sc."""
+    from ptxops.spec.membar import FENCE_SCOPE
+
+    assert [f.qualifiers["level"] for f in spec.forms("membar")] == list(FENCE_SCOPE)
+    for level, scope in FENCE_SCOPE.items():
+        assert spec.instruction("fence", sem="sc", scope=scope).opcode == f"fence.sc.{scope}"
+    with pytest.raises(QualifierError, match="legal values: 'cta', 'gl', 'sys'"):
+        spec.instruction("membar", level="gpu")
+
+
+@pytest.mark.parametrize("name", ["st.bulk", "clusterlaunchcontrol.try_cancel", "clusterlaunchcontrol.query_cancel"])
+def test_blackwell_families_exist_from_sm_100_only(name: str) -> None:
+    for target in spec.TARGETS:
+        has = next(spec.forms(name, target=target), None) is not None
+        assert has == (target not in ("sm_90", "sm_90a")), (name, target)

@@ -5,15 +5,24 @@ from .bulk import (
     cp_async_bulk, cp_async_bulk_commit_group, cp_async_bulk_wait_group, cp_reduce_async_bulk,
 )
 from .cluster import mapa, red_async, st_async
+from .clusterlaunchcontrol import clusterlaunchcontrol_query_cancel, clusterlaunchcontrol_try_cancel
+from .elect import elect_sync
 from .fence import fence
+from .griddepcontrol import griddepcontrol_launch_dependents, griddepcontrol_wait
 from .mbarrier import mbarrier_arrive, mbarrier_init, mbarrier_try_wait
+from .membar import membar
 from .memory import ld, ld_acquire, st, st_release
 from .multimem import multimem_ld_reduce, multimem_red, multimem_st
 from .nanosleep import nanosleep
+from .prefetch import cp_async_bulk_prefetch, prefetch, prefetchu
+from .st_bulk import st_bulk
 
 __all__ = [
     "atom", "atom_add", "atom_cas", "atom_exch", "cp_async_bulk", "cp_async_bulk_commit_group",
-    "cp_async_bulk_wait_group", "cp_reduce_async_bulk", "fence", "ld", "ld_acquire", "mapa",
+    "cp_async_bulk_wait_group", "cp_reduce_async_bulk", "fence", "griddepcontrol_launch_dependents",
+    "griddepcontrol_wait", "ld",
+    "membar", "elect_sync", "prefetch", "prefetchu", "cp_async_bulk_prefetch", "st_bulk",
+    "clusterlaunchcontrol_try_cancel", "clusterlaunchcontrol_query_cancel", "ld_acquire", "mapa",
     "mbarrier_arrive", "mbarrier_init", "mbarrier_try_wait", "multimem_ld_reduce", "multimem_red",
     "multimem_st", "nanosleep", "red", "red_async", "st", "st_async", "st_release",
 ]

@@ -10,7 +10,10 @@ from collections.abc import Iterator
 
 from ..errors import QualifierError
 from ..render import Instruction, render
-from . import atomics, bulk, cluster, fence, mbarrier, memory, multimem, nanosleep
+from . import (
+    atomics, bulk, cluster, clusterlaunchcontrol, elect, fence, griddepcontrol, mbarrier, membar,
+    memory, multimem, nanosleep, prefetch, st_bulk,
+)
 from .engine import Family, Qualifier, Rule, Value
 from .targets import DEFAULT_TARGET, TARGETS
 
@@ -19,6 +22,8 @@ FAMILIES: dict[str, Family] = {
     for f in (
         *multimem.FAMILIES, *atomics.FAMILIES, *memory.FAMILIES, *fence.FAMILIES,
         *bulk.FAMILIES, *mbarrier.FAMILIES, *cluster.FAMILIES, *nanosleep.FAMILIES,
+        *griddepcontrol.FAMILIES, *membar.FAMILIES, *elect.FAMILIES, *prefetch.FAMILIES,
+        *st_bulk.FAMILIES, *clusterlaunchcontrol.FAMILIES,
     )
 }
 
@@ -44,9 +49,11 @@ def instruction(family_name: str, /, **qualifiers: Value) -> Instruction:
     ``proxy``, ``op_restrict``, ``sync_restrict`` for ``fence``; ``dst``, ``src``, ``completion``
     for ``cp.async.bulk``; ``cache``, ``nc``, ``l1_eviction``, ``l2_eviction``, ``cache_hint``
     and ``prefetch`` for ``ld``/``st``; ``read`` for ``cp.async.bulk.wait_group``; ``expect_tx`` and
-    ``parity`` for ``mbarrier.arrive`` and ``mbarrier.try_wait``), with PTX spellings without the
-    dot.  A key left out means what PTX means when the qualifier is left out; a missing target
-    means ``sm_90``.  Raises :class:`~ptxops.QualifierError` for any illegal combination.
+    ``parity`` for ``mbarrier.arrive`` and ``mbarrier.try_wait``; ``level`` for ``membar``,
+    ``prefetch`` and ``prefetchu``; ``query`` for ``clusterlaunchcontrol.query_cancel``), with PTX
+    spellings without the dot.  A key left out means what PTX means when the qualifier is left
+    out; a missing target means ``sm_90``.  Raises :class:`~ptxops.QualifierError` for any
+    illegal combination.
     """
     fam = family(family_name)
     q = fam.normalise(qualifiers)

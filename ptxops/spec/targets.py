@@ -28,3 +28,8 @@ def normalise_target(arch: str) -> str:
     """``"sm_90a"`` from ``"sm_90a"``, ``"90a"`` or ``"SM_90A"``; unknown targets pass through."""
     a = arch.strip().lower()
     return a if a.startswith("sm_") else f"sm_{a}"
+
+
+#: Targets of sm_100 or later (every target but sm_90 and sm_90a), for instructions the PTX
+#: ISA introduces with "requires sm_100 or higher" (``st.bulk``, ``clusterlaunchcontrol``).
+SM100_ON = ("sm_100a", "sm_100f", "sm_103a", "sm_120a")
