@@ -251,7 +251,7 @@ def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable | None, move: Cal
         if tidx == 0:
             signals.advance_epoch(pad, block, epoch + Uint32(key.barriers), world)
 
-    return launcher(kernel, threads, emulate=key.backend == "multicast_emulated" and world)
+    return launcher(kernel, threads, emulate=key.backend == "multicast_emulated" and world, pdl=key.pdl)
 
 
 __all__ = ["blocks", "kernel", "pick", "tile_timeout"]

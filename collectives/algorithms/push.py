@@ -302,7 +302,7 @@ def pipeline(key: KernelKey, slot_elements, push, reduce_chunk, collect):
         if tidx == 0:
             signals.advance_epoch(pad, block, last, world)
 
-    return launcher(kernel, threads)
+    return launcher(kernel, threads, pdl=key.pdl)
 
 
 __all__ = ["build", "pipeline"]
