@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from . import torch_ops, tuning
+from . import config, torch_ops, tuning
 from .config import ALGORITHMS, DTYPES, LAMPORT_MAX_BYTES, MULTICAST_PATHS, VECTOR_BYTES, KernelKey, push_slice_elements
 from .errors import CollectiveError
 from .runtime import TORCH_DTYPES, Buffer, Communicator, _capturing, communicator, traceable
@@ -84,7 +84,7 @@ def all_reduce(
     result = t if out is None else out
     capturing = _capturing()
     key = ("all_reduce", t.data_ptr(), t.numel(), t.dtype, t.is_contiguous(), op, algorithm,
-           backend, result.data_ptr(), result.is_contiguous(), capturing)
+           backend, result.data_ptr(), result.is_contiguous(), capturing, config.PDL)
     plan = comm.plans.get(key)
     if plan is None:
         if t.numel() == 0:
@@ -214,7 +214,7 @@ def reduce_scatter(
     capturing = _capturing()
     key = ("reduce_scatter", inp.data_ptr(), inp.numel(), inp.dtype, inp.is_contiguous(),
            out.data_ptr(), out.numel(), out.dtype, out.is_contiguous(), op, algorithm, backend,
-           capturing, max_blocks)
+           capturing, max_blocks, config.PDL)
     plan = comm.plans.get(key)
     if plan is None:
         _check_max_blocks("reduce_scatter", max_blocks)
@@ -281,7 +281,7 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
     comm = communicator(group)
     comm.poll()
     key = ("all_gather", inp.data_ptr(), inp.numel(), inp.dtype, inp.is_contiguous(),
-           out.data_ptr(), out.numel(), out.dtype, out.is_contiguous(), algorithm, backend, max_blocks)
+           out.data_ptr(), out.numel(), out.dtype, out.is_contiguous(), algorithm, backend, max_blocks, config.PDL)
     plan = comm.plans.get(key)
     if plan is None:
         _check_max_blocks("all_gather", max_blocks)

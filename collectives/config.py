@@ -6,7 +6,7 @@ rank, timeout) is a runtime argument, so one compile serves every tensor of a sh
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "barrier")
 ALGORITHMS = {
@@ -149,6 +149,11 @@ def call_last(calls):
     return calls + (CALL_EPOCHS - 1)
 
 
+#: Programmatic dependent launch for the kernels of keys made from now on (the default of
+#: :attr:`KernelKey.pdl`; every target CuTeDSL compiles for, sm_90 and newer, has it).
+PDL = True
+
+
 def push_round_strides(strides):
     """Grid strides per round of a pipelined push whose slots take ``strides`` grid strides
     (``ceil(ceil(m / vec) / (blocks * threads))`` for slots of ``m`` elements, at least 1):
@@ -182,7 +187,10 @@ class KernelKey:
     symmetric buffer before the start barrier (instead of a separate copy); ``end_barrier=False``
     drops the end barrier of a one-shot collective whose symmetric buffers the caller
     alternates between two (a rank cannot reuse a buffer before every rank has started the
-    next collective, and so finished reading it).
+    next collective, and so finished reading it).  ``pdl`` launches the kernel with
+    programmatic stream serialization (it may start while the kernel before it drains) and
+    makes it wait (``griddepcontrol.wait``) before its first global access, then let a kernel
+    launched after it so start (``griddepcontrol.launch_dependents``); default :data:`PDL`.
     """
 
     collective: str
@@ -196,6 +204,7 @@ class KernelKey:
     gather_out: bool = False
     stage_in: bool = False
     end_barrier: bool = True
+    pdl: bool = field(default_factory=lambda: PDL)
 
     def __post_init__(self) -> None:
         if self.collective not in COLLECTIVES:

@@ -22,16 +22,28 @@ import ptxops
 EMULATION_WINDOWS = 2
 
 
-def launcher(body, threads: int, grid: int | None = None, *, emulate: int = 0):
+def launcher(body, threads: int, grid: int | None = None, *, emulate: int = 0, pdl: bool = False):
     """The ``@cute.jit`` launch of a kernel running the ``@cute.jit`` ``body`` with ``threads``
     threads per block, on ``blocks`` thread blocks (a runtime argument) or, given ``grid``,
-    always on that many; ``emulate``: the world size of a multicast emulation (0: none)."""
+    always on that many; ``emulate``: the world size of a multicast emulation (0: none).
+
+    ``pdl``: launched with programmatic stream serialization, the kernel may start while the
+    kernel before it in the stream drains; every thread first waits for that kernel's completion
+    and memory (``griddepcontrol.wait``: before any global access, the epochs' and the
+    tables' loads included, since the kernel before may be a collective on the same signal pad),
+    then lets a kernel launched after it with the same attribute be scheduled
+    (``griddepcontrol.launch_dependents``: it orders nothing, the dependent waits for our
+    completion in turn; all our blocks have started by then, so its blocks take no SM a block of
+    ours still needs)."""
 
     @cute.kernel
     def kernel(
         data_table: Int64, data_mc: Int64, out: Int64, src: Int64, n: Int64,
         pad_table: Int64, pad_mc: Int64, pad: Int64, err: Int64, rank: Int32, timeout_ns: Int64,
     ):
+        if cutlass.const_expr(pdl):
+            ptxops.griddepcontrol_wait()
+            ptxops.griddepcontrol_launch_dependents()
         if cutlass.const_expr(emulate):
             with ptxops.emulate_multicast(data_mc, world=emulate, windows=EMULATION_WINDOWS):
                 entry = cute.make_ptr(Int64, data_mc, cute.AddressSpace.gmem, assumed_align=8)
@@ -48,7 +60,7 @@ def launcher(body, threads: int, grid: int | None = None, *, emulate: int = 0):
     ):
         size = blocks if cutlass.const_expr(grid is None) else grid
         kernel(data_table, data_mc, out, src, n, pad_table, pad_mc, pad, err, rank, timeout_ns).launch(
-            grid=[size, 1, 1], block=[threads, 1, 1], stream=stream
+            grid=[size, 1, 1], block=[threads, 1, 1], stream=stream, use_pdl=pdl
         )
 
     return launch

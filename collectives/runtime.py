@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from . import symmetric
+from . import config, symmetric
 from .capability import choose_backend
 from .config import (
     BARRIER_THREADS,
@@ -379,11 +379,11 @@ class Communicator:
     def barrier(self, backend: str = "auto") -> None:
         """Launch a device-side barrier of every rank on the current stream (see
         :func:`collectives.barrier`)."""
-        plan = self.plans.get(("barrier", backend))
+        plan = self.plans.get(("barrier", backend, config.PDL))
         if plan is None:
             key = KernelKey("barrier", "one_shot", self.choose_backend(backend, "bf16"), "bf16", self.world,
                             threads=BARRIER_THREADS)
-            plan = self.plans[("barrier", backend)] = self.plan(key, self.pad_buffer, 0, 0, 0, 1)
+            plan = self.plans[("barrier", backend, config.PDL)] = self.plan(key, self.pad_buffer, 0, 0, 0, 1)
         plan.run()
 
     def kernel(self, key: KernelKey | str) -> Callable[..., Any]:

@@ -12,10 +12,15 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from .render import FIRST_BODY_LINE, module
 
 _LINE = re.compile(r"line (\d+); (error|fatal|warning)\s*:\s*(.*)")
+_VERSION = re.compile(r"Unsupported \.version (\d+\.\d+); current version is '(\d+\.\d+)'")
+_ENTRY = re.compile(r"Compiling entry function '([^']+)'")
+_USAGE = re.compile(r"Used (\d+) registers")
+_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _CHUNK = 4000
 
 
@@ -84,3 +89,50 @@ def _assemble_chunk(statements: Sequence[str], target: str) -> list[str | None]:
     if proc.returncode != 0 and not seen:
         raise RuntimeError(f"ptxas failed outside any statement for {target}:\n{proc.stderr}")
     return verdicts
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What ``ptxas -v`` reports for one kernel: registers per thread, stack frame and spill bytes."""
+
+    kernel: str
+    registers: int
+    stack: int
+    spill_stores: int
+    spill_loads: int
+
+    @property
+    def spills(self) -> bool:
+        return bool(self.spill_stores or self.spill_loads)
+
+
+def resource_usage(ptx: str, target: str) -> list[Usage]:
+    """``ptxas -v``'s register and spill report for every entry of a whole PTX module (such as
+    one CuTeDSL compiled).  A module whose ``.version`` is newer than this ptxas reads (CuTeDSL
+    may bundle a newer compiler) is assembled as the newest version it reads: an instruction
+    that version lacks is still an error."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out = os.path.join(tmp, "module.ptx"), os.path.join(tmp, "module.cubin")
+        for _ in range(2):
+            with open(src, "w") as f:
+                f.write(ptx)
+            proc = subprocess.run([ptxas_path(), "-v", f"-arch={target}", src, "-o", out],
+                                  capture_output=True, text=True)
+            newer = _VERSION.search(proc.stderr)
+            if proc.returncode == 0 or not newer:
+                break
+            ptx = re.sub(rf"^\.version {re.escape(newer.group(1))}\b", f".version {newer.group(2)}", ptx,
+                         count=1, flags=re.M)
+    if proc.returncode != 0:
+        raise RuntimeError(f"ptxas failed for {target}:\n{proc.stderr}")
+    return parse_usage(proc.stderr)
+
+
+def parse_usage(report: str) -> list[Usage]:
+    """The entries of a ``ptxas -v`` report, in its order."""
+    found: list[Usage] = []
+    parts = _ENTRY.split(report)
+    for name, text in zip(parts[1::2], parts[2::2]):
+        regs, spill = _USAGE.search(text), _SPILL.search(text)
+        found.append(Usage(name, int(regs.group(1)), int(spill.group(1)), int(spill.group(2)), int(spill.group(3))))
+    return found

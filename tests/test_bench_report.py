@@ -1,18 +1,19 @@
-"""The benchmark's tables (console and docs/benchmarks.md) from a run's results: plain and
-symmetric columns side by side, NCCL over ours for each, auto over the best fixed algorithm of
-its own placement.  Synthetic timings; no GPU."""
+"""The benchmark's tables (console and docs/benchmarks.md) and plot layout from a run's results:
+plain and symmetric columns side by side, the fastest NCCL column over ours for each, auto over
+the best fixed algorithm of its own placement; which NCCL columns a torch/NCCL pair gives.
+Synthetic timings (fake inputs to the formatter, never performance); no GPU."""
 
 from __future__ import annotations
 
 import pytest
 
 pytest.importorskip("torch")
-from collectives.tools import bench  # noqa: E402
+from collectives.tools import bench, nccl_baselines  # noqa: E402
 
 
-def _results(world: int) -> list[dict]:
+def _results(world: int, **extra: float) -> list[dict]:
     us = {"ours_one_shot": 10.0, "ours_tma": 8.0, "ours_auto": 8.0, "ours_one_shot_plain": 12.0,
-          "ours_tma_plain": 20.0, "ours_push_plain": 9.0, "ours_auto_plain": 9.9, "nccl": 11.0}
+          "ours_tma_plain": 20.0, "ours_push_plain": 9.0, "ours_auto_plain": 9.9, "nccl": 11.0, **extra}
     return [dict(collective="reduce_scatter", impl=impl, dtype="bf16", bytes=1 << 20, mode="graph", us=t, busbw=0.0)
             for impl, t in us.items()] + [
         dict(collective="barrier", impl="ours", dtype="-", bytes=0, mode="graph", us=2.0, busbw=0.0),
@@ -23,12 +24,96 @@ def test_table_ratios_compare_each_placement_with_its_own_best() -> None:
     head, row = bench.table(_results(2), 2, "reduce_scatter", "bf16", "graph")
     cell = dict(zip(head, row))
     assert cell["size"] == "1 MB" and cell["push plain"] == "9.0"
-    assert cell["nccl/auto"] == f"{11 / 8:.2f}" and cell["nccl/auto plain"] == f"{11 / 9.9:.2f}"
+    assert cell["best nccl"] == "nccl"
+    assert cell["best nccl/auto"] == f"{11 / 8:.2f}" and cell["best nccl/auto plain"] == f"{11 / 9.9:.2f}"
     assert cell["auto/best"] == "1.00" and cell["auto plain/best plain"] == "1.10"
     assert cell["auto picks"].count("/") == 1
 
 
-def test_markdown_has_the_barrier_line_and_one_table_per_mode() -> None:
-    text = bench.markdown({"world": 2, "gpu": "GPU", "results": _results(2)})
+@pytest.mark.parametrize("symm,expect", [(7.0, "nccl symm"), (12.0, "nccl")])
+def test_every_row_compares_with_the_fastest_nccl_column(symm: float, expect: str) -> None:
+    head, row = bench.table(_results(2, nccl_symm=symm), 2, "reduce_scatter", "bf16", "graph")
+    cell = dict(zip(head, row))
+    fastest = min(symm, 11.0)
+    assert cell["nccl symm"] == f"{symm:.1f}" and cell["best nccl"] == expect
+    assert cell["best nccl/auto"] == f"{fastest / 8:.2f}" and cell["best nccl/auto plain"] == f"{fastest / 9.9:.2f}"
+
+
+def test_markdown_has_the_barrier_and_nccl_lines_and_one_table_per_mode() -> None:
+    text = bench.markdown({"world": 2, "gpu": "GPU", "results": _results(2), "nccl_version": "2.27.3",
+                           "nccl_skipped": {"nccl_ce": "NCCL 2.27.3 has no copy-engine collectives (2.28+)"}})
     assert "Barrier (graph): ours 2.00 us, torch symm_mem 4.00 us (ours/torch 0.50)." in text
+    assert "NCCL 2.27.3. nccl_ce skipped: NCCL 2.27.3 has no copy-engine collectives (2.28+)." in text
     assert text.count("### reduce_scatter, bf16, graph") == 1 and "### reduce_scatter, bf16, eager" not in text
+
+
+def _both_collectives() -> list[dict]:
+    rows = []
+    for collective, groups in bench.IMPLS.items():
+        for impl in (*groups["symmetric"], *groups["plain"], *groups["baselines"]):
+            for mode in ("eager", "graph"):
+                rows.append(dict(collective=collective, impl=impl, dtype="bf16", bytes=1 << 20, mode=mode,
+                                 us=1.0, busbw=1.0))
+    return rows
+
+
+def test_plot_gives_each_implementation_its_own_colour_and_marker_and_nccl_alike() -> None:
+    styles = bench.line_styles(_both_collectives())
+    assert "ours_one_shot" in styles and "ours_one_shot_plain" not in styles  # one look in both panels
+    colours = [s["color"] for s in styles.values()]
+    markers = [s["marker"] for s in styles.values()]
+    assert len(set(colours)) == len(colours) and len(set(markers)) == len(markers)
+    nccl = [s for i, s in styles.items() if i in bench.NCCL]
+    assert len(nccl) == 2 and all(s["linestyle"] == "--" for s in nccl)
+    assert all(s["linestyle"] == "-" for i, s in styles.items() if i not in bench.NCCL)
+
+
+def test_plot_panels_put_symmetric_and_plain_apart_with_nccl_on_both() -> None:
+    layout = bench.panels(_both_collectives())
+    assert [(c, m, p) for c, m, p, _ in layout] == [
+        (c, m, p) for c in bench.IMPLS for m in ("eager", "graph") for p in ("symmetric", "plain")]
+    for collective, _, placement, shown in layout:
+        ours = [i for i in shown if i.startswith("ours")]
+        assert all(i.endswith("_plain") == (placement == "plain") for i in ours), shown
+        assert {"nccl", "nccl_symm"} <= set(shown)
+        assert any(i.startswith("torch") for i in shown) == (placement == "symmetric" and collective == "all_reduce")
+
+
+def test_plot_is_written(tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    bench.plot(_both_collectives(), 2, "GPU", str(tmp_path / "bench.png"))
+    assert (tmp_path / "bench.png").stat().st_size > 0
+
+
+def test_nccl_copy_engine_column_only_where_nccl_implements_it() -> None:
+    found = nccl_baselines.Baselines("2.28.3", windows={"nccl_symm": object(), "nccl_ce": object()})
+    assert found.columns("all_reduce") == found.columns("reduce_scatter") == ["nccl", "nccl_symm"]
+    assert found.columns("all_gather") == ["nccl", "nccl_symm", "nccl_ce"]
+    assert any("do not reduce" in line for line in found.lines())
+
+
+@pytest.mark.parametrize("version,fails,expect", [
+    ((2, 26, 5), False, {"nccl_symm": "no symmetric kernels", "nccl_ce": "no copy-engine"}),
+    ((2, 27, 7), False, {"nccl_ce": "no copy-engine"}),
+    ((2, 28, 3), True, {"nccl_symm": "no symm here", "nccl_ce": "needs symmetric windows: no symm here"}),
+    ((2, 28, 3), False, {}),
+])
+def test_nccl_columns_skipped_with_a_reason(monkeypatch, version, fails: bool, expect: dict) -> None:
+    """Which columns a torch/NCCL pair gives (registration and the zero-CTA group faked: no GPU)."""
+    def register(group, nbytes):
+        if fails:
+            raise RuntimeError("no symm here")
+        return f"windows of {group}"
+
+    monkeypatch.setattr(nccl_baselines, "nccl_version", lambda: version)
+    monkeypatch.setattr(nccl_baselines, "register_windows", register)
+    monkeypatch.setattr(nccl_baselines, "copy_engine_group", lambda: "ce group")
+    monkeypatch.setattr(nccl_baselines.dist, "group", type("G", (), {"WORLD": "world"}))
+    found = nccl_baselines.baselines(1 << 20)
+    assert found.version == ".".join(map(str, version))
+    assert set(found.skipped) == set(expect)
+    for name, why in expect.items():
+        assert why in found.skipped[name], found.skipped
+    assert set(found.windows) == {"nccl_symm", "nccl_ce"} - set(expect)
+    if "nccl_ce" in found.windows:
+        assert found.windows["nccl_ce"] == "windows of ce group"

@@ -197,8 +197,9 @@ def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable | None, move: Cal
            gather: Callable | None = None, buffers: Callable | None = None, push: Callable | None = None,
            pull: Callable | None = None):
     """The ``@cute.jit`` launcher of ``key``'s kernel: ``stage(src, own, n, first, step)`` (for
-    ``stage_in``; or, given ``push``, ``push(addrs, src, n, rank, first, step)`` storing the
-    input into other ranks' buffers instead), the start barrier, ``move(addrs, data_mc, out,
+    ``stage_in``; or, given ``push``, ``push(data_table, src, n, rank, first, step)`` storing the
+    input into other ranks' buffers instead; ``push``, ``move`` and ``pull`` then get
+    ``data_table`` as ``addrs``, not a list), the start barrier, ``move(addrs, data_mc, out,
     src, n, rank, first, step, buffers, deadline, err)`` (the data phase; none for a bare
     barrier), the end barrier (unless ``end_barrier=False``) and ``gather(src, out, n, first,
     step)`` (for ``gather_out``, where given) or ``pull(addrs, data_mc, out, n, rank, first,
@@ -227,7 +228,7 @@ def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable | None, move: Cal
         step = Int64(blocks) * threads
         addrs = None
         if cutlass.const_expr(push is not None):
-            addrs = [signals.peer_address(data_table, Int32(r)) for r in range(world)]
+            addrs = data_table  # a push reads each address from the table where it uses it
             push(addrs, src, n, rank, first, step)
         elif cutlass.const_expr(key.stage_in):
             stage(src, signals.peer_address(data_table, rank), n, first, step)
@@ -253,7 +254,7 @@ def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable | None, move: Cal
                             pull(addrs, data_mc, out, n, rank, first, step)
         signals.leave_call(pad, calls, last, world, single)
 
-    return launcher(kernel, threads, emulate=key.backend == "multicast_emulated" and world)
+    return launcher(kernel, threads, emulate=key.backend == "multicast_emulated" and world, pdl=key.pdl)
 
 
 __all__ = ["blocks", "kernel", "pick", "tile_timeout"]

@@ -242,7 +242,8 @@ def build(key: KernelKey):
         if tidx == 0:
             ptxops.st(counter, Uint32(lamport_next(call)))
 
-    return launcher(kernel, threads, grid=LAMPORT_BLOCKS, emulate=key.backend == "multicast_emulated" and world)
+    return launcher(kernel, threads, grid=LAMPORT_BLOCKS, emulate=key.backend == "multicast_emulated" and world,
+                    pdl=key.pdl)
 
 
 __all__ = ["BUFFERS", "build", "width_index"]

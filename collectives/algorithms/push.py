@@ -153,25 +153,28 @@ def build(key: KernelKey):
         return cutlass.min(k * chunk, length), cutlass.min((k + 1) * chunk, length)
 
     @cute.jit
-    def push(addrs, src, n, rank, k, chunk, first, step):
+    def push(table, src, n, rank, k, chunk, first, step):
         """Chunk ``k`` of slot ``rank`` of rank ``q``'s buffer = chunk ``k`` of slice ``q`` of
         our input, for every ``q`` (``q = rank + i``: each rank writes to a different owner at a
-        time)."""
-        for i in cutlass.range_constexpr(world):
+        time; ``table`` the receive buffers', read where used).  The owners are a loop, not
+        unrolled, as in ``collect``: unrolled, each owner's bounds were hoisted out of the
+        pipeline's rounds into registers of their own, which spilled at 8 ranks
+        (``tests/test_kernel_registers.py``)."""
+        for i in cutlass.range(world, unroll=1):
             q = (rank + i) % world
             begin, length, m = bounds(n, q)
             lo, hi = window(length, k, chunk)
-            slot = design.pick(addrs, q) + Int64(rank) * m * element_bytes
+            slot = signals.peer_address(table, q) + Int64(rank) * m * element_bytes
             b.copy_local(src + begin * element_bytes, slot, lo, hi, first, step)
 
     @cute.jit
-    def reduce_chunk(addrs, results, out, n, rank, k, chunk, first, step):
+    def reduce_chunk(table, results, out, n, rank, k, chunk, first, step):
         """Chunk ``k`` of the reduction of our ``world`` slots (local loads) into out (the
         all-reduce: into our slice of out and into our region of the result buffers, ``results``
         their table: in the pipeline every other rank's (peer stores), else our own)."""
         begin, length, m = bounds(n, rank)
         lo, hi = window(length, k, chunk)
-        own = design.pick(addrs, rank)
+        own = signals.peer_address(table, rank)
         slots = [own + Int64(s) * m * element_bytes for s in range(world)]
         dests = [out]
         if cutlass.const_expr(all_reduce):
@@ -207,11 +210,11 @@ def build(key: KernelKey):
             b.copy_local(region(results, q, q, m), out + begin * element_bytes, lo, hi, first, step)
 
     @cute.jit
-    def collect(addrs, results, out, n, rank, k, chunk, first, step):
+    def collect(results, out, n, rank, k, chunk, first, step):
         """Chunk ``k`` of slice ``q`` of out = chunk ``k`` of region ``q`` of our own result
         buffer (owner ``q`` stored it there), for every other ``q``: local loads and stores
         (the pipeline; ``results`` the result buffers' table)."""
-        for i in cutlass.range_constexpr(1, world):
+        for i in cutlass.range(1, world, unroll=1):
             q = (rank + i) % world
             begin, length, m = bounds(n, q)
             lo, hi = window(length, k, chunk)
@@ -221,15 +224,15 @@ def build(key: KernelKey):
         return pipeline(key, slot_elements, push, reduce_chunk, collect if all_reduce else None)
 
     @cute.jit
-    def push_all(addrs, src, n, rank, first, step):
-        push(addrs, src, n, rank, Int64(0), slot_elements(n), first, step)
+    def push_all(table, src, n, rank, first, step):
+        push(table, src, n, rank, Int64(0), slot_elements(n), first, step)
 
     @cute.jit
-    def reduce_all(addrs, data_mc, out, src, n, rank, first, step, buffers, deadline, err):
-        reduce_chunk(addrs, results_table(data_mc), out, n, rank, Int64(0), slot_elements(n), first, step)
+    def reduce_all(table, data_mc, out, src, n, rank, first, step, buffers, deadline, err):
+        reduce_chunk(table, results_table(data_mc), out, n, rank, Int64(0), slot_elements(n), first, step)
 
     @cute.jit
-    def pull_all(addrs, data_mc, out, n, rank, first, step):
+    def pull_all(table, data_mc, out, n, rank, first, step):
         pull(results_table(data_mc), out, n, rank, Int64(0), slot_elements(n), first, step)
 
     return design.kernel(key, b, stage=None, move=reduce_all, push=push_all, pull=pull_all if all_reduce else None)
@@ -262,28 +265,27 @@ def pipeline(key: KernelKey, slot_elements, push, reduce_chunk, collect):
         size = Uint32(n)
         first = Int64(block) * threads + tidx
         step = Int64(cute.arch.grid_dim()[0]) * threads
-        addrs = [signals.peer_address(data_table, Int32(r)) for r in range(world)]
         results = data_mc  # the result buffers' table (the all-reduce), read where it is used
         strides = ceil_div(ceil_div(slot_elements(n), vec), step)
         chunk = push_round_strides(strides) * step * vec
         rounds = push_rounds(strides)
         events = push_events(rounds, final)
 
-        push(addrs, src, n, rank, Int64(0), chunk, first, step)
+        push(data_table, src, n, rank, Int64(0), chunk, first, step)
         signals.signal_peers(pad_table, rank, block, calls, calls + Uint32(1), size, world)
         # Every rank's size before any other push: a failed call's pushes are all signalled.
         ok = wait(flag, pad, rank, block, calls, Int64(0), deadline, err, Int32(0), size)
         k = Int64(0)
         while ok and k < rounds:
             if k + 1 < rounds:
-                push(addrs, src, n, rank, k + 1, chunk, first, step)
+                push(data_table, src, n, rank, k + 1, chunk, first, step)
             if k > 0:
                 ok = wait(flag, pad, rank, block, calls, k, deadline, err, Int32(PUSH_ROUND), size)
             if ok:
-                reduce_chunk(addrs, results, out, n, rank, k, chunk, first, step)
+                reduce_chunk(data_table, results, out, n, rank, k, chunk, first, step)
                 if cutlass.const_expr(collect is not None):
                     if k > 0:
-                        collect(addrs, results, out, n, rank, k - 1, chunk, first, step)
+                        collect(results, out, n, rank, k - 1, chunk, first, step)
                 if k + 1 < events:
                     signals.signal_peers(pad_table, rank, block, calls, calls + Uint32(k + 2), size, world)
             k += 1
@@ -292,10 +294,10 @@ def pipeline(key: KernelKey, slot_elements, push, reduce_chunk, collect):
                 ok = wait(flag, pad, rank, block, calls, rounds, deadline, err, Int32(1), size)
                 if cutlass.const_expr(collect is not None):
                     if ok:
-                        collect(addrs, results, out, n, rank, rounds - 1, chunk, first, step)
+                        collect(results, out, n, rank, rounds - 1, chunk, first, step)
         signals.leave_call(pad, calls, last, world)
 
-    return launcher(kernel, threads)
+    return launcher(kernel, threads, pdl=key.pdl)
 
 
 __all__ = ["build", "pipeline"]

@@ -4,8 +4,11 @@
 
 Times back-to-back operations with CUDA events, eager launches from Python and CUDA-graph
 replays separately; prints a table with times, bus bandwidth and ratios (rank 0), writes
-``bench.json`` and, where matplotlib is installed, ``bench.png``.  NVLink multicast stays off:
-our backend is peer, torch's symm_mem runs without multicast, NCCL without NVLS.
+``bench.json`` and, where matplotlib is installed, ``bench.png``.  NCCL is timed on plain
+tensors and, where this torch and NCCL have them, on symmetric windows
+(:mod:`collectives.tools.nccl_baselines`: its symmetric kernels); every row is compared with
+the fastest NCCL column.  NVLink multicast stays off: our backend is peer, torch's symm_mem runs
+without multicast, NCCL without NVLS.
 """
 
 from __future__ import annotations
@@ -89,9 +92,15 @@ def main(argv: list[str] | None = None) -> None:
     from collectives.config import LAMPORT_MAX_BYTES, KernelKey
     from collectives.runtime import communicator
 
+    from .nccl_baselines import baselines
+
     comm = communicator()
     rank, world = comm.rank, comm.world
     group_name = dist.group.WORLD.group_name
+    sizes = [int(s) for s in args.sizes.split(",")]
+    nccl = baselines(max(sizes))
+    if rank == 0:
+        print("\n".join(nccl.lines()))
     results: list[dict] = []
     modes = [False] if args.no_graph else [False, True]
 
@@ -109,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
 
     for name in args.dtypes.split(","):
         dtype = DTYPES[name]
-        for nbytes in (int(s) for s in args.sizes.split(",")):
+        for nbytes in sizes:
             n = nbytes // torch.empty((), dtype=dtype).element_size()
             iters = max(10, min(200, (1 << 30) // (nbytes * 8)))
             ours = collectives.empty(n, dtype)
@@ -128,6 +137,11 @@ def main(argv: list[str] | None = None) -> None:
                     us = time_op(lambda a=algorithm: collectives.all_reduce(plain, algorithm=a, backend="peer"), iters, graph)
                     record("all_reduce", f"ours_{algorithm}_plain", name, nbytes, graph, us)
                 record("all_reduce", "nccl", name, nbytes, graph, time_op(lambda: dist.all_reduce(plain), iters, graph))
+                for column in nccl.columns("all_reduce")[1:]:
+                    window, _ = nccl.windows[column].views(n, 0, dtype)
+                    window.fill_(1)
+                    record("all_reduce", column, name, nbytes, graph, time_op(
+                        lambda w=window, g=nccl.group(column): dist.all_reduce(w, group=g), iters, graph))
                 record("all_reduce", "torch_one_shot", name, nbytes, graph, time_op(
                     lambda: torch.ops.symm_mem.one_shot_all_reduce(theirs, "sum", group_name), iters, graph))
                 record("all_reduce", "torch_two_shot", name, nbytes, graph, time_op(
@@ -140,45 +154,62 @@ def main(argv: list[str] | None = None) -> None:
                         lambda a=algorithm: collectives.reduce_scatter(rs_out, plain, algorithm=a, backend="peer"), iters, graph))
                 record("reduce_scatter", "nccl", name, nbytes, graph, time_op(
                     lambda: dist.reduce_scatter_tensor(rs_out, plain), iters, graph))
+                for column in nccl.columns("reduce_scatter")[1:]:
+                    window, out = nccl.windows[column].views(n, n // world, dtype)
+                    window.fill_(1)
+                    record("reduce_scatter", column, name, nbytes, graph, time_op(
+                        lambda w=window, o=out, g=nccl.group(column): dist.reduce_scatter_tensor(o, w, group=g),
+                        iters, graph))
             collectives.synchronize()
             comm.ctx.free(ours)
 
     tma_blocks = {nbytes: comm.blocks(KernelKey("all_reduce", "tma", "peer", "bf16", world), -(-nbytes // 16 // world))
-                  for nbytes in (int(x) for x in args.sizes.split(","))}
+                  for nbytes in sizes}
     if rank == 0:
-        report(results, world, args.out, {"sms": comm.sms, "tma_blocks_all_reduce_bf16": tma_blocks})
+        report(results, world, args.out, {"sms": comm.sms, "tma_blocks_all_reduce_bf16": tma_blocks,
+                                          "nccl_version": nccl.version, "nccl_skipped": nccl.skipped})
     dist.barrier()
     collectives.current().close()
 
 
+#: NCCL's columns (:mod:`collectives.tools.nccl_baselines`): plain tensors, symmetric windows,
+#: copy engines on symmetric windows.  Every row is compared with the fastest of those present.
+NCCL = ("nccl", "nccl_symm", "nccl_ce")
 #: Per collective: our implementations on symmetric tensors, on tensors from torch's allocator
-#: (``_plain``), and the baselines (NCCL on the plain tensor, torch symm_mem on its own buffer).
+#: (``_plain``), and the baselines (NCCL's columns, torch symm_mem on its own buffer).
 IMPLS = {
     "all_reduce": {
         "symmetric": ("ours_lamport", "ours_one_shot", "ours_two_shot", "ours_tma", "ours_auto"),
         "plain": ("ours_one_shot_plain", "ours_two_shot_plain", "ours_tma_plain", "ours_push_plain", "ours_auto_plain"),
-        "baselines": ("nccl", "torch_one_shot", "torch_two_shot"),
+        "baselines": ("nccl", "nccl_symm", "torch_one_shot", "torch_two_shot"),
     },
     "reduce_scatter": {
         "symmetric": ("ours_one_shot", "ours_tma", "ours_auto"),
         "plain": ("ours_one_shot_plain", "ours_tma_plain", "ours_push_plain", "ours_auto_plain"),
-        "baselines": ("nccl",),
+        "baselines": ("nccl", "nccl_symm"),
     },
 }
 
 
+def strongest_nccl(us: dict[str, float]) -> tuple[str, float]:
+    """The fastest NCCL column among ``us`` (implementation -> microseconds) and its time."""
+    name = min((i for i in NCCL if i in us), key=lambda i: us[i])
+    return name, us[name]
+
+
 def table(results: list[dict], world: int, collective: str, dtype: str, mode: str) -> list[list[str]]:
     """One table (header first) of a collective, dtype and mode: microseconds of every
-    implementation, NCCL over ours for auto on symmetric and on plain tensors (> 1: ours
-    faster), torch symm_mem over ours (symmetric), and auto over the best fixed algorithm of
-    its placement (<= 1.05 wanted)."""
+    implementation, the fastest NCCL column and its time over ours for auto on symmetric and
+    on plain tensors (> 1: ours faster), torch symm_mem over ours (symmetric), and auto over
+    the best fixed algorithm of its placement (<= 1.05 wanted)."""
     index = {(r["impl"], r["bytes"]): r for r in results
              if (r["collective"], r["dtype"], r["mode"]) == (collective, dtype, mode)}
     groups = IMPLS[collective]
     shown = [i for g in ("symmetric", "plain", "baselines") for i in groups[g] if any(k[0] == i for k in index)]
     torch_impls = [b for b in groups["baselines"] if b.startswith("torch") and b in shown]
     head = (["size"] + [i.removeprefix("ours_").replace("_", " ") for i in shown]
-            + ["nccl/auto", "nccl/auto plain"] + [f"{b.replace('_', ' ')}/auto" for b in torch_impls]
+            + ["best nccl", "best nccl/auto", "best nccl/auto plain"]
+            + [f"{b.replace('_', ' ')}/auto" for b in torch_impls]
             + ["auto/best", "auto plain/best plain", "auto picks"])
     rows = [head]
     for nbytes in sorted({b for _, b in index}):
@@ -188,8 +219,9 @@ def table(results: list[dict], world: int, collective: str, dtype: str, mode: st
             return min(us[i] for i in groups[group] if i in us and "auto" not in i)
 
         auto, auto_plain = us["ours_auto"], us["ours_auto_plain"]
+        nccl, nccl_us = strongest_nccl(us)
         rows.append([_size(nbytes)] + [f"{us[i]:.1f}" if i in us else "-" for i in shown]
-                    + [f"{us['nccl'] / auto:.2f}", f"{us['nccl'] / auto_plain:.2f}"]
+                    + [nccl.replace("_", " "), f"{nccl_us / auto:.2f}", f"{nccl_us / auto_plain:.2f}"]
                     + [f"{us[b] / auto:.2f}" for b in torch_impls]
                     + [f"{auto / best('symmetric'):.2f}", f"{auto_plain / best('plain'):.2f}",
                        _auto_pick(collective, world, nbytes)])
@@ -218,6 +250,8 @@ def report(results: list[dict], world: int, out_dir: str, sms: dict) -> None:
           "back-to-back, slowest rank, best of 3; 'plain': a tensor from torch's allocator")
     print(f"{sms['sms']} SMs per GPU; thread blocks (one per SM at most) of the tma all-reduce by "
           f"size: {', '.join(f'{_size(b)}: {n}' for b, n in sms['tma_blocks_all_reduce_bf16'].items())}")
+    if "nccl_version" in sms:
+        print(_nccl_line(sms))
     print("\n".join(_barrier_lines(results)))
     for title, rows in _tables(results, world):
         print(f"\n[{title}]")
@@ -231,24 +265,66 @@ def report(results: list[dict], world: int, out_dir: str, sms: dict) -> None:
         print("matplotlib not installed: no bench.png")
 
 
+#: Colours (tab10, then greys for NCCL's columns) and markers of the plot's lines.
+COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
+NCCL_COLOURS = ("#000000", "#666666", "#aaaaaa")
+MARKERS = ("o", "s", "^", "v", "D", "P", "*", "h", "<", ">")
+NCCL_MARKERS = ("x", "+", "1")
+
+
+def line_styles(results: list[dict]) -> dict[str, dict]:
+    """The plot's style of each implementation (ours without its ``_plain`` suffix: one
+    algorithm looks the same in both panels): a colour and a marker of its own, solid lines
+    for ours and torch's, NCCL's columns alike (grey dashed lines, crosses)."""
+    names = sorted({r["impl"].removesuffix("_plain") for r in results if r["collective"] in IMPLS})
+    others = [i for i in names if i not in NCCL]
+    styles = {impl: dict(color=COLOURS[k % len(COLOURS)], marker=MARKERS[k % len(MARKERS)], linestyle="-")
+              for k, impl in enumerate(others)}
+    styles.update({impl: dict(color=NCCL_COLOURS[k], marker=NCCL_MARKERS[k], linestyle="--")
+                   for k, impl in enumerate(i for i in NCCL if i in names)})
+    return styles
+
+
+def panels(results: list[dict]) -> list[tuple[str, str, str, list[str]]]:
+    """The plot's panels: (collective, mode, placement, implementations), bf16 only; the
+    symmetric and the plain tensors' panels each show their own algorithms with every
+    baseline (NCCL's columns on both, torch symm_mem's on the symmetric one)."""
+    found = []
+    for collective, groups in IMPLS.items():
+        for mode in ("eager", "graph"):
+            rows = [r for r in results if (r["collective"], r["mode"], r["dtype"]) == (collective, mode, "bf16")]
+            have = {r["impl"] for r in rows}
+            for placement in ("symmetric", "plain"):
+                shown = [i for i in groups[placement] if i in have] + [
+                    i for i in groups["baselines"] if i in have and (placement == "symmetric" or i in NCCL)]
+                if any(i.startswith("ours") for i in shown):
+                    found.append((collective, mode, placement, shown))
+    return found
+
+
 def plot(results: list[dict], world: int, gpu: str, path: str) -> None:
+    """Bus bandwidth over size, a row of two panels (symmetric, plain) per collective and mode."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, collective in zip(axes, ("all_reduce", "reduce_scatter")):
-        for impl in sorted({r["impl"] for r in results if r["collective"] == collective}):
-            rows = sorted((r for r in results if r["collective"] == collective and r["impl"] == impl
-                           and r["mode"] == "eager" and r["dtype"] == "bf16"), key=lambda r: r["bytes"])
-            if rows:
-                ax.plot([r["bytes"] for r in rows], [r["busbw"] for r in rows], marker="o", label=impl)
+    styles, layout = line_styles(results), panels(results)
+    rows = (len(layout) + 1) // 2
+    fig, axes = plt.subplots(rows, 2, figsize=(13, 4.2 * rows), squeeze=False)
+    for ax, (collective, mode, placement, shown) in zip(axes.flat, layout):
+        for impl in shown:
+            points = sorted((r for r in results if (r["collective"], r["impl"], r["mode"], r["dtype"])
+                             == (collective, impl, mode, "bf16")), key=lambda r: r["bytes"])
+            ax.plot([r["bytes"] for r in points], [r["busbw"] for r in points],
+                    label=impl.removesuffix("_plain"), **styles[impl.removesuffix("_plain")])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("bytes per rank")
         ax.set_ylabel("bus bandwidth (GB/s)")
-        ax.set_title(f"{collective}, bf16, eager, {world} x {gpu}")
-        ax.legend(fontsize=8)
+        ax.set_title(f"{collective}, {placement} tensors, bf16, {mode}, {world} x {gpu}", fontsize=9)
+        ax.legend(fontsize=7)
+    for ax in axes.flat[len(layout):]:
+        ax.set_visible(False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
@@ -260,11 +336,19 @@ def markdown(run: dict) -> str:
     if "tma_blocks_all_reduce_bf16" in run:
         blocks = ", ".join(f"{_size(int(b))}: {n}" for b, n in run["tma_blocks_all_reduce_bf16"].items())
         lines += [f"{run['sms']} SMs per GPU. Thread blocks of the TMA all-reduce by size: {blocks}.", ""]
+    if "nccl_version" in run:
+        lines += [_nccl_line(run), ""]
     lines += [line for b in _barrier_lines(run["results"]) for line in (b, "")]
     for title, rows in _tables(run["results"], run["world"]):
         lines += [f"### {title}", "", "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
         lines += ["| " + " | ".join(row) + " |" for row in rows[1:]] + [""]
     return "\n".join(lines)
+
+
+def _nccl_line(run: dict) -> str:
+    """The run's NCCL version and the NCCL columns it could not time, with the reasons."""
+    skipped = "; ".join(f"{name} skipped: {why}" for name, why in run.get("nccl_skipped", {}).items())
+    return f"NCCL {run['nccl_version']}." + (f" {skipped}." if skipped else "")
 
 
 def _auto_pick(collective: str, world: int, nbytes: int) -> str:
