@@ -1,4 +1,5 @@
-"""Multi-GPU collectives (barrier, all-reduce, reduce-scatter) in CuTeDSL on symmetric memory.
+"""Multi-GPU collectives (barrier, all-reduce, reduce-scatter, all-gather, and GEMMs overlapped
+with reduce-scatter / all-gather) in CuTeDSL on symmetric memory.
 
 ``collectives.all_reduce / reduce_scatter / all_gather / barrier / empty`` (:mod:`collectives.api`) run the
 kernels of :mod:`collectives.algorithms` (one module per algorithm), built from the device building blocks of
@@ -7,7 +8,9 @@ kernels of :mod:`collectives.algorithms` (one module per algorithm), built from 
 :mod:`collectives.symmetric` (nvshmem4py heap; sub-groups' memory: :mod:`collectives.groups`).
 Every call takes ``group=`` (default: every rank); :mod:`collectives.hierarchical` runs groups
 spanning nodes (our kernels inside a node, NCCL across).  Everything that needs torch and
-nvshmem4py is imported lazily.
+nvshmem4py is imported lazily.  ``collectives.gemm_reduce_scatter / all_gather_gemm``
+(:mod:`collectives.overlap`) overlap cuBLAS row chunks with those collectives; as custom
+operators for ``torch.compile``: :mod:`collectives.torch_ops`.
 """
 
 from __future__ import annotations

@@ -182,7 +182,7 @@ class KernelKey:
     """The compile-time choices of one collective kernel.
 
     ``vector`` is the elements each thread moves at once (16 bytes' worth, or 1 for data that
-    is not 16-byte aligned); ``gather_out`` makes a two-shot all-reduce or an all-gather copy the result from the
+    is not 16-byte aligned); ``gather_out`` makes a two-shot or TMA all-reduce or an all-gather copy the result from the
     symmetric buffer to a separate output; ``stage_in`` makes the kernel copy a non-symmetric input into this rank's
     symmetric buffer before the start barrier (instead of a separate copy); ``end_barrier=False``
     drops the end barrier of a one-shot collective whose symmetric buffers the caller

@@ -2,8 +2,10 @@
 :mod:`~collectives.algorithms.design` (``start barrier -> move data -> end barrier``) and the
 :mod:`collectives.device` blocks, with one design for two backends chosen at compile time by
 ``key.backend``.  :data:`BUILDERS` maps ``(collective, algorithm)`` to the module's ``build``:
-a new algorithm is a new module and one line here (and its name in
-:data:`collectives.config.ALGORITHMS`).  :mod:`.flags` holds the stream-flag kernels (no
+a new algorithm is a new module and one line here, and today also its name in
+:data:`collectives.config.ALGORITHMS` and its rules in ``KernelKey.__post_init__``, its plan
+(buffers, grid) in :mod:`collectives.api` and :mod:`collectives.runtime`, and its place in
+:mod:`collectives.tuning`.  :mod:`.flags` holds the stream-flag kernels (no
 collective: one thread, one GPU), built by its own ``build``."""
 
 from __future__ import annotations
