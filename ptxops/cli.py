@@ -218,17 +218,19 @@ def cmd_check(args: argparse.Namespace) -> int:
     """Assemble every legal form with ptxas; report forms/accepted/rejected per family x target."""
     families = [spec.family(name).name for name in args.families] or list(spec.FAMILIES)
     targets = args.target or list(spec.TARGETS)
+    isas = dict.fromkeys(spec.FAMILIES[name].ptx_version for name in families)
     try:
-        version = ptxas.ptxas_version()
+        for isa in isas:  # one assembler per PTX ISA version the families need
+            print(f"ptxas for PTX ISA {isa}: {ptxas.ptxas_path(isa)} ({ptxas.ptxas_version(isa)})")
     except ptxas.PtxasUnavailable as e:
         print(f"ptxops check: {e}", file=sys.stderr)
         return EXIT_NO_PTXAS
-    print(f"ptxas: {ptxas.ptxas_path()} ({version})")
     rows, failures = [], []
     for name in families:
+        isa = spec.FAMILIES[name].ptx_version
         for target in targets:
             lines = [standalone(inst) for inst in spec.forms(name, target=target)]
-            verdicts = ptxas.assemble(lines, target) if lines else []
+            verdicts = ptxas.assemble(lines, target, isa) if lines else []
             bad = [(line, v) for line, v in zip(lines, verdicts) if v is not None]
             rows.append([name, target, len(lines), len(lines) - len(bad), len(bad)])
             failures += [(name, target, line, v) for line, v in bad]

@@ -26,7 +26,15 @@ ADDRESSES: dict[str, str | None] = {"a": "space", "dst": "dst", "src": "src", "m
 #: Value tokens with a fixed register width whatever the form's type: byte counts, arrival
 #: counts, transaction counts, phase parity, an mbarrier phase state, an L2 cache policy, a CTA
 #: rank, a sleep time.
-FIXED_BITS = {"size": 32, "count": 32, "tx": 32, "phase": 32, "state": 64, "policy": 64, "rank": 32, "ns": 32}
+FIXED_BITS = {
+    "size": 32, "count": 32, "tx": 32, "phase": 32, "state": 64, "policy": 64, "rank": 32, "ns": 32,
+    "tmap": 64, "mask": 16,
+}
+#: Vector tokens with one register per dimension of the form's ``dim`` (``.1d`` .. ``.5d``) less
+#: an offset: the tensor coordinates (32-bit), the im2col offsets (16-bit, two fewer).  The
+#: tensor operand of the TMA instructions is ``[tmap, {c0, ...}]``: the 64-bit address of a
+#: tensor map (``tmap``) with the ``coords`` that follow it inside its brackets.
+PER_DIM = {"coords": (32, 0), "im2col": (16, 2)}
 #: Value tokens whose width follows the form's type and vector (``addr``: an address held in a
 #: register as a value, such as the address ``mapa`` maps).
 TYPED = ("b", "c", "d", "addr")
@@ -45,6 +53,10 @@ ROLE_DOC = {
     "policy": "64-bit L2 cache policy (createpolicy)",
     "n": "integer immediate", "addr": "address value", "rank": "CTA rank in the cluster",
     "ns": "sleep time in nanoseconds",
+    "tmap": "64-bit address of a tensor map (CUtensorMap)",
+    "coords": "tensor coordinates, one 32-bit value per dimension",
+    "im2col": "im2col offsets, one 16-bit value per dimension less two",
+    "mask": "16-bit mask (ctaMask: the cluster's CTAs that receive the data; byteMask: the bytes copied)",
 }
 
 
@@ -164,6 +176,10 @@ def operands(family: Family, q: Mapping[str, Value]) -> tuple[Operand, ...]:
             out.append(Operand(token, count, bits))
         elif token in FIXED_BITS:
             out.append(Operand(token, 1, FIXED_BITS[token]))
+        elif token in PER_DIM:
+            bits, fewer = PER_DIM[token]
+            dim = str(q.get("dim"))  # "1d" .. "5d"; an illegal form rendered for ptxas: one
+            out.append(Operand(token, max(int(dim[0]) - fewer, 1) if dim[0].isdigit() else 1, bits))
         elif token == "p":
             out.append(Operand(token, 1, 1))
         elif token == IMMEDIATE:
@@ -182,7 +198,9 @@ def statement(op_text: str, layout: Iterable[Operand], names: Iterable[Iterable[
             parts.append(op.role)
         elif op.is_address:
             parts.append(f"[{regs[0]}]")
-        elif op.count > 1:
+        elif op.role == "coords" and parts:  # inside the tensor map's brackets
+            parts[-1] = f"[{parts[-1]}, {{{', '.join(regs)}}}]"
+        elif op.count > 1 or op.role in PER_DIM:
             parts.append("{" + ", ".join(regs) + "}")
         else:
             parts.append(regs[0])
@@ -260,15 +278,17 @@ def standalone(op_text: str, layout: Sequence[Operand]) -> str:
     return statement(op_text, layout, register_names(layout, {}))
 
 
-def module(statements: Iterable[str], target: str, registers: int = 64) -> str:
+def module(
+    statements: Iterable[str], target: str, registers: int = 64, version: str = PTX_VERSION
+) -> str:
     """A complete PTX module with one kernel holding ``statements``.
 
     The kernel declares ``registers`` registers of each class; statements use ``%h``, ``%r``,
     ``%rd``, ``%q`` and ``%p`` (predicate) names below that bound.  Statement ``n`` (from 0) is line ``FIRST_BODY_LINE + n`` of the
-    module (see :data:`FIRST_BODY_LINE`).
+    module (see :data:`FIRST_BODY_LINE`); ``version`` is its PTX ISA ``.version``.
     """
     head = [
-        f".version {PTX_VERSION}",
+        f".version {version}",
         f".target {target}",
         ".address_size 64",
         ".visible .entry ptxops_forms(.param .u64 p)",

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from ..errors import QualifierError
 from ..render import Instruction, render
 from . import atomics, bulk, cluster, fence, mbarrier, memory, multimem, nanosleep
+from . import multimem_bulk, tensor, tensormap
 from .engine import Family, Qualifier, Rule, Value
 from .targets import DEFAULT_TARGET, TARGETS
 
@@ -19,6 +20,7 @@ FAMILIES: dict[str, Family] = {
     for f in (
         *multimem.FAMILIES, *atomics.FAMILIES, *memory.FAMILIES, *fence.FAMILIES,
         *bulk.FAMILIES, *mbarrier.FAMILIES, *cluster.FAMILIES, *nanosleep.FAMILIES,
+        *tensor.FAMILIES, *tensormap.FAMILIES, *multimem_bulk.FAMILIES,
     )
 }
 
