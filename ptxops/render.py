@@ -149,20 +149,20 @@ def opcode(family: Family, q: Mapping[str, Value]) -> str:
     return family.name + "".join(slot.render_in(q) for slot in family.qualifiers)
 
 
-def form_type(family: Family, q: Mapping[str, Value]) -> Value:
-    """The form's ``.type``: the one given, or the one an implied slot writes (``.b64`` of
-    every ``mbarrier`` form)."""
-    if q.get("type") is not None:
-        return q["type"]
+def slot_value(family: Family, q: Mapping[str, Value], key: str) -> Value:
+    """The value of slot ``key`` in form ``q``: the one given, or the one an implied slot
+    writes (``.b64`` of every ``mbarrier`` form, ``.shared::cta`` of ``tensormap.cp_fenceproxy``)."""
+    if q.get(key) is not None:
+        return q[key]
     for slot in family.qualifiers:
-        if slot.key == "type" and not slot.settable and slot.render_in(q):
+        if slot.key == key and not slot.settable and slot.render_in(q):
             return slot.values[0]
     return None
 
 
 def operands(family: Family, q: Mapping[str, Value]) -> tuple[Operand, ...]:
     """The operand layout of a form, from the family's signature and the form's type/vec/space."""
-    ptx_type = TYPES.get(str(form_type(family, q)))
+    ptx_type = TYPES.get(str(slot_value(family, q, "type")))
     vec = q.get("vec")
     count = vec if isinstance(vec, int) and vec > 0 else 1
     bits = ptx_type.reg_bits if ptx_type else 32
@@ -170,7 +170,7 @@ def operands(family: Family, q: Mapping[str, Value]) -> tuple[Operand, ...]:
     for token in family.signature(q):
         if token in ADDRESSES:
             key = ADDRESSES[token] or ("space" if "space" in q else None)
-            space = "shared" if key is None else str(q.get(key) or "")
+            space = "shared" if key is None else str(slot_value(family, q, key) or "")
             out.append(Operand(token, 1, 32 if space.startswith("shared") else 64))
         elif token in TYPED:
             out.append(Operand(token, count, bits))

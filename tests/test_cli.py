@@ -214,12 +214,12 @@ def test_check_fence(capsys):
 def test_check_reports_rejections(capsys, monkeypatch):
     seen: list[tuple[list[str], str]] = []
 
-    def fake_assemble(lines, target):
+    def fake_assemble(lines, target, version):
         seen.append((list(lines), target))
         return ["bad" if ".sys" in line else None for line in lines]
 
-    monkeypatch.setattr(ptxas, "ptxas_version", lambda: "fake")
-    monkeypatch.setattr(ptxas, "ptxas_path", lambda: "/fake/ptxas")
+    monkeypatch.setattr(ptxas, "ptxas_version", lambda version: "fake")
+    monkeypatch.setattr(ptxas, "ptxas_path", lambda version: "/fake/ptxas")
     monkeypatch.setattr(ptxas, "assemble", fake_assemble)
     code, out, err = run(capsys, "check", "fence", "--target", "sm_90", "sm_100a")
     assert code == 1
@@ -234,9 +234,25 @@ def test_check_reports_rejections(capsys, monkeypatch):
 
 def test_check_without_ptxas(capsys, monkeypatch):
     monkeypatch.delenv("PTXAS", raising=False)
+    monkeypatch.delenv("PTXOPS_PTXAS", raising=False)
     monkeypatch.setenv("PATH", "")
+    monkeypatch.setattr(ptxas.sys, "path", [])  # no nvidia-cuda-nvcc wheel either
     code, _, err = run(capsys, "check", "fence")
     assert code == 3 and "ptxas not found" in err
+
+
+@needs_ptxas
+def test_check_names_the_assembler_of_each_isa_version(capsys, monkeypatch):
+    """A PTX ISA 9.1 family is checked by an assembler that reads 9.1, or not at all: with
+    only an older ptxas, check exits 3 naming the version and the assemblers it found."""
+    newest = max(ptxas.candidates(), key=ptxas.isa_version)
+    if ptxas.isa_version(newest) >= (9, 1):
+        code, out, _ = run(capsys, "check", "multimem.cp.async.bulk", "--target", "sm_90a")
+        assert code == 0 and f"ptxas for PTX ISA 9.1: {newest}" in out
+    monkeypatch.setattr(ptxas, "candidates", lambda: [p for p in [shutil.which("ptxas")] if p])
+    if ptxas.isa_version(shutil.which("ptxas")) < (9, 1):
+        code, _, err = run(capsys, "check", "multimem.cp.async.bulk", "--target", "sm_90a")
+        assert code == 3 and "no ptxas reads PTX ISA 9.1" in err
 
 
 # -- the module entry point ------------------------------------------------------------------

@@ -20,7 +20,8 @@ from ..render import Instruction
 from . import emit, emulation, forms
 from .bulk import bulk_issuer
 
-_SPACES = dict(dst="global", src="shared::cta", completion="bulk_group")
+#: The unicast bulk form each one becomes under emulation: shared::cta to global.
+_UNICAST = dict(dst="global", src="shared::cta", completion="bulk_group")
 
 
 def _emit(inst: Instruction, unicast: Instruction, mc_dst, src, size: Any, extra, *, loc=None, ip=None) -> None:
@@ -41,10 +42,10 @@ def multimem_cp_async_bulk(
     multicast address ``mc_dst`` on every GPU of the group:
     ``multimem.cp.async.bulk.global.shared::cta.bulk_group{.cp_mask}``.  ``byte_mask`` (16-bit,
     sm_100+) copies only the bytes of each 16 whose bit is set.  Both 16-byte aligned."""
-    inst = emit.instruction("multimem.cp.async.bulk", **_SPACES, cp_mask=None if byte_mask is None else "cp_mask")
+    inst = emit.instruction("multimem.cp.async.bulk", cp_mask=None if byte_mask is None else "cp_mask")
     if byte_mask is not None and emulation.active() is not None:
         raise ValueError(f"{inst.opcode}: a byte mask is not emulated under emulate_multicast")
-    unicast = emit.instruction("cp.async.bulk", **_SPACES)
+    unicast = emit.instruction("cp.async.bulk", **_UNICAST)
     mask = [] if byte_mask is None else [[cutlass.Int16(byte_mask).ir_value(loc=loc, ip=ip)]]
     _emit(inst, unicast, mc_dst, src, size, mask, loc=loc, ip=ip)
 
@@ -70,9 +71,9 @@ def multimem_cp_reduce_async_bulk(
     update on each GPU is an atomic read-modify-write; the array is not one atomic access.
     """
     family = "multimem.cp.reduce.async.bulk"
-    inst = forms.scalar(family, dtype or src.dtype, op, type, **_SPACES)
+    inst = forms.scalar(family, dtype or src.dtype, op, type)
     q = inst.qualifiers
-    unicast = emit.instruction("cp.reduce.async.bulk", **_SPACES, op=q["op"], type=q["type"])
+    unicast = emit.instruction("cp.reduce.async.bulk", **_UNICAST, op=q["op"], type=q["type"])
     _emit(inst, unicast, mc_dst, src, size, [], loc=loc, ip=ip)
 
 

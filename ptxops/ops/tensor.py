@@ -169,10 +169,10 @@ def cp_reduce_async_bulk_tensor(
     ``load_mode="im2col_no_offs"`` reduces into an im2col box.
     """
     family = "cp.reduce.async.bulk.tensor"
-    src_space = emit.state_space(family, src, "auto", ("shared::cta",))
+    emit.state_space(family, src, "shared::cta", ("shared::cta",))
     inst = emit.instruction(
-        family, dim=dim(family, coords), dst="global", src=src_space, op=op, load_mode=load_mode,
-        completion="bulk_group", cache_hint=None if cache_policy is None else "cache_hint",
+        family, dim=dim(family, coords), op=op, load_mode=load_mode,
+        cache_hint=None if cache_policy is None else "cache_hint",
     )
     emit.require_alignment(inst, src, "shared memory", TMA_SMEM_ALIGN)
     given = {
@@ -199,7 +199,7 @@ def cp_async_bulk_prefetch_tensor(
     nothing to wait for; ``load_mode="im2col"`` takes ``im2col_offsets``."""
     family = "cp.async.bulk.prefetch.tensor"
     inst = emit.instruction(
-        family, dim=dim(family, coords), src="global", load_mode=load_mode,
+        family, dim=dim(family, coords), load_mode=load_mode,
         cache_hint=None if cache_policy is None else "cache_hint",
     )
     given = {

@@ -65,7 +65,7 @@ def tensormap_replace(
     family = "tensormap.replace"
     space = emit.state_space(family, tensor_map, space, (None, "global", "shared::cta"))
     inst = emit.instruction(
-        family, mode="tile", field=field, space=space, type="b64" if field in WIDE_FIELDS else "b32"
+        family, field=field, space=space, type="b64" if field in WIDE_FIELDS else "b32"
     )
     emit.require_alignment(inst, tensor_map, "tensor map", TENSOR_MAP_ALIGN)
     if (ord is not None) != (field in DIMENSION_FIELDS):
@@ -91,11 +91,9 @@ def tensormap_cp_fenceproxy(
     [dst], [src], 128``.  Every thread of the warp executes it (``.sync.aligned``); both maps
     64-byte aligned."""
     family = "tensormap.cp_fenceproxy"
-    inst = emit.instruction(
-        family, dst=emit.state_space(family, dst, "auto", ("global",)),
-        src=emit.state_space(family, src, "auto", ("shared::cta",)),
-        proxy="tensormap::generic", sem="release", scope=scope,
-    )
+    emit.state_space(family, dst, "global", ("global",))
+    emit.state_space(family, src, "shared::cta", ("shared::cta",))
+    inst = emit.instruction(family, scope=scope)
     emit.require_alignment(inst, dst, "destination tensor map", TENSOR_MAP_ALIGN)
     emit.require_alignment(inst, src, "source tensor map", TENSOR_MAP_ALIGN)
     emit.emit(inst, None, [[emit.address(dst, loc=loc, ip=ip)], [emit.address(src, loc=loc, ip=ip)]], loc=loc, ip=ip)

@@ -25,9 +25,9 @@ SECTION = "Data Movement and Conversion Instructions: {} (PTX ISA 9.1)"
 #: Targets with ``.cp_mask`` (ptxas: "Feature '.cp_mask' requires .target sm_100 or higher").
 CP_MASK_TARGETS = WIDE_LDST
 
-_DST = Qualifier("dst", ("global",), "state space of the destination: a multimem address")
-_SRC = Qualifier("src", ("shared::cta",), "state space of the source: this CTA's shared memory")
-_COMPLETION = Qualifier("completion", ("bulk_group",), "completion mechanism: the bulk async-group")
+_DST = implied("dst", "global", "state space of the destination: a multimem address", by={})
+_SRC = implied("src", "shared::cta", "state space of the source: this CTA's shared memory", by={})
+_COMPLETION = implied("completion", "bulk_group", "completion mechanism: the bulk async-group", by={})
 
 MULTIMEM_CP_ASYNC_BULK = Family(
     name="multimem.cp.async.bulk",

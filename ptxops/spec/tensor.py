@@ -143,11 +143,11 @@ CP_REDUCE_ASYNC_BULK_TENSOR = Family(
     "a tensor map in global memory, asynchronously (TMA).",
     qualifiers=(
         _DIM,
-        Qualifier("dst", ("global",), "state space of the destination: the tensor in global memory"),
-        Qualifier("src", ("shared::cta",), "state space of the source: this CTA's shared memory"),
+        implied("dst", "global", "state space of the destination: the tensor in global memory", by={}),
+        implied("src", "shared::cta", "state space of the source: this CTA's shared memory", by={}),
         Qualifier("op", REDUCE_OPS, "reduction applied to each element (of the map's element type)"),
         _load_mode(("im2col_no_offs",)),
-        Qualifier("completion", ("bulk_group",), "completion mechanism: the bulk async-group"),
+        implied("completion", "bulk_group", "completion mechanism: the bulk async-group", by={}),
         _CACHE_HINT,
     ),
     rules=(_im2col_rank("cp.reduce.async.bulk.tensor"),),
@@ -163,7 +163,7 @@ CP_ASYNC_BULK_PREFETCH_TENSOR = Family(
     qualifiers=(
         _DIM,
         implied("level", "L2", "the cache prefetched into: L2", by={}),
-        Qualifier("src", ("global",), "state space of the source tensor"),
+        implied("src", "global", "state space of the source tensor", by={}),
         _load_mode(("im2col",)),
         _CACHE_HINT,
     ),

@@ -62,7 +62,7 @@ TENSORMAP_REPLACE = Family(
     summary="Write one field (address, rank, sizes, strides, element type, modes) of a tensor "
     "map in global or shared memory.",
     qualifiers=(
-        Qualifier("mode", ("tile",), "the tensor map's mode: tile"),
+        implied("mode", "tile", "the tensor map's mode: tile (the only one)", by={}),
         Qualifier("field", FIELDS, "the field written"),
         Qualifier(
             "space", (None, "global", "shared::cta"),
@@ -112,10 +112,10 @@ TENSORMAP_CP_FENCEPROXY = Family(
     summary="Copy a 128-byte tensor map from shared to global memory and release it to the "
     "tensormap proxy at a scope (warp-wide).",
     qualifiers=(
-        Qualifier("dst", ("global",), "state space of the destination tensor map"),
-        Qualifier("src", ("shared::cta",), "state space of the source: this CTA's shared memory"),
-        Qualifier("proxy", ("tensormap::generic",), "the proxies ordered: tensormap after generic"),
-        Qualifier("sem", ("release",), "memory-ordering semantics of the fence"),
+        implied("dst", "global", "state space of the destination tensor map", by={}),
+        implied("src", "shared::cta", "state space of the source: this CTA's shared memory", by={}),
+        implied("proxy", "tensormap::generic", "the proxies ordered: tensormap after generic", by={}),
+        implied("sem", "release", "memory-ordering semantics of the fence", by={}),
         Qualifier("scope", ("cta", "cluster", "gpu", "sys"), "the set of threads it orders with"),
         implied("sync", "sync", "executed by every thread of the warp", by={}),
         implied("aligned", "aligned", "every thread of the warp executes the same instruction", by={}),
