@@ -15,9 +15,8 @@ wrapped.
 
 from __future__ import annotations
 
-from .bulk import REDUCE_OPS, REDUCE_TYPES
+from .bulk import REDUCE_SLOTS, REDUCE_TYPES
 from .engine import Family, Qualifier, implied, rule
-from .ptxtypes import HALF
 from .targets import WIDE_LDST
 
 PTX_VERSION = "9.1"
@@ -74,16 +73,7 @@ MULTIMEM_CP_REDUCE_ASYNC_BULK = Family(
     summary="Reduce a contiguous array of this CTA's shared memory element-wise into one "
     "address on every GPU of the multicast group, asynchronously (bulk async-group).",
     qualifiers=(
-        _DST, _SRC, _COMPLETION,
-        Qualifier("op", REDUCE_OPS, "reduction applied to each element"),
-        implied(
-            "noftz", "noftz", "no flush-to-zero: required on the f16/bf16 add",
-            by={"op": "add", "type": HALF},
-        ),
-        Qualifier(
-            "type", ("b32", "b64", "u32", "s32", "u64", "s64", "f32", "f64") + HALF,
-            "element type",
-        ),
+        _DST, _SRC, _COMPLETION, *REDUCE_SLOTS,
     ),
     rules=_type_rules(),
     operands=("dst", "src", "size"),
