@@ -147,10 +147,11 @@ def rule_table(rules: Iterable[Rule]) -> list[str]:
 
 def operand_legend(family: Family) -> str:
     """What the family's operand tokens mean (`d` destination, `a` address, ...)."""
-    tokens = dict.fromkeys(
-        t for sig in (family.operands, *family.operand_variants.values()) for t in sig
-    )
+    signatures = (family.operands, *family.operand_variants.values())
+    tokens = dict.fromkeys(t.partition("?")[0] for sig in signatures for t in sig)
     named = [f"`{t}` {ROLE_DOC[t]}" for t in tokens if t in ROLE_DOC]
+    if any("?" in t for sig in signatures for t in sig):
+        named.append("`t?k` operand `t` only in forms that give `k`, `t?k=v` where `k` is `v`")
     if "_" in tokens:
         named.append("`_` the sink (no result)")
     return f" ({', '.join(named)})" if named else ""

@@ -16,6 +16,8 @@ DEVICE_FUNCTIONS = (
     "clusterlaunchcontrol_try_cancel", "clusterlaunchcontrol_query_cancel", "ld_acquire", "mapa",
     "mbarrier_arrive", "mbarrier_init", "mbarrier_try_wait", "multimem_ld_reduce", "multimem_red",
     "multimem_st", "nanosleep", "red", "red_async", "st", "st_async", "st_release",
+    "cp_async_bulk_tensor", "cp_reduce_async_bulk_tensor", "cp_async_bulk_prefetch_tensor",
+    "tensormap_replace", "tensormap_cp_fenceproxy", "multimem_cp_async_bulk", "multimem_cp_reduce_async_bulk",
 )
 
 #: Trace-time multicast emulation (:mod:`ptxops.ops.emulation`), loaded on first use too.

@@ -44,6 +44,12 @@ QUALIFIER_OPTIONS: tuple[tuple[str, str, str], ...] = (
     ("--dst", "dst", "cp.{reduce.}async.bulk only: destination state space (shared::cta, shared::cluster, global)"),
     ("--src", "src", "cp.{reduce.}async.bulk only: source state space (global, shared::cta)"),
     ("--completion", "completion", "bulk copies and reductions, st.async, red.async: mbarrier::complete_tx::bytes or bulk_group"),
+    ("--dim", "dim", "tensor (TMA) instructions: 1d, 2d, 3d, 4d or 5d"),
+    ("--load-mode", "load_mode", "tensor (TMA) instructions: tile, im2col or im2col_no_offs"),
+    ("--multicast", "multicast", "cp.async.bulk.tensor only: multicast::cluster (adds a ctaMask operand)"),
+    ("--mode", "mode", "tensormap.replace only: tile"),
+    ("--field", "field", "tensormap.replace only: global_address, rank, box_dim, global_dim, ..., fill_mode"),
+    ("--cp-mask", "cp_mask", "multimem.cp.async.bulk only: cp_mask (adds a 16-bit byte mask operand)"),
     ("--expect-tx", "expect_tx", "mbarrier.arrive only: expect_tx"),
     ("--parity", "parity", "mbarrier.try_wait only: parity"),
     ("--read", "read", "cp.async.bulk.wait_group only: read"),
@@ -243,17 +249,19 @@ def cmd_check(args: argparse.Namespace) -> int:
     selected = [f for name in args.families for f in families_under(name)] or list(spec.FAMILIES)
     families = list(dict.fromkeys(selected))
     targets = args.target or list(spec.TARGETS)
+    isas = dict.fromkeys(spec.FAMILIES[name].ptx_version for name in families)
     try:
-        version = ptxas.ptxas_version()
+        for isa in isas:  # one assembler per PTX ISA version the families need
+            print(f"ptxas for PTX ISA {isa}: {ptxas.ptxas_path(isa)} ({ptxas.ptxas_version(isa)})")
     except ptxas.PtxasUnavailable as e:
         print(f"ptxops check: {e}", file=sys.stderr)
         return EXIT_NO_PTXAS
-    print(f"ptxas: {ptxas.ptxas_path()} ({version})")
     rows, failures = [], []
     for name in families:
+        isa = spec.FAMILIES[name].ptx_version
         for target in targets:
             lines = [standalone(inst) for inst in spec.forms(name, target=target)]
-            verdicts = ptxas.assemble(lines, target) if lines else []
+            verdicts = ptxas.assemble(lines, target, isa) if lines else []
             bad = [(line, v) for line, v in zip(lines, verdicts) if v is not None]
             rows.append([name, target, len(lines), len(lines) - len(bad), len(bad)])
             failures += [(name, target, line, v) for line, v in bad]

@@ -2,19 +2,28 @@
 
 ptxas reports every bad line of a module and keeps going, so thousands of forms are checked by
 one ptxas call: each statement gets a line, and each error names its line.
+
+A family introduced by a PTX ISA newer than the system ptxas reads (``multimem.cp.async.bulk``:
+9.1) needs a newer assembler: :func:`ptxas_path` with ``version`` picks the first of ``$PTXAS``,
+``ptxas`` on PATH, the paths in ``$PTXOPS_PTXAS`` (``os.pathsep``-separated) and the ptxas of an
+installed ``nvidia-cuda-nvcc`` wheel that reads that ``.version``.
 """
 
 from __future__ import annotations
 
+import functools
+import glob
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .render import FIRST_BODY_LINE, module
+from .spec.targets import PTX_VERSION
 
 _LINE = re.compile(r"line (\d+); (error|fatal|warning)\s*:\s*(.*)")
 _VERSION = re.compile(r"Unsupported \.version (\d+\.\d+); current version is '(\d+\.\d+)'")
@@ -28,20 +37,62 @@ class PtxasUnavailable(RuntimeError):
     """No ptxas on PATH (set PTXAS to its path)."""
 
 
-def ptxas_path() -> str:
-    path = os.environ.get("PTXAS") or shutil.which("ptxas")
-    if not path:
+_CURRENT = re.compile(r"current version is '(\d+)\.(\d+)'")
+
+
+def candidates() -> list[str]:
+    """Every ptxas ptxops may use, in order of preference (see the module docstring)."""
+    extra = os.environ.get("PTXOPS_PTXAS", "").split(os.pathsep)
+    wheels = [p for d in sys.path for p in sorted(glob.glob(os.path.join(d, "nvidia", "cu*", "bin", "ptxas")))]
+    found = [os.environ.get("PTXAS"), shutil.which("ptxas"), *extra, *wheels]
+    return list(dict.fromkeys(p for p in found if p and os.access(p, os.X_OK)))
+
+
+@functools.cache
+def isa_version(path: str) -> tuple[int, int]:
+    """The newest PTX ISA ``.version`` the ptxas at ``path`` reads (it names it when refusing
+    a module of a version it does not know)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "v.ptx")
+        with open(src, "w") as f:
+            f.write(".version 99.9\n.target sm_90\n.address_size 64\n")
+        err = subprocess.run([path, "-arch=sm_90", src, "-o", os.path.join(tmp, "v.cubin")],
+                             capture_output=True, text=True).stderr
+    m = _CURRENT.search(err)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def _parse(version: str) -> tuple[int, int]:
+    major, _, minor = version.partition(".")
+    return int(major), int(minor or 0)
+
+
+def ptxas_path(version: str = PTX_VERSION) -> str:
+    """The first ptxas that reads PTX ISA ``version``; :class:`PtxasUnavailable` naming the
+    ones found if none does."""
+    found = candidates()
+    if not found:
         raise PtxasUnavailable("ptxas not found: put CUDA's bin on PATH or set PTXAS")
-    return path
+    if version == PTX_VERSION:
+        return found[0]
+    for path in found:
+        if isa_version(path) >= _parse(version):
+            return path
+    have = ", ".join(f"{p} (PTX ISA {'.'.join(map(str, isa_version(p)))})" for p in found)
+    raise PtxasUnavailable(
+        f"no ptxas reads PTX ISA {version}: found {have}; install a newer one "
+        "(pip install --target DIR nvidia-cuda-nvcc) and list it in PTXOPS_PTXAS"
+    )
 
 
-def ptxas_version() -> str:
-    out = subprocess.run([ptxas_path(), "--version"], capture_output=True, text=True).stdout
+def ptxas_version(version: str = PTX_VERSION) -> str:
+    out = subprocess.run([ptxas_path(version), "--version"], capture_output=True, text=True).stdout
     return out.strip().splitlines()[-1] if out.strip() else "unknown"
 
 
-def assemble(statements: Sequence[str], target: str) -> list[str | None]:
+def assemble(statements: Sequence[str], target: str, version: str = PTX_VERSION) -> list[str | None]:
     """ptxas's verdict on each statement for ``target``: None if accepted, else its error text.
+    The module says ``.version version``, and the assembler is the first that reads it.
 
     Some errors surface only once a module has no others, so the statements that passed are
     assembled again on their own until a module of them assembles cleanly.  Warnings count
@@ -53,7 +104,8 @@ def assemble(statements: Sequence[str], target: str) -> list[str | None]:
         found = False
         for start in range(0, len(pending), _CHUNK):
             chunk = pending[start : start + _CHUNK]
-            for i, verdict in zip(chunk, _assemble_chunk([statements[i] for i in chunk], target)):
+            verdicts_chunk = _assemble_chunk([statements[i] for i in chunk], target, version)
+            for i, verdict in zip(chunk, verdicts_chunk):
                 if verdict:
                     verdicts[i] = verdict
                     found = True
@@ -63,13 +115,13 @@ def assemble(statements: Sequence[str], target: str) -> list[str | None]:
     return verdicts
 
 
-def _assemble_chunk(statements: Sequence[str], target: str) -> list[str | None]:
+def _assemble_chunk(statements: Sequence[str], target: str, version: str) -> list[str | None]:
     with tempfile.TemporaryDirectory() as tmp:
         src = os.path.join(tmp, "forms.ptx")
         with open(src, "w") as f:
-            f.write(module(statements, target))
+            f.write(module(statements, target, version=version))
         proc = subprocess.run(
-            [ptxas_path(), f"-arch={target}", src, "-o", os.path.join(tmp, "forms.cubin")],
+            [ptxas_path(version), f"-arch={target}", src, "-o", os.path.join(tmp, "forms.cubin")],
             capture_output=True,
             text=True,
         )

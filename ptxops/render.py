@@ -28,8 +28,13 @@ ADDRESSES: dict[str, str | None] = {"a": "space", "dst": "dst", "src": "src", "m
 #: rank, a sleep time.
 FIXED_BITS = {
     "size": 32, "count": 32, "tx": 32, "phase": 32, "state": 64, "policy": 64, "rank": 32, "ns": 32,
-    "mask": 32, "bytes": 64, "response": 128,
+    "membermask": 32, "bytes": 64, "response": 128, "tmap": 64, "mask": 16,
 }
+#: Vector tokens with one register per dimension of the form's ``dim`` (``.1d`` .. ``.5d``) less
+#: an offset: the tensor coordinates (32-bit), the im2col offsets (16-bit, two fewer).  The
+#: tensor operand of the TMA instructions is ``[tmap, {c0, ...}]``: the 64-bit address of a
+#: tensor map (``tmap``) with the ``coords`` that follow it inside its brackets.
+PER_DIM = {"coords": (32, 0), "im2col": (16, 2)}
 #: Value tokens whose width follows the form's type and vector (``addr``: an address held in a
 #: register as a value, such as the address ``mapa`` maps).
 TYPED = ("b", "c", "d", "addr")
@@ -47,8 +52,12 @@ ROLE_DOC = {
     "phase": "phase parity", "state": "mbarrier phase state", "p": "predicate result",
     "policy": "64-bit L2 cache policy (createpolicy)",
     "n": "integer immediate", "addr": "address value", "rank": "CTA rank in the cluster",
-    "ns": "sleep time in nanoseconds", "mask": "32-bit member mask of lanes",
+    "ns": "sleep time in nanoseconds", "membermask": "32-bit member mask of lanes",
     "bytes": "64-bit byte count", "response": "128-bit try_cancel response",
+    "tmap": "64-bit address of a tensor map (CUtensorMap)",
+    "coords": "tensor coordinates, one 32-bit value per dimension",
+    "im2col": "im2col offsets, one 16-bit value per dimension less two",
+    "mask": "16-bit mask (ctaMask: the cluster's CTAs that receive the data; byteMask: the bytes copied)",
 }
 #: A literal operand that joins its neighbours into one (``elect.sync d|p, mask``).
 JOIN = "|"
@@ -143,9 +152,10 @@ def opcode(family: Family, q: Mapping[str, Value]) -> str:
     return family.name + "".join(slot.render_in(q) for slot in family.qualifiers)
 
 
-def form_value(family: Family, q: Mapping[str, Value], key: str) -> Value:
-    """The form's value of ``key``: the one given, or the one an implied slot writes (``.b64``
-    of every ``mbarrier`` form, ``.v4`` of ``clusterlaunchcontrol.query_cancel.get_first_ctaid``)."""
+def slot_value(family: Family, q: Mapping[str, Value], key: str) -> Value:
+    """The value of slot ``key`` in form ``q``: the one given, or the one an implied slot
+    writes (``.b64`` of every ``mbarrier`` form, ``.shared::cta`` of ``tensormap.cp_fenceproxy``,
+    ``.v4`` of ``clusterlaunchcontrol.query_cancel.get_first_ctaid``)."""
     if q.get(key) is not None:
         return q[key]
     for slot in family.qualifiers:
@@ -154,27 +164,26 @@ def form_value(family: Family, q: Mapping[str, Value], key: str) -> Value:
     return None
 
 
-def form_type(family: Family, q: Mapping[str, Value]) -> Value:
-    """The form's ``.type``, given or implied."""
-    return form_value(family, q, "type")
-
-
 def operands(family: Family, q: Mapping[str, Value]) -> tuple[Operand, ...]:
     """The operand layout of a form, from the family's signature and the form's type/vec/space."""
-    ptx_type = TYPES.get(str(form_type(family, q)))
-    vec = form_value(family, q, "vec")
+    ptx_type = TYPES.get(str(slot_value(family, q, "type")))
+    vec = slot_value(family, q, "vec")
     count = vec if isinstance(vec, int) and vec > 0 else 1
     bits = ptx_type.reg_bits if ptx_type else 32
     out = []
     for token in family.signature(q):
         if token in ADDRESSES:
             key = ADDRESSES[token] or ("space" if "space" in q else None)
-            space = "shared" if key is None else str(q.get(key) or "")
+            space = "shared" if key is None else str(slot_value(family, q, key) or "")
             out.append(Operand(token, 1, 32 if space.startswith("shared") else 64))
         elif token in TYPED:
             out.append(Operand(token, count, bits))
         elif token in FIXED_BITS:
             out.append(Operand(token, 1, FIXED_BITS[token]))
+        elif token in PER_DIM:
+            bits, fewer = PER_DIM[token]
+            dim = str(q.get("dim"))  # "1d" .. "5d"; an illegal form rendered for ptxas: one
+            out.append(Operand(token, max(int(dim[0]) - fewer, 1) if dim[0].isdigit() else 1, bits))
         elif token == "p":
             out.append(Operand(token, 1, 1))
         elif token == IMMEDIATE:
@@ -194,7 +203,9 @@ def statement(op_text: str, layout: Iterable[Operand], names: Iterable[Iterable[
             parts.append(op.role)
         elif op.is_address:
             parts.append(f"[{regs[0]}]")
-        elif op.count > 1:
+        elif op.role == "coords" and parts:  # inside the tensor map's brackets
+            parts[-1] = f"[{parts[-1]}, {{{', '.join(regs)}}}]"
+        elif op.count > 1 or op.role in PER_DIM:
             parts.append("{" + ", ".join(regs) + "}")
         else:
             parts.append(regs[0])
@@ -273,15 +284,17 @@ def standalone(op_text: str, layout: Sequence[Operand]) -> str:
     return statement(op_text, layout, register_names(layout, {}))
 
 
-def module(statements: Iterable[str], target: str, registers: int = 64) -> str:
+def module(
+    statements: Iterable[str], target: str, registers: int = 64, version: str = PTX_VERSION
+) -> str:
     """A complete PTX module with one kernel holding ``statements``.
 
     The kernel declares ``registers`` registers of each class; statements use ``%h``, ``%r``,
     ``%rd``, ``%q`` and ``%p`` (predicate) names below that bound.  Statement ``n`` (from 0) is line ``FIRST_BODY_LINE + n`` of the
-    module (see :data:`FIRST_BODY_LINE`).
+    module (see :data:`FIRST_BODY_LINE`); ``version`` is its PTX ISA ``.version``.
     """
     head = [
-        f".version {PTX_VERSION}",
+        f".version {version}",
         f".target {target}",
         ".address_size 64",
         ".visible .entry ptxops_forms(.param .u64 p)",

@@ -32,7 +32,7 @@ def global_tensor(dtype=None, n: int = 4096, align: int = 32):
 
 _OPCODE = re.compile(
     r"(?<![\w.%])((?:multimem|atom|red|ld|st|fence|cp\.async\.bulk|cp\.reduce\.async\.bulk|mbarrier"
-    r"|mapa|nanosleep|griddepcontrol|membar|elect|prefetchu?|clusterlaunchcontrol)(?:\.[\w:]+)*)(?=[\s;])"
+    r"|mapa|nanosleep|griddepcontrol|membar|elect|prefetchu?|clusterlaunchcontrol|tensormap)(?:\.[\w:]+)*)(?=[\s;])"
 )
 
 

@@ -235,12 +235,12 @@ def test_check_fence(capsys):
 def test_check_reports_rejections(capsys, monkeypatch):
     seen: list[tuple[list[str], str]] = []
 
-    def fake_assemble(lines, target):
+    def fake_assemble(lines, target, version):
         seen.append((list(lines), target))
         return ["bad" if ".sys" in line else None for line in lines]
 
-    monkeypatch.setattr(ptxas, "ptxas_version", lambda: "fake")
-    monkeypatch.setattr(ptxas, "ptxas_path", lambda: "/fake/ptxas")
+    monkeypatch.setattr(ptxas, "ptxas_version", lambda version: "fake")
+    monkeypatch.setattr(ptxas, "ptxas_path", lambda version: "/fake/ptxas")
     monkeypatch.setattr(ptxas, "assemble", fake_assemble)
     code, out, err = run(capsys, "check", "fence", "--target", "sm_90", "sm_100a")
     assert code == 1
@@ -256,16 +256,16 @@ def test_check_reports_rejections(capsys, monkeypatch):
 def test_check_a_prefix_checks_every_family_under_it(capsys, monkeypatch):
     seen: list[str] = []
 
-    def fake_assemble(lines, target):
+    def fake_assemble(lines, target, isa):
         seen.extend(lines)
         return [None for _ in lines]
 
-    monkeypatch.setattr(ptxas, "ptxas_version", lambda: "fake")
-    monkeypatch.setattr(ptxas, "ptxas_path", lambda: "/fake/ptxas")
+    monkeypatch.setattr(ptxas, "ptxas_version", lambda version: "fake")
+    monkeypatch.setattr(ptxas, "ptxas_path", lambda version: "/fake/ptxas")
     monkeypatch.setattr(ptxas, "assemble", fake_assemble)
     code, out, _ = run(capsys, "check", "multimem", "cp.async.bulk", "--target", "sm_90a")
     assert code == 0
-    checked = [line.split()[0] for line in out.splitlines()[2:-1]]
+    checked = [row[0] for row in map(str.split, out.splitlines()) if row and row[0] in spec.FAMILIES]
     expected = [f for f in spec.FAMILIES if f.startswith("multimem.")]
     expected += [f for f in spec.FAMILIES if f == "cp.async.bulk" or f.startswith("cp.async.bulk.")]
     assert checked == expected and "cp.async.bulk.wait_group" in checked
@@ -288,9 +288,25 @@ def test_rules_of_a_prefix(capsys):
 
 def test_check_without_ptxas(capsys, monkeypatch):
     monkeypatch.delenv("PTXAS", raising=False)
+    monkeypatch.delenv("PTXOPS_PTXAS", raising=False)
     monkeypatch.setenv("PATH", "")
+    monkeypatch.setattr(ptxas.sys, "path", [])  # no nvidia-cuda-nvcc wheel either
     code, _, err = run(capsys, "check", "fence")
     assert code == 3 and "ptxas not found" in err
+
+
+@needs_ptxas
+def test_check_names_the_assembler_of_each_isa_version(capsys, monkeypatch):
+    """A PTX ISA 9.1 family is checked by an assembler that reads 9.1, or not at all: with
+    only an older ptxas, check exits 3 naming the version and the assemblers it found."""
+    newest = max(ptxas.candidates(), key=ptxas.isa_version)
+    if ptxas.isa_version(newest) >= (9, 1):
+        code, out, _ = run(capsys, "check", "multimem.cp.async.bulk", "--target", "sm_90a")
+        assert code == 0 and f"ptxas for PTX ISA 9.1: {newest}" in out
+    monkeypatch.setattr(ptxas, "candidates", lambda: [p for p in [shutil.which("ptxas")] if p])
+    if ptxas.isa_version(shutil.which("ptxas")) < (9, 1):
+        code, _, err = run(capsys, "check", "multimem.cp.async.bulk", "--target", "sm_90a")
+        assert code == 3 and "no ptxas reads PTX ISA 9.1" in err
 
 
 # -- the module entry point ------------------------------------------------------------------
@@ -367,5 +383,6 @@ def test_explain_elect_and_query_cancel(capsys):
 def test_check_new_families(capsys):
     code, out, _ = run(capsys, "check", *NEW, "--target", "sm_90a", "sm_100a")
     assert code == 0
-    total = sum(sum(1 for _ in spec.forms(n, target=t)) for n in NEW for t in ("sm_90a", "sm_100a"))
+    checked = dict.fromkeys(f for n in NEW for f in cli.families_under(n))  # a name covers its sub-families
+    total = sum(sum(1 for _ in spec.forms(n, target=t)) for n in checked for t in ("sm_90a", "sm_100a"))
     assert out.strip().splitlines()[-1] == f"{total} forms, {total} accepted, 0 rejected"

@@ -16,6 +16,7 @@ from cutlass.memory import SmemAllocator
 import ptxops
 from ptxops import spec
 from ptxops.render import Instruction
+from ptxops.spec.tensormap import DIMENSION_FIELDS, MODE_FIELDS
 from spec_groups import legal_forms
 
 TARGETS = ("sm_90a", "sm_100a")
@@ -81,6 +82,18 @@ def emit_form(inst: Instruction, gptr, sptr, pointers: dict | None = None) -> No
         else:
             common.pop("vec")
             ptxops.red_async(ptr, _zeros(inst, "b"), mbar, space=space, **q, **common)
+    elif inst.family in ("cp.async.bulk.tensor", "cp.reduce.async.bulk.tensor", "cp.async.bulk.prefetch.tensor"):
+        emit_tensor_form(inst, q, sptr, pointers["tmap"])
+    elif inst.family == "tensormap.replace":
+        value = 0 if q["field"] in MODE_FIELDS else _zeros(inst, "b")[0]
+        ord_ = 0 if q["field"] in DIMENSION_FIELDS else None
+        ptxops.tensormap_replace(sptr if space == "shared::cta" else pointers["tmap"], q["field"], value, ord=ord_, space=space)
+    elif inst.family == "tensormap.cp_fenceproxy":
+        ptxops.tensormap_cp_fenceproxy(pointers["tmap"], sptr, scope=q["scope"])
+    elif inst.family == "multimem.cp.async.bulk":
+        ptxops.multimem_cp_async_bulk(gptr, sptr, 16, byte_mask=0xFF if q["cp_mask"] else None)
+    elif inst.family == "multimem.cp.reduce.async.bulk":
+        ptxops.multimem_cp_reduce_async_bulk(gptr, sptr, 16, op=q["op"], type=common["type"])
     elif inst.family == "mapa":
         ptxops.mapa(sptr if space else gptr, 1, space=space, type=common["type"])
     elif inst.family == "nanosleep":
@@ -121,15 +134,39 @@ def emit_form(inst: Instruction, gptr, sptr, pointers: dict | None = None) -> No
         raise AssertionError(inst.family)
 
 
+def emit_tensor_form(inst: Instruction, q: dict, sptr, tmap) -> None:
+    """A tensor-map form through its device function: zero coordinates and offsets, a cache
+    policy where the form has ``.L2::cache_hint``, CTA 0 alone in a multicast mask."""
+    coords = [0] * int(q["dim"][0])
+    policy = cutlass.Int64(0) if q["cache_hint"] else None
+    offsets = [0] * (len(coords) - 2) if q["load_mode"] == "im2col" else None
+    if inst.family == "cp.async.bulk.prefetch.tensor":
+        ptxops.cp_async_bulk_prefetch_tensor(
+            tmap, coords, load_mode=q["load_mode"], im2col_offsets=offsets, cache_policy=policy
+        )
+    elif inst.family == "cp.reduce.async.bulk.tensor":
+        ptxops.cp_reduce_async_bulk_tensor(
+            tmap, sptr, coords, op=q["op"], load_mode=q["load_mode"], cache_policy=policy
+        )
+    elif q["src"] == "global":
+        ptxops.cp_async_bulk_tensor(
+            sptr, tmap, coords, mbar=sptr, load_mode=q["load_mode"], im2col_offsets=offsets,
+            cta_mask=1 if q["multicast"] else None, cache_policy=policy, dst_space=q["dst"],
+        )
+    else:
+        ptxops.cp_async_bulk_tensor(tmap, sptr, coords, load_mode=q["load_mode"], cache_policy=policy)
+
+
 def make_launcher(forms: list[Instruction]):
     @cute.kernel
     def kernel(g: cute.Tensor):
         smem = SmemAllocator()
-        s = smem.allocate_array(cutlass.Int32, num_elems=64, byte_alignment=32)
+        s = smem.allocate_array(cutlass.Int32, num_elems=64, byte_alignment=128)
         local = cute.make_rmem_tensor((16,), cutlass.Int32)
         pointers = {
             "local": cute.recast_ptr(local.iterator, dtype=cutlass.Int32),
             "const": cute.make_ptr(cutlass.Int32, 0, cute.AddressSpace.cmem, assumed_align=32),
+            "tmap": cute.make_ptr(cutlass.Int64, g.iterator.toint(), cute.AddressSpace.gmem, assumed_align=64),
         }
         for inst in forms:
             emit_form(inst, g.iterator, s, pointers)
@@ -153,7 +190,7 @@ def test_every_family_has_forms_on_a_tested_target() -> None:
 def test_every_form_compiles_through_its_device_function(family: str, target: str) -> None:
     forms = legal_forms(family, target)
     assert forms, f"{family} has no forms on {target}"
-    ptx = compile_ptx(make_launcher(forms), global_tensor(), arch=target)
+    ptx = compile_ptx(make_launcher(forms), global_tensor(align=64), arch=target)
     expected = Counter(f.opcode for f in forms)
     assert sum(expected.values()) == len(forms)
     found = opcodes(ptx, expected)

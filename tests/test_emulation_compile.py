@@ -132,3 +132,31 @@ def test_window_bases_address_the_entries_the_table_puts_there() -> None:
     emulation = MulticastEmulation(Int64(0), world=3, windows=2)
     for window, first in ((0, 1000), (1, 4000)):
         assert entries[int(emulation.bases(window)) // 8] == first
+
+
+def multimem_bulk(mc, out, flag):
+    """A bulk copy and a bulk reduction of 256 bytes of shared memory to every rank."""
+    from cutlass.memory import SmemAllocator
+
+    s = SmemAllocator().allocate_array(cutlass.Float32, num_elems=64, byte_alignment=128)
+    ptxops.multimem_cp_async_bulk(_gmem(cutlass.Float32, mc), s, 256)
+    ptxops.multimem_cp_reduce_async_bulk(_gmem(cutlass.Float32, mc), s, 256, op="add")
+    ptxops.cp_async_bulk_commit_group()
+
+
+@pytest.mark.parametrize("world", [2, WORLD])
+def test_multimem_bulk_is_one_unicast_bulk_operation_per_rank(world: int) -> None:
+    found = opcodes(compiled(multimem_bulk, world=world))
+    assert found["cp.async.bulk.global.shared::cta.bulk_group"] == world, found
+    assert found["cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"] == world, found
+
+
+def test_multimem_bulk_byte_mask_is_not_emulated() -> None:
+    def body(mc, out, flag):
+        from cutlass.memory import SmemAllocator
+
+        s = SmemAllocator().allocate_array(cutlass.Float32, num_elems=64, byte_alignment=128)
+        ptxops.multimem_cp_async_bulk(_gmem(cutlass.Float32, mc), s, 256, byte_mask=0xFF)
+
+    with pytest.raises(ValueError, match="byte mask is not emulated"):
+        compile_ptx(build(body), Int64(0), Int64(0), Int64(0), Int64(0), make_fake_stream(), arch="sm_100a")

@@ -269,6 +269,74 @@ GOLDEN = [
         "selp.u32 $0, 1, 0, %ptxops_p0; }",
         "=r,l,l,~{memory}",
     ),
+    (
+        ("cp.async.bulk.tensor", dict(dim="3d", dst="shared::cluster", src="global", load_mode="im2col", completion="mbarrier::complete_tx::bytes", multicast="multicast::cluster", cache_hint="cache_hint")),
+        "cp.async.bulk.tensor.3d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes.multicast::cluster.L2::cache_hint",
+        "cp.async.bulk.tensor.3d.shared::cluster.global.im2col.mbarrier::complete_tx::bytes.multicast::cluster.L2::cache_hint "
+        "[$0], [$1, {$2, $3, $4}], [$5], {$6}, $7, $8;",
+        "r,l,r,r,r,r,h,h,l,~{memory}",
+    ),
+    (
+        ("cp.async.bulk.tensor", dict(dim="1d", dst="shared::cta", src="global", completion="mbarrier::complete_tx::bytes")),
+        "cp.async.bulk.tensor.1d.shared::cta.global.mbarrier::complete_tx::bytes",
+        "cp.async.bulk.tensor.1d.shared::cta.global.mbarrier::complete_tx::bytes [$0], [$1, {$2}], [$3];",
+        "r,l,r,r,~{memory}",
+    ),
+    (
+        ("cp.async.bulk.tensor", dict(dim="2d", dst="global", src="shared::cta", load_mode="tile", completion="bulk_group")),
+        "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group",
+        "cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [$0, {$1, $2}], [$3];",
+        "l,r,r,r,~{memory}",
+    ),
+    (
+        ("cp.reduce.async.bulk.tensor", dict(dim="5d", op="max", load_mode="im2col_no_offs", cache_hint="cache_hint")),
+        "cp.reduce.async.bulk.tensor.5d.global.shared::cta.max.im2col_no_offs.bulk_group.L2::cache_hint",
+        "cp.reduce.async.bulk.tensor.5d.global.shared::cta.max.im2col_no_offs.bulk_group.L2::cache_hint "
+        "[$0, {$1, $2, $3, $4, $5}], [$6], $7;",
+        "l,r,r,r,r,r,r,l,~{memory}",
+    ),
+    (
+        ("cp.async.bulk.prefetch.tensor", dict(dim="4d", load_mode="im2col")),
+        "cp.async.bulk.prefetch.tensor.4d.L2.global.im2col",
+        "cp.async.bulk.prefetch.tensor.4d.L2.global.im2col [$0, {$1, $2, $3, $4}], {$5, $6};",
+        "l,r,r,r,r,h,h,~{memory}",
+    ),
+    (
+        ("tensormap.replace", dict(field="box_dim", space="shared::cta", type="b32", target="sm_90a")),
+        "tensormap.replace.tile.box_dim.shared::cta.b1024.b32",
+        "tensormap.replace.tile.box_dim.shared::cta.b1024.b32 [$0], $1, $2;",
+        "r,n,r,~{memory}",
+    ),
+    (
+        ("tensormap.replace", dict(field="global_address", type="b64", target="sm_90a")),
+        "tensormap.replace.tile.global_address.b1024.b64",
+        "tensormap.replace.tile.global_address.b1024.b64 [$0], $1;",
+        "l,l,~{memory}",
+    ),
+    (
+        ("tensormap.replace", dict(field="elemtype", space="global", type="b32", target="sm_90a")),
+        "tensormap.replace.tile.elemtype.global.b1024.b32",
+        "tensormap.replace.tile.elemtype.global.b1024.b32 [$0], $1;",
+        "l,n,~{memory}",
+    ),
+    (
+        ("tensormap.cp_fenceproxy", dict(scope="cluster")),
+        "tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.cluster.sync.aligned",
+        "tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.cluster.sync.aligned [$0], [$1], 128;",
+        "l,r,~{memory}",
+    ),
+    (
+        ("multimem.cp.async.bulk", dict(cp_mask="cp_mask", target="sm_100a")),
+        "multimem.cp.async.bulk.global.shared::cta.bulk_group.cp_mask",
+        "multimem.cp.async.bulk.global.shared::cta.bulk_group.cp_mask [$0], [$1], $2, $3;",
+        "l,r,r,h,~{memory}",
+    ),
+    (
+        ("multimem.cp.reduce.async.bulk", dict(op="add", type="bf16")),
+        "multimem.cp.reduce.async.bulk.global.shared::cta.bulk_group.add.noftz.bf16",
+        "multimem.cp.reduce.async.bulk.global.shared::cta.bulk_group.add.noftz.bf16 [$0], [$1], $2;",
+        "l,r,r,~{memory}",
+    ),
 ]
 
 
@@ -379,6 +447,23 @@ def test_fp8_on_hopper_names_the_target() -> None:
         ("st.bulk", dict(target="sm_90a"), "target"),
         ("clusterlaunchcontrol.try_cancel", dict(target="sm_90a"), "target"),
         ("clusterlaunchcontrol.query_cancel", dict(query="is_canceled", target="sm_90a"), "target"),
+        ("cp.async.bulk.tensor", dict(dim="2d", dst="shared::cta", src="global", load_mode="im2col", completion="mbarrier::complete_tx::bytes"), "im2col-3d-or-more"),
+        ("cp.async.bulk.tensor", dict(dim="3d", dst="global", src="shared::cta", load_mode="im2col", completion="bulk_group"), "im2col-no-offs-stores"),
+        ("cp.async.bulk.tensor", dict(dim="3d", dst="shared::cta", src="global", load_mode="im2col_no_offs", completion="mbarrier::complete_tx::bytes"), "im2col-loads"),
+        ("cp.async.bulk.tensor", dict(dim="1d", dst="shared::cta", src="global", completion="mbarrier::complete_tx::bytes", multicast="multicast::cluster"), "multicast-into-cluster"),
+        ("cp.async.bulk.tensor", dict(dim="1d", dst="shared::cluster", src="shared::cta", completion="mbarrier::complete_tx::bytes"), "shared-source-to-global"),
+        ("cp.async.bulk.tensor", dict(dim="1d", dst="global", src="global", completion="bulk_group"), "global-source-to-shared"),
+        ("cp.async.bulk.tensor", dict(dim="1d", dst="shared::cta", src="global", completion="bulk_group"), "shared-destination-completes-on-mbarrier"),
+        ("cp.reduce.async.bulk.tensor", dict(dim="2d", op="add", load_mode="im2col_no_offs"), "im2col-3d-or-more"),
+        ("cp.async.bulk.prefetch.tensor", dict(dim="1d", load_mode="im2col"), "im2col-3d-or-more"),
+        ("tensormap.replace", dict(field="rank", type="b32"), "replace-target"),
+        ("tensormap.replace", dict(field="global_stride", type="b32", target="sm_90a"), "wide-fields-b64"),
+        ("tensormap.replace", dict(field="rank", type="b64", target="sm_90a"), "narrow-fields-b32"),
+        ("tensormap.replace", dict(field="swizzle_atomicity", type="b32", target="sm_90a"), "swizzle-atomicity-target"),
+        ("multimem.cp.async.bulk", dict(cp_mask="cp_mask", target="sm_90a"), "cp-mask-target"),
+        ("multimem.cp.reduce.async.bulk", dict(op="add", type="s64"), "add-types"),
+        ("multimem.cp.reduce.async.bulk", dict(op="min", type="f64"), "min-types"),
+        ("multimem.cp.reduce.async.bulk", dict(op="inc", type="u64"), "inc-types"),
     ],
 )
 def test_each_rule_reports_itself(family: str, qualifiers: dict, rule: str) -> None:
@@ -495,3 +580,33 @@ def test_blackwell_families_exist_from_sm_100_only(name: str) -> None:
     for target in spec.TARGETS:
         has = next(spec.forms(name, target=target), None) is not None
         assert has == (target not in ("sm_90", "sm_90a")), (name, target)
+
+
+@pytest.mark.parametrize(
+    "name", ["cp.async.bulk.tensor", "cp.reduce.async.bulk.tensor", "cp.async.bulk.prefetch.tensor"]
+)
+def test_tensor_operands_follow_the_qualifiers(name: str) -> None:
+    """Every legal tensor form: one 32-bit coordinate per dimension inside the tensor map's
+    brackets, im2col offsets (dimensions less two, 16-bit) exactly with .im2col, a ctaMask
+    exactly with .multicast::cluster, a cache policy exactly with .L2::cache_hint."""
+    for target in ("sm_90a", "sm_100a"):
+        for inst in spec.forms(name, target=target):
+            q, roles = inst.qualifiers, {o.role: o for o in inst.operands}
+            dims = int(str(q["dim"])[0])
+            assert (roles["tmap"].bits, roles["coords"].count, roles["coords"].bits) == (64, dims, 32)
+            coords = ", ".join(f"coords{i}" for i in range(dims)) if dims > 1 else "coords"
+            assert f"[tmap, {{{coords}}}]" in inst.statement
+            assert ("im2col" in roles) == (q["load_mode"] == "im2col")
+            if "im2col" in roles:
+                assert (roles["im2col"].count, roles["im2col"].bits) == (dims - 2, 16)
+            assert ("mask" in roles) == (q.get("multicast") is not None)
+            assert ("policy" in roles) == (q["cache_hint"] is not None)
+            assert ("mbar" in roles) == (q.get("dst", "global") != "global")
+
+
+def test_multimem_bulk_forms_need_ptx_isa_9_1() -> None:
+    """The multimem bulk families are PTX ISA 9.1 (the oracle picks an assembler that reads
+    it); every other family is 9.0, the system ptxas's."""
+    newer = {n for n, f in spec.FAMILIES.items() if f.ptx_version != "9.0"}
+    assert newer == {"multimem.cp.async.bulk", "multimem.cp.reduce.async.bulk"}
+    assert all(spec.FAMILIES[n].ptx_version == "9.1" for n in newer)

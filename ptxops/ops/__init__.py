@@ -23,8 +23,11 @@ from .membar import membar
 from .memory import ld, ld_acquire, st, st_release
 from .multimem import multimem_ld_reduce, multimem_red, multimem_st
 from .nanosleep import nanosleep
+from .multimem_bulk import multimem_cp_async_bulk, multimem_cp_reduce_async_bulk
 from .prefetch import cp_async_bulk_prefetch, prefetch, prefetchu
 from .st_bulk import st_bulk
+from .tensor import cp_async_bulk_prefetch_tensor, cp_async_bulk_tensor, cp_reduce_async_bulk_tensor
+from .tensormap import tensormap_cp_fenceproxy, tensormap_replace
 
 __all__ = [
     "atom", "atom_add", "atom_cas", "atom_exch", "cp_async_bulk", "cp_async_bulk_commit_group",
@@ -34,4 +37,6 @@ __all__ = [
     "clusterlaunchcontrol_try_cancel", "clusterlaunchcontrol_query_cancel", "ld_acquire", "mapa",
     "mbarrier_arrive", "mbarrier_init", "mbarrier_try_wait", "multimem_ld_reduce", "multimem_red",
     "multimem_st", "nanosleep", "red", "red_async", "st", "st_async", "st_release",
+    "cp_async_bulk_tensor", "cp_reduce_async_bulk_tensor", "cp_async_bulk_prefetch_tensor",
+    "tensormap_replace", "tensormap_cp_fenceproxy", "multimem_cp_async_bulk", "multimem_cp_reduce_async_bulk",
 ]

@@ -13,10 +13,12 @@ window becomes one copy per rank.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import cutlass
 import cutlass.cute as cute
+from cutlass._mlir import ir
 from cutlass.cutlass_dsl import dsl_user_op
 
 from .. import spec
@@ -37,17 +39,18 @@ def _spaces(family: str, dst, src, dst_space: Value, src_space: Value) -> tuple[
     )
 
 
-def _completion(completion: Value, mbar: cute.Pointer | None) -> Value:
+def completion_for(completion: Value, mbar: cute.Pointer | None) -> Value:
     """The completion mechanism ``mbar`` implies unless the caller names one."""
     if completion != "auto":
         return completion
     return MBARRIER if mbar is not None else "bulk_group"
 
 
-def _emit_bulk(inst: Instruction, dst, src, size: Any, mbar, *, loc=None, ip=None) -> None:
-    """Check a bulk form's mbarrier, size and alignments, and emit it; under
-    :func:`~ptxops.emulate_multicast`, a ``.global`` destination inside a multicast window
-    becomes one bulk operation per rank."""
+def bulk_issuer(
+    inst: Instruction, dst, src, size: Any, mbar, extra: Sequence[list[ir.Value]] = (), *, loc=None, ip=None
+) -> Callable[[ir.Value], None]:
+    """Check a bulk form's mbarrier, size and alignments; return what emits it to a
+    destination address (``extra``: the carriers of operands after the size and mbarrier)."""
     if isinstance(size, int) and (size <= 0 or size % BULK_ALIGN):
         raise ValueError(f"{inst.opcode}: size must be a positive multiple of 16 bytes, got {size}")
     emit.require_alignment(inst, dst, "destination", BULK_ALIGN)
@@ -59,11 +62,19 @@ def _emit_bulk(inst: Instruction, dst, src, size: Any, mbar, *, loc=None, ip=Non
         [emit.address(src, loc=loc, ip=ip)],
         [cutlass.Int32(size).ir_value(loc=loc, ip=ip)],
         *mbar_carriers,
+        *extra,
     ]
 
-    def issue(address) -> None:
+    def issue(address: ir.Value) -> None:
         emit.emit(inst, None, [[address], *operands], loc=loc, ip=ip)
 
+    return issue
+
+
+def _emit_bulk(inst: Instruction, dst, src, size: Any, mbar, *, loc=None, ip=None) -> None:
+    """Check and emit a bulk form; under :func:`~ptxops.emulate_multicast`, a ``.global``
+    destination inside a multicast window becomes one bulk operation per rank."""
+    issue = bulk_issuer(inst, dst, src, size, mbar, loc=loc, ip=ip)
     em = emulation.active()
     if em is not None and inst.qualifiers.get("dst") == "global":
         emulation.bulk_copy(em, dst, issue, loc=loc, ip=ip)
@@ -94,7 +105,7 @@ def cp_async_bulk(
     """
     dst_space, src_space = _spaces("cp.async.bulk", dst, src, dst_space, src_space)
     inst = emit.instruction(
-        "cp.async.bulk", dst=dst_space, src=src_space, completion=_completion(completion, mbar)
+        "cp.async.bulk", dst=dst_space, src=src_space, completion=completion_for(completion, mbar)
     )
     _emit_bulk(inst, dst, src, size, mbar, loc=loc, ip=ip)
 
@@ -138,7 +149,7 @@ def cp_reduce_async_bulk(
     dst_space, src_space = _spaces("cp.reduce.async.bulk", dst, src, dst_space, src_space)
     inst = forms.scalar(
         "cp.reduce.async.bulk", dtype or src.dtype, op, type,
-        dst=dst_space, src=src_space, completion=_completion(completion, mbar),
+        dst=dst_space, src=src_space, completion=completion_for(completion, mbar),
     )
     _emit_bulk(inst, dst, src, size, mbar, loc=loc, ip=ip)
 

@@ -2,10 +2,11 @@
 
 Inside ``with emulate_multicast(table, world=W):`` (while a kernel is traced) the device
 functions :func:`~ptxops.multimem_ld_reduce`, :func:`~ptxops.multimem_st`,
-:func:`~ptxops.multimem_red` and a :func:`~ptxops.cp_async_bulk` whose global destination lies in
-a multicast window still choose and validate their ``multimem`` form against the spec (an illegal
+:func:`~ptxops.multimem_red`, :func:`~ptxops.multimem_cp_async_bulk`,
+:func:`~ptxops.multimem_cp_reduce_async_bulk` and a :func:`~ptxops.cp_async_bulk` whose global
+destination lies in a multicast window still choose and validate their ``multimem`` form against the spec (an illegal
 form is still a :class:`~ptxops.QualifierError` naming the rule), but emit instead ``ld``, ``st``,
-``red`` or ``cp.async.bulk`` on every rank's copy of the location, so the kernel runs on any GPUs
+``red``, ``cp.async.bulk`` or ``cp.reduce.async.bulk`` on every rank's copy of the location, so the kernel runs on any GPUs
 with peer access.  The PTX holds no ``multimem`` instruction.
 
 ``table`` is the runtime Int64 address of a device table of int64 entries, ``W + 2`` per window::
@@ -32,6 +33,8 @@ multimem form                                  emulation
 ``multimem.red`` (means ``.relaxed.sys``)      ``red.relaxed.sys`` to every rank
 ``multimem.red.relaxed.S`` / ``.release.S``    ``red.relaxed.S`` / ``red.release.S`` to every rank
 ``cp.async.bulk`` to a multicast window        one ``cp.async.bulk`` per rank, same bulk group
+``multimem.cp.async.bulk``                     one ``cp.async.bulk`` per rank, same bulk group
+``multimem.cp.reduce.async.bulk``              one ``cp.reduce.async.bulk`` per rank, same group
 =============================================  ==================================================
 
 Where it differs from the hardware:
@@ -256,6 +259,15 @@ def bulk_copy(em: MulticastEmulation, dst: cute.Pointer, copy: Any, *, loc=None,
     with ir.InsertionPoint(branch.else_block):
         copy(dst.toint().ir_value())
         scf.YieldOp([])
+
+
+def multicast_bulk(em: MulticastEmulation, mc_dst: cute.Pointer, copy: Any, *, loc=None, ip=None) -> None:
+    """``multimem.cp.async.bulk`` / ``multimem.cp.reduce.async.bulk`` to ``mc_dst``: the unicast
+    bulk operation ``copy(address)`` once per rank's copy (an address outside every window is
+    undefined, as for every multimem form)."""
+    _, peers = em.translate(mc_dst.toint(loc=loc, ip=ip))
+    for p in peers:
+        copy(Int64(p).ir_value(loc=loc, ip=ip))
 
 
 __all__ = ["MulticastEmulation", "active", "emulate_multicast", "translation_table"]

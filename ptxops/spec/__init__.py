@@ -12,7 +12,7 @@ from ..errors import QualifierError
 from ..render import Instruction, render
 from . import (
     atomics, bulk, cluster, clusterlaunchcontrol, elect, fence, griddepcontrol, mbarrier, membar,
-    memory, multimem, nanosleep, prefetch, st_bulk,
+    memory, multimem, multimem_bulk, nanosleep, prefetch, st_bulk, tensor, tensormap,
 )
 from .engine import Family, Qualifier, Rule, Value
 from .targets import DEFAULT_TARGET, TARGETS
@@ -24,6 +24,7 @@ FAMILIES: dict[str, Family] = {
         *bulk.FAMILIES, *mbarrier.FAMILIES, *cluster.FAMILIES, *nanosleep.FAMILIES,
         *griddepcontrol.FAMILIES, *membar.FAMILIES, *elect.FAMILIES, *prefetch.FAMILIES,
         *st_bulk.FAMILIES, *clusterlaunchcontrol.FAMILIES,
+        *tensor.FAMILIES, *tensormap.FAMILIES, *multimem_bulk.FAMILIES,
     )
 }
 

@@ -121,6 +121,20 @@ REDUCE_OPS = tuple(REDUCE_TYPES["global"])
 REDUCE_SECTION = "Data Movement and Conversion Instructions: cp.reduce.async.bulk (PTX ISA 9.0)"
 
 
+#: The operation, ``.noftz`` and type slots of a bulk reduction (opcode order).
+REDUCE_SLOTS = (
+    Qualifier("op", REDUCE_OPS, "reduction applied to each element"),
+    implied(
+        "noftz", "noftz", "no flush-to-zero: required on the f16/bf16 add",
+        by={"op": "add", "type": HALF},
+    ),
+    Qualifier(
+        "type", ("b32", "b64", "u32", "s32", "u64", "s64", "f32", "f64") + HALF,
+        "element type",
+    ),
+)
+
+
 def _reduce_type_rules() -> tuple[Rule, ...]:
     return tuple(
         rule(
@@ -150,15 +164,7 @@ CP_REDUCE_ASYNC_BULK = Family(
             "completion mechanism: the mbarrier's transaction count (into .shared::cluster) "
             "or the bulk async-group (into .global)",
         ),
-        Qualifier("op", REDUCE_OPS, "reduction applied to each element"),
-        implied(
-            "noftz", "noftz", "no flush-to-zero: required on the f16/bf16 add",
-            by={"op": "add", "type": HALF},
-        ),
-        Qualifier(
-            "type", ("b32", "b64", "u32", "s32", "u64", "s64", "f32", "f64") + HALF,
-            "element type",
-        ),
+        *REDUCE_SLOTS,
     ),
     rules=(
         rule(

@@ -19,7 +19,7 @@ ELECT_SYNC = Family(
     "leader only, and the leader's lane id in every lane.",
     qualifiers=(),
     rules=(),
-    operands=("d", JOIN, "p", "mask"),
+    operands=("d", JOIN, "p", "membermask"),
     device_function="elect_sync",
     section="Parallel Synchronization and Communication Instructions: elect.sync "
     "(PTX ISA 8.0, sm_90+)",

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from ..errors import QualifierError
-from .targets import DEFAULT_TARGET, TARGETS
+from .targets import DEFAULT_TARGET, PTX_VERSION, TARGETS
 
 Value = str | int | None
 
@@ -125,6 +125,15 @@ def rule(
     )
 
 
+def _present(token: str, q: Mapping[str, Value]) -> bool:
+    """Whether an operand token (``tok``, ``tok?key`` or ``tok?key=value``) is in form ``q``."""
+    _, optional, condition = token.partition("?")
+    if not optional:
+        return True
+    key, eq, value = condition.partition("=")
+    return q.get(key) is not None if not eq else str(q.get(key)) == value
+
+
 @dataclass(frozen=True)
 class Family:
     """One PTX instruction family as data.
@@ -132,8 +141,11 @@ class Family:
     ``qualifiers`` are in opcode order.  ``operands`` is the operand signature, one token per
     operand: ``d`` destination value, ``a`` address, ``b`` and ``c`` source values, or a literal;
     ``operand_variants`` maps conditions such as ``"op=cas"`` or ``"proxy=x,sem=y"`` to the
-    signature of the forms that match them.
-    ``device_function`` names the ptxops function that emits the family.
+    signature of the forms that match them.  A token ``tok?key`` is present only in forms that
+    give ``key``, ``tok?key=value`` only in forms where ``key`` is ``value`` (``policy?cache_hint``:
+    the cache-policy operand that ``.L2::cache_hint`` adds).
+    ``device_function`` names the ptxops function that emits the family; ``ptx_version`` the
+    PTX ISA version that introduced its newest form (the ``.version`` an assembler must read).
     """
 
     name: str
@@ -144,6 +156,7 @@ class Family:
     device_function: str
     section: str
     operand_variants: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    ptx_version: str = PTX_VERSION
 
     @property
     def settable(self) -> tuple[Qualifier, ...]:
@@ -171,11 +184,13 @@ class Family:
 
     def signature(self, q: Mapping[str, Value]) -> tuple[str, ...]:
         """Operand tokens for a form (``atom.cas`` takes one more source than ``atom.add``)."""
-        for condition, tokens in self.operand_variants.items():
+        tokens = self.operands
+        for condition, variant in self.operand_variants.items():
             pairs = (c.partition("=") for c in condition.split(","))
             if all(str(q.get(key)) == value for key, _, value in pairs):
-                return tokens
-        return self.operands
+                tokens = variant
+                break
+        return tuple(t.partition("?")[0] for t in tokens if _present(t, q))
 
     # -- validation -------------------------------------------------------------------------
 
