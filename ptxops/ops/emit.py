@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import cutlass
 import cutlass.cute as cute
 from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
@@ -144,6 +145,14 @@ def mbarrier_operand(
     state_space(inst.family, mbar, space, allowed)
     require_alignment(inst, mbar, "mbarrier", MBARRIER_ALIGN)
     return [[address(mbar, loc=loc, ip=ip)]]
+
+
+def cache_hint(cache_policy: Any, *, loc=None, ip=None) -> tuple[Value, list]:
+    """The ``cache_hint`` qualifier (``.L2::cache_hint``) and the extra operand carriers for a
+    64-bit L2 cache policy from ``createpolicy``; ``(None, [])`` without one."""
+    if cache_policy is None:
+        return None, []
+    return "cache_hint", [[cutlass.Int64(cache_policy).ir_value(loc=loc, ip=ip)]]
 
 
 def address(ptr: cute.Pointer, *, loc=None, ip=None) -> ir.Value:

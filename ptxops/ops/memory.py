@@ -40,13 +40,6 @@ def _form(family: str, ptr, dtype, n: int, type, vec, space, **q: Value):
     return forms.choose(family, dtype, n, forms.words(dtype), **q)
 
 
-def _hints(cache_policy: Any, *, loc=None, ip=None) -> tuple[Value, list]:
-    """The ``cache_hint`` qualifier and the extra operand carriers for a cache policy."""
-    if cache_policy is None:
-        return None, []
-    return "cache_hint", [[cutlass.Int64(cache_policy).ir_value(loc=loc, ip=ip)]]
-
-
 @dsl_user_op
 def ld(
     ptr: cute.Pointer,
@@ -77,7 +70,7 @@ def ld(
     Returns a scalar for one value, else a TensorSSA.
     """
     dtype = dtype or ptr.dtype
-    cache_hint, extra = _hints(cache_policy, loc=loc, ip=ip)
+    cache_hint, extra = emit.cache_hint(cache_policy, loc=loc, ip=ip)
     inst = _form(
         "ld", ptr, dtype, num_elements, type, vec, space, sem=sem, scope=scope, cache=cache,
         nc="nc" if nc else None, l1_eviction=l1_eviction, l2_eviction=l2_eviction,
@@ -114,7 +107,7 @@ def st(
     system memory (signals polled by the host).  See the module docstring for the cache keywords.
     """
     dtype, n = values.data_shape(value, dtype, ptr.dtype, num_elements, packed, type is not None)
-    cache_hint, extra = _hints(cache_policy, loc=loc, ip=ip)
+    cache_hint, extra = emit.cache_hint(cache_policy, loc=loc, ip=ip)
     inst = _form(
         "st", ptr, dtype, n, type, vec, space, sem=sem, scope=scope, cache=cache,
         l1_eviction=l1_eviction, l2_eviction=l2_eviction, cache_hint=cache_hint,

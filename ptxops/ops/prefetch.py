@@ -18,7 +18,6 @@ from cutlass.cutlass_dsl import dsl_user_op
 from ..spec.engine import Value
 from ..spec.prefetch import PARAM, PREFETCH
 from . import emit
-from .memory import _hints
 
 #: ``cp.async.bulk.prefetch`` needs a 16-byte aligned address and a size that is a multiple of 16.
 BULK_ALIGN = 16
@@ -59,7 +58,7 @@ def cp_async_bulk_prefetch(
     if isinstance(size, int) and (size <= 0 or size % BULK_ALIGN):
         raise ValueError(f"cp.async.bulk.prefetch: size must be a positive multiple of 16 bytes, got {size}")
     emit.state_space("cp.async.bulk.prefetch", ptr, "global", ("global",))
-    hint, extra = _hints(cache_policy, loc=loc, ip=ip)
+    hint, extra = emit.cache_hint(cache_policy, loc=loc, ip=ip)
     inst = emit.instruction("cp.async.bulk.prefetch", cache_hint=hint)
     emit.require_alignment(inst, ptr, "source", BULK_ALIGN)
     sources = [[cutlass.Int32(size).ir_value(loc=loc, ip=ip)], *extra]
