@@ -238,8 +238,9 @@ def _world() -> int:
 
 def _check_world(name: str, world: int) -> None:
     """Refuse a graph traced for another world size (its output shape would be wrong)."""
-    if world != communicator().world:
-        raise CollectiveError(f"{name}: traced for {world} ranks, but the communicator has {communicator().world}")
+    current = _world()
+    if world != current:
+        raise CollectiveError(f"{name}: traced for {world} ranks, but the communicator has {current}")
 
 
 @torch_ops.implement("gemm_reduce_scatter")

@@ -22,7 +22,7 @@ import pytest
 cutlass = pytest.importorskip("cutlass")
 cute = pytest.importorskip("cutlass.cute")
 
-from cutlass import Int32, Int64  # noqa: E402
+from cutlass import Int32  # noqa: E402
 from cute_support import compile_ptx, global_tensor, opcodes  # noqa: E402
 from gpu_support import compile_for_device, current_stream, spin_until  # noqa: E402
 
