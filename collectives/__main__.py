@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .config import ALGORITHMS, BACKENDS, BARRIER_THREADS, COLLECTIVES, DTYPES, OPS, KernelKey
+from .algorithms import ALGORITHMS, KernelKey
+from .config import BACKENDS, BARRIER_THREADS, COLLECTIVES, DTYPES, OPS
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,15 +15,15 @@ different calls; every rank still makes every call).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
 
 from . import config, torch_ops, tuning
-from .config import ALGORITHMS, DTYPES, LAMPORT_MAX_BYTES, MULTICAST_PATHS, VECTOR_BYTES, KernelKey, push_slice_elements
+from .algorithms import ALGORITHMS, REGISTRY, Call
+from .config import VECTOR_BYTES
 from .errors import CollectiveError
-from .runtime import TORCH_DTYPES, Buffer, Communicator, _capturing, communicator, traceable
+from .runtime import TORCH_DTYPES, Communicator, _capturing, communicator, traceable
 
 
 def empty(shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32, *, group: Any = None) -> torch.Tensor:
@@ -70,7 +70,8 @@ def all_reduce(
     (reduce-scatter then all-gather: least traffic), ``"lamport"`` (one-shot without barriers:
     lowest latency, up to :data:`~collectives.config.LAMPORT_MAX_BYTES` per rank), ``"tma"``
     (two-shot moving tiles with bulk copies on at most a quarter of the SMs; 16-byte aligned
-    tensors), or ``"auto"`` (chosen by size from measured crossovers, :mod:`collectives.tuning`).  ``backend``: ``"multicast"``
+    tensors), ``"push"`` (each slice stored straight from ``t`` to its owner: no staging copy),
+    or ``"auto"`` (chosen by size from measured crossovers, :mod:`collectives.tuning`).  ``backend``: ``"multicast"``
     (NVLS ``multimem``), ``"peer"`` (NVLink loads/stores), ``"multicast_emulated"`` (the
     multicast kernels with every multimem access emulated by unicast accesses to every rank:
     runs with peer access alone, for testing; never chosen by ``"auto"``), or ``"auto"``.
@@ -89,109 +90,10 @@ def all_reduce(
     if plan is None:
         if t.numel() == 0:
             return result
-        plan = comm.plans[key] = _all_reduce_plan(comm, t, op, algorithm, backend, out, capturing)
+        plan = comm.plans[key] = _plan(comm, _all_reduce_call(comm, t, op, backend, out, capturing), algorithm)
     plan.run()
     comm.finish()
     return result
-
-
-def _all_reduce_plan(comm: Communicator, t, op, algorithm, backend, out, capturing: bool):
-    dtype = _dtype(comm, t)
-    result = t if out is None else out
-    if out is not None:
-        _dtype(comm, out)
-    if out is not None and (out.dtype != t.dtype or out.shape != t.shape or not out.is_contiguous()):
-        raise CollectiveError("all_reduce: out must be a contiguous tensor of t's dtype and shape")
-    nbytes = t.numel() * t.element_size()
-    backend = comm.choose_backend(backend, dtype, op)
-    aligned = _aligned(t, result)
-    if algorithm == "auto":
-        symmetric = out is None and comm.ctx.is_symmetric(t)
-        algorithm = tuning.all_reduce_algorithm(comm.world, nbytes, backend, aligned, symmetric)
-    _check_algorithm("all_reduce", algorithm, nbytes, aligned)
-    vector = _vector(dtype, backend, aligned)
-    if algorithm == "lamport":
-        return _lamport_plan(comm, t, result, dtype, op, backend, vector)
-    if algorithm == "push":
-        return _push_all_reduce_plan(comm, t, result, dtype, op, backend, vector)
-    # Two-shot works in place on a symmetric t (zero-copy).  One-shot always stages t into an
-    # internal symmetric buffer inside the kernel: alternating between two buffers lets it
-    # write its result straight into t and skip the end barrier (not under graph capture,
-    # where a replayed graph would reuse one buffer: there it keeps the end barrier).
-    zero_copy = algorithm in ("two_shot", "tma") and out is None and comm.ctx.is_symmetric(t)
-    alternate = algorithm == "one_shot" and not capturing
-    if zero_copy:
-        data: Buffer | list[Buffer] = comm.buffer(t)
-    else:
-        data = [comm.buffer(comm.staging(nbytes, i)) for i in ((0, 1) if alternate else (2,))]
-    key = KernelKey(
-        "all_reduce", algorithm, backend, dtype, comm.world, op=op, vector=vector,
-        gather_out=algorithm != "one_shot" and not zero_copy,
-        stage_in=not zero_copy, end_barrier=not alternate,
-    )
-    work = -(-t.numel() // key.elements_per_access)
-    if algorithm != "one_shot":
-        work = -(-work // comm.world)
-    src = 0 if zero_copy else t.data_ptr()
-    target = result.data_ptr()
-    if alternate:  # a later graph capture of this call needs the end-barrier variant: prepare it
-        _prepare_capture(comm, key, nbytes)
-    return comm.plan(key, data, target, src, t.numel(), comm.blocks(key, work))
-
-
-def _lamport_plan(comm: Communicator, t, result, dtype: str, op: str, backend: str, vector: int):
-    """A Lamport all-reduce reads ``t`` and writes ``result`` directly (no staging): its
-    symmetric memory is the rotating receive buffers of its element width."""
-    key = KernelKey("all_reduce", "lamport", backend, dtype, comm.world, op=op, vector=vector, threads=256)
-    data = comm.buffer(comm.lamport(t.element_size()))
-    work = -(-t.numel() // key.elements_per_access)
-    return comm.plan(key, data, result.data_ptr(), t.data_ptr(), t.numel(), comm.blocks(key, work))
-
-
-def _push_all_reduce_plan(comm: Communicator, t, result, dtype: str, op: str, backend: str, vector: int):
-    """A push all-reduce reads ``t`` and writes ``result`` directly: its symmetric memory is
-    staging slot 4 (``world`` receive slots of one slice each) and slot 5 (``world`` result
-    regions of one slice each, one per owner), apart from the slots so that a call's pushes
-    never land where the last call's results, of another size, may still be read."""
-    key = KernelKey("all_reduce", "push", backend, dtype, comm.world, op=op, vector=vector, stage_in=True)
-    m = push_slice_elements(t.numel(), comm.world, key.elements_per_access)
-    slice_bytes = m * t.element_size()
-    data = comm.buffer(comm.staging(comm.world * slice_bytes, 4))
-    results = comm.buffer(comm.staging(comm.world * slice_bytes, 5))
-    work = -(-m // key.elements_per_access)
-    return comm.plan(key, data, result.data_ptr(), t.data_ptr(), t.numel(), comm.blocks(key, work), results)
-
-
-def _check_algorithm(collective: str, algorithm: str, nbytes: int, aligned: bool) -> None:
-    """Refuse an algorithm the call cannot use, saying why."""
-    if algorithm not in ALGORITHMS[collective]:
-        raise CollectiveError(f"{collective} algorithms: {ALGORITHMS[collective] + ('auto',)}; not {algorithm!r}")
-    if algorithm == "lamport" and nbytes > LAMPORT_MAX_BYTES:
-        raise CollectiveError(
-            f"lamport all_reduce carries at most {LAMPORT_MAX_BYTES} bytes per rank, not {nbytes}; "
-            "use algorithm='auto', 'one_shot' or 'two_shot'"
-        )
-    if algorithm == "tma" and not aligned:
-        raise CollectiveError(
-            f"tma {collective} moves 16-byte tiles: its tensors (and a reduce-scatter's output "
-            "or an all-gather's input size) must be 16-byte aligned; use algorithm='auto'"
-        )
-
-
-def _prepare_capture(comm: Communicator, key: KernelKey, nbytes: int) -> None:
-    """Compile the end-barrier variant of a single-barrier collective and allocate the staging
-    buffer it uses, so that capturing the same call in a CUDA graph allocates and compiles
-    nothing (neither may happen during a capture)."""
-    comm.kernel(dataclasses.replace(key, end_barrier=True))
-    comm.buffer(comm.staging(nbytes, _two_barrier_slot(key.algorithm)))
-
-
-def _two_barrier_slot(algorithm: str) -> int:
-    """The staging buffer of a staged collective that keeps its end barrier: 3 for push,
-    whose stores into other ranks' buffers come before its first barrier (so no other kind
-    of collective, some of which read their buffer after their last barrier, may share it), 2
-    for the rest."""
-    return 3 if algorithm == "push" else 2
 
 
 def reduce_scatter(
@@ -217,51 +119,13 @@ def reduce_scatter(
            capturing, max_blocks, config.PDL)
     plan = comm.plans.get(key)
     if plan is None:
-        _check_max_blocks("reduce_scatter", max_blocks)
-        plan = _reduce_scatter_plan(comm, out, inp, op, algorithm, backend, capturing, max_blocks)
-        if plan is None:
+        call = _block_call(comm, "reduce_scatter", out, inp, op, backend, capturing, max_blocks)
+        if call is None:
             return out
-        comm.plans[key] = plan
+        plan = comm.plans[key] = _plan(comm, call, algorithm)
     plan.run()
     comm.finish()
     return out
-
-
-def _check_max_blocks(collective: str, max_blocks: int | None) -> None:
-    if max_blocks is not None and (not isinstance(max_blocks, int) or max_blocks < 1):
-        raise CollectiveError(f"{collective}: max_blocks must be a positive int or None, not {max_blocks!r}")
-
-
-def _reduce_scatter_plan(comm: Communicator, out, inp, op, algorithm, backend, capturing: bool,
-                         max_blocks: int | None):
-    dtype, whole_vectors, pointers_aligned = _block_pair(comm, "reduce_scatter", out, inp, out)
-    backend = comm.choose_backend(backend, dtype, op)
-    if out.numel() == 0:
-        return None
-    nbytes = inp.numel() * inp.element_size()
-    aligned = whole_vectors and pointers_aligned
-    symmetric = comm.ctx.is_symmetric(inp)
-    if algorithm == "auto":
-        algorithm = tuning.reduce_scatter_algorithm(comm.world, nbytes, backend, aligned, symmetric)
-    _check_algorithm("reduce_scatter", algorithm, nbytes, aligned)
-    # Small inputs are staged in-kernel into alternating buffers (one barrier); large
-    # symmetric ones are read in place (two barriers, no copy).  TMA keeps both barriers.
-    # Push sends the input straight into the owners' alternating receive buffers.
-    zero_copy = symmetric and nbytes > tuning.STAGE_MAX_BYTES and algorithm != "push"
-    alternate = not zero_copy and not capturing and algorithm in ("one_shot", "push")
-    if zero_copy:
-        data: Buffer | list[Buffer] = comm.buffer(inp)
-    else:
-        slots = (0, 1) if alternate else (_two_barrier_slot(algorithm),)
-        data = [comm.buffer(comm.staging(nbytes, i)) for i in slots]
-    vector = _vector(dtype, backend, pointers_aligned) if whole_vectors else 1
-    key = KernelKey("reduce_scatter", algorithm, backend, dtype, comm.world, op=op, vector=vector,
-                    stage_in=not zero_copy, end_barrier=not alternate)
-    work = -(-out.numel() // key.elements_per_access)
-    src = 0 if zero_copy else inp.data_ptr()
-    if alternate:
-        _prepare_capture(comm, key, nbytes)
-    return comm.plan(key, data, out.data_ptr(), src, out.numel(), comm.blocks(key, work, max_blocks))
 
 
 def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", backend: str = "auto",
@@ -284,50 +148,67 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
            out.data_ptr(), out.numel(), out.dtype, out.is_contiguous(), algorithm, backend, max_blocks, config.PDL)
     plan = comm.plans.get(key)
     if plan is None:
-        _check_max_blocks("all_gather", max_blocks)
-        plan = _all_gather_plan(comm, out, inp, algorithm, backend, max_blocks)
-        if plan is None:
+        call = _block_call(comm, "all_gather", out, inp, "sum", backend, False, max_blocks)
+        if call is None:
             return out
-        comm.plans[key] = plan
+        plan = comm.plans[key] = _plan(comm, call, algorithm)
     plan.run()
     comm.finish()
     return out
 
 
-def _all_gather_plan(comm: Communicator, out, inp, algorithm, backend, max_blocks: int | None):
-    dtype, whole_vectors, pointers_aligned = _block_pair(comm, "all_gather", out, inp, inp)
-    backend = comm.choose_backend(backend, dtype)
-    if inp.numel() == 0:
-        return None
-    nbytes = out.numel() * out.element_size()
-    aligned = whole_vectors and pointers_aligned
+def _plan(comm: Communicator, call: Call, algorithm: str):
+    """The plan of ``call``: ``algorithm`` (``"auto"``: :func:`collectives.tuning.choose`)
+    asked whether it can run the call, then for its plan."""
     if algorithm == "auto":
-        algorithm = tuning.all_gather_algorithm(comm.world, nbytes, backend, aligned)
-    _check_algorithm("all_gather", algorithm, nbytes, aligned)
-    zero_copy = comm.ctx.is_symmetric(out)
-    data = comm.buffer(out if zero_copy else comm.staging(nbytes, 2))
-    vector = _vector(dtype, backend, pointers_aligned) if whole_vectors else 1
-    key = KernelKey("all_gather", algorithm, backend, dtype, comm.world, vector=vector, gather_out=not zero_copy)
-    work = -(-inp.numel() // key.elements_per_access)
-    return comm.plan(key, data, out.data_ptr(), inp.data_ptr(), inp.numel(), comm.blocks(key, work, max_blocks))
+        algorithm = tuning.choose(call)
+    names = ALGORITHMS[call.collective]
+    if algorithm not in names:
+        raise CollectiveError(f"{call.collective} algorithms: {names + ('auto',)}; not {algorithm!r}")
+    impl = REGISTRY[call.collective, algorithm]
+    reason = impl.refusal(call)
+    if reason is not None:
+        raise CollectiveError(reason)
+    return impl.plan(comm, call)
 
 
-def _block_pair(comm: Communicator, collective: str, out: torch.Tensor, inp: torch.Tensor,
-                block: torch.Tensor) -> tuple[str, bool, bool]:
-    """Check ``out`` and ``inp`` of a collective where ``block`` (one of them) is one rank's
-    block of the other; return (dtype, whether a block fills whole 16-byte vectors, whether
-    both start on a 16-byte boundary)."""
+def _all_reduce_call(comm: Communicator, t: torch.Tensor, op: str, backend: str, out: torch.Tensor | None,
+                     capturing: bool) -> Call:
+    dtype = _dtype(comm, t)
+    result = t if out is None else out
+    if out is not None:
+        _dtype(comm, out)
+    if out is not None and (out.dtype != t.dtype or out.shape != t.shape or not out.is_contiguous()):
+        raise CollectiveError("all_reduce: out must be a contiguous tensor of t's dtype and shape")
+    return Call("all_reduce", result, t, dtype, op, comm.choose_backend(backend, dtype, op), comm.world,
+                n=t.numel(), nbytes=t.numel() * t.element_size(), symmetric=comm.ctx.is_symmetric(t),
+                in_place=out is None, whole_vectors=True, pointers_aligned=_aligned(t, result), capturing=capturing)
+
+
+def _block_call(comm: Communicator, collective: str, out: torch.Tensor, inp: torch.Tensor, op: str, backend: str,
+                capturing: bool, max_blocks: int | None) -> Call | None:
+    """The call of a collective where one of ``out`` and ``inp`` is one rank's block of the
+    other (reduce-scatter: ``out``, all-gather: ``inp``), checked; None for empty blocks."""
+    if max_blocks is not None and (not isinstance(max_blocks, int) or max_blocks < 1):
+        raise CollectiveError(f"{collective}: max_blocks must be a positive int or None, not {max_blocks!r}")
     dtype = _dtype(comm, inp)
     _dtype(comm, out)
     if out.dtype != inp.dtype:
         raise CollectiveError(f"{collective}: out is {out.dtype}, inp is {inp.dtype}")
-    whole, names = (inp, ("inp", "out")) if block is out else (out, ("out", "inp"))
+    scatter = collective == "reduce_scatter"
+    (whole, block), names = ((inp, out), ("inp", "out")) if scatter else ((out, inp), ("out", "inp"))
     if whole.numel() != comm.world * block.numel():
         raise CollectiveError(
             f"{collective}: {names[0]} has {whole.numel()} elements, {names[1]} {block.numel()}; "
             f"{names[0]} must have world_size ({comm.world}) x {names[1]} elements"
         )
-    return dtype, block.numel() * block.element_size() % VECTOR_BYTES == 0, _aligned(inp, out)
+    backend = comm.choose_backend(backend, dtype, op) if scatter else comm.choose_backend(backend, dtype)
+    if block.numel() == 0:
+        return None
+    return Call(collective, out, inp, dtype, op, backend, comm.world, n=block.numel(),
+                nbytes=whole.numel() * whole.element_size(), symmetric=comm.ctx.is_symmetric(whole),
+                in_place=False, whole_vectors=block.numel() * block.element_size() % VECTOR_BYTES == 0,
+                pointers_aligned=_aligned(inp, out), capturing=capturing, max_blocks=max_blocks)
 
 
 #: Whether torch.compile is tracing the call (then it records the custom operator).
@@ -352,16 +233,6 @@ def _dtype(comm: Communicator, t: torch.Tensor) -> str:
 def _aligned(*tensors: torch.Tensor) -> bool:
     """Whether every tensor starts on a 16-byte boundary."""
     return all(t.data_ptr() % VECTOR_BYTES == 0 for t in tensors)
-
-
-def _vector(dtype: str, backend: str, aligned: bool) -> int:
-    """16-byte vectors when the tensors are 16-byte aligned, else one element at a time
-    (the peer path: multimem has no single-element form of the 16-bit types)."""
-    if aligned:
-        return VECTOR_BYTES // DTYPES[dtype][0]
-    if backend in MULTICAST_PATHS:
-        raise CollectiveError(f"the {backend} backend needs 16-byte aligned tensors; use backend='peer'")
-    return 1
 
 
 # -- the kernels of the custom operators (collectives.torch_ops): the functions above, eager --------

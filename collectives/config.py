@@ -1,20 +1,11 @@
-"""What a compiled collective kernel is specialised on, and the signal-pad layout (pure Python).
-
-A kernel is compiled once per :class:`KernelKey`; everything else (addresses, element counts,
-rank, timeout) is a runtime argument, so one compile serves every tensor of a shape class.
-"""
+"""The collectives' constants, the signal-pad layout and the formulas kernels and host share
+(pure Python).  What a kernel is specialised on is :class:`collectives.algorithms.KernelKey`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "barrier")
-ALGORITHMS = {
-    "all_reduce": ("one_shot", "two_shot", "lamport", "tma", "push"),
-    "reduce_scatter": ("one_shot", "tma", "push"),
-    "all_gather": ("one_shot", "tma"),
-    "barrier": ("one_shot",),
-}
 BACKENDS = ("multicast", "peer", "multicast_emulated")
 #: Backends whose kernels take the multicast code paths; ``multicast_emulated`` traces them under
 #: :func:`ptxops.emulate_multicast` (unicast accesses to every rank, no multimem): never "auto".
@@ -175,102 +166,6 @@ def push_events(rounds, final: bool):
     of the others' results copied out), the last (after the last round) only when a ``final``
     wait reads it (the all-reduce's last copy, an end barrier)."""
     return rounds + int(final)
-
-
-@dataclass(frozen=True)
-class KernelKey:
-    """The compile-time choices of one collective kernel.
-
-    ``vector`` is the elements each thread moves at once (16 bytes' worth, or 1 for data that
-    is not 16-byte aligned); ``gather_out`` makes a two-shot or TMA all-reduce or an all-gather copy the result from the
-    symmetric buffer to a separate output; ``stage_in`` makes the kernel copy a non-symmetric input into this rank's
-    symmetric buffer before the start barrier (instead of a separate copy); ``end_barrier=False``
-    drops the end barrier of a one-shot collective whose symmetric buffers the caller
-    alternates between two (a rank cannot reuse a buffer before every rank has started the
-    next collective, and so finished reading it).  ``pdl`` launches the kernel with
-    programmatic stream serialization (it may start while the kernel before it drains) and
-    makes it wait (``griddepcontrol.wait``) before its first global access, then let a kernel
-    launched after it so start (``griddepcontrol.launch_dependents``); default :data:`PDL`.
-    """
-
-    collective: str
-    algorithm: str
-    backend: str
-    dtype: str
-    world: int
-    op: str = "sum"
-    vector: int = 0
-    threads: int = 512
-    gather_out: bool = False
-    stage_in: bool = False
-    end_barrier: bool = True
-    pdl: bool = field(default_factory=lambda: PDL)
-
-    def __post_init__(self) -> None:
-        if self.collective not in COLLECTIVES:
-            raise ValueError(f"collective must be one of {COLLECTIVES}, not {self.collective!r}")
-        if self.algorithm not in ALGORITHMS[self.collective]:
-            raise ValueError(
-                f"{self.collective} algorithms: {ALGORITHMS[self.collective]}, not {self.algorithm!r}"
-            )
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, not {self.backend!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {tuple(DTYPES)}, not {self.dtype!r}")
-        if not 2 <= self.world <= MAX_WORLD:
-            raise ValueError(f"world size must be 2..{MAX_WORLD}, not {self.world}")
-        if self.op not in OPS:
-            raise ValueError(f"op must be one of {OPS}, not {self.op!r}")
-        if self.dtype in FP8 and self.op != "sum":
-            raise ValueError(f"{self.op} of fp8 is not supported (multimem reduces fp8 by add only)")
-        if (self.backend in MULTICAST_PATHS and self.collective in ("all_reduce", "reduce_scatter")
-                and not multimem_reduces(self.dtype, self.op)):
-            raise ValueError(f"multimem.ld_reduce has no {PTX_OP[self.op]} of {self.dtype}: use the peer backend")
-        if self.vector not in (0, 1, self.full_vector):
-            raise ValueError(f"vector must be 1 or {self.full_vector} for {self.dtype}")
-        if not self.end_barrier and (self.algorithm not in ("one_shot", "push") or not self.stage_in
-                                     or self.collective == "all_reduce" and self.algorithm == "push"):
-            raise ValueError("only a staged one-shot or a push reduce-scatter may drop its end barrier")
-        if self.algorithm == "push" and not self.stage_in:
-            raise ValueError("push sends a non-symmetric input (stage_in=True) straight to its owners")
-        if self.algorithm == "tma" and self.vector == 1:
-            raise ValueError("tma moves 16-byte tiles: it needs 16-byte aligned data (vector 0)")
-        if self.gather_out and self.collective != "all_gather" and (self.collective, self.algorithm) not in (
-            ("all_reduce", "two_shot"), ("all_reduce", "tma")
-        ):
-            raise ValueError(
-                "gather_out copies a two-shot or TMA all-reduce's or an all-gather's result out: not for this algorithm"
-            )
-        if self.algorithm == "lamport" and (self.stage_in or self.gather_out):
-            raise ValueError("lamport reads its input and writes its output in place: no staging")
-
-    @property
-    def full_vector(self) -> int:
-        return VECTOR_BYTES // DTYPES[self.dtype][0]
-
-    @property
-    def elements_per_access(self) -> int:
-        return self.vector or self.full_vector
-
-    @property
-    def barriers(self) -> int:
-        """Cross-GPU barriers the kernel passes (start and end, one, or none for Lamport)."""
-        if self.algorithm == "lamport":
-            return 0
-        return 1 if self.collective == "barrier" or not self.end_barrier else 2
-
-    @property
-    def element_bytes(self) -> int:
-        return DTYPES[self.dtype][0]
-
-    @property
-    def tile_bytes(self) -> int:
-        """Bytes per rank of one TMA tile: the largest power of two (at most 32 KB) for which
-        every stage's ``world`` input tiles plus two output tiles fit :data:`TMA_SMEM_BYTES`."""
-        tile = 32 << 10
-        while tile > 1024 and tile * (TMA_STAGES * self.world + 2) > TMA_SMEM_BYTES:
-            tile //= 2
-        return tile
 
 
 @dataclass(frozen=True)

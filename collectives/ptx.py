@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import tempfile
 
-from .config import KernelKey
+from .algorithms.key import KernelKey
 from .errors import CollectiveError
 
 

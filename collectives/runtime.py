@@ -3,7 +3,7 @@ stream flags.
 
 One :class:`Communicator` sits on the open symmetric-memory :class:`~collectives.symmetric.Context`
 (``collectives.init()``).  Everything a launch needs that is not a runtime argument is cached:
-compiled kernels per :class:`~collectives.config.KernelKey`, device tables of peer addresses per
+compiled kernels per :class:`~collectives.algorithms.KernelKey`, device tables of peer addresses per
 buffer.  Build those before a CUDA-graph capture (one eager call warms them).
 """
 
@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from . import config, symmetric
+from .algorithms.key import KernelKey
 from .capability import choose_backend
 from .config import (
     BARRIER_THREADS,
@@ -42,7 +43,6 @@ from .config import (
     SIZE_MISMATCH,
     TIMEOUT,
     VECTOR_BYTES,
-    KernelKey,
     PadLayout,
     multimem_reduces,
 )
@@ -122,7 +122,7 @@ class Communicator:
         self._kernels: dict[tuple[KernelKey | str, str], Any] = {}
         self._buffers: dict[int, Buffer] = {}
         self.pool = StagingPool(ctx, self.plans, self._forget, self.agree_growth)
-        self._lamport: dict[int, torch.Tensor] = {}
+        self.lamport_buffers: dict[int, torch.Tensor] = {}  # Lamport receive buffers by element bytes
         self.seed_lamport(int(os.environ.get(SEED_CALL_ENV, "0")))
         self.turn = 0  # which of staging buffers 0/1 the next single-barrier collective uses
         self.pad_buffer = self.buffer(self.pad)
@@ -331,12 +331,12 @@ class Communicator:
         (``3 x world`` slots of :data:`~collectives.config.LAMPORT_MAX_BYTES`, symmetric),
         allocated on first use (collectively) and filled with -0.0 of that width; a barrier
         after the fill keeps every rank from sending before every rank's fill is done."""
-        if element_bytes not in self._lamport:
+        if element_bytes not in self.lamport_buffers:
             self.agree_growth(-element_bytes, 3 * self.world * LAMPORT_MAX_BYTES)
-            buf = self._lamport[element_bytes] = self.ctx.empty(3 * self.world * LAMPORT_MAX_BYTES, torch.uint8)
+            buf = self.lamport_buffers[element_bytes] = self.ctx.empty(3 * self.world * LAMPORT_MAX_BYTES, torch.uint8)
             _fill_empty(buf, element_bytes)
             self.barrier()
-        return self._lamport[element_bytes]
+        return self.lamport_buffers[element_bytes]
 
     def seed_lamport(self, call: int) -> None:
         """Start every Lamport call count at ``call`` (test only, :data:`SEED_CALL_ENV`; 0, the

@@ -121,3 +121,15 @@ def all_gather_algorithm(world: int, nbytes: int, backend: str, aligned: bool = 
     slower) and lost badly on plain ones (926 vs 497-509 us at 256 MB: its copy-out runs on the
     quarter of the SMs it is given).  4 and 8 GPUs are not yet measured: one-shot until they are."""
     return "one_shot"
+
+
+def choose(call) -> str:
+    """The algorithm ``algorithm="auto"`` picks for ``call`` (a
+    :class:`~collectives.algorithms.Call`): an all-reduce counts as symmetric only when it
+    reduces a symmetric tensor in place."""
+    if call.collective == "all_reduce":
+        return all_reduce_algorithm(call.world, call.nbytes, call.backend, call.aligned,
+                                    call.in_place and call.symmetric)
+    if call.collective == "reduce_scatter":
+        return reduce_scatter_algorithm(call.world, call.nbytes, call.backend, call.aligned, call.symmetric)
+    return all_gather_algorithm(call.world, call.nbytes, call.backend, call.aligned)

@@ -103,7 +103,7 @@ class FakeComm(Communicator):
         self._kernels = {}
         self._buffers = {}
         self.pool = StagingPool(heap, self.plans, self._forget, self.agree_growth)
-        self._lamport = {}
+        self.lamport_buffers = {}
         self.turn = 0
         self.sms = 132
         self.launches: list[tuple] = []

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from collectives.config import KernelKey
+from collectives.algorithms import KernelKey
 
 pytest.importorskip("cutlass")
 from collectives.ptx import kernel_ptx  # noqa: E402

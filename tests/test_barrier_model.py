@@ -26,7 +26,8 @@ import random
 import pytest
 
 torch = pytest.importorskip("torch")
-from collectives.config import CALL_EPOCHS, KernelKey, PadLayout, call_last, call_parity  # noqa: E402
+from collectives.algorithms import KernelKey  # noqa: E402
+from collectives.config import CALL_EPOCHS, PadLayout, call_last, call_parity  # noqa: E402
 from collectives.runtime import Communicator  # noqa: E402
 
 U32 = 1 << 32

@@ -9,16 +9,10 @@ import re
 import pytest
 
 from collectives.__main__ import main
-from collectives.config import (
-    ALGORITHMS,
-    DTYPES,
-    FP8,
-    LAMPORT_BLOCKS,
-    KernelKey,
-    PadLayout,
-)
+from collectives.config import DTYPES, FP8, LAMPORT_BLOCKS, PadLayout
 
 pytest.importorskip("cutlass")
+from collectives.algorithms import ALGORITHMS, KernelKey  # noqa: E402
 from collectives.ptx import kernel_ptx  # noqa: E402
 
 CASES = [
@@ -31,11 +25,13 @@ CASES = [
 ]
 
 
-def test_every_algorithm_has_one_builder() -> None:
-    """The registry of algorithm modules names exactly the algorithms the config offers."""
-    from collectives.algorithms import BUILDERS
+def test_every_collective_has_its_algorithms_registered_once() -> None:
+    """Each (collective, algorithm) names one registered class, which builds its kernels."""
+    from collectives.algorithms import REGISTRY
 
-    assert set(BUILDERS) == {(c, a) for c, algorithms in ALGORITHMS.items() for a in algorithms}
+    assert set(REGISTRY) == {(c, a) for c, algorithms in ALGORITHMS.items() for a in algorithms}
+    assert ALGORITHMS["all_reduce"] == ("one_shot", "two_shot", "lamport", "tma", "push")
+    assert all(impl.name == a and c in impl.collectives for (c, a), impl in REGISTRY.items())
 
 
 def test_gather_out_only_where_a_result_is_gathered() -> None:

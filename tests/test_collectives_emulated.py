@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from collectives.config import ALGORITHMS, DTYPES, FP8, KernelKey
+from collectives.algorithms import ALGORITHMS, KernelKey
+from collectives.config import DTYPES, FP8
 
 pytest.importorskip("cutlass")
 from collectives.ptx import kernel_ptx  # noqa: E402

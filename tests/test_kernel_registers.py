@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from collectives.config import KernelKey
+from collectives.algorithms import KernelKey
 
 pytest.importorskip("cutlass")
 from collectives.ptx import kernel_ptx  # noqa: E402

@@ -34,7 +34,7 @@ def _launch(x: cute.Tensor):
 
 
 def test_kept_ptx_goes_to_temporary_directories() -> None:
-    from collectives.config import KernelKey
+    from collectives.algorithms import KernelKey
     from collectives.ptx import kernel_ptx
 
     before = _artifacts(ROOT, Path.cwd())

@@ -112,7 +112,8 @@ def _grid_communicator(sms: int) -> Communicator:
 
 @pytest.mark.parametrize("algorithm", ["one_shot", "tma"])
 def test_max_blocks_caps_the_grid_and_never_raises_it(algorithm: str) -> None:
-    from collectives.config import LAMPORT_BLOCKS, KernelKey
+    from collectives.algorithms import KernelKey
+    from collectives.config import LAMPORT_BLOCKS
 
     comm = _grid_communicator(132)
     key = KernelKey("reduce_scatter", algorithm, "peer", "bf16", 2)

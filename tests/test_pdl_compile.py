@@ -11,7 +11,8 @@ import re
 import pytest
 
 from collectives import config
-from collectives.config import BARRIER_THREADS, KernelKey
+from collectives.algorithms import KernelKey
+from collectives.config import BARRIER_THREADS
 
 pytest.importorskip("cutlass")
 from collectives.ptx import kernel_ptx  # noqa: E402

@@ -16,15 +16,21 @@ visible, so the copy-out takes, in each rank's block, the vectors that block pus
 
 from __future__ import annotations
 
+from typing import Any
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int64
 
 import ptxops
 
-from ..config import TMA_STAGES, VECTOR_BYTES, KernelKey
+from ..config import DATA_PHASE, TMA_STAGES, VECTOR_BYTES
 from ..device import signals, tiles
+from ..staging import Slot
 from . import design
+from .base import Algorithm, Call
+from .key import KernelKey
+from .tma import bulk_blocks
 
 
 def build(key: KernelKey):
@@ -90,4 +96,35 @@ def build(key: KernelKey):
     return design.kernel(key, b, stage=None, move=push, pull=copy_others if own_to_out else None)
 
 
-__all__ = ["build"]
+class OneShotGather(Algorithm):
+    """Each rank pushes its input into block ``rank`` of every rank's symmetric buffer: a
+    symmetric ``out`` is that buffer, any other is copied out of
+    :attr:`~collectives.staging.Slot.STAGED` (``gather_out``)."""
+
+    collectives = ("all_gather",)
+    name = "one_shot"
+    gathers_out = True
+    stages_in = "never"
+
+    def plan(self, comm: Any, call: Call) -> Any:
+        zero_copy = call.symmetric
+        data = comm.buffer(call.out if zero_copy else comm.staging(call.nbytes, Slot.STAGED))
+        key = KernelKey(call.collective, self.name, call.backend, call.dtype, call.world, vector=call.vector,
+                        gather_out=not zero_copy)
+        return self.launch(comm, call, key, data, call.inp.data_ptr())
+
+    def build(self, key: KernelKey):
+        return build(key)
+
+
+class TmaGather(OneShotGather):
+    """The one-shot all-gather moving tiles by bulk copies on at most a quarter of the SMs
+    (16-byte aligned tensors and block size)."""
+
+    name = "tma"
+    whole_vectors_only = True
+    phases = {DATA_PHASE: "TMA bulk copies"}
+    blocks = staticmethod(bulk_blocks)
+
+
+__all__ = ["OneShotGather", "TmaGather", "build"]

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from ..config import KernelKey
 from . import design
+from .base import Algorithm
+from .key import KernelKey
 
 
-def build(key: KernelKey):
-    """The ``@cute.jit`` launcher of the barrier kernel for ``key``."""
-    b = design.blocks(key)
-    return design.kernel(key, b, stage=b.stage_whole)
+class Barrier(Algorithm):
+    """One warp (:data:`~collectives.config.BARRIER_THREADS`) passing the start barrier: thread
+    ``t`` signals and waits for rank ``t``; launched as one block on the signal pad."""
+
+    collectives = ("barrier",)
+    name = "one_shot"
+    stages_in = "never"
+
+    def build(self, key: KernelKey):
+        return design.kernel(key, design.blocks(key), stage=None)
 
 
-__all__ = ["build"]
+__all__ = ["Barrier"]

@@ -35,10 +35,11 @@ from cutlass.memory import SmemAllocator
 
 import ptxops
 
-from ..config import DATA_PHASE, DTYPES, MULTICAST_PATHS, TIMEOUT, VECTOR_BYTES, KernelKey
+from ..config import DATA_PHASE, DTYPES, MULTICAST_PATHS, TIMEOUT, VECTOR_BYTES
 from ..device import reduce, signals
 from ..device.reduce import ACC, DTYPE
 from ..launch import launcher
+from .key import KernelKey
 
 
 def blocks(key: KernelKey) -> SimpleNamespace:

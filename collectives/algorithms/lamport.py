@@ -33,6 +33,8 @@ The launch takes the same arguments as :mod:`collectives.algorithms.design` (``d
 
 from __future__ import annotations
 
+from typing import Any
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Boolean, Int32, Int64, Uint32, Uint64
@@ -50,7 +52,6 @@ from ..config import (
     SIZE_MISMATCH,
     TIMEOUT,
     VECTOR_BYTES,
-    KernelKey,
     PadLayout,
     lamport_buffer,
     lamport_cleanup_call,
@@ -61,6 +62,8 @@ from ..config import (
 from ..device import lamport, reduce, signals
 from ..device.reduce import ACC, DTYPE
 from ..launch import launcher
+from .base import Algorithm, Call
+from .key import KernelKey
 
 BUFFERS = LAMPORT_BUFFERS
 
@@ -246,4 +249,56 @@ def build(key: KernelKey):
                     pdl=key.pdl)
 
 
-__all__ = ["BUFFERS", "build", "width_index"]
+class Lamport(Algorithm):
+    """One-shot without barriers: the data is its own flag (lowest latency, at most
+    :data:`~collectives.config.LAMPORT_MAX_BYTES` per rank).  It reads the input and writes the
+    output where they lie; its symmetric memory is the three rotating receive buffers of the
+    element width, and its grid is fixed (:data:`~collectives.config.LAMPORT_BLOCKS`)."""
+
+    collectives = ("all_reduce",)
+    name = "lamport"
+    stages_in = "never"
+    barriered = False
+    phases = {LAMPORT_EXCHANGE: "Lamport data exchange"}
+
+    def refusal(self, call: Call) -> str | None:
+        if call.nbytes > LAMPORT_MAX_BYTES:
+            return (f"lamport all_reduce carries at most {LAMPORT_MAX_BYTES} bytes per rank, not {call.nbytes}; "
+                    "use algorithm='auto', 'one_shot' or 'two_shot'")
+        return None
+
+    def plan(self, comm: Any, call: Call) -> Any:
+        key = KernelKey("all_reduce", self.name, call.backend, call.dtype, call.world, op=call.op,
+                        vector=call.vector, threads=256)
+        data = comm.buffer(receive_buffers(comm, call.inp.element_size()))
+        return self.launch(comm, call, key, data, call.inp.data_ptr())
+
+    def blocks(self, comm: Any, key: KernelKey, work: int, limit: int | None = None) -> int:
+        """Always :data:`~collectives.config.LAMPORT_BLOCKS`: each block owns fixed vectors of
+        the rotating buffers, and all are resident at once (each waits for data other ranks'
+        blocks send); the kernel launches this many regardless."""
+        return LAMPORT_BLOCKS
+
+    def build(self, key: KernelKey):
+        return build(key)
+
+
+def receive_buffers(comm: Any, element_bytes: int) -> Any:
+    """``comm``'s three rotating receive buffers for elements of ``element_bytes`` bytes (``3 x
+    world`` slots of :data:`~collectives.config.LAMPORT_MAX_BYTES`, symmetric), allocated on
+    first use (collectively, agreed first) and filled with -0.0 of that width; a barrier after
+    the fill keeps every rank from sending before every rank's fill is done."""
+    buffers = comm.lamport_buffers
+    if element_bytes not in buffers:
+        import torch
+
+        nbytes = LAMPORT_BUFFERS * comm.world * LAMPORT_MAX_BYTES
+        comm.agree_growth(-element_bytes, nbytes)
+        buf = buffers[element_bytes] = comm.ctx.empty(nbytes, torch.uint8)
+        view, empty = {1: (torch.uint8, 0x80), 2: (torch.int16, -(1 << 15)), 4: (torch.int32, -(1 << 31))}[element_bytes]
+        buf.view(view).fill_(empty)
+        comm.barrier()
+    return buffers[element_bytes]
+
+
+__all__ = ["BUFFERS", "Lamport", "build", "receive_buffers", "width_index"]

@@ -9,8 +9,13 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int64
 
-from ..config import KernelKey
+from typing import Any
+
+from .. import tuning
+from ..staging import Slot
 from . import design
+from .base import Algorithm, Call
+from .key import KernelKey
 
 
 def build(key: KernelKey):
@@ -49,4 +54,36 @@ def build(key: KernelKey):
     return design.kernel(key, b, stage, move)
 
 
-__all__ = ["build"]
+
+
+class OneShot(Algorithm):
+    """After the start barrier every rank reduces the whole result (its own slice, for
+    reduce-scatter) from every rank's buffer.  The input is staged into an internal symmetric
+    buffer in-kernel (a large symmetric reduce-scatter input is read in place); eagerly the
+    staging alternates between two buffers and the end barrier is dropped."""
+
+    collectives = ("all_reduce", "reduce_scatter")
+    name = "one_shot"
+    drops_end_barrier = True
+
+    def plan(self, comm: Any, call: Call) -> Any:
+        # A symmetric reduce-scatter input past STAGE_MAX_BYTES is read in place (two
+        # barriers, no copy); the staged cases alternate two buffers and drop the end barrier,
+        # except under graph capture (a replayed graph would reuse one buffer).
+        zero_copy = (call.collective == "reduce_scatter" and call.symmetric
+                     and call.nbytes > tuning.STAGE_MAX_BYTES)
+        alternate = not zero_copy and not call.capturing
+        key = KernelKey(call.collective, self.name, call.backend, call.dtype, call.world, op=call.op,
+                        vector=call.vector, stage_in=not zero_copy, end_barrier=not alternate)
+        if zero_copy:
+            return self.launch(comm, call, key, comm.buffer(call.inp), 0)
+        data = self.staged(comm, call.nbytes, (Slot.TURN_A, Slot.TURN_B) if alternate else (Slot.STAGED,))
+        if alternate:  # a later graph capture of this call needs the end-barrier variant
+            self.prepare_capture(comm, key, call.nbytes, Slot.STAGED)
+        return self.launch(comm, call, key, data, call.inp.data_ptr())
+
+    def build(self, key: KernelKey):
+        return build(key)
+
+
+__all__ = ["OneShot", "build"]

@@ -83,6 +83,8 @@ table (the emulated barrier needs its pad window), whose window 0 lists the resu
 
 from __future__ import annotations
 
+from typing import Any
+
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64, Uint32
@@ -92,7 +94,6 @@ from ptxops.ops import emulation
 
 from ..config import (
     PUSH_ROUND,
-    KernelKey,
     ceil_div,
     push_events,
     push_round_strides,
@@ -101,7 +102,10 @@ from ..config import (
 )
 from ..device import reduce, signals
 from ..launch import launcher
+from ..staging import Slot
 from . import design
+from .base import Algorithm, Call
+from .key import KernelKey
 
 
 def results_table(data_mc: Int64) -> Int64:
@@ -300,4 +304,46 @@ def pipeline(key: KernelKey, slot_elements, push, reduce_chunk, collect):
     return launcher(kernel, threads, pdl=key.pdl)
 
 
-__all__ = ["build", "pipeline"]
+class Push(Algorithm):
+    """Each rank stores its slices straight from the caller's tensor into their owners'
+    receive buffers (no staging copy: ``auto``'s choice for an input outside symmetric memory),
+    and each owner reduces its slots locally.  The all-reduce's receive slots and result
+    regions are :attr:`~collectives.staging.Slot.PUSH_SLOTS` and ``PUSH_RESULTS``; eagerly the
+    reduce-scatter alternates two buffers and drops its final wait."""
+
+    collectives = ("all_reduce", "reduce_scatter")
+    name = "push"
+    stages_in = "always"
+    drops_end_barrier = True
+    phases = {PUSH_ROUND: "push round"}
+
+    def check(self, key: KernelKey) -> None:
+        if not key.stage_in:
+            raise ValueError("push sends a non-symmetric input (stage_in=True) straight to its owners")
+        if not key.end_barrier and key.collective == "all_reduce":
+            raise ValueError("only a staged one-shot or a push reduce-scatter may drop its end barrier")
+        super().check(key)
+
+    def plan(self, comm: Any, call: Call) -> Any:
+        if call.collective == "reduce_scatter":
+            alternate = not call.capturing
+            key = KernelKey(call.collective, self.name, call.backend, call.dtype, call.world, op=call.op,
+                            vector=call.vector, stage_in=True, end_barrier=not alternate)
+            data = self.staged(comm, call.nbytes, (Slot.TURN_A, Slot.TURN_B) if alternate else (Slot.PUSH_STAGED,))
+            if alternate:  # a later graph capture of this call needs the end-barrier variant
+                self.prepare_capture(comm, key, call.nbytes, Slot.PUSH_STAGED)
+            return self.launch(comm, call, key, data, call.inp.data_ptr())
+        key = KernelKey(call.collective, self.name, call.backend, call.dtype, call.world, op=call.op,
+                        vector=call.vector, stage_in=True)
+        m = push_slice_elements(call.n, call.world, key.elements_per_access)
+        nbytes = call.world * m * call.inp.element_size()
+        data = comm.buffer(comm.staging(nbytes, Slot.PUSH_SLOTS))
+        results = comm.buffer(comm.staging(nbytes, Slot.PUSH_RESULTS))
+        return self.launch(comm, call, key, data, call.inp.data_ptr(), work=ceil_div(m, key.elements_per_access),
+                           results=results)
+
+    def build(self, key: KernelKey):
+        return build(key)
+
+
+__all__ = ["Push", "build", "pipeline"]

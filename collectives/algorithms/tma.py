@@ -10,9 +10,16 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int64
 
-from ..config import TMA_STAGES, VECTOR_BYTES, KernelKey
+from typing import Any
+
+from .. import tuning
+from ..config import DATA_PHASE, TMA_STAGES, VECTOR_BYTES, ceil_div
 from ..device import tiles
+from ..staging import Slot
 from . import design
+from .base import Algorithm, Call
+from .key import KernelKey
+from .two_shot import sliced_plan
 
 
 def build(key: KernelKey):
@@ -60,4 +67,44 @@ def build(key: KernelKey):
     return design.kernel(key, b, stage=copy, move=all_reduce, gather=copy, buffers=buffers)
 
 
-__all__ = ["build"]
+def bulk_blocks(comm: Any, key: KernelKey, work: int, limit: int | None = None) -> int:
+    """Blocks of a TMA kernel for ``work`` vectors per rank: one per tile, at most a quarter of
+    the SMs (bulk copies need few), at most ``limit``."""
+    blocks = min(ceil_div(work * VECTOR_BYTES, key.tile_bytes), comm.sms // 4)
+    return max(1, min(blocks, limit or blocks))
+
+
+class Tma(Algorithm):
+    """Tiles moved by bulk copies through shared memory on at most a quarter of the SMs
+    (16-byte aligned tensors only).  The all-reduce plans as two-shot does; a reduce-scatter
+    reads a large symmetric input in place and stages the rest, keeping both barriers."""
+
+    collectives = ("all_reduce", "reduce_scatter")
+    name = "tma"
+    gathers_out = True
+    whole_vectors_only = True
+    phases = {DATA_PHASE: "TMA bulk copies"}
+
+    def check(self, key: KernelKey) -> None:
+        super().check(key)
+        if key.gather_out and key.collective != "all_reduce":
+            raise ValueError("gather_out copies a two-shot or TMA all-reduce's or an all-gather's result out: "
+                             "not for this algorithm")
+
+    def plan(self, comm: Any, call: Call) -> Any:
+        if call.collective == "all_reduce":
+            return sliced_plan(self, comm, call)
+        zero_copy = call.symmetric and call.nbytes > tuning.STAGE_MAX_BYTES
+        key = KernelKey(call.collective, self.name, call.backend, call.dtype, call.world, op=call.op,
+                        vector=call.vector, stage_in=not zero_copy)
+        data = comm.buffer(call.inp) if zero_copy else self.staged(comm, call.nbytes, (Slot.STAGED,))
+        return self.launch(comm, call, key, data, 0 if zero_copy else call.inp.data_ptr())
+
+    def blocks(self, comm: Any, key: KernelKey, work: int, limit: int | None = None) -> int:
+        return bulk_blocks(comm, key, work, limit)
+
+    def build(self, key: KernelKey):
+        return build(key)
+
+
+__all__ = ["Tma", "build", "bulk_blocks"]

@@ -8,8 +8,13 @@ from __future__ import annotations
 import cutlass.cute as cute
 from cutlass import Int64
 
-from ..config import KernelKey
+from typing import Any
+
+from ..config import ceil_div
+from ..staging import Slot
 from . import design
+from .base import Algorithm, Call
+from .key import KernelKey
 
 
 def build(key: KernelKey):
@@ -42,4 +47,32 @@ def build(key: KernelKey):
     return design.kernel(key, b, stage=copy, move=move, gather=copy)
 
 
-__all__ = ["build"]
+class TwoShot(Algorithm):
+    """Reduce-scatter then all-gather inside one kernel: least traffic.  A symmetric tensor
+    reduced in place is used where it lies; anything else is staged in-kernel into
+    :attr:`~collectives.staging.Slot.STAGED` and the result copied out (``gather_out``)."""
+
+    collectives = ("all_reduce",)
+    name = "two_shot"
+    gathers_out = True
+
+    def plan(self, comm: Any, call: Call) -> Any:
+        return sliced_plan(self, comm, call)
+
+    def build(self, key: KernelKey):
+        return build(key)
+
+
+def sliced_plan(algorithm: Algorithm, comm: Any, call: Call) -> Any:
+    """The plan of an all-reduce whose ranks each reduce one slice and store it to every rank
+    (two-shot, TMA): in place on a symmetric tensor without ``out``, else staged with its
+    result copied out."""
+    zero_copy = call.in_place and call.symmetric
+    key = KernelKey("all_reduce", algorithm.name, call.backend, call.dtype, call.world, op=call.op,
+                    vector=call.vector, gather_out=not zero_copy, stage_in=not zero_copy)
+    data = comm.buffer(call.inp) if zero_copy else algorithm.staged(comm, call.nbytes, (Slot.STAGED,))
+    work = ceil_div(ceil_div(call.n, key.elements_per_access), call.world)  # a slice's vectors
+    return algorithm.launch(comm, call, key, data, 0 if zero_copy else call.inp.data_ptr(), work=work)
+
+
+__all__ = ["TwoShot", "build", "sliced_plan"]

@@ -29,7 +29,8 @@ from cutlass import Int32, Int64, Uint32, Uint64
 import ptxops
 
 from .. import algorithms
-from ..config import BARRIER_THREADS, TIMEOUT, KernelKey, PadLayout
+from ..algorithms import KernelKey
+from ..config import BARRIER_THREADS, TIMEOUT, PadLayout
 from ..device import signals
 from ..launch import example_arguments, launcher
 

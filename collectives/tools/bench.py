@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch.distributed._symmetric_memory as symm_mem
 
     import collectives
-    from collectives.config import LAMPORT_MAX_BYTES, KernelKey
+    from collectives.algorithms import KernelKey
+    from collectives.config import LAMPORT_MAX_BYTES
     from collectives.runtime import communicator
 
     from .nccl_baselines import baselines

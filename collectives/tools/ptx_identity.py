@@ -45,7 +45,7 @@ def parse_id(kid: str) -> dict:
 
 def make_key(kid: str):
     """The kernel key a key id names (raises ValueError where the key is refused)."""
-    from collectives.config import KernelKey
+    from collectives.algorithms import KernelKey
 
     f = parse_id(kid)
     return KernelKey(f["collective"], f["algorithm"], f["backend"], f["dtype"], f["world"], op=f["op"],
@@ -57,7 +57,8 @@ def snapshot_keys() -> list[str]:
     """Every key ``python -m collectives ptx`` builds (collective x algorithm x backend x dtype x
     world 2/4/8, sum, aligned), and at world 4 every variant the API builds (staging, gather,
     end barrier, unaligned, min/max, the Lamport's 256 threads) for bf16, f32 and e4m3."""
-    from collectives.config import ALGORITHMS, BACKENDS, DTYPES
+    from collectives.algorithms import ALGORITHMS
+    from collectives.config import BACKENDS, DTYPES
 
     ids: list[str] = []
     for collective, algorithms in ALGORITHMS.items():

@@ -1,0 +1,175 @@
+"""What a collective algorithm is: one class per algorithm owning everything that is that
+algorithm's (the kernel-key choices it takes, whether it can run a call, its plan: buffers as
+named staging slots and grid, its kernel, the error phases its kernel records).
+
+The API (:mod:`collectives.api`) describes a call as a :class:`Call`, resolves the backend, lets
+:mod:`collectives.tuning` pick the algorithm for ``"auto"`` and then asks the algorithm's
+instance, found in :data:`collectives.algorithms.REGISTRY`, for :meth:`Algorithm.refusal` and
+:meth:`Algorithm.plan`.  Pure Python: the kernel code is imported by :meth:`Algorithm.build`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..config import MULTICAST_PATHS, VECTOR_BYTES
+from ..staging import Slot
+
+
+#: Every algorithm by (collective, name), filled as the algorithm modules are imported
+#: (:mod:`collectives.algorithms` imports them all).
+REGISTRY: dict[tuple[str, str], Algorithm] = {}
+
+
+def algorithms(collective: str) -> tuple[str, ...]:
+    """The names of ``collective``'s algorithms, in the order their modules registered them."""
+    return tuple(name for c, name in REGISTRY if c == collective)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One collective call as the API received it, checked (dtype, devices, shapes) and with
+    its backend resolved.
+
+    ``out`` is where the result goes (an in-place all-reduce: the input) and ``inp`` what is
+    read; ``n`` the elements each rank's kernel counts (an all-reduce's tensor, a
+    reduce-scatter's output, an all-gather's input); ``nbytes`` the size the algorithm
+    choice compares (an all-reduce's tensor, a reduce-scatter's input, an all-gather's output).
+    ``symmetric`` says whether the tensor an algorithm may use in place lies in symmetric
+    memory (the all-reduce's and reduce-scatter's input, the all-gather's output);
+    ``in_place``: an all-reduce without ``out``.  ``whole_vectors``: a rank's block fills whole
+    16-byte vectors; ``pointers_aligned``: both tensors start on a 16-byte boundary."""
+
+    collective: str
+    out: Any
+    inp: Any
+    dtype: str
+    op: str
+    backend: str
+    world: int
+    n: int
+    nbytes: int
+    symmetric: bool
+    in_place: bool
+    whole_vectors: bool
+    pointers_aligned: bool
+    capturing: bool
+    max_blocks: int | None = None
+
+    @property
+    def aligned(self) -> bool:
+        """16-byte vectors throughout: aligned tensors whose blocks fill whole vectors."""
+        return self.whole_vectors and self.pointers_aligned
+
+    @property
+    def vector(self) -> int:
+        """The key's ``vector``: 16-byte vectors for aligned data, else one element at a time
+        (the peer path: multimem has no single-element form of the 16-bit types)."""
+        from ..errors import CollectiveError
+
+        if not self.whole_vectors:
+            return 1
+        if self.pointers_aligned:
+            from ..config import DTYPES
+
+            return VECTOR_BYTES // DTYPES[self.dtype][0]
+        if self.backend in MULTICAST_PATHS:
+            raise CollectiveError(f"the {self.backend} backend needs 16-byte aligned tensors; use backend='peer'")
+        return 1
+
+
+class Algorithm:
+    """One collective algorithm (subclasses set the class attributes and write :meth:`plan`
+    and :meth:`build`).
+
+    Key choices it takes: ``gathers_out`` (may copy its result to a separate output),
+    ``stages_in`` (``"never"``, ``"optional"`` or ``"always"``: copies a non-symmetric input in
+    itself), ``drops_end_barrier`` (a staged variant may skip its end barrier: the caller
+    alternates two buffers), ``whole_vectors_only`` (moves 16-byte tiles: no ``vector=1``).
+    ``barriered``: its kernels pass the start (and end) barrier of
+    :mod:`~collectives.algorithms.design` (not so a Lamport one).  ``phases``: the error-record
+    phase codes its kernel writes beyond the start and end barriers, with their names.  A
+    subclass registers itself in :data:`REGISTRY` for each of its ``collectives``."""
+
+    collectives: ClassVar[tuple[str, ...]]
+    name: ClassVar[str]
+    gathers_out: ClassVar[bool] = False
+    stages_in: ClassVar[str] = "optional"
+    drops_end_barrier: ClassVar[bool] = False
+    whole_vectors_only: ClassVar[bool] = False
+    barriered: ClassVar[bool] = True
+    phases: ClassVar[dict[int, str]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        instance = cls()
+        for collective in cls.collectives:
+            REGISTRY[collective, cls.name] = instance
+
+    def check(self, key: Any) -> None:
+        """Raise ValueError for a kernel key whose choices this algorithm does not take."""
+        if key.gather_out and not self.gathers_out:
+            raise ValueError(
+                "gather_out copies a two-shot or TMA all-reduce's or an all-gather's result out: not for this algorithm")
+        if self.stages_in == "never" and key.stage_in:
+            raise ValueError(f"{self.name} {key.collective} reads its input where it lies: no stage_in")
+        if self.stages_in == "always" and not key.stage_in:
+            raise ValueError(f"{self.name} {key.collective} always copies its input in itself (stage_in=True)")
+        if not key.end_barrier and not (self.drops_end_barrier and key.stage_in):
+            raise ValueError("only a staged one-shot or a push reduce-scatter may drop its end barrier")
+        if self.whole_vectors_only and key.vector == 1:
+            raise ValueError(f"{self.name} moves 16-byte tiles: it needs 16-byte aligned data (vector 0)")
+
+    def refusal(self, call: Call) -> str | None:
+        """Why ``call`` cannot use this algorithm (None: it can)."""
+        if self.whole_vectors_only and not call.aligned:
+            return (f"{self.name} {call.collective} moves 16-byte tiles: its tensors (and a reduce-scatter's "
+                    "output or an all-gather's input size) must be 16-byte aligned; use algorithm='auto'")
+        return None
+
+    def plan(self, comm: Any, call: Call) -> Any:
+        """The prepared launch (:class:`~collectives.runtime.Plan`) of ``call`` on ``comm``."""
+        raise NotImplementedError
+
+    def build(self, key: Any) -> Any:
+        """The ``@cute.jit`` launcher of ``key``'s kernel."""
+        raise NotImplementedError
+
+    def blocks(self, comm: Any, key: Any, work: int, limit: int | None = None) -> int:
+        """Thread blocks for ``work`` vector accesses per rank: enough to cover them, at most
+        two per SM, never more than the pad has slots for, nor than ``limit`` (a caller
+        sharing the GPU with other kernels; every rank must pass the same)."""
+        blocks = min(-(-work // key.threads), 2 * comm.sms, comm.layout.max_blocks)
+        return max(1, min(blocks, limit or blocks))
+
+    # -- the plan's pieces ----------------------------------------------------------------------
+
+    def launch(self, comm: Any, call: Call, key: Any, data: Any, src: int, *, work: int | None = None,
+               results: Any = None) -> Any:
+        """The plan launching ``key`` on the kernel view(s) ``data`` (two: alternated), reading
+        ``src`` (0: the data buffer itself) and writing ``call.out``, with a grid for ``work``
+        vector accesses per rank (default: the call's ``n`` elements)."""
+        if work is None:
+            work = -(-call.n // key.elements_per_access)
+        blocks = self.blocks(comm, key, work, call.max_blocks)
+        return comm.plan(key, data, call.out.data_ptr(), src, call.n, blocks, results)
+
+    @staticmethod
+    def staged(comm: Any, nbytes: int, slots: tuple[Slot, ...]) -> list[Any]:
+        """The kernel views of staging ``slots`` (two: the caller alternates them), each of at
+        least ``nbytes``."""
+        return [comm.buffer(comm.staging(nbytes, slot)) for slot in slots]
+
+    @staticmethod
+    def prepare_capture(comm: Any, key: Any, nbytes: int, slot: Slot) -> None:
+        """Compile the end-barrier variant of a single-barrier collective and allocate the
+        staging buffer ``slot`` it uses, so that capturing the same call in a CUDA graph
+        allocates and compiles nothing (neither may happen during a capture)."""
+        from dataclasses import replace
+
+        comm.kernel(replace(key, end_barrier=True))
+        comm.buffer(comm.staging(nbytes, slot))
+
+    def __repr__(self) -> str:
+        return f"<{self.name} {'/'.join(self.collectives)}>"

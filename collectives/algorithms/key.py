@@ -1,0 +1,107 @@
+"""What a compiled collective kernel is specialised on: :class:`KernelKey`.
+
+A kernel is compiled once per key; everything else (addresses, element counts, rank, timeout)
+is a runtime argument (:mod:`collectives.launch`), so one compile serves every tensor of a
+shape class.  The key checks what holds for every algorithm here and asks its algorithm
+(:data:`~collectives.algorithms.base.REGISTRY`) for the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .. import config
+from ..config import BACKENDS, COLLECTIVES, DTYPES, FP8, MAX_WORLD, MULTICAST_PATHS, OPS, PTX_OP, TMA_SMEM_BYTES, TMA_STAGES, VECTOR_BYTES, multimem_reduces
+from .base import REGISTRY, Algorithm, algorithms
+
+
+@dataclass(frozen=True)
+class KernelKey:
+    """The compile-time choices of one collective kernel.
+
+    ``vector`` is the elements each thread moves at once (16 bytes' worth, or 1 for data that
+    is not 16-byte aligned); ``gather_out`` makes the kernel copy the result from the
+    symmetric buffer to a separate output (two-shot and TMA all-reduce, all-gather);
+    ``stage_in`` makes the kernel copy a non-symmetric input into this rank's symmetric buffer
+    before the start barrier (instead of a separate copy); ``end_barrier=False`` drops the end
+    barrier of a one-shot collective whose symmetric buffers the caller alternates between two
+    (a rank cannot reuse a buffer before every rank has started the next collective, and so
+    finished reading it).  ``pdl`` launches the kernel with programmatic stream serialization
+    (it may start while the kernel before it drains) and makes it wait
+    (``griddepcontrol.wait``) before its first global access, then let a kernel launched after
+    it so start (``griddepcontrol.launch_dependents``); default :data:`~collectives.config.PDL`.
+    Which choices an algorithm takes is its own (:meth:`Algorithm.check`).
+    """
+
+    collective: str
+    algorithm: str
+    backend: str
+    dtype: str
+    world: int
+    op: str = "sum"
+    vector: int = 0
+    threads: int = 512
+    gather_out: bool = False
+    stage_in: bool = False
+    end_barrier: bool = True
+    pdl: bool = field(default_factory=lambda: config.PDL)
+
+    def __post_init__(self) -> None:
+        if self.collective not in COLLECTIVES:
+            raise ValueError(f"collective must be one of {COLLECTIVES}, not {self.collective!r}")
+        names = algorithms(self.collective)
+        if self.algorithm not in names:
+            raise ValueError(f"{self.collective} algorithms: {names}, not {self.algorithm!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, not {self.backend!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {tuple(DTYPES)}, not {self.dtype!r}")
+        if not 2 <= self.world <= MAX_WORLD:
+            raise ValueError(f"world size must be 2..{MAX_WORLD}, not {self.world}")
+        if self.op not in OPS:
+            raise ValueError(f"op must be one of {OPS}, not {self.op!r}")
+        if self.dtype in FP8 and self.op != "sum":
+            raise ValueError(f"{self.op} of fp8 is not supported (multimem reduces fp8 by add only)")
+        if (self.backend in MULTICAST_PATHS and self.collective in ("all_reduce", "reduce_scatter")
+                and not multimem_reduces(self.dtype, self.op)):
+            raise ValueError(f"multimem.ld_reduce has no {PTX_OP[self.op]} of {self.dtype}: use the peer backend")
+        if self.vector not in (0, 1, self.full_vector):
+            raise ValueError(f"vector must be 1 or {self.full_vector} for {self.dtype}")
+        self.impl.check(self)
+
+    @property
+    def impl(self) -> Algorithm:
+        """The algorithm that builds this kernel."""
+        return REGISTRY[self.collective, self.algorithm]
+
+    @property
+    def full_vector(self) -> int:
+        return VECTOR_BYTES // DTYPES[self.dtype][0]
+
+    @property
+    def elements_per_access(self) -> int:
+        return self.vector or self.full_vector
+
+    @property
+    def barriers(self) -> int:
+        """Cross-GPU barriers the kernel passes (start and end, one, or none)."""
+        if not self.impl.barriered:
+            return 0
+        return 1 if self.collective == "barrier" or not self.end_barrier else 2
+
+    @property
+    def element_bytes(self) -> int:
+        return DTYPES[self.dtype][0]
+
+    @property
+    def tile_bytes(self) -> int:
+        """Bytes per rank of one TMA tile: the largest power of two (at most 32 KB) for which
+        every stage's ``world`` input tiles plus two output tiles fit
+        :data:`~collectives.config.TMA_SMEM_BYTES`."""
+        tile = 32 << 10
+        while tile > 1024 and tile * (TMA_STAGES * self.world + 2) > TMA_SMEM_BYTES:
+            tile //= 2
+        return tile
+
+
+__all__ = ["KernelKey"]
