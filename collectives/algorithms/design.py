@@ -10,17 +10,8 @@ epochs and deadline.  Data moves in 16-byte vectors through registers; the eleme
 last whole vector (and all of them when the data is not 16-byte aligned, ``vector=1``) take
 the peer path one at a time.
 
-Runtime arguments are plain 64-bit addresses and counts, so one compile serves every tensor of
-a key:
-
-``data_table``  device table of every rank's data buffer address (int64[W])
-``data_mc``     the data buffer's multicast address (multicast; emulated: a translation table; push all-reduce: the result buffers', see :mod:`~collectives.algorithms.push`)
-``out``         this rank's output (all-reduce one-shot, reduce-scatter, gathered two-shot, all-gather)
-``src``         this rank's input (``stage_in``: copied in-kernel; push and all-gather: pushed)
-``n``           elements per rank (all-reduce, all-gather's input) or per output (reduce-scatter)
-``pad_table``   device table of every rank's signal pad; ``pad_mc`` its multicast address;
-``pad``         this rank's signal pad (its entry of ``pad_table``, saving the kernel a load)
-``err``         the error record (host-mapped int32[5])
+Runtime arguments are plain 64-bit addresses and counts (:data:`collectives.kernel_args.COLLECTIVE`
+names each and says what it holds), so one compile serves every tensor of a key.
 """
 
 from __future__ import annotations
@@ -38,6 +29,7 @@ import ptxops
 from ..config import DATA_PHASE, DTYPES, MULTICAST_PATHS, TIMEOUT, VECTOR_BYTES
 from ..device import reduce, signals
 from ..device.reduce import ACC, DTYPE
+from ..kernel_args import COLLECTIVE, KernelArgs, Layout
 from ..launch import launcher
 from .key import KernelKey
 
@@ -196,7 +188,7 @@ def pick(addrs: list, q: Int32) -> Int64:
 
 def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable | None, move: Callable | None = None,
            gather: Callable | None = None, buffers: Callable | None = None, push: Callable | None = None,
-           pull: Callable | None = None):
+           pull: Callable | None = None, layout: Layout = COLLECTIVE):
     """The ``@cute.jit`` launcher of ``key``'s kernel: ``stage(src, own, n, first, step)`` (for
     ``stage_in``; or, given ``push``, ``push(data_table, src, n, rank, first, step)`` storing the
     input into other ranks' buffers instead; ``push``, ``move`` and ``pull`` then get
@@ -205,15 +197,17 @@ def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable | None, move: Cal
     barrier), the end barrier (unless ``end_barrier=False``) and ``gather(src, out, n, first,
     step)`` (for ``gather_out``, where given) or ``pull(addrs, data_mc, out, n, rank, first,
     step)`` (reading the ranks' buffers after the end barrier).
-    ``buffers(smem)`` allocates the shared memory ``move`` takes."""
+    ``buffers(smem)`` allocates the shared memory ``move`` takes.  ``layout``: the kernel's
+    arguments (:mod:`collectives.kernel_args`); its ``emulated`` argument is what ``move`` and
+    ``pull`` get as ``data_mc``."""
     world, threads = key.world, key.threads
     single = key.collective == "barrier"  # launched as one block (Communicator.barrier)
 
     @cute.jit
-    def kernel(
-        data_table: Int64, data_mc: Int64, out: Int64, src: Int64, n: Int64,
-        pad_table: Int64, pad_mc: Int64, pad: Int64, err: Int64, rank: Int32, timeout_ns: Int64,
-    ):
+    def kernel(args: KernelArgs):
+        data_table, data_mc, out, src, n = args.data_table, getattr(args, layout.emulated), args.out, args.src, args.n
+        pad_table, pad_mc, pad, err, rank, timeout_ns = (args.pad_table, args.pad_mc, args.pad, args.err, args.rank,
+                                                         args.timeout_ns)
         tidx = cute.arch.thread_idx()[0]
         block = cute.arch.block_idx()[0]
         blocks = cute.arch.grid_dim()[0]
@@ -255,7 +249,8 @@ def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable | None, move: Cal
                             pull(addrs, data_mc, out, n, rank, first, step)
         signals.leave_call(pad, calls, last, world, single)
 
-    return launcher(kernel, threads, emulate=key.backend == "multicast_emulated" and world, pdl=key.pdl)
+    return launcher(kernel, threads, emulate=key.backend == "multicast_emulated" and world, pdl=key.pdl,
+                    layout=layout)
 
 
 __all__ = ["blocks", "kernel", "pick", "tile_timeout"]

@@ -14,21 +14,22 @@ from cutlass import Int32
 
 from ..config import FLAG_WAIT, TIMEOUT
 from ..device import flags, signals
+from ..kernel_args import KernelArgs
 from ..launch import flag_launcher
 
 KINDS = ("post", "wait")
 
 
 @cute.jit
-def _post(flag_words, consumed, index, err, rank, timeout_ns):
-    flags.post(flag_words, index)
+def _post(args: KernelArgs):
+    flags.post(args.flags, args.index)
 
 
 @cute.jit
-def _wait(flag_words, consumed, index, err, rank, timeout_ns):
-    deadline = cute.arch.globaltimer() + timeout_ns
-    if not flags.wait(flag_words, consumed, index, deadline):
-        signals.record_error(err, Int32(TIMEOUT), Int32(FLAG_WAIT), Int32(-1), index, rank)
+def _wait(args: KernelArgs):
+    deadline = cute.arch.globaltimer() + args.timeout_ns
+    if not flags.wait(args.flags, args.consumed, args.index, deadline):
+        signals.record_error(args.err, Int32(TIMEOUT), Int32(FLAG_WAIT), Int32(-1), args.index, args.rank)
 
 
 def build(kind: str):

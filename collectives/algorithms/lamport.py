@@ -61,6 +61,7 @@ from ..config import (
 )
 from ..device import lamport, reduce, signals
 from ..device.reduce import ACC, DTYPE
+from ..kernel_args import KernelArgs
 from ..launch import launcher
 from .base import Algorithm, Call
 from .key import KernelKey
@@ -209,10 +210,10 @@ def build(key: KernelKey):
         return ok
 
     @cute.jit
-    def kernel(
-        data_table: Int64, data_mc: Int64, out: Int64, src: Int64, n: Int64,
-        pad_table: Int64, pad_mc: Int64, pad: Int64, err: Int64, rank: Int32, timeout_ns: Int64,
-    ):
+    def kernel(args: KernelArgs):
+        data_table, data_mc, out, src, n = args.data_table, args.data_mc, args.out, args.src, args.n
+        pad_table, pad_mc, pad, err, rank, timeout_ns = (args.pad_table, args.pad_mc, args.pad, args.err, args.rank,
+                                                         args.timeout_ns)
         tidx = cute.arch.thread_idx()[0]
         block = cute.arch.block_idx()[0]
         smem = SmemAllocator()

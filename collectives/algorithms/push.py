@@ -5,7 +5,8 @@ rank ``q``'s symmetric receive buffer (``world`` slots of ``m`` elements), and t
 reduces its ``world`` slots from local memory into its output.  The all-reduce's slices split
 ``n`` in ``world`` (``m`` rounded up to whole vectors; the last slice may be shorter) and the
 owner also hands its reduction to every rank through result buffers of their own (``world``
-regions of ``m`` elements, region ``q`` owner ``q``'s; ``data_mc`` holds their table): on the
+regions of ``m`` elements, region ``q`` owner ``q``'s; the kernel argument ``results`` holds their
+table, :data:`~collectives.kernel_args.PUSH_ALL_REDUCE`): on the
 peer backend it stores it into its region of every other rank's result buffer, and every rank
 copies the other owners' regions out of its own result buffer into its output (local loads),
 so that every byte crossing NVLink is a store; on the multicast backends it stores it into its
@@ -63,7 +64,7 @@ reduced all its slots.  Eagerly the reduce-scatter has no final wait and the cal
 alternates two buffers (as the staged one-shot does): a rank pushes into a buffer again only
 after a wait of the call in between, which every rank's block passed the event of only after
 finishing the call that read it.  The all-reduce's result buffers are buffers of their own
-(``data_mc`` holds their table), with a region per owner so that owners never store over each
+(``results`` holds their table), with a region per owner so that owners never store over each
 other.  Owner ``q`` stores a result of the next call into rank ``p``'s buffer only after a
 wait for every rank's event 0 (or a later one) of that call, which ``p``'s block emits only
 after its kernel of this call completed: after all of ``p``'s blocks copied every region out,
@@ -77,7 +78,7 @@ push, barrier, reduce (into the owner's own result region), barrier, pull.  A ra
 the next call follow its previous kernel, which ended after every rank's blocks reached the
 second barrier, so after every rank reduced its slots; an owner stores the next call's result
 only after its first barrier, which every rank's block reaches only after its previous kernel,
-so after every rank pulled.  Under emulation ``data_mc`` is the result buffer's translation
+so after every rank pulled.  Under emulation ``results`` is the result buffer's translation
 table (the emulated barrier needs its pad window), whose window 0 lists the result buffers.
 """
 
@@ -101,6 +102,7 @@ from ..config import (
     push_slice_elements,
 )
 from ..device import reduce, signals
+from ..kernel_args import COLLECTIVE, PUSH_ALL_REDUCE, KernelArgs, Layout
 from ..launch import launcher
 from ..staging import Slot
 from . import design
@@ -108,11 +110,17 @@ from .base import Algorithm, Call
 from .key import KernelKey
 
 
-def results_table(data_mc: Int64) -> Int64:
-    """The table of every rank's result buffer: ``data_mc``, or, traced under a multicast
-    emulation, the bases of window 0 of the translation table that ``data_mc`` was."""
+def layout(key: KernelKey) -> Layout:
+    """The all-reduce's kernels take the result buffers' table where others take a multicast
+    address (:data:`~collectives.kernel_args.PUSH_ALL_REDUCE`)."""
+    return PUSH_ALL_REDUCE if key.collective == "all_reduce" else COLLECTIVE
+
+
+def results_table(results: Int64) -> Int64:
+    """The table of every rank's result buffer: ``results``, or, traced under a multicast
+    emulation, the bases of window 0 of the translation table that ``results`` was."""
     active = emulation.active()
-    return data_mc if active is None else active.bases(0)
+    return results if active is None else active.bases(0)
 
 
 def build(key: KernelKey):
@@ -232,14 +240,15 @@ def build(key: KernelKey):
         push(table, src, n, rank, Int64(0), slot_elements(n), first, step)
 
     @cute.jit
-    def reduce_all(table, data_mc, out, src, n, rank, first, step, buffers, deadline, err):
-        reduce_chunk(table, results_table(data_mc), out, n, rank, Int64(0), slot_elements(n), first, step)
+    def reduce_all(table, results, out, src, n, rank, first, step, buffers, deadline, err):
+        reduce_chunk(table, results_table(results), out, n, rank, Int64(0), slot_elements(n), first, step)
 
     @cute.jit
-    def pull_all(table, data_mc, out, n, rank, first, step):
-        pull(results_table(data_mc), out, n, rank, Int64(0), slot_elements(n), first, step)
+    def pull_all(table, results, out, n, rank, first, step):
+        pull(results_table(results), out, n, rank, Int64(0), slot_elements(n), first, step)
 
-    return design.kernel(key, b, stage=None, move=reduce_all, push=push_all, pull=pull_all if all_reduce else None)
+    return design.kernel(key, b, stage=None, move=reduce_all, push=push_all, pull=pull_all if all_reduce else None,
+                         layout=layout(key))
 
 
 def pipeline(key: KernelKey, slot_elements, push, reduce_chunk, collect):
@@ -257,10 +266,10 @@ def pipeline(key: KernelKey, slot_elements, push, reduce_chunk, collect):
             pad, rank, block, calls, calls + Uint32(j + 1), deadline, err, which, size, world))
 
     @cute.jit
-    def kernel(
-        data_table: Int64, data_mc: Int64, out: Int64, src: Int64, n: Int64,
-        pad_table: Int64, pad_mc: Int64, pad: Int64, err: Int64, rank: Int32, timeout_ns: Int64,
-    ):
+    def kernel(args: KernelArgs):
+        data_table, out, src, n = args.data_table, args.out, args.src, args.n
+        pad_table, pad_mc, pad, err, rank, timeout_ns = (args.pad_table, args.pad_mc, args.pad, args.err, args.rank,
+                                                         args.timeout_ns)
         tidx = cute.arch.thread_idx()[0]
         block = cute.arch.block_idx()[0]
         flag = SmemAllocator().allocate_tensor(Int32, cute.make_layout(1), byte_alignment=4)
@@ -269,7 +278,7 @@ def pipeline(key: KernelKey, slot_elements, push, reduce_chunk, collect):
         size = Uint32(n)
         first = Int64(block) * threads + tidx
         step = Int64(cute.arch.grid_dim()[0]) * threads
-        results = data_mc  # the result buffers' table (the all-reduce), read where it is used
+        results = args.results if cutlass.const_expr(collect is not None) else None  # read where it is used
         strides = ceil_div(ceil_div(slot_elements(n), vec), step)
         chunk = push_round_strides(strides) * step * vec
         rounds = push_rounds(strides)
@@ -301,7 +310,7 @@ def pipeline(key: KernelKey, slot_elements, push, reduce_chunk, collect):
                         collect(results, out, n, rank, rounds - 1, chunk, first, step)
         signals.leave_call(pad, calls, last, world)
 
-    return launcher(kernel, threads, pdl=key.pdl)
+    return launcher(kernel, threads, pdl=key.pdl, layout=layout(key))
 
 
 class Push(Algorithm):

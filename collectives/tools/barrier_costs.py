@@ -32,6 +32,7 @@ from .. import algorithms
 from ..algorithms import KernelKey
 from ..config import BARRIER_THREADS, TIMEOUT, PadLayout
 from ..device import signals
+from ..kernel_args import KernelArgs
 from ..launch import example_arguments, launcher
 
 WORLD = 2
@@ -50,8 +51,9 @@ def _variant(part: str):
     """A kernel body of the launch contract doing ``part`` of a barrier (see the module)."""
 
     @cute.jit
-    def body(data_table: Int64, data_mc: Int64, out: Int64, src: Int64, n: Int64, pad_table: Int64,
-             pad_mc: Int64, pad: Int64, err: Int64, rank: Int32, timeout_ns: Int64):
+    def body(args: KernelArgs):
+        pad_table, pad_mc, pad, err, rank, timeout_ns = (args.pad_table, args.pad_mc, args.pad, args.err, args.rank,
+                                                         args.timeout_ns)
         tidx = cute.arch.thread_idx()[0]
         block = cute.arch.block_idx()[0]
         if cutlass.const_expr(part == "fence only"):
