@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(__file__))  # tests/cute_support.py
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))  # from cute_support import ...
 
 
 def _gpu_count() -> int:

@@ -171,7 +171,7 @@ def build(key: KernelKey):
         time; ``table`` the receive buffers', read where used).  The owners are a loop, not
         unrolled, as in ``collect``: unrolled, each owner's bounds were hoisted out of the
         pipeline's rounds into registers of their own, which spilled at 8 ranks
-        (``tests/test_kernel_registers.py``)."""
+        (``tests/collectives/test_kernel_registers.py``)."""
         for i in cutlass.range(world, unroll=1):
             q = (rank + i) % world
             begin, length, m = bounds(n, q)

@@ -17,7 +17,7 @@ registers, then final values of the locations it observes) with its verdict at a
 ``"sc"`` (a sequentially consistent interleaving gives it), ``"weak"`` (not SC, but the PTX
 memory model allows it) or ``"forbidden"`` (the model forbids it: seeing it is a violation).
 The verdicts come from :mod:`.model`, a checker of the PTX ISA's axioms, and the classic
-ones are pinned by hand in :data:`EXPECTED_FORBIDDEN` (tests/test_litmus_model.py checks
+ones are pinned by hand in :data:`EXPECTED_FORBIDDEN` (tests/ptxops/test_litmus_model.py checks
 that both agree).  Pure Python: importable without CuTeDSL, torch or a GPU.
 """
 
@@ -374,7 +374,7 @@ def kernel_keys(tests: Iterable[LitmusTest] | None = None) -> list[tuple[str, st
 
 
 #: Hand-written expectations for the classic cases (name, placement, forbidden outcomes):
-#: the checker of .model must agree (tests/test_litmus_model.py).  Only what the PTX ISA's own
+#: the checker of .model must agree (tests/ptxops/test_litmus_model.py).  Only what the PTX ISA's own
 #: litmus tests and its definitions state plainly.
 EXPECTED_FORBIDDEN: tuple[tuple[str, str, tuple[tuple[int, ...], ...]], ...] = (
     # MP: release/acquire (or fences, or release atomics) at a scope holding both threads

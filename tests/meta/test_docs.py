@@ -1,0 +1,222 @@
+"""Every code block of the documentation runs here, so the docs cannot rot.
+
+Per page of ``docs/*.md`` and the README, the ``python`` blocks run in order in one namespace (a block may use
+what an earlier one defined), on the CPU: kernels compile for sm_90a without a GPU.  A block
+marked ``<!-- gpu -->`` on the line before its fence needs GPUs under torchrun: it is compiled
+(syntax), every ``ptxops``/``collectives`` name it imports or uses must exist, and it may not
+define kernels itself (a kernel it launches is defined and compiled by a CPU block of the same
+page).  ``python -m ptxops ...`` and ``python -m collectives ptx ...`` lines of ``bash`` blocks
+run too, and must exit 0.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+README = ROOT / "README.md"
+PAGES = [*sorted(p for p in DOCS.glob("*.md")), README]
+FENCE = re.compile(r"^(?P<fence>```+|~~~+)\s*(?P<info>[^\n`]*)$")
+GPU_MARKER = "<!-- gpu -->"
+PACKAGES = ("ptxops", "collectives")
+
+
+@dataclass
+class Block:
+    page: Path
+    line: int  # 1-based line of the opening fence
+    lang: str
+    code: str
+    gpu: bool
+
+    @property
+    def where(self) -> str:
+        return f"{self.page.name}:{self.line}"
+
+
+def blocks(page: Path) -> list[Block]:
+    """The fenced code blocks of a Markdown page (MyST directives such as ``{toctree}`` are
+    not code)."""
+    lines = page.read_text().splitlines()
+    found: list[Block] = []
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        fence, info = m["fence"], m["info"].strip()
+        end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == fence), len(lines))
+        prev = next((lines[j].strip() for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+        lang = info.split()[0] if info else ""
+        found.append(Block(page, i + 1, lang, "\n".join(lines[i + 1 : end]) + "\n", prev == GPU_MARKER))
+        i = end + 1
+    return found
+
+
+def python_blocks(page: Path) -> list[Block]:
+    return [b for b in blocks(page) if b.lang in ("python", "py", "python3")]
+
+
+# -- static checks of GPU-only blocks ----------------------------------------------------------
+
+
+def module_names(module: str) -> set[str]:
+    """Top-level names a module of ours defines, read from its source (never imported: the
+    host modules of collectives import torch, which CI does not install)."""
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin, f"no module {module}"
+    tree = ast.parse(Path(spec.origin).read_text())
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                names |= {n.id for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    if spec.submodule_search_locations:  # a package: its submodules, and lazy __all__ names
+        for loc in spec.submodule_search_locations:
+            names |= {p.stem for p in Path(loc).glob("*.py")} | {
+                p.name for p in Path(loc).iterdir() if (p / "__init__.py").exists()
+            }
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+            ):
+                names |= set(ast.literal_eval(node.value))
+    return names
+
+
+def is_package(module: str) -> bool:
+    spec = importlib.util.find_spec(module)
+    return spec is not None and spec.submodule_search_locations is not None
+
+
+def check_names(block: Block) -> None:
+    """Every ``from ptxops... import x`` / ``collectives.x`` in the block exists."""
+    tree = ast.parse(block.code, filename=block.where)
+    modules: dict[str, str] = {}  # local name -> module of ours it stands for
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] in PACKAGES:
+                    assert importlib.util.find_spec(a.name), f"{block.where}: no module {a.name}"
+                    if a.asname:
+                        modules[a.asname] = a.name
+                    else:
+                        modules[a.name.split(".")[0]] = a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
+            defined = module_names(node.module)
+            for a in node.names:
+                assert a.name in defined, f"{block.where}: {node.module} has no {a.name}"
+                sub = f"{node.module}.{a.name}"
+                if is_package(node.module) and importlib.util.find_spec(sub):
+                    modules[a.asname or a.name] = sub
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules:
+            module = modules[node.value.id]
+            assert node.attr in module_names(module), f"{block.where}: {module} has no {node.attr}"
+
+
+def check_gpu_block(block: Block) -> None:
+    compile(block.code, block.where, "exec")
+    assert "@cute.kernel" not in block.code and "@cute.jit" not in block.code, (
+        f"{block.where}: a GPU-only block may not define kernels; define them in a CPU block "
+        "(which the tests trace and compile) and launch them from here"
+    )
+    check_names(block)
+
+
+# -- command lines ------------------------------------------------------------------------------
+
+
+def commands(page: Path) -> list[tuple[Block, list[str]]]:
+    out = []
+    for b in blocks(page):
+        if b.lang not in ("bash", "sh", "console") or b.gpu:
+            continue
+        for line in b.code.splitlines():
+            line = line.strip().removeprefix("$ ")
+            if line.startswith(("python -m ptxops ", "python -m collectives ptx")):
+                argv = shlex.split(line, comments=True)
+                out.append((b, argv[2:]))
+    return out
+
+
+def run_command(argv: list[str]) -> int:
+    if argv[0] == "ptxops":
+        from ptxops.cli import main
+    else:
+        pytest.importorskip("cutlass")
+        from collectives.__main__ import main
+    return main(argv[1:])
+
+
+# -- tests --------------------------------------------------------------------------------------
+
+
+def test_the_pages_have_code() -> None:
+    names = {p.name for p in PAGES}
+    for page in ("guide-memory-ordering.md", "tutorial-all-gather.md", "guide-collectives.md", "README.md"):
+        assert page in names
+        assert python_blocks(README if page == README.name else DOCS / page), f"{page} has no python blocks"
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if python_blocks(p)], ids=lambda p: p.name)
+def test_python_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CPU blocks run in order in one namespace; GPU blocks are checked statically."""
+    monkeypatch.setenv("CUTE_DSL_ARCH", "sm_90a")
+    todo = python_blocks(page)
+    for optional in ("cutlass", "torch"):  # a page whose CPU blocks need one skips without it
+        if any(not b.gpu and re.search(rf"^\s*(import|from)\s+{optional}\b", b.code, re.M) for b in todo):
+            pytest.importorskip(optional)
+    # CuTeDSL reads a kernel's source: the CPU blocks go into a file, each at its own line
+    # numbers in the page, so tracebacks and DSL errors point into the Markdown.
+    source = tmp_path / f"{page.name}.py"
+    lines = [""] * len(page.read_text().splitlines())
+    for block in todo:
+        if not block.gpu:
+            for k, text in enumerate(block.code.splitlines()):
+                lines[block.line + k] = text
+    source.write_text("\n".join(lines) + "\n")
+    namespace: dict = {"__name__": f"docs_{page.stem.replace('-', '_')}", "__file__": str(source)}
+    for block in todo:
+        if block.gpu:
+            check_gpu_block(block)
+            continue
+        code = compile("\n" * block.line + block.code, str(source), "exec")
+        try:
+            exec(code, namespace)
+        except Exception as e:
+            raise AssertionError(f"{block.where}: the block failed: {type(e).__name__}: {e}") from e
+
+
+@pytest.mark.parametrize(
+    ("block", "argv"),
+    [c for p in PAGES for c in commands(p)],
+    ids=lambda x: x.where if isinstance(x, Block) else " ".join(x),
+)
+def test_command_lines_run(block: Block, argv: list[str], capsys: pytest.CaptureFixture) -> None:
+    assert run_command(argv) == 0, f"{block.where}: python -m {' '.join(argv)} failed"
+
+
+def test_gpu_marker_is_checked() -> None:
+    """The static checks catch a renamed building block in a GPU-only block."""
+    bad = Block(DOCS / "x.md", 1, "python", "from collectives.device import no_such_block\n", True)
+    with pytest.raises(AssertionError, match="no_such_block"):
+        check_gpu_block(bad)
+    kernel = Block(DOCS / "x.md", 1, "python", "import cutlass.cute as cute\n@cute.kernel\ndef k(): pass\n", True)
+    with pytest.raises(AssertionError, match="may not define kernels"):
+        check_gpu_block(kernel)
