@@ -116,13 +116,7 @@ class Slot(IntEnum):
 
 
 class StagingPool:
-    """Staging slots 0, 1 (the single-barrier collectives, in turn), 2 (the staged collectives
-    with an end barrier), 3 (push reduce-scatters with an end barrier: see
-    :func:`collectives.api._two_barrier_slot`), 4 (push all-reduces, which read other ranks'
-    buffers after their last barrier and push into them before their first) and 5 (the push
-    all-reduces' result regions, one per owner, apart from the slots that the next call pushes
-    into while other ranks may still read the last one's results, whatever their sizes), 6 and
-    7 (the GEMM-overlap workspaces of :mod:`collectives.overlap`).
+    """The staging buffers, one per :class:`Slot` (each grown, never shrunk, by doubling).
 
     ``forget(ptr, nbytes)`` is called for each buffer freed (drop cached views into it);
     ``agree(slot, nbytes)`` before each growth: it raises unless every rank grows the same
