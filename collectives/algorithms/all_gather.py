@@ -35,7 +35,7 @@ from .tma import bulk_blocks
 
 def build(key: KernelKey):
     """The ``@cute.jit`` launcher of the all-gather kernel for ``key`` (one-shot or TMA)."""
-    b = design.blocks(key)
+    b = design.Blocks(key)
     world, vec, dtype = b.world, b.vec, b.dtype
     tma = key.algorithm == "tma"
     tile = key.tile_bytes

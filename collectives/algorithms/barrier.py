@@ -16,7 +16,7 @@ class Barrier(Algorithm):
     stages_in = "never"
 
     def build(self, key: KernelKey):
-        return design.kernel(key, design.blocks(key), stage=None)
+        return design.kernel(key, design.Blocks(key), stage=None)
 
 
 __all__ = ["Barrier"]

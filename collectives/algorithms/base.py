@@ -110,8 +110,8 @@ class Algorithm:
     def check(self, key: Any) -> None:
         """Raise ValueError for a kernel key whose choices this algorithm does not take."""
         if key.gather_out and not self.gathers_out:
-            raise ValueError(
-                "gather_out copies a two-shot or TMA all-reduce's or an all-gather's result out: not for this algorithm")
+            raise ValueError("gather_out copies a two-shot or TMA all-reduce's or an all-gather's result out: "
+                             "not for this algorithm")
         if self.stages_in == "never" and key.stage_in:
             raise ValueError(f"{self.name} {key.collective} reads its input where it lies: no stage_in")
         if self.stages_in == "always" and not key.stage_in:

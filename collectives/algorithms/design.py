@@ -2,11 +2,12 @@
 one thread block, paired with the same block index on every rank (the data partition is the
 same on every rank, so a per-block barrier orders exactly the accesses that conflict).
 
-:func:`blocks` gives the ``@cute.jit`` building blocks of one :class:`~collectives.config.KernelKey`
-(the backend chosen at compile time by ``key.backend``: multimem for ``multicast`` and, traced
-under :func:`ptxops.emulate_multicast` by :func:`~collectives.launch.launcher`, for
-``multicast_emulated``; NVLink loads and stores for ``peer``); :func:`kernel` wraps an algorithm's data phase in the barriers,
-epochs and deadline.  Data moves in 16-byte vectors through registers; the elements past the
+:class:`Blocks` holds the ``@cute.jit`` building blocks of one
+:class:`~collectives.algorithms.KernelKey` (the backend chosen at compile time by
+``key.backend``: multimem for ``multicast`` and, traced under :func:`ptxops.emulate_multicast`
+by :func:`~collectives.launch.launcher`, for ``multicast_emulated``; NVLink loads and stores
+for ``peer``); :func:`kernel` wraps an algorithm's data phase in the barriers, epochs and
+deadline.  Data moves in 16-byte vectors through registers; the elements past the
 last whole vector (and all of them when the data is not 16-byte aligned, ``vector=1``) take
 the peer path one at a time.
 
@@ -16,7 +17,6 @@ names each and says what it holds), so one compile serves every tensor of a key.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Callable
 
 import cutlass
@@ -34,72 +34,75 @@ from ..launch import launcher
 from .key import KernelKey
 
 
-def blocks(key: KernelKey) -> SimpleNamespace:
-    """The building blocks specialised on ``key`` (dtype, vector width, world, backend, op)."""
-    world = key.world
-    threads = key.threads
-    dtype = DTYPE[key.dtype]
-    acc = ACC[DTYPES[key.dtype][1]]
-    vec = key.elements_per_access
-    multicast = key.backend in MULTICAST_PATHS
-    op = key.op
-    unroll = 2 if vec > 1 else 1
-    tile_vectors = key.tile_bytes // VECTOR_BYTES
+class Blocks:
+    """The building blocks specialised on ``key`` (dtype, vector width, world, backend, op):
+    ``@cute.jit`` methods whose compile-time choices are the attributes set here."""
 
-    # The barrier collective's block made no accesses before its barrier: no bar.sync first.
-    sync = key.collective != "barrier"
+    def __init__(self, key: KernelKey) -> None:
+        self.world = key.world
+        self.threads = key.threads
+        self.dtype = DTYPE[key.dtype]
+        self.acc = ACC[DTYPES[key.dtype][1]]
+        self.vec = key.elements_per_access
+        self.multicast = key.backend in MULTICAST_PATHS
+        self.op = key.op
+        self.unroll = 2 if self.vec > 1 else 1
+        self.tile_vectors = key.tile_bytes // VECTOR_BYTES
+        # The barrier collective's block made no accesses before its barrier: no bar.sync first.
+        self.sync = key.collective != "barrier"
 
     @cute.jit
-    def barrier(pad_table, pad_mc, pad, rank, block, calls, epoch, deadline, err, which, size):
-        if cutlass.const_expr(multicast):
-            return signals.barrier_multicast(pad_mc, pad, rank, block, calls, epoch, deadline, err, which, size, world,
-                                             sync)
+    def barrier(self, pad_table, pad_mc, pad, rank, block, calls, epoch, deadline, err, which, size):
+        if cutlass.const_expr(self.multicast):
+            return signals.barrier_multicast(pad_mc, pad, rank, block, calls, epoch, deadline, err, which, size,
+                                             self.world, self.sync)
         else:
-            return signals.barrier_peer(pad_table, pad, rank, block, calls, epoch, deadline, err, which, size, world,
-                                        sync)
+            return signals.barrier_peer(pad_table, pad, rank, block, calls, epoch, deadline, err, which, size,
+                                        self.world, self.sync)
 
     @cute.jit
-    def load_reduce(addrs, mc, offsets, n: cutlass.Constexpr):
+    def load_reduce(self, addrs, mc, offsets, n: cutlass.Constexpr):
         """The reduced values at each of ``offsets`` (a tuple: all loads in flight at once)."""
-        if cutlass.const_expr(multicast and n > 1):
-            return [reduce.load_reduce_multicast(mc, o, dtype, acc, n, op) for o in offsets]
+        if cutlass.const_expr(self.multicast and n > 1):
+            return [reduce.load_reduce_multicast(mc, o, self.dtype, self.acc, n, self.op) for o in offsets]
         else:
-            return reduce.load_reduce_peer(addrs, offsets, dtype, acc, n, op)
+            return reduce.load_reduce_peer(addrs, offsets, self.dtype, self.acc, n, self.op)
 
     @cute.jit
-    def store_all(addrs, mc, offset, values, n: cutlass.Constexpr):
-        if cutlass.const_expr(multicast and n > 1):
-            reduce.store_multicast(mc, offset, values, dtype, n)
+    def store_all(self, addrs, mc, offset, values, n: cutlass.Constexpr):
+        if cutlass.const_expr(self.multicast and n > 1):
+            reduce.store_multicast(mc, offset, values, self.dtype, n)
         else:
-            reduce.store_peers(addrs, offset, values, dtype, n)
+            reduce.store_peers(addrs, offset, values, self.dtype, n)
 
     @cute.jit
-    def store_local(address, offset, values, n: cutlass.Constexpr):
-        align = cutlass.const_expr(n * dtype.width // 8)
-        ptxops.st(signals.gmem(dtype, address, align) + cute.assume(offset, divby=n), values)
+    def store_local(self, address, offset, values, n: cutlass.Constexpr):
+        align = cutlass.const_expr(n * self.dtype.width // 8)
+        ptxops.st(signals.gmem(self.dtype, address, align) + cute.assume(offset, divby=n), values)
 
     @cute.jit
-    def copy_vector(src, dst, off):
+    def copy_vector(self, src, dst, off):
         """dst[off:off + vec] = src[off:off + vec]: one vector (``off`` a multiple of ``vec``)."""
-        align = cutlass.const_expr(vec * dtype.width // 8)
-        values = ptxops.ld(signals.gmem(dtype, src, align) + cute.assume(off, divby=vec), num_elements=vec)
-        store_local(dst, off, values, vec)
+        align = cutlass.const_expr(self.vec * self.dtype.width // 8)
+        at = signals.gmem(self.dtype, src, align) + cute.assume(off, divby=self.vec)
+        values = ptxops.ld(at, num_elements=self.vec)
+        self.store_local(dst, off, values, self.vec)
 
     @cute.jit
-    def copy_local(src, dst, begin, end, first, step):
+    def copy_local(self, src, dst, begin, end, first, step):
         """dst[i] = src[i] for i in [begin, end): the whole vectors from ``begin`` (a vector
         boundary) split as the data phase splits them, then the elements past the last one."""
-        v = begin // vec + first
-        while v < end // vec:
-            copy_vector(src, dst, Int64(v) * vec)
+        v = begin // self.vec + first
+        while v < end // self.vec:
+            self.copy_vector(src, dst, Int64(v) * self.vec)
             v += step
-        j = cutlass.max(Int64(end // vec * vec), begin) + first
+        j = cutlass.max(Int64(end // self.vec * self.vec), begin) + first
         while j < end:
-            store_local(dst, j, ptxops.ld(signals.gmem(dtype, src, dtype.width // 8) + j), 1)
+            self.store_local(dst, j, ptxops.ld(signals.gmem(self.dtype, src, self.dtype.width // 8) + j), 1)
             j += step
 
     @cute.jit
-    def copy_tiles(src, dst, begin, end):
+    def copy_tiles(self, src, dst, begin, end):
         """dst[v] = src[v] for the whole vectors v in [begin, end) of the TMA tiles this block
         moves (tile ``t`` of the range, of ``key.tile_bytes``, goes to block ``t % blocks``:
         the split of :func:`collectives.device.tiles.reduce_tiles`)."""
@@ -107,66 +110,59 @@ def blocks(key: KernelKey) -> SimpleNamespace:
         block = cute.arch.block_idx()[0]
         blocks = cute.arch.grid_dim()[0]
         t = Int64(block)
-        while t * tile_vectors < end - begin:
-            v = begin + t * tile_vectors + tidx
-            while v < cutlass.min(begin + (t + 1) * tile_vectors, end):
-                copy_vector(src, dst, v * vec)
-                v += threads
+        while t * self.tile_vectors < end - begin:
+            v = begin + t * self.tile_vectors + tidx
+            while v < cutlass.min(begin + (t + 1) * self.tile_vectors, end):
+                self.copy_vector(src, dst, v * self.vec)
+                v += self.threads
             t += blocks
 
     @cute.jit
-    def copy_slices(src, dst, n, first, step, copy_slice):
+    def copy_slices(self, src, dst, n, first, step, copy_slice):
         """dst = src for all ``n`` elements, each block taking exactly the vectors that block of
         every rank reads or writes in the data phase (``copy_slice(src, dst, begin, end)`` the
         vectors [begin, end) of each rank's slice), then the elements past the last vector."""
-        vectors = n // vec
-        chunk = (vectors + world - 1) // world
-        for q in cutlass.range_constexpr(world):
+        vectors = n // self.vec
+        chunk = (vectors + self.world - 1) // self.world
+        for q in cutlass.range_constexpr(self.world):
             begin = Int64(q) * chunk
             end = cutlass.min(begin + chunk, vectors)
             copy_slice(src, dst, begin, end)
-        copy_local(src, dst, Int64(vectors * vec), n, first, step)
+        self.copy_local(src, dst, Int64(vectors * self.vec), n, first, step)
 
     @cute.jit
-    def each_vector(begin, end, first, step, body):
+    def each_vector(self, begin, end, first, step, body):
         """``body((v, ...))`` for this thread's vectors in [begin, end): ``unroll`` at a time
         while they last, then one by one (the same vectors per block as a plain stride loop)."""
         v = begin + first
-        while v + (unroll - 1) * step < end:
-            body(tuple(v + u * step for u in range(unroll)))
-            v += unroll * step
+        while v + (self.unroll - 1) * step < end:
+            body(tuple(v + u * step for u in range(self.unroll)))
+            v += self.unroll * step
         while v < end:
             body((v,))
             v += step
 
     @cute.jit
-    def own_slice(n, rank):
+    def own_slice(self, n, rank):
         """The vectors [begin, end) of rank ``rank``'s slice (a two-shot's share of the data)."""
-        vectors = n // vec
-        chunk = (vectors + world - 1) // world
+        vectors = n // self.vec
+        chunk = (vectors + self.world - 1) // self.world
         begin = Int64(rank) * chunk
         return begin, cutlass.min(begin + chunk, vectors)
 
     @cute.jit
-    def reduce_tail(addrs, data_mc, n, rank, first, step):
+    def reduce_tail(self, addrs, data_mc, n, rank, first, step):
         """The last rank reduces the elements past the last whole vector and stores them to all."""
-        if rank == world - 1:
-            j = Int64(n // vec * vec) + first
+        if rank == self.world - 1:
+            j = Int64(n // self.vec * self.vec) + first
             while j < n:
-                store_all(addrs, data_mc, j, load_reduce(addrs, data_mc, (j,), 1)[0], 1)
+                self.store_all(addrs, data_mc, j, self.load_reduce(addrs, data_mc, (j,), 1)[0], 1)
                 j += step
 
     @cute.jit
-    def stage_whole(src, own, n, first, step):
+    def stage_whole(self, src, own, n, first, step):
         """Copy all ``n`` elements of this rank's input into its symmetric buffer."""
-        copy_local(src, own, Int64(0), n, first, step)
-
-    return SimpleNamespace(
-        world=world, threads=threads, dtype=dtype, acc=acc, vec=vec, multicast=multicast, op=op,
-        barrier=barrier, load_reduce=load_reduce, store_all=store_all, store_local=store_local,
-        copy_vector=copy_vector, copy_local=copy_local, copy_tiles=copy_tiles, copy_slices=copy_slices,
-        each_vector=each_vector, own_slice=own_slice, reduce_tail=reduce_tail, stage_whole=stage_whole,
-    )
+        self.copy_local(src, own, Int64(0), n, first, step)
 
 
 @cute.jit
@@ -186,7 +182,7 @@ def pick(addrs: list, q: Int32) -> Int64:
     return chosen
 
 
-def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable | None, move: Callable | None = None,
+def kernel(key: KernelKey, b: Blocks, stage: Callable | None, move: Callable | None = None,
            gather: Callable | None = None, buffers: Callable | None = None, push: Callable | None = None,
            pull: Callable | None = None, layout: Layout = COLLECTIVE):
     """The ``@cute.jit`` launcher of ``key``'s kernel: ``stage(src, own, n, first, step)`` (for
@@ -253,4 +249,4 @@ def kernel(key: KernelKey, b: SimpleNamespace, stage: Callable | None, move: Cal
                     layout=layout)
 
 
-__all__ = ["blocks", "kernel", "pick", "tile_timeout"]
+__all__ = ["Blocks", "kernel", "pick", "tile_timeout"]

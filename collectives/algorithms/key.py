@@ -11,7 +11,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import config
-from ..config import BACKENDS, COLLECTIVES, DTYPES, FP8, MAX_WORLD, MULTICAST_PATHS, OPS, PTX_OP, TMA_SMEM_BYTES, TMA_STAGES, VECTOR_BYTES, multimem_reduces
+from ..config import (
+    BACKENDS,
+    COLLECTIVES,
+    DTYPES,
+    FP8,
+    MAX_WORLD,
+    MULTICAST_PATHS,
+    OPS,
+    PTX_OP,
+    TMA_SMEM_BYTES,
+    TMA_STAGES,
+    VECTOR_BYTES,
+    multimem_reduces,
+)
 from .base import REGISTRY, Algorithm, algorithms
 
 

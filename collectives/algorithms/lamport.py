@@ -296,7 +296,8 @@ def receive_buffers(comm: Any, element_bytes: int) -> Any:
         nbytes = LAMPORT_BUFFERS * comm.world * LAMPORT_MAX_BYTES
         comm.agree_growth(-element_bytes, nbytes)
         buf = buffers[element_bytes] = comm.ctx.empty(nbytes, torch.uint8)
-        view, empty = {1: (torch.uint8, 0x80), 2: (torch.int16, -(1 << 15)), 4: (torch.int32, -(1 << 31))}[element_bytes]
+        widths = {1: (torch.uint8, 0x80), 2: (torch.int16, -(1 << 15)), 4: (torch.int32, -(1 << 31))}
+        view, empty = widths[element_bytes]  # -0.0 of the width: an empty slot
         buf.view(view).fill_(empty)
         comm.barrier()
     return buffers[element_bytes]

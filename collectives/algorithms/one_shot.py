@@ -20,7 +20,7 @@ from .key import KernelKey
 
 def build(key: KernelKey):
     """The ``@cute.jit`` launcher of the one-shot kernel for ``key``."""
-    b = design.blocks(key)
+    b = design.Blocks(key)
     vec, world = b.vec, b.world
     scatter = key.collective == "reduce_scatter"
 

@@ -127,7 +127,7 @@ def build(key: KernelKey):
     """The ``@cute.jit`` launcher of the push reduce-scatter or all-reduce for ``key``: the
     pipeline on the peer backend, one round between two multicast barriers on the others; the
     reduce-scatter and the all-reduce differ only in how ``n`` is sliced."""
-    b = design.blocks(key)
+    b = design.Blocks(key)
     vec, world, dtype, acc, op = b.vec, b.world, b.dtype, b.acc, b.op
     element_bytes = dtype.width // 8
     all_reduce = key.collective == "all_reduce"

@@ -24,7 +24,7 @@ from .two_shot import sliced_plan
 
 def build(key: KernelKey):
     """The ``@cute.jit`` launcher of the TMA kernel for ``key``."""
-    b = design.blocks(key)
+    b = design.Blocks(key)
     world, vec, dtype = b.world, b.vec, b.dtype
     tile = key.tile_bytes
     copy_tiles = b.copy_tiles

@@ -19,7 +19,7 @@ from .key import KernelKey
 
 def build(key: KernelKey):
     """The ``@cute.jit`` launcher of the two-shot all-reduce for ``key``."""
-    b = design.blocks(key)
+    b = design.Blocks(key)
     vec = b.vec
 
     @cute.jit
