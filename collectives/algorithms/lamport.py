@@ -74,130 +74,135 @@ def width_index(element_bytes: int) -> int:
     return element_bytes.bit_length() - 1
 
 
-def build(key: KernelKey):
-    """The ``@cute.jit`` launcher of the Lamport all-reduce for ``key``."""
-    world, threads, op = key.world, key.threads, key.op
-    dtype = DTYPE[key.dtype]
-    acc = ACC[DTYPES[key.dtype][1]]
-    bits = dtype.width
-    width = width_index(key.element_bytes)
-    multicast = key.backend in MULTICAST_PATHS
-    vectored = key.elements_per_access > 1
-    per_vector = VECTOR_BYTES // key.element_bytes
-    tail_carrier = lamport.CARRIER[bits]
-    slot = LAMPORT_MAX_BYTES
-    layout = PadLayout(world=world)
+class LamportKernel:
+    """The Lamport all-reduce kernel of one key: its compile-time choices as attributes, one
+    ``@cute.jit`` method per step (the module docstring gives the protocol)."""
 
-    def size_word(buffer, src):
+    def __init__(self, key: KernelKey) -> None:
+        self.key = key
+        self.world, self.threads, self.op = key.world, key.threads, key.op
+        self.dtype = DTYPE[key.dtype]
+        self.acc = ACC[DTYPES[key.dtype][1]]
+        self.bits = self.dtype.width
+        self.width = width_index(key.element_bytes)
+        self.multicast = key.backend in MULTICAST_PATHS
+        self.vectored = key.elements_per_access > 1
+        self.per_vector = VECTOR_BYTES // key.element_bytes
+        self.tail_carrier = lamport.CARRIER[self.bits]
+        self.slot = LAMPORT_MAX_BYTES
+        self.layout = PadLayout(world=self.world)
+
+    def size_word(self, buffer, src):
         """Pad word (the first of two) of ``src``'s size entry in ``buffer`` (a runtime value)."""
-        return layout.lamport_size(width, 0, src) + 2 * buffer * world
+        return self.layout.lamport_size(self.width, 0, src) + 2 * buffer * self.world
 
     @cute.jit
-    def reduce_slots(slots):
-        """The ``world`` slots' values (register words) combined in rank order, as ``dtype``."""
-        total = reduce.convert(cute.recast_tensor(slots[0], dtype).load(), acc)
-        for q in cutlass.range_constexpr(1, world):
-            total = reduce.combine(total, reduce.convert(cute.recast_tensor(slots[q], dtype).load(), acc), op)
-        return reduce.convert(total, dtype)
+    def reduce_slots(self, slots):
+        """The ``self.world`` slots' values (register words) combined in rank order, as ``self.dtype``."""
+        total = reduce.convert(cute.recast_tensor(slots[0], self.dtype).load(), self.acc)
+        for q in cutlass.range_constexpr(1, self.world):
+            value = reduce.convert(cute.recast_tensor(slots[q], self.dtype).load(), self.acc)
+            total = reduce.combine(total, value, self.op)
+        return reduce.convert(total, self.dtype)
 
     @cute.jit
-    def send_one(words, src, addrs, data_mc, at):
+    def send_one(self, words, src, addrs, data_mc, at):
         """Load ``words`` from ``src``, make them canonical and send them to byte ``at`` of our
-        slot on every rank."""
+        self.slot on every rank."""
         lamport.load_words(words, src)
         for i in cutlass.range_constexpr(cute.size(words)):
-            words[i] = lamport.canonical(words[i], bits)
-        lamport.send(words, [a + at for a in addrs], data_mc + at, multicast)
+            words[i] = lamport.canonical(words[i], self.bits)
+        lamport.send(words, [a + at for a in addrs], data_mc + at, self.multicast)
 
     @cute.jit
-    def receive_one(slots, where, out, deadline, err, rank, block) -> Boolean:
+    def receive_one(self, slots, where, out, deadline, err, rank, block) -> Boolean:
         """Wait for every rank's ``slots`` at ``where``, store their reduction at ``out`` and
         empty them; False (and an error record) on a timeout."""
-        missing = lamport.wait_slots(slots, where, bits, deadline)
+        missing = lamport.wait_slots(slots, where, self.bits, deadline)
         ok = missing < 0
         if ok:
-            values = reduce_slots(slots)
-            n = cutlass.const_expr(cute.size(slots[0]) * slots[0].element_type.width // bits)
-            ptr = signals.gmem(dtype, out, n * bits // 8)
+            values = self.reduce_slots(slots)
+            n = cutlass.const_expr(cute.size(slots[0]) * slots[0].element_type.width // self.bits)
+            ptr = signals.gmem(self.dtype, out, n * self.bits // 8)
             ptxops.st(ptr, values if cutlass.const_expr(n > 1) else values[0])
-            for q in cutlass.range_constexpr(world):
-                lamport.clear(slots[q], where[q], bits)
+            for q in cutlass.range_constexpr(self.world):
+                lamport.clear(slots[q], where[q], self.bits)
         else:
             signals.record_error(err, Int32(TIMEOUT), Int32(LAMPORT_EXCHANGE), missing, block, rank)
         return ok
 
     @cute.jit
-    def send(addrs, data_mc, region, src, n, first, step):
-        """Send this thread's 16-byte vectors of the slot (``v = first, first + step, ...``),
-        canonical, into our slot on every rank; a vector that the data does not fill (or all
+    def send(self, addrs, data_mc, region, src, n, first, step):
+        """Send this thread's 16-byte vectors of the self.slot (``v = first, first + step, ...``),
+        canonical, into our self.slot on every rank; a vector that the data does not fill (or all
         of them, for data that is not 16-byte aligned) goes element by element."""
-        full = n // per_vector if cutlass.const_expr(vectored) else Int64(0)
+        full = n // self.per_vector if cutlass.const_expr(self.vectored) else Int64(0)
         v = first
-        while v < (n + per_vector - 1) // per_vector:
+        while v < (n + self.per_vector - 1) // self.per_vector:
             at = v * VECTOR_BYTES
             if v < full:
-                send_one(cute.make_rmem_tensor(4, Uint32), src + at, addrs, data_mc, region + at)
+                self.send_one(cute.make_rmem_tensor(4, Uint32), src + at, addrs, data_mc, region + at)
             else:
-                j = v * per_vector
-                while j < cutlass.min(v * per_vector + per_vector, n):
-                    e = j * (bits // 8)
-                    send_one(cute.make_rmem_tensor(1, tail_carrier), src + e, addrs, data_mc, region + e)
+                j = v * self.per_vector
+                while j < cutlass.min(v * self.per_vector + self.per_vector, n):
+                    e = j * (self.bits // 8)
+                    self.send_one(cute.make_rmem_tensor(1, self.tail_carrier), src + e, addrs, data_mc, region + e)
                     j += 1
             v += step
 
     @cute.jit
-    def receive(own, out, n, deadline, err, rank, block, first, step):
+    def receive(self, own, out, n, deadline, err, rank, block, first, step):
         """Wait for every rank's copy of this thread's vectors in our buffer at ``own``, reduce
         them into ``out`` and empty their slots (the vectors :func:`send` sent)."""
         ok = Boolean(True)
-        full = n // per_vector if cutlass.const_expr(vectored) else Int64(0)
+        full = n // self.per_vector if cutlass.const_expr(self.vectored) else Int64(0)
         v = first
-        while v < (n + per_vector - 1) // per_vector and ok:
+        while v < (n + self.per_vector - 1) // self.per_vector and ok:
             at = v * VECTOR_BYTES
             if v < full:
-                slots = [cute.make_rmem_tensor(4, Uint32) for _ in range(world)]
-                ok = receive_one(slots, [own + Int64(q) * slot + at for q in range(world)], out + at,
+                slots = [cute.make_rmem_tensor(4, Uint32) for _ in range(self.world)]
+                ok = self.receive_one(slots, [own + Int64(q) * self.slot + at for q in range(self.world)], out + at,
                                  deadline, err, rank, block)
             else:
-                j = v * per_vector
-                while j < cutlass.min(v * per_vector + per_vector, n) and ok:
-                    e = j * (bits // 8)
-                    slots = [cute.make_rmem_tensor(1, tail_carrier) for _ in range(world)]
-                    ok = receive_one(slots, [own + Int64(q) * slot + e for q in range(world)], out + e,
+                j = v * self.per_vector
+                while j < cutlass.min(v * self.per_vector + self.per_vector, n) and ok:
+                    e = j * (self.bits // 8)
+                    slots = [cute.make_rmem_tensor(1, self.tail_carrier) for _ in range(self.world)]
+                    ok = self.receive_one(slots, [own + Int64(q) * self.slot + e for q in range(self.world)], out + e,
                                      deadline, err, rank, block)
                     j += 1
             v += step
         return ok
 
     @cute.jit
-    def empty_buffer(own, tidx):
-        """Block 0's threads mark every slot of the buffer at ``own`` empty (-0.0)."""
+    def empty_buffer(self, own, tidx):
+        """Block 0's self.threads mark every self.slot of the buffer at ``own`` empty (-0.0)."""
         v = Int64(tidx)
-        while v < world * slot // VECTOR_BYTES:
-            lamport.clear(cute.make_rmem_tensor(4, Uint32), own + v * VECTOR_BYTES, bits)
-            v += threads
+        while v < self.world * self.slot // VECTOR_BYTES:
+            lamport.clear(cute.make_rmem_tensor(4, Uint32), own + v * VECTOR_BYTES, self.bits)
+            v += self.threads
 
     @cute.jit
-    def announce(pad_table, pad_mc, buffer, entry, rank, block):
+    def announce(self, pad_table, pad_mc, buffer, entry, rank, block):
         """Block 0 sends our size entry into every rank's size words of ``buffer``."""
         tidx = cute.arch.thread_idx()[0]
-        if block == 0 and tidx < world:
-            if cutlass.const_expr(multicast):
+        if block == 0 and tidx < self.world:
+            if cutlass.const_expr(self.multicast):
                 if tidx == 0:
-                    at = signals.gmem(Uint64, pad_mc, 8) + size_word(buffer, rank) // 2
+                    at = signals.gmem(Uint64, pad_mc, 8) + self.size_word(buffer, rank) // 2
                     ptxops.multimem_st(at, entry, sem="relaxed", scope="sys")
             else:
                 peer = signals.gmem(Uint64, signals.peer_address(pad_table, tidx), 8)
-                ptxops.st(peer + size_word(buffer, rank) // 2, entry, sem="relaxed", scope="sys")
+                ptxops.st(peer + self.size_word(buffer, rank) // 2, entry, sem="relaxed", scope="sys")
 
     @cute.jit
-    def sizes_agree(pad, buffer, entry, deadline, err, rank, block) -> Boolean:
-        """Threads ``t < world`` wait for rank ``t``'s size entry of this call and compare its
-        element count with ours (True in threads that found it equal, and in the others)."""
+    def sizes_agree(self, pad, buffer, entry, deadline, err, rank, block) -> Boolean:
+        """Threads ``t < self.world`` wait for rank ``t``'s size entry of this call and compare its
+        element count with ours (True in self.threads that found it equal, and in the others)."""
         tidx = cute.arch.thread_idx()[0]
         ok = Boolean(True)
-        if tidx < world:
-            own = signals.gmem(Uint64, pad, 8) + size_word(buffer, tidx) // 2
+        if tidx < self.world:
+            own = signals.gmem(Uint64, pad, 8) + self.size_word(buffer, tidx) // 2
             seen = ptxops.ld(own, sem="relaxed", scope="sys")
             while (seen >> 32) != (entry >> 32) and cute.arch.globaltimer() < deadline:
                 seen = ptxops.ld(own, sem="relaxed", scope="sys")
@@ -210,7 +215,7 @@ def build(key: KernelKey):
         return ok
 
     @cute.jit
-    def kernel(args: KernelArgs):
+    def kernel(self, args: KernelArgs):
         data_table, data_mc, out, src, n = args.data_table, args.data_mc, args.out, args.src, args.n
         pad_table, pad_mc, pad, err, rank, timeout_ns = (args.pad_table, args.pad_mc, args.pad, args.err, args.rank,
                                                          args.timeout_ns)
@@ -218,36 +223,42 @@ def build(key: KernelKey):
         block = cute.arch.block_idx()[0]
         smem = SmemAllocator()
         flag = smem.allocate_tensor(Int32, cute.make_layout(1), byte_alignment=4)
-        counter = signals.gmem(Uint32, pad, 4) + (layout.lamport_step(width, 0) + block)
+        counter = signals.gmem(Uint32, pad, 4) + (self.layout.lamport_step(self.width, 0) + block)
         call = Uint32(ptxops.ld(counter))  # unsigned: the count runs up to LAMPORT_CALLS > 2^31
         buffer = Int32(lamport_buffer(call))
-        dirty = signals.gmem(Uint32, pad, 4) + layout.lamport_dirty(width, 0)
+        dirty = signals.gmem(Uint32, pad, 4) + self.layout.lamport_dirty(self.width, 0)
         deadline = cute.arch.globaltimer() + timeout_ns
-        first = Int64(block) * threads + tidx
-        step = Int64(LAMPORT_BLOCKS * threads)
-        addrs = [signals.peer_address(data_table, Int32(r)) for r in range(world)]
-        base = Int64(buffer) * (world * slot)
+        first = Int64(block) * self.threads + tidx
+        step = Int64(LAMPORT_BLOCKS * self.threads)
+        addrs = [signals.peer_address(data_table, Int32(r)) for r in range(self.world)]
+        base = Int64(buffer) * (self.world * self.slot)
         entry = (Uint64(lamport_tag(call)) << 32) | Uint64(n)
         if block == 0:
             stale = Int32(lamport_stale(call))
             if ptxops.ld(dirty + stale) == Uint32(lamport_tag(call)):
-                empty_buffer(signals.peer_address(data_table, rank) + Int64(stale) * (world * slot), tidx)
+                own = signals.peer_address(data_table, rank)
+                self.empty_buffer(own + Int64(stale) * (self.world * self.slot), tidx)
                 cute.arch.sync_threads()
-        announce(pad_table, pad_mc, buffer, entry, rank, block)
-        send(addrs, data_mc, base + Int64(rank) * slot, src, n, first, step)
+        self.announce(pad_table, pad_mc, buffer, entry, rank, block)
+        self.send(addrs, data_mc, base + Int64(rank) * self.slot, src, n, first, step)
         # A block with no vectors has nothing to wait for.
-        if Int64(block) * threads < (n + per_vector - 1) // per_vector:
-            ok = sizes_agree(pad, buffer, entry, deadline, err, rank, block)
+        if Int64(block) * self.threads < (n + self.per_vector - 1) // self.per_vector:
+            ok = self.sizes_agree(pad, buffer, entry, deadline, err, rank, block)
             if signals.block_all(flag, ok):
-                receive(signals.peer_address(data_table, rank) + base, out, n, deadline, err, rank, block, first, step)
+                own = signals.peer_address(data_table, rank) + base
+                self.receive(own, out, n, deadline, err, rank, block, first, step)
             elif block == 0 and tidx == 0:  # every rank's block 0 gets here: mark the buffer dirty
                 ptxops.st(dirty + buffer, Uint32(lamport_tag(lamport_cleanup_call(call))))
         cute.arch.sync_threads()
         if tidx == 0:
             ptxops.st(counter, Uint32(lamport_next(call)))
 
-    return launcher(kernel, threads, grid=LAMPORT_BLOCKS, emulate=key.backend == "multicast_emulated" and world,
-                    pdl=key.pdl)
+
+def build(key: KernelKey):
+    """The ``@cute.jit`` launcher of the Lamport all-reduce for ``key``."""
+    return launcher(LamportKernel(key).kernel, key.threads, grid=LAMPORT_BLOCKS,
+                    emulate=key.backend == "multicast_emulated" and key.world, pdl=key.pdl)
+
 
 
 class Lamport(Algorithm):
