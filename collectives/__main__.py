@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .config import ALGORITHMS, BACKENDS, BARRIER_THREADS, COLLECTIVES, DTYPES, OPS, KernelKey
+from .config import ALGORITHMS, BACKENDS, BARRIER_THREADS, COLLECTIVES, OPS, KernelKey
+from .dtypes import DTYPES
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,9 +21,10 @@ from typing import Any
 import torch
 
 from . import config, torch_ops, tuning
-from .config import ALGORITHMS, DTYPES, LAMPORT_MAX_BYTES, MULTICAST_PATHS, VECTOR_BYTES, KernelKey, push_slice_elements
+from .config import ALGORITHMS, LAMPORT_MAX_BYTES, MULTICAST_PATHS, VECTOR_BYTES, KernelKey, push_slice_elements
+from .dtypes import DTYPES, from_torch
 from .errors import CollectiveError
-from .runtime import TORCH_DTYPES, Buffer, Communicator, _capturing, communicator, traceable
+from .runtime import Buffer, Communicator, _capturing, communicator, traceable
 
 
 def empty(shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32, *, group: Any = None) -> torch.Tensor:
@@ -344,9 +345,7 @@ def _dtype(comm: Communicator, t: torch.Tensor) -> str:
         )
     if not t.is_contiguous():
         raise CollectiveError("collectives take contiguous tensors")
-    if t.dtype not in TORCH_DTYPES:
-        raise CollectiveError(f"dtype {t.dtype} is not supported; use one of {list(TORCH_DTYPES)}")
-    return TORCH_DTYPES[t.dtype]
+    return from_torch(t.dtype).name
 
 
 def _aligned(*tensors: torch.Tensor) -> bool:
@@ -358,7 +357,7 @@ def _vector(dtype: str, backend: str, aligned: bool) -> int:
     """16-byte vectors when the tensors are 16-byte aligned, else one element at a time
     (the peer path: multimem has no single-element form of the 16-bit types)."""
     if aligned:
-        return VECTOR_BYTES // DTYPES[dtype][0]
+        return DTYPES[dtype].elements(VECTOR_BYTES)
     if backend in MULTICAST_PATHS:
         raise CollectiveError(f"the {backend} backend needs 16-byte aligned tensors; use backend='peer'")
     return 1

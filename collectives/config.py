@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .dtypes import dtype
+
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "barrier")
 ALGORITHMS = {
     "all_reduce": ("one_shot", "two_shot", "lamport", "tma", "push"),
@@ -22,16 +24,6 @@ MULTICAST_PATHS = ("multicast", "multicast_emulated")
 OPS = ("sum", "min", "max")
 #: The PTX reduction operation of each op.
 PTX_OP = {"sum": "add", "min": "min", "max": "max"}
-#: dtype name -> (bytes, accumulation dtype name of the peer backend, multicast .acc)
-DTYPES = {
-    "f32": (4, "f32", None),
-    "f16": (2, "f32", "f32"),
-    "bf16": (2, "f32", "f32"),
-    "e4m3": (1, "f16", "f16"),
-    "e5m2": (1, "f16", "f16"),
-}
-#: dtypes whose multimem forms need sm_100a or newer.
-FP8 = ("e4m3", "e5m2")
 
 
 def multimem_reduces(dtype: str, op: str) -> bool:
@@ -215,13 +207,12 @@ class KernelKey:
             )
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, not {self.backend!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {tuple(DTYPES)}, not {self.dtype!r}")
+        dtype(self.dtype)  # ValueError naming the registered dtypes
         if not 2 <= self.world <= MAX_WORLD:
             raise ValueError(f"world size must be 2..{MAX_WORLD}, not {self.world}")
         if self.op not in OPS:
             raise ValueError(f"op must be one of {OPS}, not {self.op!r}")
-        if self.dtype in FP8 and self.op != "sum":
+        if dtype(self.dtype).fp8 and self.op != "sum":
             raise ValueError(f"{self.op} of fp8 is not supported (multimem reduces fp8 by add only)")
         if (self.backend in MULTICAST_PATHS and self.collective in ("all_reduce", "reduce_scatter")
                 and not multimem_reduces(self.dtype, self.op)):
@@ -246,7 +237,7 @@ class KernelKey:
 
     @property
     def full_vector(self) -> int:
-        return VECTOR_BYTES // DTYPES[self.dtype][0]
+        return dtype(self.dtype).elements(VECTOR_BYTES)
 
     @property
     def elements_per_access(self) -> int:
@@ -261,7 +252,7 @@ class KernelKey:
 
     @property
     def element_bytes(self) -> int:
-        return DTYPES[self.dtype][0]
+        return dtype(self.dtype).bytes
 
     @property
     def tile_bytes(self) -> int:

@@ -35,9 +35,9 @@ from cutlass.memory import SmemAllocator
 
 import ptxops
 
-from ..config import DATA_PHASE, DTYPES, MULTICAST_PATHS, TIMEOUT, VECTOR_BYTES, KernelKey
+from ..config import DATA_PHASE, MULTICAST_PATHS, TIMEOUT, VECTOR_BYTES, KernelKey
 from ..device import reduce, signals
-from ..device.reduce import ACC, DTYPE
+from ..dtypes import DTYPES
 from ..launch import launcher
 
 
@@ -45,8 +45,8 @@ def blocks(key: KernelKey) -> SimpleNamespace:
     """The building blocks specialised on ``key`` (dtype, vector width, world, backend, op)."""
     world = key.world
     threads = key.threads
-    dtype = DTYPE[key.dtype]
-    acc = ACC[DTYPES[key.dtype][1]]
+    dtype = DTYPES[key.dtype].cute
+    acc = DTYPES[key.dtype].accumulator.cute
     vec = key.elements_per_access
     multicast = key.backend in MULTICAST_PATHS
     op = key.op

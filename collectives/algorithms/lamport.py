@@ -41,7 +41,6 @@ from cutlass.memory import SmemAllocator
 import ptxops
 
 from ..config import (
-    DTYPES,
     LAMPORT_BLOCKS,
     LAMPORT_BUFFERS,
     LAMPORT_EXCHANGE,
@@ -59,7 +58,7 @@ from ..config import (
     lamport_tag,
 )
 from ..device import lamport, reduce, signals
-from ..device.reduce import ACC, DTYPE
+from ..dtypes import DTYPES
 from ..launch import launcher
 
 BUFFERS = LAMPORT_BUFFERS
@@ -73,8 +72,8 @@ def width_index(element_bytes: int) -> int:
 def build(key: KernelKey):
     """The ``@cute.jit`` launcher of the Lamport all-reduce for ``key``."""
     world, threads, op = key.world, key.threads, key.op
-    dtype = DTYPE[key.dtype]
-    acc = ACC[DTYPES[key.dtype][1]]
+    dtype = DTYPES[key.dtype].cute
+    acc = DTYPES[key.dtype].accumulator.cute
     bits = dtype.width
     width = width_index(key.element_bytes)
     multicast = key.backend in MULTICAST_PATHS
