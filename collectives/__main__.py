@@ -6,7 +6,8 @@ import argparse
 import sys
 
 from .algorithms import ALGORITHMS, KernelKey
-from .config import BACKENDS, BARRIER_THREADS, COLLECTIVES, DTYPES, OPS
+from .config import BACKENDS, BARRIER_THREADS, COLLECTIVES, OPS
+from .dtypes import DTYPES
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,8 +22,9 @@ import torch
 from . import config, torch_ops, tuning
 from .algorithms import ALGORITHMS, REGISTRY, Call
 from .config import VECTOR_BYTES
+from .dtypes import from_torch
 from .errors import CollectiveError
-from .runtime import TORCH_DTYPES, Communicator, _capturing, communicator, traceable
+from .runtime import Communicator, _capturing, communicator, traceable
 
 
 def empty(shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32, *, group: Any = None) -> torch.Tensor:
@@ -225,9 +226,7 @@ def _dtype(comm: Communicator, t: torch.Tensor) -> str:
         )
     if not t.is_contiguous():
         raise CollectiveError("collectives take contiguous tensors")
-    if t.dtype not in TORCH_DTYPES:
-        raise CollectiveError(f"dtype {t.dtype} is not supported; use one of {list(TORCH_DTYPES)}")
-    return TORCH_DTYPES[t.dtype]
+    return from_torch(t.dtype).name
 
 
 def _aligned(*tensors: torch.Tensor) -> bool:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "barrier")
 BACKENDS = ("multicast", "peer", "multicast_emulated")
@@ -13,16 +14,6 @@ MULTICAST_PATHS = ("multicast", "multicast_emulated")
 OPS = ("sum", "min", "max")
 #: The PTX reduction operation of each op.
 PTX_OP = {"sum": "add", "min": "min", "max": "max"}
-#: dtype name -> (bytes, accumulation dtype name of the peer backend, multicast .acc)
-DTYPES = {
-    "f32": (4, "f32", None),
-    "f16": (2, "f32", "f32"),
-    "bf16": (2, "f32", "f32"),
-    "e4m3": (1, "f16", "f16"),
-    "e5m2": (1, "f16", "f16"),
-}
-#: dtypes whose multimem forms need sm_100a or newer.
-FP8 = ("e4m3", "e5m2")
 
 
 def multimem_reduces(dtype: str, op: str) -> bool:
@@ -232,3 +223,28 @@ ERROR_RECORDS = 2
 FLAG_SLOTS = 32
 #: Values of the record's status word (``CLAIMED``: a kernel is writing the other fields).
 TIMEOUT, SIZE_MISMATCH, CLAIMED = 1, 2, -1
+
+
+class Slot(IntEnum):
+    """The staging slots, by what they serve.
+
+    ``TURN_A``/``TURN_B``: the single-barrier collectives, strictly in turn across all of them
+    (a rank may rewrite one only after every rank started a later collective, which proves it
+    finished reading); ``STAGED``: the staged collectives that keep their end barrier;
+    ``PUSH_STAGED``: push reduce-scatters that keep it (their stores into other ranks' buffers
+    come before their first barrier, so no collective that reads its buffer after its last
+    barrier may share it); ``PUSH_SLOTS``: the push all-reduces' receive slots (they read other
+    ranks' buffers after their last barrier and push into them before their first);
+    ``PUSH_RESULTS``: the push all-reduces' result regions, one per owner, apart from the slots
+    that the next call pushes into while other ranks may still read the last one's results,
+    whatever their sizes; ``OVERLAP_A``/``OVERLAP_B``: the GEMM-overlap workspaces
+    (:mod:`collectives.overlap`)."""
+
+    TURN_A = 0
+    TURN_B = 1
+    STAGED = 2
+    PUSH_STAGED = 3
+    PUSH_SLOTS = 4
+    PUSH_RESULTS = 5
+    OVERLAP_A = 6
+    OVERLAP_B = 7

@@ -41,10 +41,12 @@ import torch
 
 from . import torch_ops
 from .config import VECTOR_BYTES
+from .dtypes import DTYPES
 from .errors import CollectiveError
 from .runtime import Communicator, communicator, traceable
 
-DTYPES = (torch.bfloat16, torch.float16)
+#: The dtypes the overlapped GEMM (``torch.mm``) takes (registry names).
+GEMM_DTYPES = ("bf16", "f16")
 #: Row chunks per call (fewer when a rank's block has fewer rows), at most :data:`MAX_CHUNKS`.
 CHUNKS = 4
 MAX_CHUNKS = 8
@@ -79,8 +81,8 @@ def _check(name: str, comm: Communicator, a: torch.Tensor, b: torch.Tensor) -> t
             raise CollectiveError(f"{name}: tensors must be on cuda:{comm.device_index}, not {t.device}")
         if t.dim() != 2 or not t.is_contiguous():
             raise CollectiveError(f"{name}: a and b must be contiguous row-major matrices")
-    if a.dtype not in DTYPES or b.dtype != a.dtype:
-        raise CollectiveError(f"{name}: a and b must both be bf16 or f16, not {a.dtype} and {b.dtype}")
+    if a.dtype not in [DTYPES[d].torch for d in GEMM_DTYPES] or b.dtype != a.dtype:
+        raise CollectiveError(f"{name}: a and b must both be {' or '.join(GEMM_DTYPES)}, not {a.dtype} and {b.dtype}")
     if a.shape[1] != b.shape[0]:
         raise CollectiveError(f"{name}: a is {tuple(a.shape)}, b {tuple(b.shape)}: inner sizes differ")
     return a.shape[0], a.shape[1], b.shape[1]

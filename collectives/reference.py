@@ -20,25 +20,19 @@ from collections.abc import Sequence
 
 import numpy as np
 
-ACCUMULATE = {"f32": np.float32, "f16": np.float32, "bf16": np.float32, "e4m3": np.float16, "e5m2": np.float16}
+from .dtypes import dtype as registered
 
 
 def round_to(values: np.ndarray, dtype: str) -> np.ndarray:
     """Round float values to ``dtype`` (round to nearest even) and return them as float32."""
     values = np.asarray(values, dtype=np.float32)
-    if dtype == "f32":
-        return values
-    if dtype == "f16":
-        return values.astype(np.float16).astype(np.float32)
+    kind = registered(dtype)
     try:
-        import ml_dtypes
-    except ImportError:  # the GPU machines have torch instead
+        return values.astype(kind.numpy).astype(np.float32)
+    except ImportError:  # no ml_dtypes: the GPU machines have torch instead
         import torch
 
-        kind = {"bf16": torch.bfloat16, "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}[dtype]
-        return torch.from_numpy(values).to(kind).to(torch.float32).numpy()
-    kind = {"bf16": ml_dtypes.bfloat16, "e4m3": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}[dtype]
-    return values.astype(kind).astype(np.float32)
+        return torch.from_numpy(values).to(kind.torch).to(torch.float32).numpy()
 
 
 def reduce(inputs: Sequence[np.ndarray], dtype: str, op: str = "sum") -> np.ndarray:
@@ -53,7 +47,7 @@ def reduce(inputs: Sequence[np.ndarray], dtype: str, op: str = "sum") -> np.ndar
         return out
     if op != "sum":
         raise ValueError(f"op must be sum, min or max, not {op!r}")
-    acc_type = ACCUMULATE[dtype]
+    acc_type = registered(dtype).accumulator.numpy
     acc = np.asarray(inputs[0], dtype=np.float32).astype(acc_type)
     for x in inputs[1:]:
         acc = (acc + np.asarray(x, dtype=np.float32).astype(acc_type)).astype(acc_type)

@@ -31,7 +31,6 @@ from .config import (
     FATAL_RECORD,
     FLAG_SLOTS,
     FLAG_WAIT,
-    FP8,
     LAMPORT_BLOCKS,
     LAMPORT_CALLS,
     LAMPORT_EXCHANGE,
@@ -46,6 +45,7 @@ from .config import (
     PadLayout,
     multimem_reduces,
 )
+from .dtypes import DTYPES
 from .errors import CollectiveError, CollectiveTimeout, MulticastUnavailable
 from .ptx import refuse_multimem
 from .staging import PlanCache, StagingPool
@@ -68,13 +68,6 @@ FAKE_MULTICAST = 1 << 62
 #: address and a later, larger tensor may start there; the signal pad's window (exact, and
 #: checked last, so it wins) is the only other one, and no data access falls in it.
 DATA_WINDOW_BYTES = 1 << 40
-TORCH_DTYPES = {
-    torch.float32: "f32",
-    torch.float16: "f16",
-    torch.bfloat16: "bf16",
-    torch.float8_e4m3fn: "e4m3",
-    torch.float8_e5m2: "e5m2",
-}
 
 
 def compile_target(device: int | None = None) -> str:
@@ -371,7 +364,7 @@ class Communicator:
                 f"multimem.ld_reduce has no {PTX_OP[op]} of {dtype} (PTX: .min/.max reduce integers, "
                 f"16-bit floats and fp8, not .f32); use backend='peer' or 'auto'"
             )
-        if backend in MULTICAST_PATHS and dtype in FP8 and not compile_target(self.device_index).startswith("sm_10"):
+        if backend in MULTICAST_PATHS and DTYPES[dtype].fp8 and not compile_target(self.device_index).startswith("sm_10"):
             raise MulticastUnavailable(
                 f"multimem on {dtype} needs sm_100a or newer, not {compile_target(self.device_index)}")
         return backend

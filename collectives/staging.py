@@ -25,12 +25,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from enum import IntEnum
 from typing import Any, Protocol
 
 import torch
 
-from .config import PLAN_CACHE_SIZE
+from .config import PLAN_CACHE_SIZE, Slot
 
 #: Smallest staging buffer (bytes).
 STAGING_MIN_BYTES = 1 << 20
@@ -90,33 +89,8 @@ def capacity(nbytes: int) -> int:
     return max(STAGING_MIN_BYTES, 1 << (max(nbytes, 1) - 1).bit_length())
 
 
-class Slot(IntEnum):
-    """The staging slots, by what they serve.
-
-    ``TURN_A``/``TURN_B``: the single-barrier collectives, strictly in turn across all of them
-    (a rank may rewrite one only after every rank started a later collective, which proves it
-    finished reading); ``STAGED``: the staged collectives that keep their end barrier;
-    ``PUSH_STAGED``: push reduce-scatters that keep it (their stores into other ranks' buffers
-    come before their first barrier, so no collective that reads its buffer after its last
-    barrier may share it); ``PUSH_SLOTS``: the push all-reduces' receive slots (they read other
-    ranks' buffers after their last barrier and push into them before their first);
-    ``PUSH_RESULTS``: the push all-reduces' result regions, one per owner, apart from the slots
-    that the next call pushes into while other ranks may still read the last one's results,
-    whatever their sizes; ``OVERLAP_A``/``OVERLAP_B``: the GEMM-overlap workspaces
-    (:mod:`collectives.overlap`)."""
-
-    TURN_A = 0
-    TURN_B = 1
-    STAGED = 2
-    PUSH_STAGED = 3
-    PUSH_SLOTS = 4
-    PUSH_RESULTS = 5
-    OVERLAP_A = 6
-    OVERLAP_B = 7
-
-
 class StagingPool:
-    """The staging buffers, one per :class:`Slot` (each grown, never shrunk, by doubling).
+    """The staging buffers, one per :class:`~collectives.config.Slot` (each grown, never shrunk, by doubling).
 
     ``forget(ptr, nbytes)`` is called for each buffer freed (drop cached views into it);
     ``agree(slot, nbytes)`` before each growth: it raises unless every rank grows the same

@@ -24,9 +24,8 @@ from cutlass import Int64
 
 import ptxops
 
-from ..config import DATA_PHASE, TMA_STAGES, VECTOR_BYTES
+from ..config import DATA_PHASE, TMA_STAGES, VECTOR_BYTES, Slot
 from ..device import signals, tiles
-from ..staging import Slot
 from . import design
 from .base import Algorithm, Call
 from .key import KernelKey

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..config import MULTICAST_PATHS, VECTOR_BYTES
-from ..staging import Slot
+from ..config import MULTICAST_PATHS, VECTOR_BYTES, Slot
+from ..dtypes import DTYPES
 
 
 #: Every algorithm by (collective, name), filled as the algorithm modules are imported
@@ -71,9 +71,7 @@ class Call:
         if not self.whole_vectors:
             return 1
         if self.pointers_aligned:
-            from ..config import DTYPES
-
-            return VECTOR_BYTES // DTYPES[self.dtype][0]
+            return DTYPES[self.dtype].elements(VECTOR_BYTES)
         if self.backend in MULTICAST_PATHS:
             raise CollectiveError(f"the {self.backend} backend needs 16-byte aligned tensors; use backend='peer'")
         return 1

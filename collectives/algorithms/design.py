@@ -26,9 +26,9 @@ from cutlass.memory import SmemAllocator
 
 import ptxops
 
-from ..config import DATA_PHASE, DTYPES, MULTICAST_PATHS, TIMEOUT, VECTOR_BYTES
+from ..config import DATA_PHASE, MULTICAST_PATHS, TIMEOUT, VECTOR_BYTES
 from ..device import reduce, signals
-from ..device.reduce import ACC, DTYPE
+from ..dtypes import DTYPES
 from ..kernel_args import COLLECTIVE, KernelArgs, Layout
 from ..launch import launcher
 from .key import KernelKey
@@ -41,8 +41,8 @@ class Blocks:
     def __init__(self, key: KernelKey) -> None:
         self.world = key.world
         self.threads = key.threads
-        self.dtype = DTYPE[key.dtype]
-        self.acc = ACC[DTYPES[key.dtype][1]]
+        self.dtype = DTYPES[key.dtype].cute
+        self.acc = DTYPES[key.dtype].accumulator.cute
         self.vec = key.elements_per_access
         self.multicast = key.backend in MULTICAST_PATHS
         self.op = key.op

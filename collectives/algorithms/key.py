@@ -14,8 +14,6 @@ from .. import config
 from ..config import (
     BACKENDS,
     COLLECTIVES,
-    DTYPES,
-    FP8,
     MAX_WORLD,
     MULTICAST_PATHS,
     OPS,
@@ -25,6 +23,7 @@ from ..config import (
     VECTOR_BYTES,
     multimem_reduces,
 )
+from ..dtypes import dtype
 from .base import REGISTRY, Algorithm, algorithms
 
 
@@ -67,13 +66,12 @@ class KernelKey:
             raise ValueError(f"{self.collective} algorithms: {names}, not {self.algorithm!r}")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, not {self.backend!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {tuple(DTYPES)}, not {self.dtype!r}")
+        dtype(self.dtype)  # ValueError naming the registered dtypes
         if not 2 <= self.world <= MAX_WORLD:
             raise ValueError(f"world size must be 2..{MAX_WORLD}, not {self.world}")
         if self.op not in OPS:
             raise ValueError(f"op must be one of {OPS}, not {self.op!r}")
-        if self.dtype in FP8 and self.op != "sum":
+        if dtype(self.dtype).fp8 and self.op != "sum":
             raise ValueError(f"{self.op} of fp8 is not supported (multimem reduces fp8 by add only)")
         if (self.backend in MULTICAST_PATHS and self.collective in ("all_reduce", "reduce_scatter")
                 and not multimem_reduces(self.dtype, self.op)):
@@ -89,7 +87,7 @@ class KernelKey:
 
     @property
     def full_vector(self) -> int:
-        return VECTOR_BYTES // DTYPES[self.dtype][0]
+        return dtype(self.dtype).elements(VECTOR_BYTES)
 
     @property
     def elements_per_access(self) -> int:
@@ -104,7 +102,7 @@ class KernelKey:
 
     @property
     def element_bytes(self) -> int:
-        return DTYPES[self.dtype][0]
+        return dtype(self.dtype).bytes
 
     @property
     def tile_bytes(self) -> int:

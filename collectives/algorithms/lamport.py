@@ -43,7 +43,6 @@ from cutlass.memory import SmemAllocator
 import ptxops
 
 from ..config import (
-    DTYPES,
     LAMPORT_BLOCKS,
     LAMPORT_BUFFERS,
     LAMPORT_EXCHANGE,
@@ -60,7 +59,7 @@ from ..config import (
     lamport_tag,
 )
 from ..device import lamport, reduce, signals
-from ..device.reduce import ACC, DTYPE
+from ..dtypes import DTYPES
 from ..kernel_args import KernelArgs
 from ..launch import launcher
 from .base import Algorithm, Call
@@ -81,8 +80,8 @@ class LamportKernel:
     def __init__(self, key: KernelKey) -> None:
         self.key = key
         self.world, self.threads, self.op = key.world, key.threads, key.op
-        self.dtype = DTYPE[key.dtype]
-        self.acc = ACC[DTYPES[key.dtype][1]]
+        self.dtype = DTYPES[key.dtype].cute
+        self.acc = DTYPES[key.dtype].accumulator.cute
         self.bits = self.dtype.width
         self.width = width_index(key.element_bytes)
         self.multicast = key.backend in MULTICAST_PATHS

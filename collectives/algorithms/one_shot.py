@@ -12,7 +12,7 @@ from cutlass import Int64
 from typing import Any
 
 from .. import tuning
-from ..staging import Slot
+from ..config import Slot
 from . import design
 from .base import Algorithm, Call
 from .key import KernelKey

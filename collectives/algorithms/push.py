@@ -95,6 +95,7 @@ from ptxops.ops import emulation
 
 from ..config import (
     PUSH_ROUND,
+    Slot,
     ceil_div,
     push_events,
     push_round_strides,
@@ -104,7 +105,6 @@ from ..config import (
 from ..device import reduce, signals
 from ..kernel_args import COLLECTIVE, PUSH_ALL_REDUCE, KernelArgs, Layout
 from ..launch import launcher
-from ..staging import Slot
 from . import design
 from .base import Algorithm, Call
 from .key import KernelKey

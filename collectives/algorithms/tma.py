@@ -13,9 +13,8 @@ from cutlass import Int64
 from typing import Any
 
 from .. import tuning
-from ..config import DATA_PHASE, TMA_STAGES, VECTOR_BYTES, ceil_div
+from ..config import DATA_PHASE, TMA_STAGES, VECTOR_BYTES, Slot, ceil_div
 from ..device import tiles
-from ..staging import Slot
 from . import design
 from .base import Algorithm, Call
 from .key import KernelKey

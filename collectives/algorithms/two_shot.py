@@ -10,8 +10,7 @@ from cutlass import Int64
 
 from typing import Any
 
-from ..config import ceil_div
-from ..staging import Slot
+from ..config import Slot, ceil_div
 from . import design
 from .base import Algorithm, Call
 from .key import KernelKey

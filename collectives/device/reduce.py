@@ -18,16 +18,6 @@ import ptxops
 from ..config import PTX_OP
 from .signals import gmem
 
-#: The CuTeDSL type of each collectives dtype name, and of each accumulation precision.
-DTYPE = {
-    "f32": cutlass.Float32,
-    "f16": cutlass.Float16,
-    "bf16": cutlass.BFloat16,
-    "e4m3": cutlass.Float8E4M3FN,
-    "e5m2": cutlass.Float8E5M2,
-}
-ACC = {"f32": cutlass.Float32, "f16": cutlass.Float16}
-
 
 @cute.jit
 def combine(a, b, op: cutlass.Constexpr):

@@ -22,12 +22,13 @@ force_multicast_off()
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from .bench import DTYPES, SIZES, time_op  # noqa: E402
+from ..dtypes import DTYPES  # noqa: E402
+from .bench import BENCH_DTYPES, SIZES, time_op  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m collectives.tools.all_gather_bench", description=__doc__)
-    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    parser.add_argument("--dtype", default="bf16", choices=BENCH_DTYPES)
     parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES), help="output bytes per rank")
     parser.add_argument("--no-graph", action="store_true")
     args = parser.parse_args(argv)
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     from .nccl_baselines import baselines
 
     comm = communicator()
-    world, dtype = comm.world, DTYPES[args.dtype]
+    world, dtype = comm.world, DTYPES[args.dtype].torch
     size = torch.empty((), dtype=dtype).element_size()
     modes = ["eager"] if args.no_graph else ["eager", "graph"]
     algorithms = ["one_shot", "tma", "auto"]

@@ -25,7 +25,10 @@ force_multicast_off()
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
+from ..dtypes import DTYPES  # noqa: E402
+
+#: The dtypes the benchmarks measure by default (registry names).
+BENCH_DTYPES = ("bf16", "f32")
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
 
 
@@ -74,7 +77,7 @@ def bus_bandwidth(collective: str, nbytes: int, world: int, us: float) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m collectives.tools.bench", description=__doc__)
-    parser.add_argument("--dtypes", default="bf16,f32")
+    parser.add_argument("--dtypes", default=",".join(BENCH_DTYPES))
     parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES), help="bytes per rank")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--no-graph", action="store_true")
@@ -118,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
         record("barrier", "torch_symm_mem", "-", 0, graph, time_op(lambda: handle.barrier(channel=0), iters, graph))
 
     for name in args.dtypes.split(","):
-        dtype = DTYPES[name]
+        dtype = DTYPES[name].torch
         for nbytes in sizes:
             n = nbytes // torch.empty((), dtype=dtype).element_size()
             iters = max(10, min(200, (1 << 30) // (nbytes * 8)))

@@ -25,7 +25,8 @@ force_multicast_off()
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from .bench import DTYPES, time_op  # noqa: E402
+from ..dtypes import DTYPES  # noqa: E402
+from .bench import BENCH_DTYPES, time_op  # noqa: E402
 
 
 def chain(compute: torch.Tensor, step: Callable[[], object] | None) -> Callable[[], None]:
@@ -54,7 +55,7 @@ def timed(fn: Callable[[], None], pdl: bool, iters: int) -> float:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m collectives.tools.bench_pdl", description=__doc__)
     parser.add_argument("--sizes", default="4096,65536,1048576", help="all-reduce bytes per rank")
-    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    parser.add_argument("--dtype", default="bf16", choices=BENCH_DTYPES)
     parser.add_argument("--compute-bytes", type=int, default=64 << 20)
     parser.add_argument("--iters", type=int, default=100)
     args = parser.parse_args(argv)
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     from collectives.runtime import communicator
 
     comm = communicator()
-    dtype = DTYPES[args.dtype]
+    dtype = DTYPES[args.dtype].torch
     compute = torch.ones(args.compute_bytes // 4, dtype=torch.float32, device="cuda")
     handle = symm_mem.rendezvous(symm_mem.empty(1024, device="cuda"), dist.group.WORLD.group_name)
     base = timed(chain(compute, None), False, args.iters)

@@ -58,7 +58,8 @@ def snapshot_keys() -> list[str]:
     world 2/4/8, sum, aligned), and at world 4 every variant the API builds (staging, gather,
     end barrier, unaligned, min/max, the Lamport's 256 threads) for bf16, f32 and e4m3."""
     from collectives.algorithms import ALGORITHMS
-    from collectives.config import BACKENDS, DTYPES
+    from collectives.config import BACKENDS
+    from collectives.dtypes import DTYPES
 
     ids: list[str] = []
     for collective, algorithms in ALGORITHMS.items():

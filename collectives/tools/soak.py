@@ -28,8 +28,10 @@ import torch  # noqa: E402
 
 from .. import reference  # noqa: E402
 from ..config import ALGORITHMS, LAMPORT_MAX_BYTES  # noqa: E402
+from ..dtypes import DTYPES  # noqa: E402
 
-DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+#: The dtypes the soak draws from (registry names).
+SOAK_DTYPES = ("bf16", "f16", "f32")
 BACKENDS = ("peer", "multicast_emulated")
 #: Elements per rank (all-gather input, reduce-scatter output): unaligned, aligned, small and large.
 SIZES = (1, 7, 64, 1000, 4096, 3 * 4096 + 5, 65536, 1 << 18)
@@ -58,7 +60,7 @@ class Soak:
         rng = self.rng
         collective = rng.choice(("all_reduce", "reduce_scatter", "all_gather"))
         algorithm = rng.choice(ALGORITHMS[collective] + ("auto",))
-        dtype, backend, n = rng.choice(list(DTYPES)), rng.choice(BACKENDS), rng.choice(SIZES)
+        dtype, backend, n = rng.choice(SOAK_DTYPES), rng.choice(BACKENDS), rng.choice(SIZES)
         if algorithm == "tma":
             n = -(-n // 16) * 16  # TMA moves whole 16-byte tiles
         if algorithm == "lamport":
@@ -67,7 +69,7 @@ class Soak:
 
     def tensors(self, collective: str, dtype: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(input, output) of a call; an all-reduce works in place."""
-        kind = DTYPES[dtype]
+        kind = DTYPES[dtype].torch
         count = self.world * n if collective == "reduce_scatter" else n
         t = torch.empty(count, dtype=kind, device="cuda")
         if collective == "all_reduce":

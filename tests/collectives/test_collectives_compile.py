@@ -9,7 +9,8 @@ import re
 import pytest
 
 from collectives.__main__ import main
-from collectives.config import DTYPES, FP8, LAMPORT_BLOCKS, PadLayout
+from collectives.config import LAMPORT_BLOCKS, PadLayout
+from collectives.dtypes import DTYPES
 
 pytest.importorskip("cutlass")
 from collectives.algorithms import ALGORITHMS, KernelKey  # noqa: E402
@@ -46,7 +47,7 @@ def _multimem(ptx: str) -> set[str]:
 @pytest.mark.parametrize(("collective", "algorithm", "backend", "dtype", "world"), CASES)
 def test_kernel_compiles(collective: str, algorithm: str, backend: str, dtype: str, world: int) -> None:
     key = KernelKey(collective, algorithm, backend, dtype, world, stage_in=algorithm == "push")
-    ptx = kernel_ptx(key, "sm_100a" if dtype in FP8 else "sm_90a")
+    ptx = kernel_ptx(key, "sm_100a" if DTYPES[dtype].fp8 else "sm_90a")
     found = _multimem(ptx)
     bulk = set(re.findall(r"\bcp\.async\.bulk[\w.:]*", ptx))
     if algorithm == "tma":
@@ -75,7 +76,7 @@ def test_kernel_compiles(collective: str, algorithm: str, backend: str, dtype: s
             assert any(f.startswith("multimem.st.global.v4") for f in found), found
         return
     if collective != "barrier" and algorithm not in ("tma", "push"):
-        acc = {"f32": "", "f16": ".acc::f32", "bf16": ".acc::f32", "e4m3": ".acc::f16", "e5m2": ".acc::f16"}[dtype]
+        acc = f".acc::{DTYPES[dtype].acc}" if DTYPES[dtype].acc else ""
         assert any(f.startswith("multimem.ld_reduce") and f".add{acc}.v" in f for f in found), found
     if collective == "all_reduce" and algorithm == "two_shot":
         assert any(f.startswith("multimem.st.global.v4") for f in found), found
@@ -104,7 +105,7 @@ def test_staged_and_unaligned_variants_compile() -> None:
         KernelKey("all_gather", "one_shot", "multicast", "f32", 2, gather_out=True),
         KernelKey("all_gather", "one_shot", "multicast", "bf16", 4, vector=1, gather_out=True),
     ):
-        ptx = kernel_ptx(key, "sm_100a" if key.dtype in FP8 else "sm_90a")
+        ptx = kernel_ptx(key, "sm_100a" if DTYPES[key.dtype].fp8 else "sm_90a")
         assert ".entry" in ptx, key
 
 
@@ -257,7 +258,7 @@ def test_peer_push_all_reduce_is_a_pipeline_of_split_signals(dtype: str, world: 
     the result buffer copy, and the reduction stores each vector it loads from ``world``
     slots to ``world`` places (out and its region on every other rank: no pull)."""
     ptx = kernel_ptx(KernelKey("all_reduce", "push", "peer", dtype, world, vector=vector, stage_in=True),
-                     "sm_100a" if dtype in FP8 else "sm_90a")
+                     "sm_100a" if DTYPES[dtype].fp8 else "sm_90a")
     assert _signals(ptx) == (2, 6), _signals(ptx)
     records = ptx.count("st.release.sys.global.b32")  # each wait's error record, published
     assert len(re.findall(r"\.(release|acquire)\.", ptx)) - records == 8

@@ -10,7 +10,7 @@ import re
 import pytest
 
 from collectives.algorithms import ALGORITHMS, KernelKey
-from collectives.config import DTYPES, FP8
+from collectives.dtypes import DTYPES
 
 pytest.importorskip("cutlass")
 from collectives.ptx import kernel_ptx  # noqa: E402
@@ -28,7 +28,7 @@ CASES = [
 def test_emulated_kernel_has_no_multimem(collective: str, algorithm: str, dtype: str, world: int) -> None:
     key = KernelKey(collective, algorithm, "multicast_emulated", dtype, world,
                     stage_in=algorithm == "push")  # push always sends a non-symmetric input
-    ptx = kernel_ptx(key, "sm_100a" if dtype in FP8 else "sm_90a")
+    ptx = kernel_ptx(key, "sm_100a" if DTYPES[dtype].fp8 else "sm_90a")
     assert "multimem" not in ptx
     # the multicast barrier's signal, a multimem.st.release.sys, is one release store per rank
     if algorithm != "lamport":
