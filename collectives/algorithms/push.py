@@ -123,194 +123,200 @@ def results_table(results: Int64) -> Int64:
     return results if active is None else active.bases(0)
 
 
-def build(key: KernelKey):
-    """The ``@cute.jit`` launcher of the push reduce-scatter or all-reduce for ``key``: the
-    pipeline on the peer backend, one round between two multicast barriers on the others; the
-    reduce-scatter and the all-reduce differ only in how ``n`` is sliced."""
-    b = design.Blocks(key)
-    vec, world, dtype, acc, op = b.vec, b.world, b.dtype, b.acc, b.op
-    element_bytes = dtype.width // 8
-    all_reduce = key.collective == "all_reduce"
-    pipelined = key.backend == "peer"
+class PushKernel:
+    """The push kernel of one key: its compile-time choices as attributes, one ``@cute.jit``
+    method per phase (the module docstring gives the schedule): the pipeline on the peer
+    backend, one round between two multicast barriers on the others; the reduce-scatter and
+    the all-reduce differ only in how ``n`` is sliced."""
+
+    def __init__(self, key: KernelKey) -> None:
+        self.key = key
+        self.b = design.Blocks(key)
+        self.vec, self.world, self.threads = self.b.vec, self.b.world, self.b.threads
+        self.dtype, self.acc, self.op = self.b.dtype, self.b.acc, self.b.op
+        self.element_bytes = self.dtype.width // 8
+        self.all_reduce = key.collective == "all_reduce"
+        self.pipelined = key.backend == "peer"
+        # The pipeline's last wait: the all-reduce's last copy, or an end barrier.
+        self.final = self.all_reduce or key.end_barrier
+
+    def launcher(self):
+        """The ``@cute.jit`` launcher: the pipeline on the peer backend, else the design's
+        kernel (push, barrier, reduce, barrier, pull)."""
+        key = self.key
+        if self.pipelined:
+            return launcher(self.pipeline_kernel, self.threads, pdl=key.pdl, layout=layout(key))
+        return design.kernel(key, self.b, stage=None, move=self.reduce_all, push=self.push_all,
+                             pull=self.pull_all if self.all_reduce else None, layout=layout(key))
 
     @cute.jit
-    def slot_elements(n):
+    def slot_elements(self, n):
         """Elements of each slot: a whole-vector share of ``n`` (all-reduce) or ``n``."""
-        if cutlass.const_expr(all_reduce):
-            return push_slice_elements(n, world, vec)
+        if cutlass.const_expr(self.all_reduce):
+            return push_slice_elements(n, self.world, self.vec)
         else:
             return n
 
     @cute.jit
-    def bounds(n, q):
+    def bounds(self, n, q):
         """(first input element, length, slot size) of slice ``q``: reduce-scatter slices are
-        the ``n`` elements of an output; all-reduce slices split ``n`` in ``world``
+        the ``n`` elements of an output; all-reduce slices split ``n`` in ``self.world``
         (:func:`collectives.config.push_slice_elements`, the last may be shorter)."""
-        m = slot_elements(n)
-        if cutlass.const_expr(all_reduce):
+        m = self.slot_elements(n)
+        if cutlass.const_expr(self.all_reduce):
             begin = cutlass.min(Int64(q) * m, n)
             return begin, cutlass.min(begin + m, n) - begin, m
         else:
             return Int64(q) * n, n, m
 
     @cute.jit
-    def region(results, holder, q, m):
+    def region(self, results, holder, q, m):
         """Owner ``q``'s region of rank ``holder``'s result buffer (``results``: the table)."""
-        return signals.peer_address(results, holder) + Int64(q) * m * element_bytes
+        return signals.peer_address(results, holder) + Int64(q) * m * self.element_bytes
 
     @cute.jit
-    def window(length, k, chunk):
+    def window(self, length, k, chunk):
         """Elements [lo, hi) of round ``k`` (rounds of ``chunk`` elements, whole grid strides)
         of a slice of ``length``: the elements past its last vector fall in the last one."""
         return cutlass.min(k * chunk, length), cutlass.min((k + 1) * chunk, length)
 
     @cute.jit
-    def push(table, src, n, rank, k, chunk, first, step):
+    def push(self, table, src, n, rank, k, chunk, first, step):
         """Chunk ``k`` of slot ``rank`` of rank ``q``'s buffer = chunk ``k`` of slice ``q`` of
         our input, for every ``q`` (``q = rank + i``: each rank writes to a different owner at a
         time; ``table`` the receive buffers', read where used).  The owners are a loop, not
         unrolled, as in ``collect``: unrolled, each owner's bounds were hoisted out of the
         pipeline's rounds into registers of their own, which spilled at 8 ranks
         (``tests/collectives/test_kernel_registers.py``)."""
-        for i in cutlass.range(world, unroll=1):
-            q = (rank + i) % world
-            begin, length, m = bounds(n, q)
-            lo, hi = window(length, k, chunk)
-            slot = signals.peer_address(table, q) + Int64(rank) * m * element_bytes
-            b.copy_local(src + begin * element_bytes, slot, lo, hi, first, step)
+        for i in cutlass.range(self.world, unroll=1):
+            q = (rank + i) % self.world
+            begin, length, m = self.bounds(n, q)
+            lo, hi = self.window(length, k, chunk)
+            slot = signals.peer_address(table, q) + Int64(rank) * m * self.element_bytes
+            self.b.copy_local(src + begin * self.element_bytes, slot, lo, hi, first, step)
 
     @cute.jit
-    def reduce_chunk(table, results, out, n, rank, k, chunk, first, step):
-        """Chunk ``k`` of the reduction of our ``world`` slots (local loads) into out (the
+    def reduce_chunk(self, table, results, out, n, rank, k, chunk, first, step):
+        """Chunk ``k`` of the reduction of our ``self.world`` slots (local loads) into out (the
         all-reduce: into our slice of out and into our region of the result buffers, ``results``
         their table: in the pipeline every other rank's (peer stores), else our own)."""
-        begin, length, m = bounds(n, rank)
-        lo, hi = window(length, k, chunk)
+        begin, length, m = self.bounds(n, rank)
+        lo, hi = self.window(length, k, chunk)
         own = signals.peer_address(table, rank)
-        slots = [own + Int64(s) * m * element_bytes for s in range(world)]
+        slots = [own + Int64(s) * m * self.element_bytes for s in range(self.world)]
         dests = [out]
-        if cutlass.const_expr(all_reduce):
-            dests = [out + begin * element_bytes]
-            if cutlass.const_expr(pipelined):
-                dests += [region(results, (rank + i) % world, rank, m) for i in range(1, world)]
+        if cutlass.const_expr(self.all_reduce):
+            dests = [out + begin * self.element_bytes]
+            if cutlass.const_expr(self.pipelined):
+                dests += [self.region(results, (rank + i) % self.world, rank, m) for i in range(1, self.world)]
             else:
-                dests += [region(results, rank, rank, m)]
+                dests += [self.region(results, rank, rank, m)]
 
         def reduce_here(vs):
-            offsets = tuple(Int64(v) * vec for v in vs)
-            for o, values in zip(offsets, reduce.load_reduce_peer(slots, offsets, dtype, acc, vec, op)):
+            offsets = tuple(Int64(v) * self.vec for v in vs)
+            reduced = reduce.load_reduce_peer(slots, offsets, self.dtype, self.acc, self.vec, self.op)
+            for o, values in zip(offsets, reduced):
                 for d in dests:
-                    b.store_local(d, o, values, vec)
+                    self.b.store_local(d, o, values, self.vec)
 
-        b.each_vector(lo // vec, hi // vec, first, step, reduce_here)
-        j = cutlass.max(Int64(hi // vec * vec), lo) + first
+        self.b.each_vector(lo // self.vec, hi // self.vec, first, step, reduce_here)
+        j = cutlass.max(Int64(hi // self.vec * self.vec), lo) + first
         while j < hi:
-            value = reduce.load_reduce_peer(slots, (j,), dtype, acc, 1, op)[0]
+            value = reduce.load_reduce_peer(slots, (j,), self.dtype, self.acc, 1, self.op)[0]
             for d in dests:
-                b.store_local(d, j, value, 1)
+                self.b.store_local(d, j, value, 1)
             j += step
 
     @cute.jit
-    def pull(results, out, n, rank, k, chunk, first, step):
+    def pull(self, results, out, n, rank, k, chunk, first, step):
         """Chunk ``k`` of slice ``q`` of out = chunk ``k`` of owner ``q``'s region of its own
         result buffer, for every other ``q`` (``q = rank + i``: each rank reads from a
         different owner at a time; the multicast backends)."""
-        for i in cutlass.range_constexpr(1, world):
-            q = (rank + i) % world
-            begin, length, m = bounds(n, q)
-            lo, hi = window(length, k, chunk)
-            b.copy_local(region(results, q, q, m), out + begin * element_bytes, lo, hi, first, step)
+        for i in cutlass.range_constexpr(1, self.world):
+            q = (rank + i) % self.world
+            begin, length, m = self.bounds(n, q)
+            lo, hi = self.window(length, k, chunk)
+            self.b.copy_local(self.region(results, q, q, m), out + begin * self.element_bytes, lo, hi, first, step)
 
     @cute.jit
-    def collect(results, out, n, rank, k, chunk, first, step):
+    def collect(self, results, out, n, rank, k, chunk, first, step):
         """Chunk ``k`` of slice ``q`` of out = chunk ``k`` of region ``q`` of our own result
         buffer (owner ``q`` stored it there), for every other ``q``: local loads and stores
         (the pipeline; ``results`` the result buffers' table)."""
-        for i in cutlass.range(1, world, unroll=1):
-            q = (rank + i) % world
-            begin, length, m = bounds(n, q)
-            lo, hi = window(length, k, chunk)
-            b.copy_local(region(results, rank, q, m), out + begin * element_bytes, lo, hi, first, step)
-
-    if pipelined:
-        return pipeline(key, slot_elements, push, reduce_chunk, collect if all_reduce else None)
+        for i in cutlass.range(1, self.world, unroll=1):
+            q = (rank + i) % self.world
+            begin, length, m = self.bounds(n, q)
+            lo, hi = self.window(length, k, chunk)
+            self.b.copy_local(self.region(results, rank, q, m), out + begin * self.element_bytes, lo, hi, first, step)
 
     @cute.jit
-    def push_all(table, src, n, rank, first, step):
-        push(table, src, n, rank, Int64(0), slot_elements(n), first, step)
+    def push_all(self, table, src, n, rank, first, step):
+        self.push(table, src, n, rank, Int64(0), self.slot_elements(n), first, step)
 
     @cute.jit
-    def reduce_all(table, results, out, src, n, rank, first, step, buffers, deadline, err):
-        reduce_chunk(table, results_table(results), out, n, rank, Int64(0), slot_elements(n), first, step)
+    def reduce_all(self, table, results, out, src, n, rank, first, step, buffers, deadline, err):
+        self.reduce_chunk(table, results_table(results), out, n, rank, Int64(0), self.slot_elements(n), first, step)
 
     @cute.jit
-    def pull_all(table, results, out, n, rank, first, step):
-        pull(results_table(results), out, n, rank, Int64(0), slot_elements(n), first, step)
-
-    return design.kernel(key, b, stage=None, move=reduce_all, push=push_all, pull=pull_all if all_reduce else None,
-                         layout=layout(key))
-
-
-def pipeline(key: KernelKey, slot_elements, push, reduce_chunk, collect):
-    """The ``@cute.jit`` launcher of the pipelined push (peer signals; the module docstring
-    gives the schedule): ``push``, ``reduce_chunk`` and ``collect`` (none for a reduce-scatter)
-    move chunk ``k`` of ``chunk`` elements of every slot of ``slot_elements(n)``."""
-    world, threads, vec = key.world, key.threads, key.elements_per_access
-    final = collect is not None or key.end_barrier
+    def pull_all(self, table, results, out, n, rank, first, step):
+        self.pull(results_table(results), out, n, rank, Int64(0), self.slot_elements(n), first, step)
 
     @cute.jit
-    def wait(flag, pad, rank, block, calls, j, deadline, err, which, size):
+    def wait(self, flag, pad, rank, block, calls, j, deadline, err, which, size):
         """Wait for every rank's event ``j`` (True in every thread of the block if it came,
         with our size)."""
         return signals.block_all(flag, signals.wait_peers(
-            pad, rank, block, calls, calls + Uint32(j + 1), deadline, err, which, size, world))
+            pad, rank, block, calls, calls + Uint32(j + 1), deadline, err, which, size, self.world))
 
     @cute.jit
-    def kernel(args: KernelArgs):
+    def pipeline_kernel(self, args: KernelArgs):
         data_table, out, src, n = args.data_table, args.out, args.src, args.n
         pad_table, pad_mc, pad, err, rank, timeout_ns = (args.pad_table, args.pad_mc, args.pad, args.err, args.rank,
                                                          args.timeout_ns)
         tidx = cute.arch.thread_idx()[0]
         block = cute.arch.block_idx()[0]
         flag = SmemAllocator().allocate_tensor(Int32, cute.make_layout(1), byte_alignment=4)
-        calls, last = signals.enter_call(pad, world)  # this call's events are calls + 1 ...
+        calls, last = signals.enter_call(pad, self.world)  # this call's events are calls + 1 ...
         deadline = cute.arch.globaltimer() + timeout_ns
         size = Uint32(n)
-        first = Int64(block) * threads + tidx
-        step = Int64(cute.arch.grid_dim()[0]) * threads
-        results = args.results if cutlass.const_expr(collect is not None) else None  # read where it is used
-        strides = ceil_div(ceil_div(slot_elements(n), vec), step)
-        chunk = push_round_strides(strides) * step * vec
+        first = Int64(block) * self.threads + tidx
+        step = Int64(cute.arch.grid_dim()[0]) * self.threads
+        results = args.results if cutlass.const_expr(self.all_reduce) else None  # read where it is used
+        strides = ceil_div(ceil_div(self.slot_elements(n), self.vec), step)
+        chunk = push_round_strides(strides) * step * self.vec
         rounds = push_rounds(strides)
-        events = push_events(rounds, final)
+        events = push_events(rounds, self.final)
 
-        push(data_table, src, n, rank, Int64(0), chunk, first, step)
-        signals.signal_peers(pad_table, rank, block, calls, calls + Uint32(1), size, world)
+        self.push(data_table, src, n, rank, Int64(0), chunk, first, step)
+        signals.signal_peers(pad_table, rank, block, calls, calls + Uint32(1), size, self.world)
         # Every rank's size before any other push: a failed call's pushes are all signalled.
-        ok = wait(flag, pad, rank, block, calls, Int64(0), deadline, err, Int32(0), size)
+        ok = self.wait(flag, pad, rank, block, calls, Int64(0), deadline, err, Int32(0), size)
         k = Int64(0)
         while ok and k < rounds:
             if k + 1 < rounds:
-                push(data_table, src, n, rank, k + 1, chunk, first, step)
+                self.push(data_table, src, n, rank, k + 1, chunk, first, step)
             if k > 0:
-                ok = wait(flag, pad, rank, block, calls, k, deadline, err, Int32(PUSH_ROUND), size)
+                ok = self.wait(flag, pad, rank, block, calls, k, deadline, err, Int32(PUSH_ROUND), size)
             if ok:
-                reduce_chunk(data_table, results, out, n, rank, k, chunk, first, step)
-                if cutlass.const_expr(collect is not None):
+                self.reduce_chunk(data_table, results, out, n, rank, k, chunk, first, step)
+                if cutlass.const_expr(self.all_reduce):
                     if k > 0:
-                        collect(results, out, n, rank, k - 1, chunk, first, step)
+                        self.collect(results, out, n, rank, k - 1, chunk, first, step)
                 if k + 1 < events:
-                    signals.signal_peers(pad_table, rank, block, calls, calls + Uint32(k + 2), size, world)
+                    signals.signal_peers(pad_table, rank, block, calls, calls + Uint32(k + 2), size, self.world)
             k += 1
-        if cutlass.const_expr(final):
+        if cutlass.const_expr(self.final):
             if ok:
-                ok = wait(flag, pad, rank, block, calls, rounds, deadline, err, Int32(1), size)
-                if cutlass.const_expr(collect is not None):
+                ok = self.wait(flag, pad, rank, block, calls, rounds, deadline, err, Int32(1), size)
+                if cutlass.const_expr(self.all_reduce):
                     if ok:
-                        collect(results, out, n, rank, rounds - 1, chunk, first, step)
-        signals.leave_call(pad, calls, last, world)
+                        self.collect(results, out, n, rank, rounds - 1, chunk, first, step)
+        signals.leave_call(pad, calls, last, self.world)
 
-    return launcher(kernel, threads, pdl=key.pdl, layout=layout(key))
+
+def build(key: KernelKey):
+    """The ``@cute.jit`` launcher of the push reduce-scatter or all-reduce for ``key``."""
+    return PushKernel(key).launcher()
 
 
 class Push(Algorithm):
@@ -355,4 +361,4 @@ class Push(Algorithm):
         return build(key)
 
 
-__all__ = ["Push", "build", "pipeline"]
+__all__ = ["Push", "PushKernel", "build", "layout", "results_table"]
