@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
+from enum import IntEnum
 from typing import Any, Protocol
 
 import torch
@@ -33,6 +34,29 @@ from .config import PLAN_CACHE_SIZE
 
 #: Smallest staging buffer (bytes).
 STAGING_MIN_BYTES = 1 << 20
+
+
+class Slot(IntEnum):
+    """The staging slots of a communicator's :class:`StagingPool`, one per use that must not
+    share a buffer with another (a rank may rewrite a slot only once no rank still reads it)."""
+
+    #: The single-barrier collectives, strictly in turn (:attr:`~collectives.runtime.Communicator.turn`):
+    #: a rank rewrites one only after every rank started a later collective.
+    TURN_0 = 0
+    TURN_1 = 1
+    #: The staged collectives that keep their end barrier.
+    STAGED = 2
+    #: Push reduce-scatters that keep their end barrier (:func:`collectives.api._two_barrier_slot`).
+    PUSH_REDUCE_SCATTER = 3
+    #: Push all-reduces' receive slots: read by other ranks after their last barrier and
+    #: pushed into before their first.
+    PUSH_ALL_REDUCE = 4
+    #: The push all-reduces' result regions, one per owner, apart from the slots the next call
+    #: pushes into while other ranks may still read the last one's results.
+    PUSH_RESULTS = 5
+    #: The GEMM-overlap workspaces (:mod:`collectives.overlap`).
+    GEMM_REDUCE_SCATTER = 6
+    ALL_GATHER_GEMM = 7
 
 
 class Holder(Protocol):
@@ -90,20 +114,15 @@ def capacity(nbytes: int) -> int:
 
 
 class StagingPool:
-    """Staging slots 0, 1 (the single-barrier collectives, in turn), 2 (the staged collectives
-    with an end barrier), 3 (push reduce-scatters with an end barrier: see
-    :func:`collectives.api._two_barrier_slot`), 4 (push all-reduces, which read other ranks'
-    buffers after their last barrier and push into them before their first) and 5 (the push
-    all-reduces' result regions, one per owner, apart from the slots that the next call pushes
-    into while other ranks may still read the last one's results, whatever their sizes), 6 and
-    7 (the GEMM-overlap workspaces of :mod:`collectives.overlap`).
+    """The staging buffer of each :class:`Slot`, grown (and its superseded buffer freed
+    or pinned) collectively.
 
     ``forget(ptr, nbytes)`` is called for each buffer freed (drop cached views into it);
     ``agree(slot, nbytes)`` before each growth: it raises unless every rank grows the same
     slot to the same size at the same call (a caller's size mismatch makes some ranks grow and
     others not, and the collective steps of growth must not pair with anything else)."""
 
-    SLOTS = 8
+    SLOTS = len(Slot)
 
     def __init__(self, ctx: Allocator, plans: PlanCache, forget: Callable[[int, int], None],
                  agree: Callable[[int, int], None]) -> None:
@@ -112,7 +131,7 @@ class StagingPool:
         self.pinned: list[torch.Tensor] = []  # superseded, used by a captured graph: never freed
         self._captured: set[int] = set()  # data pointers of current buffers a capture used
 
-    def get(self, nbytes: int, which: int) -> torch.Tensor:
+    def get(self, nbytes: int, which: Slot) -> torch.Tensor:
         """Slot ``which``'s buffer, of at least ``nbytes`` (grown collectively: every rank
         reaches here with the same sizes, or the allocation's size check raises)."""
         old = self.current[which]

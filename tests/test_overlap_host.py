@@ -8,7 +8,6 @@ import pytest
 torch = pytest.importorskip("torch")
 from collectives.config import (  # noqa: E402
     CLAIMED,
-    ERROR_RECORDS,
     FATAL_RECORD,
     FLAG_SLOTS,
     FLAG_WAIT,
@@ -16,7 +15,9 @@ from collectives.config import (  # noqa: E402
     SIZE_MISMATCH,
     TIMEOUT,
 )
+from collectives.error_record import ErrorRecord  # noqa: E402
 from collectives.errors import CollectiveError, CollectiveTimeout  # noqa: E402
+from collectives.stream_flags import StreamFlags  # noqa: E402
 from collectives import overlap  # noqa: E402
 from collectives.overlap import _FLAG_BASE, MAX_CHUNKS, _bounds  # noqa: E402
 from collectives.runtime import Communicator  # noqa: E402
@@ -48,14 +49,12 @@ def test_chunk_counts_beyond_the_flag_slots_are_refused(monkeypatch, chunks: int
 
 
 def _bare_communicator(record: list[int], index: int = FATAL_RECORD) -> Communicator:
-    """A communicator with only its error state (no context, no GPU), ``record`` in record
-    ``index`` (the other empty)."""
+    """A communicator with only its error record and stream flags (no context, no GPU),
+    ``record`` in record ``index`` (the other empty)."""
     comm = Communicator.__new__(Communicator)
-    comm.failed, comm.timeout_s = None, 2.0
-    comm.error = torch.zeros((ERROR_RECORDS, len(record)), dtype=torch.int32)
+    comm.errors = ErrorRecord(2.0, lambda: None, pin_memory=False)  # the flags' GPU rematch aside
     comm.error[index] = torch.tensor(record, dtype=torch.int32)
-    comm._status = comm.error.numpy()
-    comm._rematch_flags = lambda record: record.zero_()  # the GPU part (synchronise, copy the counts) aside
+    comm.stream_flags = StreamFlags.__new__(StreamFlags)
     return comm
 
 
