@@ -119,19 +119,19 @@ class Communicator:
         return self.errors.failed
 
     def check(self) -> None:
-        """Raise the error a kernel recorded, or one deferred (:meth:`ErrorRecord.check`)."""
+        """Raise the error a kernel recorded, or one deferred (:meth:`~collectives.error_record.ErrorRecord.check`)."""
         self.errors.check()
 
     def poll(self) -> None:
-        """At the start of a collective call (:meth:`ErrorRecord.poll`)."""
+        """At the start of a collective call (:meth:`~collectives.error_record.ErrorRecord.poll`)."""
         self.errors.poll()
 
     def finish(self) -> None:
-        """At the end of a collective call, after its launches (:meth:`ErrorRecord.finish`)."""
+        """At the end of a collective call, after its launches (:meth:`~collectives.error_record.ErrorRecord.finish`)."""
         self.errors.finish()
 
     def call(self) -> AbstractContextManager[None]:
-        """One call made of collective calls (:meth:`ErrorRecord.call`)."""
+        """One call made of collective calls (:meth:`~collectives.error_record.ErrorRecord.call`)."""
         return self.errors.call()
 
     # -- stream flags: StreamFlags ------------------------------------------------------------
@@ -142,11 +142,11 @@ class Communicator:
         return self.stream_flags.flags
 
     def post(self, index: int) -> None:
-        """Post flag slot ``index`` on the current stream (:meth:`StreamFlags.post`)."""
+        """Post flag slot ``index`` on the current stream (:meth:`~collectives.stream_flags.StreamFlags.post`)."""
         self.stream_flags.post(index)
 
     def wait(self, index: int) -> None:
-        """Make the current stream wait for slot ``index``'s next post (:meth:`StreamFlags.wait`)."""
+        """Make the current stream wait for slot ``index``'s next post (:meth:`~collectives.stream_flags.StreamFlags.wait`)."""
         self.stream_flags.wait(index)
 
     # -- buffers: BufferViews, StagingPool ----------------------------------------------------
@@ -225,7 +225,7 @@ class Communicator:
         plan.run()
 
     def kernel(self, key: KernelKey | str) -> Callable[..., Any]:
-        """The compiled kernel for ``key`` on this GPU (:meth:`KernelCache.get`), as the
+        """The compiled kernel for ``key`` on this GPU (:meth:`~collectives.kernels.KernelCache.get`), as the
         positional TVM-FFI function.  A string key names a stream-flag kernel."""
         return self.kernels.get(key, compile_target(self.device_index))
 
