@@ -32,6 +32,7 @@ def compile_kernel(key: KernelKey | str, target: str) -> Any:
     PTX (``__ptx__``) and its TVM-FFI function (``__tvm_ffi_object__()``).  A string key names
     a stream-flag kernel (:mod:`collectives.algorithms.flags`)."""
     import cutlass.cute as cute
+    from cutlass.base_dsl.compiler import DumpDir
 
     from . import algorithms
     from .algorithms import flags
@@ -41,10 +42,8 @@ def compile_kernel(key: KernelKey | str, target: str) -> Any:
         launch, args = flags.build(key), flag_example_arguments()
     else:
         launch, args = algorithms.build(key), algorithms.example_arguments()
-    with tempfile.TemporaryDirectory() as dump:
-        return cute.compile[cute.GPUArch(target)](
-            launch, *args, options=f"--enable-tvm-ffi --keep-ptx --dump-dir={dump}",
-        )
+    with tempfile.TemporaryDirectory() as dump:  # the PTX is kept in memory, the files dropped
+        return cute.compile[cute.KeepPTX, cute.EnableTVMFFI, cute.GPUArch(target), DumpDir(dump)](launch, *args)
 
 
 def refuse_multimem(ptx: str | None, key: KernelKey | str, backend: str) -> None:
