@@ -123,3 +123,14 @@ def test_max_blocks_caps_the_grid_and_never_raises_it(algorithm: str) -> None:
     assert comm.blocks(key, small, 8) == comm.blocks(key, small) == 1
     lamport = KernelKey("all_reduce", "lamport", "peer", "bf16", 2)
     assert comm.blocks(lamport, big, 8) == LAMPORT_BLOCKS  # a fixed grid: the cap does not apply
+
+
+def test_each_communicator_has_its_own_side_stream(monkeypatch) -> None:
+    """The overlap's side stream belongs to a communicator's stream flags (made once, on first
+    use), not to the process: two communicators on one device order their calls apart."""
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: object())
+    first, second = (StreamFlags.__new__(StreamFlags) for _ in range(2))
+    for flags in (first, second):
+        flags.device, flags._side = 0, None
+    assert first.side() is first.side()
+    assert first.side() is not second.side()
