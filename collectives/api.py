@@ -24,7 +24,8 @@ from .algorithms import ALGORITHMS, REGISTRY, Call
 from .config import VECTOR_BYTES
 from .dtypes import from_torch
 from .errors import CollectiveError
-from .runtime import Communicator, _capturing, communicator, traceable
+from .plan import capturing as _capturing
+from .runtime import Communicator, communicator, traceable
 
 
 def empty(shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32, *, group: Any = None) -> torch.Tensor:

@@ -226,25 +226,25 @@ TIMEOUT, SIZE_MISMATCH, CLAIMED = 1, 2, -1
 
 
 class Slot(IntEnum):
-    """The staging slots, by what they serve.
+    """The staging slots of a communicator's :class:`~collectives.staging.StagingPool`, one per use that must not
+    share a buffer with another (a rank may rewrite a slot only once no rank still reads it)."""
 
-    ``TURN_A``/``TURN_B``: the single-barrier collectives, strictly in turn across all of them
-    (a rank may rewrite one only after every rank started a later collective, which proves it
-    finished reading); ``STAGED``: the staged collectives that keep their end barrier;
-    ``PUSH_STAGED``: push reduce-scatters that keep it (their stores into other ranks' buffers
-    come before their first barrier, so no collective that reads its buffer after its last
-    barrier may share it); ``PUSH_SLOTS``: the push all-reduces' receive slots (they read other
-    ranks' buffers after their last barrier and push into them before their first);
-    ``PUSH_RESULTS``: the push all-reduces' result regions, one per owner, apart from the slots
-    that the next call pushes into while other ranks may still read the last one's results,
-    whatever their sizes; ``OVERLAP_A``/``OVERLAP_B``: the GEMM-overlap workspaces
-    (:mod:`collectives.overlap`)."""
-
-    TURN_A = 0
-    TURN_B = 1
+    #: The single-barrier collectives, strictly in turn (:attr:`~collectives.runtime.Communicator.turn`):
+    #: a rank rewrites one only after every rank started a later collective.
+    TURN_0 = 0
+    TURN_1 = 1
+    #: The staged collectives that keep their end barrier.
     STAGED = 2
-    PUSH_STAGED = 3
-    PUSH_SLOTS = 4
+    #: Push reduce-scatters that keep their end barrier: their stores into other ranks' buffers
+    #: come before their first barrier, so no collective that reads its buffer after its last
+    #: barrier may share it.
+    PUSH_REDUCE_SCATTER = 3
+    #: Push all-reduces' receive slots: read by other ranks after their last barrier and
+    #: pushed into before their first.
+    PUSH_ALL_REDUCE = 4
+    #: The push all-reduces' result regions, one per owner, apart from the slots the next call
+    #: pushes into while other ranks may still read the last one's results.
     PUSH_RESULTS = 5
-    OVERLAP_A = 6
-    OVERLAP_B = 7
+    #: The GEMM-overlap workspaces (:mod:`collectives.overlap`).
+    GEMM_REDUCE_SCATTER = 6
+    ALL_GATHER_GEMM = 7

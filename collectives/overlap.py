@@ -44,6 +44,7 @@ from .config import VECTOR_BYTES
 from .dtypes import DTYPES
 from .errors import CollectiveError
 from .runtime import Communicator, communicator, traceable
+from .config import Slot
 
 #: The dtypes the overlapped GEMM (``torch.mm``) takes (registry names).
 GEMM_DTYPES = ("bf16", "f16")
@@ -55,8 +56,7 @@ MAX_CHUNKS = 8
 COMM_BLOCKS: int | None = None
 
 #: The staging-pool slot of each function's symmetric workspace.
-_WORKSPACE_SLOT = {"gemm_reduce_scatter": 6, "all_gather_gemm": 7}
-_SIDE: dict[int, torch.cuda.Stream] = {}
+_WORKSPACE_SLOT = {"gemm_reduce_scatter": Slot.GEMM_REDUCE_SCATTER, "all_gather_gemm": Slot.ALL_GATHER_GEMM}
 #: The first stream-flag slot of each function's chunks (its chunk ``c`` posts slot base + c).
 _FLAG_BASE = {"gemm_reduce_scatter": 0, "all_gather_gemm": MAX_CHUNKS}
 
@@ -66,12 +66,6 @@ def _workspace(comm: Communicator, name: str, numel: int, dtype: torch.dtype) ->
     (grown collectively; a superseded one is freed only if no captured graph used it)."""
     nbytes = numel * torch.empty((), dtype=dtype).element_size()
     return comm.staging(nbytes, _WORKSPACE_SLOT[name])[:nbytes].view(dtype)
-
-
-def _side_stream(device: int) -> torch.cuda.Stream:
-    if device not in _SIDE:
-        _SIDE[device] = torch.cuda.Stream(device)
-    return _SIDE[device]
 
 
 def _check(name: str, comm: Communicator, a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int]:
@@ -111,13 +105,15 @@ def gemm_reduce_scatter(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | No
     if torch.compiler.is_compiling():
         traceable(group, "gemm_reduce_scatter")
         return torch_ops.traced_gemm("gemm_reduce_scatter", a, b, _world(), out)
-    return _gemm_reduce_scatter(a, b, out, group=group)
+    return eager_gemm_reduce_scatter(a, b, out, group=group)
 
 
-def _gemm_reduce_scatter(a, b, out, timeline: list | None = None, group: Any = None) -> torch.Tensor:
-    """``gemm_reduce_scatter``; given ``timeline``, appends ``(kind, chunk, start, end)`` CUDA
-    events around each chunk's GEMM and communication.  Chunk ``c``: GEMMs then a post on the
-    current stream; a wait then the reduce-scatter on the side stream."""
+def eager_gemm_reduce_scatter(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
+                              timeline: list | None = None, group: Any = None) -> torch.Tensor:
+    """:func:`gemm_reduce_scatter` run now (never traced); given ``timeline``, appends
+    ``(kind, chunk, start, end)`` CUDA events around each chunk's GEMM and communication
+    (``collectives.tools.overlap_timeline``).  Chunk ``c``: GEMMs then a post on the current
+    stream; a wait then the reduce-scatter on the side stream."""
     comm = communicator(group)
     with comm.call():
         return _gemm_reduce_scatter_on(comm, a, b, out, timeline)
@@ -138,7 +134,7 @@ def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None
     # Chunk c's partial products, every owner's rows of the chunk together: (W, rows_c, N).
     partial = _workspace(comm, "gemm_reduce_scatter", rows * n, a.dtype)
     main = torch.cuda.current_stream()
-    side = _side_stream(comm.device_index)
+    side = comm.stream_flags.side()
     side.wait_stream(main)
     slot = _FLAG_BASE["gemm_reduce_scatter"]
     # Every owner's rows of a chunk in one batched GEMM (b broadcast: batch stride 0).
@@ -172,14 +168,15 @@ def all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, out: torch.Tensor | 
     if torch.compiler.is_compiling():
         traceable(group, "all_gather_gemm")
         return torch_ops.traced_gemm("all_gather_gemm", a_shard, b, _world(), out)
-    return _all_gather_gemm(a_shard, b, out, group=group)
+    return eager_all_gather_gemm(a_shard, b, out, group=group)
 
 
-def _all_gather_gemm(a_shard, b, out, timeline: list | None = None, group: Any = None) -> torch.Tensor:
-    """``all_gather_gemm``; ``timeline`` as for :func:`_gemm_reduce_scatter`.  This rank's own
-    rows are multiplied first, while the side stream gathers the first chunk of the others'.
-    Chunk ``c``: the all-gather then a post on the side stream; a wait then the GEMMs on the
-    current stream."""
+def eager_all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
+                          timeline: list | None = None, group: Any = None) -> torch.Tensor:
+    """:func:`all_gather_gemm` run now (never traced); ``timeline`` as for
+    :func:`eager_gemm_reduce_scatter`.  This rank's own rows are multiplied first, while the side
+    stream gathers the first chunk of the others'.  Chunk ``c``: the all-gather then a post on
+    the side stream; a wait then the GEMMs on the current stream."""
     comm = communicator(group)
     with comm.call():
         return _all_gather_gemm_on(comm, a_shard, b, out, timeline)
@@ -199,7 +196,7 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
     # Chunk c of every rank's shard, gathered: (W, rows_c, K).
     gathered = _workspace(comm, "all_gather_gemm", world * m * k, a_shard.dtype)
     main = torch.cuda.current_stream()
-    side = _side_stream(comm.device_index)
+    side = comm.stream_flags.side()
     side.wait_stream(main)
     bounds = _bounds(m)
     slot = _FLAG_BASE["all_gather_gemm"]
@@ -248,13 +245,13 @@ def _check_world(name: str, world: int) -> None:
 @torch_ops.implement("gemm_reduce_scatter")
 def _gemm_reduce_scatter_kernel(a: torch.Tensor, b: torch.Tensor, world: int) -> torch.Tensor:
     _check_world("gemm_reduce_scatter", world)
-    return _gemm_reduce_scatter(a, b, None)
+    return eager_gemm_reduce_scatter(a, b)
 
 
 @torch_ops.implement("all_gather_gemm")
 def _all_gather_gemm_kernel(a_shard: torch.Tensor, b: torch.Tensor, world: int) -> torch.Tensor:
     _check_world("all_gather_gemm", world)
-    return _all_gather_gemm(a_shard, b, None)
+    return eager_all_gather_gemm(a_shard, b)
 
 
 def _marks(timeline: list | None, kind: str, chunk: int, stream: torch.cuda.Stream):
@@ -272,4 +269,4 @@ def _close(end: torch.cuda.Event | None, stream: torch.cuda.Stream) -> None:
         end.record(stream)
 
 
-__all__ = ["all_gather_gemm", "gemm_reduce_scatter"]
+__all__ = ["all_gather_gemm", "eager_all_gather_gemm", "eager_gemm_reduce_scatter", "gemm_reduce_scatter"]

@@ -90,14 +90,15 @@ def capacity(nbytes: int) -> int:
 
 
 class StagingPool:
-    """The staging buffers, one per :class:`~collectives.config.Slot` (each grown, never shrunk, by doubling).
+    """The staging buffer of each :class:`~collectives.config.Slot`, grown (and its superseded buffer freed
+    or pinned) collectively.
 
     ``forget(ptr, nbytes)`` is called for each buffer freed (drop cached views into it);
     ``agree(slot, nbytes)`` before each growth: it raises unless every rank grows the same
     slot to the same size at the same call (a caller's size mismatch makes some ranks grow and
     others not, and the collective steps of growth must not pair with anything else)."""
 
-    SLOTS = 8
+    SLOTS = len(Slot)
 
     def __init__(self, ctx: Allocator, plans: PlanCache, forget: Callable[[int, int], None],
                  agree: Callable[[int, int], None]) -> None:
@@ -106,7 +107,7 @@ class StagingPool:
         self.pinned: list[torch.Tensor] = []  # superseded, used by a captured graph: never freed
         self._captured: set[int] = set()  # data pointers of current buffers a capture used
 
-    def get(self, nbytes: int, which: int) -> torch.Tensor:
+    def get(self, nbytes: int, which: Slot) -> torch.Tensor:
         """Slot ``which``'s buffer, of at least ``nbytes`` (grown collectively: every rank
         reaches here with the same sizes, or the allocation's size check raises)."""
         old = self.current[which]

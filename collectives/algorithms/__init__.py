@@ -24,10 +24,16 @@ def algorithm(collective: str, name: str) -> Algorithm:
     return REGISTRY[collective, name]
 
 
+def grid(comm, key: KernelKey, work: int, limit: int | None = None) -> int:
+    """Thread blocks of ``key``'s kernel on ``comm`` for ``work`` vector accesses per rank, at
+    most ``limit`` (:meth:`Algorithm.blocks` of its algorithm)."""
+    return key.impl.blocks(comm, key, work, limit)
+
+
 def build(key: KernelKey):
     """The ``@cute.jit`` launcher of the kernel for ``key`` (compile it with ``cute.compile``
     and :func:`~collectives.launch.example_arguments`)."""
     return key.impl.build(key)
 
 
-__all__ = ["ALGORITHMS", "REGISTRY", "Algorithm", "Call", "KernelKey", "algorithm", "build", "example_arguments"]
+__all__ = ["ALGORITHMS", "REGISTRY", "Algorithm", "Call", "KernelKey", "algorithm", "build", "example_arguments", "grid"]

@@ -98,7 +98,7 @@ def build(key: KernelKey):
 class OneShotGather(Algorithm):
     """Each rank pushes its input into block ``rank`` of every rank's symmetric buffer: a
     symmetric ``out`` is that buffer, any other is copied out of
-    :attr:`~collectives.staging.Slot.STAGED` (``gather_out``)."""
+    :attr:`~collectives.config.Slot.STAGED` (``gather_out``)."""
 
     collectives = ("all_gather",)
     name = "one_shot"

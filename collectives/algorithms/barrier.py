@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from ..config import BARRIER_THREADS
+from ..kernel_args import COLLECTIVE
 from . import design
-from .base import Algorithm
+from .base import Algorithm, Call
 from .key import KernelKey
 
 
@@ -14,6 +18,13 @@ class Barrier(Algorithm):
     collectives = ("barrier",)
     name = "one_shot"
     stages_in = "never"
+
+    def plan(self, comm: Any, call: Call) -> Any:
+        """One block on the signal pad (no data, no output)."""
+        from ..plan import prepare
+
+        key = KernelKey("barrier", self.name, call.backend, "bf16", call.world, threads=BARRIER_THREADS)
+        return prepare(comm, key, COLLECTIVE, comm.pad_buffer, 0, 0, 0, 1)
 
     def build(self, key: KernelKey):
         return design.kernel(key, design.Blocks(key), stage=None)

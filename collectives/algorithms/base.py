@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from ..config import MULTICAST_PATHS, VECTOR_BYTES, Slot
 from ..dtypes import DTYPES
+from ..kernel_args import COLLECTIVE, Layout
 
 
 #: Every algorithm by (collective, name), filled as the algorithm modules are imported
@@ -56,6 +57,12 @@ class Call:
     pointers_aligned: bool
     capturing: bool
     max_blocks: int | None = None
+
+    @classmethod
+    def bare(cls, collective: str, backend: str, world: int) -> Call:
+        """A call moving no data (the barrier)."""
+        return cls(collective, None, None, "bf16", "sum", backend, world, n=0, nbytes=0, symmetric=False,
+                   in_place=False, whole_vectors=True, pointers_aligned=True, capturing=False)
 
     @property
     def aligned(self) -> bool:
@@ -127,7 +134,7 @@ class Algorithm:
         return None
 
     def plan(self, comm: Any, call: Call) -> Any:
-        """The prepared launch (:class:`~collectives.runtime.Plan`) of ``call`` on ``comm``."""
+        """The prepared launch (:class:`~collectives.plan.Plan`) of ``call`` on ``comm``."""
         raise NotImplementedError
 
     def build(self, key: Any) -> Any:
@@ -144,14 +151,17 @@ class Algorithm:
     # -- the plan's pieces ----------------------------------------------------------------------
 
     def launch(self, comm: Any, call: Call, key: Any, data: Any, src: int, *, work: int | None = None,
-               results: Any = None) -> Any:
-        """The plan launching ``key`` on the kernel view(s) ``data`` (two: alternated), reading
-        ``src`` (0: the data buffer itself) and writing ``call.out``, with a grid for ``work``
-        vector accesses per rank (default: the call's ``n`` elements)."""
+               layout: Layout = COLLECTIVE, results: Any = None) -> Any:
+        """The plan (:func:`collectives.plan.prepare`) launching ``key`` on the kernel view(s)
+        ``data`` (two: alternated), reading ``src`` (0: the data buffer itself) and writing
+        ``call.out``, with a grid for ``work`` vector accesses per rank (default: the call's
+        ``n`` elements)."""
+        from ..plan import prepare
+
         if work is None:
             work = -(-call.n // key.elements_per_access)
         blocks = self.blocks(comm, key, work, call.max_blocks)
-        return comm.plan(key, data, call.out.data_ptr(), src, call.n, blocks, results)
+        return prepare(comm, key, layout, data, call.out.data_ptr(), src, call.n, blocks, results)
 
     @staticmethod
     def staged(comm: Any, nbytes: int, slots: tuple[Slot, ...]) -> list[Any]:

@@ -11,18 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import config
-from ..config import (
-    BACKENDS,
-    COLLECTIVES,
-    MAX_WORLD,
-    MULTICAST_PATHS,
-    OPS,
-    PTX_OP,
-    TMA_SMEM_BYTES,
-    TMA_STAGES,
-    VECTOR_BYTES,
-    multimem_reduces,
-)
+from ..capability import key_backend_refusal
+from ..config import BACKENDS, COLLECTIVES, MAX_WORLD, OPS, TMA_SMEM_BYTES, TMA_STAGES, VECTOR_BYTES
 from ..dtypes import dtype
 from .base import REGISTRY, Algorithm, algorithms
 
@@ -71,11 +61,9 @@ class KernelKey:
             raise ValueError(f"world size must be 2..{MAX_WORLD}, not {self.world}")
         if self.op not in OPS:
             raise ValueError(f"op must be one of {OPS}, not {self.op!r}")
-        if dtype(self.dtype).fp8 and self.op != "sum":
-            raise ValueError(f"{self.op} of fp8 is not supported (multimem reduces fp8 by add only)")
-        if (self.backend in MULTICAST_PATHS and self.collective in ("all_reduce", "reduce_scatter")
-                and not multimem_reduces(self.dtype, self.op)):
-            raise ValueError(f"multimem.ld_reduce has no {PTX_OP[self.op]} of {self.dtype}: use the peer backend")
+        refusal = key_backend_refusal(self.collective, self.backend, self.dtype, self.op)
+        if refusal is not None:
+            raise ValueError(refusal)
         if self.vector not in (0, 1, self.full_vector):
             raise ValueError(f"vector must be 1 or {self.full_vector} for {self.dtype}")
         self.impl.check(self)

@@ -33,6 +33,7 @@ The launch takes the same arguments as :mod:`collectives.algorithms.design` (``d
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import cutlass
@@ -45,6 +46,7 @@ import ptxops
 from ..config import (
     LAMPORT_BLOCKS,
     LAMPORT_BUFFERS,
+    LAMPORT_CALLS,
     LAMPORT_EXCHANGE,
     LAMPORT_MAX_BYTES,
     MULTICAST_PATHS,
@@ -60,12 +62,17 @@ from ..config import (
 )
 from ..device import lamport, reduce, signals
 from ..dtypes import DTYPES
+from ..errors import CollectiveError
 from ..kernel_args import KernelArgs
 from ..launch import launcher
 from .base import Algorithm, Call
 from .key import KernelKey
 
 BUFFERS = LAMPORT_BUFFERS
+#: Test only: a communicator's first Lamport call, while this is set, starts every Lamport call
+#: count there (below :data:`~collectives.config.LAMPORT_CALLS`; ``LAMPORT_CALLS - 2`` crosses
+#: the wrap in a few calls).  Every rank must set the same value.
+SEED_CALL_ENV = "COLLECTIVES_TEST_SEED_CALL"
 
 
 def width_index(element_bytes: int) -> int:
@@ -298,11 +305,14 @@ def receive_buffers(comm: Any, element_bytes: int) -> Any:
     """``comm``'s three rotating receive buffers for elements of ``element_bytes`` bytes (``3 x
     world`` slots of :data:`~collectives.config.LAMPORT_MAX_BYTES`, symmetric), allocated on
     first use (collectively, agreed first) and filled with -0.0 of that width; a barrier after
-    the fill keeps every rank from sending before every rank's fill is done."""
+    the fill keeps every rank from sending before every rank's fill is done.  The first use of
+    any width first applies :data:`SEED_CALL_ENV`."""
     buffers = comm.lamport_buffers
     if element_bytes not in buffers:
         import torch
 
+        if not buffers:
+            seed_counts(comm, int(os.environ.get(SEED_CALL_ENV, "0")))
         nbytes = LAMPORT_BUFFERS * comm.world * LAMPORT_MAX_BYTES
         comm.agree_growth(-element_bytes, nbytes)
         buf = buffers[element_bytes] = comm.ctx.empty(nbytes, torch.uint8)
@@ -313,4 +323,18 @@ def receive_buffers(comm: Any, element_bytes: int) -> Any:
     return buffers[element_bytes]
 
 
-__all__ = ["BUFFERS", "Lamport", "build", "receive_buffers", "width_index"]
+def seed_counts(comm: Any, call: int) -> None:
+    """Start every Lamport call count of ``comm`` at ``call`` (test only, :data:`SEED_CALL_ENV`;
+    0, the zeroed pad's, needs no write).  The counts are the kernels' words: the layout of this
+    world size, not the pad's allocation layout (of the largest world)."""
+    if not 0 <= call < LAMPORT_CALLS:
+        raise CollectiveError(f"{SEED_CALL_ENV}={call}: a Lamport call count is 0..{LAMPORT_CALLS - 1}")
+    if call:
+        kernel_layout = PadLayout(world=comm.world)
+        as_int32 = call - (1 << 32) if call >= 1 << 31 else call  # the pad holds int32 words
+        for width in range(3):
+            start = kernel_layout.lamport_step(width, 0)
+            comm.pad[start:start + LAMPORT_BLOCKS].fill_(as_int32)
+
+
+__all__ = ["BUFFERS", "SEED_CALL_ENV", "Lamport", "build", "receive_buffers", "seed_counts", "width_index"]

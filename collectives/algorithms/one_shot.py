@@ -77,7 +77,7 @@ class OneShot(Algorithm):
                         vector=call.vector, stage_in=not zero_copy, end_barrier=not alternate)
         if zero_copy:
             return self.launch(comm, call, key, comm.buffer(call.inp), 0)
-        data = self.staged(comm, call.nbytes, (Slot.TURN_A, Slot.TURN_B) if alternate else (Slot.STAGED,))
+        data = self.staged(comm, call.nbytes, (Slot.TURN_0, Slot.TURN_1) if alternate else (Slot.STAGED,))
         if alternate:  # a later graph capture of this call needs the end-barrier variant
             self.prepare_capture(comm, key, call.nbytes, Slot.STAGED)
         return self.launch(comm, call, key, data, call.inp.data_ptr())

@@ -323,7 +323,7 @@ class Push(Algorithm):
     """Each rank stores its slices straight from the caller's tensor into their owners'
     receive buffers (no staging copy: ``auto``'s choice for an input outside symmetric memory),
     and each owner reduces its slots locally.  The all-reduce's receive slots and result
-    regions are :attr:`~collectives.staging.Slot.PUSH_SLOTS` and ``PUSH_RESULTS``; eagerly the
+    regions are :attr:`~collectives.config.Slot.PUSH_ALL_REDUCE` and ``PUSH_RESULTS``; eagerly the
     reduce-scatter alternates two buffers and drops its final wait."""
 
     collectives = ("all_reduce", "reduce_scatter")
@@ -344,18 +344,18 @@ class Push(Algorithm):
             alternate = not call.capturing
             key = KernelKey(call.collective, self.name, call.backend, call.dtype, call.world, op=call.op,
                             vector=call.vector, stage_in=True, end_barrier=not alternate)
-            data = self.staged(comm, call.nbytes, (Slot.TURN_A, Slot.TURN_B) if alternate else (Slot.PUSH_STAGED,))
+            data = self.staged(comm, call.nbytes, (Slot.TURN_0, Slot.TURN_1) if alternate else (Slot.PUSH_REDUCE_SCATTER,))
             if alternate:  # a later graph capture of this call needs the end-barrier variant
-                self.prepare_capture(comm, key, call.nbytes, Slot.PUSH_STAGED)
+                self.prepare_capture(comm, key, call.nbytes, Slot.PUSH_REDUCE_SCATTER)
             return self.launch(comm, call, key, data, call.inp.data_ptr())
         key = KernelKey(call.collective, self.name, call.backend, call.dtype, call.world, op=call.op,
                         vector=call.vector, stage_in=True)
         m = push_slice_elements(call.n, call.world, key.elements_per_access)
         nbytes = call.world * m * call.inp.element_size()
-        data = comm.buffer(comm.staging(nbytes, Slot.PUSH_SLOTS))
+        data = comm.buffer(comm.staging(nbytes, Slot.PUSH_ALL_REDUCE))
         results = comm.buffer(comm.staging(nbytes, Slot.PUSH_RESULTS))
         return self.launch(comm, call, key, data, call.inp.data_ptr(), work=ceil_div(m, key.elements_per_access),
-                           results=results)
+                           layout=PUSH_ALL_REDUCE, results=results)
 
     def build(self, key: KernelKey):
         return build(key)

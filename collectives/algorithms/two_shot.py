@@ -49,7 +49,7 @@ def build(key: KernelKey):
 class TwoShot(Algorithm):
     """Reduce-scatter then all-gather inside one kernel: least traffic.  A symmetric tensor
     reduced in place is used where it lies; anything else is staged in-kernel into
-    :attr:`~collectives.staging.Slot.STAGED` and the result copied out (``gather_out``)."""
+    :attr:`~collectives.config.Slot.STAGED` and the result copied out (``gather_out``)."""
 
     collectives = ("all_reduce",)
     name = "two_shot"

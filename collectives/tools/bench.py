@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch.distributed._symmetric_memory as symm_mem
 
     import collectives
-    from collectives.algorithms import KernelKey
+    from collectives.algorithms import KernelKey, grid
     from collectives.config import LAMPORT_MAX_BYTES
     from collectives.runtime import communicator
 
@@ -167,8 +167,8 @@ def main(argv: list[str] | None = None) -> None:
             collectives.synchronize()
             comm.ctx.free(ours)
 
-    tma_blocks = {nbytes: comm.blocks(KernelKey("all_reduce", "tma", "peer", "bf16", world), -(-nbytes // 16 // world))
-                  for nbytes in sizes}
+    tma = KernelKey("all_reduce", "tma", "peer", "bf16", world)
+    tma_blocks = {nbytes: grid(comm, tma, -(-nbytes // 16 // world)) for nbytes in sizes}
     if rank == 0:
         report(results, world, args.out, {"sms": comm.sms, "tma_blocks_all_reduce_bf16": tma_blocks,
                                           "nccl_version": nccl.version, "nccl_skipped": nccl.skipped})

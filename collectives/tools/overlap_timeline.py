@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     import collectives
-    from collectives.overlap import _all_gather_gemm, _gemm_reduce_scatter
+    from collectives.overlap import eager_all_gather_gemm, eager_gemm_reduce_scatter
     from collectives.runtime import communicator
 
     comm = communicator()
@@ -70,9 +70,9 @@ def main(argv: list[str] | None = None) -> None:
     shard = a[: args.m // comm.world]
     calls = {
         f"gemm_reduce_scatter M={args.m} N={args.n} K={args.k}, {comm.world} GPUs":
-            lambda t: _gemm_reduce_scatter(a, b, None, timeline=t),
+            lambda t: eager_gemm_reduce_scatter(a, b, timeline=t),
         f"all_gather_gemm M={args.m} N={args.n} K={args.k}, {comm.world} GPUs":
-            lambda t: _all_gather_gemm(shard, b, None, timeline=t),
+            lambda t: eager_all_gather_gemm(shard, b, timeline=t),
     }
     results = {}
     for name, fn in calls.items():

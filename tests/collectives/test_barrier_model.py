@@ -27,6 +27,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 from collectives.algorithms import KernelKey  # noqa: E402
+from collectives.algorithms import grid as kernel_grid  # noqa: E402
 from collectives.config import CALL_EPOCHS, PadLayout, call_last, call_parity  # noqa: E402
 from collectives.runtime import Communicator  # noqa: E402
 
@@ -54,7 +55,7 @@ def grid(world: int, n: int) -> int:
     comm = Communicator.__new__(Communicator)
     comm.sms, comm.layout = 132, PadLayout()
     key = KernelKey("all_reduce", "one_shot", "peer", "f32", world)
-    return comm.blocks(key, n // key.full_vector)
+    return kernel_grid(comm, key, n // key.full_vector)
 
 
 class Model:

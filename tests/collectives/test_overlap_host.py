@@ -8,7 +8,6 @@ import pytest
 torch = pytest.importorskip("torch")
 from collectives.config import (  # noqa: E402
     CLAIMED,
-    ERROR_RECORDS,
     FATAL_RECORD,
     FLAG_SLOTS,
     FLAG_WAIT,
@@ -16,7 +15,9 @@ from collectives.config import (  # noqa: E402
     SIZE_MISMATCH,
     TIMEOUT,
 )
+from collectives.error_record import ErrorRecord  # noqa: E402
 from collectives.errors import CollectiveError, CollectiveTimeout  # noqa: E402
+from collectives.stream_flags import StreamFlags  # noqa: E402
 from collectives import overlap  # noqa: E402
 from collectives.overlap import _FLAG_BASE, MAX_CHUNKS, _bounds  # noqa: E402
 from collectives.runtime import Communicator  # noqa: E402
@@ -48,14 +49,12 @@ def test_chunk_counts_beyond_the_flag_slots_are_refused(monkeypatch, chunks: int
 
 
 def _bare_communicator(record: list[int], index: int = FATAL_RECORD) -> Communicator:
-    """A communicator with only its error state (no context, no GPU), ``record`` in record
-    ``index`` (the other empty)."""
+    """A communicator with only its error record and stream flags (no context, no GPU),
+    ``record`` in record ``index`` (the other empty)."""
     comm = Communicator.__new__(Communicator)
-    comm.failed, comm.timeout_s = None, 2.0
-    comm.error = torch.zeros((ERROR_RECORDS, len(record)), dtype=torch.int32)
+    comm.errors = ErrorRecord(2.0, lambda: None, pin_memory=False)  # the flags' GPU rematch aside
     comm.error[index] = torch.tensor(record, dtype=torch.int32)
-    comm._status = comm.error.numpy()
-    comm._rematch_flags = lambda record: record.zero_()  # the GPU part (synchronise, copy the counts) aside
+    comm.stream_flags = StreamFlags.__new__(StreamFlags)
     return comm
 
 
@@ -112,16 +111,27 @@ def _grid_communicator(sms: int) -> Communicator:
 
 @pytest.mark.parametrize("algorithm", ["one_shot", "tma"])
 def test_max_blocks_caps_the_grid_and_never_raises_it(algorithm: str) -> None:
-    from collectives.algorithms import KernelKey
+    from collectives.algorithms import KernelKey, grid
     from collectives.config import LAMPORT_BLOCKS
 
     comm = _grid_communicator(132)
     key = KernelKey("reduce_scatter", algorithm, "peer", "bf16", 2)
     big, small = 1 << 24, 3
-    own = comm.blocks(key, big)
+    own = grid(comm, key, big)
     assert own == (33 if algorithm == "tma" else 264)
-    assert comm.blocks(key, big, 8) == 8
-    assert comm.blocks(key, big, 10_000) == own
-    assert comm.blocks(key, small, 8) == comm.blocks(key, small) == 1
+    assert grid(comm, key, big, 8) == 8
+    assert grid(comm, key, big, 10_000) == own
+    assert grid(comm, key, small, 8) == grid(comm, key, small) == 1
     lamport = KernelKey("all_reduce", "lamport", "peer", "bf16", 2)
-    assert comm.blocks(lamport, big, 8) == LAMPORT_BLOCKS  # a fixed grid: the cap does not apply
+    assert grid(comm, lamport, big, 8) == LAMPORT_BLOCKS  # a fixed grid: the cap does not apply
+
+
+def test_each_communicator_has_its_own_side_stream(monkeypatch) -> None:
+    """The overlap's side stream belongs to a communicator's stream flags (made once, on first
+    use), not to the process: two communicators on one device order their calls apart."""
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device: object())
+    first, second = (StreamFlags.__new__(StreamFlags) for _ in range(2))
+    for flags in (first, second):
+        flags.device, flags._side = 0, None
+    assert first.side() is first.side()
+    assert first.side() is not second.side()

@@ -17,8 +17,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from collectives import api, overlap, runtime  # noqa: E402
-from collectives.runtime import Plan  # noqa: E402
+from collectives import api, overlap, plan  # noqa: E402
+from collectives.plan import Plan  # noqa: E402
 from fake_comm import FakeComm, FakeHeap, FakeTensor, install  # noqa: E402
 
 WORLD = 2
@@ -136,16 +136,16 @@ def _old_plan_rule(monkeypatch) -> None:
             comm.turn ^= 1
         self.fn(*args, 0)
 
-    made = runtime.Communicator.plan
+    made = plan.prepare
 
-    def plan(self, *args, **kwargs):
-        p = made(self, *args, **kwargs)
-        if runtime._capturing():
-            self.pool.capture(p.holds)
+    def prepare(comm, *args, **kwargs):
+        p = made(comm, *args, **kwargs)
+        if plan.capturing():
+            comm.pool.capture(p.holds)
         return p
 
     monkeypatch.setattr(Plan, "run", run)
-    monkeypatch.setattr(runtime.Communicator, "plan", plan)
+    monkeypatch.setattr(plan, "prepare", prepare)
 
 
 @pytest.mark.parametrize("case", ["all_gather one_shot", "all_gather tma", "all_gather_gemm"])

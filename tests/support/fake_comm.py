@@ -11,9 +11,11 @@ from types import SimpleNamespace
 import torch
 
 from collectives.capability import Capabilities
-from collectives.config import ERROR_FIELDS, ERROR_RECORDS, PadLayout
-from collectives.runtime import Buffer, Communicator
+from collectives.config import PadLayout
+from collectives.error_record import ErrorRecord
+from collectives.runtime import Communicator
 from collectives.staging import PlanCache, StagingPool
+from collectives.views import Buffer, BufferViews
 
 
 class FakeTensor:
@@ -88,50 +90,58 @@ class FakeHeap:
         return None
 
 
+class FakeViews(BufferViews):
+    """Buffer views whose tables are CPU tensors of the buffer's own address; ``tables`` maps a
+    table's address back to its buffer's."""
+
+    def __init__(self, world: int) -> None:
+        super().__init__(None)
+        self.world = world
+        self.tables: dict[int, int] = {}
+
+    def get(self, t) -> Buffer:
+        key = t.data_ptr()
+        if key not in self._buffers:
+            table = torch.full((self.world,), key, dtype=torch.int64)
+            self.tables[table.data_ptr()] = key
+            self._buffers[key] = Buffer(table, 0, table, (key, 0, []), table, table, key)
+        return self._buffers[key]
+
+
 class FakeComm(Communicator):
     """The communicator's host logic on a :class:`FakeHeap`; ``launches`` lists each launch as
     ``(key, addresses)``: the data addresses its kernel would touch (the data and result
     buffers, ``out`` and ``src``)."""
 
     def __init__(self, heap: FakeHeap) -> None:  # no GPU state: only what the host logic reads
-        self.ctx, self.world, self.rank, self.timeout_s = heap, heap.world_size, heap.rank, 30.0
+        self.ctx, self.world, self.rank = heap, heap.world_size, heap.rank
         self.layout = PadLayout()
-        self.error = torch.zeros((ERROR_RECORDS, len(ERROR_FIELDS)), dtype=torch.int32)
-        self._status = self.error.numpy()
-        self.failed = None
+        self.errors = ErrorRecord(30.0, lambda: None, pin_memory=False)
         self.plans = PlanCache()
-        self._kernels = {}
-        self._buffers = {}
-        self.pool = StagingPool(heap, self.plans, self._forget, self.agree_growth)
+        self.views = FakeViews(self.world)
+        self.pool = StagingPool(heap, self.plans, self.views.forget, self.agree_growth)
         self.lamport_buffers = {}
         self.turn = 0
         self.sms = 132
         self.launches: list[tuple] = []
-        self._tables: dict[int, int] = {}  # a fake peer table's address -> its buffer's
         self.pad = heap.empty(self.layout.words * 4, torch.int32)
         self.pad_buffer = self.buffer(self.pad)
 
-    def buffer(self, t) -> Buffer:
-        key = t.data_ptr()
-        if key not in self._buffers:
-            table = torch.full((self.world,), key, dtype=torch.int64)
-            self._tables[table.data_ptr()] = key
-            self._buffers[key] = Buffer(table, 0, table, (key, 0, []), table, table, key)
-        return self._buffers[key]
-
     def kernel(self, key):
+        tables = self.views.tables
+
         def launch(data_table, data_mc, out, src, *rest):
-            used = [self._tables[data_table], out, src] + ([self._tables[data_mc]] if data_mc in self._tables else [])
+            used = [tables[data_table], out, src] + ([tables[data_mc]] if data_mc in tables else [])
             self.launches.append((key, [a for a in used if a]))
         return launch
 
 
 def install(monkeypatch, comm: FakeComm, capturing: list[bool]) -> None:
     """Make the API use ``comm``, and CUDA-graph capture be on while ``capturing[0]``."""
-    from collectives import api, overlap, runtime
+    from collectives import api, overlap, plan
 
     monkeypatch.setattr(api, "communicator", lambda group=None: comm)
     monkeypatch.setattr(overlap, "communicator", lambda group=None: comm)
     monkeypatch.setattr(api, "_capturing", lambda: capturing[0])
-    monkeypatch.setattr(runtime, "_capturing", lambda: capturing[0])
-    monkeypatch.setattr(runtime, "current_stream", lambda device: 0)
+    monkeypatch.setattr(plan, "capturing", lambda: capturing[0])
+    monkeypatch.setattr(plan, "current_stream", lambda device: 0)

@@ -27,16 +27,16 @@ def seeded():
 
     import collectives
     from collectives import runtime, symmetric
+    from collectives.algorithms.lamport import SEED_CALL_ENV
     from collectives.config import LAMPORT_CALLS
 
     ctx = symmetric.current() or symmetric.init()
-    runtime._COMMS.pop(id(ctx), None)  # a fresh communicator reads the seed
-    os.environ[runtime.SEED_CALL_ENV] = str(LAMPORT_CALLS - 4)
+    runtime._COMMS.pop(id(ctx), None)  # a fresh communicator: its first Lamport call reads the seed
+    os.environ[SEED_CALL_ENV] = str(LAMPORT_CALLS - 4)
     try:
-        comm = runtime.communicator()
+        yield runtime.communicator()
     finally:
-        del os.environ[runtime.SEED_CALL_ENV]
-    yield comm
+        del os.environ[SEED_CALL_ENV]
     torch.cuda.synchronize()
     collectives.current().close()
 

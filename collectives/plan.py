@@ -1,0 +1,78 @@
+"""A prepared collective launch (:class:`Plan`): the compiled kernel and its runtime arguments
+(:mod:`collectives.kernel_args`) fixed at planning, so that a call only takes the current stream
+and launches."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .kernel_args import Layout
+
+#: torch.cuda.is_current_stream_capturing without its Python wrapper (per-call cost matters).
+capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def current_stream(device: int) -> int:
+    """The raw handle of torch's current stream on ``device`` (the cheap way where torch has it)."""
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(device)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+class Plan:
+    """One collective call, prepared: ``run()`` takes the current stream and launches.
+    ``args``: the launch arguments, one tuple, or two that calls alternate (the communicator's
+    ``turn``); ``holds``: the staging-pool buffers (data pointers) any address of the launch
+    lies in."""
+
+    __slots__ = ("fn", "args", "comm", "holds")
+
+    def __init__(self, fn: Callable[..., Any], args: list[tuple], comm: Any, holds: tuple[int, ...] = ()) -> None:
+        self.fn, self.args, self.comm, self.holds = fn, args, comm, holds
+
+    def run(self) -> None:
+        """Launch on the current stream.  Under CUDA-graph capture, first pin what the launch
+        uses: the graph replays these addresses for good, whichever call made the plan (an
+        eager warm-up's plan is reused under capture)."""
+        comm = self.comm
+        if self.holds and capturing():
+            comm.pool.capture(self.holds)
+        if len(self.args) > 1:
+            args = self.args[comm.turn]
+            comm.turn ^= 1
+        else:
+            args = self.args[0]
+        self.fn(*args, current_stream(comm.device_index))
+
+
+def prepare(comm: Any, key: Any, layout: Layout, data: Any, out: int, src: int, n: int, blocks: int,
+            results: Any = None) -> Plan:
+    """A ready launch of ``key`` on ``comm`` with the arguments of ``layout``: everything but
+    the stream fixed.  ``data``: the kernel view of the data buffer, or of staging slots
+    ``TURN_0`` and ``TURN_1`` (the plan then launches on the one whose turn it is and passes
+    the turn on: ``end_barrier=False`` collectives).  The layout's ``emulated`` argument gets the
+    data buffer's multicast address, or ``results``' table where given (the push all-reduce's
+    result buffers); emulated, the translation table of either."""
+    emulated = key.backend == "multicast_emulated"
+    pad = comm.pad_buffer
+    fixed = dict(out=out, src=src, n=n, pad_table=pad.table.data_ptr(), pad_mc=pad.mc, pad=int(pad.host[comm.rank]),
+                 err=comm.error.data_ptr(), rank=comm.rank, timeout_ns=int(comm.timeout_s * 1e9))
+    buffers = data if isinstance(data, list) else [data]
+
+    def handle(b: Any) -> int:
+        if results is not None:
+            return results.emulation.data_ptr() if emulated else results.table.data_ptr()
+        return b.emulation.data_ptr() if emulated else b.mc
+
+    args = [layout.pack(data_table=b.table.data_ptr(), **{layout.emulated: handle(b)}, **fixed) + (blocks,)
+            for b in buffers]
+    used = [b.ptr for b in buffers + [results] if b is not None] + [out, src]
+    holds = tuple({h for h in map(comm.pool.holder, used) if h is not None})
+    return Plan(comm.kernel(key), args, comm, holds)
+
+
+__all__ = ["Plan", "capturing", "current_stream", "prepare"]

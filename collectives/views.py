@@ -1,0 +1,73 @@
+"""The kernel views of symmetric buffers: each rank's address of a buffer (a device table),
+its multicast address, and for ``multicast_emulated`` the translation table that maps the
+buffer's fake multicast window onto every rank's copy (:func:`ptxops.translation_table`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+#: Added to a buffer's local address to make the fake multicast base of ``multicast_emulated``:
+#: above every real device address, so a translation window never covers real memory.
+FAKE_MULTICAST = 1 << 62
+#: Bytes of a data buffer's translation window: past any tensor, since buffers are cached by
+#: address and a later, larger tensor may start there; the signal pad's window (exact, and
+#: checked last, so it wins) is the only other one, and no data access falls in it.
+DATA_WINDOW_BYTES = 1 << 40
+
+
+@dataclass
+class Buffer:
+    """A symmetric buffer as kernels see it: the table of every rank's address (and the pinned
+    host copy it came from), the multicast address (0 unless the backend is multicast), and for
+    ``multicast_emulated`` the translation table of its window and the signal pad's (the
+    kernels' ``data_mc``; its pinned host copy kept alive with it)."""
+
+    table: torch.Tensor
+    mc: int
+    host: torch.Tensor
+    window: tuple[int, int, list[int]]
+    emulation: torch.Tensor
+    emulation_host: torch.Tensor
+    ptr: int  # this rank's address of the buffer
+
+
+class BufferViews:
+    """The :class:`Buffer` of each symmetric tensor of context ``ctx``, cached by address.  The
+    first one made must be the signal pad's: every later translation table ends with its window."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+        self._buffers: dict[int, Buffer] = {}
+        self._pad: Buffer | None = None
+
+    def get(self, t: torch.Tensor) -> Buffer:
+        """The kernel view of symmetric tensor ``t`` (cached by address)."""
+        key = t.data_ptr()
+        if key not in self._buffers:
+            # Copied from pinned memory: allowed (and recorded) inside a CUDA-graph capture.
+            import ptxops
+
+            peers = self.ctx.peer_pointers(t, align=1)
+            host = torch.tensor(peers, dtype=torch.int64).pin_memory()
+            table = host.to("cuda", non_blocking=True)
+            mc = self.ctx.multicast_tensor(t).data_ptr() if self.ctx.backend == "multicast" else 0
+            base = FAKE_MULTICAST + peers[self.ctx.rank]
+            if self._pad is not None:
+                window, pad = (base, DATA_WINDOW_BYTES, peers), self._pad.window
+            else:  # the signal pad, the first buffer
+                window = pad = (base, t.nbytes, peers)
+            emulation_host = torch.tensor(ptxops.translation_table([window, pad]), dtype=torch.int64).pin_memory()
+            emulation = emulation_host.to("cuda", non_blocking=True)
+            self._buffers[key] = Buffer(table, mc, host, window, emulation, emulation_host, key)
+            if self._pad is None:
+                self._pad = self._buffers[key]
+        return self._buffers[key]
+
+    def forget(self, ptr: int, nbytes: int) -> None:
+        """Drop the views of a freed symmetric buffer of ``nbytes`` at ``ptr``, and of every
+        view into it (its addresses may be reused)."""
+        for key in [k for k in self._buffers if ptr <= k < ptr + nbytes]:
+            del self._buffers[key]
