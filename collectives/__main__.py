@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .algorithms import ALGORITHMS, KernelKey
+from .algorithms import ALGORITHMS, REGISTRY, KernelKey
 from .config import BACKENDS, BARRIER_THREADS, COLLECTIVES, OPS
 from .dtypes import DTYPES
 
@@ -25,10 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     ptx.add_argument("--unaligned", action="store_true", help="the one-element-at-a-time variant")
     ptx.add_argument("-o", "--output", help="write the PTX here instead of printing it")
     args = parser.parse_args(argv)
+    impl = REGISTRY.get((args.collective, args.algorithm))
+    staged = impl is not None and impl.stages_in == "always"  # push sends a non-symmetric input
     try:
         key = KernelKey(args.collective, args.algorithm, args.backend, args.dtype, args.world_size,
                         op=args.op, vector=1 if args.unaligned else 0,
-                        stage_in=args.algorithm == "push",  # push always sends a non-symmetric input
+                        stage_in=staged,
                         **({"threads": BARRIER_THREADS} if args.collective == "barrier" else {}))
     except ValueError as err:
         parser.error(str(err))

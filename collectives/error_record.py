@@ -18,24 +18,22 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from .algorithms import REGISTRY
 from .config import (
-    DATA_PHASE,
     ERROR_FIELDS,
     ERROR_RECORDS,
     FATAL_RECORD,
     FLAG_WAIT,
-    LAMPORT_EXCHANGE,
-    PUSH_ROUND,
     RECOVERABLE_RECORD,
     SIZE_MISMATCH,
     TIMEOUT,
 )
 from .errors import CollectiveError, CollectiveTimeout
 
-#: The name of each phase code a record's ``barrier`` field holds, for messages (0 and 1: the
-#: start and end barriers).
-PHASE_NAMES = {0: "start barrier", 1: "end barrier", LAMPORT_EXCHANGE: "Lamport data exchange",
-               DATA_PHASE: "TMA bulk copies", PUSH_ROUND: "push round"}
+#: The name of each phase code a record's ``barrier`` field holds, for messages: the start and
+#: end barriers (0 and 1), and the phases each algorithm declares (:attr:`Algorithm.phases`).
+PHASE_NAMES = {0: "start barrier", 1: "end barrier",
+               **{code: name for impl in REGISTRY.values() for code, name in impl.phases.items()}}
 
 
 class ErrorRecord:
