@@ -5,7 +5,8 @@ named staging slots and grid, its kernel, the error phases its kernel records).
 The API (:mod:`collectives.api`) describes a call as a :class:`Call`, resolves the backend, lets
 :mod:`collectives.tuning` pick the algorithm for ``"auto"`` and then asks the algorithm's
 instance, found in :data:`collectives.algorithms.REGISTRY`, for :meth:`Algorithm.refusal` and
-:meth:`Algorithm.plan`.  Pure Python: the kernel code is imported by :meth:`Algorithm.build`.
+:meth:`Algorithm.plan`.  No torch here (kernel keys are made without it); each subclass's
+module holds its kernel next to its host logic.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any, ClassVar
 
 from ..config import MULTICAST_PATHS, VECTOR_BYTES, Slot
 from ..dtypes import DTYPES
+from ..errors import CollectiveError
 from ..kernel_args import COLLECTIVE, Layout
 
 
@@ -73,8 +75,6 @@ class Call:
     def vector(self) -> int:
         """The key's ``vector``: 16-byte vectors for aligned data, else one element at a time
         (the peer path: multimem has no single-element form of the 16-bit types)."""
-        from ..errors import CollectiveError
-
         if not self.whole_vectors:
             return 1
         if self.pointers_aligned:
