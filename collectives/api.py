@@ -20,7 +20,8 @@ from typing import Any
 import torch
 
 from . import config, torch_ops, tuning
-from .algorithms import ALGORITHMS, REGISTRY, Call
+from .algorithms import REGISTRY, Call
+from .algorithms.base import algorithms
 from .config import VECTOR_BYTES
 from .dtypes import from_torch
 from .errors import CollectiveError
@@ -164,7 +165,7 @@ def _plan(comm: Communicator, call: Call, algorithm: str):
     asked whether it can run the call, then for its plan."""
     if algorithm == "auto":
         algorithm = tuning.choose(call)
-    names = ALGORITHMS[call.collective]
+    names = algorithms(call.collective)
     if algorithm not in names:
         raise CollectiveError(f"{call.collective} algorithms: {names + ('auto',)}; not {algorithm!r}")
     impl = REGISTRY[call.collective, algorithm]
@@ -204,7 +205,7 @@ def _block_call(comm: Communicator, collective: str, out: torch.Tensor, inp: tor
             f"{collective}: {names[0]} has {whole.numel()} elements, {names[1]} {block.numel()}; "
             f"{names[0]} must have world_size ({comm.world}) x {names[1]} elements"
         )
-    backend = comm.choose_backend(backend, dtype, op) if scatter else comm.choose_backend(backend, dtype)
+    backend = comm.choose_backend(backend, dtype, op)  # an all-gather passes "sum": no reduction to refuse
     if block.numel() == 0:
         return None
     return Call(collective, out, inp, dtype, op, backend, comm.world, n=block.numel(),

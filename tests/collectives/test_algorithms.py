@@ -68,10 +68,17 @@ def test_a_new_algorithm_is_one_class_in_one_module() -> None:
         collectives = ("all_reduce",)
         name = "ring"
 
+        def plan(self, comm, c: Call):
+            return ("ring plan", c.nbytes)
+
     try:
         assert REGISTRY["all_reduce", "ring"].name == "ring"
         assert algorithms("all_reduce")[-1] == "ring"
         assert KernelKey("all_reduce", "ring", "peer", "bf16", 4).impl is REGISTRY["all_reduce", "ring"]
+        pytest.importorskip("torch")
+        from collectives import api
+
+        assert api._plan(None, call(nbytes=4096), "ring") == ("ring plan", 4096)
     finally:
         del REGISTRY["all_reduce", "ring"]
     assert "ring" not in algorithms("all_reduce") and "ring" not in ALGORITHMS["all_reduce"]
