@@ -9,8 +9,6 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-import torch
-
 from .algorithms.key import KernelKey
 from .errors import CollectiveError
 
@@ -18,11 +16,15 @@ from .errors import CollectiveError
 def compile_target(device: int | None = None) -> str:
     """``sm_90a`` on Hopper, ``sm_100a`` on Blackwell data-centre parts: what GPU ``device``
     (default: the current one) runs."""
+    import torch  # the compile itself needs none (python -m collectives ptx runs without torch)
+
     return _target(torch.cuda.current_device() if device is None else device)
 
 
 @functools.cache
 def _target(device: int) -> str:
+    import torch
+
     major, minor = torch.cuda.get_device_capability(device)
     return f"sm_{major}{minor}a"
 

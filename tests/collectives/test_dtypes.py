@@ -95,8 +95,8 @@ def test_numpy_form_rounds_as_torch_does(d: DType) -> None:
 
 
 def test_imports_without_torch_cutlass_or_numpy() -> None:
-    """The registry is pure Python, and the kernel keys need CuTeDSL alone (their algorithms'
-    kernels), not torch (CI's fresh venv has no torch)."""
+    """The registry is pure Python, and the kernel keys and the compile path need CuTeDSL alone
+    (their algorithms' kernels), not torch (CI's fresh venv has no torch)."""
     code = """
 import importlib.abc, sys
 class Blocker(importlib.abc.MetaPathFinder):
@@ -110,6 +110,8 @@ for d in DTYPES.values():
     assert d.elements(16) * d.bytes == 16, d
 blocked = ('torch', 'numpy', 'ml_dtypes')
 from collectives.algorithms import KernelKey
+from collectives.ptx import kernel_ptx  # python -m collectives ptx, and the compile tests
+from collectives.__main__ import main
 for d in DTYPES.values():
     key = KernelKey('all_reduce', 'one_shot', 'peer', d.name, 2)
     assert key.full_vector * key.element_bytes == 16, d
