@@ -19,11 +19,6 @@ from .key import KernelKey
 ALGORITHMS: dict[str, tuple[str, ...]] = {c: algorithms(c) for c in COLLECTIVES}
 
 
-def algorithm(collective: str, name: str) -> Algorithm:
-    """The algorithm ``name`` of ``collective`` (KeyError if there is none)."""
-    return REGISTRY[collective, name]
-
-
 def grid(comm, key: KernelKey, work: int, limit: int | None = None) -> int:
     """Thread blocks of ``key``'s kernel on ``comm`` for ``work`` vector accesses per rank, at
     most ``limit`` (:meth:`Algorithm.blocks` of its algorithm)."""
@@ -36,4 +31,4 @@ def build(key: KernelKey):
     return key.impl.build(key)
 
 
-__all__ = ["ALGORITHMS", "REGISTRY", "Algorithm", "Call", "KernelKey", "algorithm", "build", "example_arguments", "grid"]
+__all__ = ["ALGORITHMS", "REGISTRY", "Algorithm", "Call", "KernelKey", "build", "example_arguments", "grid"]

@@ -271,8 +271,7 @@ class PushKernel:
     @cute.jit
     def pipeline_kernel(self, args: KernelArgs):
         data_table, out, src, n = args.data_table, args.out, args.src, args.n
-        pad_table, pad_mc, pad, err, rank, timeout_ns = (args.pad_table, args.pad_mc, args.pad, args.err, args.rank,
-                                                         args.timeout_ns)
+        pad_table, pad, err, rank, timeout_ns = args.pad_table, args.pad, args.err, args.rank, args.timeout_ns
         tidx = cute.arch.thread_idx()[0]
         block = cute.arch.block_idx()[0]
         flag = SmemAllocator().allocate_tensor(Int32, cute.make_layout(1), byte_alignment=4)

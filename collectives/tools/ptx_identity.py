@@ -18,7 +18,6 @@ import json
 import os
 import re
 import sys
-from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -121,11 +120,11 @@ def compile_one(kid: str) -> tuple[str, str, str]:
 
     try:
         key = make_key(kid)
-    except ValueError as e:
+    except ValueError:
         return kid, "refused: ValueError", ""
     try:
         text = normalize(kernel_ptx(key, ARCH))
-    except Exception as e:  # a refusal at trace time (QualifierError, ...) is part of the record
+    except Exception as e:  # noqa: BLE001 (a refusal at trace time, QualifierError or other, is part of the record)
         return kid, f"refused: {type(e).__name__}", ""
     return kid, hashlib.sha256(text.encode()).hexdigest()[:24], text
 

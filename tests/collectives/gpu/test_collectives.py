@@ -36,6 +36,7 @@ def backend(request) -> str:
 def fp8_refused(backend: str, dtype: str) -> bool:
     """Emulation validates the multimem forms: fp8 ones need sm_100a, so on Hopper the
     emulated backend refuses fp8 as the multicast backend does."""
+    from collectives.dtypes import DTYPES
     from collectives.kernels import compile_target
 
     return backend == "multicast_emulated" and DTYPES[dtype].fp8 and not compile_target().startswith("sm_10")
