@@ -11,7 +11,7 @@ module holds its kernel next to its host logic.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from ..config import MULTICAST_PATHS, VECTOR_BYTES, Slot
@@ -174,8 +174,6 @@ class Algorithm:
         """Compile the end-barrier variant of a single-barrier collective and allocate the
         staging buffer ``slot`` it uses, so that capturing the same call in a CUDA graph
         allocates and compiles nothing (neither may happen during a capture)."""
-        from dataclasses import replace
-
         comm.kernel(replace(key, end_barrier=True))
         comm.buffer(comm.staging(nbytes, slot))
 
