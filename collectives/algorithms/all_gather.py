@@ -102,7 +102,7 @@ class OneShotGather(Algorithm):
 
     collectives = ("all_gather",)
     name = "one_shot"
-    gathers_out = True
+    gathers_out = ("all_gather",)
     stages_in = "never"
 
     def plan(self, comm: Any, call: Call) -> Any:

@@ -23,7 +23,7 @@ class Barrier(Algorithm):
         """One block on the signal pad (no data, no output)."""
         from ..plan import prepare
 
-        key = KernelKey("barrier", self.name, call.backend, "bf16", call.world, threads=BARRIER_THREADS)
+        key = KernelKey("barrier", self.name, call.backend, call.dtype, call.world, threads=BARRIER_THREADS)
         return prepare(comm, key, COLLECTIVE, comm.pad_buffer, 0, 0, 0, 1)
 
     def build(self, key: KernelKey):

@@ -88,10 +88,11 @@ class Algorithm:
     """One collective algorithm (subclasses set the class attributes and write :meth:`plan`
     and :meth:`build`).
 
-    Key choices it takes: ``gathers_out`` (may copy its result to a separate output),
-    ``stages_in`` (``"never"``, ``"optional"`` or ``"always"``: copies a non-symmetric input in
-    itself), ``drops_end_barrier`` (a staged variant may skip its end barrier: the caller
-    alternates two buffers), ``whole_vectors_only`` (moves 16-byte tiles: no ``vector=1``).
+    Key choices it takes: ``gathers_out`` (the collectives whose result it may copy to a
+    separate output), ``stages_in`` (``"never"``, ``"optional"`` or ``"always"``: copies a
+    non-symmetric input in itself), ``drops_end_barrier`` (the collectives whose staged variant
+    may skip its end barrier: the caller alternates two buffers), ``whole_vectors_only`` (moves
+    16-byte tiles: no ``vector=1``).
     ``barriered``: its kernels pass the start (and end) barrier of
     :mod:`~collectives.algorithms.design` (not so a Lamport one).  ``phases``: the error-record
     phase codes its kernel writes beyond the start and end barriers, with their names.  A
@@ -99,9 +100,9 @@ class Algorithm:
 
     collectives: ClassVar[tuple[str, ...]]
     name: ClassVar[str]
-    gathers_out: ClassVar[bool] = False
+    gathers_out: ClassVar[tuple[str, ...]] = ()
     stages_in: ClassVar[str] = "optional"
-    drops_end_barrier: ClassVar[bool] = False
+    drops_end_barrier: ClassVar[tuple[str, ...]] = ()
     whole_vectors_only: ClassVar[bool] = False
     barriered: ClassVar[bool] = True
     phases: ClassVar[dict[int, str]] = {}
@@ -114,14 +115,14 @@ class Algorithm:
 
     def check(self, key: Any) -> None:
         """Raise ValueError for a kernel key whose choices this algorithm does not take."""
-        if key.gather_out and not self.gathers_out:
+        if key.gather_out and key.collective not in self.gathers_out:
             raise ValueError("gather_out copies a two-shot or TMA all-reduce's or an all-gather's result out: "
                              "not for this algorithm")
         if self.stages_in == "never" and key.stage_in:
             raise ValueError(f"{self.name} {key.collective} reads its input where it lies: no stage_in")
         if self.stages_in == "always" and not key.stage_in:
             raise ValueError(f"{self.name} {key.collective} always copies its input in itself (stage_in=True)")
-        if not key.end_barrier and not (self.drops_end_barrier and key.stage_in):
+        if not key.end_barrier and not (key.collective in self.drops_end_barrier and key.stage_in):
             raise ValueError("only a staged one-shot or a push reduce-scatter may drop its end barrier")
         if self.whole_vectors_only and key.vector == 1:
             raise ValueError(f"{self.name} moves 16-byte tiles: it needs 16-byte aligned data (vector 0)")
@@ -163,19 +164,17 @@ class Algorithm:
         blocks = self.blocks(comm, key, work, call.max_blocks)
         return prepare(comm, key, layout, data, call.out.data_ptr(), src, call.n, blocks, results)
 
-    @staticmethod
-    def staged(comm: Any, nbytes: int, slots: tuple[Slot, ...]) -> list[Any]:
-        """The kernel views of staging ``slots`` (two: the caller alternates them), each of at
-        least ``nbytes``."""
-        return [comm.buffer(comm.staging(nbytes, slot)) for slot in slots]
-
-    @staticmethod
-    def prepare_capture(comm: Any, key: Any, nbytes: int, slot: Slot) -> None:
-        """Compile the end-barrier variant of a single-barrier collective and allocate the
-        staging buffer ``slot`` it uses, so that capturing the same call in a CUDA graph
-        allocates and compiles nothing (neither may happen during a capture)."""
+    def staging(self, comm: Any, call: Call, key: Any, slot: Slot) -> list[Any]:
+        """The kernel views of the staging ``key`` copies ``call``'s input into: slots
+        ``TURN_0`` and ``TURN_1``, alternated, when the key drops its end barrier (then the
+        end-barrier variant, which a CUDA-graph capture of the same call uses, is compiled and
+        its buffer ``slot`` allocated now: neither may happen during a capture), else ``slot``."""
+        if key.end_barrier:
+            return [comm.buffer(comm.staging(call.nbytes, slot))]
+        data = [comm.buffer(comm.staging(call.nbytes, turn)) for turn in (Slot.TURN_0, Slot.TURN_1)]
         comm.kernel(replace(key, end_barrier=True))
-        comm.buffer(comm.staging(nbytes, slot))
+        comm.buffer(comm.staging(call.nbytes, slot))
+        return data
 
     def __repr__(self) -> str:
         return f"<{self.name} {'/'.join(self.collectives)}>"

@@ -64,7 +64,7 @@ class OneShot(Algorithm):
 
     collectives = ("all_reduce", "reduce_scatter")
     name = "one_shot"
-    drops_end_barrier = True
+    drops_end_barrier = ("all_reduce", "reduce_scatter")
 
     def plan(self, comm: Any, call: Call) -> Any:
         # A symmetric reduce-scatter input past STAGE_MAX_BYTES is read in place (two
@@ -77,10 +77,7 @@ class OneShot(Algorithm):
                         vector=call.vector, stage_in=not zero_copy, end_barrier=not alternate)
         if zero_copy:
             return self.launch(comm, call, key, comm.buffer(call.inp), 0)
-        data = self.staged(comm, call.nbytes, (Slot.TURN_0, Slot.TURN_1) if alternate else (Slot.STAGED,))
-        if alternate:  # a later graph capture of this call needs the end-barrier variant
-            self.prepare_capture(comm, key, call.nbytes, Slot.STAGED)
-        return self.launch(comm, call, key, data, call.inp.data_ptr())
+        return self.launch(comm, call, key, self.staging(comm, call, key, Slot.STAGED), call.inp.data_ptr())
 
     def build(self, key: KernelKey):
         return build(key)

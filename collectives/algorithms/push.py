@@ -328,14 +328,12 @@ class Push(Algorithm):
     collectives = ("all_reduce", "reduce_scatter")
     name = "push"
     stages_in = "always"
-    drops_end_barrier = True
+    drops_end_barrier = ("reduce_scatter",)
     phases = {PUSH_ROUND: "push round"}
 
     def check(self, key: KernelKey) -> None:
         if not key.stage_in:
             raise ValueError("push sends a non-symmetric input (stage_in=True) straight to its owners")
-        if not key.end_barrier and key.collective == "all_reduce":
-            raise ValueError("only a staged one-shot or a push reduce-scatter may drop its end barrier")
         super().check(key)
 
     def plan(self, comm: Any, call: Call) -> Any:
@@ -343,9 +341,7 @@ class Push(Algorithm):
             alternate = not call.capturing
             key = KernelKey(call.collective, self.name, call.backend, call.dtype, call.world, op=call.op,
                             vector=call.vector, stage_in=True, end_barrier=not alternate)
-            data = self.staged(comm, call.nbytes, (Slot.TURN_0, Slot.TURN_1) if alternate else (Slot.PUSH_REDUCE_SCATTER,))
-            if alternate:  # a later graph capture of this call needs the end-barrier variant
-                self.prepare_capture(comm, key, call.nbytes, Slot.PUSH_REDUCE_SCATTER)
+            data = self.staging(comm, call, key, Slot.PUSH_REDUCE_SCATTER)
             return self.launch(comm, call, key, data, call.inp.data_ptr())
         key = KernelKey(call.collective, self.name, call.backend, call.dtype, call.world, op=call.op,
                         vector=call.vector, stage_in=True)

@@ -80,15 +80,9 @@ class Tma(Algorithm):
 
     collectives = ("all_reduce", "reduce_scatter")
     name = "tma"
-    gathers_out = True
+    gathers_out = ("all_reduce",)
     whole_vectors_only = True
     phases = {DATA_PHASE: "TMA bulk copies"}
-
-    def check(self, key: KernelKey) -> None:
-        super().check(key)
-        if key.gather_out and key.collective != "all_reduce":
-            raise ValueError("gather_out copies a two-shot or TMA all-reduce's or an all-gather's result out: "
-                             "not for this algorithm")
 
     def plan(self, comm: Any, call: Call) -> Any:
         if call.collective == "all_reduce":
@@ -96,7 +90,7 @@ class Tma(Algorithm):
         zero_copy = call.symmetric and call.nbytes > tuning.STAGE_MAX_BYTES
         key = KernelKey(call.collective, self.name, call.backend, call.dtype, call.world, op=call.op,
                         vector=call.vector, stage_in=not zero_copy)
-        data = comm.buffer(call.inp) if zero_copy else self.staged(comm, call.nbytes, (Slot.STAGED,))
+        data = comm.buffer(call.inp) if zero_copy else self.staging(comm, call, key, Slot.STAGED)
         return self.launch(comm, call, key, data, 0 if zero_copy else call.inp.data_ptr())
 
     def blocks(self, comm: Any, key: KernelKey, work: int, limit: int | None = None) -> int:

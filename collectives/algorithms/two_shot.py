@@ -53,7 +53,7 @@ class TwoShot(Algorithm):
 
     collectives = ("all_reduce",)
     name = "two_shot"
-    gathers_out = True
+    gathers_out = ("all_reduce",)
 
     def plan(self, comm: Any, call: Call) -> Any:
         return sliced_plan(self, comm, call)
@@ -69,7 +69,7 @@ def sliced_plan(algorithm: Algorithm, comm: Any, call: Call) -> Any:
     zero_copy = call.in_place and call.symmetric
     key = KernelKey("all_reduce", algorithm.name, call.backend, call.dtype, call.world, op=call.op,
                     vector=call.vector, gather_out=not zero_copy, stage_in=not zero_copy)
-    data = comm.buffer(call.inp) if zero_copy else algorithm.staged(comm, call.nbytes, (Slot.STAGED,))
+    data = comm.buffer(call.inp) if zero_copy else algorithm.staging(comm, call, key, Slot.STAGED)
     work = ceil_div(ceil_div(call.n, key.elements_per_access), call.world)  # a slice's vectors
     return algorithm.launch(comm, call, key, data, 0 if zero_copy else call.inp.data_ptr(), work=work)
 
