@@ -7,6 +7,9 @@ called.
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from typing import Any
 
 import cutlass
@@ -85,3 +88,43 @@ def sm_count() -> int:
     import torch
 
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+@contextlib.contextmanager
+def peer_context(world: int | None = None, dist_timeout_s: int = 60) -> Iterator[Any]:
+    """This torchrun rank's symmetric-memory context on the peer backend (multicast off), for a
+    multi-GPU test: skips unless launched by torchrun with ``world`` ranks (default: 2 or more)
+    on sm_90+ GPUs with nvshmem; opens the process group and the context unless open already,
+    and closes what it opened."""
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))
+    if "LOCAL_RANK" not in os.environ or (ranks != world if world else ranks < 2):
+        pytest.skip(f"needs torchrun --nproc-per-node {world or '>= 2'}")
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        pytest.skip("needs >= 2 GPUs")
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("needs sm_90+")
+    pytest.importorskip("nvshmem.core")
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    import collectives
+
+    local = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local)
+    owns_dist = not dist.is_initialized()
+    if owns_dist:
+        dist.init_process_group("cpu:gloo,cuda:nccl", timeout=timedelta(seconds=dist_timeout_s))
+    existing = collectives.current()
+    ctx = existing or collectives.init(device=local)
+    assert ctx.backend == "peer" and not ctx.caps.multicast, ctx
+    try:
+        yield ctx
+    finally:
+        if existing is None:
+            ctx.close()
+        if owns_dist and dist.is_initialized():
+            dist.destroy_process_group()

@@ -36,44 +36,20 @@ OBSERVE = ["MP+relaxed@sys", "MP+rel_acq@gpu", "SB+relaxed@sys"]
 
 @pytest.fixture(scope="module")
 def runner() -> Iterator[Any]:
-    torch = pytest.importorskip("torch")
     pytest.importorskip("cutlass")
-    if "LOCAL_RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) != 2:
-        pytest.skip("needs torchrun --nproc-per-node 2")
-    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
-        pytest.skip("needs >= 2 GPUs")
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("needs sm_90+")
-    pytest.importorskip("nvshmem.core")
-    from datetime import timedelta
+    from gpu_support import peer_context
 
-    import torch.distributed as dist
-
-    import collectives
     from ptxops.litmus import Runner
 
-    local = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local)
-    owns_dist = not dist.is_initialized()
-    if owns_dist:
-        dist.init_process_group("cpu:gloo,cuda:nccl", timeout=timedelta(seconds=120))
-    existing = collectives.current()
-    ctx = existing or collectives.init(device=local)
-    assert ctx.backend == "peer" and not ctx.caps.multicast, ctx
-    results: list[Any] = []
-    r = Runner("gpu", ctx=ctx)
-    r.results = results
-    try:
+    with peer_context(world=2, dist_timeout_s=120) as ctx:
+        results: list[Any] = []
+        r = Runner("gpu", ctx=ctx)
+        r.results = results
         yield r
         if results and ctx.rank == 0:
             from ptxops.litmus import render_summary
 
             print("\n" + render_summary(results))
-    finally:
-        if existing is None:
-            ctx.close()
-        if owns_dist and dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def _run(runner: Any, name: str) -> Any:

@@ -32,7 +32,7 @@ cute = pytest.importorskip("cutlass.cute")
 import cuda.bindings.driver as cuda  # noqa: E402
 from cutlass import Int32, Int64  # noqa: E402
 from cutlass.cute.runtime import make_fake_stream  # noqa: E402
-from gpu_support import THREADS, compile_for_device, current_stream, spin_until  # noqa: E402
+from gpu_support import THREADS, compile_for_device, current_stream, peer_context, spin_until  # noqa: E402
 
 import ptxops  # noqa: E402
 from collectives.capability import force_multicast_off  # noqa: E402
@@ -213,35 +213,8 @@ def fake_args(name: str) -> tuple:
 # --------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ctx() -> Iterator[Any]:
-    torch = pytest.importorskip("torch")
-    if "LOCAL_RANK" not in os.environ or int(os.environ.get("WORLD_SIZE", "1")) < 2:
-        pytest.skip("needs torchrun --nproc-per-node >= 2")
-    if not torch.cuda.is_available() or torch.cuda.device_count() < 2:
-        pytest.skip("needs >= 2 GPUs")
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("needs sm_90+")
-    pytest.importorskip("nvshmem.core")
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    import collectives
-
-    local = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local)
-    owns_dist = not dist.is_initialized()
-    if owns_dist:
-        dist.init_process_group("cpu:gloo,cuda:nccl", timeout=timedelta(seconds=60))
-    existing = collectives.current()
-    c = existing or collectives.init(device=local)
-    assert c.backend == "peer" and not c.caps.multicast, c
-    try:
+    with peer_context() as c:
         yield c
-    finally:
-        if existing is None:
-            c.close()
-        if owns_dist and dist.is_initialized():
-            dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")
