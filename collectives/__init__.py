@@ -1,23 +1,29 @@
 """Multi-GPU collectives (barrier, all-reduce, reduce-scatter, all-gather, and GEMMs overlapped
 with reduce-scatter / all-gather) in CuTeDSL on symmetric memory.
 
-``collectives.all_reduce / reduce_scatter / all_gather / barrier / empty`` (:mod:`collectives.api`) run the
-kernels of :mod:`collectives.algorithms` (one module per algorithm), built from the device building blocks of
-:mod:`collectives.device` and ptxops.  Host layer: :mod:`collectives.errors`,
-:mod:`collectives.capability` (backend detection: NVLink multicast vs. peer) and
-:mod:`collectives.symmetric` (nvshmem4py heap; sub-groups' memory: :mod:`collectives.groups`).
-Every call takes ``group=`` (default: every rank); :mod:`collectives.hierarchical` runs groups
-spanning nodes (our kernels inside a node, NCCL across).  Everything that needs torch and
-nvshmem4py is imported lazily.  ``collectives.gemm_reduce_scatter / all_gather_gemm``
-(:mod:`collectives.overlap`) overlap cuBLAS row chunks with those collectives; as custom
-operators for ``torch.compile``: :mod:`collectives.torch_ops`.
-"""
+``collectives.all_reduce / reduce_scatter / all_gather / barrier / empty`` (:mod:`collectives.api`,
+one call skeleton for every collective) run on four wings, each with its contract in its
+``__init__``:
 
+- :mod:`collectives.symmetric`: host memory (heaps, contexts, bootstrap, sub-group pools,
+  capability probing: NVLink multicast vs. peer);
+- :mod:`collectives.runtime`: the host runtime (the communicator and its parts, the compile path,
+  torch custom operators);
+- :mod:`collectives.algorithms`: plans, keys, backend rules, tuning, one module per algorithm;
+  they reach the runtime only through :class:`~collectives.algorithms.protocol.Runtime`;
+- :mod:`collectives.device`: ``@cute.jit`` blocks on ptxops, launchers and kernel argument layouts.
+
+Shared: :mod:`collectives.config`, :mod:`collectives.dtypes`, :mod:`collectives.errors`.  Every
+call takes ``group=`` (default: every rank); :mod:`collectives.hierarchical` runs groups spanning
+nodes (our kernels inside a node, NCCL across).  ``collectives.gemm_reduce_scatter /
+all_gather_gemm`` (:mod:`collectives.overlap`) overlap cuBLAS row chunks with those collectives.
+Everything that needs torch and nvshmem4py is imported lazily.
+"""
 from __future__ import annotations
 
 from typing import Any
 
-from .capability import (
+from .symmetric.capability import (
     Capabilities,
     agree,
     choose_backend,

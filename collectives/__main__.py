@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     from ptxops import QualifierError
 
-    from .ptx import kernel_ptx
+    from .runtime.kernels import kernel_ptx
 
     try:
         text = kernel_ptx(key, args.arch)

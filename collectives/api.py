@@ -5,7 +5,7 @@ Collectives run on the current torch stream and are capturable in a CUDA graph o
 :func:`empty` lives in symmetric memory and goes zero-copy; any other CUDA tensor is staged
 through an internal symmetric buffer by the kernel itself.  Each distinct call (tensors,
 dtype, op, algorithm, backend) is planned once; later calls only launch.  Traced by
-``torch.compile``, each function records its custom operator (:mod:`collectives.torch_ops`)
+``torch.compile``, each function records its custom operator (:mod:`collectives.runtime.torch_ops`)
 instead of running (on the default communicator: ``group=None``).
 
 A size mismatch across ranks, which kernels record, is raised by :func:`synchronize` or by the
@@ -19,14 +19,15 @@ from typing import Any
 
 import torch
 
-from . import config, torch_ops, tuning
-from .algorithms import REGISTRY, Call
+from . import config
+from .algorithms import REGISTRY, Call, tuning
 from .algorithms.base import algorithms
+from .algorithms.plan import capturing as _capturing
 from .config import VECTOR_BYTES
 from .dtypes import from_torch
 from .errors import CollectiveError
-from .plan import capturing as _capturing
-from .runtime import Communicator, communicator, traceable
+from .runtime import torch_ops
+from .runtime.communicator import Communicator, communicator, traceable
 
 
 def empty(shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32, *, group: Any = None) -> torch.Tensor:
@@ -34,7 +35,7 @@ def empty(shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32, *, g
     the same shape); zero-copy in that group's collectives.  ``group``, in every function here:
     None (every rank), a ``torch.distributed`` ProcessGroup or one-dimensional DeviceMesh
     (its communicator opened on first use: :func:`collectives.init`), a context from
-    ``collectives.init(group=...)`` or a :class:`~collectives.runtime.Communicator`."""
+    ``collectives.init(group=...)`` or a :class:`~collectives.runtime.communicator.Communicator`."""
     return communicator(group).ctx.empty(shape, dtype)
 
 
@@ -74,7 +75,7 @@ def all_reduce(
     lowest latency, up to :data:`~collectives.config.LAMPORT_MAX_BYTES` per rank), ``"tma"``
     (two-shot moving tiles with bulk copies on at most a quarter of the SMs; 16-byte aligned
     tensors), ``"push"`` (each slice stored straight from ``t`` to its owner: no staging copy),
-    or ``"auto"`` (chosen by size from measured crossovers, :mod:`collectives.tuning`).  ``backend``: ``"multicast"``
+    or ``"auto"`` (chosen by size from measured crossovers, :mod:`collectives.algorithms.tuning`).  ``backend``: ``"multicast"``
     (NVLS ``multimem``), ``"peer"`` (NVLink loads/stores), ``"multicast_emulated"`` (the
     multicast kernels with every multimem access emulated by unicast accesses to every rank:
     runs with peer access alone, for testing; never chosen by ``"auto"``), or ``"auto"``.
@@ -161,7 +162,7 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
 
 
 def _plan(comm: Communicator, call: Call, algorithm: str):
-    """The plan of ``call``: ``algorithm`` (``"auto"``: :func:`collectives.tuning.choose`)
+    """The plan of ``call``: ``algorithm`` (``"auto"``: :func:`collectives.algorithms.tuning.choose`)
     asked whether it can run the call, then for its plan."""
     if algorithm == "auto":
         algorithm = tuning.choose(call)
@@ -236,7 +237,7 @@ def _aligned(*tensors: torch.Tensor) -> bool:
     return all(t.data_ptr() % VECTOR_BYTES == 0 for t in tensors)
 
 
-# -- the kernels of the custom operators (collectives.torch_ops): the functions above, eager --------
+# -- the kernels of the custom operators (collectives.runtime.torch_ops): the functions above, eager --------
 
 
 @torch_ops.implement("all_reduce")

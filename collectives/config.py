@@ -218,7 +218,7 @@ LAMPORT_EXCHANGE, DATA_PHASE, FLAG_WAIT, PUSH_ROUND = 2, 3, 4, 5
 #: one never erases the other.
 FATAL_RECORD, RECOVERABLE_RECORD = 0, 1
 ERROR_RECORDS = 2
-#: Slots of a communicator's stream flags (:meth:`collectives.runtime.Communicator.post`; the
+#: Slots of a communicator's stream flags (:meth:`collectives.runtime.communicator.Communicator.post`; the
 #: GEMM-overlap functions use the first ``2 x overlap.MAX_CHUNKS``).
 FLAG_SLOTS = 32
 #: Values of the record's status word (``CLAIMED``: a kernel is writing the other fields).
@@ -226,10 +226,10 @@ TIMEOUT, SIZE_MISMATCH, CLAIMED = 1, 2, -1
 
 
 class Slot(IntEnum):
-    """The staging slots of a communicator's :class:`~collectives.staging.StagingPool`, one per use that must not
+    """The staging slots of a communicator's :class:`~collectives.runtime.staging.StagingPool`, one per use that must not
     share a buffer with another (a rank may rewrite a slot only once no rank still reads it)."""
 
-    #: The single-barrier collectives, strictly in turn (:attr:`~collectives.runtime.Communicator.turn`):
+    #: The single-barrier collectives, strictly in turn (:attr:`~collectives.runtime.communicator.Communicator.turn`):
     #: a rank rewrites one only after every rank started a later collective.
     TURN_0 = 0
     TURN_1 = 1

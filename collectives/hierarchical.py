@@ -1,7 +1,7 @@
 """Collectives over a group spanning nodes: our kernels inside each node, ``torch.distributed``
 (NCCL on GPUs) across nodes, pipelined in chunks so NVLink and the network work at once.
 
-With ``L`` ranks of the group on each of ``N`` nodes (:mod:`collectives.topology`):
+With ``L`` ranks of the group on each of ``N`` nodes (:mod:`collectives.symmetric.topology`):
 
 * ``all_reduce``: per chunk, a reduce-scatter inside the node (each rank gets ``1/L`` of the
   chunk, summed over its node), an all-reduce of that shard across nodes (the ``N`` ranks of
@@ -33,9 +33,9 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
-from . import topology
 from .config import VECTOR_BYTES
 from .errors import CollectiveError
+from .symmetric import topology
 
 #: Chunks a call is cut into (fewer when too small).
 CHUNKS = 4
@@ -164,11 +164,11 @@ class Levels:
 
 def levels(group: Any = None, intra: str = "kernels") -> Levels:
     """The two levels of ``group`` (None: every rank; a ProcessGroup or one-dimensional
-    DeviceMesh), on nodes of :func:`collectives.topology.node_size` ranks, built on first use
+    DeviceMesh), on nodes of :func:`collectives.symmetric.topology.node_size` ranks, built on first use
     (collective over the group: its members create their node's and their local index's
     process groups).  ``intra``: ``"kernels"`` (ours) or ``"torch"`` (``torch.distributed`` at
     both levels: what a CPU test can run)."""
-    from .groups import group_ranks
+    from .symmetric.groups import group_ranks
 
     members = tuple(range(dist.get_world_size())) if group is None else group_ranks(group)
     size = topology.node_size(dist.get_world_size())
@@ -187,7 +187,7 @@ def _levels(members: tuple[int, ...], size: int, intra: str) -> Levels:
     if intra == "torch" or h.local == 1:  # (a communicator needs 2 ranks)
         intra_level: Level = TorchLevel(intra_pg)
     else:
-        from .runtime import communicator
+        from .runtime.communicator import communicator
 
         comm = communicator(intra_pg)
         intra_level = KernelLevel(comm, max(1, int(comm.sms * INTRA_BLOCKS)))

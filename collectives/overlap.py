@@ -6,8 +6,8 @@ communication of one chunk runs while the GEMM of the next computes.  The side s
 from the current one at the start of a call and joins it at the end (CUDA stream waits: they
 order the call against the work around it and keep it capturable in a CUDA graph).  Between
 them, each chunk's producer and consumer are synchronised by device-side flags built from
-ptxops (:meth:`~collectives.runtime.Communicator.post` after the producer on its stream,
-:meth:`~collectives.runtime.Communicator.wait` before the consumer on the other: one-thread
+ptxops (:meth:`~collectives.runtime.communicator.Communicator.post` after the producer on its stream,
+:meth:`~collectives.runtime.communicator.Communicator.wait` before the consumer on the other: one-thread
 kernels, ``red.release.gpu`` / ``ld.acquire.gpu``, bounded by the communicator's timeout), not
 by events or host syncs; across GPUs the collectives' own ptxops barriers order everything.
 The communication kernels use TMA (at most a quarter of the SMs) when every chunk is 16-byte
@@ -26,10 +26,10 @@ Ownership of rows (``W`` ranks, ``M`` rows of ``a`` per rank, ``M % W == 0``):
 - ``all_gather_gemm(a_shard, b)`` returns ``(W * M_shard, N)``: ``concat_r(a_shard_r) @ b``.
 
 Traced by ``torch.compile``, each function records its custom operator
-(``collectives::gemm_reduce_scatter`` / ``collectives::all_gather_gemm``, :mod:`collectives.torch_ops`).
+(``collectives::gemm_reduce_scatter`` / ``collectives::all_gather_gemm``, :mod:`collectives.runtime.torch_ops`).
 Like the collectives, a call is capturable in a CUDA graph once the same call ran eagerly
 (that call allocates the symmetric workspace and compiles the kernels).  The workspaces are
-staging-pool slots (:class:`~collectives.staging.StagingPool`): grown collectively, and never
+staging-pool slots (:class:`~collectives.runtime.staging.StagingPool`): grown collectively, and never
 freed once a captured graph used them (the collectives' launches under capture pin what they use).
 """
 
@@ -39,12 +39,11 @@ from typing import Any
 
 import torch
 
-from . import torch_ops
-from .config import VECTOR_BYTES
+from .config import VECTOR_BYTES, Slot
 from .dtypes import DTYPES
 from .errors import CollectiveError
-from .runtime import Communicator, communicator, traceable
-from .config import Slot
+from .runtime import torch_ops
+from .runtime.communicator import Communicator, communicator, traceable
 
 #: The dtypes the overlapped GEMM (``torch.mm``) takes (registry names).
 GEMM_DTYPES = ("bf16", "f16")

@@ -4,13 +4,13 @@ error phases) and the kernel it builds from the shared
 :mod:`~collectives.algorithms.design` (``start barrier -> move data -> end barrier``) and the
 :mod:`collectives.device` blocks.  Each class registers itself in :data:`REGISTRY` when its
 module is imported below: a new algorithm is a new module and its line here (and, to be chosen
-by ``algorithm="auto"``, its place in :mod:`collectives.tuning`).  :mod:`.flags` holds the
+by ``algorithm="auto"``, its place in :mod:`collectives.algorithms.tuning`).  :mod:`.flags` holds the
 stream-flag kernels (no collective: one thread, one GPU)."""
 
 from __future__ import annotations
 
 from ..config import COLLECTIVES
-from ..launch import example_arguments
+from ..device.launch import example_arguments
 from . import one_shot, two_shot, lamport, tma, push, all_gather, barrier  # noqa: F401  (registration order)
 from .base import REGISTRY, Algorithm, Call, algorithms
 from .key import KernelKey
@@ -27,7 +27,7 @@ def grid(comm, key: KernelKey, work: int, limit: int | None = None) -> int:
 
 def build(key: KernelKey):
     """The ``@cute.jit`` launcher of the kernel for ``key`` (compile it with ``cute.compile``
-    and :func:`~collectives.launch.example_arguments`)."""
+    and :func:`~collectives.device.launch.example_arguments`)."""
     return key.impl.build(key)
 
 

@@ -29,6 +29,7 @@ from ..device import signals, tiles
 from . import design
 from .base import Algorithm, Call
 from .key import KernelKey
+from .protocol import Runtime
 from .tma import bulk_blocks
 
 
@@ -105,7 +106,7 @@ class OneShotGather(Algorithm):
     gathers_out = ("all_gather",)
     stages_in = "never"
 
-    def plan(self, comm: Any, call: Call) -> Any:
+    def plan(self, comm: Runtime, call: Call) -> Any:
         zero_copy = call.symmetric
         data = comm.buffer(call.out if zero_copy else comm.staging(call.nbytes, Slot.STAGED))
         key = KernelKey(call.collective, self.name, call.backend, call.dtype, call.world, vector=call.vector,

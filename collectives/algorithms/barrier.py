@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import BARRIER_THREADS
-from ..kernel_args import COLLECTIVE
+from ..device.kernel_args import COLLECTIVE
 from . import design
 from .base import Algorithm, Call
 from .key import KernelKey
+from .protocol import Runtime
 
 
 class Barrier(Algorithm):
@@ -19,9 +20,9 @@ class Barrier(Algorithm):
     name = "one_shot"
     stages_in = "never"
 
-    def plan(self, comm: Any, call: Call) -> Any:
+    def plan(self, comm: Runtime, call: Call) -> Any:
         """One block on the signal pad (no data, no output)."""
-        from ..plan import prepare
+        from .plan import prepare
 
         key = KernelKey("barrier", self.name, call.backend, call.dtype, call.world, threads=BARRIER_THREADS)
         return prepare(comm, key, COLLECTIVE, comm.pad_buffer, 0, 0, 0, 1)

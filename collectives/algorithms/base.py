@@ -3,7 +3,7 @@ algorithm's (the kernel-key choices it takes, whether it can run a call, its pla
 named staging slots and grid, its kernel, the error phases its kernel records).
 
 The API (:mod:`collectives.api`) describes a call as a :class:`Call`, resolves the backend, lets
-:mod:`collectives.tuning` pick the algorithm for ``"auto"`` and then asks the algorithm's
+:mod:`collectives.algorithms.tuning` pick the algorithm for ``"auto"`` and then asks the algorithm's
 instance, found in :data:`collectives.algorithms.REGISTRY`, for :meth:`Algorithm.refusal` and
 :meth:`Algorithm.plan`.  No torch here (kernel keys are made without it); each subclass's
 module holds its kernel next to its host logic.
@@ -15,9 +15,10 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 from ..config import MULTICAST_PATHS, VECTOR_BYTES, Slot
+from ..device.kernel_args import COLLECTIVE, Layout
 from ..dtypes import DTYPES
 from ..errors import CollectiveError
-from ..kernel_args import COLLECTIVE, Layout
+from .protocol import Buffer, Runtime
 
 
 #: Every algorithm by (collective, name), filled as the algorithm modules are imported
@@ -134,15 +135,15 @@ class Algorithm:
                     "output or an all-gather's input size) must be 16-byte aligned; use algorithm='auto'")
         return None
 
-    def plan(self, comm: Any, call: Call) -> Any:
-        """The prepared launch (:class:`~collectives.plan.Plan`) of ``call`` on ``comm``."""
+    def plan(self, comm: Runtime, call: Call) -> Any:
+        """The prepared launch (:class:`~collectives.algorithms.plan.Plan`) of ``call`` on ``comm``."""
         raise NotImplementedError
 
     def build(self, key: Any) -> Any:
         """The ``@cute.jit`` launcher of ``key``'s kernel."""
         raise NotImplementedError
 
-    def blocks(self, comm: Any, key: Any, work: int, limit: int | None = None) -> int:
+    def blocks(self, comm: Runtime, key: Any, work: int, limit: int | None = None) -> int:
         """Thread blocks for ``work`` vector accesses per rank: enough to cover them, at most
         two per SM, never more than the pad has slots for, nor than ``limit`` (a caller
         sharing the GPU with other kernels; every rank must pass the same)."""
@@ -151,20 +152,20 @@ class Algorithm:
 
     # -- the plan's pieces ----------------------------------------------------------------------
 
-    def launch(self, comm: Any, call: Call, key: Any, data: Any, src: int, *, work: int | None = None,
-               layout: Layout = COLLECTIVE, results: Any = None) -> Any:
-        """The plan (:func:`collectives.plan.prepare`) launching ``key`` on the kernel view(s)
+    def launch(self, comm: Runtime, call: Call, key: Any, data: Buffer | list[Buffer], src: int, *,
+               work: int | None = None, layout: Layout = COLLECTIVE, results: Buffer | None = None) -> Any:
+        """The plan (:func:`collectives.algorithms.plan.prepare`) launching ``key`` on the kernel view(s)
         ``data`` (two: alternated), reading ``src`` (0: the data buffer itself) and writing
         ``call.out``, with a grid for ``work`` vector accesses per rank (default: the call's
         ``n`` elements)."""
-        from ..plan import prepare
+        from .plan import prepare
 
         if work is None:
             work = -(-call.n // key.elements_per_access)
         blocks = self.blocks(comm, key, work, call.max_blocks)
         return prepare(comm, key, layout, data, call.out.data_ptr(), src, call.n, blocks, results)
 
-    def staging(self, comm: Any, call: Call, key: Any, slot: Slot) -> list[Any]:
+    def staging(self, comm: Runtime, call: Call, key: Any, slot: Slot) -> list[Buffer]:
         """The kernel views of the staging ``key`` copies ``call``'s input into: slots
         ``TURN_0`` and ``TURN_1``, alternated, when the key drops its end barrier (then the
         end-barrier variant, which a CUDA-graph capture of the same call uses, is compiled and

@@ -5,13 +5,13 @@ same on every rank, so a per-block barrier orders exactly the accesses that conf
 :class:`Blocks` holds the ``@cute.jit`` building blocks of one
 :class:`~collectives.algorithms.KernelKey` (the backend chosen at compile time by
 ``key.backend``: multimem for ``multicast`` and, traced under :func:`ptxops.emulate_multicast`
-by :func:`~collectives.launch.launcher`, for ``multicast_emulated``; NVLink loads and stores
+by :func:`~collectives.device.launch.launcher`, for ``multicast_emulated``; NVLink loads and stores
 for ``peer``); :func:`kernel` wraps an algorithm's data phase in the barriers, epochs and
 deadline.  Data moves in 16-byte vectors through registers; the elements past the
 last whole vector (and all of them when the data is not 16-byte aligned, ``vector=1``) take
 the peer path one at a time.
 
-Runtime arguments are plain 64-bit addresses and counts (:data:`collectives.kernel_args.COLLECTIVE`
+Runtime arguments are plain 64-bit addresses and counts (:data:`collectives.device.kernel_args.COLLECTIVE`
 names each and says what it holds), so one compile serves every tensor of a key.
 """
 
@@ -28,9 +28,9 @@ import ptxops
 
 from ..config import DATA_PHASE, MULTICAST_PATHS, TIMEOUT, VECTOR_BYTES
 from ..device import reduce, signals
+from ..device.kernel_args import COLLECTIVE, KernelArgs, Layout
+from ..device.launch import launcher
 from ..dtypes import DTYPES
-from ..kernel_args import COLLECTIVE, KernelArgs, Layout
-from ..launch import launcher
 from .key import KernelKey
 
 
@@ -194,7 +194,7 @@ def kernel(key: KernelKey, b: Blocks, stage: Callable | None, move: Callable | N
     step)`` (for ``gather_out``, where given) or ``pull(addrs, data_mc, out, n, rank, first,
     step)`` (reading the ranks' buffers after the end barrier).
     ``buffers(smem)`` allocates the shared memory ``move`` takes.  ``layout``: the kernel's
-    arguments (:mod:`collectives.kernel_args`); its ``emulated`` argument is what ``move`` and
+    arguments (:mod:`collectives.device.kernel_args`); its ``emulated`` argument is what ``move`` and
     ``pull`` get as ``data_mc``."""
     world, threads = key.world, key.threads
     single = key.collective == "barrier"  # launched as one block (Communicator.barrier)

@@ -1,5 +1,5 @@
 """The stream-flag kernels: one thread each, launched on a stream between a producer's and a
-consumer's kernels (:meth:`collectives.runtime.Communicator.post` / ``wait``), built from
+consumer's kernels (:meth:`collectives.runtime.communicator.Communicator.post` / ``wait``), built from
 :mod:`collectives.device.flags`.
 
 ``post`` adds 1 to the slot's counter with ``red.release.gpu``; ``wait`` polls it with
@@ -14,8 +14,8 @@ from cutlass import Int32
 
 from ..config import FLAG_WAIT, TIMEOUT
 from ..device import flags, signals
-from ..kernel_args import KernelArgs
-from ..launch import flag_launcher
+from ..device.kernel_args import KernelArgs
+from ..device.launch import flag_launcher
 
 KINDS = ("post", "wait")
 
@@ -34,7 +34,7 @@ def _wait(args: KernelArgs):
 
 def build(kind: str):
     """The ``@cute.jit`` launcher of the ``kind`` (``"post"`` or ``"wait"``) kernel; compile it
-    with :func:`~collectives.launch.flag_example_arguments`."""
+    with :func:`~collectives.device.launch.flag_example_arguments`."""
     return flag_launcher({"post": _post, "wait": _wait}[kind])
 
 

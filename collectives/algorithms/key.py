@@ -1,7 +1,7 @@
 """What a compiled collective kernel is specialised on: :class:`KernelKey`.
 
 A kernel is compiled once per key; everything else (addresses, element counts, rank, timeout)
-is a runtime argument (:mod:`collectives.launch`), so one compile serves every tensor of a
+is a runtime argument (:mod:`collectives.device.launch`), so one compile serves every tensor of a
 shape class.  The key checks what holds for every algorithm here and asks its algorithm
 (:data:`~collectives.algorithms.base.REGISTRY`) for the rest.
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .. import config
-from ..capability import key_backend_refusal
 from ..config import BACKENDS, COLLECTIVES, MAX_WORLD, OPS, TMA_SMEM_BYTES, TMA_STAGES, VECTOR_BYTES
 from ..dtypes import dtype
 from .base import REGISTRY, Algorithm, algorithms
+from .rules import key_backend_refusal
 
 
 @dataclass(frozen=True)

@@ -61,12 +61,13 @@ from ..config import (
     lamport_tag,
 )
 from ..device import lamport, reduce, signals
+from ..device.kernel_args import KernelArgs
+from ..device.launch import launcher
 from ..dtypes import DTYPES
 from ..errors import CollectiveError
-from ..kernel_args import KernelArgs
-from ..launch import launcher
 from .base import Algorithm, Call
 from .key import KernelKey
+from .protocol import Runtime
 
 BUFFERS = LAMPORT_BUFFERS
 #: Test only: a communicator's first Lamport call, while this is set, starts every Lamport call
@@ -285,13 +286,13 @@ class Lamport(Algorithm):
                     "use algorithm='auto', 'one_shot' or 'two_shot'")
         return None
 
-    def plan(self, comm: Any, call: Call) -> Any:
+    def plan(self, comm: Runtime, call: Call) -> Any:
         key = KernelKey("all_reduce", self.name, call.backend, call.dtype, call.world, op=call.op,
                         vector=call.vector, threads=256)
         data = comm.buffer(receive_buffers(comm, call.inp.element_size()))
         return self.launch(comm, call, key, data, call.inp.data_ptr())
 
-    def blocks(self, comm: Any, key: KernelKey, work: int, limit: int | None = None) -> int:
+    def blocks(self, comm: Runtime, key: KernelKey, work: int, limit: int | None = None) -> int:
         """Always :data:`~collectives.config.LAMPORT_BLOCKS`: each block owns fixed vectors of
         the rotating buffers, and all are resident at once (each waits for data other ranks'
         blocks send); the kernel launches this many regardless."""
@@ -301,7 +302,7 @@ class Lamport(Algorithm):
         return build(key)
 
 
-def receive_buffers(comm: Any, element_bytes: int) -> Any:
+def receive_buffers(comm: Runtime, element_bytes: int) -> Any:
     """``comm``'s three rotating receive buffers for elements of ``element_bytes`` bytes (``3 x
     world`` slots of :data:`~collectives.config.LAMPORT_MAX_BYTES`, symmetric), allocated on
     first use (collectively, agreed first) and filled with -0.0 of that width; a barrier after
@@ -323,7 +324,7 @@ def receive_buffers(comm: Any, element_bytes: int) -> Any:
     return buffers[element_bytes]
 
 
-def seed_counts(comm: Any, call: int) -> None:
+def seed_counts(comm: Runtime, call: int) -> None:
     """Start every Lamport call count of ``comm`` at ``call`` (test only, :data:`SEED_CALL_ENV`;
     0, the zeroed pad's, needs no write).  The counts are the kernels' words: the layout of this
     world size, not the pad's allocation layout (of the largest world)."""

@@ -11,11 +11,11 @@ from cutlass import Int64
 
 from typing import Any
 
-from .. import tuning
 from ..config import Slot
-from . import design
+from . import design, tuning
 from .base import Algorithm, Call
 from .key import KernelKey
+from .protocol import Runtime
 
 
 def build(key: KernelKey):
@@ -66,7 +66,7 @@ class OneShot(Algorithm):
     name = "one_shot"
     drops_end_barrier = ("all_reduce", "reduce_scatter")
 
-    def plan(self, comm: Any, call: Call) -> Any:
+    def plan(self, comm: Runtime, call: Call) -> Any:
         # A symmetric reduce-scatter input past STAGE_MAX_BYTES is read in place (two
         # barriers, no copy); the staged cases alternate two buffers and drop the end barrier,
         # except under graph capture (a replayed graph would reuse one buffer).

@@ -6,7 +6,7 @@ reduces its ``world`` slots from local memory into its output.  The all-reduce's
 ``n`` in ``world`` (``m`` rounded up to whole vectors; the last slice may be shorter) and the
 owner also hands its reduction to every rank through result buffers of their own (``world``
 regions of ``m`` elements, region ``q`` owner ``q``'s; the kernel argument ``results`` holds their
-table, :data:`~collectives.kernel_args.PUSH_ALL_REDUCE`): on the
+table, :data:`~collectives.device.kernel_args.PUSH_ALL_REDUCE`): on the
 peer backend it stores it into its region of every other rank's result buffer, and every rank
 copies the other owners' regions out of its own result buffer into its output (local loads),
 so that every byte crossing NVLink is a store; on the multicast backends it stores it into its
@@ -103,16 +103,17 @@ from ..config import (
     push_slice_elements,
 )
 from ..device import reduce, signals
-from ..kernel_args import COLLECTIVE, PUSH_ALL_REDUCE, KernelArgs, Layout
-from ..launch import launcher
+from ..device.kernel_args import COLLECTIVE, PUSH_ALL_REDUCE, KernelArgs, Layout
+from ..device.launch import launcher
 from . import design
 from .base import Algorithm, Call
 from .key import KernelKey
+from .protocol import Runtime
 
 
 def layout(key: KernelKey) -> Layout:
     """The all-reduce's kernels take the result buffers' table where others take a multicast
-    address (:data:`~collectives.kernel_args.PUSH_ALL_REDUCE`)."""
+    address (:data:`~collectives.device.kernel_args.PUSH_ALL_REDUCE`)."""
     return PUSH_ALL_REDUCE if key.collective == "all_reduce" else COLLECTIVE
 
 
@@ -336,7 +337,7 @@ class Push(Algorithm):
             raise ValueError("push sends a non-symmetric input (stage_in=True) straight to its owners")
         super().check(key)
 
-    def plan(self, comm: Any, call: Call) -> Any:
+    def plan(self, comm: Runtime, call: Call) -> Any:
         if call.collective == "reduce_scatter":
             alternate = not call.capturing
             key = KernelKey(call.collective, self.name, call.backend, call.dtype, call.world, op=call.op,

@@ -12,12 +12,12 @@ from cutlass import Int64
 
 from typing import Any
 
-from .. import tuning
 from ..config import DATA_PHASE, TMA_STAGES, VECTOR_BYTES, Slot, ceil_div
 from ..device import tiles
-from . import design
+from . import design, tuning
 from .base import Algorithm, Call
 from .key import KernelKey
+from .protocol import Runtime
 from .two_shot import sliced_plan
 
 
@@ -66,7 +66,7 @@ def build(key: KernelKey):
     return design.kernel(key, b, stage=copy, move=all_reduce, gather=copy, buffers=buffers)
 
 
-def bulk_blocks(comm: Any, key: KernelKey, work: int, limit: int | None = None) -> int:
+def bulk_blocks(comm: Runtime, key: KernelKey, work: int, limit: int | None = None) -> int:
     """Blocks of a TMA kernel for ``work`` vectors per rank: one per tile, at most a quarter of
     the SMs (bulk copies need few), at most ``limit``."""
     blocks = min(ceil_div(work * VECTOR_BYTES, key.tile_bytes), comm.sms // 4)
@@ -84,7 +84,7 @@ class Tma(Algorithm):
     whole_vectors_only = True
     phases = {DATA_PHASE: "TMA bulk copies"}
 
-    def plan(self, comm: Any, call: Call) -> Any:
+    def plan(self, comm: Runtime, call: Call) -> Any:
         if call.collective == "all_reduce":
             return sliced_plan(self, comm, call)
         zero_copy = call.symmetric and call.nbytes > tuning.STAGE_MAX_BYTES
@@ -93,7 +93,7 @@ class Tma(Algorithm):
         data = comm.buffer(call.inp) if zero_copy else self.staging(comm, call, key, Slot.STAGED)
         return self.launch(comm, call, key, data, 0 if zero_copy else call.inp.data_ptr())
 
-    def blocks(self, comm: Any, key: KernelKey, work: int, limit: int | None = None) -> int:
+    def blocks(self, comm: Runtime, key: KernelKey, work: int, limit: int | None = None) -> int:
         return bulk_blocks(comm, key, work, limit)
 
     def build(self, key: KernelKey):

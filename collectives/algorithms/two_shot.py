@@ -14,6 +14,7 @@ from ..config import Slot, ceil_div
 from . import design
 from .base import Algorithm, Call
 from .key import KernelKey
+from .protocol import Runtime
 
 
 def build(key: KernelKey):
@@ -55,14 +56,14 @@ class TwoShot(Algorithm):
     name = "two_shot"
     gathers_out = ("all_reduce",)
 
-    def plan(self, comm: Any, call: Call) -> Any:
+    def plan(self, comm: Runtime, call: Call) -> Any:
         return sliced_plan(self, comm, call)
 
     def build(self, key: KernelKey):
         return build(key)
 
 
-def sliced_plan(algorithm: Algorithm, comm: Any, call: Call) -> Any:
+def sliced_plan(algorithm: Algorithm, comm: Runtime, call: Call) -> Any:
     """The plan of an all-reduce whose ranks each reduce one slice and store it to every rank
     (two-shot, TMA): in place on a symmetric tensor without ``out``, else staged with its
     result copied out."""

@@ -32,8 +32,8 @@ from .. import algorithms
 from ..algorithms import KernelKey
 from ..config import BARRIER_THREADS, TIMEOUT, PadLayout
 from ..device import signals
-from ..kernel_args import KernelArgs
-from ..launch import example_arguments, launcher
+from ..device.kernel_args import KernelArgs
+from ..device.launch import example_arguments, launcher
 
 WORLD = 2
 LAYOUT = PadLayout(world=WORLD)

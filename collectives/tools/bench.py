@@ -18,7 +18,7 @@ import json
 import os
 from collections.abc import Callable
 
-from ..capability import force_multicast_off
+from ..symmetric.capability import force_multicast_off
 
 force_multicast_off()
 
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> None:
     import collectives
     from collectives.algorithms import KernelKey, grid
     from collectives.config import LAMPORT_MAX_BYTES
-    from collectives.runtime import communicator
+    from collectives.runtime.communicator import communicator
 
     from .nccl_baselines import baselines
 
@@ -358,7 +358,7 @@ def _nccl_line(run: dict) -> str:
 def _auto_pick(collective: str, world: int, nbytes: int) -> str:
     """The algorithms ``auto`` runs for a 16-byte aligned tensor of ``nbytes`` on the peer
     backend, symmetric / plain."""
-    from .. import tuning
+    from ..algorithms import tuning
 
     pick = tuning.all_reduce_algorithm if collective == "all_reduce" else tuning.reduce_scatter_algorithm
     return " / ".join(pick(world, nbytes, "peer", symmetric=s) for s in (True, False))

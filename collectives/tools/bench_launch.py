@@ -58,7 +58,7 @@ def host_us(fn: Callable[[], object], n: int = 20000) -> float:
 
 
 def main() -> None:
-    from ..kernels import compile_target
+    from ..runtime.kernels import compile_target
 
     torch.zeros(1, device="cuda")
     arch = compile_target()

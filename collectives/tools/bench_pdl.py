@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from ..capability import force_multicast_off
+from ..symmetric.capability import force_multicast_off
 
 force_multicast_off()
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch.distributed._symmetric_memory as symm_mem
 
     import collectives
-    from collectives.runtime import communicator
+    from collectives.runtime.communicator import communicator
 
     comm = communicator()
     dtype = DTYPES[args.dtype].torch

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..capability import force_multicast_off
+from ..symmetric.capability import force_multicast_off
 
 force_multicast_off()
 
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     import collectives
-    from collectives.runtime import communicator
+    from collectives.runtime.communicator import communicator
 
     comm = communicator()
     world = comm.world

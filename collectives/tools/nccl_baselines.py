@@ -13,7 +13,7 @@
 Every buffer is a view at offset 0 of two windows allocated once at the largest size, so every
 rank passes the same offsets (the symmetric windows' contract).  A column this torch or NCCL
 cannot give is skipped with the reason (:attr:`Baselines.skipped`).  NVLS stays off
-(``NCCL_NVLS_ENABLE=0``, set by :func:`collectives.capability.force_multicast_off`).
+(``NCCL_NVLS_ENABLE=0``, set by :func:`collectives.symmetric.capability.force_multicast_off`).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import argparse
 import json
 import os
 
-from ..capability import force_multicast_off
+from ..symmetric.capability import force_multicast_off
 
 force_multicast_off()
 
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import collectives
     from collectives.overlap import eager_all_gather_gemm, eager_gemm_reduce_scatter
-    from collectives.runtime import communicator
+    from collectives.runtime.communicator import communicator
 
     comm = communicator()
     a = torch.randn(args.m, args.k, device="cuda").to(torch.bfloat16)

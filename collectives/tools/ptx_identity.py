@@ -116,7 +116,7 @@ def normalize(ptx: str) -> str:
 def compile_one(kid: str) -> tuple[str, str, str]:
     """(id, hash of the normalised PTX or ``refused: <error type>``, the normalised text)."""
     os.environ.setdefault("CUTE_DSL_ARCH", ARCH)
-    from collectives.ptx import kernel_ptx
+    from collectives.runtime.kernels import kernel_ptx
 
     try:
         key = make_key(kid)

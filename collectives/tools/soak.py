@@ -19,7 +19,7 @@ import random
 import sys
 import time
 
-from ..capability import force_multicast_off
+from ..symmetric.capability import force_multicast_off
 
 force_multicast_off()
 
@@ -27,7 +27,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from .. import reference  # noqa: E402
-from ..config import ALGORITHMS, LAMPORT_MAX_BYTES  # noqa: E402
+from ..algorithms import ALGORITHMS  # noqa: E402
+from ..config import LAMPORT_MAX_BYTES  # noqa: E402
 from ..dtypes import DTYPES  # noqa: E402
 
 #: The dtypes the soak draws from (registry names).
@@ -48,7 +49,7 @@ def inputs(rank: int, salt: int, n: int) -> np.ndarray:
 class Soak:
     def __init__(self, args: argparse.Namespace) -> None:
         import collectives
-        from collectives.runtime import communicator
+        from collectives.runtime.communicator import communicator
 
         self.collectives, self.comm = collectives, communicator()
         self.world, self.rank = self.comm.world, self.comm.rank

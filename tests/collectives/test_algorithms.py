@@ -1,6 +1,6 @@
 """The algorithm classes (collectives.algorithms): the registry is the extension point, each
 algorithm decides which key choices and which calls it takes, and the kernel arguments are
-declared once (collectives.kernel_args).  Pure Python: no kernel is compiled here."""
+declared once (collectives.device.kernel_args).  Pure Python: no kernel is compiled here."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import pytest
 
 pytest.importorskip("cutlass")
 
-from collectives import tuning  # noqa: E402
+from collectives.algorithms import tuning  # noqa: E402
 from collectives.algorithms import ALGORITHMS, REGISTRY, Algorithm, Call, KernelKey  # noqa: E402
 from collectives.algorithms.base import algorithms  # noqa: E402
 from collectives.config import LAMPORT_MAX_BYTES  # noqa: E402
 from collectives.errors import CollectiveError  # noqa: E402
-from collectives.kernel_args import COLLECTIVE, FLAGS, PUSH_ALL_REDUCE  # noqa: E402
-from collectives.launch import _signature, example_arguments, flag_example_arguments  # noqa: E402
+from collectives.device.kernel_args import COLLECTIVE, FLAGS, PUSH_ALL_REDUCE  # noqa: E402
+from collectives.device.launch import _signature, example_arguments, flag_example_arguments  # noqa: E402
 
 
 def call(collective: str = "all_reduce", *, nbytes: int = 1 << 20, backend: str = "peer", dtype: str = "bf16",

@@ -17,7 +17,7 @@ import pytest
 from collectives.algorithms import KernelKey
 
 pytest.importorskip("cutlass")
-from collectives.ptx import kernel_ptx  # noqa: E402
+from collectives.runtime.kernels import kernel_ptx  # noqa: E402
 
 SIGNAL = re.compile(r"^\s*multimem\.st\.release\.sys\.global\.b64\b")
 POLL = re.compile(r"^\s*ld\.acquire\.sys\.global\.b64\b")

@@ -1,5 +1,5 @@
-"""The backend decision, made in one place (:func:`collectives.capability.resolve_backend` and
-the kernel key's :func:`~collectives.capability.key_backend_refusal`), against the three places
+"""The backend decision, made in one place (:func:`collectives.algorithms.rules.resolve_backend` and
+the kernel key's :func:`~collectives.algorithms.rules.key_backend_refusal`), against the three places
 that decided it before issue 21 (``capability.choose_backend``, ``Communicator.choose_backend``
 and ``KernelKey.__post_init__``): the same answer, or the same exception and message, for
 every combination."""
@@ -11,7 +11,8 @@ import itertools
 
 import pytest
 
-from collectives.capability import Capabilities, choose_backend, key_backend_refusal, resolve_backend
+from collectives.algorithms.rules import key_backend_refusal, resolve_backend
+from collectives.symmetric.capability import Capabilities, choose_backend
 from collectives.algorithms import KernelKey
 from collectives.config import BACKENDS, COLLECTIVES, MULTICAST_PATHS, OPS, PTX_OP, multimem_reduces
 from collectives.dtypes import DTYPES

@@ -29,7 +29,7 @@ torch = pytest.importorskip("torch")
 from collectives.algorithms import KernelKey  # noqa: E402
 from collectives.algorithms import grid as kernel_grid  # noqa: E402
 from collectives.config import CALL_EPOCHS, PadLayout, call_last, call_parity  # noqa: E402
-from collectives.runtime import Communicator  # noqa: E402
+from collectives.runtime.communicator import Communicator  # noqa: E402
 
 U32 = 1 << 32
 TIMEOUT, MISMATCH = "timeout", "size mismatch"

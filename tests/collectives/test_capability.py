@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from collectives import capability
-from collectives.capability import (
+from collectives.symmetric import capability
+from collectives.symmetric.capability import (
     MULTICAST_OFF,
     Capabilities,
     agree,

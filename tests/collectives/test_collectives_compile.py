@@ -14,7 +14,7 @@ from collectives.dtypes import DTYPES
 
 pytest.importorskip("cutlass")
 from collectives.algorithms import ALGORITHMS, KernelKey  # noqa: E402
-from collectives.ptx import kernel_ptx  # noqa: E402
+from collectives.runtime.kernels import kernel_ptx  # noqa: E402
 
 CASES = [
     (collective, algorithm, backend, dtype, world)
@@ -209,7 +209,7 @@ def test_barrier_cost_variants_compile_and_differ_where_named() -> None:
     pytest.importorskip("torch")
     import cutlass.cute as cute
 
-    from collectives.launch import example_arguments
+    from collectives.device.launch import example_arguments
     from collectives.tools import barrier_costs
 
     ptx = {}
@@ -319,7 +319,7 @@ def test_flag_kernels_post_with_release_and_wait_with_acquire_at_gpu_scope() -> 
     from cute_support import compile_ptx, opcodes
 
     from collectives.algorithms import flags
-    from collectives.launch import flag_example_arguments
+    from collectives.device.launch import flag_example_arguments
 
     post, wait = (compile_ptx(flags.build(kind), *flag_example_arguments()) for kind in flags.KINDS)
     assert ".reqntid 1, 1, 1" in post and ".reqntid 1, 1, 1" in wait

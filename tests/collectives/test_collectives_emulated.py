@@ -13,7 +13,7 @@ from collectives.algorithms import ALGORITHMS, KernelKey
 from collectives.dtypes import DTYPES
 
 pytest.importorskip("cutlass")
-from collectives.ptx import kernel_ptx  # noqa: E402
+from collectives.runtime.kernels import kernel_ptx  # noqa: E402
 
 CASES = [
     (collective, algorithm, dtype, world)
@@ -40,7 +40,7 @@ def test_emulated_kernel_has_no_multimem(collective: str, algorithm: str, dtype:
 
 def test_safety_net_refuses_multimem_without_multicast() -> None:
     from collectives.errors import CollectiveError
-    from collectives.ptx import refuse_multimem
+    from collectives.runtime.kernels import refuse_multimem
 
     key = KernelKey("barrier", "one_shot", "multicast", "bf16", 2)
     ptx = kernel_ptx(key)
@@ -54,7 +54,7 @@ def test_safety_net_refuses_multimem_without_multicast() -> None:
 
 
 def test_auto_never_chooses_emulation() -> None:
-    from collectives.capability import choose_backend
+    from collectives.symmetric.capability import choose_backend
 
     with pytest.raises(ValueError):
         choose_backend("multicast_emulated", None)  # only Communicator.choose_backend knows it, explicitly

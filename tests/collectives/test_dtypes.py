@@ -110,7 +110,7 @@ for d in DTYPES.values():
     assert d.elements(16) * d.bytes == 16, d
 blocked = ('torch', 'numpy', 'ml_dtypes')
 from collectives.algorithms import KernelKey
-from collectives.ptx import kernel_ptx  # python -m collectives ptx, and the compile tests
+from collectives.runtime.kernels import kernel_ptx  # python -m collectives ptx, and the compile tests
 from collectives.__main__ import main
 for d in DTYPES.values():
     key = KernelKey('all_reduce', 'one_shot', 'peer', d.name, 2)

@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 from collectives import api  # noqa: E402
 from collectives.config import LAMPORT_EXCHANGE, RECOVERABLE_RECORD, SIZE_MISMATCH  # noqa: E402
 from collectives.errors import CollectiveError  # noqa: E402
-from collectives.runtime import Communicator  # noqa: E402
+from collectives.runtime.communicator import Communicator  # noqa: E402
 from fake_comm import FakeComm, FakeHeap, FakeTensor, install  # noqa: E402
 
 WORLD = 4

@@ -1,5 +1,5 @@
-"""CPU tests of sub-group communicators (collectives.groups, symmetric.init(group=...),
-runtime.communicator(group), the API's group=): the pool's group-collective allocation, the
+"""CPU tests of sub-group communicators (collectives.symmetric.groups, bootstrap.init(group=...),
+runtime.communicator.communicator(group), the API's group=): the pool's group-collective allocation, the
 rank -> PE maps, the registry of contexts per group and dispatch by group.
 
 nvshmem is a fake heap (tests/collectives/test_symmetric_host.py); the process groups are real
@@ -16,9 +16,9 @@ torch = pytest.importorskip("torch")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from collectives import groups  # noqa: E402
+from collectives.symmetric import groups  # noqa: E402
 from collectives.errors import CollectiveError, MulticastUnavailable, SymmetricMemoryError  # noqa: E402
-from collectives.groups import PoolHeap, Ranges, common_fit  # noqa: E402
+from collectives.symmetric.groups import PoolHeap, Ranges, common_fit  # noqa: E402
 
 # -- free ranges and the common first fit ------------------------------------------------------
 
@@ -142,7 +142,7 @@ def test_pe_map_and_its_refusals() -> None:
 
 
 class StubCommunicator:
-    """Stands in for runtime.Communicator (which needs a GPU): the first method an API call uses
+    """Stands in for runtime.communicator.Communicator (which needs a GPU): the first method an API call uses
     (check, poll, or call for the GEMM overlap) names its context."""
 
     def __init__(self, ctx) -> None:
@@ -159,21 +159,23 @@ def _contexts(rank: int, world: int, out: list[str]) -> None:
     from tests.collectives.test_symmetric_host import FakeHeap, caps
     from torch.distributed.device_mesh import init_device_mesh
 
-    from collectives import api, runtime, symmetric
+    from collectives import api
+    from collectives.runtime import communicator as runtime
+    from collectives.symmetric import bootstrap, context
 
-    base = symmetric.Context(heap=FakeHeap(rank), group=None, rank=rank, world_size=world, device=0,
+    base = context.Context(heap=FakeHeap(rank), group=None, rank=rank, world_size=world, device=0,
                              caps=caps(False, world), backend="peer")
     base.reserve(1 << 16)
-    symmetric._CTX = base
-    assert symmetric.init() is base
+    context._CTX = base
+    assert bootstrap.init() is base
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     tp_pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     mine = tp_pairs[rank // 2]
     odd = dist.new_group([1, 3])
-    tp = symmetric.init(group=mine)
+    tp = bootstrap.init(group=mine)
     out.append(f"tp:{tp.rank}/{tp.world_size}:{tp.backend}")
-    out.append(f"same:{symmetric.init(group=mine) is tp}:{symmetric.init(group=mesh['tp']) is tp}")
-    out.append(f"world_is_base:{symmetric.init(group=dist.group.WORLD) is base}")
+    out.append(f"same:{bootstrap.init(group=mine) is tp}:{bootstrap.init(group=mesh['tp']) is tp}")
+    out.append(f"world_is_base:{bootstrap.init(group=dist.group.WORLD) is base}")
     # Allocations of the TP group: one offset on both members, apart from the base's own.
     a = tp.empty(100, torch.float32)
     offset = a.data_ptr() - base.pool.data_ptr()
@@ -186,23 +188,23 @@ def _contexts(rank: int, world: int, out: list[str]) -> None:
     out.append(f"apart:{not base.is_symmetric(a) and not tp.is_symmetric(w)}")
     # The odd ranks' group shares ranks 1 and 3's pool with their TP groups: no overlap.
     if rank % 2:
-        other = symmetric.init(group=odd)
+        other = bootstrap.init(group=odd)
         b = other.empty(100, torch.float32)
         out.append(f"odd:{other.rank}:{b.data_ptr() >= a.data_ptr() + 400 or b.data_ptr() + 400 <= a.data_ptr()}"
                    f":{not other.is_symmetric(a)}")
     else:
         try:
-            symmetric.init(group=odd)
+            bootstrap.init(group=odd)
             out.append("odd:no error")
         except CollectiveError as e:
             out.append("odd:" + ("not a member" in str(e)).__str__())
     try:
-        symmetric.init(group=mine, backend="multicast")
+        bootstrap.init(group=mine, backend="multicast")
         out.append("mc:no error")
     except MulticastUnavailable as e:
         out.append("mc:" + str("sub-group" in str(e)))
     try:
-        symmetric.init(group=mesh)
+        bootstrap.init(group=mesh)
         out.append("mesh2d:no error")
     except CollectiveError as e:
         out.append("mesh2d:" + str("one dimension" in str(e)))
@@ -241,14 +243,14 @@ def _contexts(rank: int, world: int, out: list[str]) -> None:
             out.append(f"dispatch:{e.args[0] == id(tp)}")
     used = base.ranges.used
     tp.close()
-    out.append(f"closed:{base.ranges.used < used}:{symmetric.init(group=mine) is not tp}")
+    out.append(f"closed:{base.ranges.used < used}:{bootstrap.init(group=mine) is not tp}")
     try:
         runtime.communicator(tp)
         out.append("closed_comm:no error")
     except CollectiveError as e:
         out.append("closed_comm:" + str("closed" in str(e)))
     base.close()
-    out.append(f"base_closed:{all(g.closed for g in [tp]) and not symmetric._GROUPS}")
+    out.append(f"base_closed:{all(g.closed for g in [tp]) and not context._GROUPS}")
 
 
 def test_group_contexts_over_gloo(tmp_path: os.PathLike[str]) -> None:

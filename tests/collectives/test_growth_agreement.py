@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from collectives.errors import CollectiveError, SymmetricMemoryError  # noqa: E402
-from collectives.staging import STAGING_MIN_BYTES  # noqa: E402
+from collectives.runtime.staging import STAGING_MIN_BYTES  # noqa: E402
 from fake_comm import FakeComm, FakeHeap  # noqa: E402
 from tests.collectives.test_symmetric_host import on_ranks  # noqa: E402
 

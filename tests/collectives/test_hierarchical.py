@@ -1,4 +1,4 @@
-"""CPU tests of the multi-node path: node boundaries and levels (collectives.topology), the chunk
+"""CPU tests of the multi-node path: node boundaries and levels (collectives.symmetric.topology), the chunk
 schedule, and the hierarchical composition (collectives.hierarchical) against flat collectives.
 
 The composition runs three ways here: ranks simulated by threads with levels that exchange
@@ -17,7 +17,8 @@ from spawn_support import run_gloo
 
 torch = pytest.importorskip("torch")
 
-from collectives import hierarchical, topology  # noqa: E402
+from collectives import hierarchical  # noqa: E402
+from collectives.symmetric import topology  # noqa: E402
 from collectives.errors import CollectiveError  # noqa: E402
 from collectives.hierarchical import PHASES, Levels, chunk_bounds, schedule  # noqa: E402
 

@@ -1,5 +1,5 @@
 """The compiled-kernel cache and ``python -m collectives ptx`` share one compile
-(:func:`collectives.kernels.compile_kernel`), and the cache refuses multimem PTX on a context
+(:func:`collectives.runtime.kernels.compile_kernel`), and the cache refuses multimem PTX on a context
 without NVLink multicast (no GPU: the compile is faked; test_collectives_compile compiles)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from collectives import kernels, ptx
 from collectives.algorithms import KernelKey
 from collectives.errors import CollectiveError
+from collectives.runtime import kernels
 
 KEY = KernelKey("all_reduce", "one_shot", "multicast_emulated", "bf16", 2)
 
@@ -23,13 +23,12 @@ def _fake_compile(monkeypatch, text: str) -> list[tuple]:
         return SimpleNamespace(__ptx__=text, __tvm_ffi_object__=lambda: ("launch", key, target))
 
     monkeypatch.setattr(kernels, "compile_kernel", compile_kernel)
-    monkeypatch.setattr(ptx, "compile_kernel", compile_kernel)
     return calls
 
 
 def test_the_printed_ptx_is_the_compiled_kernels(monkeypatch) -> None:
     calls = _fake_compile(monkeypatch, "// ptx of the launched kernel")
-    assert ptx.kernel_ptx(KEY, "sm_100a") == "// ptx of the launched kernel"
+    assert kernels.kernel_ptx(KEY, "sm_100a") == "// ptx of the launched kernel"
     assert kernels.KernelCache("peer").get(KEY, "sm_100a") == ("launch", KEY, "sm_100a")
     assert calls == [(KEY, "sm_100a")] * 2
 

@@ -20,7 +20,7 @@ import pytest
 from collectives.algorithms import KernelKey
 
 pytest.importorskip("cutlass")
-from collectives.ptx import kernel_ptx  # noqa: E402
+from collectives.runtime.kernels import kernel_ptx  # noqa: E402
 from ptxops import ptxas  # noqa: E402
 
 ARCH = "sm_90a"

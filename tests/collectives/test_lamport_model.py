@@ -212,7 +212,7 @@ def test_the_test_seed_starts_exactly_the_kernels_counts(world: int) -> None:
     from collectives.config import LAMPORT_BLOCKS, PadLayout
     from collectives.errors import CollectiveError
     from collectives.algorithms.lamport import seed_counts
-    from collectives.runtime import Communicator
+    from collectives.runtime.communicator import Communicator
 
     comm = Communicator.__new__(Communicator)
     comm.world = world

@@ -15,12 +15,12 @@ from collectives.config import (  # noqa: E402
     SIZE_MISMATCH,
     TIMEOUT,
 )
-from collectives.error_record import ErrorRecord  # noqa: E402
+from collectives.runtime.error_record import ErrorRecord  # noqa: E402
 from collectives.errors import CollectiveError, CollectiveTimeout  # noqa: E402
-from collectives.stream_flags import StreamFlags  # noqa: E402
+from collectives.runtime.stream_flags import StreamFlags  # noqa: E402
 from collectives import overlap  # noqa: E402
 from collectives.overlap import _FLAG_BASE, MAX_CHUNKS, _bounds  # noqa: E402
-from collectives.runtime import Communicator  # noqa: E402
+from collectives.runtime.communicator import Communicator  # noqa: E402
 
 
 @pytest.mark.parametrize("rows", [0, 1, 3, 7, 1024, 1027])

@@ -2,7 +2,7 @@
 waits (``griddepcontrol.wait``) before its first global memory access, the tables' and the
 signal pad's loads included, and then lets dependents launch; without it neither instruction
 appears.  One key per kernel family (the barrier, design's start/move/end kernels on each
-backend, the push pipeline, Lamport, TMA): they share :func:`collectives.launch.launcher`."""
+backend, the push pipeline, Lamport, TMA): they share :func:`collectives.device.launch.launcher`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from collectives.algorithms import KernelKey
 from collectives.config import BARRIER_THREADS
 
 pytest.importorskip("cutlass")
-from collectives.ptx import kernel_ptx  # noqa: E402
+from collectives.runtime.kernels import kernel_ptx  # noqa: E402
 
 #: The first global (or generic) memory access of a kernel: loads, stores, atomics,
 #: reductions, multimem and bulk copies (``ld.param`` is a kernel argument, not memory).

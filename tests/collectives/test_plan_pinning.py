@@ -17,8 +17,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from collectives import api, overlap, plan  # noqa: E402
-from collectives.plan import Plan  # noqa: E402
+from collectives import api, overlap  # noqa: E402
+from collectives.algorithms import plan  # noqa: E402
+from collectives.algorithms.plan import Plan  # noqa: E402
 from fake_comm import FakeComm, FakeHeap, FakeTensor, install  # noqa: E402
 
 WORLD = 2

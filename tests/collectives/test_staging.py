@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from collectives.config import PLAN_CACHE_SIZE  # noqa: E402
-from collectives.staging import STAGING_MIN_BYTES, PlanCache, StagingPool, capacity  # noqa: E402
+from collectives.runtime.staging import STAGING_MIN_BYTES, PlanCache, StagingPool, capacity  # noqa: E402
 
 
 @dataclass

@@ -13,10 +13,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from collectives import symmetric  # noqa: E402
-from collectives.capability import MULTICAST_OFF, Capabilities  # noqa: E402
+from collectives.symmetric import bootstrap, context  # noqa: E402
+from collectives.symmetric.capability import MULTICAST_OFF, Capabilities  # noqa: E402
 from collectives.errors import MulticastUnavailable, SymmetricMemoryError  # noqa: E402
-from collectives.symmetric import ALIGN, Context  # noqa: E402
+from collectives.symmetric.context import ALIGN, Context  # noqa: E402
 
 ENV_OFF = ("NVSHMEM_DISABLE_NVLS", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")
 
@@ -186,8 +186,8 @@ def test_multicast_tensor_guards(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_module_level_helpers_without_context() -> None:
-    assert symmetric.current() is None or not symmetric.current().closed  # type: ignore[union-attr]
-    assert symmetric.is_symmetric(torch.empty(2)) is False
+    assert context.current() is None or not context.current().closed  # type: ignore[union-attr]
+    assert context.is_symmetric(torch.empty(2)) is False
 
 
 def test_init_outside_torchrun_raises_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -199,7 +199,7 @@ def test_init_outside_torchrun_raises_clearly(monkeypatch: pytest.MonkeyPatch) -
     from collectives.errors import CollectiveError
 
     with pytest.raises(CollectiveError, match="torchrun"):
-        symmetric.init()
+        bootstrap.init()
 
 
 def _rank_worker(body, rank: int, world: int, store: str, q: mp.Queue[object]) -> None:

@@ -1,4 +1,4 @@
-"""The collectives as torch custom operators (collectives.torch_ops), on the CPU: their schemas,
+"""The collectives as torch custom operators (collectives.runtime.torch_ops), on the CPU: their schemas,
 ``torch.library.opcheck`` against a CPU model of the kernels, and ``torch.compile(fullgraph=True)``
 of a model that calls the public functions, traced under fake tensors (no kernel runs)."""
 

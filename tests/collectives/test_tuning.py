@@ -1,6 +1,6 @@
 """The auto choice follows the measured crossovers."""
 
-from collectives import tuning
+from collectives.algorithms import tuning
 from collectives.config import LAMPORT_MAX_BYTES
 
 

@@ -1,5 +1,8 @@
-"""Dependencies go one way: ptxops never imports collectives, and no module of either package
-imports (at top level or inside a function) a module that imports it back."""
+"""Dependencies go one way: ptxops never imports collectives, no module of either package
+imports (at top level or inside a function) a module that imports it back, and the wings of
+collectives keep their contracts: the device blocks import no torch and nothing above them, the
+algorithms no host-runtime module (they reach the runtime through
+:class:`collectives.algorithms.protocol.Runtime`), symmetric memory nothing of the collectives."""
 
 from __future__ import annotations
 
@@ -15,8 +18,8 @@ def _module(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path) -> set[str]:
-    """The package modules ``path`` imports anywhere in its body (absolute names)."""
+def _imports(path: Path, packages: tuple[str, ...] = PACKAGES) -> set[str]:
+    """The modules of ``packages`` that ``path`` imports anywhere in its body (absolute names)."""
     module = _module(path)
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
@@ -30,7 +33,7 @@ def _imports(path: Path) -> set[str]:
                 base = ".".join(anchor + ([base] if base else []))
             found.add(base)
             found |= {f"{base}.{a.name}" for a in node.names}
-    return {m for m in found if m.split(".")[0] in PACKAGES}
+    return {m for m in found if m.split(".")[0] in packages}
 
 
 def graph() -> dict[str, set[str]]:
@@ -64,3 +67,47 @@ def test_no_import_cycles_between_modules() -> None:
                     if not m.startswith(d + ".") and not d.startswith(m + ".") and reaches(d, m))
     assert cycles == []
 
+
+
+#: Each wing of collectives -> the modules outside it that it may import (a name covers its
+#: submodules; ptxops is open to all).
+WING_ALLOWS = {
+    "collectives.device": ("collectives.config",),
+    "collectives.algorithms": ("collectives", "collectives.config", "collectives.dtypes", "collectives.errors",
+                               "collectives.device", "collectives.symmetric.capability"),
+    "collectives.symmetric": ("collectives.errors",),
+    "collectives.runtime": ("collectives", "collectives.config", "collectives.dtypes", "collectives.errors",
+                            "collectives.device", "collectives.algorithms", "collectives.symmetric"),
+}
+
+
+def _allowed(dep: str, allows: tuple[str, ...]) -> bool:
+    return dep.startswith("ptxops") or any(dep == a or (a != "collectives" and dep.startswith(a + ".")) for a in allows)
+
+
+def wing_violations(deps: dict[str, set[str]]) -> dict[str, list[str]]:
+    """Each module of a wing -> the modules it imports that its wing does not allow."""
+    out = {}
+    for wing, allows in WING_ALLOWS.items():
+        for m, ds in deps.items():
+            if m == wing or m.startswith(wing + "."):
+                bad = sorted(d for d in ds if not d.startswith(wing) and not _allowed(d, allows))
+                if bad:
+                    out[m] = bad
+    return out
+
+
+def test_wings_import_only_what_their_contract_allows() -> None:
+    assert wing_violations(graph()) == {}
+
+
+def test_the_wing_rule_fails_on_an_algorithm_importing_the_runtime() -> None:
+    deps = {"collectives.algorithms.base": {"collectives.runtime.communicator", "collectives.config"},
+            "collectives.device.signals": {"collectives.algorithms.key"}}
+    assert wing_violations(deps) == {"collectives.algorithms.base": ["collectives.runtime.communicator"],
+                                     "collectives.device.signals": ["collectives.algorithms.key"]}
+
+
+def test_device_imports_no_torch() -> None:
+    torch_users = {_module(p): sorted(_imports(p, ("torch",))) for p in (ROOT / "collectives" / "device").rglob("*.py")}
+    assert {m: t for m, t in torch_users.items() if t} == {}

@@ -35,7 +35,7 @@ def _launch(x: cute.Tensor):
 
 def test_kept_ptx_goes_to_temporary_directories() -> None:
     from collectives.algorithms import KernelKey
-    from collectives.ptx import kernel_ptx
+    from collectives.runtime.kernels import kernel_ptx
 
     before = _artifacts(ROOT, Path.cwd())
     assert "st.global" in compile_ptx(_launch, global_tensor())

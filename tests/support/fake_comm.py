@@ -1,5 +1,5 @@
 """A communicator without a GPU, for models of the host runtime: the real
-:class:`~collectives.runtime.Communicator` logic (plans, staging pool, errors, the API's plan
+:class:`~collectives.runtime.communicator.Communicator` logic (plans, staging pool, errors, the API's plan
 functions) over a fake symmetric heap that records every allocation and free, tensors that
 are only addresses, and kernels that record their launches (no CuTeDSL compile)."""
 
@@ -10,12 +10,12 @@ from types import SimpleNamespace
 
 import torch
 
-from collectives.capability import Capabilities
+from collectives.symmetric.capability import Capabilities
 from collectives.config import PadLayout
-from collectives.error_record import ErrorRecord
-from collectives.runtime import Communicator
-from collectives.staging import PlanCache, StagingPool
-from collectives.views import Buffer, BufferViews
+from collectives.runtime.error_record import ErrorRecord
+from collectives.runtime.communicator import Communicator
+from collectives.runtime.staging import PlanCache, StagingPool
+from collectives.runtime.views import Buffer, BufferViews
 
 
 class FakeTensor:
@@ -138,7 +138,8 @@ class FakeComm(Communicator):
 
 def install(monkeypatch, comm: FakeComm, capturing: list[bool]) -> None:
     """Make the API use ``comm``, and CUDA-graph capture be on while ``capturing[0]``."""
-    from collectives import api, overlap, plan
+    from collectives import api, overlap
+    from collectives.algorithms import plan
 
     monkeypatch.setattr(api, "communicator", lambda group=None: comm)
     monkeypatch.setattr(overlap, "communicator", lambda group=None: comm)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from collectives.capability import force_multicast_off
+from collectives.symmetric.capability import force_multicast_off
 
 force_multicast_off()
 
@@ -37,7 +37,7 @@ def fp8_refused(backend: str, dtype: str) -> bool:
     """Emulation validates the multimem forms: fp8 ones need sm_100a, so on Hopper the
     emulated backend refuses fp8 as the multicast backend does."""
     from collectives.dtypes import DTYPES
-    from collectives.kernels import compile_target
+    from collectives.runtime.kernels import compile_target
 
     return backend == "multicast_emulated" and DTYPES[dtype].fp8 and not compile_target().startswith("sm_10")
 
@@ -52,7 +52,7 @@ def op_refused(backend: str, dtype: str, op: str) -> bool:
 @pytest.fixture(scope="module")
 def comm():
     import collectives
-    from collectives.runtime import communicator
+    from collectives.runtime.communicator import communicator
 
     c = communicator()
     assert c.ctx.backend == "peer", "multicast must stay off on these machines"
@@ -102,7 +102,7 @@ CASES = [(d, "sum") for d in TORCH] + [("bf16", "max"), ("f32", "min"), ("f16", 
 def test_100000_calls_over_changing_sizes_and_addresses_keep_memory_bounded(comm) -> None:
     import collectives
     from collectives.config import PLAN_CACHE_SIZE
-    from collectives.staging import capacity
+    from collectives.runtime.staging import capacity
 
     base = torch.empty(1 << 16, dtype=torch.bfloat16, device="cuda")
     growing = [torch.empty(n, dtype=torch.bfloat16, device="cuda") for n in (3 << 20, 5 << 20, 9 << 20, 17 << 20)]

@@ -1,4 +1,4 @@
-"""torch.compile of models calling the collectives (their custom operators, collectives.torch_ops)
+"""torch.compile of models calling the collectives (their custom operators, collectives.runtime.torch_ops)
 on real GPUs (peer backend): compiled with Inductor and fullgraph=True, and with CUDA graph
 trees (mode="reduce-overhead"), every result equals eager's, bit for bit.
 

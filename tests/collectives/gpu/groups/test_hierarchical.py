@@ -18,7 +18,7 @@ if os.environ.get("WORLD_SIZE") != "4" or os.environ.get("COLLECTIVES_NODE_SIZE"
     pytest.skip("needs COLLECTIVES_NODE_SIZE=2 torchrun --nproc-per-node 4", allow_module_level=True)
 pytest.importorskip("nvshmem.core")
 
-from collectives.capability import force_multicast_off  # noqa: E402
+from collectives.symmetric.capability import force_multicast_off  # noqa: E402
 
 force_multicast_off()
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from collectives.capability import force_multicast_off
+from collectives.symmetric.capability import force_multicast_off
 
 force_multicast_off()
 
@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 
 def test_lamport_size_mismatch_raises_and_the_communicator_recovers() -> None:
     import collectives
-    from collectives.runtime import communicator
+    from collectives.runtime.communicator import communicator
 
     comm = communicator()
     ok = torch.ones(4096, dtype=torch.bfloat16, device="cuda")

@@ -12,7 +12,7 @@ import pytest
 from tests.collectives.gpu.test_collectives import device_values, values
 
 from collectives import reference
-from collectives.capability import force_multicast_off
+from collectives.symmetric.capability import force_multicast_off
 
 force_multicast_off()
 
@@ -26,11 +26,12 @@ def seeded():
     import os
 
     import collectives
-    from collectives import runtime, symmetric
+    from collectives.runtime import communicator as runtime
+    from collectives.symmetric import bootstrap, context
     from collectives.algorithms.lamport import SEED_CALL_ENV
     from collectives.config import LAMPORT_CALLS
 
-    ctx = symmetric.current() or symmetric.init()
+    ctx = context.current() or bootstrap.init()
     runtime._COMMS.pop(id(ctx), None)  # a fresh communicator: its first Lamport call reads the seed
     os.environ[SEED_CALL_ENV] = str(LAMPORT_CALLS - 4)
     try:

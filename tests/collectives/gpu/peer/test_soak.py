@@ -11,7 +11,7 @@ import argparse
 
 import pytest
 
-from collectives.capability import force_multicast_off
+from collectives.symmetric.capability import force_multicast_off
 
 force_multicast_off()
 

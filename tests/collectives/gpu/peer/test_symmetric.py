@@ -22,7 +22,7 @@ if not torch.cuda.is_available() or torch.cuda.device_count() < 2 or int(os.envi
 pytest.importorskip("nvshmem.core")
 
 # NVLink multicast must stay off wherever this runs (shared GPU hosts): force the switches.
-from collectives.capability import force_multicast_off  # noqa: E402
+from collectives.symmetric.capability import force_multicast_off  # noqa: E402
 
 force_multicast_off()
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from collectives.capability import force_multicast_off
+from collectives.symmetric.capability import force_multicast_off
 
 force_multicast_off()
 
@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 
 def test_absent_rank_times_out_the_others() -> None:
     import collectives
-    from collectives.runtime import communicator
+    from collectives.runtime.communicator import communicator
 
     comm = communicator()
     comm.timeout_s = 2.0

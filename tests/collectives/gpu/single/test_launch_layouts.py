@@ -1,6 +1,6 @@
 """The kernel-argument layouts on one GPU: the stream-flag kernels compiled and launched through
-:data:`collectives.kernel_args.FLAGS` (the launcher's generated signature, the kernel's
-:class:`~collectives.kernel_args.KernelArgs`), no communicator.  A post is taken by its wait;
+:data:`collectives.device.kernel_args.FLAGS` (the launcher's generated signature, the kernel's
+:class:`~collectives.device.kernel_args.KernelArgs`), no communicator.  A post is taken by its wait;
 a wait nobody posts times out and writes the recoverable record.
 
 Run: ``python -m pytest -q -m gpu tests/collectives/gpu/single/test_launch_layouts.py``."""
@@ -19,13 +19,13 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def kernels():
-    from collectives.kernels import compile_kernel, compile_target
+    from collectives.runtime.kernels import compile_kernel, compile_target
 
     return {kind: compile_kernel(kind, compile_target()).__tvm_ffi_object__() for kind in ("post", "wait")}
 
 
 def test_posts_are_taken_and_an_unposted_wait_records_its_timeout(kernels) -> None:
-    from collectives.kernel_args import FLAGS
+    from collectives.device.kernel_args import FLAGS
 
     flags = torch.zeros((2, FLAG_SLOTS), dtype=torch.int32, device="cuda")
     err = torch.zeros((2, len(ERROR_FIELDS)), dtype=torch.int32, device="cuda")

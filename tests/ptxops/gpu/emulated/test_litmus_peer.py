@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from collectives.capability import force_multicast_off
+from collectives.symmetric.capability import force_multicast_off
 
 pytestmark = pytest.mark.multigpu
 

@@ -35,7 +35,7 @@ from cutlass.cute.runtime import make_fake_stream  # noqa: E402
 from gpu_support import THREADS, compile_for_device, current_stream, peer_context, spin_until  # noqa: E402
 
 import ptxops  # noqa: E402
-from collectives.capability import force_multicast_off  # noqa: E402
+from collectives.symmetric.capability import force_multicast_off  # noqa: E402
 
 pytestmark = pytest.mark.multigpu
 

@@ -1,4 +1,5 @@
-"""Which backend can run here: NVLink multicast (NVLS) or peer (unicast NVLink) loads/stores.
+"""Which backend can run here: NVLink multicast (NVLS) or peer (unicast NVLink) loads/stores
+(the probing; the rules a call's dtype and op add: :mod:`collectives.algorithms.rules`).
 
 Everything here only *queries* (environment, device attributes, NVML); nothing creates a
 multicast object. The device queries go through a small :class:`DeviceQuery` protocol so
@@ -14,9 +15,7 @@ from typing import Any, Literal, Protocol
 
 from ptxops.nvls import MULTICAST_OFF, force_multicast_off
 
-from .config import MULTICAST_PATHS, PTX_OP, multimem_reduces
-from .dtypes import dtype as _dtype
-from .errors import CollectiveError, MulticastUnavailable
+from ..errors import CollectiveError, MulticastUnavailable
 
 __all__ = [
     "Backend",
@@ -26,12 +25,12 @@ __all__ = [
     "agree",
     "can_access_peer",
     "choose_backend",
-    "key_backend_refusal",
-    "resolve_backend",
+    "collective_device",
     "device_supports_multicast",
     "force_multicast_off",
     "multicast_disabled_by_env",
     "nvlink_full_mesh",
+    "pci_bus_id",
     "probe",
 ]
 
@@ -117,7 +116,8 @@ def can_access_peer(device: int, peer: int) -> bool:
     return bool(ok)
 
 
-def _pci_bus_id(device: int) -> str:
+def pci_bus_id(device: int) -> str:
+    """``device``'s PCI bus id (``cuDeviceGetPCIBusId``): the same GPU's name in every process."""
     d = _driver()
     err, bus = d.cuDeviceGetPCIBusId(32, _cu_device(d, device))
     _check(d, err, "cuDeviceGetPCIBusId")
@@ -133,7 +133,7 @@ def nvlink_full_mesh(devices: Sequence[int], nvml: Any = None,
     fails; callers then treat peer access as sufficient and keep the note. ``nvml`` and
     ``bus_id`` (ordinal -> PCI bus id) default to ``pynvml`` and ``cuDeviceGetPCIBusId``.
     """
-    bus_id = _pci_bus_id if bus_id is None else bus_id
+    bus_id = pci_bus_id if bus_id is None else bus_id
     devs = sorted({int(x) for x in devices})
     if len(devs) < 2:
         return True, None
@@ -276,60 +276,8 @@ def choose_backend(requested: str, caps: Capabilities, *, env: Mapping[str, str]
     return "peer"
 
 
-#: Collectives whose multicast path reduces with ``multimem.ld_reduce``.
-REDUCING = ("all_reduce", "reduce_scatter")
-
-
-def _no_multimem_reduction(backend: str, dtype: str, op: str) -> bool:
-    return backend in MULTICAST_PATHS and not multimem_reduces(dtype, op)
-
-
-def key_backend_refusal(collective: str, backend: str, dtype: str, op: str) -> str | None:
-    """Why a kernel of ``collective`` on ``backend`` reducing ``dtype`` by ``op`` cannot be
-    built (target aside), or None: fp8 reduces by add only, and a multicast path reduces only
-    what ``multimem.ld_reduce`` has a form for (pure: what a kernel key checks)."""
-    if _dtype(dtype).fp8 and op != "sum":
-        return f"{op} of fp8 is not supported (multimem reduces fp8 by add only)"
-    if collective in REDUCING and _no_multimem_reduction(backend, dtype, op):
-        return f"multimem.ld_reduce has no {PTX_OP[op]} of {dtype}: use the peer backend"
-    return None
-
-
-def resolve_backend(requested: str, caps: Capabilities, context_backend: str, dtype: str, op: str,
-                    target: Callable[[], str], *, env: Mapping[str, str] | None = None) -> str:
-    """The backend a collective reducing ``dtype`` by ``op`` uses on a context opened with
-    ``context_backend`` over ``caps``, for ``requested`` in ``{"auto", "multicast", "peer",
-    "multicast_emulated"}``: ``"auto"`` picks by capability (:func:`choose_backend`), and the
-    peer backend where multimem has no such reduction; ``"multicast_emulated"`` runs on peer
-    access alone and is never picked by ``"auto"``.  ``target()`` (read only for fp8 on a
-    multicast path) is the GPU's compile target.
-
-    Raises:
-        MulticastUnavailable: multicast requested where this context or GPU lacks it, or
-            multimem on fp8 below sm_100a.
-        CollectiveError: multimem has no such reduction and the backend was not ``"auto"``;
-            no usable backend.
-        ValueError: unknown ``requested``.
-    """
-    if requested == "multicast_emulated":
-        backend = requested
-    else:
-        backend = choose_backend(requested, caps, env=env)
-        if backend == "multicast" and context_backend != "multicast":
-            raise MulticastUnavailable(f"this context was opened with the {context_backend!r} backend")
-    if _no_multimem_reduction(backend, dtype, op):
-        if requested == "auto":
-            return "peer"
-        raise CollectiveError(
-            f"multimem.ld_reduce has no {PTX_OP[op]} of {dtype} (PTX: .min/.max reduce integers, "
-            f"16-bit floats and fp8, not .f32); use backend='peer' or 'auto'"
-        )
-    if backend in MULTICAST_PATHS and _dtype(dtype).fp8 and not target().startswith("sm_10"):
-        raise MulticastUnavailable(f"multimem on {dtype} needs sm_100a or newer, not {target()}")
-    return backend
-
-
-def _collective_device(group: Any) -> Any:
+def collective_device(group: Any) -> Any:
+    """The device ``group``'s collectives exchange tensors on: this rank's GPU under NCCL, else the CPU."""
     import torch
     import torch.distributed as dist
 
@@ -359,7 +307,7 @@ def agree(caps: Capabilities, group: Any = None) -> Capabilities:
         return caps
     mesh_code = {False: 0, None: 1, True: 2}[caps.nvlink_mesh]
     mine = torch.tensor([int(caps.multicast), int(caps.peer_access), mesh_code], dtype=torch.int64,
-                        device=_collective_device(group))
+                        device=collective_device(group))
     n = dist.get_world_size(group)
     allv = [torch.empty_like(mine) for _ in range(n)]
     dist.all_gather(allv, mine, group=group)

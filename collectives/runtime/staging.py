@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import torch
 
-from .config import PLAN_CACHE_SIZE, Slot
+from ..config import PLAN_CACHE_SIZE, Slot
 
 #: Smallest staging buffer (bytes).
 STAGING_MIN_BYTES = 1 << 20
@@ -72,7 +72,7 @@ class PlanCache:
 
 
 class Allocator(Protocol):
-    """What the pool needs of the symmetric-memory context (real: :class:`~collectives.symmetric.Context`)."""
+    """What the pool needs of the symmetric-memory context (real: :class:`~collectives.symmetric.context.Context`)."""
 
     def empty(self, shape: int, dtype: torch.dtype) -> torch.Tensor: ...  # collective
 

@@ -1,6 +1,7 @@
 """Compiling collective kernels: the one compile path (the runtime's launches and
-``python -m collectives ptx`` both go through :func:`compile_kernel`, so the PTX printed is the
-PTX launched) and the per-communicator cache of compiled kernels."""
+``python -m collectives ptx`` (:func:`kernel_ptx`) both go through :func:`compile_kernel`, so the
+PTX printed is the PTX launched) and the per-communicator cache of compiled kernels.  Imports
+neither torch nor CuTeDSL until a compile."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from .algorithms.key import KernelKey
-from .errors import CollectiveError
+from ..algorithms.key import KernelKey
+from ..errors import CollectiveError
 
 
 def compile_target(device: int | None = None) -> str:
@@ -36,9 +37,9 @@ def compile_kernel(key: KernelKey | str, target: str) -> Any:
     import cutlass.cute as cute
     from cutlass.base_dsl.compiler import DumpDir
 
-    from . import algorithms
-    from .algorithms import flags
-    from .launch import flag_example_arguments
+    from .. import algorithms
+    from ..algorithms import flags
+    from ..device.launch import flag_example_arguments
 
     if isinstance(key, str):
         launch, args = flags.build(key), flag_example_arguments()
@@ -46,6 +47,12 @@ def compile_kernel(key: KernelKey | str, target: str) -> Any:
         launch, args = algorithms.build(key), algorithms.example_arguments()
     with tempfile.TemporaryDirectory() as dump:  # the PTX is kept in memory, the files dropped
         return cute.compile[cute.KeepPTX, cute.EnableTVMFFI, cute.GPUArch(target), DumpDir(dump)](launch, *args)
+
+
+def kernel_ptx(key: KernelKey, arch: str = "sm_90a") -> str:
+    """The PTX of ``key``'s kernel compiled for ``arch`` (ptxas runs, so it also assembles):
+    what ``python -m collectives ptx`` prints."""
+    return compile_kernel(key, arch).__ptx__
 
 
 def refuse_multimem(ptx: str | None, key: KernelKey | str, backend: str) -> None:

@@ -1,4 +1,4 @@
-"""Sub-group symmetric memory: one NVSHMEM job, a :class:`~collectives.symmetric.Context` per group.
+"""Sub-group symmetric memory: one NVSHMEM job, a :class:`~collectives.symmetric.context.Context` per group.
 
 ``nvshmem_malloc`` is collective over *every* PE of the job, so a group of fewer ranks cannot
 allocate on the NVSHMEM heap by itself (a TP group growing its staging buffer would hang
@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from .errors import CollectiveError, MulticastUnavailable, SymmetricMemoryError
+from ..errors import CollectiveError, MulticastUnavailable, SymmetricMemoryError
 
 #: Bytes of the pool the base context reserves for sub-group communicators (per rank) unless
 #: ``init(group_heap_bytes=...)`` or ``COLLECTIVES_GROUP_HEAP_BYTES`` says otherwise.
@@ -87,7 +87,7 @@ def common_fit(frees: Sequence[Sequence[Range]], nbytes: int) -> int | None:
 
 
 class PoolHeap:
-    """The :class:`~collectives.symmetric.Heap` of a sub-group: allocations in the members'
+    """The :class:`~collectives.symmetric.heap.Heap` of a sub-group: allocations in the members'
     shares of the pool (``pool``: this rank's uint8 view; ``peers[r]``: the pool at group rank
     ``r``'s PE).  ``gather(x)`` all-gathers a picklable ``x`` over the group (one list entry per
     group rank); ``ranges`` is this rank's free list, shared by every group it belongs to."""
@@ -149,6 +149,13 @@ def group_ranks(group: Any) -> tuple[int, ...]:
     return tuple(dist.get_process_group_ranks(process_group(group)))
 
 
+def global_rank(group: Any, rank: int) -> int:
+    """The global rank of ``group``'s rank ``rank`` (``group`` None: every process)."""
+    import torch.distributed as dist
+
+    return rank if group is None else dist.get_global_rank(group, rank)
+
+
 def pe_map(members: Sequence[int], base: Sequence[int], me: int) -> list[int]:
     """Base-context ranks (NVSHMEM PEs) of a group's members (global ranks, group order), for
     a base context over global ranks ``base`` (rank order) on the process of global rank ``me``.
@@ -170,4 +177,4 @@ def pe_map(members: Sequence[int], base: Sequence[int], me: int) -> list[int]:
     return [index[r] for r in members]
 
 
-__all__ = ["GROUP_HEAP_BYTES", "PoolHeap", "Ranges", "common_fit", "group_ranks", "pe_map", "process_group"]
+__all__ = ["GROUP_HEAP_BYTES", "PoolHeap", "Ranges", "common_fit", "global_rank", "group_ranks", "pe_map", "process_group"]

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from .config import FLAG_SLOTS
+from ..config import FLAG_SLOTS
 from .error_record import ErrorRecord
-from .errors import CollectiveError
+from ..errors import CollectiveError
 
 
 class StreamFlags:

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from .algorithms import REGISTRY
-from .config import (
+from ..algorithms import REGISTRY
+from ..config import (
     ERROR_FIELDS,
     ERROR_RECORDS,
     FATAL_RECORD,
@@ -28,7 +28,7 @@ from .config import (
     SIZE_MISMATCH,
     TIMEOUT,
 )
-from .errors import CollectiveError, CollectiveTimeout
+from ..errors import CollectiveError, CollectiveTimeout
 
 #: The name of each phase code a record's ``barrier`` field holds, for messages: the start and
 #: end barriers (0 and 1), and the phases each algorithm declares (:attr:`Algorithm.phases`).
@@ -43,7 +43,7 @@ class ErrorRecord:
 
     :attr:`timeout_s` bounds every cross-GPU wait (the kernels take it) and its messages.
     ``rematch_flags`` runs after a stream-flag wait timed out, before its record is cleared
-    (:meth:`collectives.stream_flags.StreamFlags.rematch`)."""
+    (:meth:`collectives.runtime.stream_flags.StreamFlags.rematch`)."""
 
     def __init__(self, timeout_s: float, rematch_flags: Callable[[], None], pin_memory: bool = True) -> None:
         self.timeout_s = timeout_s

@@ -1,7 +1,7 @@
 """The ``@cute.jit`` launchers around every collective kernel and the stream-flag kernels:
-their signatures are the argument layouts of :mod:`collectives.kernel_args` (then the grid and
+their signatures are the argument layouts of :mod:`collectives.device.kernel_args` (then the grid and
 the stream), and the ``@cute.kernel`` inside hands its body one
-:class:`~collectives.kernel_args.KernelArgs`.
+:class:`~collectives.device.kernel_args.KernelArgs`.
 
 For ``backend="multicast_emulated"`` the kernel traces its body under
 :func:`ptxops.emulate_multicast`: the layout's ``emulated`` argument (``data_mc``) is then the
@@ -41,7 +41,7 @@ def _signature(fn, layout: Layout, *extra: tuple[str, type]):
 def launcher(body, threads: int, grid: int | None = None, *, emulate: int = 0, pdl: bool = False,
              layout: Layout = COLLECTIVE):
     """The ``@cute.jit`` launch of a kernel running the ``@cute.jit`` ``body(args)`` (the
-    :class:`~collectives.kernel_args.KernelArgs` of ``layout``) with ``threads`` threads per
+    :class:`~collectives.device.kernel_args.KernelArgs` of ``layout``) with ``threads`` threads per
     block, on ``blocks`` thread blocks (a runtime argument) or, given ``grid``, always on that
     many; ``emulate``: the world size of a multicast emulation (0: none).
 
@@ -86,7 +86,7 @@ def example_arguments(layout: Layout = COLLECTIVE) -> tuple:
 
 def flag_launcher(body):
     """The ``@cute.jit`` launch of a one-thread kernel running the ``@cute.jit`` ``body(args)``
-    (:data:`~collectives.kernel_args.FLAGS`: the counter words, the slot, the error record)."""
+    (:data:`~collectives.device.kernel_args.FLAGS`: the counter words, the slot, the error record)."""
 
     def kernel(args: KernelArgs):
         body(args)

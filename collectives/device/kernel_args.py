@@ -1,7 +1,7 @@
 """The runtime arguments of every collective kernel, declared once.
 
 :data:`COLLECTIVE` lists them (name, type, meaning) in launch order; the launcher's signature
-(:func:`collectives.launch.launcher`), the kernels' view of them (:class:`KernelArgs`, fields
+(:func:`collectives.device.launch.launcher`), the kernels' view of them (:class:`KernelArgs`, fields
 by name), the host's packing of a launch (:meth:`Layout.pack`) and the placeholder arguments
 of a compile without a GPU (:meth:`Layout.examples`) all derive from it.  One position, one
 meaning: a kernel whose second argument means something else declares a layout of its own

@@ -1,12 +1,12 @@
 """The per-process communicator: the signal pad and the parts a collective call uses.
 
-One :class:`Communicator` sits on the open symmetric-memory :class:`~collectives.symmetric.Context`
+One :class:`Communicator` sits on the open symmetric-memory :class:`~collectives.symmetric.context.Context`
 (``collectives.init()``) and holds one of each part: the error record
-(:class:`~collectives.error_record.ErrorRecord`), the kernel views of symmetric buffers
-(:class:`~collectives.views.BufferViews`), the staging buffers
-(:class:`~collectives.staging.StagingPool`) and plans, the compiled kernels
-(:class:`~collectives.kernels.KernelCache`) and the stream flags
-(:class:`~collectives.stream_flags.StreamFlags`).  Everything a launch needs that is not a
+(:class:`~collectives.runtime.error_record.ErrorRecord`), the kernel views of symmetric buffers
+(:class:`~collectives.runtime.views.BufferViews`), the staging buffers
+(:class:`~collectives.runtime.staging.StagingPool`) and plans, the compiled kernels
+(:class:`~collectives.runtime.kernels.KernelCache`) and the stream flags
+(:class:`~collectives.runtime.stream_flags.StreamFlags`).  Everything a launch needs that is not a
 runtime argument is cached: compiled kernels per :class:`~collectives.algorithms.KernelKey`, device
 tables of peer addresses per buffer.  Build those before a CUDA-graph capture (one eager call
 warms them).
@@ -21,14 +21,16 @@ from typing import Any
 
 import torch
 
-from . import config, symmetric
-from .algorithms import REGISTRY, Call
-from .capability import resolve_backend
-from .config import CALL_EPOCHS, PadLayout, Slot
+from .. import config
+from ..algorithms import REGISTRY, Call
+from ..algorithms.plan import current_stream
+from ..algorithms.rules import resolve_backend
+from ..config import CALL_EPOCHS, PadLayout, Slot
+from ..errors import CollectiveError
+from ..symmetric.bootstrap import init
+from ..symmetric.context import Context, current
 from .error_record import ErrorRecord
-from .errors import CollectiveError
 from .kernels import KernelCache, compile_target
-from .plan import current_stream
 from .staging import PlanCache, StagingPool
 from .stream_flags import StreamFlags
 from .views import Buffer, BufferViews
@@ -44,7 +46,7 @@ TEST_SEED_EPOCH = int(os.environ.get("COLLECTIVES_TEST_SEED_EPOCH", "0"), 0)
 class Communicator:
     """Collective state of this process over ``ctx``."""
 
-    def __init__(self, ctx: Any, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, ctx: Context, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.ctx = ctx
         self.world = ctx.world_size
         self.rank = ctx.rank
@@ -100,19 +102,19 @@ class Communicator:
         return self.errors.failed
 
     def check(self) -> None:
-        """Raise the error a kernel recorded, or one deferred (:meth:`~collectives.error_record.ErrorRecord.check`)."""
+        """Raise the error a kernel recorded, or one deferred (:meth:`~collectives.runtime.error_record.ErrorRecord.check`)."""
         self.errors.check()
 
     def poll(self) -> None:
-        """At the start of a collective call (:meth:`~collectives.error_record.ErrorRecord.poll`)."""
+        """At the start of a collective call (:meth:`~collectives.runtime.error_record.ErrorRecord.poll`)."""
         self.errors.poll()
 
     def finish(self) -> None:
-        """At the end of a collective call, after its launches (:meth:`~collectives.error_record.ErrorRecord.finish`)."""
+        """At the end of a collective call, after its launches (:meth:`~collectives.runtime.error_record.ErrorRecord.finish`)."""
         self.errors.finish()
 
     def call(self) -> AbstractContextManager[None]:
-        """One call made of collective calls (:meth:`~collectives.error_record.ErrorRecord.call`)."""
+        """One call made of collective calls (:meth:`~collectives.runtime.error_record.ErrorRecord.call`)."""
         return self.errors.call()
 
     # -- stream flags: StreamFlags ------------------------------------------------------------
@@ -123,11 +125,11 @@ class Communicator:
         return self.stream_flags.flags
 
     def post(self, index: int) -> None:
-        """Post flag slot ``index`` on the current stream (:meth:`~collectives.stream_flags.StreamFlags.post`)."""
+        """Post flag slot ``index`` on the current stream (:meth:`~collectives.runtime.stream_flags.StreamFlags.post`)."""
         self.stream_flags.post(index)
 
     def wait(self, index: int) -> None:
-        """Make the current stream wait for slot ``index``'s next post (:meth:`~collectives.stream_flags.StreamFlags.wait`)."""
+        """Make the current stream wait for slot ``index``'s next post (:meth:`~collectives.runtime.stream_flags.StreamFlags.wait`)."""
         self.stream_flags.wait(index)
 
     # -- buffers: BufferViews, StagingPool ----------------------------------------------------
@@ -141,7 +143,7 @@ class Communicator:
         ``nbytes``; ``-element_bytes`` for the Lamport buffers of a width): every rank must
         make the same one at the same call.  A caller's size mismatch can make some ranks grow
         and others not: agreed through
-        :meth:`~collectives.symmetric.Context.agree_bounded` (bounded by :attr:`timeout_s`), it
+        :meth:`~collectives.symmetric.context.Context.agree_bounded` (bounded by :attr:`timeout_s`), it
         raises CollectiveError instead of pairing the allocation's collective steps with
         something else or hanging.  The communicator is then lost (a rank that did not grow
         launched a kernel that waits for this one)."""
@@ -159,14 +161,14 @@ class Communicator:
         single-barrier collectives strictly in turn across all of them (:attr:`turn`): a rank
         may rewrite one only after every rank has started a later collective, which proves it
         finished reading.  Growing frees the superseded buffer and drops the plans that hold
-        it, unless a CUDA graph may use it (:class:`~collectives.staging.StagingPool`)."""
+        it, unless a CUDA graph may use it (:class:`~collectives.runtime.staging.StagingPool`)."""
         return self.pool.get(nbytes, which)
 
     # -- kernels ------------------------------------------------------------------------------
 
     def choose_backend(self, requested: str, dtype: str, op: str = "sum") -> str:
         """The backend a collective reducing ``dtype`` by ``op`` uses on this context
-        (:func:`collectives.capability.resolve_backend`)."""
+        (:func:`collectives.algorithms.rules.resolve_backend`)."""
         return resolve_backend(requested, self.ctx.caps, self.ctx.backend, dtype, op,
                                lambda: compile_target(self.device_index))
 
@@ -180,7 +182,7 @@ class Communicator:
         plan.run()
 
     def kernel(self, key: Any) -> Callable[..., Any]:
-        """The compiled kernel for ``key`` on this GPU (:meth:`~collectives.kernels.KernelCache.get`), as the
+        """The compiled kernel for ``key`` on this GPU (:meth:`~collectives.runtime.kernels.KernelCache.get`), as the
         positional TVM-FFI function.  A string key names a stream-flag kernel."""
         return self.kernels.get(key, compile_target(self.device_index))
 
@@ -201,20 +203,20 @@ def communicator(group: Any = None) -> Communicator:
     DeviceMesh (its context opened with ``collectives.init(group=...)`` on first use: collective
     over the group), a context from ``collectives.init``, or a Communicator (itself)."""
     if group is None:
-        ctx = symmetric.current() or symmetric.init()
+        ctx = current() or init()
         if ctx.group is not None:
             raise CollectiveError(
                 "this job spans nodes: symmetric memory covers one node's ranks; pass group= (a group "
                 "within a node) or use collectives.hierarchical for a group spanning nodes")
     elif isinstance(group, Communicator):
         ctx = group.ctx
-    elif isinstance(group, symmetric.Context):
+    elif isinstance(group, Context):
         ctx = group
     else:  # a ProcessGroup or DeviceMesh: the last answer for this very object, if still open
         hit = _BY_GROUP.get(id(group))
         if hit is not None and hit[0] is group and not hit[1].ctx.closed:
             return hit[1]
-        comm = communicator(symmetric.init(group=group))
+        comm = communicator(init(group=group))
         _BY_GROUP[id(group)] = (group, comm)  # (holding the group: its id is not reused)
         return comm
     if ctx.closed:
@@ -229,7 +231,7 @@ def communicator(group: Any = None) -> Communicator:
 
 def traceable(group: Any, what: str) -> None:
     """Refuse ``group`` while torch.compile traces ``what``: its custom operator
-    (:mod:`collectives.torch_ops`) runs on the default communicator, so a sub-group's call
+    (:mod:`collectives.runtime.torch_ops`) runs on the default communicator, so a sub-group's call
     would silently run on all ranks."""
     if group is not None:
         raise CollectiveError(

@@ -1,5 +1,5 @@
 """A prepared collective launch (:class:`Plan`): the compiled kernel and its runtime arguments
-(:mod:`collectives.kernel_args`) fixed at planning, so that a call only takes the current stream
+(:mod:`collectives.device.kernel_args`) fixed at planning, so that a call only takes the current stream
 and launches."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from .kernel_args import Layout
+from ..device.kernel_args import Layout
+from .protocol import Buffer, Runtime
 
 #: torch.cuda.is_current_stream_capturing without its Python wrapper (per-call cost matters).
 capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
@@ -31,7 +32,7 @@ class Plan:
 
     __slots__ = ("fn", "args", "comm", "holds")
 
-    def __init__(self, fn: Callable[..., Any], args: list[tuple], comm: Any, holds: tuple[int, ...] = ()) -> None:
+    def __init__(self, fn: Callable[..., Any], args: list[tuple], comm: Runtime, holds: tuple[int, ...] = ()) -> None:
         self.fn, self.args, self.comm, self.holds = fn, args, comm, holds
 
     def run(self) -> None:
@@ -49,8 +50,8 @@ class Plan:
         self.fn(*args, current_stream(comm.device_index))
 
 
-def prepare(comm: Any, key: Any, layout: Layout, data: Any, out: int, src: int, n: int, blocks: int,
-            results: Any = None) -> Plan:
+def prepare(comm: Runtime, key: Any, layout: Layout, data: Buffer | list[Buffer], out: int, src: int, n: int,
+            blocks: int, results: Buffer | None = None) -> Plan:
     """A ready launch of ``key`` on ``comm`` with the arguments of ``layout``: everything but
     the stream fixed.  ``data``: the kernel view of the data buffer, or of staging slots
     ``TURN_0`` and ``TURN_1`` (the plan then launches on the one whose turn it is and passes
@@ -63,7 +64,7 @@ def prepare(comm: Any, key: Any, layout: Layout, data: Any, out: int, src: int, 
                  err=comm.error.data_ptr(), rank=comm.rank, timeout_ns=int(comm.timeout_s * 1e9))
     buffers = data if isinstance(data, list) else [data]
 
-    def handle(b: Any) -> int:
+    def handle(b: Buffer) -> int:
         if results is not None:
             return results.emulation.data_ptr() if emulated else results.table.data_ptr()
         return b.emulation.data_ptr() if emulated else b.mc

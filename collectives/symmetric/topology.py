@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from .errors import CollectiveError
+from ..errors import CollectiveError
 
 #: Environment variable forcing the ranks per node (testing a multi-node split on one node).
 NODE_SIZE_ENV = "COLLECTIVES_NODE_SIZE"

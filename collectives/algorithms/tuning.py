@@ -13,7 +13,7 @@ remote copies per element, so its crossovers fall as W grows).
 
 from __future__ import annotations
 
-from .config import LAMPORT_MAX_BYTES
+from ..config import LAMPORT_MAX_BYTES
 
 #: (backend, world size) -> largest message (bytes per rank) for which Lamport is chosen.
 LAMPORT_MAX: dict[tuple[str, int], int] = {
