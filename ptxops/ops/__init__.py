@@ -1,5 +1,6 @@
 """CuTeDSL device functions, one per PTX instruction family, validated through ptxops.spec."""
 
+from .. import DEVICE_FUNCTIONS
 from ..errors import CuTeDSLMissing
 
 try:
@@ -29,14 +30,5 @@ from .st_bulk import st_bulk
 from .tensor import cp_async_bulk_prefetch_tensor, cp_async_bulk_tensor, cp_reduce_async_bulk_tensor
 from .tensormap import tensormap_cp_fenceproxy, tensormap_replace
 
-__all__ = [
-    "atom", "atom_add", "atom_cas", "atom_exch", "cp_async_bulk", "cp_async_bulk_commit_group",
-    "cp_async_bulk_wait_group", "cp_reduce_async_bulk", "fence", "griddepcontrol_launch_dependents",
-    "griddepcontrol_wait", "ld",
-    "membar", "elect_sync", "prefetch", "prefetchu", "cp_async_bulk_prefetch", "st_bulk",
-    "clusterlaunchcontrol_try_cancel", "clusterlaunchcontrol_query_cancel", "ld_acquire", "mapa",
-    "mbarrier_arrive", "mbarrier_init", "mbarrier_try_wait", "multimem_ld_reduce", "multimem_red",
-    "multimem_st", "nanosleep", "red", "red_async", "st", "st_async", "st_release",
-    "cp_async_bulk_tensor", "cp_reduce_async_bulk_tensor", "cp_async_bulk_prefetch_tensor",
-    "tensormap_replace", "tensormap_cp_fenceproxy", "multimem_cp_async_bulk", "multimem_cp_reduce_async_bulk",
-]
+#: One list of device functions: :data:`ptxops.DEVICE_FUNCTIONS`, each imported above.
+__all__ = list(DEVICE_FUNCTIONS)

@@ -39,6 +39,18 @@ def test_every_public_name_resolves() -> None:
     assert all(callable(getattr(ptxops, name)) or name == "spec" for name in ptxops.__all__)
 
 
+def test_ops_exports_exactly_the_one_device_function_list() -> None:
+    """``ptxops.DEVICE_FUNCTIONS`` is the one list: ``ptxops.ops`` exports it, and every device
+    function ``ptxops.ops`` imports from its modules is on it."""
+    pytest.importorskip("cutlass")
+    import ptxops.ops as ops
+
+    imported = {name for name, value in vars(ops).items() if callable(value) and not isinstance(value, type)
+                and getattr(value, "__module__", "").startswith("ptxops.ops.") and not name.startswith("_")}
+    assert ops.__all__ == list(ptxops.DEVICE_FUNCTIONS)
+    assert imported == set(ptxops.DEVICE_FUNCTIONS)
+
+
 _WITHOUT_CUTLASS = """
 import importlib.abc, sys
 class Blocker(importlib.abc.MetaPathFinder):  # as if CuTeDSL were not installed
