@@ -15,6 +15,7 @@ different calls; every rank still makes every call).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -43,7 +44,7 @@ def synchronize(group: Any = None) -> None:
     """Wait for this rank's queued collectives and raise any error a kernel of ``group``'s
     communicator recorded (:class:`~collectives.CollectiveTimeout`, size mismatch across ranks)."""
     torch.cuda.current_stream().synchronize()
-    communicator(group).check()
+    communicator(group).errors.check()
 
 
 def barrier(backend: str = "auto", *, group: Any = None) -> None:
@@ -53,10 +54,9 @@ def barrier(backend: str = "auto", *, group: Any = None) -> None:
     if _compiling():
         traceable(group, "barrier")
         return torch_ops.traced_barrier(backend)
-    comm = communicator(group)
-    comm.poll()
-    comm.barrier(backend)
-    comm.finish()
+    comm = _begin(group)
+    comm.barrier(backend)  # (the communicator's own plan: algorithms need a barrier too)
+    comm.errors.finish()
 
 
 def all_reduce(
@@ -84,19 +84,12 @@ def all_reduce(
     if _compiling():
         traceable(group, "all_reduce")
         return torch_ops.traced_all_reduce(t, op, algorithm, backend, out)
-    comm = communicator(group)
-    comm.poll()
+    comm = _begin(group)
     result = t if out is None else out
     capturing = _capturing()
     key = ("all_reduce", t.data_ptr(), t.numel(), t.dtype, t.is_contiguous(), op, algorithm,
            backend, result.data_ptr(), result.is_contiguous(), capturing, config.PDL)
-    plan = comm.plans.get(key)
-    if plan is None:
-        if t.numel() == 0:
-            return result
-        plan = comm.plans[key] = _plan(comm, _all_reduce_call(comm, t, op, backend, out, capturing), algorithm)
-    plan.run()
-    comm.finish()
+    _launch(comm, key, algorithm, _all_reduce_call, t, op, backend, out, capturing)
     return result
 
 
@@ -115,20 +108,12 @@ def reduce_scatter(
     if _compiling():
         traceable(group, "reduce_scatter")
         return torch_ops.traced_reduce_scatter(out, inp, op, algorithm, backend, max_blocks)
-    comm = communicator(group)
-    comm.poll()
+    comm = _begin(group)
     capturing = _capturing()
     key = ("reduce_scatter", inp.data_ptr(), inp.numel(), inp.dtype, inp.is_contiguous(),
            out.data_ptr(), out.numel(), out.dtype, out.is_contiguous(), op, algorithm, backend,
            capturing, max_blocks, config.PDL)
-    plan = comm.plans.get(key)
-    if plan is None:
-        call = _block_call(comm, "reduce_scatter", out, inp, op, backend, capturing, max_blocks)
-        if call is None:
-            return out
-        plan = comm.plans[key] = _plan(comm, call, algorithm)
-    plan.run()
-    comm.finish()
+    _launch(comm, key, algorithm, _block_call, "reduce_scatter", out, inp, op, backend, capturing, max_blocks)
     return out
 
 
@@ -146,19 +131,38 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
     if _compiling():
         traceable(group, "all_gather")
         return torch_ops.traced_all_gather(out, inp, algorithm, backend, max_blocks)
-    comm = communicator(group)
-    comm.poll()
+    comm = _begin(group)
     key = ("all_gather", inp.data_ptr(), inp.numel(), inp.dtype, inp.is_contiguous(),
            out.data_ptr(), out.numel(), out.dtype, out.is_contiguous(), algorithm, backend, max_blocks, config.PDL)
+    _launch(comm, key, algorithm, _block_call, "all_gather", out, inp, "sum", backend, False, max_blocks)
+    return out
+
+
+# -- the one call skeleton: _begin, the collective's plan-cache key, _launch ----------------------
+
+
+def _begin(group: Any) -> Communicator:
+    """Open a collective call on ``group``'s communicator: first, raise an error a kernel
+    recorded before (or defer a recoverable one to the end of this call)."""
+    comm = communicator(group)
+    comm.errors.poll()
+    return comm
+
+
+def _launch(comm: Communicator, key: tuple, algorithm: str, describe: Callable[..., Call | None], *args: Any) -> None:
+    """Launch the cached plan of ``key`` (every argument its plan depends on); on a miss,
+    describe the call (``describe(comm, *args)``: its checks and :class:`Call`; None when
+    there is nothing to move, and then nothing launches) and plan it with ``algorithm``.  Then
+    close the call (raising a deferred error).  A new collective is its public function
+    (``_begin``, its key, ``_launch``) and its describing function."""
     plan = comm.plans.get(key)
     if plan is None:
-        call = _block_call(comm, "all_gather", out, inp, "sum", backend, False, max_blocks)
+        call = describe(comm, *args)
         if call is None:
-            return out
+            return
         plan = comm.plans[key] = _plan(comm, call, algorithm)
     plan.run()
-    comm.finish()
-    return out
+    comm.errors.finish()
 
 
 def _plan(comm: Communicator, call: Call, algorithm: str):
@@ -177,7 +181,10 @@ def _plan(comm: Communicator, call: Call, algorithm: str):
 
 
 def _all_reduce_call(comm: Communicator, t: torch.Tensor, op: str, backend: str, out: torch.Tensor | None,
-                     capturing: bool) -> Call:
+                     capturing: bool) -> Call | None:
+    """The call of an all-reduce of ``t`` (into ``out``), checked; None for an empty ``t``."""
+    if t.numel() == 0:
+        return None
     dtype = _dtype(comm, t)
     result = t if out is None else out
     if out is not None:

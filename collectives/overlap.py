@@ -6,8 +6,8 @@ communication of one chunk runs while the GEMM of the next computes.  The side s
 from the current one at the start of a call and joins it at the end (CUDA stream waits: they
 order the call against the work around it and keep it capturable in a CUDA graph).  Between
 them, each chunk's producer and consumer are synchronised by device-side flags built from
-ptxops (:meth:`~collectives.runtime.communicator.Communicator.post` after the producer on its stream,
-:meth:`~collectives.runtime.communicator.Communicator.wait` before the consumer on the other: one-thread
+ptxops (:meth:`~collectives.runtime.stream_flags.StreamFlags.post` after the producer on its stream,
+:meth:`~collectives.runtime.stream_flags.StreamFlags.wait` before the consumer on the other: one-thread
 kernels, ``red.release.gpu`` / ``ld.acquire.gpu``, bounded by the communicator's timeout), not
 by events or host syncs; across GPUs the collectives' own ptxops barriers order everything.
 The communication kernels use TMA (at most a quarter of the SMs) when every chunk is 16-byte
@@ -114,7 +114,7 @@ def eager_gemm_reduce_scatter(a: torch.Tensor, b: torch.Tensor, out: torch.Tenso
     (``collectives.tools.overlap_timeline``).  Chunk ``c``: GEMMs then a post on the current
     stream; a wait then the reduce-scatter on the side stream."""
     comm = communicator(group)
-    with comm.call():
+    with comm.errors.call():
         return _gemm_reduce_scatter_on(comm, a, b, out, timeline)
 
 
@@ -146,13 +146,13 @@ def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None
         marks = _marks(timeline, "gemm", c, main)
         torch.bmm(owners[:, r0:r1], shared_b, out=p)
         _close(marks, main)
-        comm.post(slot + c)
+        comm.stream_flags.post(slot + c)
         chunks.append((c, out[r0:r1].view(-1), p))
     # Enqueued after the GEMMs (one switch of streams): the flags, not the host's order, make
     # each reduce-scatter wait for its chunk.
     with torch.cuda.stream(side):
         for c, target, p in chunks:
-            comm.wait(slot + c)
+            comm.stream_flags.wait(slot + c)
             marks = _marks(timeline, "comm", c, side)
             reduce_scatter(target, p.view(-1), algorithm=_algorithm(target, p), max_blocks=COMM_BLOCKS, group=comm)
             _close(marks, side)
@@ -177,7 +177,7 @@ def eager_all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, out: torch.Ten
     stream gathers the first chunk of the others'.  Chunk ``c``: the all-gather then a post on
     the side stream; a wait then the GEMMs on the current stream."""
     comm = communicator(group)
-    with comm.call():
+    with comm.errors.call():
         return _all_gather_gemm_on(comm, a_shard, b, out, timeline)
 
 
@@ -214,10 +214,10 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
             src = a_shard[r0:r1].view(-1)
             all_gather(g.view(-1), src, algorithm=_algorithm(g, src), max_blocks=COMM_BLOCKS, group=comm)
             _close(marks, side)
-            comm.post(slot + c)
+            comm.stream_flags.post(slot + c)
             views.append(g)
     for c, (r0, r1) in enumerate(bounds):
-        comm.wait(slot + c)
+        comm.stream_flags.wait(slot + c)
         marks = _marks(timeline, "gemm", c, main)
         for q in range(world):
             if q != rank:

@@ -1,5 +1,5 @@
 """The stream-flag kernels: one thread each, launched on a stream between a producer's and a
-consumer's kernels (:meth:`collectives.runtime.communicator.Communicator.post` / ``wait``), built from
+consumer's kernels (:meth:`collectives.runtime.stream_flags.StreamFlags.post` / ``wait``), built from
 :mod:`collectives.device.flags`.
 
 ``post`` adds 1 to the slot's counter with ``red.release.gpu``; ``wait`` polls it with

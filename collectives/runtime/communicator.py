@@ -9,14 +9,15 @@ One :class:`Communicator` sits on the open symmetric-memory :class:`~collectives
 (:class:`~collectives.runtime.stream_flags.StreamFlags`).  Everything a launch needs that is not a
 runtime argument is cached: compiled kernels per :class:`~collectives.algorithms.KernelKey`, device
 tables of peer addresses per buffer.  Build those before a CUDA-graph capture (one eager call
-warms them).
+warms them).  The communicator itself holds the per-call protocol: what plans read
+(:class:`~collectives.algorithms.protocol.Runtime`) and the backend choice; the rest is its
+parts' (``comm.errors.poll()``, ``comm.stream_flags.post(i)``, ...).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -80,57 +81,18 @@ class Communicator:
         torch.cuda.synchronize(self.device_index)
         self.ctx.host_barrier()
 
-    # -- errors: ErrorRecord ------------------------------------------------------------------
+    # -- what plans read (collectives.algorithms.protocol.Runtime); the parts do the rest ----------
 
     @property
     def timeout_s(self) -> float:
-        """The bound of every cross-GPU wait, in seconds (kernels take it at launch)."""
+        """The bound of every cross-GPU wait, in seconds (kernels take it at launch; set it on
+        :attr:`errors`)."""
         return self.errors.timeout_s
-
-    @timeout_s.setter
-    def timeout_s(self, value: float) -> None:
-        self.errors.timeout_s = value
 
     @property
     def error(self) -> torch.Tensor:
         """The error records kernels write (host-mapped)."""
         return self.errors.error
-
-    @property
-    def failed(self) -> CollectiveError | None:
-        """The error that ended this communicator, if one did."""
-        return self.errors.failed
-
-    def check(self) -> None:
-        """Raise the error a kernel recorded, or one deferred (:meth:`~collectives.runtime.error_record.ErrorRecord.check`)."""
-        self.errors.check()
-
-    def poll(self) -> None:
-        """At the start of a collective call (:meth:`~collectives.runtime.error_record.ErrorRecord.poll`)."""
-        self.errors.poll()
-
-    def finish(self) -> None:
-        """At the end of a collective call, after its launches (:meth:`~collectives.runtime.error_record.ErrorRecord.finish`)."""
-        self.errors.finish()
-
-    def call(self) -> AbstractContextManager[None]:
-        """One call made of collective calls (:meth:`~collectives.runtime.error_record.ErrorRecord.call`)."""
-        return self.errors.call()
-
-    # -- stream flags: StreamFlags ------------------------------------------------------------
-
-    @property
-    def flags(self) -> torch.Tensor:
-        """The stream flags' counts (row 0 posts, row 1 posts taken)."""
-        return self.stream_flags.flags
-
-    def post(self, index: int) -> None:
-        """Post flag slot ``index`` on the current stream (:meth:`~collectives.runtime.stream_flags.StreamFlags.post`)."""
-        self.stream_flags.post(index)
-
-    def wait(self, index: int) -> None:
-        """Make the current stream wait for slot ``index``'s next post (:meth:`~collectives.runtime.stream_flags.StreamFlags.wait`)."""
-        self.stream_flags.wait(index)
 
     # -- buffers: BufferViews, StagingPool ----------------------------------------------------
 

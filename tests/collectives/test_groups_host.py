@@ -143,10 +143,11 @@ def test_pe_map_and_its_refusals() -> None:
 
 class StubCommunicator:
     """Stands in for runtime.communicator.Communicator (which needs a GPU): the first method an API call uses
-    (check, poll, or call for the GEMM overlap) names its context."""
+    (its error record's check, poll, or call for the GEMM overlap) names its context."""
 
     def __init__(self, ctx) -> None:
         self.ctx = ctx
+        self.errors = self
 
     def check(self) -> None:
         raise LookupError(id(self.ctx))

@@ -60,4 +60,4 @@ def test_growth_that_other_ranks_do_not_make_fails_the_communicator_before_any_c
         comm.pool.get(4 * STAGING_MIN_BYTES, 2)
     assert not heap.log  # no agree_any, barrier, free or allocation was entered
     with pytest.raises(CollectiveError, match="grew on some ranks only"):
-        comm.check()  # lost: a rank that did not grow launched a kernel waiting for this one
+        comm.errors.check()  # lost: a rank that did not grow launched a kernel waiting for this one

@@ -61,17 +61,17 @@ def _bare_communicator(record: list[int], index: int = FATAL_RECORD) -> Communic
 def test_flag_wait_timeout_raises_once_and_leaves_the_communicator_usable() -> None:
     comm = _bare_communicator([TIMEOUT, FLAG_WAIT, -1, 5, 1], RECOVERABLE_RECORD)
     with pytest.raises(CollectiveTimeout, match=r"flag wait timed out after 2s.*rank 1, slot 5"):
-        comm.check()
-    assert comm.failed is None
-    comm.check()  # cleared
+        comm.errors.check()
+    assert comm.errors.failed is None
+    comm.errors.check()  # cleared
 
 
 def test_collective_timeout_still_fails_the_communicator() -> None:
     comm = _bare_communicator([TIMEOUT, 0, 1, 0, 0])
     for _ in range(2):
         with pytest.raises(CollectiveTimeout, match="collective"):
-            comm.check()
-    assert comm.failed is not None
+            comm.errors.check()
+    assert comm.errors.failed is not None
 
 
 def test_clearing_a_size_mismatch_keeps_a_collective_timeout() -> None:
@@ -80,24 +80,24 @@ def test_clearing_a_size_mismatch_keeps_a_collective_timeout() -> None:
     comm = _bare_communicator([SIZE_MISMATCH, 0, 1, 0, 0], RECOVERABLE_RECORD)
     comm.error[FATAL_RECORD] = torch.tensor([TIMEOUT, 1, 1, 1, 0], dtype=torch.int32)
     with pytest.raises(CollectiveTimeout, match="collective"):
-        comm.check()
-    assert comm.failed is not None
+        comm.errors.check()
+    assert comm.errors.failed is not None
 
 
 def test_a_mismatch_is_raised_once_and_a_record_being_written_waits() -> None:
     comm = _bare_communicator([CLAIMED, 0, 0, 0, 0], RECOVERABLE_RECORD)
-    comm.check()  # a kernel is still writing the fields: nothing yet
+    comm.errors.check()  # a kernel is still writing the fields: nothing yet
     comm.error[RECOVERABLE_RECORD] = torch.tensor([SIZE_MISMATCH, 0, 1, 0, 0], dtype=torch.int32)
     with pytest.raises(CollectiveError, match="different sizes"):
-        comm.check()
-    comm.check()  # cleared: the communicator stays usable
-    assert comm.failed is None
+        comm.errors.check()
+    comm.errors.check()  # cleared: the communicator stays usable
+    assert comm.errors.failed is None
 
 
 @pytest.mark.parametrize("index", [-1, FLAG_SLOTS])
 def test_flag_slot_out_of_range_is_refused(index: int) -> None:
     with pytest.raises(CollectiveError, match="flag slot"):
-        _bare_communicator([0] * 5).post(index)
+        _bare_communicator([0] * 5).stream_flags.post(index)
 
 
 def _grid_communicator(sms: int) -> Communicator:

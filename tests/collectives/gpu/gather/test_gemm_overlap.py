@@ -34,7 +34,7 @@ def small_ints(salt: int, rows: int, cols: int, dtype: str) -> torch.Tensor:
 
 def flags_balanced(comm) -> bool:
     """Every slot's posts were taken by its waits (read after a synchronize)."""
-    return torch.equal(comm.flags[0], comm.flags[1])
+    return torch.equal(comm.stream_flags.flags[0], comm.stream_flags.flags[1])
 
 
 def want_reduce_scatter(world: int, rank: int, salts: list[int], shape: tuple[int, int, int], dtype: str,
@@ -116,14 +116,14 @@ def test_cuda_graph_replay(comm) -> None:
     for round_ in range(6):
         a.copy_(small_ints(comm.rank + round_, world * m, k, "bf16"))
         shard.copy_(small_ints(comm.rank + round_, m, k, "bf16"))
-        posted = int(comm.flags[0].sum())
+        posted = int(comm.stream_flags.flags[0].sum())
         if round_ % 2:
             collectives.gemm_reduce_scatter(a, b, out=rs_out)
             collectives.all_gather_gemm(shard, b0, out=ag_out)
         else:
             graph.replay()
         collectives.synchronize()
-        assert int(comm.flags[0].sum()) == posted + 8 and flags_balanced(comm), round_  # 4 chunks each
+        assert int(comm.stream_flags.flags[0].sum()) == posted + 8 and flags_balanced(comm), round_  # 4 chunks each
         want = want_reduce_scatter(world, comm.rank, [r + round_ for r in range(world)], (m, k, n), "bf16", 7)
         assert np.array_equal(rs_out.float().cpu().numpy(), want), round_
         shards = torch.cat([small_ints(r + round_, m, k, "bf16") for r in range(world)])
@@ -169,24 +169,24 @@ def test_unposted_flag_wait_times_out_and_the_communicator_stays_usable(comm) ->
     from collectives.config import FLAG_SLOTS
 
     slot = FLAG_SLOTS - 1  # not one of the overlap functions' slots
-    comm.post(slot)  # compiled, and a matched pair passes
-    comm.wait(slot)
+    comm.stream_flags.post(slot)  # compiled, and a matched pair passes
+    comm.stream_flags.wait(slot)
     collectives.synchronize()
-    saved, comm.timeout_s = comm.timeout_s, 1.0
+    saved, comm.errors.timeout_s = comm.timeout_s, 1.0
     try:
         start = time.monotonic()
         with pytest.raises(collectives.CollectiveTimeout, match="flag wait"):
-            comm.wait(slot)
+            comm.stream_flags.wait(slot)
             collectives.synchronize()
         assert time.monotonic() - start < comm.timeout_s + 5
         assert flags_balanced(comm)
         with pytest.raises(collectives.CollectiveTimeout, match="flag wait"):
-            comm.wait(slot)
-            comm.post(slot)  # too late: the wait took nothing
+            comm.stream_flags.wait(slot)
+            comm.stream_flags.post(slot)  # too late: the wait took nothing
             collectives.synchronize()
         assert flags_balanced(comm)
     finally:
-        comm.timeout_s = saved
+        comm.errors.timeout_s = saved
     comm.ctx.host_barrier()
     test_gemm_reduce_scatter_is_exact(comm, "bf16", SHAPES[0])
     test_all_gather_gemm_is_exact(comm, "bf16", SHAPES[0])

@@ -23,7 +23,7 @@ def test_absent_rank_times_out_the_others() -> None:
     from collectives.runtime.communicator import communicator
 
     comm = communicator()
-    comm.timeout_s = 2.0
+    comm.errors.timeout_s = 2.0
     absent = comm.world - 1
     collectives.barrier()  # everyone: the pad works
     collectives.synchronize()
