@@ -24,6 +24,7 @@ from .signals import (
     signal,
     signal_multicast,
     signal_peers,
+    spin,
     wait_peers,
     wait_until,
 )
@@ -31,5 +32,5 @@ from .signals import (
 __all__ = [
     "barrier_multicast", "barrier_peer", "block_all", "combine", "enter_call", "gmem", "leave_call",
     "load_reduce_multicast", "load_reduce_peer", "peer_address", "reached",
-    "record_error", "signal", "signal_multicast", "signal_peers", "store_multicast", "store_peers", "wait_peers", "wait_until",
+    "record_error", "signal", "signal_multicast", "signal_peers", "spin", "store_multicast", "store_peers", "wait_peers", "wait_until",
 ]

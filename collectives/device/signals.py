@@ -88,13 +88,22 @@ def reached(seen: Uint32, want: Uint32) -> Boolean:
 
 
 @cute.jit
+def spin(probe, done, deadline: Int64):
+    """The bounded spin-wait: ``x = probe()`` again until ``done(x)`` or ``%globaltimer`` passes
+    ``deadline``; the last ``x``.  ``probe`` (an acquiring load, an ``mbarrier.try_wait``) and
+    ``done`` are traced inline, at each place of the loop."""
+    x = probe()
+    while not done(x) and cute.arch.globaltimer() < deadline:
+        x = probe()
+    return x
+
+
+@cute.jit
 def wait_until(flag: cute.Pointer, want: Uint32, deadline: Int64, scope: cutlass.Constexpr = "sys") -> Boolean:
     """Poll ``flag`` with acquire loads at ``scope`` (``sys`` when the writer is another GPU)
     until it reaches ``want`` (wrap-safe) or ``%globaltimer`` passes ``deadline``; True if it
     was reached."""
-    seen = ptxops.ld_acquire(flag, scope=scope, dtype=Uint32)
-    while not reached(seen, want) and cute.arch.globaltimer() < deadline:
-        seen = ptxops.ld_acquire(flag, scope=scope, dtype=Uint32)
+    seen = spin(lambda: ptxops.ld_acquire(flag, scope=scope, dtype=Uint32), lambda x: reached(x, want), deadline)
     return reached(seen, want)
 
 

@@ -26,7 +26,7 @@ import ptxops
 
 from ..config import TMA_DRAIN_NS, VECTOR_BYTES
 from .reduce import combine, convert
-from .signals import gmem
+from .signals import gmem, spin
 
 
 def smem_bytes(world: int, tile: int, stages: int) -> int:
@@ -122,9 +122,7 @@ def reduce_tiles(
         parity = Int32((k // stages) % 2)
         # Every thread waits (acquiring the bulk loads' writes); thread 0's outcome decides for
         # the whole block, so that a deadline passing mid-block cannot split it.
-        landed = ptxops.mbarrier_try_wait(mbars + s, phase=parity)
-        while not landed and cute.arch.globaltimer() < deadline:
-            landed = ptxops.mbarrier_try_wait(mbars + s, phase=parity)
+        landed = spin(lambda: ptxops.mbarrier_try_wait(mbars + s, phase=parity), lambda x: x, deadline)
         if tidx == 0:
             flag[0] = Int32(landed)
         cute.arch.sync_threads()
@@ -152,9 +150,7 @@ def _drain(k: Int64, mine: Int64, mbars, stages: cutlass.Constexpr) -> None:
     while j < cutlass.min(k + stages, mine):
         s = Int32(j % stages)
         parity = Int32((j // stages) % 2)
-        done = ptxops.mbarrier_try_wait(mbars + s, phase=parity)
-        while not done and cute.arch.globaltimer() < drained:
-            done = ptxops.mbarrier_try_wait(mbars + s, phase=parity)
+        spin(lambda: ptxops.mbarrier_try_wait(mbars + s, phase=parity), lambda x: x, drained)
         j += 1
 
 
