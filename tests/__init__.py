@@ -1,4 +1,5 @@
-"""The tests, as packages (``tests.ptxops``, ``tests.collectives``, ``tests.meta``, each with its
-``gpu`` folders) so that test modules have unique names and ``import ptxops`` / ``import
-collectives`` still find the libraries. Shared helpers live in ``tests/support`` (on ``sys.path``
-through conftest: ``from cute_support import ...``)."""
+"""The tests, as packages mirroring the code: ``tests.ptxops``, ``tests.collectives`` (by wing:
+``symmetric``, ``runtime``, ``algorithms``, ``device``; GPU tests under ``gpu/`` in folders named
+by what they need: ``one_gpu``, ``ranks`` (any number of ranks under torchrun), ``four_ranks``),
+``tests.meta``, and the shared helpers of the package ``tests.support``
+(``from tests.support.cute_support import ...``)."""

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "support"))  # from cute_support import ...
 
 
 def _gpu_count() -> int:

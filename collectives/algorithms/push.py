@@ -188,7 +188,7 @@ class PushKernel:
         time; ``table`` the receive buffers', read where used).  The owners are a loop, not
         unrolled, as in ``collect``: unrolled, each owner's bounds were hoisted out of the
         pipeline's rounds into registers of their own, which spilled at 8 ranks
-        (``tests/collectives/test_kernel_registers.py``)."""
+        (``tests/collectives/algorithms/test_kernel_registers.py``)."""
         for i in cutlass.range(self.world, unroll=1):
             q = (rank + i) % self.world
             begin, length, m = self.bounds(n, q)

@@ -13,7 +13,7 @@ import threading
 
 import numpy as np
 import pytest
-from spawn_support import run_gloo
+from tests.support.spawn_support import run_gloo
 
 torch = pytest.importorskip("torch")
 

@@ -1,23 +1,35 @@
-"""The tests' own layout: test modules are packages under ``tests`` (unique names; ``tests.ptxops``
-never hides the library ``ptxops``), and ``.ci/gpu`` follows the GPU test folders: every
-``tests/<package>/gpu/<group>/test_*.py`` runs in group ``<group>``, every file it names exists,
-and every GPU test file is marked ``gpu`` or ``multigpu`` (so it skips cleanly without a GPU)."""
+"""The tests' own layout: test modules are packages under ``tests`` (mirroring the code's wings;
+``tests.ptxops`` never hides the library ``ptxops``; shared helpers in the package
+``tests.support``), and ``.ci/gpu`` runs every GPU test file: ``tests/<package>/gpu/<folder>/``
+names what a file needs (``one_gpu``, ``ranks``, ``four_ranks``), the script globs those
+folders, and every file runs in its folder's group (``ranks``: one of the device-call-sized
+groups); every GPU test file is marked ``gpu`` or ``multigpu`` (so it skips cleanly without a
+GPU)."""
 
 from __future__ import annotations
 
+import ast
+import os
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / ".ci" / "gpu"
 GPU_DIRS = [ROOT / "tests" / "ptxops" / "gpu", ROOT / "tests" / "collectives" / "gpu"]
+#: The groups each GPU folder's files may run in.
+FOLDER_GROUPS = {"one_gpu": {"one_gpu"}, "ranks": {"peer", "collectives", "emulated", "gather"},
+                 "four_ranks": {"four_ranks"}}
 
 
-def groups(script: str) -> dict[str, set[str]]:
-    """Each group's block of the script -> the test files it names (repository-relative)."""
+def listed() -> dict[str, set[str]]:
+    """Each test file ``.ci/gpu all`` runs (repository-relative) -> the groups it runs in."""
+    text = subprocess.run(["bash", str(SCRIPT), "all", "2"], capture_output=True, text=True, check=True,
+                          env={**os.environ, "LIST": "1"}).stdout
     out: dict[str, set[str]] = {}
-    for name, body in re.findall(r"^if \[\[ \$group == (\w+) .*?\n(.*?)^fi$", script, re.M | re.S):
-        out[name] = set(re.findall(r"\btests/\S+\.py\b", body))
+    for line in text.splitlines():
+        group, path = line.split()
+        out.setdefault(path, set()).add(group)
     return out
 
 
@@ -34,25 +46,45 @@ def test_test_packages_do_not_hide_the_libraries() -> None:
         assert (ROOT / "tests") not in Path(lib.__file__).resolve().parents, lib.__file__
 
 
-def test_the_script_names_existing_files() -> None:
-    named = set().union(*groups(SCRIPT.read_text()).values())
-    assert named, "no group blocks found in .ci/gpu"
-    assert {f for f in named if not (ROOT / f).is_file()} == set()
+def test_support_is_a_package_not_a_path_entry() -> None:
+    assert (ROOT / "tests" / "support" / "__init__.py").is_file()
+    assert "sys.path" not in (ROOT / "tests" / "conftest.py").read_text()
+
+
+def test_gpu_tests_live_in_folders_named_by_what_they_need() -> None:
+    assert {p.parent.name for p in gpu_files()} <= set(FOLDER_GROUPS)
 
 
 def test_every_gpu_file_runs_in_its_folders_group() -> None:
-    blocks = groups(SCRIPT.read_text())
-    misplaced = set()
-    for path in gpu_files():
-        rel = path.relative_to(ROOT).as_posix()
-        group = path.parent.name
-        ran_in = {g for g, files in blocks.items() if rel in files}
-        if not ran_in or (group != "gpu" and ran_in != {group}):
-            misplaced.add((rel, tuple(sorted(ran_in))))
+    runs = listed()
+    misplaced = {(p.relative_to(ROOT).as_posix(), tuple(sorted(runs.get(p.relative_to(ROOT).as_posix(), ()))))
+                 for p in gpu_files()
+                 if not runs.get(p.relative_to(ROOT).as_posix()) or not runs[p.relative_to(ROOT).as_posix()]
+                 <= FOLDER_GROUPS.get(p.parent.name, set())}
     assert misplaced == set()
+    assert {f for f in runs if not (ROOT / f).is_file()} == set()
 
 
 def test_gpu_files_are_marked() -> None:
     unmarked = {p.relative_to(ROOT).as_posix() for p in gpu_files()
                 if not re.search(r"pytest\.mark\.(multi)?gpu\b", p.read_text())}
     assert unmarked == set()
+
+
+def _names(path: Path) -> set[str]:
+    """The test functions ``path`` defines or imports."""
+    tree = ast.parse(path.read_text())
+    defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+    imported = {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom) for a in n.names}
+    return {n for n in defined | imported if n.startswith("test_")}
+
+
+def test_the_collectives_cases_run_once_per_backend() -> None:
+    """The multi-rank collectives module is split by backend: the peer module runs every case,
+    the emulated one every case that takes a backend."""
+    ranks = ROOT / "tests" / "collectives" / "gpu" / "ranks"
+    tree = ast.parse((ranks / "collectives_cases.py").read_text())
+    cases = {n.name: any(a.arg == "backend" for a in n.args.args) for n in tree.body
+             if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")}
+    assert _names(ranks / "test_collectives_peer.py") == set(cases)
+    assert _names(ranks / "test_collectives_emulated.py") == {n for n, per_backend in cases.items() if per_backend}

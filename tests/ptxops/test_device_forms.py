@@ -10,14 +10,14 @@ from collections import Counter
 
 import pytest
 
-from cute_support import compile_ptx, cute, cutlass, global_tensor, opcodes
+from tests.support.cute_support import compile_ptx, cute, cutlass, global_tensor, opcodes
 from cutlass.memory import SmemAllocator
 
 import ptxops
 from ptxops import spec
 from ptxops.render import Instruction
 from ptxops.spec.tensormap import DIMENSION_FIELDS, MODE_FIELDS
-from spec_groups import legal_forms
+from tests.support.spec_groups import legal_forms
 
 TARGETS = ("sm_90a", "sm_100a")
 _INT = {16: cutlass.Int16, 32: cutlass.Int32, 64: cutlass.Int64}

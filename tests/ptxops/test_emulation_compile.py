@@ -5,7 +5,7 @@ multimem form is still an error under emulation."""
 from __future__ import annotations
 
 import pytest
-from cute_support import compile_ptx, cutlass, opcodes
+from tests.support.cute_support import compile_ptx, cutlass, opcodes
 from cutlass import Int32, Int64
 import cuda.bindings.driver as cuda
 from cutlass.cute.runtime import make_fake_stream

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from tests.ptxops.gpu.single import test_atomics as A  # noqa: E402  (kernel builders; its tests skip without a GPU)
-from tests.ptxops.gpu.peer import test_peer as P  # noqa: E402
-from cute_support import compile_ptx, cutlass, opcodes
+from tests.ptxops.gpu.one_gpu import test_atomics as A  # noqa: E402  (kernel builders; its tests skip without a GPU)
+from tests.ptxops.gpu.ranks import test_peer as P  # noqa: E402
+from tests.support.cute_support import compile_ptx, cutlass, opcodes
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
 from ptxops import spec

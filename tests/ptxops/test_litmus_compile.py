@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from cute_support import compile_ptx
+from tests.support.cute_support import compile_ptx
 from cutlass.cute.runtime import make_fake_stream
 
 from ptxops.litmus import SCOPES, SHAPES, LitmusTest, kernel_keys

@@ -29,7 +29,7 @@ def test_verdicts(name: str) -> None:
 @pytest.mark.parametrize("name", list(TESTS))
 def test_kernel_compiles_without_multimem(name: str) -> None:
     pytest.importorskip("cutlass")
-    from cute_support import compile_ptx
+    from tests.support.cute_support import compile_ptx
 
     from ptxops.litmus.multicast_kernel import example_arguments, make_launcher
 

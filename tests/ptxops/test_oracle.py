@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from ptxops import QualifierError, render, spec
 from ptxops.ptxas import PtxasUnavailable, assemble, ptxas_path
 from ptxops.spec.engine import Family
-from spec_groups import ORACLE_GROUPS, domain, groups, legal_forms
+from tests.support.spec_groups import ORACLE_GROUPS, domain, groups, legal_forms
 
 try:
     ptxas_path()

@@ -5,7 +5,7 @@ PTX holds the instruction, and misuse is a clear error at trace time."""
 from __future__ import annotations
 
 import pytest
-from cute_support import compile_ptx, cute, cutlass, global_tensor, opcodes
+from tests.support.cute_support import compile_ptx, cute, cutlass, global_tensor, opcodes
 from cutlass.memory import SmemAllocator
 
 import ptxops

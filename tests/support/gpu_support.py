@@ -1,4 +1,4 @@
-"""Shared pieces of the GPU tests (tests/ptxops/gpu/single/test_atomics.py, tests/ptxops/gpu/peer/test_peer.py).
+"""Shared pieces of the GPU tests (tests/ptxops/gpu/one_gpu/test_atomics.py, tests/ptxops/gpu/ranks/test_peer.py).
 
 Importable without torch and without a GPU (the compile test builds every GPU kernel on CPU):
 the device helper below needs only CuTeDSL and ptxops; the host helpers import torch when

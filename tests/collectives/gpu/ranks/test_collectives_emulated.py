@@ -1,0 +1,30 @@
+"""The collectives on real GPUs with the multicast kernels in emulation (``multicast_emulated``:
+every multimem access is unicast; :mod:`tests.collectives.gpu.ranks.collectives_cases`).
+
+Run under torchrun on 2 or 4 GPUs:
+    torchrun --nproc-per-node 4 -m pytest -q tests/collectives/gpu/ranks/test_collectives_emulated.py
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.collectives.gpu.ranks.collectives_cases import (  # noqa: F401  (the fixture and the cases)
+    comm,
+    test_all_reduce_matches_reference,
+    test_reduce_scatter_matches_reference,
+    test_unaligned_tma_reduce_scatter_is_refused,
+    test_256_mb,
+    test_lamport_reduces_negative_zero_and_subnormals,
+    test_10000_back_to_back_calls_of_mixed_sizes,
+    test_cuda_graph_replay_matches_eager,
+    test_different_sizes_across_ranks_raise_and_the_communicator_recovers,
+    test_barrier_back_to_back,
+)
+
+pytestmark = pytest.mark.multigpu
+
+
+@pytest.fixture
+def backend() -> str:
+    return 'multicast_emulated'

@@ -1,0 +1,178 @@
+"""CUDA graphs captured per size, smallest first and largest first, never lose the memory they
+use (pure Python, no GPU): the real API plans and staging pool on a fake heap that records
+frees (:mod:`fake_comm`).
+
+Each size is called eagerly (the warm-up that plans, grows the staging and compiles) and then
+under capture, as an inference server captures one graph per batch size.  A graph uses every
+address its launches pass (staging, result and workspace buffers; for the GEMM overlap also the
+workspace its GEMMs write).  After the 16 captures, every graph is "replayed": none of its
+addresses may lie in freed memory.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from collectives import api, overlap  # noqa: E402
+from collectives.algorithms import plan  # noqa: E402
+from collectives.algorithms.plan import Plan  # noqa: E402
+from tests.support.fake_comm import FakeComm, FakeHeap, FakeTensor, install  # noqa: E402
+
+WORLD = 2
+#: 16 sizes (bf16 elements, multiples of 64) from 128 KB to 13 MB: they cross every staging
+#: capacity from 1 MB to 16 MB.
+SIZES = [round(2 ** (16 + 0.45 * i)) // 64 * 64 for i in range(16)]
+_addresses = itertools.count(0x7F00_0000_0000, 1 << 32)
+
+
+def _user(numel: int) -> FakeTensor:
+    """A plain (non-symmetric) CUDA tensor of its own."""
+    return FakeTensor(next(_addresses), numel)
+
+
+def _workspace_call(comm: FakeComm, name: str, numel: int, collective):
+    """What ``gemm_reduce_scatter`` / ``all_gather_gemm`` do with their workspace: take it,
+    let the GEMMs write (or read) it, and hand each chunk of it to a collective (the same
+    other tensors every call).  Returns the workspace addresses the GEMMs touch."""
+    others = [_user(numel // WORLD if name == "all_gather_gemm" else numel // WORLD) for _ in range(2)]
+
+    def call() -> set[int]:
+        work = overlap._workspace(comm, name, WORLD * numel, torch.bfloat16)
+        for c in range(2):
+            collective(FakeTensor(work.data_ptr() + c * numel, numel), others[c])
+        return {work.data_ptr()}  # the GEMMs' accesses: in the graph, not in a plan
+    return call
+
+
+def _call(fn, *tensors):
+    def call() -> set[int]:
+        fn(*tensors)
+        return set()
+    return call
+
+
+#: Per case: given the communicator and a size, the call (its tensors made once, as a server's
+#: static graph inputs are).
+CALLS = {
+    "all_reduce one_shot": lambda comm, n: _call(
+        lambda t: api.all_reduce(t, algorithm="one_shot", backend="peer"), _user(n)),
+    "all_reduce two_shot": lambda comm, n: _call(
+        lambda t: api.all_reduce(t, algorithm="two_shot", backend="peer"), _user(n)),
+    "all_reduce tma": lambda comm, n: _call(lambda t: api.all_reduce(t, algorithm="tma", backend="peer"), _user(n)),
+    "all_reduce push": lambda comm, n: _call(lambda t: api.all_reduce(t, algorithm="push", backend="peer"), _user(n)),
+    "reduce_scatter one_shot": lambda comm, n: _call(
+        lambda o, i: api.reduce_scatter(o, i, algorithm="one_shot", backend="peer"), _user(n), _user(WORLD * n)),
+    "reduce_scatter push": lambda comm, n: _call(
+        lambda o, i: api.reduce_scatter(o, i, algorithm="push", backend="peer"), _user(n), _user(WORLD * n)),
+    "all_gather one_shot": lambda comm, n: _call(
+        lambda o, i: api.all_gather(o, i, algorithm="one_shot", backend="peer"), _user(WORLD * n), _user(n)),
+    "all_gather tma": lambda comm, n: _call(
+        lambda o, i: api.all_gather(o, i, algorithm="tma", backend="peer"), _user(WORLD * n), _user(n)),
+    "gemm_reduce_scatter": lambda comm, n: _workspace_call(
+        comm, "gemm_reduce_scatter", n,
+        lambda p, out: api.reduce_scatter(out, p, algorithm="tma", backend="peer")),
+    "all_gather_gemm": lambda comm, n: _workspace_call(
+        comm, "all_gather_gemm", n,
+        lambda g, src: api.all_gather(g, src, algorithm="tma", backend="peer")),
+}
+
+
+def _graphs(monkeypatch, case: str, sizes: list[int]) -> tuple[FakeHeap, list[set[int]]]:
+    """Warm up and capture ``case`` at each size in turn: the heap, and each graph's addresses."""
+    heap = FakeHeap(world_size=WORLD)
+    comm = FakeComm(heap)
+    capturing = [False]
+    install(monkeypatch, comm, capturing)
+    graphs = []
+    for n in sizes:
+        call = CALLS[case](comm, n)
+        call()
+        capturing[0] = True
+        start = len(comm.launches)
+        touched = call()
+        capturing[0] = False
+        assert len(comm.launches) > start
+        graphs.append({a for _, used in comm.launches[start:] for a in used} | touched)
+    return heap, graphs
+
+
+def _replay(heap: FakeHeap, graphs: list[set[int]]) -> None:
+    for g, used in enumerate(graphs):
+        lost = [hex(a) for a in used if FakeHeap.find(a, heap.freed) is not None]
+        assert not lost, f"graph {g} of {len(graphs)} uses freed memory at {lost}"
+
+
+@pytest.mark.parametrize("order", ["increasing", "decreasing"])
+@pytest.mark.parametrize("case", list(CALLS))
+def test_graphs_per_size_keep_their_memory(monkeypatch, case: str, order: str) -> None:
+    heap, graphs = _graphs(monkeypatch, case, SIZES if order == "increasing" else SIZES[::-1])
+    _replay(heap, graphs)
+    if order == "increasing" and case != "all_reduce tma":  # the pool did grow under the graphs
+        assert any(op == "agree_any" for op, *_ in heap.log)
+    if order == "decreasing":  # the first call sized every buffer: nothing grew, nothing was freed
+        assert not heap.freed
+
+
+def test_without_graphs_superseded_staging_is_freed(monkeypatch) -> None:
+    """Pinning is for captures only: eager calls of growing sizes keep the heap bounded."""
+    heap = FakeHeap(world_size=WORLD)
+    comm = FakeComm(heap)
+    install(monkeypatch, comm, [False])
+    for n in SIZES:
+        CALLS["all_gather one_shot"](comm, n)()
+    assert heap.freed and comm.pool.live_bytes == sum(t.numel() for t in comm.pool.current if t is not None)
+
+
+def _old_plan_rule(monkeypatch) -> None:
+    """Before the fix: a plan pinned what it held only when made under capture, and ``run``
+    pinned nothing (an eager warm-up's plan reused under capture was never pinned)."""
+    def run(self: Plan) -> None:
+        comm = self.comm
+        args = self.args[0] if len(self.args) == 1 else self.args[comm.turn]
+        if len(self.args) > 1:
+            comm.turn ^= 1
+        self.fn(*args, 0)
+
+    made = plan.prepare
+
+    def prepare(comm, *args, **kwargs):
+        p = made(comm, *args, **kwargs)
+        if plan.capturing():
+            comm.pool.capture(p.holds)
+        return p
+
+    monkeypatch.setattr(Plan, "run", run)
+    monkeypatch.setattr(plan, "prepare", prepare)
+
+
+@pytest.mark.parametrize("case", ["all_gather one_shot", "all_gather tma", "all_gather_gemm"])
+def test_the_old_rule_frees_what_a_graph_uses(monkeypatch, case: str) -> None:
+    """all_gather's plan key had no capture flag: its eager plan ran under capture unpinned."""
+    _old_plan_rule(monkeypatch)
+    heap, graphs = _graphs(monkeypatch, case, SIZES)
+    with pytest.raises(AssertionError, match="uses freed memory"):
+        _replay(heap, graphs)
+
+
+def _old_workspace(comm, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+    """Before the fix: the overlap's own workspace, freed and regrown whatever graphs used it."""
+    cache = comm.__dict__.setdefault("_old_workspace", {})
+    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    current = cache.get(name)
+    if current is None or current.numel() < nbytes:
+        if current is not None:
+            comm.ctx.free(current)
+        current = cache[name] = comm.ctx.empty(nbytes, torch.uint8)
+    return current[:nbytes].view(dtype)
+
+
+@pytest.mark.parametrize("case", ["gemm_reduce_scatter", "all_gather_gemm"])
+def test_the_old_overlap_workspace_frees_what_a_graph_uses(monkeypatch, case: str) -> None:
+    monkeypatch.setattr(overlap, "_workspace", _old_workspace)
+    heap, graphs = _graphs(monkeypatch, case, SIZES)
+    with pytest.raises(AssertionError, match="uses freed memory"):
+        _replay(heap, graphs)

@@ -1,0 +1,1 @@
+"""Shared pieces of the tests (a package: ``from tests.support.cute_support import ...``)."""
