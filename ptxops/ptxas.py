@@ -3,16 +3,20 @@
 ptxas reports every bad line of a module and keeps going, so thousands of forms are checked by
 one ptxas call: each statement gets a line, and each error names its line.
 
-A family introduced by a PTX ISA newer than the system ptxas reads (``multimem.cp.async.bulk``:
-9.1) needs a newer assembler: :func:`ptxas_path` with ``version`` picks the first of ``$PTXAS``,
-``ptxas`` on PATH, the paths in ``$PTXOPS_PTXAS`` (``os.pathsep``-separated) and the ptxas of an
-installed ``nvidia-cuda-nvcc`` wheel that reads that ``.version``.
+Which ptxas (:func:`candidates`, in this order): the one of an installed ``nvidia-cuda-nvcc``
+wheel (the ``ptxas`` extra, ``pip install 'ptxops[ptxas]'``, found through the wheel's own file
+list), then each entry of ``$PTXOPS_PTXAS`` (``os.pathsep``-separated; a ptxas, or a folder
+holding one as ``ptxas``, ``bin/ptxas`` or ``nvidia/*/bin/ptxas``, such as a
+``pip install --target`` folder), then ``ptxas`` on PATH.  Each PTX ISA version is assembled
+by the oldest of them that reads it (:func:`ptxas_path`): a CUDA 13.0 ptxas for the 9.0
+families where one is found, a newer one (the extra's) for ``multimem.cp.async.bulk`` (9.1).
 """
 
 from __future__ import annotations
 
 import functools
 import glob
+import importlib.metadata
 import os
 import re
 import shutil
@@ -34,18 +38,64 @@ _CHUNK = 4000
 
 
 class PtxasUnavailable(RuntimeError):
-    """No ptxas on PATH (set PTXAS to its path)."""
+    """No ptxas (or none that reads the PTX ISA version asked for); the message says what was
+    found and how to install one."""
 
+
+#: How to get an assembler that reads every PTX ISA version the spec uses.
+INSTALL = "pip install 'ptxops[ptxas]' (NVIDIA's nvidia-cuda-nvcc wheel)"
+#: Where a ``$PTXOPS_PTXAS`` folder may hold its ptxas (a ``pip install --target`` folder of
+#: nvidia-cuda-nvcc holds it as ``nvidia/cu13/bin/ptxas``).
+FOLDER_LAYOUTS = ("ptxas", os.path.join("bin", "ptxas"), os.path.join("nvidia", "*", "bin", "ptxas"))
 
 _CURRENT = re.compile(r"current version is '(\d+)\.(\d+)'")
 
 
+#: The distributions of NVIDIA's CUDA compiler wheels (CUDA 13, 12, 11), which hold a ptxas.
+NVCC_WHEELS = ("nvidia-cuda-nvcc", "nvidia-cuda-nvcc-cu12", "nvidia-cuda-nvcc-cu11")
+
+
+def wheel_ptxas() -> list[str]:
+    """The ptxas of each installed :data:`NVCC_WHEELS` distribution, from its file list."""
+    return list(_wheel_ptxas(tuple(sys.path)))
+
+
+@functools.cache
+def _wheel_ptxas(path: tuple[str, ...]) -> tuple[str, ...]:
+    found = []
+    for name in NVCC_WHEELS:
+        for dist in importlib.metadata.distributions(name=name, path=list(path)):
+            found += [str(dist.locate_file(f)) for f in dist.files or () if f.name == "ptxas" and f.parent.name == "bin"]
+    return tuple(dict.fromkeys(found))
+
+
+def _executable(path: str) -> bool:
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def env_ptxas() -> list[str]:
+    """The assemblers ``$PTXOPS_PTXAS`` names: each entry a ptxas or a folder holding one
+    (:data:`FOLDER_LAYOUTS`).  An entry that names neither raises :class:`PtxasUnavailable`."""
+    found = []
+    for entry in filter(None, os.environ.get("PTXOPS_PTXAS", "").split(os.pathsep)):
+        if os.path.isdir(entry):
+            inside = [p for layout in FOLDER_LAYOUTS for p in sorted(glob.glob(os.path.join(entry, layout)))]
+            inside = [p for p in inside if _executable(p)]
+            if not inside:
+                looked = ", ".join(os.path.join(entry, layout) for layout in FOLDER_LAYOUTS)
+                raise PtxasUnavailable(f"PTXOPS_PTXAS names the folder {entry}, which holds no ptxas (looked at {looked})")
+            found += inside
+        elif _executable(entry):
+            found.append(entry)
+        else:
+            raise PtxasUnavailable(f"PTXOPS_PTXAS names {entry}, which is neither an executable ptxas nor a folder")
+    return found
+
+
 def candidates() -> list[str]:
     """Every ptxas ptxops may use, in order of preference (see the module docstring)."""
-    extra = os.environ.get("PTXOPS_PTXAS", "").split(os.pathsep)
-    wheels = [p for d in sys.path for p in sorted(glob.glob(os.path.join(d, "nvidia", "cu*", "bin", "ptxas")))]
-    found = [os.environ.get("PTXAS"), shutil.which("ptxas"), *extra, *wheels]
-    return list(dict.fromkeys(p for p in found if p and os.access(p, os.X_OK)))
+    found = [*wheel_ptxas(), *env_ptxas(), shutil.which("ptxas")]
+    return list(dict.fromkeys(p for p in found if p))
 
 
 @functools.cache
@@ -68,20 +118,25 @@ def _parse(version: str) -> tuple[int, int]:
 
 
 def ptxas_path(version: str = PTX_VERSION) -> str:
-    """The first ptxas that reads PTX ISA ``version``; :class:`PtxasUnavailable` naming the
-    ones found if none does."""
+    """The ptxas for PTX ISA ``version``: of the candidates that read it, the oldest (the one
+    reading the fewest newer versions; the first in :func:`candidates` order among equals).  What
+    the spec records of ptxas (the rules it enforces, the forms it crashes on) was seen with the
+    assembler of each version's own CUDA release, and newer ones differ (ptxas 13.1 and 13.5
+    reject ``ld.param::func`` and stop with an internal error on ``st.async`` forms that 13.0
+    assembles).
+    :class:`PtxasUnavailable` naming the ones found if none reads it."""
     found = candidates()
     if not found:
-        raise PtxasUnavailable("ptxas not found: put CUDA's bin on PATH or set PTXAS")
-    if version == PTX_VERSION:
-        return found[0]
-    for path in found:
-        if isa_version(path) >= _parse(version):
-            return path
+        raise PtxasUnavailable(
+            f"ptxas not found (no nvidia-cuda-nvcc wheel, PTXOPS_PTXAS unset, none on PATH): {INSTALL}"
+        )
+    reading = [p for p in found if isa_version(p) >= _parse(version)]
+    if reading:
+        return min(reading, key=isa_version)
     have = ", ".join(f"{p} (PTX ISA {'.'.join(map(str, isa_version(p)))})" for p in found)
     raise PtxasUnavailable(
-        f"no ptxas reads PTX ISA {version}: found {have}; install a newer one "
-        "(pip install --target DIR nvidia-cuda-nvcc) and list it in PTXOPS_PTXAS"
+        f"no ptxas reads PTX ISA {version}: found {have}; {INSTALL}, or name a newer one "
+        "(or its folder) in PTXOPS_PTXAS"
     )
 
 

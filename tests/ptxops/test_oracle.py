@@ -1,10 +1,11 @@
 """The spec accepts exactly what ptxas accepts.
 
 The oracle is ptxas itself: forms are rendered into PTX modules and assembled (see
-``ptxops.ptxas``) by the first assembler that reads the family's PTX ISA version (the system
-ptxas for 9.0; ``multimem.cp.async.bulk`` needs 9.1: a newer ptxas in ``$PTXOPS_PTXAS``, or the
-tests of those families skip, naming the assemblers found).  The one sanctioned difference is a rule marked ``ptxas_enforced=False``:
-there ptxas lets through a form the PTX ISA forbids, and ptxops follows the documentation.
+``ptxops.ptxas``) by the first assembler that reads the family's PTX ISA version
+(``multimem.cp.async.bulk`` needs 9.1: the ``ptxas`` extra installs one; with an older ptxas
+only, the tests of those families skip, naming the assemblers found).  The one sanctioned
+difference is a rule marked ``ptxas_enforced=False``: there ptxas lets through a form the PTX ISA
+forbids, and ptxops follows the documentation.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from tests.support.spec_groups import ORACLE_GROUPS, domain, groups, legal_forms
 
 try:
     ptxas_path()
-except RuntimeError:  # pragma: no cover - every CI machine has ptxas
-    pytest.skip("ptxas not on PATH", allow_module_level=True)
+except PtxasUnavailable as err:  # pragma: no cover - every CI machine has ptxas
+    pytest.skip(str(err), allow_module_level=True)
 
 #: Docs-only rules whose forms crash ptxas 13.0 (segfault in its back end) instead of
 #: assembling: ptxas is not asked about them.
