@@ -1,4 +1,4 @@
-"""Exceptions raised by ptxops."""
+"""Exceptions raised, and warnings issued, by ptxops."""
 
 from __future__ import annotations
 
@@ -46,4 +46,16 @@ class CuTeDSLMissing(ModuleNotFoundError):
             f"{self.INSTALL} (NVIDIA's nvidia-cutlass-dsl).  ptxops.spec and "
             "`python -m ptxops` work without it.",
             name=missing,
+        )
+
+
+class DefaultTargetWarning(UserWarning):
+    """A kernel is compiled for CuTeDSL's default target because nothing chose one: neither a
+    ``cute.GPUArch`` compile option nor ``CUTE_DSL_ARCH`` was given, and no GPU is visible.
+    Issued once per process, by the first device function traced."""
+
+    def __init__(self, target: str) -> None:
+        super().__init__(
+            f"ptxops: compiling for {target}: CUTE_DSL_ARCH is not set and no GPU is visible, so "
+            f"CuTeDSL compiles for its default; set CUTE_DSL_ARCH (e.g. sm_90a for Hopper) to choose."
         )

@@ -6,6 +6,9 @@ validate it through :mod:`ptxops.spec` and hand it here with their operands.
 
 from __future__ import annotations
 
+import functools
+import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,10 +16,11 @@ import cutlass
 import cutlass.cute as cute
 from cutlass._mlir import ir
 from cutlass._mlir.dialects import llvm
+from cutlass.base_dsl.runtime.cuda import get_compute_capability_major_minor
 from cutlass.cutlass_dsl import BaseDSL, T
 
 from .. import spec
-from ..errors import QualifierError
+from ..errors import DefaultTargetWarning, QualifierError
 from ..render import Instruction
 from ..spec.engine import Value
 from ..spec.ptxtypes import TYPES
@@ -45,8 +49,20 @@ POINTERS_FOR_SPACE = {
 
 
 def compile_target() -> str:
-    """The target of the compile being traced (``cute.GPUArch`` option, else CUTE_DSL_ARCH)."""
-    return normalise_target(BaseDSL._get_dsl().get_arch_enum().name)
+    """The target of the compile being traced (``cute.GPUArch`` option, else CUTE_DSL_ARCH, else
+    the GPU CuTeDSL finds, else CuTeDSL's default, which :func:`_say_default_target` names once)."""
+    dsl = BaseDSL._get_dsl()
+    target = normalise_target(dsl.get_arch_enum().name)
+    if not dsl.compile_options.gpu_arch and not os.environ.get("CUTE_DSL_ARCH"):
+        _say_default_target(target)
+    return target
+
+
+@functools.cache
+def _say_default_target(target: str) -> None:
+    """Warn, once per process, that ``target`` is CuTeDSL's default where no GPU is visible."""
+    if get_compute_capability_major_minor() == (None, None):
+        warnings.warn(DefaultTargetWarning(target), stacklevel=4)
 
 
 def instruction(family: str, **qualifiers: Value) -> Instruction:
