@@ -31,7 +31,7 @@ from .symmetric.capability import (
     multicast_disabled_by_env,
     probe,
 )
-from .errors import CollectiveError, CollectiveTimeout, MulticastUnavailable, SymmetricMemoryError
+from .errors import CollectiveError, CollectiveTimeout, MissingDependency, MulticastUnavailable, SymmetricMemoryError
 
 _LAZY = {"init", "current", "is_symmetric", "Context", "ALIGN"}  # from .symmetric
 _API = {"all_gather", "all_reduce", "reduce_scatter", "barrier", "empty", "synchronize"}  # from .api (torch)
@@ -39,7 +39,7 @@ _OVERLAP = {"gemm_reduce_scatter", "all_gather_gemm"}  # from .overlap (torch)
 
 __all__ = [
     # errors
-    "CollectiveError", "CollectiveTimeout", "MulticastUnavailable", "SymmetricMemoryError",
+    "CollectiveError", "CollectiveTimeout", "MissingDependency", "MulticastUnavailable", "SymmetricMemoryError",
     # capability
     "Capabilities", "agree", "choose_backend", "device_supports_multicast",
     "multicast_disabled_by_env", "probe",
@@ -53,6 +53,18 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    """The lazy names, loaded on first use; a package they need that is missing (torch,
+    CuTeDSL) raises :class:`MissingDependency` naming the extra that installs it."""
+    try:
+        return _load(name)
+    except ModuleNotFoundError as e:
+        missing = (e.name or "").partition(".")[0]
+        if missing in MissingDependency.EXTRAS and not isinstance(e, MissingDependency):
+            raise MissingDependency(f"collectives.{name}", missing) from None
+        raise
+
+
+def _load(name: str) -> Any:
     if name in _LAZY:
         from . import symmetric
 

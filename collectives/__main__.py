@@ -5,12 +5,21 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .algorithms import ALGORITHMS, REGISTRY, KernelKey
 from .config import BACKENDS, BARRIER_THREADS, COLLECTIVES, OPS
 from .dtypes import DTYPES
+from .errors import MissingDependency
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit status 0; 2 for an illegal kernel, or without CuTeDSL (the message names the extra)."""
+    try:
+        from .algorithms import ALGORITHMS, REGISTRY, KernelKey  # (with CuTeDSL: the kernels' building blocks)
+    except ModuleNotFoundError as err:
+        missing = (err.name or "").partition(".")[0]
+        if missing not in MissingDependency.EXTRAS:
+            raise
+        print(f"error: {MissingDependency('python -m collectives ptx', missing)}", file=sys.stderr)
+        return 2
     parser = argparse.ArgumentParser(prog="python -m collectives", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     ptx = sub.add_parser("ptx", help="compile a collective kernel and print its PTX")

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 __all__ = [
     "CollectiveError",
     "CollectiveTimeout",
+    "MissingDependency",
     "MulticastUnavailable",
     "SymmetricMemoryError",
 ]
@@ -54,3 +55,20 @@ class MulticastUnavailable(CollectiveError):
 class SymmetricMemoryError(CollectiveError):
     """Misuse of symmetric memory: a tensor not from the heap, sizes that differ across
     ranks, a misaligned pointer, use after ``close()``..."""
+
+
+class MissingDependency(CollectiveError, ModuleNotFoundError):
+    """A feature of ``collectives`` needs a package that cannot be imported; the message names
+    the ptxops extra that installs it (also an ``ImportError``, with the package as ``name``)."""
+
+    #: Each package the features import on first use -> (what it is, the extra that installs it).
+    EXTRAS = {
+        "torch": ("PyTorch", "pip install 'ptxops[torch]' (a CPU build for the host tests: the README's "
+                  "'ptxops[torch-cpu]' command; a GPU stack: 'ptxops[cu13]' or 'ptxops[cu12]')"),
+        "cutlass": ("CuTeDSL", "pip install 'ptxops[dsl]'"),
+    }
+
+    def __init__(self, feature: str, missing: str) -> None:
+        what, install = self.EXTRAS[missing]
+        ModuleNotFoundError.__init__(
+            self, f"{feature} needs {what}, and {missing!r} cannot be imported: {install}", name=missing)
