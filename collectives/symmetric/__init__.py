@@ -1,7 +1,8 @@
 """Host memory: symmetric tensors every rank of a group can address.
 
 - :mod:`~collectives.symmetric.heap`: the :class:`Heap` protocol a context allocates through
-  (collective allocations); :mod:`~collectives.symmetric.nvshmem_heap`: the NVSHMEM heap.
+  (collective allocations); :mod:`~collectives.symmetric.nvshmem_heap`: the NVSHMEM heap;
+  :mod:`~collectives.symmetric.torch_heap`: the heap on PyTorch's symmetric memory.
 - :mod:`~collectives.symmetric.context`: :class:`Context`, an open heap over a group (``empty``,
   peer and multicast views, host agreement), :func:`current`, :func:`is_symmetric`, :data:`ALIGN`.
 - :mod:`~collectives.symmetric.bootstrap`: :func:`init` (the base context, or a sub-group's),
@@ -20,9 +21,9 @@ from typing import Any
 
 #: Each name of this package's face -> the module that holds it.
 _HOME = {
-    "Heap": "heap", "NvshmemHeap": "nvshmem_heap",
+    "Adopted": "heap", "Heap": "heap", "NvshmemHeap": "nvshmem_heap", "TorchHeap": "torch_heap",
     "ALIGN": "context", "Context": "context", "current": "context", "is_symmetric": "context",
-    "init": "bootstrap",
+    "init": "bootstrap", "choose_heap": "bootstrap",
     "Capabilities": "capability", "probe": "capability", "agree": "capability", "choose_backend": "capability",
 }
 

@@ -1,11 +1,13 @@
 """Opening symmetric memory (collective): :func:`init` binds the device, exchanges the topology
 (every rank's GPU and host), probes and agrees on capabilities, picks the backend and starts the
-NVSHMEM heap for the base context; with a group it opens that group's context on the base
-context's sub-group pool (:mod:`collectives.symmetric.groups`)."""
+heap of the base context (NVSHMEM, or PyTorch's symmetric memory: :data:`HEAPS`); with a group it
+opens that group's context on the base context's sub-group pool
+(:mod:`collectives.symmetric.groups`)."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import socket
 from typing import Any
@@ -15,13 +17,44 @@ import torch.distributed as dist
 
 from ..errors import CollectiveError, MulticastUnavailable
 from . import context
-from .capability import agree, choose_backend, pci_bus_id, probe
+from .capability import MULTICAST_OFF, agree, choose_backend, cuda_missing, pci_bus_id, probe
 from .context import Context
 from .groups import GROUP_HEAP_BYTES, PoolHeap, group_ranks, pe_map, process_group
-from .nvshmem_heap import NvshmemHeap
 from .topology import node_size
 
-__all__ = ["init"]
+__all__ = ["HEAPS", "choose_heap", "init"]
+
+#: The heaps a base context can open: NVSHMEM through nvshmem4py, or PyTorch's symmetric memory.
+HEAPS = ("nvshmem", "torch")
+
+
+def choose_heap(heap: str) -> str:
+    """``heap`` itself, or for ``"auto"``: ``"nvshmem"`` where nvshmem4py is installed, else
+    ``"torch"``.  CollectiveError for anything else, naming the choices."""
+    if heap == "auto":
+        return "nvshmem" if importlib.util.find_spec("nvshmem") is not None else "torch"
+    if heap not in HEAPS:
+        raise CollectiveError(f"heap must be 'auto' or one of {', '.join(map(repr, HEAPS))}, not {heap!r}")
+    return heap
+
+
+def _start_heap(kind: str, device: int, rank: int, world: int, group: Any, multicast: bool) -> Any:
+    """The base context's heap of ``kind`` (collective); unless ``multicast``, the heap's switch
+    is set first so that it creates no multicast object."""
+    if kind == "nvshmem":
+        from .nvshmem_heap import NvshmemHeap
+
+        _multicast_switch(NvshmemHeap.MULTICAST_SWITCH, multicast)
+        return NvshmemHeap(device, rank, world, group)
+    from .torch_heap import TorchHeap
+
+    _multicast_switch(TorchHeap.MULTICAST_SWITCH, multicast)
+    return TorchHeap(device, rank, (group or dist.group.WORLD).group_name)
+
+
+def _multicast_switch(name: str, multicast: bool) -> None:
+    if not multicast:
+        os.environ[name] = MULTICAST_OFF[name]
 
 
 def _topology(group: Any, device: int, world_size: int) -> tuple[list[int], list[str]]:
@@ -48,7 +81,7 @@ def _topology(group: Any, device: int, world_size: int) -> tuple[list[int], list
 
 
 def init(group: Any = None, *, backend: str = "auto", device: int | None = None,
-         group_heap_bytes: int | None = None) -> Context:
+         group_heap_bytes: int | None = None, heap: str = "auto") -> Context:
     """Open (or return the open) symmetric-memory context of ``group`` (collective).
 
     Without ``group``: the base context, the NVSHMEM job of every process of this NVLink
@@ -56,7 +89,9 @@ def init(group: Any = None, *, backend: str = "auto", device: int | None = None,
     collective over every process.  It initializes ``torch.distributed`` from the torchrun
     environment if needed (and then tears it down in :meth:`Context.close`), binds ``device``
     (default ``LOCAL_RANK``), probes and agrees on capabilities, picks the backend with
-    :func:`choose_backend`, starts nvshmem with a uid broadcast from rank 0, and
+    :func:`choose_backend`, starts its ``heap`` (:func:`choose_heap`: ``"nvshmem"``, nvshmem4py
+    started with a uid broadcast from rank 0; ``"torch"``, PyTorch's symmetric memory; ``"auto"``,
+    NVSHMEM where nvshmem4py is installed, else torch), and
     reserves ``group_heap_bytes`` (default ``COLLECTIVES_GROUP_HEAP_BYTES`` or
     :data:`~collectives.symmetric.groups.GROUP_HEAP_BYTES`; none where no sub-group of 2 is possible) of
     symmetric memory for sub-
@@ -71,15 +106,16 @@ def init(group: Any = None, *, backend: str = "auto", device: int | None = None,
     Raises:
         MulticastUnavailable: ``backend="multicast"`` but multicast is unavailable (always on
             a sub-group).
-        CollectiveError: no usable backend, a context with another backend is open, or a group
-            this process is not in, or that reaches outside this domain.
+        CollectiveError: no GPU here (the message says what is missing), no usable backend, an
+            unknown heap, a context with another backend is open, or a group this process is
+            not in, or that reaches outside this domain.
     """
-    base = _open_base(backend if group is None else None, device, group_heap_bytes)
+    base = _open_base(backend if group is None else None, device, group_heap_bytes, heap)
     if group is None:
         return base
     members = group_ranks(group)
     if members == _ranks(base):
-        return _open_base(backend, device, group_heap_bytes)  # (checks the backend asked for)
+        return _open_base(backend, device, group_heap_bytes, heap)  # (checks the backend asked for)
     if backend == "multicast":
         raise MulticastUnavailable("a sub-group communicator has no multicast object; use backend='peer' or 'auto'")
     if backend not in ("auto", "peer"):
@@ -117,20 +153,24 @@ def _open_group(base: Context, group: Any, members: tuple[int, ...]) -> Context:
                    device=base.device, caps=caps, backend="peer")
 
 
-def _open_base(backend: str | None, device: int | None, group_heap_bytes: int | None) -> Context:
-    """The base context (the one NVSHMEM job), opened if needed (collective over every
-    process); ``backend`` None: any open one will do, else it must be the open one's."""
+def _open_base(backend: str | None, device: int | None, group_heap_bytes: int | None, heap: str) -> Context:
+    """The base context (the one heap of this NVLink domain), opened if needed (collective over
+    every process); ``backend`` None: any open one will do, else it must be the open one's."""
     base = context.current()
     if base is not None:
         if backend is not None and choose_backend(backend, base.caps) != base.backend:
             raise CollectiveError(f"a context is already open ({base!r}); close() it first")
         return base
     backend = backend or "auto"
+    kind = choose_heap(heap)
+    if not dist.is_initialized() and "WORLD_SIZE" not in os.environ:
+        raise CollectiveError("torch.distributed is not initialized and this is not a torchrun launch")
+    missing = cuda_missing()
+    if missing is not None:
+        raise CollectiveError(f"collectives.init needs a GPU: {missing}")
 
     owns = False
     if not dist.is_initialized():
-        if "WORLD_SIZE" not in os.environ:
-            raise CollectiveError("torch.distributed is not initialized and this is not a torchrun launch")
         if device is None:
             device = int(os.environ.get("LOCAL_RANK", "0"))
         torch.cuda.set_device(device)
@@ -150,14 +190,12 @@ def _open_base(backend: str | None, device: int | None, group_heap_bytes: int | 
                                        multicast_reason="; ".join(filter(None, [caps.multicast_reason, why])))
         caps = agree(caps, group)
         chosen = choose_backend(backend, caps)
-        if chosen != "multicast":
-            os.environ["NVSHMEM_DISABLE_NVLS"] = "1"  # nvshmem must not create multicast objects
-        heap = NvshmemHeap(device, rank, world, group)
+        started = _start_heap(kind, device, rank, world, group, chosen == "multicast")
     except BaseException:
         if owns:
             dist.destroy_process_group()
         raise
-    ctx = Context(heap=heap, group=group, rank=rank, world_size=world, device=device,
+    ctx = Context(heap=started, group=group, rank=rank, world_size=world, device=device,
                   caps=caps, backend=chosen, owns_group=owns)
     ctx.reserve(_group_heap_bytes(group_heap_bytes, world))
     context._CTX = ctx
@@ -176,7 +214,7 @@ def _group_heap_bytes(requested: int | None, world: int) -> int:
 
 
 def _domain_group() -> Any:
-    """The group the NVSHMEM job spans: every process (None) when all share a node, else this
+    """The group the heap spans: every process (None) when all share a node, else this
     node's (:func:`collectives.symmetric.topology.node_size`; creating every node's group: collective)."""
     world = dist.get_world_size()
     size = node_size(world, hosts=lambda: _all_hosts(world))

@@ -8,6 +8,7 @@ that :func:`probe` and :func:`choose_backend` can be tested on a CPU with fakes.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -26,6 +27,7 @@ __all__ = [
     "can_access_peer",
     "choose_backend",
     "collective_device",
+    "cuda_missing",
     "device_supports_multicast",
     "force_multicast_off",
     "multicast_disabled_by_env",
@@ -73,6 +75,24 @@ class DeviceQuery(Protocol):
     def nvlink_mesh(self, devices: Sequence[int]) -> tuple[bool | None, str | None]:
         """``(True|False, note)`` if known; ``(None, why unknown)`` otherwise."""
         ...
+
+
+def cuda_missing() -> str | None:
+    """Why this process can run no CUDA kernel (a CPU build of PyTorch, no NVIDIA driver, no GPU
+    visible), or None where it can."""
+    import torch
+
+    if torch.version.cuda is None:
+        return (f"this PyTorch ({torch.__version__}) is a CPU build: install a CUDA build "
+                "(pip install 'ptxops[cu13]' or 'ptxops[cu12]')")
+    if torch.cuda.device_count() > 0:
+        return None
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "no NVIDIA driver: libcuda.so.1 cannot be loaded"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return "the NVIDIA driver sees no GPU" + ("" if visible is None else f" (CUDA_VISIBLE_DEVICES={visible!r})")
 
 
 def _driver() -> Any:

@@ -1,16 +1,19 @@
-"""Symmetric memory on nvshmem4py, bootstrapped from ``torch.distributed`` (torchrun).
+"""Symmetric memory over a :class:`~collectives.symmetric.heap.Heap` (NVSHMEM through nvshmem4py,
+or PyTorch's symmetric memory), bootstrapped from ``torch.distributed`` (torchrun).
 
 Every allocation is collective: all ranks of the context's group call :meth:`Context.empty`
 (or :meth:`Context.signal_pad`, :meth:`Context.free`) in the same order with the same size.
-The sizes are all-gathered and compared *before* nvshmem is called, so a mismatch raises
+The sizes are all-gathered and compared *before* the heap is called, so a mismatch raises
 :class:`SymmetricMemoryError` on every rank instead of hanging in ``nvshmem_malloc``.
 
 Allocations live until :meth:`Context.free` or :meth:`Context.close`; dropping the Python
-tensor does not free them. Peer and multicast views die with their allocation.
+tensor does not free them. Peer and multicast views die with their allocation.  Memory the
+heap's allocator made outside the context (torch's ``symm_mem.empty`` + ``rendezvous``, on the
+torch heap) is symmetric too, owned and freed by the caller (:meth:`Heap.adopt`).
 
 NVLink multicast: unless the agreed backend is ``"multicast"``,
-:func:`~collectives.symmetric.bootstrap.init` sets
-``NVSHMEM_DISABLE_NVLS=1`` before nvshmem starts, so nvshmem never creates a multicast
+:func:`~collectives.symmetric.bootstrap.init` sets the heap's switch (``NVSHMEM_DISABLE_NVLS=1``,
+``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``) before it starts, so it never creates a multicast
 object; :meth:`Context.multicast_tensor` re-checks env and capabilities before asking.
 """
 
@@ -49,6 +52,8 @@ class _Alloc:
     nbytes: int
     peers: list[torch.Tensor] | None = None
     mc: torch.Tensor | None = None
+    adopted: bool = False  # the heap's memory from outside the context (Heap.adopt): the caller's to free
+    no_multicast: str | None = None  # an adopted one without a multicast view: why
 
     @property
     def ptr(self) -> int:
@@ -180,6 +185,10 @@ class Context:
     def free(self, t: torch.Tensor) -> None:
         """Free the allocation ``t`` belongs to (collective); its views become invalid."""
         a, _ = self._find(t)
+        if a.adopted:
+            raise SymmetricMemoryError(
+                "this tensor is symmetric memory its caller allocated (torch's symm_mem.empty), not this "
+                "context: it is freed when its last reference goes")
         self._agree("free() (value: allocation #)", [a.seq])
         self.heap.synchronize()
         self._release(a)
@@ -191,7 +200,9 @@ class Context:
 
     # ---- lookup ---------------------------------------------------------------------
     def _find(self, t: torch.Tensor) -> tuple[_Alloc, int]:
-        """Allocation containing all of ``t`` and ``t``'s byte offset in it."""
+        """Allocation containing all of ``t`` and ``t``'s byte offset in it: one of this
+        context's, else the heap's memory from outside it (:meth:`Heap.adopt`, looked up anew
+        each time: its owner may free it)."""
         self._check_open()
         if not isinstance(t, torch.Tensor):
             raise SymmetricMemoryError(f"expected a torch.Tensor, got {type(t).__name__}")
@@ -200,11 +211,17 @@ class Context:
         for a in self._allocs.values():  # (not the sub-group pool: symmetric over its groups only)
             if a.ptr <= p and p + n <= a.ptr + a.nbytes and (n or p < a.ptr + a.nbytes) and a.ptr != pool:
                 return a, p - a.ptr
+        adopted = self.heap.adopt(t)
+        if adopted is not None:
+            a = _Alloc(-1, adopted.raw, adopted.raw.numel(), peers=adopted.peers, mc=adopted.multicast,
+                       adopted=True, no_multicast=adopted.no_multicast)
+            return a, p - a.ptr
         raise SymmetricMemoryError(
             f"tensor at {p:#x} ({n} bytes, {t.device}) is not (entirely) in this context's symmetric heap")
 
     def is_symmetric(self, t: torch.Tensor) -> bool:
-        """Whether ``t`` lies entirely within one live allocation of this context."""
+        """Whether ``t`` lies entirely within one live allocation of this context, or in the
+        heap's symmetric memory from outside it (torch's ``symm_mem.empty`` + ``rendezvous``)."""
         try:
             self._find(t)
             return True
@@ -222,7 +239,7 @@ class Context:
     def peer_tensors(self, t: torch.Tensor) -> list[torch.Tensor]:
         """``t`` as seen in every rank's buffer (index = rank; own rank is ``t``'s memory).
 
-        Each view is a load/store mapping of the peer's memory (``nvshmem_ptr``).
+        Each view is a load/store mapping of the peer's memory (``nvshmem_ptr``, torch's ``get_buffer``).
         """
         a, off = self._find(t)
         return [self._view_like(p, t, off) for p in self._peers(a)]
@@ -239,7 +256,7 @@ class Context:
             peers = []
             for r in range(self.world_size):
                 if r == self.rank:
-                    peers.append(a.raw)  # never via nvshmem: that would bump the parent's refcount
+                    peers.append(a.raw)  # never via the heap (nvshmem would bump the parent's refcount)
                     continue
                 try:
                     peers.append(self.heap.peer(a.raw, r))
@@ -275,11 +292,13 @@ class Context:
         if reason is not None:
             raise MulticastUnavailable(reason)
         a, off = self._find(t)
+        if a.mc is None and a.adopted:
+            raise MulticastUnavailable(a.no_multicast)
         if a.mc is None:
             try:
                 a.mc = self.heap.multicast(a.raw)
             except Exception as e:
-                raise MulticastUnavailable(f"nvshmem multicast view failed: {e}") from e
+                raise MulticastUnavailable(f"the heap's multicast view failed: {e}") from e
         return self._view_like(a.mc, t, off)
 
     # ---- lifecycle ------------------------------------------------------------------
@@ -291,7 +310,7 @@ class Context:
             dist.barrier(group=self.group)
 
     def close(self) -> None:
-        """Free every allocation (collective, reverse order), finalize nvshmem. Idempotent."""
+        """Free every allocation (collective, reverse order), finalize the heap. Idempotent."""
         global _CTX
         if self.closed:
             return

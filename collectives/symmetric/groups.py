@@ -117,6 +117,9 @@ class PoolHeap:
     def multicast(self, raw: torch.Tensor) -> torch.Tensor:
         raise MulticastUnavailable("a sub-group communicator has no multicast object (peer backend only)")
 
+    def adopt(self, t: torch.Tensor) -> None:
+        return None  # a sub-group's symmetric memory is its pool's allocations only
+
     def free(self, raw: torch.Tensor) -> None:
         off = self._offset(raw)
         self.ranges.give(off, off + raw.numel())

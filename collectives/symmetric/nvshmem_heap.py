@@ -11,12 +11,16 @@ import torch.distributed as dist
 from ..errors import SymmetricMemoryError
 from .capability import collective_device
 from .groups import global_rank
+from .heap import Adopted
 
 __all__ = ["NvshmemHeap"]
 
 
 class NvshmemHeap:
     """:class:`Heap` on ``nvshmem.core`` (uid bootstrap broadcast over ``torch.distributed``)."""
+
+    #: The variable that keeps NVSHMEM from creating multicast objects (set before it starts).
+    MULTICAST_SWITCH = "NVSHMEM_DISABLE_NVLS"
 
     def __init__(self, device: int, rank: int, nranks: int, group: Any) -> None:
         import numpy as np
@@ -44,6 +48,9 @@ class NvshmemHeap:
 
     def multicast(self, raw: torch.Tensor) -> torch.Tensor:
         return self._nv.get_multicast_tensor(self._nv.Teams.TEAM_WORLD, raw)
+
+    def adopt(self, t: torch.Tensor) -> Adopted | None:
+        return None  # symmetric only through the context's own allocations
 
     def free(self, raw: torch.Tensor) -> None:
         self._nv.free_tensor(raw)

@@ -1,5 +1,6 @@
 """A machine missing a piece collectives needs gets one sentence saying what is missing and what
-installs it: PyTorch or CuTeDSL (``collectives.<feature>``, ``python -m collectives ptx``)."""
+installs it: PyTorch or CuTeDSL (``collectives.<feature>``, ``python -m collectives ptx``), a GPU
+(``collectives.init``: a CPU build of torch, no NVIDIA driver, no GPU visible)."""
 
 from __future__ import annotations
 
@@ -43,3 +44,47 @@ def test_the_ptx_command_without_cutedsl_says_so() -> None:
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert proc.stderr.strip() == ("error: python -m collectives ptx needs CuTeDSL, and 'cutlass' cannot be "
                                    "imported: pip install 'ptxops[dsl]'")
+
+
+torch = pytest.importorskip("torch")
+
+from collectives.errors import CollectiveError  # noqa: E402
+from collectives.symmetric import bootstrap, capability, context  # noqa: E402
+
+
+@pytest.fixture
+def cuda_build(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """A CUDA build of torch that sees no GPU (what a CPU build or a GPU machine says is faked)."""
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    return monkeypatch
+
+
+def test_what_is_missing_for_a_gpu(cuda_build: pytest.MonkeyPatch) -> None:
+    def no_library(name: str) -> None:
+        raise OSError(f"{name}: cannot open shared object file")
+
+    cuda_build.setattr(capability.ctypes, "CDLL", no_library)
+    assert capability.cuda_missing() == "no NVIDIA driver: libcuda.so.1 cannot be loaded"
+    cuda_build.setattr(capability.ctypes, "CDLL", lambda name: object())
+    cuda_build.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert capability.cuda_missing() == "the NVIDIA driver sees no GPU (CUDA_VISIBLE_DEVICES='')"
+    cuda_build.setattr(torch.cuda, "device_count", lambda: 2)
+    assert capability.cuda_missing() is None
+    cuda_build.setattr(torch.version, "cuda", None)
+    assert "is a CPU build" in capability.cuda_missing() and "ptxops[cu13]" in capability.cuda_missing()
+
+
+def test_init_under_torchrun_without_a_driver_raises_one_error(cuda_build: pytest.MonkeyPatch) -> None:
+    """Before any process group or device is touched (they are what dumped 40 lines per rank)."""
+    if context.current() is not None or torch.distributed.is_initialized():
+        pytest.skip("a context or process group is already open")
+    cuda_build.setenv("WORLD_SIZE", "2")
+    cuda_build.setattr(capability.ctypes, "CDLL", lambda name: (_ for _ in ()).throw(OSError(name)))
+    touched = []
+    cuda_build.setattr(bootstrap.dist, "init_process_group", lambda *a, **k: touched.append("pg"))
+    cuda_build.setattr(torch.cuda, "set_device", lambda *a: touched.append("device"))
+    with pytest.raises(CollectiveError) as err:
+        bootstrap.init()
+    assert str(err.value) == "collectives.init needs a GPU: no NVIDIA driver: libcuda.so.1 cannot be loaded"
+    assert touched == []

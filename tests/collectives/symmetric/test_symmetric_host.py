@@ -42,6 +42,9 @@ class FakeHeap:
         self.mc_calls += 1
         return raw.clone()
 
+    def adopt(self, t: torch.Tensor) -> None:
+        return None  # symmetric only through the context's own allocations
+
     def free(self, raw: torch.Tensor) -> None:
         self.freed.append(self.live.pop(raw.data_ptr()).data_ptr())
 
