@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -62,7 +63,20 @@ def compile_target() -> str:
 def _say_default_target(target: str) -> None:
     """Warn, once per process, that ``target`` is CuTeDSL's default where no GPU is visible."""
     if get_compute_capability_major_minor() == (None, None):
-        warnings.warn(DefaultTargetWarning(target), stacklevel=4)
+        warnings.warn(DefaultTargetWarning(target), stacklevel=_outside_ptxops())
+
+
+#: The packages between a kernel and the warning: ptxops, and CuTeDSL's wrappers of its functions.
+_INSIDE = ("ptxops", "cutlass")
+
+
+def _outside_ptxops() -> int:
+    """The ``stacklevel`` of the nearest caller outside ptxops and CuTeDSL (the kernel calling a
+    device function), counted from the function that calls this one."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _INSIDE:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def instruction(family: str, **qualifiers: Value) -> Instruction:

@@ -27,12 +27,15 @@ def fence_kernel():
 
 
 def compile_twice(*options) -> list[str]:
-    """The DefaultTargetWarning messages of two compiles of a kernel calling a ptxops function."""
+    """The DefaultTargetWarning messages of two compiles of a kernel calling a ptxops function,
+    each checked to point at the kernel's line (this file), not at ptxops or CuTeDSL."""
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         for _ in range(2):
             cute.compile[options](*fence_kernel())
-    return [str(w.message) for w in seen if issubclass(w.category, DefaultTargetWarning)]
+    found = [w for w in seen if issubclass(w.category, DefaultTargetWarning)]
+    assert all(w.filename == __file__ for w in found), [w.filename for w in found]
+    return [str(w.message) for w in found]
 
 
 @pytest.fixture
