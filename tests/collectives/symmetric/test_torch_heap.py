@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from collectives.errors import CollectiveError, MulticastUnavailable, SymmetricMemoryError  # noqa: E402
-from collectives.symmetric import bootstrap, capability, torch_heap  # noqa: E402
+from collectives.symmetric import bootstrap, torch_heap  # noqa: E402
 from collectives.symmetric.capability import MULTICAST_OFF, Capabilities  # noqa: E402
 from collectives.symmetric.context import Context  # noqa: E402
 from collectives.symmetric.torch_heap import TorchHeap  # noqa: E402
