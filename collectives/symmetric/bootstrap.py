@@ -84,8 +84,8 @@ def init(group: Any = None, *, backend: str = "auto", device: int | None = None,
          group_heap_bytes: int | None = None, heap: str = "auto") -> Context:
     """Open (or return the open) symmetric-memory context of ``group`` (collective).
 
-    Without ``group``: the base context, the NVSHMEM job of every process of this NVLink
-    domain (every process, or this node's when the job spans nodes: :mod:`collectives.symmetric.topology`);
+    Without ``group``: the base context, the one heap (an NVSHMEM job, or torch's symmetric
+    memory) of every process of this NVLink domain (every process, or this node's when the job spans nodes: :mod:`collectives.symmetric.topology`);
     collective over every process.  It initializes ``torch.distributed`` from the torchrun
     environment if needed (and then tears it down in :meth:`Context.close`), binds ``device``
     (default ``LOCAL_RANK``), probes and agrees on capabilities, picks the backend with
