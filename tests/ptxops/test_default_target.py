@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from cute_support import cute, cutlass, global_tensor
+from tests.support.cute_support import cute, cutlass, global_tensor
 
 import ptxops
 from ptxops.errors import DefaultTargetWarning
