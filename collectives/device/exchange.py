@@ -8,9 +8,9 @@ the release); the receiver :func:`wait_word` s for that.  Every wait is bounded 
 on ``%globaltimer``; its status is the host model's :func:`collectives.exchange.judge`.
 
 Sizes travel in the high half of a 64-bit word.  The halves are taken apart as unsigned
-32-bit values (``word & 0xFFFFFFFF`` and a shift by a ``Uint64`` count, which compiles to
-``shr.b64``/``shr.u64``; a shift by a Python int would compile to ``shr.s64``) and compared
-unsigned, so sizes at and above 2^31 compare as the host model's.
+32-bit values (``word & 0xFFFFFFFF``, and a shift by a ``Uint64`` count truncated at once to
+``Uint32``: ``shr.u64``; a 64-bit result of a shift by a Python int may be arithmetic,
+``shr.s64``) and compared unsigned, so sizes at and above 2^31 compare as the host model's.
 
 These are ``@cute.jit`` functions: call them from your own ``@cute.kernel``.
 """
