@@ -7,7 +7,8 @@ polled with ``ld.acquire.sys``:
 
 - ``ready``, in the sender's region, written by the receiver at the start of its call: its
   receive buffer is free and expects ``size`` elements from ``s`` (its ``out_splits[s]``) at
-  element ``offset`` (a plain 64-bit word stored before the release: the release carries it);
+  ``offset`` (bytes from the receiver's entry of the receive table; a plain 64-bit word
+  stored before the release: the release carries it);
 - ``arrived``, one per part (a chunk moves in :func:`part` ranges, one thread block each), in
   the receiver's region, written by the sender after its part's stores: ``size`` is what it
   sent (its ``in_splits[r]``).
@@ -59,7 +60,7 @@ class ExchangeLayout:
         return 2 * receiver
 
     def offset(self, receiver: int) -> int:
-        """The element offset in ``receiver``'s buffer where this rank's chunk goes."""
+        """Where in ``receiver``'s buffer this rank's chunk goes (bytes from its table entry)."""
         return 2 * (self.world + receiver)
 
     def arrived(self, sender: int, part: int) -> int:

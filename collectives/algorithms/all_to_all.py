@@ -8,8 +8,9 @@ Push, over the send/receive slots of :mod:`collectives.exchange` (device side
 one this rank sends to rank ``rank + d`` and the one it receives from rank ``rank - d``
 (``d = 0``: its own chunk, copied locally).  Per pair of ranks:
 
-1. the receiver's block ``(d, 0)`` posts ``ready`` into the sender's region: the element
-   offset in its receive buffer and the size it expects;
+1. the receiver's block ``(d, 0)`` posts ``ready`` into the sender's region: where the chunk
+   goes (a byte offset from the receiver's entry of ``recv_table``: ranks may receive at
+   different places of their allocations) and the size it expects;
 2. the sender's blocks ``(d, j)`` wait for it, store their part of the chunk straight into the
    receiver's buffer over NVLink, and each posts its ``arrived`` (after a ``bar.sync``);
 3. the receiver's blocks ``(d, j)`` wait for their part's ``arrived`` and, when the receive
@@ -55,8 +56,10 @@ from ..launch import launcher
 MAX_BLOCKS = 128
 
 ALL_TO_ALL = Layout("AllToAllArgs", (
-    Arg("recv_table", Int64, "device table of every rank's receive buffer (int64[W]): the symmetric output "
-                             "itself (direct) or a staging buffer of at least out_n elements"),
+    Arg("recv_table", Int64, "device table of every rank's address of the symmetric allocation this rank "
+                             "receives into (int64[W])"),
+    Arg("recv", Int64, "where this rank receives: its output (direct: symmetric, anywhere in that allocation) "
+                       "or a staging buffer of at least out_n elements"),
     Arg("out", Int64, "this rank's output"),
     Arg("src", Int64, "this rank's input"),
     Arg("in_splits", Int64, "device int64[W]: elements this rank sends to each rank, in rank order"),
@@ -203,7 +206,8 @@ def build(key: AllToAllKey):
                 signals.record_error(err, Int32(SIZE_MISMATCH), Int32(READY_WAIT), rank, block, rank)
         else:
             if j == 0 and tidx == 0:
-                exchange.post_ready(args.slot_table, rank, sender, recv_at, recv_size, epoch, world, parts)
+                offset = args.recv - transport.peer_buffer(args.recv_table, rank) + recv_at * element
+                exchange.post_ready(args.slot_table, rank, sender, offset, recv_size, epoch, world, parts)
             if tidx == 0:  # the sender's side: wait for the receiver's ready
                 status = exchange.wait_word(exchange.ready_word(slots, receiver, world, parts), calls, send_size,
                                             deadline)
@@ -214,7 +218,7 @@ def build(key: AllToAllKey):
             cute.arch.sync_threads()
             status = Int32(shared[0])
             if status == 0:
-                to = transport.peer_buffer(args.recv_table, receiver) + shared[1] * element
+                to = transport.peer_buffer(args.recv_table, receiver) + shared[1]
                 transport.copy_part(args.src + send_at * element, to, send_n, j)
             cute.arch.sync_threads()  # the part's stores before the release
             if status != Int32(TIMEOUT) and tidx == 0:  # a mismatch is announced too: the receiver judges it
@@ -228,8 +232,7 @@ def build(key: AllToAllKey):
             cute.arch.sync_threads()
             if cutlass.const_expr(not key.direct):
                 if shared[2] == Int64(0):
-                    own = transport.peer_buffer(args.recv_table, rank)
-                    transport.copy_part(own + recv_at * element, args.out + recv_at * element, recv_n, j)
+                    transport.copy_part(args.recv + recv_at * element, args.out + recv_at * element, recv_n, j)
         signals.leave_call(args.pad, calls, last, world)
 
     return launcher(kernel, key.threads, key.blocks, pdl=key.pdl, layout=ALL_TO_ALL)

@@ -50,7 +50,7 @@ def pack(size: Uint32, epoch: Uint32) -> Uint64:
 def post_ready(slot_table: Int64, rank: Int32, sender: Int32, offset: Int64, size: Uint32, epoch: Uint32,
                world: cutlass.Constexpr, parts: cutlass.Constexpr) -> None:
     """As receiver ``rank``: tell ``sender`` (in its region) that our buffer takes ``size``
-    elements from it at element ``offset``: the offset with a relaxed store, then ``ready``
+    elements from it at ``offset`` (bytes from our entry of the receive table): the offset with a relaxed store, then ``ready``
     with ``st.release.sys`` (which orders the offset before it, and our call's entry: our
     previous call's reads of the buffer ended with the previous kernel)."""
     layout = ExchangeLayout(world, parts)
@@ -61,7 +61,7 @@ def post_ready(slot_table: Int64, rank: Int32, sender: Int32, offset: Int64, siz
 
 @cute.jit
 def ready_offset(slots: Int64, receiver: Int32, world: cutlass.Constexpr, parts: cutlass.Constexpr) -> Int64:
-    """The offset ``receiver`` posted with its ``ready`` in our region (read after the wait's
+    """The byte offset ``receiver`` posted with its ``ready`` in our region (read after the wait's
     acquire)."""
     layout = ExchangeLayout(world, parts)
     return ptxops.ld(gmem(Int64, slots, 8) + layout.offset(0) // 2 + receiver, dtype=Int64)
