@@ -7,11 +7,14 @@ polled with ``ld.acquire.sys``:
 
 - ``ready``, in the sender's region, written by the receiver at the start of its call: its
   receive buffer is free and expects ``size`` elements from ``s`` (its ``out_splits[s]``) at
-  ``offset`` (bytes from the receiver's entry of the receive table; a plain 64-bit word
-  stored before the release: the release carries it);
+  the :func:`place` in the word ``offset`` (a plain 64-bit word stored before the release:
+  the release carries it): which symmetric allocation (its number, the same on every rank)
+  and the byte offset in it;
 - ``arrived``, one per part (a chunk moves in :func:`part` ranges, one thread block each), in
   the receiver's region, written by the sender after its part's stores: ``size`` is what it
-  sent (its ``in_splits[r]``).
+  sent (its ``in_splits[r]``), or :data:`REFUSED` where it sent nothing (the ready's size
+  differed, or the place lies in an allocation other than the one the sender addresses: it
+  can only address the allocation its own call names).
 
 The epoch of both is ``C + 1``, ``C`` the rank's count of collective calls
 (:func:`collectives.device.signals.enter_call`; every rank's ``C`` is equal at a call).  A
@@ -41,9 +44,14 @@ REFUSED = U32 - 1
 #: The most elements one chunk (one pair's data in one call) may hold.
 MAX_CHUNK = REFUSED - 1
 #: Error-record phase codes: a wait for a receiver's ``ready``, for a sender's ``arrived``
-#: (after :data:`~collectives.config.PUSH_ROUND`).
-READY_WAIT, ARRIVED_WAIT = 6, 7
-PHASES = {READY_WAIT: "all-to-all ready wait", ARRIVED_WAIT: "all-to-all data wait"}
+#: (after :data:`~collectives.config.PUSH_ROUND`), and a ready whose place lies in another
+#: allocation than the sender's.
+READY_WAIT, ARRIVED_WAIT, PLACE_MISMATCH = 6, 7, 8
+PHASES = {READY_WAIT: "all-to-all ready wait", ARRIVED_WAIT: "all-to-all data wait",
+          PLACE_MISMATCH: "all-to-all receive buffers (ranks received into different allocations: "
+                          "a symmetric out on some ranks, a plain one on others)"}
+#: Bits of a place's byte offset (above them: the allocation's number).
+PLACE_BITS = 40
 
 
 @dataclass(frozen=True)
@@ -60,7 +68,7 @@ class ExchangeLayout:
         return 2 * receiver
 
     def offset(self, receiver: int) -> int:
-        """Where in ``receiver``'s buffer this rank's chunk goes (bytes from its table entry)."""
+        """Where ``receiver`` takes this rank's chunk (a :func:`place`)."""
         return 2 * (self.world + receiver)
 
     def arrived(self, sender: int, part: int) -> int:
@@ -80,6 +88,19 @@ def pack(size: int, epoch: int) -> int:
 def unpack(word: int) -> tuple[int, int]:
     """(size, epoch) of a 64-bit word, both unsigned 32-bit."""
     return word >> 32 & (U32 - 1), word & (U32 - 1)
+
+
+def place(allocation: int, offset: int) -> int:
+    """The ``offset`` word: ``allocation << PLACE_BITS | offset`` (bytes)."""
+    if not 0 <= offset < 1 << PLACE_BITS or not 0 <= allocation < 1 << (63 - PLACE_BITS):
+        raise ValueError(f"a place is an allocation below 2^{63 - PLACE_BITS} and an offset below 2^{PLACE_BITS}, "
+                         f"not ({allocation}, {offset})")
+    return allocation << PLACE_BITS | offset
+
+
+def unplace(word: int) -> tuple[int, int]:
+    """(allocation, byte offset) of an ``offset`` word."""
+    return word >> PLACE_BITS, word & ((1 << PLACE_BITS) - 1)
 
 
 def announced(split: int, valid: bool = True) -> int:
@@ -123,5 +144,5 @@ def chunk(splits: list[int], peer: int, n: int) -> tuple[int, int, int]:
     return sum(splits[:peer]), splits[peer], announced(splits[peer], valid)
 
 
-__all__ = ["ARRIVED_WAIT", "MAX_CHUNK", "PHASES", "READY_WAIT", "REFUSED", "ExchangeLayout", "announced", "chunk", "judge",
-           "pack", "part", "reached", "unpack"]
+__all__ = ["ARRIVED_WAIT", "MAX_CHUNK", "PHASES", "PLACE_BITS", "PLACE_MISMATCH", "READY_WAIT", "REFUSED",
+           "ExchangeLayout", "announced", "chunk", "judge", "pack", "part", "place", "reached", "unpack", "unplace"]

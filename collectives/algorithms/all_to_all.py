@@ -9,10 +9,13 @@ one this rank sends to rank ``rank + d`` and the one it receives from rank ``ran
 (``d = 0``: its own chunk, copied locally).  Per pair of ranks:
 
 1. the receiver's block ``(d, 0)`` posts ``ready`` into the sender's region: where the chunk
-   goes (a byte offset from the receiver's entry of ``recv_table``: ranks may receive at
-   different places of their allocations) and the size it expects;
+   goes (the allocation's number and a byte offset in it: ranks may receive at different
+   places of their allocations) and the size it expects;
 2. the sender's blocks ``(d, j)`` wait for it, store their part of the chunk straight into the
-   receiver's buffer over NVLink, and each posts its ``arrived`` (after a ``bar.sync``);
+   receiver's buffer over NVLink (when the sizes agree and the allocation is the one the
+   sender's own call receives into, so its table addresses it), and each posts its
+   ``arrived`` (after a ``bar.sync``; :data:`~collectives.exchange.REFUSED` when it sent
+   nothing);
 3. the receiver's blocks ``(d, j)`` wait for their part's ``arrived`` and, when the receive
    buffer is a staging buffer, copy the part out to the output (``direct``: the output is the
    receive buffer, symmetric, and holds the data already).
@@ -47,7 +50,7 @@ from .. import config
 from ..config import MAX_WORLD, SIZE_MISMATCH, TIMEOUT, VECTOR_BYTES
 from ..device import exchange, signals
 from ..dtypes import DTYPES, dtype as registered
-from ..exchange import ARRIVED_WAIT, MAX_CHUNK, READY_WAIT, REFUSED
+from ..exchange import ARRIVED_WAIT, MAX_CHUNK, PLACE_MISMATCH, READY_WAIT, REFUSED
 from ..kernel_args import Arg, KernelArgs, Layout
 from ..launch import launcher
 
@@ -58,6 +61,7 @@ MAX_BLOCKS = 128
 ALL_TO_ALL = Layout("AllToAllArgs", (
     Arg("recv_table", Int64, "device table of every rank's address of the symmetric allocation this rank "
                              "receives into (int64[W])"),
+    Arg("recv_id", Int64, "that allocation's number (the same on every rank)"),
     Arg("recv", Int64, "where this rank receives: its output (direct: symmetric, anywhere in that allocation) "
                        "or a staging buffer of at least out_n elements"),
     Arg("out", Int64, "this rank's output"),
@@ -207,22 +211,30 @@ def build(key: AllToAllKey):
         else:
             if j == 0 and tidx == 0:
                 offset = args.recv - transport.peer_buffer(args.recv_table, rank) + recv_at * element
-                exchange.post_ready(args.slot_table, rank, sender, offset, recv_size, epoch, world, parts)
+                exchange.post_ready(args.slot_table, rank, sender, exchange.place(args.recv_id, offset), recv_size,
+                                    epoch, world, parts)
             if tidx == 0:  # the sender's side: wait for the receiver's ready
                 status = exchange.wait_word(exchange.ready_word(slots, receiver, world, parts), calls, send_size,
                                             deadline)
-                shared[0] = Int64(status)
-                shared[1] = exchange.ready_offset(slots, receiver, world, parts)
+                allocation, offset = exchange.place_of(exchange.ready_offset(slots, receiver, world, parts))
                 if status != 0:
                     signals.record_error(err, status, Int32(READY_WAIT), receiver, block, rank)
+                elif allocation != args.recv_id:
+                    status = Int32(SIZE_MISMATCH)
+                    signals.record_error(err, status, Int32(PLACE_MISMATCH), receiver, block, rank)
+                shared[0] = Int64(status)
+                shared[1] = offset
             cute.arch.sync_threads()
             status = Int32(shared[0])
             if status == 0:
                 to = transport.peer_buffer(args.recv_table, receiver) + shared[1]
                 transport.copy_part(args.src + send_at * element, to, send_n, j)
             cute.arch.sync_threads()  # the part's stores before the release
-            if status != Int32(TIMEOUT) and tidx == 0:  # a mismatch is announced too: the receiver judges it
-                exchange.post_arrived(args.slot_table, rank, receiver, j, send_size, epoch, world, parts)
+            if status != Int32(TIMEOUT) and tidx == 0:  # nothing sent is announced too (REFUSED): no wait hangs
+                sent = send_size
+                if status != 0:
+                    sent = Uint32(REFUSED)
+                exchange.post_arrived(args.slot_table, rank, receiver, j, sent, epoch, world, parts)
             if tidx == 0:  # the receiver's side: wait for our part of the sender's chunk
                 status = exchange.wait_word(exchange.arrived_word(slots, sender, j, world, parts), calls, recv_size,
                                             deadline)

@@ -24,7 +24,7 @@ from cutlass import Int32, Int64, Uint32, Uint64
 import ptxops
 
 from ..config import SIZE_MISMATCH, TIMEOUT
-from ..exchange import REFUSED, ExchangeLayout
+from ..exchange import PLACE_BITS, REFUSED, ExchangeLayout
 from .signals import gmem, in_call, peer_address, reached
 
 
@@ -47,12 +47,25 @@ def pack(size: Uint32, epoch: Uint32) -> Uint64:
 
 
 @cute.jit
+def place(allocation: Int64, offset: Int64) -> Int64:
+    """:func:`collectives.exchange.place`: ``allocation << PLACE_BITS | offset``."""
+    return (allocation << Int64(PLACE_BITS)) | offset
+
+
+@cute.jit
+def place_of(word: Int64) -> tuple:
+    """(allocation, byte offset) of a place (:func:`collectives.exchange.unplace`; the
+    allocation's bits shifted as unsigned)."""
+    return Int64(Uint64(word) >> Uint64(PLACE_BITS)), word & Int64((1 << PLACE_BITS) - 1)
+
+
+@cute.jit
 def post_ready(slot_table: Int64, rank: Int32, sender: Int32, offset: Int64, size: Uint32, epoch: Uint32,
                world: cutlass.Constexpr, parts: cutlass.Constexpr) -> None:
     """As receiver ``rank``: tell ``sender`` (in its region) that our buffer takes ``size``
-    elements from it at ``offset`` (bytes from our entry of the receive table): the offset with a relaxed store, then ``ready``
-    with ``st.release.sys`` (which orders the offset before it, and our call's entry: our
-    previous call's reads of the buffer ended with the previous kernel)."""
+    elements from it at ``offset`` (a :func:`place`): the place with a relaxed store, then
+    ``ready`` with ``st.release.sys`` (which orders the place before it, and our call's entry:
+    our previous call's reads of the buffer ended with the previous kernel)."""
     layout = ExchangeLayout(world, parts)
     region = peer_address(slot_table, sender)
     ptxops.st(gmem(Int64, region, 8) + layout.offset(0) // 2 + rank, offset, sem="relaxed", scope="sys")
@@ -61,7 +74,7 @@ def post_ready(slot_table: Int64, rank: Int32, sender: Int32, offset: Int64, siz
 
 @cute.jit
 def ready_offset(slots: Int64, receiver: Int32, world: cutlass.Constexpr, parts: cutlass.Constexpr) -> Int64:
-    """The byte offset ``receiver`` posted with its ``ready`` in our region (read after the wait's
+    """The place ``receiver`` posted with its ``ready`` in our region (read after the wait's
     acquire)."""
     layout = ExchangeLayout(world, parts)
     return ptxops.ld(gmem(Int64, slots, 8) + layout.offset(0) // 2 + receiver, dtype=Int64)
@@ -110,5 +123,6 @@ def wait_word(word: cute.Pointer, calls: Uint32, expected: Uint32, deadline: Int
     return status
 
 
-__all__ = ["arrived_word", "epoch_of", "pack", "post_arrived", "post_ready", "ready_offset", "ready_word",
+__all__ = ["arrived_word", "epoch_of", "pack", "place", "place_of", "post_arrived", "post_ready", "ready_offset",
+           "ready_word",
            "size_of", "wait_word"]

@@ -30,6 +30,7 @@ from collectives.config import CALL_EPOCHS, SIZE_MISMATCH, TIMEOUT
 from collectives.exchange import (
     ARRIVED_WAIT,
     MAX_CHUNK,
+    PLACE_MISMATCH,
     READY_WAIT,
     REFUSED,
     ExchangeLayout,
@@ -37,6 +38,8 @@ from collectives.exchange import (
     judge,
     pack,
     part,
+    place,
+    unplace,
 )
 
 U32 = 1 << 32
@@ -49,7 +52,8 @@ class Hazard(AssertionError):
 
 class Model:
     """``world`` ranks running ``calls`` of the all-to-all with ``parts`` blocks per pair.  A
-    call is, per rank, ``(in_splits, out_splits, in_n, out_n)``.  ``seed``: the count every
+    call is, per rank, ``(in_splits, out_splits, in_n, out_n)`` and optionally the number of
+    the allocation it receives into (default 0).  ``seed``: the count every
     rank starts at (and the epoch of every slot word, as the runtime's test hook seeds them).
     ``direct``: the output is the receive buffer (no copy-out)."""
 
@@ -87,7 +91,10 @@ class Model:
         self.done[r] = True
 
     def _spec(self, r: int, c: int) -> tuple:
-        return self.calls[c][r]
+        return self.calls[c][r][:4]
+
+    def _allocation(self, r: int, c: int) -> int:
+        return (self.calls[c][r] + (0,))[4]
 
     def _check(self, r: int, lo: int, hi: int, label: tuple) -> None:
         """Rank r's receive buffer holds [lo, hi) as stored by ``label``'s sender and part."""
@@ -110,7 +117,7 @@ class Model:
             yield None
             return
         if j == 0:  # the offset, then ready with a release (one step: the release carries the offset)
-            self.regions[sender][layout.offset(r)] = recv_at
+            self.regions[sender][layout.offset(r)] = place(self._allocation(r, c), recv_at)
             self.regions[sender][layout.ready(r)] = pack(recv_size, epoch)
             yield ("step",)
         if self.mutation == "no ready wait":
@@ -118,26 +125,30 @@ class Model:
         else:
             word = yield ("wait", r, layout.ready(receiver), epoch)
         status = judge(word, calls, send_size)
+        allocation, offset = unplace(self.regions[r].get(layout.offset(receiver), 0))
+        if status != 0:
+            self.records[r].append((c, status, READY_WAIT, receiver))
+        elif allocation != self._allocation(r, c):
+            status = SIZE_MISMATCH
+            self.records[r].append((c, status, PLACE_MISMATCH, receiver))
         if status == 0:
             theirs = chunk(self._spec(receiver, c)[1], r, self._spec(receiver, c)[3])
-            if theirs[2] != send_size:
-                raise Hazard(f"rank {r} call {c} sends to {receiver} on a ready of another size")
-            offset = self.regions[r].get(layout.offset(receiver), 0)
+            if theirs[2] != send_size or self._allocation(receiver, c) != allocation:
+                raise Hazard(f"rank {r} call {c} sends to {receiver} on a ready of another size or allocation")
             b, e = part(send_n, self.parts, j, VEC)
             self.writes[receiver].append((offset + b, offset + e, (r, c, b)))
             yield ("step",)
-        elif status != TIMEOUT:
-            self.records[r].append((c, status, READY_WAIT, receiver))
-        else:
-            self.records[r].append((c, status, READY_WAIT, receiver))
         if status != TIMEOUT:
-            self.regions[receiver][layout.arrived(r, j)] = pack(send_size, epoch)
+            sent = send_size if status == 0 or self.mutation == "announce unsent" else REFUSED
+            self.regions[receiver][layout.arrived(r, j)] = pack(sent, epoch)
             yield ("step",)
         word = yield ("wait", r, layout.arrived(sender, j), epoch)
         status = judge(word, calls, recv_size)
         if status == 0:
             if chunk(self._spec(sender, c)[0], r, self._spec(sender, c)[2])[2] != recv_size:
                 raise Hazard(f"rank {r} call {c} receives from {sender} a chunk of another size")
+            if self._allocation(sender, c) != self._allocation(r, c):
+                raise Hazard(f"rank {r} call {c} passes on a chunk {sender} could not address")
             b, e = part(recv_n, self.parts, j, VEC)
             label = (recv_at + b, recv_at + e, (sender, c, b))
             if self.direct:
@@ -252,6 +263,29 @@ def test_a_rank_that_refuses_fails_every_pair_of_its_own_without_a_timeout(bad: 
         assert not any(status == TIMEOUT for records in model.records for _, status, _, _ in records)
 
 
+def test_ranks_receiving_into_different_allocations_fail_their_pairs_without_a_timeout() -> None:
+    """Call 1: rank 1 receives into allocation 7 (a symmetric out), the others into 0
+    (staging): every pair of rank 1 fails on both ends, the pair of ranks 0 and 2 completes."""
+    world = 3
+    calls = agreed_calls(world, 3, random.Random(5))
+    calls[1][1] = calls[1][1] + (7,)
+    for run in range(6):
+        model = Model(world, 1, calls)
+        model.run(run)
+        for other in (0, 2):
+            assert sorted(model.records[other]) == [(1, SIZE_MISMATCH, ARRIVED_WAIT, 1),
+                                                    (1, SIZE_MISMATCH, PLACE_MISMATCH, 1)]
+        assert sorted(model.records[1]) == [(1, SIZE_MISMATCH, ARRIVED_WAIT, 0), (1, SIZE_MISMATCH, ARRIVED_WAIT, 2),
+                                            (1, SIZE_MISMATCH, PLACE_MISMATCH, 0), (1, SIZE_MISMATCH, PLACE_MISMATCH, 2)]
+
+
+def test_announcing_a_chunk_that_was_not_sent_fails() -> None:
+    calls = agreed_calls(3, 2, random.Random(5))
+    calls[1][1] = calls[1][1] + (7,)
+    with pytest.raises(Hazard):
+        Model(3, 1, calls, mutation="announce unsent").run(0)
+
+
 def test_a_rank_that_never_comes_times_out_its_peers() -> None:
     """A wait no step can satisfy ends at the deadline as a timeout (the model's deadline)."""
     calls = agreed_calls(2, 1, random.Random(4))
@@ -274,6 +308,9 @@ def test_judge() -> None:
     assert [part(17, 3, j, VEC) for j in range(3)] == [(0, 8), (8, 16), (16, 17)]
     assert [part(3, 4, j, VEC) for j in range(4)] == [(0, 3), (3, 3), (3, 3), (3, 3)]
     assert chunk([3, 4, 5], 2, 12) == (7, 5, 5) and chunk([3, 4, 5], 2, 11)[2] == REFUSED
+    assert unplace(place(5, (1 << 40) - 1)) == (5, (1 << 40) - 1)
+    with pytest.raises(ValueError, match="offset below 2"):
+        place(0, 1 << 40)
 
 
 # -- mutations: the model fails ----------------------------------------------------------------
