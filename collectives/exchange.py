@@ -16,8 +16,13 @@ polled with ``ld.acquire.sys``:
   differed, or the place lies in an allocation other than the one the sender addresses: it
   can only address the allocation its own call names).
 
-The epoch of both is ``C + 1``, ``C`` the rank's count of collective calls
-(:func:`collectives.device.signals.enter_call`; every rank's ``C`` is equal at a call).  A
+The epoch of both is ``C + 1``, ``C`` the rank's count of all-to-all calls, kept in its
+region (:attr:`ExchangeLayout.counter`, advanced by
+:data:`~collectives.config.CALL_EPOCHS` per call as the signal pad's count of collective
+calls is, :func:`collectives.device.signals.enter_call`; every rank's ``C`` is equal at a
+call).  A count of its own, not the pad's: every all-to-all call rewrites every word, so a
+word is never more than one call behind its waiter, however many other collectives ran
+between (a pad count would let 2^31 epochs of other calls pass, and a stale word look new).  A
 word holds an older call's epoch until its writer enters this call, and no newer one: the
 receiver rewrites ``ready`` only in a later call, which it enters after reading ``arrived``
 of this one, which the sender writes after reading ``ready``; the sender rewrites ``arrived``
@@ -76,8 +81,14 @@ class ExchangeLayout:
         return 2 * (2 * self.world + sender * self.parts + part)
 
     @property
+    def counter(self) -> tuple[int, int]:
+        """The words of the count of all-to-all calls and of the call's tickets."""
+        end = 2 * (2 + self.parts) * self.world
+        return end, end + 1
+
+    @property
     def words(self) -> int:
-        return 2 * (2 + self.parts) * self.world
+        return self.counter[1] + 1
 
 
 def pack(size: int, epoch: int) -> int:

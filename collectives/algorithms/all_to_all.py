@@ -50,7 +50,7 @@ from .. import config
 from ..config import MAX_WORLD, SIZE_MISMATCH, TIMEOUT, VECTOR_BYTES
 from ..device import exchange, signals
 from ..dtypes import DTYPES, dtype as registered
-from ..exchange import ARRIVED_WAIT, MAX_CHUNK, PLACE_MISMATCH, READY_WAIT, REFUSED
+from ..exchange import ARRIVED_WAIT, MAX_CHUNK, PLACE_MISMATCH, READY_WAIT, REFUSED, ExchangeLayout
 from ..kernel_args import Arg, KernelArgs, Layout
 from ..launch import launcher
 
@@ -71,8 +71,8 @@ ALL_TO_ALL = Layout("AllToAllArgs", (
     Arg("in_n", Int64, "elements of the input (the in_splits must sum to at most this)"),
     Arg("out_n", Int64, "elements of the output and the receive buffer (the out_splits must sum to at most this)"),
     Arg("slot_table", Int64, "device table of every rank's slot region (collectives.exchange.ExchangeLayout)"),
-    Arg("slots", Int64, "this rank's slot region (its entry of slot_table)"),
-    Arg("pad", Int64, "this rank's signal pad (its call count)"),
+    Arg("slots", Int64, "this rank's slot region (its entry of slot_table; its words hold the count of all-to-all "
+                        "calls)"),
     Arg("err", Int64, "the error records (host-mapped int32[2][5], collectives.config.ERROR_FIELDS)"),
     Arg("rank", Int32, "this rank"),
     Arg("timeout_ns", Int64, "the bound of every wait, in nanoseconds of %globaltimer"),
@@ -198,7 +198,8 @@ def build(key: AllToAllKey):
         receiver, sender = (rank + d) % world, (rank + world - d) % world
         smem = SmemAllocator()
         shared = smem.allocate_tensor(Int64, cute.make_layout(3), byte_alignment=8)
-        calls, last = signals.enter_call(args.pad, world)
+        counter = ExchangeLayout(world, parts).counter
+        calls, last = signals.enter_call(slots, world, counter=counter)
         deadline = cute.arch.globaltimer() + args.timeout_ns
         epoch = calls + Uint32(1)
         send_at, send_n, send_size = chunk_of(args.in_splits, receiver, args.in_n, world)
@@ -245,7 +246,7 @@ def build(key: AllToAllKey):
             if cutlass.const_expr(not key.direct):
                 if shared[2] == Int64(0):
                     transport.copy_part(args.recv + recv_at * element, args.out + recv_at * element, recv_n, j)
-        signals.leave_call(args.pad, calls, last, world)
+        signals.leave_call(slots, calls, last, world, counter=counter)
 
     return launcher(kernel, key.threads, key.blocks, pdl=key.pdl, layout=ALL_TO_ALL)
 
