@@ -58,6 +58,15 @@ from ..launch import launcher
 #: H100 (132 SMs), which the handshake needs.
 MAX_BLOCKS = 128
 
+#: Thread blocks of an all-to-all kernel the runtime launches (:func:`default_parts`).
+DEFAULT_BLOCKS = 32
+
+
+def default_parts(world: int) -> int:
+    """Thread blocks per pair of ranks the runtime uses: :data:`DEFAULT_BLOCKS` in all."""
+    return max(1, DEFAULT_BLOCKS // world)
+
+
 ALL_TO_ALL = Layout("AllToAllArgs", (
     Arg("recv_table", Int64, "device table of every rank's address of the symmetric allocation this rank "
                              "receives into (int64[W])"),
@@ -266,4 +275,4 @@ def compile_all_to_all(key: AllToAllKey, target: str):
             build(key), *example_arguments(ALL_TO_ALL))
 
 
-__all__ = ["ALL_TO_ALL", "MAX_BLOCKS", "AllToAllKey", "Transport", "build", "chunk_of", "compile_all_to_all"]
+__all__ = ["ALL_TO_ALL", "DEFAULT_BLOCKS", "MAX_BLOCKS", "AllToAllKey", "default_parts", "Transport", "build", "chunk_of", "compile_all_to_all"]

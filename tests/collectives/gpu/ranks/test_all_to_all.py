@@ -49,7 +49,8 @@ def one_call(rank: int, world: int, group, m: list, hidden: int, dtype: str, see
     rows = sum(m[s][rank] for s in range(world))
     if symmetric_out:  # a collective allocation: the same shape on every rank
         most = max(sum(m[s][r] for s in range(world)) for r in range(world))
-        out = collectives.empty((max(most, 1), hidden), TORCH[dtype], group=group)[most - rows:most]
+        start = (most - rows) // 2  # at different places on different ranks (and inside it when empty)
+        out = collectives.empty((max(most, 1), hidden), TORCH[dtype], group=group)[start:start + rows]
     else:
         out = torch.full((rows, hidden), float("nan"), dtype=torch.float32, device="cuda").to(TORCH[dtype])
     in_splits, out_splits = m[rank], [m[s][rank] for s in range(world)]
