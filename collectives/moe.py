@@ -44,7 +44,8 @@ class Handle:
     """What :func:`combine` needs of a :func:`dispatch`: the entries' sort by expert
     (``order``), which entries were sent (``valid``), their weights, both sides' splits, each
     received row's place in ``expert_x`` (``place``; a dropped row's is the trash row), the
-    shapes, and the count of dropped entries (``dropped``, a GPU scalar)."""
+    shapes, and the count of dropped entries (``dropped``, a GPU scalar; a combine needs
+    none of it)."""
 
     order: torch.Tensor
     valid: torch.Tensor
@@ -55,7 +56,7 @@ class Handle:
     kept: torch.Tensor
     tokens: int
     topk: int
-    dropped: torch.Tensor
+    dropped: torch.Tensor | None = None
 
 
 def _scatter_count(index: torch.Tensor, bins: int) -> torch.Tensor:
@@ -156,12 +157,19 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     module).  ``max_tokens``: the most tokens any rank dispatches (default: this rank's count;
     the same on every rank).  Returns ``(expert_x, counts, handle)``."""
     from . import api
-    from .runtime import communicator
+    from .runtime import communicator, traceable
 
-    world = communicator(group).world
     max_tokens = x.shape[0] if max_tokens is None else max_tokens
-    return dispatch_with(_collective(api, group), world, x, topk_ids, topk_weights, num_experts, max_tokens, mode,
-                         validate)
+    if torch.compiler.is_compiling():  # the custom operator (collectives.moe_ops), on the default communicator
+        from . import moe_ops
+
+        traceable(group, "moe.dispatch")
+        if validate or mode not in MODES:
+            raise CollectiveError(f"moe.dispatch inside torch.compile: mode must be one of {MODES}, without validate "
+                                  "(it reads the ids back to the host)")
+        return moe_ops.traced_dispatch(x, topk_ids, topk_weights, num_experts, max_tokens, _world())
+    return dispatch_with(_collective(api, group), communicator(group).world, x, topk_ids, topk_weights, num_experts,
+                         max_tokens, mode, validate)
 
 
 def combine(expert_out: torch.Tensor, handle: Handle, *, group: Any = None) -> torch.Tensor:
@@ -169,7 +177,20 @@ def combine(expert_out: torch.Tensor, handle: Handle, *, group: Any = None) -> t
     max_tokens, hidden]), in its original order and dtype."""
     from . import api
 
+    if torch.compiler.is_compiling():
+        from . import moe_ops
+        from .runtime import traceable
+
+        traceable(group, "moe.combine")
+        return moe_ops.traced_combine(expert_out, handle)
     return combine_with(_collective(api, group), expert_out, handle)
+
+
+def _world() -> int:
+    """The default communicator's world size (a constant of a traced graph)."""
+    from .runtime import communicator
+
+    return communicator().world
 
 
 def _collective(api: Any, group: Any) -> Exchange:
