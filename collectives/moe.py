@@ -32,7 +32,9 @@ from typing import Any
 
 import torch
 
+from . import moe_ops
 from .errors import CollectiveError
+from .moe_ops import COMBINE_FIELDS, HANDLE_FIELDS
 
 #: ``exchange(out, inp, out_splits, in_splits)``: an all-to-all of rows (device int64 splits).
 Exchange = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], Any]
@@ -161,13 +163,13 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
 
     max_tokens = x.shape[0] if max_tokens is None else max_tokens
     if torch.compiler.is_compiling():  # the custom operator (collectives.moe_ops), on the default communicator
-        from . import moe_ops
-
         traceable(group, "moe.dispatch")
         if validate or mode not in MODES:
             raise CollectiveError(f"moe.dispatch inside torch.compile: mode must be one of {MODES}, without validate "
                                   "(it reads the ids back to the host)")
-        return moe_ops.traced_dispatch(x, topk_ids, topk_weights, num_experts, max_tokens, _world())
+        expert_x, counts, handle = moe_ops.traced_dispatch(x, topk_ids, topk_weights, num_experts, max_tokens,
+                                                           _world())
+        return expert_x, counts, handle_from(handle, topk_weights)
     return dispatch_with(_collective(api, group), communicator(group).world, x, topk_ids, topk_weights, num_experts,
                          max_tokens, mode, validate)
 
@@ -178,12 +180,34 @@ def combine(expert_out: torch.Tensor, handle: Handle, *, group: Any = None) -> t
     from . import api
 
     if torch.compiler.is_compiling():
-        from . import moe_ops
         from .runtime import traceable
 
         traceable(group, "moe.combine")
-        return moe_ops.traced_combine(expert_out, handle)
+        return moe_ops.traced_combine(expert_out, handle.weights, handle_tensors(handle, COMBINE_FIELDS))
     return combine_with(_collective(api, group), expert_out, handle)
+
+
+def handle_tensors(handle: Handle, fields: tuple[str, ...] = HANDLE_FIELDS) -> tuple[torch.Tensor, ...]:
+    """The handle's tensors named by ``fields`` (the operators' arguments and results)."""
+    return tuple(getattr(handle, f) for f in fields)
+
+
+def handle_from(tensors: tuple[torch.Tensor, ...], topk_weights: torch.Tensor) -> Handle:
+    """The handle of the operators' tensors (:data:`~collectives.moe_ops.HANDLE_FIELDS`, or
+    the combine's leading ones) and the dispatch's weights."""
+    tokens, topk = topk_weights.shape
+    return Handle(weights=topk_weights, tokens=tokens, topk=topk, **dict(zip(HANDLE_FIELDS, tensors)))
+
+
+@moe_ops.implement("moe_dispatch")
+def _dispatch_kernel(x, topk_ids, topk_weights, num_experts, max_tokens, world):
+    expert_x, counts, handle = dispatch(x, topk_ids, topk_weights, num_experts, max_tokens=max_tokens)
+    return (expert_x, counts) + handle_tensors(handle)
+
+
+@moe_ops.implement("moe_combine")
+def _combine_kernel(expert_out, topk_weights, *handle):
+    return combine(expert_out, handle_from(handle, topk_weights))
 
 
 def _world() -> int:
@@ -200,4 +224,4 @@ def _collective(api: Any, group: Any) -> Exchange:
     return exchange
 
 
-__all__ = ["MODES", "Handle", "combine", "combine_with", "dispatch", "dispatch_with"]
+__all__ = ["MODES", "Handle", "combine", "combine_with", "dispatch", "dispatch_with", "handle_from", "handle_tensors"]

@@ -9,20 +9,20 @@
 
 Splits are int64 tensors (a traced call's list becomes a CPU tensor, read on the host by the
 kernel, which costs no GPU sync); the dispatch's handle travels as its tensors
-(:func:`handle_tensors`, :func:`handle_from`); every shape follows from the arguments (``world``
+(:data:`HANDLE_FIELDS`); every shape follows from the arguments (``world``
 one of them: a fake implementation cannot ask the communicator), so nothing is data-dependent
 and ``torch.compile(fullgraph=True)`` traces through.  The CUDA kernels are the eager
-functions, on the default communicator (``group=None``).
+functions, on the default communicator (``group=None``), registered by :mod:`collectives.moe`
+and :mod:`collectives.api` (:func:`implement`); this module imports nothing else of the package.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Optional
 
 import torch
 from torch import Tensor
-
-from . import moe
 
 SCHEMAS = {
     "all_to_all": "(Tensor(a!) out, Tensor inp, Tensor? out_splits=None, Tensor? in_splits=None) -> ()",
@@ -42,38 +42,14 @@ HANDLE_FIELDS = ("order", "valid", "send_splits", "recv_splits", "place", "kept"
 COMBINE_FIELDS = HANDLE_FIELDS[:-1]
 
 
-def handle_tensors(handle: moe.Handle, fields: tuple[str, ...] = HANDLE_FIELDS) -> tuple[Tensor, ...]:
-    return tuple(getattr(handle, f) for f in fields)
+def implement(name: str) -> Callable[[Callable], Callable]:
+    """Register the decorated function as operator ``name``'s CUDA kernel."""
 
+    def register(kernel: Callable) -> Callable:
+        LIB.impl(name, kernel, "CUDA")
+        return kernel
 
-def handle_from(tensors: tuple[Tensor, ...], topk_weights: Tensor) -> moe.Handle:
-    fields = dict(zip(HANDLE_FIELDS, tensors))
-    tokens, topk = topk_weights.shape
-    return moe.Handle(weights=topk_weights, tokens=tokens, topk=topk, **fields)
-
-
-def _splits(t: Optional[Tensor]):
-    """A split tensor as the eager function takes it: a CPU one as a list (no GPU sync)."""
-    return t.tolist() if t is not None and not t.is_cuda else t
-
-
-@torch.library.impl(LIB, "all_to_all", "CUDA")
-def _all_to_all_kernel(out: Tensor, inp: Tensor, out_splits: Optional[Tensor] = None,
-                       in_splits: Optional[Tensor] = None) -> None:
-    from . import api
-
-    api.all_to_all(out, inp, _splits(out_splits), _splits(in_splits))
-
-
-@torch.library.impl(LIB, "moe_dispatch", "CUDA")
-def _moe_dispatch_kernel(x, topk_ids, topk_weights, num_experts, max_tokens, world):
-    expert_x, counts, handle = moe.dispatch(x, topk_ids, topk_weights, num_experts, max_tokens=max_tokens)
-    return (expert_x, counts) + handle_tensors(handle)
-
-
-@torch.library.impl(LIB, "moe_combine", "CUDA")
-def _moe_combine_kernel(expert_out, topk_weights, *handle):
-    return moe.combine(expert_out, handle_from(handle, topk_weights))
+    return register
 
 
 @torch.library.register_fake("collectives::all_to_all", lib=LIB)
@@ -105,15 +81,17 @@ def traced_all_to_all(out: Tensor, inp: Tensor, out_splits, in_splits) -> Tensor
     return out
 
 
-def traced_dispatch(x, topk_ids, topk_weights, num_experts, max_tokens, world):
+def traced_dispatch(x, topk_ids, topk_weights, num_experts, max_tokens, world) -> tuple:
+    """What :func:`collectives.moe.dispatch` records: ``(expert_x, counts, handle tensors)``."""
     expert_x, counts, *handle = torch.ops.collectives.moe_dispatch(x, topk_ids, topk_weights, num_experts, max_tokens,
                                                                    world)
-    return expert_x, counts, handle_from(tuple(handle), topk_weights)
+    return expert_x, counts, tuple(handle)
 
 
-def traced_combine(expert_out, handle: moe.Handle):
-    return torch.ops.collectives.moe_combine(expert_out, handle.weights, *handle_tensors(handle, COMBINE_FIELDS))
+def traced_combine(expert_out: Tensor, topk_weights: Tensor, handle: tuple) -> Tensor:
+    """What :func:`collectives.moe.combine` records (``handle``: its :data:`COMBINE_FIELDS`)."""
+    return torch.ops.collectives.moe_combine(expert_out, topk_weights, *handle)
 
 
-__all__ = ["COMBINE_FIELDS", "HANDLE_FIELDS", "SCHEMAS", "handle_from", "handle_tensors", "traced_all_to_all", "traced_combine",
+__all__ = ["COMBINE_FIELDS", "HANDLE_FIELDS", "SCHEMAS", "implement", "traced_all_to_all", "traced_combine",
            "traced_dispatch"]
