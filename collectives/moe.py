@@ -12,9 +12,10 @@ the input's dtype.
 
 No step reads a value back to the host, and every shape is fixed by ``max_tokens`` (the same on
 every rank): a CUDA graph captures both calls, and replays with new routings.  The device work
-is two all-to-alls per call (the per-expert counts, then the rows; combine: the rows) and
-index arithmetic in torch (a stable sort of the ``(token, k)`` entries by expert, prefix
-sums, one row gather or scatter on each side).  Entries whose expert id is out of range, and
+is two all-to-alls per call (the per-expert counts, then the rows; combine: the rows), whose
+rows land directly in receive buffers of symmetric memory (allocated by the first call of each
+shape: make it eagerly before a capture), and index arithmetic in torch (a stable sort of the
+``(token, k)`` entries by expert, prefix sums, one row gather or scatter on each side).  Entries whose expert id is out of range, and
 rows past an expert's capacity (possible only when a token names one expert twice), are
 dropped and counted (``handle.dropped``, on the GPU; ``validate=True`` checks the ids on the
 host first and raises); a receive buffer too small for the rows sent fails the all-to-all's
@@ -38,6 +39,14 @@ from .moe_ops import COMBINE_FIELDS, HANDLE_FIELDS
 
 #: ``exchange(out, inp, out_splits, in_splits)``: an all-to-all of rows (device int64 splits).
 Exchange = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], Any]
+#: ``empty(name, shape, dtype, device)``: the receive buffer ``name`` (the same shape on every
+#: rank; reused by the next call of the same shape).
+Empty = Callable[[str, tuple, torch.dtype, torch.device], torch.Tensor]
+
+
+def plain(name: str, shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A new plain tensor (received through the all-to-all's staging buffer)."""
+    return torch.empty(shape, dtype=dtype, device=device)
 MODES = ("low_latency",)
 
 
@@ -92,8 +101,9 @@ def _check(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, 
 
 def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: torch.Tensor,
                   topk_weights: torch.Tensor, num_experts: int, max_tokens: int, mode: str = "low_latency",
-                  validate: bool = False) -> tuple[torch.Tensor, torch.Tensor, Handle]:
-    """:func:`dispatch` over ``exchange`` in a world of ``world`` ranks."""
+                  validate: bool = False, empty: Empty = plain) -> tuple[torch.Tensor, torch.Tensor, Handle]:
+    """:func:`dispatch` over ``exchange`` in a world of ``world`` ranks, receiving rows into
+    ``empty``'s buffer."""
     _check(x, topk_ids, topk_weights, num_experts, world, max_tokens, mode, validate)
     tokens, topk = topk_ids.shape
     hidden, device = x.shape[1], x.device
@@ -107,12 +117,13 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     send_splits = per_expert.view(world, local).sum(1)
     rows = x.index_select(0, order // topk)  # the sent rows, by destination rank and expert
 
-    # The per-expert counts, row s to rank s; then the rows.
+    # The per-expert counts, row s to rank s (their bits, as float32 pairs: the all-to-all moves
+    # the library's dtypes); then the rows.
     counts = torch.empty((world, local), dtype=torch.int64, device=device)
-    exchange(counts, per_expert.view(world, local), None, None)
+    exchange(counts.view(torch.float32), per_expert.view(world, local).view(torch.float32), None, None)
     recv_splits = counts.sum(1)
     room = world * max_tokens * min(topk, local)  # rows a rank can receive
-    received = torch.empty((room, hidden), dtype=x.dtype, device=device)
+    received = empty("dispatch", (room, hidden), x.dtype, device)
     exchange(received, rows, recv_splits, send_splits)
 
     # Each received row's place: expert l's rows by source, then in the source's order.
@@ -135,14 +146,15 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     return expert_x[:-1].view(local, capacity, hidden), expert_counts, handle
 
 
-def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle) -> torch.Tensor:
-    """:func:`combine` over ``exchange``."""
+def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, empty: Empty = plain) -> torch.Tensor:
+    """:func:`combine` over ``exchange``, receiving rows into ``empty``'s buffer."""
     local, capacity, hidden = expert_out.shape
     h = handle
+    most = capacity // h.send_splits.numel() * h.topk  # max_tokens x topk: the same on every rank
     flat = expert_out.reshape(local * capacity, hidden)
     back = flat.index_select(0, h.place.clamp(max=local * capacity - 1))
     back = torch.where(h.kept[:, None], back, torch.zeros((), dtype=back.dtype, device=back.device))
-    entries = torch.zeros((h.tokens * h.topk, hidden), dtype=expert_out.dtype, device=expert_out.device)
+    entries = empty("combine", (most, hidden), expert_out.dtype, expert_out.device)[:h.tokens * h.topk].zero_()
     exchange(entries, back, h.send_splits, h.recv_splits)  # in the dispatch's sorted order
     y = torch.empty_like(entries).index_copy_(0, h.order, entries).view(h.tokens, h.topk, hidden)
     weights = torch.where(h.valid.view(h.tokens, h.topk), h.weights, 0).float()
@@ -171,7 +183,7 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
                                                            _world())
         return expert_x, counts, handle_from(handle, topk_weights)
     return dispatch_with(_collective(api, group), communicator(group).world, x, topk_ids, topk_weights, num_experts,
-                         max_tokens, mode, validate)
+                         max_tokens, mode, validate, _symmetric(group))
 
 
 def combine(expert_out: torch.Tensor, handle: Handle, *, group: Any = None) -> torch.Tensor:
@@ -184,7 +196,7 @@ def combine(expert_out: torch.Tensor, handle: Handle, *, group: Any = None) -> t
 
         traceable(group, "moe.combine")
         return moe_ops.traced_combine(expert_out, handle.weights, handle_tensors(handle, COMBINE_FIELDS))
-    return combine_with(_collective(api, group), expert_out, handle)
+    return combine_with(_collective(api, group), expert_out, handle, _symmetric(group))
 
 
 def handle_tensors(handle: Handle, fields: tuple[str, ...] = HANDLE_FIELDS) -> tuple[torch.Tensor, ...]:
@@ -217,6 +229,30 @@ def _world() -> int:
     return communicator().world
 
 
+#: Each communicator's receive buffers, by (communicator id, name, shape, dtype).
+_BUFFERS: dict[tuple, torch.Tensor] = {}
+
+
+def _symmetric(group: Any) -> Empty:
+    """Receive buffers in ``group``'s symmetric memory (the all-to-all stores into them
+    directly), allocated once per name, shape and dtype (collective: every rank asks for the
+    same) and reused: the next all-to-all into one waits for its receiver, which has finished
+    with it by then (stream order)."""
+    from . import api
+    from .runtime import communicator
+
+    comm = communicator(group)
+
+    def empty(name: str, shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        key = (id(comm), name, shape, dtype)
+        buffer = _BUFFERS.get(key)
+        if buffer is None:
+            buffer = _BUFFERS[key] = api.empty(shape, dtype, group=comm)
+        return buffer
+
+    return empty
+
+
 def _collective(api: Any, group: Any) -> Exchange:
     def exchange(out, inp, out_splits, in_splits):
         api.all_to_all(out, inp, out_splits, in_splits, group=group)
@@ -224,4 +260,4 @@ def _collective(api: Any, group: Any) -> Exchange:
     return exchange
 
 
-__all__ = ["MODES", "Handle", "combine", "combine_with", "dispatch", "dispatch_with", "handle_from", "handle_tensors"]
+__all__ = ["MODES", "Empty", "Exchange", "Handle", "plain", "combine", "combine_with", "dispatch", "dispatch_with", "handle_from", "handle_tensors"]
