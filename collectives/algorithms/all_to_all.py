@@ -58,6 +58,8 @@ from ..launch import launcher
 #: H100 (132 SMs), which the handshake needs.
 MAX_BLOCKS = 128
 
+#: Vectors each thread loads before it stores them (loads in flight at once).
+UNROLL = 4
 #: Thread blocks of an all-to-all kernel the runtime launches (:func:`default_parts`).
 DEFAULT_BLOCKS = 32
 
@@ -158,6 +160,13 @@ class Transport:
             vectors = (m - head) // self.vec
         src_v, dst_v = src + head * self.bytes, dst + head * self.bytes  # 16-byte aligned
         v = tidx
+        while v + (UNROLL - 1) * self.threads < vectors:  # UNROLL loads in flight, then their stores
+            ats = [cute.assume((v + u * self.threads) * self.vec, divby=self.vec) for u in range(UNROLL)]
+            loaded = [ptxops.ld(signals.gmem(self.dtype, src_v, VECTOR_BYTES) + at, num_elements=self.vec)
+                      for at in ats]
+            for at, values in zip(ats, loaded):
+                ptxops.st(signals.gmem(self.dtype, dst_v, VECTOR_BYTES) + at, values)
+            v += UNROLL * self.threads
         while v < vectors:
             at = cute.assume(v * self.vec, divby=self.vec)
             values = ptxops.ld(signals.gmem(self.dtype, src_v, VECTOR_BYTES) + at, num_elements=self.vec)
@@ -275,4 +284,4 @@ def compile_all_to_all(key: AllToAllKey, target: str):
             build(key), *example_arguments(ALL_TO_ALL))
 
 
-__all__ = ["ALL_TO_ALL", "DEFAULT_BLOCKS", "MAX_BLOCKS", "AllToAllKey", "default_parts", "Transport", "build", "chunk_of", "compile_all_to_all"]
+__all__ = ["ALL_TO_ALL", "DEFAULT_BLOCKS", "MAX_BLOCKS", "UNROLL", "AllToAllKey", "default_parts", "Transport", "build", "chunk_of", "compile_all_to_all"]
