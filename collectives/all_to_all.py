@@ -139,6 +139,10 @@ def check_tensors(comm: Any, out: torch.Tensor, inp: torch.Tensor) -> str:
         raise CollectiveError(f"all_to_all: out is {out.dtype}, inp is {inp.dtype}")
     if out.shape[1:] != inp.shape[1:]:
         raise CollectiveError(f"all_to_all: out's rows {tuple(out.shape[1:])} differ from inp's {tuple(inp.shape[1:])}")
+    o, i = out.data_ptr(), inp.data_ptr()
+    if out.numel() and inp.numel() and o < i + inp.nbytes and i < o + out.nbytes:
+        raise CollectiveError("all_to_all: out and inp overlap (other ranks store into out while this rank still "
+                              "reads inp): pass separate tensors")
     return from_torch(inp.dtype).name
 
 
