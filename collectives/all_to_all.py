@@ -30,8 +30,8 @@ import torch
 from .algorithms.all_to_all import ALL_TO_ALL, AllToAllKey, compile_all_to_all, default_parts
 from .errors import CollectiveError
 from .exchange import ExchangeLayout
-from .kernels import compile_target, refuse_multimem
-from .plan import current_stream
+from .runtime.kernels import compile_target, refuse_multimem
+from .algorithms.plan import current_stream
 
 #: Bytes of the staging buffer through which a plain output receives (each rank's, allocated
 #: at its communicator's first all-to-all; ``COLLECTIVES_ALL_TO_ALL_STAGING_BYTES``, the same on

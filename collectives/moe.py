@@ -171,7 +171,7 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     module).  ``max_tokens``: the most tokens any rank dispatches (default: this rank's count;
     the same on every rank).  Returns ``(expert_x, counts, handle)``."""
     from . import api
-    from .runtime import communicator, traceable
+    from .runtime.communicator import communicator, traceable
 
     max_tokens = x.shape[0] if max_tokens is None else max_tokens
     if torch.compiler.is_compiling():  # the custom operator (collectives.moe_ops), on the default communicator
@@ -192,7 +192,7 @@ def combine(expert_out: torch.Tensor, handle: Handle, *, group: Any = None) -> t
     from . import api
 
     if torch.compiler.is_compiling():
-        from .runtime import traceable
+        from .runtime.communicator import traceable
 
         traceable(group, "moe.combine")
         return moe_ops.traced_combine(expert_out, handle.weights, handle_tensors(handle, COMBINE_FIELDS))
@@ -224,7 +224,7 @@ def _combine_kernel(expert_out, topk_weights, *handle):
 
 def _world() -> int:
     """The default communicator's world size (a constant of a traced graph)."""
-    from .runtime import communicator
+    from .runtime.communicator import communicator
 
     return communicator().world
 
@@ -239,7 +239,7 @@ def _symmetric(group: Any) -> Empty:
     same) and reused: the next all-to-all into one waits for its receiver, which has finished
     with it by then (stream order)."""
     from . import api
-    from .runtime import communicator
+    from .runtime.communicator import communicator
 
     comm = communicator(group)
 

@@ -51,8 +51,8 @@ from ..config import MAX_WORLD, SIZE_MISMATCH, TIMEOUT, VECTOR_BYTES
 from ..device import exchange, signals
 from ..dtypes import DTYPES, dtype as registered
 from ..exchange import ARRIVED_WAIT, MAX_CHUNK, PLACE_MISMATCH, READY_WAIT, REFUSED, ExchangeLayout
-from ..kernel_args import Arg, KernelArgs, Layout
-from ..launch import launcher
+from ..device.kernel_args import Arg, KernelArgs, Layout
+from ..device.launch import launcher
 
 #: Most thread blocks of an all-to-all kernel (``world x parts``): all resident at once on an
 #: H100 (132 SMs), which the handshake needs.
@@ -277,7 +277,7 @@ def compile_all_to_all(key: AllToAllKey, target: str):
 
     from cutlass.base_dsl.compiler import DumpDir
 
-    from ..launch import example_arguments
+    from ..device.launch import example_arguments
 
     with tempfile.TemporaryDirectory() as dump:  # the PTX is kept in memory, the files dropped
         return cute.compile[cute.KeepPTX, cute.EnableTVMFFI, cute.GPUArch(target), DumpDir(dump)](

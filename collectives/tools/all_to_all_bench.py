@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..capability import force_multicast_off
+from ..symmetric.capability import force_multicast_off
 
 force_multicast_off()
 
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import collectives
     from collectives import moe
-    from collectives.runtime import communicator
+    from collectives.runtime.communicator import communicator
 
     comm = communicator()
     world, rank, hidden, dtype = comm.world, comm.rank, args.hidden, torch.bfloat16

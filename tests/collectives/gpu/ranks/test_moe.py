@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from collectives.capability import force_multicast_off
+from collectives.symmetric.capability import force_multicast_off
 
 force_multicast_off()
 
