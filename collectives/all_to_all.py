@@ -70,8 +70,7 @@ class Exchange:
         words += [layout.arrived(s, j) for s in range(world) for j in range(self.parts)]
         self.region[torch.tensor(words, device=self.region.device)] = signed
         self.region[layout.counter[0]] = signed
-        torch.cuda.synchronize(self.region.device)
-        self.comm.ctx.host_barrier()
+        self.comm.ctx.host_barrier()  # (syncs this rank's stream first: the writes have landed)
 
     def kernel(self, key: AllToAllKey) -> Any:
         """The compiled kernel of ``key`` (its TVM-FFI function), compiled on first use and

@@ -45,6 +45,16 @@ def check_routings(rank: int, world: int, group) -> None:
         layer(rank, world, group, 8 * world, topk, counts, max(tokens, 1), hidden, case)
 
 
+def capture(graph):
+    """A capture that several ranks of a one-GPU world may make at once (collectives.testing's,
+    where it exists; it works under torchrun too), else torch's."""
+    try:
+        from collectives.testing import capture as world_capture
+    except ImportError:
+        return torch.cuda.graph(graph)
+    return world_capture(graph)
+
+
 def check_graph_replays_with_new_routings(rank: int, world: int, group, replays: int = 20) -> None:
     """Dispatch, experts and combine captured once, replayed on routings copied into the inputs."""
     from collectives import moe
@@ -69,9 +79,9 @@ def check_graph_replays_with_new_routings(rank: int, world: int, group, replays:
 
     load(0)
     step()  # warm: compiles, plans, caches
-    torch.cuda.synchronize()
+    torch.cuda.current_stream().synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture(graph):
         ex, counts, out = step()
     for seed in range(1, replays + 1):
         xs, i, ws = load(seed)
