@@ -33,9 +33,9 @@ from typing import Any
 
 import torch
 
-from . import moe_ops
+from .runtime import moe_ops
 from .errors import CollectiveError
-from .moe_ops import COMBINE_FIELDS, HANDLE_FIELDS
+from .runtime.moe_ops import COMBINE_FIELDS, HANDLE_FIELDS
 
 #: ``exchange(out, inp, out_splits, in_splits)``: an all-to-all of rows (device int64 splits).
 Exchange = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], Any]
@@ -174,7 +174,7 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     from .runtime.communicator import communicator, traceable
 
     max_tokens = x.shape[0] if max_tokens is None else max_tokens
-    if torch.compiler.is_compiling():  # the custom operator (collectives.moe_ops), on the default communicator
+    if torch.compiler.is_compiling():  # the custom operator (collectives.runtime.moe_ops), on the default communicator
         traceable(group, "moe.dispatch")
         if validate or mode not in MODES:
             raise CollectiveError(f"moe.dispatch inside torch.compile: mode must be one of {MODES}, without validate "
@@ -205,7 +205,7 @@ def handle_tensors(handle: Handle, fields: tuple[str, ...] = HANDLE_FIELDS) -> t
 
 
 def handle_from(tensors: tuple[torch.Tensor, ...], topk_weights: torch.Tensor) -> Handle:
-    """The handle of the operators' tensors (:data:`~collectives.moe_ops.HANDLE_FIELDS`, or
+    """The handle of the operators' tensors (:data:`~collectives.runtime.moe_ops.HANDLE_FIELDS`, or
     the combine's leading ones) and the dispatch's weights."""
     tokens, topk = topk_weights.shape
     return Handle(weights=topk_weights, tokens=tokens, topk=topk, **dict(zip(HANDLE_FIELDS, tensors)))

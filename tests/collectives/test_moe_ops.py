@@ -1,4 +1,4 @@
-"""The all-to-all and MoE operators (collectives.moe_ops) on the CPU: schemas, ``opcheck``
+"""The all-to-all and MoE operators (collectives.runtime.moe_ops) on the CPU: schemas, ``opcheck``
 against a one-rank CPU model, and ``torch.compile(fullgraph=True)`` of a MoE layer traced under
 fake tensors (no kernel runs)."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
-from collectives import moe, moe_ops  # noqa: E402
+from collectives import moe  # noqa: E402
+from collectives.runtime import moe_ops  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 SCHEMAS = {
@@ -74,7 +75,7 @@ class Layer(torch.nn.Module):
         expert_x, counts, handle = moe.dispatch(x, ids, weights, logits.shape[1], max_tokens=x.shape[0])
         y = moe.combine(torch.relu(expert_x) * 3, handle)
         z = torch.empty_like(x)
-        import collectives.moe_ops as ops
+        import collectives.runtime.moe_ops as ops
         ops.traced_all_to_all(z, x, splits, splits)  # what collectives.all_to_all records
         return y + z, counts
 

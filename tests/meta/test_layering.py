@@ -78,7 +78,8 @@ WING_ALLOWS = {
                                "collectives.exchange", "collectives.device", "collectives.symmetric.capability"),
     "collectives.symmetric": ("collectives.errors",),
     "collectives.runtime": ("collectives", "collectives.config", "collectives.dtypes", "collectives.errors",
-                            "collectives.device", "collectives.algorithms", "collectives.symmetric"),
+                            "collectives.exchange", "collectives.device", "collectives.algorithms",
+                            "collectives.symmetric"),
 }
 
 

@@ -1,4 +1,5 @@
-"""The host side of the uneven all-to-all (the kernel: :mod:`collectives.algorithms.all_to_all`).
+"""The host side of the uneven all-to-all (the kernel: :mod:`collectives.algorithms.all_to_all`;
+the API: ``collectives.all_to_all``).
 
 Each communicator's first all-to-all makes two collective allocations, the same on every
 rank whatever the call's sizes: the slot region (:class:`~collectives.exchange.ExchangeLayout`,
@@ -27,11 +28,11 @@ from typing import Any
 
 import torch
 
-from .algorithms.all_to_all import ALL_TO_ALL, AllToAllKey, compile_all_to_all, default_parts
-from .errors import CollectiveError
-from .exchange import ExchangeLayout
-from .runtime.kernels import compile_target, refuse_multimem
-from .algorithms.plan import current_stream
+from ..algorithms.all_to_all import ALL_TO_ALL, AllToAllKey, compile_all_to_all, default_parts
+from ..algorithms.plan import current_stream
+from ..errors import CollectiveError
+from ..exchange import ExchangeLayout
+from .kernels import compile_target, refuse_multimem
 
 #: Bytes of the staging buffer through which a plain output receives (each rank's, allocated
 #: at its communicator's first all-to-all; ``COLLECTIVES_ALL_TO_ALL_STAGING_BYTES``, the same on
@@ -124,7 +125,7 @@ def exchange(comm: Any, seed: int = 0) -> Exchange:
 
 def check_tensors(comm: Any, out: torch.Tensor, inp: torch.Tensor) -> str:
     """The dtype name of an all-to-all of ``inp`` into ``out``, after checking both."""
-    from .dtypes import from_torch
+    from ..dtypes import from_torch
 
     for name, t in (("out", out), ("inp", inp)):
         if not t.is_cuda or t.device.index != comm.device_index:
