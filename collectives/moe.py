@@ -15,8 +15,8 @@ every rank): a CUDA graph captures both calls, and replays with new routings.  T
 is two all-to-alls per call (the per-expert counts, then the rows; combine: the rows), whose
 rows land directly in receive buffers of symmetric memory (allocated by the first call of each
 shape: make it eagerly before a capture), and index arithmetic in torch (a stable sort of the
-``(token, k)`` entries by expert, prefix sums, one row gather or scatter on each side).  Entries whose expert id is out of range, and
-rows past an expert's capacity (possible only when a token names one expert twice), are
+``(token, k)`` entries by expert, prefix sums, one row gather or scatter on each side).
+Entries whose expert id is out of range, and rows past an expert's capacity (possible only when a token names one expert twice), are
 dropped and counted (``handle.dropped``, on the GPU; ``validate=True`` checks the ids on the
 host first and raises); a receive buffer too small for the rows sent fails the all-to-all's
 pairs with a size mismatch, never silently.
@@ -260,4 +260,5 @@ def _collective(api: Any, group: Any) -> Exchange:
     return exchange
 
 
-__all__ = ["MODES", "Empty", "Exchange", "Handle", "plain", "combine", "combine_with", "dispatch", "dispatch_with", "handle_from", "handle_tensors"]
+__all__ = ["MODES", "Empty", "Exchange", "Handle", "combine", "combine_with", "dispatch", "dispatch_with", "handle_from",
+           "handle_tensors", "plain"]

@@ -284,4 +284,5 @@ def compile_all_to_all(key: AllToAllKey, target: str):
             build(key), *example_arguments(ALL_TO_ALL))
 
 
-__all__ = ["ALL_TO_ALL", "DEFAULT_BLOCKS", "MAX_BLOCKS", "UNROLL", "AllToAllKey", "default_parts", "Transport", "build", "chunk_of", "compile_all_to_all"]
+__all__ = ["ALL_TO_ALL", "DEFAULT_BLOCKS", "MAX_BLOCKS", "UNROLL", "AllToAllKey", "Transport", "build", "chunk_of",
+           "compile_all_to_all", "default_parts"]

@@ -276,7 +276,8 @@ def test_ranks_receiving_into_different_allocations_fail_their_pairs_without_a_t
             assert sorted(model.records[other]) == [(1, SIZE_MISMATCH, ARRIVED_WAIT, 1),
                                                     (1, SIZE_MISMATCH, PLACE_MISMATCH, 1)]
         assert sorted(model.records[1]) == [(1, SIZE_MISMATCH, ARRIVED_WAIT, 0), (1, SIZE_MISMATCH, ARRIVED_WAIT, 2),
-                                            (1, SIZE_MISMATCH, PLACE_MISMATCH, 0), (1, SIZE_MISMATCH, PLACE_MISMATCH, 2)]
+                                            (1, SIZE_MISMATCH, PLACE_MISMATCH, 0),
+                                            (1, SIZE_MISMATCH, PLACE_MISMATCH, 2)]
 
 
 def test_announcing_a_chunk_that_was_not_sent_fails() -> None:
