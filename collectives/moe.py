@@ -56,7 +56,8 @@ class Handle:
     (``order``), which entries were sent (``valid``), their weights, both sides' splits, each
     received row's place in ``expert_x`` (``place``; a dropped row's is the trash row), the
     shapes, and the count of dropped entries (``dropped``, a GPU scalar; a combine needs
-    none of it)."""
+    none of it); with fp8, ``scales`` ``[L, W * max_tokens]`` (f32: a row's values are
+    ``expert_x * scale``)."""
 
     order: torch.Tensor
     valid: torch.Tensor
@@ -68,12 +69,25 @@ class Handle:
     tokens: int
     topk: int
     dropped: torch.Tensor | None = None
+    scales: torch.Tensor | None = None
 
 
 def _scatter_count(index: torch.Tensor, bins: int) -> torch.Tensor:
     """``bincount(index, minlength=bins)`` without a host sync (torch's reads the maximum back)."""
     counts = torch.zeros(bins, dtype=torch.int64, device=index.device)
     return counts.scatter_add_(0, index, torch.ones_like(index))
+
+
+#: The largest finite float8_e4m3fn: a token's largest magnitude maps to it.
+E4M3_MAX = 448.0
+
+
+def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` ([tokens, hidden]) as float8_e4m3fn with one f32 scale per token (its largest
+    magnitude over :data:`E4M3_MAX`; 1 for a zero row): ``x ~ q * scale``."""
+    amax = x.abs().amax(dim=1).float() if x.shape[1] else x.new_zeros(x.shape[0], dtype=torch.float32)
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    return (x.float() / scale[:, None]).to(torch.float8_e4m3fn), scale
 
 
 def _check(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, world: int,
@@ -101,7 +115,8 @@ def _check(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, 
 
 def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: torch.Tensor,
                   topk_weights: torch.Tensor, num_experts: int, max_tokens: int, mode: str = "low_latency",
-                  validate: bool = False, empty: Empty = plain) -> tuple[torch.Tensor, torch.Tensor, Handle]:
+                  validate: bool = False, empty: Empty = plain,
+                  fp8: bool = False) -> tuple[torch.Tensor, torch.Tensor, Handle]:
     """:func:`dispatch` over ``exchange`` in a world of ``world`` ranks, receiving rows into
     ``empty``'s buffer."""
     _check(x, topk_ids, topk_weights, num_experts, world, max_tokens, mode, validate)
@@ -115,7 +130,13 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     order = torch.sort(expert, stable=True).indices  # by expert, then (token, k): by rank too
     per_expert = _scatter_count(expert, num_experts + 1)[:num_experts]
     send_splits = per_expert.view(world, local).sum(1)
-    rows = x.index_select(0, order // topk)  # the sent rows, by destination rank and expert
+    source, wire = x, x.dtype  # the rows (fp8: as bytes, which torch indexes) and the dtype they travel as
+    if fp8:  # each row travels as hidden fp8 bytes, then its scale's 4 bytes
+        q, scale = quantize(x)
+        source = torch.cat([q.view(torch.uint8), scale.view(torch.uint8).view(tokens, 4)], 1)
+        wire = torch.float8_e4m3fn
+    width = source.shape[1]
+    rows = source.index_select(0, order // topk)  # the sent rows, by destination rank and expert
 
     # The per-expert counts, row s to rank s (their bits, as float32 pairs: the all-to-all moves
     # the library's dtypes); then the rows.
@@ -123,8 +144,8 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     exchange(counts.view(torch.float32), per_expert.view(world, local).view(torch.float32), None, None)
     recv_splits = counts.sum(1)
     room = world * max_tokens * min(topk, local)  # rows a rank can receive
-    received = empty("dispatch", (room, hidden), x.dtype, device)
-    exchange(received, rows, recv_splits, send_splits)
+    received = empty("dispatch", (room, width), wire, device).view(source.dtype)
+    exchange(received.view(wire), rows.view(wire), recv_splits, send_splits)
 
     # Each received row's place: expert l's rows by source, then in the source's order.
     segments = counts.reshape(-1)  # (source, expert) in arrival order
@@ -138,12 +159,16 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     slot = before + within
     kept = arrived & (slot < capacity)
     place = torch.where(kept, (segment % local) * capacity + slot, local * capacity)  # else: the trash row
-    expert_x = torch.empty((local * capacity + 1, hidden), dtype=x.dtype, device=device)
+    expert_x = torch.empty((local * capacity + 1, width), dtype=source.dtype, device=device)
     expert_x.index_copy_(0, place, received)
     expert_counts = counts.sum(0)
     dropped = (~valid).sum() + (arrived & ~kept).sum()
     handle = Handle(order, valid, topk_weights, send_splits, recv_splits, place, kept, tokens, topk, dropped)
-    return expert_x[:-1].view(local, capacity, hidden), expert_counts, handle
+    expert_x = expert_x[:-1].view(local, capacity, width)
+    if fp8:
+        handle.scales = expert_x[..., hidden:].contiguous().view(torch.float32)[..., 0]
+        expert_x = expert_x[..., :hidden].contiguous().view(wire)
+    return expert_x, expert_counts, handle
 
 
 def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, empty: Empty = plain) -> torch.Tensor:
@@ -166,24 +191,26 @@ def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, e
 
 def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, *,
              mode: str = "low_latency", max_tokens: int | None = None, validate: bool = False,
-             group: Any = None) -> tuple[torch.Tensor, torch.Tensor, Handle]:
+             fp8: bool = False, group: Any = None) -> tuple[torch.Tensor, torch.Tensor, Handle]:
     """Send each token of ``x`` ([tokens, hidden]) to its ``topk_ids`` experts' ranks (see the
     module).  ``max_tokens``: the most tokens any rank dispatches (default: this rank's count;
-    the same on every rank).  Returns ``(expert_x, counts, handle)``."""
+    the same on every rank).  ``fp8``: the rows travel and arrive as float8_e4m3fn with a scale
+    per token (:func:`quantize`; ``handle.scales``; not inside torch.compile).  Returns
+    ``(expert_x, counts, handle)``."""
     from . import api
     from .runtime.communicator import communicator, traceable
 
     max_tokens = x.shape[0] if max_tokens is None else max_tokens
     if torch.compiler.is_compiling():  # the custom operator (collectives.runtime.moe_ops), on the default communicator
         traceable(group, "moe.dispatch")
-        if validate or mode not in MODES:
+        if validate or fp8 or mode not in MODES:
             raise CollectiveError(f"moe.dispatch inside torch.compile: mode must be one of {MODES}, without validate "
-                                  "(it reads the ids back to the host)")
+                                  "(it reads the ids back to the host) and without fp8")
         expert_x, counts, handle = moe_ops.traced_dispatch(x, topk_ids, topk_weights, num_experts, max_tokens,
                                                            _world())
         return expert_x, counts, handle_from(handle, topk_weights)
     return dispatch_with(_collective(api, group), communicator(group).world, x, topk_ids, topk_weights, num_experts,
-                         max_tokens, mode, validate, _symmetric(group))
+                         max_tokens, mode, validate, _symmetric(group), fp8)
 
 
 def combine(expert_out: torch.Tensor, handle: Handle, *, group: Any = None) -> torch.Tensor:
@@ -260,5 +287,5 @@ def _collective(api: Any, group: Any) -> Exchange:
     return exchange
 
 
-__all__ = ["MODES", "Empty", "Exchange", "Handle", "combine", "combine_with", "dispatch", "dispatch_with", "handle_from",
-           "handle_tensors", "plain"]
+__all__ = ["E4M3_MAX", "MODES", "Empty", "Exchange", "Handle", "combine", "combine_with", "dispatch", "dispatch_with", "handle_from",
+           "handle_tensors", "plain", "quantize"]

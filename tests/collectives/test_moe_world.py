@@ -167,3 +167,30 @@ def test_bad_arguments() -> None:
         moe.dispatch_with(None, 2, xs[0], ids[0], ws[0], 4, 2)
     with pytest.raises(CollectiveError, match="mode must be one of"):
         moe.dispatch_with(None, 2, xs[0], ids[0], ws[0], 4, 3, mode="throughput")
+
+
+def test_fp8_dispatch_moves_each_token_quantized_with_its_scale() -> None:
+    """fp8: every expert row is its token's e4m3 quantization bit for bit, with its scale; the
+    round trip is within e4m3's half step (2^-4 of the token's largest magnitude)."""
+    world, experts, topk, tokens = 3, 6, 2, [5, 2, 4]
+    xs, ids, ws = routing(world, experts, topk, tokens, 21, 32, torch.bfloat16)
+    xs[1][0] = 0  # a zero row: scale 1
+    sim = World(world)
+    local = experts // world
+    results = sim.run(lambda r: moe.dispatch_with(sim.exchange(r), world, xs[r], ids[r], ws[r], experts, 5, fp8=True))
+    qs = [moe.quantize(x) for x in xs]
+    rows, _ = reference(world, experts, [q.view(torch.uint8) for q, _ in qs], ids, ws)
+    scales, _ = reference(world, experts, [s[:, None] for _, s in qs], ids, ws)
+    for r, (ex, counts, handle) in enumerate(results):
+        assert ex.dtype == torch.float8_e4m3fn and handle.scales.shape == ex.shape[:2]
+        for le in range(local):
+            n = int(counts[le])
+            want = rows[r * local + le]
+            assert n == want.shape[0]
+            assert torch.equal(ex[le, :n].view(torch.uint8), want)
+            assert torch.equal(handle.scales[le, :n], scales[r * local + le][:, 0])
+    for x in xs:
+        q, s = moe.quantize(x)
+        back = q.float() * s[:, None]
+        amax = x.float().abs().amax(1, keepdim=True)
+        assert torch.all((back - x.float()).abs() <= amax * 2.0**-4)
