@@ -92,7 +92,25 @@ def check_graph_replays_with_new_routings(rank: int, world: int, group, replays:
             assert int(counts[le]) == per_expert[rank * local + le].shape[0], seed
 
 
-CHECKS = [check_routings, check_graph_replays_with_new_routings]
+def check_fp8(rank: int, world: int, group) -> None:
+    """fp8 dispatch: each expert row is its token's e4m3 quantization, bit for bit, with its scale."""
+    from collectives import moe
+
+    experts, topk = 4 * world, 2
+    xs, ids, ws = routing(world, experts, topk, [6] * world, 5, 7168, torch.bfloat16)
+    ex, counts, handle = moe.dispatch(xs[rank].cuda(), ids[rank].cuda(), ws[rank].cuda(), experts, max_tokens=6,
+                                      fp8=True, group=group)
+    qs = [moe.quantize(x) for x in xs]  # on the CPU: the same bits as on the GPU (one rounding of one f32 value)
+    rows, _ = reference(world, experts, [q.view(torch.uint8) for q, _ in qs], ids, ws)
+    scales, _ = reference(world, experts, [s[:, None] for _, s in qs], ids, ws)
+    local = experts // world
+    for le in range(local):
+        n = int(counts[le])
+        assert torch.equal(ex[le, :n].cpu().view(torch.uint8), rows[rank * local + le])
+        assert torch.equal(handle.scales[le, :n].cpu(), scales[rank * local + le][:, 0])
+
+
+CHECKS = [check_routings, check_graph_replays_with_new_routings, check_fp8]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
