@@ -93,13 +93,15 @@ ALL_TO_ALL = Layout("AllToAllArgs", (
 @dataclass(frozen=True)
 class AllToAllKey:
     """The compile-time choices of one all-to-all kernel: element type, world, ``parts`` (thread
-    blocks per pair of ranks), threads per block, ``direct`` (the output is the receive buffer)
-    and ``pdl`` (as :attr:`collectives.algorithms.KernelKey.pdl`)."""
+    blocks per pair of ranks), threads per block (256 by default: a block of 256 needs at most
+    128 registers a thread for two to fit an SM, so a one-GPU world of 8 ranks' 32 blocks each
+    stays resident), ``direct`` (the output is the receive buffer) and ``pdl`` (as
+    :attr:`collectives.algorithms.KernelKey.pdl`)."""
 
     dtype: str
     world: int
     parts: int = 4
-    threads: int = 512
+    threads: int = 256
     direct: bool = False
     pdl: bool = field(default_factory=lambda: config.PDL)
 
