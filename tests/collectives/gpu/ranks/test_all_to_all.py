@@ -5,7 +5,7 @@ Each check is a function of ``(rank, world, group)`` (``group``: what every coll
 takes), so it runs under torchrun and in a one-GPU world of threads alike.  Every rank builds
 every rank's input and splits from the same seed, so the reference needs no communication.
 Run under torchrun on 2 or 4 GPUs:
-    torchrun --nproc-per-node 2 -m pytest -q tests/collectives/gpu/peer/test_all_to_all.py
+    torchrun --nproc-per-node 2 -m pytest -q tests/collectives/gpu/ranks/test_all_to_all.py
 Never launches a multimem kernel: the all-to-all is point to point on every backend.
 """
 
@@ -19,7 +19,7 @@ force_multicast_off()
 
 pytestmark = pytest.mark.multigpu
 torch = pytest.importorskip("torch")
-from tests.collectives.gpu.test_collectives import TORCH, comm  # noqa: E402,F401  (the communicator fixture)
+from tests.collectives.gpu.ranks.collectives_cases import TORCH, comm  # noqa: E402,F401  (the communicator fixture)
 
 from collectives.all_to_all_reference import all_to_all as reference  # noqa: E402
 

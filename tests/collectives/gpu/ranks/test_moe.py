@@ -3,7 +3,7 @@ reference layer of tests/collectives/test_moe_world.py.
 
 Each check is a function of ``(rank, world, group)``, so it runs under torchrun and in a
 one-GPU world of threads alike; every rank builds every rank's routing from the same seed.
-    torchrun --nproc-per-node 2 -m pytest -q tests/collectives/gpu/peer/test_moe.py
+    torchrun --nproc-per-node 2 -m pytest -q tests/collectives/gpu/ranks/test_moe.py
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ force_multicast_off()
 
 pytestmark = pytest.mark.multigpu
 torch = pytest.importorskip("torch")
-from tests.collectives.gpu.test_collectives import comm  # noqa: E402,F401  (the communicator fixture)
+from tests.collectives.gpu.ranks.collectives_cases import comm  # noqa: E402,F401  (the communicator fixture)
 from tests.collectives.test_moe_world import expert_fn, reference, routing  # noqa: E402
 
 
