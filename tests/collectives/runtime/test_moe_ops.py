@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
+import collectives  # noqa: E402
 from collectives import moe  # noqa: E402
 from collectives.runtime import moe_ops  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
@@ -24,9 +25,10 @@ SCHEMAS = {
 
 @pytest.mark.parametrize("name", list(SCHEMAS))
 def test_schemas(name: str) -> None:
+    from collectives import api  # noqa: F401  (registers the all-to-all's kernel)
+
     assert str(getattr(torch.ops.collectives, name).default._schema) == SCHEMAS[name]
-    if name != "all_to_all":  # (its kernel: collectives.api's all_to_all, once wired)
-        assert torch._C._dispatch_has_kernel_for_dispatch_key(f"collectives::{name}", "CUDA")
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(f"collectives::{name}", "CUDA")
 
 
 def _copy(out, inp, out_splits, in_splits):  # a world of one: the all-to-all is a copy
@@ -68,22 +70,31 @@ def test_opcheck(cpu_model) -> None:
 
 
 class Layer(torch.nn.Module):
-    """A MoE layer: route, dispatch, an expert per local expert, combine; and an all-to-all."""
+    """A MoE layer: route, dispatch, an expert per local expert, combine; and an all-to-all with
+    splits on the device."""
 
     def forward(self, x, logits, splits):
         weights, ids = torch.topk(torch.softmax(logits, -1), 2)
         expert_x, counts, handle = moe.dispatch(x, ids, weights, logits.shape[1], max_tokens=x.shape[0])
         y = moe.combine(torch.relu(expert_x) * 3, handle)
         z = torch.empty_like(x)
-        import collectives.runtime.moe_ops as ops
-        ops.traced_all_to_all(z, x, splits, splits)  # what collectives.all_to_all records
+        collectives.all_to_all(z, x, splits, splits)
         return y + z, counts
 
 
 def test_a_moe_layer_compiles_without_a_graph_break(monkeypatch) -> None:
     monkeypatch.setattr(moe, "_world", lambda: 2)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm.code)
+        return gm
+
     torch._dynamo.reset()
-    compiled = torch.compile(Layer(), fullgraph=True, backend="aot_eager")
+    compiled = torch.compile(Layer(), fullgraph=True, backend=backend)
     with FakeTensorMode():
         y, counts = compiled(torch.randn(6, 16), torch.randn(6, 4), torch.tensor([3, 3]))
     assert y.shape == (6, 16) and counts.shape == (2,)
+    calls = [line.split("torch.ops.collectives.")[1].split("(")[0] for line in graphs[0].splitlines()
+             if "torch.ops.collectives." in line]
+    assert calls == ["moe_dispatch", "moe_combine", "all_to_all"]
