@@ -24,7 +24,7 @@ import math
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Union
 
 import torch
 
@@ -41,7 +41,8 @@ STAGING_BYTES = int(os.environ.get("COLLECTIVES_ALL_TO_ALL_STAGING_BYTES", str(6
 #: Device copies of list splits kept, by value.
 SPLIT_TENSORS = 64
 
-Splits = Sequence[int] | torch.Tensor | None
+#: Split sizes: a list of ints, an int64 tensor of the world size on the GPU, or None (equal chunks).
+Splits = Union[Sequence[int], "torch.Tensor", None]
 
 
 class Exchange:
