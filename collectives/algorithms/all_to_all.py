@@ -271,20 +271,5 @@ def build(key: AllToAllKey):
     return launcher(kernel, key.threads, key.blocks, pdl=key.pdl, layout=ALL_TO_ALL)
 
 
-def compile_all_to_all(key: AllToAllKey, target: str):
-    """CuTeDSL's compiled kernel for ``key`` on ``target`` (no GPU needed; ptxas runs), with its
-    PTX (``__ptx__``) and its TVM-FFI function, compiled as
-    :func:`collectives.kernels.compile_kernel` compiles the other collectives."""
-    import tempfile
-
-    from cutlass.base_dsl.compiler import DumpDir
-
-    from ..device.launch import example_arguments
-
-    with tempfile.TemporaryDirectory() as dump:  # the PTX is kept in memory, the files dropped
-        return cute.compile[cute.KeepPTX, cute.EnableTVMFFI, cute.GPUArch(target), DumpDir(dump)](
-            build(key), *example_arguments(ALL_TO_ALL))
-
-
 __all__ = ["ALL_TO_ALL", "DEFAULT_BLOCKS", "MAX_BLOCKS", "UNROLL", "AllToAllKey", "Transport", "build", "chunk_of",
-           "compile_all_to_all", "default_parts"]
+           "default_parts"]

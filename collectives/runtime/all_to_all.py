@@ -28,11 +28,10 @@ from typing import Any, Union
 
 import torch
 
-from ..algorithms.all_to_all import ALL_TO_ALL, AllToAllKey, compile_all_to_all, default_parts
+from ..algorithms.all_to_all import ALL_TO_ALL, AllToAllKey, default_parts
 from ..algorithms.plan import current_stream
 from ..errors import CollectiveError
 from ..exchange import ExchangeLayout
-from .kernels import compile_target, refuse_multimem
 
 #: Bytes of the staging buffer through which a plain output receives (each rank's, allocated
 #: at its communicator's first all-to-all; ``COLLECTIVES_ALL_TO_ALL_STAGING_BYTES``, the same on
@@ -46,8 +45,8 @@ Splits = Union[Sequence[int], "torch.Tensor", None]
 
 
 class Exchange:
-    """A communicator's all-to-all state: the slot region and its view, the staging buffer,
-    the compiled kernels and the device copies of list splits."""
+    """A communicator's all-to-all state: the slot region and its view, the staging buffer and
+    the device copies of list splits (the kernels: the communicator's cache)."""
 
     def __init__(self, comm: Any, seed: int = 0) -> None:
         ctx = comm.ctx
@@ -59,7 +58,6 @@ class Exchange:
             self._seed(seed)
         self.slots = comm.buffer(self.region)
         self.staging = ctx.empty(STAGING_BYTES, torch.uint8)  # collective, the same size everywhere
-        self.kernels: dict[AllToAllKey, tuple[Any, Any]] = {}
         self.splits: OrderedDict[tuple, torch.Tensor] = OrderedDict()
 
     def _seed(self, calls: int) -> None:
@@ -73,16 +71,6 @@ class Exchange:
         self.region[torch.tensor(words, device=self.region.device)] = signed
         self.region[layout.counter[0]] = signed
         self.comm.ctx.host_barrier()  # (syncs this rank's stream first: the writes have landed)
-
-    def kernel(self, key: AllToAllKey) -> Any:
-        """The compiled kernel of ``key`` (its TVM-FFI function), compiled on first use and
-        refused if it holds multimem on a context without NVLink multicast."""
-        entry = self.kernels.get(key)
-        if entry is None:
-            compiled = compile_all_to_all(key, compile_target(self.comm.device_index))
-            refuse_multimem(compiled.__ptx__, key, self.comm.ctx.backend)
-            entry = self.kernels[key] = (compiled, compiled.__tvm_ffi_object__())
-        return entry[1]
 
     def device_splits(self, splits: Splits, rows: int, row: int, what: str, device: torch.device) -> torch.Tensor:
         """``splits`` (rows of ``row`` elements each) as the kernel's int64[W] of elements on
@@ -171,7 +159,7 @@ def all_to_all(comm: Any, out: torch.Tensor, inp: torch.Tensor, out_splits: Spli
         in_splits=send.data_ptr(), out_splits=receive.data_ptr(), in_n=inp.numel(), out_n=recv_n,
         slot_table=slots.table.data_ptr(), slots=int(slots.host[comm.rank]), err=comm.error.data_ptr(),
         rank=comm.rank, timeout_ns=int(comm.timeout_s * 1e9))
-    state.kernel(key)(*args, key.blocks, current_stream(comm.device_index))
+    comm.kernel(key)(*args, key.blocks, current_stream(comm.device_index))
     return out
 
 

@@ -12,7 +12,8 @@ import pytest
 from collectives.dtypes import DTYPES
 
 pytest.importorskip("cutlass")
-from collectives.algorithms.all_to_all import MAX_BLOCKS, AllToAllKey, compile_all_to_all  # noqa: E402
+from collectives.algorithms.all_to_all import MAX_BLOCKS, AllToAllKey  # noqa: E402
+from collectives.runtime.kernels import kernel_ptx  # noqa: E402
 
 FORMS = [(dtype, world, direct) for dtype in DTYPES for world in (2, 4, 8) for direct in (False, True)]
 
@@ -20,7 +21,7 @@ FORMS = [(dtype, world, direct) for dtype in DTYPES for world in (2, 4, 8) for d
 @pytest.mark.parametrize(("dtype", "world", "direct"), FORMS)
 def test_kernel_compiles(dtype: str, world: int, direct: bool) -> None:
     key = AllToAllKey(dtype, world, direct=direct)
-    ptx = compile_all_to_all(key, "sm_90a").__ptx__
+    ptx = kernel_ptx(key, "sm_90a")
     assert "multimem." not in ptx
     assert ptx.count("st.release.sys.global.b64") == 2  # ready, arrived
     assert "st.relaxed.sys.global.b64" in ptx  # the ready's offset, before its release
@@ -34,7 +35,7 @@ def test_kernel_compiles(dtype: str, world: int, direct: bool) -> None:
 
 def test_a_direct_receive_copies_nothing_out() -> None:
     """Three copies (own chunk, send, copy out of the staging buffer) against two."""
-    staged, direct = (compile_all_to_all(AllToAllKey("bf16", 4, direct=d), "sm_90a").__ptx__ for d in (False, True))
+    staged, direct = (kernel_ptx(AllToAllKey("bf16", 4, direct=d), "sm_90a") for d in (False, True))
     assert 2 * staged.count("ld.global.v4.b32") == 3 * direct.count("ld.global.v4.b32")
 
 
