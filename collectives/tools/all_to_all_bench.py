@@ -5,7 +5,8 @@
 
 Part 1, ``all_to_all``: every rank sends ``tokens`` rows of ``hidden`` bf16 to every rank
 (``tokens`` = 1, 8, 64, 128, 512, 4096); NCCL's ``all_to_all_single`` on plain tensors against
-ours into a plain output (through the staging buffer) and into a symmetric one (direct).
+ours into a plain output (through the staging buffer, where it fits) and into a symmetric one
+(direct).
 Part 2, MoE: ``tokens`` per rank routed to ``--topk`` of ``--experts`` experts (uniformly at
 random, distinct per token); ``collectives.moe.dispatch`` and ``combine`` (low latency) against
 the same layer built on NCCL (a sort by expert, ``all_to_all_single`` of the counts and of the
@@ -62,6 +63,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import collectives
     from collectives import moe
+    from collectives.runtime.all_to_all import STAGING_BYTES
     from collectives.runtime.communicator import communicator
 
     comm = communicator()
@@ -80,12 +82,14 @@ def main(argv: list[str] | None = None) -> None:
             plain = torch.empty_like(inp)
             symmetric = collectives.empty((n, hidden), dtype)
             sent = (world - 1) * tokens * hidden * 2
+            staged = plain.nbytes <= STAGING_BYTES  # a larger plain output does not fit the staging buffer
             us = [time_op(lambda: dist.all_to_all_single(plain, inp), iters, mode == "graph"),
-                  time_op(lambda: collectives.all_to_all(plain, inp), iters, mode == "graph"),
+                  time_op(lambda: collectives.all_to_all(plain, inp), iters, mode == "graph") if staged else None,
                   time_op(lambda: collectives.all_to_all(symmetric, inp), iters, mode == "graph")]
             collectives.synchronize()
             if rank == 0:
-                print(f"{mode:6} {tokens:>6} " + " ".join(f"{t:8.1f} ({sent / t / 1e3:5.0f})" for t in us), flush=True)
+                print(f"{mode:6} {tokens:>6} " + " ".join(f"{t:8.1f} ({sent / t / 1e3:5.0f})" if t else f"{'-':>16}"
+                                                          for t in us), flush=True)
             comm.ctx.free(symmetric)
 
     if rank == 0:
