@@ -34,7 +34,7 @@ from .symmetric.capability import (
 from .errors import CollectiveError, CollectiveTimeout, MissingDependency, MulticastUnavailable, SymmetricMemoryError
 
 _LAZY = {"init", "current", "is_symmetric", "Context", "ALIGN"}  # from .symmetric
-_API = {"all_gather", "all_reduce", "reduce_scatter", "barrier", "empty", "synchronize"}  # from .api (torch)
+_API = {"all_gather", "all_reduce", "all_to_all", "reduce_scatter", "barrier", "empty", "synchronize"}  # from .api
 _OVERLAP = {"gemm_reduce_scatter", "all_gather_gemm"}  # from .overlap (torch)
 
 __all__ = [
@@ -46,7 +46,7 @@ __all__ = [
     # symmetric memory (lazy, see _LAZY)
     "ALIGN", "Context", "current", "init", "is_symmetric",
     # collectives (lazy, see _API)
-    "all_gather", "all_reduce", "barrier", "empty", "reduce_scatter", "synchronize",
+    "all_gather", "all_reduce", "all_to_all", "barrier", "empty", "reduce_scatter", "synchronize",
     # GEMM overlapped with communication (lazy, see _OVERLAP)
     "all_gather_gemm", "gemm_reduce_scatter",
 ]

@@ -1,4 +1,5 @@
-"""The Python API: ``all_reduce``, ``reduce_scatter``, ``all_gather``, ``barrier``, ``empty``, ``synchronize``.
+"""The Python API: ``all_reduce``, ``reduce_scatter``, ``all_gather``, ``all_to_all``, ``barrier``, ``empty``,
+``synchronize``.
 
 Collectives run on the current torch stream and are capturable in a CUDA graph once warmed up
 (one eager call with the same tensors compiles the kernel and builds its plan).  A tensor from
@@ -27,8 +28,9 @@ from .algorithms.plan import capturing as _capturing
 from .config import VECTOR_BYTES
 from .dtypes import from_torch
 from .errors import CollectiveError
-from .runtime import torch_ops
-from .runtime.communicator import Communicator, communicator, traceable
+from .runtime import all_to_all as exchange
+from .runtime import moe_ops, torch_ops
+from .runtime.communicator import TEST_SEED_EPOCH, Communicator, communicator, traceable
 
 
 def empty(shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32, *, group: Any = None) -> torch.Tensor:
@@ -135,6 +137,31 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
     key = ("all_gather", inp.data_ptr(), inp.numel(), inp.dtype, inp.is_contiguous(),
            out.data_ptr(), out.numel(), out.dtype, out.is_contiguous(), algorithm, backend, max_blocks, config.PDL)
     _launch(comm, key, algorithm, _block_call, "all_gather", out, inp, "sum", backend, False, max_blocks)
+    return out
+
+
+def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits = None,
+               in_splits: exchange.Splits = None, *, group: Any = None) -> torch.Tensor:
+    """The uneven all-to-all, as :func:`torch.distributed.all_to_all_single`: rank ``s`` sends
+    rows ``[sum(in_splits[:r]), +in_splits[r])`` of ``inp`` (dimension 0) to rank ``r``, which
+    receives them as rows ``[sum(out_splits[:s]), +out_splits[s])`` of ``out``; without
+    splits, dimension 0 in ``world`` equal chunks.  Splits are lists of ints or int64 tensors of
+    ``world`` entries on this GPU (read by the kernel: no host synchronisation).  A symmetric
+    ``out`` (:func:`empty`) is stored into directly by the senders, a plain one receives
+    through an internal staging buffer (:data:`collectives.runtime.all_to_all.STAGING_BYTES`);
+    every rank must receive the same way at a call.  Sizes are checked on the GPU: a pair whose
+    sizes differ fails on both ends with a size mismatch, raised after the launch (see the
+    module); the pairs that agree complete.  ``group`` as for :func:`empty`.
+
+    It does not take the plan cache of the other collectives (:func:`_launch`): a list of
+    splits is data of the call, so the launch is packed per call
+    (:func:`collectives.runtime.all_to_all.all_to_all`)."""
+    if _compiling():
+        traceable(group, "all_to_all")
+        return moe_ops.traced_all_to_all(out, inp, out_splits, in_splits)
+    comm = _begin(group)
+    exchange.all_to_all(comm, out, inp, out_splits, in_splits, seed=TEST_SEED_EPOCH)
+    comm.errors.finish()
     return out
 
 
@@ -262,6 +289,13 @@ def _reduce_scatter_kernel(out: torch.Tensor, inp: torch.Tensor, op: str, algori
 def _all_gather_kernel(out: torch.Tensor, inp: torch.Tensor, algorithm: str, backend: str,
                        max_blocks: int | None) -> None:
     all_gather(out, inp, algorithm, backend, max_blocks=max_blocks)
+
+
+@moe_ops.implement("all_to_all")
+def _all_to_all_kernel(out: torch.Tensor, inp: torch.Tensor, out_splits: torch.Tensor | None = None,
+                       in_splits: torch.Tensor | None = None) -> None:
+    as_splits = (lambda s: s.tolist() if s is not None and not s.is_cuda else s)  # a CPU tensor: no GPU sync
+    all_to_all(out, inp, as_splits(out_splits), as_splits(in_splits))
 
 
 @torch_ops.implement("barrier", "CompositeExplicitAutograd")  # no tensor to dispatch on

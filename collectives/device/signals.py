@@ -136,38 +136,42 @@ def record_error(err: Int64, status: Int32, barrier: Int32, peer: Int32, block: 
 
 
 @cute.jit
-def enter_call(pad: Int64, world: cutlass.Constexpr, single: cutlass.Constexpr = False) -> tuple:
+def enter_call(pad: Int64, world: cutlass.Constexpr, single: cutlass.Constexpr = False,
+               counter: cutlass.Constexpr = None) -> tuple:
     """(``C``, whether this block is the last of the call to have read it): every thread
     reads the rank's call count ``C``; in a kernel of several blocks thread 0 then takes a
     ticket (``atom.add.acq_rel.gpu``, after a ``bar.sync`` that puts the block's reads before
     it), and the block whose ticket completes the grid advances ``C`` in :func:`leave_call`
     (its acquire orders that store after every block's read).  ``single``: the kernel always
-    runs one block (no ticket code at all)."""
+    runs one block (no ticket code at all).  ``counter``: the word offsets (count, tickets)
+    of a count of its own at ``pad`` (default: the signal pad's, :class:`PadLayout`)."""
     layout = PadLayout(world=world)
+    count, tickets = counter if cutlass.const_expr(counter is not None) else (layout.calls, layout.tickets)
     words = gmem(Uint32, pad, 4)
-    calls = ptxops.ld(words + layout.calls, dtype=Uint32)
+    calls = ptxops.ld(words + count, dtype=Uint32)
     blocks = cute.arch.grid_dim()[0]
     last = Boolean(True)
     if cutlass.const_expr(not single) and blocks > 1:
         cute.arch.sync_threads()
         if cute.arch.thread_idx()[0] == 0:
-            ticket = ptxops.atom_add(words + layout.tickets, Uint32(1), sem="acq_rel", scope="gpu")
+            ticket = ptxops.atom_add(words + tickets, Uint32(1), sem="acq_rel", scope="gpu")
             last = ticket == Uint32(blocks - 1)
     return calls, last
 
 
 @cute.jit
 def leave_call(pad: Int64, calls: Uint32, last: Boolean, world: cutlass.Constexpr,
-               single: cutlass.Constexpr = False) -> None:
+               single: cutlass.Constexpr = False, counter: cutlass.Constexpr = None) -> None:
     """In thread 0 of the call's last block: the tickets back to 0 and ``C`` on by
     :data:`~collectives.config.CALL_EPOCHS` (plain stores: the next kernel reads them after
-    this one ends; ``single`` as for :func:`enter_call`)."""
+    this one ends; ``single`` and ``counter`` as for :func:`enter_call`)."""
     layout = PadLayout(world=world)
+    count, tickets = counter if cutlass.const_expr(counter is not None) else (layout.calls, layout.tickets)
     words = gmem(Uint32, pad, 4)
     if cute.arch.thread_idx()[0] == 0 and last:
         if cutlass.const_expr(not single) and cute.arch.grid_dim()[0] > 1:
-            ptxops.st(words + layout.tickets, Uint32(0))
-        ptxops.st(words + layout.calls, calls + Uint32(CALL_EPOCHS))
+            ptxops.st(words + tickets, Uint32(0))
+        ptxops.st(words + count, calls + Uint32(CALL_EPOCHS))
 
 
 @cute.jit

@@ -29,10 +29,12 @@ from ..config import (
     TIMEOUT,
 )
 from ..errors import CollectiveError, CollectiveTimeout
+from ..exchange import PHASES as EXCHANGE_PHASES
 
 #: The name of each phase code a record's ``barrier`` field holds, for messages: the start and
-#: end barriers (0 and 1), and the phases each algorithm declares (:attr:`Algorithm.phases`).
-PHASE_NAMES = {0: "start barrier", 1: "end barrier",
+#: end barriers (0 and 1), the all-to-all's (:data:`collectives.exchange.PHASES`) and the phases each
+#: algorithm declares (:attr:`Algorithm.phases`).
+PHASE_NAMES = {0: "start barrier", 1: "end barrier", **EXCHANGE_PHASES,
                **{code: name for impl in REGISTRY.values() for code, name in impl.phases.items()}}
 
 
@@ -106,9 +108,14 @@ class ErrorRecord:
             # buffer the mismatch left dirty is emptied on the GPU two calls later
             # (collectives.algorithms.lamport): no host step, the communicator stays usable.
             record.zero_()
+            if barrier in EXCHANGE_PHASES:  # (an all-to-all: only the pairs concerned fail)
+                rule = ("each sender's in_splits[r] must equal its receiver's out_splits[s], every split be "
+                        "0..2^32-2 and the splits fit their tensors (a plain out: the staging buffer)")
+            else:
+                rule = "every rank must pass the same shape"
             self.defer(CollectiveError(
                 f"ranks called the collective with different sizes: rank {peer} disagrees with "
-                f"rank {rank} ({where}); every rank must pass the same shape"
+                f"rank {rank} ({where}); {rule}"
             ))
         else:
             raise self.fail(CollectiveError(f"kernel error record {self.error.tolist()}"))

@@ -33,16 +33,19 @@ def _target(device: int) -> str:
 def compile_kernel(key: KernelKey | str, target: str) -> Any:
     """CuTeDSL's compiled kernel for ``key`` on ``target`` (no GPU needed; ptxas runs), with its
     PTX (``__ptx__``) and its TVM-FFI function (``__tvm_ffi_object__()``).  A string key names
-    a stream-flag kernel (:mod:`collectives.algorithms.flags`)."""
+    a stream-flag kernel (:mod:`collectives.algorithms.flags`), an
+    :class:`~collectives.algorithms.all_to_all.AllToAllKey` the all-to-all's."""
     import cutlass.cute as cute
     from cutlass.base_dsl.compiler import DumpDir
 
     from .. import algorithms
-    from ..algorithms import flags
-    from ..device.launch import flag_example_arguments
+    from ..algorithms import all_to_all, flags
+    from ..device.launch import example_arguments, flag_example_arguments
 
     if isinstance(key, str):
         launch, args = flags.build(key), flag_example_arguments()
+    elif isinstance(key, all_to_all.AllToAllKey):
+        launch, args = all_to_all.build(key), example_arguments(all_to_all.ALL_TO_ALL)
     else:
         launch, args = algorithms.build(key), algorithms.example_arguments()
     with tempfile.TemporaryDirectory() as dump:  # the PTX is kept in memory, the files dropped

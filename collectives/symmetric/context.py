@@ -219,6 +219,12 @@ class Context:
         raise SymmetricMemoryError(
             f"tensor at {p:#x} ({n} bytes, {t.device}) is not (entirely) in this context's symmetric heap")
 
+    def allocation(self, t: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """The whole allocation ``t`` lies in and its number (the same on every rank:
+        allocations are collective and numbered in order)."""
+        a, _ = self._find(t)
+        return a.raw, a.seq
+
     def is_symmetric(self, t: torch.Tensor) -> bool:
         """Whether ``t`` lies entirely within one live allocation of this context, or in the
         heap's symmetric memory from outside it (torch's ``symm_mem.empty`` + ``rendezvous``)."""

@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 
 from collectives import api  # noqa: E402
 from collectives.config import LAMPORT_EXCHANGE, RECOVERABLE_RECORD, SIZE_MISMATCH  # noqa: E402
+from collectives.exchange import PLACE_MISMATCH, READY_WAIT  # noqa: E402
 from collectives.errors import CollectiveError  # noqa: E402
 from collectives.runtime.communicator import Communicator  # noqa: E402
 from tests.support.fake_comm import FakeComm, FakeHeap, FakeTensor, install  # noqa: E402
@@ -92,3 +93,17 @@ def _old_check(self: Communicator) -> None:
 def test_the_old_per_rank_reset_desynchronises_the_ranks(monkeypatch) -> None:
     runs = [_run(monkeypatch, r, MISMATCH + 1 + r, old=True) for r in range(2)]
     assert runs[0][0] != runs[1][0]
+
+
+@pytest.mark.parametrize(("phase", "rule"), [(0, "every rank must pass the same shape"),
+                                              (READY_WAIT, "in_splits\\[r\\] must equal its receiver's out_splits"),
+                                              (PLACE_MISMATCH, "different allocations.*in_splits\\[r\\] must equal")])
+def test_a_size_mismatch_names_the_rule_of_its_collective(phase: int, rule: str) -> None:
+    """An all-to-all's mismatch (its phases: collectives.exchange.PHASES) names the splits' rule,
+    a barrier's the shapes'."""
+    from collectives.runtime.error_record import ErrorRecord
+
+    errors = ErrorRecord(30.0, lambda: None, pin_memory=False)
+    errors.error[RECOVERABLE_RECORD] = torch.tensor([SIZE_MISMATCH, phase, 1, 0, 0])
+    with pytest.raises(CollectiveError, match=rule):
+        errors.check()

@@ -269,3 +269,17 @@ def test_mismatched_sizes_raise_on_every_rank(tmp_path: os.PathLike[str]) -> Non
         assert out[1] == "ok:64", out
         assert out[2].startswith("free:"), out
         assert out[3] == "closed:True", out
+
+
+def test_allocation_names_the_whole_buffer_and_its_number() -> None:
+    """What the all-to-all posts as a receive place: the allocation a view lies in and its
+    number (collective, in order: the same on every rank)."""
+    ctx = make_ctx()
+    a = ctx.empty((4, 8), torch.float32)
+    b = ctx.empty(16, torch.bfloat16)
+    base, number = ctx.allocation(a[2:, 3:])
+    assert base.data_ptr() == a.data_ptr() and base.numel() >= a.nbytes and number == 0
+    assert ctx.allocation(b[5:])[1] == 1
+    with pytest.raises(SymmetricMemoryError, match="not .*in this context's symmetric heap"):
+        ctx.allocation(torch.empty(4))
+    ctx.close()

@@ -1,0 +1,275 @@
+"""The uneven all-to-all: every rank sends chunk ``r`` of its input (``in_splits[r]`` elements,
+in rank order) to rank ``r``, which receives it as chunk ``s`` of its output
+(``out_splits[s]`` elements from rank ``s``, in rank order).
+
+Push, over the send/receive slots of :mod:`collectives.exchange` (device side
+:mod:`collectives.device.exchange`): no barrier.  The grid is ``world x parts`` blocks; block
+``(d, j)`` (``d = block % world``, ``j = block // world``) moves part ``j`` of two chunks: the
+one this rank sends to rank ``rank + d`` and the one it receives from rank ``rank - d``
+(``d = 0``: its own chunk, copied locally).  Per pair of ranks:
+
+1. the receiver's block ``(d, 0)`` posts ``ready`` into the sender's region: where the chunk
+   goes (the allocation's number and a byte offset in it: ranks may receive at different
+   places of their allocations) and the size it expects;
+2. the sender's blocks ``(d, j)`` wait for it, store their part of the chunk straight into the
+   receiver's buffer over NVLink (when the sizes agree and the allocation is the one the
+   sender's own call receives into, so its table addresses it), and each posts its
+   ``arrived`` (after a ``bar.sync``; :data:`~collectives.exchange.REFUSED` when it sent
+   nothing);
+3. the receiver's blocks ``(d, j)`` wait for their part's ``arrived`` and, when the receive
+   buffer is a staging buffer, copy the part out to the output (``direct``: the output is the
+   receive buffer, symmetric, and holds the data already).
+
+Every block posts before it waits and waits only for posts that blocks of the same ``d`` make
+before any wait of theirs, so no block waits on one that is itself waiting (all blocks are
+resident: at most :data:`MAX_BLOCKS`).  Splits are device arrays (int64[W]) read by the
+kernel: splits on the device cost no host synchronisation, and a size mismatch between a
+sender's ``in_splits`` and a receiver's ``out_splits`` is caught on the device by both ends of
+the pair (a recoverable error; pairs that agree complete).  Each copy moves 16-byte vectors
+where the source and destination addresses agree modulo 16 (the elements before the first
+whole vector and after the last one singly), else single elements.
+
+The transport sits behind :class:`Transport`'s two methods (the chunk's stores, the peer's
+buffer address): inside a node, ptxops loads and stores; a network put would replace them.
+The multicast backends have nothing to multicast here: an all-to-all is point to point, so
+every backend runs this (peer) kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64, Uint32
+from cutlass.memory import SmemAllocator
+
+import ptxops
+
+from .. import config
+from ..config import MAX_WORLD, SIZE_MISMATCH, TIMEOUT, VECTOR_BYTES
+from ..device import exchange, signals
+from ..dtypes import DTYPES, dtype as registered
+from ..exchange import ARRIVED_WAIT, MAX_CHUNK, PLACE_MISMATCH, READY_WAIT, REFUSED, ExchangeLayout
+from ..device.kernel_args import Arg, KernelArgs, Layout
+from ..device.launch import launcher
+
+#: Most thread blocks of an all-to-all kernel (``world x parts``): all resident at once on an
+#: H100 (132 SMs), which the handshake needs.
+MAX_BLOCKS = 128
+
+#: Vectors each thread loads before it stores them (loads in flight at once).
+UNROLL = 4
+#: Thread blocks of an all-to-all kernel the runtime launches (:func:`default_parts`).
+DEFAULT_BLOCKS = 32
+
+
+def default_parts(world: int) -> int:
+    """Thread blocks per pair of ranks the runtime uses: :data:`DEFAULT_BLOCKS` in all."""
+    return max(1, DEFAULT_BLOCKS // world)
+
+
+ALL_TO_ALL = Layout("AllToAllArgs", (
+    Arg("recv_table", Int64, "device table of every rank's address of the symmetric allocation this rank "
+                             "receives into (int64[W])"),
+    Arg("recv_id", Int64, "that allocation's number (the same on every rank)"),
+    Arg("recv", Int64, "where this rank receives: its output (direct: symmetric, anywhere in that allocation) "
+                       "or a staging buffer of at least out_n elements"),
+    Arg("out", Int64, "this rank's output"),
+    Arg("src", Int64, "this rank's input"),
+    Arg("in_splits", Int64, "device int64[W]: elements this rank sends to each rank, in rank order"),
+    Arg("out_splits", Int64, "device int64[W]: elements this rank receives from each rank, in rank order"),
+    Arg("in_n", Int64, "elements of the input (the in_splits must sum to at most this)"),
+    Arg("out_n", Int64, "elements of the output and the receive buffer (the out_splits must sum to at most this)"),
+    Arg("slot_table", Int64, "device table of every rank's slot region (collectives.exchange.ExchangeLayout)"),
+    Arg("slots", Int64, "this rank's slot region (its entry of slot_table; its words hold the count of all-to-all "
+                        "calls)"),
+    Arg("err", Int64, "the error records (host-mapped int32[2][5], collectives.config.ERROR_FIELDS)"),
+    Arg("rank", Int32, "this rank"),
+    Arg("timeout_ns", Int64, "the bound of every wait, in nanoseconds of %globaltimer"),
+))
+
+
+@dataclass(frozen=True)
+class AllToAllKey:
+    """The compile-time choices of one all-to-all kernel: element type, world, ``parts`` (thread
+    blocks per pair of ranks), threads per block (256 by default: a block of 256 needs at most
+    128 registers a thread for two to fit an SM, so a one-GPU world of 8 ranks' 32 blocks each
+    stays resident), ``direct`` (the output is the receive buffer) and ``pdl`` (as
+    :attr:`collectives.algorithms.KernelKey.pdl`)."""
+
+    dtype: str
+    world: int
+    parts: int = 4
+    threads: int = 256
+    direct: bool = False
+    pdl: bool = field(default_factory=lambda: config.PDL)
+
+    def __post_init__(self) -> None:
+        registered(self.dtype)  # ValueError naming the registered dtypes
+        if not 2 <= self.world <= MAX_WORLD:
+            raise ValueError(f"world size must be 2..{MAX_WORLD}, not {self.world}")
+        if not 1 <= self.parts or self.world * self.parts > MAX_BLOCKS:
+            raise ValueError(f"parts must be 1..{MAX_BLOCKS // self.world} for world {self.world} (world x parts "
+                             f"<= {MAX_BLOCKS} blocks, all resident), not {self.parts}")
+        if self.threads not in (128, 256, 512, 1024):
+            raise ValueError(f"threads must be one of 128, 256, 512, 1024, not {self.threads}")
+
+    @property
+    def blocks(self) -> int:
+        return self.world * self.parts
+
+    @property
+    def vector(self) -> int:
+        """Elements per 16-byte vector."""
+        return DTYPES[self.dtype].elements(VECTOR_BYTES)
+
+
+class Transport:
+    """How a chunk's part reaches its destination, specialised on a key: ``copy_part`` moves
+    part ``j`` of a chunk of ``m`` elements from one address to another (this GPU's or a
+    peer's, through its NVLink address).  The part's elements are
+    :func:`collectives.exchange.part`'s (vector-aligned parts of the chunk, the same for the
+    sender's and the receiver's block ``j``); within it, 16-byte vectors where both addresses
+    agree modulo 16, else single elements; every thread of the block takes its share."""
+
+    def __init__(self, key: AllToAllKey) -> None:
+        self.dtype = DTYPES[key.dtype].cute
+        self.bytes = DTYPES[key.dtype].bytes
+        self.vec = key.vector
+        self.parts = key.parts
+        self.threads = key.threads
+
+    @cute.jit
+    def peer_buffer(self, table: Int64, rank: Int32) -> Int64:
+        return signals.peer_address(table, rank)
+
+    @cute.jit
+    def copy_part(self, src: Int64, dst: Int64, m: Int64, j: Int32) -> None:
+        size = ((m + self.parts - 1) // self.parts + self.vec - 1) // self.vec * self.vec
+        begin = cutlass.min(Int64(j) * size, m)
+        self.copy(src + begin * self.bytes, dst + begin * self.bytes, cutlass.min(Int64(j + 1) * size, m) - begin)
+
+    @cute.jit
+    def copy(self, src: Int64, dst: Int64, m: Int64) -> None:
+        """dst[0:m] = src[0:m] by the block's threads."""
+        tidx = Int64(cute.arch.thread_idx()[0])
+        head = m  # elements before the first 16-byte boundary: all of them unless both addresses agree
+        vectors = Int64(0)
+        if ((src ^ dst) & Int64(VECTOR_BYTES - 1)) == Int64(0):
+            head = cutlass.min(((Int64(VECTOR_BYTES) - (src & Int64(VECTOR_BYTES - 1)))
+                                & Int64(VECTOR_BYTES - 1)) // self.bytes, m)
+            vectors = (m - head) // self.vec
+        src_v, dst_v = src + head * self.bytes, dst + head * self.bytes  # 16-byte aligned
+        v = tidx
+        while v + (UNROLL - 1) * self.threads < vectors:  # UNROLL loads in flight, then their stores
+            ats = [cute.assume((v + u * self.threads) * self.vec, divby=self.vec) for u in range(UNROLL)]
+            loaded = [ptxops.ld(signals.gmem(self.dtype, src_v, VECTOR_BYTES) + at, num_elements=self.vec)
+                      for at in ats]
+            for at, values in zip(ats, loaded):
+                ptxops.st(signals.gmem(self.dtype, dst_v, VECTOR_BYTES) + at, values)
+            v += UNROLL * self.threads
+        while v < vectors:
+            at = cute.assume(v * self.vec, divby=self.vec)
+            values = ptxops.ld(signals.gmem(self.dtype, src_v, VECTOR_BYTES) + at, num_elements=self.vec)
+            ptxops.st(signals.gmem(self.dtype, dst_v, VECTOR_BYTES) + at, values)
+            v += self.threads
+        e = tidx  # the head, then the tail after the vectors
+        while e < m - vectors * self.vec:
+            i = e
+            if e >= head:
+                i = e + vectors * self.vec
+            value = ptxops.ld(signals.gmem(self.dtype, src, self.bytes) + i)
+            ptxops.st(signals.gmem(self.dtype, dst, self.bytes) + i, value)
+            e += self.threads
+
+
+@cute.jit
+def chunk_of(splits: Int64, peer: Int32, n: Int64, world: cutlass.Constexpr) -> tuple:
+    """(element offset of ``peer``'s chunk, its elements, the size to announce for it): the
+    splits array's prefix sum; the size is :data:`~collectives.exchange.REFUSED` when any split
+    is below 0 or above :data:`~collectives.exchange.MAX_CHUNK` or they sum past ``n``."""
+    at, count, total = Int64(0), Int64(0), Int64(0)
+    valid = True
+    for r in cutlass.range_constexpr(world):
+        s = ptxops.ld(signals.gmem(Int64, splits, 8) + r, dtype=Int64)
+        if peer == r:
+            at, count = total, s
+        valid = valid and s >= Int64(0) and s <= Int64(MAX_CHUNK)
+        total += s
+    size = Uint32(REFUSED)
+    if valid and total <= n:
+        size = Uint32(count)
+    return at, count, size
+
+
+def build(key: AllToAllKey):
+    """The ``@cute.jit`` launcher of the all-to-all kernel for ``key`` (grid ``key.blocks``)."""
+    world, parts = key.world, key.parts
+    transport = Transport(key)
+    element = DTYPES[key.dtype].bytes
+
+    @cute.jit
+    def kernel(args: KernelArgs):
+        rank, slots, err = args.rank, args.slots, args.err
+        tidx = cute.arch.thread_idx()[0]
+        block = cute.arch.block_idx()[0]
+        d, j = block % world, block // world
+        receiver, sender = (rank + d) % world, (rank + world - d) % world
+        smem = SmemAllocator()
+        shared = smem.allocate_tensor(Int64, cute.make_layout(3), byte_alignment=8)
+        counter = ExchangeLayout(world, parts).counter
+        calls, last = signals.enter_call(slots, world, counter=counter)
+        deadline = cute.arch.globaltimer() + args.timeout_ns
+        epoch = calls + Uint32(1)
+        send_at, send_n, send_size = chunk_of(args.in_splits, receiver, args.in_n, world)
+        recv_at, recv_n, recv_size = chunk_of(args.out_splits, sender, args.out_n, world)
+        if d == 0:  # our own chunk
+            if send_size == recv_size and send_size != Uint32(REFUSED):
+                transport.copy_part(args.src + send_at * element, args.out + recv_at * element, send_n, j)
+            elif j == 0 and tidx == 0:
+                signals.record_error(err, Int32(SIZE_MISMATCH), Int32(READY_WAIT), rank, block, rank)
+        else:
+            if j == 0 and tidx == 0:
+                offset = args.recv - transport.peer_buffer(args.recv_table, rank) + recv_at * element
+                exchange.post_ready(args.slot_table, rank, sender, exchange.place(args.recv_id, offset), recv_size,
+                                    epoch, world, parts)
+            if tidx == 0:  # the sender's side: wait for the receiver's ready
+                status = exchange.wait_word(exchange.ready_word(slots, receiver, world, parts), calls, send_size,
+                                            deadline)
+                allocation, offset = exchange.place_of(exchange.ready_offset(slots, receiver, world, parts))
+                if status != 0:
+                    signals.record_error(err, status, Int32(READY_WAIT), receiver, block, rank)
+                elif allocation != args.recv_id:
+                    status = Int32(SIZE_MISMATCH)
+                    signals.record_error(err, status, Int32(PLACE_MISMATCH), receiver, block, rank)
+                shared[0] = Int64(status)
+                shared[1] = offset
+            cute.arch.sync_threads()
+            status = Int32(shared[0])
+            if status == 0:
+                to = transport.peer_buffer(args.recv_table, receiver) + shared[1]
+                transport.copy_part(args.src + send_at * element, to, send_n, j)
+            cute.arch.sync_threads()  # the part's stores before the release
+            if status != Int32(TIMEOUT) and tidx == 0:  # nothing sent is announced too (REFUSED): no wait hangs
+                sent = send_size
+                if status != 0:
+                    sent = Uint32(REFUSED)
+                exchange.post_arrived(args.slot_table, rank, receiver, j, sent, epoch, world, parts)
+            if tidx == 0:  # the receiver's side: wait for our part of the sender's chunk
+                status = exchange.wait_word(exchange.arrived_word(slots, sender, j, world, parts), calls, recv_size,
+                                            deadline)
+                shared[2] = Int64(status)
+                if status != 0:
+                    signals.record_error(err, status, Int32(ARRIVED_WAIT), sender, block, rank)
+            cute.arch.sync_threads()
+            if cutlass.const_expr(not key.direct):
+                if shared[2] == Int64(0):
+                    transport.copy_part(args.recv + recv_at * element, args.out + recv_at * element, recv_n, j)
+        signals.leave_call(slots, calls, last, world, counter=counter)
+
+    return launcher(kernel, key.threads, key.blocks, pdl=key.pdl, layout=ALL_TO_ALL)
+
+
+__all__ = ["ALL_TO_ALL", "DEFAULT_BLOCKS", "MAX_BLOCKS", "UNROLL", "AllToAllKey", "Transport", "build", "chunk_of",
+           "default_parts"]

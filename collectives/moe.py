@@ -1,0 +1,291 @@
+"""Mixture-of-experts dispatch and combine over the uneven all-to-all
+(:func:`collectives.all_to_all`), low-latency mode.
+
+``dispatch`` sends every token to the ranks of its top-k experts (expert ``e`` lives on rank
+``e // L``, as its local expert ``e % L``, ``L = num_experts / world``) and returns, per local
+expert, its tokens in a fixed-capacity layout a grouped GEMM takes: ``expert_x[L, W * max_tokens,
+H]``, expert ``l``'s tokens in rows ``[0, counts[l])`` ordered by source rank, then by the
+source's ``(token, k)`` order (rows past the count are unspecified), with ``counts[L]`` on the
+GPU.  ``combine`` sends every expert's output rows back and returns each token's
+``sum_k weight[t, k] * expert_out(t, k)``, accumulated in f32 in ``k`` order and rounded once to
+the input's dtype.
+
+No step reads a value back to the host, and every shape is fixed by ``max_tokens`` (the same on
+every rank): a CUDA graph captures both calls, and replays with new routings.  The device work
+is two all-to-alls per call (the per-expert counts, then the rows; combine: the rows), whose
+rows land directly in receive buffers of symmetric memory (allocated by the first call of each
+shape: make it eagerly before a capture), and index arithmetic in torch (a stable sort of the
+``(token, k)`` entries by expert, prefix sums, one row gather or scatter on each side).
+Entries whose expert id is out of range, and rows past an expert's capacity (possible only when a token names one expert twice), are
+dropped and counted (``handle.dropped``, on the GPU; ``validate=True`` checks the ids on the
+host first and raises); a receive buffer too small for the rows sent fails the all-to-all's
+pairs with a size mismatch, never silently.
+
+:func:`dispatch_with` and :func:`combine_with` take the all-to-all as a function, so that the
+same code runs over the reference in a simulated world (the CPU tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .runtime import moe_ops
+from .errors import CollectiveError
+from .runtime.moe_ops import COMBINE_FIELDS, HANDLE_FIELDS
+
+#: ``exchange(out, inp, out_splits, in_splits)``: an all-to-all of rows (device int64 splits).
+Exchange = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], Any]
+#: ``empty(name, shape, dtype, device)``: the receive buffer ``name`` (the same shape on every
+#: rank; reused by the next call of the same shape).
+Empty = Callable[[str, tuple, torch.dtype, torch.device], torch.Tensor]
+
+
+def plain(name: str, shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A new plain tensor (received through the all-to-all's staging buffer)."""
+    return torch.empty(shape, dtype=dtype, device=device)
+MODES = ("low_latency",)
+
+
+@dataclass
+class Handle:
+    """What :func:`combine` needs of a :func:`dispatch`: the entries' sort by expert
+    (``order``), which entries were sent (``valid``), their weights, both sides' splits, each
+    received row's place in ``expert_x`` (``place``; a dropped row's is the trash row), the
+    shapes, and the count of dropped entries (``dropped``, a GPU scalar; a combine needs
+    none of it); with fp8, ``scales`` ``[L, W * max_tokens]`` (f32: a row's values are
+    ``expert_x * scale``)."""
+
+    order: torch.Tensor
+    valid: torch.Tensor
+    weights: torch.Tensor
+    send_splits: torch.Tensor
+    recv_splits: torch.Tensor
+    place: torch.Tensor
+    kept: torch.Tensor
+    tokens: int
+    topk: int
+    dropped: torch.Tensor | None = None
+    scales: torch.Tensor | None = None
+
+
+def _scatter_count(index: torch.Tensor, bins: int) -> torch.Tensor:
+    """``bincount(index, minlength=bins)`` without a host sync (torch's reads the maximum back)."""
+    counts = torch.zeros(bins, dtype=torch.int64, device=index.device)
+    return counts.scatter_add_(0, index, torch.ones_like(index))
+
+
+#: The largest finite float8_e4m3fn: a token's largest magnitude maps to it.
+E4M3_MAX = 448.0
+
+
+def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` ([tokens, hidden]) as float8_e4m3fn with one f32 scale per token (its largest
+    magnitude over :data:`E4M3_MAX`; 1 for a zero row): ``x ~ q * scale``."""
+    amax = x.abs().amax(dim=1).float() if x.shape[1] else x.new_zeros(x.shape[0], dtype=torch.float32)
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    return (x.float() / scale[:, None]).to(torch.float8_e4m3fn), scale
+
+
+def _check(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, world: int,
+           max_tokens: int, mode: str, validate: bool) -> None:
+    if mode not in MODES:
+        raise CollectiveError(f"moe.dispatch: mode must be one of {MODES}, not {mode!r}")
+    if num_experts % world or num_experts <= 0:
+        raise CollectiveError(f"moe.dispatch: num_experts ({num_experts}) must be a positive multiple of the world "
+                              f"size ({world})")
+    if x.dim() != 2 or topk_ids.dim() != 2 or topk_ids.shape != topk_weights.shape or topk_ids.shape[0] != x.shape[0]:
+        raise CollectiveError(f"moe.dispatch: x must be [tokens, hidden] and topk_ids, topk_weights [tokens, k], not "
+                              f"{tuple(x.shape)}, {tuple(topk_ids.shape)}, {tuple(topk_weights.shape)}")
+    if x.shape[0] > max_tokens:
+        raise CollectiveError(f"moe.dispatch: {x.shape[0]} tokens exceed max_tokens={max_tokens}")
+    if topk_ids.dtype not in (torch.int32, torch.int64) or not topk_weights.is_floating_point():
+        raise CollectiveError(f"moe.dispatch: topk_ids must be int32/int64 and topk_weights floating, not "
+                              f"{topk_ids.dtype}, {topk_weights.dtype}")
+    if len({x.device, topk_ids.device, topk_weights.device}) != 1:
+        raise CollectiveError("moe.dispatch: x, topk_ids and topk_weights must be on one device")
+    if validate and topk_ids.numel():
+        low, high = int(topk_ids.min()), int(topk_ids.max())
+        if low < 0 or high >= num_experts:
+            raise CollectiveError(f"moe.dispatch: expert ids must be in 0..{num_experts - 1}, found {low}..{high}")
+
+
+def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: torch.Tensor,
+                  topk_weights: torch.Tensor, num_experts: int, max_tokens: int, mode: str = "low_latency",
+                  validate: bool = False, empty: Empty = plain,
+                  fp8: bool = False) -> tuple[torch.Tensor, torch.Tensor, Handle]:
+    """:func:`dispatch` over ``exchange`` in a world of ``world`` ranks, receiving rows into
+    ``empty``'s buffer."""
+    _check(x, topk_ids, topk_weights, num_experts, world, max_tokens, mode, validate)
+    tokens, topk = topk_ids.shape
+    hidden, device = x.shape[1], x.device
+    local = num_experts // world
+    capacity = world * max_tokens  # rows per local expert: each source sends it each token once
+    flat = topk_ids.reshape(-1).to(torch.int64)
+    valid = (flat >= 0) & (flat < num_experts)
+    expert = torch.where(valid, flat, num_experts)  # out of range: a bin past the last rank's
+    order = torch.sort(expert, stable=True).indices  # by expert, then (token, k): by rank too
+    per_expert = _scatter_count(expert, num_experts + 1)[:num_experts]
+    send_splits = per_expert.view(world, local).sum(1)
+    source, wire = x, x.dtype  # the rows (fp8: as bytes, which torch indexes) and the dtype they travel as
+    if fp8:  # each row travels as hidden fp8 bytes, then its scale's 4 bytes
+        q, scale = quantize(x)
+        source = torch.cat([q.view(torch.uint8), scale.view(torch.uint8).view(tokens, 4)], 1)
+        wire = torch.float8_e4m3fn
+    width = source.shape[1]
+    rows = source.index_select(0, order // topk)  # the sent rows, by destination rank and expert
+
+    # The per-expert counts, row s to rank s (their bits, as float32 pairs: the all-to-all moves
+    # the library's dtypes); then the rows.
+    counts = torch.empty((world, local), dtype=torch.int64, device=device)
+    exchange(counts.view(torch.float32), per_expert.view(world, local).view(torch.float32), None, None)
+    recv_splits = counts.sum(1)
+    room = world * max_tokens * min(topk, local)  # rows a rank can receive
+    received = empty("dispatch", (room, width), wire, device).view(source.dtype)
+    exchange(received.view(wire), rows.view(wire), recv_splits, send_splits)
+
+    # Each received row's place: expert l's rows by source, then in the source's order.
+    segments = counts.reshape(-1)  # (source, expert) in arrival order
+    ends = torch.cumsum(segments, 0)
+    i = torch.arange(room, device=device)
+    segment = torch.searchsorted(ends, i, right=True)
+    arrived = segment < world * local
+    segment = segment.clamp(max=world * local - 1)
+    within = i - (ends - segments)[segment]
+    before = (torch.cumsum(counts, 0) - counts).reshape(-1)[segment]  # earlier sources' rows of the expert
+    slot = before + within
+    kept = arrived & (slot < capacity)
+    place = torch.where(kept, (segment % local) * capacity + slot, local * capacity)  # else: the trash row
+    expert_x = torch.empty((local * capacity + 1, width), dtype=source.dtype, device=device)
+    expert_x.index_copy_(0, place, received)
+    expert_counts = counts.sum(0)
+    dropped = (~valid).sum() + (arrived & ~kept).sum()
+    handle = Handle(order, valid, topk_weights, send_splits, recv_splits, place, kept, tokens, topk, dropped)
+    expert_x = expert_x[:-1].view(local, capacity, width)
+    if fp8:
+        handle.scales = expert_x[..., hidden:].contiguous().view(torch.float32)[..., 0]
+        expert_x = expert_x[..., :hidden].contiguous().view(wire)
+    return expert_x, expert_counts, handle
+
+
+def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, empty: Empty = plain) -> torch.Tensor:
+    """:func:`combine` over ``exchange``, receiving rows into ``empty``'s buffer."""
+    local, capacity, hidden = expert_out.shape
+    h = handle
+    most = capacity // h.send_splits.numel() * h.topk  # max_tokens x topk: the same on every rank
+    flat = expert_out.reshape(local * capacity, hidden)
+    back = flat.index_select(0, h.place.clamp(max=local * capacity - 1))
+    back = torch.where(h.kept[:, None], back, torch.zeros((), dtype=back.dtype, device=back.device))
+    entries = empty("combine", (most, hidden), expert_out.dtype, expert_out.device)[:h.tokens * h.topk].zero_()
+    exchange(entries, back, h.send_splits, h.recv_splits)  # in the dispatch's sorted order
+    y = torch.empty_like(entries).index_copy_(0, h.order, entries).view(h.tokens, h.topk, hidden)
+    weights = torch.where(h.valid.view(h.tokens, h.topk), h.weights, 0).float()
+    total = y[:, 0].float() * weights[:, 0, None]
+    for k in range(1, h.topk):
+        total = total + y[:, k].float() * weights[:, k, None]
+    return total.to(expert_out.dtype)
+
+
+def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, *,
+             mode: str = "low_latency", max_tokens: int | None = None, validate: bool = False,
+             fp8: bool = False, group: Any = None) -> tuple[torch.Tensor, torch.Tensor, Handle]:
+    """Send each token of ``x`` ([tokens, hidden]) to its ``topk_ids`` experts' ranks (see the
+    module).  ``max_tokens``: the most tokens any rank dispatches (default: this rank's count;
+    the same on every rank).  ``fp8``: the rows travel and arrive as float8_e4m3fn with a scale
+    per token (:func:`quantize`; ``handle.scales``; not inside torch.compile).  Returns
+    ``(expert_x, counts, handle)``."""
+    from . import api
+    from .runtime.communicator import communicator, traceable
+
+    max_tokens = x.shape[0] if max_tokens is None else max_tokens
+    if torch.compiler.is_compiling():  # the custom operator (collectives.runtime.moe_ops), on the default communicator
+        traceable(group, "moe.dispatch")
+        if validate or fp8 or mode not in MODES:
+            raise CollectiveError(f"moe.dispatch inside torch.compile: mode must be one of {MODES}, without validate "
+                                  "(it reads the ids back to the host) and without fp8")
+        expert_x, counts, handle = moe_ops.traced_dispatch(x, topk_ids, topk_weights, num_experts, max_tokens,
+                                                           _world())
+        return expert_x, counts, handle_from(handle, topk_weights)
+    return dispatch_with(_collective(api, group), communicator(group).world, x, topk_ids, topk_weights, num_experts,
+                         max_tokens, mode, validate, _symmetric(group), fp8)
+
+
+def combine(expert_out: torch.Tensor, handle: Handle, *, group: Any = None) -> torch.Tensor:
+    """Each dispatched token's weighted sum of its experts' rows of ``expert_out`` ([L, W *
+    max_tokens, hidden]), in its original order and dtype."""
+    from . import api
+
+    if torch.compiler.is_compiling():
+        from .runtime.communicator import traceable
+
+        traceable(group, "moe.combine")
+        return moe_ops.traced_combine(expert_out, handle.weights, handle_tensors(handle, COMBINE_FIELDS))
+    return combine_with(_collective(api, group), expert_out, handle, _symmetric(group))
+
+
+def handle_tensors(handle: Handle, fields: tuple[str, ...] = HANDLE_FIELDS) -> tuple[torch.Tensor, ...]:
+    """The handle's tensors named by ``fields`` (the operators' arguments and results)."""
+    return tuple(getattr(handle, f) for f in fields)
+
+
+def handle_from(tensors: tuple[torch.Tensor, ...], topk_weights: torch.Tensor) -> Handle:
+    """The handle of the operators' tensors (:data:`~collectives.runtime.moe_ops.HANDLE_FIELDS`, or
+    the combine's leading ones) and the dispatch's weights."""
+    tokens, topk = topk_weights.shape
+    return Handle(weights=topk_weights, tokens=tokens, topk=topk, **dict(zip(HANDLE_FIELDS, tensors)))
+
+
+@moe_ops.implement("moe_dispatch")
+def _dispatch_kernel(x, topk_ids, topk_weights, num_experts, max_tokens, world):
+    expert_x, counts, handle = dispatch(x, topk_ids, topk_weights, num_experts, max_tokens=max_tokens)
+    return (expert_x, counts) + handle_tensors(handle)
+
+
+@moe_ops.implement("moe_combine")
+def _combine_kernel(expert_out, topk_weights, *handle):
+    return combine(expert_out, handle_from(handle, topk_weights))
+
+
+def _world() -> int:
+    """The default communicator's world size (a constant of a traced graph)."""
+    from .runtime.communicator import communicator
+
+    return communicator().world
+
+
+#: Each communicator's receive buffers, by (communicator id, name, shape, dtype).
+_BUFFERS: dict[tuple, torch.Tensor] = {}
+
+
+def _symmetric(group: Any) -> Empty:
+    """Receive buffers in ``group``'s symmetric memory (the all-to-all stores into them
+    directly), allocated once per name, shape and dtype (collective: every rank asks for the
+    same) and reused: the next all-to-all into one waits for its receiver, which has finished
+    with it by then (stream order)."""
+    from . import api
+    from .runtime.communicator import communicator
+
+    comm = communicator(group)
+
+    def empty(name: str, shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        key = (id(comm), name, shape, dtype)
+        buffer = _BUFFERS.get(key)
+        if buffer is None:
+            buffer = _BUFFERS[key] = api.empty(shape, dtype, group=comm)
+        return buffer
+
+    return empty
+
+
+def _collective(api: Any, group: Any) -> Exchange:
+    def exchange(out, inp, out_splits, in_splits):
+        api.all_to_all(out, inp, out_splits, in_splits, group=group)
+
+    return exchange
+
+
+__all__ = ["E4M3_MAX", "MODES", "Empty", "Exchange", "Handle", "combine", "combine_with", "dispatch", "dispatch_with", "handle_from",
+           "handle_tensors", "plain", "quantize"]

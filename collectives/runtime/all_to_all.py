@@ -1,0 +1,166 @@
+"""The host side of the uneven all-to-all (the kernel: :mod:`collectives.algorithms.all_to_all`;
+the API: ``collectives.all_to_all``).
+
+Each communicator's first all-to-all makes two collective allocations, the same on every
+rank whatever the call's sizes: the slot region (:class:`~collectives.exchange.ExchangeLayout`,
+a zeroed signal pad whose words also count the all-to-all calls) and a staging buffer of
+:data:`STAGING_BYTES` that a plain output receives through.  A symmetric output
+(:func:`collectives.empty`) receives directly: the senders store into it.  Every rank must
+receive the same way at a call (all symmetric, or all plain): a sender can address only the
+allocation its own call receives into, and a pair that differs fails on both ends.
+
+Splits count rows of dimension 0 (as :func:`torch.distributed.all_to_all_single`'s): a list of
+ints, or an int64 tensor of ``world`` entries on this rank's GPU (read by the kernel: no host
+synchronisation).  A list's device copy is cached by value (:data:`SPLIT_TENSORS` of them), so
+a repeated routing copies nothing and a CUDA graph may capture it.  Sizes are checked on the
+device: a split below 0, splits that sum past a tensor (or a plain output's past the staging
+buffer), or a sender and a receiver that disagree fail every pair concerned, on both ends,
+with a recoverable error raised after the launch; the pairs that agree complete.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any, Union
+
+import torch
+
+from ..algorithms.all_to_all import ALL_TO_ALL, AllToAllKey, default_parts
+from ..algorithms.plan import current_stream
+from ..errors import CollectiveError
+from ..exchange import ExchangeLayout
+
+#: Bytes of the staging buffer through which a plain output receives (each rank's, allocated
+#: at its communicator's first all-to-all; ``COLLECTIVES_ALL_TO_ALL_STAGING_BYTES``, the same on
+#: every rank).  A plain output that receives more fails its pairs; a symmetric one has no limit.
+STAGING_BYTES = int(os.environ.get("COLLECTIVES_ALL_TO_ALL_STAGING_BYTES", str(64 << 20)), 0)
+#: Device copies of list splits kept, by value.
+SPLIT_TENSORS = 64
+
+#: Split sizes: a list of ints, an int64 tensor of the world size on the GPU, or None (equal chunks).
+Splits = Union[Sequence[int], "torch.Tensor", None]
+
+
+class Exchange:
+    """A communicator's all-to-all state: the slot region and its view, the staging buffer and
+    the device copies of list splits (the kernels: the communicator's cache)."""
+
+    def __init__(self, comm: Any, seed: int = 0) -> None:
+        ctx = comm.ctx
+        self.comm = comm
+        self.parts = default_parts(comm.world)
+        self.layout = ExchangeLayout(comm.world, self.parts)
+        self.region = ctx.signal_pad(self.layout.words * 4, torch.int32)  # collective; zeroed everywhere
+        if seed:
+            self._seed(seed)
+        self.slots = comm.buffer(self.region)
+        self.staging = ctx.empty(STAGING_BYTES, torch.uint8)  # collective, the same size everywhere
+        self.splits: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+
+    def _seed(self, calls: int) -> None:
+        """Test only (the runtime's ``COLLECTIVES_TEST_SEED_EPOCH``): start the count of
+        all-to-all calls at ``calls``, and every ready and arrived word at epoch ``calls``
+        (as if a call had just ended there), on every rank before any all-to-all."""
+        layout, world = self.layout, self.comm.world
+        signed = calls - (1 << 32) if calls >= 1 << 31 else calls
+        words = [layout.ready(r) for r in range(world)]
+        words += [layout.arrived(s, j) for s in range(world) for j in range(self.parts)]
+        self.region[torch.tensor(words, device=self.region.device)] = signed
+        self.region[layout.counter[0]] = signed
+        self.comm.ctx.host_barrier()  # (syncs this rank's stream first: the writes have landed)
+
+    def device_splits(self, splits: Splits, rows: int, row: int, what: str, device: torch.device) -> torch.Tensor:
+        """``splits`` (rows of ``row`` elements each) as the kernel's int64[W] of elements on
+        ``device``; None: ``rows`` in equal chunks."""
+        world = self.comm.world
+        if isinstance(splits, torch.Tensor):
+            if splits.dtype != torch.int64 or splits.shape != (world,) or splits.device != device:
+                raise CollectiveError(f"all_to_all: {what} as a tensor must be int64 of shape ({world},) on {device}, "
+                                      f"not {splits.dtype} {tuple(splits.shape)} on {splits.device}")
+            return (splits * row if row != 1 else splits).contiguous()
+        if splits is None:
+            if rows % world:
+                raise CollectiveError(f"all_to_all: without {what}, dimension 0 ({rows} rows) must divide by the "
+                                      f"world size {world}")
+            splits = [rows // world] * world
+        values = tuple(int(s) * row for s in splits)
+        if len(values) != world:
+            raise CollectiveError(f"all_to_all: {what} must have world size ({world}) entries, not {len(values)}")
+        cached = self.splits.get(values)
+        if cached is None:
+            # From pinned memory: allowed (and recorded) inside a CUDA-graph capture.
+            cached = torch.tensor(values, dtype=torch.int64).pin_memory().to(device, non_blocking=True)
+            self.splits[values] = cached
+            while len(self.splits) > SPLIT_TENSORS:
+                self.splits.popitem(last=False)  # stream-ordered free: a queued kernel still reads it
+        self.splits.move_to_end(values)
+        return cached
+
+
+#: Each communicator's exchange, by the communicator's id (made at its first all-to-all).
+_EXCHANGES: dict[int, Exchange] = {}
+
+
+def exchange(comm: Any, seed: int = 0) -> Exchange:
+    """``comm``'s :class:`Exchange` (made on first use: collective)."""
+    state = _EXCHANGES.get(id(comm))
+    if state is None or state.comm is not comm:
+        state = _EXCHANGES[id(comm)] = Exchange(comm, seed)
+    return state
+
+
+def check_tensors(comm: Any, out: torch.Tensor, inp: torch.Tensor) -> str:
+    """The dtype name of an all-to-all of ``inp`` into ``out``, after checking both."""
+    from ..dtypes import from_torch
+
+    for name, t in (("out", out), ("inp", inp)):
+        if not t.is_cuda or t.device.index != comm.device_index:
+            raise CollectiveError(f"all_to_all: {name} is on {t.device}; this rank's collectives run on "
+                                  f"cuda:{comm.device_index}")
+        if not t.is_contiguous():
+            raise CollectiveError(f"all_to_all: {name} must be contiguous")
+        if t.dim() == 0:
+            raise CollectiveError(f"all_to_all: {name} needs a dimension 0 to split")
+    if out.dtype != inp.dtype:
+        raise CollectiveError(f"all_to_all: out is {out.dtype}, inp is {inp.dtype}")
+    if out.shape[1:] != inp.shape[1:]:
+        raise CollectiveError(f"all_to_all: out's rows {tuple(out.shape[1:])} differ from inp's {tuple(inp.shape[1:])}")
+    o, i = out.data_ptr(), inp.data_ptr()
+    if out.numel() and inp.numel() and o < i + inp.nbytes and i < o + out.nbytes:
+        raise CollectiveError("all_to_all: out and inp overlap (other ranks store into out while this rank still "
+                              "reads inp): pass separate tensors")
+    return from_torch(inp.dtype).name
+
+
+def all_to_all(comm: Any, out: torch.Tensor, inp: torch.Tensor, out_splits: Splits = None,
+               in_splits: Splits = None, seed: int = 0) -> torch.Tensor:
+    """Launch the all-to-all of ``inp`` into ``out`` on ``comm`` on the current stream (see the
+    module; :func:`collectives.all_to_all` wraps it with the error protocol)."""
+    dtype = check_tensors(comm, out, inp)
+    state = exchange(comm, seed)
+    ctx = comm.ctx
+    row = math.prod(inp.shape[1:])
+    send = state.device_splits(in_splits, inp.shape[0], row, "in_splits", inp.device)
+    receive = state.device_splits(out_splits, out.shape[0], row, "out_splits", out.device)
+    direct = ctx.is_symmetric(out)
+    if direct:
+        allocation, recv_n = ctx.allocation(out), out.numel()
+    else:
+        allocation, recv_n = ctx.allocation(state.staging), min(out.numel(), STAGING_BYTES // out.element_size())
+    base, number = allocation
+    key = AllToAllKey(dtype, comm.world, state.parts, direct=direct)
+    slots = state.slots
+    args = ALL_TO_ALL.pack(
+        recv_table=comm.buffer(base).table.data_ptr(), recv_id=number,
+        recv=out.data_ptr() if direct else state.staging.data_ptr(), out=out.data_ptr(), src=inp.data_ptr(),
+        in_splits=send.data_ptr(), out_splits=receive.data_ptr(), in_n=inp.numel(), out_n=recv_n,
+        slot_table=slots.table.data_ptr(), slots=int(slots.host[comm.rank]), err=comm.error.data_ptr(),
+        rank=comm.rank, timeout_ns=int(comm.timeout_s * 1e9))
+    comm.kernel(key)(*args, key.blocks, current_stream(comm.device_index))
+    return out
+
+
+__all__ = ["STAGING_BYTES", "Exchange", "all_to_all", "check_tensors", "exchange"]

@@ -1,0 +1,132 @@
+"""Benchmark the uneven all-to-all and the MoE dispatch/combine against NCCL's
+``torch.distributed.all_to_all_single``.
+
+    torchrun --nproc-per-node 8 -m collectives.tools.all_to_all_bench [--hidden 7168] [--no-graph]
+
+Part 1, ``all_to_all``: every rank sends ``tokens`` rows of ``hidden`` bf16 to every rank
+(``tokens`` = 1, 8, 64, 128, 512, 4096); NCCL's ``all_to_all_single`` on plain tensors against
+ours into a plain output (through the staging buffer, where it fits) and into a symmetric one
+(direct).
+Part 2, MoE: ``tokens`` per rank routed to ``--topk`` of ``--experts`` experts (uniformly at
+random, distinct per token); ``collectives.moe.dispatch`` and ``combine`` (low latency) against
+the same layer built on NCCL (a sort by expert, ``all_to_all_single`` of the counts and of the
+rows, and back).  Times are the slowest rank's, best of 3 (:func:`collectives.tools.bench.time_op`),
+eager launches and CUDA-graph replays; rank 0 prints the device, then one row per size: us per
+call, and GB/s of the bytes each rank sends to other ranks.  NVLink multicast stays off.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..symmetric.capability import force_multicast_off
+
+force_multicast_off()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from .bench import time_op  # noqa: E402
+
+TOKENS = (1, 8, 64, 128, 512, 4096)
+
+
+def nccl_dispatch(x, ids, experts, world):
+    """The MoE dispatch on NCCL: rows sorted by expert, the counts, then the rows (host splits)."""
+    order = torch.sort(ids.reshape(-1), stable=True).indices
+    counts = torch.bincount(ids.reshape(-1), minlength=experts).view(world, -1)
+    recv_counts = torch.empty_like(counts)
+    dist.all_to_all_single(recv_counts, counts)
+    send, recv = counts.sum(1).tolist(), recv_counts.sum(1).tolist()  # host syncs: NCCL needs host splits
+    rows = x.index_select(0, order // ids.shape[1])
+    out = x.new_empty((sum(recv), x.shape[1]))
+    dist.all_to_all_single(out, rows, recv, send)
+    return out, (order, send, recv)
+
+
+def nccl_combine(y, handle, tokens, topk, weights):
+    order, send, recv = handle
+    back = y.new_empty((sum(send), y.shape[1]))
+    dist.all_to_all_single(back, y, send, recv)
+    entries = torch.empty_like(back).index_copy_(0, order, back).view(tokens, topk, -1)
+    return (entries.float() * weights[..., None]).sum(1).to(y.dtype)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m collectives.tools.all_to_all_bench", description=__doc__)
+    parser.add_argument("--hidden", type=int, default=7168)
+    parser.add_argument("--experts", type=int, default=256)
+    parser.add_argument("--topk", type=int, default=8)
+    parser.add_argument("--tokens", default=",".join(str(t) for t in TOKENS))
+    parser.add_argument("--no-graph", action="store_true")
+    args = parser.parse_args(argv)
+
+    import collectives
+    from collectives import moe
+    from collectives.runtime.all_to_all import STAGING_BYTES
+    from collectives.runtime.communicator import communicator
+
+    comm = communicator()
+    world, rank, hidden, dtype = comm.world, comm.rank, args.hidden, torch.bfloat16
+    modes = ["eager"] if args.no_graph else ["eager", "graph"]
+    sizes = [int(t) for t in args.tokens.split(",")]
+    if rank == 0:
+        print(f"device: {torch.cuda.get_device_name()} x {world}; hidden {hidden}, bf16")
+        print("all_to_all: us per call (GB/s sent to other ranks per rank)")
+        print(f"{'mode':6} {'tokens':>6} {'nccl':>16} {'ours plain':>16} {'ours symmetric':>16}")
+    for mode in modes:
+        for tokens in sizes:
+            n = world * tokens
+            iters = max(10, min(200, (1 << 30) // (n * hidden * 2 * 4)))
+            inp = torch.randn((n, hidden), device="cuda").to(dtype)
+            plain = torch.empty_like(inp)
+            symmetric = collectives.empty((n, hidden), dtype)
+            sent = (world - 1) * tokens * hidden * 2
+            staged = plain.nbytes <= STAGING_BYTES  # a larger plain output does not fit the staging buffer
+            us = [time_op(lambda: dist.all_to_all_single(plain, inp), iters, mode == "graph"),
+                  time_op(lambda: collectives.all_to_all(plain, inp), iters, mode == "graph") if staged else None,
+                  time_op(lambda: collectives.all_to_all(symmetric, inp), iters, mode == "graph")]
+            collectives.synchronize()
+            if rank == 0:
+                print(f"{mode:6} {tokens:>6} " + " ".join(f"{t:8.1f} ({sent / t / 1e3:5.0f})" if t else f"{'-':>16}"
+                                                          for t in us), flush=True)
+            comm.ctx.free(symmetric)
+
+    if rank == 0:
+        print(f"MoE top-{args.topk} of {args.experts} experts: us per call (NCCL: eager only, it syncs the host)")
+        print(f"{'mode':6} {'tokens':>6} {'nccl dispatch':>14} {'nccl combine':>13} {'dispatch':>9} {'combine':>8}")
+    gen = torch.Generator(device="cuda").manual_seed(rank)
+    for mode in modes:
+        for tokens in [t for t in sizes if t <= 512]:
+            x = torch.randn((tokens, hidden), device="cuda", generator=gen).to(dtype)
+            ids = torch.argsort(torch.rand((tokens, args.experts), device="cuda", generator=gen), 1)[:, :args.topk]
+            weights = torch.rand((tokens, args.topk), device="cuda", generator=gen)
+            iters = 20
+            state = {}
+
+            def dispatch():
+                state["d"] = moe.dispatch(x, ids, weights, args.experts, max_tokens=tokens)
+
+            dispatch_us = time_op(dispatch, iters, mode == "graph")
+            expert_x, _, handle = state["d"]
+            combine_us = time_op(lambda: moe.combine(expert_x, handle), iters, mode == "graph")
+            nccl = ["", ""]
+            if mode == "eager":
+                def nccl_d():
+                    state["n"] = nccl_dispatch(x, ids, args.experts, world)
+
+                nccl_us = time_op(nccl_d, iters, False)
+                rows, h = state["n"]
+                nccl = [f"{nccl_us:14.1f}",
+                        f"{time_op(lambda: nccl_combine(rows, h, tokens, args.topk, weights), iters, False):13.1f}"]
+            collectives.synchronize()
+            if rank == 0:
+                print(f"{mode:6} {tokens:>6} {nccl[0]:>14} {nccl[1]:>13} {dispatch_us:9.1f} {combine_us:8.1f}",
+                      flush=True)
+    torch.cuda.synchronize()
+    dist.barrier()
+    collectives.current().close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""The uneven all-to-all on real GPUs, bit for bit against the reference
+(:mod:`collectives.all_to_all_reference`).
+
+Each check is a function of ``(rank, world, group)`` (``group``: what every collectives call
+takes), so it runs under torchrun and in a one-GPU world of threads alike.  Every rank builds
+every rank's input and splits from the same seed, so the reference needs no communication.
+Run under torchrun on 2 or 4 GPUs:
+    torchrun --nproc-per-node 2 -m pytest -q tests/collectives/gpu/ranks/test_all_to_all.py
+Never launches a multimem kernel: the all-to-all is point to point on every backend.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from collectives.symmetric.capability import force_multicast_off
+
+force_multicast_off()
+
+pytestmark = pytest.mark.multigpu
+torch = pytest.importorskip("torch")
+from tests.collectives.gpu.ranks.collectives_cases import TORCH, comm  # noqa: E402,F401  (the communicator fixture)
+
+from collectives.all_to_all_reference import all_to_all as reference  # noqa: E402
+
+
+def inputs(world: int, m: list, hidden: int, dtype: torch.dtype, seed: int) -> list:
+    """Every rank's input: ``sum(m[s])`` rows of ``hidden`` random bytes' worth of ``dtype``."""
+    gen = torch.Generator().manual_seed(seed)
+    size = torch.empty((), dtype=dtype).element_size()
+    return [torch.randint(0, 256, (sum(m[s]), hidden * size), generator=gen, dtype=torch.uint8).view(dtype)
+            for s in range(world)]
+
+
+def splits(world: int, seed: int, most: int) -> list:
+    """A matrix of rows ``m[s][r]`` rank s sends to rank r (zeros and odd sizes among them)."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, most + 1, (world, world), generator=gen).tolist()
+
+
+def one_call(rank: int, world: int, group, m: list, hidden: int, dtype: str, seed: int, *, symmetric_out: bool,
+             device_splits: bool) -> None:
+    """One all-to-all of the routing ``m`` checked bit for bit on this rank."""
+    import collectives
+
+    x = inputs(world, m, hidden, TORCH[dtype], seed)
+    want = reference(x, m, [[m[s][r] for s in range(world)] for r in range(world)])[rank]
+    inp = x[rank].cuda()
+    rows = sum(m[s][rank] for s in range(world))
+    if symmetric_out:  # a collective allocation: the same shape on every rank
+        most = max(sum(m[s][r] for s in range(world)) for r in range(world))
+        start = (most - rows) // 2  # at different places on different ranks (and inside it when empty)
+        out = collectives.empty((max(most, 1), hidden), TORCH[dtype], group=group)[start:start + rows]
+    else:
+        out = torch.full((rows, hidden), float("nan"), dtype=torch.float32, device="cuda").to(TORCH[dtype])
+    in_splits, out_splits = m[rank], [m[s][rank] for s in range(world)]
+    if device_splits:
+        in_splits = torch.tensor(in_splits, dtype=torch.int64, device="cuda")
+        out_splits = torch.tensor(out_splits, dtype=torch.int64, device="cuda")
+    collectives.all_to_all(out, inp, out_splits, in_splits, group=group)
+    collectives.synchronize(group)
+    assert torch.equal(out.cpu().view(torch.uint8), want.view(torch.uint8)), (m, hidden, dtype, symmetric_out)
+
+
+def check_routings(rank: int, world: int, group) -> None:
+    """Random routings in every dtype, hidden sizes 1 (unaligned chunks) to 7168, staged and
+    symmetric outputs, host and device splits; a rank that gets nothing; everything to one rank."""
+    case = 0
+    for dtype in TORCH:
+        for hidden in (1, 3, 128, 7168):
+            for symmetric_out in (False, True):
+                for device_splits in (False, True):
+                    case += 1
+                    m = splits(world, case, 9 if hidden < 1000 else 3)
+                    one_call(rank, world, group, m, hidden, dtype, case, symmetric_out=symmetric_out,
+                             device_splits=device_splits)
+    nothing_to_last = [[0 if r == world - 1 else 2 for r in range(world)] for _ in range(world)]
+    all_to_first = [[5 if r == 0 else 0 for r in range(world)] for _ in range(world)]
+    for m in (nothing_to_last, all_to_first):
+        one_call(rank, world, group, m, 64, "bf16", 7, symmetric_out=False, device_splits=False)
+
+
+def check_equal_splits(rank: int, world: int, group) -> None:
+    """``splits=None``: dimension 0 in equal chunks, as all_to_all_single."""
+    import collectives
+
+    x = inputs(world, [[3] * world] * world, 16, torch.bfloat16, 11)
+    out = torch.empty_like(x[rank]).cuda()
+    collectives.all_to_all(out, x[rank].cuda(), group=group)
+    collectives.synchronize(group)
+    assert torch.equal(out.cpu().view(torch.uint8), reference(x)[rank].view(torch.uint8))
+
+
+def check_mismatch_then_correct_calls(rank: int, world: int, group, calls: int = 200) -> None:
+    """Rank 0 sends rank 1 one row more than rank 1 expects: both raise a size mismatch (no
+    timeout), every other rank completes; then ``calls`` correct calls in a row."""
+    import collectives
+
+    m = splits(world, 99, 4)
+    out_splits = [m[s][rank] for s in range(world)]
+    in_splits = list(m[rank])
+    if rank == 0:
+        in_splits[1] += 1
+    inp = torch.zeros((sum(in_splits), 8), dtype=torch.float32, device="cuda")
+    out = torch.zeros((sum(out_splits), 8), dtype=torch.float32, device="cuda")
+    if rank in (0, 1):
+        with pytest.raises(collectives.CollectiveError, match="size"):
+            collectives.all_to_all(out, inp, out_splits, in_splits, group=group)
+            collectives.synchronize(group)
+    else:
+        collectives.all_to_all(out, inp, out_splits, in_splits, group=group)
+        collectives.synchronize(group)
+    for i in range(calls):
+        one_call(rank, world, group, splits(world, 1000 + i, 5), 32, "f32", i, symmetric_out=bool(i % 2),
+                 device_splits=bool(i % 3 == 0))
+
+
+CHECKS = [check_routings, check_equal_splits, check_mismatch_then_correct_calls]
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+def test_all_to_all(comm, check) -> None:  # noqa: F811  (the fixture)
+    check(comm.rank, comm.world, None)

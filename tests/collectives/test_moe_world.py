@@ -1,0 +1,196 @@
+"""MoE dispatch and combine (collectives.moe) in a simulated world on the CPU: ``world`` threads,
+one per rank, whose all-to-alls meet at a barrier and move rows with the reference
+(:mod:`collectives.all_to_all_reference`), checked bit for bit against a reference MoE layer
+computed from every rank's routing at once."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from collectives import moe  # noqa: E402
+from collectives.all_to_all_reference import all_to_all as reference_all_to_all  # noqa: E402
+from collectives.errors import CollectiveError  # noqa: E402
+
+
+class World:
+    """``world`` ranks as threads; :meth:`exchange` is rank ``r``'s all-to-all."""
+
+    def __init__(self, world: int) -> None:
+        self.world = world
+        self.barrier = threading.Barrier(world, timeout=60)
+        self.calls: list = [None] * world
+
+    def exchange(self, rank: int):
+        def run(out, inp, out_splits, in_splits):
+            as_list = (lambda s: None if s is None else [int(v) for v in s])
+            self.calls[rank] = (inp.clone(), as_list(in_splits), as_list(out_splits))
+            self.barrier.wait()
+            inputs = [c[0] for c in self.calls]
+            ins = [c[1] for c in self.calls]
+            outs = [c[2] for c in self.calls]
+            rows = [sum(s) if s is not None else inputs[q].shape[0] for q, s in enumerate(ins)]
+            ins = [s if s is not None else [rows[q] // self.world] * self.world for q, s in enumerate(ins)]
+            outs = [s if s is not None else [ins[q][r] for q in range(self.world)] for r, s in enumerate(outs)]
+            got = reference_all_to_all([x[:n] for x, n in zip(inputs, rows)], ins, outs)[rank]
+            self.barrier.wait()
+            out[:got.shape[0]] = got
+        return run
+
+    def run(self, body) -> list:
+        results: list = [None] * self.world
+        errors: list = []
+
+        def rank_main(r: int) -> None:
+            try:
+                results[r] = body(r)
+            except BaseException as e:  # noqa: BLE001  (re-raised below)
+                errors.append(e)
+                self.barrier.abort()
+
+        threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(self.world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return results
+
+
+def routing(world: int, experts: int, topk: int, tokens: list, seed: int, hidden: int, dtype, bad: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    xs, ids, ws = [], [], []
+    for r in range(world):
+        xs.append(torch.randn((tokens[r], hidden), generator=gen).to(dtype))
+        ids.append(torch.stack([torch.randperm(experts, generator=gen)[:topk] for _ in range(tokens[r])])
+                   if tokens[r] else torch.empty((0, topk), dtype=torch.int64))
+        ws.append(torch.rand((tokens[r], topk), generator=gen))
+    if bad:  # out-of-range ids on rank 0, with weights that must not reach any output
+        ids[0].view(-1)[:bad] = experts + 3
+        ws[0].view(-1)[:bad] = float("nan")
+    return xs, ids, ws
+
+
+def expert_fn(x: torch.Tensor, expert: int) -> torch.Tensor:
+    """An expert that tells experts apart: an exact power-of-two scale."""
+    return x * float(2 ** (expert % 3 + 1))
+
+
+def reference(world, experts, xs, ids, ws):
+    """Every rank's expert rows per local expert, and every token's combined output."""
+    local = experts // world
+    per_expert = []
+    for r in range(world):
+        for le in range(local):
+            e = r * local + le
+            per_expert.append(torch.cat([xs[s][t][None] for s in range(world) for t, k in
+                                         ((i // ids[s].shape[1], i % ids[s].shape[1]) for i in range(ids[s].numel()))
+                                         if int(ids[s][t, k]) == e] or [xs[0][:0]]))
+    outs = []
+    for s in range(world):
+        tokens, topk = ids[s].shape
+        total = torch.zeros((tokens, xs[s].shape[1]), dtype=torch.float32)
+        for k in range(topk):
+            e = ids[s][:, k]
+            valid = (e >= 0) & (e < experts)
+            y = torch.stack([expert_fn(xs[s][t], int(e[t])) if valid[t] else torch.zeros_like(xs[s][t])
+                             for t in range(tokens)]) if tokens else xs[s].new_zeros((0, xs[s].shape[1]))
+            w = torch.where(valid, ws[s][:, k], 0).float()
+            term = y.float() * w[:, None]
+            total = term if k == 0 else total + term
+        outs.append(total.to(xs[s].dtype))
+    return per_expert, outs
+
+
+def run_layer(world, experts, topk, tokens, max_tokens, seed, hidden=8, dtype=torch.bfloat16, bad=0):
+    xs, ids, ws = routing(world, experts, topk, tokens, seed, hidden, dtype, bad)
+    sim = World(world)
+    local = experts // world
+
+    def body(r):
+        ex, counts, handle = moe.dispatch_with(sim.exchange(r), world, xs[r], ids[r], ws[r], experts, max_tokens)
+        out_rows = torch.empty_like(ex)
+        for le in range(local):
+            out_rows[le] = expert_fn(ex[le], r * local + le)
+        return ex, counts, handle, moe.combine_with(sim.exchange(r), out_rows, handle)
+
+    results = sim.run(body)
+    per_expert, outs = reference(world, experts, xs, ids, ws)
+    for r, (ex, counts, handle, out) in enumerate(results):
+        for le in range(local):
+            want = per_expert[r * local + le]
+            assert int(counts[le]) == want.shape[0]
+            assert torch.equal(ex[le][:want.shape[0]].view(torch.uint8), want.view(torch.uint8)), (r, le)
+        assert torch.equal(out.view(torch.uint8), outs[r].view(torch.uint8)), r
+    return results
+
+
+@pytest.mark.parametrize(("world", "local", "topk"), [(2, 1, 1), (2, 2, 2), (3, 2, 4), (4, 2, 8), (4, 1, 1)])
+def test_random_routings_bit_for_bit(world: int, local: int, topk: int) -> None:
+    rng = random.Random(world * 100 + topk)
+    for seed in range(3):
+        tokens = [rng.randrange(0, 6) for _ in range(world)]
+        run_layer(world, world * local, min(topk, world * local), tokens, max_tokens=6, seed=seed)
+
+
+def test_f32_every_token_to_one_expert_and_one_token() -> None:
+    world, experts = 3, 6
+    xs_tokens = [4, 1, 0]
+    results = run_layer(world, experts, 1, xs_tokens, 4, seed=7, dtype=torch.float32)
+    assert all(int(h.dropped) == 0 for _, _, h, _ in results)
+
+
+def test_f32_top_8_sums_in_k_order() -> None:
+    run_layer(2, 8, 8, [5, 4], 5, seed=11, hidden=64, dtype=torch.float32)
+
+
+def test_out_of_range_ids_are_dropped_and_counted() -> None:
+    results = run_layer(2, 4, 2, [5, 3], 5, seed=3, bad=3)
+    assert [int(h.dropped) for _, _, h, _ in results] == [3, 0]
+
+
+def test_validate_raises_on_out_of_range_ids() -> None:
+    xs, ids, ws = routing(2, 4, 2, [3, 3], 0, 8, torch.bfloat16, bad=1)
+    with pytest.raises(CollectiveError, match=r"expert ids must be in 0..3, found \d..7"):
+        moe.dispatch_with(None, 2, xs[0], ids[0], ws[0], 4, 3, validate=True)
+
+
+def test_bad_arguments() -> None:
+    xs, ids, ws = routing(2, 4, 2, [3, 3], 0, 8, torch.bfloat16)
+    with pytest.raises(CollectiveError, match="multiple of the world size"):
+        moe.dispatch_with(None, 2, xs[0], ids[0], ws[0], 5, 3)
+    with pytest.raises(CollectiveError, match="exceed max_tokens=2"):
+        moe.dispatch_with(None, 2, xs[0], ids[0], ws[0], 4, 2)
+    with pytest.raises(CollectiveError, match="mode must be one of"):
+        moe.dispatch_with(None, 2, xs[0], ids[0], ws[0], 4, 3, mode="throughput")
+
+
+def test_fp8_dispatch_moves_each_token_quantized_with_its_scale() -> None:
+    """fp8: every expert row is its token's e4m3 quantization bit for bit, with its scale; the
+    round trip is within e4m3's half step (2^-4 of the token's largest magnitude)."""
+    world, experts, topk, tokens = 3, 6, 2, [5, 2, 4]
+    xs, ids, ws = routing(world, experts, topk, tokens, 21, 32, torch.bfloat16)
+    xs[1][0] = 0  # a zero row: scale 1
+    sim = World(world)
+    local = experts // world
+    results = sim.run(lambda r: moe.dispatch_with(sim.exchange(r), world, xs[r], ids[r], ws[r], experts, 5, fp8=True))
+    qs = [moe.quantize(x) for x in xs]
+    rows, _ = reference(world, experts, [q.view(torch.uint8) for q, _ in qs], ids, ws)
+    scales, _ = reference(world, experts, [s[:, None] for _, s in qs], ids, ws)
+    for r, (ex, counts, handle) in enumerate(results):
+        assert ex.dtype == torch.float8_e4m3fn and handle.scales.shape == ex.shape[:2]
+        for le in range(local):
+            n = int(counts[le])
+            want = rows[r * local + le]
+            assert n == want.shape[0]
+            assert torch.equal(ex[le, :n].view(torch.uint8), want)
+            assert torch.equal(handle.scales[le, :n], scales[r * local + le][:, 0])
+    for x in xs:
+        q, s = moe.quantize(x)
+        back = q.float() * s[:, None]
+        amax = x.float().abs().amax(1, keepdim=True)
+        assert torch.all((back - x.float()).abs() <= amax * 2.0**-4)
