@@ -243,6 +243,11 @@ def kernel(key: KernelKey, b: Blocks, stage: Callable | None, move: Callable | N
                     if cutlass.const_expr(pull is not None):
                         if ok2:
                             pull(addrs, data_mc, out, n, rank, first, step)
+        if cutlass.const_expr(move is None):
+            # A bare barrier has no block_all: a bar.sync puts every thread's read of C
+            # (enter_call) before thread 0 advances it (nothing else orders them in the
+            # memory model, warp or not; thread 0 may pass first, on its own word).
+            cute.arch.sync_threads()
         signals.leave_call(pad, calls, last, world, single)
 
     return launcher(kernel, threads, emulate=key.backend == "multicast_emulated" and world, pdl=key.pdl,

@@ -16,6 +16,7 @@ rank ``t``'s of the same call, and carry the size ``t`` brought to that call (ou
 
 from __future__ import annotations
 
+import functools
 import random
 import types
 
@@ -271,6 +272,9 @@ MUTATIONS = {
     "no size compare": ("signals", "elif Uint32(seen >> 32) != size:", "elif False:", mismatch_on_the_same_grid),
     "timeouts into the recoverable record": (
         "signals", "        index = Int32(FATAL_RECORD)\n", "        index = Int32(RECOVERABLE_RECORD)\n", late_rank),
+    "no bar.sync before a bare barrier's leave_call": (
+        "design", "        if cutlass.const_expr(move is None):\n            # A bare", "        if False:\n            # A bare",
+        functools.partial(equal_calls_across_the_wrap, collective="barrier")),
     "no word left by a rank that gave up": (
         "signals", "        if status == Int32(TIMEOUT):\n            word =",
         "        if status == Int32(-7):\n            word =", late_rank),

@@ -272,7 +272,9 @@ def me() -> SimThread:
 class Sim:
     """The machine: memory, the clock, and the threads that run one at a time."""
 
-    def __init__(self, seed: int, max_steps: int = 10**6) -> None:
+    def __init__(self, seed: int, max_steps: int = 10**6, speed: dict[int, int] | None = None) -> None:
+        """``speed``: rank -> relative chance of its threads to run next (default 1 each)."""
+        self.speed = speed or {}
         self.rng = random.Random(seed)
         self.memory = Memory()
         self.clock = 0
@@ -299,7 +301,7 @@ class Sim:
                 return None
             self.clock = min(sleeping)
             return self._next()
-        return self.rng.choice(runnable)
+        return self.rng.choices(runnable, [self.speed.get(t.ctx.rank, 1) for t in runnable])[0]
 
     def _fail(self, error: BaseException) -> None:
         """Record the first failure and wake every thread (each unwinds with :class:`Abort`)."""
@@ -386,10 +388,19 @@ def _sim() -> Sim:
     return me().sim
 
 
+def bits(dtype: type) -> type:
+    """The integer type a value of ``dtype`` is held in: itself, or for a CuTeDSL float the
+    unsigned integer of its width (the simulation moves floats as bits and computes nothing
+    on them)."""
+    if isinstance(dtype, type) and issubclass(dtype, Num):
+        return dtype
+    return {8: Uint8, 16: Uint16, 32: Uint32, 64: Uint64}[dtype.width]
+
+
 def _load(ptr: Ptr, dtype: type | None, num_elements: int = 1) -> Any:
     sim, t = _sim(), me()
     sim.step()
-    dtype = dtype or ptr.dtype
+    dtype = bits(dtype or ptr.dtype)
     values = []
     for i in range(num_elements):
         address = ptr.address + i * dtype.width // 8
@@ -403,7 +414,7 @@ def _store(ptr: Ptr, value: Any) -> None:
     sim.step()
     values = value if isinstance(value, list) else [value]
     for i, v in enumerate(values):
-        sim.memory.store(ptr.address + i * ptr.dtype.width // 8, v, ptr.dtype, me().ctx.label)
+        sim.memory.store(ptr.address + i * ptr.dtype.width // 8, v, bits(ptr.dtype), me().ctx.label)
 
 
 def _atom(ptr: Ptr, update: Callable[[Num], Num | None]) -> Num:
@@ -459,6 +470,21 @@ class _Smem:
         return smem.setdefault(self.count, [dtype(0)] * int(layout))
 
 
+class Registers(list):
+    """A register tensor (``cute.make_rmem_tensor``) of integer words: ``load()`` and
+    ``store()`` the whole, index one."""
+
+    def __init__(self, count: int, dtype: type) -> None:
+        super().__init__(dtype(0) for _ in range(count))
+        self.element_type = dtype
+
+    def load(self) -> list:
+        return list(self)
+
+    def store(self, values: list) -> None:
+        self[:] = [self.element_type(v) for v in values]
+
+
 def _cute() -> types.SimpleNamespace:
     ctx = lambda: me().ctx  # noqa: E731
     arch = types.SimpleNamespace(
@@ -478,6 +504,9 @@ def _cute() -> types.SimpleNamespace:
         Tensor=list,
         arch=arch,
         make_layout=lambda shape: shape,
+        make_rmem_tensor=lambda count, dtype: Registers(count, dtype),
+        recast_tensor=lambda tensor, dtype: tensor,  # floats are moved as bits (see bits)
+        size=len,
         assume=lambda value, divby=1: value,
     )
 
@@ -490,7 +519,7 @@ def fakes() -> dict[str, Any]:
         cute=cute, memory=memory, Constexpr=Any, const_expr=lambda x: x, range_constexpr=range,
         max=lambda a, b: a if a >= b else b, min=lambda a, b: a if a <= b else b,
         Boolean=Boolean, Int8=Int8, Int16=Int16, Int32=Int32, Int64=Int64,
-        Uint8=Uint8, Uint16=Uint16, Uint32=Uint32, Uint64=Uint64,
+        Uint8=Uint8, Uint16=Uint16, Uint32=Uint32, Uint64=Uint64, Float32=Uint32,  # f32 as its bits
     )
     return {"cutlass": cutlass, "cutlass.cute": cute, "cutlass.memory": memory, "ptxops": _ptxops()}
 
@@ -533,5 +562,5 @@ def arguments(function: Callable, args: tuple, kwargs: dict) -> dict[str, Any]:
     return dict(bound.arguments)
 
 
-__all__ = ["Abort", "Boolean", "Context", "Int32", "Int64", "Memory", "Num", "Ptr", "Sim", "Uint32", "Uint64",
-           "arguments", "as_num", "fakes", "load", "me", "promote"]
+__all__ = ["Abort", "Boolean", "Context", "Int32", "Int64", "Memory", "Num", "Ptr", "Registers", "Sim", "Uint32",
+           "Uint64", "arguments", "as_num", "bits", "fakes", "load", "me", "promote"]
