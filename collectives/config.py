@@ -26,6 +26,9 @@ VECTOR_BYTES = 16
 #: Prepared plans a communicator keeps (least recently used evicted; plans hold no memory).
 PLAN_CACHE_SIZE = 512
 MAX_WORLD = 8
+#: Elements a rank's kernel may count in one call (``n``): a barrier's arrival word and a
+#: Lamport size entry carry it in 32 bits, where sizes differing by 2^32 would compare equal.
+MAX_ELEMENTS = (1 << 32) - 1
 #: Threads of the barrier collective's one block: a warp (thread ``t`` signals and waits for rank ``t``).
 BARRIER_THREADS = 32
 #: Bytes per rank a Lamport all-reduce carries at most (the size of each sender's slot in
