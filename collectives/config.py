@@ -47,8 +47,11 @@ LAMPORT_CALLS = LAMPORT_BUFFERS << 30
 
 
 def _like(call, value):
-    """``value`` in the type of ``call``: a CuTeDSL ``Uint32`` count keeps to unsigned 32-bit
-    arithmetic (a bare Python constant would make CuTeDSL compute a signed remainder)."""
+    """``value`` in the type of ``call``: a CuTeDSL ``Uint32`` count keeps to ``Uint32``
+    arithmetic (a Python constant is an ``Int32``, an ``Int64`` past its range as
+    :data:`LAMPORT_CALLS` is, and a mixed operation takes the wider type).  The signed hazard
+    is elsewhere: a load through a pointer moved by ``+`` returns a signed integer unless given
+    ``dtype=``, and its ``>>`` is then ``shr.s64`` (its ``%`` ``rem.s``): convert it first."""
     return type(call)(value)
 
 

@@ -71,7 +71,9 @@ from ..config import (
 
 @cute.jit
 def gmem(dtype: cutlass.Constexpr, address: Int64, align: cutlass.Constexpr = 16) -> cute.Pointer:
-    """A global-memory pointer of ``dtype`` at a 64-bit device address."""
+    """A global-memory pointer of ``dtype`` at a 64-bit device address.  Moved by ``+``, it
+    loads signed integers (``Int64`` for ``Uint64``) unless ``ptxops.ld`` is given ``dtype=``:
+    a ``>>`` of such a value is arithmetic (``shr.s64``)."""
     return cute.make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align)
 
 
