@@ -150,13 +150,23 @@ Num.__hash__ = None  # type: ignore[assignment]
 
 @dataclass(frozen=True)
 class Ptr:
-    """A typed global-memory address (``cute.make_ptr``); ``+ k`` moves by ``k`` elements."""
+    """A typed global-memory address (``cute.make_ptr``); ``+ k`` moves by ``k`` elements.
+    ``moved``: made by ``+``, after which CuTeDSL loads an integer as signed unless told its
+    ``dtype`` (``test_dsl_signedness`` pins it)."""
 
     dtype: type
     address: int
+    moved: bool = False
 
     def __add__(self, k: Any) -> Ptr:
-        return Ptr(self.dtype, self.address + int(k) * (self.dtype.width // 8))
+        return Ptr(self.dtype, self.address + int(k) * (self.dtype.width // 8), True)
+
+    def loads(self) -> type:
+        """What a load without ``dtype=`` returns."""
+        kind = bits(self.dtype)
+        if self.moved and kind is not Boolean and not kind.signed:
+            return {8: Int8, 16: Int16, 32: Int32, 64: Int64}[kind.width]
+        return kind
 
 
 class Memory:
@@ -400,7 +410,7 @@ def bits(dtype: type) -> type:
 def _load(ptr: Ptr, dtype: type | None, num_elements: int = 1) -> Any:
     sim, t = _sim(), me()
     sim.step()
-    dtype = bits(dtype or ptr.dtype)
+    dtype = bits(dtype) if dtype is not None else ptr.loads()
     values = []
     for i in range(num_elements):
         address = ptr.address + i * dtype.width // 8
