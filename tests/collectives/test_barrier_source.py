@@ -28,6 +28,7 @@ from device_sim import Context, Sim, arguments, fakes, load, me  # noqa: E402
 from collectives.algorithms import KernelKey  # noqa: E402
 from collectives.algorithms import grid as kernel_grid  # noqa: E402
 from collectives.config import (  # noqa: E402
+    BARRIER_THREADS,
     CALL_EPOCHS,
     ERROR_FIELDS,
     ERROR_RECORDS,
@@ -104,7 +105,7 @@ class World:
         self.errs = [mem.alloc(4 * len(ERROR_FIELDS) * ERROR_RECORDS) for _ in range(world)]
         backend = "multicast" if multicast else "peer"
         if collective == "barrier":
-            key = KernelKey("barrier", "one_shot", backend, "f32", world)  # Barrier.build's kernel
+            key = KernelKey("barrier", "one_shot", backend, "f32", world, threads=BARRIER_THREADS)  # Barrier.plan's
             self.body = source.design.kernel(key, source.design.Blocks(key), stage=None)
         else:
             key = KernelKey("all_reduce", "one_shot", backend, "f32", world, end_barrier=True)
@@ -272,7 +273,7 @@ MUTATIONS = {
     "no size compare": ("signals", "elif Uint32(seen >> 32) != size:", "elif False:", mismatch_on_the_same_grid),
     "timeouts into the recoverable record": (
         "signals", "        index = Int32(FATAL_RECORD)\n", "        index = Int32(RECOVERABLE_RECORD)\n", late_rank),
-    "no bar.sync before a bare barrier's leave_call": (
+    "no sync before a bare barrier's leave_call": (
         "design", "        if cutlass.const_expr(move is None):\n            # A bare", "        if False:\n            # A bare",
         functools.partial(equal_calls_across_the_wrap, collective="barrier")),
     "no word left by a rank that gave up": (

@@ -503,6 +503,8 @@ def _cute() -> types.SimpleNamespace:
         grid_dim=lambda: (Int32(ctx().grid), Int32(1), Int32(1)),
         block_dim=lambda: (Int32(ctx().threads), Int32(1), Int32(1)),
         sync_threads=_sync_threads,
+        sync_warp=_sync_threads,  # the simulated blocks are of one warp at most
+        WARP_SIZE=32,
         globaltimer=_globaltimer,
     )
     return types.SimpleNamespace(
