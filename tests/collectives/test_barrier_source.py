@@ -39,7 +39,7 @@ from collectives.config import (  # noqa: E402
     PadLayout,
     call_parity,
 )
-from collectives.runtime import Communicator  # noqa: E402
+from collectives.runtime.communicator import Communicator  # noqa: E402
 
 U32 = 1 << 32
 FAKES = fakes()
@@ -54,7 +54,7 @@ def kernels(edits: dict | None = None) -> types.SimpleNamespace:
     design = load("collectives.algorithms.design", {
         **FAKES,
         "collectives.device": types.SimpleNamespace(signals=signals, reduce=None),
-        "collectives.launch": types.SimpleNamespace(launcher=lambda kernel, threads, **_: kernel),
+        "collectives.device.launch": types.SimpleNamespace(launcher=lambda kernel, threads, **_: kernel),
     }, edits.get("design", ()))
     return types.SimpleNamespace(signals=signals, design=design)
 

@@ -49,7 +49,7 @@ def kernels(edits: tuple = ()) -> types.ModuleType:
     return load("collectives.algorithms.lamport", {
         **FAKES,
         "collectives.device": types.SimpleNamespace(lamport=device_lamport, reduce=reduce, signals=signals),
-        "collectives.launch": types.SimpleNamespace(launcher=lambda kernel, threads, **_: kernel),
+        "collectives.device.launch": types.SimpleNamespace(launcher=lambda kernel, threads, **_: kernel),
     }, edits)
 
 
