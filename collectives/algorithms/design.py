@@ -54,8 +54,8 @@ class Blocks:
     @cute.jit
     def barrier(self, pad_table, pad_mc, pad, rank, block, calls, epoch, deadline, err, which, size):
         if cutlass.const_expr(self.multicast):
-            return signals.barrier_multicast(pad_mc, pad_table, pad, rank, block, calls, epoch, deadline, err, which,
-                                             size, self.world, self.sync)
+            return signals.barrier_multicast(pad_mc, pad, rank, block, calls, epoch, deadline, err, which, size,
+                                             self.world, self.sync)
         else:
             return signals.barrier_peer(pad_table, pad, rank, block, calls, epoch, deadline, err, which, size,
                                         self.world, self.sync)

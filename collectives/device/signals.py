@@ -242,7 +242,7 @@ def signal_multicast(
 
 @cute.jit
 def wait_peers(
-    pad_table: Int64,
+    peers: Int64,
     pad: Int64,
     rank: Int32,
     block: Int32,
@@ -267,12 +267,13 @@ def wait_peers(
     watches rank ``t``'s block 0 while it waits (block 0 runs on every rank): once that has
     signalled this call with another size, rank ``t``'s grid may lack this block, and the wait
     ends with a size mismatch instead of the deadline.  A thread that gives up on rank ``t``
-    (a timeout) then tells it: it overwrites our arrival word in rank ``t``'s pad (through
-    ``pad_table``) with the epoch just past the call (:func:`gave_up`), which a wait of rank
-    ``t``'s in this call takes for a rank that left it, a timeout, at once: a rank that arrives
-    after its peers gave up fails too instead of passing on their signals (as NCCL's abort
-    reaches every rank).  ``alias`` (the multicast flavour, whose
-    words arrive through the multicast address): ``fence.proxy.alias`` after the wait.  The
+    (a timeout) then tells it: it overwrites our arrival word with the epoch just past the call
+    (:func:`gave_up`) in rank ``t``'s pad (``peers``: the pad table) or, in the multicast
+    flavour (``alias``; ``peers``: the pad's multicast address, whose words arrive through it),
+    in every rank's with one ``multimem.st``.  A wait of this call takes that epoch for a rank
+    that left it, a timeout, at once: a rank that arrives after its peers gave up fails too
+    instead of passing on their signals (as NCCL's abort reaches every rank).  ``alias``:
+    ``fence.proxy.alias`` after the wait.  The
     caller's sync after the wait carries the acquire (and the fence) to the other threads.
     Returns (in threads ``t < world``) whether rank ``t`` arrived before the deadline with the
     same size; a failure is written to the error record (``which``: the barrier or phase it
@@ -304,7 +305,11 @@ def wait_peers(
             record_error(err, status, which, tidx, block, rank)
         if status == Int32(TIMEOUT):
             word = (Uint64(size) << 32) | Uint64(gave_up(calls))
-            ptxops.st_release(arrival_word(peer_address(pad_table, tidx), calls, block, rank, world), word, scope="sys")
+            if cutlass.const_expr(alias):
+                ptxops.multimem_st(arrival_word(peers, calls, block, rank, world), word, sem="release", scope="sys")
+            else:
+                ptxops.st_release(arrival_word(peer_address(peers, tidx), calls, block, rank, world), word,
+                                  scope="sys")
     return ok
 
 
@@ -333,7 +338,6 @@ def barrier_peer(
 @cute.jit
 def barrier_multicast(
     mc_pad: Int64,
-    pad_table: Int64,
     pad: Int64,
     rank: Int32,
     block: Int32,
@@ -352,11 +356,11 @@ def barrier_multicast(
     with its epoch (no later barrier overwrites it before a slower rank reads it) and there is
     no shared counter whose count of passed barriers would have to survive the 2^32 wrap for
     world sizes that do not divide it.  The ``bar.sync`` puts thread 0's signal (and its alias
-    fence) before the store by which another thread that gives up overwrites the same word in
-    a peer's pad (:func:`gave_up`): in the peer flavour one thread makes both stores."""
+    fence) before the store by which another thread that gives up overwrites the same word
+    (:func:`gave_up`): in the peer flavour one thread makes both stores."""
     signal_multicast(mc_pad, rank, block, calls, epoch, size, world, sync)
     cute.arch.sync_threads()
-    return wait_peers(pad_table, pad, rank, block, calls, epoch, deadline, err, which, size, world, alias=True)
+    return wait_peers(mc_pad, pad, rank, block, calls, epoch, deadline, err, which, size, world, alias=True)
 
 
 @cute.jit

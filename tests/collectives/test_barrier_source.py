@@ -210,12 +210,13 @@ def mismatch_on_the_same_grid(source) -> None:
             assert world.statuses(r) == {(1, RECOVERABLE_RECORD, SIZE_MISMATCH)}, world.records
 
 
-def late_rank(source, collective: str = "barrier") -> None:
+def late_rank(source, collective: str = "barrier", multicast: bool = False) -> None:
     """Rank 1 starts its only call two timeouts late: rank 0 times out waiting for it (the
     fatal record), and rank 1, arriving after, must not pass on rank 0's signal (rank 0 left
     the call failing): a timeout too."""
     for seed in SEEDS:
-        world = World(2, [[EQUAL, EQUAL]], seed, collective, late={1: (0, 2 * LATE)}, source=source)
+        world = World(2, [[EQUAL, EQUAL]], seed, collective, late={1: (0, 2 * LATE)}, multicast=multicast,
+                      source=source)
         assert world.statuses(0) == {(0, FATAL_RECORD, TIMEOUT)}, world.records
         assert world.statuses(1) == {(0, FATAL_RECORD, TIMEOUT)}, world.records
 
@@ -244,9 +245,10 @@ def test_a_mismatch_on_the_same_grid_is_a_size_mismatch_on_every_rank() -> None:
     mismatch_on_the_same_grid(SOURCE)
 
 
+@pytest.mark.parametrize("multicast", [False, True])
 @pytest.mark.parametrize("collective", ["all_reduce", "barrier"])
-def test_a_rank_that_arrives_after_its_peer_gave_up_times_out_too(collective: str) -> None:
-    late_rank(SOURCE, collective)
+def test_a_rank_that_arrives_after_its_peer_gave_up_times_out_too(collective: str, multicast: bool) -> None:
+    late_rank(SOURCE, collective, multicast)
 
 
 def test_a_rank_two_calls_behind_does_not_pass_on_a_later_calls_word() -> None:

@@ -21,7 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from device_sim import Context, Sim, fakes, load  # noqa: E402
 
-from collectives.algorithms import KernelKey  # noqa: E402
+from collectives.algorithms import REGISTRY, KernelKey  # noqa: E402
 from collectives.config import (  # noqa: E402
     ERROR_FIELDS,
     ERROR_RECORDS,
@@ -46,11 +46,16 @@ def kernels(edits: tuple = ()) -> types.ModuleType:
     signals = load("collectives.device.signals", FAKES)
     device_lamport = load("collectives.device.lamport", {**FAKES, "collectives.device.signals": signals})
     reduce = types.SimpleNamespace(convert=lambda values, dtype: values, combine=combine)
-    return load("collectives.algorithms.lamport", {
-        **FAKES,
-        "collectives.device": types.SimpleNamespace(lamport=device_lamport, reduce=reduce, signals=signals),
-        "collectives.device.launch": types.SimpleNamespace(launcher=lambda kernel, threads, **_: kernel),
-    }, edits)
+    registered = dict(REGISTRY)  # the copy's Lamport class registers itself: put the real one back
+    try:
+        return load("collectives.algorithms.lamport", {
+            **FAKES,
+            "collectives.device": types.SimpleNamespace(lamport=device_lamport, reduce=reduce, signals=signals),
+            "collectives.device.launch": types.SimpleNamespace(launcher=lambda kernel, threads, **_: kernel),
+        }, edits)
+    finally:
+        REGISTRY.clear()
+        REGISTRY.update(registered)
 
 
 SOURCE = kernels()
@@ -131,6 +136,12 @@ def agreeing_calls_are_summed_and_a_mismatch_is_cleaned_up(source: types.ModuleT
 
 def test_agreeing_calls_are_summed_and_a_mismatch_is_cleaned_up() -> None:
     agreeing_calls_are_summed_and_a_mismatch_is_cleaned_up(SOURCE)
+
+
+def test_the_simulated_copy_leaves_the_registry_alone() -> None:
+    from collectives.algorithms import lamport
+
+    assert type(REGISTRY["all_reduce", "lamport"]) is lamport.Lamport
 
 
 MUTATIONS = {
