@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("cutlass")
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
-from cute_support import compile_ptx, global_tensor  # noqa: E402
+from tests.support.cute_support import compile_ptx, global_tensor  # noqa: E402
 from cutlass import Uint32, Uint64  # noqa: E402
 
 import ptxops  # noqa: E402

@@ -19,7 +19,7 @@ import types
 import pytest
 
 torch = pytest.importorskip("torch")
-from device_sim import Context, Sim, fakes, load  # noqa: E402
+from tests.support.device_sim import Context, Sim, fakes, load  # noqa: E402
 
 from collectives.algorithms import REGISTRY, KernelKey  # noqa: E402
 from collectives.config import (  # noqa: E402

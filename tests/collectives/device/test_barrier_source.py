@@ -23,7 +23,7 @@ import types
 import pytest
 
 torch = pytest.importorskip("torch")
-from device_sim import Context, Sim, arguments, fakes, load, me  # noqa: E402
+from tests.support.device_sim import Context, Sim, arguments, fakes, load, me  # noqa: E402
 
 from collectives.algorithms import KernelKey  # noqa: E402
 from collectives.algorithms import grid as kernel_grid  # noqa: E402

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from collectives import api  # noqa: E402
 from collectives.algorithms import plan  # noqa: E402
-from fake_comm import FakeComm, FakeHeap, FakeTensor, install  # noqa: E402
+from tests.support.fake_comm import FakeComm, FakeHeap, FakeTensor, install  # noqa: E402
 
 
 def test_a_collective_on_another_stream_waits_for_the_last_one_eager_only(monkeypatch) -> None:
