@@ -104,12 +104,10 @@ class World:
         self.pad_mc = mem.alloc_multicast(self.pads, 4 * layout.words) if multicast else 0
         self.errs = [mem.alloc(4 * len(ERROR_FIELDS) * ERROR_RECORDS) for _ in range(world)]
         backend = "multicast" if multicast else "peer"
-        if collective == "barrier":
-            key = KernelKey("barrier", "one_shot", backend, "f32", world, threads=BARRIER_THREADS)  # Barrier.plan's
-            self.body = source.design.kernel(key, source.design.Blocks(key), stage=None)
-        else:
-            key = KernelKey("all_reduce", "one_shot", backend, "f32", world, end_barrier=True)
-            self.body = source.design.kernel(key, source.design.Blocks(key), lambda *a: None, move=lambda *a: None)
+        key = KernelKey("barrier", "one_shot", backend, "f32", world, threads=BARRIER_THREADS)  # Barrier.plan's
+        self.barrier = source.design.kernel(key, source.design.Blocks(key), stage=None)
+        key = KernelKey("all_reduce", "one_shot", backend, "f32", world, end_barrier=True)
+        self.all_reduce = source.design.kernel(key, source.design.Blocks(key), lambda *a: None, move=lambda *a: None)
         self.records: list[list] = [[] for _ in range(world)]  # (call, record, status, barrier, peer, block)
         self.passes: list[int] = [0] * world
         signals = source.signals
@@ -128,8 +126,10 @@ class World:
         finally:
             signals.wait_peers = original
 
-    def _grid(self, size: int) -> int:
-        return 1 if self.collective == "barrier" else grid(self.world, size)
+    def _bare(self, size: int) -> bool:
+        """Whether a rank bringing ``size`` launches the barrier: the barrier collective, or an
+        all-reduce of nothing (the API's barrier of size 0)."""
+        return self.collective == "barrier" or size == 0
 
     def _host(self, r: int) -> None:
         sim, mem = self.sim, self.sim.memory
@@ -138,13 +138,15 @@ class World:
             me().ctx.call = c
             if r in self.late and self.late[r][0] == c:
                 sim.sleep_until(self.late[r][1])
-            blocks = self._grid(sizes[r])
+            bare = self._bare(sizes[r])
+            blocks = 1 if bare else grid(self.world, sizes[r])
+            body = self.barrier if bare else self.all_reduce
             args = types.SimpleNamespace(
                 data_table=Int64(self.data_table), data_mc=Int64(0), out=Int64(0), src=Int64(0),
-                n=Int64(0 if self.collective == "barrier" else sizes[r]), pad_table=Int64(self.pad_table), pad_mc=Int64(self.pad_mc),
+                n=Int64(0 if bare else sizes[r]), pad_table=Int64(self.pad_table), pad_mc=Int64(self.pad_mc),
                 pad=Int64(self.pads[r]), err=Int64(self.errs[r]), rank=Int32(r), timeout_ns=Int64(self.timeout))
             delays = [self.rng.choice([0, 0, self.timeout // 8]) for _ in range(blocks)]
-            sim.launch(lambda: self.body(args), Context(rank=r, call=c), blocks, threads, delays)
+            sim.launch(lambda: body(args), Context(rank=r, call=c), blocks, threads, delays)
             for index in range(ERROR_RECORDS):
                 at = self.errs[r] + 4 * len(ERROR_FIELDS) * index
                 status, barrier, peer, block, rank = mem.words(at, len(ERROR_FIELDS))
@@ -163,8 +165,8 @@ class World:
         if wrote != (t, ctx.call):
             raise Hazard(f"rank {ctx.rank} call {ctx.call} block {ctx.block} passed on rank {t}'s word "
                          f"written by (rank, call) {wrote}")
-        sizes = self.calls[ctx.call]
-        if sizes[t] != sizes[ctx.rank] and self.collective != "barrier":
+        sizes = [0 if self._bare(n) else n for n in self.calls[ctx.call]]
+        if sizes[t] != sizes[ctx.rank]:
             raise Hazard(f"rank {ctx.rank} call {ctx.call} block {ctx.block} passed rank {t} with another size: "
                          f"{sizes}")
 
@@ -210,6 +212,17 @@ def mismatch_on_the_same_grid(source) -> None:
             assert world.statuses(r) == {(1, RECOVERABLE_RECORD, SIZE_MISMATCH)}, world.records
 
 
+def an_empty_rank(source) -> None:
+    """Rank 0's tensor of call 1 is empty: it launches the barrier (of size 0) where rank 1
+    runs an all-reduce of 2056 elements (two blocks): a size mismatch on both, no timeout, and
+    the counts stay equal (the API's zero-size call, issue 31 item 4)."""
+    for seed in SEEDS:
+        world = World(2, [[WIDE, WIDE], [0, WIDE], [WIDE, WIDE]], seed, source=source)
+        for r in range(2):
+            assert world.statuses(r) == {(1, RECOVERABLE_RECORD, SIZE_MISMATCH)}, world.records
+        assert world.counts() == {3 * CALL_EPOCHS}
+
+
 def late_rank(source, collective: str = "barrier", multicast: bool = False) -> None:
     """Rank 1 starts its only call two timeouts late: rank 0 times out waiting for it (the
     fatal record), and rank 1, arriving after, must not pass on rank 0's signal (rank 0 left
@@ -243,6 +256,10 @@ def test_a_mismatch_that_changes_the_grid_is_a_size_mismatch_on_every_rank_and_t
 
 def test_a_mismatch_on_the_same_grid_is_a_size_mismatch_on_every_rank() -> None:
     mismatch_on_the_same_grid(SOURCE)
+
+
+def test_an_empty_rank_and_its_peers_record_a_size_mismatch_and_stay_in_step() -> None:
+    an_empty_rank(SOURCE)
 
 
 @pytest.mark.parametrize("multicast", [False, True])
