@@ -25,7 +25,7 @@ from . import config
 from .algorithms import REGISTRY, Call, tuning
 from .algorithms.base import algorithms
 from .algorithms.plan import capturing as _capturing
-from .config import VECTOR_BYTES
+from .config import BACKENDS, OPS, VECTOR_BYTES
 from .dtypes import from_torch
 from .errors import CollectiveError
 from .runtime import all_to_all as exchange
@@ -53,6 +53,7 @@ def barrier(backend: str = "auto", *, group: Any = None) -> None:
     """A device-side barrier of every rank on the current stream (no host sync; a rank that
     never arrives surfaces as CollectiveTimeout at the next collective or :func:`synchronize`).
     ``backend`` as for :func:`all_reduce`."""
+    _check_options("barrier", backend=backend)
     if _compiling():
         traceable(group, "barrier")
         return torch_ops.traced_barrier(backend)
@@ -85,14 +86,16 @@ def all_reduce(
     """
     if _compiling():
         traceable(group, "all_reduce")
+        _check_options("all_reduce", op, backend)
+        if out is not None:
+            _check_out(t, out)
         return torch_ops.traced_all_reduce(t, op, algorithm, backend, out)
     comm = _begin(group)
-    result = t if out is None else out
     capturing = _capturing()
-    key = ("all_reduce", t.data_ptr(), t.numel(), t.dtype, t.is_contiguous(), op, algorithm,
-           backend, result.data_ptr(), result.is_contiguous(), capturing, config.PDL)
-    _launch(comm, key, algorithm, _all_reduce_call, t, op, backend, out, capturing)
-    return result
+    key = ("all_reduce", _tensor(t), None if out is None else _tensor(out), op, algorithm, backend, capturing,
+           config.PDL)
+    _launch(comm, key, algorithm, backend, _all_reduce_call, t, op, backend, out, capturing)
+    return t if out is None else out
 
 
 def reduce_scatter(
@@ -110,12 +113,12 @@ def reduce_scatter(
     if _compiling():
         traceable(group, "reduce_scatter")
         return torch_ops.traced_reduce_scatter(out, inp, op, algorithm, backend, max_blocks)
+    _check_max_blocks("reduce_scatter", max_blocks)
     comm = _begin(group)
     capturing = _capturing()
-    key = ("reduce_scatter", inp.data_ptr(), inp.numel(), inp.dtype, inp.is_contiguous(),
-           out.data_ptr(), out.numel(), out.dtype, out.is_contiguous(), op, algorithm, backend,
-           capturing, max_blocks, config.PDL)
-    _launch(comm, key, algorithm, _block_call, "reduce_scatter", out, inp, op, backend, capturing, max_blocks)
+    key = ("reduce_scatter", _tensor(inp), _tensor(out), op, algorithm, backend, capturing, max_blocks, config.PDL)
+    _launch(comm, key, algorithm, backend, _block_call, "reduce_scatter", out, inp, op, backend, capturing,
+            max_blocks)
     return out
 
 
@@ -133,10 +136,10 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
     if _compiling():
         traceable(group, "all_gather")
         return torch_ops.traced_all_gather(out, inp, algorithm, backend, max_blocks)
+    _check_max_blocks("all_gather", max_blocks)
     comm = _begin(group)
-    key = ("all_gather", inp.data_ptr(), inp.numel(), inp.dtype, inp.is_contiguous(),
-           out.data_ptr(), out.numel(), out.dtype, out.is_contiguous(), algorithm, backend, max_blocks, config.PDL)
-    _launch(comm, key, algorithm, _block_call, "all_gather", out, inp, "sum", backend, False, max_blocks)
+    key = ("all_gather", _tensor(inp), _tensor(out), algorithm, backend, max_blocks, config.PDL)
+    _launch(comm, key, algorithm, backend, _block_call, "all_gather", out, inp, "sum", backend, False, max_blocks)
     return out
 
 
@@ -176,20 +179,59 @@ def _begin(group: Any) -> Communicator:
     return comm
 
 
-def _launch(comm: Communicator, key: tuple, algorithm: str, describe: Callable[..., Call | None], *args: Any) -> None:
-    """Launch the cached plan of ``key`` (every argument its plan depends on); on a miss,
-    describe the call (``describe(comm, *args)``: its checks and :class:`Call`; None when
-    there is nothing to move, and then nothing launches) and plan it with ``algorithm``.  Then
-    close the call (raising a deferred error).  A new collective is its public function
-    (``_begin``, its key, ``_launch``) and its describing function."""
+def _launch(comm: Communicator, key: tuple, algorithm: str, backend: str, describe: Callable[..., Call | None],
+            *args: Any) -> None:
+    """Launch the cached plan of ``key``; on a miss, describe the call (``describe(comm,
+    *args)``: its checks and :class:`Call`; None when this rank has nothing to move) and plan
+    it with ``algorithm``.  Then close the call (raising a deferred error).  A new collective is
+    its public function (``_begin``, its key, ``_launch``) and its describing function.
+
+    The key holds every argument the plan and the checks depend on, each caller tensor as
+    :func:`_tensor` describes it: a hit is a call whose tensors passed the same checks (a new
+    tensor at a freed one's address, of another size or dtype, misses).  A rank with nothing to
+    move still launches a barrier of size 0 on ``backend``: its peers' kernels advance the call
+    count and wait for every rank, so skipping the launch would leave them to time out (the
+    communicator lost) where their barriers now name the different sizes."""
     plan = comm.plans.get(key)
     if plan is None:
         call = describe(comm, *args)
         if call is None:
+            comm.barrier(backend)
+            comm.errors.finish()
             return
         plan = comm.plans[key] = _plan(comm, call, algorithm)
     plan.run()
     comm.errors.finish()
+
+
+def _tensor(t: torch.Tensor) -> tuple:
+    """What a plan and the checks read of a caller's tensor, as a plan-cache key: address,
+    dtype, shape, contiguity, device (its index: None off CUDA)."""
+    return t.data_ptr(), t.dtype, t.shape, t.is_contiguous(), t.device.index
+
+
+def _check_options(collective: str, op: str = "sum", backend: str = "auto") -> None:
+    """Refuse an ``op`` or ``backend`` no collective has."""
+    if op not in OPS:
+        raise CollectiveError(f"{collective}: op must be one of {OPS}, not {op!r}")
+    if backend not in ("auto", *BACKENDS):
+        raise CollectiveError(f"{collective}: backend must be one of {('auto', *BACKENDS)}, not {backend!r}")
+
+
+def _check_max_blocks(collective: str, max_blocks: Any) -> None:
+    """Refuse a ``max_blocks`` that is not a positive int (a bool is no count), on every call:
+    ``True`` would otherwise meet a plan cached for ``max_blocks=1`` (``True == 1``)."""
+    if max_blocks is not None and (type(max_blocks) is bool or not isinstance(max_blocks, int) or max_blocks < 1):
+        raise CollectiveError(f"{collective}: max_blocks must be a positive int or None, not {max_blocks!r}")
+
+
+def _check_out(t: torch.Tensor, out: torch.Tensor) -> None:
+    """An all-reduce's ``out``: a contiguous tensor of ``t``'s dtype and shape on its device
+    (eager and traced alike: a traced ``out.copy_(t)`` would cast or broadcast)."""
+    if out.dtype != t.dtype or out.shape != t.shape or not out.is_contiguous() or out.device != t.device:
+        raise CollectiveError(f"all_reduce: out must be a contiguous tensor of t's dtype and shape on its device "
+                              f"({t.dtype}, {tuple(t.shape)}, {t.device}), not {out.dtype}, {tuple(out.shape)}, "
+                              f"{out.device}{'' if out.is_contiguous() else ', not contiguous'}")
 
 
 def _plan(comm: Communicator, call: Call, algorithm: str):
@@ -210,14 +252,14 @@ def _plan(comm: Communicator, call: Call, algorithm: str):
 def _all_reduce_call(comm: Communicator, t: torch.Tensor, op: str, backend: str, out: torch.Tensor | None,
                      capturing: bool) -> Call | None:
     """The call of an all-reduce of ``t`` (into ``out``), checked; None for an empty ``t``."""
-    if t.numel() == 0:
-        return None
+    _check_options("all_reduce", op, backend)
     dtype = _dtype(comm, t)
     result = t if out is None else out
     if out is not None:
         _dtype(comm, out)
-    if out is not None and (out.dtype != t.dtype or out.shape != t.shape or not out.is_contiguous()):
-        raise CollectiveError("all_reduce: out must be a contiguous tensor of t's dtype and shape")
+        _check_out(t, out)
+    if t.numel() == 0:
+        return None
     return Call("all_reduce", result, t, dtype, op, comm.choose_backend(backend, dtype, op), comm.world,
                 n=t.numel(), nbytes=t.numel() * t.element_size(), symmetric=comm.ctx.is_symmetric(t),
                 in_place=out is None, whole_vectors=True, pointers_aligned=_aligned(t, result), capturing=capturing)
@@ -227,8 +269,7 @@ def _block_call(comm: Communicator, collective: str, out: torch.Tensor, inp: tor
                 capturing: bool, max_blocks: int | None) -> Call | None:
     """The call of a collective where one of ``out`` and ``inp`` is one rank's block of the
     other (reduce-scatter: ``out``, all-gather: ``inp``), checked; None for empty blocks."""
-    if max_blocks is not None and (not isinstance(max_blocks, int) or max_blocks < 1):
-        raise CollectiveError(f"{collective}: max_blocks must be a positive int or None, not {max_blocks!r}")
+    _check_options(collective, op, backend)
     dtype = _dtype(comm, inp)
     _dtype(comm, out)
     if out.dtype != inp.dtype:

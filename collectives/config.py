@@ -26,6 +26,9 @@ VECTOR_BYTES = 16
 #: Prepared plans a communicator keeps (least recently used evicted; plans hold no memory).
 PLAN_CACHE_SIZE = 512
 MAX_WORLD = 8
+#: Elements a rank's kernel may count in one call (``n``): a barrier's arrival word and a
+#: Lamport size entry carry it in 32 bits, where sizes differing by 2^32 would compare equal.
+MAX_ELEMENTS = (1 << 32) - 1
 #: Threads of the barrier collective's one block: a warp (thread ``t`` signals and waits for rank ``t``).
 BARRIER_THREADS = 32
 #: Bytes per rank a Lamport all-reduce carries at most (the size of each sender's slot in
@@ -44,8 +47,11 @@ LAMPORT_CALLS = LAMPORT_BUFFERS << 30
 
 
 def _like(call, value):
-    """``value`` in the type of ``call``: a CuTeDSL ``Uint32`` count keeps to unsigned 32-bit
-    arithmetic (a bare Python constant would make CuTeDSL compute a signed remainder)."""
+    """``value`` in the type of ``call``: a CuTeDSL ``Uint32`` count keeps to ``Uint32``
+    arithmetic (a Python constant is an ``Int32``, an ``Int64`` past its range as
+    :data:`LAMPORT_CALLS` is, and a mixed operation takes the wider type).  The signed hazard
+    is elsewhere: a load through a pointer moved by ``+`` returns a signed integer unless given
+    ``dtype=``, and its ``>>`` is then ``shr.s64`` (its ``%`` ``rem.s``): convert it first."""
     return type(call)(value)
 
 

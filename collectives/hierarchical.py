@@ -25,7 +25,6 @@ the SMs (:data:`INTRA_BLOCKS`): the network kernels running beside them need SMs
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -155,27 +154,43 @@ class Levels:
     intra: Level
     inter: Level
     order: torch.Tensor  # int64, W entries: order[l * N + n] = hierarchy.intra[n][l]
+    world: Any = None  # the default process group they were made under
 
     @classmethod
     def of(cls, h: topology.Hierarchy, intra: Level, inter: Level) -> Levels:
         order = [h.intra[n][l] for l in range(h.local) for n in range(h.nodes)]
-        return cls(h, intra, inter, torch.tensor(order, dtype=torch.int64))
+        return cls(h, intra, inter, torch.tensor(order, dtype=torch.int64), dist.group.WORLD)
+
+    def stale(self) -> bool:
+        """Whether these levels outlived what they run on: the default process group was
+        destroyed and made anew since (their process groups with it), or the intra-node
+        communicator's context was closed (``collectives.init`` after ``close``)."""
+        closed = isinstance(self.intra, KernelLevel) and self.intra.comm.ctx.closed
+        return closed or self.world is not dist.group.WORLD
 
 
 def levels(group: Any = None, intra: str = "kernels") -> Levels:
     """The two levels of ``group`` (None: every rank; a ProcessGroup or one-dimensional
-    DeviceMesh), on nodes of :func:`collectives.symmetric.topology.node_size` ranks, built on first use
-    (collective over the group: its members create their node's and their local index's
-    process groups).  ``intra``: ``"kernels"`` (ours) or ``"torch"`` (``torch.distributed`` at
+    DeviceMesh), on nodes of :func:`collectives.symmetric.topology.node_size` ranks, built on
+    first use and again once stale (:meth:`Levels.stale`; collective over the group: its
+    members create their node's and their local index's process groups).  ``intra``:
+    ``"kernels"`` (ours) or ``"torch"`` (``torch.distributed`` at
     both levels: what a CPU test can run)."""
     from .symmetric.groups import group_ranks
 
     members = tuple(range(dist.get_world_size())) if group is None else group_ranks(group)
     size = topology.node_size(dist.get_world_size())
-    return _levels(members, size, intra)
+    key = (members, size, intra)
+    found = _LEVELS.get(key)
+    if found is None or found.stale():
+        found = _LEVELS[key] = _levels(members, size, intra)
+    return found
 
 
-@functools.cache
+#: The levels built so far, by (members, node size, intra); rebuilt once stale (Levels.stale).
+_LEVELS: dict[tuple[tuple[int, ...], int, str], Levels] = {}
+
+
 def _levels(members: tuple[int, ...], size: int, intra: str) -> Levels:
     if intra not in ("kernels", "torch"):
         raise CollectiveError(f"intra must be 'kernels' or 'torch', not {intra!r}")

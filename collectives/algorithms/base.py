@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
-from ..config import MULTICAST_PATHS, VECTOR_BYTES, Slot
+from ..config import MAX_ELEMENTS, MULTICAST_PATHS, VECTOR_BYTES, Slot
 from ..device.kernel_args import COLLECTIVE, Layout
 from ..dtypes import DTYPES
 from ..errors import CollectiveError
@@ -60,6 +60,12 @@ class Call:
     pointers_aligned: bool
     capturing: bool
     max_blocks: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.n > MAX_ELEMENTS:
+            raise CollectiveError(
+                f"{self.collective}: {self.n} elements per rank; the kernels carry a rank's element count in 32 "
+                f"bits (sizes that differ by 2^32 would pass as equal): at most {MAX_ELEMENTS}, split the tensor")
 
     @classmethod
     def bare(cls, collective: str, backend: str, world: int) -> Call:

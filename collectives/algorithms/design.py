@@ -243,6 +243,14 @@ def kernel(key: KernelKey, b: Blocks, stage: Callable | None, move: Callable | N
                     if cutlass.const_expr(pull is not None):
                         if ok2:
                             pull(addrs, data_mc, out, n, rank, first, step)
+        if cutlass.const_expr(move is None):
+            # A bare barrier has no block_all: a barrier of its threads puts every thread's read
+            # of C (enter_call) before thread 0 advances it (nothing else orders them in the
+            # memory model; thread 0 may pass first, on its own word).  One warp: bar.warp.sync.
+            if cutlass.const_expr(threads <= cute.arch.WARP_SIZE):
+                cute.arch.sync_warp()
+            else:
+                cute.arch.sync_threads()
         signals.leave_call(pad, calls, last, world, single)
 
     return launcher(kernel, threads, emulate=key.backend == "multicast_emulated" and world, pdl=key.pdl,

@@ -36,10 +36,14 @@ class Plan:
         self.fn, self.args, self.comm, self.holds = fn, args, comm, holds
 
     def run(self) -> None:
-        """Launch on the current stream.  Under CUDA-graph capture, first pin what the launch
-        uses: the graph replays these addresses for good, whichever call made the plan (an
-        eager warm-up's plan is reused under capture)."""
+        """Launch on the current stream, after the communicator's last collective
+        (:func:`follow`, where the stream changed).  Under CUDA-graph capture, first pin what
+        the launch uses: the graph replays these addresses for good, whichever call made the
+        plan (an eager warm-up's plan is reused under capture)."""
         comm = self.comm
+        stream = current_stream(comm.device_index)
+        if stream != comm.stream:
+            follow(comm, stream)
         if self.holds and capturing():
             comm.pool.capture(self.holds)
         if len(self.args) > 1:
@@ -47,7 +51,26 @@ class Plan:
             comm.turn ^= 1
         else:
             args = self.args[0]
-        self.fn(*args, current_stream(comm.device_index))
+        self.fn(*args, stream)
+
+
+def follow(comm: Runtime, stream: int) -> None:
+    """Make ``stream`` the one ``comm``'s next collective launches on.  A communicator's
+    collectives must run one at a time: they share its call count and tickets in the signal
+    pad, and two running at once (on two streams) would take each other's counts, so that the
+    ranks pair different calls.  So, eager, the stream first waits for the one the last
+    collective launched on (a CUDA event; once per change of stream).  Where either launch is
+    captured into a CUDA graph there is nothing to wait for now: a graph's collectives run when
+    it is replayed, and its caller orders a replay with the communicator's other collectives."""
+    now = bool(capturing())
+    if comm.stream is not None and not now and not comm.stream_captured:
+        order(comm.device_index, comm.stream, stream)
+    comm.stream, comm.stream_captured = stream, now
+
+
+def order(device: int, before: int, after: int) -> None:
+    """Make raw stream ``after`` wait for the work queued so far on raw stream ``before``."""
+    torch.cuda.ExternalStream(after, device=device).wait_stream(torch.cuda.ExternalStream(before, device=device))
 
 
 def prepare(comm: Runtime, key: Any, layout: Layout, data: Buffer | list[Buffer], out: int, src: int, n: int,
@@ -76,4 +99,4 @@ def prepare(comm: Runtime, key: Any, layout: Layout, data: Buffer | list[Buffer]
     return Plan(comm.kernel(key), args, comm, holds)
 
 
-__all__ = ["Plan", "capturing", "current_stream", "prepare"]
+__all__ = ["Plan", "capturing", "current_stream", "follow", "order", "prepare"]

@@ -68,6 +68,10 @@ class Runtime(Protocol):
     lamport_buffers: dict[int, torch.Tensor]
     ctx: Memory
     pool: Pool
+    #: The raw CUDA stream the last collective launched on (None before the first), and whether
+    #: it was being captured (:func:`collectives.algorithms.plan.follow`).
+    stream: int | None
+    stream_captured: bool
 
     @property
     def device_index(self) -> int:

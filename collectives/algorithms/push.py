@@ -263,11 +263,11 @@ class PushKernel:
         self.pull(results_table(results), out, n, rank, Int64(0), self.slot_elements(n), first, step)
 
     @cute.jit
-    def wait(self, flag, pad, rank, block, calls, j, deadline, err, which, size):
+    def wait(self, flag, pad_table, pad, rank, block, calls, j, deadline, err, which, size):
         """Wait for every rank's event ``j`` (True in every thread of the block if it came,
         with our size)."""
         return signals.block_all(flag, signals.wait_peers(
-            pad, rank, block, calls, calls + Uint32(j + 1), deadline, err, which, size, self.world))
+            pad_table, pad, rank, block, calls, calls + Uint32(j + 1), deadline, err, which, size, self.world))
 
     @cute.jit
     def pipeline_kernel(self, args: KernelArgs):
@@ -290,13 +290,13 @@ class PushKernel:
         self.push(data_table, src, n, rank, Int64(0), chunk, first, step)
         signals.signal_peers(pad_table, rank, block, calls, calls + Uint32(1), size, self.world)
         # Every rank's size before any other push: a failed call's pushes are all signalled.
-        ok = self.wait(flag, pad, rank, block, calls, Int64(0), deadline, err, Int32(0), size)
+        ok = self.wait(flag, pad_table, pad, rank, block, calls, Int64(0), deadline, err, Int32(0), size)
         k = Int64(0)
         while ok and k < rounds:
             if k + 1 < rounds:
                 self.push(data_table, src, n, rank, k + 1, chunk, first, step)
             if k > 0:
-                ok = self.wait(flag, pad, rank, block, calls, k, deadline, err, Int32(PUSH_ROUND), size)
+                ok = self.wait(flag, pad_table, pad, rank, block, calls, k, deadline, err, Int32(PUSH_ROUND), size)
             if ok:
                 self.reduce_chunk(data_table, results, out, n, rank, k, chunk, first, step)
                 if cutlass.const_expr(self.all_reduce):
@@ -307,7 +307,7 @@ class PushKernel:
             k += 1
         if cutlass.const_expr(self.final):
             if ok:
-                ok = self.wait(flag, pad, rank, block, calls, rounds, deadline, err, Int32(1), size)
+                ok = self.wait(flag, pad_table, pad, rank, block, calls, rounds, deadline, err, Int32(1), size)
                 if cutlass.const_expr(self.all_reduce):
                     if ok:
                         self.collect(results, out, n, rank, rounds - 1, chunk, first, step)

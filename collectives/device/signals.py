@@ -71,7 +71,9 @@ from ..config import (
 
 @cute.jit
 def gmem(dtype: cutlass.Constexpr, address: Int64, align: cutlass.Constexpr = 16) -> cute.Pointer:
-    """A global-memory pointer of ``dtype`` at a 64-bit device address."""
+    """A global-memory pointer of ``dtype`` at a 64-bit device address.  Moved by ``+``, it
+    loads signed integers (``Int64`` for ``Uint64``) unless ``ptxops.ld`` is given ``dtype=``:
+    a ``>>`` of such a value is arithmetic (``shr.s64``)."""
     return cute.make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align)
 
 
@@ -190,6 +192,13 @@ def in_call(epoch: Uint32, calls: Uint32) -> Boolean:
 
 
 @cute.jit
+def gave_up(calls: Uint32) -> Uint32:
+    """The epoch a rank that gave up on the call at count ``calls`` leaves in its arrival word:
+    ``call_last(calls) + 1``, reached by every wait of the call and in none of its epochs."""
+    return Uint32(call_last(calls)) + Uint32(1)
+
+
+@cute.jit
 def signal_peers(
     pad_table: Int64,
     rank: Int32,
@@ -237,6 +246,7 @@ def signal_multicast(
 
 @cute.jit
 def wait_peers(
+    peers: Int64,
     pad: Int64,
     rank: Int32,
     block: Int32,
@@ -260,8 +270,14 @@ def wait_peers(
     that gave up on a timeout can be: recorded as a timeout.  A block other than 0 also
     watches rank ``t``'s block 0 while it waits (block 0 runs on every rank): once that has
     signalled this call with another size, rank ``t``'s grid may lack this block, and the wait
-    ends with a size mismatch instead of the deadline.  ``alias`` (the multicast flavour, whose
-    words arrive through the multicast address): ``fence.proxy.alias`` after the wait.  The
+    ends with a size mismatch instead of the deadline.  A thread that gives up on rank ``t``
+    (a timeout) then tells it: it overwrites our arrival word with the epoch just past the call
+    (:func:`gave_up`) in rank ``t``'s pad (``peers``: the pad table) or, in the multicast
+    flavour (``alias``; ``peers``: the pad's multicast address, whose words arrive through it),
+    in every rank's with one ``multimem.st``.  A wait of this call takes that epoch for a rank
+    that left it, a timeout, at once: a rank that arrives after its peers gave up fails too
+    instead of passing on their signals (as NCCL's abort reaches every rank).  ``alias``:
+    ``fence.proxy.alias`` after the wait.  The
     caller's sync after the wait carries the acquire (and the fence) to the other threads.
     Returns (in threads ``t < world``) whether rank ``t`` arrived before the deadline with the
     same size; a failure is written to the error record (``which``: the barrier or phase it
@@ -291,6 +307,13 @@ def wait_peers(
         if status != 0:
             ok = Boolean(False)
             record_error(err, status, which, tidx, block, rank)
+        if status == Int32(TIMEOUT):
+            word = (Uint64(size) << 32) | Uint64(gave_up(calls))
+            if cutlass.const_expr(alias):
+                ptxops.multimem_st(arrival_word(peers, calls, block, rank, world), word, sem="release", scope="sys")
+            else:
+                ptxops.st_release(arrival_word(peer_address(peers, tidx), calls, block, rank, world), word,
+                                  scope="sys")
     return ok
 
 
@@ -313,7 +336,7 @@ def barrier_peer(
     :func:`signal_peers` of ``epoch``, then :func:`wait_peers` for it.  Returns (in threads
     ``t < world``) whether rank ``t`` arrived before the deadline with the same size."""
     signal_peers(pad_table, rank, block, calls, epoch, size, world, sync)
-    return wait_peers(pad, rank, block, calls, epoch, deadline, err, which, size, world)
+    return wait_peers(pad_table, pad, rank, block, calls, epoch, deadline, err, which, size, world)
 
 
 @cute.jit
@@ -332,13 +355,16 @@ def barrier_multicast(
     sync: cutlass.Constexpr = True,
 ) -> Boolean:
     """Multicast-flavour barrier: :func:`signal_multicast` of ``epoch`` (one
-    ``multimem.st.release.sys`` to every rank), then :func:`wait_peers` for it, ending with
-    ``fence.proxy.alias``.  The words are the peer flavour's, so a size travels with its
-    epoch (no later barrier overwrites it before a slower rank reads it) and there is no
-    shared counter whose count of passed barriers would have to survive the 2^32 wrap for
-    world sizes that do not divide it."""
+    ``multimem.st.release.sys`` to every rank), a ``bar.sync``, then :func:`wait_peers` for
+    it, ending with ``fence.proxy.alias``.  The words are the peer flavour's, so a size travels
+    with its epoch (no later barrier overwrites it before a slower rank reads it) and there is
+    no shared counter whose count of passed barriers would have to survive the 2^32 wrap for
+    world sizes that do not divide it.  The ``bar.sync`` puts thread 0's signal (and its alias
+    fence) before the store by which another thread that gives up overwrites the same word
+    (:func:`gave_up`): in the peer flavour one thread makes both stores."""
     signal_multicast(mc_pad, rank, block, calls, epoch, size, world, sync)
-    return wait_peers(pad, rank, block, calls, epoch, deadline, err, which, size, world, alias=True)
+    cute.arch.sync_threads()
+    return wait_peers(mc_pad, pad, rank, block, calls, epoch, deadline, err, which, size, world, alias=True)
 
 
 @cute.jit

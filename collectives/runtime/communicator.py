@@ -61,6 +61,8 @@ class Communicator:
         #: The Lamport all-reduce's receive buffers by element bytes (:mod:`collectives.algorithms.lamport`).
         self.lamport_buffers: dict[int, torch.Tensor] = {}
         self.turn = 0  # which of staging slots TURN_0/TURN_1 the next single-barrier collective uses
+        self.stream: int | None = None  # the last collective's stream (algorithms.plan.follow)
+        self.stream_captured = False
         self.pad_buffer = self.buffer(self.pad)
         if TEST_SEED_EPOCH:
             self._seed_epochs(TEST_SEED_EPOCH)

@@ -60,6 +60,19 @@ class _Alloc:
         return self.raw.data_ptr()
 
 
+#: Contexts opened so far in this process over each tuple of global ranks.
+_GENERATIONS: dict[tuple[int, ...], int] = {}
+
+
+def _next_generation(group: Any, world_size: int) -> int:
+    """The generation of a new context over ``group`` (its ``world_size`` ranks): how many
+    contexts over the same ranks this process opened before.  Every rank opens them in the same
+    order (collectively), so the ranks agree on it without communicating."""
+    ranks = tuple(global_rank(group, r) for r in range(world_size))
+    generation = _GENERATIONS.get(ranks, 0)
+    _GENERATIONS[ranks] = generation + 1
+    return generation
+
 
 def _extent(t: torch.Tensor) -> int:
     """Bytes from ``t.data_ptr()`` to one past its last element."""
@@ -83,6 +96,7 @@ class Context:
         self._allocs: dict[int, _Alloc] = {}
         self._seq = 0
         self._bounded = 0  # agree_bounded calls so far
+        self._generation = _next_generation(group, world_size)
         self.closed = False
         # The sub-group pool (base context only, :meth:`reserve`) and this rank's free ranges of it.
         self.pool: torch.Tensor | None = None
@@ -121,14 +135,17 @@ class Context:
     def agree_bounded(self, what: str, values: Sequence[int], timeout_s: float) -> None:
         """Every rank's ``values`` through the process group's key-value store, waiting at most
         ``timeout_s``; raise SymmetricMemoryError where ranks disagree or some do not arrive.
-        The ``k``-th call of each rank meets only the ``k``-th of the others, and a rank that
-        never arrives blocks nothing of the group's (unlike a collective it would later pair
-        with something else)."""
+        The ``k``-th call of each rank meets only the ``k``-th of the others of the same
+        context (the keys name the ranks, the context's generation among those over the same
+        ranks, and ``k``), and a rank that never arrives blocks nothing of the group's (unlike
+        a collective it would later pair with something else).  The last rank to read a
+        call's keys deletes them."""
         self._check_open()
         if self.world_size == 1:
             return
         ranks = [global_rank(self.group, r) for r in range(self.world_size)]
-        keys = [f"collectives/agree/{ranks}/{self._bounded}/{r}" for r in range(self.world_size)]
+        prefix = f"collectives/agree/{ranks}/{self._generation}/{self._bounded}"
+        keys = [f"{prefix}/{r}" for r in range(self.world_size)]
         self._bounded += 1
         store = dist.distributed_c10d._get_default_store()
         store.set(keys[self.rank], json.dumps(list(values)))
@@ -138,6 +155,9 @@ class Context:
             missing = [r for r, k in enumerate(keys) if not store.check([k])]
             raise SymmetricMemoryError(f"{what}: ranks {missing} did not arrive within {timeout_s:g}s") from e
         got = [json.loads(store.get(k)) for k in keys]
+        if store.add(f"{prefix}/read", 1) == self.world_size:
+            for k in [*keys, f"{prefix}/read"]:
+                store.delete_key(k)
         if any(g != got[0] for g in got):
             raise SymmetricMemoryError(f"{what}: ranks disagree, per rank {got}")
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import os
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from tests.support.spawn_support import run_gloo
 
 torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
 
 from collectives import hierarchical  # noqa: E402
 from collectives.symmetric import topology  # noqa: E402
@@ -304,3 +306,37 @@ def test_gloo_composition_over_two_forced_nodes_equals_flat(tmp_path) -> None:
         out = results[rank]
         assert out[0] == "levels:2x2", out
         assert len(out) == 1 + 3 * 4 and all(s.endswith("True") for s in out[1:]), out
+
+
+# -- levels outliving what they run on ------------------------------------------------------------
+
+
+def test_levels_made_under_another_default_process_group_are_stale() -> None:
+    """After the default process group was destroyed and made anew, levels made before hold
+    destroyed groups (gloo's still answer; NCCL's are aborted): stale."""
+    levels = hierarchical.Levels(None, None, None, None, dist.group.WORLD)
+    assert not levels.stale()
+    assert hierarchical.Levels(None, None, None, None, object()).stale()
+
+
+def test_levels_over_a_closed_communicator_are_built_again(monkeypatch) -> None:
+    """One node of two ranks (a kernel level): once its communicator's context is closed (and
+    collectives.init opens another), levels() builds new levels on a new communicator."""
+    import collectives.runtime.communicator as runtime
+
+    made = []
+
+    def communicator(pg):
+        made.append(SimpleNamespace(world=2, sms=132, ctx=SimpleNamespace(closed=False)))
+        return made[-1]
+
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(dist, "new_group", lambda ranks, **_: SimpleNamespace(ranks=ranks))
+    monkeypatch.setattr(runtime, "communicator", communicator)
+    monkeypatch.setenv("COLLECTIVES_NODE_SIZE", "2")
+    first = hierarchical.levels(None)
+    assert hierarchical.levels(None) is first and first.intra.comm is made[0]
+    made[0].ctx.closed = True
+    again = hierarchical.levels(None)
+    assert again is not first and again.intra.comm is made[1] and not made[1].ctx.closed

@@ -122,6 +122,7 @@ class FakeComm(Communicator):
         self.pool = StagingPool(heap, self.plans, self.views.forget, self.agree_growth)
         self.lamport_buffers = {}
         self.turn = 0
+        self.stream, self.stream_captured = None, False
         self.sms = 132
         self.launches: list[tuple] = []
         self.pad = heap.empty(self.layout.words * 4, torch.int32)

@@ -26,6 +26,15 @@ def call(collective: str = "all_reduce", *, nbytes: int = 1 << 20, backend: str 
                 capturing=False)
 
 
+def test_a_call_of_more_elements_than_the_size_word_carries_is_refused() -> None:
+    """The barriers compare sizes in 32 bits: 2^32 elements would pass against a peer's 0."""
+    fields = dict(out=None, inp=None, dtype="f32", op="sum", backend="peer", world=2, nbytes=0, symmetric=True,
+                  in_place=True, whole_vectors=True, pointers_aligned=True, capturing=False)
+    Call("all_reduce", n=(1 << 32) - 1, **fields)
+    with pytest.raises(CollectiveError, match=r"32 bits.*at most 4294967295"):
+        Call("all_reduce", n=1 << 32, **fields)
+
+
 REFUSED = [  # (key, a piece of the message)
     (dict(collective="all_gather", algorithm="one_shot", stage_in=True), "no stage_in"),
     (dict(collective="all_gather", algorithm="tma", stage_in=True), "no stage_in"),

@@ -226,24 +226,29 @@ def test_barrier_cost_variants_compile_and_differ_where_named() -> None:
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_peer_barrier_is_one_64_bit_release_store_and_no_block_sync(world: int) -> None:
     """The barrier kernel signals each rank with one 64-bit release store (size and epoch),
-    polls one 64-bit acquire load, reads no peer size word and no own table entry, never
-    syncs its one warp and takes no ticket (one block); the data kernels keep the bar.sync
-    before their barriers and take a ticket (atom.add.acq_rel.gpu) when their grid has
-    several blocks."""
+    polls one 64-bit acquire load, reads no peer size word and no own table entry, syncs its
+    one warp once (bar.warp.sync, before thread 0 advances the call count), never the block,
+    and takes no ticket (one block); the data kernels keep the bar.sync before their barriers
+    and take a ticket (atom.add.acq_rel.gpu) when their grid has several blocks."""
     ptx = kernel_ptx(KernelKey("barrier", "one_shot", "peer", "bf16", world, threads=32), "sm_90a")
-    # (and the error record's publishing store, st.release.sys.global.b32)
+    # (then the error record's publishing store, st.release.sys.global.b32, and the word a
+    # wait that gives up leaves in the missing rank's pad, signals.gave_up)
     assert re.findall(r"\bst\.release\.sys\.global\.\w+", ptx) == ["st.release.sys.global.b64",
-                                                                    "st.release.sys.global.b32"]
+                                                                    "st.release.sys.global.b32",
+                                                                    "st.release.sys.global.b64"]
     assert set(re.findall(r"\bld\.acquire\.sys\.global\.\w+", ptx)) == {"ld.acquire.sys.global.b64"}
     assert "bar.sync" not in ptx and "barrier.sync" not in ptx and ".add.u32" not in ptx
+    assert ptx.count("bar.warp.sync") == 1
     data = kernel_ptx(KernelKey("all_reduce", "one_shot", "peer", "bf16", world), "sm_90a")
     assert "st.release.sys.global.b64" in data and ("bar.sync" in data or "barrier.sync" in data)
     assert "atom.acq_rel.gpu.global.add.u32" in data
 
 
 def _signals(ptx: str) -> tuple[int, int]:
-    """(64-bit release stores, 64-bit acquire loads) in ``ptx``: the peer signals and waits
-    (a wait polls with two loads, the first and the loop's)."""
+    """(64-bit release stores, 64-bit acquire loads) in ``ptx``: the peer signals and, one per
+    wait, the word a wait that gives up leaves in the missing rank's pad
+    (:func:`~collectives.device.signals.gave_up`); the waits (each polls with two loads, the
+    first and the loop's)."""
     return (len(re.findall(r"\bst\.release\.sys\.global\.b64", ptx)),
             len(re.findall(r"\bld\.acquire\.sys\.global\.b64", ptx)))
 
@@ -259,9 +264,9 @@ def test_peer_push_all_reduce_is_a_pipeline_of_split_signals(dtype: str, world: 
     slots to ``world`` places (out and its region on every other rank: no pull)."""
     ptx = kernel_ptx(KernelKey("all_reduce", "push", "peer", dtype, world, vector=vector, stage_in=True),
                      "sm_100a" if DTYPES[dtype].fp8 else "sm_90a")
-    assert _signals(ptx) == (2, 6), _signals(ptx)
+    assert _signals(ptx) == (2 + 3, 6), _signals(ptx)
     records = ptx.count("st.release.sys.global.b32")  # each wait's error record, published
-    assert len(re.findall(r"\.(release|acquire)\.", ptx)) - records == 8
+    assert len(re.findall(r"\.(release|acquire)\.", ptx)) - records == 11
     assert not _multimem(ptx)
     loads = sorted(op for op in re.findall(r"\bld\.global\.([\w.]+)", ptx) if op != "b64")  # not the tables
     stores = sorted(re.findall(r"\bst\.global\.([\w.]+)", ptx))
@@ -286,11 +291,12 @@ def test_push_reduce_scatter_stores_to_peers_and_reduces_locally(backend: str, w
         found = _multimem(ptx)
         if backend == "peer":
             assert not found
-            assert _signals(ptx) == (2, 2 * (2 + end_barrier)), _signals(ptx)
+            assert _signals(ptx) == (2 + 2 + end_barrier, 2 * (2 + end_barrier)), _signals(ptx)
             continue
         assert found == {"multimem.st.release.sys.global.b64"}, found  # the barriers' signals
         releases = len(re.findall(r"st\.release\.sys\.global\.b64", ptx))
-        assert releases == (2 if end_barrier else 1), releases
+        # each barrier's multimem.st.release (matched inside it) and its wait's gave-up word
+        assert releases == 2 * (1 + end_barrier), releases
     with pytest.raises(ValueError, match="push"):
         KernelKey("reduce_scatter", "push", backend, "bf16", world)
 

@@ -177,3 +177,18 @@ def test_a_group_inside_torch_compile_is_refused_not_run_on_every_rank() -> None
 def test_fake_gemm_reduce_scatter_refuses_rows_not_divisible_by_world() -> None:
     with FakeTensorMode(), pytest.raises(Exception, match="not a multiple of 3"):
         torch.ops.collectives.gemm_reduce_scatter(torch.empty(4, 3), torch.empty(3, 5), 3)
+
+
+class OutModel(torch.nn.Module):
+    """An all-reduce into ``out``: what eager refuses, tracing must refuse too."""
+
+    def forward(self, x: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        return collectives.all_reduce(x, out=o)
+
+
+@pytest.mark.parametrize("out", [lambda: torch.randn(2, 8), lambda: torch.randn(8, dtype=torch.float64)],
+                         ids=["broadcast-shape", "other-dtype"])
+def test_a_traced_all_reduce_refuses_the_out_eager_refuses(out) -> None:
+    compiled, _ = _compile(OutModel())
+    with FakeTensorMode(), pytest.raises(Exception, match="out must be a contiguous tensor of t's dtype and shape"):
+        compiled(torch.randn(8), out())

@@ -1,0 +1,158 @@
+"""The Lamport all-reduce as its own source runs it (CPU, no CuTeDSL compile).
+
+:mod:`device_sim` executes :class:`collectives.algorithms.lamport.LamportKernel` and
+:mod:`collectives.device.lamport` from their source files over simulated receive buffers, pads
+and error records (the peer backend, f32 moved as bits; the "sum" of the simulation's reduction
+stand-in adds the words as integers, so the test checks which values were combined, not float
+arithmetic).  Scaled down where nothing depends on the size: 4 threads per block, slots of 64
+bytes, and of the kernel's fixed grid the two first blocks (block 0 holds every vector of these
+sizes; a block past them touches only its own call count).  Each rank runs its calls in order;
+every call's output must be the sum of that call's inputs, and a call whose sizes differ must
+be a size mismatch on every rank, after which the buffer it left dirty is emptied before reuse.
+"""
+
+from __future__ import annotations
+
+import random
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from tests.support.device_sim import Context, Sim, fakes, load  # noqa: E402
+
+from collectives.algorithms import REGISTRY, KernelKey  # noqa: E402
+from collectives.config import (  # noqa: E402
+    ERROR_FIELDS,
+    ERROR_RECORDS,
+    LAMPORT_BUFFERS,
+    RECOVERABLE_RECORD,
+    SIZE_MISMATCH,
+    PadLayout,
+)
+from collectives.device.lamport import negative_zero  # noqa: E402
+
+FAKES = fakes()
+Int32, Int64, Uint32 = FAKES["cutlass"].Int32, FAKES["cutlass"].Int64, FAKES["cutlass"].Uint32
+THREADS, SLOT, BLOCKS = 4, 64, 2
+
+
+def combine(a: list, b: list, op: str) -> list:
+    return [Uint32(x + y) for x, y in zip(a, b)]
+
+
+def kernels(edits: tuple = ()) -> types.ModuleType:
+    """The simulated ``collectives.algorithms.lamport`` (``edits``: its source edits)."""
+    signals = load("collectives.device.signals", FAKES)
+    device_lamport = load("collectives.device.lamport", {**FAKES, "collectives.device.signals": signals})
+    reduce = types.SimpleNamespace(convert=lambda values, dtype: values, combine=combine)
+    registered = dict(REGISTRY)  # the copy's Lamport class registers itself: put the real one back
+    try:
+        return load("collectives.algorithms.lamport", {
+            **FAKES,
+            "collectives.device": types.SimpleNamespace(lamport=device_lamport, reduce=reduce, signals=signals),
+            "collectives.device.launch": types.SimpleNamespace(launcher=lambda kernel, threads, **_: kernel),
+        }, edits)
+    finally:
+        REGISTRY.clear()
+        REGISTRY.update(registered)
+
+
+SOURCE = kernels()
+
+
+class World:
+    """``world`` ranks running the Lamport all-reduce of f32 ``calls`` (per call, each rank's
+    element count); rank ``r``'s input of call ``c`` element ``i`` is the word ``1000 * (c + 1)
+    + 100 * r + i`` (never a -0.0 bit pattern)."""
+
+    def __init__(self, world: int, calls: list, seed: int, source: types.ModuleType = SOURCE) -> None:
+        self.world, self.calls = world, calls
+        self.sim = sim = Sim(seed, speed={0: 8})  # rank 0 fast: it reads before rank 1's data lands
+        self.rng = random.Random(seed)
+        mem = sim.memory
+        key = KernelKey("all_reduce", "lamport", "peer", "f32", world, threads=256)
+        self.kernel = kernel = source.LamportKernel(key)
+        kernel.threads, kernel.slot = THREADS, SLOT
+        layout = PadLayout(world=world)
+        self.pads = [mem.alloc(4 * layout.words) for _ in range(world)]
+        self.buffers = [mem.alloc(LAMPORT_BUFFERS * world * SLOT) for _ in range(world)]
+        empty = negative_zero(32, 32)
+        for buffer in self.buffers:
+            for i in range(0, LAMPORT_BUFFERS * world * SLOT, 4):
+                mem.store(buffer + i, empty, Uint32)
+        self.pad_table, self.data_table = mem.alloc(8 * world), mem.alloc(8 * world)
+        for r in range(world):
+            mem.store(self.pad_table + 8 * r, self.pads[r], Int64)
+            mem.store(self.data_table + 8 * r, self.buffers[r], Int64)
+        self.errs = [mem.alloc(4 * len(ERROR_FIELDS) * ERROR_RECORDS) for _ in range(world)]
+        most = max(max(sizes) for sizes in calls)
+        self.src = [mem.alloc(4 * most) for _ in range(world)]
+        self.out = [mem.alloc(4 * most) for _ in range(world)]
+        self.records: list[list] = [[] for _ in range(world)]  # (call, record, status)
+        self.results: list[list] = [[] for _ in range(world)]  # each call's output words
+        for r in range(world):
+            sim.spawn(lambda r=r: self._host(r), Context(rank=r))
+        sim.run()
+
+    def _host(self, r: int) -> None:
+        sim, mem = self.sim, self.sim.memory
+        for c, sizes in enumerate(self.calls):
+            n = sizes[r]
+            for i in range(n):
+                mem.store(self.src[r] + 4 * i, 1000 * (c + 1) + 100 * r + i, Uint32)
+            args = types.SimpleNamespace(
+                data_table=Int64(self.data_table), data_mc=Int64(0), out=Int64(self.out[r]), src=Int64(self.src[r]),
+                n=Int64(n), pad_table=Int64(self.pad_table), pad_mc=Int64(0), pad=Int64(self.pads[r]),
+                err=Int64(self.errs[r]), rank=Int32(r), timeout_ns=Int64(3000))
+            sim.launch(lambda: self.kernel.kernel(args), Context(rank=r, call=c), BLOCKS, THREADS,
+                       [self.rng.choice([0, 0, 300]) for _ in range(BLOCKS)])
+            self.results[r].append(mem.words(self.out[r], n, Uint32))
+            for index in range(ERROR_RECORDS):
+                at = self.errs[r] + 4 * len(ERROR_FIELDS) * index
+                status = mem.load(at, Int32).v
+                if status:
+                    self.records[r].append((c, index, status))
+                for i in range(len(ERROR_FIELDS)):
+                    mem.store(at + 4 * i, 0, Int32)
+
+    def expected(self, c: int) -> list[int]:
+        n = self.calls[c][0]
+        return [sum(1000 * (c + 1) + 100 * r + i for r in range(self.world)) for i in range(n)]
+
+
+def agreeing_calls_are_summed_and_a_mismatch_is_cleaned_up(source: types.ModuleType) -> None:
+    """Call 2's sizes differ (4 and 8 elements); its buffer (2) is used again by call 5, after
+    call 4 emptied it: every other call sums its inputs, call 2 is a size mismatch on both."""
+    calls = [[8, 8]] * 2 + [[4, 8]] + [[8, 8]] * 4
+    for seed in range(3):
+        world = World(2, calls, seed, source)
+        for r in range(2):
+            assert world.records[r] == [(2, RECOVERABLE_RECORD, SIZE_MISMATCH)], world.records
+            for c in range(len(calls)):
+                if c != 2:
+                    assert world.results[r][c] == world.expected(c), (r, c)
+
+
+def test_agreeing_calls_are_summed_and_a_mismatch_is_cleaned_up() -> None:
+    agreeing_calls_are_summed_and_a_mismatch_is_cleaned_up(SOURCE)
+
+
+def test_the_simulated_copy_leaves_the_registry_alone() -> None:
+    from collectives.algorithms import lamport
+
+    assert type(REGISTRY["all_reduce", "lamport"]) is lamport.Lamport
+
+
+MUTATIONS = {
+    "no dirty mark": ("                ptxops.st(dirty + buffer, Uint32(lamport_tag(lamport_cleanup_call(call))))\n",
+                      "                pass\n"),
+    "no clean-up of a dirty buffer": ("            if ptxops.ld(dirty + stale) == Uint32(lamport_tag(call)):",
+                                      "            if ptxops.ld(dirty + stale) == Uint32(0xFFFFFFFF):"),
+}
+
+
+@pytest.mark.parametrize("name", MUTATIONS)
+def test_each_mutation_of_the_clean_up_fails(name: str) -> None:
+    with pytest.raises(AssertionError):
+        agreeing_calls_are_summed_and_a_mismatch_is_cleaned_up(kernels((MUTATIONS[name],)))
