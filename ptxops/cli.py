@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from . import ptxas, render, spec
 from .errors import QualifierError
 from .render import Instruction
+from .spec import reach
 from .spec.engine import Family, Rule, Value
 from .spec.targets import normalise_target
 
@@ -220,13 +221,34 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+#: The ``rules`` argument that lists the reach rules (:mod:`ptxops.spec.reach`) alone.
+REACH_RULES = "reach"
+
+
 def cmd_rules(args: argparse.Namespace) -> int:
-    """Every rule of a family: name, whether ptxas enforces it, condition and text."""
+    """Every rule of a family: name, whether ptxas enforces it, condition and text; with
+    ``reach``, the scope each pointer reach needs."""
+    if args.family == REACH_RULES:
+        print_reach_rules()
+        return EXIT_OK
     for i, name in enumerate(families_under(args.family, exact_first=True)):
         if i:
             print()
         print_rules(spec.FAMILIES[name])
     return EXIT_OK
+
+
+def print_reach_rules(fam: Family | None = None) -> None:
+    """The scope each reach needs (for ``fam``: the ordered accesses of that family)."""
+    what = f"ordered {fam.name} forms" if fam else "ordered accesses (" + ", ".join(reach.SCOPED_ACCESSES) + ")"
+    print(f"reach rules: the scope of {what} against the pointer's reach (ptxops.reach)\n")
+    for r in reach.REACHES.values():
+        print(f"[{reach.rule_name(r)}]  ptxas enforces: no (legal PTX; ptxops checks it at trace time)")
+        legal = reach.SCOPE_ORDER[reach.SCOPE_ORDER.index(r.needs):]
+        print(wrap(f"when reach={r.kind}: scope in {{{', '.join(legal)}}}"))
+        print(wrap(reach.rule_text(r)))
+        print()
+    print(f"{len(reach.REACHES)} reach rules")
 
 
 def print_rules(fam: Family) -> None:
@@ -242,6 +264,9 @@ def print_rules(fam: Family) -> None:
         print()
     enforced = sum(r.ptxas_enforced for r in fam.rules)
     print(f"{len(fam.rules)} rules of {fam.name} ({enforced} enforced by ptxas)")
+    if fam.name in reach.SCOPED_ACCESSES:
+        print()
+        print_reach_rules(fam)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -338,9 +363,14 @@ def parser() -> argparse.ArgumentParser:
         "rules",
         help="every rule of a family",
         description="Print every rule of FAMILY (or of every family under a prefix): its name, "
-        "whether ptxas enforces it, the condition it checks and its text.",
+        "whether ptxas enforces it, the condition it checks and its text; for the families "
+        "with ordered accesses, the reach rules too (the scope a pointer's reach needs).  "
+        f"`rules {REACH_RULES}` prints the reach rules alone.",
     )
-    ru.add_argument("family", metavar="FAMILY", help=f"one of: {families}; or a prefix (every family under it)")
+    ru.add_argument(
+        "family", metavar="FAMILY",
+        help=f"one of: {families}; or a prefix (every family under it); or {REACH_RULES}",
+    )
     ru.set_defaults(run=cmd_rules)
 
     ck = sub.add_parser(

@@ -47,3 +47,17 @@ class CuTeDSLMissing(ModuleNotFoundError):
             "`python -m ptxops` work without it.",
             name=missing,
         )
+
+
+class ScopeError(QualifierError):
+    """Legal PTX whose scope is narrower than the memory it orders is observed from: a release
+    store at ``.gpu`` scope to a flag another GPU polls (the rules: :mod:`ptxops.spec.reach`).
+
+    Besides :class:`QualifierError`'s attributes, ``reach`` names the pointer's reach
+    (``"peer"``, ...) and ``origin`` where it got it (who tagged it, and the call site).
+    """
+
+    def __init__(self, family: str, message: str, *, reach: str, origin: str, **kwargs: object) -> None:
+        self.reach = reach
+        self.origin = origin
+        super().__init__(family, message, **kwargs)  # type: ignore[arg-type]

@@ -21,7 +21,7 @@ from ..render import Instruction
 from ..spec.engine import Value
 from ..spec.ptxtypes import TYPES
 from ..spec.targets import normalise_target
-from . import alignment, values
+from . import alignment, pointer_reach, values
 
 #: The state space a pointer's address space implies when the caller names none.
 SPACE_OF_POINTER = {
@@ -219,7 +219,8 @@ def send(
     """Emit a memory instruction at ``ptr``: check alignment, pack each ``(data, dtype)``
     source, append the carriers in ``extra`` (operands after the data: a cache policy, an
     mbarrier address), and return the destination as ``result`` dtype values (None if it has
-    none)."""
+    none).  An ordered form is checked against ``ptr``'s reach (:func:`ptxops.reach`)."""
+    pointer_reach.check(inst, ptr)
     check_alignment(inst, ptr)
     operands = [o for o in inst.inputs if o.role != "a"]
     carriers = [
