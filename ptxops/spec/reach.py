@@ -142,9 +142,19 @@ def ordered_scope(fam: Family, effective: Mapping[str, Value]) -> str | None:
     return scope if scope in SCOPE_ORDER else None
 
 
-def legal_scopes(fam: Family, q: Mapping[str, Value], r: Reach) -> list[str]:
-    """The scopes that make form ``q`` (every other qualifier kept) legal and wide enough."""
-    return [s for s in fam.domain("scope") if s in SCOPE_ORDER and r.legal(s) and fam.is_legal({**q, "scope": s})]
+def widened(fam: Family, q: Mapping[str, Value], effective: Mapping[str, Value], scope: str) -> dict[str, Value] | None:
+    """Form ``q`` at ``scope`` (its implied sem written out where a given scope needs one),
+    or None if that is not a legal form."""
+    for form in ({**q, "scope": scope}, {**q, "scope": scope, "sem": effective.get("sem")}):
+        if fam.is_legal(form):
+            return form
+    return None
+
+
+def legal_scopes(fam: Family, q: Mapping[str, Value], effective: Mapping[str, Value], r: Reach) -> list[str]:
+    """The scopes wide enough for reach ``r`` that make form ``q`` legal, every other
+    qualifier kept (an implied sem written out)."""
+    return [s for s in fam.domain("scope") if s in SCOPE_ORDER and r.legal(s) and widened(fam, q, effective, s)]
 
 
 def check(
@@ -167,11 +177,13 @@ def check(
     what = f"{sem} {access.noun}" if sem not in (None, "weak") else access.noun
     article = "an" if what[0] in "aeiou" else "a"
     given = "given" if q.get("scope") is not None else "PTX's default"
-    legal = legal_scopes(fam, q, r)
-    options = (
-        f"scope in {{{', '.join(legal)}}}" if legal
-        else f"none: no form of {fam.name} orders at .{r.needs} or wider with these qualifiers"
-    )
+    legal = legal_scopes(fam, q, effective, r)
+    if not legal:
+        options = f"none: no form of {fam.name} orders at .{r.needs} or wider with these qualifiers"
+    else:
+        options = f"scope in {{{', '.join(legal)}}}"
+        if widened(fam, q, effective, legal[0]) != {**q, "scope": legal[0]}:
+            options += f" (write sem={sem!r} with it)"
     target = str(q["target"])
     raise ScopeError(
         fam.name,
@@ -214,5 +226,5 @@ def check_space(family: str, kind: str, space: Value, origin: str, target: str) 
 
 __all__ = [
     "REACHES", "SCOPED_ACCESSES", "SCOPE_ORDER", "UNCHECKED_SCOPES", "Access", "Reach", "check",
-    "check_space", "legal_scopes", "ordered_scope", "reach", "rule_name", "rule_text",
+    "check_space", "legal_scopes", "ordered_scope", "reach", "rule_name", "rule_text", "widened",
 ]
