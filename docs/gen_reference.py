@@ -22,6 +22,7 @@ sys.path.insert(0, str(HERE.parent))  # the checkout's ptxops, installed or not
 
 from ptxops import spec  # noqa: E402
 from ptxops.render import ROLE_DOC  # noqa: E402
+from ptxops.spec import reach  # noqa: E402
 from ptxops.spec.engine import Family, Rule, Value  # noqa: E402
 
 OUT = HERE / "instructions"
@@ -145,6 +146,26 @@ def rule_table(rules: Iterable[Rule]) -> list[str]:
     return lines
 
 
+def reach_section(family: Family) -> list[str]:
+    """The scope each pointer reach needs, for a family whose ordered forms are checked."""
+    if family.name not in reach.SCOPED_ACCESSES:
+        return []
+    lines = [
+        "## Scope against the pointer's reach",
+        "",
+        f"An ordered form (one with a scope, given or PTX's default) whose address was tagged with "
+        f"{{py:func}}`ptxops.reach` must order at a scope that contains every observer of that memory, "
+        f"or it raises {{py:class}}`ptxops.ScopeError` at trace time (`python -m ptxops rules reach`).",
+        "",
+        "| rule | reach | legal scopes | why |",
+        "| --- | --- | --- | --- |",
+    ]
+    for r in reach.REACHES.values():
+        legal = reach.SCOPE_ORDER[reach.SCOPE_ORDER.index(r.needs):]
+        lines.append(f"| `{reach.rule_name(r)}` | `{r.kind}` | {', '.join(legal)} | {cell(reach.rule_text(r))} |")
+    return [*lines, ""]
+
+
 def operand_legend(family: Family) -> str:
     """What the family's operand tokens mean (`d` destination, `a` address, ...)."""
     signatures = (family.operands, *family.operand_variants.values())
@@ -195,6 +216,7 @@ def family_page(family: Family, forms: Forms) -> str:
         "",
         *rule_table(family.rules),
         "",
+        *reach_section(family),
         "## Every legal form",
         "",
         f"{len(forms.by_statement)} distinct statements over all targets, each with the targets "
