@@ -103,7 +103,7 @@ def emit_form(inst: Instruction, gptr, sptr, pointers: dict | None = None) -> No
     elif inst.family == "griddepcontrol.wait":
         ptxops.griddepcontrol_wait()
     elif inst.family == "membar":
-        ptxops.membar(q["level"])
+        ptxops.membar(q["level"], proxy=q["proxy"])
     elif inst.family == "elect.sync":
         ptxops.elect_sync()
     elif inst.family == "prefetch":
@@ -115,7 +115,7 @@ def emit_form(inst: Instruction, gptr, sptr, pointers: dict | None = None) -> No
     elif inst.family == "st.bulk":
         ptxops.st_bulk(ptr, 64, sem=q["sem"], space=space)
     elif inst.family == "clusterlaunchcontrol.try_cancel":
-        ptxops.clusterlaunchcontrol_try_cancel(ptr, ptr + 4, space=space)
+        ptxops.clusterlaunchcontrol_try_cancel(ptr, ptr + 4, space=space, multicast=q["multicast"] is not None)
     elif inst.family == "clusterlaunchcontrol.query_cancel":
         ptxops.clusterlaunchcontrol_query_cancel([cutlass.Int64(0), cutlass.Int64(0)], q["query"])
     elif inst.family == "cp.async.bulk.commit_group":

@@ -568,11 +568,27 @@ def test_membar_levels_are_the_fence_sc_scopes() -> None:
     the fence family takes with sem=sc."""
     from ptxops.spec.membar import FENCE_SCOPE
 
-    assert [f.qualifiers["level"] for f in spec.forms("membar")] == list(FENCE_SCOPE)
+    assert [f.qualifiers["level"] for f in spec.forms("membar") if f.qualifiers["proxy"] is None] == list(FENCE_SCOPE)
     for level, scope in FENCE_SCOPE.items():
         assert spec.instruction("fence", sem="sc", scope=scope).opcode == f"fence.sc.{scope}"
-    with pytest.raises(QualifierError, match="legal values: 'cta', 'gl', 'sys'"):
+    with pytest.raises(QualifierError, match="legal values: .*'cta', 'gl', 'sys'"):
         spec.instruction("membar", level="gpu")
+    with pytest.raises(QualifierError, match="level-needed"):
+        spec.instruction("membar")
+
+
+def test_membar_proxy_kinds_are_the_fence_proxy_kinds() -> None:
+    """membar.proxy.kind is fence.proxy.kind: every kind the ISA lists is a bidirectional proxy
+    fence; ptxas 13.0 assembles membar.proxy.alias only, and the rule offers fence for the rest."""
+    from ptxops.spec.membar import PROXY_KINDS
+
+    for kind in PROXY_KINDS:
+        assert spec.instruction("fence", proxy=kind).opcode == f"fence.proxy.{kind}"
+    assert [f.opcode for f in spec.forms("membar") if f.qualifiers["proxy"]] == ["membar.proxy.alias"]
+    with pytest.raises(QualifierError, match=r"proxy-kinds-ptxas[\s\S]*fence\(proxy=\.\.\.\)"):
+        spec.instruction("membar", proxy="async")
+    with pytest.raises(QualifierError, match="level-or-proxy"):
+        spec.instruction("membar", level="gl", proxy="alias")
 
 
 @pytest.mark.parametrize("name", ["st.bulk", "clusterlaunchcontrol.try_cancel", "clusterlaunchcontrol.query_cancel"])
