@@ -39,15 +39,16 @@ QUALIFIER_OPTIONS: tuple[tuple[str, str, str], ...] = (
     ("--cache-hint", "cache_hint", "ld/st, cp.async.bulk.prefetch: cache_hint (.L2::cache_hint; adds a 64-bit cache-policy operand)"),
     ("--prefetch", "prefetch", "ld only: L2 prefetch size 64B, 128B or 256B"),
     ("--acc", "acc", "accumulation precision of multimem.ld_reduce: f32 or f16"),
-    ("--proxy", "proxy", "fence only: alias, async, async.global, tensormap::generic, ..."),
+    ("--proxy", "proxy", "fence: alias, async, async.global, tensormap::generic, ...; membar: alias (membar.proxy.alias)"),
     ("--op-restrict", "op_restrict", "fence only: mbarrier_init"),
     ("--sync-restrict", "sync_restrict", "fence only: shared::cta or shared::cluster"),
     ("--dst", "dst", "cp.{reduce.}async.bulk only: destination state space (shared::cta, shared::cluster, global)"),
     ("--src", "src", "cp.{reduce.}async.bulk only: source state space (global, shared::cta)"),
     ("--completion", "completion", "bulk copies and reductions, st.async, red.async: mbarrier::complete_tx::bytes or bulk_group"),
     ("--dim", "dim", "tensor (TMA) instructions: 1d, 2d, 3d, 4d or 5d"),
-    ("--load-mode", "load_mode", "tensor (TMA) instructions: tile, im2col or im2col_no_offs"),
-    ("--multicast", "multicast", "cp.async.bulk.tensor only: multicast::cluster (adds a ctaMask operand)"),
+    ("--load-mode", "load_mode", "tensor (TMA) instructions: tile, tile::gather4, tile::scatter4, im2col, im2col::w, im2col::w::128 or im2col_no_offs"),
+    ("--multicast", "multicast", "cp.async.bulk.tensor: multicast::cluster (adds a ctaMask operand); clusterlaunchcontrol.try_cancel: multicast::cluster::all"),
+    ("--cta-group", "cta_group", "cp.async.bulk.tensor only: cta_group::1 or cta_group::2 (sm_100 family)"),
     ("--mode", "mode", "tensormap.replace only: tile"),
     ("--field", "field", "tensormap.replace only: global_address, rank, box_dim, global_dim, ..., fill_mode"),
     ("--cp-mask", "cp_mask", "multimem.cp.async.bulk only: cp_mask (adds a 16-bit byte mask operand)"),
@@ -248,7 +249,8 @@ def print_reach_rules(fam: Family | None = None) -> None:
         print(wrap(f"when reach={r.kind}: scope in {{{', '.join(legal)}}}"))
         print(wrap(reach.rule_text(r)))
         print()
-    print(f"{len(reach.REACHES)} reach rules")
+    if fam is None:
+        print(f"{len(reach.REACHES)} reach rules")
 
 
 def print_rules(fam: Family) -> None:
@@ -262,11 +264,12 @@ def print_rules(fam: Family) -> None:
         print(wrap(f"when {when}: {allow}"))
         print(wrap(r.text))
         print()
-    enforced = sum(r.ptxas_enforced for r in fam.rules)
-    print(f"{len(fam.rules)} rules of {fam.name} ({enforced} enforced by ptxas)")
-    if fam.name in reach.SCOPED_ACCESSES:
-        print()
+    checked = fam.name in reach.SCOPED_ACCESSES
+    if checked:
         print_reach_rules(fam)
+    enforced = sum(r.ptxas_enforced for r in fam.rules)
+    print(f"{len(fam.rules)} rules of {fam.name} ({enforced} enforced by ptxas)"
+          + (f"; {len(reach.REACHES)} reach rules" if checked else ""))
 
 
 def cmd_check(args: argparse.Namespace) -> int:
