@@ -138,7 +138,11 @@ def rule_table(rules: Iterable[Rule]) -> list[str]:
         "| --- | --- | --- | --- | --- |",
     ]
     for r in rules:
-        enforced = "yes" if r.ptxas_enforced else "**no** (ptxops follows the ISA)"
+        enforced = (
+            "**no** (ptxops follows the ISA)" if not r.ptxas_enforced
+            else "yes, **though the ISA lists these forms** (ptxops follows ptxas)" if r.isa_allows
+            else "yes"
+        )
         lines.append(
             f"| `{r.name}` | {cell(condition(dict(r.when)))} | {cell(condition(dict(r.allow)))} | "
             f"{enforced} | {cell(r.text)} |"
@@ -281,6 +285,7 @@ def index_page(families: dict[str, Forms]) -> str:
         "`python -m ptxops check` assembles every legal form with `ptxas`; the oracle tests "
         "check that the spec accepts exactly what `ptxas` accepts.",
         "",
+        *disagreements(families),
         "```{toctree}",
         ":maxdepth: 1",
         ":hidden:",
@@ -290,6 +295,30 @@ def index_page(families: dict[str, Forms]) -> str:
         "",
     ]
     return "\n".join(out)
+
+
+def disagreements(families: dict[str, Forms]) -> list[str]:
+    """The rules where ptxas and the PTX ISA's text differ, each with the ISA sentence that
+    decides it (the rule's text): forms the ISA forbids that ptxas assembles (ptxops follows the
+    ISA), and forms the ISA lists that ptxas rejects (ptxops follows ptxas)."""
+    rows = [
+        (name, r) for name, forms in families.items() for r in forms.family.rules
+        if (not r.ptxas_enforced and r.wrapped) or r.isa_allows
+    ]
+    lines = [
+        "## Where ptxas and the PTX ISA disagree",
+        "",
+        "The oracle tests hold the spec to ptxas (CUDA 13.0, PTX ISA 9.0) except for these rules: "
+        "forms the ISA forbids that ptxas assembles, which ptxops refuses, and forms the ISA "
+        "lists that ptxas rejects, which ptxops refuses too, since what it emits must assemble.",
+        "",
+        "| family | rule | ptxops follows | the rule |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, r in rows:
+        follows = "ptxas (the ISA lists these forms)" if r.isa_allows else "the ISA (ptxas assembles these forms)"
+        lines.append(f"| [`{name}`]({page_name(name)}.md) | `{r.name}` | {follows} | {cell(r.text)} |")
+    return [*lines, ""]
 
 
 def write(path: Path, text: str) -> None:

@@ -257,8 +257,9 @@ def print_rules(fam: Family) -> None:
     """``rules`` output for one family."""
     print(f"{fam.name}: {fam.summary}\n{fam.section}\n")
     for r in fam.rules:
-        wrapped = "" if r.wrapped else "  (legal PTX that ptxops does not wrap)"
-        print(f"[{r.name}]  ptxas enforces: {'yes' if r.ptxas_enforced else 'no'}{wrapped}")
+        note = ("  (legal PTX that ptxops does not wrap)" if not r.wrapped
+                else "  (the PTX ISA lists these forms; ptxas rejects them)" if r.isa_allows else "")
+        print(f"[{r.name}]  ptxas enforces: {'yes' if r.ptxas_enforced else 'no'}{note}")
         when = " and ".join(condition(fam, k, vs) for k, vs in r.when.items()) or "always"
         allow = " and ".join(condition(fam, k, vs) for k, vs in r.allow.items())
         print(wrap(f"when {when}: {allow}"))

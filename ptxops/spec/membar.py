@@ -62,6 +62,7 @@ MEMBAR = Family(
             "'membar.proxy'\").  Write fence(proxy=...), its synonym, for the others.",
             when={"proxy": PROXY_KINDS},
             allow={"proxy": PTXAS_PROXY_KINDS},
+            isa_allows=True,
         ),
     ),
     operands=(),
