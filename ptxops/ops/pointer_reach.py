@@ -6,8 +6,8 @@ The tag lives in the IR, not in the Python object, so it survives pointer arithm
 built on the pointer and their ``.iterator``: :func:`reach` emits an identity
 ``cute.recast_iter`` carrying the reach and its origin as attributes, and :func:`reach_of`
 walks from a pointer back through the operations that derive one pointer or tensor from another
-(``cute.add_offset``, ``cute.make_view``, ``cute.get_iter``, tiling, recasts) to the nearest
-tag.  The identity recast folds away when the kernel is lowered: tagging changes no PTX.
+(``cute.add_offset``, ``cute.make_view``, ``cute.get_iter``, tiling, recasts), and from a pointer
+a dynamic loop carries to the one it entered the loop with, to the nearest tag.  The identity recast folds away when the kernel is lowered: tagging changes no PTX.
 """
 
 from __future__ import annotations
@@ -84,14 +84,42 @@ def reach_of(ptr: cute.Pointer) -> Tag | None:
     for _ in range(BUDGET):
         op = value.owner
         if isinstance(op, ir.Block):
-            return None
+            value = _loop_entry(value)
+            if value is None:
+                return None
+            continue
         if KIND in op.attributes:
             return Tag(ir.StringAttr(op.attributes[KIND]).value, ir.StringAttr(op.attributes[ORIGIN]).value)
-        source = _derived_from(op)
+        source = _initial(op, ir.OpResult(value).result_number, value.type) if op.name in LOOPS else _derived_from(op)
         if source is None:
             return None
         value = source
     return None
+
+
+#: Dynamic loops, and the operand index of the initial value of their first carried value.
+LOOPS = {"scf.for": 3, "scf.while": 0}
+
+
+def _loop_entry(value: ir.Value) -> ir.Value | None:
+    """The value a pointer carried by a dynamic loop (an ``scf.for`` iteration argument, an
+    ``scf.while`` region argument) enters the loop with: a loop changes a pointer only by
+    arithmetic, which keeps its reach.  None for a kernel or function argument."""
+    arg = ir.BlockArgument(value)
+    loop = arg.owner.owner
+    if loop is None or loop.name not in LOOPS:
+        return None
+    carried = arg.arg_number - (1 if loop.name == "scf.for" else 0)  # scf.for's first: the index
+    return _initial(loop, carried, value.type)
+
+
+def _initial(loop: ir.Operation, carried: int, type_: ir.Type) -> ir.Value | None:
+    """The initial value of the ``carried``-th value ``loop`` carries, if it has ``type_``."""
+    index = LOOPS[loop.name] + carried
+    if carried < 0 or index >= len(loop.operands):
+        return None
+    entry = _plain(loop.operands[index])
+    return entry if entry.type == type_ else None
 
 
 def _derived_from(op: ir.Operation) -> ir.Value | None:

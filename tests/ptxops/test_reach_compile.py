@@ -176,3 +176,35 @@ def test_emulated_multicast_is_checked_too() -> None:
 
     with pytest.raises(ScopeError, match="multimem reduction into multicast memory needs .sys"):
         ptx_of(body)
+
+
+def test_the_tag_follows_a_pointer_a_dynamic_loop_carries() -> None:
+    """Inside the loop (an scf.while region argument, an scf.for iteration argument) and after
+    it (the loop's result), with a counter carried first."""
+
+    def launcher(where: str):
+        @cute.kernel
+        def kernel(g: cute.Tensor, n: I32):
+            i = I32(0)
+            p = ptxops.reach(g.iterator, "peer")
+            while i < n:
+                if cutlass.const_expr(where == "while"):
+                    ptxops.st_release(p, I32(1), scope="gpu")
+                p = p + 8  # 32 bytes: the pointer keeps its type (align<32>)
+                i += 1
+            for _ in cutlass.range(n):
+                if cutlass.const_expr(where == "for"):
+                    ptxops.st_release(p, I32(1), scope="gpu")
+                p = p + 8
+            if cutlass.const_expr(where == "after"):
+                ptxops.st_release(p, I32(1), scope="gpu")
+
+        @cute.jit
+        def launch(g: cute.Tensor, n: I32):
+            kernel(g, n).launch(grid=[1, 1, 1], block=[32, 1, 1])
+
+        return launch
+
+    for where in ("while", "for", "after"):
+        with pytest.raises(ScopeError, match="release store to peer memory needs .sys"):
+            compile_ptx(launcher(where), global_tensor(I32), I32(3))
