@@ -12,8 +12,11 @@ a dynamic loop carries to the one it entered the loop with, to the nearest tag. 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import cutlass.cute as cute
@@ -22,6 +25,7 @@ from cutlass._mlir.dialects import cute as cute_ir
 from cutlass.cutlass_dsl import dsl_user_op
 
 from .. import spec
+from ..errors import QualifierError
 from ..render import Instruction
 from ..spec import reach as rules
 from .alignment import _plain
@@ -35,6 +39,22 @@ _INTERNAL = (
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
     os.path.dirname(os.path.abspath(cute.__file__ or "")).rsplit(os.sep, 1)[0],
 )
+
+
+#: Whether an access through an untagged pointer is refused (inside :func:`required`).
+_REQUIRED: contextvars.ContextVar[str | None] = contextvars.ContextVar("ptxops_reach_required", default=None)
+
+
+@contextlib.contextmanager
+def required(by: str) -> Iterator[None]:
+    """While the body traces, every memory access through a ptxops device function whose
+    pointer has no reach raises :class:`~ptxops.QualifierError` (rule ``reach-required``):
+    for code that promises to tag all of its pointers (``by`` names it in the error)."""
+    token = _REQUIRED.set(by)
+    try:
+        yield
+    finally:
+        _REQUIRED.reset(token)
 
 
 @dataclass(frozen=True)
@@ -138,6 +158,17 @@ def check(inst: Instruction, ptr: cute.Pointer, *, tag: Tag | None = None) -> No
     narrower than ``ptr``'s reach needs (or addresses a state space its memory is not in)."""
     found = tag or reach_of(ptr)
     if found is None:
+        if (who := _REQUIRED.get()) is not None:
+            raise QualifierError(
+                inst.family,
+                f"{inst.opcode}: the pointer has no reach, and {who} tags every pointer it "
+                f"accesses (target {inst.target}).\n  rule [reach-required]: tag it with "
+                f"ptxops.reach(ptr, kind), kind one of {', '.join(rules.REACHES)}.",
+                offending={"reach": None},
+                rule="reach-required",
+                legal={"reach": list(rules.REACHES)},
+                target=inst.target,
+            )
         return
     fam = spec.family(inst.family)
     space = inst.qualifiers.get("space")
@@ -146,4 +177,4 @@ def check(inst: Instruction, ptr: cute.Pointer, *, tag: Tag | None = None) -> No
     rules.check(fam, inst.qualifiers, inst.effective, found.kind, found.origin, inst.opcode)
 
 
-__all__ = ["Tag", "check", "reach", "reach_of"]
+__all__ = ["Tag", "check", "reach", "reach_of", "required"]

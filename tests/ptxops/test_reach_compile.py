@@ -208,3 +208,16 @@ def test_the_tag_follows_a_pointer_a_dynamic_loop_carries() -> None:
     for where in ("while", "for", "after"):
         with pytest.raises(ScopeError, match="release store to peer memory needs .sys"):
             compile_ptx(launcher(where), global_tensor(I32), I32(3))
+
+
+def test_required_refuses_untagged_pointers() -> None:
+    from ptxops.ops.pointer_reach import required
+
+    def body(p):
+        with required("this test"):
+            ptxops.st(ptxops.reach(p, "gpu"), I32(1))
+            ptxops.st(p + 8, I32(1))
+
+    with pytest.raises(ptxops.QualifierError, match=r"no reach, and this test tags every pointer[\s\S]*reach-required"):
+        ptx_of(body)
+    ptx_of(lambda p: ptxops.st(p, I32(1)))  # outside it, untagged pointers are fine
