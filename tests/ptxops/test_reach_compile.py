@@ -221,3 +221,15 @@ def test_required_refuses_untagged_pointers() -> None:
     with pytest.raises(ptxops.QualifierError, match=r"no reach, and this test tags every pointer[\s\S]*reach-required"):
         ptx_of(body)
     ptx_of(lambda p: ptxops.st(p, I32(1)))  # outside it, untagged pointers are fine
+
+
+def test_emulated_multicast_tags_its_own_pointers() -> None:
+    """Under emulate_multicast, the translation table's pointer and a tagged multicast
+    pointer's per-rank copies carry reaches of their own: required() passes."""
+    from ptxops.ops.pointer_reach import required
+
+    def body(p):
+        with required("this test"), ptxops.emulate_multicast(I64(0), world=2):
+            ptxops.multimem_red(ptxops.reach(p, "multicast"), I32(1), sem="release", scope="sys")
+
+    assert opcodes(ptx_of(body))["red.release.sys.global.add.s32"] == 2
