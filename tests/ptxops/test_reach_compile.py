@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from cute_support import compile_ptx, cute, cutlass, global_tensor, opcodes
+from tests.support.cute_support import compile_ptx, cute, cutlass, global_tensor, opcodes
 from cutlass.memory import SmemAllocator
 
 import ptxops
