@@ -22,6 +22,7 @@ sys.path.insert(0, str(HERE.parent))  # the checkout's ptxops, installed or not
 
 from ptxops import spec  # noqa: E402
 from ptxops.render import ROLE_DOC  # noqa: E402
+from ptxops.spec import reach  # noqa: E402
 from ptxops.spec.engine import Family, Rule, Value  # noqa: E402
 
 OUT = HERE / "instructions"
@@ -137,12 +138,36 @@ def rule_table(rules: Iterable[Rule]) -> list[str]:
         "| --- | --- | --- | --- | --- |",
     ]
     for r in rules:
-        enforced = "yes" if r.ptxas_enforced else "**no** (ptxops follows the ISA)"
+        enforced = (
+            "**no** (ptxops follows the ISA)" if not r.ptxas_enforced
+            else "yes, **though the ISA lists these forms** (ptxops follows ptxas)" if r.isa_allows
+            else "yes"
+        )
         lines.append(
             f"| `{r.name}` | {cell(condition(dict(r.when)))} | {cell(condition(dict(r.allow)))} | "
             f"{enforced} | {cell(r.text)} |"
         )
     return lines
+
+
+def reach_section(family: Family) -> list[str]:
+    """The scope each pointer reach needs, for a family whose ordered forms are checked."""
+    if family.name not in reach.SCOPED_ACCESSES:
+        return []
+    lines = [
+        "## Scope against the pointer's reach",
+        "",
+        f"An ordered form (one with a scope, given or PTX's default) whose address was tagged with "
+        f"{{py:func}}`ptxops.reach` must order at a scope that contains every observer of that memory, "
+        f"or it raises {{py:class}}`ptxops.ScopeError` at trace time (`python -m ptxops rules reach`).",
+        "",
+        "| rule | reach | legal scopes | why |",
+        "| --- | --- | --- | --- |",
+    ]
+    for r in reach.REACHES.values():
+        legal = reach.SCOPE_ORDER[reach.SCOPE_ORDER.index(r.needs):]
+        lines.append(f"| `{reach.rule_name(r)}` | `{r.kind}` | {', '.join(legal)} | {cell(reach.rule_text(r))} |")
+    return [*lines, ""]
 
 
 def operand_legend(family: Family) -> str:
@@ -195,6 +220,7 @@ def family_page(family: Family, forms: Forms) -> str:
         "",
         *rule_table(family.rules),
         "",
+        *reach_section(family),
         "## Every legal form",
         "",
         f"{len(forms.by_statement)} distinct statements over all targets, each with the targets "
@@ -259,6 +285,7 @@ def index_page(families: dict[str, Forms]) -> str:
         "`python -m ptxops check` assembles every legal form with `ptxas`; the oracle tests "
         "check that the spec accepts exactly what `ptxas` accepts.",
         "",
+        *disagreements(families),
         "```{toctree}",
         ":maxdepth: 1",
         ":hidden:",
@@ -268,6 +295,33 @@ def index_page(families: dict[str, Forms]) -> str:
         "",
     ]
     return "\n".join(out)
+
+
+def disagreements(families: dict[str, Forms]) -> list[str]:
+    """The rules where ptxas and the PTX ISA's text differ, each with the ISA sentence that
+    decides it (the rule's text): forms the ISA forbids that ptxas assembles (ptxops follows the
+    ISA), and forms the ISA lists that ptxas rejects (ptxops follows ptxas)."""
+    rows = [
+        (name, r) for name, forms in families.items() for r in forms.family.rules
+        if (not r.ptxas_enforced and r.wrapped) or r.isa_allows
+    ]
+    lines = [
+        "## Where ptxas and the PTX ISA disagree",
+        "",
+        "The oracle tests hold the spec to ptxas (CUDA 13.0, PTX ISA 9.0) except for these rules: "
+        "forms the ISA forbids that ptxas assembles, which ptxops refuses, and forms the ISA "
+        "lists that ptxas rejects, which ptxops refuses too, since what it emits must assemble. "
+        "ptxas 13.5 (PTX ISA 9.1) differs from 13.0 on two forms, each named in its rule's text: "
+        "it assembles `membar.proxy.async` (`proxy-kinds-ptxas`) and "
+        "`fence.proxy.tensormap::generic.acq_rel` (`tensormap-sem`, which the ISA does not list).",
+        "",
+        "| family | rule | ptxops follows | the rule |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, r in rows:
+        follows = "ptxas (the ISA lists these forms)" if r.isa_allows else "the ISA (ptxas assembles these forms)"
+        lines.append(f"| [`{name}`]({page_name(name)}.md) | `{r.name}` | {follows} | {cell(r.text)} |")
+    return [*lines, ""]
 
 
 def write(path: Path, text: str) -> None:

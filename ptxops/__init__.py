@@ -6,7 +6,7 @@ on first use, so ``import ptxops`` works on machines without it.
 """
 
 from . import spec
-from .errors import QualifierError
+from .errors import QualifierError, ScopeError
 
 DEVICE_FUNCTIONS = (
     "atom", "atom_add", "atom_cas", "atom_exch", "cp_async_bulk", "cp_async_bulk_commit_group",
@@ -18,12 +18,13 @@ DEVICE_FUNCTIONS = (
     "multimem_st", "nanosleep", "red", "red_async", "st", "st_async", "st_release",
     "cp_async_bulk_tensor", "cp_reduce_async_bulk_tensor", "cp_async_bulk_prefetch_tensor",
     "tensormap_replace", "tensormap_cp_fenceproxy", "multimem_cp_async_bulk", "multimem_cp_reduce_async_bulk",
+    "reach",
 )
 
 #: Trace-time multicast emulation (:mod:`ptxops.ops.emulation`), loaded on first use too.
 EMULATION = ("emulate_multicast", "translation_table")
 
-__all__ = ["QualifierError", "spec", *DEVICE_FUNCTIONS, *EMULATION]
+__all__ = ["QualifierError", "ScopeError", "spec", *DEVICE_FUNCTIONS, *EMULATION]
 
 
 def __getattr__(name: str) -> object:

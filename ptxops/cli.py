@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 from . import ptxas, render, spec
 from .errors import QualifierError
 from .render import Instruction
+from .spec import reach
 from .spec.engine import Family, Rule, Value
 from .spec.targets import normalise_target
 
@@ -38,15 +39,16 @@ QUALIFIER_OPTIONS: tuple[tuple[str, str, str], ...] = (
     ("--cache-hint", "cache_hint", "ld/st, cp.async.bulk.prefetch: cache_hint (.L2::cache_hint; adds a 64-bit cache-policy operand)"),
     ("--prefetch", "prefetch", "ld only: L2 prefetch size 64B, 128B or 256B"),
     ("--acc", "acc", "accumulation precision of multimem.ld_reduce: f32 or f16"),
-    ("--proxy", "proxy", "fence only: alias, async, async.global, tensormap::generic, ..."),
+    ("--proxy", "proxy", "fence: alias, async, async.global, tensormap::generic, ...; membar: alias (membar.proxy.alias)"),
     ("--op-restrict", "op_restrict", "fence only: mbarrier_init"),
     ("--sync-restrict", "sync_restrict", "fence only: shared::cta or shared::cluster"),
     ("--dst", "dst", "cp.{reduce.}async.bulk only: destination state space (shared::cta, shared::cluster, global)"),
     ("--src", "src", "cp.{reduce.}async.bulk only: source state space (global, shared::cta)"),
     ("--completion", "completion", "bulk copies and reductions, st.async, red.async: mbarrier::complete_tx::bytes or bulk_group"),
     ("--dim", "dim", "tensor (TMA) instructions: 1d, 2d, 3d, 4d or 5d"),
-    ("--load-mode", "load_mode", "tensor (TMA) instructions: tile, im2col or im2col_no_offs"),
-    ("--multicast", "multicast", "cp.async.bulk.tensor only: multicast::cluster (adds a ctaMask operand)"),
+    ("--load-mode", "load_mode", "tensor (TMA) instructions: tile, tile::gather4, tile::scatter4, im2col, im2col::w, im2col::w::128 or im2col_no_offs"),
+    ("--multicast", "multicast", "cp.async.bulk.tensor: multicast::cluster (adds a ctaMask operand); clusterlaunchcontrol.try_cancel: multicast::cluster::all"),
+    ("--cta-group", "cta_group", "cp.async.bulk.tensor only: cta_group::1 or cta_group::2 (sm_100 family)"),
     ("--mode", "mode", "tensormap.replace only: tile"),
     ("--field", "field", "tensormap.replace only: global_address, rank, box_dim, global_dim, ..., fill_mode"),
     ("--cp-mask", "cp_mask", "multimem.cp.async.bulk only: cp_mask (adds a 16-bit byte mask operand)"),
@@ -220,8 +222,16 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+#: The ``rules`` argument that lists the reach rules (:mod:`ptxops.spec.reach`) alone.
+REACH_RULES = "reach"
+
+
 def cmd_rules(args: argparse.Namespace) -> int:
-    """Every rule of a family: name, whether ptxas enforces it, condition and text."""
+    """Every rule of a family: name, whether ptxas enforces it, condition and text; with
+    ``reach``, the scope each pointer reach needs."""
+    if args.family == REACH_RULES:
+        print_reach_rules()
+        return EXIT_OK
     for i, name in enumerate(families_under(args.family, exact_first=True)):
         if i:
             print()
@@ -229,19 +239,38 @@ def cmd_rules(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def print_reach_rules(fam: Family | None = None) -> None:
+    """The scope each reach needs (for ``fam``: the ordered accesses of that family)."""
+    what = f"ordered {fam.name} forms" if fam else "ordered accesses (" + ", ".join(reach.SCOPED_ACCESSES) + ")"
+    print(f"reach rules: the scope of {what} against the pointer's reach (ptxops.reach)\n")
+    for r in reach.REACHES.values():
+        print(f"[{reach.rule_name(r)}]  ptxas enforces: no (legal PTX; ptxops checks it at trace time)")
+        legal = reach.SCOPE_ORDER[reach.SCOPE_ORDER.index(r.needs):]
+        print(wrap(f"when reach={r.kind}: scope in {{{', '.join(legal)}}}"))
+        print(wrap(reach.rule_text(r)))
+        print()
+    if fam is None:
+        print(f"{len(reach.REACHES)} reach rules")
+
+
 def print_rules(fam: Family) -> None:
     """``rules`` output for one family."""
     print(f"{fam.name}: {fam.summary}\n{fam.section}\n")
     for r in fam.rules:
-        wrapped = "" if r.wrapped else "  (legal PTX that ptxops does not wrap)"
-        print(f"[{r.name}]  ptxas enforces: {'yes' if r.ptxas_enforced else 'no'}{wrapped}")
+        note = ("  (legal PTX that ptxops does not wrap)" if not r.wrapped
+                else "  (the PTX ISA lists these forms; ptxas rejects them)" if r.isa_allows else "")
+        print(f"[{r.name}]  ptxas enforces: {'yes' if r.ptxas_enforced else 'no'}{note}")
         when = " and ".join(condition(fam, k, vs) for k, vs in r.when.items()) or "always"
         allow = " and ".join(condition(fam, k, vs) for k, vs in r.allow.items())
         print(wrap(f"when {when}: {allow}"))
         print(wrap(r.text))
         print()
+    checked = fam.name in reach.SCOPED_ACCESSES
+    if checked:
+        print_reach_rules(fam)
     enforced = sum(r.ptxas_enforced for r in fam.rules)
-    print(f"{len(fam.rules)} rules of {fam.name} ({enforced} enforced by ptxas)")
+    print(f"{len(fam.rules)} rules of {fam.name} ({enforced} enforced by ptxas)"
+          + (f"; {len(reach.REACHES)} reach rules" if checked else ""))
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -347,9 +376,14 @@ def parser() -> argparse.ArgumentParser:
         "rules",
         help="every rule of a family",
         description="Print every rule of FAMILY (or of every family under a prefix): its name, "
-        "whether ptxas enforces it, the condition it checks and its text.",
+        "whether ptxas enforces it, the condition it checks and its text; for the families "
+        "with ordered accesses, the reach rules too (the scope a pointer's reach needs).  "
+        f"`rules {REACH_RULES}` prints the reach rules alone.",
     )
-    ru.add_argument("family", metavar="FAMILY", help=f"one of: {families}; or a prefix (every family under it)")
+    ru.add_argument(
+        "family", metavar="FAMILY",
+        help=f"one of: {families}; or a prefix (every family under it); or {REACH_RULES}",
+    )
     ru.set_defaults(run=cmd_rules)
 
     ck = sub.add_parser(

@@ -59,3 +59,17 @@ class DefaultTargetWarning(UserWarning):
             f"ptxops: compiling for {target}: CUTE_DSL_ARCH is not set and no GPU is visible, so "
             f"CuTeDSL compiles for its default; set CUTE_DSL_ARCH (e.g. sm_90a for Hopper) to choose."
         )
+
+
+class ScopeError(QualifierError):
+    """Legal PTX whose scope is narrower than the memory it orders is observed from: a release
+    store at ``.gpu`` scope to a flag another GPU polls (the rules: :mod:`ptxops.spec.reach`).
+
+    Besides :class:`QualifierError`'s attributes, ``reach`` names the pointer's reach
+    (``"peer"``, ...) and ``origin`` where it got it (who tagged it, and the call site).
+    """
+
+    def __init__(self, family: str, message: str, *, reach: str, origin: str, **kwargs: object) -> None:
+        self.reach = reach
+        self.origin = origin
+        super().__init__(family, message, **kwargs)  # type: ignore[arg-type]

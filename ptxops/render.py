@@ -35,6 +35,12 @@ FIXED_BITS = {
 #: tensor operand of the TMA instructions is ``[tmap, {c0, ...}]``: the 64-bit address of a
 #: tensor map (``tmap``) with the ``coords`` that follow it inside its brackets.
 PER_DIM = {"coords": (32, 0), "im2col": (16, 2)}
+#: Vector tokens of a fixed length: (registers, bits).  ``gather``: the five coordinates of
+#: ``.tile::gather4``/``.tile::scatter4`` (the column, then four rows; inside the tensor map's
+#: brackets like ``coords``); ``wide``: ``{wHalo, wOffset}`` of ``.im2col::w``.
+FIXED_VECTORS = {"gather": (5, 32), "wide": (2, 16)}
+#: Tokens written inside the tensor map's brackets.
+TENSOR_COORDS = ("coords", "gather")
 #: Value tokens whose width follows the form's type and vector (``addr``: an address held in a
 #: register as a value, such as the address ``mapa`` maps).
 TYPED = ("b", "c", "d", "addr")
@@ -57,6 +63,8 @@ ROLE_DOC = {
     "tmap": "64-bit address of a tensor map (CUtensorMap)",
     "coords": "tensor coordinates, one 32-bit value per dimension",
     "im2col": "im2col offsets, one 16-bit value per dimension less two",
+    "gather": "five 32-bit tensor coordinates: the column, then the four rows (gather4/scatter4)",
+    "wide": "im2col::w information: wHalo and wOffset, two 16-bit values",
     "mask": "16-bit mask (ctaMask: the cluster's CTAs that receive the data; byteMask: the bytes copied)",
 }
 #: A literal operand that joins its neighbours into one (``elect.sync d|p, mask``).
@@ -180,6 +188,8 @@ def operands(family: Family, q: Mapping[str, Value]) -> tuple[Operand, ...]:
             out.append(Operand(token, count, bits))
         elif token in FIXED_BITS:
             out.append(Operand(token, 1, FIXED_BITS[token]))
+        elif token in FIXED_VECTORS:
+            out.append(Operand(token, *FIXED_VECTORS[token]))
         elif token in PER_DIM:
             bits, fewer = PER_DIM[token]
             dim = str(q.get("dim"))  # "1d" .. "5d"; an illegal form rendered for ptxas: one
@@ -203,7 +213,7 @@ def statement(op_text: str, layout: Iterable[Operand], names: Iterable[Iterable[
             parts.append(op.role)
         elif op.is_address:
             parts.append(f"[{regs[0]}]")
-        elif op.role == "coords" and parts:  # inside the tensor map's brackets
+        elif op.role in TENSOR_COORDS and parts:  # inside the tensor map's brackets
             parts[-1] = f"[{parts[-1]}, {{{', '.join(regs)}}}]"
         elif op.count > 1 or op.role in PER_DIM:
             parts.append("{" + ", ".join(regs) + "}")

@@ -56,7 +56,8 @@ def build(key: KernelKey):
             def send(vs):
                 align = cutlass.const_expr(vec * dtype.width // 8)
                 offsets = tuple(Int64(v) * vec for v in vs)
-                loaded = [ptxops.ld(signals.gmem(dtype, src, align) + cute.assume(o, divby=vec), num_elements=vec)
+                own = signals.gmem(dtype, src, align, signals.LOCAL, "collectives.algorithms.all_gather.push")
+                loaded = [ptxops.ld(own + cute.assume(o, divby=vec), num_elements=vec)
                           for o in offsets]  # all loads in flight before the stores
                 for o, values in zip(offsets, loaded):
                     b.store_all(addrs, data_mc, base + o, values, vec)
@@ -66,7 +67,8 @@ def build(key: KernelKey):
             b.each_vector(Int64(0), vectors, first, step, send)
             j = Int64(vectors * vec) + first
             while j < n:
-                value = ptxops.ld(signals.gmem(dtype, src, dtype.width // 8) + j)
+                own = signals.gmem(dtype, src, dtype.width // 8, signals.LOCAL, "collectives.algorithms.all_gather.push")
+                value = ptxops.ld(own + j)
                 b.store_all(addrs, data_mc, base + j, value, 1)
                 if cutlass.const_expr(own_to_out):
                     b.store_local(out, base + j, value, 1)

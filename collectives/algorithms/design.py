@@ -33,6 +33,10 @@ from ..device.launch import launcher
 from ..dtypes import DTYPES
 from .key import KernelKey
 
+#: The reach of the data buffers a kernel moves between with weak copies (store_local,
+#: copy_local): any rank's, so the widest a GPU's memory has (an ordered access would need .sys).
+DATA = signals.PEER
+
 
 class Blocks:
     """The building blocks specialised on ``key`` (dtype, vector width, world, backend, op):
@@ -78,13 +82,15 @@ class Blocks:
     @cute.jit
     def store_local(self, address, offset, values, n: cutlass.Constexpr):
         align = cutlass.const_expr(n * self.dtype.width // 8)
-        ptxops.st(signals.gmem(self.dtype, address, align) + cute.assume(offset, divby=n), values)
+        dst = signals.gmem(self.dtype, address, align, DATA, "collectives.algorithms.design.Blocks.store_local")
+        ptxops.st(dst + cute.assume(offset, divby=n), values)
 
     @cute.jit
     def copy_vector(self, src, dst, off):
         """dst[off:off + vec] = src[off:off + vec]: one vector (``off`` a multiple of ``vec``)."""
         align = cutlass.const_expr(self.vec * self.dtype.width // 8)
-        at = signals.gmem(self.dtype, src, align) + cute.assume(off, divby=self.vec)
+        at = signals.gmem(self.dtype, src, align, DATA, "collectives.algorithms.design.Blocks.copy_vector")
+        at = at + cute.assume(off, divby=self.vec)
         values = ptxops.ld(at, num_elements=self.vec)
         self.store_local(dst, off, values, self.vec)
 
@@ -98,7 +104,8 @@ class Blocks:
             v += step
         j = cutlass.max(Int64(end // self.vec * self.vec), begin) + first
         while j < end:
-            self.store_local(dst, j, ptxops.ld(signals.gmem(self.dtype, src, self.dtype.width // 8) + j), 1)
+            at = signals.gmem(self.dtype, src, self.dtype.width // 8, DATA, "collectives.algorithms.design.Blocks.copy_local")
+            self.store_local(dst, j, ptxops.ld(at + j), 1)
             j += step
 
     @cute.jit

@@ -116,7 +116,7 @@ class LamportKernel:
     def send_one(self, words, src, addrs, data_mc, at):
         """Load ``words`` from ``src``, make them canonical and send them to byte ``at`` of our
         self.slot on every rank."""
-        lamport.load_words(words, src)
+        lamport.load_words(words, src, None, signals.LOCAL)
         for i in cutlass.range_constexpr(cute.size(words)):
             words[i] = lamport.canonical(words[i], self.bits)
         lamport.send(words, [a + at for a in addrs], data_mc + at, self.multicast)
@@ -130,7 +130,8 @@ class LamportKernel:
         if ok:
             values = self.reduce_slots(slots)
             n = cutlass.const_expr(cute.size(slots[0]) * slots[0].element_type.width // self.bits)
-            ptr = signals.gmem(self.dtype, out, n * self.bits // 8)
+            ptr = signals.gmem(self.dtype, out, n * self.bits // 8, signals.LOCAL,
+                               "collectives.algorithms.lamport.LamportKernel.receive_one")
             ptxops.st(ptr, values if cutlass.const_expr(n > 1) else values[0])
             for q in cutlass.range_constexpr(self.world):
                 lamport.clear(slots[q], where[q], self.bits)
@@ -196,10 +197,12 @@ class LamportKernel:
         if block == 0 and tidx < self.world:
             if cutlass.const_expr(self.multicast):
                 if tidx == 0:
-                    at = signals.gmem(Uint64, pad_mc, 8) + self.size_word(buffer, rank) // 2
+                    at = signals.gmem(Uint64, pad_mc, 8, signals.MULTICAST, "collectives.algorithms.lamport.LamportKernel.announce")
+                    at = at + self.size_word(buffer, rank) // 2
                     ptxops.multimem_st(at, entry, sem="relaxed", scope="sys")
             else:
-                peer = signals.gmem(Uint64, signals.peer_address(pad_table, tidx), 8)
+                peer = signals.gmem(Uint64, signals.peer_address(pad_table, tidx), 8, signals.PEER,
+                                    "collectives.algorithms.lamport.LamportKernel.announce")
                 ptxops.st(peer + self.size_word(buffer, rank) // 2, entry, sem="relaxed", scope="sys")
 
     @cute.jit
@@ -209,7 +212,8 @@ class LamportKernel:
         tidx = cute.arch.thread_idx()[0]
         ok = Boolean(True)
         if tidx < self.world:
-            own = signals.gmem(Uint64, pad, 8) + self.size_word(buffer, tidx) // 2
+            own = signals.gmem(Uint64, pad, 8, signals.PEER, "collectives.algorithms.lamport.LamportKernel.sizes_agree")
+            own = own + self.size_word(buffer, tidx) // 2
             seen = ptxops.ld(own, sem="relaxed", scope="sys")
             while (seen >> 32) != (entry >> 32) and cute.arch.globaltimer() < deadline:
                 seen = ptxops.ld(own, sem="relaxed", scope="sys")
@@ -230,10 +234,11 @@ class LamportKernel:
         block = cute.arch.block_idx()[0]
         smem = SmemAllocator()
         flag = smem.allocate_tensor(Int32, cute.make_layout(1), byte_alignment=4)
-        counter = signals.gmem(Uint32, pad, 4) + (self.layout.lamport_step(self.width, 0) + block)
+        words = signals.gmem(Uint32, pad, 4, signals.LOCAL, "collectives.algorithms.lamport.LamportKernel.kernel")
+        counter = words + (self.layout.lamport_step(self.width, 0) + block)
         call = Uint32(ptxops.ld(counter))  # unsigned: the count runs up to LAMPORT_CALLS > 2^31
         buffer = Int32(lamport_buffer(call))
-        dirty = signals.gmem(Uint32, pad, 4) + self.layout.lamport_dirty(self.width, 0)
+        dirty = words + self.layout.lamport_dirty(self.width, 0)
         deadline = cute.arch.globaltimer() + timeout_ns
         first = Int64(block) * self.threads + tidx
         step = Int64(LAMPORT_BLOCKS * self.threads)

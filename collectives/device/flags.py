@@ -29,14 +29,14 @@ from cutlass import Boolean, Int32, Int64, Uint32
 
 import ptxops
 
-from .signals import gmem, wait_until
+from .signals import LOCAL, gmem, wait_until
 
 
 @cute.jit
 def post(flags: Int64, index: Int32) -> None:
     """``red.release.gpu.global.add.u32 [flags + 4 * index], 1``: publish everything this
     thread has seen (earlier kernels of its stream included) to the waiter of slot ``index``."""
-    ptxops.red(gmem(Uint32, flags, 4) + index, Uint32(1), sem="release", scope="gpu")
+    ptxops.red(gmem(Uint32, flags, 4, LOCAL, "collectives.device.flags.post") + index, Uint32(1), sem="release", scope="gpu")
 
 
 @cute.jit
@@ -45,9 +45,9 @@ def wait(flags: Int64, consumed: Int64, index: Int32, deadline: Int64) -> Boolea
     more post than this consumer has taken) or ``%globaltimer`` passes ``deadline``; then count
     the post as taken (a plain store: only this consumer writes the word, and its later waits
     follow in stream order).  True if the post came; on a timeout nothing is taken."""
-    taken = gmem(Uint32, consumed, 4) + index
+    taken = gmem(Uint32, consumed, 4, LOCAL, "collectives.device.flags.wait") + index
     want = ptxops.ld(taken, dtype=Uint32) + Uint32(1)
-    ok = wait_until(gmem(Uint32, flags, 4) + index, want, deadline, "gpu")
+    ok = wait_until(gmem(Uint32, flags, 4, LOCAL, "collectives.device.flags.wait") + index, want, deadline, "gpu")
     if ok:
         ptxops.st(taken, want)
     return ok

@@ -20,7 +20,7 @@ from cutlass import Boolean, Int32, Int64
 
 import ptxops
 
-from .signals import gmem
+from .signals import MULTICAST, PEER, gmem
 
 #: Unsigned carrier of one element of each width, for the elements past the last vector.
 CARRIER = {8: cutlass.Uint8, 16: cutlass.Uint16, 32: cutlass.Uint32}
@@ -58,12 +58,14 @@ def empty_lanes(word, bits: cutlass.Constexpr) -> Boolean:
 
 
 @cute.jit
-def load_words(words: cute.Tensor, address: Int64, sem: cutlass.Constexpr = None) -> None:
+def load_words(words: cute.Tensor, address: Int64, sem: cutlass.Constexpr = None,
+               reach: cutlass.Constexpr = PEER) -> None:
     """Fill the register tensor ``words`` from ``address`` (one vector access; ``sem``
-    ``"relaxed"`` makes it a relaxed sys-scope load, for polling data other GPUs write)."""
+    ``"relaxed"`` makes it a relaxed sys-scope load, for polling data other GPUs write;
+    ``reach``: a receive slot's, or :data:`~collectives.device.signals.LOCAL` for an input)."""
     n = cutlass.const_expr(cute.size(words))
     carrier = words.element_type
-    ptr = gmem(carrier, address, n * carrier.width // 8)
+    ptr = gmem(carrier, address, n * carrier.width // 8, reach, "collectives.device.lamport.load_words")
     if cutlass.const_expr(sem is None):
         loaded = ptxops.ld(ptr, num_elements=n)
     else:
@@ -85,11 +87,13 @@ def send(words: cute.Tensor, addrs, mc: Int64, multicast: cutlass.Constexpr) -> 
     if cutlass.const_expr(multicast and n == 4):
         # multimem.st has no integer vectors: move the bits as f32 (nothing is computed).
         bits32 = cute.recast_tensor(words, cutlass.Float32).load()
-        ptxops.multimem_st(gmem(cutlass.Float32, mc, 16), bits32, sem="relaxed", scope="sys")
+        ptxops.multimem_st(gmem(cutlass.Float32, mc, 16, MULTICAST, "collectives.device.lamport.send"), bits32,
+                           sem="relaxed", scope="sys")
     else:
         value = words.load() if cutlass.const_expr(n > 1) else words[0]
         for r in cutlass.range_constexpr(len(addrs)):
-            ptxops.st(gmem(carrier, addrs[r], n * carrier.width // 8), value, sem="relaxed", scope="sys")
+            slot = gmem(carrier, addrs[r], n * carrier.width // 8, PEER, "collectives.device.lamport.send")
+            ptxops.st(slot, value, sem="relaxed", scope="sys")
 
 
 @cute.jit
@@ -117,7 +121,7 @@ def clear(words: cute.Tensor, address: Int64, bits: cutlass.Constexpr) -> None:
     n = cutlass.const_expr(cute.size(words))
     carrier = words.element_type
     empty = carrier(negative_zero(carrier.width, bits))
-    ptr = gmem(carrier, address, n * carrier.width // 8)
+    ptr = gmem(carrier, address, n * carrier.width // 8, PEER, "collectives.device.lamport.clear")
     if cutlass.const_expr(n == 1):
         ptxops.st(ptr, empty)
     else:

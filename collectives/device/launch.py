@@ -20,6 +20,7 @@ from cuda.bindings import driver
 from cutlass import Int32, Int64
 
 import ptxops
+from ptxops.ops.pointer_reach import required
 
 from .kernel_args import COLLECTIVE, FLAGS, KernelArgs, Layout
 
@@ -52,16 +53,24 @@ def launcher(body, threads: int, grid: int | None = None, *, emulate: int = 0, p
     then lets a kernel launched after it with the same attribute be scheduled
     (``griddepcontrol.launch_dependents``: it orders nothing, the dependent waits for our
     completion in turn; all our blocks have started by then, so its blocks take no SM a block of
-    ours still needs)."""
+    ours still needs).
+
+    Every pointer the body accesses through ptxops must have a reach (:func:`ptxops.reach`,
+    ``gmem(..., reach)``): ptxops checks each ordered access's scope against it."""
 
     def kernel(args: KernelArgs):
+        with required("a collectives kernel"):
+            traced(args)
+
+    def traced(args: KernelArgs):
         if cutlass.const_expr(pdl):
             ptxops.griddepcontrol_wait()
             ptxops.griddepcontrol_launch_dependents()
         if cutlass.const_expr(emulate):
             table = getattr(args, layout.emulated)
             with ptxops.emulate_multicast(table, world=emulate, windows=EMULATION_WINDOWS):
-                entry = cute.make_ptr(Int64, table, cute.AddressSpace.gmem, assumed_align=8)
+                entry = ptxops.reach(cute.make_ptr(Int64, table, cute.AddressSpace.gmem, assumed_align=8), "gpu",
+                                     by="collectives.launch.launcher (the multicast emulation's table)")
                 body(args.replace(**{layout.emulated: ptxops.ld(entry, dtype=Int64),
                                      "pad_mc": ptxops.ld(entry + (emulate + 2), dtype=Int64)}))
         else:
@@ -89,7 +98,8 @@ def flag_launcher(body):
     (:data:`~collectives.device.kernel_args.FLAGS`: the counter words, the slot, the error record)."""
 
     def kernel(args: KernelArgs):
-        body(args)
+        with required("a collectives kernel"):
+            body(args)
 
     kernel.__annotations__["args"] = KernelArgs
     kernel = cute.kernel(kernel)

@@ -16,7 +16,7 @@ from cutlass import Int64
 import ptxops
 
 from ..config import PTX_OP
-from .signals import gmem
+from .signals import MULTICAST, PEER, gmem
 
 
 @cute.jit
@@ -56,7 +56,8 @@ def load_reduce_peer(
     loaded = []
     for u in cutlass.range_constexpr(len(offsets)):
         for r in cutlass.range_constexpr(len(addrs)):
-            src = gmem(dtype, addrs[r], align) + cute.assume(offsets[u], divby=n)
+            src = gmem(dtype, addrs[r], align, PEER, "collectives.device.reduce.load_reduce_peer")
+            src = src + cute.assume(offsets[u], divby=n)
             loaded.append(ptxops.ld(src, num_elements=n))
     results = []
     for u in cutlass.range_constexpr(len(offsets)):
@@ -81,7 +82,8 @@ def load_reduce_multicast(
     align = cutlass.const_expr(n * dtype.width // 8)
     ptx_op = cutlass.const_expr(PTX_OP[op])
     return ptxops.multimem_ld_reduce(
-        gmem(dtype, mc, align) + cute.assume(offset, divby=n),
+        gmem(dtype, mc, align, MULTICAST, "collectives.device.reduce.load_reduce_multicast")
+        + cute.assume(offset, divby=n),
         dtype=dtype, num_elements=n, op=ptx_op, acc="auto" if cutlass.const_expr(op == "sum") else None,
     )
 
@@ -91,11 +93,13 @@ def store_peers(addrs, offset: Int64, values, dtype: cutlass.Constexpr, n: cutla
     """Store ``values`` at element ``offset`` of every rank's buffer (``addrs``)."""
     align = cutlass.const_expr(n * dtype.width // 8)
     for r in cutlass.range_constexpr(len(addrs)):
-        ptxops.st(gmem(dtype, addrs[r], align) + cute.assume(offset, divby=n), values)
+        dst = gmem(dtype, addrs[r], align, PEER, "collectives.device.reduce.store_peers")
+        ptxops.st(dst + cute.assume(offset, divby=n), values)
 
 
 @cute.jit
 def store_multicast(mc: Int64, offset: Int64, values, dtype: cutlass.Constexpr, n: cutlass.Constexpr):
     """Store ``values`` at element ``offset`` on every rank with one ``multimem.st``."""
     align = cutlass.const_expr(n * dtype.width // 8)
-    ptxops.multimem_st(gmem(dtype, mc, align) + cute.assume(offset, divby=n), values)
+    dst = gmem(dtype, mc, align, MULTICAST, "collectives.device.reduce.store_multicast")
+    ptxops.multimem_st(dst + cute.assume(offset, divby=n), values)

@@ -69,18 +69,31 @@ from ..config import (
 )
 
 
+#: The reaches (:func:`ptxops.reach`) of the memory collectives' kernels address: a buffer or
+#: signal-pad word another GPU reads or writes (a peer's, or ours that peers write), a multicast
+#: address, this GPU's own words (tables, call counts, stream flags, outputs) and the
+#: host-mapped error record.  Every ordered access to them is checked against its reach.
+PEER, MULTICAST, LOCAL, HOST = "peer", "multicast", "gpu", "host"
+
+
 @cute.jit
-def gmem(dtype: cutlass.Constexpr, address: Int64, align: cutlass.Constexpr = 16) -> cute.Pointer:
-    """A global-memory pointer of ``dtype`` at a 64-bit device address.  Moved by ``+``, it
-    loads signed integers (``Int64`` for ``Uint64``) unless ``ptxops.ld`` is given ``dtype=``:
-    a ``>>`` of such a value is arithmetic (``shr.s64``)."""
-    return cute.make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align)
+def gmem(dtype: cutlass.Constexpr, address: Int64, align: cutlass.Constexpr = 16,
+         reach: cutlass.Constexpr = None, by: cutlass.Constexpr = None) -> cute.Pointer:
+    """A global-memory pointer of ``dtype`` at a 64-bit device address; with ``reach``
+    (:data:`PEER`, :data:`MULTICAST`, :data:`LOCAL`, :data:`HOST`) tagged with it
+    (:func:`ptxops.reach`, ``by`` naming the function that knows what the address is).  Moved
+    by ``+``, it loads signed integers (``Int64`` for ``Uint64``) unless ``ptxops.ld`` is given
+    ``dtype=``: a ``>>`` of such a value is arithmetic (``shr.s64``)."""
+    ptr = cute.make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align)
+    if cutlass.const_expr(reach is not None):
+        ptr = ptxops.reach(ptr, reach, by=by)
+    return ptr
 
 
 @cute.jit
 def peer_address(table: Int64, rank: Int32) -> Int64:
     """Entry ``rank`` of a device table of 64-bit addresses (one per rank)."""
-    return ptxops.ld(gmem(Int64, table, 8) + rank, dtype=Int64)
+    return ptxops.ld(gmem(Int64, table, 8, LOCAL, "collectives.device.signals.peer_address") + rank, dtype=Int64)
 
 
 @cute.jit
@@ -114,7 +127,7 @@ def signal(pad: Int64, offset: Int32, value: Uint32) -> None:
     """Publish ``value`` at word ``offset`` of the pad at ``pad`` (a peer's or our own): a
     release store at sys scope, so everything this thread saw before is visible to a waiter
     whose acquire reads it."""
-    ptxops.st_release(gmem(Uint32, pad, 4) + offset, value, scope="sys")
+    ptxops.st_release(gmem(Uint32, pad, 4, PEER, "collectives.device.signals.signal") + offset, value, scope="sys")
 
 
 @cute.jit
@@ -128,7 +141,7 @@ def record_error(err: Int64, status: Int32, barrier: Int32, peer: Int32, block: 
     index = Int32(RECOVERABLE_RECORD)
     if status == Int32(TIMEOUT) and barrier != Int32(FLAG_WAIT):
         index = Int32(FATAL_RECORD)
-    record = gmem(Int32, err, 4) + index * len(ERROR_FIELDS)
+    record = gmem(Int32, err, 4, HOST, "collectives.device.signals.record_error") + index * len(ERROR_FIELDS)
     if ptxops.atom_cas(record, Int32(0), Int32(CLAIMED), sem="relaxed", scope="sys") == 0:
         ptxops.st(record + 1, barrier, sem="relaxed", scope="sys")
         ptxops.st(record + 2, peer, sem="relaxed", scope="sys")
@@ -149,7 +162,7 @@ def enter_call(pad: Int64, world: cutlass.Constexpr, single: cutlass.Constexpr =
     of a count of its own at ``pad`` (default: the signal pad's, :class:`PadLayout`)."""
     layout = PadLayout(world=world)
     count, tickets = counter if cutlass.const_expr(counter is not None) else (layout.calls, layout.tickets)
-    words = gmem(Uint32, pad, 4)
+    words = gmem(Uint32, pad, 4, LOCAL, "collectives.device.signals.enter_call")
     calls = ptxops.ld(words + count, dtype=Uint32)
     blocks = cute.arch.grid_dim()[0]
     last = Boolean(True)
@@ -169,7 +182,7 @@ def leave_call(pad: Int64, calls: Uint32, last: Boolean, world: cutlass.Constexp
     this one ends; ``single`` and ``counter`` as for :func:`enter_call`)."""
     layout = PadLayout(world=world)
     count, tickets = counter if cutlass.const_expr(counter is not None) else (layout.calls, layout.tickets)
-    words = gmem(Uint32, pad, 4)
+    words = gmem(Uint32, pad, 4, LOCAL, "collectives.device.signals.leave_call")
     if cute.arch.thread_idx()[0] == 0 and last:
         if cutlass.const_expr(not single) and cute.arch.grid_dim()[0] > 1:
             ptxops.st(words + tickets, Uint32(0))
@@ -177,11 +190,14 @@ def leave_call(pad: Int64, calls: Uint32, last: Boolean, world: cutlass.Constexp
 
 
 @cute.jit
-def arrival_word(pad: Int64, calls: Uint32, block: Int32, src: Int32, world: cutlass.Constexpr) -> cute.Pointer:
+def arrival_word(pad: Int64, calls: Uint32, block: Int32, src: Int32, world: cutlass.Constexpr,
+                 reach: cutlass.Constexpr = PEER) -> cute.Pointer:
     """Rank ``src``'s 64-bit arrival word of block ``block`` in the pad at ``pad``, in the slot
-    of the call at count ``calls``."""
+    of the call at count ``calls``: a word other GPUs write or read (``reach``
+    :data:`MULTICAST` for the pad's multicast address)."""
     layout = PadLayout(world=world)
-    return gmem(Uint64, pad, 8) + layout.arrival(Int32(call_parity(calls)), block, src) // 2
+    word = gmem(Uint64, pad, 8, reach, "collectives.device.signals.arrival_word")
+    return word + layout.arrival(Int32(call_parity(calls)), block, src) // 2
 
 
 @cute.jit
@@ -240,7 +256,7 @@ def signal_multicast(
         cute.arch.sync_threads()
     if cute.arch.thread_idx()[0] == 0:
         word = (Uint64(size) << 32) | Uint64(epoch)
-        ptxops.multimem_st(arrival_word(mc_pad, calls, block, rank, world), word, sem="release", scope="sys")
+        ptxops.multimem_st(arrival_word(mc_pad, calls, block, rank, world, MULTICAST), word, sem="release", scope="sys")
         ptxops.fence(proxy="alias")
 
 

@@ -26,7 +26,7 @@ import ptxops
 
 from ..config import TMA_DRAIN_NS, VECTOR_BYTES
 from .reduce import combine, convert
-from .signals import gmem, spin
+from .signals import MULTICAST, PEER, gmem, spin
 
 
 def smem_bytes(world: int, tile: int, stages: int) -> int:
@@ -44,7 +44,9 @@ def shared_buffers(smem: SmemAllocator, dtype: cutlass.Constexpr, world: cutlass
     outputs = smem.allocate_tensor(dtype, cute.make_layout(2 * elements), byte_alignment=128)
     mbars = smem.allocate_tensor(Int64, cute.make_layout(stages), byte_alignment=8)
     flag = smem.allocate_tensor(Int32, cute.make_layout(1), byte_alignment=4)
-    return inputs.iterator, outputs.iterator, mbars.iterator, flag
+    by = "collectives.device.tiles.shared_buffers"
+    return (ptxops.reach(inputs.iterator, "cta", by=by), ptxops.reach(outputs.iterator, "cta", by=by),
+            ptxops.reach(mbars.iterator, "cta", by=by), flag)
 
 
 @cute.jit
@@ -71,7 +73,7 @@ def _issue(k: Int64, srcs, src_offset: Int64, nbytes: Int64, inputs, mbars, dtyp
     ptxops.mbarrier_arrive(mbars + s, size * world)
     for q in cutlass.range_constexpr(world):
         dst = inputs + cute.assume((s * world + q) * per_tile, divby=per_tile)
-        src = gmem(dtype, srcs[q] + src_offset + at, VECTOR_BYTES)
+        src = gmem(dtype, srcs[q] + src_offset + at, VECTOR_BYTES, PEER, "collectives.device.tiles.reduce_tiles")
         ptxops.cp_async_bulk(dst, src, size, mbar=mbars + s)
 
 
@@ -183,10 +185,12 @@ def _reduce_and_store(k: Int64, mine: Int64, nbytes: Int64, inputs, outputs, mba
     if tidx == 0:
         at = _tile_at(k, tile)
         if cutlass.const_expr(multicast):
-            ptxops.cp_async_bulk(gmem(dtype, mc + dst_offset + at, VECTOR_BYTES), out, Int32(size))
+            dst = gmem(dtype, mc + dst_offset + at, VECTOR_BYTES, MULTICAST, "collectives.device.tiles.reduce_tiles")
+            ptxops.cp_async_bulk(dst, out, Int32(size))
         else:
             for d in cutlass.range_constexpr(len(dsts)):
-                ptxops.cp_async_bulk(gmem(dtype, dsts[d] + dst_offset + at, VECTOR_BYTES), out, Int32(size))
+                dst = gmem(dtype, dsts[d] + dst_offset + at, VECTOR_BYTES, PEER, "collectives.device.tiles.reduce_tiles")
+                ptxops.cp_async_bulk(dst, out, Int32(size))
         ptxops.cp_async_bulk_commit_group()
         if k + stages < mine:
             _issue(k + stages, srcs, src_offset, nbytes, inputs, mbars, dtype, tile, stages)

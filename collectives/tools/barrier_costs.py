@@ -44,7 +44,7 @@ LAUNCHES = 200
 def _missed(err: Int64) -> None:
     """A wait ran out: a plain store of TIMEOUT into the error words, which the host reads
     after a sync (no release: the variants' only ordering is the one they measure)."""
-    ptxops.st(signals.gmem(Int32, err, 4), Int32(TIMEOUT))
+    ptxops.st(signals.gmem(Int32, err, 4, signals.HOST, "collectives.tools.barrier_costs._missed"), Int32(TIMEOUT))
 
 
 def _variant(part: str):
@@ -62,9 +62,11 @@ def _variant(part: str):
         elif cutlass.const_expr(part == "no loads"):
             deadline = cute.arch.globaltimer() + timeout_ns
             if tidx < WORLD:
-                ptxops.red(signals.gmem(Uint32, pad_mc, 4) + LAYOUT.arrival(0, block, tidx), Uint32(1),
+                words_mc = signals.gmem(Uint32, pad_mc, 4, signals.MULTICAST, "collectives.tools.barrier_costs._variant")
+                ptxops.red(words_mc + LAYOUT.arrival(0, block, tidx), Uint32(1),
                            sem="release", scope="sys")
-                if not signals.wait_until(signals.gmem(Uint32, pad, 4) + LAYOUT.arrival(0, block, 1), Uint32(1), deadline):
+                words = signals.gmem(Uint32, pad, 4, signals.PEER, "collectives.tools.barrier_costs._variant")
+                if not signals.wait_until(words + LAYOUT.arrival(0, block, 1), Uint32(1), deadline):
                     _missed(err)
         elif cutlass.const_expr(part == "relaxed signal"):
             calls, last = signals.enter_call(pad, WORLD)

@@ -25,6 +25,7 @@ from .memory import ld, ld_acquire, st, st_release
 from .multimem import multimem_ld_reduce, multimem_red, multimem_st
 from .nanosleep import nanosleep
 from .multimem_bulk import multimem_cp_async_bulk, multimem_cp_reduce_async_bulk
+from .pointer_reach import reach
 from .prefetch import cp_async_bulk_prefetch, prefetch, prefetchu
 from .st_bulk import st_bulk
 from .tensor import cp_async_bulk_prefetch_tensor, cp_async_bulk_tensor, cp_reduce_async_bulk_tensor

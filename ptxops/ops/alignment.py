@@ -6,6 +6,7 @@ multiplication CuTeDSL does not look into.  :func:`known` reads the IR that defi
 (``cute.add_offset`` of a base and an offset) and the offset's defining operations (``arith``
 products, shifts, sums, ``cute.assume``, the index of a ``scf.for`` loop, CuTe's own
 divisibility types), builds a :mod:`ptxops.divisibility` expression and proves what it can.
+The same reading proves a bulk operation's byte count a multiple of its unit (:func:`multiple`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,16 @@ _DIVBY = re.compile(r"divby (\d+)")
 def known(ptr: cute.Pointer) -> int:
     """The alignment in bytes that ``ptr``'s type declares or its arithmetic proves."""
     return _Reader().pointer(_plain(ptr))
+
+
+def multiple(value: Any) -> int:
+    """The power of two an integer (a Python int, a CuTeDSL integer or its ``ir.Value``) is
+    known to be a multiple of: its own for an int, else what its arithmetic proves (a byte
+    count of a bulk copy, say)."""
+    raw = value.value if isinstance(value, cutlass.Numeric) else value
+    if isinstance(raw, int):
+        return raw & -raw if raw else 1 << dv.ZERO
+    return 1 << min(dv.trailing_zeros(_Reader().integer(_plain(raw))), dv.ZERO)
 
 
 def _plain(value: Any) -> ir.Value:

@@ -51,8 +51,7 @@ def bulk_issuer(
 ) -> Callable[[ir.Value], None]:
     """Check a bulk form's mbarrier, size and alignments; return what emits it to a
     destination address (``extra``: the carriers of operands after the size and mbarrier)."""
-    if isinstance(size, int) and (size <= 0 or size % BULK_ALIGN):
-        raise ValueError(f"{inst.opcode}: size must be a positive multiple of 16 bytes, got {size}")
+    emit.require_size_multiple(inst, size, BULK_ALIGN)
     emit.require_alignment(inst, dst, "destination", BULK_ALIGN)
     emit.require_alignment(inst, src, "source", BULK_ALIGN)
     mbar_carriers = emit.mbarrier_operand(

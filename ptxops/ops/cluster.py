@@ -20,7 +20,7 @@ from cutlass.cutlass_dsl import dsl_user_op
 
 from ..spec.cluster import MBARRIER, RED_ASYNC, ST_ASYNC
 from ..spec.engine import Value
-from . import alignment, emit, forms, values
+from . import alignment, emit, forms, pointer_reach, values
 
 @dsl_user_op
 def st_async(
@@ -110,7 +110,9 @@ def mapa(
     distributed-shared pointer (``cute.AddressSpace.dsmem``) for :func:`st_async`,
     :func:`red_async`, :func:`~ptxops.cp_reduce_async_bulk` and ``.shared::cluster`` mbarrier
     arrives; a generic pointer to shared memory maps with ``.u64`` to a generic pointer
-    (``type=`` names the other width).  The result keeps ``ptr``'s dtype and known alignment.
+    (``type=`` names the other width).  The result keeps ``ptr``'s dtype and known alignment,
+    and has cluster reach (:func:`ptxops.reach`): an ordered access to it needs ``.cluster``
+    scope or wider.
     """
     if space == "auto":
         space = None if ptr.memspace == cute.AddressSpace.generic else "shared::cluster"
@@ -121,7 +123,8 @@ def mapa(
     sources = [[address], [cutlass.Int32(rank).ir_value(loc=loc, ip=ip)]]
     (mapped,) = emit.emit(inst, None, sources, loc=loc, ip=ip)
     memspace = cute.AddressSpace.generic if space is None else cute.AddressSpace.dsmem
-    return cute.make_ptr(ptr.dtype, integer(mapped), memspace, assumed_align=alignment.known(ptr), loc=loc, ip=ip)
+    mapped_ptr = cute.make_ptr(ptr.dtype, integer(mapped), memspace, assumed_align=alignment.known(ptr), loc=loc, ip=ip)
+    return pointer_reach.reach(mapped_ptr, "cluster", by="ptxops.mapa", loc=loc, ip=ip)
 
 
 __all__ = ["mapa", "red_async", "st_async"]

@@ -30,17 +30,28 @@ SPACES = (None, "shared::cta")
 
 @dsl_user_op
 def clusterlaunchcontrol_try_cancel(
-    response: cute.Pointer, mbar: cute.Pointer, *, space: Value = "auto", loc=None, ip=None
+    response: cute.Pointer,
+    mbar: cute.Pointer,
+    *,
+    space: Value = "auto",
+    multicast: bool = False,
+    loc=None,
+    ip=None,
 ) -> None:
-    """``clusterlaunchcontrol.try_cancel.async{.shared::cta}.mbarrier::complete_tx::bytes.b128
-    [response], [mbar]``: ask to cancel the launch of a cluster of this grid that has not
-    started, asynchronously.  The 16-byte opaque answer lands at ``response`` (16-byte aligned)
-    with a complete-tx of 16 bytes on the mbarrier at ``mbar`` (8-byte aligned), both in this
-    CTA's shared memory (shared pointers give ``.shared::cta``, generic ones generic
-    addressing).
+    """``clusterlaunchcontrol.try_cancel.async{.shared::cta}.mbarrier::complete_tx::bytes
+    {.multicast::cluster::all}.b128 [response], [mbar]``: ask to cancel the launch of a cluster
+    of this grid that has not started, asynchronously.  The 16-byte opaque answer lands at
+    ``response`` (16-byte aligned) with a complete-tx of 16 bytes on the mbarrier at ``mbar``
+    (8-byte aligned), both in this CTA's shared memory (shared pointers give ``.shared::cta``,
+    generic ones generic addressing).  With ``multicast=True`` the answer lands at the same
+    offset in every CTA of the cluster, each completing on its mbarrier at ``mbar``'s offset
+    (each CTA arrives expecting 16 bytes).
     """
     space = emit.state_space("clusterlaunchcontrol.try_cancel", response, space, SPACES)
-    inst = emit.instruction("clusterlaunchcontrol.try_cancel", space=space)
+    inst = emit.instruction(
+        "clusterlaunchcontrol.try_cancel", space=space,
+        multicast="multicast::cluster::all" if multicast else None,
+    )
     emit.require_alignment(inst, response, "response", RESPONSE_ALIGN)
     extra = emit.mbarrier_operand(inst, mbar, space, (space,), loc=loc, ip=ip)
     emit.emit(inst, emit.address(response, loc=loc, ip=ip), extra, loc=loc, ip=ip)

@@ -26,7 +26,7 @@ from ..render import Instruction
 from ..spec.engine import Value
 from ..spec.ptxtypes import TYPES
 from ..spec.targets import normalise_target
-from . import alignment, values
+from . import alignment, pointer_reach, values
 
 #: The state space a pointer's address space implies when the caller names none.
 SPACE_OF_POINTER = {
@@ -155,6 +155,31 @@ def require_alignment(inst: Instruction, ptr: cute.Pointer, what: str, bytes_: i
     )
 
 
+def require_size_multiple(inst: Instruction, size: Any, unit: int) -> None:
+    """Reject a byte count not known to be a positive multiple of ``unit`` (a power of two):
+    a Python int by its value, a CuTeDSL integer by what its arithmetic proves
+    (:func:`ptxops.ops.alignment.multiple`: products by constants, ``cute.assume``, ...)."""
+    constant = size.value if isinstance(size, cutlass.Numeric) else size
+    if isinstance(constant, int) and constant <= 0:
+        raise ValueError(f"{inst.opcode}: size must be a positive multiple of {unit} bytes, got {constant}")
+    proved = alignment.multiple(size)
+    if proved % unit == 0:
+        return
+    known = f"is {constant}" if isinstance(constant, int) else f"is known to be a multiple of {proved}"
+    raise QualifierError(
+        inst.family,
+        f"{inst.opcode}: the size {known}, but it must be a multiple of {unit} bytes (target "
+        f"{inst.target}).\n  rule [size-multiple]: {inst.family} moves whole {unit}-byte units.\n"
+        f"  Fix: a size that is a multiple of {unit} by construction (a product by a multiple of "
+        f"{unit}, a constant), or `cute.assume(size, divby={unit})` where it is one but cannot be "
+        "proved.",
+        offending={"size": constant if isinstance(constant, int) else proved},
+        rule="size-multiple",
+        legal={"size_multiple_of": [unit]},
+        target=inst.target,
+    )
+
+
 #: An mbarrier object is 8 bytes, 8-byte aligned.
 MBARRIER_ALIGN = 8
 
@@ -249,7 +274,8 @@ def send(
     """Emit a memory instruction at ``ptr``: check alignment, pack each ``(data, dtype)``
     source, append the carriers in ``extra`` (operands after the data: a cache policy, an
     mbarrier address), and return the destination as ``result`` dtype values (None if it has
-    none)."""
+    none).  An ordered form is checked against ``ptr``'s reach (:func:`ptxops.reach`)."""
+    pointer_reach.check(inst, ptr)
     check_alignment(inst, ptr)
     operands = [o for o in inst.inputs if o.role != "a"]
     carriers = [

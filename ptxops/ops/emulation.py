@@ -7,7 +7,9 @@ functions :func:`~ptxops.multimem_ld_reduce`, :func:`~ptxops.multimem_st`,
 destination lies in a multicast window still choose and validate their ``multimem`` form against the spec (an illegal
 form is still a :class:`~ptxops.QualifierError` naming the rule), but emit instead ``ld``, ``st``,
 ``red``, ``cp.async.bulk`` or ``cp.reduce.async.bulk`` on every rank's copy of the location, so the kernel runs on any GPUs
-with peer access.  The PTX holds no ``multimem`` instruction.
+with peer access.  The PTX holds no ``multimem`` instruction.  The unicast pointers of a tagged
+multicast pointer (:func:`ptxops.reach`) have peer reach, and the translation table's pointer
+this GPU's, so the scope checks see the emulated accesses too.
 
 ``table`` is the runtime Int64 address of a device table of int64 entries, ``W + 2`` per window::
 
@@ -76,6 +78,7 @@ from .alignment import known
 from .atomics import red
 from .emit import check_alignment
 from .memory import ld, st
+from .pointer_reach import reach, reach_of
 
 #: The CuTeDSL element type of each multimem PTX type.
 ELEMENT: dict[str, type[cutlass.Numeric]] = {
@@ -112,7 +115,7 @@ class MulticastEmulation:
 
     def _entry(self, index: int) -> Int64:
         ptr = cute.make_ptr(Int64, self.table, cute.AddressSpace.gmem, assumed_align=8)
-        return ld(ptr + index, dtype=Int64)
+        return ld(reach(ptr, "gpu", by="ptxops.emulate_multicast (its translation table)") + index, dtype=Int64)
 
     def _bases_entry(self, window: int) -> int:
         """Index of ``base_0`` of ``window`` (after its ``mc_base`` and ``bytes``)."""
@@ -178,7 +181,12 @@ def _shape(inst: Instruction) -> tuple[type[cutlass.Numeric], int]:
 def _peer_pointers(em: MulticastEmulation, inst: Instruction, mc_ptr: cute.Pointer, dtype) -> list[cute.Pointer]:
     check_alignment(inst, mc_ptr)
     _, peers = em.translate(mc_ptr.toint())
-    return [cute.make_ptr(dtype, p, cute.AddressSpace.gmem, assumed_align=known(mc_ptr)) for p in peers]
+    pointers = [cute.make_ptr(dtype, p, cute.AddressSpace.gmem, assumed_align=known(mc_ptr)) for p in peers]
+    tag = reach_of(mc_ptr)
+    if tag is None:
+        return pointers
+    by = f"ptxops.emulate_multicast (a rank's copy of a multicast address with reach {tag.kind}, set by {tag.origin})"
+    return [reach(p, "peer", by=by) for p in pointers]
 
 
 def _ordering(inst: Instruction, default: tuple[str | None, str | None]) -> dict[str, Any]:

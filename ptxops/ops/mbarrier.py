@@ -16,9 +16,10 @@ from cutlass.cutlass_dsl import dsl_user_op
 
 from ..spec.engine import Value
 from ..spec.mbarrier import LOCAL, SPACES
-from . import emit
+from . import emit, pointer_reach
 
 def _address(inst, mbar: cute.Pointer, *, loc=None, ip=None):
+    pointer_reach.check(inst, mbar)
     emit.require_alignment(inst, mbar, "mbarrier", emit.MBARRIER_ALIGN)
     return emit.address(mbar, loc=loc, ip=ip)
 

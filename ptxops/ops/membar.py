@@ -8,9 +8,11 @@ from . import emit
 
 
 @dsl_user_op
-def membar(level: str, *, loc=None, ip=None) -> None:
+def membar(level: str | None = None, *, proxy: str | None = None, loc=None, ip=None) -> None:
     """``membar.level`` for ``level`` in ``"cta"``, ``"gl"``, ``"sys"``: this thread's memory
-    accesses before it are performed, at that level, before its accesses after it.
+    accesses before it are performed, at that level, before its accesses after it.  With
+    ``proxy`` instead (``"alias"``): ``membar.proxy.alias``, the old spelling of
+    ``fence.proxy.alias`` (:func:`~ptxops.fence` with ``proxy=`` has every proxy kind).
 
     The PTX ISA makes ``membar`` a synonym of ``fence.sc`` on sm_70 and later, the levels
     ``cta``, ``gl`` and ``sys`` synonyms of the scopes ``cta``, ``gpu`` and ``sys``:
@@ -19,7 +21,7 @@ def membar(level: str, *, loc=None, ip=None) -> None:
     ``sem="acq_rel"`` (or a release store and an acquire load).  ``membar`` is here for code
     that mirrors kernels written with it.
     """
-    emit.emit(emit.instruction("membar", level=level), None, loc=loc, ip=ip)
+    emit.emit(emit.instruction("membar", level=level, proxy=proxy), None, loc=loc, ip=ip)
 
 
 __all__ = ["membar"]

@@ -14,7 +14,7 @@ import cutlass.cute as cute
 from cutlass.cutlass_dsl import dsl_user_op
 
 from ..spec.ptxtypes import FP8_ALL, HALF, HALF_X2
-from . import emit, emulation, forms, values
+from . import emit, emulation, forms, pointer_reach, values
 
 _ACC_NAMES = {cutlass.Float32: "f32", cutlass.Float16: "f16"}
 
@@ -76,6 +76,7 @@ def multimem_ld_reduce(
         sem=sem, scope=scope, space=space,
     )
     if (em := emulation.active()) is not None:
+        pointer_reach.check(inst, mc_ptr)
         return emulation.ld_reduce(em, inst, mc_ptr, dtype, packed)
     return emit.send(inst, mc_ptr, [], packed, result=dtype, loc=loc, ip=ip)
 
@@ -106,6 +107,7 @@ def multimem_st(
     space = emit.state_space("multimem.st", mc_ptr, space, ("global", None))
     inst = _form("multimem.st", dtype, n, None, type, vec, None, sem=sem, scope=scope, space=space)
     if (em := emulation.active()) is not None:
+        pointer_reach.check(inst, mc_ptr)
         return emulation.store(em, inst, mc_ptr, data, dtype, packed)
     emit.send(inst, mc_ptr, [(data, dtype)], packed, loc=loc, ip=ip)
 
@@ -137,6 +139,7 @@ def multimem_red(
     space = emit.state_space("multimem.red", mc_ptr, space, ("global", None))
     inst = _form("multimem.red", dtype, n, op, type, vec, None, sem=sem, scope=scope, space=space)
     if (em := emulation.active()) is not None:
+        pointer_reach.check(inst, mc_ptr)
         return emulation.reduce(em, inst, mc_ptr, data, dtype, packed)
     emit.send(inst, mc_ptr, [(data, dtype)], packed, loc=loc, ip=ip)
 

@@ -52,14 +52,14 @@ def cp_async_bulk_prefetch(
     ptr: cute.Pointer, size: Any, *, cache_policy: Any = None, loc=None, ip=None
 ) -> None:
     """``cp.async.bulk.prefetch.L2.global{.L2::cache_hint} [ptr], size{, policy}``: prefetch
-    ``size`` bytes (an int or Int32, a multiple of 16) of global memory from ``ptr`` (16-byte
+    ``size`` bytes (an int or Int32, a multiple of 16: proved from its arithmetic, or
+    ``cute.assume(size, divby=16)``) of global memory from ``ptr`` (16-byte
     aligned) into L2, asynchronously; nothing waits for it.  ``cache_policy`` (a 64-bit policy
     from ``createpolicy``) adds ``.L2::cache_hint``."""
-    if isinstance(size, int) and (size <= 0 or size % BULK_ALIGN):
-        raise ValueError(f"cp.async.bulk.prefetch: size must be a positive multiple of 16 bytes, got {size}")
     emit.state_space("cp.async.bulk.prefetch", ptr, "global", ("global",))
     hint, extra = emit.cache_hint(cache_policy, loc=loc, ip=ip)
     inst = emit.instruction("cp.async.bulk.prefetch", cache_hint=hint)
+    emit.require_size_multiple(inst, size, BULK_ALIGN)
     emit.require_alignment(inst, ptr, "source", BULK_ALIGN)
     sources = [[cutlass.Int32(size).ir_value(loc=loc, ip=ip)], *extra]
     emit.emit(inst, emit.address(ptr, loc=loc, ip=ip), sources, loc=loc, ip=ip)

@@ -20,18 +20,17 @@ def st_bulk(
     ptr: cute.Pointer, size: Any, *, sem: str | None = None, space: Value = "auto", loc=None, ip=None
 ) -> None:
     """``st.bulk{.weak}{.shared::cta} [ptr], size, 0``: set ``size`` bytes (an int or Int64, a
-    multiple of 8) from ``ptr`` (8-byte aligned) to zero with weak stores.
+    multiple of 8, proved from its arithmetic or ``cute.assume``) from ``ptr`` (8-byte aligned) to zero with weak stores.
 
     A pointer into this CTA's shared memory gives ``.shared::cta``; a global or generic one,
     generic addressing.  The PTX ISA allows only 0 as the value written, so there is no value
     argument.  The stores are weak: publish them like any weak store (a release, or a barrier).
     """
-    if isinstance(size, int) and (size <= 0 or size % ST_BULK_ALIGN):
-        raise ValueError(f"st.bulk: size must be a positive multiple of 8 bytes, got {size}")
     if space == "auto" and ptr.memspace == cute.AddressSpace.gmem:
         space = None
     space = emit.state_space("st.bulk", ptr, space, (None, "shared::cta"))
     inst = emit.instruction("st.bulk", sem=sem, space=space)
+    emit.require_size_multiple(inst, size, ST_BULK_ALIGN)
     emit.require_alignment(inst, ptr, "destination", ST_BULK_ALIGN)
     sources = [[cutlass.Int64(size).ir_value(loc=loc, ip=ip)]]
     emit.emit(inst, emit.address(ptr, loc=loc, ip=ip), sources, loc=loc, ip=ip)

@@ -12,7 +12,8 @@ failed response, another ``try_cancel`` from it is undefined.  ``query_cancel`` 
 response held in a ``.b128`` register: ``.is_canceled`` (a predicate, true when the cluster was
 canceled) or ``.get_first_ctaid`` (the ctaid of the canceled cluster's first CTA: ``.v4.b32``
 x, y, z and an undefined fourth, or one ``::x``/``::y``/``::z`` ``.b32``), undefined for a failed
-response.  The ``.multicast::cluster::all`` form of ``try_cancel`` is not wrapped.
+response.  ``try_cancel.multicast::cluster::all`` writes the response to the same shared-memory
+offset of every CTA of the cluster and completes on the mbarrier at the same offset in each.
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ TRY_CANCEL = Family(
             "generic addresses of it)", absent="generic",
         ),
         implied("completion", MBARRIER, "completes on the mbarrier operand", by={}),
+        Qualifier(
+            "multicast", (None, "multicast::cluster::all"),
+            "write the response (and complete on the mbarrier) at the same offsets in every "
+            "CTA of the cluster",
+        ),
         implied("type", "b128", "the response is 128 bits", by={}),
     ),
     rules=_target_rule("try_cancel"),

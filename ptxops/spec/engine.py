@@ -77,6 +77,8 @@ class Rule:
     ``wrapped`` is False for a rule that marks legal PTX ptxops chooses not to wrap (``ld.param``:
     no CuTeDSL pointer addresses the parameter space): its error says so, never that the PTX
     is illegal, and ptxas is not expected to reject what only such rules refuse.
+    ``isa_allows`` is True for the opposite disagreement: forms the PTX ISA lists that ptxas
+    rejects (ptxops follows ptxas there, since what it emits must assemble).
     """
 
     name: str
@@ -85,6 +87,7 @@ class Rule:
     allow: Mapping[str, frozenset[Value]]
     ptxas_enforced: bool = True
     wrapped: bool = True
+    isa_allows: bool = False
 
     @property
     def legal_ptx(self) -> bool:
@@ -113,6 +116,7 @@ def rule(
     allow: Mapping[str, Value | Iterable[Value]],
     ptxas_enforced: bool = True,
     wrapped: bool = True,
+    isa_allows: bool = False,
 ) -> Rule:
     """Build a :class:`Rule` from plain values or iterables of values."""
     return Rule(
@@ -122,6 +126,7 @@ def rule(
         {k: _fs(v) for k, v in allow.items()},
         ptxas_enforced,
         wrapped,
+        isa_allows,
     )
 
 

@@ -49,7 +49,10 @@ FENCE = Family(
         ),
         rule(
             "tensormap-sem",
-            "fence.proxy.tensormap::generic is .release, or .acquire with operands [a], 128.",
+            "fence.proxy.tensormap::generic is .release, or .acquire with operands [a], 128 "
+            "(the ISA's syntax: fence.proxy.tensormap::generic.release.scope and "
+            "...acquire.scope [addr], size).  ptxas 13.5 also assembles .acq_rel here, without "
+            "operands; ptxas 13.0 and the ISA do not, and ptxops follows them.",
             when={"proxy": "tensormap::generic"},
             allow={"sem": ("acquire", "release"), "op_restrict": None},
         ),

@@ -4,8 +4,9 @@ a cache ahead of its use, without loading it into registers.
 PTX ISA 9.0, Data Movement and Conversion Instructions: prefetch, prefetchu and
 cp.async.bulk.prefetch.  ``prefetch{.space}.level [a]`` brings the line holding ``a`` (in
 ``.global`` or ``.local`` memory, or a generic address in either) into the L1 or L2 cache
-(PTX ISA 2.0); ``prefetch{.global}.L2::evict_last`` / ``.L2::evict_normal`` prefetch into L2
-with that eviction priority (PTX ISA 7.4, sm_80+); ``prefetch{.const,.param}.tensormap [a]``
+(PTX ISA 2.0); ``prefetch.global.L2::evict_last`` / ``.L2::evict_normal`` prefetch into L2
+with that eviction priority (PTX ISA 7.4, sm_80+; ``.global`` written out, as the ISA's syntax
+has it); ``prefetch{.const,.param}.tensormap [a]``
 brings the 128-byte tensor map at ``a`` into the cache the tensor-map proxy reads (PTX ISA 8.0,
 sm_90+).  ``prefetchu.L1 [a]`` brings the line at the generic address ``a`` into the uniform
 cache.  ``cp.async.bulk.prefetch.L2.global [a], size`` asynchronously prefetches ``size`` bytes
@@ -48,10 +49,20 @@ PREFETCH = Family(
         rule(
             "eviction-priority-global",
             "An L2 eviction priority (.L2::evict_last, .L2::evict_normal) is for .global memory "
-            "or a generic address of it (PTX ISA 7.4, sm_80+; ptxas: \"State space incorrect "
-            "for feature 'cache eviction priority'\").",
+            "(PTX ISA 7.4, sm_80+; ptxas: \"State space incorrect for feature 'cache eviction "
+            "priority'\" for .local).",
             when={"level": EVICTION},
             allow={"space": (None, "global")},
+        ),
+        rule(
+            "eviction-priority-names-global",
+            "The PTX ISA's syntax writes the space: prefetch.global.level::eviction_priority "
+            "[a] (\".global\" is not optional there, as it is in prefetch{.space}.level).  "
+            "ptxas 13.0 and 13.5 assemble prefetch.L2::evict_last on a generic address too; "
+            "ptxops follows the ISA (pass a global pointer, or space='global').",
+            when={"level": EVICTION},
+            allow={"space": "global"},
+            ptxas_enforced=False,
         ),
         rule(
             "tensormap-spaces",

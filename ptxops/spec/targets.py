@@ -33,3 +33,9 @@ def normalise_target(arch: str) -> str:
 #: Targets of sm_100 or later (every target but sm_90 and sm_90a), for instructions the PTX
 #: ISA introduces with "requires sm_100 or higher" (``st.bulk``, ``clusterlaunchcontrol``).
 SM100_ON = ("sm_100a", "sm_100f", "sm_103a", "sm_120a")
+
+#: The sm_100 family proper (sm_120a is not in it): CTA pairs (``.cta_group``) and the TMA modes
+#: the ptxas of CUDA 13.0 and 13.5 allow there only (``.tile::scatter4``, ``.im2col::w::128``,
+#: gather4 and im2col::w into ``.shared::cluster``, the tensor prefetch's new modes).  The PTX
+#: ISA lists sm_100a, sm_101a/sm_110a, sm_103a and the sm_100f/sm_110f families.
+SM100_FAMILY = ("sm_100a", "sm_100f", "sm_103a")

@@ -16,6 +16,8 @@ from cutlass.memory import SmemAllocator
 import ptxops
 from ptxops import spec
 from ptxops.render import Instruction
+from ptxops.ops.tensor import ROW_COORDS
+from ptxops.spec.tensor import ROWS, WIDE
 from ptxops.spec.tensormap import DIMENSION_FIELDS, MODE_FIELDS
 from tests.support.spec_groups import legal_forms
 
@@ -103,7 +105,7 @@ def emit_form(inst: Instruction, gptr, sptr, pointers: dict | None = None) -> No
     elif inst.family == "griddepcontrol.wait":
         ptxops.griddepcontrol_wait()
     elif inst.family == "membar":
-        ptxops.membar(q["level"])
+        ptxops.membar(q["level"], proxy=q["proxy"])
     elif inst.family == "elect.sync":
         ptxops.elect_sync()
     elif inst.family == "prefetch":
@@ -115,7 +117,7 @@ def emit_form(inst: Instruction, gptr, sptr, pointers: dict | None = None) -> No
     elif inst.family == "st.bulk":
         ptxops.st_bulk(ptr, 64, sem=q["sem"], space=space)
     elif inst.family == "clusterlaunchcontrol.try_cancel":
-        ptxops.clusterlaunchcontrol_try_cancel(ptr, ptr + 4, space=space)
+        ptxops.clusterlaunchcontrol_try_cancel(ptr, ptr + 4, space=space, multicast=q["multicast"] is not None)
     elif inst.family == "clusterlaunchcontrol.query_cancel":
         ptxops.clusterlaunchcontrol_query_cancel([cutlass.Int64(0), cutlass.Int64(0)], q["query"])
     elif inst.family == "cp.async.bulk.commit_group":
@@ -137,9 +139,9 @@ def emit_form(inst: Instruction, gptr, sptr, pointers: dict | None = None) -> No
 def emit_tensor_form(inst: Instruction, q: dict, sptr, tmap) -> None:
     """A tensor-map form through its device function: zero coordinates and offsets, a cache
     policy where the form has ``.L2::cache_hint``, CTA 0 alone in a multicast mask."""
-    coords = [0] * int(q["dim"][0])
+    coords = [0] * (ROW_COORDS if q["load_mode"] in ROWS else int(q["dim"][0]))
     policy = cutlass.Int64(0) if q["cache_hint"] else None
-    offsets = [0] * (len(coords) - 2) if q["load_mode"] == "im2col" else None
+    offsets = [0] * (len(coords) - 2) if q["load_mode"] == "im2col" else [0, 0] if q["load_mode"] in WIDE else None
     if inst.family == "cp.async.bulk.prefetch.tensor":
         ptxops.cp_async_bulk_prefetch_tensor(
             tmap, coords, load_mode=q["load_mode"], im2col_offsets=offsets, cache_policy=policy
@@ -152,6 +154,7 @@ def emit_tensor_form(inst: Instruction, q: dict, sptr, tmap) -> None:
         ptxops.cp_async_bulk_tensor(
             sptr, tmap, coords, mbar=sptr, load_mode=q["load_mode"], im2col_offsets=offsets,
             cta_mask=1 if q["multicast"] else None, cache_policy=policy, dst_space=q["dst"],
+            cta_group=int(q["cta_group"][-1]) if q["cta_group"] else None,
         )
     else:
         ptxops.cp_async_bulk_tensor(tmap, sptr, coords, load_mode=q["load_mode"], cache_policy=policy)

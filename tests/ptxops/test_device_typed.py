@@ -480,3 +480,35 @@ def test_illegal_control_and_prefetch_uses(call, arch, error, pattern) -> None:
 
     with pytest.raises(error, match=pattern):
         ptx_of(body, arch=arch)
+
+
+@pytest.mark.parametrize(
+    ("size", "proved"),
+    [(lambda n: n * 16, None), (lambda n: cute.assume(n, divby=16), None), (lambda n: 48, None),
+     (lambda n: n * 8, "is known to be a multiple of 8"), (lambda n: n, "is known to be a multiple of 1"),
+     (lambda n: I32(40), "is 40")],
+    ids=["n*16", "assumed", "constant-48", "n*8", "n", "Int32(40)"],
+)
+def test_bulk_sizes_are_proved_multiples_of_16(size, proved) -> None:
+    """A bulk copy's (and a bulk prefetch's) byte count must be a multiple of 16: proved from
+    its arithmetic like an offset's alignment, or refused naming what was proved and the fix."""
+
+    @cute.kernel
+    def kernel(g: cute.Tensor, n: I32):
+        s = SmemAllocator().allocate_array(I32, num_elems=64, byte_alignment=128)
+        ptxops.cp_async_bulk(g.iterator, s, size(n))
+        ptxops.cp_async_bulk_prefetch(g.iterator, size(n))
+
+    @cute.jit
+    def launch(g: cute.Tensor, n: I32):
+        kernel(g, n).launch(grid=[1, 1, 1], block=[32, 1, 1])
+
+    if proved is None:
+        found = opcodes(compile_ptx(launch, global_tensor(I32), I32(3)))
+        assert found["cp.async.bulk.global.shared::cta.bulk_group"] == 1
+        assert found["cp.async.bulk.prefetch.L2.global"] == 1
+    else:
+        with pytest.raises(QualifierError, match=rf"size {proved}, but it must be a multiple of 16[\s\S]*"
+                           r"size-multiple[\s\S]*cute\.assume\(size, divby=16\)") as info:
+            compile_ptx(launch, global_tensor(I32), I32(3))
+        assert info.value.rule == "size-multiple"

@@ -119,6 +119,25 @@ def test_a_docs_only_rule_really_is_lenient_in_ptxas() -> None:
     assert assemble([line(spec.FAMILIES["st"], q)], "sm_100a") == [None]
 
 
+def test_prefetch_eviction_priority_follows_the_isa_where_ptxas_is_lenient() -> None:
+    """prefetch.L2::evict_last on a generic address: ptxas assembles it, the ISA's syntax writes
+    .global, ptxops refuses it and takes prefetch.global.L2::evict_last."""
+    fam = spec.FAMILIES["prefetch"]
+    with pytest.raises(QualifierError, match="eviction-priority-names-global"):
+        spec.instruction("prefetch", level="L2::evict_last")
+    q = fam.normalise(dict(level="L2::evict_last"))
+    assert assemble([line(fam, q)], "sm_90") == [None]
+    assert spec.instruction("prefetch", space="global", level="L2::evict_last").opcode == "prefetch.global.L2::evict_last"
+
+
+def test_a_rule_where_the_isa_lists_forms_ptxas_rejects() -> None:
+    """membar.proxy.async.global: the ISA lists it, ptxas rejects it, so ptxops refuses it."""
+    fam = spec.FAMILIES["membar"]
+    (r,) = [r for r in fam.rules if r.isa_allows]
+    q = fam.normalise(dict(proxy="async.global"))
+    assert r.broken_keys(q) and assemble([line(fam, q)], "sm_90a") != [None]
+
+
 # -- arbitrary qualifier dictionaries, legal and illegal values mixed ---------------------------
 
 #: Misspellings and values of other families, to mix into each family's domains (no PTX

@@ -568,11 +568,27 @@ def test_membar_levels_are_the_fence_sc_scopes() -> None:
     the fence family takes with sem=sc."""
     from ptxops.spec.membar import FENCE_SCOPE
 
-    assert [f.qualifiers["level"] for f in spec.forms("membar")] == list(FENCE_SCOPE)
+    assert [f.qualifiers["level"] for f in spec.forms("membar") if f.qualifiers["proxy"] is None] == list(FENCE_SCOPE)
     for level, scope in FENCE_SCOPE.items():
         assert spec.instruction("fence", sem="sc", scope=scope).opcode == f"fence.sc.{scope}"
-    with pytest.raises(QualifierError, match="legal values: 'cta', 'gl', 'sys'"):
+    with pytest.raises(QualifierError, match="legal values: .*'cta', 'gl', 'sys'"):
         spec.instruction("membar", level="gpu")
+    with pytest.raises(QualifierError, match="level-needed"):
+        spec.instruction("membar")
+
+
+def test_membar_proxy_kinds_are_the_fence_proxy_kinds() -> None:
+    """membar.proxy.kind is fence.proxy.kind: every kind the ISA lists is a bidirectional proxy
+    fence; ptxas 13.0 assembles membar.proxy.alias only, and the rule offers fence for the rest."""
+    from ptxops.spec.membar import PROXY_KINDS
+
+    for kind in PROXY_KINDS:
+        assert spec.instruction("fence", proxy=kind).opcode == f"fence.proxy.{kind}"
+    assert [f.opcode for f in spec.forms("membar") if f.qualifiers["proxy"]] == ["membar.proxy.alias"]
+    with pytest.raises(QualifierError, match=r"proxy-kinds-ptxas[\s\S]*fence\(proxy=\.\.\.\)"):
+        spec.instruction("membar", proxy="async")
+    with pytest.raises(QualifierError, match="level-or-proxy"):
+        spec.instruction("membar", level="gl", proxy="alias")
 
 
 @pytest.mark.parametrize("name", ["st.bulk", "clusterlaunchcontrol.try_cancel", "clusterlaunchcontrol.query_cancel"])
@@ -587,21 +603,53 @@ def test_blackwell_families_exist_from_sm_100_only(name: str) -> None:
 )
 def test_tensor_operands_follow_the_qualifiers(name: str) -> None:
     """Every legal tensor form: one 32-bit coordinate per dimension inside the tensor map's
-    brackets, im2col offsets (dimensions less two, 16-bit) exactly with .im2col, a ctaMask
-    exactly with .multicast::cluster, a cache policy exactly with .L2::cache_hint."""
+    brackets (five for the four rows of .tile::gather4/.tile::scatter4, of a 2-D tensor), im2col
+    offsets (dimensions less two, 16-bit) exactly with .im2col, {wHalo, wOffset} (two 16-bit)
+    exactly with .im2col::w and .im2col::w::128, a ctaMask exactly with .multicast::cluster, a
+    cache policy exactly with .L2::cache_hint."""
+    from ptxops.spec.tensor import ROWS, WIDE
+
+    seen = set()
     for target in ("sm_90a", "sm_100a"):
         for inst in spec.forms(name, target=target):
             q, roles = inst.qualifiers, {o.role: o for o in inst.operands}
+            seen.add(q["load_mode"])
             dims = int(str(q["dim"])[0])
-            assert (roles["tmap"].bits, roles["coords"].count, roles["coords"].bits) == (64, dims, 32)
-            coords = ", ".join(f"coords{i}" for i in range(dims)) if dims > 1 else "coords"
+            role, count = ("gather", 5) if q["load_mode"] in ROWS else ("coords", dims)
+            assert q["load_mode"] not in ROWS or dims == 2
+            assert (roles["tmap"].bits, roles[role].count, roles[role].bits) == (64, count, 32)
+            coords = ", ".join(f"{role}{i}" for i in range(count)) if count > 1 else role
             assert f"[tmap, {{{coords}}}]" in inst.statement
             assert ("im2col" in roles) == (q["load_mode"] == "im2col")
             if "im2col" in roles:
                 assert (roles["im2col"].count, roles["im2col"].bits) == (dims - 2, 16)
+            assert ("wide" in roles) == (q["load_mode"] in WIDE)
+            if "wide" in roles:
+                assert (roles["wide"].count, roles["wide"].bits) == (2, 16) and "{wide0, wide1}" in inst.statement
             assert ("mask" in roles) == (q.get("multicast") is not None)
             assert ("policy" in roles) == (q["cache_hint"] is not None)
             assert ("mbar" in roles) == (q.get("dst", "global") != "global")
+    assert seen == set(spec.family(name).domain("load_mode"))
+
+
+def test_sm100_tma_forms_follow_ptxas_targets() -> None:
+    """The sm_100 TMA additions on the targets ptxas 13.0 and 13.5 take them: CTA groups,
+    scatter4 and im2col::w::128 on the sm_100 family only; gather4 and im2col::w into
+    .shared::cta on sm_120a too."""
+    def targets(name, **q):
+        return [t for t in spec.TARGETS if any(True for _ in spec.forms(name, target=t, **q))]
+
+    family = ["sm_100a", "sm_100f", "sm_103a"]
+    assert targets("cp.async.bulk.tensor", cta_group="cta_group::2") == family
+    assert targets("cp.async.bulk.tensor", load_mode="tile::scatter4") == family
+    assert targets("cp.async.bulk.tensor", load_mode="im2col::w::128") == family
+    assert targets("cp.async.bulk.tensor", load_mode="tile::gather4", dst="shared::cta") == [*family, "sm_120a"]
+    assert targets("cp.async.bulk.tensor", load_mode="im2col::w", dst="shared::cluster") == family
+    assert targets("cp.reduce.async.bulk.tensor", load_mode="tile::scatter4") == family
+    assert targets("cp.async.bulk.prefetch.tensor", load_mode="tile::gather4") == family
+    with pytest.raises(QualifierError, match="cta-group-loads"):
+        spec.instruction("cp.async.bulk.tensor", dim="2d", dst="global", src="shared::cta",
+                         completion="bulk_group", cta_group="cta_group::1", target="sm_100a")
 
 
 def test_multimem_bulk_forms_need_ptx_isa_9_1() -> None:
