@@ -49,6 +49,7 @@ import ptxops
 from .. import config
 from ..config import MAX_WORLD, SIZE_MISMATCH, TIMEOUT, VECTOR_BYTES
 from ..device import exchange, signals
+from ..device.signals import LOCAL, PEER
 from ..dtypes import DTYPES, dtype as registered
 from ..exchange import ARRIVED_WAIT, MAX_CHUNK, PLACE_MISMATCH, READY_WAIT, REFUSED, ExchangeLayout
 from ..device.kernel_args import Arg, KernelArgs, Layout
@@ -128,10 +129,13 @@ class AllToAllKey:
 class Transport:
     """How a chunk's part reaches its destination, specialised on a key: ``copy_part`` moves
     part ``j`` of a chunk of ``m`` elements from one address to another (this GPU's or a
-    peer's, through its NVLink address).  The part's elements are
-    :func:`collectives.exchange.part`'s (vector-aligned parts of the chunk, the same for the
-    sender's and the receiver's block ``j``); within it, 16-byte vectors where both addresses
-    agree modulo 16, else single elements; every thread of the block takes its share."""
+    peer's, through its NVLink address), each with its reach (:func:`ptxops.reach`:
+    :data:`~collectives.device.signals.LOCAL` or :data:`~collectives.device.signals.PEER`;
+    the copies are weak, so the reach checks no scope, but every pointer has one).  The part's
+    elements are :func:`collectives.exchange.part`'s (vector-aligned parts of the chunk, the
+    same for the sender's and the receiver's block ``j``); within it, 16-byte vectors where
+    both addresses agree modulo 16, else single elements; every thread of the block takes its
+    share."""
 
     def __init__(self, key: AllToAllKey) -> None:
         self.dtype = DTYPES[key.dtype].cute
@@ -145,14 +149,19 @@ class Transport:
         return signals.peer_address(table, rank)
 
     @cute.jit
-    def copy_part(self, src: Int64, dst: Int64, m: Int64, j: Int32) -> None:
+    def copy_part(self, src: Int64, dst: Int64, m: Int64, j: Int32, src_reach: cutlass.Constexpr,
+                  dst_reach: cutlass.Constexpr) -> None:
         size = ((m + self.parts - 1) // self.parts + self.vec - 1) // self.vec * self.vec
         begin = cutlass.min(Int64(j) * size, m)
-        self.copy(src + begin * self.bytes, dst + begin * self.bytes, cutlass.min(Int64(j + 1) * size, m) - begin)
+        self.copy(src + begin * self.bytes, dst + begin * self.bytes, cutlass.min(Int64(j + 1) * size, m) - begin,
+                  src_reach, dst_reach)
 
     @cute.jit
-    def copy(self, src: Int64, dst: Int64, m: Int64) -> None:
-        """dst[0:m] = src[0:m] by the block's threads."""
+    def copy(self, src: Int64, dst: Int64, m: Int64, src_reach: cutlass.Constexpr,
+             dst_reach: cutlass.Constexpr) -> None:
+        """dst[0:m] = src[0:m] by the block's threads (``src_reach``, ``dst_reach``: the
+        addresses' reaches)."""
+        by = "collectives.algorithms.all_to_all.Transport.copy"
         tidx = Int64(cute.arch.thread_idx()[0])
         head = m  # elements before the first 16-byte boundary: all of them unless both addresses agree
         vectors = Int64(0)
@@ -164,23 +173,24 @@ class Transport:
         v = tidx
         while v + (UNROLL - 1) * self.threads < vectors:  # UNROLL loads in flight, then their stores
             ats = [cute.assume((v + u * self.threads) * self.vec, divby=self.vec) for u in range(UNROLL)]
-            loaded = [ptxops.ld(signals.gmem(self.dtype, src_v, VECTOR_BYTES) + at, num_elements=self.vec)
+            loaded = [ptxops.ld(signals.gmem(self.dtype, src_v, VECTOR_BYTES, src_reach, by) + at,
+                                num_elements=self.vec)
                       for at in ats]
             for at, values in zip(ats, loaded):
-                ptxops.st(signals.gmem(self.dtype, dst_v, VECTOR_BYTES) + at, values)
+                ptxops.st(signals.gmem(self.dtype, dst_v, VECTOR_BYTES, dst_reach, by) + at, values)
             v += UNROLL * self.threads
         while v < vectors:
             at = cute.assume(v * self.vec, divby=self.vec)
-            values = ptxops.ld(signals.gmem(self.dtype, src_v, VECTOR_BYTES) + at, num_elements=self.vec)
-            ptxops.st(signals.gmem(self.dtype, dst_v, VECTOR_BYTES) + at, values)
+            values = ptxops.ld(signals.gmem(self.dtype, src_v, VECTOR_BYTES, src_reach, by) + at, num_elements=self.vec)
+            ptxops.st(signals.gmem(self.dtype, dst_v, VECTOR_BYTES, dst_reach, by) + at, values)
             v += self.threads
         e = tidx  # the head, then the tail after the vectors
         while e < m - vectors * self.vec:
             i = e
             if e >= head:
                 i = e + vectors * self.vec
-            value = ptxops.ld(signals.gmem(self.dtype, src, self.bytes) + i)
-            ptxops.st(signals.gmem(self.dtype, dst, self.bytes) + i, value)
+            value = ptxops.ld(signals.gmem(self.dtype, src, self.bytes, src_reach, by) + i)
+            ptxops.st(signals.gmem(self.dtype, dst, self.bytes, dst_reach, by) + i, value)
             e += self.threads
 
 
@@ -192,7 +202,8 @@ def chunk_of(splits: Int64, peer: Int32, n: Int64, world: cutlass.Constexpr) -> 
     at, count, total = Int64(0), Int64(0), Int64(0)
     valid = True
     for r in cutlass.range_constexpr(world):
-        s = ptxops.ld(signals.gmem(Int64, splits, 8) + r, dtype=Int64)
+        s = ptxops.ld(signals.gmem(Int64, splits, 8, LOCAL, "collectives.algorithms.all_to_all.chunk_of") + r,
+                      dtype=Int64)
         if peer == r:
             at, count = total, s
         valid = valid and s >= Int64(0) and s <= Int64(MAX_CHUNK)
@@ -208,6 +219,9 @@ def build(key: AllToAllKey):
     world, parts = key.world, key.parts
     transport = Transport(key)
     element = DTYPES[key.dtype].bytes
+    # The input and a staged output are this GPU's (LOCAL); peers store into the receive buffer
+    # (PEER), which is the output itself when ``direct``.
+    output = PEER if key.direct else LOCAL
 
     @cute.jit
     def kernel(args: KernelArgs):
@@ -226,7 +240,8 @@ def build(key: AllToAllKey):
         recv_at, recv_n, recv_size = chunk_of(args.out_splits, sender, args.out_n, world)
         if d == 0:  # our own chunk
             if send_size == recv_size and send_size != Uint32(REFUSED):
-                transport.copy_part(args.src + send_at * element, args.out + recv_at * element, send_n, j)
+                transport.copy_part(args.src + send_at * element, args.out + recv_at * element, send_n, j, LOCAL,
+                                    output)
             elif j == 0 and tidx == 0:
                 signals.record_error(err, Int32(SIZE_MISMATCH), Int32(READY_WAIT), rank, block, rank)
         else:
@@ -249,7 +264,7 @@ def build(key: AllToAllKey):
             status = Int32(shared[0])
             if status == 0:
                 to = transport.peer_buffer(args.recv_table, receiver) + shared[1]
-                transport.copy_part(args.src + send_at * element, to, send_n, j)
+                transport.copy_part(args.src + send_at * element, to, send_n, j, LOCAL, PEER)
             cute.arch.sync_threads()  # the part's stores before the release
             if status != Int32(TIMEOUT) and tidx == 0:  # nothing sent is announced too (REFUSED): no wait hangs
                 sent = send_size
@@ -265,7 +280,8 @@ def build(key: AllToAllKey):
             cute.arch.sync_threads()
             if cutlass.const_expr(not key.direct):
                 if shared[2] == Int64(0):
-                    transport.copy_part(args.recv + recv_at * element, args.out + recv_at * element, recv_n, j)
+                    transport.copy_part(args.recv + recv_at * element, args.out + recv_at * element, recv_n, j,
+                                        PEER, LOCAL)
         signals.leave_call(slots, calls, last, world, counter=counter)
 
     return launcher(kernel, key.threads, key.blocks, pdl=key.pdl, layout=ALL_TO_ALL)

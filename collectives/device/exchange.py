@@ -12,6 +12,11 @@ Sizes travel in the high half of a 64-bit word.  The halves are taken apart as u
 ``Uint32``: ``shr.u64``; a 64-bit result of a shift by a Python int may be arithmetic,
 ``shr.s64``) and compared unsigned, so sizes at and above 2^31 compare as the host model's.
 
+Every slot word has the reach :data:`~collectives.device.signals.PEER` (:func:`ptxops.reach`):
+other GPUs write our region's words and we write theirs.  The region's call count is this
+GPU's alone (:data:`~collectives.device.signals.LOCAL`, tagged by
+:func:`~collectives.device.signals.enter_call`).
+
 These are ``@cute.jit`` functions: call them from your own ``@cute.kernel``.
 """
 
@@ -25,7 +30,7 @@ import ptxops
 
 from ..config import SIZE_MISMATCH, TIMEOUT
 from ..exchange import PLACE_BITS, REFUSED, ExchangeLayout
-from .signals import gmem, in_call, peer_address, reached
+from .signals import PEER, gmem, in_call, peer_address, reached
 
 
 @cute.jit
@@ -68,8 +73,10 @@ def post_ready(slot_table: Int64, rank: Int32, sender: Int32, offset: Int64, siz
     our previous call's reads of the buffer ended with the previous kernel)."""
     layout = ExchangeLayout(world, parts)
     region = peer_address(slot_table, sender)
-    ptxops.st(gmem(Int64, region, 8) + layout.offset(0) // 2 + rank, offset, sem="relaxed", scope="sys")
-    ptxops.st_release(gmem(Uint64, region, 8) + layout.ready(0) // 2 + rank, pack(size, epoch), scope="sys")
+    by = "collectives.device.exchange.post_ready (the sender's slot region)"
+    ptxops.st(gmem(Int64, region, 8, PEER, by) + layout.offset(0) // 2 + rank, offset, sem="relaxed", scope="sys")
+    ptxops.st_release(gmem(Uint64, region, 8, PEER, by) + layout.ready(0) // 2 + rank, pack(size, epoch),
+                      scope="sys")
 
 
 @cute.jit
@@ -77,20 +84,24 @@ def ready_offset(slots: Int64, receiver: Int32, world: cutlass.Constexpr, parts:
     """The place ``receiver`` posted with its ``ready`` in our region (read after the wait's
     acquire)."""
     layout = ExchangeLayout(world, parts)
-    return ptxops.ld(gmem(Int64, slots, 8) + layout.offset(0) // 2 + receiver, dtype=Int64)
+    words = gmem(Int64, slots, 8, PEER, "collectives.device.exchange.ready_offset (our region, receivers write it)")
+    return ptxops.ld(words + layout.offset(0) // 2 + receiver, dtype=Int64)
 
 
 @cute.jit
 def ready_word(slots: Int64, receiver: Int32, world: cutlass.Constexpr, parts: cutlass.Constexpr) -> cute.Pointer:
     """The ``ready`` word ``receiver`` writes in our region."""
-    return gmem(Uint64, slots, 8) + ExchangeLayout(world, parts).ready(0) // 2 + receiver
+    words = gmem(Uint64, slots, 8, PEER, "collectives.device.exchange.ready_word (our region, receivers write it)")
+    return words + ExchangeLayout(world, parts).ready(0) // 2 + receiver
 
 
 @cute.jit
 def arrived_word(region: Int64, sender: Int32, part: Int32, world: cutlass.Constexpr,
                  parts: cutlass.Constexpr) -> cute.Pointer:
-    """The ``arrived`` word of ``sender``'s part ``part`` in the region at ``region``."""
-    return gmem(Uint64, region, 8) + ExchangeLayout(world, parts).arrived(0, 0) // 2 + sender * parts + part
+    """The ``arrived`` word of ``sender``'s part ``part`` in the region at ``region`` (a
+    receiver's, or ours: the sender writes it)."""
+    words = gmem(Uint64, region, 8, PEER, "collectives.device.exchange.arrived_word")
+    return words + ExchangeLayout(world, parts).arrived(0, 0) // 2 + sender * parts + part
 
 
 @cute.jit
