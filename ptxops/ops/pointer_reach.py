@@ -156,7 +156,13 @@ def _derived_from(op: ir.Operation) -> ir.Value | None:
 def check(inst: Instruction, ptr: cute.Pointer, *, tag: Tag | None = None) -> None:
     """Raise :class:`~ptxops.ScopeError` if ``inst``, accessing ``ptr``, orders at a scope
     narrower than ``ptr``'s reach needs (or addresses a state space its memory is not in)."""
-    found = tag or reach_of(ptr)
+    check_tag(inst, tag or reach_of(ptr))
+
+
+def check_tag(inst: Instruction, found: Tag | None) -> None:
+    """:func:`check` for an access ``inst`` through a pointer whose reach is ``found`` (None:
+    untagged, refused inside :func:`required`); for a caller that tracks tags itself (the
+    collectives' CPU simulation of their device source)."""
     if found is None:
         if (who := _REQUIRED.get()) is not None:
             raise QualifierError(
@@ -177,4 +183,4 @@ def check(inst: Instruction, ptr: cute.Pointer, *, tag: Tag | None = None) -> No
     rules.check(fam, inst.qualifiers, inst.effective, found.kind, found.origin, inst.opcode)
 
 
-__all__ = ["Tag", "check", "reach", "reach_of", "required"]
+__all__ = ["Tag", "check", "check_tag", "reach", "reach_of", "required"]
