@@ -326,7 +326,8 @@ def wait_peers(
         if status == Int32(TIMEOUT):
             word = (Uint64(size) << 32) | Uint64(gave_up(calls))
             if cutlass.const_expr(alias):
-                ptxops.multimem_st(arrival_word(peers, calls, block, rank, world), word, sem="release", scope="sys")
+                ptxops.multimem_st(arrival_word(peers, calls, block, rank, world, MULTICAST), word, sem="release",
+                                   scope="sys")
             else:
                 ptxops.st_release(arrival_word(peer_address(peers, tidx), calls, block, rank, world), word,
                                   scope="sys")

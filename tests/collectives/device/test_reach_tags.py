@@ -9,9 +9,10 @@ import pytest
 pytest.importorskip("cutlass")
 
 import cutlass.cute as cute  # noqa: E402
-from cutlass import Uint32  # noqa: E402
+from cutlass import Int32, Uint32  # noqa: E402
 
 import ptxops  # noqa: E402
+from ptxops.ops import pointer_reach  # noqa: E402
 from collectives.device import signals  # noqa: E402
 from collectives.device.kernel_args import KernelArgs  # noqa: E402
 from collectives.device.launch import example_arguments, launcher  # noqa: E402
@@ -47,3 +48,24 @@ def test_a_signal_pad_word_released_at_gpu_scope_raises() -> None:
 def test_the_reach_names_are_ptxops_reaches_with_the_scopes_collectives_use(reach: str, scope: str) -> None:
     kind = getattr(signals, reach)
     assert ptxops.spec.reach.REACHES[kind].needs == scope
+
+
+def test_every_multimem_store_of_the_multicast_barrier_goes_through_a_multicast_pointer(monkeypatch) -> None:
+    """Its signal and the gave-up word of a wait that times out: both through the pad's
+    multicast address (peer and multicast reaches need the same scope, so only the tag tells)."""
+    reaches: list[tuple[str, str]] = []
+    check = pointer_reach.check
+
+    def recording(inst, ptr, *, tag=None):
+        reaches.append((inst.family, (tag or pointer_reach.reach_of(ptr)).kind))
+        check(inst, ptr, tag=tag)
+
+    monkeypatch.setattr(pointer_reach, "check", recording)
+
+    @cute.jit
+    def body(args: KernelArgs):
+        signals.barrier_multicast(args.pad_mc, args.pad, args.rank, Int32(0), Uint32(0), Uint32(1), args.timeout_ns,
+                                  args.err, Int32(0), Uint32(args.n), 2)
+
+    compile_ptx(launcher(body, 32), *example_arguments())
+    assert [kind for family, kind in reaches if family == "multimem.st"] == [signals.MULTICAST] * 2
