@@ -14,7 +14,12 @@ as the caller says), so an edit of a kernel is an edit of what runs here.  The s
   consistent (this checks the protocol's logic; its orderings are the memory model's business:
   docs/guide-memory-ordering.md and the litmus tests);
 - multicast addresses (one store reaches every rank's copy in one step), ``bar.sync``, and
-  ``%globaltimer`` (one tick per step of any thread).
+  ``%globaltimer`` (one tick per step of any thread);
+- pointers' reaches (``ptxops.reach``), checked as ptxops checks them in a kernel the
+  collectives' launchers trace (``ptxops.ops.pointer_reach.required``): every access names its
+  PTX form (:func:`ptxops.spec.instruction`: an illegal form fails here too), an access through
+  an untagged pointer is refused (rule ``reach-required``) and an ordered one at a scope narrower
+  than its reach needs raises :class:`ptxops.ScopeError` (:func:`ptxops.ops.pointer_reach.check_tag`).
 
 Every store remembers who made it (:attr:`Context.label`); every load tells the loading thread
 (:attr:`SimThread.seen`), so a check can ask whose value a wait passed on.
@@ -26,10 +31,15 @@ import builtins
 import importlib.util
 import inspect
 import random
+import sys
 import threading
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
+
+from ptxops import spec
+from ptxops.ops.pointer_reach import Tag, check_tag, required
+from ptxops.spec import reach as reach_rules
 
 
 # -- integers ----------------------------------------------------------------------------------
@@ -81,6 +91,18 @@ class Boolean(Num):
 
     def __init__(self, x: Any = False) -> None:
         self.v = int(bool(x.v if isinstance(x, Num) else x))
+
+
+class Float32:
+    """CuTeDSL's ``Float32`` as a type only: the simulation moves floats as their bits
+    (:func:`bits`) and computes nothing on them."""
+
+    width = 32
+
+
+def is_float(dtype: type) -> bool:
+    """Whether ``dtype`` is a float type (CuTeDSL's, or :class:`Float32`): not an integer."""
+    return not (isinstance(dtype, type) and issubclass(dtype, Num))
 
 
 def as_num(x: Any) -> Num:
@@ -152,14 +174,16 @@ Num.__hash__ = None  # type: ignore[assignment]
 class Ptr:
     """A typed global-memory address (``cute.make_ptr``); ``+ k`` moves by ``k`` elements.
     ``moved``: made by ``+``, after which CuTeDSL loads an integer as signed unless told its
-    ``dtype`` (``test_dsl_signedness`` pins it)."""
+    ``dtype`` (``test_dsl_signedness`` pins it).  ``reach``: its ``ptxops.reach`` tag, which
+    ``+`` keeps (None: untagged)."""
 
     dtype: type
     address: int
     moved: bool = False
+    reach: Tag | None = None
 
     def __add__(self, k: Any) -> Ptr:
-        return Ptr(self.dtype, self.address + int(k) * (self.dtype.width // 8), True)
+        return Ptr(self.dtype, self.address + int(k) * (self.dtype.width // 8), True, self.reach)
 
     def loads(self) -> type:
         """What a load without ``dtype=`` returns."""
@@ -402,14 +426,48 @@ def bits(dtype: type) -> type:
     """The integer type a value of ``dtype`` is held in: itself, or for a CuTeDSL float the
     unsigned integer of its width (the simulation moves floats as bits and computes nothing
     on them)."""
-    if isinstance(dtype, type) and issubclass(dtype, Num):
+    if not is_float(dtype):
         return dtype
     return {8: Uint8, 16: Uint16, 32: Uint32, 64: Uint64}[dtype.width]
 
 
-def _load(ptr: Ptr, dtype: type | None, num_elements: int = 1) -> Any:
+#: The target the simulated kernels' PTX forms are checked for (the collectives' H100).
+TARGET = "sm_90a"
+
+
+def _reach(ptr: Ptr, kind: str, *, by: str | None = None) -> Ptr:
+    """``ptxops.reach``: ``ptr`` tagged with ``kind`` (an unknown kind raises as there), the
+    origin naming ``by`` and the source line that tagged it."""
+    caller = sys._getframe(1)
+    site = f"{caller.f_code.co_filename}:{caller.f_lineno}"
+    return replace(ptr, reach=Tag(reach_rules.reach(kind).kind, f"{by + ' at ' if by else 'ptxops.reach at '}{site}"))
+
+
+def _ptx_type(family: str, dtype: type, op: str | None = None) -> str:
+    """The PTX type of an access of ``dtype`` values: untyped bits, ``u``/``s`` for an
+    ``atom.add``, and ``f`` for a float stored by ``multimem.st`` (which has no integer vectors)."""
+    width = dtype.width
+    if op == "add":
+        return f"{'s' if bits(dtype).signed else 'u'}{width}"
+    if family == "multimem.st" and is_float(dtype):
+        return f"f{width}"
+    return f"b{width}"
+
+
+def _access(family: str, ptr: Ptr, dtype: type, n: int = 1, **qualifiers: Any) -> None:
+    """Check an access as ptxops's device function would: its PTX form legal, its pointer
+    tagged (the kernels trace under ``pointer_reach.required``) and an ordered form's scope
+    wide enough for the pointer's reach."""
+    inst = spec.instruction(family, target=TARGET, space="global", type=_ptx_type(family, dtype, qualifiers.get("op")),
+                            vec=n if n > 1 else None, **qualifiers)
+    with required("a collectives kernel (simulated)"):
+        check_tag(inst, ptr.reach)
+
+
+def _load(ptr: Ptr, dtype: type | None, num_elements: int = 1, **qualifiers: Any) -> Any:
     sim, t = _sim(), me()
     sim.step()
+    _access("ld", ptr, dtype or ptr.dtype, num_elements, **qualifiers)
     dtype = bits(dtype) if dtype is not None else ptr.loads()
     values = []
     for i in range(num_elements):
@@ -419,17 +477,19 @@ def _load(ptr: Ptr, dtype: type | None, num_elements: int = 1) -> Any:
     return values[0] if num_elements == 1 else values
 
 
-def _store(ptr: Ptr, value: Any) -> None:
+def _store(ptr: Ptr, value: Any, family: str = "st", **qualifiers: Any) -> None:
     sim = _sim()
     sim.step()
     values = value if isinstance(value, list) else [value]
+    _access(family, ptr, ptr.dtype, len(values), **qualifiers)
     for i, v in enumerate(values):
         sim.memory.store(ptr.address + i * ptr.dtype.width // 8, v, bits(ptr.dtype), me().ctx.label)
 
 
-def _atom(ptr: Ptr, update: Callable[[Num], Num | None]) -> Num:
+def _atom(ptr: Ptr, update: Callable[[Num], Num | None], **qualifiers: Any) -> Num:
     sim = _sim()
     sim.step()
+    _access("atom", ptr, ptr.dtype, **qualifiers)
     old = sim.memory.load(ptr.address, ptr.dtype)
     new = update(old)
     if new is not None:
@@ -439,13 +499,17 @@ def _atom(ptr: Ptr, update: Callable[[Num], Num | None]) -> Num:
 
 def _ptxops() -> types.SimpleNamespace:
     return types.SimpleNamespace(
-        ld=lambda ptr, dtype=None, num_elements=1, sem=None, scope=None: _load(ptr, dtype, num_elements),
-        ld_acquire=lambda ptr, scope=None, dtype=None: _load(ptr, dtype),
-        st=lambda ptr, value, sem=None, scope=None: _store(ptr, value),
-        st_release=lambda ptr, value, scope=None: _store(ptr, value),
-        multimem_st=lambda ptr, value, sem=None, scope=None: _store(ptr, value),
-        atom_add=lambda ptr, value, sem=None, scope=None: _atom(ptr, lambda old: old + value),
-        atom_cas=lambda ptr, cmp, new, sem=None, scope=None: _atom(ptr, lambda old: new if old.v == cmp.v else None),
+        reach=_reach,
+        ld=lambda ptr, dtype=None, num_elements=1, sem=None, scope=None: _load(ptr, dtype, num_elements, sem=sem,
+                                                                             scope=scope),
+        ld_acquire=lambda ptr, scope, dtype=None: _load(ptr, dtype, sem="acquire", scope=scope),
+        st=lambda ptr, value, sem=None, scope=None: _store(ptr, value, sem=sem, scope=scope),
+        st_release=lambda ptr, value, scope: _store(ptr, value, sem="release", scope=scope),
+        multimem_st=lambda ptr, value, sem=None, scope=None: _store(ptr, value, "multimem.st", sem=sem, scope=scope),
+        atom_add=lambda ptr, value, sem=None, scope=None: _atom(ptr, lambda old: old + value, op="add", sem=sem,
+                                                              scope=scope),
+        atom_cas=lambda ptr, cmp, new, sem=None, scope=None: _atom(ptr, lambda old: new if old.v == cmp.v else None,
+                                                                  op="cas", sem=sem, scope=scope),
         fence=lambda **_: _sim().step(),
     )
 
@@ -531,7 +595,7 @@ def fakes() -> dict[str, Any]:
         cute=cute, memory=memory, Constexpr=Any, const_expr=lambda x: x, range_constexpr=range,
         max=lambda a, b: a if a >= b else b, min=lambda a, b: a if a <= b else b,
         Boolean=Boolean, Int8=Int8, Int16=Int16, Int32=Int32, Int64=Int64,
-        Uint8=Uint8, Uint16=Uint16, Uint32=Uint32, Uint64=Uint64, Float32=Uint32,  # f32 as its bits
+        Uint8=Uint8, Uint16=Uint16, Uint32=Uint32, Uint64=Uint64, Float32=Float32,
     )
     return {"cutlass": cutlass, "cutlass.cute": cute, "cutlass.memory": memory, "ptxops": _ptxops()}
 
@@ -574,5 +638,5 @@ def arguments(function: Callable, args: tuple, kwargs: dict) -> dict[str, Any]:
     return dict(bound.arguments)
 
 
-__all__ = ["Abort", "Boolean", "Context", "Int32", "Int64", "Memory", "Num", "Ptr", "Registers", "Sim", "Uint32",
-           "Uint64", "arguments", "as_num", "bits", "fakes", "load", "me", "promote"]
+__all__ = ["TARGET", "Abort", "Boolean", "Context", "Float32", "Int32", "Int64", "Memory", "Num", "Ptr", "Registers",
+           "Sim", "Uint32", "Uint64", "arguments", "as_num", "bits", "fakes", "is_float", "load", "me", "promote"]

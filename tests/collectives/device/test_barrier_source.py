@@ -25,6 +25,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from tests.support.device_sim import Context, Sim, arguments, fakes, load, me  # noqa: E402
 
+import ptxops  # noqa: E402
 from collectives.algorithms import KernelKey  # noqa: E402
 from collectives.algorithms import grid as kernel_grid  # noqa: E402
 from collectives.config import (  # noqa: E402
@@ -280,8 +281,8 @@ MUTATIONS = {
         "signals", "if cute.arch.thread_idx()[0] == 0 and last:", "if cute.arch.thread_idx()[0] == 0:",
         equal_calls_across_the_wrap),
     "a step of 1 per call": (
-        "signals", "ptxops.st(words + layout.calls, calls + Uint32(CALL_EPOCHS))",
-        "ptxops.st(words + layout.calls, calls + Uint32(1))", equal_calls_across_the_wrap),
+        "signals", "ptxops.st(words + count, calls + Uint32(CALL_EPOCHS))",
+        "ptxops.st(words + count, calls + Uint32(1))", equal_calls_across_the_wrap),
     "no leave_call": (
         "design", "        signals.leave_call(pad, calls, last, world, single)\n", "", equal_calls_across_the_wrap),
     "no watch of block 0": ("signals", "            if block > 0:\n", "            if block < 0:\n",
@@ -306,3 +307,33 @@ def test_each_mutation_of_the_protocol_fails_its_check(name: str) -> None:
     module, old, new, check = MUTATIONS[name]
     with pytest.raises((AssertionError, RuntimeError)):
         check(kernels({module: ((old, new),)}))
+
+
+#: Edits that break a pointer's reach or an access's scope (old text, new text, the run that
+#: meets it), and the error ptxops raises for it: the simulation checks every access as the
+#: trace of a collectives kernel does.
+REACH_MUTATIONS = {
+    "a peer's arrival word released at .gpu": (
+        'rank, world), word, scope="sys")\n', 'rank, world), word, scope="gpu")\n', equal_calls_across_the_wrap,
+        ptxops.ScopeError, r"st\.release\.gpu.* a release store to peer memory needs \.sys"),
+    "the call count untagged": (
+        'words = gmem(Uint32, pad, 4, LOCAL, "collectives.device.signals.enter_call")', "words = gmem(Uint32, pad, 4)",
+        equal_calls_across_the_wrap, ptxops.QualifierError,
+        r"ld\.global\.b32: the pointer has no reach, and a collectives kernel \(simulated\) tags every pointer"),
+    "the error record's fields stored at .gpu": (
+        'ptxops.st(record + 1, barrier, sem="relaxed", scope="sys")',
+        'ptxops.st(record + 1, barrier, sem="relaxed", scope="gpu")', late_rank,
+        ptxops.ScopeError, r"relaxed store to host-mapped memory needs \.sys[\s\S]*set by "
+                           r"collectives\.device\.signals\.record_error at .*signals\.py:\d+"),
+    "a reach that is none": (
+        'gmem(Uint32, pad, 4, LOCAL, "collectives.device.signals.enter_call")',
+        'gmem(Uint32, pad, 4, "local", "collectives.device.signals.enter_call")', equal_calls_across_the_wrap,
+        ptxops.QualifierError, r"'local' is not a reach"),
+}
+
+
+@pytest.mark.parametrize("name", REACH_MUTATIONS)
+def test_the_simulation_checks_each_access_against_its_pointers_reach(name: str) -> None:
+    old, new, run, error, message = REACH_MUTATIONS[name]
+    with pytest.raises(error, match=message):
+        run(kernels({"signals": ((old, new),)}))
