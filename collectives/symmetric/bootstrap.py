@@ -21,7 +21,7 @@ from .groups import GROUP_HEAP_BYTES, PoolHeap, group_ranks, pe_map, process_gro
 from .nvshmem_heap import NvshmemHeap
 from .topology import node_size
 
-__all__ = ["init"]
+__all__ = ["default_device", "init"]
 
 
 def _topology(group: Any, device: int, world_size: int) -> tuple[list[int], list[str]]:
@@ -117,6 +117,23 @@ def _open_group(base: Context, group: Any, members: tuple[int, ...]) -> Context:
                    device=base.device, caps=caps, backend="peer")
 
 
+def default_device(device: int | None, local_rank: int) -> int:
+    """The GPU of a rank that did not name one: ``local_rank`` where that many GPUs are
+    visible, else GPU 0 where only one is (every rank of the node shares it).
+
+    Raises:
+        CollectiveError: ``local_rank`` names no visible GPU and several are visible.
+    """
+    if device is not None:
+        return device
+    count = torch.cuda.device_count()
+    if local_rank < count:
+        return local_rank
+    if count == 1:
+        return 0
+    raise CollectiveError(f"LOCAL_RANK {local_rank} names no GPU: {count} are visible; pass init(device=...)")
+
+
 def _open_base(backend: str | None, device: int | None, group_heap_bytes: int | None) -> Context:
     """The base context (the one NVSHMEM job), opened if needed (collective over every
     process); ``backend`` None: any open one will do, else it must be the open one's."""
@@ -125,22 +142,22 @@ def _open_base(backend: str | None, device: int | None, group_heap_bytes: int | 
         if backend is not None and choose_backend(backend, base.caps) != base.backend:
             raise CollectiveError(f"a context is already open ({base!r}); close() it first")
         return base
+    if context.bound() is not None:
+        raise CollectiveError(f"this thread's context, a rank of a one-GPU world, is closed ({context.bound()!r})")
     backend = backend or "auto"
 
     owns = False
     if not dist.is_initialized():
         if "WORLD_SIZE" not in os.environ:
             raise CollectiveError("torch.distributed is not initialized and this is not a torchrun launch")
-        if device is None:
-            device = int(os.environ.get("LOCAL_RANK", "0"))
+        device = default_device(device, int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
         dist.init_process_group(backend="cpu:gloo,cuda:nccl")
         owns = True
     try:
         group = _domain_group()
         rank, world = dist.get_rank(group), dist.get_world_size(group)
-        if device is None:
-            device = int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1)))
+        device = default_device(device, int(os.environ.get("LOCAL_RANK", rank)))
         torch.cuda.set_device(device)
         peers, problems = _topology(group, device, world)
         caps = probe(device, world, peers)
