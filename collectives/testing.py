@@ -14,8 +14,8 @@ W = 2..8 on the GPU you have, without NVSHMEM, torchrun or a second GPU.
 
     assert run_world(4, body) == [10.0] * 4
 
-Each rank is a thread of this process with its own CUDA stream (created once, from a pool no
-other stream of the rank's code comes from), its own symmetric-memory context (a loopback heap over plain allocations of the
+Each rank is a thread of this process with its own CUDA streams (created once, outside torch's
+stream pool, each with a hardware queue of its own), its own symmetric-memory context (a loopback heap over plain allocations of the
 shared GPU, :mod:`collectives.symmetric.loopback`) bound as the thread's current context, and its own
 communicator; the kernels are the real ones, compiled once per process.  Every host wait is
 bounded by ``timeout_s``: a rank that raises releases the others with a
