@@ -301,36 +301,52 @@ class _Streams:
     """Two CUDA streams per rank (its current stream and the side stream of GEMM overlap),
     created with ``cuStreamCreate`` (non-blocking) and wrapped as torch ``ExternalStream``s:
     never torch's pooled streams (32 per priority, created together), so the world's streams,
-    fewer than ``CUDA_DEVICE_MAX_CONNECTIONS``, each get a hardware queue of their own."""
+    fewer than ``CUDA_DEVICE_MAX_CONNECTIONS``, each get a hardware queue of their own.
+
+    The streams live as long as the process, like torch's own: a closed world hands them back
+    to :data:`_IDLE_STREAMS` for the next world, never to ``cuStreamDestroy``, because torch
+    keeps using a stream after the world closed (the caching allocator records an event on
+    every stream a tensor was used on when it frees the tensor, at any later garbage collection;
+    on a destroyed stream that aborts the process: "context is destroyed")."""
 
     def __init__(self, device: int, count: int) -> None:
         import torch
-        from cuda.bindings import driver
 
-        self._driver = driver
         with torch.cuda.device(device):
             torch.cuda.current_stream(device).synchronize()  # torch's context of the device, current here
-            err, context = driver.cuCtxGetCurrent()
-            if err != driver.CUresult.CUDA_SUCCESS or not int(context):  # (else make the primary one current)
-                _, dev = driver.cuDeviceGet(device)
-                _, context = driver.cuDevicePrimaryCtxRetain(dev)
-                driver.cuCtxSetCurrent(context)
-            self.handles = [self._create() for _ in range(2 * count)]
+            with _STREAMS_LOCK:
+                idle = _IDLE_STREAMS.setdefault(device, [])
+                taken, idle[:] = idle[:2 * count], idle[2 * count:]
+            self.handles = taken + [_create_stream() for _ in range(2 * count - len(taken))]
+        self.device = device
         external = [torch.cuda.ExternalStream(int(h), device=device) for h in self.handles]
         self.streams, self.side = external[:count], external[count:]
 
-    def _create(self) -> object:
-        err, handle = self._driver.cuStreamCreate(self._driver.CUstream_flags.CU_STREAM_NON_BLOCKING.value)
-        if err != self._driver.CUresult.CUDA_SUCCESS:
-            raise CollectiveError(f"cuStreamCreate failed: {err}")
-        return handle
-
     def close(self) -> None:
+        """Wait for the streams' work and hand them back for the next world (never destroyed)."""
         for s in self.streams + self.side:
             s.synchronize()
-        for h in self.handles:
-            self._driver.cuStreamDestroy(h)
+        with _STREAMS_LOCK:
+            _IDLE_STREAMS.setdefault(self.device, []).extend(self.handles)
         self.handles, self.streams, self.side = [], [], []
+
+
+#: Streams of closed worlds by device, kept for the next world (:class:`_Streams`).
+_IDLE_STREAMS: dict[int, list[Any]] = {}
+_STREAMS_LOCK = threading.Lock()
+
+
+def _create_stream() -> Any:
+    """A non-blocking stream of the current CUDA context (torch's context of the device)."""
+    from cuda.bindings import driver
+
+    err, current = driver.cuCtxGetCurrent()
+    if err != driver.CUresult.CUDA_SUCCESS or not int(current):
+        raise CollectiveError(f"cuStreamCreate needs a current CUDA context (cuCtxGetCurrent: {err})")
+    err, handle = driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING.value)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise CollectiveError(f"cuStreamCreate failed: {err}")
+    return handle
 
 
 def check_loading_mode() -> None:
