@@ -30,7 +30,7 @@ from .dtypes import from_torch
 from .errors import CollectiveError
 from .runtime import all_to_all as exchange
 from .runtime import moe_ops, torch_ops
-from .runtime.communicator import TEST_SEED_EPOCH, Communicator, communicator, traceable
+from .runtime.communicator import Communicator, communicator, seed_epoch, traceable
 
 
 def empty(shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32, *, group: Any = None) -> torch.Tensor:
@@ -163,7 +163,7 @@ def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits
         traceable(group, "all_to_all")
         return moe_ops.traced_all_to_all(out, inp, out_splits, in_splits)
     comm = _begin(group)
-    exchange.all_to_all(comm, out, inp, out_splits, in_splits, seed=TEST_SEED_EPOCH)
+    exchange.all_to_all(comm, out, inp, out_splits, in_splits, seed=seed_epoch())
     comm.errors.finish()
     return out
 

@@ -152,9 +152,11 @@ class Algorithm:
     def blocks(self, comm: Runtime, key: Any, work: int, limit: int | None = None) -> int:
         """Thread blocks for ``work`` vector accesses per rank: enough to cover them, at most
         two per SM, never more than the pad has slots for, nor than ``limit`` (a caller
-        sharing the GPU with other kernels; every rank must pass the same)."""
+        sharing the GPU with other kernels; every rank must pass the same), nor than this
+        rank's share where ranks share the GPU (``comm.block_cap``,
+        :mod:`~collectives.algorithms.residency`)."""
         blocks = min(-(-work // key.threads), 2 * comm.sms, comm.layout.max_blocks)
-        return max(1, min(blocks, limit or blocks))
+        return capped(comm, key, max(1, min(blocks, limit or blocks)))
 
     # -- the plan's pieces ----------------------------------------------------------------------
 
@@ -185,3 +187,10 @@ class Algorithm:
 
     def __repr__(self) -> str:
         return f"<{self.name} {'/'.join(self.collectives)}>"
+
+
+def capped(comm: Runtime, key: Any, blocks: int) -> int:
+    """``blocks``, at most ``comm``'s co-residency cap of ``key``'s kernel (none where the rank
+    has its GPU alone)."""
+    cap = comm.block_cap(key)
+    return blocks if cap is None else min(blocks, cap)

@@ -11,19 +11,22 @@ result and marks the slots empty again.  The slots it empties are written next i
 ``s + 3``, by a rank that has by then received this rank's data of calls ``s + 1`` and
 ``s + 2``, which this rank sends only after emptying them: clearing never races with writing.
 
-The grid is fixed (:data:`~collectives.config.LAMPORT_BLOCKS` blocks striding over 16-byte
-vectors), so every vector of a slot always belongs to the same thread block, and each block
-counts its own calls on the device (``lamport_step`` in the signal pad): the buffer follows
-that count, in eager calls and CUDA-graph replays alike, with no inter-block coordination.
+The work is split in a fixed number of parts (:data:`~collectives.config.LAMPORT_BLOCKS`,
+striding over 16-byte vectors), so every vector of a slot always belongs to the same part, and
+each part counts its own calls on the device (``lamport_step`` in the signal pad): the buffer
+follows that count, in eager calls and CUDA-graph replays alike, with no inter-block
+coordination.  A block runs one part, or several where the grid is smaller (ranks sharing a GPU,
+:mod:`~collectives.algorithms.residency`): it sends all of its parts before it waits for any,
+so any resident grid makes progress.
 With its data each rank sends ``tag << 32 | elements`` (``tag = call + 1``,
 :func:`~collectives.config.lamport_tag`); a receiver waits for the entry of this call (older
 entries carry older calls, so nothing is ever cleared) and records a size mismatch if the count
 differs.  Every wait is bounded by the deadline.
 
 A size mismatch leaves the call's buffer dirty (the receivers skip it; data past the smaller
-sizes is never cleared).  Every rank's block 0 sees the mismatch and writes, in its own pad,
+sizes is never cleared).  Every rank's part 0 sees the mismatch and writes, in its own pad,
 the tag of the call two later (:func:`~collectives.config.lamport_cleanup_call`); that call's
-block 0 empties the whole buffer before it announces its size
+part 0 empties the whole buffer before it announces its size
 (:func:`~collectives.config.lamport_stale` says why then).  Each rank decides from its own
 earlier kernel, on the GPU, at the same call: no host step, no collective reset.
 
@@ -65,7 +68,7 @@ from ..device.kernel_args import KernelArgs
 from ..device.launch import launcher
 from ..dtypes import DTYPES
 from ..errors import CollectiveError
-from .base import Algorithm, Call
+from .base import Algorithm, Call, capped
 from .key import KernelKey
 from .protocol import Runtime
 
@@ -214,9 +217,11 @@ class LamportKernel:
         if tidx < self.world:
             own = signals.gmem(Uint64, pad, 8, signals.PEER, "collectives.algorithms.lamport.LamportKernel.sizes_agree")
             own = own + self.size_word(buffer, tidx) // 2
-            seen = ptxops.ld(own, sem="relaxed", scope="sys")
+            # dtype given: CuTeDSL's pointer arithmetic makes ``own`` an Int64 pointer, and a signed
+            # load shifts arithmetically (tags >= 2^31 never matched)
+            seen = ptxops.ld(own, sem="relaxed", scope="sys", dtype=Uint64)
             while (seen >> 32) != (entry >> 32) and cute.arch.globaltimer() < deadline:
-                seen = ptxops.ld(own, sem="relaxed", scope="sys")
+                seen = ptxops.ld(own, sem="relaxed", scope="sys", dtype=Uint64)
             if (seen >> 32) != (entry >> 32):
                 signals.record_error(err, Int32(TIMEOUT), Int32(LAMPORT_EXCHANGE), tidx, block, rank)
                 ok = Boolean(False)
@@ -226,49 +231,78 @@ class LamportKernel:
         return ok
 
     @cute.jit
-    def kernel(self, args: KernelArgs):
-        data_table, data_mc, out, src, n = args.data_table, args.data_mc, args.out, args.src, args.n
-        pad_table, pad_mc, pad, err, rank, timeout_ns = (args.pad_table, args.pad_mc, args.pad, args.err, args.rank,
-                                                         args.timeout_ns)
-        tidx = cute.arch.thread_idx()[0]
-        block = cute.arch.block_idx()[0]
-        smem = SmemAllocator()
-        flag = smem.allocate_tensor(Int32, cute.make_layout(1), byte_alignment=4)
-        words = signals.gmem(Uint32, pad, 4, signals.LOCAL, "collectives.algorithms.lamport.LamportKernel.kernel")
-        counter = words + (self.layout.lamport_step(self.width, 0) + block)
-        call = Uint32(ptxops.ld(counter))  # unsigned: the count runs up to LAMPORT_CALLS > 2^31
+    def send_part(self, args: KernelArgs, part: Int32, addrs, dirty, tidx):
+        """Part ``part`` (a fixed share of the vectors) of our data of this call into every rank's
+        buffer; part 0 first empties a buffer a size mismatch left dirty and announces our size."""
+        data_table, n, rank = args.data_table, args.n, args.rank
+        call = ptxops.ld(self.counter(args.pad, part), dtype=Uint32)  # unsigned: up to LAMPORT_CALLS > 2^31
         buffer = Int32(lamport_buffer(call))
-        dirty = words + self.layout.lamport_dirty(self.width, 0)
-        deadline = cute.arch.globaltimer() + timeout_ns
-        first = Int64(block) * self.threads + tidx
-        step = Int64(LAMPORT_BLOCKS * self.threads)
-        addrs = [signals.peer_address(data_table, Int32(r)) for r in range(self.world)]
-        base = Int64(buffer) * (self.world * self.slot)
         entry = (Uint64(lamport_tag(call)) << 32) | Uint64(n)
-        if block == 0:
+        if part == 0:
             stale = Int32(lamport_stale(call))
-            if ptxops.ld(dirty + stale) == Uint32(lamport_tag(call)):
+            if ptxops.ld(dirty + stale, dtype=Uint32) == Uint32(lamport_tag(call)):
                 own = signals.peer_address(data_table, rank)
                 self.empty_buffer(own + Int64(stale) * (self.world * self.slot), tidx)
                 cute.arch.sync_threads()
-        self.announce(pad_table, pad_mc, buffer, entry, rank, block)
-        self.send(addrs, data_mc, base + Int64(rank) * self.slot, src, n, first, step)
-        # A block with no vectors has nothing to wait for.
-        if Int64(block) * self.threads < (n + self.per_vector - 1) // self.per_vector:
-            ok = self.sizes_agree(pad, buffer, entry, deadline, err, rank, block)
+        self.announce(args.pad_table, args.pad_mc, buffer, entry, rank, part)
+        base = Int64(buffer) * (self.world * self.slot)
+        self.send(addrs, args.data_mc, base + Int64(rank) * self.slot, args.src, n,
+                  Int64(part) * self.threads + tidx, Int64(LAMPORT_BLOCKS * self.threads))
+
+    @cute.jit
+    def receive_part(self, args: KernelArgs, part: Int32, flag, dirty, deadline, tidx):
+        """Wait for every rank's data of part ``part``, reduce it into the output and empty the
+        slots (or, on a size mismatch, mark the buffer dirty from part 0); then count the call."""
+        n, rank = args.n, args.rank
+        counter = self.counter(args.pad, part)
+        call = ptxops.ld(counter, dtype=Uint32)
+        buffer = Int32(lamport_buffer(call))
+        entry = (Uint64(lamport_tag(call)) << 32) | Uint64(n)
+        # A part with no vectors has nothing to wait for.
+        if Int64(part) * self.threads < (n + self.per_vector - 1) // self.per_vector:
+            ok = self.sizes_agree(args.pad, buffer, entry, deadline, args.err, rank, part)
             if signals.block_all(flag, ok):
-                own = signals.peer_address(data_table, rank) + base
-                self.receive(own, out, n, deadline, err, rank, block, first, step)
-            elif block == 0 and tidx == 0:  # every rank's block 0 gets here: mark the buffer dirty
+                own = signals.peer_address(args.data_table, rank) + Int64(buffer) * (self.world * self.slot)
+                self.receive(own, args.out, n, deadline, args.err, rank, part, Int64(part) * self.threads + tidx,
+                             Int64(LAMPORT_BLOCKS * self.threads))
+            elif part == 0 and tidx == 0:  # every rank's part 0 gets here: mark the buffer dirty
                 ptxops.st(dirty + buffer, Uint32(lamport_tag(lamport_cleanup_call(call))))
         cute.arch.sync_threads()
         if tidx == 0:
             ptxops.st(counter, Uint32(lamport_next(call)))
 
+    def counter(self, pad: Int64, part: Int32):
+        """Pad word counting part ``part``'s calls (its buffer follows it)."""
+        words = signals.gmem(Uint32, pad, 4, signals.LOCAL, "collectives.algorithms.lamport.LamportKernel.counter")
+        return words + (self.layout.lamport_step(self.width, 0) + part)
+
+    @cute.jit
+    def kernel(self, args: KernelArgs):
+        """Block ``b`` of a grid of ``G`` blocks runs parts ``b, b + G, ...`` of the fixed
+        :data:`~collectives.config.LAMPORT_BLOCKS`: it sends all of them, then receives them
+        (a part's sender never waits before sending: any grid that is resident is deadlock-free)."""
+        tidx = cute.arch.thread_idx()[0]
+        block = cute.arch.block_idx()[0]
+        grid = cute.arch.grid_dim()[0]
+        smem = SmemAllocator()
+        flag = smem.allocate_tensor(Int32, cute.make_layout(1), byte_alignment=4)
+        dirty = signals.gmem(Uint32, args.pad, 4, signals.LOCAL, "collectives.algorithms.lamport.LamportKernel.kernel")
+        dirty = dirty + self.layout.lamport_dirty(self.width, 0)
+        deadline = cute.arch.globaltimer() + args.timeout_ns
+        addrs = [signals.peer_address(args.data_table, Int32(r)) for r in range(self.world)]
+        part = Int32(block)
+        while part < LAMPORT_BLOCKS:
+            self.send_part(args, part, addrs, dirty, tidx)
+            part += grid
+        part = Int32(block)
+        while part < LAMPORT_BLOCKS:
+            self.receive_part(args, part, flag, dirty, deadline, tidx)
+            part += grid
+
 
 def build(key: KernelKey):
     """The ``@cute.jit`` launcher of the Lamport all-reduce for ``key``."""
-    return launcher(LamportKernel(key).kernel, key.threads, grid=LAMPORT_BLOCKS,
+    return launcher(LamportKernel(key).kernel, key.threads,
                     emulate=key.backend == "multicast_emulated" and key.world, pdl=key.pdl)
 
 
@@ -277,7 +311,8 @@ class Lamport(Algorithm):
     """One-shot without barriers: the data is its own flag (lowest latency, at most
     :data:`~collectives.config.LAMPORT_MAX_BYTES` per rank).  It reads the input and writes the
     output where they lie; its symmetric memory is the three rotating receive buffers of the
-    element width, and its grid is fixed (:data:`~collectives.config.LAMPORT_BLOCKS`)."""
+    element width, and its work is split in a fixed number of parts
+    (:data:`~collectives.config.LAMPORT_BLOCKS`), one per block or several."""
 
     collectives = ("all_reduce",)
     name = "lamport"
@@ -298,10 +333,10 @@ class Lamport(Algorithm):
         return self.launch(comm, call, key, data, call.inp.data_ptr())
 
     def blocks(self, comm: Runtime, key: KernelKey, work: int, limit: int | None = None) -> int:
-        """Always :data:`~collectives.config.LAMPORT_BLOCKS`: each block owns fixed vectors of
-        the rotating buffers, and all are resident at once (each waits for data other ranks'
-        blocks send); the kernel launches this many regardless."""
-        return LAMPORT_BLOCKS
+        """One block per part (:data:`~collectives.config.LAMPORT_BLOCKS`), all resident at
+        once (each waits for data other ranks' blocks send); where ranks share a GPU, at most
+        the rank's share (``comm.block_cap``): each block then runs several parts."""
+        return capped(comm, key, LAMPORT_BLOCKS)
 
     def build(self, key: KernelKey):
         return build(key)

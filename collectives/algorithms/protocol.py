@@ -107,3 +107,9 @@ class Runtime(Protocol):
     def barrier(self, backend: str = "auto") -> None:
         """Launch a device-side barrier of every rank on the current stream."""
         ...
+
+    def block_cap(self, key: Hashable) -> int | None:
+        """The most blocks ``key``'s kernel may launch on this rank so that every rank sharing
+        its GPU has its grid resident (None: the rank has its GPU alone)."""
+        ...
+

@@ -15,7 +15,7 @@ from typing import Any
 from ..config import DATA_PHASE, TMA_STAGES, VECTOR_BYTES, Slot, ceil_div
 from ..device import tiles
 from . import design, tuning
-from .base import Algorithm, Call
+from .base import Algorithm, Call, capped
 from .key import KernelKey
 from .protocol import Runtime
 from .two_shot import sliced_plan
@@ -68,9 +68,9 @@ def build(key: KernelKey):
 
 def bulk_blocks(comm: Runtime, key: KernelKey, work: int, limit: int | None = None) -> int:
     """Blocks of a TMA kernel for ``work`` vectors per rank: one per tile, at most a quarter of
-    the SMs (bulk copies need few), at most ``limit``."""
+    the SMs (bulk copies need few), at most ``limit`` and this rank's co-residency share."""
     blocks = min(ceil_div(work * VECTOR_BYTES, key.tile_bytes), comm.sms // 4)
-    return max(1, min(blocks, limit or blocks))
+    return capped(comm, key, max(1, min(blocks, limit or blocks)))
 
 
 class Tma(Algorithm):

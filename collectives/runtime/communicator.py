@@ -17,6 +17,7 @@ parts' (``comm.errors.poll()``, ``comm.stream_flags.post(i)``, ...).
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -31,21 +32,31 @@ from ..errors import CollectiveError
 from ..symmetric.bootstrap import init
 from ..symmetric.context import Context, current
 from .error_record import ErrorRecord
-from .kernels import KernelCache, compile_target
+from ..algorithms.residency import Occupancy, Residency, SmLimits
+from .kernels import KernelCache, compile_target, occupancy
 from .staging import PlanCache, StagingPool
 from .stream_flags import StreamFlags
 from .views import Buffer, BufferViews
 
 #: Default bound of every cross-GPU wait, in seconds (``COLLECTIVES_TIMEOUT_S`` overrides).
 DEFAULT_TIMEOUT_S = float(os.environ.get("COLLECTIVES_TIMEOUT_S", "30"))
-#: Test only: ``COLLECTIVES_TEST_SEED_EPOCH`` starts every communicator's call count at this
-#: value (a multiple of :data:`~collectives.config.CALL_EPOCHS`, e.g. ``2**32 - 4 * 64``) instead
-#: of 0, so that a test crosses the 2^32 wrap of the epochs in a few calls.  Read once, here.
-TEST_SEED_EPOCH = int(os.environ.get("COLLECTIVES_TEST_SEED_EPOCH", "0"), 0)
+#: Test only: ``COLLECTIVES_TEST_SEED_EPOCH`` starts a communicator's call count at this value (a
+#: multiple of :data:`~collectives.config.CALL_EPOCHS`, e.g. ``2**32 - 4 * 64``) instead of 0,
+#: so that a test crosses the 2^32 wrap of the epochs in a few calls.  Read by each new
+#: communicator (:func:`seed_epoch`).
+SEED_EPOCH_ENV = "COLLECTIVES_TEST_SEED_EPOCH"
+
+
+def seed_epoch() -> int:
+    """The call count a new communicator starts at (:data:`SEED_EPOCH_ENV`; 0 without it)."""
+    return int(os.environ.get(SEED_EPOCH_ENV, "0"), 0)
 
 
 class Communicator:
-    """Collective state of this process over ``ctx``."""
+    """Collective state of this rank over ``ctx`` (a process's, or a one-GPU world's thread's)."""
+
+    #: The co-residency rule where ranks share this GPU (None: this rank has it alone).
+    residency: Residency | None = None
 
     def __init__(self, ctx: Context, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.ctx = ctx
@@ -53,7 +64,8 @@ class Communicator:
         self.rank = ctx.rank
         self.layout = PadLayout()
         self.pad = ctx.signal_pad(self.layout.words * 4, torch.int32)
-        self.errors = ErrorRecord(timeout_s, lambda: self.stream_flags.rematch())
+        # (a new bound drops the plans: their launch arguments hold the old one)
+        self.errors = ErrorRecord(timeout_s, lambda: self.stream_flags.rematch(), bound_changed=lambda: self.plans.clear())
         self.plans = PlanCache()
         self.kernels = KernelCache(ctx.backend)
         self.views = BufferViews(ctx)
@@ -64,14 +76,18 @@ class Communicator:
         self.stream: int | None = None  # the last collective's stream (algorithms.plan.follow)
         self.stream_captured = False
         self.pad_buffer = self.buffer(self.pad)
-        if TEST_SEED_EPOCH:
-            self._seed_epochs(TEST_SEED_EPOCH)
+        seed = seed_epoch()
+        if seed:
+            self._seed_epochs(seed)
         self.stream_flags = StreamFlags(ctx.device, self.kernel, self.errors, self.rank,
                                         lambda device: current_stream(device))
-        self.sms = torch.cuda.get_device_properties(ctx.device).multi_processor_count
+        properties = torch.cuda.get_device_properties(ctx.device)
+        self.sms = properties.multi_processor_count
+        self.residency = (Residency(SmLimits.of(properties), ctx.ranks_on_device)
+                          if ctx.ranks_on_device > 1 else None)
 
     def _seed_epochs(self, calls: int) -> None:
-        """Test only (:data:`TEST_SEED_EPOCH`): start the call count at ``calls`` and every
+        """Test only (:data:`SEED_EPOCH_ENV`): start the call count at ``calls`` and every
         arrival word at epoch ``calls`` (as if a call had just ended there: no wait takes
         it for a later one), on every rank before any rank's first collective."""
         if calls % CALL_EPOCHS or not 0 <= calls < 1 << 32:
@@ -80,8 +96,7 @@ class Communicator:
         signed = calls - (1 << 32) if calls >= 1 << 31 else calls
         self.pad[0:layout.calls:2] = signed  # the epoch half of every arrival word (size 0)
         self.pad[layout.calls] = signed
-        torch.cuda.synchronize(self.device_index)
-        self.ctx.host_barrier()
+        self.ctx.host_barrier()  # (syncs this rank's stream first: the writes have landed)
 
     # -- what plans read (collectives.algorithms.protocol.Runtime); the parts do the rest ----------
 
@@ -150,15 +165,31 @@ class Communicator:
         positional TVM-FFI function.  A string key names a stream-flag kernel."""
         return self.kernels.get(key, compile_target(self.device_index))
 
+    # -- co-residency: ranks sharing one GPU ------------------------------------------------
+
+    def block_cap(self, key: Any) -> int | None:
+        """The most blocks ``key``'s kernel may launch on this rank so that every rank sharing
+        the GPU has its grid resident (:mod:`collectives.algorithms.residency`); None where this
+        rank has its GPU alone."""
+        if self.residency is None:
+            return None
+        return self.residency.cap(key, self._occupancy(key))
+
+    def _occupancy(self, key: Any) -> Occupancy:
+        self.kernel(key)  # compiled (once per process)
+        return occupancy(key, compile_target(self.device_index), self.device_index)
+
     @property
     def device_index(self) -> int:
         return self.ctx.device
 
 
-#: Communicators by the symmetric-memory context they sit on (the base one and each sub-group's).
+#: Communicators by the symmetric-memory context they sit on (the base one and each sub-group's;
+#: in a one-GPU world, every rank's), guarded by :data:`_LOCK` (ranks may be threads).
 _COMMS: dict[int, Communicator] = {}
 #: The communicator each ProcessGroup / DeviceMesh object named last (a per-call shortcut).
 _BY_GROUP: dict[int, tuple[Any, Communicator]] = {}
+_LOCK = threading.Lock()
 
 
 def communicator(group: Any = None) -> Communicator:
@@ -173,7 +204,9 @@ def communicator(group: Any = None) -> Communicator:
                 "this job spans nodes: symmetric memory covers one node's ranks; pass group= (a group "
                 "within a node) or use collectives.hierarchical for a group spanning nodes")
     elif isinstance(group, Communicator):
-        ctx = group.ctx
+        if group.ctx.closed:
+            raise CollectiveError(f"the communicator's context is closed ({group.ctx!r})")
+        return group
     elif isinstance(group, Context):
         ctx = group
     else:  # a ProcessGroup or DeviceMesh: the last answer for this very object, if still open
@@ -187,10 +220,19 @@ def communicator(group: Any = None) -> Communicator:
         raise CollectiveError(f"the communicator's context is closed ({ctx!r})")
     comm = _COMMS.get(id(ctx))
     if comm is None or comm.ctx is not ctx:
-        for key in [k for k, c in _COMMS.items() if c.ctx.closed]:  # contexts closed since
-            del _COMMS[key]
-        comm = _COMMS[id(ctx)] = Communicator(ctx)
+        comm = Communicator(ctx)  # collective over ctx's ranks: never under the lock
+        with _LOCK:
+            for key in [k for k, c in _COMMS.items() if c.ctx.closed]:  # contexts closed since
+                del _COMMS[key]
+            _COMMS[id(ctx)] = comm
     return comm
+
+
+def forget(ctx: Any) -> None:
+    """Drop ``ctx``'s communicator: the next :func:`communicator` of ``ctx`` builds a new one
+    (which reads the test seeds afresh).  Test only."""
+    with _LOCK:
+        _COMMS.pop(id(ctx), None)
 
 
 def traceable(group: Any, what: str) -> None:

@@ -43,12 +43,16 @@ class ErrorRecord:
     them: the fatal error that ended the communicator (:attr:`failed`), a recoverable one
     waiting for the end of the call (:attr:`deferred`), the calls made (:attr:`calls`).
 
-    :attr:`timeout_s` bounds every cross-GPU wait (the kernels take it) and its messages.
-    ``rematch_flags`` runs after a stream-flag wait timed out, before its record is cleared
+    :attr:`timeout_s` bounds every cross-GPU wait (the kernels take it) and its messages;
+    ``bound_changed`` runs when it is set to another value (the communicator drops its plans,
+    whose launch arguments hold the bound).  ``rematch_flags`` runs after a stream-flag wait
+    timed out, before its record is cleared
     (:meth:`collectives.runtime.stream_flags.StreamFlags.rematch`)."""
 
-    def __init__(self, timeout_s: float, rematch_flags: Callable[[], None], pin_memory: bool = True) -> None:
-        self.timeout_s = timeout_s
+    def __init__(self, timeout_s: float, rematch_flags: Callable[[], None], pin_memory: bool = True,
+                 bound_changed: Callable[[], None] = lambda: None) -> None:
+        self._timeout_s = timeout_s
+        self.bound_changed = bound_changed
         self.rematch_flags = rematch_flags
         self.error = torch.zeros((ERROR_RECORDS, len(ERROR_FIELDS)), dtype=torch.int32, pin_memory=pin_memory)
         self._status = self.error.numpy()  # host-mapped: read without a GPU sync
@@ -62,6 +66,17 @@ class ErrorRecord:
         #: Calls in progress that make collective calls of their own (GEMM overlap): the
         #: innermost calls' :meth:`finish` leaves a deferred error to the outermost.
         self.nested = 0
+
+    @property
+    def timeout_s(self) -> float:
+        """The bound of every cross-GPU wait, in seconds."""
+        return self._timeout_s
+
+    @timeout_s.setter
+    def timeout_s(self, value: float) -> None:
+        if value != self._timeout_s:
+            self._timeout_s = value
+            self.bound_changed()
 
     def check(self) -> None:
         """Raise the error a kernel recorded, or one deferred (reading host-mapped memory: no

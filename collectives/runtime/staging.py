@@ -65,6 +65,10 @@ class PlanCache:
     def __len__(self) -> int:
         return len(self._plans)
 
+    def clear(self) -> None:
+        """Forget every plan (the next call of each plans anew)."""
+        self._plans.clear()
+
     def drop_holding(self, ptr: int) -> None:
         """Forget every plan that holds the staging buffer at ``ptr``."""
         for key in [k for k, p in self._plans.items() if ptr in p.holds]:

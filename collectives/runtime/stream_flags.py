@@ -50,12 +50,22 @@ class StreamFlags:
                           int(self.record.timeout_s * 1e9), self.stream(self.device))
 
     def rematch(self) -> None:
-        """After a flag wait timed out (taking nothing): once this GPU's queued work is done
-        (a late post has landed), every slot's posts count as taken.  A host synchronisation,
-        on this error path only."""
-        torch.cuda.synchronize(self.device)
+        """After a flag wait timed out (taking nothing): once this rank's queued work is done on
+        its streams (the current one and the side stream: a late post has landed), every
+        slot's posts count as taken.  A host synchronisation, on this error path only; never
+        of the whole device, which other ranks sharing it may keep busy with kernels waiting
+        for ours."""
+        current = torch.cuda.current_stream(self.device)
+        for stream in (current, self._side):
+            if stream is not None:
+                stream.synchronize()
         self.flags[1].copy_(self.flags[0])
-        torch.cuda.synchronize(self.device)
+        current.synchronize()
+
+    def use_side(self, stream: torch.cuda.Stream) -> None:
+        """Make ``stream`` the side stream (a one-GPU world gives each rank one of its own,
+        outside torch's stream pool)."""
+        self._side = stream
 
     def side(self) -> torch.cuda.Stream:
         """The side stream of this GPU (made on first use): GEMM overlap's communication stream."""

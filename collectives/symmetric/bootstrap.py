@@ -22,7 +22,7 @@ from .context import Context
 from .groups import GROUP_HEAP_BYTES, PoolHeap, group_ranks, pe_map, process_group
 from .topology import node_size
 
-__all__ = ["HEAPS", "choose_heap", "init"]
+__all__ = ["HEAPS", "choose_heap", "default_device", "init"]
 
 #: The heaps a base context can open: NVSHMEM through nvshmem4py, or PyTorch's symmetric memory.
 HEAPS = ("nvshmem", "torch")
@@ -153,6 +153,23 @@ def _open_group(base: Context, group: Any, members: tuple[int, ...]) -> Context:
                    device=base.device, caps=caps, backend="peer")
 
 
+def default_device(device: int | None, local_rank: int) -> int:
+    """The GPU of a rank that did not name one: ``local_rank`` where that many GPUs are
+    visible, else GPU 0 where only one is (every rank of the node shares it).
+
+    Raises:
+        CollectiveError: ``local_rank`` names no visible GPU and several are visible.
+    """
+    if device is not None:
+        return device
+    count = torch.cuda.device_count()
+    if local_rank < count:
+        return local_rank
+    if count == 1:
+        return 0
+    raise CollectiveError(f"LOCAL_RANK {local_rank} names no GPU: {count} are visible; pass init(device=...)")
+
+
 def _open_base(backend: str | None, device: int | None, group_heap_bytes: int | None, heap: str) -> Context:
     """The base context (the one heap of this NVLink domain), opened if needed (collective over
     every process); ``backend`` None: any open one will do, else it must be the open one's."""
@@ -161,6 +178,8 @@ def _open_base(backend: str | None, device: int | None, group_heap_bytes: int | 
         if backend is not None and choose_backend(backend, base.caps) != base.backend:
             raise CollectiveError(f"a context is already open ({base!r}); close() it first")
         return base
+    if context.bound() is not None:
+        raise CollectiveError(f"this thread's context, a rank of a one-GPU world, is closed ({context.bound()!r})")
     backend = backend or "auto"
     kind = choose_heap(heap)
     if not dist.is_initialized() and "WORLD_SIZE" not in os.environ:
@@ -171,16 +190,14 @@ def _open_base(backend: str | None, device: int | None, group_heap_bytes: int | 
 
     owns = False
     if not dist.is_initialized():
-        if device is None:
-            device = int(os.environ.get("LOCAL_RANK", "0"))
+        device = default_device(device, int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
         dist.init_process_group(backend="cpu:gloo,cuda:nccl")
         owns = True
     try:
         group = _domain_group()
         rank, world = dist.get_rank(group), dist.get_world_size(group)
-        if device is None:
-            device = int(os.environ.get("LOCAL_RANK", rank % max(torch.cuda.device_count(), 1)))
+        device = default_device(device, int(os.environ.get("LOCAL_RANK", rank)))
         torch.cuda.set_device(device)
         peers, problems = _topology(group, device, world)
         caps = probe(device, world, peers)

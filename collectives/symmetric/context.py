@@ -20,27 +20,29 @@ object; :meth:`Context.multicast_tensor` re-checks env and capabilities before a
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
+import threading
 from collections.abc import Iterable, Sequence
-from datetime import timedelta
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from ..errors import MulticastUnavailable, SymmetricMemoryError
-from .capability import Backend, Capabilities, collective_device, multicast_disabled_by_env
-from .groups import Ranges, global_rank
+from .agreement import Agreement, DistAgreement
+from .capability import Backend, Capabilities, multicast_disabled_by_env
+from .groups import Ranges
 from .heap import Heap
 
-__all__ = ["ALIGN", "Context", "current", "is_symmetric"]
+__all__ = ["ALIGN", "Context", "bind_thread", "bound", "current", "is_symmetric"]
 
 ALIGN = 16
 """Byte alignment guaranteed for every allocation and required by :meth:`Context.peer_pointers`."""
 
 #: The open base context (:func:`~collectives.symmetric.bootstrap.init` sets it).
 _CTX: Context | None = None
+#: A thread's own current context (a rank of a one-GPU world, :mod:`collectives.testing`),
+#: before the process's :data:`_CTX`.
+_THREAD = threading.local()
 #: Open sub-group contexts by their members' global ranks (:func:`~collectives.symmetric.bootstrap.init` with a group).
 _GROUPS: dict[tuple[int, ...], Context] = {}
 
@@ -60,20 +62,6 @@ class _Alloc:
         return self.raw.data_ptr()
 
 
-#: Contexts opened so far in this process over each tuple of global ranks.
-_GENERATIONS: dict[tuple[int, ...], int] = {}
-
-
-def _next_generation(group: Any, world_size: int) -> int:
-    """The generation of a new context over ``group`` (its ``world_size`` ranks): how many
-    contexts over the same ranks this process opened before.  Every rank opens them in the same
-    order (collectively), so the ranks agree on it without communicating."""
-    ranks = tuple(global_rank(group, r) for r in range(world_size))
-    generation = _GENERATIONS.get(ranks, 0)
-    _GENERATIONS[ranks] = generation + 1
-    return generation
-
-
 def _extent(t: torch.Tensor) -> int:
     """Bytes from ``t.data_ptr()`` to one past its last element."""
     if t.numel() == 0:
@@ -85,18 +73,24 @@ class Context:
     """An open symmetric heap over ``group``; create it with :func:`init`.
 
     Attributes: ``rank``, ``world_size``, ``device`` (CUDA ordinal), ``group``,
-    ``caps`` (agreed :class:`Capabilities`), ``backend`` (``"multicast"`` or ``"peer"``).
+    ``caps`` (agreed :class:`Capabilities`), ``backend`` (``"multicast"`` or ``"peer"``),
+    ``agreement`` (the host agreement: :class:`~collectives.symmetric.agreement.DistAgreement`
+    over ``group`` by default), ``ranks_on_device`` (ranks of the context sharing this rank's
+    GPU within one CUDA context, the threads of a one-GPU world: their kernels must then be
+    resident together, :mod:`collectives.algorithms.residency`; processes sharing a GPU
+    time-slice it instead).
     """
 
     def __init__(self, *, heap: Heap, group: Any, rank: int, world_size: int, device: int,
-                 caps: Capabilities, backend: Backend, owns_group: bool = False) -> None:
+                 caps: Capabilities, backend: Backend, owns_group: bool = False,
+                 agreement: Agreement | None = None, ranks_on_device: int = 1) -> None:
         self.heap, self.group, self.rank, self.world_size = heap, group, rank, world_size
         self.device, self.caps, self.backend = device, caps, backend
+        self.agreement = agreement or DistAgreement(group, rank, world_size)
+        self.ranks_on_device = ranks_on_device
         self._owns_group = owns_group
         self._allocs: dict[int, _Alloc] = {}
         self._seq = 0
-        self._bounded = 0  # agree_bounded calls so far
-        self._generation = _next_generation(group, world_size)
         self.closed = False
         # The sub-group pool (base context only, :meth:`reserve`) and this rank's free ranges of it.
         self.pool: torch.Tensor | None = None
@@ -115,10 +109,7 @@ class Context:
         """All-gather ``values``; raise SymmetricMemoryError on every rank if any differ."""
         if self.world_size == 1:
             return
-        mine = torch.tensor(list(values), dtype=torch.int64, device=collective_device(self.group))
-        rows = [torch.empty_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(rows, mine, group=self.group)
-        got = [r.tolist() for r in rows]
+        got = self.agreement.all_gather(what, values)
         if any(g != got[0] for g in got):
             raise SymmetricMemoryError(f"{what}: ranks disagree, per rank {got}")
 
@@ -127,37 +118,19 @@ class Context:
         self._check_open()
         if self.world_size == 1:
             return flag
-        mine = torch.tensor([int(flag)], dtype=torch.int64, device=collective_device(self.group))
-        rows = [torch.empty_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(rows, mine, group=self.group)
-        return any(int(r.item()) for r in rows)
+        return any(row[0] for row in self.agreement.all_gather("agree_any", [int(flag)]))
 
     def agree_bounded(self, what: str, values: Sequence[int], timeout_s: float) -> None:
-        """Every rank's ``values`` through the process group's key-value store, waiting at most
-        ``timeout_s``; raise SymmetricMemoryError where ranks disagree or some do not arrive.
-        The ``k``-th call of each rank meets only the ``k``-th of the others of the same
-        context (the keys name the ranks, the context's generation among those over the same
-        ranks, and ``k``), and a rank that never arrives blocks nothing of the group's (unlike
-        a collective it would later pair with something else).  The last rank to read a
-        call's keys deletes them."""
+        """Every rank's ``values``, waiting at most ``timeout_s``
+        (:meth:`~collectives.symmetric.agreement.Agreement.bounded`: through the process group's
+        key-value store, or a one-GPU world's meeting); raise a CollectiveError where ranks
+        disagree or some do not arrive.  The ``k``-th call of each rank meets only the ``k``-th
+        of the others of the same context, and a rank that never arrives blocks nothing of the
+        group's (unlike a collective it would later pair with something else)."""
         self._check_open()
         if self.world_size == 1:
             return
-        ranks = [global_rank(self.group, r) for r in range(self.world_size)]
-        prefix = f"collectives/agree/{ranks}/{self._generation}/{self._bounded}"
-        keys = [f"{prefix}/{r}" for r in range(self.world_size)]
-        self._bounded += 1
-        store = dist.distributed_c10d._get_default_store()
-        store.set(keys[self.rank], json.dumps(list(values)))
-        try:
-            store.wait(keys, timedelta(seconds=timeout_s))
-        except Exception as e:  # the store's timeout error type varies by store
-            missing = [r for r, k in enumerate(keys) if not store.check([k])]
-            raise SymmetricMemoryError(f"{what}: ranks {missing} did not arrive within {timeout_s:g}s") from e
-        got = [json.loads(store.get(k)) for k in keys]
-        if store.add(f"{prefix}/read", 1) == self.world_size:
-            for k in [*keys, f"{prefix}/read"]:
-                store.delete_key(k)
+        got = self.agreement.bounded(what, values, timeout_s)
         if any(g != got[0] for g in got):
             raise SymmetricMemoryError(f"{what}: ranks disagree, per rank {got}")
 
@@ -333,7 +306,7 @@ class Context:
         self._check_open()
         self.heap.synchronize()
         if self.world_size > 1:
-            dist.barrier(group=self.group)
+            self.agreement.barrier("host_barrier")
 
     def close(self) -> None:
         """Free every allocation (collective, reverse order), finalize the heap. Idempotent."""
@@ -357,8 +330,20 @@ class Context:
                 _GROUPS.clear()
             for members in [m for m, c in _GROUPS.items() if c is self]:
                 del _GROUPS[members]
-            if self._owns_group and dist.is_initialized():
-                dist.destroy_process_group()
+            if self._owns_group:
+                import torch.distributed as dist
+
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+
+    def abandon(self) -> None:
+        """Mark the context closed and drop its allocations without agreeing with the other
+        ranks: for a one-GPU world that broke (no collective step is possible any more), after
+        every kernel of the world has ended.  Its memory goes back with the last reference."""
+        self.closed = True
+        for a in self._allocs.values():
+            a.peers = a.mc = None
+        self._allocs.clear()
 
     def __enter__(self) -> Context:
         return self
@@ -373,8 +358,24 @@ class Context:
 
 
 def current() -> Context | None:
-    """The open base context, if any."""
+    """The open base context, if any: this thread's (:func:`bind_thread`), else the process's."""
+    bound = getattr(_THREAD, "ctx", None)
+    if bound is not None:
+        return bound if not bound.closed else None
     return _CTX if _CTX is not None and not _CTX.closed else None
+
+
+def bound() -> Context | None:
+    """This thread's own context (:func:`bind_thread`), if any (open or not)."""
+    return getattr(_THREAD, "ctx", None)
+
+
+def bind_thread(ctx: Context) -> None:
+    """Make ``ctx`` this thread's current context (:func:`current`,
+    :func:`~collectives.symmetric.bootstrap.init` without a group, and so every collective
+    without ``group=``): a rank of a one-GPU world.  It stays the thread's once closed (then
+    :func:`current` is None and ``init`` refuses to open another)."""
+    _THREAD.ctx = ctx
 
 
 def is_symmetric(t: torch.Tensor) -> bool:

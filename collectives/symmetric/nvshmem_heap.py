@@ -56,7 +56,7 @@ class NvshmemHeap:
         self._nv.free_tensor(raw)
 
     def synchronize(self) -> None:
-        torch.cuda.synchronize()
+        torch.cuda.current_stream().synchronize()  # this rank's work only, never the whole device
 
     def finalize(self) -> None:
         self._nv.finalize()

@@ -1,6 +1,10 @@
 """Benchmark: ours vs NCCL vs ``torch.ops.symm_mem`` in one run on the same GPUs.
 
     torchrun --nproc-per-node 4 -m collectives.tools.bench [--dtypes bf16,f32] [--out DIR]
+    python -m collectives.tools.bench --world 2 [--sizes ...]
+
+``--world W`` runs W ranks as threads on one GPU instead (:mod:`collectives.tools.world_bench`:
+each algorithm's bytes per second against a device copy, a one-GPU regression guard).
 
 Times back-to-back operations with CUDA events, eager launches from Python and CUDA-graph
 replays separately; prints a table with times, bus bandwidth and ratios (rank 0), writes
@@ -76,7 +80,15 @@ def bus_bandwidth(collective: str, nbytes: int, world: int, us: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
+    world = argparse.ArgumentParser(add_help=False)
+    world.add_argument("--world", type=int, default=0)
+    known, rest = world.parse_known_args(argv)
+    if known.world:
+        from . import world_bench
+
+        return world_bench.main(known.world, rest)
     parser = argparse.ArgumentParser(prog="python -m collectives.tools.bench", description=__doc__)
+    parser.add_argument("--world", type=int, default=0, help="W ranks as threads on one GPU (world_bench)")
     parser.add_argument("--dtypes", default=",".join(BENCH_DTYPES))
     parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES), help="bytes per rank")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))

@@ -1,14 +1,18 @@
 """Soak: many mixed collective calls, each checked against :mod:`collectives.reference`.
 
     torchrun --nproc-per-node 2 -m collectives.tools.soak [--calls 100000] [--seconds 3600]
+    python -m collectives.tools.soak --world 4 --graph-calls 50
 
 Every rank draws the same sequence from ``--seed``: a collective, an algorithm (or ``auto``), a
 backend (``peer`` or ``multicast_emulated``: NVLink multicast stays off), a dtype, a size, and
 eager or CUDA-graph (a graph per call shape, captured after an eager warm-up and replayed).
 Inputs are small integers (exact in every dtype and sum); each result is compared with the
-reference.  Every ``--mismatch-every`` calls one rank brings another size (within one thread
-block and one staging capacity): every rank must raise CollectiveError at the synchronize,
-and the next calls must be right again.  Exits non-zero on any wrong result, unexpected error
+reference.  A graph holds ``--graph-calls`` copies of its call (each copying the input in
+first), so a replay makes that many calls and the last result is checked.  Every
+``--mismatch-every`` calls one rank brings another size (within one thread block and one
+staging capacity): every rank must raise CollectiveError at the synchronize, and the next calls
+must be right again.  ``--world W`` runs the ranks as W threads on one GPU
+(:func:`collectives.testing.run_world`) instead of torchrun processes.  Exits non-zero on any wrong result, unexpected error
 or missed mismatch, or when ``--seconds`` runs out before the calls are done.
 """
 
@@ -30,6 +34,7 @@ from .. import reference  # noqa: E402
 from ..algorithms import ALGORITHMS  # noqa: E402
 from ..config import LAMPORT_MAX_BYTES  # noqa: E402
 from ..dtypes import DTYPES  # noqa: E402
+from ..testing import capture  # noqa: E402
 
 #: The dtypes the soak draws from (registry names).
 SOAK_DTYPES = ("bf16", "f16", "f32")
@@ -121,21 +126,18 @@ class Soak:
                 def fn() -> None:
                     t.copy_(source)
                     self.launch(collective, algorithm, backend, t, out)
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    fn()  # the warm-up: plans, grows and compiles outside the capture
-                torch.cuda.current_stream().wait_stream(side)
+                fn()  # the warm-up: plans, grows and compiles outside the capture
                 self.collectives.synchronize()
                 g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    fn()
+                with capture(g):
+                    for _ in range(self.args.graph_calls):
+                        fn()
                 if len(self.graphs) >= GRAPHS:
                     del self.graphs[next(iter(self.graphs))]
                 self.graphs[key] = (g, source, t, out)
             g.replay()
         self.collectives.synchronize()
-        self.stats["graph" if graph else "eager"] += 1
+        self.stats["graph" if graph else "eager"] += self.args.graph_calls if graph else 1
         got = out.float().cpu().numpy()
         want = self.want(collective, dtype, t.numel(), step)
         if not np.array_equal(got, want):
@@ -159,16 +161,19 @@ class Soak:
 
     def run(self) -> int:
         args, start = self.args, time.monotonic()
-        for step in range(args.calls):
+        step = 0
+        while sum(self.stats.values()) < args.calls:
+            step += 1
             if time.monotonic() - start > args.seconds:
-                print(f"rank {self.rank}: out of time after {step} calls", file=sys.stderr)
+                print(f"rank {self.rank}: out of time after {sum(self.stats.values())} calls", file=sys.stderr)
                 return 2
             if args.mismatch_every and step % args.mismatch_every == args.mismatch_every - 1:
                 self.mismatch(step)
             else:
                 self.call(step, self.draw())
         if self.rank == 0:
-            print(f"soak: {args.calls} calls on {self.world} GPUs in {time.monotonic() - start:.0f}s: {self.stats}")
+            print(f"soak: {sum(self.stats.values())} calls on {self.world} ranks in {time.monotonic() - start:.0f}s: "
+                  f"{self.stats}")
         return 0
 
 
@@ -180,7 +185,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="the same on every rank")
     parser.add_argument("--mismatch-every", type=int, default=97, help="0: none")
     parser.add_argument("--graph-fraction", type=float, default=0.3)
+    parser.add_argument("--graph-calls", type=int, default=1, help="calls per graph (each replay makes them all)")
+    parser.add_argument("--world", type=int, default=0, help="W rank threads on one GPU instead of torchrun")
+    parser.add_argument("--timeout", type=float, default=30.0, help="GPU-side bound of every wait (--world)")
     args = parser.parse_args(argv)
+    if args.world:
+        from ..testing import run_world
+
+        try:
+            return max(run_world(args.world, lambda rank: Soak(args).run(), collective_timeout_s=args.timeout))
+        except Exception as e:  # noqa: BLE001 (the failing rank is in the note)
+            print(f"soak failed: {e!r} {getattr(e, '__notes__', '')}", file=sys.stderr)
+            return 1
     try:
         return Soak(args).run()
     except Exception as e:  # any wrong result or unexpected error fails the run
@@ -190,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         import collectives
 
         if collectives.current() is not None:
-            torch.cuda.synchronize()
+            torch.cuda.current_stream().synchronize()
             collectives.current().close()
 
 

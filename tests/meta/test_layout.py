@@ -1,10 +1,10 @@
 """The tests' own layout: test modules are packages under ``tests`` (mirroring the code's wings;
 ``tests.ptxops`` never hides the library ``ptxops``; shared helpers in the package
 ``tests.support``), and ``.ci/gpu`` runs every GPU test file: ``tests/<package>/gpu/<folder>/``
-names what a file needs (``one_gpu``, ``ranks``, ``four_ranks``), the script globs those
-folders, and every file runs in its folder's group (``ranks``: one of the device-call-sized
-groups); every GPU test file is marked ``gpu`` or ``multigpu`` (so it skips cleanly without a
-GPU)."""
+names what a file needs (``one_gpu``, ``ranks``, ``four_ranks``, ``procs``, ``world``), the
+script globs those folders, and every file runs in its folder's group (``ranks``: one of the
+device-call-sized groups, and the one-GPU world's); every GPU test file is marked ``gpu`` or
+``multigpu`` (so it skips cleanly without a GPU)."""
 
 from __future__ import annotations
 
@@ -18,14 +18,15 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / ".ci" / "gpu"
 GPU_DIRS = [ROOT / "tests" / "ptxops" / "gpu", ROOT / "tests" / "collectives" / "gpu"]
 #: The groups each GPU folder's files may run in.
-FOLDER_GROUPS = {"one_gpu": {"one_gpu"}, "ranks": {"peer", "collectives", "emulated", "gather"},
-                 "four_ranks": {"four_ranks"}}
+FOLDER_GROUPS = {"one_gpu": {"one_gpu"}, "ranks": {"peer", "collectives", "emulated", "gather", "world"},
+                 "four_ranks": {"four_ranks"}, "procs": {"procs"}, "world": {"world"}}
 
 
 def listed() -> dict[str, set[str]]:
-    """Each test file ``.ci/gpu all`` runs (repository-relative) -> the groups it runs in."""
-    text = subprocess.run(["bash", str(SCRIPT), "all", "2"], capture_output=True, text=True, check=True,
-                          env={**os.environ, "LIST": "1"}).stdout
+    """Each test file ``.ci/gpu all`` and ``.ci/gpu world`` run (repository-relative) -> the
+    groups it runs in."""
+    text = "".join(subprocess.run(["bash", str(SCRIPT), group, size], capture_output=True, text=True, check=True,
+                                  env={**os.environ, "LIST": "1"}).stdout for group, size in (("all", "2"), ("world", "2")))
     out: dict[str, set[str]] = {}
     for line in text.splitlines():
         group, path = line.split()

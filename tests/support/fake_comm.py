@@ -111,12 +111,12 @@ class FakeViews(BufferViews):
 class FakeComm(Communicator):
     """The communicator's host logic on a :class:`FakeHeap`; ``launches`` lists each launch as
     ``(key, addresses)``: the data addresses its kernel would touch (the data and result
-    buffers, ``out`` and ``src``)."""
+    buffers, ``out`` and ``src``); ``grids`` each launch's ``(key, blocks)``."""
 
     def __init__(self, heap: FakeHeap) -> None:  # no GPU state: only what the host logic reads
         self.ctx, self.world, self.rank = heap, heap.world_size, heap.rank
         self.layout = PadLayout()
-        self.errors = ErrorRecord(30.0, lambda: None, pin_memory=False)
+        self.errors = ErrorRecord(30.0, lambda: None, pin_memory=False, bound_changed=lambda: self.plans.clear())
         self.plans = PlanCache()
         self.views = FakeViews(self.world)
         self.pool = StagingPool(heap, self.plans, self.views.forget, self.agree_growth)
@@ -125,6 +125,7 @@ class FakeComm(Communicator):
         self.stream, self.stream_captured = None, False
         self.sms = 132
         self.launches: list[tuple] = []
+        self.grids: list[tuple] = []  # (key, blocks) of every launch
         self.pad = heap.empty(self.layout.words * 4, torch.int32)
         self.pad_buffer = self.buffer(self.pad)
 
@@ -134,6 +135,7 @@ class FakeComm(Communicator):
         def launch(data_table, data_mc, out, src, *rest):
             used = [tables[data_table], out, src] + ([tables[data_mc]] if data_mc in tables else [])
             self.launches.append((key, [a for a in used if a]))
+            self.grids.append((key, rest[-2]))  # (the launch's last two: blocks, stream)
         return launch
 
 

@@ -95,10 +95,20 @@ def peer_context(world: int | None = None, dist_timeout_s: int = 60) -> Iterator
     """This torchrun rank's symmetric-memory context on the peer backend (multicast off), for a
     multi-GPU test: skips unless launched by torchrun with ``world`` ranks (default: 2 or more)
     on sm_90+ GPUs with nvshmem; opens the process group and the context unless open already,
-    and closes what it opened."""
+    and closes what it opened.  In a one-GPU world (tests/support/world_support.py): each rank
+    thread's context, resolved in the rank's thread."""
     import pytest
 
     torch = pytest.importorskip("torch")
+    from tests.support.world_support import WORLD, PerRank
+
+    if WORLD:  # a one-GPU world: each rank thread's own context (the world opens and closes it)
+        if world and world != WORLD:
+            pytest.skip(f"needs {world} ranks, the world has {WORLD}")
+        import collectives
+
+        yield PerRank(collectives.current)
+        return
     ranks = int(os.environ.get("WORLD_SIZE", "1"))
     if "LOCAL_RANK" not in os.environ or (ranks != world if world else ranks < 2):
         pytest.skip(f"needs torchrun --nproc-per-node {world or '>= 2'}")

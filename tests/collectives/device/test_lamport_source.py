@@ -5,8 +5,9 @@
 and error records (the peer backend, f32 moved as bits; the "sum" of the simulation's reduction
 stand-in adds the words as integers, so the test checks which values were combined, not float
 arithmetic).  Scaled down where nothing depends on the size: 4 threads per block, slots of 64
-bytes, and of the kernel's fixed grid the two first blocks (block 0 holds every vector of these
-sizes; a block past them touches only its own call count).  Each rank runs its calls in order;
+bytes, 4 fixed parts (``LAMPORT_BLOCKS``, 128 in the kernel) on a grid of 2 blocks, so each
+block runs two parts, as a rank with a smaller share of its GPU does (part 0 holds every vector
+of these sizes; a part past it touches only its own call count).  Each rank runs its calls in order;
 every call's output must be the sum of that call's inputs, and a call whose sizes differ must
 be a size mismatch on every rank, after which the buffer it left dirty is emptied before reuse.
 """
@@ -34,7 +35,7 @@ from collectives.device.lamport import negative_zero  # noqa: E402
 
 FAKES = fakes()
 Int32, Int64, Uint32 = FAKES["cutlass"].Int32, FAKES["cutlass"].Int64, FAKES["cutlass"].Uint32
-THREADS, SLOT, BLOCKS = 4, 64, 2
+THREADS, SLOT, PARTS, BLOCKS = 4, 64, 4, 2
 
 
 def combine(a: list, b: list, op: str) -> list:
@@ -48,11 +49,13 @@ def kernels(edits: tuple = ()) -> types.ModuleType:
     reduce = types.SimpleNamespace(convert=lambda values, dtype: values, combine=combine)
     registered = dict(REGISTRY)  # the copy's Lamport class registers itself: put the real one back
     try:
-        return load("collectives.algorithms.lamport", {
+        module = load("collectives.algorithms.lamport", {
             **FAKES,
             "collectives.device": types.SimpleNamespace(lamport=device_lamport, reduce=reduce, signals=signals),
             "collectives.device.launch": types.SimpleNamespace(launcher=lambda kernel, threads, **_: kernel),
         }, edits)
+        module.LAMPORT_BLOCKS = PARTS  # the kernel reads its count of parts from its module
+        return module
     finally:
         REGISTRY.clear()
         REGISTRY.update(registered)
@@ -147,8 +150,8 @@ def test_the_simulated_copy_leaves_the_registry_alone() -> None:
 MUTATIONS = {
     "no dirty mark": ("                ptxops.st(dirty + buffer, Uint32(lamport_tag(lamport_cleanup_call(call))))\n",
                       "                pass\n"),
-    "no clean-up of a dirty buffer": ("            if ptxops.ld(dirty + stale) == Uint32(lamport_tag(call)):",
-                                      "            if ptxops.ld(dirty + stale) == Uint32(0xFFFFFFFF):"),
+    "no clean-up of a dirty buffer": ("            if ptxops.ld(dirty + stale, dtype=Uint32) == Uint32(lamport_tag(call)):",
+                                      "            if ptxops.ld(dirty + stale, dtype=Uint32) == Uint32(0xFFFFFFFF):"),
 }
 
 

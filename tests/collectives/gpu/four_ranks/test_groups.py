@@ -11,7 +11,8 @@ import os
 
 import pytest
 
-pytestmark = pytest.mark.multigpu
+pytestmark = [pytest.mark.multigpu, pytest.mark.no_world(
+    "sub-groups are torch.distributed process groups over processes; the ranks here are threads")]
 
 torch = pytest.importorskip("torch")
 if os.environ.get("WORLD_SIZE") != "4":

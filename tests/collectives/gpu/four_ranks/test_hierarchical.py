@@ -11,7 +11,8 @@ import os
 
 import pytest
 
-pytestmark = pytest.mark.multigpu
+pytestmark = [pytest.mark.multigpu, pytest.mark.no_world(
+    "it compares with NCCL over torch.distributed process groups; the ranks here are threads")]
 
 torch = pytest.importorskip("torch")
 if os.environ.get("WORLD_SIZE") != "4" or os.environ.get("COLLECTIVES_NODE_SIZE") != "2":

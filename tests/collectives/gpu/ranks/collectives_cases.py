@@ -22,6 +22,8 @@ pytestmark = pytest.mark.multigpu
 torch = pytest.importorskip("torch")
 
 from collectives import reference  # noqa: E402
+from collectives.testing import capture  # noqa: E402
+from tests.support.world_support import warmup_stream  # noqa: E402
 
 TORCH = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16,
          "e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
@@ -52,14 +54,19 @@ def op_refused(backend: str, dtype: str, op: str) -> bool:
 
 @pytest.fixture(scope="module")
 def comm():
-    import collectives
+    """This rank's communicator (tests/support/world_support.py: per rank thread in the world)."""
+    from tests.support.world_support import close_rank_context, rank_value
+
     from collectives.runtime.communicator import communicator
 
-    c = communicator()
-    assert c.ctx.backend == "peer", "multicast must stay off on these machines"
-    yield c
-    torch.cuda.synchronize()
-    collectives.current().close()
+    def make():
+        c = communicator()
+        assert c.ctx.backend == "peer", "multicast must stay off on these machines"
+        return c
+
+    yield rank_value(make)
+    torch.cuda.current_stream().synchronize()
+    close_rank_context()
 
 
 def values_at(rank: int, i: np.ndarray) -> np.ndarray:
@@ -136,13 +143,13 @@ def test_graph_replay_after_its_staging_buffer_was_superseded(comm) -> None:
     n = 3000
     t = torch.empty(n, dtype=torch.bfloat16, device="cuda")
     source = torch.empty(n, dtype=torch.bfloat16, device="cuda")
-    stream = torch.cuda.Stream()
+    stream = warmup_stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         collectives.all_reduce(t, algorithm="one_shot", backend="peer")
         collectives.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture(graph):
         t.copy_(source)
         collectives.all_reduce(t, algorithm="one_shot", backend="peer")
     captured = comm.pool.current[2]
@@ -309,13 +316,13 @@ def test_push_reduce_scatter_in_graphs_at_offsets_and_reused_addresses(comm) -> 
     source = torch.empty(m * world, dtype=torch.bfloat16, device="cuda")
     inp = torch.empty(m * world, dtype=torch.bfloat16, device="cuda")
     out = torch.empty(m, dtype=torch.bfloat16, device="cuda")
-    stream = torch.cuda.Stream()
+    stream = warmup_stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         collectives.reduce_scatter(out, inp, algorithm="push", backend="peer")
         collectives.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture(graph):
         inp.copy_(source)
         collectives.reduce_scatter(out, inp, algorithm="push", backend="peer")
     assert comm.pool.current[3] is not None, "a captured push takes its own staging slot"
@@ -424,7 +431,7 @@ def test_cuda_graph_replay_matches_eager(comm, backend: str) -> None:
     staged = torch.empty(n, dtype=torch.bfloat16, device="cuda")
     sym = collectives.empty(4096, torch.float32)
     source = torch.empty(n, dtype=torch.bfloat16, device="cuda")
-    stream = torch.cuda.Stream()
+    stream = warmup_stream()
     stream.wait_stream(torch.cuda.current_stream())
     lamport = torch.empty(n, dtype=torch.bfloat16, device="cuda")
     big = collectives.empty(1 << 20, torch.bfloat16)
@@ -437,7 +444,7 @@ def test_cuda_graph_replay_matches_eager(comm, backend: str) -> None:
         collectives.all_reduce(big, algorithm="tma", backend=backend)
         collectives.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture(graph):
         staged.copy_(source)
         lamport.copy_(source)
         pushed.copy_(source)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from tests.collectives.gpu.ranks.collectives_cases import TORCH, comm, device_values, values  # noqa: F401 (comm: the fixture)
+from collectives.testing import capture  # noqa: E402
+from tests.support.world_support import warmup_stream  # noqa: E402
 
 from collectives import reference
 
@@ -113,7 +115,7 @@ def test_cuda_graph_replay_matches_eager(comm) -> None:
     sym_in = collectives.empty(1 << 18, torch.float16)
     sym_out = collectives.empty(comm.world << 18, torch.float16)
     source = torch.empty(n, dtype=torch.bfloat16, device="cuda")
-    stream = torch.cuda.Stream()
+    stream = warmup_stream()
     stream.wait_stream(torch.cuda.current_stream())
     calls = [(plain_out, plain_in, "one_shot"), (sym_out, sym_in, "tma"), (sym_out, sym_in, "one_shot")]
     with torch.cuda.stream(stream):  # warm up the same calls: compile and plan outside the capture
@@ -121,7 +123,7 @@ def test_cuda_graph_replay_matches_eager(comm) -> None:
             collectives.all_gather(out, inp, algorithm=algorithm, backend="peer")
         collectives.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture(graph):
         plain_in.copy_(source)
         for out, inp, algorithm in calls:
             collectives.all_gather(out, inp, algorithm=algorithm, backend="peer")

@@ -58,7 +58,7 @@ def test_calls_across_the_wrap_of_the_call_count(comm, backend: str, algorithm: 
     import collectives
     from collectives.config import CALL_EPOCHS, PadLayout
 
-    torch.cuda.synchronize()
+    torch.cuda.current_stream().synchronize()
     comm.ctx.host_barrier()  # no rank's earlier signal is still on its way to our pad
     seed = (1 << 32) - 3 * CALL_EPOCHS
     comm._seed_epochs(seed)

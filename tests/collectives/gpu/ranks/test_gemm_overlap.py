@@ -15,6 +15,8 @@ import time
 import numpy as np
 import pytest
 from tests.collectives.gpu.ranks.collectives_cases import HASH, comm  # noqa: F401 (comm: the fixture)
+from collectives.testing import capture  # noqa: E402
+from tests.support.world_support import warmup_stream  # noqa: E402
 
 from collectives import reference
 
@@ -103,14 +105,14 @@ def test_cuda_graph_replay(comm) -> None:
     rs_out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
     ag_out = torch.empty(world * m, n, dtype=torch.bfloat16, device="cuda")
     b0 = small_ints(7, k, n, "bf16")
-    stream = torch.cuda.Stream()
+    stream = warmup_stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # the same calls eagerly first: workspace and kernels
         collectives.gemm_reduce_scatter(a.zero_(), b, out=rs_out)
         collectives.all_gather_gemm(shard.zero_(), b0, out=ag_out)
         collectives.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture(graph):
         collectives.gemm_reduce_scatter(a, b, out=rs_out)
         collectives.all_gather_gemm(shard, b0, out=ag_out)
     for round_ in range(6):

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 from tests.collectives.gpu.ranks.collectives_cases import comm, device_values, values  # noqa: F401 (comm: the fixture)
 from tests.collectives.gpu.ranks.test_gemm_overlap import small_ints, want_reduce_scatter
+from collectives.testing import capture  # noqa: E402
+from tests.support.world_support import warmup_stream  # noqa: E402
 
 from collectives import reference
 
@@ -25,14 +27,14 @@ CASES = [("all_reduce", a) for a in ("one_shot", "two_shot", "tma", "push", "lam
 
 def _capture(fn) -> torch.cuda.CUDAGraph:
     """Warm ``fn`` up eagerly on a side stream, then capture it."""
-    stream = torch.cuda.Stream()
+    stream = warmup_stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         fn()
     torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
+    torch.cuda.current_stream().synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with capture(graph):
         fn()
     return graph
 

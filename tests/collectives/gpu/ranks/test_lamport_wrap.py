@@ -18,6 +18,8 @@ force_multicast_off()
 
 pytestmark = pytest.mark.multigpu
 torch = pytest.importorskip("torch")
+from tests.collectives.gpu.world.test_world import pdl  # noqa: E402,F401 (the fixture: with and without PDL)
+from tests.support.world_support import close_rank_context, fresh_communicator, rank_value  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -25,25 +27,20 @@ def seeded():
     """A communicator whose Lamport counts start 4 calls below the wrap."""
     import os
 
-    import collectives
-    from collectives.runtime import communicator as runtime
-    from collectives.symmetric import bootstrap, context
     from collectives.algorithms.lamport import SEED_CALL_ENV
     from collectives.config import LAMPORT_CALLS
 
-    ctx = context.current() or bootstrap.init()
-    runtime._COMMS.pop(id(ctx), None)  # a fresh communicator: its first Lamport call reads the seed
     os.environ[SEED_CALL_ENV] = str(LAMPORT_CALLS - 4)
     try:
-        yield runtime.communicator()
+        yield rank_value(fresh_communicator)
     finally:
         del os.environ[SEED_CALL_ENV]
-    torch.cuda.synchronize()
-    collectives.current().close()
+    torch.cuda.current_stream().synchronize()
+    close_rank_context()
 
 
 @pytest.mark.parametrize("backend", ["peer", "multicast_emulated"])
-def test_lamport_across_the_wrap_with_a_mismatch(seeded, backend: str) -> None:
+def test_lamport_across_the_wrap_with_a_mismatch(seeded, backend: str, pdl: bool) -> None:
     import collectives
 
     comm = seeded
@@ -51,12 +48,12 @@ def test_lamport_across_the_wrap_with_a_mismatch(seeded, backend: str) -> None:
         if call == 5:  # a mismatch just after the wrap: the calls after it reuse its buffer
             t = torch.ones(512 + 8 * comm.rank, dtype=torch.bfloat16, device="cuda")
             with pytest.raises(collectives.CollectiveError, match="different sizes"):
-                collectives.all_reduce(t, algorithm="lamport", backend=backend)
-                collectives.synchronize()
+                collectives.all_reduce(t, algorithm="lamport", backend=backend, group=comm)
+                collectives.synchronize(group=comm)
             continue
         n = (4096, 520, 100_003)[call % 3]  # sizes past the mismatch's, where it left data
         t = device_values(comm.rank + call, n, "bf16")
-        collectives.all_reduce(t, algorithm="lamport", backend=backend)
-        collectives.synchronize()
+        collectives.all_reduce(t, algorithm="lamport", backend=backend, group=comm)
+        collectives.synchronize(group=comm)
         inputs = [reference.round_to(values(r + call, n), "bf16") for r in range(comm.world)]
         assert np.array_equal(t.float().cpu().numpy(), reference.all_reduce(inputs, "bf16")), (backend, call)

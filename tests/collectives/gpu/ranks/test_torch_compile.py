@@ -12,7 +12,8 @@ from __future__ import annotations
 import pytest
 from tests.collectives.gpu.ranks.collectives_cases import HASH, comm  # noqa: F401 (comm: the fixture)
 
-pytestmark = pytest.mark.multigpu
+pytestmark = [pytest.mark.multigpu, pytest.mark.no_world(
+    "torch.compile traces one thread at a time (dynamo is not thread-safe); the ranks here are threads")]
 torch = pytest.importorskip("torch")
 
 

@@ -24,7 +24,8 @@ import pytest
 
 from collectives.symmetric.capability import force_multicast_off
 
-pytestmark = pytest.mark.multigpu
+pytestmark = [pytest.mark.multigpu, pytest.mark.no_world(
+    "the litmus runner agrees through torch.distributed and synchronises the device (ptxops.litmus)")]
 
 if "WORLD_SIZE" in os.environ:  # peer memory only: keep NVLink multicast off (set before nvshmem)
     force_multicast_off()

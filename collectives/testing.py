@@ -1,0 +1,409 @@
+"""A world of W ranks on one GPU: test collectives (ours, or your own built with ptxops) at
+W = 2..8 on the GPU you have, without NVSHMEM, torchrun or a second GPU.
+
+:func:`run_world` calls ``fn(rank)`` in every rank and returns the results in rank order::
+
+    import torch, collectives
+    from collectives.testing import run_world
+
+    def body(rank):
+        t = torch.full((4096,), float(rank + 1), device="cuda")
+        collectives.all_reduce(t)  # every rank's current context: no group= needed
+        collectives.synchronize()
+        return t[0].item()
+
+    assert run_world(4, body) == [10.0] * 4
+
+Each rank is a thread of this process with its own CUDA streams (created once, outside torch's
+stream pool, each with a hardware queue of its own), its own symmetric-memory context (a loopback heap over plain allocations of the
+shared GPU, :mod:`collectives.symmetric.loopback`) bound as the thread's current context, and its own
+communicator; the kernels are the real ones, compiled once per process.  Every host wait is
+bounded by ``timeout_s``: a rank that raises releases the others with a
+:class:`~collectives.symmetric.loopback.WorldError` naming it and its exception is re-raised with its
+rank; a rank still running ``timeout_s`` after another finished is reported as hung.  GPU-side
+waits are bounded by the communicators' timeout (``collective_timeout_s``).
+
+What differs from a job of one rank per GPU: all ranks' grids share one GPU, so each rank's
+kernels take only their share of it (:mod:`collectives.algorithms.residency`; a fixed grid that
+cannot fit raises :class:`~collectives.algorithms.residency.CoResidencyError`);
+there is no NVLink multicast (backends ``peer`` and ``multicast_emulated``); a rank must never
+synchronise the device (``torch.cuda.synchronize()`` waits for the other ranks' kernels, which
+may wait for this rank: use the stream, as :func:`collectives.synchronize` does), and captures a
+CUDA graph with :func:`capture` (``torch.cuda.graph`` synchronises the device).  CUDA must load
+modules eagerly and give the streams their own hardware queues (:data:`ENVIRONMENT`:
+``CUDA_MODULE_LOADING=EAGER``, ``CUDA_DEVICE_MAX_CONNECTIONS=32``): :class:`World` sets them
+where CUDA has not started and refuses to run where it started without them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .errors import CollectiveError
+from .symmetric.loopback import LoopbackHeap, Meeting, ThreadAgreement, WorldError
+
+__all__ = ["ENVIRONMENT", "RankThreads", "World", "WorldError", "capture", "check_loading_mode", "require_environment",
+           "run_world"]
+
+#: The largest world: the kernels are compiled for 2..8 ranks.
+MAX_WORLD = 8
+_ABSENT = object()
+
+
+#: What CUDA must be told before it starts in a process that runs a world, and why.
+ENVIRONMENT = {
+    "CUDA_MODULE_LOADING": ("EAGER", "lazy loading may synchronise the context at a kernel's first launch, which "
+                            "waits for the other ranks' spinning kernels (measured: lost communicators within 25 "
+                            "calls)"),
+    "CUDA_DEVICE_MAX_CONNECTIONS": ("32", "with fewer hardware queues than streams (8 by default), streams share "
+                                    "queues and a rank's kernel can wait behind another rank's spinning kernel "
+                                    "(measured: start-barrier timeouts at W = 8)"),
+}
+
+
+def require_environment() -> None:
+    """Give CUDA :data:`ENVIRONMENT` (eager module loading, 32 hardware queues): set the
+    variables where CUDA has not started in this process; where it has, refuse unless they
+    were set so.
+
+    Raises:
+        CollectiveError: CUDA started without them (naming each, its value and why).
+    """
+    import torch
+
+    wrong = {name: value for name, (value, _) in ENVIRONMENT.items() if os.environ.get(name) != value}
+    if not wrong:
+        return
+    if torch.cuda.is_initialized() or _context_started():
+        raise CollectiveError("a one-GPU world needs, from before CUDA starts in the process: " + "; ".join(
+            f"{name}={value} (not {os.environ.get(name)!r}: {ENVIRONMENT[name][1]})" for name, value in wrong.items()))
+    os.environ.update(wrong)
+
+
+def _context_started() -> bool:
+    """Whether a CUDA context of this process is active already (the variables then no longer count)."""
+    try:
+        from cuda.bindings import driver
+
+        err, current = driver.cuCtxGetCurrent()
+        return err == driver.CUresult.CUDA_SUCCESS and bool(int(current))
+    except Exception:  # noqa: BLE001 (no driver or bindings: CUDA has not started through them)
+        return False
+
+
+class RankThreads:
+    """``size`` threads, one per rank, that run functions on request (:meth:`run`) with every
+    wait bounded (see :meth:`run`); ``start(rank)`` runs first in each thread.  A failure
+    aborts ``meeting``, so ranks waiting there are released naming the failed rank."""
+
+    def __init__(self, size: int, timeout_s: float, meeting: Meeting,
+                 start: Callable[[int], None] = lambda rank: None) -> None:
+        self.size, self.timeout_s, self.meeting, self._start = size, timeout_s, meeting, start
+        self.broken: CollectiveError | None = None
+        self._jobs: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(size)]
+        self._results: queue.SimpleQueue = queue.SimpleQueue()
+        self._runs = itertools.count()
+        self._threads = [threading.Thread(target=self._serve, args=(r,), name=f"collectives-rank-{r}", daemon=True)
+                         for r in range(size)]
+        for t in self._threads:
+            t.start()
+
+    def _serve(self, rank: int) -> None:
+        self._start(rank)
+        while True:
+            job = self._jobs[rank].get()
+            if job is None:
+                return
+            run, fn = job
+            try:
+                outcome = (True, fn(rank))
+            except BaseException as e:  # noqa: BLE001 (handed to the caller of run, with its rank)
+                self.meeting.abort(rank, e)
+                outcome = (False, e)
+            self._results.put((run, rank, outcome))
+
+    def run(self, fn: Callable[[int], Any]) -> list[Any]:
+        """``fn(rank)`` in every rank (at once, each in its thread); the results in rank order.
+
+        Raises:
+            BaseException: the exception of the first rank that raised, with a note naming its
+                rank and what the others did.  The threads are then broken (start new ones),
+                unless every rank raised the same, at the same host step (a test skipped).
+            WorldError: a rank still running ``timeout_s`` after another finished (hung), or
+                the threads are stopped or broken.
+        """
+        if self.broken is not None:
+            raise WorldError(f"this world is broken ({self.broken}); open a new one", [])
+        run = next(self._runs)
+        for jobs in self._jobs:
+            jobs.put((run, fn))
+        outcomes: list[Any] = [_ABSENT] * self.size
+        deadline: float | None = None
+        while _ABSENT in outcomes:
+            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                got, rank, outcome = self._results.get(timeout=wait)
+            except queue.Empty:
+                hung = [r for r, o in enumerate(outcomes) if o is _ABSENT]
+                self.broken = WorldError(f"ranks {hung} did not finish within {self.timeout_s:g}s of the first rank "
+                                         "that did (hung; their threads are left running)", hung)
+                self.meeting.abort(hung[0], self.broken)
+                raise self.broken from next((o[1] for o in outcomes if o is not _ABSENT and not o[0]), None)
+            if got != run:
+                continue  # a late result of an earlier run that failed
+            outcomes[rank] = outcome
+            if deadline is None:
+                deadline = time.monotonic() + self.timeout_s
+        failed = {r: e for r, (ok, e) in enumerate(outcomes) if not ok}
+        if failed:
+            first = self.meeting.first_failure
+            rank = first if first in failed else min(failed)
+            error = failed[rank]
+            alike = len(failed) == self.size and len({(type(e), str(e)) for e in failed.values()}) == 1
+            if not (alike and self.meeting.recover()):  # else every rank stopped in step: still usable
+                self.broken = WorldError(f"rank {rank} raised {type(error).__name__}: {error}", [rank])
+            others = "; ".join(f"rank {r}: {type(e).__name__}: {e}" for r, e in failed.items() if r != rank)
+            error.add_note(f"[collectives.testing] raised in rank {rank} of a world of {self.size}"
+                           + (f"; the others: {others}" if others else "; the others finished"))
+            raise error
+        return [value for _, value in outcomes]
+
+    def stop(self) -> list[int]:
+        """End the threads (after what they run now); the ranks whose thread is still alive
+        ``timeout_s`` later."""
+        for jobs in self._jobs:
+            jobs.put(None)
+        deadline = time.monotonic() + self.timeout_s
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return [r for r, t in enumerate(self._threads) if t.is_alive()]
+
+
+class World:
+    """``world_size`` rank threads on GPU ``device`` that stay open between :meth:`run` calls
+    (so that their contexts, communicators and compiled kernels serve many functions); close it
+    (or use it as a context manager) to free its memory.  See the module docstring.
+
+    ``timeout_s`` bounds every host wait; ``collective_timeout_s`` (default: the
+    communicators' own, ``COLLECTIVES_TIMEOUT_S`` or 30 s) bounds every GPU-side wait."""
+
+    def __init__(self, world_size: int, *, device: int = 0, timeout_s: float = 60.0,
+                 collective_timeout_s: float | None = None) -> None:
+        if not 1 <= world_size <= MAX_WORLD:
+            raise CollectiveError(f"a world has 1..{MAX_WORLD} ranks, not {world_size}")
+        require_environment()
+        self.size, self.device, self.timeout_s = world_size, device, timeout_s
+        self.collective_timeout_s = collective_timeout_s
+        self.meeting = Meeting(world_size, timeout_s)
+        #: Every rank's allocations by index (:class:`~collectives.symmetric.loopback.LoopbackHeap`).
+        self.table: dict[int, list[Any]] = {}
+        self.closed = False
+        self.contexts: list[Any] = [None] * world_size
+        self.communicators: list[Any] = [None] * world_size
+        self._streams = _Streams(device, world_size)
+        check_loading_mode()
+        self.threads = RankThreads(world_size, timeout_s, self.meeting, self._start)
+        try:
+            self.threads.run(self._open)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def broken(self) -> CollectiveError | None:
+        """Why the world cannot run more (a rank raised or hung), or None."""
+        return self.threads.broken
+
+    def _start(self, rank: int) -> None:
+        import torch
+
+        torch.cuda.set_device(self.device)
+        torch.cuda.set_stream(self._streams.streams[rank])  # the thread's current stream, for all it runs
+
+    def _open(self, rank: int) -> None:
+        """In rank ``rank``'s thread: its context (bound as the thread's current one) and
+        communicator."""
+        from .runtime.communicator import communicator
+        from .symmetric.capability import Capabilities
+        from .symmetric.context import Context, bind_thread
+
+        stream = self._streams.streams[rank]
+        caps = Capabilities(device=self.device, world_size=self.size, multicast=False,
+                            multicast_reason="a one-GPU world has no NVLink multicast", peer_access=True,
+                            peer_reason=None, nvlink_mesh=True)
+        heap = LoopbackHeap(self.meeting, self.table, rank, self.device, lambda: stream)
+        ctx = self.contexts[rank] = Context(
+            heap=heap, group=None, rank=rank, world_size=self.size, device=self.device, caps=caps, backend="peer",
+            agreement=ThreadAgreement(self.meeting, rank), ranks_on_device=self.size)
+        bind_thread(ctx)
+        comm = self.communicators[rank] = communicator()
+        comm.stream_flags.use_side(self._streams.side[rank])
+        if self.collective_timeout_s is not None:
+            comm.errors.timeout_s = self.collective_timeout_s
+
+    def run(self, fn: Callable[[int], Any]) -> list[Any]:
+        """``fn(rank)`` in every rank; the results in rank order (:meth:`RankThreads.run`).
+
+        Raises:
+            WorldError: the world is closed, broken or a rank hung.
+            BaseException: the first failing rank's exception, with a note naming its rank.
+        """
+        if self.closed:
+            raise WorldError("this world is closed; open a new one", [])
+        return self.threads.run(fn)
+
+    def close(self) -> None:
+        """Close every rank's context (collective, where the world is not broken), end the
+        threads, wait for the world's GPU work (bounded by the kernels' own timeouts) and free
+        its memory.  Idempotent."""
+        import torch
+
+        from .runtime.communicator import forget
+
+        if self.closed:
+            return
+        try:
+            if self.broken is None and None not in self.contexts:
+                self.threads.run(lambda rank: self.contexts[rank].close())
+        finally:
+            self.closed = True
+            self.threads.stop()
+            torch.cuda.synchronize(self.device)  # no rank runs now: only the world's kernels, each bounded
+            for ctx in self.contexts:  # a broken world's contexts: closed without agreeing, forgotten
+                if ctx is not None:
+                    if not ctx.closed:
+                        ctx.abandon()
+                    forget(ctx)
+            self.contexts = [None] * self.size
+            self.communicators = [None] * self.size
+            self.table.clear()
+            self._streams.close()
+
+    def __enter__(self) -> World:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else "broken" if self.broken else "open"
+        return f"World({self.size} ranks on cuda:{self.device}, {state})"
+
+
+class _Streams:
+    """Two CUDA streams per rank (its current stream and the side stream of GEMM overlap),
+    created with ``cuStreamCreate`` (non-blocking) and wrapped as torch ``ExternalStream``s:
+    never torch's pooled streams (32 per priority, created together), so the world's streams,
+    fewer than ``CUDA_DEVICE_MAX_CONNECTIONS``, each get a hardware queue of their own.
+
+    The streams live as long as the process, like torch's own: a closed world hands them back
+    to :data:`_IDLE_STREAMS` for the next world, never to ``cuStreamDestroy``, because torch
+    keeps using a stream after the world closed (the caching allocator records an event on
+    every stream a tensor was used on when it frees the tensor, at any later garbage collection;
+    on a destroyed stream that aborts the process: "context is destroyed")."""
+
+    def __init__(self, device: int, count: int) -> None:
+        import torch
+
+        with torch.cuda.device(device):
+            torch.cuda.current_stream(device).synchronize()  # torch's context of the device, current here
+            with _STREAMS_LOCK:
+                idle = _IDLE_STREAMS.setdefault(device, [])
+                taken, idle[:] = idle[:2 * count], idle[2 * count:]
+            self.handles = taken + [_create_stream() for _ in range(2 * count - len(taken))]
+        self.device = device
+        external = [torch.cuda.ExternalStream(int(h), device=device) for h in self.handles]
+        self.streams, self.side = external[:count], external[count:]
+
+    def close(self) -> None:
+        """Wait for the streams' work and hand them back for the next world (never destroyed)."""
+        for s in self.streams + self.side:
+            s.synchronize()
+        with _STREAMS_LOCK:
+            _IDLE_STREAMS.setdefault(self.device, []).extend(self.handles)
+        self.handles, self.streams, self.side = [], [], []
+
+
+#: Streams of closed worlds by device, kept for the next world (:class:`_Streams`).
+_IDLE_STREAMS: dict[int, list[Any]] = {}
+_STREAMS_LOCK = threading.Lock()
+
+
+def _create_stream() -> Any:
+    """A non-blocking stream of the current CUDA context (torch's context of the device)."""
+    from cuda.bindings import driver
+
+    err, current = driver.cuCtxGetCurrent()
+    if err != driver.CUresult.CUDA_SUCCESS or not int(current):
+        raise CollectiveError(f"cuStreamCreate needs a current CUDA context (cuCtxGetCurrent: {err})")
+    err, handle = driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING.value)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise CollectiveError(f"cuStreamCreate failed: {err}")
+    return handle
+
+
+def check_loading_mode() -> None:
+    """Refuse to run where CUDA loads modules lazily (the driver's answer, read once CUDA has
+    started: ``CUDA_MODULE_LOADING`` counts only before that).
+
+    Raises:
+        CollectiveError: the driver loads modules lazily.
+    """
+    from cuda.bindings import driver
+
+    query = getattr(driver, "cuModuleGetLoadingMode", None)
+    if query is None:
+        return
+    err, mode = query()
+    if err == driver.CUresult.CUDA_SUCCESS and mode != driver.CUmoduleLoadingMode.CU_MODULE_EAGER_LOADING:
+        raise CollectiveError(
+            "a one-GPU world needs CUDA_MODULE_LOADING=EAGER set before CUDA starts in the process (the driver "
+            "loads modules lazily here): lazy loading may synchronise the context at a kernel's first launch, "
+            "which waits for the other ranks' spinning kernels (measured: lost communicators within 25 calls)")
+
+
+def run_world(world_size: int, fn: Callable[[int], Any], *, device: int = 0, timeout_s: float = 60.0,
+              collective_timeout_s: float | None = None) -> list[Any]:
+    """``fn(rank)`` in each of ``world_size`` ranks on GPU ``device``; the results in rank order
+    (a :class:`World` opened for this call and closed after it; see the module docstring).
+
+    Raises:
+        BaseException: the first failing rank's exception, with a note naming its rank.
+        WorldError: a rank hung (still running ``timeout_s`` after another finished).
+        CollectiveError: ``world_size`` outside 1..8, or CUDA started with lazy module loading.
+    """
+    with World(world_size, device=device, timeout_s=timeout_s, collective_timeout_s=collective_timeout_s) as world:
+        return world.run(fn)
+
+
+@contextlib.contextmanager
+def capture(graph: Any, *, pool: Any = None) -> Iterator[Any]:
+    """Capture what this thread launches inside the block into ``graph`` (a
+    ``torch.cuda.CUDAGraph``), in ``thread_local`` capture mode and without the device-wide
+    synchronisation and cache flush of ``torch.cuda.graph``: several ranks of a world may
+    capture at once.  It captures on the current stream, or, where that is the default stream
+    (a torchrun rank's), on a side stream that joins it before and after.  Warm every
+    collective of the capture up eagerly first (compiles and plans happen outside it)."""
+    import torch
+
+    current = torch.cuda.current_stream()
+    side = current == torch.cuda.default_stream(current.device)
+    stream = torch.cuda.Stream(current.device) if side else current
+    if side:
+        stream.wait_stream(current)
+    stream.synchronize()
+    with torch.cuda.stream(stream):
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+        try:
+            yield graph
+        finally:
+            graph.capture_end()
+    if side:
+        current.wait_stream(stream)

@@ -1,0 +1,178 @@
+"""Co-residency arithmetic of ranks sharing one GPU (pure Python): CUDA's occupancy rules for a
+block, each rank's share of the grid, PDL successors counted, and a clear error (not a hang)
+where a configuration cannot fit."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from collectives.algorithms.residency import CoResidencyError, Occupancy, Residency, SmLimits, blocks_per_sm, share
+from collectives.config import LAMPORT_BLOCKS
+
+H100 = SmLimits(sms=132)
+
+
+def key(threads: int = 512, pdl: bool = False, algorithm: str = "one_shot") -> SimpleNamespace:
+    return SimpleNamespace(threads=threads, pdl=pdl, algorithm=algorithm, collective="all_reduce")
+
+
+@pytest.mark.parametrize(("threads", "registers", "shared", "blocks"), [
+    (512, 32, 0, 4),      # threads bound: 2048 / 512
+    (512, 64, 0, 2),      # registers: 64 x 32 = 2048 per warp, 65536 / 2048 = 32 warps = 2 blocks
+    (512, 128, 0, 1),     # the most a 512-thread block may take
+    (512, None, 0, 1),    # unknown registers: assume the most
+    (256, 40, 0, 6),      # 40 x 32 = 1280 per warp -> 51 warps -> 6 blocks of 8 warps
+    (256, 41, 0, 5),      # 41 x 32 = 1312, rounded up to 1536 per warp -> 42 warps -> 5 blocks
+    (32, 16, 0, 32),      # the barrier's one warp: the block limit
+    (512, 32, 100 * 1024, 2),  # shared memory: 228 KB / 100 KB
+    (512, 32, 300 * 1024, 0),  # does not fit at all
+])
+def test_blocks_per_sm_follows_cuda_occupancy(threads: int, registers: int | None, shared: int, blocks: int) -> None:
+    assert blocks_per_sm(H100, threads, registers, shared) == blocks
+
+
+def test_the_share_divides_the_gpu_among_the_ranks_and_halves_for_pdl() -> None:
+    assert share(H100, 1, 2, pdl=False) == 264
+    assert share(H100, 4, 1, pdl=False) == 33
+    assert share(H100, 4, 1, pdl=True) == 16
+    assert share(H100, 8, 2, pdl=True) == 16
+    for ranks in range(1, 9):
+        for per_sm in (1, 2, 4):
+            for pdl in (False, True):
+                s = share(H100, ranks, per_sm, pdl)
+                assert ranks * s * (2 if pdl else 1) <= H100.sms * per_sm  # every grid resident at once
+                assert ranks * (s + 1) * (2 if pdl else 1) > H100.sms * per_sm  # and no block to spare
+
+
+def test_a_world_where_no_block_fits_is_refused() -> None:
+    with pytest.raises(CoResidencyError, match="cannot each have one block resident"):
+        share(SmLimits(sms=4), 8, 1, pdl=False)
+
+
+def test_lamports_share_at_8_ranks_is_smaller_than_its_parts() -> None:
+    """128 parts x 256 threads at 40 registers: 6 blocks per SM, 792 on an H100; at W = 8 (or
+    W = 4 with PDL) each rank may have 99, fewer than the 128 parts (the measured deadlock of the
+    fixed grid): its blocks then run several parts each."""
+    forty = Occupancy(registers=40)
+    assert Residency(H100, 4).cap(key(256, algorithm="lamport"), forty) == 198 > LAMPORT_BLOCKS
+    assert Residency(H100, 8).cap(key(256, algorithm="lamport"), forty) == 99 < LAMPORT_BLOCKS
+    assert Residency(H100, 4).cap(key(256, pdl=True, algorithm="lamport"), forty) == 99
+
+
+def test_the_drivers_figure_wins_over_the_arithmetic() -> None:
+    """The driver's blocks per SM (from the cubin) decide; registers and shared memory are the
+    fallback."""
+    assert Occupancy(per_sm=3, registers=128).blocks(H100, 512) == 3
+    assert Occupancy(registers=128).blocks(H100, 512) == 1
+    assert Residency(H100, 2).cap(key(), Occupancy(per_sm=2)) == 132
+    assert Residency(H100, 2).cap(key(pdl=True), Occupancy(per_sm=2)) == 66
+
+
+def test_the_cap_of_a_block_that_does_not_fit_names_it() -> None:
+    with pytest.raises(CoResidencyError, match="does not fit one SM"):
+        Residency(H100, 2).cap(key(), Occupancy(registers=32, shared=300 * 1024))
+
+
+def test_limits_are_read_from_device_properties() -> None:
+    props = SimpleNamespace(multi_processor_count=78, max_threads_per_multi_processor=1536,
+                            regs_per_multiprocessor=65536, shared_memory_per_multiprocessor=100 * 1024)
+    assert SmLimits.of(props) == SmLimits(sms=78, threads=1536, shared=100 * 1024)
+    assert SmLimits.of(SimpleNamespace(multi_processor_count=132)) == H100
+
+
+# -- every algorithm honours the share: the real API and plans on a fake communicator -----------
+
+CALLS = {
+    "all_reduce": [("one_shot", 1), ("two_shot", 1), ("tma", 1), ("push", 1), ("auto", 1)],
+    "reduce_scatter": [("one_shot", 8), ("tma", 8), ("push", 8)],
+    "all_gather": [("one_shot", 8), ("tma", 8)],
+}
+
+
+def _world_comm(monkeypatch, ranks: int | None, per_sm: int = 1):
+    pytest.importorskip("torch")
+    from tests.support.fake_comm import FakeComm, FakeHeap, install
+
+    comm = FakeComm(FakeHeap(world_size=8))
+    install(monkeypatch, comm, [False])
+    if ranks is not None:
+        comm.residency = Residency(SmLimits(sms=132), ranks)
+        monkeypatch.setattr(comm, "_occupancy", lambda key: Occupancy(per_sm=per_sm))
+    return comm
+
+
+def _call_everything(comm) -> None:
+    from tests.support.fake_comm import FakeTensor
+
+    from collectives import api
+
+    n, address = 1 << 22, iter(range(0x7F00_0000_0000, 0x7F10_0000_0000, 1 << 30))
+    for collective, cases in CALLS.items():
+        for algorithm, whole in cases:
+            big, block = FakeTensor(next(address), n * whole), FakeTensor(next(address), n * whole // 8)
+            if collective == "all_reduce":
+                api.all_reduce(big, algorithm=algorithm, backend="peer")
+            elif collective == "reduce_scatter":
+                api.reduce_scatter(block, big, algorithm=algorithm, backend="peer")
+            else:
+                api.all_gather(big, block, algorithm=algorithm, backend="peer")
+
+
+def test_every_algorithm_launches_within_the_rank_share(monkeypatch) -> None:
+    """8 ranks on 132 SMs, one block per SM, PDL: 8 blocks each.  Alone on the GPU the same
+    calls take more (the test can fail)."""
+    alone = _world_comm(monkeypatch, None)
+    _call_everything(alone)
+    assert max(blocks for _, blocks in alone.grids) > 8
+    shared = _world_comm(monkeypatch, 8)
+    _call_everything(shared)
+    assert {key.algorithm for key, _ in shared.grids} >= {"one_shot", "two_shot", "tma", "push"}
+    assert max(blocks for _, blocks in shared.grids) <= 8
+
+
+def test_lamport_runs_its_parts_on_the_rank_share(monkeypatch) -> None:
+    """Lamport honours the share like the others: 8 blocks for its 128 parts at 8 ranks."""
+    from tests.support.fake_comm import FakeTensor
+
+    from collectives import api
+
+    comm = _world_comm(monkeypatch, 8)
+    api.all_reduce(FakeTensor(0x7E00_0000_0000, 4096), algorithm="lamport", backend="peer")
+    assert [b for k, b in comm.grids if k.algorithm == "lamport"] == [8]
+    alone = _world_comm(monkeypatch, None)
+    api.all_reduce(FakeTensor(0x7E10_0000_0000, 4096), algorithm="lamport", backend="peer")
+    assert [b for k, b in alone.grids if k.algorithm == "lamport"] == [LAMPORT_BLOCKS]
+
+
+def test_setting_the_timeout_replans_so_the_kernels_take_the_new_bound(monkeypatch) -> None:
+    """A plan's launch arguments hold the bound: setting ``timeout_s`` after a call must not
+    leave the cached plan launching with the old one (found in a one-GPU world)."""
+    from tests.support.fake_comm import FakeTensor
+
+    from collectives import api
+
+    comm = _world_comm(monkeypatch, None)
+    t = FakeTensor(0x7D00_0000_0000, 4096)
+    api.all_reduce(t, algorithm="one_shot", backend="peer")
+    (plan,) = comm.plans._plans.values()
+    assert int(comm.timeout_s * 1e9) in plan.args[0]
+    comm.errors.timeout_s = 2.0
+    api.all_reduce(t, algorithm="one_shot", backend="peer")
+    (plan,) = comm.plans._plans.values()
+    assert int(2e9) in plan.args[0]
+
+
+def test_a_tma_block_is_bounded_by_its_pipelines_shared_memory() -> None:
+    """CuTeDSL sizes shared memory at launch (the cubin declares none): the occupancy is asked
+    with the TMA pipeline's budget, one block per SM, whatever its registers."""
+    from collectives.algorithms import KernelKey
+    from collectives.algorithms.residency import shared_bound
+    from collectives.config import TMA_SMEM_BYTES
+
+    tma = KernelKey("reduce_scatter", "tma", "peer", "bf16", 8)
+    assert shared_bound(tma) == TMA_SMEM_BYTES + 1024
+    assert Occupancy(registers=32, shared=shared_bound(tma)).blocks(H100, tma.threads) == 1
+    one_shot = KernelKey("all_reduce", "one_shot", "peer", "bf16", 8)
+    assert Occupancy(registers=32, shared=shared_bound(one_shot)).blocks(H100, one_shot.threads) == 4
