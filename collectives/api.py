@@ -145,7 +145,10 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
 
 def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits = None,
                in_splits: exchange.Splits = None, *, group: Any = None) -> torch.Tensor:
-    """The uneven all-to-all, as :func:`torch.distributed.all_to_all_single`: rank ``s`` sends
+    """**Not yet correct on a GPU** (issue 34): in the one-GPU world at W = 2 on an H100 its GPU
+    test returned wrong rows and raised spurious size mismatches; do not use it for real work yet.
+
+    The uneven all-to-all, as :func:`torch.distributed.all_to_all_single`: rank ``s`` sends
     rows ``[sum(in_splits[:r]), +in_splits[r])`` of ``inp`` (dimension 0) to rank ``r``, which
     receives them as rows ``[sum(out_splits[:s]), +out_splits[s])`` of ``out``; without
     splits, dimension 0 in ``world`` equal chunks.  Splits are lists of ints or int64 tensors of
