@@ -86,7 +86,9 @@ def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x`` ([tokens, hidden]) as float8_e4m3fn with one f32 scale per token (its largest
     magnitude over :data:`E4M3_MAX`; 1 for a zero row): ``x ~ q * scale``."""
     amax = x.abs().amax(dim=1).float() if x.shape[1] else x.new_zeros(x.shape[0], dtype=torch.float32)
-    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    # A tensor divisor, not a Python number: CUDA's division by a scalar multiplies by its
+    # reciprocal (last-bit differences from the CPU's true division, found on one H100).
+    scale = torch.where(amax > 0, amax / torch.full_like(amax, E4M3_MAX), torch.ones_like(amax))
     return (x.float() / scale[:, None]).to(torch.float8_e4m3fn), scale
 
 

@@ -32,6 +32,7 @@ from ..algorithms.all_to_all import ALL_TO_ALL, AllToAllKey, default_parts
 from ..algorithms.plan import current_stream
 from ..errors import CollectiveError
 from ..exchange import ExchangeLayout
+from ..symmetric.context import address
 
 #: Bytes of the staging buffer through which a plain output receives (each rank's, allocated
 #: at its communicator's first all-to-all; ``COLLECTIVES_ALL_TO_ALL_STAGING_BYTES``, the same on
@@ -155,7 +156,7 @@ def all_to_all(comm: Any, out: torch.Tensor, inp: torch.Tensor, out_splits: Spli
     slots = state.slots
     args = ALL_TO_ALL.pack(
         recv_table=comm.buffer(base).table.data_ptr(), recv_id=number,
-        recv=out.data_ptr() if direct else state.staging.data_ptr(), out=out.data_ptr(), src=inp.data_ptr(),
+        recv=address(out) if direct else state.staging.data_ptr(), out=out.data_ptr(), src=inp.data_ptr(),
         in_splits=send.data_ptr(), out_splits=receive.data_ptr(), in_n=inp.numel(), out_n=recv_n,
         slot_table=slots.table.data_ptr(), slots=int(slots.host[comm.rank]), err=comm.error.data_ptr(),
         rank=comm.rank, timeout_ns=int(comm.timeout_s * 1e9))

@@ -33,7 +33,7 @@ from .capability import Backend, Capabilities, multicast_disabled_by_env
 from .groups import Ranges
 from .heap import Heap
 
-__all__ = ["ALIGN", "Context", "bind_thread", "bound", "current", "is_symmetric"]
+__all__ = ["ALIGN", "Context", "address", "bind_thread", "bound", "current", "is_symmetric"]
 
 ALIGN = 16
 """Byte alignment guaranteed for every allocation and required by :meth:`Context.peer_pointers`."""
@@ -62,8 +62,17 @@ class _Alloc:
         return self.raw.data_ptr()
 
 
+def address(t: torch.Tensor) -> int:
+    """The device address of ``t``'s first element, also where ``t`` is empty: torch reports
+    ``data_ptr()`` 0 for a tensor of no elements (a view of 0 rows of a symmetric tensor would
+    otherwise look like memory outside every allocation)."""
+    if t.numel():
+        return t.data_ptr()
+    return t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()
+
+
 def _extent(t: torch.Tensor) -> int:
-    """Bytes from ``t.data_ptr()`` to one past its last element."""
+    """Bytes from :func:`address` ``(t)`` to one past its last element."""
     if t.numel() == 0:
         return 0
     return (sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True)) + 1) * t.element_size()
@@ -199,7 +208,7 @@ class Context:
         self._check_open()
         if not isinstance(t, torch.Tensor):
             raise SymmetricMemoryError(f"expected a torch.Tensor, got {type(t).__name__}")
-        p, n = t.data_ptr(), _extent(t)
+        p, n = address(t), _extent(t)
         pool = self.pool.data_ptr() if self.pool is not None else None
         for a in self._allocs.values():  # (not the sub-group pool: symmetric over its groups only)
             if a.ptr <= p and p + n <= a.ptr + a.nbytes and (n or p < a.ptr + a.nbytes) and a.ptr != pool:
@@ -213,10 +222,11 @@ class Context:
             f"tensor at {p:#x} ({n} bytes, {t.device}) is not (entirely) in this context's symmetric heap")
 
     def allocation(self, t: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """The whole allocation ``t`` lies in and its number (the same on every rank:
-        allocations are collective and numbered in order)."""
+        """The whole allocation ``t`` lies in (its bytes as allocated, without the heap's
+        alignment padding: a symmetric tensor in its own right) and its number (the same on
+        every rank: allocations are collective and numbered in order)."""
         a, _ = self._find(t)
-        return a.raw, a.seq
+        return a.raw[:a.nbytes], a.seq
 
     def is_symmetric(self, t: torch.Tensor) -> bool:
         """Whether ``t`` lies entirely within one live allocation of this context, or in the
@@ -271,7 +281,7 @@ class Context:
 
         Raises SymmetricMemoryError if an address is not ``align``-byte aligned.
         """
-        ptrs = [p.data_ptr() for p in self.peer_tensors(t)]
+        ptrs = [address(p) for p in self.peer_tensors(t)]
         bad = [(r, hex(p)) for r, p in enumerate(ptrs) if p % align]
         if bad:
             raise SymmetricMemoryError(f"peer pointers not {align}-byte aligned: {bad}")

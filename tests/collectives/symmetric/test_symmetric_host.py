@@ -88,6 +88,34 @@ def test_empty_registry_and_close() -> None:
         ctx.empty(4)
 
 
+def test_an_allocation_is_symmetric_itself_whatever_its_padding() -> None:
+    """``allocation(view)``: the allocation's own bytes, a symmetric tensor (the all-to-all
+    builds its receive table from it); with the heap's padding (an allocation of 20 bytes
+    takes 32) it was not, and a symmetric all-to-all output of 5 float rows failed."""
+    ctx = make_ctx()
+    a = ctx.empty((5, 1), torch.float32)
+    whole, number = ctx.allocation(a[2:4])
+    assert whole.data_ptr() == a.data_ptr() and whole.nbytes == a.nbytes and number == 0
+    assert ctx.is_symmetric(whole)
+    assert ctx.allocation(whole)[0].data_ptr() == whole.data_ptr()
+    ctx.close()
+
+
+def test_an_empty_view_of_a_symmetric_tensor_is_symmetric() -> None:
+    """torch reports ``data_ptr()`` 0 for a tensor of no elements; the context places an empty
+    view by its storage (on one H100, an all-to-all rank receiving 0 rows into a symmetric out
+    took it for a plain tensor and received staged while the others received directly)."""
+    from collectives.symmetric.context import address
+
+    ctx = make_ctx()
+    a = ctx.empty((4, 3), torch.float32)
+    empty = a[2:2]
+    assert empty.data_ptr() == 0 and address(empty) == a.data_ptr() + 2 * 3 * 4
+    assert ctx.is_symmetric(empty) and ctx.allocation(empty)[1] == 0
+    assert not ctx.is_symmetric(torch.empty(4)[1:1])
+    ctx.close()
+
+
 def test_context_manager_and_free() -> None:
     with make_ctx() as ctx:
         a = ctx.empty(16, torch.int64)
