@@ -194,12 +194,13 @@ def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, e
 def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, *,
              mode: str = "low_latency", max_tokens: int | None = None, validate: bool = False,
              fp8: bool = False, group: Any = None) -> tuple[torch.Tensor, torch.Tensor, Handle]:
-    """**Not yet correct on a GPU** (issue 34: built on :func:`collectives.all_to_all`, whose GPU
-    test fails in the one-GPU world).  Send each token of ``x`` ([tokens, hidden]) to its ``topk_ids`` experts' ranks (see the
-    module).  ``max_tokens``: the most tokens any rank dispatches (default: this rank's count;
-    the same on every rank).  ``fp8``: the rows travel and arrive as float8_e4m3fn with a scale
-    per token (:func:`quantize`; ``handle.scales``; not inside torch.compile).  Returns
-    ``(expert_x, counts, handle)``."""
+    """**Not yet right in CUDA graphs** (issue 34: in a one-GPU world, graph replays with new
+    routings returned a wrong combine output in 2 of 5 runs; eager calls were exact).  Send each
+    token of ``x`` ([tokens, hidden]) to its ``topk_ids`` experts' ranks (see the module).
+    ``max_tokens``: the most tokens any rank dispatches (default: this rank's count; the same on
+    every rank).  ``fp8``: the rows travel and arrive as float8_e4m3fn with a scale per token
+    (:func:`quantize`; ``handle.scales``; not inside torch.compile).  Returns ``(expert_x, counts,
+    handle)``."""
     from . import api
     from .runtime.communicator import communicator, traceable
 

@@ -83,9 +83,12 @@ def check_graph_replays_with_new_routings(rank: int, world: int, group, replays:
     graph = torch.cuda.CUDAGraph()
     with capture(graph):
         ex, counts, out = step()
+    import collectives
+
     for seed in range(1, replays + 1):
         xs, i, ws = load(seed)
         graph.replay()
+        collectives.synchronize(group)  # a call that failed (a timeout) raises here, not as wrong rows below
         per_expert, outs = reference(world, experts, xs, i, ws)
         assert torch.equal(out.cpu().view(torch.uint8), outs[rank].view(torch.uint8)), seed
         for le in range(local):
