@@ -1,5 +1,7 @@
 """Mixture-of-experts dispatch and combine over the uneven all-to-all
-(:func:`collectives.all_to_all`), low-latency mode.
+(:func:`collectives.all_to_all`), in two modes: ``"low_latency"`` (decode: fixed capacity, no
+host synchronisation, CUDA-graph capturable) and ``"throughput"`` (prefill: exact sizes, one
+host synchronisation per dispatch).
 
 ``dispatch`` sends every token to the ranks of its top-k experts (expert ``e`` lives on rank
 ``e // L``, as its local expert ``e % L``, ``L = num_experts / world``) and returns, per local
@@ -10,8 +12,9 @@ GPU.  ``combine`` sends every expert's output rows back and returns each token's
 ``sum_k weight[t, k] * expert_out(t, k)``, accumulated in f32 in ``k`` order and rounded once to
 the input's dtype.
 
-No step reads a value back to the host, and every shape is fixed by ``max_tokens`` (the same on
-every rank): a CUDA graph captures both calls, and replays with new routings.  The device work
+Low latency: no step reads a value back to the host, and every shape is fixed by
+``max_tokens`` (the same on every rank): a CUDA graph captures both calls, and replays with new
+routings.  The device work
 is two all-to-alls per call (the per-expert counts, then the rows; combine: the rows), whose
 rows land directly in receive buffers of symmetric memory (allocated by the first call of each
 shape: make it eagerly before a capture), and index arithmetic in torch (a stable sort of the
@@ -20,6 +23,14 @@ Entries whose expert id is out of range, and rows past an expert's capacity (pos
 dropped and counted (``handle.dropped``, on the GPU; ``validate=True`` checks the ids on the
 host first and raises); a receive buffer too small for the rows sent fails the all-to-all's
 pairs with a size mismatch, never silently.
+
+Throughput: ``expert_x`` is exact, ``[sum(counts), H]``, local expert ``l``'s rows at
+``[sum(counts[:l]), +counts[l])`` in the same order (the packed layout of a grouped GEMM), and
+no entry is dropped but those of out-of-range ids.  The dispatch reads back, once, every rank's
+number of rows to receive and of tokens (an all-gather through the all-to-all), so that its
+receive buffers have the same size on every rank, as symmetric ones must: the next power of two
+of the largest, each size allocated once and reused.  Not capturable in a CUDA graph (the sizes
+come from the routing) and not inside ``torch.compile``.
 
 :func:`dispatch_with` and :func:`combine_with` take the all-to-all as a function, so that the
 same code runs over the reference in a simulated world (the CPU tests).
@@ -47,7 +58,7 @@ Empty = Callable[[str, tuple, torch.dtype, torch.device], torch.Tensor]
 def plain(name: str, shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A new plain tensor (received through the all-to-all's staging buffer)."""
     return torch.empty(shape, dtype=dtype, device=device)
-MODES = ("low_latency",)
+MODES = ("low_latency", "throughput")
 
 
 @dataclass
@@ -57,7 +68,8 @@ class Handle:
     received row's place in ``expert_x`` (``place``; a dropped row's is the trash row), the
     shapes, and the count of dropped entries (``dropped``, a GPU scalar; a combine needs
     none of it); with fp8, ``scales`` ``[L, W * max_tokens]`` (f32: a row's values are
-    ``expert_x * scale``)."""
+    ``expert_x * scale``); in throughput mode, ``most``: the rows of the combine's receive
+    buffer."""
 
     order: torch.Tensor
     valid: torch.Tensor
@@ -70,12 +82,30 @@ class Handle:
     topk: int
     dropped: torch.Tensor | None = None
     scales: torch.Tensor | None = None
+    #: Throughput mode: rows of every rank's combine receive buffer (the same on every rank).
+    most: int = 0
 
 
 def _scatter_count(index: torch.Tensor, bins: int) -> torch.Tensor:
     """``bincount(index, minlength=bins)`` without a host sync (torch's reads the maximum back)."""
     counts = torch.zeros(bins, dtype=torch.int64, device=index.device)
     return counts.scatter_add_(0, index, torch.ones_like(index))
+
+
+def _capacity(rows: int) -> int:
+    """Rows of a throughput-mode receive buffer for ``rows``: the next power of two (at least 1),
+    so that a run of prefills allocates a few sizes, not one per routing."""
+    return 1 << max(rows - 1, 0).bit_length()
+
+
+def _everyone(exchange: Exchange, world: int, values: list[torch.Tensor]) -> list[list[int]]:
+    """Every rank's ``values`` (int64 scalars on the GPU), read back to the host: an all-gather
+    through the all-to-all (each rank sends its row to every rank), then one host sync."""
+    mine = torch.stack(values).view(1, -1)
+    sent = mine.expand(world, -1).contiguous()
+    got = torch.empty_like(sent)
+    exchange(got.view(torch.float32), sent.view(torch.float32), None, None)
+    return got.cpu().tolist()
 
 
 #: The largest finite float8_e4m3fn: a token's largest magnitude maps to it.
@@ -145,7 +175,16 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     counts = torch.empty((world, local), dtype=torch.int64, device=device)
     exchange(counts.view(torch.float32), per_expert.view(world, local).view(torch.float32), None, None)
     recv_splits = counts.sum(1)
-    room = world * max_tokens * min(topk, local)  # rows a rank can receive
+    exact = mode == "throughput"
+    most = 0
+    if exact:  # every rank's rows to receive and tokens: the buffers' sizes, the same everywhere
+        own = recv_splits.sum()
+        sizes = _everyone(exchange, world, [own, torch.tensor(tokens, device=device)])
+        room = _capacity(max(r for r, _ in sizes))
+        most = _capacity(max(t for _, t in sizes) * topk)
+        total = int(own)  # (computed before the read-back above: no further wait)
+    else:
+        room = world * max_tokens * min(topk, local)  # rows a rank can receive
     received = empty("dispatch", (room, width), wire, device).view(source.dtype)
     exchange(received.view(wire), rows.view(wire), recv_splits, send_splits)
 
@@ -159,14 +198,20 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     within = i - (ends - segments)[segment]
     before = (torch.cumsum(counts, 0) - counts).reshape(-1)[segment]  # earlier sources' rows of the expert
     slot = before + within
-    kept = arrived & (slot < capacity)
-    place = torch.where(kept, (segment % local) * capacity + slot, local * capacity)  # else: the trash row
-    expert_x = torch.empty((local * capacity + 1, width), dtype=source.dtype, device=device)
-    expert_x.index_copy_(0, place, received)
     expert_counts = counts.sum(0)
+    if exact:  # expert l's rows from the sum of the earlier experts' counts on: none dropped
+        kept, rows_out = arrived, total
+        first = torch.cumsum(expert_counts, 0) - expert_counts
+        place = torch.where(kept, first[segment % local] + slot, total)  # else: the trash row
+    else:
+        kept, rows_out = arrived & (slot < capacity), local * capacity
+        place = torch.where(kept, (segment % local) * capacity + slot, rows_out)  # else: the trash row
+    expert_x = torch.empty((rows_out + 1, width), dtype=source.dtype, device=device)
+    expert_x.index_copy_(0, place, received)
     dropped = (~valid).sum() + (arrived & ~kept).sum()
-    handle = Handle(order, valid, topk_weights, send_splits, recv_splits, place, kept, tokens, topk, dropped)
-    expert_x = expert_x[:-1].view(local, capacity, width)
+    handle = Handle(order, valid, topk_weights, send_splits, recv_splits, place, kept, tokens, topk, dropped,
+                    most=most)
+    expert_x = expert_x[:-1] if exact else expert_x[:-1].view(local, capacity, width)
     if fp8:
         handle.scales = expert_x[..., hidden:].contiguous().view(torch.float32)[..., 0]
         expert_x = expert_x[..., :hidden].contiguous().view(wire)
@@ -175,11 +220,17 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
 
 def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, empty: Empty = plain) -> torch.Tensor:
     """:func:`combine` over ``exchange``, receiving rows into ``empty``'s buffer."""
-    local, capacity, hidden = expert_out.shape
     h = handle
-    most = capacity // h.send_splits.numel() * h.topk  # max_tokens x topk: the same on every rank
-    flat = expert_out.reshape(local * capacity, hidden)
-    back = flat.index_select(0, h.place.clamp(max=local * capacity - 1))
+    hidden = expert_out.shape[-1]
+    if expert_out.dim() == 3:  # low latency: [L, capacity, hidden]
+        most = expert_out.shape[1] // h.send_splits.numel() * h.topk  # max_tokens x topk, the same everywhere
+    else:  # throughput: the packed rows
+        most = h.most
+    flat = expert_out.reshape(-1, hidden)
+    if flat.shape[0]:
+        back = flat.index_select(0, h.place.clamp(max=flat.shape[0] - 1))
+    else:  # nothing was received: every row sent back is a zero
+        back = flat.new_zeros((h.place.shape[0], hidden))
     back = torch.where(h.kept[:, None], back, torch.zeros((), dtype=back.dtype, device=back.device))
     entries = empty("combine", (most, hidden), expert_out.dtype, expert_out.device)[:h.tokens * h.topk].zero_()
     exchange(entries, back, h.send_splits, h.recv_splits)  # in the dispatch's sorted order
@@ -197,8 +248,9 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     """**Not yet right in CUDA graphs** (issue 34: in a one-GPU world, graph replays with new
     routings returned a wrong combine output in 2 of 5 runs; eager calls were exact).  Send each
     token of ``x`` ([tokens, hidden]) to its ``topk_ids`` experts' ranks (see the module).
-    ``max_tokens``: the most tokens any rank dispatches (default: this rank's count; the same on
-    every rank).  ``fp8``: the rows travel and arrive as float8_e4m3fn with a scale per token
+    ``mode``: ``"low_latency"`` or ``"throughput"`` (see the module).  ``max_tokens`` (low
+    latency): the most tokens any rank dispatches (default: this rank's count; the same on every
+    rank).  ``fp8``: the rows travel and arrive as float8_e4m3fn with a scale per token
     (:func:`quantize`; ``handle.scales``; not inside torch.compile).  Returns ``(expert_x, counts,
     handle)``."""
     from . import api
@@ -207,9 +259,10 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     max_tokens = x.shape[0] if max_tokens is None else max_tokens
     if torch.compiler.is_compiling():  # the custom operator (collectives.runtime.moe_ops), on the default communicator
         traceable(group, "moe.dispatch")
-        if validate or fp8 or mode not in MODES:
-            raise CollectiveError(f"moe.dispatch inside torch.compile: mode must be one of {MODES}, without validate "
-                                  "(it reads the ids back to the host) and without fp8")
+        if validate or fp8 or mode != "low_latency":
+            raise CollectiveError("moe.dispatch inside torch.compile: mode must be 'low_latency' (throughput mode "
+                                  "reads sizes back to the host), without validate (it reads the ids back) and "
+                                  "without fp8")
         expert_x, counts, handle = moe_ops.traced_dispatch(x, topk_ids, topk_weights, num_experts, max_tokens,
                                                            _world())
         return expert_x, counts, handle_from(handle, topk_weights)
@@ -219,7 +272,8 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
 
 def combine(expert_out: torch.Tensor, handle: Handle, *, group: Any = None) -> torch.Tensor:
     """Each dispatched token's weighted sum of its experts' rows of ``expert_out`` ([L, W *
-    max_tokens, hidden]), in its original order and dtype."""
+    max_tokens, hidden] in low-latency mode, the packed [sum(counts), hidden] in throughput
+    mode), in its original order and dtype."""
     from . import api
 
     if torch.compiler.is_compiling():

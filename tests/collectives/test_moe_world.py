@@ -166,7 +166,7 @@ def test_bad_arguments() -> None:
     with pytest.raises(CollectiveError, match="exceed max_tokens=2"):
         moe.dispatch_with(None, 2, xs[0], ids[0], ws[0], 4, 2)
     with pytest.raises(CollectiveError, match="mode must be one of"):
-        moe.dispatch_with(None, 2, xs[0], ids[0], ws[0], 4, 3, mode="throughput")
+        moe.dispatch_with(None, 2, xs[0], ids[0], ws[0], 4, 3, mode="fast")
 
 
 def test_fp8_dispatch_moves_each_token_quantized_with_its_scale() -> None:
@@ -194,3 +194,82 @@ def test_fp8_dispatch_moves_each_token_quantized_with_its_scale() -> None:
         back = q.float() * s[:, None]
         amax = x.float().abs().amax(1, keepdim=True)
         assert torch.all((back - x.float()).abs() <= amax * 2.0**-4)
+
+
+def run_throughput_layer(world, experts, topk, tokens, seed, hidden=8, dtype=torch.bfloat16, bad=0, fp8=False):
+    """A layer in throughput mode: ``expert_x`` packed and exact, checked bit for bit."""
+    xs, ids, ws = routing(world, experts, topk, tokens, seed, hidden, dtype, bad)
+    sim = World(world)
+    local = experts // world
+    allocations: list = [[] for _ in range(world)]
+
+    def body(r):
+        def empty(name, shape, dt, device):  # every rank must ask for the same shape (symmetric buffers)
+            allocations[r].append((name, shape))
+            return torch.empty(shape, dtype=dt, device=device)
+
+        ex, counts, handle = moe.dispatch_with(sim.exchange(r), world, xs[r], ids[r], ws[r], experts, tokens[r],
+                                               mode="throughput", empty=empty, fp8=fp8)
+        starts = [int(v) for v in torch.cumsum(counts, 0) - counts]
+        out_rows = torch.cat([expert_fn(ex[starts[le]:starts[le] + int(counts[le])], r * local + le)
+                              for le in range(local)]) if not fp8 else None
+        out = moe.combine_with(sim.exchange(r), out_rows, handle, empty) if not fp8 else None
+        return ex, counts, handle, out
+
+    results = sim.run(body)
+    assert all(a == allocations[0] for a in allocations), "ranks asked for receive buffers of different shapes"
+    if fp8:
+        qs = [moe.quantize(x) for x in xs]
+        rows, _ = reference(world, experts, [q.view(torch.uint8) for q, _ in qs], ids, ws)
+    else:
+        rows, outs = reference(world, experts, xs, ids, ws)
+    for r, (ex, counts, handle, out) in enumerate(results):
+        want = torch.cat([rows[r * local + le] for le in range(local)])
+        assert ex.shape[0] == want.shape[0] == int(counts.sum()), "throughput output is not exact"
+        assert [int(c) for c in counts] == [rows[r * local + le].shape[0] for le in range(local)]
+        assert torch.equal(ex.view(torch.uint8), want.view(torch.uint8)), r
+        if not fp8:
+            assert torch.equal(out.view(torch.uint8), outs[r].view(torch.uint8)), r
+        assert int(handle.dropped) == (bad if r == 0 else 0)
+    return results
+
+
+@pytest.mark.parametrize(("world", "local", "topk"), [(2, 1, 1), (2, 2, 2), (3, 2, 4), (4, 2, 8)])
+def test_throughput_mode_is_exact_and_packed(world: int, local: int, topk: int) -> None:
+    """Uneven token counts (a rank with none among them), packed exact outputs, bit for bit."""
+    rng = random.Random(world * 10 + topk)
+    for seed in range(3):
+        tokens = [rng.randrange(0, 40) for _ in range(world)]
+        tokens[seed % world] = 0 if seed == 1 else tokens[seed % world]
+        run_throughput_layer(world, world * local, min(topk, world * local), tokens, seed)
+
+
+def test_throughput_mode_drops_only_out_of_range_ids_and_carries_fp8() -> None:
+    run_throughput_layer(2, 4, 2, [9, 5], seed=3, bad=3)
+    run_throughput_layer(3, 6, 2, [4, 0, 7], seed=4, hidden=16, fp8=True)
+
+
+def test_throughput_buffers_are_powers_of_two_of_the_largest_rank() -> None:
+    """Receive buffers sized from every rank's needs (the same shape everywhere, a few sizes over
+    many routings): rank 1 receives far more than rank 0 here."""
+    world, experts = 2, 2
+    xs, ids, ws = routing(world, experts, 1, [3, 50], 5, 8, torch.bfloat16)
+    ids = [torch.ones_like(i) for i in ids]  # every token to expert 1, on rank 1
+    sim = World(world)
+    shapes: list = [None] * world
+
+    def body(r):
+        seen = []
+
+        def empty(name, shape, dt, device):
+            seen.append((name, shape))
+            return torch.empty(shape, dtype=dt, device=device)
+
+        ex, counts, handle = moe.dispatch_with(sim.exchange(r), world, xs[r], ids[r], ws[r], experts, 50,
+                                               mode="throughput", empty=empty)
+        moe.combine_with(sim.exchange(r), ex, handle, empty)
+        shapes[r] = seen
+        return ex.shape[0]
+
+    assert sim.run(body) == [0, 53]
+    assert shapes[0] == shapes[1] == [("dispatch", (64, 8)), ("combine", (64, 8))]
