@@ -1,4 +1,4 @@
-"""MoE dispatch and combine (collectives.moe, low latency) on real GPUs, bit for bit against the
+"""MoE dispatch and combine (collectives.moe, both modes) on real GPUs, bit for bit against the
 reference layer of tests/collectives/test_moe_world.py.
 
 Each check is a function of ``(rank, world, group)``, so it runs under torchrun and in a
@@ -113,7 +113,31 @@ def check_fp8(rank: int, world: int, group) -> None:
         assert torch.equal(handle.scales[le, :n].cpu(), scales[rank * local + le][:, 0])
 
 
-CHECKS = [check_routings, check_graph_replays_with_new_routings, check_fp8]
+def check_throughput(rank: int, world: int, group) -> None:
+    """Throughput mode: uneven token counts (one rank with none), packed exact expert rows and
+    the combine, bit for bit; hidden 7168 at a few hundred tokens."""
+    import collectives
+    from collectives import moe
+
+    for case, (topk, hidden, tokens) in enumerate([(2, 128, [40, 0, 17, 9]), (8, 7168, [300, 120, 64, 257])]):
+        experts = 8 * world
+        counts_in = [tokens[r % len(tokens)] for r in range(world)]
+        xs, ids, ws = routing(world, experts, topk, counts_in, 100 + case, hidden, torch.bfloat16)
+        local = experts // world
+        ex, counts, handle = moe.dispatch(xs[rank].cuda(), ids[rank].cuda(), ws[rank].cuda(), experts,
+                                          mode="throughput", group=group)
+        starts = [int(v) for v in torch.cumsum(counts, 0) - counts]
+        out_rows = torch.cat([expert_fn(ex[starts[le]:starts[le] + int(counts[le])], rank * local + le)
+                              for le in range(local)])
+        out = moe.combine(out_rows, handle, group=group)
+        collectives.synchronize(group)
+        per_expert, outs = reference(world, experts, xs, ids, ws)
+        want = torch.cat([per_expert[rank * local + le] for le in range(local)])
+        assert torch.equal(ex.cpu().view(torch.uint8), want.view(torch.uint8)), case
+        assert torch.equal(out.cpu().view(torch.uint8), outs[rank].view(torch.uint8)), case
+
+
+CHECKS = [check_routings, check_graph_replays_with_new_routings, check_fp8, check_throughput]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
