@@ -61,6 +61,16 @@ class Soak:
         self.args, self.rng = args, random.Random(args.seed)
         self.graphs: dict[tuple, tuple] = {}
         self.stats = {"eager": 0, "graph": 0, "mismatch": 0, "refused": 0}
+        #: ``--trace``: rank -> (call, CUDA event recorded on the rank's stream just before the
+        #: call's launches), shared by the ranks of a world.
+        self.trace: dict | None = getattr(args, "trace_events", None)
+
+    def started(self, step: int) -> None:
+        """With ``--trace``: mark on this rank's stream where call ``step``'s work begins."""
+        if self.trace is not None:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.trace[self.rank] = (step, event)
 
     def draw(self) -> tuple:
         rng = self.rng
@@ -120,12 +130,14 @@ class Soak:
         source.copy_(torch.from_numpy(inputs(self.rank, step, t.numel())).to(t.dtype))
         if not graph:
             t.copy_(source)
+            self.started(step)
             self.launch(collective, algorithm, backend, t, out)
         else:
             if key not in self.graphs:
                 def fn() -> None:
                     t.copy_(source)
                     self.launch(collective, algorithm, backend, t, out)
+                self.started(step)
                 fn()  # the warm-up: plans, grows and compiles outside the capture
                 self.collectives.synchronize()
                 g = torch.cuda.CUDAGraph()
@@ -135,6 +147,7 @@ class Soak:
                 if len(self.graphs) >= GRAPHS:
                     del self.graphs[next(iter(self.graphs))]
                 self.graphs[key] = (g, source, t, out)
+            self.started(step)
             g.replay()
         self.collectives.synchronize()
         self.stats["graph" if graph else "eager"] += self.args.graph_calls if graph else 1
@@ -177,6 +190,17 @@ class Soak:
         return 0
 
 
+def trace_report(trace: dict) -> str:
+    """Each rank's last traced call and when its stream reached it, in milliseconds after the
+    first rank's (events of one device compare across streams)."""
+    marks = sorted(trace.items())
+    for _, (_, event) in marks:
+        event.synchronize()
+    first = min((event for _, (_, event) in marks), key=lambda e: marks[0][1][1].elapsed_time(e))
+    return "trace: " + "; ".join(f"rank {rank}: call {step} at +{first.elapsed_time(event):.1f} ms"
+                                 for rank, (step, event) in marks)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m collectives.tools.soak", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -188,14 +212,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--graph-calls", type=int, default=1, help="calls per graph (each replay makes them all)")
     parser.add_argument("--world", type=int, default=0, help="W rank threads on one GPU instead of torchrun")
     parser.add_argument("--timeout", type=float, default=30.0, help="GPU-side bound of every wait (--world)")
+    parser.add_argument("--trace", action="store_true",
+                        help="(--world) on a failure, print when each rank's stream reached the last call's launches, "
+                             "from CUDA events: ranks whose kernels could not run together start a deadline apart")
     args = parser.parse_args(argv)
     if args.world:
         from ..testing import run_world
 
+        args.trace_events = {} if args.trace else None
         try:
             return max(run_world(args.world, lambda rank: Soak(args).run(), collective_timeout_s=args.timeout))
         except Exception as e:  # noqa: BLE001 (the failing rank is in the note)
             print(f"soak failed: {e!r} {getattr(e, '__notes__', '')}", file=sys.stderr)
+            if args.trace_events:
+                print(trace_report(args.trace_events), file=sys.stderr)
             return 1
     try:
         return Soak(args).run()

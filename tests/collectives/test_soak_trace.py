@@ -1,0 +1,30 @@
+"""The soak's ``--trace`` report (collectives.tools.soak.trace_report), with stand-in events: each
+rank's last call and when its stream reached it, after the earliest rank's."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from collectives.tools.soak import trace_report  # noqa: E402
+
+
+class Event:
+    """A CUDA event's two methods the report uses; ``at``: when it completed (ms)."""
+
+    def __init__(self, at: float) -> None:
+        self.at, self.synchronized = at, False
+
+    def synchronize(self) -> None:
+        self.synchronized = True
+
+    def elapsed_time(self, end: "Event") -> float:
+        return end.at - self.at
+
+
+def test_the_report_measures_from_the_earliest_rank() -> None:
+    trace = {0: (70, Event(5.0)), 1: (70, Event(10005.0)), 2: (69, Event(1.5))}
+    report = trace_report(trace)
+    assert report == "trace: rank 0: call 70 at +3.5 ms; rank 1: call 70 at +10003.5 ms; rank 2: call 69 at +0.0 ms"
+    assert all(event.synchronized for _, event in trace.values())
