@@ -24,7 +24,9 @@ from pathlib import Path
 SNAPSHOT = Path(__file__).resolve().parents[2] / "tests" / "data" / "ptx_identity.json"
 ARCH = "sm_90a"
 #: The fields of a key id, in order (``collective/algorithm/backend/dtype/w<world>/<op>/v<vector>/
-#: t<threads>/g<gather_out>s<stage_in>e<end_barrier>``).
+#: t<threads>/g<gather_out>s<stage_in>e<end_barrier>``; an all-to-all's:
+#: ``all_to_all/push/peer/dtype/w<world>/p<parts>/t<threads>/d<direct>``, the one kernel of every
+#: backend).
 WORLDS = (2, 4, 8)
 
 
@@ -35,7 +37,19 @@ def key_id(collective: str, algorithm: str, backend: str, dtype: str, world: int
             f"g{int(gather_out)}s{int(stage_in)}e{int(end_barrier)}")
 
 
+def all_to_all_id(dtype: str, world: int, direct: bool, parts: int | None = None, threads: int = 256) -> str:
+    """The id of an all-to-all key (``parts``: the runtime's for ``world`` by default)."""
+    from collectives.algorithms.all_to_all import default_parts
+
+    parts = default_parts(world) if parts is None else parts
+    return f"all_to_all/push/peer/{dtype}/w{world}/p{parts}/t{threads}/d{int(direct)}"
+
+
 def parse_id(kid: str) -> dict:
+    if kid.startswith("all_to_all/"):
+        _, _, _, dtype, world, parts, threads, direct = kid.split("/")
+        return dict(collective="all_to_all", dtype=dtype, world=int(world[1:]), parts=int(parts[1:]),
+                    threads=int(threads[1:]), direct=direct == "d1")
     collective, algorithm, backend, dtype, world, op, vector, threads, flags = kid.split("/")
     return dict(collective=collective, algorithm=algorithm, backend=backend, dtype=dtype, world=int(world[1:]),
                 op=op, vector=int(vector[1:]), threads=int(threads[1:]), gather_out=flags[1] == "1",
@@ -45,8 +59,11 @@ def parse_id(kid: str) -> dict:
 def make_key(kid: str):
     """The kernel key a key id names (raises ValueError where the key is refused)."""
     from collectives.algorithms import KernelKey
+    from collectives.algorithms.all_to_all import AllToAllKey
 
     f = parse_id(kid)
+    if f["collective"] == "all_to_all":
+        return AllToAllKey(f["dtype"], f["world"], parts=f["parts"], threads=f["threads"], direct=f["direct"])
     return KernelKey(f["collective"], f["algorithm"], f["backend"], f["dtype"], f["world"], op=f["op"],
                      vector=f["vector"], threads=f["threads"], gather_out=f["gather_out"],
                      stage_in=f["stage_in"], end_barrier=f["end_barrier"])
@@ -54,8 +71,9 @@ def make_key(kid: str):
 
 def snapshot_keys() -> list[str]:
     """Every key ``python -m collectives ptx`` builds (collective x algorithm x backend x dtype x
-    world 2/4/8, sum, aligned), and at world 4 every variant the API builds (staging, gather,
-    end barrier, unaligned, min/max, the Lamport's 256 threads) for bf16, f32 and e4m3."""
+    world 2/4/8, sum, aligned), at world 4 every variant the API builds (staging, gather,
+    end barrier, unaligned, min/max, the Lamport's 256 threads) for bf16, f32 and e4m3, and the
+    all-to-all's kernels (dtype x world x staged or direct, as the runtime launches them)."""
     from collectives.algorithms import ALGORITHMS
     from collectives.config import BACKENDS
     from collectives.dtypes import DTYPES
@@ -78,6 +96,8 @@ def snapshot_keys() -> list[str]:
                 kid = key_id(collective, algorithm, backend, dtype, 4, op, vector, t, g, s, e)
                 if kid not in ids and _legal(kid):
                     ids.append(kid)
+    ids += [all_to_all_id(dtype, world, direct) for dtype, world, direct in
+            itertools.product(DTYPES, WORLDS, (False, True))]
     return ids
 
 
@@ -153,6 +173,10 @@ def sample(ids: list[str]) -> list[str]:
     chosen: dict[tuple, str] = {}
     for kid in ids:
         f = parse_id(kid)
+        if f["collective"] == "all_to_all":
+            for facet in (("all_to_all", f["dtype"]), ("all_to_all", f["world"], f["direct"])):
+                chosen.setdefault(facet, kid)
+            continue
         for facet in ((f["collective"], f["algorithm"], f["backend"]),
                       (f["collective"], f["algorithm"], f["gather_out"], f["stage_in"], f["end_barrier"], f["vector"],
                        f["threads"]),
