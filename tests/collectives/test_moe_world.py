@@ -273,3 +273,8 @@ def test_throughput_buffers_are_powers_of_two_of_the_largest_rank() -> None:
 
     assert sim.run(body) == [0, 53]
     assert shapes[0] == shapes[1] == [("dispatch", (64, 8)), ("combine", (64, 8))]
+
+
+def test_throughput_mode_with_no_tokens_anywhere_or_one_token() -> None:
+    run_throughput_layer(2, 4, 2, [0, 0], seed=1)
+    run_throughput_layer(3, 3, 1, [1, 0, 0], seed=2, hidden=4, dtype=torch.float32)
