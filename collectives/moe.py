@@ -14,15 +14,15 @@ the input's dtype.
 
 Low latency: no step reads a value back to the host, and every shape is fixed by
 ``max_tokens`` (the same on every rank): a CUDA graph captures both calls, and replays with new
-routings.  The device work
-is two all-to-alls per call (the per-expert counts, then the rows; combine: the rows), whose
-rows land directly in receive buffers of symmetric memory (allocated by the first call of each
-shape: make it eagerly before a capture), and index arithmetic in torch (a stable sort of the
-``(token, k)`` entries by expert, prefix sums, one row gather or scatter on each side).
-Entries whose expert id is out of range, and rows past an expert's capacity (possible only when a token names one expert twice), are
-dropped and counted (``handle.dropped``, on the GPU; ``validate=True`` checks the ids on the
-host first and raises); a receive buffer too small for the rows sent fails the all-to-all's
-pairs with a size mismatch, never silently.
+routings.  The device work is two all-to-alls per dispatch (the per-expert counts, then the
+rows; a combine: the rows), whose rows land directly in receive buffers of symmetric memory
+(allocated by the first call of each shape: make it eagerly before a capture), and index
+arithmetic in torch (a stable sort of the ``(token, k)`` entries by expert, prefix sums, one row
+gather or scatter on each side).  Entries whose expert id is out of range, and rows past an
+expert's capacity (possible only when a token names one expert twice), are dropped and counted
+(``handle.dropped``, on the GPU; ``validate=True`` checks the ids on the host first and raises);
+a receive buffer too small for the rows sent fails the all-to-all's pairs with a size mismatch,
+never silently.
 
 Throughput: ``expert_x`` is exact, ``[sum(counts), H]``, local expert ``l``'s rows at
 ``[sum(counts[:l]), +counts[l])`` in the same order (the packed layout of a grouped GEMM), and
