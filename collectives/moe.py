@@ -98,14 +98,15 @@ def _capacity(rows: int) -> int:
     return 1 << max(rows - 1, 0).bit_length()
 
 
-def _everyone(exchange: Exchange, world: int, values: list[torch.Tensor]) -> list[list[int]]:
-    """Every rank's ``values`` (int64 scalars on the GPU), read back to the host: an all-gather
-    through the all-to-all (each rank sends its row to every rank), then one host sync."""
+def _everyone(exchange: Exchange, world: int, values: list[torch.Tensor]) -> tuple[list[int], list[list[int]]]:
+    """(this rank's ``values``, every rank's), int64 scalars on the GPU read back to the host in
+    one sync: an all-gather through the all-to-all (each rank sends its row to every rank)."""
     mine = torch.stack(values).view(1, -1)
     sent = mine.expand(world, -1).contiguous()
     got = torch.empty_like(sent)
     exchange(got.view(torch.float32), sent.view(torch.float32), None, None)
-    return got.cpu().tolist()
+    both = torch.cat([mine, got]).cpu().tolist()
+    return both[0], both[1:]
 
 
 #: The largest finite float8_e4m3fn: a token's largest magnitude maps to it.
@@ -178,11 +179,9 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     exact = mode == "throughput"
     most = 0
     if exact:  # every rank's rows to receive and tokens: the buffers' sizes, the same everywhere
-        own = recv_splits.sum()
-        sizes = _everyone(exchange, world, [own, torch.tensor(tokens, device=device)])
+        (total, _), sizes = _everyone(exchange, world, [recv_splits.sum(), torch.tensor(tokens, device=device)])
         room = _capacity(max(r for r, _ in sizes))
         most = _capacity(max(t for _, t in sizes) * topk)
-        total = int(own)  # (computed before the read-back above: no further wait)
     else:
         room = world * max_tokens * min(topk, local)  # rows a rank can receive
     received = empty("dispatch", (room, width), wire, device).view(source.dtype)
