@@ -29,10 +29,16 @@ cannot fit raises :class:`~collectives.algorithms.residency.CoResidencyError`);
 there is no NVLink multicast (backends ``peer`` and ``multicast_emulated``); a rank must never
 synchronise the device (``torch.cuda.synchronize()`` waits for the other ranks' kernels, which
 may wait for this rank: use the stream, as :func:`collectives.synchronize` does), and captures a
-CUDA graph with :func:`capture` (``torch.cuda.graph`` synchronises the device).  CUDA must load
-modules eagerly and give the streams their own hardware queues (:data:`ENVIRONMENT`:
-``CUDA_MODULE_LOADING=EAGER``, ``CUDA_DEVICE_MAX_CONNECTIONS=32``): :class:`World` sets them
-where CUDA has not started and refuses to run where it started without them.
+CUDA graph with :func:`capture` (``torch.cuda.graph`` synchronises the device).  Loading a CUDA
+module also waits for every kernel running on the GPU, the other ranks' included: the runtime
+loads each collective kernel when a call is planned, before any rank launches it
+(:func:`collectives.runtime.kernels.load`), and CUDA must load torch's modules eagerly and give
+the streams their own hardware queues (:data:`ENVIRONMENT`: ``CUDA_MODULE_LOADING=EAGER``,
+``CUDA_DEVICE_MAX_CONNECTIONS=32``): :class:`World` sets them where CUDA has not started and
+refuses to run where it started without them.  A kernel of your own that waits for other ranks
+must be loaded the same way before its first launch (the first call of a CuTeDSL kernel loads
+it): call it once under a throwaway stream capture, as
+:func:`~collectives.runtime.kernels.load` does, while no rank's kernel waits for this one.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .errors import CollectiveError
+from .symmetric.context import bound
 from .symmetric.loopback import LoopbackHeap, Meeting, ThreadAgreement, WorldError
 
 __all__ = ["ENVIRONMENT", "RankThreads", "World", "WorldError", "capture", "check_loading_mode", "require_environment",
@@ -59,9 +66,9 @@ _ABSENT = object()
 
 #: What CUDA must be told before it starts in a process that runs a world, and why.
 ENVIRONMENT = {
-    "CUDA_MODULE_LOADING": ("EAGER", "lazy loading may synchronise the context at a kernel's first launch, which "
-                            "waits for the other ranks' spinning kernels (measured: lost communicators within 25 "
-                            "calls)"),
+    "CUDA_MODULE_LOADING": ("EAGER", "lazy loading loads a module at a kernel's first launch, and a load waits for "
+                            "every kernel running on the GPU, the other ranks' spinning ones included (measured: "
+                            "lost communicators within 25 calls)"),
     "CUDA_DEVICE_MAX_CONNECTIONS": ("32", "with fewer hardware queues than streams (8 by default), streams share "
                                     "queues and a rank's kernel can wait behind another rank's spinning kernel "
                                     "(measured: start-barrier timeouts at W = 8)"),
@@ -365,8 +372,9 @@ def check_loading_mode() -> None:
     if err == driver.CUresult.CUDA_SUCCESS and mode != driver.CUmoduleLoadingMode.CU_MODULE_EAGER_LOADING:
         raise CollectiveError(
             "a one-GPU world needs CUDA_MODULE_LOADING=EAGER set before CUDA starts in the process (the driver "
-            "loads modules lazily here): lazy loading may synchronise the context at a kernel's first launch, "
-            "which waits for the other ranks' spinning kernels (measured: lost communicators within 25 calls)")
+            "loads modules lazily here): lazy loading loads a module at a kernel's first launch, and a load waits "
+            "for every kernel running on the GPU, the other ranks' spinning ones included (measured: lost "
+            "communicators within 25 calls)")
 
 
 def run_world(world_size: int, fn: Callable[[int], Any], *, device: int = 0, timeout_s: float = 60.0,
@@ -390,7 +398,14 @@ def capture(graph: Any, *, pool: Any = None) -> Iterator[Any]:
     synchronisation and cache flush of ``torch.cuda.graph``: several ranks of a world may
     capture at once.  It captures on the current stream, or, where that is the default stream
     (a torchrun rank's), on a side stream that joins it before and after.  Warm every
-    collective of the capture up eagerly first (compiles and plans happen outside it)."""
+    collective of the capture up eagerly first (compiles and plans happen outside it).
+
+    In a rank of a world, the capture is collective: after instantiating its graph (at the end
+    of the capture, torch's default), every rank meets the others before going on, so that no
+    rank replays (its kernels spinning for the others) while another still instantiates.
+    Instantiation can wait for every kernel running on the GPU: CUDA loads what a graph's nodes
+    need then (measured on an H100: a graph of one device-to-device copy and one collective
+    waited out the other rank's replay, 10 s, until its timeout)."""
     import torch
 
     current = torch.cuda.current_stream()
@@ -407,3 +422,6 @@ def capture(graph: Any, *, pool: Any = None) -> Iterator[Any]:
             graph.capture_end()
     if side:
         current.wait_stream(stream)
+    ctx = bound()
+    if ctx is not None and isinstance(ctx.agreement, ThreadAgreement):
+        ctx.agreement.barrier("a CUDA graph captured and instantiated")

@@ -24,6 +24,7 @@ import math
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, Union
 
 import torch
@@ -153,6 +154,8 @@ def all_to_all(comm: Any, out: torch.Tensor, inp: torch.Tensor, out_splits: Spli
         allocation, recv_n = ctx.allocation(state.staging), min(out.numel(), STAGING_BYTES // out.element_size())
     base, number = allocation
     key = AllToAllKey(dtype, comm.world, state.parts, direct=direct)
+    if comm.residency is not None:  # ranks sharing the GPU may differ in direct: each loads both kernels before
+        comm.kernel(replace(key, direct=not direct))  # launching either (collectives.runtime.kernels.load)
     slots = state.slots
     args = ALL_TO_ALL.pack(
         recv_table=comm.buffer(base).table.data_ptr(), recv_id=number,

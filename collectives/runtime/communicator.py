@@ -162,8 +162,9 @@ class Communicator:
 
     def kernel(self, key: Any) -> Callable[..., Any]:
         """The compiled kernel for ``key`` on this GPU (:meth:`~collectives.runtime.kernels.KernelCache.get`), as the
-        positional TVM-FFI function.  A string key names a stream-flag kernel."""
-        return self.kernels.get(key, compile_target(self.device_index))
+        positional TVM-FFI function, loaded onto the GPU on first use (before any launch: see
+        :func:`~collectives.runtime.kernels.load`).  A string key names a stream-flag kernel."""
+        return self.kernels.get(key, compile_target(self.device_index), self.device_index)
 
     # -- co-residency: ranks sharing one GPU ------------------------------------------------
 
@@ -176,7 +177,7 @@ class Communicator:
         return self.residency.cap(key, self._occupancy(key))
 
     def _occupancy(self, key: Any) -> Occupancy:
-        self.kernel(key)  # compiled (once per process)
+        self.kernel(key)  # compiled and loaded (once per process), its occupancy measured then
         return occupancy(key, compile_target(self.device_index), self.device_index)
 
     @property

@@ -43,31 +43,50 @@ def compile_kernel(key: KernelKey | str, target: str) -> Any:
 
     from .. import algorithms
     from ..algorithms import all_to_all, flags
-    from ..device.launch import example_arguments, flag_example_arguments
 
     if isinstance(key, str):
-        launch, args = flags.build(key), flag_example_arguments()
+        launch = flags.build(key)
     elif isinstance(key, all_to_all.AllToAllKey):
-        launch, args = all_to_all.build(key), example_arguments(all_to_all.ALL_TO_ALL)
+        launch = all_to_all.build(key)
     else:
-        launch, args = algorithms.build(key), algorithms.example_arguments()
+        launch = algorithms.build(key)
     with tempfile.TemporaryDirectory() as dump:  # the PTX and cubin are kept in memory, the files dropped
         return cute.compile[cute.KeepPTX, cute.KeepCUBIN, cute.EnableTVMFFI, cute.GPUArch(target),
-                            DumpDir(dump)](launch, *args)
+                            DumpDir(dump)](launch, *example_arguments(key))
+
+
+def example_arguments(key: KernelKey | str) -> tuple:
+    """The placeholder arguments ``key``'s launcher compiles from (its runtime arguments: the
+    layout's, then the grid where it is one, then the stream)."""
+    from .. import algorithms
+    from ..algorithms import all_to_all
+    from ..device.launch import example_arguments as layout_arguments
+    from ..device.launch import flag_example_arguments
+
+    if isinstance(key, str):
+        return flag_example_arguments()
+    if isinstance(key, all_to_all.AllToAllKey):
+        return layout_arguments(all_to_all.ALL_TO_ALL)
+    return algorithms.example_arguments()
 
 
 #: Every kernel compiled in this process, by (key, target): (compiled kernel, its TVM-FFI function).
 _COMPILED: dict[tuple[KernelKey | str, str], tuple[Any, Callable[..., Any]]] = {}
 #: Kernels' occupancy, by (key, target, device).
 _OCCUPANCY: dict[tuple[KernelKey | str, str, int], Any] = {}
-#: One compile at a time in this process (CuTeDSL's compiler is not re-entrant across threads;
-#: a second thread asking for a key being compiled waits for it instead of compiling it again).
+#: The (key, target, device) whose kernel :func:`load` has loaded onto the device.
+_LOADED: set[tuple[KernelKey | str, str, int]] = set()
+#: One compile or load at a time in this process (CuTeDSL's compiler is not re-entrant across
+#: threads; a second thread asking for a key being compiled waits for it instead of compiling it
+#: again).
 _COMPILE_LOCK = threading.Lock()
+#: A private stream per device for :func:`load`'s throwaway captures.
+_LOAD_STREAMS: dict[int, Any] = {}
 
 
 def compiled(key: KernelKey | str, target: str) -> tuple[Any, Callable[..., Any]]:
     """(compiled kernel, TVM-FFI function) of ``key`` on ``target``: compiled on the first ask
-    in this process, whoever asks (thread-safe)."""
+    in this process, whoever asks (thread-safe).  Not loaded onto a GPU: see :func:`load`."""
     entry = _COMPILED.get((key, target))
     if entry is None:
         with _COMPILE_LOCK:
@@ -78,26 +97,87 @@ def compiled(key: KernelKey | str, target: str) -> tuple[Any, Callable[..., Any]
     return entry
 
 
+def load(key: KernelKey | str, target: str, device: int) -> None:
+    """Load ``key``'s compiled kernel onto GPU ``device`` now (once per process), launching
+    nothing, and measure its occupancy there (:func:`occupancy`).
+
+    Loading a CUDA module waits for every kernel running on the GPU, whatever its stream (on an
+    H100, a load waited out an unrelated 1 s kernel: ``tests/collectives/gpu/one_gpu/
+    test_kernel_loading.py``), and ``CUDA_MODULE_LOADING=EAGER`` does not move it: CuTeDSL's
+    TVM-FFI function loads its library at its first call, and the occupancy probe loads the
+    cubin.  Left to the first launch or to a CUDA-graph capture's first call (then the
+    graph's instantiation waits), the load can fall where another rank sharing the GPU (a
+    one-GPU world) already spins in a kernel waiting for this rank's launch: neither moves
+    until that kernel's timeout.  Done here instead, when a call is planned, before this rank
+    launches it: any kernel running then belongs to a call every rank has launched, so the
+    wait ends.  The first call goes into a capture on a private stream that is ended and
+    destroyed at once: recorded, never instantiated, never run."""
+    if (key, target, device) in _LOADED:
+        return
+    kernel, fn = compiled(key, target)
+    with _COMPILE_LOCK:
+        if (key, target, device) in _LOADED:
+            return
+        _call_in_throwaway_capture(fn, key, device)
+        if not isinstance(key, str) and (key, target, device) not in _OCCUPANCY:
+            _OCCUPANCY[(key, target, device)] = _measure(kernel, key, target, device)
+        _LOADED.add((key, target, device))
+
+
+def _call_in_throwaway_capture(fn: Callable[..., Any], key: KernelKey | str, device: int) -> None:
+    """Call ``fn`` with placeholder arguments (null addresses, one block) on a private stream of
+    GPU ``device`` under a thread-local stream capture, then end the capture and destroy its
+    graph: CuTeDSL's first-call library load happens, the launch is only recorded."""
+    import torch
+    from cuda.bindings import driver
+
+    with torch.cuda.device(device):
+        stream = _LOAD_STREAMS.get(device)
+        if stream is None:
+            err, stream = driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING.value)
+            _check(err, "cuStreamCreate")
+            _LOAD_STREAMS[device] = stream
+        *values, _ = example_arguments(key)
+        mode = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        _check(driver.cuStreamBeginCapture(stream, mode)[0], "cuStreamBeginCapture")
+        try:
+            fn(*(int(v) for v in values), int(stream))
+        finally:
+            err, graph = driver.cuStreamEndCapture(stream)
+            if err == driver.CUresult.CUDA_SUCCESS and graph is not None and int(graph):
+                driver.cuGraphDestroy(graph)
+        _check(err, "cuStreamEndCapture")
+
+
+def _check(err: Any, what: str) -> None:
+    from cuda.bindings import driver
+
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise CollectiveError(f"loading a collective kernel: {what} failed: {err}")
+
+
 def occupancy(key: KernelKey, target: str, device: int) -> Any:
     """The :class:`~collectives.algorithms.residency.Occupancy` of ``key``'s compiled kernel on
     GPU ``device``: blocks per SM as the CUDA driver computes them for its cubin, else (no
-    driver answer) its registers from ``ptxas`` and its shared memory bound."""
-    from ..algorithms.residency import Occupancy, kernel_registers, shared_bound
-
+    driver answer) its registers from ``ptxas`` and its shared memory bound.  Measured when
+    the kernel is loaded (:func:`load`); measured now where it was not."""
     found = _OCCUPANCY.get((key, target, device))
     if found is None:
         kernel, _ = compiled(key, target)
-        # Under the compile lock, as the compile: the first rank to ask loads the cubin while the
-        # others wait on the host, so no rank has yet launched this kernel (whose spinning blocks
-        # a module load might wait for).
         with _COMPILE_LOCK:
             found = _OCCUPANCY.get((key, target, device))
             if found is None:
-                per_sm = _driver_blocks_per_sm(kernel, key.threads, shared_bound(key), device)
-                found = (Occupancy(per_sm=per_sm) if per_sm is not None
-                         else Occupancy(registers=kernel_registers(kernel.__ptx__, target), shared=shared_bound(key)))
-                _OCCUPANCY[(key, target, device)] = found
+                found = _OCCUPANCY[(key, target, device)] = _measure(kernel, key, target, device)
     return found
+
+
+def _measure(kernel: Any, key: KernelKey, target: str, device: int) -> Any:
+    from ..algorithms.residency import Occupancy, kernel_registers, shared_bound
+
+    per_sm = _driver_blocks_per_sm(kernel, key.threads, shared_bound(key), device)
+    if per_sm is not None:
+        return Occupancy(per_sm=per_sm)
+    return Occupancy(registers=kernel_registers(kernel.__ptx__, target), shared=shared_bound(key))
 
 
 def _driver_blocks_per_sm(kernel: Any, threads: int, shared: int, device: int) -> int | None:
@@ -112,7 +192,7 @@ def _driver_blocks_per_sm(kernel: Any, threads: int, shared: int, device: int) -
         import torch
         from cuda.bindings import driver
 
-        with torch.cuda.device(device):  # (the module stays loaded: an unload may wait for the device)
+        with torch.cuda.device(device):  # (the module stays loaded: an unload, like a load, waits for the device)
             err, module = driver.cuModuleLoadData(bytes(cubin))
             if err != driver.CUresult.CUDA_SUCCESS:
                 return None
@@ -159,16 +239,20 @@ class KernelCache:
         #: (compiled kernel, its TVM-FFI function): the compiled kernel kept alive with it.
         self._kernels: dict[tuple[KernelKey | str, str], tuple[Any, Callable[..., Any]]] = {}
 
-    def get(self, key: KernelKey | str, target: str) -> Callable[..., Any]:
-        """The kernel for ``key`` on ``target``, compiled on first use.
+    def get(self, key: KernelKey | str, target: str, device: int | None = None) -> Callable[..., Any]:
+        """The kernel for ``key`` on ``target``, compiled on first use and, given ``device``,
+        loaded onto that GPU then (:func:`load`: never at a launch).
 
         Raises:
             CollectiveError: the kernel's PTX holds a ``multimem`` instruction and the context
-                has no NVLink multicast (a safety net, checked once per compiled kernel).
+                has no NVLink multicast (a safety net, checked once per compiled kernel, before
+                it is loaded).
         """
         entry = self._kernels.get((key, target))  # the per-call path: a lookup
         if entry is None:
             entry = compiled(key, target)
             refuse_multimem(entry[0].__ptx__, key, self.backend)
+            if device is not None:
+                load(key, target, device)
             self._kernels[(key, target)] = entry
         return entry[1]

@@ -2,7 +2,7 @@
 a test says it needs the world): Lamport calls whose tags cross 2^31 (the tag bug: every call
 with bit 31 of its tag set timed out), the largest calls of every algorithm with all ranks'
 grids on one GPU (co-residency), Lamport's fixed parts on fewer blocks where ranks share a GPU, and
-the world's own host-side guarantees (module loading eager).
+the world's own host-side guarantees (module loading eager, a collective capture).
 
     COLLECTIVES_TEST_WORLD=4 CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 python -m pytest -q tests/collectives/gpu/world/test_world.py
     torchrun --nproc-per-node 2 -m pytest -q tests/collectives/gpu/world/test_world.py
@@ -139,3 +139,31 @@ def test_the_world_loads_modules_eagerly(comm) -> None:
 
     err, mode = driver.cuModuleGetLoadingMode()
     assert err == driver.CUresult.CUDA_SUCCESS and mode == driver.CUmoduleLoadingMode.CU_MODULE_EAGER_LOADING
+
+
+@pytest.mark.skipif(not WORLD, reason="the world's own guarantees (COLLECTIVES_TEST_WORLD=W)")
+def test_a_capture_returns_once_every_rank_has_instantiated_its_graph(comm) -> None:
+    """The last rank captures half a second after the others: their ``capture`` returns only
+    once it has instantiated its graph, so that no rank replays (its kernel spinning for the
+    others) while another instantiates (instantiation can wait for every running kernel)."""
+    import time
+
+    import collectives
+    from collectives.testing import capture
+
+    t = torch.ones(4096, device="cuda")
+    collectives.all_reduce(t)  # the warm-up: plans and loads outside the capture
+    collectives.synchronize()
+    late = comm.rank == comm.world - 1
+    if late:
+        time.sleep(0.5)
+    graph = torch.cuda.CUDAGraph()
+    start = time.monotonic()
+    with capture(graph):
+        collectives.all_reduce(t)
+    waited = time.monotonic() - start
+    assert late or waited > 0.4, f"capture returned after {waited:.3f}s, before the late rank's"
+    t.fill_(1.0)
+    graph.replay()
+    collectives.synchronize()
+    assert torch.equal(t, torch.full_like(t, comm.world))
