@@ -2,21 +2,35 @@
 
 Every collective kernel has blocks that spin until the same block of every other rank arrives
 (barriers, Lamport polls, push rounds).  With one rank per GPU the partner blocks run on other
-GPUs; with ``W`` ranks on one GPU (the one-GPU world, :mod:`collectives.testing`) all ``W`` grids
-must be resident at once, or the resident blocks wait for partners that never get an SM until
-their deadline passes.  A rank's share is therefore what fits ``W`` times::
+GPUs; with ``W`` ranks on one GPU (the one-GPU world, :mod:`collectives.testing`) two things
+must hold at once:
 
-    per_sm = blocks of the kernel one SM holds (threads, registers, shared memory)
-    share  = sms * per_sm // (W * footprint)
+* every rank's grid is resident together, or the resident blocks wait for partners that never
+  get an SM until their deadline passes;
+* some SMs hold no spinning block, for whatever else a rank launches before its collective (the
+  kernel that makes its input, a GEMM).  Measured on an H100 with 4 ranks: while the other
+  three ranks' grids spun on all 132 SMs (3 x 44 blocks or more, about 3 of some 6 that fit an
+  SM), a one-thread kernel of the fourth rank (``torch.cuda._sleep``), or the elementwise
+  kernels making its input, did not start until their deadline passed; with 3 x 32 blocks it
+  started at once.  Which kernels may join an SM where ours run is not ours to know (torch's
+  ``fill_`` could join Lamport's blocks but not one_shot's, ``_sleep`` neither; an SM's
+  shared-memory configuration is the likely reason), so a rank's other kernels must find SMs with no spinning block at all.
+
+So each spinning block is counted as an SM of its own, and :func:`free_sms` SMs stay out of
+the ranks' budget::
+
+    share = (sms - free_sms) // (W * footprint)
 
 where ``footprint`` is 2 for a kernel launched with programmatic dependent launch (its
-successor's blocks may become resident while it still runs, taking the same room) and 1
-otherwise.  Every algorithm caps its grid at the share (Lamport runs its fixed parts on fewer
-blocks); a world where not even one block per rank fits raises :class:`CoResidencyError`.  ``per_sm`` is what the CUDA driver computes for
-the kernel's cubin (``cuOccupancyMaxActiveBlocksPerMultiprocessor``); where it cannot, CUDA's
-occupancy rules give it (:func:`blocks_per_sm`) from the registers ``ptxas`` reports
-(:func:`kernel_registers`; where that is not at hand, the most a block of its size may take:
-one 512-thread block per SM) and a bound of its shared memory (:func:`shared_bound`).
+successor's blocks may become resident while it still runs) and 1 otherwise.  Then, however the
+GPU places blocks, every block finds an SM without a foreign one, and ``free_sms`` SMs stay
+empty.  Every algorithm caps its grid at the share (Lamport runs its fixed parts on fewer
+blocks); a world where not even one block per rank fits raises :class:`CoResidencyError`, and
+so does a kernel whose block does not fit an SM at all: ``per_sm``, what the CUDA driver
+computes for the kernel's cubin (``cuOccupancyMaxActiveBlocksPerMultiprocessor``) or, where it
+cannot, CUDA's occupancy rules (:func:`blocks_per_sm`) from the registers ``ptxas`` reports
+(:func:`kernel_registers`; where that is not at hand, the most a block of its size may take)
+and a bound of its shared memory (:func:`shared_bound`).
 """
 
 from __future__ import annotations
@@ -70,20 +84,27 @@ def blocks_per_sm(limits: SmLimits, threads: int, registers: int | None, shared:
     return max(0, min(fits))
 
 
-def share(limits: SmLimits, ranks: int, per_sm: int, pdl: bool) -> int:
-    """Blocks each of ``ranks`` ranks on one GPU may launch of a kernel of which one SM holds
-    ``per_sm`` (``pdl``: launched with programmatic dependent launch, so its successor's
-    blocks count too).
+def free_sms(limits: SmLimits) -> int:
+    """SMs that no rank's collective blocks take where ranks share a GPU: one in eight, at
+    least one (16 of an H100's 132)."""
+    return max(1, limits.sms // 8)
+
+
+def share(limits: SmLimits, ranks: int, pdl: bool) -> int:
+    """Blocks each of ``ranks`` ranks on one GPU may launch of a kernel that spins (``pdl``:
+    launched with programmatic dependent launch, so its successor's blocks count too): one SM
+    each, :func:`free_sms` SMs left out.
 
     Raises:
         CoResidencyError: not one block per rank fits.
     """
     footprint = 2 if pdl else 1
-    blocks = limits.sms * per_sm // (ranks * footprint)
+    blocks = (limits.sms - free_sms(limits)) // (ranks * footprint)
     if blocks < 1:
         raise CoResidencyError(
-            f"{ranks} ranks on one GPU of {limits.sms} SMs holding {per_sm} block(s) each of this kernel"
-            f"{' (x2: PDL successors)' if pdl else ''} cannot each have one block resident; use fewer ranks")
+            f"{ranks} ranks on one GPU of {limits.sms} SMs ({free_sms(limits)} kept free for other kernels) "
+            f"cannot each have one block{' (x2: PDL successors)' if pdl else ''} on an SM of its own; "
+            "use fewer ranks")
     return blocks
 
 
@@ -144,8 +165,8 @@ class Residency:
         per_sm = occupancy.blocks(self.limits, key.threads)
         if per_sm < 1:
             raise CoResidencyError(f"{key}: a block of {key.threads} threads does not fit one SM ({occupancy})")
-        return share(self.limits, self.ranks, per_sm, key.pdl)
+        return share(self.limits, self.ranks, key.pdl)
 
 
 __all__ = ["CoResidencyError", "Occupancy", "Residency", "SmLimits", "blocks_per_sm", "kernel_registers",
-           "shared_bound", "share"]
+           "free_sms", "shared_bound", "share"]

@@ -8,7 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from collectives.algorithms.residency import CoResidencyError, Occupancy, Residency, SmLimits, blocks_per_sm, share
+from collectives.algorithms.residency import (CoResidencyError, Occupancy, Residency, SmLimits, blocks_per_sm,
+                                             free_sms, share)
 from collectives.config import LAMPORT_BLOCKS
 
 H100 = SmLimits(sms=132)
@@ -33,41 +34,47 @@ def test_blocks_per_sm_follows_cuda_occupancy(threads: int, registers: int | Non
     assert blocks_per_sm(H100, threads, registers, shared) == blocks
 
 
-def test_the_share_divides_the_gpu_among_the_ranks_and_halves_for_pdl() -> None:
-    assert share(H100, 1, 2, pdl=False) == 264
-    assert share(H100, 4, 1, pdl=False) == 33
-    assert share(H100, 4, 1, pdl=True) == 16
-    assert share(H100, 8, 2, pdl=True) == 16
-    for ranks in range(1, 9):
-        for per_sm in (1, 2, 4):
+def test_the_share_gives_each_spinning_block_an_sm_keeps_some_free_and_halves_for_pdl() -> None:
+    assert free_sms(H100) == 16 and free_sms(SmLimits(sms=4)) == 1
+    assert share(H100, 1, pdl=False) == 116
+    assert share(H100, 4, pdl=False) == 29
+    assert share(H100, 4, pdl=True) == 14
+    assert share(H100, 8, pdl=True) == 7
+    for sms in (8, 78, 114, 132, 148):
+        limits = SmLimits(sms=sms)
+        for ranks in range(1, 9):
             for pdl in (False, True):
-                s = share(H100, ranks, per_sm, pdl)
-                assert ranks * s * (2 if pdl else 1) <= H100.sms * per_sm  # every grid resident at once
-                assert ranks * (s + 1) * (2 if pdl else 1) > H100.sms * per_sm  # and no block to spare
+                if ranks * (2 if pdl else 1) > sms - free_sms(limits):
+                    continue
+                taken = ranks * share(limits, ranks, pdl) * (2 if pdl else 1)
+                # one SM per block: wherever the GPU puts them, free_sms SMs hold none
+                assert taken <= sms - free_sms(limits)
+                assert taken + ranks * (2 if pdl else 1) > sms - free_sms(limits)  # and no block to spare
 
 
 def test_a_world_where_no_block_fits_is_refused() -> None:
-    with pytest.raises(CoResidencyError, match="cannot each have one block resident"):
-        share(SmLimits(sms=4), 8, 1, pdl=False)
+    with pytest.raises(CoResidencyError, match="cannot each have one block"):
+        share(SmLimits(sms=4), 8, pdl=False)
+    with pytest.raises(CoResidencyError, match=r"\(x2: PDL successors\)"):
+        share(SmLimits(sms=16), 8, pdl=True)
 
 
-def test_lamports_share_at_8_ranks_is_smaller_than_its_parts() -> None:
-    """128 parts x 256 threads at 40 registers: 6 blocks per SM, 792 on an H100; at W = 8 (or
-    W = 4 with PDL) each rank may have 99, fewer than the 128 parts (the measured deadlock of the
-    fixed grid): its blocks then run several parts each."""
+def test_lamport_runs_on_fewer_blocks_than_parts_in_every_world() -> None:
+    """128 parts; even 2 ranks without PDL may have only 58 blocks on an H100 (at 3 x 44, all
+    132 SMs taken, another rank's kernel did not start): its blocks run several parts each."""
     forty = Occupancy(registers=40)
-    assert Residency(H100, 4).cap(key(256, algorithm="lamport"), forty) == 198 > LAMPORT_BLOCKS
-    assert Residency(H100, 8).cap(key(256, algorithm="lamport"), forty) == 99 < LAMPORT_BLOCKS
-    assert Residency(H100, 4).cap(key(256, pdl=True, algorithm="lamport"), forty) == 99
+    assert Residency(H100, 2).cap(key(256, algorithm="lamport"), forty) == 58 < LAMPORT_BLOCKS
+    assert Residency(H100, 8).cap(key(256, algorithm="lamport"), forty) == 14
+    assert Residency(H100, 4).cap(key(256, pdl=True, algorithm="lamport"), forty) == 14
 
 
-def test_the_drivers_figure_wins_over_the_arithmetic() -> None:
-    """The driver's blocks per SM (from the cubin) decide; registers and shared memory are the
-    fallback."""
+def test_more_blocks_per_sm_do_not_enlarge_the_share() -> None:
+    """The driver's blocks per SM (from the cubin) decide whether a block fits at all (registers
+    and shared memory are the fallback); the share is one SM per block whatever they are."""
     assert Occupancy(per_sm=3, registers=128).blocks(H100, 512) == 3
     assert Occupancy(registers=128).blocks(H100, 512) == 1
-    assert Residency(H100, 2).cap(key(), Occupancy(per_sm=2)) == 132
-    assert Residency(H100, 2).cap(key(pdl=True), Occupancy(per_sm=2)) == 66
+    assert Residency(H100, 2).cap(key(), Occupancy(per_sm=6)) == Residency(H100, 2).cap(key(), Occupancy(per_sm=1)) == 58
+    assert Residency(H100, 2).cap(key(pdl=True), Occupancy(per_sm=2)) == 29
 
 
 def test_the_cap_of_a_block_that_does_not_fit_names_it() -> None:
@@ -121,26 +128,26 @@ def _call_everything(comm) -> None:
 
 
 def test_every_algorithm_launches_within_the_rank_share(monkeypatch) -> None:
-    """8 ranks on 132 SMs, one block per SM, PDL: 8 blocks each.  Alone on the GPU the same
-    calls take more (the test can fail)."""
+    """8 ranks on 132 SMs, 16 kept free, one SM per block, PDL: 7 blocks each.  Alone on the GPU
+    the same calls take more (the test can fail)."""
     alone = _world_comm(monkeypatch, None)
     _call_everything(alone)
-    assert max(blocks for _, blocks in alone.grids) > 8
+    assert max(blocks for _, blocks in alone.grids) > 7
     shared = _world_comm(monkeypatch, 8)
     _call_everything(shared)
     assert {key.algorithm for key, _ in shared.grids} >= {"one_shot", "two_shot", "tma", "push"}
-    assert max(blocks for _, blocks in shared.grids) <= 8
+    assert max(blocks for _, blocks in shared.grids) <= 7
 
 
 def test_lamport_runs_its_parts_on_the_rank_share(monkeypatch) -> None:
-    """Lamport honours the share like the others: 8 blocks for its 128 parts at 8 ranks."""
+    """Lamport honours the share like the others: 7 blocks for its 128 parts at 8 ranks."""
     from tests.support.fake_comm import FakeTensor
 
     from collectives import api
 
     comm = _world_comm(monkeypatch, 8)
     api.all_reduce(FakeTensor(0x7E00_0000_0000, 4096), algorithm="lamport", backend="peer")
-    assert [b for k, b in comm.grids if k.algorithm == "lamport"] == [8]
+    assert [b for k, b in comm.grids if k.algorithm == "lamport"] == [7]
     alone = _world_comm(monkeypatch, None)
     api.all_reduce(FakeTensor(0x7E10_0000_0000, 4096), algorithm="lamport", backend="peer")
     assert [b for k, b in alone.grids if k.algorithm == "lamport"] == [LAMPORT_BLOCKS]

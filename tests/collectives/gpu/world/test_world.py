@@ -87,7 +87,7 @@ def test_the_largest_grids_of_every_algorithm_are_resident_together(comm, backen
     back to back, exact (small integers)."""
     import collectives
 
-    n = (16 << 20) // 4 // comm.world * comm.world
+    n = (16 << 20) // 4 // (4 * comm.world) * (4 * comm.world)  # each rank's block 16-byte aligned (TMA tiles)
     world = comm.world
     whole = collectives.empty(n, torch.float32)  # the symmetric tensor: every call reuses it
     block = torch.empty(n // world, dtype=torch.float32, device="cuda")
@@ -113,9 +113,10 @@ def test_the_largest_grids_of_every_algorithm_are_resident_together(comm, backen
 @pytest.mark.parametrize("dtype", ["bf16", "f32"])
 def test_lamport_runs_its_parts_on_fewer_blocks_where_ranks_share_a_gpu(comm, backend: str, dtype: str,
                                                                          pdl: bool) -> None:
-    """Lamport's 128 parts on the rank's share of the GPU (at W = 8, or W >= 5 with PDL, fewer
-    blocks than parts: each block runs several), sizes that fill every part and leave some
-    empty, back to back; exact."""
+    """Lamport's 128 parts on the rank's share of the GPU (fewer blocks than parts in every
+    world: each block runs several), sizes that fill every part and leave some empty, back to
+    back, each input made by torch kernels just before the call; exact.  (With the grids of
+    every rank on all the SMs, a rank's input kernels waited out the others' deadline.)"""
     import collectives
     from collectives.algorithms import KernelKey
     from collectives.config import LAMPORT_BLOCKS
