@@ -193,9 +193,14 @@ def _launch(comm: Communicator, key: tuple, algorithm: str, backend: str, descri
     tensor at a freed one's address, of another size or dtype, misses).  A rank with nothing to
     move still launches a barrier of size 0 on ``backend``: its peers' kernels advance the call
     count and wait for every rank, so skipping the launch would leave them to time out (the
-    communicator lost) where their barriers now name the different sizes."""
+    communicator lost) where their barriers now name the different sizes.  Where ranks share
+    the GPU, that barrier is planned with every rank's first plan of a call: its kernel's load
+    could otherwise come while the other ranks' kernels spin for it, and a load waits for them
+    (:func:`collectives.runtime.kernels.load`)."""
     plan = comm.plans.get(key)
     if plan is None:
+        if comm.residency is not None:
+            comm.barrier_plan(backend)
         call = describe(comm, *args)
         if call is None:
             comm.barrier(backend)

@@ -53,6 +53,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .errors import CollectiveError
+from .runtime.driver_streams import create_stream
 from .symmetric.context import bound
 from .symmetric.loopback import LoopbackHeap, Meeting, ThreadAgreement, WorldError
 
@@ -324,7 +325,7 @@ class _Streams:
             with _STREAMS_LOCK:
                 idle = _IDLE_STREAMS.setdefault(device, [])
                 taken, idle[:] = idle[:2 * count], idle[2 * count:]
-            self.handles = taken + [_create_stream() for _ in range(2 * count - len(taken))]
+            self.handles = taken + [create_stream() for _ in range(2 * count - len(taken))]
         self.device = device
         external = [torch.cuda.ExternalStream(int(h), device=device) for h in self.handles]
         self.streams, self.side = external[:count], external[count:]
@@ -341,19 +342,6 @@ class _Streams:
 #: Streams of closed worlds by device, kept for the next world (:class:`_Streams`).
 _IDLE_STREAMS: dict[int, list[Any]] = {}
 _STREAMS_LOCK = threading.Lock()
-
-
-def _create_stream() -> Any:
-    """A non-blocking stream of the current CUDA context (torch's context of the device)."""
-    from cuda.bindings import driver
-
-    err, current = driver.cuCtxGetCurrent()
-    if err != driver.CUresult.CUDA_SUCCESS or not int(current):
-        raise CollectiveError(f"cuStreamCreate needs a current CUDA context (cuCtxGetCurrent: {err})")
-    err, handle = driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING.value)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise CollectiveError(f"cuStreamCreate failed: {err}")
-    return handle
 
 
 def check_loading_mode() -> None:

@@ -154,11 +154,16 @@ class Communicator:
     def barrier(self, backend: str = "auto") -> None:
         """Launch a device-side barrier of every rank on the current stream (see
         :func:`collectives.barrier`)."""
+        self.barrier_plan(backend).run()
+
+    def barrier_plan(self, backend: str = "auto") -> Any:
+        """The plan of :meth:`barrier` on ``backend``, made (its kernel compiled and loaded) on
+        first use."""
         plan = self.plans.get(("barrier", backend, config.PDL))
         if plan is None:
             call = Call.bare("barrier", self.choose_backend(backend, "bf16"), self.world)
             plan = self.plans[("barrier", backend, config.PDL)] = REGISTRY["barrier", "one_shot"].plan(self, call)
-        plan.run()
+        return plan
 
     def kernel(self, key: Any) -> Callable[..., Any]:
         """The compiled kernel for ``key`` on this GPU (:meth:`~collectives.runtime.kernels.KernelCache.get`), as the

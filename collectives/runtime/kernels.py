@@ -15,6 +15,7 @@ from typing import Any
 
 from ..algorithms.key import KernelKey
 from ..errors import CollectiveError
+from .driver_streams import create_stream
 
 
 def compile_target(device: int | None = None) -> str:
@@ -134,9 +135,7 @@ def _call_in_throwaway_capture(fn: Callable[..., Any], key: KernelKey | str, dev
     with torch.cuda.device(device):
         stream = _LOAD_STREAMS.get(device)
         if stream is None:
-            err, stream = driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING.value)
-            _check(err, "cuStreamCreate")
-            _LOAD_STREAMS[device] = stream
+            stream = _LOAD_STREAMS[device] = create_stream()
         *values, _ = example_arguments(key)
         mode = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
         _check(driver.cuStreamBeginCapture(stream, mode)[0], "cuStreamBeginCapture")

@@ -183,3 +183,20 @@ def test_a_tma_block_is_bounded_by_its_pipelines_shared_memory() -> None:
     assert Occupancy(registers=32, shared=shared_bound(tma)).blocks(H100, tma.threads) == 1
     one_shot = KernelKey("all_reduce", "one_shot", "peer", "bf16", 8)
     assert Occupancy(registers=32, shared=shared_bound(one_shot)).blocks(H100, one_shot.threads) == 4
+
+
+def test_where_ranks_share_the_gpu_a_calls_first_plan_plans_the_barrier_of_a_rank_with_nothing_to_move(
+        monkeypatch) -> None:
+    """A rank with nothing to move launches a barrier instead of the call's kernel: in a world its
+    kernel is planned (so loaded) with the first plan of a call, not at that rank's first empty
+    call, when the others' kernels may already spin for it (a load waits for them)."""
+    from tests.support.fake_comm import FakeTensor
+
+    from collectives import api, config
+
+    shared = _world_comm(monkeypatch, 2)
+    api.all_reduce(FakeTensor(0x7C00_0000_0000, 4096), algorithm="one_shot", backend="peer")
+    assert ("barrier", "peer", config.PDL) in shared.plans._plans
+    alone = _world_comm(monkeypatch, None)
+    api.all_reduce(FakeTensor(0x7C10_0000_0000, 4096), algorithm="one_shot", backend="peer")
+    assert not any(k[0] == "barrier" for k in alone.plans._plans if isinstance(k, tuple))

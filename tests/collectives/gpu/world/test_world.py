@@ -11,6 +11,8 @@ the world's own host-side guarantees (module loading eager, a collective capture
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -132,6 +134,49 @@ def test_lamport_runs_its_parts_on_fewer_blocks_where_ranks_share_a_gpu(comm, ba
         collectives.synchronize()
         inputs = [reference.round_to(values(r + call, n), dtype) for r in range(comm.world)]
         assert np.array_equal(t.float().cpu().numpy(), reference.all_reduce(inputs, dtype)), (call, n, blocks)
+
+
+#: Host barriers shared by the rank threads of a world, by name and world size.
+_MEETINGS: dict[tuple[str, int], threading.Barrier] = {}
+
+
+@pytest.mark.skipif(not WORLD, reason="the world's own guarantees (COLLECTIVES_TEST_WORLD=W)")
+@pytest.mark.parametrize(("algorithm", "nbytes", "symmetric"), [("lamport", 1 << 19, False), ("one_shot", 16 << 20, True)])
+def test_a_late_ranks_other_kernels_start_while_the_others_spin(comm, algorithm: str, nbytes: int,
+                                                                 symmetric: bool) -> None:
+    """Every rank but the last launches a collective at its full share and spins for the last,
+    which only then launches a one-thread kernel of torch's: it starts at once (on an H100 at
+    W = 4, with the grids on all 132 SMs, it waited out the others' deadline)."""
+    import collectives
+
+    meet = _MEETINGS.setdefault((algorithm, comm.world), threading.Barrier(comm.world))
+    n = nbytes // 4
+    t = collectives.empty(n, torch.float32) if symmetric else torch.empty(n, device="cuda")
+    t.fill_(1.0)
+    collectives.all_reduce(t, algorithm=algorithm)  # the warm-up: plans and loads
+    collectives.synchronize()
+    t.fill_(1.0)
+    torch.cuda.current_stream().synchronize()
+    meet.wait(timeout=60)
+    late = comm.rank == comm.world - 1
+    waited = 0.0
+    if not late:
+        collectives.all_reduce(t, algorithm=algorithm)
+        meet.wait(timeout=60)
+    else:
+        meet.wait(timeout=60)
+        time.sleep(0.05)  # the others' grids are spinning by now
+        start = time.monotonic()
+        torch.cuda._sleep(1000)
+        done = torch.cuda.Event()
+        done.record()
+        while not done.query() and time.monotonic() - start < 5.0:
+            time.sleep(0.001)
+        waited = time.monotonic() - start
+        collectives.all_reduce(t, algorithm=algorithm)
+    collectives.synchronize()
+    assert waited < 1.0, f"the late rank's kernel started after {waited:.3f}s"
+    assert torch.equal(t, torch.full_like(t, comm.world))
 
 
 @pytest.mark.skipif(not WORLD, reason="the world's own guarantees (COLLECTIVES_TEST_WORLD=W)")
