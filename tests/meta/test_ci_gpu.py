@@ -1,5 +1,6 @@
 """``.ci/gpu`` where no GPU is visible: it says so once and exits non-zero, instead of starting
-every file's run (each ``rc=1`` with an empty summary)."""
+every file's run (each ``rc=1`` with an empty summary); a world group that names no files is
+refused (pytest given no files runs the whole suite: it did, for 8 minutes of a device call)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,14 @@ def test_no_gpu_visible_is_said_once(tmp_path: Path) -> None:
     assert proc.returncode != 0
     assert said.count("no GPU visible") == 1, said
     assert "rc=" not in said and not any(tmp_path.iterdir()), said
+
+
+def test_a_world_group_without_files_is_refused(tmp_path: Path) -> None:
+    env = {**os.environ, "LIST": "1", "OUT": str(tmp_path)}
+    proc = subprocess.run(["bash", str(SCRIPT), "world_gather,world_emulated", "4"], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "no ranks files in group gather,world_emulated" in proc.stderr
+    listed = subprocess.run(["bash", str(SCRIPT), "world_gather", "4"], capture_output=True, text=True, env=env,
+                            cwd=ROOT, timeout=300)
+    assert listed.returncode == 0 and "test_gemm_overlap.py" in listed.stdout
