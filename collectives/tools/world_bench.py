@@ -5,10 +5,12 @@ process: a regression guard for the kernels' memory paths, not an NVLink figure.
 
 Each rank of a :class:`~collectives.testing.World` times ``--iters`` back-to-back calls of one
 collective and algorithm on its own stream (CUDA events, after a warm-up; the slowest rank's
-time), on a symmetric tensor and on a plain one (staged by the kernel).  A call's bytes are
-what every rank must at least read and write: its input and its output, summed over the ranks
-(all-reduce ``2 W N``, reduce-scatter ``(W + 1) N``, all-gather ``(W + 1) N`` for ``N`` bytes of
-the larger tensor per rank); the copy moves ``W N`` bytes in and out (``2 W N``) with one
+time), on a symmetric tensor and on a plain one (staged by the kernel).  The all-to-all
+(even splits) writes into a symmetric output (``direct``) or a plain one (``staged``, through
+its staging buffer: sizes past :data:`~collectives.runtime.all_to_all.STAGING_BYTES` are
+skipped).  A call's bytes are what every rank must at least read and write: its input and its
+output, summed over the ranks (all-reduce and all-to-all ``2 W N``, reduce-scatter ``(W + 1) N``,
+all-gather ``(W + 1) N`` for ``N`` bytes of the larger tensor per rank); the copy moves ``W N`` bytes in and out (``2 W N``) with one
 ``copy_`` on one stream.  ``ratio`` is the algorithm's bytes per second over the copy's.  On one
 GPU the ranks' reads of each other's buffers are local and L2 serves reuse (every rank reads the
 same inputs), so ratios above 1 occur; a drop between runs on the same GPU is what it guards.
@@ -24,13 +26,14 @@ CASES = [
     *(("all_reduce", a, p) for a in ("one_shot", "two_shot", "tma", "push") for p in ("symmetric", "plain")),
     *(("reduce_scatter", a, p) for a in ("one_shot", "tma", "push") for p in ("symmetric", "plain")),
     *(("all_gather", a, p) for a in ("one_shot", "tma") for p in ("symmetric", "plain")),
+    ("all_to_all", "direct", "symmetric"), ("all_to_all", "staged", "plain"),
 ]
 
 
 def moved_bytes(collective: str, world: int, nbytes: int) -> int:
     """Bytes every rank together must read and write in a call with ``nbytes`` of the larger
     tensor per rank (see the module docstring)."""
-    return 2 * world * nbytes if collective == "all_reduce" else (world + 1) * nbytes
+    return 2 * world * nbytes if collective in ("all_reduce", "all_to_all") else (world + 1) * nbytes
 
 
 def time_us(fn: Any, iters: int, meet: Any) -> float:
@@ -72,6 +75,7 @@ def rank_body(rank: int, sizes: list[int], dtype: str, iters: int) -> list[dict]
     import collectives
     from collectives.dtypes import DTYPES
     from collectives.errors import CollectiveError
+    from collectives.runtime.all_to_all import STAGING_BYTES
     from collectives.runtime.communicator import communicator
 
     comm = communicator()
@@ -83,12 +87,16 @@ def rank_body(rank: int, sizes: list[int], dtype: str, iters: int) -> list[dict]
         symmetric.fill_(1)
         plain = torch.ones(n, dtype=kind, device="cuda")
         block = torch.empty(n // world, dtype=kind, device="cuda")
+        received = torch.empty_like(plain)
         for collective, algorithm, placement in CASES:
             whole = symmetric if placement == "symmetric" else plain
+            if collective == "all_to_all" and placement == "plain" and received.nbytes > STAGING_BYTES:
+                continue  # a plain output larger than the staging buffer fails its pairs
             calls = {
                 "all_reduce": lambda: collectives.all_reduce(whole, algorithm=algorithm, backend="peer"),
                 "reduce_scatter": lambda: collectives.reduce_scatter(block, whole, algorithm=algorithm, backend="peer"),
                 "all_gather": lambda: collectives.all_gather(whole, block, algorithm=algorithm, backend="peer"),
+                "all_to_all": lambda: collectives.all_to_all(symmetric if placement == "symmetric" else received, plain),
             }
             try:
                 us = time_us(calls[collective], iters, comm.ctx.host_barrier)
