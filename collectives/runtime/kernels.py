@@ -42,33 +42,31 @@ def compile_kernel(key: KernelKey | str, target: str) -> Any:
     import cutlass.cute as cute
     from cutlass.base_dsl.compiler import DumpDir
 
-    from .. import algorithms
-    from ..algorithms import all_to_all, flags
-
-    if isinstance(key, str):
-        launch = flags.build(key)
-    elif isinstance(key, all_to_all.AllToAllKey):
-        launch = all_to_all.build(key)
-    else:
-        launch = algorithms.build(key)
+    build, arguments = _kind(key)
     with tempfile.TemporaryDirectory() as dump:  # the PTX and cubin are kept in memory, the files dropped
         return cute.compile[cute.KeepPTX, cute.KeepCUBIN, cute.EnableTVMFFI, cute.GPUArch(target),
-                            DumpDir(dump)](launch, *example_arguments(key))
+                            DumpDir(dump)](build(key), *arguments)
 
 
 def example_arguments(key: KernelKey | str) -> tuple:
     """The placeholder arguments ``key``'s launcher compiles from (its runtime arguments: the
     layout's, then the grid where it is one, then the stream)."""
+    return _kind(key)[1]
+
+
+def _kind(key: KernelKey | str) -> tuple[Callable[[Any], Any], tuple]:
+    """(the builder of ``key``'s ``@cute.jit`` launcher, its placeholder arguments), by the kind
+    of kernel: a stream-flag kernel's, the all-to-all's, or a collective algorithm's."""
     from .. import algorithms
-    from ..algorithms import all_to_all
+    from ..algorithms import all_to_all, flags
     from ..device.launch import example_arguments as layout_arguments
     from ..device.launch import flag_example_arguments
 
     if isinstance(key, str):
-        return flag_example_arguments()
+        return flags.build, flag_example_arguments()
     if isinstance(key, all_to_all.AllToAllKey):
-        return layout_arguments(all_to_all.ALL_TO_ALL)
-    return algorithms.example_arguments()
+        return all_to_all.build, layout_arguments(all_to_all.ALL_TO_ALL)
+    return algorithms.build, algorithms.example_arguments()
 
 
 #: Every kernel compiled in this process, by (key, target): (compiled kernel, its TVM-FFI function).
@@ -159,15 +157,9 @@ def occupancy(key: KernelKey, target: str, device: int) -> Any:
     """The :class:`~collectives.algorithms.residency.Occupancy` of ``key``'s compiled kernel on
     GPU ``device``: blocks per SM as the CUDA driver computes them for its cubin, else (no
     driver answer) its registers from ``ptxas`` and its shared memory bound.  Measured when
-    the kernel is loaded (:func:`load`); measured now where it was not."""
-    found = _OCCUPANCY.get((key, target, device))
-    if found is None:
-        kernel, _ = compiled(key, target)
-        with _COMPILE_LOCK:
-            found = _OCCUPANCY.get((key, target, device))
-            if found is None:
-                found = _OCCUPANCY[(key, target, device)] = _measure(kernel, key, target, device)
-    return found
+    the kernel is loaded (:func:`load`, which this calls: nothing where it was loaded)."""
+    load(key, target, device)
+    return _OCCUPANCY[(key, target, device)]
 
 
 def _measure(kernel: Any, key: KernelKey, target: str, device: int) -> Any:

@@ -10,8 +10,8 @@ time), on a symmetric tensor and on a plain one (staged by the kernel).  The all
 its staging buffer: sizes past :data:`~collectives.runtime.all_to_all.STAGING_BYTES` are
 skipped).  A call's bytes are what every rank must at least read and write: its input and its
 output, summed over the ranks (all-reduce and all-to-all ``2 W N``, reduce-scatter ``(W + 1) N``,
-all-gather ``(W + 1) N`` for ``N`` bytes of the larger tensor per rank); the copy moves ``W N`` bytes in and out (``2 W N``) with one
-``copy_`` on one stream.  ``ratio`` is the algorithm's bytes per second over the copy's.  On one
+all-gather ``(W + 1) N`` for ``N`` bytes of the larger tensor per rank); the copy moves ``W N``
+bytes in and out (``2 W N``) with one ``copy_`` on one stream.  ``ratio`` is the algorithm's bytes per second over the copy's.  On one
 GPU the ranks' reads of each other's buffers are local and L2 serves reuse (every rank reads the
 same inputs), so ratios above 1 occur; a drop between runs on the same GPU is what it guards.
 """
