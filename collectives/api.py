@@ -339,7 +339,7 @@ def _all_gather_kernel(out: torch.Tensor, inp: torch.Tensor, algorithm: str, bac
     all_gather(out, inp, algorithm, backend, max_blocks=max_blocks)
 
 
-@moe_ops.implement("all_to_all")
+@torch_ops.implement("all_to_all")
 def _all_to_all_kernel(out: torch.Tensor, inp: torch.Tensor, out_splits: torch.Tensor | None = None,
                        in_splits: torch.Tensor | None = None) -> None:
     as_splits = (lambda s: s.tolist() if s is not None and not s.is_cuda else s)  # a CPU tensor: no GPU sync

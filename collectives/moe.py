@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from .runtime import moe_ops
+from .runtime import moe_ops, torch_ops
 from .errors import CollectiveError
 from .runtime.moe_ops import COMBINE_FIELDS, HANDLE_FIELDS
 
@@ -295,13 +295,13 @@ def handle_from(tensors: tuple[torch.Tensor, ...], topk_weights: torch.Tensor) -
     return Handle(weights=topk_weights, tokens=tokens, topk=topk, **dict(zip(HANDLE_FIELDS, tensors)))
 
 
-@moe_ops.implement("moe_dispatch")
+@torch_ops.implement("moe_dispatch")
 def _dispatch_kernel(x, topk_ids, topk_weights, num_experts, max_tokens, world):
     expert_x, counts, handle = dispatch(x, topk_ids, topk_weights, num_experts, max_tokens=max_tokens)
     return (expert_x, counts) + handle_tensors(handle)
 
 
-@moe_ops.implement("moe_combine")
+@torch_ops.implement("moe_combine")
 def _combine_kernel(expert_out, topk_weights, *handle):
     return combine(expert_out, handle_from(handle, topk_weights))
 

@@ -15,7 +15,11 @@ aligned, else one-shot.
 
 Forward progress: the producer of every wait was queued (on the other stream) before the wait
 itself, and a spinning wait holds one warp of one SM, so the producer always has the rest of
-the GPU.  Reuse: a call's side-stream work ends before the current stream passes the join, and
+the GPU.  Where ranks share a GPU (a one-GPU world), a GEMM's first call for a shape can
+block its host thread until every kernel on the GPU ends (cuBLAS loading kernels), other
+ranks' spinning collectives included: each call's ranks meet on the host
+(:meth:`~collectives.runtime.communicator.Communicator.meet_ranks_on_device`) after the GEMMs
+that precede its collectives and before those are launched.  Reuse: a call's side-stream work ends before the current stream passes the join, and
 the next call's side stream forks after the current stream's work of this call, so neither
 stream overwrites a workspace chunk the other may still read (calls ordered by one stream).
 
@@ -148,6 +152,7 @@ def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None
         _close(marks, main)
         comm.stream_flags.post(slot + c)
         chunks.append((c, out[r0:r1].view(-1), p))
+    comm.meet_ranks_on_device("gemm_reduce_scatter: GEMMs enqueued (values: rows, K, N)", [rows, a.shape[1], n])
     # Enqueued after the GEMMs (one switch of streams): the flags, not the host's order, make
     # each reduce-scatter wait for its chunk.
     with torch.cuda.stream(side):
@@ -204,6 +209,7 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
     marks = _marks(timeline, "gemm", -1, main)
     torch.mm(a_shard, b, out=out[rank * m:(rank + 1) * m])
     _close(marks, main)
+    comm.meet_ranks_on_device("all_gather_gemm: own rows' GEMM enqueued (values: rows, K, N)", [m, k, n])
     views = []
     at = 0
     with torch.cuda.stream(side):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -142,6 +142,23 @@ class Communicator:
         finished reading.  Growing frees the superseded buffer and drops the plans that hold
         it, unless a CUDA graph may use it (:class:`~collectives.runtime.staging.StagingPool`)."""
         return self.pool.get(nbytes, which)
+
+    def meet_ranks_on_device(self, what: str, values: Sequence[int]) -> None:
+        """Where ranks share this GPU (a one-GPU world): every rank reaches here with the same
+        ``values`` before any goes on, waiting on the host at most :attr:`timeout_s`
+        (:meth:`~collectives.symmetric.context.Context.agree_bounded`); else nothing.  For host
+        calls that may wait for every kernel on the GPU, made before this rank launches a
+        collective that the other ranks' kernels would spin for: cuBLAS loads a GEMM's kernels
+        at its first call for a shape, and in a world of 4 ranks a rank blocked there while
+        the others' collectives waited for its next launch, until their timeout.  A rank that
+        does not come, or comes with other values, fails the communicator (as
+        :meth:`agree_growth`)."""
+        if self.residency is None:
+            return
+        try:
+            self.ctx.agree_bounded(what, values, self.timeout_s)
+        except CollectiveError as e:
+            raise self.errors.fail(CollectiveError(f"ranks sharing the GPU did not meet: {e}")) from e
 
     # -- kernels ------------------------------------------------------------------------------
 

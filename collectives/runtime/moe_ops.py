@@ -13,12 +13,12 @@ kernel, which costs no GPU sync); the dispatch's handle travels as its tensors
 one of them: a fake implementation cannot ask the communicator), so nothing is data-dependent
 and ``torch.compile(fullgraph=True)`` traces through.  The CUDA kernels are the eager
 functions, on the default communicator (``group=None``), registered by :mod:`collectives.moe`
-and :mod:`collectives.api` (:func:`implement`); this module imports nothing else of the package.
+and :mod:`collectives.api` (:func:`collectives.runtime.torch_ops.implement`); this module imports nothing else
+of the package.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Optional
 
 import torch
@@ -40,16 +40,6 @@ for _name, _schema in SCHEMAS.items():
 #: the combine takes all but the last).
 HANDLE_FIELDS = ("order", "valid", "send_splits", "recv_splits", "place", "kept", "dropped")
 COMBINE_FIELDS = HANDLE_FIELDS[:-1]
-
-
-def implement(name: str) -> Callable[[Callable], Callable]:
-    """Register the decorated function as operator ``name``'s CUDA kernel."""
-
-    def register(kernel: Callable) -> Callable:
-        LIB.impl(name, kernel, "CUDA")
-        return kernel
-
-    return register
 
 
 @torch.library.register_fake("collectives::all_to_all", lib=LIB)
@@ -93,5 +83,5 @@ def traced_combine(expert_out: Tensor, topk_weights: Tensor, handle: tuple) -> T
     return torch.ops.collectives.moe_combine(expert_out, topk_weights, *handle)
 
 
-__all__ = ["COMBINE_FIELDS", "HANDLE_FIELDS", "SCHEMAS", "implement", "traced_all_to_all", "traced_combine",
+__all__ = ["COMBINE_FIELDS", "HANDLE_FIELDS", "SCHEMAS", "traced_all_to_all", "traced_combine",
            "traced_dispatch"]

@@ -55,10 +55,18 @@ _register_effectful_op(torch.ops.collectives.barrier.default, _EffectType.ORDERE
 
 
 def implement(name: str, dispatch_key: str = "CUDA") -> Callable[[Callable], Callable]:
-    """Register the decorated function as operator ``name``'s kernel for ``dispatch_key``."""
+    """Register the decorated function as operator ``name``'s kernel for ``dispatch_key``
+    (any operator of namespace ``collectives``).  The dispatcher leaves out the trailing arguments
+    that equal their schema's default (as Inductor's generated code passes them): the kernel
+    is called with every argument of the schema, in its order, those restored."""
+    arguments = getattr(torch.ops.collectives, name).default._schema.arguments
 
     def register(kernel: Callable) -> Callable:
-        LIB.impl(name, kernel, dispatch_key)
+        def with_defaults(*args, **kwargs):
+            return kernel(*args, *[kwargs[a.name] if a.name in kwargs else a.default_value
+                                   for a in arguments[len(args):]])
+
+        LIB.impl(name, with_defaults, dispatch_key)
         return kernel
 
     return register

@@ -135,3 +135,37 @@ def test_each_communicator_has_its_own_side_stream(monkeypatch) -> None:
         flags.device, flags._side = 0, None
     assert first.side() is first.side()
     assert first.side() is not second.side()
+
+
+class _Meeting:
+    """A context's bounded agreement, recorded (``error``: raised instead)."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.calls, self.error = [], error
+
+    def agree_bounded(self, what: str, values: list[int], timeout_s: float) -> None:
+        self.calls.append((what, values, timeout_s))
+        if self.error is not None:
+            raise self.error
+
+
+def _sharing(ranks_sharing: bool, meeting: _Meeting) -> Communicator:
+    comm = _bare_communicator([0, 0, 0, 0, 0])
+    comm.residency, comm.ctx = (object() if ranks_sharing else None), meeting
+    return comm
+
+
+def test_ranks_sharing_a_gpu_meet_on_the_host_with_their_values_and_alone_nothing_waits() -> None:
+    meeting = _Meeting()
+    _sharing(False, meeting).meet_ranks_on_device("gemm", [8, 64, 128])
+    assert meeting.calls == []
+    _sharing(True, meeting).meet_ranks_on_device("gemm", [8, 64, 128])
+    assert meeting.calls == [("gemm", [8, 64, 128], 2.0)]
+
+
+def test_a_rank_that_does_not_meet_fails_the_communicator() -> None:
+    comm = _sharing(True, _Meeting(CollectiveError("gemm: ranks [2] did not arrive within 2s")))
+    with pytest.raises(CollectiveError, match="did not meet.*ranks \\[2\\] did not arrive"):
+        comm.meet_ranks_on_device("gemm", [8, 64, 128])
+    with pytest.raises(CollectiveError, match="did not meet"):  # unusable from then on
+        comm.errors.poll()

@@ -91,7 +91,10 @@ def test_graphs_per_size_replay_correctly(comm, collective: str, algorithm: str,
 @pytest.mark.parametrize("order", ["increasing", "decreasing"])
 @pytest.mark.parametrize("function", ["gemm_reduce_scatter", "all_gather_gemm"])
 def test_overlap_graphs_per_batch_size_replay_correctly(comm, function: str, order: str) -> None:
-    """The overlap's workspaces grow with the batch (rows); every earlier graph keeps its own."""
+    """A graph per batch size (rows), captured smallest first and largest first, all sharing
+    the overlap's workspace slot and stream flags, each replays exactly.  (The inputs are the
+    test's to keep alive, as for any CUDA graph: without that, on 2 x H100, the caching
+    allocator gave a later batch's tensors their memory and every replay read those.)"""
     import collectives
 
     world, rank = comm.world, comm.rank
@@ -111,8 +114,8 @@ def test_overlap_graphs_per_batch_size_replay_correctly(comm, function: str, ord
             graph = _capture(lambda a=a, b=b, out=out: collectives.all_gather_gemm(a, b, out))
             whole = torch.cat([small_ints(r, m, k, "bf16") for r in range(world)])
             want = torch.mm(whole, b).float().cpu().numpy()
-        graphs.append((graph, out, want))
-    for graph, out, want in graphs:
+        graphs.append((graph, out, want, (a, b)))  # a graph reads a and b where they were: keep them
+    for graph, out, want, _ in graphs:
         out.zero_()
         graph.replay()
         collectives.synchronize()
