@@ -152,7 +152,7 @@ def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None
         _close(marks, main)
         comm.stream_flags.post(slot + c)
         chunks.append((c, out[r0:r1].view(-1), p))
-    comm.meet_ranks_on_device("gemm_reduce_scatter: GEMMs enqueued (values: rows, K, N)", [rows, a.shape[1], n])
+    comm.meet_ranks_on_device("gemm_reduce_scatter: GEMMs enqueued (values: rows, N)", [rows, n])
     # Enqueued after the GEMMs (one switch of streams): the flags, not the host's order, make
     # each reduce-scatter wait for its chunk.
     with torch.cuda.stream(side):
@@ -209,7 +209,7 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
     marks = _marks(timeline, "gemm", -1, main)
     torch.mm(a_shard, b, out=out[rank * m:(rank + 1) * m])
     _close(marks, main)
-    comm.meet_ranks_on_device("all_gather_gemm: own rows' GEMM enqueued (values: rows, K, N)", [m, k, n])
+    comm.meet_ranks_on_device("all_gather_gemm: own rows' GEMM enqueued (values: rows, K)", [m, k])
     views = []
     at = 0
     with torch.cuda.stream(side):
