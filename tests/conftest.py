@@ -1,10 +1,12 @@
 """Skip GPU tests cleanly where there is no GPU (or, for multigpu, no torchrun world), and run the
 multigpu tests as rank threads on one GPU where ``COLLECTIVES_TEST_WORLD=W`` asks for a world
-(tests/support/world_support.py)."""
+(tests/support/world_support.py); fail a run that leaves a PTX or cubin file in the repository
+root."""
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -50,8 +52,34 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     return True
 
 
+#: The repository root, where CuTeDSL writes a kept PTX or cubin that no DumpDir redirects
+#: (the directory the process started in; xdist's workers start there too).
+ROOT = Path(__file__).resolve().parents[1]
+_ARTIFACTS = pytest.StashKey[set]()
+
+
+def _root_artifacts() -> set[str]:
+    return {p.name for pattern in ("*.ptx", "*.cubin") for p in ROOT.glob(pattern)}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_ARTIFACTS] = _root_artifacts()
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Fail the run (in the process that started it, not in an xdist worker) if a test left a
+    PTX or cubin file in the repository root: every compile that keeps one names a temporary
+    directory (tests/meta/test_no_artifacts.py checks the tools' own)."""
     from tests.support.world_support import WORLD, close_session_world
 
     if WORLD:
         close_session_world()
+    if hasattr(session.config, "workerinput"):
+        return
+    left = sorted(_root_artifacts() - session.config.stash.get(_ARTIFACTS, set()))
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line(f"tests left files in the repository root (compile with a DumpDir): {left}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -207,14 +207,12 @@ def test_barrier_cost_variants_compile_and_differ_where_named() -> None:
     """python -m collectives.tools.barrier_costs (one GPU) times these kernels; each does what
     its name says: only the barrier releases, only the fence variant fences alone."""
     pytest.importorskip("torch")
-    import cutlass.cute as cute
+    from tests.support.cute_support import compile_ptx
 
     from collectives.device.launch import example_arguments
     from collectives.tools import barrier_costs
 
-    ptx = {}
-    for name, launch in barrier_costs.kernels().items():
-        ptx[name] = cute.compile[cute.KeepPTX](launch, *example_arguments()).__ptx__
+    ptx = {name: compile_ptx(launch, *example_arguments()) for name, launch in barrier_costs.kernels().items()}
     assert "st.release.sys" in ptx["barrier"] and "ld.acquire.sys" in ptx["barrier"]
     relaxed = ptx["relaxed signal"]
     assert "st.relaxed.sys" in relaxed and "ld.acquire.sys" in relaxed and ".release" not in relaxed
