@@ -19,9 +19,11 @@ the GPU.  Where ranks share a GPU (a one-GPU world), a GEMM's first call for a s
 block its host thread until every kernel on the GPU ends (cuBLAS loading kernels), other
 ranks' spinning collectives included: each call's ranks meet on the host
 (:meth:`~collectives.runtime.communicator.Communicator.meet_ranks_on_device`) after the GEMMs
-that precede its collectives and before those are launched.  Reuse: a call's side-stream work ends before the current stream passes the join, and
-the next call's side stream forks after the current stream's work of this call, so neither
-stream overwrites a workspace chunk the other may still read (calls ordered by one stream).
+that precede its collectives and before those are launched.
+
+Reuse: a call's side-stream work ends before the current stream passes the join, and the
+next call's side stream forks after the current stream's work of this call, so neither stream
+overwrites a workspace chunk the other may still read (calls ordered by one stream).
 
 Ownership of rows (``W`` ranks, ``M`` rows of ``a`` per rank, ``M % W == 0``):
 

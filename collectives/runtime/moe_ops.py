@@ -13,8 +13,8 @@ kernel, which costs no GPU sync); the dispatch's handle travels as its tensors
 one of them: a fake implementation cannot ask the communicator), so nothing is data-dependent
 and ``torch.compile(fullgraph=True)`` traces through.  The CUDA kernels are the eager
 functions, on the default communicator (``group=None``), registered by :mod:`collectives.moe`
-and :mod:`collectives.api` (:func:`collectives.runtime.torch_ops.implement`); this module imports nothing else
-of the package.
+and :mod:`collectives.api` (:func:`collectives.runtime.torch_ops.implement`); this module
+imports nothing else of the package.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ the ``traced_*`` functions below; anywhere else they run eagerly, and so do the 
 CUDA kernels, which call them.  This module imports nothing else of the package.
 """
 
+import functools
 from collections.abc import Callable
 from typing import Optional
 
@@ -62,6 +63,7 @@ def implement(name: str, dispatch_key: str = "CUDA") -> Callable[[Callable], Cal
     arguments = getattr(torch.ops.collectives, name).default._schema.arguments
 
     def register(kernel: Callable) -> Callable:
+        @functools.wraps(kernel)
         def with_defaults(*args, **kwargs):
             return kernel(*args, *[kwargs[a.name] if a.name in kwargs else a.default_value
                                    for a in arguments[len(args):]])
