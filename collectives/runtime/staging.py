@@ -10,10 +10,12 @@ must make the same ones in the same order.  :class:`StagingPool` therefore alloc
 only at points every rank reaches in the same call: the first call whose size exceeds a
 slot's capacity (the capacity is a function of the sizes called so far, which every rank
 shares, never of plan-cache hits, which are not shared).  There the slot grows to the next
-power of two and its superseded buffer is freed: the plans holding it are dropped (a later
-call plans again on the new buffer), every rank's queued kernels finish first (a host
-barrier), unless a launch under CUDA-graph capture on any rank used it (agreed across ranks),
-in which case a graph may replay it and it stays allocated for good.
+power of two and the plans holding its superseded buffer are dropped (every rank's next call
+plans again on the new buffer).  The superseded buffer is freed once every rank's queued
+kernels have finished (a host barrier), unless a launch under CUDA-graph capture on any rank
+used it (agreed across ranks): then a graph may replay it and it stays allocated for good, but
+no plan uses it again (a rank whose plan-cache hit kept it would move its data through it
+while the others used the new buffer).
 
 Why for good: a graph's lifetime cannot be seen from inside its capture (torch gives the
 capturing code no handle on the ``CUDAGraph``), ranks destroy their graphs at different times
@@ -137,11 +139,14 @@ class StagingPool:
 
     def _retire(self, old: torch.Tensor) -> None:
         ptr = old.data_ptr()
+        # Every rank plans its next call anew on the new buffer, a pinned one's too: plan-cache
+        # hits follow each rank's own tensor addresses and evictions, so a plan kept here would
+        # move some ranks' data through the old buffer and the others' through the new one.
+        self.plans.drop_holding(ptr)
         if self.ctx.agree_any(ptr in self._captured):
             self._captured.discard(ptr)
             self.pinned.append(old)
             return
-        self.plans.drop_holding(ptr)
         self.ctx.host_barrier()  # no rank's queued kernel still reads or writes it
         self.ctx.free(old)
         self.forget(ptr, old.numel())

@@ -6,7 +6,8 @@ Each size is called eagerly (the warm-up that plans, grows the staging and compi
 under capture, as an inference server captures one graph per batch size.  A graph uses every
 address its launches pass (staging, result and workspace buffers; for the GEMM overlap also the
 workspace its GEMMs write).  After the 16 captures, every graph is "replayed": none of its
-addresses may lie in freed memory.
+addresses may lie in freed memory.  And no eager call may run through a buffer a graph pinned:
+every rank plans anew on the slot's new buffer.
 """
 
 from __future__ import annotations
@@ -176,3 +177,81 @@ def test_the_old_overlap_workspace_frees_what_a_graph_uses(monkeypatch, case: st
     heap, graphs = _graphs(monkeypatch, case, SIZES)
     with pytest.raises(AssertionError, match="uses freed memory"):
         _replay(heap, graphs)
+
+
+#: The cases whose plans hold a staging-pool buffer that a larger size grows.
+STAGED = [c for c in CALLS if c not in ("all_reduce tma", "gemm_reduce_scatter", "all_gather_gemm")]
+
+
+@pytest.mark.parametrize("case", STAGED)
+def test_an_eager_call_after_a_graph_pinned_its_buffer_plans_on_the_current_one(monkeypatch, case: str) -> None:
+    """A superseded buffer that a graph used stays allocated, but no eager call may use it
+    again: plan-cache hits follow each rank's own tensor addresses and eviction order, so a rank
+    that reused a plan holding the old buffer moved its data through it while the others,
+    planning anew, used the current one (wrong results, no error: a one-GPU world of 7 ranks,
+    a push all-reduce whose plain tensor came back at an earlier call's address)."""
+    heap = FakeHeap(world_size=WORLD)
+    comm = FakeComm(heap)
+    capturing = [False]
+    install(monkeypatch, comm, capturing)
+    small = CALLS[case](comm, SIZES[0])  # its tensors made once: the same addresses every call
+    small()  # eager: plans on the slot's first buffer
+    capturing[0] = True
+    small()  # a graph uses that buffer
+    capturing[0] = False
+    CALLS[case](comm, SIZES[-1])()  # a larger call grows the slot: the first buffer is pinned
+    assert comm.pool.pinned
+    start = len(comm.launches)
+    small()
+    used = {a for _, addresses in comm.launches[start:] for a in addresses}
+    stale = [hex(a) for a in used for t in comm.pool.pinned if t.data_ptr() <= a < t.data_ptr() + t.numel()]
+    assert not stale, f"an eager call used the superseded buffer at {stale}"
+
+
+@pytest.mark.parametrize("world", range(2, 9))
+def test_the_soaks_calls_never_run_eagerly_through_a_pinned_buffer(monkeypatch, world: int) -> None:
+    """The soak's calls (``collectives.tools.soak``, seed 1, as ``tests/collectives/gpu/ranks/
+    test_soak.py`` draws them) on one rank whose tensors of a size always come back at the same
+    address (as the caching allocator hands them out): no eager launch may pass through a
+    buffer that a graph pinned.  Before the fix, at W = 3 to 7 (where a 1 MB push slot grows
+    under a graph), calls 226, 302 and 410 did; call 410 returned wrong data in a one-GPU world
+    of 7 ranks, the ranks whose plan cache missed having used the new buffer."""
+    import argparse
+    import random
+
+    from collectives.dtypes import DTYPES
+    from collectives.tools import soak
+
+    comm = FakeComm(FakeHeap(world_size=world))
+    capturing = [False]
+    install(monkeypatch, comm, capturing)
+    draws = soak.Soak.__new__(soak.Soak)
+    draws.args, draws.rng, draws.collectives = argparse.Namespace(graph_fraction=0.3), random.Random(1), api
+    places: dict[int, int] = {}
+
+    def tensor(numel: int, dtype: str) -> FakeTensor:
+        kind = DTYPES[dtype].torch
+        nbytes = numel * torch.empty((), dtype=kind).element_size()
+        return FakeTensor(places.setdefault(nbytes, next(_addresses)), numel, kind)
+
+    captured, stale = set(), []
+    for step in range(1, 412):
+        if step % 40 == 39:  # the soak's size mismatch: a draw of its own, nothing planned here
+            draws.rng.choice(("one_shot", "two_shot", "lamport", "push"))
+            continue
+        collective, algorithm, backend, dtype, n, graph = draws.draw()
+        t = tensor(world * n if collective == "reduce_scatter" else n, dtype)
+        out = t if collective == "all_reduce" else tensor(world * n if collective == "all_gather" else n, dtype)
+        if graph and (collective, algorithm, backend, dtype, n) in captured:
+            continue  # a replay plans nothing
+        start = len(comm.launches)
+        draws.launch(collective, algorithm, backend, t, out)
+        used = {a for _, addresses in comm.launches[start:] for a in addresses}
+        if any(p.data_ptr() <= a < p.data_ptr() + p.numel() for a in used for p in comm.pool.pinned):
+            stale.append(step)
+        if graph:
+            capturing[0] = True
+            draws.launch(collective, algorithm, backend, t, out)
+            capturing[0] = False
+            captured.add((collective, algorithm, backend, dtype, n))
+    assert not stale, f"eager calls through a pinned buffer: {stale}"
