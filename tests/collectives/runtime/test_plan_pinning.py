@@ -208,50 +208,79 @@ def test_an_eager_call_after_a_graph_pinned_its_buffer_plans_on_the_current_one(
     assert not stale, f"an eager call used the superseded buffer at {stale}"
 
 
-@pytest.mark.parametrize("world", range(2, 9))
-def test_the_soaks_calls_never_run_eagerly_through_a_pinned_buffer(monkeypatch, world: int) -> None:
-    """The soak's calls (``collectives.tools.soak``, seed 1, as ``tests/collectives/gpu/ranks/
-    test_soak.py`` draws them) on one rank whose tensors of a size always come back at the same
-    address (as the caching allocator hands them out): no eager launch may pass through a
-    buffer that a graph pinned.  Before the fix, at W = 3 to 7 (where a 1 MB push slot grows
-    under a graph), calls 226, 302 and 410 did; call 410 returned wrong data in a one-GPU world
-    of 7 ranks, the ranks whose plan cache missed having used the new buffer."""
+def _soak_launches(monkeypatch, world: int, same_place: bool) -> list[tuple]:
+    """The soak's calls (seed 1, the first 410) on one rank's host: every launch as (call, kernel
+    key, blocks, and for each address it passes the number of the symmetric allocation it lies
+    in, or "user" for the caller's tensors).  ``same_place``: a size's tensors always come back
+    at one address (plan-cache hits); else every tensor is new (misses only)."""
     import argparse
     import random
 
     from collectives.dtypes import DTYPES
     from collectives.tools import soak
 
-    comm = FakeComm(FakeHeap(world_size=world))
+    heap = FakeHeap(world_size=world)
+    comm = FakeComm(heap)
     capturing = [False]
     install(monkeypatch, comm, capturing)
     draws = soak.Soak.__new__(soak.Soak)
     draws.args, draws.rng, draws.collectives = argparse.Namespace(graph_fraction=0.3), random.Random(1), api
+    allocations: list[int] = []  # the heap's allocations in order: the same numbers on every rank
+    made = heap.empty
+
+    def empty(shape, dtype=torch.uint8):
+        t = made(shape, dtype)
+        allocations.append(t.data_ptr())
+        return t
+
+    heap.empty = empty
     places: dict[int, int] = {}
 
     def tensor(numel: int, dtype: str) -> FakeTensor:
         kind = DTYPES[dtype].torch
         nbytes = numel * torch.empty((), dtype=kind).element_size()
-        return FakeTensor(places.setdefault(nbytes, next(_addresses)), numel, kind)
+        at = places.setdefault(nbytes, next(_addresses)) if same_place else next(_addresses)
+        return FakeTensor(at, numel, kind)
 
-    captured, stale = set(), []
-    for step in range(1, 412):
-        if step % 40 == 39:  # the soak's size mismatch: a draw of its own, nothing planned here
+    def number(a: int) -> int | str:
+        for i, base in enumerate(allocations):
+            t = FakeHeap.find(a, {base: heap.live.get(base, heap.freed.get(base))})
+            if t is not None:
+                return i
+        return "user"
+
+    captured, launches = set(), []
+    for step in range(1, 411):
+        if step % 40 == 39:
             draws.rng.choice(("one_shot", "two_shot", "lamport", "push"))
             continue
         collective, algorithm, backend, dtype, n, graph = draws.draw()
         t = tensor(world * n if collective == "reduce_scatter" else n, dtype)
         out = t if collective == "all_reduce" else tensor(world * n if collective == "all_gather" else n, dtype)
         if graph and (collective, algorithm, backend, dtype, n) in captured:
-            continue  # a replay plans nothing
-        start = len(comm.launches)
-        draws.launch(collective, algorithm, backend, t, out)
-        used = {a for _, addresses in comm.launches[start:] for a in addresses}
-        if any(p.data_ptr() <= a < p.data_ptr() + p.numel() for a in used for p in comm.pool.pinned):
-            stale.append(step)
-        if graph:
-            capturing[0] = True
+            continue
+        for capture in ([False, True] if graph else [False]):
+            capturing[0] = capture
+            start = len(comm.launches)
             draws.launch(collective, algorithm, backend, t, out)
-            capturing[0] = False
+            for (key, used), (_, blocks) in zip(comm.launches[start:], comm.grids[start:]):
+                launches.append((step, capture, key, blocks, [number(a) for a in used]))
+        capturing[0] = False
+        if graph:
             captured.add((collective, algorithm, backend, dtype, n))
-    assert not stale, f"eager calls through a pinned buffer: {stale}"
+    return launches
+
+
+@pytest.mark.parametrize("world", range(2, 9))
+def test_ranks_launch_alike_whatever_their_plan_cache_hits(monkeypatch, world: int) -> None:
+    """A rank that hits its plan cache at every call and one that never does launch the same
+    kernels, on the same grids, through the same symmetric allocations: what a call moves
+    through may not depend on a rank's own addresses.  Before the pinned-buffer fix, at W = 3
+    to 7 (where the 1 MB push slots grow at call 113, just after call 112's graph captured
+    them), the hitting rank went through the superseded buffers at call 226 (and 302 and 410:
+    in a one-GPU world of 7 ranks, call 410 returned wrong data, no error)."""
+    hits = _soak_launches(monkeypatch, world, same_place=True)
+    misses = _soak_launches(monkeypatch, world, same_place=False)
+    assert len(hits) == len(misses)
+    for a, b in zip(hits, misses):
+        assert a == b, f"call {a[0]}: {a[2:]} where a rank without plan-cache hits made {b[2:]}"
