@@ -275,8 +275,8 @@ def _soak_launches(monkeypatch, world: int, same_place: bool) -> list[tuple]:
 def test_ranks_launch_alike_whatever_their_plan_cache_hits(monkeypatch, world: int) -> None:
     """A rank that hits its plan cache at every call and one that never does launch the same
     kernels, on the same grids, through the same symmetric allocations: what a call moves
-    through may not depend on a rank's own addresses.  Before the pinned-buffer fix, at W = 3
-    to 7 (where the 1 MB push slots grow at call 113, just after call 112's graph captured
+    through may not depend on a rank's own addresses.  Before the pinned-buffer fix, at W = 3,
+    5, 6 and 7 (where the 1 MB push slots grow at call 113, just after call 112's graph captured
     them), the hitting rank went through the superseded buffers at call 226 (and 302 and 410:
     in a one-GPU world of 7 ranks, call 410 returned wrong data, no error)."""
     hits = _soak_launches(monkeypatch, world, same_place=True)
