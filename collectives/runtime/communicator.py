@@ -126,12 +126,8 @@ class Communicator:
         raises CollectiveError instead of pairing the allocation's collective steps with
         something else or hanging.  The communicator is then lost (a rank that did not grow
         launched a kernel that waits for this one)."""
-        try:
-            self.ctx.agree_bounded("collective allocation (values: call, slot, bytes)",
-                                   [self.errors.calls, int(what), nbytes], self.timeout_s)
-        except CollectiveError as e:
-            raise self.errors.fail(CollectiveError(
-                f"ranks called collectives with different sizes (a buffer grew on some ranks only): {e}")) from e
+        self._agree_or_fail("collective allocation (values: call, slot, bytes)", [self.errors.calls, int(what), nbytes],
+                            "ranks called collectives with different sizes (a buffer grew on some ranks only)")
 
     def staging(self, nbytes: int, which: Slot) -> torch.Tensor:
         """Internal symmetric byte buffer of staging slot ``which`` (a :class:`~collectives.config.Slot`),
@@ -153,12 +149,17 @@ class Communicator:
         the others' collectives waited for its next launch, until their timeout.  A rank that
         does not come, or comes with other values, fails the communicator (as
         :meth:`agree_growth`)."""
-        if self.residency is None:
-            return
+        if self.residency is not None:
+            self._agree_or_fail(what, values, "ranks sharing the GPU did not meet")
+
+    def _agree_or_fail(self, what: str, values: Sequence[int], failure: str) -> None:
+        """Every rank's ``values`` agreed within :attr:`timeout_s`
+        (:meth:`~collectives.symmetric.context.Context.agree_bounded`), else the communicator
+        fails with ``failure`` and the agreement's reason."""
         try:
             self.ctx.agree_bounded(what, values, self.timeout_s)
         except CollectiveError as e:
-            raise self.errors.fail(CollectiveError(f"ranks sharing the GPU did not meet: {e}")) from e
+            raise self.errors.fail(CollectiveError(f"{failure}: {e}")) from e
 
     # -- kernels ------------------------------------------------------------------------------
 

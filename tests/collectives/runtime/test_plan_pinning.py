@@ -225,12 +225,12 @@ def _soak_launches(monkeypatch, world: int, same_place: bool) -> list[tuple]:
     install(monkeypatch, comm, capturing)
     draws = soak.Soak.__new__(soak.Soak)
     draws.args, draws.rng, draws.collectives = argparse.Namespace(graph_fraction=0.3), random.Random(1), api
-    allocations: list[int] = []  # the heap's allocations in order: the same numbers on every rank
+    allocations: list[tuple[int, int]] = []  # the heap's (address, bytes) in order: numbered alike on every rank
     made = heap.empty
 
     def empty(shape, dtype=torch.uint8):
         t = made(shape, dtype)
-        allocations.append(t.data_ptr())
+        allocations.append((t.data_ptr(), t.nbytes))
         return t
 
     heap.empty = empty
@@ -243,11 +243,7 @@ def _soak_launches(monkeypatch, world: int, same_place: bool) -> list[tuple]:
         return FakeTensor(at, numel, kind)
 
     def number(a: int) -> int | str:
-        for i, base in enumerate(allocations):
-            t = FakeHeap.find(a, {base: heap.live.get(base, heap.freed.get(base))})
-            if t is not None:
-                return i
-        return "user"
+        return next((i for i, (base, nbytes) in enumerate(allocations) if base <= a < base + nbytes), "user")
 
     captured, launches = set(), []
     for step in range(1, 411):
