@@ -30,7 +30,7 @@ from .dtypes import from_torch
 from .errors import CollectiveError
 from .runtime import all_to_all as exchange
 from .runtime import moe_ops, torch_ops
-from .runtime.communicator import Communicator, communicator, seed_epoch, traceable
+from .runtime.communicator import Communicator, communicator, traceable
 
 
 def empty(shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32, *, group: Any = None) -> torch.Tensor:
@@ -158,14 +158,15 @@ def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits
     sizes differ fails on both ends with a size mismatch, raised after the launch (see the
     module); the pairs that agree complete.  ``group`` as for :func:`empty`.
 
-    It does not take the plan cache of the other collectives (:func:`_launch`): a list of
-    splits is data of the call, so the launch is packed per call
-    (:func:`collectives.runtime.all_to_all.all_to_all`)."""
+    A call like an earlier one (the same tensors, split values or split tensors) launches that
+    call's prepared launch from the communicator's plan cache
+    (:func:`collectives.runtime.all_to_all.all_to_all`); split tensors are read by the kernel,
+    so new values in them cost nothing on the host."""
     if _compiling():
         traceable(group, "all_to_all")
         return moe_ops.traced_all_to_all(out, inp, out_splits, in_splits)
     comm = _begin(group)
-    exchange.all_to_all(comm, out, inp, out_splits, in_splits, seed=seed_epoch())
+    exchange.all_to_all(comm, out, inp, out_splits, in_splits)
     comm.errors.finish()
     return out
 

@@ -147,12 +147,15 @@ def part(count: int, parts: int, j: int, align: int = 1) -> tuple[int, int]:
     return min(j * size, count), min((j + 1) * size, count)
 
 
-def chunk(splits: list[int], peer: int, n: int) -> tuple[int, int, int]:
+def chunk(splits: list[int], peer: int, n: int, row: int = 1) -> tuple[int, int, int]:
     """(element offset of ``peer``'s chunk, its elements, the size announced for it) of a rank
-    whose splits are ``splits`` over a tensor of ``n`` elements: the prefix sum, and
-    :data:`REFUSED` when a split is below 0 or above :data:`MAX_CHUNK` or they sum past ``n``."""
-    valid = all(0 <= s <= MAX_CHUNK for s in splits) and sum(splits) <= n
-    return sum(splits[:peer]), splits[peer], announced(splits[peer], valid)
+    whose splits are ``splits`` rows of ``row`` elements over a tensor of ``n`` elements: the
+    prefix sum, and :data:`REFUSED` when a split is below 0, a chunk above :data:`MAX_CHUNK`
+    elements (judged in rows, ``split <= MAX_CHUNK // row``, before the kernel's 64-bit
+    product could wrap), or the chunks sum past ``n``."""
+    most = MAX_CHUNK // max(row, 1)
+    valid = all(0 <= s <= most for s in splits) and sum(splits) * row <= n
+    return sum(splits[:peer]) * row, splits[peer] * row, announced(splits[peer] * row, valid)
 
 
 __all__ = ["ARRIVED_WAIT", "MAX_CHUNK", "PHASES", "PLACE_BITS", "PLACE_MISMATCH", "READY_WAIT", "REFUSED",

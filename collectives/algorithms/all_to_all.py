@@ -54,6 +54,7 @@ from ..dtypes import DTYPES, dtype as registered
 from ..exchange import ARRIVED_WAIT, MAX_CHUNK, PLACE_MISMATCH, READY_WAIT, REFUSED, ExchangeLayout
 from ..device.kernel_args import Arg, KernelArgs, Layout
 from ..device.launch import launcher
+from .residency import CoResidencyError, Residency, share
 
 #: Most thread blocks of an all-to-all kernel (``world x parts``): all resident at once on an
 #: H100 (132 SMs), which the handshake needs.
@@ -70,6 +71,31 @@ def default_parts(world: int) -> int:
     return max(1, DEFAULT_BLOCKS // world)
 
 
+def grid(world: int, residency: Residency | None) -> tuple[int, bool]:
+    """``(parts, pdl)`` of the all-to-all kernels a communicator launches: :func:`default_parts`
+    with programmatic dependent launch as :data:`collectives.config.PDL` says, where the rank
+    has its GPU alone.  Where ranks share it (``residency``), the grid is capped at the rank's
+    share (:func:`~collectives.algorithms.residency.share`), which needs ``world`` blocks at
+    least (one per pair): PDL is dropped where its successors' room would leave fewer (8
+    ranks on an H100: 7 blocks each with it, 14 without), and the parts per pair shrink to fit.
+
+    Raises:
+        CoResidencyError: not even one block per pair of ranks fits each rank's share.
+    """
+    parts, pdl = default_parts(world), config.PDL
+    if residency is None:
+        return parts, pdl
+    if pdl and share(residency.limits, residency.ranks, pdl=True) < world:
+        pdl = False
+    blocks = share(residency.limits, residency.ranks, pdl)
+    if blocks < world:
+        raise CoResidencyError(
+            f"the all-to-all needs one block per pair of ranks ({world} per rank), but {residency.ranks} ranks on "
+            f"one GPU of {residency.limits.sms} SMs have {blocks} each (collectives.algorithms.residency); use fewer "
+            "ranks")
+    return min(parts, blocks // world), pdl
+
+
 ALL_TO_ALL = Layout("AllToAllArgs", (
     Arg("recv_table", Int64, "device table of every rank's address of the symmetric allocation this rank "
                              "receives into (int64[W])"),
@@ -78,8 +104,9 @@ ALL_TO_ALL = Layout("AllToAllArgs", (
                        "or a staging buffer of at least out_n elements"),
     Arg("out", Int64, "this rank's output"),
     Arg("src", Int64, "this rank's input"),
-    Arg("in_splits", Int64, "device int64[W]: elements this rank sends to each rank, in rank order"),
-    Arg("out_splits", Int64, "device int64[W]: elements this rank receives from each rank, in rank order"),
+    Arg("in_splits", Int64, "device int64[W]: rows this rank sends to each rank, in rank order"),
+    Arg("out_splits", Int64, "device int64[W]: rows this rank receives from each rank, in rank order"),
+    Arg("row", Int64, "elements per row (the splits count rows of dimension 0; 0 where rows are empty)"),
     Arg("in_n", Int64, "elements of the input (the in_splits must sum to at most this)"),
     Arg("out_n", Int64, "elements of the output and the receive buffer (the out_splits must sum to at most this)"),
     Arg("slot_table", Int64, "device table of every rank's slot region (collectives.exchange.ExchangeLayout)"),
@@ -195,19 +222,22 @@ class Transport:
 
 
 @cute.jit
-def chunk_of(splits: Int64, peer: Int32, n: Int64, world: cutlass.Constexpr) -> tuple:
+def chunk_of(splits: Int64, peer: Int32, n: Int64, row: Int64, world: cutlass.Constexpr) -> tuple:
     """(element offset of ``peer``'s chunk, its elements, the size to announce for it): the
-    splits array's prefix sum; the size is :data:`~collectives.exchange.REFUSED` when any split
-    is below 0 or above :data:`~collectives.exchange.MAX_CHUNK` or they sum past ``n``."""
+    prefix sum of the splits array (rows of ``row`` elements); the size is
+    :data:`~collectives.exchange.REFUSED` when any split is below 0 or its chunk above
+    :data:`~collectives.exchange.MAX_CHUNK` elements (compared as rows, before the product
+    that could wrap), or the chunks sum past ``n`` elements."""
     at, count, total = Int64(0), Int64(0), Int64(0)
+    most = Int64(MAX_CHUNK) // cutlass.max(row, Int64(1))  # rows per chunk at most
     valid = True
     for r in cutlass.range_constexpr(world):
         s = ptxops.ld(signals.gmem(Int64, splits, 8, LOCAL, "collectives.algorithms.all_to_all.chunk_of") + r,
                       dtype=Int64)
+        valid = valid and s >= Int64(0) and s <= most
         if peer == r:
-            at, count = total, s
-        valid = valid and s >= Int64(0) and s <= Int64(MAX_CHUNK)
-        total += s
+            at, count = total, s * row
+        total += s * row
     size = Uint32(REFUSED)
     if valid and total <= n:
         size = Uint32(count)
@@ -236,8 +266,8 @@ def build(key: AllToAllKey):
         calls, last = signals.enter_call(slots, world, counter=counter)
         deadline = cute.arch.globaltimer() + args.timeout_ns
         epoch = calls + Uint32(1)
-        send_at, send_n, send_size = chunk_of(args.in_splits, receiver, args.in_n, world)
-        recv_at, recv_n, recv_size = chunk_of(args.out_splits, sender, args.out_n, world)
+        send_at, send_n, send_size = chunk_of(args.in_splits, receiver, args.in_n, args.row, world)
+        recv_at, recv_n, recv_size = chunk_of(args.out_splits, sender, args.out_n, args.row, world)
         if d == 0:  # our own chunk
             if send_size == recv_size and send_size != Uint32(REFUSED):
                 transport.copy_part(args.src + send_at * element, args.out + recv_at * element, send_n, j, LOCAL,
@@ -288,4 +318,4 @@ def build(key: AllToAllKey):
 
 
 __all__ = ["ALL_TO_ALL", "DEFAULT_BLOCKS", "MAX_BLOCKS", "UNROLL", "AllToAllKey", "Transport", "build", "chunk_of",
-           "default_parts"]
+           "default_parts", "grid"]

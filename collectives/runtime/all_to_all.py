@@ -12,7 +12,8 @@ allocation its own call receives into, and a pair that differs fails on both end
 Splits count rows of dimension 0 (as :func:`torch.distributed.all_to_all_single`'s): a list of
 ints, or an int64 tensor of ``world`` entries on this rank's GPU (read by the kernel: no host
 synchronisation).  A list's device copy is cached by value (:data:`SPLIT_TENSORS` of them), so
-a repeated routing copies nothing and a CUDA graph may capture it.  Sizes are checked on the
+a repeated routing copies nothing; one that a CUDA graph captured is kept for the
+communicator's life.  Sizes are checked on the
 device: a split below 0, splits that sum past a tensor (or a plain output's past the staging
 buffer), or a sender and a receiver that disagree fail every pair concerned, on both ends,
 with a recoverable error raised after the launch; the pairs that agree complete.
@@ -23,17 +24,18 @@ from __future__ import annotations
 import math
 import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Union
 
 import torch
 
-from ..algorithms.all_to_all import ALL_TO_ALL, AllToAllKey, default_parts
-from ..algorithms.plan import current_stream
+from ..algorithms.all_to_all import ALL_TO_ALL, AllToAllKey, grid
+from ..algorithms.plan import capturing, current_stream
 from ..errors import CollectiveError
 from ..exchange import ExchangeLayout
 from ..symmetric.context import address
+from .communicator import seed_epoch
 
 #: Bytes of the staging buffer through which a plain output receives (each rank's, allocated
 #: at its communicator's first all-to-all; ``COLLECTIVES_ALL_TO_ALL_STAGING_BYTES``, the same on
@@ -47,13 +49,14 @@ Splits = Union[Sequence[int], "torch.Tensor", None]
 
 
 class Exchange:
-    """A communicator's all-to-all state: the slot region and its view, the staging buffer and
-    the device copies of list splits (the kernels: the communicator's cache)."""
+    """A communicator's all-to-all state: the slot region and its view, the staging buffer, the
+    grid (:func:`~collectives.algorithms.all_to_all.grid`) and the device copies of list splits
+    (the kernels: the communicator's cache)."""
 
     def __init__(self, comm: Any, seed: int = 0) -> None:
         ctx = comm.ctx
         self.comm = comm
-        self.parts = default_parts(comm.world)
+        self.parts, self.pdl = grid(comm.world, comm.residency)
         self.layout = ExchangeLayout(comm.world, self.parts)
         self.region = ctx.signal_pad(self.layout.words * 4, torch.int32)  # collective; zeroed everywhere
         if seed:
@@ -61,6 +64,9 @@ class Exchange:
         self.slots = comm.buffer(self.region)
         self.staging = ctx.empty(STAGING_BYTES, torch.uint8)  # collective, the same size everywhere
         self.splits: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+        #: Split tensors that a CUDA graph's launch reads, by address: kept for the
+        #: communicator's life (a replay reads them whatever the split cache has dropped).
+        self.pinned: dict[int, torch.Tensor] = {}
 
     def _seed(self, calls: int) -> None:
         """Test only (the runtime's ``COLLECTIVES_TEST_SEED_EPOCH``): start the count of
@@ -74,43 +80,76 @@ class Exchange:
         self.region[layout.counter[0]] = signed
         self.comm.ctx.host_barrier()  # (syncs this rank's stream first: the writes have landed)
 
-    def device_splits(self, splits: Splits, rows: int, row: int, what: str, device: torch.device) -> torch.Tensor:
-        """``splits`` (rows of ``row`` elements each) as the kernel's int64[W] of elements on
-        ``device``; None: ``rows`` in equal chunks."""
+    def device_splits(self, splits: Splits, rows: int, what: str, device: torch.device) -> torch.Tensor:
+        """``splits`` as the kernel's int64[W] of rows on ``device``; None: ``rows`` in equal
+        chunks."""
         world = self.comm.world
         if isinstance(splits, torch.Tensor):
             if splits.dtype != torch.int64 or splits.shape != (world,) or splits.device != device:
                 raise CollectiveError(f"all_to_all: {what} as a tensor must be int64 of shape ({world},) on {device}, "
                                       f"not {splits.dtype} {tuple(splits.shape)} on {splits.device}")
-            return (splits * row if row != 1 else splits).contiguous()
+            if not splits.is_contiguous():
+                raise CollectiveError(f"all_to_all: {what} as a tensor must be contiguous")
+            return splits
         if splits is None:
             if rows % world:
                 raise CollectiveError(f"all_to_all: without {what}, dimension 0 ({rows} rows) must divide by the "
                                       f"world size {world}")
             splits = [rows // world] * world
-        values = tuple(int(s) * row for s in splits)
+        values = tuple(int(s) for s in splits)
         if len(values) != world:
             raise CollectiveError(f"all_to_all: {what} must have world size ({world}) entries, not {len(values)}")
         cached = self.splits.get(values)
         if cached is None:
-            # From pinned memory: allowed (and recorded) inside a CUDA-graph capture.
-            cached = torch.tensor(values, dtype=torch.int64).pin_memory().to(device, non_blocking=True)
-            self.splits[values] = cached
+            cached = self.splits[values] = _upload(values, device)
             while len(self.splits) > SPLIT_TENSORS:
                 self.splits.popitem(last=False)  # stream-ordered free: a queued kernel still reads it
         self.splits.move_to_end(values)
         return cached
 
 
+def _upload(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device``.  Eager: one copy from pinned memory.  Under
+    CUDA-graph capture, one fill kernel per value (the value in its arguments): a copy would be
+    recorded reading a host buffer that the graph does not own."""
+    if capturing():
+        t = torch.empty(len(values), dtype=torch.int64, device=device)
+        for i, v in enumerate(values):
+            t[i].fill_(v)
+        return t
+    return torch.tensor(values, dtype=torch.int64).pin_memory().to(device, non_blocking=True)
+
+
+class Launch:
+    """One all-to-all call, prepared: the kernel and its arguments, and the split tensors they
+    point to (``keep``: kept alive while the launch is cached, whatever the split cache drops,
+    and for good once a CUDA graph captured the launch: ``pinned``)."""
+
+    __slots__ = ("fn", "args", "device", "keep", "pinned")
+    #: Staging-pool buffers it uses (:meth:`~collectives.runtime.staging.PlanCache.drop_holding`): none.
+    holds: tuple[int, ...] = ()
+
+    def __init__(self, fn: Callable[..., Any], args: tuple, device: int, keep: tuple,
+                 pinned: dict[int, torch.Tensor]) -> None:
+        self.fn, self.args, self.device, self.keep, self.pinned = fn, args, device, keep, pinned
+
+    def run(self) -> None:
+        """Launch on the current stream (under capture, first pin the split tensors)."""
+        if self.keep and capturing():
+            self.pinned.update((t.data_ptr(), t) for t in self.keep)
+        self.fn(*self.args, current_stream(self.device))
+
+
 #: Each communicator's exchange, by the communicator's id (made at its first all-to-all).
 _EXCHANGES: dict[int, Exchange] = {}
 
 
-def exchange(comm: Any, seed: int = 0) -> Exchange:
-    """``comm``'s :class:`Exchange` (made on first use: collective)."""
+def exchange(comm: Any) -> Exchange:
+    """``comm``'s :class:`Exchange` (made on first use: collective; its call count starts at
+    :func:`~collectives.runtime.communicator.seed_epoch`)."""
     state = _EXCHANGES.get(id(comm))
     if state is None or state.comm is not comm:
-        state = _EXCHANGES[id(comm)] = Exchange(comm, seed)
+        state = _EXCHANGES[id(comm)] = Exchange(comm, seed_epoch())
     return state
 
 
@@ -138,33 +177,60 @@ def check_tensors(comm: Any, out: torch.Tensor, inp: torch.Tensor) -> str:
 
 
 def all_to_all(comm: Any, out: torch.Tensor, inp: torch.Tensor, out_splits: Splits = None,
-               in_splits: Splits = None, seed: int = 0) -> torch.Tensor:
+               in_splits: Splits = None) -> torch.Tensor:
     """Launch the all-to-all of ``inp`` into ``out`` on ``comm`` on the current stream (see the
-    module; :func:`collectives.all_to_all` wraps it with the error protocol)."""
+    module; :func:`collectives.all_to_all` wraps it with the error protocol).  A call like an
+    earlier one (the same tensors, split values or split tensors, symmetric allocations and
+    bound) launches that call's :class:`Launch` from the communicator's plan cache."""
+    state = exchange(comm)
+    key = ("all_to_all", _tensor(out), _tensor(inp), _splits_key(out_splits), _splits_key(in_splits),
+           comm.ctx.generation)
+    launch = comm.plans.get(key)
+    if launch is None:
+        launch = comm.plans[key] = prepare(comm, state, out, inp, out_splits, in_splits)
+    launch.run()
+    return out
+
+
+def _tensor(t: torch.Tensor) -> tuple:
+    """What a launch and the checks read of a tensor: address, dtype, shape, contiguity, device."""
+    return t.data_ptr(), t.dtype, t.shape, t.is_contiguous(), t.device
+
+
+def _splits_key(splits: Splits) -> Any:
+    """What a launch reads of ``splits``: a tensor's place (the kernel reads its values), a
+    list's values."""
+    if isinstance(splits, torch.Tensor):
+        return _tensor(splits)
+    return None if splits is None else tuple(int(s) for s in splits)
+
+
+def prepare(comm: Any, state: Exchange, out: torch.Tensor, inp: torch.Tensor, out_splits: Splits,
+            in_splits: Splits) -> Launch:
+    """The checked, ready launch of an all-to-all of ``inp`` into ``out``."""
     dtype = check_tensors(comm, out, inp)
-    state = exchange(comm, seed)
     ctx = comm.ctx
     row = math.prod(inp.shape[1:])
-    send = state.device_splits(in_splits, inp.shape[0], row, "in_splits", inp.device)
-    receive = state.device_splits(out_splits, out.shape[0], row, "out_splits", out.device)
+    send = state.device_splits(in_splits, inp.shape[0], "in_splits", inp.device)
+    receive = state.device_splits(out_splits, out.shape[0], "out_splits", out.device)
     direct = ctx.is_symmetric(out)
     if direct:
         allocation, recv_n = ctx.allocation(out), out.numel()
     else:
         allocation, recv_n = ctx.allocation(state.staging), min(out.numel(), STAGING_BYTES // out.element_size())
     base, number = allocation
-    key = AllToAllKey(dtype, comm.world, state.parts, direct=direct)
+    key = AllToAllKey(dtype, comm.world, state.parts, direct=direct, pdl=state.pdl)
     if comm.residency is not None:  # ranks sharing the GPU may differ in direct: each loads both kernels before
         comm.kernel(replace(key, direct=not direct))  # launching either (collectives.runtime.kernels.load)
     slots = state.slots
     args = ALL_TO_ALL.pack(
         recv_table=comm.buffer(base).table.data_ptr(), recv_id=number,
         recv=address(out) if direct else state.staging.data_ptr(), out=out.data_ptr(), src=inp.data_ptr(),
-        in_splits=send.data_ptr(), out_splits=receive.data_ptr(), in_n=inp.numel(), out_n=recv_n,
+        in_splits=send.data_ptr(), out_splits=receive.data_ptr(), row=row, in_n=inp.numel(), out_n=recv_n,
         slot_table=slots.table.data_ptr(), slots=int(slots.host[comm.rank]), err=comm.error.data_ptr(),
         rank=comm.rank, timeout_ns=int(comm.timeout_s * 1e9))
-    comm.kernel(key)(*args, key.blocks, current_stream(comm.device_index))
-    return out
+    keep = tuple(t for t, given in ((send, in_splits), (receive, out_splits)) if t is not given)  # (ours, not the caller's)
+    return Launch(comm.kernel(key), (*args, key.blocks), comm.device_index, keep, state.pinned)
 
 
-__all__ = ["STAGING_BYTES", "Exchange", "all_to_all", "check_tensors", "exchange"]
+__all__ = ["STAGING_BYTES", "Exchange", "Launch", "all_to_all", "check_tensors", "exchange", "prepare"]

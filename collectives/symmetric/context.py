@@ -100,6 +100,9 @@ class Context:
         self._owns_group = owns_group
         self._allocs: dict[int, _Alloc] = {}
         self._seq = 0
+        #: Advances at every allocation and free: what was looked up in this context's
+        #: allocations (a tensor's symmetry, its allocation) holds while it stands still.
+        self.generation = 0
         self.closed = False
         # The sub-group pool (base context only, :meth:`reserve`) and this rank's free ranges of it.
         self.pool: torch.Tensor | None = None
@@ -158,6 +161,7 @@ class Context:
         a = _Alloc(self._seq, raw, nbytes)
         self._allocs[a.ptr] = a
         self._seq += 1
+        self.generation += 1
         if a.ptr % ALIGN:
             raise SymmetricMemoryError(f"{what}: heap returned pointer {a.ptr:#x}, not {ALIGN}-byte aligned")
         return a
@@ -197,6 +201,7 @@ class Context:
 
     def _release(self, a: _Alloc) -> None:
         self._allocs.pop(a.ptr, None)
+        self.generation += 1
         a.peers = a.mc = None  # drop child views before the parent goes
         self.heap.free(a.raw)
 

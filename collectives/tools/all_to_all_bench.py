@@ -2,6 +2,13 @@
 ``torch.distributed.all_to_all_single``.
 
     torchrun --nproc-per-node 8 -m collectives.tools.all_to_all_bench [--hidden 7168] [--no-graph]
+    torchrun --nproc-per-node 8 -m collectives.tools.all_to_all_bench --symm-mem
+
+``--symm-mem`` times ``torch.ops.symm_mem.all_to_all_vdev`` (PyTorch's NVSHMEM all-to-all,
+splits on the device) at the same sizes instead, in a process of its own: it starts no
+``collectives`` context, so the NVSHMEM that torch loads is the only one (rank 0 prints why
+when the installed torch cannot run it).  Its input, output and splits are symmetric tensors
+of torch's (``symm_mem.empty``), filled before the timing: the column is its best case.
 
 Part 1, ``all_to_all``: every rank sends ``tokens`` rows of ``hidden`` bf16 to every rank
 (``tokens`` = 1, 8, 64, 128, 512, 4096); NCCL's ``all_to_all_single`` on plain tensors against
@@ -18,6 +25,7 @@ call, and GB/s of the bytes each rank sends to other ranks.  NVLink multicast st
 from __future__ import annotations
 
 import argparse
+import os
 
 from ..symmetric.capability import force_multicast_off
 
@@ -29,6 +37,59 @@ import torch.distributed as dist  # noqa: E402
 from .bench import time_op  # noqa: E402
 
 TOKENS = (1, 8, 64, 128, 512, 4096)
+
+
+def symm_mem_all_to_all(sizes: list[int], hidden: int, modes: list[str]) -> None:
+    """Rank 0 prints ``torch.ops.symm_mem.all_to_all_vdev``'s time per call for ``tokens``
+    rows of ``hidden`` bf16 to every rank, at every size and mode (see the module)."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(device)  # before the group: NVSHMEM's teams are made on this device
+    dist.init_process_group("nccl", device_id=device)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    try:
+        symm_mem.set_backend("NVSHMEM")
+        op = torch.ops.symm_mem.all_to_all_vdev
+        group = dist.group.WORLD.group_name
+    except (AttributeError, RuntimeError) as e:  # no NVSHMEM in this torch, or no such op
+        if rank == 0:
+            print(f"symm_mem all_to_all_vdev: not available here: {type(e).__name__}: {e}")
+        dist.destroy_process_group()
+        return
+    # Older torch: (inp, out, in_out_splits[3, W], group); newer: (inp, out, in_splits[W], out_splits_offsets[2, W], group).
+    split_rows = len(op.default._schema.arguments) == 4
+    if rank == 0:
+        print(f"device: {torch.cuda.get_device_name()} x {world}; hidden {hidden}, bf16")
+        print("torch.ops.symm_mem.all_to_all_vdev: us per call (GB/s sent to other ranks per rank)")
+    for mode in modes:
+        for tokens in sizes:
+            n = world * tokens * hidden
+            # Every tensor on the pinned device, by index (torch's NVSHMEM team manager takes the
+            # device of its first use and refuses any other: "on multiple devices").
+            inp = symm_mem.empty(n, dtype=torch.bfloat16, device=device).normal_()
+            out = symm_mem.empty(n, dtype=torch.bfloat16, device=device)
+            each = torch.full((world,), tokens * hidden, dtype=torch.int64, device=device)
+            if split_rows:
+                splits = symm_mem.empty((3, world), dtype=torch.int64, device=device)
+                splits[0].copy_(each)
+                args = (inp, out, splits, group)
+            else:
+                in_splits = symm_mem.empty(world, dtype=torch.int64, device=device).copy_(each)
+                out_splits = symm_mem.empty((2, world), dtype=torch.int64, device=device)
+                args = (inp, out, in_splits, out_splits, group)
+            iters = max(10, min(200, (1 << 30) // (n * 2 * 4)))
+            sent = (world - 1) * tokens * hidden * 2
+            try:
+                us = time_op(lambda: op(*args), iters, mode == "graph")
+                row = f"{us:8.1f} ({sent / us / 1e3:5.0f})"
+            except RuntimeError as e:  # (a graph capture it refuses, for one)
+                row = f"failed: {str(e).splitlines()[0][:100]}"
+            if rank == 0:
+                print(f"{mode:6} {tokens:>6} {row}", flush=True)
+    torch.cuda.synchronize()
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def nccl_dispatch(x, ids, experts, world):
@@ -59,7 +120,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--topk", type=int, default=8)
     parser.add_argument("--tokens", default=",".join(str(t) for t in TOKENS))
     parser.add_argument("--no-graph", action="store_true")
+    parser.add_argument("--symm-mem", action="store_true", help="time torch.ops.symm_mem.all_to_all_vdev instead")
     args = parser.parse_args(argv)
+    if args.symm_mem:
+        symm_mem_all_to_all([int(t) for t in args.tokens.split(",")], args.hidden,
+                            ["eager"] if args.no_graph else ["eager", "graph"])
+        return
 
     import collectives
     from collectives import moe

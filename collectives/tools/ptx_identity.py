@@ -5,7 +5,8 @@ Python around the kernels (a refactor) leaves what every kernel does unchanged.
 :func:`snapshot_keys` for sm_90a and writes the hash of each kernel's normalised PTX (or the
 error that refused the key) to :data:`SNAPSHOT`; ``--dir`` also keeps the normalised texts, for
 diffing.  ``check [--dir D] [--sample]`` compiles them again and lists every key whose PTX
-differs.  Normalised: comments dropped, the kernel's name and its labels and registers renamed
+differs.  ``--only PREFIX`` takes the keys whose id starts with it (``record --only all_to_all``
+records a change to one kernel family and keeps every other hash).  Normalised: comments dropped, the kernel's name and its labels and registers renamed
 by first use, so that only what the kernel executes is compared.
 """
 
@@ -190,11 +191,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=("record", "check", "list"))
     parser.add_argument("--dir", type=Path, help="keep (record) or write (check) the normalised PTX texts here")
     parser.add_argument("--sample", action="store_true", help="only the keys CI checks")
+    parser.add_argument("--only", metavar="PREFIX", help="only the keys whose id starts with PREFIX (record: the "
+                                                         "others keep their recorded hashes)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
     ids = snapshot_keys()
     if args.sample:
         ids = sample(ids)
+    if args.only:
+        ids = [k for k in ids if k.startswith(args.only)]
     if args.command == "list":
         print("\n".join(ids))
         return 0
@@ -202,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         args.dir.mkdir(parents=True, exist_ok=True)
     results = compile_all(ids, args.jobs, args.dir)
     if args.command == "record":
+        if args.only:  # the other keys as recorded
+            results = {**json.loads(SNAPSHOT.read_text())["kernels"], **results}
         SNAPSHOT.write_text(json.dumps({"versions": versions(), "kernels": results}, indent=1, sort_keys=True) + "\n")
         print(f"recorded {len(results)} keys ({sum(not v.startswith('refused') for v in results.values())} "
               f"compiled) to {SNAPSHOT}")

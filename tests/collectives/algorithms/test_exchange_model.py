@@ -309,6 +309,8 @@ def test_judge() -> None:
     assert [part(17, 3, j, VEC) for j in range(3)] == [(0, 8), (8, 16), (16, 17)]
     assert [part(3, 4, j, VEC) for j in range(4)] == [(0, 3), (3, 3), (3, 3), (3, 3)]
     assert chunk([3, 4, 5], 2, 12) == (7, 5, 5) and chunk([3, 4, 5], 2, 11)[2] == REFUSED
+    assert chunk([3, 4, 5], 1, 120, row=10) == (30, 40, 40) and chunk([3, 4, 5], 1, 119, row=10)[2] == REFUSED
+    assert chunk([0, 0], 1, 0, row=0) == (0, 0, 0)  # empty rows: nothing to move, nothing refused
     assert unplace(place(5, (1 << 40) - 1)) == (5, (1 << 40) - 1)
     with pytest.raises(ValueError, match="offset below 2"):
         place(0, 1 << 40)
@@ -353,3 +355,15 @@ def test_a_sender_that_does_not_wait_for_ready_fails(direct: bool) -> None:
     with pytest.raises(Hazard):
         for run in range(20):
             Model(3, 2, agreed_calls(3, 4, random.Random(run)), direct=direct, mutation="no ready wait").run(run)
+
+
+def test_a_split_whose_element_count_wraps_64_bits_is_refused() -> None:
+    """The kernel multiplies splits (rows) by the row's elements in 64 bits: a split chosen so
+    that the product wraps to a small count must be refused, not moved as that count.  The
+    rule judges rows (``split <= MAX_CHUNK // row``); judging the wrapped product would pass."""
+    row = 7168
+    split = ((1 << 64) + 8 * row - 1) // row  # split * row = 2^64 + a few rows' elements
+    wrapped = (split * row) % (1 << 64)
+    assert 0 <= wrapped <= MAX_CHUNK  # what a product-first rule would see: a valid-looking chunk
+    assert chunk([split, 0], 0, 1 << 40, row)[2] == REFUSED
+    assert chunk([1, split], 0, 1 << 40, row)[2] == REFUSED  # any bad split refuses the rank's every chunk

@@ -200,3 +200,30 @@ def test_where_ranks_share_the_gpu_a_calls_first_plan_plans_the_barrier_of_a_ran
     alone = _world_comm(monkeypatch, None)
     api.all_reduce(FakeTensor(0x7C10_0000_0000, 4096), algorithm="one_shot", backend="peer")
     assert not any(k[0] == "barrier" for k in alone.plans._plans if isinstance(k, tuple))
+
+
+@pytest.mark.parametrize("world", range(2, 9))
+def test_the_all_to_all_grid_fits_each_ranks_share(world: int) -> None:
+    """Where ranks share a GPU the all-to-all's grid (``world x parts`` blocks, every one
+    spinning on a peer) stays within the rank's share, with one block per pair at least; PDL
+    goes where its successors' room would leave less (8 ranks on an H100)."""
+    pytest.importorskip("cutlass")
+    from collectives import config
+    from collectives.algorithms.all_to_all import default_parts, grid
+
+    assert grid(world, None) == (default_parts(world), config.PDL)
+    parts, pdl = grid(world, Residency(H100, world))
+    assert 1 <= parts <= default_parts(world)
+    assert world * parts <= share(H100, world, pdl)
+    assert pdl == (config.PDL and share(H100, world, pdl=True) >= world)
+    assert (world, pdl) != (8, True) or not config.PDL
+
+
+def test_an_all_to_all_grid_that_cannot_fit_raises() -> None:
+    pytest.importorskip("cutlass")
+    from collectives.algorithms.all_to_all import grid
+
+    small = SmLimits(sms=20)  # 2 kept free: 18 SMs, 2 each for 8 ranks without PDL
+    with pytest.raises(CoResidencyError, match="one block per pair of ranks"):
+        grid(8, Residency(small, 8))
+    assert grid(2, Residency(small, 2)) == (2, True)  # 18 // (2 x 2) = 4 blocks: 2 parts
