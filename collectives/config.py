@@ -23,12 +23,20 @@ def multimem_reduces(dtype: str, op: str) -> bool:
 
     return spec.family("multimem.ld_reduce").complete(type=dtype, op=PTX_OP[op]) is not None
 VECTOR_BYTES = 16
-#: Prepared plans a communicator keeps (least recently used evicted; plans hold no memory).
+#: Prepared plans a communicator keeps (least recently used evicted; plans hold no buffers: an
+#: all-to-all's launch holds only its split tensors, ``W`` int64 each).
 PLAN_CACHE_SIZE = 512
 MAX_WORLD = 8
-#: Elements a rank's kernel may count in one call (``n``): a barrier's arrival word and a
-#: Lamport size entry carry it in 32 bits, where sizes differing by 2^32 would compare equal.
-MAX_ELEMENTS = (1 << 32) - 1
+#: Bits of a barrier's 32-bit size word that carry the kinds of the caller's tensors
+#: (:attr:`collectives.algorithms.Call.kinds`): the word is ``n | kinds << KIND_SHIFT``, so that
+#: ranks that planned different kernels for one call (their tensors differ in kind) fail it as
+#: a size mismatch.
+KIND_BITS = 3
+KIND_SHIFT = 32 - KIND_BITS
+#: Elements a rank's kernel may count in one call (``n``): a barrier's arrival word carries it
+#: in the 29 bits below the kinds (and a Lamport size entry in 32), where sizes differing by
+#: 2^29 would compare equal.
+MAX_ELEMENTS = (1 << KIND_SHIFT) - 1
 #: Threads of the barrier collective's one block: a warp (thread ``t`` signals and waits for rank ``t``).
 BARRIER_THREADS = 32
 #: Bytes per rank a Lamport all-reduce carries at most (the size of each sender's slot in

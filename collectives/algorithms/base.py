@@ -64,14 +64,24 @@ class Call:
     def __post_init__(self) -> None:
         if self.n > MAX_ELEMENTS:
             raise CollectiveError(
-                f"{self.collective}: {self.n} elements per rank; the kernels carry a rank's element count in 32 "
-                f"bits (sizes that differ by 2^32 would pass as equal): at most {MAX_ELEMENTS}, split the tensor")
+                f"{self.collective}: {self.n} elements per rank; the kernels carry a rank's element count in 29 "
+                f"bits (the kinds of its tensors above them; sizes that differ by 2^29 would pass as equal): at "
+                f"most {MAX_ELEMENTS}, split the tensor")
 
     @classmethod
     def bare(cls, collective: str, backend: str, world: int) -> Call:
         """A call moving no data (the barrier)."""
         return cls(collective, None, None, "bf16", "sum", backend, world, n=0, nbytes=0, symmetric=False,
                    in_place=False, whole_vectors=True, pointers_aligned=True, capturing=False)
+
+    @property
+    def kinds(self) -> int:
+        """The facts of this rank's tensors that an algorithm choice reads and other ranks cannot
+        see (:func:`~collectives.algorithms.tuning.choose`, the vector width): bit 0 symmetric,
+        bit 1 in place, bit 2 16-byte aligned pointers.  The kernels bring them to the barriers
+        with the size (:func:`collectives.device.signals.size_word`): ranks that differ fail the
+        call as a size mismatch, where they might have planned different kernels."""
+        return int(self.symmetric) | int(self.in_place) << 1 | int(self.pointers_aligned) << 2
 
     @property
     def aligned(self) -> bool:
@@ -171,7 +181,7 @@ class Algorithm:
         if work is None:
             work = -(-call.n // key.elements_per_access)
         blocks = self.blocks(comm, key, work, call.max_blocks)
-        return prepare(comm, key, layout, data, call.out.data_ptr(), src, call.n, blocks, results)
+        return prepare(comm, key, layout, data, call.out.data_ptr(), src, call.n, call.kinds, blocks, results)
 
     def staging(self, comm: Runtime, call: Call, key: Any, slot: Slot) -> list[Buffer]:
         """The kernel views of the staging ``key`` copies ``call``'s input into: slots

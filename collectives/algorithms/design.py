@@ -221,7 +221,7 @@ def kernel(key: KernelKey, b: Blocks, stage: Callable | None, move: Callable | N
             shared = buffers(smem)
         calls, last = signals.enter_call(pad, world, single)
         deadline = cute.arch.globaltimer() + timeout_ns
-        size = Uint32(n)
+        size = signals.size_word(n, args.kinds)
         first = Int64(block) * threads + tidx
         step = Int64(blocks) * threads
         addrs = None

@@ -74,17 +74,19 @@ def order(device: int, before: int, after: int) -> None:
 
 
 def prepare(comm: Runtime, key: Any, layout: Layout, data: Buffer | list[Buffer], out: int, src: int, n: int,
-            blocks: int, results: Buffer | None = None) -> Plan:
+            kinds: int, blocks: int, results: Buffer | None = None) -> Plan:
     """A ready launch of ``key`` on ``comm`` with the arguments of ``layout``: everything but
-    the stream fixed.  ``data``: the kernel view of the data buffer, or of staging slots
-    ``TURN_0`` and ``TURN_1`` (the plan then launches on the one whose turn it is and passes
-    the turn on: ``end_barrier=False`` collectives).  The layout's ``emulated`` argument gets the
+    the stream fixed (``kinds``: :attr:`~collectives.algorithms.Call.kinds`).  ``data``: the
+    kernel view of the data buffer, or of staging slots ``TURN_0`` and ``TURN_1`` (the plan then
+    launches on the one whose turn it is and passes the turn on: ``end_barrier=False``
+    collectives).  The layout's ``emulated`` argument gets the
     data buffer's multicast address, or ``results``' table where given (the push all-reduce's
     result buffers); emulated, the translation table of either."""
     emulated = key.backend == "multicast_emulated"
     pad = comm.pad_buffer
-    fixed = dict(out=out, src=src, n=n, pad_table=pad.table.data_ptr(), pad_mc=pad.mc, pad=int(pad.host[comm.rank]),
-                 err=comm.error.data_ptr(), rank=comm.rank, timeout_ns=int(comm.timeout_s * 1e9))
+    fixed = dict(out=out, src=src, n=n, kinds=kinds, pad_table=pad.table.data_ptr(), pad_mc=pad.mc,
+                 pad=int(pad.host[comm.rank]), err=comm.error.data_ptr(), rank=comm.rank,
+                 timeout_ns=int(comm.timeout_s * 1e9))
     buffers = data if isinstance(data, list) else [data]
 
     def handle(b: Buffer) -> int:

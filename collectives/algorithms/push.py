@@ -278,7 +278,7 @@ class PushKernel:
         flag = SmemAllocator().allocate_tensor(Int32, cute.make_layout(1), byte_alignment=4)
         calls, last = signals.enter_call(pad, self.world)  # this call's events are calls + 1 ...
         deadline = cute.arch.globaltimer() + timeout_ns
-        size = Uint32(n)
+        size = signals.size_word(n, args.kinds)
         first = Int64(block) * self.threads + tidx
         step = Int64(cute.arch.grid_dim()[0]) * self.threads
         results = args.results if cutlass.const_expr(self.all_reduce) else None  # read where it is used

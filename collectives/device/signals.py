@@ -60,6 +60,7 @@ from ..config import (
     ERROR_FIELDS,
     FATAL_RECORD,
     FLAG_WAIT,
+    KIND_SHIFT,
     RECOVERABLE_RECORD,
     SIZE_MISMATCH,
     TIMEOUT,
@@ -94,6 +95,15 @@ def gmem(dtype: cutlass.Constexpr, address: Int64, align: cutlass.Constexpr = 16
 def peer_address(table: Int64, rank: Int32) -> Int64:
     """Entry ``rank`` of a device table of 64-bit addresses (one per rank)."""
     return ptxops.ld(gmem(Int64, table, 8, LOCAL, "collectives.device.signals.peer_address") + rank, dtype=Int64)
+
+
+@cute.jit
+def size_word(n: Int64, kinds: Int32) -> Uint32:
+    """The size a rank brings to a call's barriers: its element count ``n`` (below 2^29, the
+    host's :data:`~collectives.config.MAX_ELEMENTS`) and, above it, the kinds of its tensors
+    (:attr:`collectives.algorithms.Call.kinds`): ranks whose tensors differ in kind may have
+    planned different kernels, and fail the call as a size mismatch."""
+    return Uint32(n) | (Uint32(kinds) << KIND_SHIFT)
 
 
 @cute.jit

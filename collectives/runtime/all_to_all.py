@@ -229,7 +229,8 @@ def prepare(comm: Any, state: Exchange, out: torch.Tensor, inp: torch.Tensor, ou
         in_splits=send.data_ptr(), out_splits=receive.data_ptr(), row=row, in_n=inp.numel(), out_n=recv_n,
         slot_table=slots.table.data_ptr(), slots=int(slots.host[comm.rank]), err=comm.error.data_ptr(),
         rank=comm.rank, timeout_ns=int(comm.timeout_s * 1e9))
-    keep = tuple(t for t, given in ((send, in_splits), (receive, out_splits)) if t is not given)  # (ours, not the caller's)
+    # The split tensors made here (a caller's own keeps its place and lifetime).
+    keep = tuple(t for t, given in ((send, in_splits), (receive, out_splits)) if t is not given)
     return Launch(comm.kernel(key), (*args, key.blocks), comm.device_index, keep, state.pinned)
 
 

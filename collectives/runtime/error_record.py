@@ -125,12 +125,15 @@ class ErrorRecord:
             record.zero_()
             if barrier in EXCHANGE_PHASES:  # (an all-to-all: only the pairs concerned fail)
                 rule = ("each sender's in_splits[r] must equal its receiver's out_splits[s], every split be "
-                        "0..2^32-2 and the splits fit their tensors (a plain out: the staging buffer)")
+                        "0 or more rows of at most 2^32-2 elements in all, and the splits fit their tensors (a "
+                        "plain out: the staging buffer)")
+                what = "different sizes"
             else:
-                rule = "every rank must pass the same shape"
+                rule = ("every rank must pass the same shape, and tensors of the same kind: all symmetric or all "
+                        "from torch's allocator, in place or with out alike, 16-byte aligned alike")
+                what = "different sizes or tensors of different kinds"
             self.defer(CollectiveError(
-                f"ranks called the collective with different sizes: rank {peer} disagrees with "
-                f"rank {rank} ({where}); {rule}"
+                f"ranks called the collective with {what}: rank {peer} disagrees with rank {rank} ({where}); {rule}"
             ))
         else:
             raise self.fail(CollectiveError(f"kernel error record {self.error.tolist()}"))

@@ -57,7 +57,8 @@ def symm_mem_all_to_all(sizes: list[int], hidden: int, modes: list[str]) -> None
             print(f"symm_mem all_to_all_vdev: not available here: {type(e).__name__}: {e}")
         dist.destroy_process_group()
         return
-    # Older torch: (inp, out, in_out_splits[3, W], group); newer: (inp, out, in_splits[W], out_splits_offsets[2, W], group).
+    # Older torch: (inp, out, in_out_splits[3, W], group); newer: (inp, out, in_splits[W],
+    # out_splits_offsets[2, W], group).
     split_rows = len(op.default._schema.arguments) == 4
     if rank == 0:
         print(f"device: {torch.cuda.get_device_name()} x {world}; hidden {hidden}, bf16")

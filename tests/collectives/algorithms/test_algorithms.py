@@ -5,6 +5,7 @@ declared once (collectives.device.kernel_args).  Pure Python: no kernel is compi
 from __future__ import annotations
 
 import inspect
+import itertools
 
 import pytest
 
@@ -27,12 +28,27 @@ def call(collective: str = "all_reduce", *, nbytes: int = 1 << 20, backend: str 
 
 
 def test_a_call_of_more_elements_than_the_size_word_carries_is_refused() -> None:
-    """The barriers compare sizes in 32 bits: 2^32 elements would pass against a peer's 0."""
+    """The barriers compare sizes in the 29 bits below the kinds of the tensors: 2^29 elements
+    would pass against a peer's 0."""
     fields = dict(out=None, inp=None, dtype="f32", op="sum", backend="peer", world=2, nbytes=0, symmetric=True,
                   in_place=True, whole_vectors=True, pointers_aligned=True, capturing=False)
-    Call("all_reduce", n=(1 << 32) - 1, **fields)
-    with pytest.raises(CollectiveError, match=r"32 bits.*at most 4294967295"):
-        Call("all_reduce", n=1 << 32, **fields)
+    Call("all_reduce", n=(1 << 29) - 1, **fields)
+    with pytest.raises(CollectiveError, match=r"29 bits.*at most 536870911"):
+        Call("all_reduce", n=1 << 29, **fields)
+
+
+@pytest.mark.parametrize("fact", ["symmetric", "in_place", "aligned"])
+def test_each_fact_an_algorithm_choice_reads_of_a_ranks_tensors_has_its_own_kind_bit(fact: str) -> None:
+    """Ranks whose tensors differ in any of these facts may plan different kernels: the kinds
+    (brought to the barriers with the size) differ, whatever the others are."""
+    from collectives.config import KIND_BITS
+
+    base = dict(symmetric=True, in_place=True, aligned=True)
+    for others in itertools.product([False, True], repeat=2):
+        facts = dict(zip([f for f in base if f != fact], others))
+        one, other = call(**facts, **{fact: True}), call(**facts, **{fact: False})
+        assert one.kinds != other.kinds
+        assert 0 <= min(one.kinds, other.kinds) < max(one.kinds, other.kinds) < 1 << KIND_BITS
 
 
 REFUSED = [  # (key, a piece of the message)

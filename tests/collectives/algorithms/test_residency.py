@@ -226,4 +226,4 @@ def test_an_all_to_all_grid_that_cannot_fit_raises() -> None:
     small = SmLimits(sms=20)  # 2 kept free: 18 SMs, 2 each for 8 ranks without PDL
     with pytest.raises(CoResidencyError, match="one block per pair of ranks"):
         grid(8, Residency(small, 8))
-    assert grid(2, Residency(small, 2)) == (2, True)  # 18 // (2 x 2) = 4 blocks: 2 parts
+    assert grid(2, Residency(small, 2)) == (2, True)  # 18 // (2 x 2) = 4 blocks: 2 parts each

@@ -76,7 +76,8 @@ def grid(world: int, n: int) -> int:
 
 
 class World:
-    """``world`` ranks, each running ``calls`` (per call, each rank's element count) of the
+    """``world`` ranks, each running ``calls`` (per call, each rank's element count, or its
+    ``(count, kinds)``: :attr:`collectives.algorithms.Call.kinds`, 0 by default) of the
     design kernel of ``collective`` ("all_reduce": one-shot f32, both barriers; "barrier": the
     bare barrier, one block); ``start``: every pad's call count (and arrival epochs) at the
     start; ``late[r] = (c, ticks)``: rank ``r`` starts call ``c`` ``ticks`` after the others'
@@ -135,16 +136,17 @@ class World:
     def _host(self, r: int) -> None:
         sim, mem = self.sim, self.sim.memory
         threads = self.world + 1
-        for c, sizes in enumerate(self.calls):
+        for c, call in enumerate(self.calls):
             me().ctx.call = c
             if r in self.late and self.late[r][0] == c:
                 sim.sleep_until(self.late[r][1])
-            bare = self._bare(sizes[r])
-            blocks = 1 if bare else grid(self.world, sizes[r])
+            size, kinds = _size_and_kinds(call[r])
+            bare = self._bare(size)
+            blocks = 1 if bare else grid(self.world, size)
             body = self.barrier if bare else self.all_reduce
             args = types.SimpleNamespace(
                 data_table=Int64(self.data_table), data_mc=Int64(0), out=Int64(0), src=Int64(0),
-                n=Int64(0 if bare else sizes[r]), pad_table=Int64(self.pad_table), pad_mc=Int64(self.pad_mc),
+                n=Int64(0 if bare else size), kinds=Int32(kinds), pad_table=Int64(self.pad_table), pad_mc=Int64(self.pad_mc),
                 pad=Int64(self.pads[r]), err=Int64(self.errs[r]), rank=Int32(r), timeout_ns=Int64(self.timeout))
             delays = [self.rng.choice([0, 0, self.timeout // 8]) for _ in range(blocks)]
             sim.launch(lambda: body(args), Context(rank=r, call=c), blocks, threads, delays)
@@ -166,7 +168,7 @@ class World:
         if wrote != (t, ctx.call):
             raise Hazard(f"rank {ctx.rank} call {ctx.call} block {ctx.block} passed on rank {t}'s word "
                          f"written by (rank, call) {wrote}")
-        sizes = [0 if self._bare(n) else n for n in self.calls[ctx.call]]
+        sizes = [(0, k) if self._bare(n) else (n, k) for n, k in map(_size_and_kinds, self.calls[ctx.call])]
         if sizes[t] != sizes[ctx.rank]:
             raise Hazard(f"rank {ctx.rank} call {ctx.call} block {ctx.block} passed rank {t} with another size: "
                          f"{sizes}")
@@ -177,6 +179,10 @@ class World:
     def statuses(self, r: int) -> set:
         """(call, record, status) of rank ``r``'s records."""
         return {(c, index, status) for c, index, status, *_ in self.records[r]}
+
+
+def _size_and_kinds(entry) -> tuple[int, int]:
+    return entry if isinstance(entry, tuple) else (entry, 0)
 
 
 EQUAL, WIDE, SHORT = 2048, 2056, 2040  # one-shot f32: one block, two blocks, one block
@@ -211,6 +217,18 @@ def mismatch_on_the_same_grid(source) -> None:
         world = World(2, [[EQUAL, EQUAL], [EQUAL, SHORT], [EQUAL, EQUAL]], seed, source=source)
         for r in range(2):
             assert world.statuses(r) == {(1, RECOVERABLE_RECORD, SIZE_MISMATCH)}, world.records
+
+
+def tensors_of_different_kinds(source) -> None:
+    """Equal sizes, but rank 1's tensor differs in kind from rank 0's at call 1 (symmetric on
+    one, plain on the other: the ranks may have planned different kernels): a size mismatch on
+    both ranks, no timeout, the counts equal, and the next call passes."""
+    for seed in SEEDS:
+        calls = [[WIDE, WIDE], [(WIDE, 0b101), (WIDE, 0b100)], [(WIDE, 1), (WIDE, 1)]]
+        world = World(2, calls, seed, source=source)
+        for r in range(2):
+            assert world.statuses(r) == {(1, RECOVERABLE_RECORD, SIZE_MISMATCH)}, world.records
+        assert world.counts() == {3 * CALL_EPOCHS}
 
 
 def an_empty_rank(source) -> None:
@@ -259,6 +277,10 @@ def test_a_mismatch_on_the_same_grid_is_a_size_mismatch_on_every_rank() -> None:
     mismatch_on_the_same_grid(SOURCE)
 
 
+def test_tensors_of_different_kinds_are_a_size_mismatch_on_every_rank() -> None:
+    tensors_of_different_kinds(SOURCE)
+
+
 def test_an_empty_rank_and_its_peers_record_a_size_mismatch_and_stay_in_step() -> None:
     an_empty_rank(SOURCE)
 
@@ -291,6 +313,9 @@ MUTATIONS = {
         "signals", "elif not reached(epoch, want) or not in_call(epoch, calls):", "elif not reached(epoch, want):",
         rank_two_calls_behind),
     "no size compare": ("signals", "elif Uint32(seen >> 32) != size:", "elif False:", mismatch_on_the_same_grid),
+    "the size word without the kinds": (
+        "signals", "    return Uint32(n) | (Uint32(kinds) << KIND_SHIFT)", "    return Uint32(n)",
+        tensors_of_different_kinds),
     "timeouts into the recoverable record": (
         "signals", "        index = Int32(FATAL_RECORD)\n", "        index = Int32(RECOVERABLE_RECORD)\n", late_rank),
     "no sync before a bare barrier's leave_call": (
