@@ -27,26 +27,10 @@ ARCH = "sm_90a"
 
 KEYS = [
     *(KernelKey(c, "push", b, "bf16", 8, stage_in=True)
-      for c in ("all_reduce", "reduce_scatter") for b in ("peer", "multicast", "multicast_emulated")
-      if (c, b) != ("reduce_scatter", "multicast_emulated")),
-    pytest.param(
-        KernelKey("reduce_scatter", "push", "multicast_emulated", "bf16", 8, stage_in=True),
-        marks=pytest.mark.xfail(strict=True, reason=(
-            "known: 20 B spilled (64 registers, as ptxas keeps two 512-thread blocks per SM) since a "
-            "wait that gives up stores its gave-up word (issue 31 item 6), a multimem.st that the "
-            "emulation makes 8 unicast stores; the emulated backend serves tests only; strict, so "
-            "the test says when it stops spilling")),
-    ),
+      for c in ("all_reduce", "reduce_scatter") for b in ("peer", "multicast", "multicast_emulated")),
     KernelKey("all_reduce", "push", "peer", "f32", 8, stage_in=True),
     KernelKey("all_reduce", "push", "peer", "bf16", 8, vector=1, stage_in=True),
-    *(KernelKey("all_reduce", "push", "peer", "bf16", w, stage_in=True) for w in (2, 4)),
-    pytest.param(
-        KernelKey("all_reduce", "push", "multicast", "bf16", 4, stage_in=True),
-        marks=pytest.mark.xfail(strict=True, reason=(
-            "known: 64 registers + 16 B spilled since the per-rank call count (rel-barrier): ptxas "
-            "keeps two 512-thread blocks per SM rather than take more registers; strict, so the "
-            "test says when it stops spilling")),
-    ),
+    *(KernelKey("all_reduce", "push", b, "bf16", w, stage_in=True) for w in (2, 4) for b in ("peer", "multicast")),
     KernelKey("all_reduce", "one_shot", "multicast_emulated", "bf16", 8),
     KernelKey("reduce_scatter", "one_shot", "multicast_emulated", "bf16", 8),
     KernelKey("all_reduce", "two_shot", "multicast_emulated", "bf16", 8),
