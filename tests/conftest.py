@@ -1,7 +1,8 @@
 """Skip GPU tests cleanly where there is no GPU (or, for multigpu, no torchrun world), and run the
 multigpu tests as rank threads on one GPU where ``COLLECTIVES_TEST_WORLD=W`` asks for a world
-(tests/support/world_support.py); fail a run that leaves a PTX or cubin file in the repository
-root."""
+(tests/support/world_support.py); ``--shard I/N`` keeps every N-th collected test from the I-th
+on (``.ci/gpu``'s ``SHARD``: a group that outgrows one device call runs in N calls); fail a run
+that leaves a PTX or cubin file in the repository root."""
 
 from __future__ import annotations
 
@@ -23,8 +24,29 @@ def _gpu_count() -> int:
     return count if err == driver.CUresult.CUDA_SUCCESS else 0
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--shard", metavar="I/N", default=None,
+                     help="run the I-th of N interleaved parts of the collected tests (I = 0 .. N-1)")
+
+
+def shard(items: list, spec: str) -> tuple[list, list]:
+    """(kept, deselected) of ``items`` for ``--shard I/N``: every N-th item from the I-th on, so
+    that the N parts share every file's slow and fast tests alike."""
+    try:
+        index, count = (int(v) for v in spec.split("/"))
+    except ValueError:
+        raise pytest.UsageError(f"--shard takes I/N, not {spec!r}") from None
+    if not 0 <= index < count:
+        raise pytest.UsageError(f"--shard {spec}: I must be 0 .. N-1")
+    return items[index::count], [item for i, item in enumerate(items) if i % count != index]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from tests.support.world_support import WORLD
+
+    if config.getoption("--shard"):
+        items[:], deselected = shard(items, config.getoption("--shard"))
+        config.hook.pytest_deselected(items=deselected)
 
     gpus = None
     for item in items:
