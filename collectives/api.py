@@ -24,7 +24,7 @@ import torch
 from . import config
 from .algorithms import REGISTRY, Call, tuning
 from .algorithms.base import algorithms
-from .algorithms.plan import capturing as _capturing
+from .algorithms.plan import capturing as _capturing, tensor_key
 from .config import BACKENDS, OPS, VECTOR_BYTES
 from .dtypes import from_torch
 from .errors import CollectiveError
@@ -92,7 +92,7 @@ def all_reduce(
         return torch_ops.traced_all_reduce(t, op, algorithm, backend, out)
     comm = _begin(group)
     capturing = _capturing()
-    key = ("all_reduce", _tensor(t), None if out is None else _tensor(out), op, algorithm, backend, capturing,
+    key = ("all_reduce", tensor_key(t), None if out is None else tensor_key(out), op, algorithm, backend, capturing,
            config.PDL)
     _launch(comm, key, algorithm, backend, _all_reduce_call, t, op, backend, out, capturing)
     return t if out is None else out
@@ -116,7 +116,8 @@ def reduce_scatter(
     _check_max_blocks("reduce_scatter", max_blocks)
     comm = _begin(group)
     capturing = _capturing()
-    key = ("reduce_scatter", _tensor(inp), _tensor(out), op, algorithm, backend, capturing, max_blocks, config.PDL)
+    key = ("reduce_scatter", tensor_key(inp), tensor_key(out), op, algorithm, backend, capturing, max_blocks,
+           config.PDL)
     _launch(comm, key, algorithm, backend, _block_call, "reduce_scatter", out, inp, op, backend, capturing,
             max_blocks)
     return out
@@ -138,7 +139,7 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
         return torch_ops.traced_all_gather(out, inp, algorithm, backend, max_blocks)
     _check_max_blocks("all_gather", max_blocks)
     comm = _begin(group)
-    key = ("all_gather", _tensor(inp), _tensor(out), algorithm, backend, max_blocks, config.PDL)
+    key = ("all_gather", tensor_key(inp), tensor_key(out), algorithm, backend, max_blocks, config.PDL)
     _launch(comm, key, algorithm, backend, _block_call, "all_gather", out, inp, "sum", backend, False, max_blocks)
     return out
 
@@ -190,14 +191,13 @@ def _launch(comm: Communicator, key: tuple, algorithm: str, backend: str, descri
     its public function (``_begin``, its key, ``_launch``) and its describing function.
 
     The key holds every argument the plan and the checks depend on, each caller tensor as
-    :func:`_tensor` describes it: a hit is a call whose tensors passed the same checks (a new
-    tensor at a freed one's address, of another size or dtype, misses).  A rank with nothing to
-    move still launches a barrier of size 0 on ``backend``: its peers' kernels advance the call
-    count and wait for every rank, so skipping the launch would leave them to time out (the
-    communicator lost) where their barriers now name the different sizes.  Where ranks share
-    the GPU, that barrier is planned with every rank's first plan of a call: its kernel's load
-    could otherwise come while the other ranks' kernels spin for it, and a load waits for them
-    (:func:`collectives.runtime.kernels.load`)."""
+    :func:`~collectives.algorithms.plan.tensor_key` describes it (a hit: a call whose tensors
+    passed the same checks).  A rank with nothing to move still launches a barrier of size 0 on
+    ``backend``: its peers' kernels advance the call count and wait for every rank, so skipping
+    the launch would leave them to time out (the communicator lost) where their barriers now
+    name the different sizes.  Where ranks share the GPU, that barrier is planned with every
+    rank's first plan of a call: its kernel's load could otherwise come while the other ranks'
+    kernels spin for it, and a load waits for them (:func:`collectives.runtime.kernels.load`)."""
     plan = comm.plans.get(key)
     if plan is None:
         if comm.residency is not None:
@@ -210,12 +210,6 @@ def _launch(comm: Communicator, key: tuple, algorithm: str, backend: str, descri
         plan = comm.plans[key] = _plan(comm, call, algorithm)
     plan.run()
     comm.errors.finish()
-
-
-def _tensor(t: torch.Tensor) -> tuple:
-    """What a plan and the checks read of a caller's tensor, as a plan-cache key: address,
-    dtype, shape, contiguity, device (its index: None off CUDA)."""
-    return t.data_ptr(), t.dtype, t.shape, t.is_contiguous(), t.device.index
 
 
 def _check_options(collective: str, op: str = "sum", backend: str = "auto") -> None:

@@ -17,6 +17,14 @@ capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_cu
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
+def tensor_key(t: torch.Tensor) -> tuple:
+    """What a plan and the checks read of a caller's tensor, as a plan-cache key: address,
+    dtype, shape, contiguity, device (its index: None off CUDA).  A hit is a call whose tensors
+    passed the same checks (a new tensor at a freed one's address, of another size or dtype,
+    misses)."""
+    return t.data_ptr(), t.dtype, t.shape, t.is_contiguous(), t.device.index
+
+
 def current_stream(device: int) -> int:
     """The raw handle of torch's current stream on ``device`` (the cheap way where torch has it)."""
     if _RAW_STREAM is not None:
@@ -101,4 +109,4 @@ def prepare(comm: Runtime, key: Any, layout: Layout, data: Buffer | list[Buffer]
     return Plan(comm.kernel(key), args, comm, holds)
 
 
-__all__ = ["Plan", "capturing", "current_stream", "follow", "order", "prepare"]
+__all__ = ["Plan", "capturing", "current_stream", "follow", "order", "prepare", "tensor_key"]

@@ -31,7 +31,7 @@ from typing import Any, Union
 import torch
 
 from ..algorithms.all_to_all import ALL_TO_ALL, AllToAllKey, grid
-from ..algorithms.plan import capturing, current_stream
+from ..algorithms.plan import capturing, current_stream, tensor_key
 from ..errors import CollectiveError
 from ..exchange import ExchangeLayout
 from ..symmetric.context import address
@@ -183,7 +183,7 @@ def all_to_all(comm: Any, out: torch.Tensor, inp: torch.Tensor, out_splits: Spli
     earlier one (the same tensors, split values or split tensors, symmetric allocations and
     bound) launches that call's :class:`Launch` from the communicator's plan cache."""
     state = exchange(comm)
-    key = ("all_to_all", _tensor(out), _tensor(inp), _splits_key(out_splits), _splits_key(in_splits),
+    key = ("all_to_all", tensor_key(out), tensor_key(inp), _splits_key(out_splits), _splits_key(in_splits),
            comm.ctx.generation)
     launch = comm.plans.get(key)
     if launch is None:
@@ -192,16 +192,11 @@ def all_to_all(comm: Any, out: torch.Tensor, inp: torch.Tensor, out_splits: Spli
     return out
 
 
-def _tensor(t: torch.Tensor) -> tuple:
-    """What a launch and the checks read of a tensor: address, dtype, shape, contiguity, device."""
-    return t.data_ptr(), t.dtype, t.shape, t.is_contiguous(), t.device
-
-
 def _splits_key(splits: Splits) -> Any:
     """What a launch reads of ``splits``: a tensor's place (the kernel reads its values), a
     list's values."""
     if isinstance(splits, torch.Tensor):
-        return _tensor(splits)
+        return tensor_key(splits)
     return None if splits is None else tuple(int(s) for s in splits)
 
 

@@ -6,8 +6,9 @@ Python around the kernels (a refactor) leaves what every kernel does unchanged.
 error that refused the key) to :data:`SNAPSHOT`; ``--dir`` also keeps the normalised texts, for
 diffing.  ``check [--dir D] [--sample]`` compiles them again and lists every key whose PTX
 differs.  ``--only PREFIX`` takes the keys whose id starts with it (``record --only all_to_all``
-records a change to one kernel family and keeps every other hash).  Normalised: comments dropped, the kernel's name and its labels and registers renamed
-by first use, so that only what the kernel executes is compared.
+records a change to one kernel family and keeps every other hash).  Normalised: comments
+dropped, the kernel's name and its labels and registers renamed by first use, so that only what
+the kernel executes is compared.
 """
 
 from __future__ import annotations
