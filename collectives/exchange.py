@@ -154,8 +154,16 @@ def chunk(splits: list[int], peer: int, n: int, row: int = 1) -> tuple[int, int,
     elements (judged in rows, ``split <= MAX_CHUNK // row``, before the kernel's 64-bit
     product could wrap), or the chunks sum past ``n``."""
     most = MAX_CHUNK // max(row, 1)
-    valid = all(0 <= s <= most for s in splits) and sum(splits) * row <= n
+    total = 0
+    for s in splits:  # in 64 bits, as the kernel sums (a product past them wraps)
+        total = _int64(total + _int64(s * row))
+    valid = all(0 <= s <= most for s in splits) and total <= n
     return sum(splits[:peer]) * row, splits[peer] * row, announced(splits[peer] * row, valid)
+
+
+def _int64(x: int) -> int:
+    """``x`` wrapped to a signed 64-bit integer."""
+    return (x + (1 << 63)) % (1 << 64) - (1 << 63)
 
 
 __all__ = ["ARRIVED_WAIT", "MAX_CHUNK", "PHASES", "PLACE_BITS", "PLACE_MISMATCH", "READY_WAIT", "REFUSED",
