@@ -18,7 +18,9 @@ routings.  The device work is two all-to-alls per dispatch (the per-expert count
 rows; a combine: the rows), whose rows land directly in receive buffers of symmetric memory
 (allocated by the first call of each shape: make it eagerly before a capture), and index
 arithmetic in torch (a stable sort of the ``(token, k)`` entries by expert, prefix sums, one row
-gather or scatter on each side).  Entries whose expert id is out of range, and rows past an
+gather or scatter on each side; with ``COLLECTIVES_MOE_FUSED=1``, the dispatch's placement of the
+received rows and the combine's weighted sum run as one kernel each:
+:mod:`collectives.runtime.moe_kernels`).  Entries whose expert id is out of range, and rows past an
 expert's capacity (possible only when a token names one expert twice), are dropped and counted
 (``handle.dropped``, on the GPU; ``validate=True`` checks the ids on the host first and raises);
 a receive buffer too small for the rows sent fails the all-to-all's pairs with a size mismatch,
@@ -53,6 +55,18 @@ Exchange = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], An
 #: ``empty(name, shape, dtype, device)``: the receive buffer ``name`` (the same shape on every
 #: rank; reused by the next call of the same shape).
 Empty = Callable[[str, tuple, torch.dtype, torch.device], torch.Tensor]
+#: ``placement(counts, received, rows_out, capacity, exact)``: ``(expert_x, place, kept,
+#: expert_counts, lost)`` for the received rows (``counts``: ``[W, L]``, what each source sent
+#: each local expert): ``expert_x`` of ``rows_out + 1`` rows (the last: the trash row), each kept
+#: row at its ``place``, the dropped rows' place the trash row, and the arrived rows dropped
+#: (``lost``, a GPU scalar); see :mod:`collectives.algorithms.moe_place`.
+Placement = Callable[[torch.Tensor, torch.Tensor, int, int, bool], tuple]
+#: ``weighted_sum(entries, slots, valid, weights, tokens, topk)``: the combine's output,
+#: ``[tokens, hidden]`` in ``entries``' dtype: token ``t``'s sum over ``k`` in order of
+#: ``entries[slots[t * topk + k]] * weights[t * topk + k]``, each product and sum rounded to f32
+#: (an entry that is not ``valid`` was not sent, and counts as zeros whatever its row holds),
+#: rounded once to the dtype (:mod:`collectives.algorithms.moe_combine`'s kernel).
+WeightedSum = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int], torch.Tensor]
 
 
 def plain(name: str, shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -148,10 +162,11 @@ def _check(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, 
 
 def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: torch.Tensor,
                   topk_weights: torch.Tensor, num_experts: int, max_tokens: int, mode: str = "low_latency",
-                  validate: bool = False, empty: Empty = plain,
-                  fp8: bool = False) -> tuple[torch.Tensor, torch.Tensor, Handle]:
+                  validate: bool = False, empty: Empty = plain, fp8: bool = False,
+                  placement: Placement | None = None) -> tuple[torch.Tensor, torch.Tensor, Handle]:
     """:func:`dispatch` over ``exchange`` in a world of ``world`` ranks, receiving rows into
-    ``empty``'s buffer."""
+    ``empty``'s buffer; the received rows placed by ``placement`` (None: :func:`place_rows`,
+    some twenty torch operations)."""
     _check(x, topk_ids, topk_weights, num_experts, world, max_tokens, mode, validate)
     tokens, topk = topk_ids.shape
     hidden, device = x.shape[1], x.device
@@ -187,7 +202,25 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     received = empty("dispatch", (room, width), wire, device).view(source.dtype)
     exchange(received.view(wire), rows.view(wire), recv_splits, send_splits)
 
-    # Each received row's place: expert l's rows by source, then in the source's order.
+    rows_out = total if exact else local * capacity
+    expert_x, place, kept, expert_counts, lost = (placement or place_rows)(counts, received, rows_out, capacity,
+                                                                           exact)
+    dropped = (~valid).sum() + lost
+    handle = Handle(order, valid, topk_weights, send_splits, recv_splits, place, kept, tokens, topk, dropped,
+                    most=most)
+    expert_x = expert_x[:-1] if exact else expert_x[:-1].view(local, capacity, width)
+    if fp8:
+        handle.scales = expert_x[..., hidden:].contiguous().view(torch.float32)[..., 0]
+        expert_x = expert_x[..., :hidden].contiguous().view(wire)
+    return expert_x, expert_counts, handle
+
+
+def place_rows(counts: torch.Tensor, received: torch.Tensor, rows_out: int, capacity: int,
+               exact: bool) -> tuple[torch.Tensor, ...]:
+    """The torch steps of a :data:`Placement`: each received row's place, expert ``l``'s rows by
+    source, then in the source's order (see :mod:`collectives.algorithms.moe_place`)."""
+    world, local = counts.shape
+    room, device = received.shape[0], received.device
     segments = counts.reshape(-1)  # (source, expert) in arrival order
     ends = torch.cumsum(segments, 0)
     i = torch.arange(room, device=device)
@@ -199,26 +232,22 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     slot = before + within
     expert_counts = counts.sum(0)
     if exact:  # expert l's rows from the sum of the earlier experts' counts on: none dropped
-        kept, rows_out = arrived, total
+        kept = arrived
         first = torch.cumsum(expert_counts, 0) - expert_counts
-        place = torch.where(kept, first[segment % local] + slot, total)  # else: the trash row
+        place = torch.where(kept, first[segment % local] + slot, rows_out)  # else: the trash row
     else:
-        kept, rows_out = arrived & (slot < capacity), local * capacity
+        kept = arrived & (slot < capacity)
         place = torch.where(kept, (segment % local) * capacity + slot, rows_out)  # else: the trash row
-    expert_x = torch.empty((rows_out + 1, width), dtype=source.dtype, device=device)
+    expert_x = torch.empty((rows_out + 1, received.shape[1]), dtype=received.dtype, device=device)
     expert_x.index_copy_(0, place, received)
-    dropped = (~valid).sum() + (arrived & ~kept).sum()
-    handle = Handle(order, valid, topk_weights, send_splits, recv_splits, place, kept, tokens, topk, dropped,
-                    most=most)
-    expert_x = expert_x[:-1] if exact else expert_x[:-1].view(local, capacity, width)
-    if fp8:
-        handle.scales = expert_x[..., hidden:].contiguous().view(torch.float32)[..., 0]
-        expert_x = expert_x[..., :hidden].contiguous().view(wire)
-    return expert_x, expert_counts, handle
+    return expert_x, place, kept, expert_counts, (arrived & ~kept).sum()
 
 
-def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, empty: Empty = plain) -> torch.Tensor:
-    """:func:`combine` over ``exchange``, receiving rows into ``empty``'s buffer."""
+def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, empty: Empty = plain,
+                 weighted_sum: WeightedSum | None = None) -> torch.Tensor:
+    """:func:`combine` over ``exchange``, receiving rows into ``empty``'s buffer; the weighted
+    sum by ``weighted_sum`` (see :data:`WeightedSum`; None: torch operations, ``3 * topk`` of
+    them over the rows)."""
     h = handle
     hidden = expert_out.shape[-1]
     if expert_out.dim() == 3:  # low latency: [L, capacity, hidden]
@@ -231,10 +260,15 @@ def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, e
     else:  # nothing was received: every row sent back is a zero
         back = flat.new_zeros((h.place.shape[0], hidden))
     back = torch.where(h.kept[:, None], back, torch.zeros((), dtype=back.dtype, device=back.device))
-    entries = empty("combine", (most, hidden), expert_out.dtype, expert_out.device)[:h.tokens * h.topk].zero_()
+    entries = empty("combine", (most, hidden), expert_out.dtype, expert_out.device)[:h.tokens * h.topk]
+    if weighted_sum is None:  # the torch steps read every entry: the unsent ones as zeros
+        entries.zero_()
     exchange(entries, back, h.send_splits, h.recv_splits)  # in the dispatch's sorted order
-    y = torch.empty_like(entries).index_copy_(0, h.order, entries).view(h.tokens, h.topk, hidden)
     weights = torch.where(h.valid.view(h.tokens, h.topk), h.weights, 0).float()
+    if weighted_sum is not None:
+        slots = torch.empty_like(h.order).scatter_(0, h.order, torch.arange(h.order.numel(), device=h.order.device))
+        return weighted_sum(entries, slots, h.valid, weights.view(-1), h.tokens, h.topk)
+    y = torch.empty_like(entries).index_copy_(0, h.order, entries).view(h.tokens, h.topk, hidden)
     total = y[:, 0].float() * weights[:, 0, None]
     for k in range(1, h.topk):
         total = total + y[:, k].float() * weights[:, k, None]
@@ -251,8 +285,10 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     ``"low_latency"`` or ``"throughput"`` (see the module).  ``max_tokens`` (low latency): the
     most tokens any rank dispatches (default: this rank's count; the same on every rank).
     ``fp8``: the rows travel and arrive as float8_e4m3fn with a scale per token
-    (:func:`quantize`; ``handle.scales``; not inside torch.compile).  Returns ``(expert_x, counts,
-    handle)``."""
+    (:func:`quantize`; ``handle.scales``; not inside torch.compile).  With
+    ``COLLECTIVES_MOE_FUSED=1``, one kernel places the received rows
+    (:mod:`collectives.runtime.moe_kernels`): not yet run on a GPU, so off by default.  Returns
+    ``(expert_x, counts, handle)``."""
     from . import api
     from .runtime.communicator import communicator, traceable
 
@@ -266,14 +302,23 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         expert_x, counts, handle = moe_ops.traced_dispatch(x, topk_ids, topk_weights, num_experts, max_tokens,
                                                            _world())
         return expert_x, counts, handle_from(handle, topk_weights)
-    return dispatch_with(_collective(api, group), communicator(group).world, x, topk_ids, topk_weights, num_experts,
-                         max_tokens, mode, validate, _symmetric(group), fp8)
+    comm = communicator(group)
+    fused = None
+    if num_experts > 0 and num_experts % comm.world == 0 and x.dim() == 2:
+        from .runtime import moe_kernels
+
+        row_bytes = x.shape[1] + 4 if fp8 else x.shape[1] * x.element_size()  # fp8: the bytes, then the scale
+        fused = moe_kernels.placement(comm, num_experts // comm.world, row_bytes, mode == "throughput")
+    return dispatch_with(_collective(api, group), comm.world, x, topk_ids, topk_weights, num_experts, max_tokens, mode,
+                         validate, _symmetric(group), fp8, fused)
 
 
 def combine(expert_out: torch.Tensor, handle: Handle, *, group: Any = None) -> torch.Tensor:
     """Each dispatched token's weighted sum of its experts' rows of ``expert_out`` ([L, W *
     max_tokens, hidden] in low-latency mode, the packed [sum(counts), hidden] in throughput
-    mode), in its original order and dtype."""
+    mode), in its original order and dtype.  With ``COLLECTIVES_MOE_FUSED=1``, one kernel sums
+    (:mod:`collectives.runtime.moe_kernels`; f32, f16 and bf16 rows, top-k up to 16): not yet run
+    on a GPU, so off by default."""
     from . import api
 
     if torch.compiler.is_compiling():
@@ -281,7 +326,11 @@ def combine(expert_out: torch.Tensor, handle: Handle, *, group: Any = None) -> t
 
         traceable(group, "moe.combine")
         return moe_ops.traced_combine(expert_out, handle.weights, handle_tensors(handle, COMBINE_FIELDS))
-    return combine_with(_collective(api, group), expert_out, handle, _symmetric(group))
+    from .runtime import moe_kernels
+    from .runtime.communicator import communicator
+
+    fused = moe_kernels.weighted_sum(communicator(group), expert_out.dtype, expert_out.shape[-1], handle.topk)
+    return combine_with(_collective(api, group), expert_out, handle, _symmetric(group), fused)
 
 
 def handle_tensors(handle: Handle, fields: tuple[str, ...] = HANDLE_FIELDS) -> tuple[torch.Tensor, ...]:
@@ -345,5 +394,5 @@ def _collective(api: Any, group: Any) -> Exchange:
     return exchange
 
 
-__all__ = ["E4M3_MAX", "MODES", "Empty", "Exchange", "Handle", "combine", "combine_with", "dispatch", "dispatch_with", "handle_from",
-           "handle_tensors", "plain", "quantize"]
+__all__ = ["E4M3_MAX", "MODES", "Empty", "Exchange", "Handle", "Placement", "WeightedSum", "combine", "combine_with",
+           "dispatch", "dispatch_with", "handle_from", "handle_tensors", "place_rows", "plain", "quantize"]

@@ -38,7 +38,9 @@ def compile_kernel(key: KernelKey | str, target: str) -> Any:
     """CuTeDSL's compiled kernel for ``key`` on ``target`` (no GPU needed; ptxas runs), with its
     PTX (``__ptx__``) and its TVM-FFI function (``__tvm_ffi_object__()``).  A string key names
     a stream-flag kernel (:mod:`collectives.algorithms.flags`), an
-    :class:`~collectives.algorithms.all_to_all.AllToAllKey` the all-to-all's."""
+    :class:`~collectives.algorithms.all_to_all.AllToAllKey` the all-to-all's, a
+    :class:`~collectives.algorithms.moe_combine.MoeCombineKey` the MoE combine's weighted sum, a
+    :class:`~collectives.algorithms.moe_place.MoePlaceKey` the MoE dispatch's placement."""
     import cutlass.cute as cute
     from cutlass.base_dsl.compiler import DumpDir
 
@@ -56,9 +58,10 @@ def example_arguments(key: KernelKey | str) -> tuple:
 
 def _kind(key: KernelKey | str) -> tuple[Callable[[Any], Any], tuple]:
     """(the builder of ``key``'s ``@cute.jit`` launcher, its placeholder arguments), by the kind
-    of kernel: a stream-flag kernel's, the all-to-all's, or a collective algorithm's."""
+    of kernel: a stream-flag kernel's, the all-to-all's, the MoE combine's or dispatch's, or a
+    collective algorithm's."""
     from .. import algorithms
-    from ..algorithms import all_to_all, flags
+    from ..algorithms import all_to_all, flags, moe_combine, moe_place
     from ..device.launch import example_arguments as layout_arguments
     from ..device.launch import flag_example_arguments
 
@@ -66,6 +69,10 @@ def _kind(key: KernelKey | str) -> tuple[Callable[[Any], Any], tuple]:
         return flags.build, flag_example_arguments()
     if isinstance(key, all_to_all.AllToAllKey):
         return all_to_all.build, layout_arguments(all_to_all.ALL_TO_ALL)
+    if isinstance(key, moe_combine.MoeCombineKey):
+        return moe_combine.build, layout_arguments(moe_combine.MOE_COMBINE)
+    if isinstance(key, moe_place.MoePlaceKey):
+        return moe_place.build, layout_arguments(moe_place.MOE_PLACE)
     return algorithms.build, algorithms.example_arguments()
 
 

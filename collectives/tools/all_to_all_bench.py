@@ -15,11 +15,13 @@ Part 1, ``all_to_all``: every rank sends ``tokens`` rows of ``hidden`` bf16 to e
 ours into a plain output (through the staging buffer, where it fits) and into a symmetric one
 (direct).
 Part 2, MoE: ``tokens`` per rank routed to ``--topk`` of ``--experts`` experts (uniformly at
-random, distinct per token); ``collectives.moe.dispatch`` and ``combine`` (low latency) against
-the same layer built on NCCL (a sort by expert, ``all_to_all_single`` of the counts and of the
-rows, and back).  Times are the slowest rank's, best of 3 (:func:`collectives.tools.bench.time_op`),
-eager launches and CUDA-graph replays; rank 0 prints the device, then one row per size: us per
-call, and GB/s of the bytes each rank sends to other ranks.  NVLink multicast stays off.
+random, distinct per token); ``collectives.moe.dispatch`` and ``combine`` (low latency; both
+again with their local steps in one kernel each, *fused*: ``collectives.runtime.moe_kernels``)
+against the same layer built on NCCL (a sort by expert, ``all_to_all_single`` of the counts and
+of the rows, and back).  Times are the slowest rank's, best of 3
+(:func:`collectives.tools.bench.time_op`), eager launches and CUDA-graph replays; rank 0 prints
+the device, then one row per size: us per call, and GB/s of the bytes each rank sends to other
+ranks.  NVLink multicast stays off.
 """
 
 from __future__ import annotations
@@ -130,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import collectives
     from collectives import moe
+    from collectives.runtime import moe_kernels
     from collectives.runtime.all_to_all import STAGING_BYTES
     from collectives.runtime.communicator import communicator
 
@@ -161,8 +164,10 @@ def main(argv: list[str] | None = None) -> None:
 
     if rank == 0:
         print(f"MoE top-{args.topk} of {args.experts} experts: us per call (NCCL: eager only, it syncs the host)")
-        print(f"{'mode':6} {'tokens':>6} {'nccl dispatch':>14} {'nccl combine':>13} {'dispatch':>9} {'combine':>8}")
+        print(f"{'mode':6} {'tokens':>6} {'nccl dispatch':>14} {'nccl combine':>13} {'dispatch':>9} {'combine':>8} "
+              f"{'fused dispatch':>15} {'fused combine':>14}")
     gen = torch.Generator(device="cuda").manual_seed(rank)
+    fused_default = moe_kernels.FUSED
     for mode in modes:
         for tokens in [t for t in sizes if t <= 512]:
             x = torch.randn((tokens, hidden), device="cuda", generator=gen).to(dtype)
@@ -177,6 +182,11 @@ def main(argv: list[str] | None = None) -> None:
             dispatch_us = time_op(dispatch, iters, mode == "graph")
             expert_x, _, handle = state["d"]
             combine_us = time_op(lambda: moe.combine(expert_x, handle), iters, mode == "graph")
+            moe_kernels.FUSED = True  # the same calls, their local steps in one kernel each
+            fused_dispatch_us = time_op(dispatch, iters, mode == "graph")
+            expert_x, _, handle = state["d"]
+            fused_combine_us = time_op(lambda: moe.combine(expert_x, handle), iters, mode == "graph")
+            moe_kernels.FUSED = fused_default
             nccl = ["", ""]
             if mode == "eager":
                 def nccl_d():
@@ -188,8 +198,8 @@ def main(argv: list[str] | None = None) -> None:
                         f"{time_op(lambda: nccl_combine(rows, h, tokens, args.topk, weights), iters, False):13.1f}"]
             collectives.synchronize()
             if rank == 0:
-                print(f"{mode:6} {tokens:>6} {nccl[0]:>14} {nccl[1]:>13} {dispatch_us:9.1f} {combine_us:8.1f}",
-                      flush=True)
+                print(f"{mode:6} {tokens:>6} {nccl[0]:>14} {nccl[1]:>13} {dispatch_us:9.1f} {combine_us:8.1f} "
+                      f"{fused_dispatch_us:15.1f} {fused_combine_us:14.1f}", flush=True)
     torch.cuda.synchronize()
     dist.barrier()
     collectives.current().close()

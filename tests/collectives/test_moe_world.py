@@ -109,17 +109,42 @@ def _bits(x: torch.Tensor) -> torch.Tensor:
     return x.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
 
 
-def run_layer(world, experts, topk, tokens, max_tokens, seed, hidden=8, dtype=torch.bfloat16, bad=0):
+def kernel_sum(entries, slots, valid, weights, tokens, topk):
+    """:mod:`collectives.algorithms.moe_combine`'s kernel step for step in torch (a
+    :data:`collectives.moe.WeightedSum`): entry ``(t, k)`` is row ``slots[t * topk + k]`` of
+    ``entries``, zeros where not ``valid`` (whatever the row holds), times its f32 weight, summed
+    in ``k`` order in f32 (each step rounded: torch's CPU ``mul`` and ``add``), then rounded."""
+    total = None
+    for k in range(topk):
+        f = torch.arange(tokens) * topk + k
+        e = torch.where(valid[f][:, None], entries[slots[f]].float(), 0.0)
+        term = e * weights[f][:, None]
+        total = term if k == 0 else total + term
+    if total is None:
+        return entries.new_zeros((tokens, entries.shape[1]))
+    return total.to(entries.dtype)
+
+
+def nan_filled(name, shape, dtype, device):
+    """A receive buffer whose rows read NaN (or all ones bits) until written: a row the combine
+    was not sent must never reach an output."""
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+def run_layer(world, experts, topk, tokens, max_tokens, seed, hidden=8, dtype=torch.bfloat16, bad=0,
+              weighted_sum=None):
     xs, ids, ws = routing(world, experts, topk, tokens, seed, hidden, dtype, bad)
     sim = World(world)
     local = experts // world
+    empty = moe.plain if weighted_sum is None else nan_filled
 
     def body(r):
-        ex, counts, handle = moe.dispatch_with(sim.exchange(r), world, xs[r], ids[r], ws[r], experts, max_tokens)
+        ex, counts, handle = moe.dispatch_with(sim.exchange(r), world, xs[r], ids[r], ws[r], experts, max_tokens,
+                                               empty=empty)
         out_rows = torch.empty_like(ex)
         for le in range(local):
             out_rows[le] = expert_fn(ex[le], r * local + le)
-        return ex, counts, handle, moe.combine_with(sim.exchange(r), out_rows, handle)
+        return ex, counts, handle, moe.combine_with(sim.exchange(r), out_rows, handle, empty, weighted_sum)
 
     results = sim.run(body)
     per_expert, outs = reference(world, experts, xs, ids, ws)
@@ -138,6 +163,21 @@ def test_random_routings_bit_for_bit(world: int, local: int, topk: int) -> None:
     for seed in range(3):
         tokens = [rng.randrange(0, 6) for _ in range(world)]
         run_layer(world, world * local, min(topk, world * local), tokens, max_tokens=6, seed=seed)
+
+
+@pytest.mark.parametrize(("world", "local", "topk", "dtype"), [(2, 1, 1, torch.float32), (3, 2, 4, torch.bfloat16),
+                                                             (4, 2, 8, torch.float16), (2, 4, 8, torch.bfloat16)])
+def test_combine_through_the_kernels_steps_is_bit_for_bit_and_reads_no_unsent_row(world, local, topk, dtype) -> None:
+    """The combine as the fused kernel does it (collectives.algorithms.moe_combine: each entry
+    read through its slot, the inverse of the dispatch's sort; unsent entries masked, not
+    zeroed in the receive buffer, which here holds NaN) gives the reference's bits, with
+    out-of-range ids on rank 0 and ranks without tokens."""
+    rng = random.Random(world * 7 + topk)
+    for seed in range(3):
+        tokens = [rng.randrange(0, 6) for _ in range(world)]
+        tokens[0] = max(tokens[0], 3)
+        run_layer(world, world * local, min(topk, world * local), tokens, max_tokens=6, seed=seed, hidden=16,
+                  dtype=dtype, bad=2, weighted_sum=kernel_sum)
 
 
 def test_f32_every_token_to_one_expert_and_one_token() -> None:

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from ptxops import spec
+from ptxops.errors import QualifierError
+from ptxops.ops.forms import memory_types
 from ptxops.ops.pointer_reach import Tag, check_tag, required
 from ptxops.spec import reach as reach_rules
 
@@ -455,11 +457,22 @@ def _ptx_type(family: str, dtype: type, op: str | None = None) -> str:
 
 
 def _access(family: str, ptr: Ptr, dtype: type, n: int = 1, **qualifiers: Any) -> None:
-    """Check an access as ptxops's device function would: its PTX form legal, its pointer
-    tagged (the kernels trace under ``pointer_reach.required``) and an ordered form's scope
-    wide enough for the pointer's reach."""
-    inst = spec.instruction(family, target=TARGET, space="global", type=_ptx_type(family, dtype, qualifiers.get("op")),
-                            vec=n if n > 1 else None, **qualifiers)
+    """Check an access as ptxops's device function would: its PTX form legal (a plain ``ld``
+    or ``st`` of several sub-word values packed into 32-bit words where they fill them, as
+    :func:`ptxops.ops.forms.memory_types` packs them), its pointer tagged (the kernels trace
+    under ``pointer_reach.required``) and an ordered form's scope wide enough for the pointer's
+    reach."""
+    candidates = [(_ptx_type(family, dtype, qualifiers.get("op")), n)]
+    if family in ("ld", "st"):
+        candidates = memory_types(dtype, n)
+    for i, (ptx_type, registers) in enumerate(candidates):
+        try:
+            inst = spec.instruction(family, target=TARGET, space="global", type=ptx_type,
+                                    vec=registers if registers > 1 else None, **qualifiers)
+            break
+        except QualifierError:
+            if i == len(candidates) - 1:
+                raise
     with required("a collectives kernel (simulated)"):
         check_tag(inst, ptr.reach)
 
@@ -593,6 +606,7 @@ def fakes() -> dict[str, Any]:
     memory = types.SimpleNamespace(SmemAllocator=_Smem)
     cutlass = types.SimpleNamespace(
         cute=cute, memory=memory, Constexpr=Any, const_expr=lambda x: x, range_constexpr=range,
+        select_=lambda condition, a, b: a if condition else b,
         max=lambda a, b: a if a >= b else b, min=lambda a, b: a if a <= b else b,
         Boolean=Boolean, Int8=Int8, Int16=Int16, Int32=Int32, Int64=Int64,
         Uint8=Uint8, Uint16=Uint16, Uint32=Uint32, Uint64=Uint64, Float32=Float32,

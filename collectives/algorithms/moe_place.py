@@ -1,0 +1,172 @@
+"""The MoE dispatch's placement of received rows (:func:`collectives.moe.dispatch`), one
+kernel on one GPU.
+
+After a dispatch's all-to-all of rows, ``received`` holds, in arrival order, the rows every
+source sent this rank: source ``0``'s rows for local expert ``0``, then for expert ``1``, ...,
+then source ``1``'s, as ``counts[source * L + l]`` says (the ``W x L`` counts that arrived
+first).  Row ``i`` lies in segment ``s`` (the first whose running end passes ``i``; none past
+the last end: the row did not arrive), ``within`` rows into it; its slot in expert ``l = s %
+L`` is ``before[s] + within``, ``before[s]`` the rows earlier sources sent the same expert.
+Its place in ``expert_x``:
+
+- low latency (``exact`` off): ``l * capacity + slot`` where ``slot < capacity`` (kept), else
+  the trash row ``L * capacity`` (dropped and counted);
+- throughput (``exact``): ``first[l] + slot``, ``first[l]`` the rows of the experts before
+  ``l``: every arrived row is kept; the trash row is the total.
+
+The kernel writes ``place[i]`` and ``kept[i]`` for every row of ``received`` (what the combine
+reads back), copies each kept row to its place (rows are moved as words of ``word`` bytes: any
+dtype, fp8 rows with their scales included), and, from block 0, each local expert's count and
+the number of arrived rows it dropped.  Every block first computes the segments' starts and
+``before`` (and ``first``) in shared memory from ``counts`` (one thread: ``W x L`` is at most
+:data:`MAX_SEGMENTS`); then each takes whole rows, a row's words spread over its threads.  The
+same arithmetic as the torch steps it replaces (``searchsorted``, prefix sums, ``index_copy_``)
+in one launch instead of some twenty-five.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int64, Uint8, Uint16, Uint32
+from cutlass.memory import SmemAllocator
+
+import ptxops
+
+from ..device.kernel_args import Arg, KernelArgs, Layout
+from ..device.launch import launcher
+from ..device.signals import LOCAL, gmem
+
+#: The most ``(source, local expert)`` segments (``W x L``) a kernel takes: its shared memory.
+MAX_SEGMENTS = 2048
+#: Most thread blocks of a launch (each row is one block's; the grid strides past them).
+MAX_BLOCKS = 264
+#: Bytes per word a row moves in, and how: (element type, elements per access).
+WORDS = {16: (Uint32, 4), 8: (Uint32, 2), 4: (Uint32, 1), 2: (Uint16, 1), 1: (Uint8, 1)}
+
+MOE_PLACE = Layout("MoePlaceArgs", (
+    Arg("counts", Int64, "int64[W * L]: rows each source sent each local expert, source-major (arrival order)"),
+    Arg("received", Int64, "the received rows, in arrival order (room rows of row_words words)"),
+    Arg("expert_x", Int64, "the placed rows (their places, below; the trash row is never written)"),
+    Arg("place", Int64, "int64[room], out: each received row's place in expert_x (the trash row: not kept)"),
+    Arg("kept", Int64, "uint8[room], out: 1 where the row arrived and was placed"),
+    Arg("expert_counts", Int64, "int64[L], out: rows each local expert received"),
+    Arg("lost", Int64, "int64[1], out: rows that arrived and were dropped (past an expert's capacity)"),
+    Arg("room", Int64, "rows of the receive buffer (place and kept have as many)"),
+    Arg("capacity", Int64, "rows per local expert in expert_x (low latency; unused when exact)"),
+    Arg("row_words", Int64, "words per row"),
+))
+
+
+@dataclass(frozen=True)
+class MoePlaceKey:
+    """The compile-time choices of one placement kernel: ``world`` and ``local`` (experts per
+    rank: ``W x L`` segments, at most :data:`MAX_SEGMENTS`), ``exact`` (throughput mode's packed
+    layout), ``word`` (bytes per access: 16, 8, 4, 2 or 1; a row's bytes are a multiple) and
+    threads per block."""
+
+    world: int
+    local: int
+    exact: bool = False
+    word: int = 16
+    threads: int = 256
+
+    def __post_init__(self) -> None:
+        if self.world < 1 or self.local < 1 or self.world * self.local > MAX_SEGMENTS:
+            raise ValueError(f"world x local experts must be 1..{MAX_SEGMENTS}, not {self.world} x {self.local}")
+        if self.word not in WORDS:
+            raise ValueError(f"word must be one of {tuple(WORDS)} bytes, not {self.word}")
+        if self.threads not in (128, 256, 512, 1024):
+            raise ValueError(f"threads must be one of 128, 256, 512, 1024, not {self.threads}")
+
+    @staticmethod
+    def word_for(row_bytes: int) -> int:
+        """The widest word that divides a row of ``row_bytes`` (the buffers' rows then stay aligned to it)."""
+        return next(w for w in WORDS if row_bytes % w == 0)
+
+    def blocks(self, room: int) -> int:
+        """Thread blocks of a launch for ``room`` rows (at least 1)."""
+        return max(1, min(MAX_BLOCKS, room))
+
+
+def build(key: MoePlaceKey):
+    """The ``@cute.jit`` launcher of the placement kernel for ``key`` (grid: a runtime argument)."""
+    world, local, exact, threads = key.world, key.local, key.exact, key.threads
+    segments = world * local
+    element, per_word = WORDS[key.word]
+    by = "collectives.algorithms.moe_place"
+
+    @cute.jit
+    def kernel(args: KernelArgs):
+        tidx = Int64(cute.arch.thread_idx()[0])
+        block = Int64(cute.arch.block_idx()[0])
+        smem = SmemAllocator()
+        starts = smem.allocate_tensor(Int64, cute.make_layout(segments + 1), byte_alignment=8)  # + the total
+        before = smem.allocate_tensor(Int64, cute.make_layout(segments), byte_alignment=8)
+        first = smem.allocate_tensor(Int64, cute.make_layout(local), byte_alignment=8)
+        if tidx == Int64(0):
+            counts = gmem(Int64, args.counts, 8, LOCAL, by)
+            run = Int64(0)
+            for s in range(segments):  # arrival order: the segments' starts
+                starts[s] = run
+                run += ptxops.ld(counts + s, dtype=Int64)
+            starts[segments] = run
+            experts = Int64(0)
+            lost = Int64(0)
+            for l in range(local):  # by expert: the earlier sources' rows, the earlier experts' rows
+                acc = Int64(0)
+                for source in range(world):
+                    s = source * local + l
+                    c = ptxops.ld(counts + s, dtype=Int64)
+                    before[s] = acc
+                    if cutlass.const_expr(not exact):
+                        room = cutlass.max(cutlass.min(args.capacity - acc, c), Int64(0))
+                        lost += c - room
+                    acc += c
+                first[l] = experts
+                experts += acc
+                if block == Int64(0):
+                    ptxops.st(gmem(Int64, args.expert_counts, 8, LOCAL, by) + l, acc)
+            if block == Int64(0):
+                ptxops.st(gmem(Int64, args.lost, 8, LOCAL, by), lost)
+        cute.arch.sync_threads()
+        total = starts[segments]
+        trash = total if cutlass.const_expr(exact) else args.capacity * local
+        i = block
+        while i < args.room:
+            lo, hi = Int64(0), Int64(segments)  # the first segment whose end passes row i
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if starts[mid + 1] <= i:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            place = trash
+            kept = Int64(0)
+            if lo < Int64(segments):  # the row arrived
+                slot = before[lo] + (i - starts[lo])
+                if cutlass.const_expr(exact):
+                    place = first[lo % local] + slot
+                    kept = Int64(1)
+                elif slot < args.capacity:
+                    place = (lo % local) * args.capacity + slot
+                    kept = Int64(1)
+            if tidx == Int64(0):
+                ptxops.st(gmem(Int64, args.place, 8, LOCAL, by) + i, place)
+                ptxops.st(gmem(Uint8, args.kept, 1, LOCAL, by) + i, Uint8(kept))
+            if kept == Int64(1):
+                src = gmem(element, args.received, key.word, LOCAL, by) + i * args.row_words * per_word
+                dst = gmem(element, args.expert_x, key.word, LOCAL, by) + place * args.row_words * per_word
+                w = tidx
+                while w < args.row_words:
+                    at = cute.assume(w * per_word, divby=per_word)
+                    ptxops.st(dst + at, ptxops.ld(src + at, num_elements=per_word))
+                    w += threads
+            i += Int64(cute.arch.grid_dim()[0])
+
+    return launcher(kernel, threads, layout=MOE_PLACE)
+
+
+__all__ = ["MAX_BLOCKS", "MAX_SEGMENTS", "MOE_PLACE", "WORDS", "MoePlaceKey", "build"]

@@ -1,0 +1,108 @@
+"""The host side of the MoE layer's two local kernels: the dispatch's placement of received rows
+(:mod:`collectives.algorithms.moe_place`) and the combine's weighted sum
+(:mod:`collectives.algorithms.moe_combine`): which calls they take, and their launches.
+
+Off unless ``COLLECTIVES_MOE_FUSED=1`` (read at import; :data:`FUSED`): both kernels compile
+and their PTX is checked on the CPU, the placement's source runs in the CPU simulation of the
+device (``tests/collectives/device/test_moe_place_source.py``), but neither has run on a GPU
+yet, so the torch steps they replace stay the default.  Each is compiled and loaded when a
+dispatch or combine starts, before its all-to-alls (a load waits for the GPU's running kernels:
+:func:`collectives.runtime.kernels.load`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from ..algorithms.moe_combine import DTYPES_ROUNDED, MAX_TOPK, MOE_COMBINE, MoeCombineKey
+from ..algorithms.moe_place import MAX_SEGMENTS, MOE_PLACE, MoePlaceKey
+from ..algorithms.plan import current_stream
+from ..dtypes import DTYPES, from_torch
+from ..errors import CollectiveError
+
+#: Whether :func:`collectives.moe.dispatch` and :func:`~collectives.moe.combine` run the kernels
+#: (``COLLECTIVES_MOE_FUSED=1``).
+FUSED = os.environ.get("COLLECTIVES_MOE_FUSED", "0") == "1"
+
+_TORCH_ROUNDED = tuple(DTYPES[name].torch for name in DTYPES_ROUNDED)
+
+
+def combine_key(dtype: torch.dtype, hidden: int, topk: int) -> MoeCombineKey | None:
+    """The weighted sum's key for rows of ``hidden`` ``dtype`` elements and ``topk`` entries
+    per token (16-byte vectors where ``hidden`` is a multiple of one), None where the kernel
+    does not take them (fp8 rows, ``topk`` past :data:`~collectives.algorithms.moe_combine.MAX_TOPK`)."""
+    if dtype not in _TORCH_ROUNDED or not 1 <= topk <= MAX_TOPK:
+        return None
+    name = from_torch(dtype).name
+    vector = DTYPES[name].elements(16)
+    return MoeCombineKey(name, topk, vector if hidden % vector == 0 else 1)
+
+
+def place_key(world: int, local: int, row_bytes: int, exact: bool) -> MoePlaceKey | None:
+    """The placement's key for ``world`` ranks of ``local`` experts and rows of ``row_bytes``
+    (moved in the widest word that divides them), None past
+    :data:`~collectives.algorithms.moe_place.MAX_SEGMENTS` segments or for empty rows."""
+    if world * local > MAX_SEGMENTS or row_bytes <= 0:
+        return None
+    return MoePlaceKey(world, local, exact, MoePlaceKey.word_for(row_bytes))
+
+
+def weighted_sum(comm: Any, dtype: torch.dtype, hidden: int, topk: int):
+    """The kernel's :data:`collectives.moe.WeightedSum` on ``comm``'s GPU (its kernel loaded
+    now), None where :data:`FUSED` is off or the kernel does not take the rows."""
+    key = combine_key(dtype, hidden, topk) if FUSED else None
+    if key is None:
+        return None
+    fn, device = comm.kernel(key), comm.device_index
+    step = key.vec * DTYPES[key.dtype].bytes
+
+    def run(entries: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor, tokens: int,
+            k: int) -> torch.Tensor:
+        out = torch.empty((tokens, hidden), dtype=dtype, device=entries.device)
+        _aligned(step, entries, out)
+        args = MOE_COMBINE.pack(out=out.data_ptr(), entries=entries.data_ptr(), slots=slots.data_ptr(),
+                                valid=valid.contiguous().data_ptr(), weights=weights.data_ptr(), tokens=tokens,
+                                hidden=hidden)
+        fn(*args, key.blocks(tokens, hidden), current_stream(device))
+        return out
+
+    return run
+
+
+def placement(comm: Any, local: int, row_bytes: int, exact: bool):
+    """The kernel's :data:`collectives.moe.Placement` on ``comm``'s GPU for rows of
+    ``row_bytes`` (its kernel loaded now), None where :data:`FUSED` is off or the kernel does
+    not take the call."""
+    key = place_key(comm.world, local, row_bytes, exact) if FUSED else None
+    if key is None:
+        return None
+    fn, device = comm.kernel(key), comm.device_index
+
+    def run(counts: torch.Tensor, received: torch.Tensor, rows_out: int, capacity: int,
+            _exact: bool) -> tuple[torch.Tensor, ...]:
+        room = received.shape[0]
+        expert_x = torch.empty((rows_out + 1, received.shape[1]), dtype=received.dtype, device=received.device)
+        place = torch.empty(room, dtype=torch.int64, device=received.device)
+        kept = torch.empty(room, dtype=torch.bool, device=received.device)
+        tallies = torch.empty(local + 1, dtype=torch.int64, device=received.device)  # per expert, then lost
+        _aligned(key.word, received, expert_x)
+        args = MOE_PLACE.pack(counts=counts.contiguous().data_ptr(), received=received.data_ptr(),
+                              expert_x=expert_x.data_ptr(), place=place.data_ptr(), kept=kept.data_ptr(),
+                              expert_counts=tallies.data_ptr(), lost=tallies[local:].data_ptr(), room=room,
+                              capacity=capacity, row_words=row_bytes // key.word)
+        fn(*args, key.blocks(room), current_stream(device))
+        return expert_x, place, kept, tallies[:local], tallies[local]
+
+    return run
+
+
+def _aligned(step: int, *tensors: torch.Tensor) -> None:
+    for t in tensors:
+        if t.data_ptr() % step:
+            raise CollectiveError(f"moe: a kernel's rows must start {step}-byte aligned, not at {t.data_ptr():#x}")
+
+
+__all__ = ["FUSED", "combine_key", "place_key", "placement", "weighted_sum"]

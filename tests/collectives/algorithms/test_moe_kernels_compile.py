@@ -1,0 +1,94 @@
+"""The MoE layer's two local kernels compile without a GPU (ptxas included).
+
+The combine's weighted sum: each dtype it takes, top-k 1 to 16, 16-byte vectors and single
+elements; its PTX rounds every product and every sum on its own (``mul.rn.f32``,
+``add.rn.f32``: no ``fma``, which would round once where torch rounds twice).  The dispatch's
+placement: both layouts, every word size, 1 to 2048 segments.  The host picks their keys as
+documented."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("cutlass")
+from collectives.algorithms.moe_combine import MAX_TOPK, MoeCombineKey  # noqa: E402
+from collectives.algorithms.moe_place import MAX_SEGMENTS, MoePlaceKey  # noqa: E402
+from collectives.runtime.kernels import kernel_ptx  # noqa: E402
+from collectives.runtime.moe_kernels import combine_key as key_for  # noqa: E402
+from collectives.runtime.moe_kernels import place_key  # noqa: E402
+
+FORMS = [("bf16", 8, 8), ("bf16", 1, 1), ("f16", 3, 8), ("f32", 16, 4), ("f32", 2, 1), ("bf16", 16, 8)]
+
+
+def _count(ptx: str, op: str) -> int:
+    return len(re.findall(rf"^\s*{re.escape(op)}\s", ptx, re.M))
+
+
+@pytest.mark.parametrize(("dtype", "topk", "vec"), FORMS)
+def test_kernel_rounds_each_product_and_sum_on_its_own(dtype: str, topk: int, vec: int) -> None:
+    ptx = kernel_ptx(MoeCombineKey(dtype, topk, vec), "sm_90a")
+    assert "fma." not in ptx
+    assert _count(ptx, "mul.rn.f32") == topk * vec  # one per term and element
+    assert _count(ptx, "add.rn.f32") == (topk - 1) * vec
+    assert "multimem." not in ptx and ".sys" not in ptx  # one GPU's memory, no ordering
+    if vec > 1:
+        assert _count(ptx, "ld.global.v4.b32") == topk and _count(ptx, "st.global.v4.b32") == 1
+    if dtype != "f32":  # widened exactly, rounded once to nearest even
+        assert _count(ptx, f"cvt.f32.{dtype}") == topk * vec
+        assert re.search(rf"cvt\.rn\.{dtype}(x2)?\.f32", ptx)
+
+
+def test_host_picks_vectors_where_the_rows_allow_and_declines_what_it_cannot_round_as_torch() -> None:
+    assert key_for(torch.bfloat16, 7168, 8) == MoeCombineKey("bf16", 8, 8)
+    assert key_for(torch.bfloat16, 7170, 8) == MoeCombineKey("bf16", 8, 1)
+    assert key_for(torch.float32, 128, 2) == MoeCombineKey("f32", 2, 4)
+    assert key_for(torch.float8_e4m3fn, 7168, 8) is None  # torch's fp8 rounding is not PTX's saturating one
+    assert key_for(torch.bfloat16, 7168, MAX_TOPK + 1) is None
+
+
+def test_keys_reject_bad_choices_and_size_the_grid() -> None:
+    with pytest.raises(ValueError, match="dtypes"):
+        MoeCombineKey("e4m3", 8)
+    with pytest.raises(ValueError, match="topk"):
+        MoeCombineKey("bf16", 0)
+    with pytest.raises(ValueError, match="vec"):
+        MoeCombineKey("bf16", 8, 4)
+    with pytest.raises(ValueError, match="threads"):
+        MoeCombineKey("bf16", 8, threads=96)
+    key = MoeCombineKey("bf16", 8, 8)
+    assert key.blocks(0, 7168) == 1
+    assert key.blocks(1, 7168) == 4  # 896 vectors over 256 threads
+    assert key.blocks(4096, 7168) == 1024  # capped: the grid strides
+
+
+PLACE_FORMS = [(2, 128, False, 16), (8, 32, True, 16), (4, 2, False, 4), (8, 256, True, 4), (2, 1, False, 1),
+               (8, 256, False, 2), (1, 2048, True, 8)]
+#: (element type bits, elements) of a word's load and store in the PTX.
+WORD_ACCESS = {16: "v4.b32", 8: "v2.b32", 4: "b32", 2: "b16", 1: "b8"}
+
+
+@pytest.mark.parametrize(("world", "local", "exact", "word"), PLACE_FORMS)
+def test_placement_compiles_and_moves_rows_in_its_words(world: int, local: int, exact: bool, word: int) -> None:
+    ptx = kernel_ptx(MoePlaceKey(world, local, exact, word), "sm_90a")
+    assert "multimem." not in ptx and ".sys" not in ptx and "atom." not in ptx  # one GPU, no ordering, no atomics
+    access = WORD_ACCESS[word]
+    for op in ("ld", "st"):
+        assert re.search(rf"{op}\.global\.{re.escape(access)}\s", ptx), op
+    assert "bar.sync" in ptx  # the shared prefix sums before any row
+    assert "st.global.b8" in ptx  # the kept flags
+
+
+def test_host_picks_the_placement_key() -> None:
+    assert place_key(8, 32, 7168 * 2, False) == MoePlaceKey(8, 32, False, 16)
+    assert place_key(8, 32, 7168 + 4, True) == MoePlaceKey(8, 32, True, 4)  # fp8 rows and their scales
+    assert place_key(2, 1, 6, False) == MoePlaceKey(2, 1, False, 2)
+    assert place_key(2, MAX_SEGMENTS, 16, False) is None
+    assert place_key(2, 4, 0, False) is None
+    with pytest.raises(ValueError, match="segments|experts"):
+        MoePlaceKey(4, MAX_SEGMENTS)
+    with pytest.raises(ValueError, match="word"):
+        MoePlaceKey(2, 2, word=3)
+    assert MoePlaceKey(2, 2).blocks(0) == 1 and MoePlaceKey(2, 2).blocks(5000) == 264

@@ -1,0 +1,145 @@
+"""The MoE dispatch's placement kernel as its own source runs it (CPU, no CuTeDSL compile),
+against the torch steps it replaces (:func:`collectives.moe.place_rows`, the path the GPU runs
+have proven).
+
+:mod:`device_sim` executes :mod:`collectives.algorithms.moe_place` from its source file over
+simulated memory: received rows whose every word names its row, counts from random routings
+(experts with no rows, sources that sent nothing, a receive buffer with room to spare), both
+layouts (low latency with a capacity that drops rows, throughput's packed one), every word size,
+and grids of fewer blocks than rows (each block takes several) with threads fewer than a row's
+words.  Every place, every kept flag, every placed row, each expert's count and the count of
+dropped rows must be the torch steps'; the trash row and unplaced rows are never written.
+"""
+
+from __future__ import annotations
+
+import random
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from tests.support.device_sim import Context, Sim, fakes, load  # noqa: E402
+
+from collectives import moe  # noqa: E402
+from collectives.algorithms.moe_place import WORDS, MoePlaceKey  # noqa: E402
+
+FAKES = fakes()
+Int64, Uint8 = FAKES["cutlass"].Int64, FAKES["cutlass"].Uint8
+THREADS, UNTOUCHED = 4, 0xEE
+
+
+def source(edits: tuple = ()) -> types.ModuleType:
+    """The simulated ``collectives.algorithms.moe_place`` (``edits``: its source edits)."""
+    signals = load("collectives.device.signals", FAKES)
+    return load("collectives.algorithms.moe_place", {
+        **FAKES,
+        "collectives.device.signals": signals,
+        "collectives.device.launch": types.SimpleNamespace(launcher=lambda kernel, threads, **_: kernel),
+    }, edits)
+
+
+SOURCE = source()
+
+
+def run_kernel(counts: torch.Tensor, room: int, row_bytes: int, capacity: int, exact: bool, blocks: int,
+               seed: int, module: types.ModuleType = SOURCE) -> dict:
+    """The kernel on ``counts`` ([W, L]) and ``room`` received rows of ``row_bytes`` (byte
+    ``b`` of row ``i``: ``(7 * i + b) % 251``); what it wrote."""
+    world, local = counts.shape
+    key = MoePlaceKey(world, local, exact, MoePlaceKey.word_for(row_bytes))
+    object.__setattr__(key, "threads", THREADS)  # scaled down: a row's words outnumber the threads
+    kernel = module.build(key)
+    rows_out = int(counts.sum()) if exact else local * capacity
+    sim = Sim(seed)
+    mem = sim.memory
+    at = {name: mem.alloc(size) for name, size in [
+        ("counts", 8 * world * local), ("received", max(room * row_bytes, 1)),
+        ("expert_x", (rows_out + 1) * row_bytes), ("place", 8 * room), ("kept", max(room, 1)),
+        ("tallies", 8 * (local + 1))]}
+    for s, c in enumerate(counts.reshape(-1).tolist()):
+        mem.store(at["counts"] + 8 * s, c, Int64)
+    for i in range(room):
+        for b in range(row_bytes):
+            mem.store(at["received"] + i * row_bytes + b, (7 * i + b) % 251, Uint8)
+    for b in range((rows_out + 1) * row_bytes):
+        mem.store(at["expert_x"] + b, UNTOUCHED, Uint8)
+    args = types.SimpleNamespace(
+        counts=Int64(at["counts"]), received=Int64(at["received"]), expert_x=Int64(at["expert_x"]),
+        place=Int64(at["place"]), kept=Int64(at["kept"]), expert_counts=Int64(at["tallies"]),
+        lost=Int64(at["tallies"] + 8 * local), room=Int64(room), capacity=Int64(capacity),
+        row_words=Int64(row_bytes // key.word))
+    rng = random.Random(seed)
+    sim.spawn(lambda: sim.launch(lambda: kernel(args), Context(rank=0, call=0), blocks, THREADS,
+                                 [rng.choice([0, 0, 50]) for _ in range(blocks)]), Context(rank=0))
+    sim.run()
+    return {
+        "place": torch.tensor(mem.words(at["place"], room, Int64), dtype=torch.int64),
+        "kept": torch.tensor(mem.words(at["kept"], room, Uint8), dtype=torch.bool),
+        "expert_x": torch.tensor(mem.words(at["expert_x"], (rows_out + 1) * row_bytes, Uint8),
+                                 dtype=torch.uint8).view(rows_out + 1, row_bytes),
+        "expert_counts": torch.tensor(mem.words(at["tallies"], local, Int64), dtype=torch.int64),
+        "lost": mem.words(at["tallies"] + 8 * local, 1, Int64)[0],
+    }
+
+
+def check(counts: torch.Tensor, room: int, row_bytes: int, capacity: int, exact: bool, blocks: int, seed: int,
+          module: types.ModuleType = SOURCE) -> None:
+    got = run_kernel(counts, room, row_bytes, capacity, exact, blocks, seed, module)
+    received = torch.tensor([[(7 * i + b) % 251 for b in range(row_bytes)] for i in range(room)],
+                            dtype=torch.uint8).view(room, row_bytes)
+    rows_out = int(counts.sum()) if exact else counts.shape[1] * capacity
+    want_x, place, kept, expert_counts, lost = moe.place_rows(counts, received, rows_out, capacity, exact)
+    assert torch.equal(got["place"], place)
+    assert torch.equal(got["kept"], kept)
+    assert torch.equal(got["expert_counts"], expert_counts)
+    assert got["lost"] == int(lost)
+    placed = torch.zeros(rows_out + 1, dtype=torch.bool)
+    placed[place[kept]] = True
+    assert torch.equal(got["expert_x"][placed], want_x[placed])
+    assert bool((got["expert_x"][~placed] == UNTOUCHED).all()), "a row no received row was placed at was written"
+
+
+def random_counts(rng: random.Random, world: int, local: int, most: int) -> torch.Tensor:
+    counts = torch.tensor([[rng.choice([0, 0, 1, 2, most]) for _ in range(local)] for _ in range(world)])
+    if rng.random() < 0.5:
+        counts[rng.randrange(world)] = 0  # a source that sent this rank nothing
+    return counts
+
+
+@pytest.mark.parametrize("exact", [False, True], ids=["low_latency", "throughput"])
+@pytest.mark.parametrize("row_bytes", [16, 24, 12, 6, 5])
+def test_placement_matches_the_torch_steps(exact: bool, row_bytes: int) -> None:
+    rng = random.Random(row_bytes * 2 + exact)
+    for seed in range(3):
+        world, local = rng.choice([(2, 1), (2, 3), (3, 2), (4, 1)])
+        counts = random_counts(rng, world, local, 3)
+        capacity = rng.choice([1, 2, 4])
+        room = int(counts.sum()) + rng.choice([0, 2])  # the receive buffer may have rows to spare
+        check(counts, room, row_bytes, capacity, exact, blocks=rng.choice([1, 2, 3]), seed=seed)
+
+
+def test_nothing_received() -> None:
+    check(torch.zeros((2, 2), dtype=torch.int64), 3, 8, 2, False, blocks=2, seed=1)
+    check(torch.zeros((2, 2), dtype=torch.int64), 0, 8, 2, True, blocks=1, seed=2)
+
+
+def test_the_words_move_every_byte_of_a_row() -> None:
+    for row_bytes in (16, 8, 4, 2, 1, 48):
+        assert row_bytes % MoePlaceKey.word_for(row_bytes) == 0
+        assert MoePlaceKey.word_for(row_bytes) == max(w for w in WORDS if row_bytes % w == 0)
+
+
+@pytest.mark.parametrize(("edit", "what"), [
+    (("if starts[mid + 1] <= i:", "if starts[mid + 1] < i:"), "the search's right end"),
+    (("elif slot < args.capacity:", "elif slot <= args.capacity:"), "the capacity"),
+    (("before[s] = acc", "before[s] = Int64(0)"), "the earlier sources' rows"),
+    (("lost += c - room", "lost += c"), "the dropped count"),
+])
+def test_a_broken_kernel_fails_the_check(edit: tuple, what: str) -> None:
+    """Each edit of the kernel's source is caught (so the check reads what the kernel does)."""
+    broken = source((edit,))
+    counts = torch.tensor([[2, 1], [3, 0]])
+    with pytest.raises(AssertionError):
+        for seed in range(3):
+            check(counts, 7, 8, 2, False, blocks=2, seed=seed, module=broken)

@@ -1,0 +1,75 @@
+"""How many kernels an eager MoE dispatch and combine launch besides ours: the host cost that
+made the eager layer lose to NCCL's (docs/benchmarks.md).  Counted on the CPU with torch's
+dispatcher (views and allocations aside; each all-to-all and each of our kernels counts one),
+for the torch steps and for the fused kernels (``collectives.runtime.moe_kernels``, here with
+a kernel that launches nothing: what is counted is the torch work around it).  A guard against
+torch steps creeping back into the fused path:
+
+    python -m pytest -q -s tests/collectives/test_moe_launches.py    # prints the counts
+"""
+
+from __future__ import annotations
+
+import collections
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from collectives import moe  # noqa: E402
+from collectives.runtime import moe_kernels  # noqa: E402
+
+#: Operators that launch nothing on a GPU.
+FREE = {"view", "slice", "detach", "unsqueeze", "select", "alias", "expand", "reshape", "as_strided", "empty",
+        "empty_like", "_reshape_alias"}
+
+
+class Launches(TorchDispatchMode):
+    """Counts the operators that launch GPU work, and the calls of ``note``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def note(self, *_: object) -> None:
+        self.count += 1
+
+    def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+        if func.overloadpacket.__name__ not in FREE:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def launches(fused: bool, monkeypatch) -> tuple[int, int]:
+    """(dispatch, combine) kernel launches of a low-latency layer: hidden 7168, top-8 of 256
+    experts, 8 tokens, 2 ranks (this rank's all-to-alls move nothing: only launches count)."""
+    counter = Launches()
+    monkeypatch.setattr(moe_kernels, "FUSED", fused)
+    monkeypatch.setattr(moe_kernels, "current_stream", lambda device: 0)
+    comm = types.SimpleNamespace(world=2, device_index=0, kernel=lambda key: counter.note)
+    tokens, topk, experts, hidden = 8, 8, 256, 7168
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn((tokens, hidden), generator=gen).bfloat16()
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:topk] for _ in range(tokens)])
+    w = torch.rand((tokens, topk), generator=gen)
+    _, _, handle = moe.dispatch_with(counter.note, 2, x, ids, w, experts, tokens)  # a real handle, uncounted
+    placement = moe_kernels.placement(comm, experts // 2, hidden * 2, False)
+    weighted_sum = moe_kernels.weighted_sum(comm, torch.bfloat16, hidden, topk)
+    counter.count = 0
+    with counter:
+        expert_x, _, _ = moe.dispatch_with(counter.note, 2, x, ids, w, experts, tokens, placement=placement)
+    dispatch = counter.count
+    counter.count = 0
+    with counter:
+        moe.combine_with(counter.note, torch.zeros_like(expert_x), handle, weighted_sum=weighted_sum)
+    return dispatch, counter.count
+
+
+def test_the_fused_kernels_cut_the_launches_around_our_all_to_alls(monkeypatch) -> None:
+    torch_steps = launches(False, monkeypatch)
+    fused = launches(True, monkeypatch)
+    print(f"\nlaunches per call (dispatch, combine): torch steps {torch_steps}, fused kernels {fused}")
+    assert fused[0] <= 19 and fused[1] <= 11, fused
+    assert 2 * fused[0] < torch_steps[0] and 3 * fused[1] < torch_steps[1], (torch_steps, fused)
