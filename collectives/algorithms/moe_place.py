@@ -39,8 +39,9 @@ from ..device.kernel_args import Arg, KernelArgs, Layout
 from ..device.launch import launcher
 from ..device.signals import LOCAL, gmem
 
-#: The most ``(source, local expert)`` segments (``W x L``) a kernel takes: its shared memory.
-MAX_SEGMENTS = 2048
+#: The most ``(source, local expert)`` segments (``W x L``) a kernel takes: its shared memory
+#: (three int64 arrays of them, 24 KB: under the 48 KB a kernel gets without asking).
+MAX_SEGMENTS = 1024
 #: Most thread blocks of a launch (each row is one block's; the grid strides past them).
 MAX_BLOCKS = 264
 #: Bytes per word a row moves in, and how: (element type, elements per access).

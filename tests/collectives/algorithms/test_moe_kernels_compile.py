@@ -3,7 +3,7 @@
 The combine's weighted sum: each dtype it takes, top-k 1 to 16, 16-byte vectors and single
 elements; its PTX rounds every product and every sum on its own (``mul.rn.f32``,
 ``add.rn.f32``: no ``fma``, which would round once where torch rounds twice).  The dispatch's
-placement: both layouts, every word size, 1 to 2048 segments.  The host picks their keys as
+placement: both layouts, every word size, 1 to 1024 segments.  The host picks their keys as
 documented."""
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ def test_keys_reject_bad_choices_and_size_the_grid() -> None:
     assert key.blocks(4096, 7168) == 1024  # capped: the grid strides
 
 
-PLACE_FORMS = [(2, 128, False, 16), (8, 32, True, 16), (4, 2, False, 4), (8, 256, True, 4), (2, 1, False, 1),
-               (8, 256, False, 2), (1, 2048, True, 8)]
+PLACE_FORMS = [(2, 128, False, 16), (8, 32, True, 16), (4, 2, False, 4), (8, 128, True, 4), (2, 1, False, 1),
+               (8, 128, False, 2), (1, 1024, True, 8)]
 #: (element type bits, elements) of a word's load and store in the PTX.
 WORD_ACCESS = {16: "v4.b32", 8: "v2.b32", 4: "b32", 2: "b16", 1: "b8"}
 
