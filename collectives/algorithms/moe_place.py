@@ -17,8 +17,9 @@ Its place in ``expert_x``:
 The kernel writes ``place[i]`` and ``kept[i]`` for every row of ``received`` (what the combine
 reads back), copies each kept row to its place (rows are moved as words of ``word`` bytes: any
 dtype, fp8 rows with their scales included), and, from block 0, each local expert's count and
-the number of arrived rows it dropped.  Every block first computes the segments' starts and
-``before`` (and ``first``) in shared memory from ``counts`` (one thread: ``W x L`` is at most
+the number of arrived rows it dropped.  Every block first loads ``counts`` into shared memory
+(all its threads), then computes the segments' starts and ``before`` (and ``first``) there
+(one thread, some ``2 x W x L`` shared-memory steps: ``W x L`` is at most
 :data:`MAX_SEGMENTS`); then each takes whole rows, a row's words spread over its threads.  The
 same arithmetic as the torch steps it replaces (``searchsorted``, prefix sums, ``index_copy_``)
 in one launch instead of some twenty-five.
@@ -40,7 +41,7 @@ from ..device.launch import launcher
 from ..device.signals import LOCAL, gmem
 
 #: The most ``(source, local expert)`` segments (``W x L``) a kernel takes: its shared memory
-#: (three int64 arrays of them, 24 KB: under the 48 KB a kernel gets without asking).
+#: (four int64 arrays of them at most, 32 KB: under the 48 KB a kernel gets without asking).
 MAX_SEGMENTS = 1024
 #: Most thread blocks of a launch (each row is one block's; the grid strides past them).
 MAX_BLOCKS = 264
@@ -104,15 +105,20 @@ def build(key: MoePlaceKey):
         tidx = Int64(cute.arch.thread_idx()[0])
         block = Int64(cute.arch.block_idx()[0])
         smem = SmemAllocator()
+        counts = smem.allocate_tensor(Int64, cute.make_layout(segments), byte_alignment=8)
         starts = smem.allocate_tensor(Int64, cute.make_layout(segments + 1), byte_alignment=8)  # + the total
         before = smem.allocate_tensor(Int64, cute.make_layout(segments), byte_alignment=8)
         first = smem.allocate_tensor(Int64, cute.make_layout(local), byte_alignment=8)
-        if tidx == Int64(0):
-            counts = gmem(Int64, args.counts, 8, LOCAL, by)
+        j = tidx
+        while j < Int64(segments):  # the counts into shared memory, every thread a share
+            counts[j] = ptxops.ld(gmem(Int64, args.counts, 8, LOCAL, by) + j, dtype=Int64)
+            j += threads
+        cute.arch.sync_threads()
+        if tidx == Int64(0):  # the prefix sums, from shared memory (a few cycles a step)
             run = Int64(0)
             for s in range(segments):  # arrival order: the segments' starts
                 starts[s] = run
-                run += ptxops.ld(counts + s, dtype=Int64)
+                run += counts[s]
             starts[segments] = run
             experts = Int64(0)
             lost = Int64(0)
@@ -120,7 +126,7 @@ def build(key: MoePlaceKey):
                 acc = Int64(0)
                 for source in range(world):
                     s = source * local + l
-                    c = ptxops.ld(counts + s, dtype=Int64)
+                    c = counts[s]
                     before[s] = acc
                     if cutlass.const_expr(not exact):
                         room = cutlass.max(cutlass.min(args.capacity - acc, c), Int64(0))
