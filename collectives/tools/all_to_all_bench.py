@@ -21,7 +21,8 @@ against the same layer built on NCCL (a sort by expert, ``all_to_all_single`` of
 of the rows, and back).  Times are the slowest rank's, best of 3
 (:func:`collectives.tools.bench.time_op`), eager launches and CUDA-graph replays; rank 0 prints
 the device, then one row per size: us per call, and GB/s of the bytes each rank sends to other
-ranks.  NVLink multicast stays off.
+ranks.  Part 3, at the ``tokens`` above 512: the MoE layer in throughput mode (exact sizes,
+eager), against the same NCCL layer.  NVLink multicast stays off.
 """
 
 from __future__ import annotations
@@ -200,6 +201,40 @@ def main(argv: list[str] | None = None) -> None:
             if rank == 0:
                 print(f"{mode:6} {tokens:>6} {nccl[0]:>14} {nccl[1]:>13} {dispatch_us:9.1f} {combine_us:8.1f} "
                       f"{fused_dispatch_us:15.1f} {fused_combine_us:14.1f}", flush=True)
+    throughput = [t for t in sizes if t > 512]
+    if throughput and rank == 0:
+        print("MoE throughput mode (exact sizes; eager: every call reads sizes back, as NCCL's does): us per call "
+              "(GB/s of rows each rank dispatched to other ranks)")
+        print(f"{'tokens':>6} {'nccl dispatch':>21} {'nccl combine':>13} {'dispatch':>16} {'combine':>8} "
+              f"{'fused dispatch':>15} {'fused combine':>14}")
+    for tokens in throughput:
+        x = torch.randn((tokens, hidden), device="cuda", generator=gen).to(dtype)
+        ids = torch.argsort(torch.rand((tokens, args.experts), device="cuda", generator=gen), 1)[:, :args.topk]
+        weights = torch.rand((tokens, args.topk), device="cuda", generator=gen)
+        sent = tokens * args.topk * (world - 1) // world * hidden * 2  # rows to other ranks, on average
+        state = {}
+        us = []
+        for fused in (False, True):
+            moe_kernels.FUSED = fused
+
+            def dispatch():
+                state["d"] = moe.dispatch(x, ids, weights, args.experts, mode="throughput")
+
+            us.append(time_op(dispatch, 10, False))
+            expert_x, _, handle = state["d"]
+            us.append(time_op(lambda: moe.combine(expert_x, handle), 10, False))
+        moe_kernels.FUSED = fused_default
+
+        def nccl_d():
+            state["n"] = nccl_dispatch(x, ids, args.experts, world)
+
+        nccl_us = time_op(nccl_d, 10, False)
+        rows, h = state["n"]
+        nccl_combine_us = time_op(lambda: nccl_combine(rows, h, tokens, args.topk, weights), 10, False)
+        collectives.synchronize()
+        if rank == 0:
+            print(f"{tokens:>6} {nccl_us:11.1f} ({sent / nccl_us / 1e3:5.0f}) {nccl_combine_us:13.1f} "
+                  f"{us[0]:8.1f} ({sent / us[0] / 1e3:5.0f}) {us[1]:8.1f} {us[2]:15.1f} {us[3]:14.1f}", flush=True)
     torch.cuda.synchronize()
     dist.barrier()
     collectives.current().close()

@@ -10,7 +10,6 @@ torch steps creeping back into the fused path:
 
 from __future__ import annotations
 
-import collections
 import types
 
 import pytest
