@@ -53,7 +53,7 @@ from ..device.signals import LOCAL, PEER
 from ..dtypes import DTYPES, dtype as registered
 from ..exchange import ARRIVED_WAIT, MAX_CHUNK, PLACE_MISMATCH, READY_WAIT, REFUSED, ExchangeLayout
 from ..device.kernel_args import Arg, KernelArgs, Layout
-from ..device.launch import launcher
+from ..device.launch import check_threads, launcher
 from .residency import CoResidencyError, Residency, share
 
 #: Most thread blocks of an all-to-all kernel (``world x parts``): all resident at once on an
@@ -140,8 +140,7 @@ class AllToAllKey:
         if not 1 <= self.parts or self.world * self.parts > MAX_BLOCKS:
             raise ValueError(f"parts must be 1..{MAX_BLOCKS // self.world} for world {self.world} (world x parts "
                              f"<= {MAX_BLOCKS} blocks, all resident), not {self.parts}")
-        if self.threads not in (128, 256, 512, 1024):
-            raise ValueError(f"threads must be one of 128, 256, 512, 1024, not {self.threads}")
+        check_threads(self.threads)
 
     @property
     def blocks(self) -> int:

@@ -31,7 +31,7 @@ import ptxops
 from ..dtypes import DTYPES
 from ..device import rounding
 from ..device.kernel_args import Arg, KernelArgs, Layout
-from ..device.launch import launcher
+from ..device.launch import check_threads, launcher
 from ..device.signals import LOCAL, gmem
 
 #: Output dtypes the kernel rounds to as torch does (fp8: torch's conversion and PTX's
@@ -71,8 +71,7 @@ class MoeCombineKey:
             raise ValueError(f"topk must be 1..{MAX_TOPK}, not {self.topk}")
         if self.vec not in (1, DTYPES[self.dtype].elements(16)):
             raise ValueError(f"vec must be 1 or {DTYPES[self.dtype].elements(16)} for {self.dtype}, not {self.vec}")
-        if self.threads not in (128, 256, 512, 1024):
-            raise ValueError(f"threads must be one of 128, 256, 512, 1024, not {self.threads}")
+        check_threads(self.threads)
 
     def blocks(self, tokens: int, hidden: int) -> int:
         """Thread blocks of a launch for ``tokens`` rows of ``hidden``: one piece per thread,

@@ -37,7 +37,7 @@ from cutlass.memory import SmemAllocator
 import ptxops
 
 from ..device.kernel_args import Arg, KernelArgs, Layout
-from ..device.launch import launcher
+from ..device.launch import check_threads, launcher
 from ..device.signals import LOCAL, gmem
 
 #: The most ``(source, local expert)`` segments (``W x L``) a kernel takes: its shared memory
@@ -80,8 +80,7 @@ class MoePlaceKey:
             raise ValueError(f"world x local experts must be 1..{MAX_SEGMENTS}, not {self.world} x {self.local}")
         if self.word not in WORDS:
             raise ValueError(f"word must be one of {tuple(WORDS)} bytes, not {self.word}")
-        if self.threads not in (128, 256, 512, 1024):
-            raise ValueError(f"threads must be one of 128, 256, 512, 1024, not {self.threads}")
+        check_threads(self.threads)
 
     @staticmethod
     def word_for(row_bytes: int) -> int:

@@ -26,6 +26,14 @@ from .kernel_args import COLLECTIVE, FLAGS, KernelArgs, Layout
 
 #: Windows of a collective's translation table: the data buffer's, then the signal pad's.
 EMULATION_WINDOWS = 2
+#: Threads per block a kernel key may ask for.
+BLOCK_THREADS = (128, 256, 512, 1024)
+
+
+def check_threads(threads: int) -> None:
+    """ValueError unless ``threads`` is one of :data:`BLOCK_THREADS` (a key's check)."""
+    if threads not in BLOCK_THREADS:
+        raise ValueError(f"threads must be one of {', '.join(map(str, BLOCK_THREADS))}, not {threads}")
 
 
 def _signature(fn, layout: Layout, *extra: tuple[str, type]):
@@ -116,4 +124,5 @@ def flag_example_arguments() -> tuple:
     return FLAGS.examples() + (driver.CUstream(0),)
 
 
-__all__ = ["EMULATION_WINDOWS", "example_arguments", "flag_example_arguments", "flag_launcher", "launcher"]
+__all__ = ["BLOCK_THREADS", "EMULATION_WINDOWS", "check_threads", "example_arguments", "flag_example_arguments",
+           "flag_launcher", "launcher"]
