@@ -601,7 +601,11 @@ def _cute() -> types.SimpleNamespace:
 
 
 def fakes() -> dict[str, Any]:
-    """The stand-in modules by name (``cutlass.cute`` is also ``cutlass.cute`` the attribute)."""
+    """The stand-in modules by name (``cutlass.cute`` is also ``cutlass.cute`` the attribute;
+    ``collectives.device.launch``: a launcher returns the kernel's body, which the simulation
+    launches itself, and a key's checks are the real ones)."""
+    from collectives.device.launch import check_threads
+
     cute = _cute()
     memory = types.SimpleNamespace(SmemAllocator=_Smem)
     cutlass = types.SimpleNamespace(
@@ -611,7 +615,9 @@ def fakes() -> dict[str, Any]:
         Boolean=Boolean, Int8=Int8, Int16=Int16, Int32=Int32, Int64=Int64,
         Uint8=Uint8, Uint16=Uint16, Uint32=Uint32, Uint64=Uint64, Float32=Float32,
     )
-    return {"cutlass": cutlass, "cutlass.cute": cute, "cutlass.memory": memory, "ptxops": _ptxops()}
+    launch = types.SimpleNamespace(launcher=lambda kernel, threads, **_: kernel, check_threads=check_threads)
+    return {"cutlass": cutlass, "cutlass.cute": cute, "cutlass.memory": memory, "ptxops": _ptxops(),
+            "collectives.device.launch": launch}
 
 
 def load(module: str, redirect: dict[str, Any], edits: tuple[tuple[str, str], ...] = ()) -> types.ModuleType:

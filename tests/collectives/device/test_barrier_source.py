@@ -55,7 +55,6 @@ def kernels(edits: dict | None = None) -> types.SimpleNamespace:
     design = load("collectives.algorithms.design", {
         **FAKES,
         "collectives.device": types.SimpleNamespace(signals=signals, reduce=None),
-        "collectives.device.launch": types.SimpleNamespace(launcher=lambda kernel, threads, **_: kernel),
     }, edits.get("design", ()))
     return types.SimpleNamespace(signals=signals, design=design)
 

@@ -63,7 +63,6 @@ def source(rows: torch.dtype, edits: tuple = ()) -> types.ModuleType:
         **FAKES,
         "collectives.device.signals": signals,
         "collectives.device": types.SimpleNamespace(rounding=rounding(rows)),
-        "collectives.device.launch": types.SimpleNamespace(launcher=lambda kernel, threads, **_: kernel),
     }, edits)
 
 

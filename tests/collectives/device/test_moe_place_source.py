@@ -35,7 +35,6 @@ def source(edits: tuple = ()) -> types.ModuleType:
     return load("collectives.algorithms.moe_place", {
         **FAKES,
         "collectives.device.signals": signals,
-        "collectives.device.launch": types.SimpleNamespace(launcher=lambda kernel, threads, **_: kernel),
     }, edits)
 
 
