@@ -40,6 +40,7 @@ same code runs over the reference in a simulated world (the CPU tests).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +62,10 @@ Empty = Callable[[str, tuple, torch.dtype, torch.device], torch.Tensor]
 #: row at its ``place``, the dropped rows' place the trash row, and the arrived rows dropped
 #: (``lost``, a GPU scalar); see :mod:`collectives.algorithms.moe_place`.
 Placement = Callable[[torch.Tensor, torch.Tensor, int, int, bool], tuple]
+#: ``placement_for(local, row_bytes, exact)``: the :data:`Placement` of a dispatch to ``local``
+#: experts per rank whose rows travel as ``row_bytes`` bytes, or None for :func:`place_rows`
+#: (asked once the call's arguments are checked, before its first all-to-all).
+PlacementFor = Callable[[int, int, bool], "Placement | None"]
 #: ``weighted_sum(entries, slots, valid, weights, tokens, topk)``: the combine's output,
 #: ``[tokens, hidden]`` in ``entries``' dtype: token ``t``'s sum over ``k`` in order of
 #: ``entries[slots[t * topk + k]] * weights[t * topk + k]``, each product and sum rounded to f32
@@ -163,10 +168,10 @@ def _check(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, 
 def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: torch.Tensor,
                   topk_weights: torch.Tensor, num_experts: int, max_tokens: int, mode: str = "low_latency",
                   validate: bool = False, empty: Empty = plain, fp8: bool = False,
-                  placement: Placement | None = None) -> tuple[torch.Tensor, torch.Tensor, Handle]:
+                  placement_for: PlacementFor | None = None) -> tuple[torch.Tensor, torch.Tensor, Handle]:
     """:func:`dispatch` over ``exchange`` in a world of ``world`` ranks, receiving rows into
-    ``empty``'s buffer; the received rows placed by ``placement`` (None: :func:`place_rows`,
-    some twenty torch operations)."""
+    ``empty``'s buffer; the received rows placed by ``placement_for``'s placement (None:
+    :func:`place_rows`, some twenty torch operations)."""
     _check(x, topk_ids, topk_weights, num_experts, world, max_tokens, mode, validate)
     tokens, topk = topk_ids.shape
     hidden, device = x.shape[1], x.device
@@ -184,6 +189,8 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
         source = torch.cat([q.view(torch.uint8), scale.view(torch.uint8).view(tokens, 4)], 1)
         wire = torch.float8_e4m3fn
     width = source.shape[1]
+    exact = mode == "throughput"
+    placement = placement_for(local, width * source.element_size(), exact) if placement_for else None
     rows = source.index_select(0, order // topk)  # the sent rows, by destination rank and expert
 
     # The per-expert counts, row s to rank s (their bits, as float32 pairs: the all-to-all moves
@@ -191,7 +198,6 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     counts = torch.empty((world, local), dtype=torch.int64, device=device)
     exchange(counts.view(torch.float32), per_expert.view(world, local).view(torch.float32), None, None)
     recv_splits = counts.sum(1)
-    exact = mode == "throughput"
     most = 0
     if exact:  # every rank's rows to receive and tokens: the buffers' sizes, the same everywhere
         (total, _), sizes = _everyone(exchange, world, [recv_splits.sum(), torch.tensor(tokens, device=device)])
@@ -302,15 +308,11 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         expert_x, counts, handle = moe_ops.traced_dispatch(x, topk_ids, topk_weights, num_experts, max_tokens,
                                                            _world())
         return expert_x, counts, handle_from(handle, topk_weights)
-    comm = communicator(group)
-    fused = None
-    if num_experts > 0 and num_experts % comm.world == 0 and x.dim() == 2:
-        from .runtime import moe_kernels
+    from .runtime import moe_kernels
 
-        row_bytes = x.shape[1] + 4 if fp8 else x.shape[1] * x.element_size()  # fp8: the bytes, then the scale
-        fused = moe_kernels.placement(comm, num_experts // comm.world, row_bytes, mode == "throughput")
+    comm = communicator(group)
     return dispatch_with(_collective(api, group), comm.world, x, topk_ids, topk_weights, num_experts, max_tokens, mode,
-                         validate, _symmetric(group), fp8, fused)
+                         validate, _symmetric(group), fp8, functools.partial(moe_kernels.placement, comm))
 
 
 def combine(expert_out: torch.Tensor, handle: Handle, *, group: Any = None) -> torch.Tensor:
@@ -394,5 +396,6 @@ def _collective(api: Any, group: Any) -> Exchange:
     return exchange
 
 
-__all__ = ["E4M3_MAX", "MODES", "Empty", "Exchange", "Handle", "Placement", "WeightedSum", "combine", "combine_with",
-           "dispatch", "dispatch_with", "handle_from", "handle_tensors", "place_rows", "plain", "quantize"]
+__all__ = ["E4M3_MAX", "MODES", "Empty", "Exchange", "Handle", "Placement", "PlacementFor", "WeightedSum", "combine",
+           "combine_with", "dispatch", "dispatch_with", "handle_from", "handle_tensors", "place_rows", "plain",
+           "quantize"]

@@ -10,6 +10,7 @@ torch steps creeping back into the fused path:
 
 from __future__ import annotations
 
+import functools
 import types
 
 import pytest
@@ -54,11 +55,11 @@ def launches(fused: bool, monkeypatch) -> tuple[int, int]:
     ids = torch.stack([torch.randperm(experts, generator=gen)[:topk] for _ in range(tokens)])
     w = torch.rand((tokens, topk), generator=gen)
     _, _, handle = moe.dispatch_with(counter.note, 2, x, ids, w, experts, tokens)  # a real handle, uncounted
-    placement = moe_kernels.placement(comm, experts // 2, hidden * 2, False)
     weighted_sum = moe_kernels.weighted_sum(comm, torch.bfloat16, hidden, topk)
     counter.count = 0
     with counter:
-        expert_x, _, _ = moe.dispatch_with(counter.note, 2, x, ids, w, experts, tokens, placement=placement)
+        expert_x, _, _ = moe.dispatch_with(counter.note, 2, x, ids, w, experts, tokens,
+                                           placement_for=functools.partial(moe_kernels.placement, comm))
     dispatch = counter.count
     counter.count = 0
     with counter:

@@ -212,6 +212,32 @@ def test_bad_arguments() -> None:
         moe.dispatch_with(None, 2, xs[0], ids[0], ws[0], 4, 3, mode="fast")
 
 
+@pytest.mark.parametrize(("dtype", "fp8", "mode", "row_bytes"), [
+    (torch.bfloat16, False, "low_latency", 64), (torch.float32, False, "throughput", 128),
+    (torch.bfloat16, True, "low_latency", 36)])  # fp8: 32 bytes, then the scale's 4
+def test_the_placement_is_asked_for_the_rows_as_they_travel(dtype, fp8, mode, row_bytes) -> None:
+    """A dispatch asks ``placement_for`` once, after its checks, with its local experts, the
+    bytes of a row as it travels and the layout; None places with the torch steps."""
+    world, experts = 2, 4
+    xs, ids, ws = routing(world, experts, 2, [3, 3], 5, 32, dtype)
+    sim = World(world)
+    asked: list = [[] for _ in range(world)]
+
+    def body(r):
+        def placement_for(*args):
+            asked[r].append(args)
+            return None
+
+        return moe.dispatch_with(sim.exchange(r), world, xs[r], ids[r], ws[r], experts, 3, mode, fp8=fp8,
+                                 empty=lambda name, shape, dt, device: torch.empty(shape, dtype=dt),
+                                 placement_for=placement_for)
+
+    sim.run(body)
+    assert asked == [[(experts // world, row_bytes, mode == "throughput")]] * world
+    with pytest.raises(CollectiveError, match="num_experts"):  # checked before it is asked
+        moe.dispatch_with(None, 2, xs[0], ids[0], ws[0], 5, 3, placement_for=lambda *a: pytest.fail("asked"))
+
+
 def test_fp8_dispatch_moves_each_token_quantized_with_its_scale() -> None:
     """fp8: every expert row is its token's e4m3 quantization bit for bit, with its scale; the
     round trip is within e4m3's half step (2^-4 of the token's largest magnitude)."""
