@@ -215,8 +215,6 @@ def prepare(comm: Any, state: Exchange, out: torch.Tensor, inp: torch.Tensor, ou
         allocation, recv_n = ctx.allocation(state.staging), min(out.numel(), STAGING_BYTES // out.element_size())
     base, number = allocation
     key = AllToAllKey(dtype, comm.world, state.parts, direct=direct, pdl=state.pdl)
-    if comm.residency is not None:  # ranks sharing the GPU may differ in direct: each loads both kernels before
-        comm.kernel(replace(key, direct=not direct))  # launching either (collectives.runtime.kernels.load)
     slots = state.slots
     args = ALL_TO_ALL.pack(
         recv_table=comm.buffer(base).table.data_ptr(), recv_id=number,
@@ -226,7 +224,9 @@ def prepare(comm: Any, state: Exchange, out: torch.Tensor, inp: torch.Tensor, ou
         rank=comm.rank, timeout_ns=int(comm.timeout_s * 1e9))
     # The split tensors made here (a caller's own keeps its place and lifetime).
     keep = tuple(t for t, given in ((send, in_splits), (receive, out_splits)) if t is not given)
-    return Launch(comm.kernel(key), (*args, key.blocks), comm.device_index, keep, state.pinned)
+    # Ranks sharing the GPU may differ in direct: each loads both kernels before launching either.
+    fn = comm.kernel_together(key, replace(key, direct=not direct))
+    return Launch(fn, (*args, key.blocks), comm.device_index, keep, state.pinned)
 
 
 __all__ = ["STAGING_BYTES", "Exchange", "Launch", "all_to_all", "check_tensors", "exchange", "prepare"]

@@ -183,6 +183,25 @@ class Communicator:
             plan = self.plans[("barrier", backend, config.PDL)] = REGISTRY["barrier", "one_shot"].plan(self, call)
         return plan
 
+    def kernel_together(self, key: Any, *also: Any) -> Callable[..., Any]:
+        """:meth:`kernel` for a key that every rank of this communicator asks for in the same
+        call (with ``also``: keys it may need instead, loaded with it where ranks share the GPU).
+
+        Where ranks share this GPU (a one-GPU world) and one of these keys is new to this
+        communicator, every rank meets on the host first (:meth:`meet_ranks_on_device`), then
+        the kernels are loaded.  A load waits for every kernel on the GPU, and CUDA holds
+        another rank's launch behind it: on an H100 (W = 2), one rank loading the MoE
+        combine's kernel while the other launched the dispatch's last all-to-all, which the
+        first rank's kernels spun for, timed both out after 20 s.  Once every rank has met,
+        every kernel on the GPU belongs to a call each rank has launched, so the load's wait
+        ends; each rank then meets the others once per key set, whichever rank loads."""
+        target, device = compile_target(self.device_index), self.device_index
+        if self.residency is not None and not all(self.kernels.has(k, target) for k in (key, *also)):
+            self.meet_ranks_on_device("loading a kernel (a load waits for every kernel on the GPU)", [len(also)])
+            for k in also:
+                self.kernels.get(k, target, device)
+        return self.kernels.get(key, target, device)
+
     def kernel(self, key: Any) -> Callable[..., Any]:
         """The compiled kernel for ``key`` on this GPU (:meth:`~collectives.runtime.kernels.KernelCache.get`), as the
         positional TVM-FFI function, loaded onto the GPU on first use (before any launch: see

@@ -115,8 +115,9 @@ def load(key: KernelKey | str, target: str, device: int) -> None:
     graph's instantiation waits), the load can fall where another rank sharing the GPU (a
     one-GPU world) already spins in a kernel waiting for this rank's launch: neither moves
     until that kernel's timeout.  Done here instead, when a call is planned, before this rank
-    launches it: any kernel running then belongs to a call every rank has launched, so the
-    wait ends.  The first call goes into a capture on a private stream that is ended and
+    launches it.  In a world that is not enough where this rank's earlier kernels still wait
+    for another rank's launch, which CUDA holds behind the load: there every rank meets first
+    (:meth:`~collectives.runtime.communicator.Communicator.kernel_together`).  The first call goes into a capture on a private stream that is ended and
     destroyed at once: recorded, never instantiated, never run."""
     if (key, target, device) in _LOADED:
         return
@@ -236,6 +237,10 @@ class KernelCache:
         self.backend = backend
         #: (compiled kernel, its TVM-FFI function): the compiled kernel kept alive with it.
         self._kernels: dict[tuple[KernelKey | str, str], tuple[Any, Callable[..., Any]]] = {}
+
+    def has(self, key: KernelKey | str, target: str) -> bool:
+        """Whether this cache holds ``key``'s kernel on ``target`` (then loaded, given a device)."""
+        return (key, target) in self._kernels
 
     def get(self, key: KernelKey | str, target: str, device: int | None = None) -> Callable[..., Any]:
         """The kernel for ``key`` on ``target``, compiled on first use and, given ``device``,

@@ -7,7 +7,8 @@ and their PTX is checked on the CPU, the placement's source runs in the CPU simu
 device (``tests/collectives/device/test_moe_place_source.py``), but neither has run on a GPU
 yet, so the torch steps they replace stay the default.  Each is compiled and loaded when a
 dispatch or combine starts, before its all-to-alls (a load waits for the GPU's running kernels:
-:func:`collectives.runtime.kernels.load`).
+:func:`collectives.runtime.kernels.load`), once ranks sharing the GPU have met
+(:meth:`~collectives.runtime.communicator.Communicator.kernel_together`).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def weighted_sum(comm: Any, dtype: torch.dtype, hidden: int, topk: int):
     key = combine_key(dtype, hidden, topk) if FUSED else None
     if key is None:
         return None
-    fn, device = comm.kernel(key), comm.device_index
+    fn, device = comm.kernel_together(key), comm.device_index
     step = key.vec * DTYPES[key.dtype].bytes
 
     def run(entries: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor, tokens: int,
@@ -79,7 +80,7 @@ def placement(comm: Any, local: int, row_bytes: int, exact: bool):
     key = place_key(comm.world, local, row_bytes, exact) if FUSED else None
     if key is None:
         return None
-    fn, device = comm.kernel(key), comm.device_index
+    fn, device = comm.kernel_together(key), comm.device_index
 
     def run(counts: torch.Tensor, received: torch.Tensor, rows_out: int, capacity: int,
             _exact: bool) -> tuple[torch.Tensor, ...]:

@@ -48,7 +48,7 @@ def launches(fused: bool, monkeypatch) -> tuple[int, int]:
     counter = Launches()
     monkeypatch.setattr(moe_kernels, "FUSED", fused)
     monkeypatch.setattr(moe_kernels, "current_stream", lambda device: 0)
-    comm = types.SimpleNamespace(world=2, device_index=0, kernel=lambda key: counter.note)
+    comm = types.SimpleNamespace(world=2, device_index=0, kernel_together=lambda key: counter.note)
     tokens, topk, experts, hidden = 8, 8, 256, 7168
     gen = torch.Generator().manual_seed(0)
     x = torch.randn((tokens, hidden), generator=gen).bfloat16()

@@ -169,3 +169,42 @@ def test_a_rank_that_does_not_meet_fails_the_communicator() -> None:
         comm.meet_ranks_on_device("gemm", [8, 64, 128])
     with pytest.raises(CollectiveError, match="did not meet"):  # unusable from then on
         comm.errors.poll()
+
+
+class _Loads:
+    """A communicator's kernel cache that records its loads in ``events`` (keys stand for kernels)."""
+
+    def __init__(self, events: list) -> None:
+        self.events, self.held = events, set()
+
+    def has(self, key: str, target: str) -> bool:
+        return key in self.held
+
+    def get(self, key: str, target: str, device: int) -> str:
+        if key not in self.held:
+            self.held.add(key)
+            self.events.append(f"load {key}")
+        return key
+
+
+@pytest.mark.parametrize("sharing", [False, True])
+def test_ranks_sharing_a_gpu_meet_before_a_kernel_new_to_them_is_loaded(monkeypatch, sharing: bool) -> None:
+    """A load waits for every kernel on the GPU and holds other ranks' launches: where ranks share
+    it, they meet first, once per new key set (the all-to-all's two variants together)."""
+    from collectives.runtime import communicator as module
+
+    monkeypatch.setattr(module, "compile_target", lambda device: "sm_90a")
+    events: list = []
+    meeting = _Meeting()
+    meeting.device = 0
+    meeting.agree_bounded = lambda what, values, timeout_s: events.append(f"meet {values}")
+    comm = _sharing(sharing, meeting)
+    comm.kernels = _Loads(events)
+    assert comm.kernel_together("a2a direct", "a2a staged") == "a2a direct"
+    assert comm.kernel_together("a2a staged", "a2a direct") == "a2a staged"  # both loaded: no meeting
+    assert comm.kernel_together("combine") == "combine"
+    assert comm.kernel_together("combine") == "combine"
+    if sharing:
+        assert events == ["meet [1]", "load a2a staged", "load a2a direct", "meet [0]", "load combine"]
+    else:
+        assert events == ["load a2a direct", "load a2a staged", "load combine"]
