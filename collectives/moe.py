@@ -18,8 +18,8 @@ routings.  The device work is two all-to-alls per dispatch (the per-expert count
 rows; a combine: the rows), whose rows land directly in receive buffers of symmetric memory
 (allocated by the first call of each shape: make it eagerly before a capture), and index
 arithmetic in torch (a stable sort of the ``(token, k)`` entries by expert, prefix sums, one row
-gather or scatter on each side; with ``COLLECTIVES_MOE_FUSED=1``, the dispatch's placement of the
-received rows and the combine's weighted sum run as one kernel each:
+gather or scatter on each side; the dispatch's placement of the received rows and the combine's
+weighted sum run as one kernel each, unless ``COLLECTIVES_MOE_FUSED=0``:
 :mod:`collectives.runtime.moe_kernels`).  Entries whose expert id is out of range, and rows past an
 expert's capacity (possible only when a token names one expert twice), are dropped and counted
 (``handle.dropped``, on the GPU; ``validate=True`` checks the ids on the host first and raises);
@@ -292,9 +292,8 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     most tokens any rank dispatches (default: this rank's count; the same on every rank).
     ``fp8``: the rows travel and arrive as float8_e4m3fn with a scale per token
     (:func:`quantize`; ``handle.scales``; not inside torch.compile).  With
-    ``COLLECTIVES_MOE_FUSED=1``, one kernel places the received rows
-    (:mod:`collectives.runtime.moe_kernels`): not yet run on a GPU, so off by default.  Returns
-    ``(expert_x, counts, handle)``."""
+    one kernel places the received rows (:mod:`collectives.runtime.moe_kernels`; torch steps with
+    ``COLLECTIVES_MOE_FUSED=0``).  Returns ``(expert_x, counts, handle)``."""
     from . import api
     from .runtime.communicator import communicator, traceable
 
@@ -318,9 +317,9 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
 def combine(expert_out: torch.Tensor, handle: Handle, *, group: Any = None) -> torch.Tensor:
     """Each dispatched token's weighted sum of its experts' rows of ``expert_out`` ([L, W *
     max_tokens, hidden] in low-latency mode, the packed [sum(counts), hidden] in throughput
-    mode), in its original order and dtype.  With ``COLLECTIVES_MOE_FUSED=1``, one kernel sums
-    (:mod:`collectives.runtime.moe_kernels`; f32, f16 and bf16 rows, top-k up to 16): not yet run
-    on a GPU, so off by default."""
+    mode), in its original order and dtype.  One kernel sums f32, f16 and bf16 rows of top-k up to
+    16 (:mod:`collectives.runtime.moe_kernels`; torch steps with ``COLLECTIVES_MOE_FUSED=0`` and
+    for other rows)."""
     from . import api
 
     if torch.compiler.is_compiling():

@@ -2,10 +2,12 @@
 (:mod:`collectives.algorithms.moe_place`) and the combine's weighted sum
 (:mod:`collectives.algorithms.moe_combine`): which calls they take, and their launches.
 
-Off unless ``COLLECTIVES_MOE_FUSED=1`` (read at import; :data:`FUSED`): both kernels compile
-and their PTX is checked on the CPU, the placement's source runs in the CPU simulation of the
-device (``tests/collectives/device/test_moe_place_source.py``), but neither has run on a GPU
-yet, so the torch steps they replace stay the default.  Each is compiled and loaded when a
+On unless ``COLLECTIVES_MOE_FUSED=0`` (read at import; :data:`FUSED`), which brings back the
+torch steps they replace (:func:`collectives.moe.place_rows`, the combine's ``3 * topk``
+operations).  Both kernels give the torch steps' bits: checked on one H100 in worlds of 2, 3, 5
+and 8 ranks and under ``torchrun`` on 2 x H100 (``tests/collectives/gpu/ranks/test_moe.py``),
+their PTX on the CPU, the placement's source in the CPU simulation of the device
+(``tests/collectives/device/test_moe_place_source.py``).  Each is compiled and loaded when a
 dispatch or combine starts, before its all-to-alls (a load waits for the GPU's running kernels:
 :func:`collectives.runtime.kernels.load`), once ranks sharing the GPU have met
 (:meth:`~collectives.runtime.communicator.Communicator.kernel_together`).
@@ -25,8 +27,8 @@ from ..dtypes import DTYPES, from_torch
 from ..errors import CollectiveError
 
 #: Whether :func:`collectives.moe.dispatch` and :func:`~collectives.moe.combine` run the kernels
-#: (``COLLECTIVES_MOE_FUSED=1``).
-FUSED = os.environ.get("COLLECTIVES_MOE_FUSED", "0") == "1"
+#: (unless ``COLLECTIVES_MOE_FUSED=0``).
+FUSED = os.environ.get("COLLECTIVES_MOE_FUSED", "1") != "0"
 
 _TORCH_ROUNDED = tuple(DTYPES[name].torch for name in DTYPES_ROUNDED)
 

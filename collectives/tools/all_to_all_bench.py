@@ -15,8 +15,9 @@ Part 1, ``all_to_all``: every rank sends ``tokens`` rows of ``hidden`` bf16 to e
 ours into a plain output (through the staging buffer, where it fits) and into a symmetric one
 (direct).
 Part 2, MoE: ``tokens`` per rank routed to ``--topk`` of ``--experts`` experts (uniformly at
-random, distinct per token); ``collectives.moe.dispatch`` and ``combine`` (low latency; both
-again with their local steps in one kernel each, *fused*: ``collectives.runtime.moe_kernels``)
+random, distinct per token); ``collectives.moe.dispatch`` and ``combine`` (low latency; their local
+steps in torch, as with ``COLLECTIVES_MOE_FUSED=0``, then in one kernel each, *fused*, the
+default: ``collectives.runtime.moe_kernels``)
 against the same layer built on NCCL (a sort by expert, ``all_to_all_single`` of the counts and
 of the rows, and back).  Times are the slowest rank's, best of 3
 (:func:`collectives.tools.bench.time_op`), eager launches and CUDA-graph replays; rank 0 prints
@@ -180,6 +181,7 @@ def main(argv: list[str] | None = None) -> None:
             def dispatch():
                 state["d"] = moe.dispatch(x, ids, weights, args.experts, max_tokens=tokens)
 
+            moe_kernels.FUSED = False  # the local steps in torch (COLLECTIVES_MOE_FUSED=0)
             dispatch_us = time_op(dispatch, iters, mode == "graph")
             expert_x, _, handle = state["d"]
             combine_us = time_op(lambda: moe.combine(expert_x, handle), iters, mode == "graph")

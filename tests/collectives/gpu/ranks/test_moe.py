@@ -143,14 +143,18 @@ FUSED_CHECKS = [check_routings, check_graph_replays_with_new_routings, check_fp8
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
-def test_moe(comm, check) -> None:  # noqa: F811  (the fixture)
+def test_moe(comm, check, monkeypatch) -> None:  # noqa: F811  (the fixture)
+    """The checks with the local steps in torch (``COLLECTIVES_MOE_FUSED=0``)."""
+    from collectives.runtime import moe_kernels
+
+    monkeypatch.setattr(moe_kernels, "FUSED", False)
     check(comm.rank, comm.world, None)
 
 
 @pytest.mark.parametrize("check", FUSED_CHECKS, ids=lambda c: c.__name__)
 def test_moe_with_fused_kernels(comm, check, monkeypatch) -> None:  # noqa: F811  (the fixture)
     """The same checks with the dispatch's placement and the combine's weighted sum in one
-    kernel each (``COLLECTIVES_MOE_FUSED=1``, collectives.runtime.moe_kernels): the same bits."""
+    kernel each (the default: collectives.runtime.moe_kernels): the same bits."""
     from collectives.runtime import moe_kernels
 
     monkeypatch.setattr(moe_kernels, "FUSED", True)
