@@ -117,8 +117,9 @@ def load(key: KernelKey | str, target: str, device: int) -> None:
     until that kernel's timeout.  Done here instead, when a call is planned, before this rank
     launches it.  In a world that is not enough where this rank's earlier kernels still wait
     for another rank's launch, which CUDA holds behind the load: there every rank meets first
-    (:meth:`~collectives.runtime.communicator.Communicator.kernel_together`).  The first call goes into a capture on a private stream that is ended and
-    destroyed at once: recorded, never instantiated, never run."""
+    (:meth:`~collectives.runtime.communicator.Communicator.kernel_together`).  The first call
+    goes into a capture on a private stream that is ended and destroyed at once: recorded,
+    never instantiated, never run."""
     if (key, target, device) in _LOADED:
         return
     kernel, fn = compiled(key, target)
