@@ -2,7 +2,7 @@
 multigpu tests as rank threads on one GPU where ``COLLECTIVES_TEST_WORLD=W`` asks for a world
 (tests/support/world_support.py); ``--shard I/N`` keeps every N-th collected test from the I-th
 on (``.ci/gpu``'s ``SHARD``: a group that outgrows one device call runs in N calls); fail a run
-that leaves a PTX or cubin file in the repository root."""
+that leaves a PTX or cubin file in the repository root; name each failure the moment it happens."""
 
 from __future__ import annotations
 
@@ -105,3 +105,41 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             reporter.ensure_newline()
             reporter.write_line(f"tests left files in the repository root (compile with a DumpDir): {left}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def failure_line(report: pytest.TestReport) -> str | None:
+    """The line that names a failed test phase and the first line of its error (None for any
+    other report)."""
+    if not report.failed:
+        return None
+    crash = getattr(report.longrepr, "reprcrash", None)
+    message = crash.message.splitlines()[0] if crash is not None and crash.message else ""
+    return f"FAILED {report.nodeid} ({report.when}): {message}".rstrip(": ")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Print a failure's node id at once, not only in the summary: a run stopped by a time bound
+    (a device call's, ``.ci/gpu``'s) ends before the summary, and a one-GPU world run at W = 8
+    lost the name of its one failure that way."""
+    line = failure_line(report)
+    reporter = _reporter()
+    if line is not None and reporter is not None:
+        reporter.write("\n")  # (after the progress letter this report printed)
+        reporter.write_line(line, red=True)
+
+
+#: This process's pytest config (the terminal reporter is looked up when a report arrives: it
+#: registers after this file's pytest_configure).
+_CONFIG: list[pytest.Config] = []
+
+
+def _reporter():
+    """The terminal reporter, None in an xdist worker (its controller prints) or before configure."""
+    if not _CONFIG or hasattr(_CONFIG[0], "workerinput"):
+        return None
+    return _CONFIG[0].pluginmanager.get_plugin("terminalreporter")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _CONFIG[:] = [config]
