@@ -178,10 +178,13 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     local = num_experts // world
     capacity = world * max_tokens  # rows per local expert: each source sends it each token once
     flat = topk_ids.reshape(-1).to(torch.int64)
-    valid = (flat >= 0) & (flat < num_experts)
-    expert = torch.where(valid, flat, num_experts)  # out of range: a bin past the last rank's
+    # An id out of range goes to a bin past the last rank's (below 0: clamped to -1, which the
+    # remainder maps there).
+    expert = flat.clamp(-1, num_experts).remainder(num_experts + 1)
+    valid = expert < num_experts
     order = torch.sort(expert, stable=True).indices  # by expert, then (token, k): by rank too
-    per_expert = _scatter_count(expert, num_experts + 1)[:num_experts]
+    bins = _scatter_count(expert, num_experts + 1)
+    per_expert = bins[:num_experts]
     send_splits = per_expert.view(world, local).sum(1)
     source, wire = x, x.dtype  # the rows (fp8: as bytes, which torch indexes) and the dtype they travel as
     if fp8:  # each row travels as hidden fp8 bytes, then its scale's 4 bytes
@@ -211,7 +214,7 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     rows_out = total if exact else local * capacity
     expert_x, place, kept, expert_counts, lost = (placement or place_rows)(counts, received, rows_out, capacity,
                                                                            exact)
-    dropped = (~valid).sum() + lost
+    dropped = bins[num_experts] + lost  # the ids out of range, the rows past a capacity
     handle = Handle(order, valid, topk_weights, send_splits, recv_splits, place, kept, tokens, topk, dropped,
                     most=most)
     expert_x = expert_x[:-1] if exact else expert_x[:-1].view(local, capacity, width)
@@ -265,7 +268,7 @@ def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, e
         back = flat.index_select(0, h.place.clamp(max=flat.shape[0] - 1))
     else:  # nothing was received: every row sent back is a zero
         back = flat.new_zeros((h.place.shape[0], hidden))
-    back = torch.where(h.kept[:, None], back, torch.zeros((), dtype=back.dtype, device=back.device))
+    back = torch.where(h.kept[:, None], back, 0)
     entries = empty("combine", (most, hidden), expert_out.dtype, expert_out.device)[:h.tokens * h.topk]
     if weighted_sum is None:  # the torch steps read every entry: the unsent ones as zeros
         entries.zero_()

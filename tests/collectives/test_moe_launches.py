@@ -21,9 +21,10 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from collectives import moe  # noqa: E402
 from collectives.runtime import moe_kernels  # noqa: E402
 
-#: Operators that launch nothing on a GPU.
+#: Operators that launch nothing on a GPU (``scalar_tensor``: a Python number, such as
+#: ``torch.where``'s 0, wrapped in a 0-dim tensor on the host).
 FREE = {"view", "slice", "detach", "unsqueeze", "select", "alias", "expand", "reshape", "as_strided", "empty",
-        "empty_like", "_reshape_alias"}
+        "empty_like", "_reshape_alias", "scalar_tensor"}
 
 
 class Launches(TorchDispatchMode):
@@ -61,9 +62,10 @@ def launches(fused: bool, monkeypatch) -> tuple[int, int]:
         expert_x, _, _ = moe.dispatch_with(counter.note, 2, x, ids, w, experts, tokens,
                                            placement_for=functools.partial(moe_kernels.placement, comm))
     dispatch = counter.count
+    expert_out = torch.zeros_like(expert_x)
     counter.count = 0
     with counter:
-        moe.combine_with(counter.note, torch.zeros_like(expert_x), handle, weighted_sum=weighted_sum)
+        moe.combine_with(counter.note, expert_out, handle, weighted_sum=weighted_sum)
     return dispatch, counter.count
 
 
@@ -71,5 +73,5 @@ def test_the_fused_kernels_cut_the_launches_around_our_all_to_alls(monkeypatch) 
     torch_steps = launches(False, monkeypatch)
     fused = launches(True, monkeypatch)
     print(f"\nlaunches per call (dispatch, combine): torch steps {torch_steps}, fused kernels {fused}")
-    assert fused[0] <= 19 and fused[1] <= 11, fused
+    assert fused[0] <= 15 and fused[1] <= 8, fused
     assert 2 * fused[0] < torch_steps[0] and 3 * fused[1] < torch_steps[1], (torch_steps, fused)

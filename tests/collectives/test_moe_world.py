@@ -69,8 +69,8 @@ def routing(world: int, experts: int, topk: int, tokens: list, seed: int, hidden
         ids.append(torch.stack([torch.randperm(experts, generator=gen)[:topk] for _ in range(tokens[r])])
                    if tokens[r] else torch.empty((0, topk), dtype=torch.int64))
         ws.append(torch.rand((tokens[r], topk), generator=gen))
-    if bad:  # out-of-range ids on rank 0, with weights that must not reach any output
-        ids[0].view(-1)[:bad] = experts + 3
+    if bad:  # out-of-range ids on rank 0 (above and below), with weights that must not reach any output
+        ids[0].view(-1)[:bad] = torch.tensor([experts + 3, -1, experts, -9]).repeat(bad)[:bad]
         ws[0].view(-1)[:bad] = float("nan")
     return xs, ids, ws
 
