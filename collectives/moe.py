@@ -294,8 +294,8 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     ``"low_latency"`` or ``"throughput"`` (see the module).  ``max_tokens`` (low latency): the
     most tokens any rank dispatches (default: this rank's count; the same on every rank).
     ``fp8``: the rows travel and arrive as float8_e4m3fn with a scale per token
-    (:func:`quantize`; ``handle.scales``; not inside torch.compile).  With
-    one kernel places the received rows (:mod:`collectives.runtime.moe_kernels`; torch steps with
+    (:func:`quantize`; ``handle.scales``; not inside torch.compile).  One kernel places the
+    received rows (:mod:`collectives.runtime.moe_kernels`; torch steps with
     ``COLLECTIVES_MOE_FUSED=0``).  Returns ``(expert_x, counts, handle)``."""
     from . import api
     from .runtime.communicator import communicator, traceable
