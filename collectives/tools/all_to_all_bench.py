@@ -118,6 +118,42 @@ def nccl_combine(y, handle, tokens, topk, weights):
     return (entries.float() * weights[..., None]).sum(1).to(y.dtype)
 
 
+def time_layer(dispatch, combine, iters: int, graph: bool) -> tuple[float, float]:
+    """(us per ``dispatch()``, us per ``combine(r)`` of the last dispatch's result ``r``)."""
+    state = {}
+
+    def run() -> None:
+        state["d"] = dispatch()
+
+    dispatch_us = time_op(run, iters, graph)
+    result = state["d"]
+    return dispatch_us, time_op(lambda: combine(result), iters, graph)
+
+
+def time_ours(dispatch, iters: int, graph: bool) -> list[float]:
+    """[dispatch, combine] us of ``dispatch()`` (a ``collectives.moe.dispatch`` call) and its
+    combine, with the local steps in torch (``COLLECTIVES_MOE_FUSED=0``), then in one kernel
+    each (the default)."""
+    from collectives import moe
+    from collectives.runtime import moe_kernels
+
+    default, us = moe_kernels.FUSED, []
+    try:
+        for fused in (False, True):
+            moe_kernels.FUSED = fused
+            us += time_layer(dispatch, lambda d: moe.combine(d[0], d[2]), iters, graph)
+    finally:
+        moe_kernels.FUSED = default
+    return us
+
+
+def time_nccl(x, ids, weights, experts: int, world: int, iters: int) -> tuple[float, float]:
+    """(dispatch, combine) us of the same layer on NCCL (eager: it syncs the host)."""
+    tokens, topk = ids.shape
+    return time_layer(lambda: nccl_dispatch(x, ids, experts, world),
+                      lambda d: nccl_combine(d[0], d[1], tokens, topk, weights), iters, False)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m collectives.tools.all_to_all_bench", description=__doc__)
     parser.add_argument("--hidden", type=int, default=7168)
@@ -134,7 +170,6 @@ def main(argv: list[str] | None = None) -> None:
 
     import collectives
     from collectives import moe
-    from collectives.runtime import moe_kernels
     from collectives.runtime.all_to_all import STAGING_BYTES
     from collectives.runtime.communicator import communicator
 
@@ -169,7 +204,6 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{'mode':6} {'tokens':>6} {'nccl dispatch':>14} {'nccl combine':>13} {'dispatch':>9} {'combine':>8} "
               f"{'fused dispatch':>15} {'fused combine':>14}")
     gen = torch.Generator(device="cuda").manual_seed(rank)
-    fused_default = moe_kernels.FUSED
     for mode in modes:
         for tokens in [t for t in sizes if t <= 512]:
             x = torch.randn((tokens, hidden), device="cuda", generator=gen).to(dtype)
@@ -178,33 +212,15 @@ def main(argv: list[str] | None = None) -> None:
             # Eager rows of 20 calls moved by 100-200 us from size to size (2 x H100); a graph
             # holds every captured call's buffers (a dispatch at 512 tokens: 1.9 GB), so 20 there.
             iters = 20 if mode == "graph" else 100
-            state = {}
-
-            def dispatch():
-                state["d"] = moe.dispatch(x, ids, weights, args.experts, max_tokens=tokens)
-
-            moe_kernels.FUSED = False  # the local steps in torch (COLLECTIVES_MOE_FUSED=0)
-            dispatch_us = time_op(dispatch, iters, mode == "graph")
-            expert_x, _, handle = state["d"]
-            combine_us = time_op(lambda: moe.combine(expert_x, handle), iters, mode == "graph")
-            moe_kernels.FUSED = True  # the same calls, their local steps in one kernel each
-            fused_dispatch_us = time_op(dispatch, iters, mode == "graph")
-            expert_x, _, handle = state["d"]
-            fused_combine_us = time_op(lambda: moe.combine(expert_x, handle), iters, mode == "graph")
-            moe_kernels.FUSED = fused_default
+            us = time_ours(lambda: moe.dispatch(x, ids, weights, args.experts, max_tokens=tokens), iters,
+                           mode == "graph")
             nccl = ["", ""]
             if mode == "eager":
-                def nccl_d():
-                    state["n"] = nccl_dispatch(x, ids, args.experts, world)
-
-                nccl_us = time_op(nccl_d, iters, False)
-                rows, h = state["n"]
-                nccl = [f"{nccl_us:14.1f}",
-                        f"{time_op(lambda: nccl_combine(rows, h, tokens, args.topk, weights), iters, False):13.1f}"]
+                nccl = [f"{t:.1f}" for t in time_nccl(x, ids, weights, args.experts, world, iters)]
             collectives.synchronize()
             if rank == 0:
-                print(f"{mode:6} {tokens:>6} {nccl[0]:>14} {nccl[1]:>13} {dispatch_us:9.1f} {combine_us:8.1f} "
-                      f"{fused_dispatch_us:15.1f} {fused_combine_us:14.1f}", flush=True)
+                print(f"{mode:6} {tokens:>6} {nccl[0]:>14} {nccl[1]:>13} {us[0]:9.1f} {us[1]:8.1f} "
+                      f"{us[2]:15.1f} {us[3]:14.1f}", flush=True)
     throughput = [t for t in sizes if t > 512]
     if throughput and rank == 0:
         print("MoE throughput mode (exact sizes; eager: every call reads sizes back, as NCCL's does): us per call "
@@ -216,25 +232,8 @@ def main(argv: list[str] | None = None) -> None:
         ids = torch.argsort(torch.rand((tokens, args.experts), device="cuda", generator=gen), 1)[:, :args.topk]
         weights = torch.rand((tokens, args.topk), device="cuda", generator=gen)
         sent = tokens * args.topk * (world - 1) // world * hidden * 2  # rows to other ranks, on average
-        state = {}
-        us = []
-        for fused in (False, True):
-            moe_kernels.FUSED = fused
-
-            def dispatch():
-                state["d"] = moe.dispatch(x, ids, weights, args.experts, mode="throughput")
-
-            us.append(time_op(dispatch, 10, False))
-            expert_x, _, handle = state["d"]
-            us.append(time_op(lambda: moe.combine(expert_x, handle), 10, False))
-        moe_kernels.FUSED = fused_default
-
-        def nccl_d():
-            state["n"] = nccl_dispatch(x, ids, args.experts, world)
-
-        nccl_us = time_op(nccl_d, 10, False)
-        rows, h = state["n"]
-        nccl_combine_us = time_op(lambda: nccl_combine(rows, h, tokens, args.topk, weights), 10, False)
+        us = time_ours(lambda: moe.dispatch(x, ids, weights, args.experts, mode="throughput"), 10, False)
+        nccl_us, nccl_combine_us = time_nccl(x, ids, weights, args.experts, world, 10)
         collectives.synchronize()
         if rank == 0:
             print(f"{tokens:>6} {nccl_us:11.1f} ({sent / nccl_us / 1e3:5.0f}) {nccl_combine_us:13.1f} "
