@@ -15,11 +15,16 @@ aligned, else one-shot.
 
 Forward progress: the producer of every wait was queued (on the other stream) before the wait
 itself, and a spinning wait holds one warp of one SM, so the producer always has the rest of
-the GPU.  Where ranks share a GPU (a one-GPU world), a GEMM's first call for a shape can
-block its host thread until every kernel on the GPU ends (cuBLAS loading kernels), other
-ranks' spinning collectives included: each call's ranks meet on the host
-(:meth:`~collectives.runtime.communicator.Communicator.meet_ranks_on_device`) after the GEMMs
-that precede its collectives and before those are launched.
+the GPU.  Where ranks share a GPU (a one-GPU world), a GEMM's first call for a shape or dtype
+can block its host thread until every kernel on the GPU ends (cuBLAS loading kernels), other
+ranks' spinning collectives included, and CUDA holds the other ranks' launches behind that
+load.  So the ranks meet on the host
+(:meth:`~collectives.runtime.communicator.Communicator.meet_ranks_on_device`) wherever a rank
+would otherwise run a GEMM while another rank may still have collectives to launch, or launch
+a collective while another may still be in a GEMM: before a call's first GEMM (the previous
+call's collectives are then launched on every rank), between the GEMMs and the collectives
+that follow them, and between ``all_gather_gemm``'s all-gathers and the GEMMs that wait for
+them.  Each meeting is a host agreement, made in a world only.
 
 Reuse: a call's side-stream work ends before the current stream passes the join, and the
 next call's side stream forks after the current stream's work of this call, so neither stream
@@ -142,6 +147,7 @@ def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None
     side = comm.stream_flags.side()
     side.wait_stream(main)
     slot = _FLAG_BASE["gemm_reduce_scatter"]
+    comm.meet_ranks_on_device("gemm_reduce_scatter: before the GEMMs (values: rows, N)", [rows, n])
     # Every owner's rows of a chunk in one batched GEMM (b broadcast: batch stride 0).
     owners, shared_b = a.view(world, m, a.shape[1]), b.expand(world, *b.shape)
     chunks = []
@@ -208,6 +214,7 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
     slot = _FLAG_BASE["all_gather_gemm"]
     # This rank's own rows first: they need no communication, and the GPU starts on them while
     # the host enqueues the gathers (the flags, not the host's order, order the rest).
+    comm.meet_ranks_on_device("all_gather_gemm: before the own rows' GEMM (values: rows, K)", [m, k])
     marks = _marks(timeline, "gemm", -1, main)
     torch.mm(a_shard, b, out=out[rank * m:(rank + 1) * m])
     _close(marks, main)
@@ -224,6 +231,7 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
             _close(marks, side)
             comm.stream_flags.post(slot + c)
             views.append(g)
+    comm.meet_ranks_on_device("all_gather_gemm: all-gathers launched (values: rows, K)", [m, k])
     for c, (r0, r1) in enumerate(bounds):
         comm.stream_flags.wait(slot + c)
         marks = _marks(timeline, "gemm", c, main)

@@ -143,10 +143,13 @@ class Communicator:
         """Where ranks share this GPU (a one-GPU world): every rank reaches here with the same
         ``values`` before any goes on, waiting on the host at most :attr:`timeout_s`
         (:meth:`~collectives.symmetric.context.Context.agree_bounded`); else nothing.  For host
-        calls that may wait for every kernel on the GPU, made before this rank launches a
-        collective that the other ranks' kernels would spin for: cuBLAS loads a GEMM's kernels
-        at its first call for a shape, and in a world of 4 ranks a rank blocked there while
-        the others' collectives waited for its next launch, until their timeout.  A rank that
+        calls that may wait for every kernel on the GPU and hold the other ranks' launches
+        (cuBLAS loads a GEMM's kernels at its first call for a shape or dtype): meet before
+        such a call, so that every collective already on the GPU has all its ranks launched,
+        and after it, before launching a collective that the other ranks' kernels would spin
+        for.  In a world of 4 ranks a rank blocked in cuBLAS while the others' collectives
+        waited for its next launch, until their timeout; at 5, a rank in cuBLAS held back a
+        slower rank's last reduce-scatter that its own spun for.  A rank that
         does not come, or comes with other values, fails the communicator (as
         :meth:`agree_growth`)."""
         if self.residency is not None:

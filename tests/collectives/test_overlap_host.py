@@ -208,3 +208,53 @@ def test_ranks_sharing_a_gpu_meet_before_a_kernel_new_to_them_is_loaded(monkeypa
         assert events == ["meet [1]", "load a2a staged", "load a2a direct", "meet [0]", "load combine"]
     else:
         assert events == ["load a2a direct", "load a2a staged", "load combine"]
+
+
+class _Recorder:
+    """A GEMM-overlap call's host steps, in order: ``gemm`` (cuBLAS), ``launch`` (a collective),
+    ``meet`` (the ranks sharing the GPU meet on the host)."""
+
+    def __init__(self, monkeypatch, world: int, rank: int) -> None:
+        import types
+
+        import collectives.api
+
+        self.events: list[str] = []
+        stream = types.SimpleNamespace(wait_stream=lambda other: None)
+        flags = types.SimpleNamespace(side=lambda: stream, post=lambda slot: None, wait=lambda slot: None)
+        self.comm = types.SimpleNamespace(
+            world=world, rank=rank, stream_flags=flags,
+            staging=lambda nbytes, slot: torch.empty(nbytes, dtype=torch.uint8),
+            meet_ranks_on_device=lambda what, values: self.events.append("meet"))
+        monkeypatch.setattr(overlap, "_check", lambda name, comm, a, b: (a.shape[0], a.shape[1], b.shape[1]))
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
+        monkeypatch.setattr(torch.cuda, "stream", lambda s: __import__("contextlib").nullcontext())
+        for gemm in ("mm", "bmm"):
+            monkeypatch.setattr(torch, gemm, lambda *args, out: self.events.append("gemm"))
+        for collective in ("reduce_scatter", "all_gather"):
+            monkeypatch.setattr(collectives.api, collective, lambda *args, **kwargs: self.events.append("launch"))
+
+
+@pytest.mark.parametrize("chunks", [1, 4])
+def test_no_rank_runs_a_gemm_while_another_may_still_launch_a_collective(monkeypatch, chunks: int) -> None:
+    """cuBLAS may load kernels at a GEMM (a load waits for every kernel on the GPU and holds the
+    other ranks' launches), so where ranks share a GPU a meeting separates every GEMM from the
+    collectives launched before it, the previous call's included, and every launch from the GEMMs
+    enqueued before it (world_gather 5 on an H200 timed out in the f16 all_gather_gemm after a
+    gemm_reduce_scatter, whose last reduce-scatters some ranks had not launched yet)."""
+    monkeypatch.setattr(overlap, "CHUNKS", chunks)
+    rec = _Recorder(monkeypatch, world=3, rank=1)
+    a, b = torch.zeros(3 * 8, 16, dtype=torch.float16), torch.zeros(16, 32, dtype=torch.float16)
+    overlap._gemm_reduce_scatter_on(rec.comm, a, b, None, None)
+    overlap._all_gather_gemm_on(rec.comm, a[:8], b, None, None)
+    overlap._gemm_reduce_scatter_on(rec.comm, a, b, None, None)
+    assert rec.events.count("launch") == 3 * chunks and rec.events.count("gemm") == 2 * chunks + 1 + 2 * chunks
+    since_meeting: set[str] | None = None  # the steps since the last meeting (None: none yet)
+    for at, event in enumerate(rec.events):
+        assert event == "meet" or since_meeting is not None, f"step {at}: a {event} before any meeting"
+        if event == "meet":
+            since_meeting = set()
+            continue
+        other = {"gemm": "launch", "launch": "gemm"}[event]
+        assert other not in since_meeting, f"step {at}: a {event} after a {other} with no meeting between: {rec.events}"
+        since_meeting.add(event)
