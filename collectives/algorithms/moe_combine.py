@@ -34,7 +34,7 @@ from ..device.kernel_args import Arg, KernelArgs, Layout
 from ..device.launch import check_threads, launcher
 from ..device.signals import LOCAL, gmem
 
-#: Output dtypes the kernel rounds to as torch does (fp8: torch's conversion and PTX's
+#: Output dtypes the kernel rounds to as torch does (to float8, torch's conversion and PTX's
 #: saturating one differ; those combines stay in torch).
 DTYPES_ROUNDED = ("f32", "f16", "bf16")
 #: The largest top-k the kernel unrolls.

@@ -1,7 +1,7 @@
 """MoE dispatch and combine (collectives.moe) in a simulated world on the CPU: ``world`` threads,
 one per rank, whose all-to-alls meet at a barrier and move rows with the reference
-(:mod:`collectives.all_to_all_reference`), checked bit for bit against a reference MoE layer
-computed from every rank's routing at once."""
+(:mod:`collectives.all_to_all_reference`), checked bit for bit against the reference MoE layer
+(:mod:`collectives.moe_reference`)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 from collectives import moe  # noqa: E402
 from collectives.all_to_all_reference import all_to_all as reference_all_to_all  # noqa: E402
 from collectives.errors import CollectiveError  # noqa: E402
+from collectives.moe_reference import expert_fn, reference, routing  # noqa: E402
 
 
 class World:
@@ -59,54 +60,6 @@ class World:
         if errors:
             raise errors[0]
         return results
-
-
-def routing(world: int, experts: int, topk: int, tokens: list, seed: int, hidden: int, dtype, bad: int = 0):
-    gen = torch.Generator().manual_seed(seed)
-    xs, ids, ws = [], [], []
-    for r in range(world):
-        xs.append(torch.randn((tokens[r], hidden), generator=gen).to(dtype))
-        ids.append(torch.stack([torch.randperm(experts, generator=gen)[:topk] for _ in range(tokens[r])])
-                   if tokens[r] else torch.empty((0, topk), dtype=torch.int64))
-        ws.append(torch.rand((tokens[r], topk), generator=gen))
-    if bad:  # out-of-range ids on rank 0 (above and below), with weights that must not reach any output
-        ids[0].view(-1)[:bad] = torch.tensor([experts + 3, -1, experts, -9]).repeat(bad)[:bad]
-        ws[0].view(-1)[:bad] = float("nan")
-    return xs, ids, ws
-
-
-def expert_fn(x: torch.Tensor, expert: int) -> torch.Tensor:
-    """An expert that tells experts apart: an exact power-of-two scale."""
-    return x * float(2 ** (expert % 3 + 1))
-
-
-def reference(world, experts, xs, ids, ws):
-    """Every rank's expert rows per local expert, and every token's combined output."""
-    per_expert = []
-    for e in range(experts):  # rank r's local expert l is expert r * local + l
-        # Each source's rows for e in (token, k) order, picked by the bits of its dtype.
-        rows = [_bits(xs[s])[torch.nonzero(ids[s].reshape(-1) == e).flatten() // ids[s].shape[1]]
-                for s in range(world)]
-        per_expert.append(torch.cat(rows).view(xs[0].dtype))
-    outs = []
-    for s in range(world):
-        tokens, topk = ids[s].shape
-        total = torch.zeros((tokens, xs[s].shape[1]), dtype=torch.float32)
-        for k in range(topk):
-            e = ids[s][:, k]
-            valid = (e >= 0) & (e < experts)
-            scale = torch.pow(2.0, (e % 3 + 1).float()).to(xs[s].dtype)  # expert_fn's, exact
-            y = torch.where(valid[:, None], xs[s] * scale[:, None], torch.zeros((), dtype=xs[s].dtype))
-            w = torch.where(valid, ws[s][:, k], 0).float()
-            term = y.float() * w[:, None]
-            total = term if k == 0 else total + term
-        outs.append(total.to(xs[s].dtype))
-    return per_expert, outs
-
-
-def _bits(x: torch.Tensor) -> torch.Tensor:
-    """``x`` viewed as integers of its width (indexing works for every dtype)."""
-    return x.view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[x.element_size()])
 
 
 def kernel_sum(entries, slots, valid, weights, tokens, topk):
