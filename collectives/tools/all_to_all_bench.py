@@ -23,7 +23,10 @@ of the rows, and back).  Times are the slowest rank's, best of 3 runs of 100 eag
 of a CUDA graph of 20 (:func:`collectives.tools.bench.time_op`); rank 0 prints
 the device, then one row per size: us per call, and GB/s of the bytes each rank sends to other
 ranks.  Part 3, at the ``tokens`` above 512: the MoE layer in throughput mode (exact sizes,
-eager), against the same NCCL layer.  NVLink multicast stays off.
+eager), against the same NCCL layer.  ``--fp8`` adds part 4: the low-latency dispatch with
+fp8 rows (``fp8=True``: e4m3 and a scale per token, the rows the published pplx-kernels figures
+send), eager and in graphs, torch steps and fused, against the bf16 dispatch's fused time
+measured in the same part.  NVLink multicast stays off.
 """
 
 from __future__ import annotations
@@ -147,6 +150,21 @@ def time_ours(dispatch, iters: int, graph: bool) -> list[float]:
     return us
 
 
+def time_dispatches(dispatches: dict, iters: int, graph: bool) -> list[float]:
+    """us per call of each of ``dispatches`` (name -> ``collectives.moe.dispatch`` call), each
+    with the local steps in torch (``COLLECTIVES_MOE_FUSED=0``), then fused (the default)."""
+    from collectives.runtime import moe_kernels
+
+    default, us = moe_kernels.FUSED, []
+    try:
+        for fused in (False, True):
+            moe_kernels.FUSED = fused
+            us += [time_op(dispatch, iters, graph) for dispatch in dispatches.values()]
+    finally:
+        moe_kernels.FUSED = default
+    return us
+
+
 def time_nccl(x, ids, weights, experts: int, world: int, iters: int) -> tuple[float, float]:
     """(dispatch, combine) us of the same layer on NCCL (eager: it syncs the host)."""
     tokens, topk = ids.shape
@@ -162,6 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", default=",".join(str(t) for t in TOKENS))
     parser.add_argument("--no-graph", action="store_true")
     parser.add_argument("--symm-mem", action="store_true", help="time torch.ops.symm_mem.all_to_all_vdev instead")
+    parser.add_argument("--fp8", action="store_true", help="also time the dispatch with fp8 rows (part 4)")
     args = parser.parse_args(argv)
     if args.symm_mem:
         symm_mem_all_to_all([int(t) for t in args.tokens.split(",")], args.hidden,
@@ -238,9 +257,34 @@ def main(argv: list[str] | None = None) -> None:
         if rank == 0:
             print(f"{tokens:>6} {nccl_us:11.1f} ({sent / nccl_us / 1e3:5.0f}) {nccl_combine_us:13.1f} "
                   f"{us[0]:8.1f} ({sent / us[0] / 1e3:5.0f}) {us[1]:8.1f} {us[2]:15.1f} {us[3]:14.1f}", flush=True)
+    if args.fp8:
+        fp8_dispatch(args, modes, [t for t in sizes if t <= 512], gen)
     torch.cuda.synchronize()
     dist.barrier()
     collectives.current().close()
+
+
+def fp8_dispatch(args: argparse.Namespace, modes: list[str], sizes: list[int], gen: torch.Generator) -> None:
+    """Part 4: the low-latency dispatch of bf16 rows and of fp8 rows, torch steps then fused."""
+    import collectives
+    from collectives import moe
+
+    rank = dist.get_rank()
+    if rank == 0:
+        print(f"MoE dispatch with fp8 rows (e4m3, a scale per token), top-{args.topk} of {args.experts} experts: "
+              "us per call")
+        print(f"{'mode':6} {'tokens':>6} {'bf16':>9} {'fp8':>9} {'fused bf16':>11} {'fused fp8':>10}")
+    for mode in modes:
+        for tokens in sizes:
+            x = torch.randn((tokens, args.hidden), device="cuda", generator=gen).to(torch.bfloat16)
+            ids = torch.argsort(torch.rand((tokens, args.experts), device="cuda", generator=gen), 1)[:, :args.topk]
+            weights = torch.rand((tokens, args.topk), device="cuda", generator=gen)
+            calls = {fp8: (lambda fp8=fp8: moe.dispatch(x, ids, weights, args.experts, max_tokens=tokens, fp8=fp8))
+                     for fp8 in (False, True)}
+            us = time_dispatches(calls, 20 if mode == "graph" else 100, mode == "graph")
+            collectives.synchronize()
+            if rank == 0:
+                print(f"{mode:6} {tokens:>6} {us[0]:9.1f} {us[1]:9.1f} {us[2]:11.1f} {us[3]:10.1f}", flush=True)
 
 
 if __name__ == "__main__":
