@@ -26,7 +26,9 @@ ranks.  Part 3, at the ``tokens`` above 512: the MoE layer in throughput mode (e
 eager), against the same NCCL layer.  ``--fp8`` adds part 4: the low-latency dispatch with
 fp8 rows (``fp8=True``: e4m3 and a scale per token, the rows the published pplx-kernels figures
 send), eager and in graphs, torch steps and fused, against the bf16 dispatch's fused time
-measured in the same part.  NVLink multicast stays off.
+measured in the same part.  ``--profile N`` runs only part 5: where an eager layer's time goes
+at ``N`` tokens per rank (host time to enqueue a dispatch and a combine against their time per
+call, and torch's profiler table of host time by operation, rank 0).  NVLink multicast stays off.
 """
 
 from __future__ import annotations
@@ -181,6 +183,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-graph", action="store_true")
     parser.add_argument("--symm-mem", action="store_true", help="time torch.ops.symm_mem.all_to_all_vdev instead")
     parser.add_argument("--fp8", action="store_true", help="also time the dispatch with fp8 rows (part 4)")
+    parser.add_argument("--profile", type=int, default=0, metavar="TOKENS",
+                        help="only part 5: the host time of an eager layer at TOKENS tokens per rank")
     args = parser.parse_args(argv)
     if args.symm_mem:
         symm_mem_all_to_all([int(t) for t in args.tokens.split(",")], args.hidden,
@@ -193,6 +197,10 @@ def main(argv: list[str] | None = None) -> None:
     from collectives.runtime.communicator import communicator
 
     comm = communicator()
+    if args.profile:
+        profile_layer(args, args.profile)
+        collectives.current().close()
+        return
     world, rank, hidden, dtype = comm.world, comm.rank, args.hidden, torch.bfloat16
     modes = ["eager"] if args.no_graph else ["eager", "graph"]
     sizes = [int(t) for t in args.tokens.split(",")]
@@ -285,6 +293,56 @@ def fp8_dispatch(args: argparse.Namespace, modes: list[str], sizes: list[int], g
             collectives.synchronize()
             if rank == 0:
                 print(f"{mode:6} {tokens:>6} {us[0]:9.1f} {us[1]:9.1f} {us[2]:11.1f} {us[3]:10.1f}", flush=True)
+
+
+
+def profile_layer(args: argparse.Namespace, tokens: int, calls: int = 50) -> None:
+    """Part 5: an eager low-latency layer (fused, the default) at ``tokens`` tokens per rank.
+    Rank 0 prints the host time of enqueueing ``calls`` dispatches, then ``calls`` combines,
+    with no wait between calls (where it exceeds the time per call, the host is what an eager
+    caller waits for), the time per call (:func:`~collectives.tools.bench.time_op`), and
+    torch's profiler table of host time by operation over 10 more layers."""
+    import time
+
+    import collectives
+    from collectives import moe
+    from torch.profiler import ProfilerActivity, profile
+
+    rank = dist.get_rank()
+    gen = torch.Generator(device="cuda").manual_seed(rank)
+    x = torch.randn((tokens, args.hidden), device="cuda", generator=gen).to(torch.bfloat16)
+    ids = torch.argsort(torch.rand((tokens, args.experts), device="cuda", generator=gen), 1)[:, :args.topk]
+    weights = torch.rand((tokens, args.topk), device="cuda", generator=gen)
+
+    def dispatch():
+        return moe.dispatch(x, ids, weights, args.experts, max_tokens=tokens)
+
+    d = dispatch()
+    moe.combine(d[0], d[2])
+    collectives.synchronize()
+    host = []
+    for step in (dispatch, lambda: moe.combine(d[0], d[2])):
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(calls):
+            step()
+        host.append((time.perf_counter() - start) / calls * 1e6)
+        collectives.synchronize()
+    per_call = [time_op(dispatch, calls, False), time_op(lambda: moe.combine(d[0], d[2]), calls, False)]
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(10):
+            e = dispatch()
+            moe.combine(e[0], e[2])
+        collectives.synchronize()
+    if rank == 0:
+        print(f"device: {torch.cuda.get_device_name()} x {dist.get_world_size()}; eager layer at {tokens} tokens, "
+              f"hidden {args.hidden}, top-{args.topk} of {args.experts} experts")
+        print(f"dispatch: host {host[0]:.1f} us to enqueue, {per_call[0]:.1f} us per call")
+        print(f"combine:  host {host[1]:.1f} us to enqueue, {per_call[1]:.1f} us per call")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+    collectives.synchronize()
+    dist.barrier()
 
 
 if __name__ == "__main__":
