@@ -26,7 +26,8 @@ waits are bounded by the communicators' timeout (``collective_timeout_s``).
 What differs from a job of one rank per GPU: all ranks' grids share one GPU, so each rank's
 kernels take only their share of it (:mod:`collectives.algorithms.residency`; a fixed grid that
 cannot fit raises :class:`~collectives.algorithms.residency.CoResidencyError`);
-there is no NVLink multicast (backends ``peer`` and ``multicast_emulated``); a rank must never
+there is no NVLink multicast (backends ``peer`` and ``multicast_emulated``); groups of ranks
+(tensor- and data-parallel) come from :func:`new_group`, not ``torch.distributed``; a rank must never
 synchronise the device (``torch.cuda.synchronize()`` waits for the other ranks' kernels, which
 may wait for this rank: use the stream, as :func:`collectives.synchronize` does), and captures a
 CUDA graph with :func:`capture` (``torch.cuda.graph`` synchronises the device).  Loading a CUDA
@@ -49,7 +50,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .errors import CollectiveError
@@ -57,12 +58,14 @@ from .runtime.driver_streams import create_stream
 from .symmetric.context import bound
 from .symmetric.loopback import LoopbackHeap, Meeting, ThreadAgreement, WorldError
 
-__all__ = ["ENVIRONMENT", "RankThreads", "World", "WorldError", "capture", "check_loading_mode", "require_environment",
-           "run_world"]
+__all__ = ["ENVIRONMENT", "Groups", "RankThreads", "World", "WorldError", "capture", "check_loading_mode",
+           "group_members", "new_group", "require_environment", "run_world"]
 
 #: The largest world: the kernels are compiled for 2..8 ranks.
 MAX_WORLD = 8
 _ABSENT = object()
+#: The world and rank of this thread, where it is a rank's (:func:`new_group`).
+_THREAD = threading.local()
 
 
 #: What CUDA must be told before it starts in a process that runs a world, and why.
@@ -215,6 +218,8 @@ class World:
         self.closed = False
         self.contexts: list[Any] = [None] * world_size
         self.communicators: list[Any] = [None] * world_size
+        #: The groups of the world's ranks (:func:`new_group`).
+        self.groups = Groups(self.meeting)
         self._streams = _Streams(device, world_size)
         check_loading_mode()
         self.threads = RankThreads(world_size, timeout_s, self.meeting, self._start)
@@ -234,27 +239,50 @@ class World:
 
         torch.cuda.set_device(self.device)
         torch.cuda.set_stream(self._streams.streams[rank])  # the thread's current stream, for all it runs
+        _THREAD.world, _THREAD.rank = self, rank
 
     def _open(self, rank: int) -> None:
         """In rank ``rank``'s thread: its context (bound as the thread's current one) and
         communicator."""
-        from .runtime.communicator import communicator
+        from .symmetric.context import bind_thread
+
+        ctx = self.contexts[rank] = self._context(rank, rank, self.size, self.meeting, self.table)
+        bind_thread(ctx)
+        self.communicators[rank] = self._communicator(rank, ctx)
+
+    def _context(self, rank: int, member: int, size: int, meeting: Meeting, table: dict) -> Any:
+        """Rank ``rank``'s context as member ``member`` of ``size`` ranks that agree through
+        ``meeting`` and allocate in ``table``: the world's, or a group's (every rank of the
+        world counts for the GPU's share)."""
         from .symmetric.capability import Capabilities
-        from .symmetric.context import Context, bind_thread
+        from .symmetric.context import Context
 
         stream = self._streams.streams[rank]
-        caps = Capabilities(device=self.device, world_size=self.size, multicast=False,
+        caps = Capabilities(device=self.device, world_size=size, multicast=False,
                             multicast_reason="a one-GPU world has no NVLink multicast", peer_access=True,
                             peer_reason=None, nvlink_mesh=True)
-        heap = LoopbackHeap(self.meeting, self.table, rank, self.device, lambda: stream)
-        ctx = self.contexts[rank] = Context(
-            heap=heap, group=None, rank=rank, world_size=self.size, device=self.device, caps=caps, backend="peer",
-            agreement=ThreadAgreement(self.meeting, rank), ranks_on_device=self.size)
-        bind_thread(ctx)
-        comm = self.communicators[rank] = communicator()
+        heap = LoopbackHeap(meeting, table, member, self.device, lambda: stream)
+        return Context(heap=heap, group=None, rank=member, world_size=size, device=self.device, caps=caps,
+                       backend="peer", agreement=ThreadAgreement(meeting, member), ranks_on_device=self.size)
+
+    def _communicator(self, rank: int, ctx: Any) -> Any:
+        """``ctx``'s communicator, on rank ``rank``'s side stream and the world's GPU-side bound."""
+        from .runtime.communicator import communicator
+
+        comm = communicator(ctx)
         comm.stream_flags.use_side(self._streams.side[rank])
         if self.collective_timeout_s is not None:
             comm.errors.timeout_s = self.collective_timeout_s
+        return comm
+
+    def new_group(self, rank: int, ranks: Sequence[int]) -> Any:
+        """In rank ``rank``'s thread: :func:`new_group`."""
+        def build(member: int, size: int, meeting: Meeting, table: dict) -> Any:
+            ctx = self._context(rank, member, size, meeting, table)
+            self._communicator(rank, ctx)
+            return ctx
+
+        return self.groups.make(rank, ranks, build)
 
     def run(self, fn: Callable[[int], Any]) -> list[Any]:
         """``fn(rank)`` in every rank; the results in rank order (:meth:`RankThreads.run`).
@@ -279,20 +307,27 @@ class World:
             return
         try:
             if self.broken is None and None not in self.contexts:
-                self.threads.run(lambda rank: self.contexts[rank].close())
+                self.threads.run(self._close_rank)
         finally:
             self.closed = True
             self.threads.stop()
             torch.cuda.synchronize(self.device)  # no rank runs now: only the world's kernels, each bounded
-            for ctx in self.contexts:  # a broken world's contexts: closed without agreeing, forgotten
-                if ctx is not None:
+            for ctx in self.groups.contexts() + self.contexts:
+                if ctx is not None:  # a broken world's contexts: closed without agreeing, forgotten
                     if not ctx.closed:
                         ctx.abandon()
                     forget(ctx)
             self.contexts = [None] * self.size
             self.communicators = [None] * self.size
+            self.meeting.linked.clear()
+            self.groups = Groups(self.meeting)
             self.table.clear()
             self._streams.close()
+
+    def _close_rank(self, rank: int) -> None:
+        """Close rank ``rank``'s contexts: its groups' (:meth:`Groups.close`), then the world's."""
+        self.groups.close(rank)
+        self.contexts[rank].close()
 
     def __enter__(self) -> World:
         return self
@@ -363,6 +398,97 @@ def check_loading_mode() -> None:
             "loads modules lazily here): lazy loading loads a module at a kernel's first launch, and a load waits "
             "for every kernel running on the GPU, the other ranks' spinning ones included (measured: lost "
             "communicators within 25 calls)")
+
+
+class Groups:
+    """The groups of a world's ranks (:func:`new_group`), and what their members share: a
+    meeting and a heap table per group, the meeting linked to the world's ``meeting`` (a rank
+    that fails there releases the ranks waiting in its groups)."""
+
+    def __init__(self, meeting: Meeting) -> None:
+        self.meeting = meeting
+        #: Each rank's contexts of groups, in the order they were made.
+        self.by_rank: list[list[Any]] = [[] for _ in range(meeting.world)]
+        self._shared: dict[int, tuple[Meeting, dict]] = {}  # group number -> its meeting and heap table
+        self._made = [0] * meeting.world
+        self._lock = threading.Lock()
+
+    def make(self, rank: int, ranks: Sequence[int], build: Callable[[int, int, Meeting, dict], Any]) -> Any:
+        """Rank ``rank``'s part of the world's next group, of ``ranks`` (every rank of the world
+        asks for the same, the ``k``-th group of every rank being the same group):
+        ``build(member, size, meeting, table)``, its context as group rank ``member``, or None
+        where ``rank`` is not in it.
+
+        Raises:
+            CollectiveError: bad ``ranks``, or ranks that asked for different groups.
+            WorldError: a rank did not ask within the world's bound.
+        """
+        members = group_members(ranks, self.meeting.world)
+        every = self.meeting.gather(rank, "new_group (value: the group's ranks)", members)
+        if len(set(every)) != 1:
+            raise CollectiveError("new_group: every rank of the world must ask for the same group, in the same "
+                                  f"order; asked: {dict(enumerate(every))}")
+        number = self._made[rank]
+        self._made[rank] += 1
+        with self._lock:
+            if number not in self._shared:
+                self._shared[number] = (Meeting(len(members), self.meeting.timeout_s), {})
+                self.meeting.linked.append(self._shared[number][0])
+            meeting, table = self._shared[number]
+        if rank not in members:
+            return None
+        ctx = build(members.index(rank), len(members), meeting, table)
+        self.by_rank[rank].append(ctx)
+        return ctx
+
+    def close(self, rank: int) -> None:
+        """Close rank ``rank``'s group contexts, the last made first (so every member closes
+        the groups they share in the same order)."""
+        for ctx in reversed(self.by_rank[rank]):
+            ctx.close()
+
+    def contexts(self) -> list[Any]:
+        """Every rank's group contexts."""
+        return [ctx for contexts in self.by_rank for ctx in contexts]
+
+
+def group_members(ranks: Sequence[int], world_size: int) -> tuple[int, ...]:
+    """``ranks`` as a group of a world of ``world_size`` ranks: at least one, distinct, each in
+    ``0 .. world_size - 1`` (group rank ``i`` is world rank ``ranks[i]``).
+
+    Raises:
+        CollectiveError: ranks empty, repeated or outside the world.
+    """
+    members = tuple(int(r) for r in ranks)
+    if not members or len(set(members)) != len(members) or not all(0 <= r < world_size for r in members):
+        raise CollectiveError(f"new_group: ranks must be distinct ranks of the world (0..{world_size - 1}), at least "
+                              f"one, not {list(ranks)}")
+    return members
+
+
+def new_group(ranks: Sequence[int]) -> Any:
+    """A group of ``ranks`` of the world this thread is a rank of, as
+    ``torch.distributed.new_group``: every rank of the world calls it with the same ``ranks``
+    (those outside the group too), groups in the same order.  Returns this rank's context of
+    the group, to pass as ``group=`` to any collective (its communicator is made now), or None
+    where this rank is not a member.  Group rank ``i`` is world rank ``ranks[i]``.
+
+    A group has its own symmetric memory (a loopback heap of its members) and host agreement
+    (a meeting of its members, bounded as the world's); its kernels' grids count every rank of
+    the world (they share the GPU).  Closed with the world, or earlier by every member's
+    ``close()``.  A kernel's first call loads it, and a load waits for every kernel on the GPU:
+    make each group's first call of a collective (per algorithm, dtype and group size) while no
+    other rank's collective waits for a launch, e.g. between world barriers, as
+    ``tests/collectives/gpu/world/test_world_groups.py`` does.
+
+    Raises:
+        CollectiveError: not in a rank of a world, bad ``ranks``, or ranks that asked for
+            different groups.
+    """
+    world = getattr(_THREAD, "world", None)
+    if world is None or world.closed:
+        raise CollectiveError("new_group: call it in a rank of an open world (the function of run_world or World.run)")
+    return world.new_group(_THREAD.rank, ranks)
 
 
 def run_world(world_size: int, fn: Callable[[int], Any], *, device: int = 0, timeout_s: float = 60.0,

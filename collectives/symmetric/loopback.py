@@ -52,24 +52,38 @@ class Meeting:
         self._failed: WorldError | None = None
         #: The rank that failed first (:meth:`abort`), or None.
         self.first_failure: int | None = None
+        #: Meetings of groups of these ranks: aborted and recovered with this one.
+        self.linked: list[Meeting] = []
 
     def abort(self, rank: int, error: BaseException) -> None:
-        """Rank ``rank`` failed with ``error``: every wait, now and later, raises naming it."""
+        """Rank ``rank`` failed with ``error``: every wait, now and later, raises naming it
+        (the linked meetings' too)."""
         with self._cond:
             if self._failed is None:
                 self.first_failure = rank
                 self._failed = WorldError(f"rank {rank} failed: {type(error).__name__}: {error}", [rank])
             self._cond.notify_all()
+        for group in self.linked:
+            group.abort(rank, error)
 
-    def recover(self) -> bool:
-        """Lift a failure where every rank stopped at the same step of every channel (each
-        raised on its own, the same way: a test skipped in every rank); False, and the
-        failure stays, where ranks stopped at different steps."""
+    def in_step(self) -> bool:
+        """Whether every rank stopped at the same step of every channel, here and in the
+        linked meetings."""
         with self._cond:
             if any(len(set(joined)) > 1 for joined in self._joined.values()) or self._rounds:
                 return False
-            self._failed, self.first_failure = None, None
-            return True
+        return all(group.in_step() for group in self.linked)
+
+    def recover(self) -> bool:
+        """Lift a failure (here and in the linked meetings) where every rank stopped at the same
+        step of every channel (each raised on its own, the same way: a test skipped in every
+        rank); False, and the failure stays, where ranks stopped at different steps."""
+        if not self.in_step():
+            return False
+        for meeting in [self, *self.linked]:
+            with meeting._cond:
+                meeting._failed, meeting.first_failure = None, None
+        return True
 
     def _raise_if_failed(self) -> None:
         if self._failed is not None:
