@@ -195,6 +195,10 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     exact = mode == "throughput"
     placement = placement_for(local, width * source.element_size(), exact) if placement_for else None
     rows = source.index_select(0, order // topk)  # the sent rows, by destination rank and expert
+    # Low latency: the rows a rank can receive, the same on every rank, asked for before any
+    # launch, so that a shape's first call (its buffer allocated collectively) refuses ranks
+    # that differ in hidden size, top-k or max_tokens on every rank before any all-to-all.
+    received = None if exact else empty("dispatch", (world * max_tokens * min(topk, local), width), wire, device)
 
     # The per-expert counts, row s to rank s (their bits, as float32 pairs: the all-to-all moves
     # the library's dtypes); then the rows.
@@ -204,12 +208,10 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     most = 0
     if exact:  # every rank's rows to receive and tokens: the buffers' sizes, the same everywhere
         (total, _), sizes = _everyone(exchange, world, [recv_splits.sum(), torch.tensor(tokens, device=device)])
-        room = _capacity(max(r for r, _ in sizes))
+        received = empty("dispatch", (_capacity(max(r for r, _ in sizes)), width), wire, device)
         most = _capacity(max(t for _, t in sizes) * topk)
-    else:
-        room = world * max_tokens * min(topk, local)  # rows a rank can receive
-    received = empty("dispatch", (room, width), wire, device).view(source.dtype)
-    exchange(received.view(wire), rows.view(wire), recv_splits, send_splits)
+    exchange(received, rows.view(wire), recv_splits, send_splits)
+    received = received.view(source.dtype)
 
     rows_out = total if exact else local * capacity
     expert_x, place, kept, expert_counts, lost = (placement or place_rows)(counts, received, rows_out, capacity,

@@ -300,3 +300,39 @@ def test_throughput_buffers_are_powers_of_two_of_the_largest_rank() -> None:
 def test_throughput_mode_with_no_tokens_anywhere_or_one_token() -> None:
     run_throughput_layer(2, 4, 2, [0, 0], seed=1)
     run_throughput_layer(3, 3, 1, [1, 0, 0], seed=2, hidden=4, dtype=torch.float32)
+
+
+@pytest.mark.parametrize(("hidden", "max_tokens", "topk"), [((8, 16), (3, 3), (2, 2)), ((8, 8), (3, 4), (2, 2)),
+                                                           ((8, 8), (3, 3), (2, 1))])
+def test_ranks_that_differ_in_hidden_max_tokens_or_topk_are_refused_before_any_launch(hidden, max_tokens,
+                                                                                     topk) -> None:
+    """Low latency: the receive buffer is asked for before the first all-to-all, and a symmetric
+    allocation agrees on its shape (collectives.empty), so a shape's first call refuses ranks
+    whose hidden size, max_tokens or top-k differ, on every rank, with no all-to-all launched."""
+    world, experts = 2, 4
+    sim = World(world)
+    asked: list = [None] * world
+    launched: list = []
+
+    def agreed_empty(r):
+        def empty(name, shape, dtype, device):  # a symmetric allocation: every rank's shape agreed first
+            asked[r] = (name, shape)
+            sim.barrier.wait()
+            if asked[0] != asked[1]:
+                raise CollectiveError(f"ranks disagree on {name}'s shape: {asked}")
+            return torch.empty(shape, dtype=dtype)
+        return empty
+
+    def body(r):
+        xs, ids, ws = routing(world, experts, topk[r], [3, 3], 0, hidden[r], torch.bfloat16)
+        exchange = sim.exchange(r)
+
+        def counted(*args):
+            launched.append(r)
+            return exchange(*args)
+
+        moe.dispatch_with(counted, world, xs[r], ids[r], ws[r], experts, max_tokens[r], empty=agreed_empty(r))
+
+    with pytest.raises(CollectiveError, match="ranks disagree on dispatch's shape"):
+        sim.run(body)
+    assert launched == []
