@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 
 from ..symmetric.capability import force_multicast_off
 
@@ -135,36 +136,33 @@ def time_layer(dispatch, combine, iters: int, graph: bool) -> tuple[float, float
     return dispatch_us, time_op(lambda: combine(result), iters, graph)
 
 
-def time_ours(dispatch, iters: int, graph: bool) -> list[float]:
-    """[dispatch, combine] us of ``dispatch()`` (a ``collectives.moe.dispatch`` call) and its
-    combine, with the local steps in torch (``COLLECTIVES_MOE_FUSED=0``), then in one kernel
-    each (the default)."""
-    from collectives import moe
+def torch_steps_then_fused(measure: Callable[[], list[float]]) -> list[float]:
+    """``measure()`` with the MoE layer's local steps in torch (``COLLECTIVES_MOE_FUSED=0``),
+    then in one kernel each (the default), concatenated; the flag restored even on an error."""
     from collectives.runtime import moe_kernels
 
     default, us = moe_kernels.FUSED, []
     try:
         for fused in (False, True):
             moe_kernels.FUSED = fused
-            us += time_layer(dispatch, lambda d: moe.combine(d[0], d[2]), iters, graph)
+            us += measure()
     finally:
         moe_kernels.FUSED = default
     return us
+
+
+def time_ours(dispatch, iters: int, graph: bool) -> list[float]:
+    """[dispatch, combine] us of ``dispatch()`` (a ``collectives.moe.dispatch`` call) and its
+    combine, torch steps then fused (:func:`torch_steps_then_fused`)."""
+    from collectives import moe
+
+    return torch_steps_then_fused(lambda: list(time_layer(dispatch, lambda d: moe.combine(d[0], d[2]), iters, graph)))
 
 
 def time_dispatches(dispatches: dict, iters: int, graph: bool) -> list[float]:
-    """us per call of each of ``dispatches`` (name -> ``collectives.moe.dispatch`` call), each
-    with the local steps in torch (``COLLECTIVES_MOE_FUSED=0``), then fused (the default)."""
-    from collectives.runtime import moe_kernels
-
-    default, us = moe_kernels.FUSED, []
-    try:
-        for fused in (False, True):
-            moe_kernels.FUSED = fused
-            us += [time_op(dispatch, iters, graph) for dispatch in dispatches.values()]
-    finally:
-        moe_kernels.FUSED = default
-    return us
+    """us per call of each of ``dispatches`` (name -> ``collectives.moe.dispatch`` call), torch
+    steps then fused (:func:`torch_steps_then_fused`)."""
+    return torch_steps_then_fused(lambda: [time_op(dispatch, iters, graph) for dispatch in dispatches.values()])
 
 
 def time_nccl(x, ids, weights, experts: int, world: int, iters: int) -> tuple[float, float]:
