@@ -35,6 +35,7 @@ import torch  # noqa: E402
 
 from .. import moe  # noqa: E402
 from ..moe_reference import bits, combined, expert_fn, expert_rows, routing  # noqa: E402
+from .soak import run_ranks  # noqa: E402
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 TOPK = (1, 2, 4, 8)
@@ -247,31 +248,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    if args.world:
-        from ..testing import run_world
-
-        def rank_main(rank: int) -> int:
-            return Soak(rank, args.world, args).run()
-
-        try:
-            return max(run_world(args.world, rank_main, collective_timeout_s=args.timeout))
-        except Exception as e:  # noqa: BLE001 (the failing rank is in the note)
-            print(f"moe soak failed: {e!r} {getattr(e, '__notes__', '')}", file=sys.stderr)
-            return 1
-    from ..runtime.communicator import communicator
-
-    comm = communicator()
-    try:
-        return Soak(comm.rank, comm.world, args).run()
-    except Exception as e:  # any wrong result or unexpected error fails the run
-        print(f"moe soak failed: {e!r}", file=sys.stderr)
-        return 1
-    finally:
-        import collectives
-
-        if collectives.current() is not None:
-            torch.cuda.current_stream().synchronize()
-            collectives.current().close()
+    return run_ranks("moe soak", args, lambda rank, world: Soak(rank, world, args).run())
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ or missed mismatch, or when ``--seconds`` runs out before the calls are done.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 import random
 import sys
 import time
@@ -216,21 +217,39 @@ def main(argv: list[str] | None = None) -> int:
                         help="(--world) on a failure, print when each rank's stream reached the last call's launches, "
                              "from CUDA events: ranks whose kernels could not run together start a deadline apart")
     args = parser.parse_args(argv)
+    args.trace_events = {} if args.world and args.trace else None
+
+    def report() -> None:
+        if args.trace_events:
+            print(trace_report(args.trace_events), file=sys.stderr)
+
+    return run_ranks("soak", args, lambda rank, world: Soak(args).run(), report)
+
+
+def run_ranks(name: str, args: argparse.Namespace, body: Callable[[int, int], int],
+              report: Callable[[], None] = lambda: None) -> int:
+    """``body(rank, world_size)`` in every rank: ``args.world`` threads on one GPU
+    (:func:`collectives.testing.run_world`, every GPU-side wait bounded by ``args.timeout``), or
+    else this torchrun process (its context closed afterwards).  Returns the largest exit
+    status, or 1 where a rank raised: the error printed as ``<name> failed: ...`` (in a world,
+    with the note naming the rank), then ``report()``."""
     if args.world:
         from ..testing import run_world
 
-        args.trace_events = {} if args.trace else None
         try:
-            return max(run_world(args.world, lambda rank: Soak(args).run(), collective_timeout_s=args.timeout))
+            return max(run_world(args.world, lambda rank: body(rank, args.world), collective_timeout_s=args.timeout))
         except Exception as e:  # noqa: BLE001 (the failing rank is in the note)
-            print(f"soak failed: {e!r} {getattr(e, '__notes__', '')}", file=sys.stderr)
-            if args.trace_events:
-                print(trace_report(args.trace_events), file=sys.stderr)
+            print(f"{name} failed: {e!r} {getattr(e, '__notes__', '')}", file=sys.stderr)
+            report()
             return 1
+    from ..runtime.communicator import communicator
+
     try:
-        return Soak(args).run()
+        comm = communicator()
+        return body(comm.rank, comm.world)
     except Exception as e:  # any wrong result or unexpected error fails the run
-        print(f"soak failed: {e!r}", file=sys.stderr)
+        print(f"{name} failed: {e!r}", file=sys.stderr)
+        report()
         return 1
     finally:
         import collectives
@@ -238,7 +257,6 @@ def main(argv: list[str] | None = None) -> int:
         if collectives.current() is not None:
             torch.cuda.current_stream().synchronize()
             collectives.current().close()
-
 
 if __name__ == "__main__":
     sys.exit(main())
