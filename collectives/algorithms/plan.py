@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from ..device.kernel_args import Layout
+from ..symmetric.context import address
 from .protocol import Buffer, Runtime
 
 #: torch.cuda.is_current_stream_capturing without its Python wrapper (per-call cost matters).
@@ -21,8 +22,11 @@ def tensor_key(t: torch.Tensor) -> tuple:
     """What a plan and the checks read of a caller's tensor, as a plan-cache key: address,
     dtype, shape, contiguity, device (its index: None off CUDA).  A hit is a call whose tensors
     passed the same checks (a new tensor at a freed one's address, of another size or dtype,
-    misses)."""
-    return t.data_ptr(), t.dtype, t.shape, t.is_contiguous(), t.device.index
+    misses).  An empty tensor's address is its storage's (:func:`~collectives.symmetric.context.address`):
+    ``data_ptr()`` is 0 for every empty view, so 0 rows of one receive buffer would hit the plan
+    of 0 rows of another (found by the MoE soak on 4 H200s: a combine of 0 tokens launched
+    with an earlier buffer's allocation id)."""
+    return address(t), t.dtype, t.shape, t.is_contiguous(), t.device.index
 
 
 def current_stream(device: int) -> int:

@@ -77,6 +77,19 @@ def test_tensors_allocations_and_the_bound_change_the_key(monkeypatch: pytest.Mo
     assert len(comm.prepared) == 5
 
 
+def test_empty_views_of_different_buffers_are_different_launches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """0 rows of one receive buffer and 0 rows of another: ``data_ptr()`` is 0 for both, but a
+    launch holds its buffer's allocation, so the second must not reuse the first's (the MoE
+    soak's combine of 0 tokens on 4 H200s did, and every peer named the allocations different)."""
+    comm = Fake(monkeypatch)
+    first, second, inp = torch.empty(6, 4), torch.empty(6, 4), torch.ones(0, 4)
+    a2a.all_to_all(comm, first[:0], inp, [0, 0], [0, 0])
+    a2a.all_to_all(comm, second[:0], inp, [0, 0], [0, 0])
+    assert len(comm.prepared) == 2
+    a2a.all_to_all(comm, second[:0], inp, [0, 0], [0, 0])  # the same place again: a hit
+    assert len(comm.prepared) == 2 and comm.launched == 3
+
+
 def test_a_launch_holds_no_staging_buffer() -> None:
     """The staging pool drops the plans holding a superseded buffer (PlanCache.drop_holding)
     from the same cache: a launch answers that it holds none."""
