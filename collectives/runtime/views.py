@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from ..algorithms.plan import capturing
+
 #: Added to a buffer's local address to make the fake multicast base of ``multicast_emulated``:
 #: above every real device address, so a translation window never covers real memory.
 FAKE_MULTICAST = 1 << 62
@@ -18,12 +20,28 @@ FAKE_MULTICAST = 1 << 62
 DATA_WINDOW_BYTES = 1 << 40
 
 
+def device_table(values: list[int], device: str = "cuda") -> tuple[torch.Tensor, torch.Tensor]:
+    """``values`` as an int64 tensor on ``device`` (the current GPU), and its host copy.  Eagerly the copy is
+    pageable: it waits for this rank's stream only, where a pinned allocation (cudaHostAlloc)
+    waits for every kernel on the GPU; in a world of 4 ranks on one H200, a rank pinning a new
+    buffer's table waited for another rank's all-to-all, which spun for that rank's launch,
+    until both timed out (the MoE soak, 2 runs of 2).  Inside a CUDA-graph capture the copy is
+    from pinned memory, the only copy a capture records, which the graph reads at each replay:
+    the returned host copy must live as long as the device table."""
+    host = torch.tensor(values, dtype=torch.int64)
+    if not capturing():
+        return host.to(device), host
+    host = host.pin_memory()
+    return host.to(device, non_blocking=True), host
+
+
 @dataclass
 class Buffer:
-    """A symmetric buffer as kernels see it: the table of every rank's address (and the pinned
-    host copy it came from), the multicast address (0 unless the backend is multicast), and for
-    ``multicast_emulated`` the translation table of its window and the signal pad's (the
-    kernels' ``data_mc``; its pinned host copy kept alive with it)."""
+    """A symmetric buffer as kernels see it: the table of every rank's address (and the host
+    copy it came from, read by the host), the multicast address (0 unless the backend is
+    multicast), and for ``multicast_emulated`` the translation table of its window and the
+    signal pad's (the kernels' ``data_mc``; its host copy kept alive with it, see
+    :func:`device_table`)."""
 
     table: torch.Tensor
     mc: int
@@ -47,20 +65,17 @@ class BufferViews:
         """The kernel view of symmetric tensor ``t`` (cached by address)."""
         key = t.data_ptr()
         if key not in self._buffers:
-            # Copied from pinned memory: allowed (and recorded) inside a CUDA-graph capture.
             import ptxops
 
             peers = self.ctx.peer_pointers(t, align=1)
-            host = torch.tensor(peers, dtype=torch.int64).pin_memory()
-            table = host.to("cuda", non_blocking=True)
+            table, host = device_table(peers)
             mc = self.ctx.multicast_tensor(t).data_ptr() if self.ctx.backend == "multicast" else 0
             base = FAKE_MULTICAST + peers[self.ctx.rank]
             if self._pad is not None:
                 window, pad = (base, DATA_WINDOW_BYTES, peers), self._pad.window
             else:  # the signal pad, the first buffer
                 window = pad = (base, t.nbytes, peers)
-            emulation_host = torch.tensor(ptxops.translation_table([window, pad]), dtype=torch.int64).pin_memory()
-            emulation = emulation_host.to("cuda", non_blocking=True)
+            emulation, emulation_host = device_table(ptxops.translation_table([window, pad]))
             self._buffers[key] = Buffer(table, mc, host, window, emulation, emulation_host, key)
             if self._pad is None:
                 self._pad = self._buffers[key]
