@@ -167,7 +167,7 @@ def test_bad_arguments() -> None:
 
 @pytest.mark.parametrize(("dtype", "fp8", "mode", "row_bytes"), [
     (torch.bfloat16, False, "low_latency", 64), (torch.float32, False, "throughput", 128),
-    (torch.bfloat16, True, "low_latency", 36)])  # fp8: 32 bytes, then the scale's 4
+    (torch.bfloat16, True, "low_latency", 48)])  # fp8: 32 bytes, the scale's 4, zeros to 48
 def test_the_placement_is_asked_for_the_rows_as_they_travel(dtype, fp8, mode, row_bytes) -> None:
     """A dispatch asks ``placement_for`` once, after its checks, with its local experts, the
     bytes of a row as it travels and the layout; None places with the torch steps."""
@@ -189,6 +189,38 @@ def test_the_placement_is_asked_for_the_rows_as_they_travel(dtype, fp8, mode, ro
     assert asked == [[(experts // world, row_bytes, mode == "throughput")]] * world
     with pytest.raises(CollectiveError, match="num_experts"):  # checked before it is asked
         moe.dispatch_with(None, 2, xs[0], ids[0], ws[0], 5, 3, placement_for=lambda *a: pytest.fail("asked"))
+
+
+@pytest.mark.parametrize("hidden", [16, 28, 100, 7168])
+def test_fp8_rows_travel_as_whole_16_byte_vectors(hidden) -> None:
+    """fp8 rows are padded to a multiple of 16 bytes (the all-to-all moves single bytes where a
+    chunk's source and destination disagree modulo 16), the scale's bytes right after the values."""
+    world, experts = 2, 4
+    xs, ids, ws = routing(world, experts, 2, [3, 2], 9, hidden, torch.bfloat16)
+    sim = World(world)
+    sent: list = [None] * world
+
+    def body(r):
+        exchange = sim.exchange(r)
+
+        def spy(out, inp, out_splits, in_splits):
+            if inp.dim() == 2 and inp.dtype == torch.float8_e4m3fn:
+                sent[r] = (inp.shape[1], out.shape[1])
+            exchange(out, inp, out_splits, in_splits)
+        return moe.dispatch_with(spy, world, xs[r], ids[r], ws[r], experts, 3, fp8=True)
+
+    results = sim.run(body)
+    assert sent == [(moe.fp8_row_bytes(hidden),) * 2] * world
+    assert all(b % 16 == 0 and hidden + 4 <= b < hidden + 20 for b in sent[0])
+    qs = [moe.quantize(x) for x in xs]
+    rows, _ = reference(world, experts, [q.view(torch.uint8) for q, _ in qs], ids, ws)
+    scales, _ = reference(world, experts, [s[:, None] for _, s in qs], ids, ws)
+    local = experts // world
+    for r, (ex, counts, handle) in enumerate(results):
+        for le in range(local):
+            n = int(counts[le])
+            assert torch.equal(ex[le, :n].view(torch.uint8), rows[r * local + le])
+            assert torch.equal(handle.scales[le, :n], scales[r * local + le][:, 0])
 
 
 def test_fp8_dispatch_moves_each_token_quantized_with_its_scale() -> None:
