@@ -6,6 +6,7 @@ opens that group's context on the base context's sub-group pool
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import importlib.util
 import os
@@ -188,35 +189,44 @@ def _open_base(backend: str | None, device: int | None, group_heap_bytes: int | 
     if missing is not None:
         raise CollectiveError(f"collectives.init needs a GPU: {missing}")
 
-    owns = False
     if not dist.is_initialized():
         device = default_device(device, int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
-        dist.init_process_group(backend="cpu:gloo,cuda:nccl")
-        owns = True
-    try:
-        group = _domain_group()
-        rank, world = dist.get_rank(group), dist.get_world_size(group)
-        device = default_device(device, int(os.environ.get("LOCAL_RANK", rank)))
-        torch.cuda.set_device(device)
-        peers, problems = _topology(group, device, world)
-        caps = probe(device, world, peers)
-        if problems:
-            why = "; ".join(problems)
-            caps = dataclasses.replace(caps, peer_access=False, peer_reason=why, multicast=False,
-                                       multicast_reason="; ".join(filter(None, [caps.multicast_reason, why])))
-        caps = agree(caps, group)
-        chosen = choose_backend(backend, caps)
-        started = _start_heap(kind, device, rank, world, group, chosen == "multicast")
-    except BaseException:
-        if owns:
-            dist.destroy_process_group()
-        raise
+        start_process_group()
+    group = _domain_group()
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    device = default_device(device, int(os.environ.get("LOCAL_RANK", rank)))
+    torch.cuda.set_device(device)
+    peers, problems = _topology(group, device, world)
+    caps = probe(device, world, peers)
+    if problems:
+        why = "; ".join(problems)
+        caps = dataclasses.replace(caps, peer_access=False, peer_reason=why, multicast=False,
+                                   multicast_reason="; ".join(filter(None, [caps.multicast_reason, why])))
+    caps = agree(caps, group)
+    chosen = choose_backend(backend, caps)
+    started = _start_heap(kind, device, rank, world, group, chosen == "multicast")
     ctx = Context(heap=started, group=group, rank=rank, world_size=world, device=device,
-                  caps=caps, backend=chosen, owns_group=owns)
+                  caps=caps, backend=chosen)
     ctx.reserve(_group_heap_bytes(group_heap_bytes, world))
     context._CTX = ctx
     return ctx
+
+
+def start_process_group(backend: str = "cpu:gloo,cuda:nccl") -> None:
+    """Start torch.distributed's default group (env://: a torchrun launch) and keep it until the
+    process exits, when it is destroyed; a context's ``close()`` leaves it, and a later
+    :func:`init` borrows it. Torch cannot start a default group again under torchrun's store
+    once one was destroyed: its new gloo pairs may read the old group's addresses there and
+    fail with "Connection refused" or "Connection reset by peer" (found under torchrun on 4
+    H200s, two test modules each opening and closing the library; ``test_bootstrap_group``)."""
+    dist.init_process_group(backend=backend)
+    atexit.register(_end_process_group)
+
+
+def _end_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def _group_heap_bytes(requested: int | None, world: int) -> int:

@@ -91,13 +91,12 @@ class Context:
     """
 
     def __init__(self, *, heap: Heap, group: Any, rank: int, world_size: int, device: int,
-                 caps: Capabilities, backend: Backend, owns_group: bool = False,
+                 caps: Capabilities, backend: Backend,
                  agreement: Agreement | None = None, ranks_on_device: int = 1) -> None:
         self.heap, self.group, self.rank, self.world_size = heap, group, rank, world_size
         self.device, self.caps, self.backend = device, caps, backend
         self.agreement = agreement or DistAgreement(group, rank, world_size)
         self.ranks_on_device = ranks_on_device
-        self._owns_group = owns_group
         self._allocs: dict[int, _Alloc] = {}
         self._seq = 0
         #: Advances at every allocation and free: what was looked up in this context's
@@ -345,11 +344,6 @@ class Context:
                 _GROUPS.clear()
             for members in [m for m, c in _GROUPS.items() if c is self]:
                 del _GROUPS[members]
-            if self._owns_group:
-                import torch.distributed as dist
-
-                if dist.is_initialized():
-                    dist.destroy_process_group()
 
     def abandon(self) -> None:
         """Mark the context closed and drop its allocations without agreeing with the other
