@@ -19,7 +19,8 @@ from collectives.runtime.views import Buffer, BufferViews
 
 
 class FakeTensor:
-    """What the API reads of a contiguous CUDA tensor: its address, size and dtype."""
+    """What the API reads of a contiguous CUDA tensor: its address, size and dtype (an empty
+    one's ``data_ptr()`` is 0, as torch's; its storage keeps the address)."""
 
     is_cuda = True
 
@@ -29,7 +30,13 @@ class FakeTensor:
         self.device = SimpleNamespace(index=0, type="cuda")
 
     def data_ptr(self) -> int:
-        return self._ptr
+        return self._ptr if self._numel else 0
+
+    def untyped_storage(self) -> SimpleNamespace:
+        return SimpleNamespace(data_ptr=lambda: self._ptr)
+
+    def storage_offset(self) -> int:
+        return 0
 
     def numel(self) -> int:
         return self._numel
