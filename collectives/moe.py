@@ -411,5 +411,5 @@ def _collective(api: Any, group: Any) -> Exchange:
 
 
 __all__ = ["E4M3_MAX", "MODES", "Empty", "Exchange", "Handle", "Placement", "PlacementFor", "WeightedSum", "combine",
-           "combine_with", "dispatch", "dispatch_with", "handle_from", "handle_tensors", "place_rows", "plain",
-           "quantize"]
+           "combine_with", "dispatch", "dispatch_with", "fp8_row_bytes", "handle_from", "handle_tensors", "place_rows",
+           "plain", "quantize"]
