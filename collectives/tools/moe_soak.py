@@ -35,7 +35,7 @@ import torch  # noqa: E402
 
 from .. import moe  # noqa: E402
 from ..moe_reference import bits, combined, expert_fn, expert_rows, routing  # noqa: E402
-from .soak import run_ranks  # noqa: E402
+from .soak import Progress, run_ranks  # noqa: E402
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 TOPK = (1, 2, 4, 8)
@@ -223,7 +223,9 @@ class Soak:
 
     def run(self) -> int:
         args, start = self.args, time.monotonic()
+        progress = Progress("moe soak", args.calls, self.rank)
         for step in range(1, args.calls + 1):
+            progress.tick(step - 1)
             if time.monotonic() - start > args.seconds:
                 print(f"rank {self.rank}: out of time after {step - 1} calls", file=sys.stderr)
                 return 2

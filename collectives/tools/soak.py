@@ -175,9 +175,10 @@ class Soak:
 
     def run(self) -> int:
         args, start = self.args, time.monotonic()
-        step = 0
+        step, progress = 0, Progress("soak", args.calls, self.rank)
         while sum(self.stats.values()) < args.calls:
             step += 1
+            progress.tick(sum(self.stats.values()))
             if time.monotonic() - start > args.seconds:
                 print(f"rank {self.rank}: out of time after {sum(self.stats.values())} calls", file=sys.stderr)
                 return 2
@@ -189,6 +190,21 @@ class Soak:
             print(f"soak: {sum(self.stats.values())} calls on {self.world} ranks in {time.monotonic() - start:.0f}s: "
                   f"{self.stats}")
         return 0
+
+
+class Progress:
+    """Rank 0's line at each tenth of ``total`` calls done (``name: N of TOTAL calls in Ts``,
+    flushed): a run cut short by a bound outside it shows how far it got."""
+
+    def __init__(self, name: str, total: int, rank: int) -> None:
+        self.name, self.total, self.on = name, total, rank == 0
+        self.start, self.tenths = time.monotonic(), 0
+
+    def tick(self, done: int) -> None:
+        tenths = done * 10 // max(self.total, 1)
+        if self.on and self.tenths < tenths < 10:
+            self.tenths = tenths
+            print(f"{self.name}: {done} of {self.total} calls in {time.monotonic() - self.start:.0f}s", flush=True)
 
 
 def trace_report(trace: dict) -> str:

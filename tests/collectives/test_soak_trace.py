@@ -1,5 +1,6 @@
-"""The soak's ``--trace`` report (collectives.tools.soak.trace_report), with stand-in events: each
-rank's last call and when its stream reached it, after the earliest rank's."""
+"""The soaks' reports: ``--trace`` (collectives.tools.soak.trace_report), with stand-in events:
+each rank's last call and when its stream reached it, after the earliest rank's; and the
+progress lines of rank 0 (collectives.tools.soak.Progress)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,14 @@ def test_the_report_measures_from_the_earliest_rank() -> None:
     report = trace_report(trace)
     assert report == "trace: rank 0: call 70 at +3.5 ms; rank 1: call 70 at +10003.5 ms; rank 2: call 69 at +0.0 ms"
     assert all(event.synchronized for _, event in trace.values())
+
+
+def test_progress_prints_each_tenth_once_on_rank_0(capsys) -> None:
+    from collectives.tools.soak import Progress
+
+    progress, quiet = Progress("soak", 100, 0), Progress("soak", 100, 1)
+    for done in [0, 5, 10, 10, 11, 35, 99, 100]:
+        progress.tick(done)
+        quiet.tick(done)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" calls")[0] for line in lines] == ["soak: 10 of 100", "soak: 35 of 100", "soak: 99 of 100"]
