@@ -24,13 +24,14 @@ import torch
 from . import config
 from .algorithms import REGISTRY, Call, tuning
 from .algorithms.base import algorithms
-from .algorithms.plan import capturing as _capturing, tensor_key
+from .algorithms.plan import capturing as _capturing
 from .config import BACKENDS, OPS, VECTOR_BYTES
 from .dtypes import from_torch
 from .errors import CollectiveError
 from .runtime import all_to_all as exchange
 from .runtime import moe_ops, torch_ops
 from .runtime.communicator import Communicator, communicator, traceable
+from .runtime.staging import tensor_key
 
 
 def empty(shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32, *, group: Any = None) -> torch.Tensor:
@@ -191,7 +192,7 @@ def _launch(comm: Communicator, key: tuple, algorithm: str, backend: str, descri
     its public function (``_begin``, its key, ``_launch``) and its describing function.
 
     The key holds every argument the plan and the checks depend on, each caller tensor as
-    :func:`~collectives.algorithms.plan.tensor_key` describes it (a hit: a call whose tensors
+    :func:`~collectives.runtime.staging.tensor_key` describes it (a hit: a call whose tensors
     passed the same checks).  A rank with nothing to move still launches a barrier of size 0 on
     ``backend``: its peers' kernels advance the call count and wait for every rank, so skipping
     the launch would leave them to time out (the communicator lost) where their barriers now

@@ -10,23 +10,11 @@ from typing import Any
 import torch
 
 from ..device.kernel_args import Layout
-from ..symmetric.context import address
 from .protocol import Buffer, Runtime
 
 #: torch.cuda.is_current_stream_capturing without its Python wrapper (per-call cost matters).
 capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-
-def tensor_key(t: torch.Tensor) -> tuple:
-    """What a plan and the checks read of a caller's tensor, as a plan-cache key: address,
-    dtype, shape, contiguity, device (its index: None off CUDA).  A hit is a call whose tensors
-    passed the same checks (a new tensor at a freed one's address, of another size or dtype,
-    misses).  An empty tensor's address is its storage's (:func:`~collectives.symmetric.context.address`):
-    ``data_ptr()`` is 0 for every empty view, so 0 rows of one receive buffer would hit the plan
-    of 0 rows of another (found by the MoE soak on 4 H200s: a combine of 0 tokens launched
-    with an earlier buffer's allocation id)."""
-    return address(t), t.dtype, t.shape, t.is_contiguous(), t.device.index
 
 
 def current_stream(device: int) -> int:
@@ -113,4 +101,4 @@ def prepare(comm: Runtime, key: Any, layout: Layout, data: Buffer | list[Buffer]
     return Plan(comm.kernel(key), args, comm, holds)
 
 
-__all__ = ["Plan", "capturing", "current_stream", "follow", "order", "prepare", "tensor_key"]
+__all__ = ["Plan", "capturing", "current_stream", "follow", "order", "prepare"]

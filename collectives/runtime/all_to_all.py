@@ -31,11 +31,12 @@ from typing import Any, Union
 import torch
 
 from ..algorithms.all_to_all import ALL_TO_ALL, AllToAllKey, grid
-from ..algorithms.plan import capturing, current_stream, tensor_key
+from ..algorithms.plan import capturing, current_stream
 from ..errors import CollectiveError
 from ..exchange import ExchangeLayout
 from ..symmetric.context import address
 from .communicator import seed_epoch
+from .staging import tensor_key
 
 #: Bytes of the staging buffer through which a plain output receives (each rank's, allocated
 #: at its communicator's first all-to-all; ``COLLECTIVES_ALL_TO_ALL_STAGING_BYTES``, the same on

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 import torch
 
 from ..config import PLAN_CACHE_SIZE, Slot
+from ..symmetric.context import address
 
 #: Smallest staging buffer (bytes).
 STAGING_MIN_BYTES = 1 << 20
@@ -41,6 +42,17 @@ class Holder(Protocol):
     """What the cache needs of a plan: the data pointers of the pool buffers it holds."""
 
     holds: tuple[int, ...]
+
+
+def tensor_key(t: torch.Tensor) -> tuple:
+    """What a plan and the checks read of a caller's tensor, as a plan-cache key: address,
+    dtype, shape, contiguity, device (its index: None off CUDA).  A hit is a call whose tensors
+    passed the same checks (a new tensor at a freed one's address, of another size or dtype,
+    misses).  An empty tensor's address is its storage's (:func:`~collectives.symmetric.context.address`):
+    ``data_ptr()`` is 0 for every empty view, so 0 rows of one receive buffer would hit the plan
+    of 0 rows of another (found by the MoE soak on 4 H200s: a combine of 0 tokens launched
+    with an earlier buffer's allocation id)."""
+    return address(t), t.dtype, t.shape, t.is_contiguous(), t.device.index
 
 
 class PlanCache:

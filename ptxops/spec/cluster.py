@@ -276,9 +276,17 @@ MAPA = Family(
             ".shared::cluster: a and d are shared-memory addresses; absent: generic addresses",
             absent="generic",
         ),
-        Qualifier("type", ("u32", "u64"), "type of the addresses a and d"),
+        Qualifier("type", ("u32", "u64", "s32", "s64"), "type of the addresses a and d"),
     ),
-    rules=(),
+    rules=(
+        rule(
+            "unsigned-addresses",
+            "The addresses are .u32 or .u64: the PTX ISA lists no other type (ptxas 13.0 "
+            "assembles mapa.s32 and mapa.s64 too).",
+            allow={"type": ("u32", "u64")},
+            ptxas_enforced=False,
+        ),
+    ),
     operands=("d", "addr", "rank"),
     device_function="mapa",
     section=MAPA_SECTION,
