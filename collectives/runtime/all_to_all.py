@@ -102,23 +102,27 @@ class Exchange:
             raise CollectiveError(f"all_to_all: {what} must have world size ({world}) entries, not {len(values)}")
         cached = self.splits.get(values)
         if cached is None:
-            cached = self.splits[values] = _upload(values, device)
+            cached = self.splits[values] = _upload(values, device, pin=self.comm.residency is None)
             while len(self.splits) > SPLIT_TENSORS:
                 self.splits.popitem(last=False)  # stream-ordered free: a queued kernel still reads it
         self.splits.move_to_end(values)
         return cached
 
 
-def _upload(values: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """``values`` as an int64 tensor on ``device``.  Eager: one copy from pinned memory.  Under
-    CUDA-graph capture, one fill kernel per value (the value in its arguments): a copy would be
-    recorded reading a host buffer that the graph does not own."""
+def _upload(values: tuple[int, ...], device: torch.device, pin: bool = True) -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device``.  Eager: one copy from pinned memory, or with
+    ``pin`` False (ranks sharing the GPU) from pageable memory: pinning may allocate
+    (``cudaHostAlloc``), which waits for every kernel on the GPU, another rank's spinning
+    all-to-all included (:func:`collectives.runtime.views.device_table`).  Under CUDA-graph
+    capture, one fill kernel per value (the value in its arguments): a copy would be recorded
+    reading a host buffer that the graph does not own."""
     if capturing():
         t = torch.empty(len(values), dtype=torch.int64, device=device)
         for i, v in enumerate(values):
             t[i].fill_(v)
         return t
-    return torch.tensor(values, dtype=torch.int64).pin_memory().to(device, non_blocking=True)
+    host = torch.tensor(values, dtype=torch.int64)
+    return host.pin_memory().to(device, non_blocking=True) if pin else host.to(device)
 
 
 class Launch:

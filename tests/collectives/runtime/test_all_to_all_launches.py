@@ -122,3 +122,11 @@ def test_splits_made_under_capture_are_filled_on_the_device_not_copied(monkeypat
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: pytest.fail("a host copy under capture"))
     t = a2a._upload((3, 0, 1 << 40), torch.device("cpu"))
     assert t.dtype == torch.int64 and t.tolist() == [3, 0, 1 << 40]
+
+
+def test_ranks_sharing_a_gpu_copy_host_splits_without_pinning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pinning may allocate, which waits for every kernel on the GPU: in a one-GPU world that
+    includes another rank's all-to-all spinning for this rank's launch."""
+    monkeypatch.setattr(a2a, "capturing", lambda: False)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: pytest.fail("pinned where ranks share the GPU"))
+    assert a2a._upload((4, 5), torch.device("cpu"), pin=False).tolist() == [4, 5]
