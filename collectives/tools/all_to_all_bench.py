@@ -165,6 +165,14 @@ def time_dispatches(dispatches: dict, iters: int, graph: bool) -> list[float]:
     return torch_steps_then_fused(lambda: [time_op(dispatch, iters, graph) for dispatch in dispatches.values()])
 
 
+def layer_inputs(args: argparse.Namespace, tokens: int, gen: torch.Generator) -> tuple:
+    """``(x, topk_ids, topk_weights)`` of ``tokens`` bf16 tokens, each routed to ``args.topk`` of
+    ``args.experts`` experts uniformly at random (distinct per token), drawn from ``gen``."""
+    x = torch.randn((tokens, args.hidden), device="cuda", generator=gen).to(torch.bfloat16)
+    ids = torch.argsort(torch.rand((tokens, args.experts), device="cuda", generator=gen), 1)[:, :args.topk]
+    return x, ids, torch.rand((tokens, args.topk), device="cuda", generator=gen)
+
+
 def time_nccl(x, ids, weights, experts: int, world: int, iters: int) -> tuple[float, float]:
     """(dispatch, combine) us of the same layer on NCCL (eager: it syncs the host)."""
     tokens, topk = ids.shape
@@ -231,9 +239,7 @@ def main(argv: list[str] | None = None) -> None:
     gen = torch.Generator(device="cuda").manual_seed(rank)
     for mode in modes:
         for tokens in [t for t in sizes if t <= 512]:
-            x = torch.randn((tokens, hidden), device="cuda", generator=gen).to(dtype)
-            ids = torch.argsort(torch.rand((tokens, args.experts), device="cuda", generator=gen), 1)[:, :args.topk]
-            weights = torch.rand((tokens, args.topk), device="cuda", generator=gen)
+            x, ids, weights = layer_inputs(args, tokens, gen)
             # Eager rows of 20 calls moved by 100-200 us from size to size (2 x H100); a graph
             # holds every captured call's buffers (a dispatch at 512 tokens: 1.9 GB), so 20 there.
             iters = 20 if mode == "graph" else 100
@@ -253,9 +259,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{'tokens':>6} {'nccl dispatch':>21} {'nccl combine':>13} {'dispatch':>16} {'combine':>8} "
               f"{'fused dispatch':>15} {'fused combine':>14}")
     for tokens in throughput:
-        x = torch.randn((tokens, hidden), device="cuda", generator=gen).to(dtype)
-        ids = torch.argsort(torch.rand((tokens, args.experts), device="cuda", generator=gen), 1)[:, :args.topk]
-        weights = torch.rand((tokens, args.topk), device="cuda", generator=gen)
+        x, ids, weights = layer_inputs(args, tokens, gen)
         sent = tokens * args.topk * (world - 1) // world * hidden * 2  # rows to other ranks, on average
         us = time_ours(lambda: moe.dispatch(x, ids, weights, args.experts, mode="throughput"), 10, False)
         nccl_us, nccl_combine_us = time_nccl(x, ids, weights, args.experts, world, 10)
@@ -282,16 +286,13 @@ def fp8_dispatch(args: argparse.Namespace, modes: list[str], sizes: list[int], g
         print(f"{'mode':6} {'tokens':>6} {'bf16':>9} {'fp8':>9} {'fused bf16':>11} {'fused fp8':>10}")
     for mode in modes:
         for tokens in sizes:
-            x = torch.randn((tokens, args.hidden), device="cuda", generator=gen).to(torch.bfloat16)
-            ids = torch.argsort(torch.rand((tokens, args.experts), device="cuda", generator=gen), 1)[:, :args.topk]
-            weights = torch.rand((tokens, args.topk), device="cuda", generator=gen)
+            x, ids, weights = layer_inputs(args, tokens, gen)
             calls = {fp8: (lambda fp8=fp8: moe.dispatch(x, ids, weights, args.experts, max_tokens=tokens, fp8=fp8))
                      for fp8 in (False, True)}
             us = time_dispatches(calls, 20 if mode == "graph" else 100, mode == "graph")
             collectives.synchronize()
             if rank == 0:
                 print(f"{mode:6} {tokens:>6} {us[0]:9.1f} {us[1]:9.1f} {us[2]:11.1f} {us[3]:10.1f}", flush=True)
-
 
 
 def profile_layer(args: argparse.Namespace, tokens: int, calls: int = 50) -> None:
@@ -308,9 +309,7 @@ def profile_layer(args: argparse.Namespace, tokens: int, calls: int = 50) -> Non
 
     rank = dist.get_rank()
     gen = torch.Generator(device="cuda").manual_seed(rank)
-    x = torch.randn((tokens, args.hidden), device="cuda", generator=gen).to(torch.bfloat16)
-    ids = torch.argsort(torch.rand((tokens, args.experts), device="cuda", generator=gen), 1)[:, :args.topk]
-    weights = torch.rand((tokens, args.topk), device="cuda", generator=gen)
+    x, ids, weights = layer_inputs(args, tokens, gen)
 
     def dispatch():
         return moe.dispatch(x, ids, weights, args.experts, max_tokens=tokens)
