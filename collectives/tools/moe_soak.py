@@ -176,7 +176,7 @@ class Soak:
 
     def capture(self, case: Case, mine: list[torch.Tensor]) -> Graph:
         """A graph of ``case``'s shape, after an eager warm-up of it (which plans, compiles and
-        allocates outside the capture); the oldest of :data:`GRAPH_SHAPES` graphs goes first."""
+        allocates outside the capture), kept for the run (one per shape of :data:`GRAPH_SHAPES`)."""
         inputs = tuple(torch.empty_like(t) for t in mine)
         for buffer, value in zip(inputs, mine):
             buffer.copy_(value)

@@ -19,10 +19,10 @@ or missed mismatch, or when ``--seconds`` runs out before the calls are done.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 import random
 import sys
 import time
+from collections.abc import Callable
 
 from ..symmetric.capability import force_multicast_off
 
@@ -176,11 +176,11 @@ class Soak:
     def run(self) -> int:
         args, start = self.args, time.monotonic()
         step, progress = 0, Progress("soak", args.calls, self.rank)
-        while sum(self.stats.values()) < args.calls:
+        while (done := sum(self.stats.values())) < args.calls:
             step += 1
-            progress.tick(sum(self.stats.values()))
+            progress.tick(done)
             if time.monotonic() - start > args.seconds:
-                print(f"rank {self.rank}: out of time after {sum(self.stats.values())} calls", file=sys.stderr)
+                print(f"rank {self.rank}: out of time after {done} calls", file=sys.stderr)
                 return 2
             if args.mismatch_every and step % args.mismatch_every == args.mismatch_every - 1:
                 self.mismatch(step)
@@ -273,6 +273,7 @@ def run_ranks(name: str, args: argparse.Namespace, body: Callable[[int, int], in
         if collectives.current() is not None:
             torch.cuda.current_stream().synchronize()
             collectives.current().close()
+
 
 if __name__ == "__main__":
     sys.exit(main())
