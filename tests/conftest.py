@@ -1,7 +1,7 @@
 """Skip GPU tests cleanly where there is no GPU (or, for multigpu, no torchrun world), and run the
 multigpu tests as rank threads on one GPU where ``COLLECTIVES_TEST_WORLD=W`` asks for a world
-(tests/support/world_support.py); ``--shard I/N`` keeps every N-th collected test from the I-th
-on (``.ci/gpu``'s ``SHARD``: a group that outgrows one device call runs in N calls); fail a run
+(tests/support/world_support.py); ``--shard I/N`` keeps the I-th of N parts of about equal
+weight (``.ci/gpu``'s ``SHARD``: a group that outgrows one device call runs in N calls); fail a run
 that leaves a PTX or cubin file in the repository root; name each failure the moment it happens."""
 
 from __future__ import annotations
@@ -26,26 +26,42 @@ def _gpu_count() -> int:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--shard", metavar="I/N", default=None,
-                     help="run the I-th of N interleaved parts of the collected tests (I = 0 .. N-1)")
+                     help="run the I-th of N parts of about equal weight of the collected tests (I = 0 .. N-1)")
 
 
-def shard(items: list, spec: str) -> tuple[list, list]:
-    """(kept, deselected) of ``items`` for ``--shard I/N``: every N-th item from the I-th on, so
-    that the N parts share every file's slow and fast tests alike."""
+def shard(items: list, spec: str, weight=lambda item: 1) -> tuple[list, list]:
+    """(kept, deselected) of ``items`` for ``--shard I/N``, both in collection order.
+
+    The heaviest items are placed first, each in the part that holds the least weight so far
+    (the lowest I on a tie): items of weight 1 interleave (every N-th from the I-th on, so that
+    the N parts share every file's slow and fast tests alike), and an item of weight k
+    (``@pytest.mark.shard_weight(k)``: it takes about k ordinary tests' time) fills its part
+    as k of them would."""
     try:
         index, count = (int(v) for v in spec.split("/"))
     except ValueError:
         raise pytest.UsageError(f"--shard takes I/N, not {spec!r}") from None
     if not 0 <= index < count:
         raise pytest.UsageError(f"--shard {spec}: I must be 0 .. N-1")
-    return items[index::count], [item for i, item in enumerate(items) if i % count != index]
+    loads = [0] * count
+    part = {}
+    for i in sorted(range(len(items)), key=lambda i: -weight(items[i])):  # (sorted is stable)
+        part[i] = min(range(count), key=loads.__getitem__)
+        loads[part[i]] += weight(items[i])
+    return ([item for i, item in enumerate(items) if part[i] == index],
+            [item for i, item in enumerate(items) if part[i] != index])
+
+
+def _shard_weight(item: pytest.Item) -> int:
+    marker = item.get_closest_marker("shard_weight")
+    return 1 if marker is None else int(marker.args[0])
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     from tests.support.world_support import WORLD
 
     if config.getoption("--shard"):
-        items[:], deselected = shard(items, config.getoption("--shard"))
+        items[:], deselected = shard(items, config.getoption("--shard"), _shard_weight)
         config.hook.pytest_deselected(items=deselected)
 
     gpus = None

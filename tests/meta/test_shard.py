@@ -23,3 +23,11 @@ def test_the_parts_cover_the_items_once_each(count: int) -> None:
 def test_a_bad_spec_is_a_usage_error(spec: str) -> None:
     with pytest.raises(pytest.UsageError):
         shard([1, 2, 3], spec)
+
+
+def test_a_heavy_item_fills_its_part_as_its_weight_of_items_would() -> None:
+    items = list(range(13))
+    weight = {4: 6}.get
+    parts = [shard(items, f"{i}/3", lambda x: weight(x, 1))[0] for i in range(3)]
+    assert parts == [[4], [0, 2, 5, 7, 9, 11], [1, 3, 6, 8, 10, 12]]  # loads 6, 6, 6
+    assert sorted(x for p in parts for x in p) == items
