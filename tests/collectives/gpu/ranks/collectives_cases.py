@@ -261,13 +261,16 @@ def test_push_pipeline_over_many_rounds_and_changing_sizes(comm, placement: str)
     elements), with elements past the last vector, back to back with a size that changes
     every call (a call's pushes then overlap where the last call's results lay)."""
     import collectives
+    from collectives.algorithms import KernelKey
     from collectives.config import push_rounds, push_slice_elements
 
     world = comm.world
     sizes = [3 * (1 << 22) + 5, (1 << 23) + 24, 5 * (1 << 21) + 3]
     vec = 1 if placement == "offset" else 8
-    step = min(-(-push_slice_elements(sizes[0], world, vec) // vec // 512), 2 * comm.sms) * 512
-    assert push_rounds(-(-push_slice_elements(sizes[0], world, vec) // vec // step)) > 1
+    key = KernelKey("all_reduce", "push", "peer", "bf16", world, vector=vec, stage_in=True)
+    vectors = -(-push_slice_elements(sizes[0], world, vec) // vec)  # a slice's, and so the grid's, work
+    step = key.impl.blocks(comm, key, vectors) * key.threads  # the grid the plan launches (the share's, in a world)
+    assert push_rounds(-(-vectors // step)) > 1
     calls = []
     for i in range(6):
         n = sizes[i % 3]

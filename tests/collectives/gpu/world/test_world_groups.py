@@ -5,8 +5,13 @@ against :mod:`collectives.reference` (the world's counterpart of
 ``four_ranks/test_groups.py``, which compares with NCCL under torchrun on 4 GPUs).
 
 Each test's first round makes every group's first call of its kernels in step, between
-barriers of the whole world (a kernel's first call loads it, and a load waits for every kernel
-on the GPU: see :func:`~collectives.testing.new_group`); the rounds after it interleave freely.
+barriers of the whole world, one before each call and one after the round (a kernel's first
+call loads it, and a load waits for every kernel on the GPU: see
+:func:`~collectives.testing.new_group`); the rounds after it interleave freely.  (Without the
+barrier after the round, a world of 6 or more lost every pair's first call of a new kernel: the
+ranks outside the data-parallel group went on to their next pair call, whose kernels spun for
+their partners, who were loading the data-parallel group's kernel of 3 ranks, and the load
+waited for those kernels until their timeout.)
 
     COLLECTIVES_TEST_WORLD=4 CUDA_MODULE_LOADING=EAGER CUDA_DEVICE_MAX_CONNECTIONS=32 python -m pytest -q tests/collectives/gpu/world/test_world_groups.py
 """
@@ -90,6 +95,8 @@ def test_all_reduce_on_pairs_the_dp_group_and_the_world_interleaved(comm, groups
             want = reference.all_reduce(_inputs(members, salt, n, dtype), dtype)
             got = t.float().cpu().numpy()
             assert (got == want).all(), (step, k, members, int((got != want).argmax()))
+        if step == 0:
+            _barrier()  # ... and done before any rank's next pair call (its partner may be loading the dp kernel)
 
 
 @pytest.mark.parametrize("n", [5, 4096])
@@ -117,3 +124,5 @@ def test_reduce_scatter_on_the_dp_group_and_all_gather_on_pairs(comm, groups, n)
             collectives.synchronize(pair)
             want = reference.all_gather(_inputs(pair_members, step, n, "bf16"))
             assert (out.float().cpu().numpy() == want).all(), step
+        if step == 0:
+            _barrier()
