@@ -48,8 +48,10 @@ import contextlib
 import itertools
 import os
 import queue
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -165,6 +167,7 @@ class RankThreads:
                 hung = [r for r, o in enumerate(outcomes) if o is _ABSENT]
                 self.broken = WorldError(f"ranks {hung} did not finish within {self.timeout_s:g}s of the first rank "
                                          "that did (hung; their threads are left running)", hung)
+                self.broken.add_note(self.stacks(hung))
                 self.meeting.abort(hung[0], self.broken)
                 raise self.broken from next((o[1] for o in outcomes if o is not _ABSENT and not o[0]), None)
             if got != run:
@@ -185,6 +188,18 @@ class RankThreads:
                            + (f"; the others: {others}" if others else "; the others finished"))
             raise error
         return [value for _, value in outcomes]
+
+    def stacks(self, ranks: Sequence[int], depth: int = 12) -> str:
+        """Where the threads of ``ranks`` are now: each one's innermost ``depth`` Python frames
+        (a hung rank's thread is most often inside a CUDA call that waits for the GPU, e.g. a
+        kernel load or a pinned allocation behind another rank's spinning kernel)."""
+        frames = sys._current_frames()
+        parts = []
+        for r in ranks:
+            frame = frames.get(self._threads[r].ident)
+            where = "".join(traceback.format_stack(frame)[-depth:]) if frame is not None else "  (thread ended)\n"
+            parts.append(f"rank {r}'s thread, innermost call last:\n{where}")
+        return "[collectives.testing] " + "".join(parts).rstrip()
 
     def stop(self) -> list[int]:
         """End the threads (after what they run now); the ranks whose thread is still alive

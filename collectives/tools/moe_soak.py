@@ -229,7 +229,12 @@ class Soak:
             if time.monotonic() - start > args.seconds:
                 print(f"rank {self.rank}: out of time after {step - 1} calls", file=sys.stderr)
                 return 2
-            self.run_case(step, draw(self.rng, self.world, args.graph_fraction))
+            case = draw(self.rng, self.world, args.graph_fraction)
+            try:
+                self.run_case(step, case)
+            except BaseException as e:
+                e.add_note(f"[moe soak] rank {self.rank} at call {step}: {case}")
+                raise
         if self.rank == 0:
             print(f"moe soak: {args.calls} calls on {self.world} ranks in {time.monotonic() - start:.0f}s, every "
                   f"result exact: {self.stats}")

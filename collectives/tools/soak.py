@@ -255,7 +255,7 @@ def run_ranks(name: str, args: argparse.Namespace, body: Callable[[int, int], in
         try:
             return max(run_world(args.world, lambda rank: body(rank, args.world), collective_timeout_s=args.timeout))
         except Exception as e:  # noqa: BLE001 (the failing rank is in the note)
-            print(f"{name} failed: {e!r} {getattr(e, '__notes__', '')}", file=sys.stderr)
+            print(f"{name} failed: {e!r}", *getattr(e, "__notes__", []), sep="\n", file=sys.stderr)
             report()
             return 1
     from ..runtime.communicator import communicator

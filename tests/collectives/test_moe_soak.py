@@ -92,8 +92,9 @@ def _swap_rows(step, result):
 def test_a_wrong_row_count_or_output_fails_the_soak(spoil, message: str, world: int) -> None:
     """(Swapped rows: in a world of one rank, else another rank's combine, which gets the
     spoiled rows back, may raise first.)"""
-    with pytest.raises(AssertionError, match=message):
+    with pytest.raises(AssertionError, match=message) as info:
         soak(world, calls=30, seed=7, spoil=spoil, spoiled_rank=world - 1)
+    assert any(n.startswith("[moe soak] rank ") and " at call " in n and "Case(" in n for n in info.value.__notes__)
 
 
 def test_every_rank_draws_the_same_cases_and_graph_cases_have_fixed_shapes() -> None:

@@ -170,9 +170,14 @@ def test_a_hung_rank_is_named_within_the_bound() -> None:
     ranks = RankThreads(2, 0.3, meeting)
     release = threading.Event()
     start = time.monotonic()
+    def stuck_in_a_driver_call() -> None:
+        release.wait(30)
+
     with pytest.raises(WorldError, match=r"ranks \[1\] did not finish within 0.3s") as info:
-        ranks.run(lambda r: release.wait(30) if r == 1 else None)
+        ranks.run(lambda r: stuck_in_a_driver_call() if r == 1 else None)
     assert info.value.ranks == (1,) and time.monotonic() - start < 5
+    note = "\n".join(info.value.__notes__)  # where the hung rank's thread is: its stack
+    assert "rank 1's thread" in note and "in stuck_in_a_driver_call" in note and "release.wait(30)" in note
     release.set()
     ranks.stop()
 
