@@ -43,13 +43,13 @@ def shard(items: list, spec: str, weight=lambda item: 1) -> tuple[list, list]:
         raise pytest.UsageError(f"--shard takes I/N, not {spec!r}") from None
     if not 0 <= index < count:
         raise pytest.UsageError(f"--shard {spec}: I must be 0 .. N-1")
-    loads = [0] * count
-    part = {}
-    for i in sorted(range(len(items)), key=lambda i: -weight(items[i])):  # (sorted is stable)
+    weights = [weight(item) for item in items]
+    loads, part = [0] * count, [0] * len(items)
+    for i in sorted(range(len(items)), key=lambda i: -weights[i]):  # (sorted is stable)
         part[i] = min(range(count), key=loads.__getitem__)
-        loads[part[i]] += weight(items[i])
-    return ([item for i, item in enumerate(items) if part[i] == index],
-            [item for i, item in enumerate(items) if part[i] != index])
+        loads[part[i]] += weights[i]
+    return ([item for item, p in zip(items, part) if p == index],
+            [item for item, p in zip(items, part) if p != index])
 
 
 def _shard_weight(item: pytest.Item) -> int:
