@@ -247,32 +247,36 @@ def run_ranks(name: str, args: argparse.Namespace, body: Callable[[int, int], in
     """``body(rank, world_size)`` in every rank: ``args.world`` threads on one GPU
     (:func:`collectives.testing.run_world`, every GPU-side wait bounded by ``args.timeout``), or
     else this torchrun process (its context closed afterwards).  Returns the largest exit
-    status, or 1 where a rank raised: the error printed as ``<name> failed: ...`` (in a world,
-    with the note naming the rank), then ``report()``."""
+    status, or 1 where a rank raised: the error printed as ``<name> failed: ...`` with its notes
+    (in a world, the one naming the rank), then ``report()``."""
     if args.world:
         from ..testing import run_world
 
         try:
             return max(run_world(args.world, lambda rank: body(rank, args.world), collective_timeout_s=args.timeout))
         except Exception as e:  # noqa: BLE001 (the failing rank is in the note)
-            print(f"{name} failed: {e!r}", *getattr(e, "__notes__", []), sep="\n", file=sys.stderr)
-            report()
-            return 1
+            return _failed(name, e, report)
     from ..runtime.communicator import communicator
 
     try:
         comm = communicator()
         return body(comm.rank, comm.world)
     except Exception as e:  # any wrong result or unexpected error fails the run
-        print(f"{name} failed: {e!r}", file=sys.stderr)
-        report()
-        return 1
+        return _failed(name, e, report)
     finally:
         import collectives
 
         if collectives.current() is not None:
             torch.cuda.current_stream().synchronize()
             collectives.current().close()
+
+
+def _failed(name: str, error: Exception, report: Callable[[], None]) -> int:
+    """Print ``<name> failed: <error>`` and its notes (the failing rank, the call and case it
+    was at, a hung rank's stack), a line each, then ``report()``; the exit status 1."""
+    print(f"{name} failed: {error!r}", *getattr(error, "__notes__", []), sep="\n", file=sys.stderr)
+    report()
+    return 1
 
 
 if __name__ == "__main__":

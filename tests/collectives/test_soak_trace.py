@@ -40,3 +40,26 @@ def test_progress_prints_each_tenth_once_on_rank_0(capsys) -> None:
         quiet.tick(done)
     lines = capsys.readouterr().out.splitlines()
     assert [line.split(" calls")[0] for line in lines] == ["soak: 10 of 100", "soak: 35 of 100", "soak: 99 of 100"]
+
+
+def test_a_failed_torchrun_rank_prints_its_error_notes_and_report(monkeypatch, capsys) -> None:
+    """The notes (the MoE soak's call and case, a hung rank's stack) reach the log under torchrun
+    as in a world."""
+    import argparse
+    from types import SimpleNamespace
+
+    from collectives.runtime import communicator
+    from collectives.tools.soak import run_ranks
+
+    monkeypatch.setattr(communicator, "communicator", lambda: SimpleNamespace(rank=0, world=2))
+
+    def body(rank: int, world: int) -> int:
+        error = ValueError("wrong rows")
+        error.add_note("[moe soak] rank 0 at call 7: Case(...)")
+        raise error
+
+    reported = []
+    status = run_ranks("moe soak", argparse.Namespace(world=0), body, lambda: reported.append(True))
+    err = capsys.readouterr().err.splitlines()
+    assert status == 1 and reported == [True]
+    assert err == ["moe soak failed: ValueError('wrong rows')", "[moe soak] rank 0 at call 7: Case(...)"]
