@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..config import COLLECTIVES
 from ..device.launch import example_arguments
-from . import one_shot, two_shot, lamport, tma, push, all_gather, barrier  # noqa: F401  (registration order)
+from . import one_shot, two_shot, lamport, tma, push, all_gather, barrier, lamport_blocks  # noqa: F401  (registration order)
 from .base import REGISTRY, Algorithm, Call, algorithms
 from .key import KernelKey
 

@@ -47,6 +47,7 @@ from cutlass.memory import SmemAllocator
 import ptxops
 
 from ..config import (
+    KIND_SHIFT,
     LAMPORT_BLOCKS,
     LAMPORT_BUFFERS,
     LAMPORT_CALLS,
@@ -88,6 +89,11 @@ class LamportKernel:
     """The Lamport all-reduce kernel of one key: its compile-time choices as attributes, one
     ``@cute.jit`` method per step (the module docstring gives the protocol)."""
 
+    #: The collective's code in bits ``KIND_SHIFT`` up of a size entry's element count (0: the
+    #: all-reduce; :mod:`~collectives.algorithms.lamport_blocks` sets its own), so that ranks
+    #: calling different Lamport collectives in one call fail it as a size mismatch.
+    code = 0
+
     def __init__(self, key: KernelKey) -> None:
         self.key = key
         self.world, self.threads, self.op = key.world, key.threads, key.op
@@ -101,6 +107,13 @@ class LamportKernel:
         self.tail_carrier = lamport.CARRIER[self.bits]
         self.slot = LAMPORT_MAX_BYTES
         self.layout = PadLayout(world=self.world)
+
+    def entry(self, call, n):
+        """Our size entry of call ``call``: ``tag << 32 | code << KIND_SHIFT | n``."""
+        word = (Uint64(lamport_tag(call)) << 32) | Uint64(n)
+        if self.code:
+            word = word | Uint64(self.code << KIND_SHIFT)
+        return word
 
     def size_word(self, buffer, src):
         """Pad word (the first of two) of ``src``'s size entry in ``buffer`` (a runtime value)."""
@@ -116,26 +129,33 @@ class LamportKernel:
         return reduce.convert(total, self.dtype)
 
     @cute.jit
-    def send_one(self, words, src, addrs, data_mc, at):
+    def send_one(self, words, src, addrs, data_mc, at, stride):
         """Load ``words`` from ``src``, make them canonical and send them to byte ``at`` of our
-        self.slot on every rank."""
+        self.slot on every rank (``stride``, the bytes of one rank's block of a reduce-scatter's
+        input, is the subclass's)."""
         lamport.load_words(words, src, None, signals.LOCAL)
         for i in cutlass.range_constexpr(cute.size(words)):
             words[i] = lamport.canonical(words[i], self.bits)
         lamport.send(words, [a + at for a in addrs], data_mc + at, self.multicast)
 
     @cute.jit
-    def receive_one(self, slots, where, out, deadline, err, rank, block) -> Boolean:
-        """Wait for every rank's ``slots`` at ``where``, store their reduction at ``out`` and
-        empty them; False (and an error record) on a timeout."""
+    def deliver(self, slots, out, stride):
+        """Store the arrived ``slots``' reduction at ``out`` (``stride``, the bytes of one
+        rank's block of an all-gather's output, is the subclass's)."""
+        values = self.reduce_slots(slots)
+        n = cutlass.const_expr(cute.size(slots[0]) * slots[0].element_type.width // self.bits)
+        ptr = signals.gmem(self.dtype, out, n * self.bits // 8, signals.LOCAL,
+                           "collectives.algorithms.lamport.LamportKernel.deliver")
+        ptxops.st(ptr, values if cutlass.const_expr(n > 1) else values[0])
+
+    @cute.jit
+    def receive_one(self, slots, where, out, stride, deadline, err, rank, block) -> Boolean:
+        """Wait for every rank's ``slots`` at ``where``, deliver them at ``out`` and empty
+        them; False (and an error record) on a timeout."""
         missing = lamport.wait_slots(slots, where, self.bits, deadline)
         ok = missing < 0
         if ok:
-            values = self.reduce_slots(slots)
-            n = cutlass.const_expr(cute.size(slots[0]) * slots[0].element_type.width // self.bits)
-            ptr = signals.gmem(self.dtype, out, n * self.bits // 8, signals.LOCAL,
-                               "collectives.algorithms.lamport.LamportKernel.receive_one")
-            ptxops.st(ptr, values if cutlass.const_expr(n > 1) else values[0])
+            self.deliver(slots, out, stride)
             for q in cutlass.range_constexpr(self.world):
                 lamport.clear(slots[q], where[q], self.bits)
         else:
@@ -148,16 +168,18 @@ class LamportKernel:
         canonical, into our self.slot on every rank; a vector that the data does not fill (or all
         of them, for data that is not 16-byte aligned) goes element by element."""
         full = n // self.per_vector if cutlass.const_expr(self.vectored) else Int64(0)
+        stride = n * (self.bits // 8)
         v = first
         while v < (n + self.per_vector - 1) // self.per_vector:
             at = v * VECTOR_BYTES
             if v < full:
-                self.send_one(cute.make_rmem_tensor(4, Uint32), src + at, addrs, data_mc, region + at)
+                self.send_one(cute.make_rmem_tensor(4, Uint32), src + at, addrs, data_mc, region + at, stride)
             else:
                 j = v * self.per_vector
                 while j < cutlass.min(v * self.per_vector + self.per_vector, n):
                     e = j * (self.bits // 8)
-                    self.send_one(cute.make_rmem_tensor(1, self.tail_carrier), src + e, addrs, data_mc, region + e)
+                    self.send_one(cute.make_rmem_tensor(1, self.tail_carrier), src + e, addrs, data_mc, region + e,
+                                  stride)
                     j += 1
             v += step
 
@@ -167,20 +189,21 @@ class LamportKernel:
         them into ``out`` and empty their slots (the vectors :func:`send` sent)."""
         ok = Boolean(True)
         full = n // self.per_vector if cutlass.const_expr(self.vectored) else Int64(0)
+        stride = n * (self.bits // 8)
         v = first
         while v < (n + self.per_vector - 1) // self.per_vector and ok:
             at = v * VECTOR_BYTES
             if v < full:
                 slots = [cute.make_rmem_tensor(4, Uint32) for _ in range(self.world)]
                 ok = self.receive_one(slots, [own + Int64(q) * self.slot + at for q in range(self.world)], out + at,
-                                 deadline, err, rank, block)
+                                      stride, deadline, err, rank, block)
             else:
                 j = v * self.per_vector
                 while j < cutlass.min(v * self.per_vector + self.per_vector, n) and ok:
                     e = j * (self.bits // 8)
                     slots = [cute.make_rmem_tensor(1, self.tail_carrier) for _ in range(self.world)]
                     ok = self.receive_one(slots, [own + Int64(q) * self.slot + e for q in range(self.world)], out + e,
-                                     deadline, err, rank, block)
+                                          stride, deadline, err, rank, block)
                     j += 1
             v += step
         return ok
@@ -237,7 +260,7 @@ class LamportKernel:
         data_table, n, rank = args.data_table, args.n, args.rank
         call = ptxops.ld(self.counter(args.pad, part), dtype=Uint32)  # unsigned: up to LAMPORT_CALLS > 2^31
         buffer = Int32(lamport_buffer(call))
-        entry = (Uint64(lamport_tag(call)) << 32) | Uint64(n)
+        entry = self.entry(call, n)
         if part == 0:
             stale = Int32(lamport_stale(call))
             if ptxops.ld(dirty + stale, dtype=Uint32) == Uint32(lamport_tag(call)):
@@ -257,7 +280,7 @@ class LamportKernel:
         counter = self.counter(args.pad, part)
         call = ptxops.ld(counter, dtype=Uint32)
         buffer = Int32(lamport_buffer(call))
-        entry = (Uint64(lamport_tag(call)) << 32) | Uint64(n)
+        entry = self.entry(call, n)
         # A part with no vectors has nothing to wait for.
         if Int64(part) * self.threads < (n + self.per_vector - 1) // self.per_vector:
             ok = self.sizes_agree(args.pad, buffer, entry, deadline, args.err, rank, part)

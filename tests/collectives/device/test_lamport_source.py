@@ -64,18 +64,24 @@ SOURCE = kernels()
 
 
 class World:
-    """``world`` ranks running the Lamport all-reduce of f32 ``calls`` (per call, each rank's
-    element count); rank ``r``'s input of call ``c`` element ``i`` is the word ``1000 * (c + 1)
-    + 100 * r + i`` (never a -0.0 bit pattern)."""
+    """``world`` ranks running Lamport collectives of f32 ``calls``: per call, each rank's element
+    count ``n`` (an all-reduce's tensor, a reduce-scatter's output, an all-gather's input), for
+    an all-reduce, or ``(collectives, counts)`` with one collective name per rank.  ``kernels``:
+    each collective's kernel class (default: ``source``'s all-reduce).  Rank ``r``'s input of
+    call ``c`` element ``i`` is the word ``1000 * (c + 1) + 100 * r + i`` (never a -0.0 bit
+    pattern)."""
 
-    def __init__(self, world: int, calls: list, seed: int, source: types.ModuleType = SOURCE) -> None:
-        self.world, self.calls = world, calls
+    def __init__(self, world: int, calls: list, seed: int, source: types.ModuleType = SOURCE,
+                 kernels: dict | None = None) -> None:
+        self.world = world
+        self.calls = [call if isinstance(call, tuple) else (["all_reduce"] * world, call) for call in calls]
         self.sim = sim = Sim(seed, speed={0: 8})  # rank 0 fast: it reads before rank 1's data lands
         self.rng = random.Random(seed)
         mem = sim.memory
-        key = KernelKey("all_reduce", "lamport", "peer", "f32", world, threads=256)
-        self.kernel = kernel = source.LamportKernel(key)
-        kernel.threads, kernel.slot = THREADS, SLOT
+        self.kernels = {}
+        for collective, kernel in (kernels or {"all_reduce": source.LamportKernel}).items():
+            self.kernels[collective] = kernel(KernelKey(collective, "lamport", "peer", "f32", world, threads=256))
+            self.kernels[collective].threads, self.kernels[collective].slot = THREADS, SLOT
         layout = PadLayout(world=world)
         self.pads = [mem.alloc(4 * layout.words) for _ in range(world)]
         self.buffers = [mem.alloc(LAMPORT_BUFFERS * world * SLOT) for _ in range(world)]
@@ -88,7 +94,7 @@ class World:
             mem.store(self.pad_table + 8 * r, self.pads[r], Int64)
             mem.store(self.data_table + 8 * r, self.buffers[r], Int64)
         self.errs = [mem.alloc(4 * len(ERROR_FIELDS) * ERROR_RECORDS) for _ in range(world)]
-        most = max(max(sizes) for sizes in calls)
+        most = world * max(max(sizes) for _, sizes in self.calls)  # a reduce-scatter's input, an all-gather's output
         self.src = [mem.alloc(4 * most) for _ in range(world)]
         self.out = [mem.alloc(4 * most) for _ in range(world)]
         self.records: list[list] = [[] for _ in range(world)]  # (call, record, status)
@@ -99,17 +105,19 @@ class World:
 
     def _host(self, r: int) -> None:
         sim, mem = self.sim, self.sim.memory
-        for c, sizes in enumerate(self.calls):
-            n = sizes[r]
-            for i in range(n):
-                mem.store(self.src[r] + 4 * i, 1000 * (c + 1) + 100 * r + i, Uint32)
+        for c, (collectives, sizes) in enumerate(self.calls):
+            collective, n = collectives[r], sizes[r]
+            for i in range(n * (self.world if collective == "reduce_scatter" else 1)):
+                mem.store(self.src[r] + 4 * i, self.word(c, r, i), Uint32)
             args = types.SimpleNamespace(
                 data_table=Int64(self.data_table), data_mc=Int64(0), out=Int64(self.out[r]), src=Int64(self.src[r]),
                 n=Int64(n), pad_table=Int64(self.pad_table), pad_mc=Int64(0), pad=Int64(self.pads[r]),
                 err=Int64(self.errs[r]), rank=Int32(r), timeout_ns=Int64(3000))
-            sim.launch(lambda: self.kernel.kernel(args), Context(rank=r, call=c), BLOCKS, THREADS,
+            kernel = self.kernels[collective]
+            sim.launch(lambda: kernel.kernel(args), Context(rank=r, call=c), BLOCKS, THREADS,
                        [self.rng.choice([0, 0, 300]) for _ in range(BLOCKS)])
-            self.results[r].append(mem.words(self.out[r], n, Uint32))
+            outs = n * (self.world if collective == "all_gather" else 1)
+            self.results[r].append(mem.words(self.out[r], outs, Uint32))
             for index in range(ERROR_RECORDS):
                 at = self.errs[r] + 4 * len(ERROR_FIELDS) * index
                 status = mem.load(at, Int32).v
@@ -118,9 +126,18 @@ class World:
                 for i in range(len(ERROR_FIELDS)):
                     mem.store(at + 4 * i, 0, Int32)
 
-    def expected(self, c: int) -> list[int]:
-        n = self.calls[c][0]
-        return [sum(1000 * (c + 1) + 100 * r + i for r in range(self.world)) for i in range(n)]
+    @staticmethod
+    def word(c: int, r: int, i: int) -> int:
+        return 1000 * (c + 1) + 100 * r + i
+
+    def expected(self, c: int, rank: int) -> list[int]:
+        """Rank ``rank``'s output of call ``c`` (every rank called the same collective)."""
+        (collective, *_), (n, *_) = self.calls[c]
+        ranks = range(self.world)
+        if collective == "all_gather":
+            return [self.word(c, q, i) for q in ranks for i in range(n)]
+        first = rank * n if collective == "reduce_scatter" else 0
+        return [sum(self.word(c, q, first + i) for q in ranks) for i in range(n)]
 
 
 def agreeing_calls_are_summed_and_a_mismatch_is_cleaned_up(source: types.ModuleType) -> None:
@@ -133,7 +150,7 @@ def agreeing_calls_are_summed_and_a_mismatch_is_cleaned_up(source: types.ModuleT
             assert world.records[r] == [(2, RECOVERABLE_RECORD, SIZE_MISMATCH)], world.records
             for c in range(len(calls)):
                 if c != 2:
-                    assert world.results[r][c] == world.expected(c), (r, c)
+                    assert world.results[r][c] == world.expected(c, r), (r, c)
 
 
 def test_agreeing_calls_are_summed_and_a_mismatch_is_cleaned_up() -> None:
