@@ -1,4 +1,5 @@
-"""Size-based choices for ``algorithm="auto"`` and for staging, from measured crossovers.
+"""Size-based choices for ``algorithm="auto"`` and for staging, from measured crossovers (the
+Lamport reduce-scatter's and all-gather's are estimates until measured: :data:`RS_LAMPORT_MAX`).
 
 Measured on 2026-11-21 with ``torchrun --nproc-per-node {2,4} -m collectives.tools.bench --dtypes bf16``
 on NVIDIA H200 (NVLink NV18 full mesh, multicast off, peer backend), eager launches and CUDA
@@ -57,6 +58,26 @@ RS_TMA_MIN: dict[tuple[str, int], int] = {
     ("multicast", 8): 64 << 20,
 }
 
+#: (backend, world size) -> largest reduce-scatter input (bytes per rank) for which the Lamport
+#: reduce-scatter (:mod:`collectives.algorithms.lamport_blocks`) is chosen, symmetric or not.
+#: Not yet measured: estimates from the Lamport all-reduce (ahead up to 256 KB per rank on 4
+#: GPUs, where each rank sends its whole tensor to every peer; a reduce-scatter of 4 x that
+#: sends the same bytes per peer), to be replaced by ``collectives.tools.bench``'s
+#: ``ours_lamport`` reduce-scatter column on 2 and 4 GPUs.
+RS_LAMPORT_MAX: dict[tuple[str, int], int] = {
+    ("peer", 2): 1 << 20,
+    ("peer", 4): 1 << 20,
+    ("peer", 8): 512 << 10,
+    ("multicast", 2): 1 << 20,
+    ("multicast", 4): 1 << 20,
+    ("multicast", 8): 512 << 10,
+}
+
+#: (backend, world size) -> largest all-gather output (bytes per rank) for which the Lamport
+#: all-gather is chosen.  Not yet measured: the reduce-scatter's estimates (the same bytes per
+#: peer), to be replaced by ``collectives.tools.all_gather_bench``'s ``ours_lamport`` column.
+AG_LAMPORT_MAX: dict[tuple[str, int], int] = dict(RS_LAMPORT_MAX)
+
 #: (backend, world size) -> largest all-reduce (bytes per rank) of a tensor outside symmetric
 #: memory for which one-shot (staging in-kernel) is chosen over push.  Measured 2026-11-23 on
 #: 2 x H200 with the pipelined push that stores its results: one-shot 68.2 / 63.0 us vs push
@@ -85,6 +106,12 @@ def _lookup(table: dict[tuple[str, int], int], backend: str, world: int) -> int:
     return table[(backend, next((w for w in sizes if w >= world), sizes[-1]))]
 
 
+def lamport_blocks(table: dict[tuple[str, int], int], world: int, nbytes: int, backend: str) -> bool:
+    """Whether a reduce-scatter's input or an all-gather's output of ``nbytes`` takes Lamport by
+    ``table``: at most its entry, and a block (``nbytes / world``) that fits a Lamport slot."""
+    return nbytes <= min(_lookup(table, backend, world), world * LAMPORT_MAX_BYTES)
+
+
 def all_reduce_algorithm(world: int, nbytes: int, backend: str, aligned: bool = True,
                          symmetric: bool = True) -> str:
     """Lamport up to its crossover, then one-shot; past that, for a tensor outside symmetric
@@ -104,9 +131,12 @@ def all_reduce_algorithm(world: int, nbytes: int, backend: str, aligned: bool = 
 
 def reduce_scatter_algorithm(world: int, nbytes: int, backend: str, aligned: bool = True,
                              symmetric: bool = True) -> str:
-    """Push for an input outside symmetric memory (no staging copy; TMA's crossovers were
-    measured on symmetric inputs); else one-shot, or TMA from its crossover on (16-byte
-    aligned tensors and output size)."""
+    """Lamport up to its crossover (it reads the input where it lies); then push for an input
+    outside symmetric memory (no staging copy; TMA's crossovers were measured on symmetric
+    inputs); else one-shot, or TMA from its crossover on (16-byte aligned tensors and output
+    size)."""
+    if lamport_blocks(RS_LAMPORT_MAX, world, nbytes, backend):
+        return "lamport"
     if not symmetric:
         return "push"
     if aligned and nbytes >= _lookup(RS_TMA_MIN, backend, world):
@@ -119,7 +149,10 @@ def all_gather_algorithm(world: int, nbytes: int, backend: str, aligned: bool = 
     bf16, 4 KB-256 MB of output per rank, eager and graphs): TMA never beat one-shot by more
     than noise on symmetric tensors (16 MB graph 34.5 vs 37.0 us; 256 MB 409 vs 376-380 us, 8%
     slower) and lost badly on plain ones (926 vs 497-509 us at 256 MB: its copy-out runs on the
-    quarter of the SMs it is given).  4 and 8 GPUs are not yet measured: one-shot until they are."""
+    quarter of the SMs it is given).  4 and 8 GPUs are not yet measured: one-shot until they are.
+    Lamport up to its crossover (:data:`AG_LAMPORT_MAX`)."""
+    if lamport_blocks(AG_LAMPORT_MAX, world, nbytes, backend):
+        return "lamport"
     return "one_shot"
 
 

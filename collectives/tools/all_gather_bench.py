@@ -1,4 +1,4 @@
-"""Benchmark all_gather: ours (one-shot, TMA, auto) vs NCCL's ``all_gather_into_tensor``.
+"""Benchmark all_gather: ours (one-shot, TMA, Lamport, auto) vs NCCL's ``all_gather_into_tensor``.
 
     torchrun --nproc-per-node 4 -m collectives.tools.all_gather_bench [--dtype bf16] [--no-graph]
 
@@ -6,7 +6,8 @@ Sizes are the gathered output's bytes per rank (W x the input).  Times are the s
 best of 3 (``collectives.tools.bench.time_op``), eager launches and CUDA-graph replays; rank 0 prints
 one row per size with each NCCL column's time (:mod:`collectives.tools.nccl_baselines`: plain
 tensors, symmetric windows, copy engines on symmetric windows, where this torch and NCCL have
-them), the fastest, and each of ours with ours / that fastest NCCL (the issue's targets:
+them), the fastest, and each of ours with ours / that fastest NCCL (Lamport ``-`` where the
+input exceeds its slot, :data:`~collectives.config.LAMPORT_MAX_BYTES`; the issue's targets:
 <= 0.5 at 4-64 KB in graphs, <= 1/1.10 at 16-256 MB).  Symmetric input and output (zero-copy) and plain ones (the
 output copied out of the internal buffer) are timed separately.  NVLink multicast stays off.
 """
@@ -22,6 +23,7 @@ force_multicast_off()
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from ..config import LAMPORT_MAX_BYTES  # noqa: E402
 from ..dtypes import DTYPES  # noqa: E402
 from .bench import BENCH_DTYPES, SIZES, time_op  # noqa: E402
 
@@ -43,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
     world, dtype = comm.world, DTYPES[args.dtype].torch
     size = torch.empty((), dtype=dtype).element_size()
     modes = ["eager"] if args.no_graph else ["eager", "graph"]
-    algorithms = ["one_shot", "tma", "auto"]
+    algorithms = ["one_shot", "tma", "lamport", "auto"]
     sizes = [int(s) for s in args.sizes.split(",")]
     nccl = baselines(max(sizes))
     columns = nccl.columns("all_gather")
@@ -72,6 +74,9 @@ def main(argv: list[str] | None = None) -> None:
             for label, out, inp in (("symmetric", sym_out, sym_in), ("plain", plain_out, plain_in)):
                 row = []
                 for algorithm in algorithms:
+                    if algorithm == "lamport" and n * size > LAMPORT_MAX_BYTES:
+                        row.append(f"{'-':>9} {'-':>6}")
+                        continue
                     ours = time_op(lambda: collectives.all_gather(out, inp, algorithm=algorithm, backend="peer"),
                                    iters, mode == "graph")
                     row.append(f"{ours:9.1f} {ours / best_us:6.2f}")

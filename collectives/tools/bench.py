@@ -145,6 +145,7 @@ def main(argv: list[str] | None = None) -> None:
             theirs.fill_(1)
             rs_out = torch.empty(n // world, dtype=dtype, device="cuda")
             algorithms = ["one_shot", "two_shot", "tma"] + (["lamport"] if nbytes <= LAMPORT_MAX_BYTES else [])
+            rs_lamport = ["lamport"] if nbytes // world <= LAMPORT_MAX_BYTES else []  # a block per Lamport slot
             for graph in modes:
                 for algorithm in (*algorithms, "auto"):
                     us = time_op(lambda a=algorithm: collectives.all_reduce(ours, algorithm=a, backend="peer"), iters, graph)
@@ -162,10 +163,10 @@ def main(argv: list[str] | None = None) -> None:
                     lambda: torch.ops.symm_mem.one_shot_all_reduce(theirs, "sum", group_name), iters, graph))
                 record("all_reduce", "torch_two_shot", name, nbytes, graph, time_op(
                     lambda: torch.ops.symm_mem.two_shot_all_reduce_(theirs, "sum", group_name), iters, graph))
-                for algorithm in ("one_shot", "tma", "auto"):
+                for algorithm in (*rs_lamport, "one_shot", "tma", "auto"):
                     record("reduce_scatter", f"ours_{algorithm}", name, nbytes, graph, time_op(
                         lambda a=algorithm: collectives.reduce_scatter(rs_out, ours, algorithm=a, backend="peer"), iters, graph))
-                for algorithm in ("one_shot", "tma", "push", "auto"):  # an input outside symmetric memory
+                for algorithm in (*rs_lamport, "one_shot", "tma", "push", "auto"):  # an input outside symmetric memory
                     record("reduce_scatter", f"ours_{algorithm}_plain", name, nbytes, graph, time_op(
                         lambda a=algorithm: collectives.reduce_scatter(rs_out, plain, algorithm=a, backend="peer"), iters, graph))
                 record("reduce_scatter", "nccl", name, nbytes, graph, time_op(
@@ -200,8 +201,8 @@ IMPLS = {
         "baselines": ("nccl", "nccl_symm", "torch_one_shot", "torch_two_shot"),
     },
     "reduce_scatter": {
-        "symmetric": ("ours_one_shot", "ours_tma", "ours_auto"),
-        "plain": ("ours_one_shot_plain", "ours_tma_plain", "ours_push_plain", "ours_auto_plain"),
+        "symmetric": ("ours_lamport", "ours_one_shot", "ours_tma", "ours_auto"),
+        "plain": ("ours_lamport_plain", "ours_one_shot_plain", "ours_tma_plain", "ours_push_plain", "ours_auto_plain"),
         "baselines": ("nccl", "nccl_symm"),
     },
 }

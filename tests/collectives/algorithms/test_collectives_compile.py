@@ -62,6 +62,8 @@ def test_kernel_compiles(collective: str, algorithm: str, backend: str, dtype: s
         assert "ld.relaxed.sys.global.v4.b32" in ptx and not re.findall(r"st\.release\.sys\.global\.(?!b32\b)", ptx)
         if backend == "peer":
             assert not found and "st.relaxed.sys.global.v4.b32" in ptx
+        elif collective == "reduce_scatter":  # each rank gets other data: peer stores, multicast size entries
+            assert found == {"multimem.st.relaxed.sys.global.b64"} and "st.relaxed.sys.global.v4.b32" in ptx, found
         else:
             assert found == {"multimem.st.relaxed.sys.global.v4.f32", "multimem.st.relaxed.sys.global.b64"}, found
         return
@@ -100,6 +102,8 @@ def test_staged_and_unaligned_variants_compile() -> None:
         KernelKey("reduce_scatter", "tma", "peer", "f32", 2, stage_in=True),
         KernelKey("all_reduce", "lamport", "peer", "e5m2", 2, vector=1),
         KernelKey("all_reduce", "lamport", "multicast", "f16", 8, vector=1),
+        KernelKey("reduce_scatter", "lamport", "peer", "e4m3", 4, vector=1),
+        KernelKey("all_gather", "lamport", "multicast", "bf16", 2, vector=1),
         KernelKey("all_gather", "one_shot", "peer", "e4m3", 4, vector=1, gather_out=True),
         KernelKey("all_gather", "tma", "multicast", "bf16", 8, gather_out=True),
         KernelKey("all_gather", "one_shot", "multicast", "f32", 2, gather_out=True),
@@ -156,8 +160,10 @@ def test_kernel_keys_reject_bad_choices() -> None:
         KernelKey("all_reduce", "tma", "peer", "bf16", 4, vector=1)
     with pytest.raises(ValueError, match="lamport"):
         KernelKey("all_reduce", "lamport", "peer", "bf16", 4, stage_in=True)
+    with pytest.raises(ValueError, match="lamport"):
+        KernelKey("reduce_scatter", "lamport", "peer", "bf16", 4, stage_in=True)
     with pytest.raises(ValueError, match="algorithms"):
-        KernelKey("reduce_scatter", "lamport", "peer", "bf16", 4)
+        KernelKey("barrier", "lamport", "peer", "bf16", 4)
 
 
 def test_pad_regions_do_not_overlap() -> None:

@@ -60,13 +60,20 @@ NO_CLEANUP = Rule(cleans=False)
 CLEANUP_TOO_EARLY = Rule(cleanup_call=lamport_next, stale=lambda c: (c + 2) % LAMPORT_BUFFERS)
 
 
+def elements(size) -> int:
+    """The element count of a size: ``n``, or ``(collective, n)``."""
+    return size[1] if isinstance(size, tuple) else size
+
+
 class Model:
-    """``sizes[g][r]``: the elements rank ``r`` brings to call ``g``; every count starts at ``start``."""
+    """``sizes[g][r]``: the elements rank ``r`` brings to call ``g`` (an all-reduce), or
+    ``(collective, elements)`` (:mod:`collectives.algorithms.lamport_blocks`: the same stores
+    and waits, its code in the size entry); every count starts at ``start``."""
 
     def __init__(self, world: int, sizes: list[list[int]], start: int, rule: Rule = REAL) -> None:
         self.world, self.sizes, self.rule = world, sizes, rule
-        most = max(max(s) for s in sizes)
-        # data[r][b][q][i]: (call, sender) or None (empty, -0.0); size[r][b][q]: (tag, n)
+        most = max(max(elements(n) for n in s) for s in sizes)
+        # data[r][b][q][i]: (call, sender) or None (empty, -0.0); size[r][b][q]: (tag, size)
         self.data = [[[[None] * most for _ in range(world)] for _ in range(LAMPORT_BUFFERS)] for _ in range(world)]
         self.size = [[[(0, 0)] * world for _ in range(LAMPORT_BUFFERS)] for _ in range(world)]
         self.dirty = [[0] * LAMPORT_BUFFERS for _ in range(world)]
@@ -89,7 +96,7 @@ class Model:
                 self.size[q][b][r] = (tag, n)
             for q in range(world):
                 yield ("send", g, q)
-                for i in range(n):
+                for i in range(elements(n)):
                     if self.data[q][b][r][i] is not None:
                         raise Hazard(f"rank {r} call {g} overwrote rank {q}'s buffer {b} slot {r}[{i}] "
                                      f"holding call {self.data[q][b][r][i][0]}")
@@ -103,9 +110,9 @@ class Model:
                 if rule.cleans:
                     self.dirty[r][b] = rule.tag(rule.cleanup_call(c))
             else:
-                yield ("data", g, n)
+                yield ("data", g, elements(n))
                 for q in range(world):
-                    for i in range(n):
+                    for i in range(elements(n)):
                         if self.data[r][b][q][i] != (g, q):
                             raise Hazard(f"rank {r} call {g} read {self.data[r][b][q][i]} "
                                          f"from buffer {b} slot {q}[{i}]")
@@ -225,3 +232,44 @@ def test_the_test_seed_starts_exactly_the_kernels_counts(world: int) -> None:
     assert {int(comm.pad[i]) % 2**32 for i in written} == {LAMPORT_CALLS - 2}
     with pytest.raises(CollectiveError, match="COLLECTIVES_TEST_SEED_CALL"):
         seed_counts(comm, LAMPORT_CALLS)
+
+
+def _mixed(world: int, calls: int, seed: int) -> list[list]:
+    """``calls`` calls of random collectives and sizes, the same on every rank."""
+    rng = random.Random(seed)
+    return [[(rng.choice(COLLECTIVES), rng.choice((1, 2, 3)))] * world for _ in range(calls)]
+
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather")
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+@pytest.mark.parametrize("start", [0, 2**31 - 4, LAMPORT_CALLS - 4])
+def test_mixed_collectives_share_the_rotation_across_2_31_and_the_wrap(world: int, start: int) -> None:
+    """All-reduces, reduce-scatters and all-gathers of changing sizes in one sequence of calls
+    (one buffer set and count per element width), a fast rank ahead, across 2^31 and the wrap."""
+    for seed in range(SEEDS):
+        model = Model(world, _mixed(world, 12, seed), start)
+        model.run(seed)
+        assert len(model.read) == 12 * world
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_mixed_collectives_repeat_buffer_0_at_2_32_under_the_old_wrap(world: int) -> None:
+    with pytest.raises(Hazard, match="overwrote"):
+        for seed in range(SEEDS):
+            Model(world, _mixed(world, 12, seed), 2**32 - 4, OLD_WRAP).run(seed)
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+@pytest.mark.parametrize("start", [0, 2**31 - 2, LAMPORT_CALLS - 3])
+def test_different_collectives_of_one_count_fail_every_rank_and_are_cleaned_up(world: int, start: int) -> None:
+    """Call 2: rank 1 all-gathers where the others reduce-scatter 3 elements (the code in the
+    size entry tells them apart); the later calls reuse its buffer and read only their own data."""
+    calls = [[("reduce_scatter", 3)] * world] * 9
+    calls[2] = [("all_gather" if r == 1 else "reduce_scatter", 3) for r in range(world)]
+    for seed in range(SEEDS):
+        model = Model(world, calls, start)
+        model.run(seed)
+        assert model.failed == [{2}] * world
+        assert len(model.read) == 8 * world

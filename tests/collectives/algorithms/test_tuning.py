@@ -1,5 +1,7 @@
 """The auto choice follows the measured crossovers."""
 
+import pytest
+
 from collectives.algorithms import tuning
 from collectives.config import LAMPORT_MAX_BYTES
 
@@ -32,16 +34,40 @@ def test_large_plain_all_reduce_tensors_are_pushed() -> None:
             assert [order.index(p) for p in picks] == sorted(order.index(p) for p in picks), picks
 
 
-def test_plain_reduce_scatter_inputs_are_pushed() -> None:
+def test_plain_reduce_scatter_inputs_past_lamport_are_pushed() -> None:
     for world in (2, 4, 8):
         for nbytes in (16, 4096, 1 << 20, 256 << 20):
-            assert tuning.reduce_scatter_algorithm(world, nbytes, "peer", symmetric=False) == "push"
+            lamport = nbytes <= tuning.RS_LAMPORT_MAX["peer", world]
+            assert tuning.reduce_scatter_algorithm(world, nbytes, "peer", symmetric=False) == (
+                "lamport" if lamport else "push")
             assert tuning.reduce_scatter_algorithm(world, nbytes, "peer") != "push"
 
 
 def test_unaligned_reduce_scatter_never_picks_tma() -> None:
     assert tuning.reduce_scatter_algorithm(4, 1 << 30, "peer", aligned=False) == "one_shot"
+    assert tuning.reduce_scatter_algorithm(4, 8 << 20, "peer") == "one_shot"
+
+
+@pytest.mark.parametrize(("pick", "table"), [(tuning.reduce_scatter_algorithm, tuning.RS_LAMPORT_MAX),
+                                             (tuning.all_gather_algorithm, tuning.AG_LAMPORT_MAX)])
+def test_small_reduce_scatters_and_all_gathers_go_lamport_up_to_the_table(pick, table) -> None:
+    """Lamport from the smallest size up to the table's entry (and never a block past a slot),
+    the other algorithms after it; a change of the table moves the crossover."""
+    for (backend, world), limit in table.items():
+        for aligned in (True, False):
+            assert pick(world, 16, backend, aligned) == "lamport"
+            assert pick(world, limit, backend, aligned) == "lamport"
+            assert pick(world, limit + 16, backend, aligned) != "lamport"
+            assert pick(world, world * LAMPORT_MAX_BYTES + 16, backend, aligned) != "lamport"
+    assert pick(4, 4096, "peer") == "lamport" and pick(3, 4096, "multicast_emulated") == "lamport"
+
+
+def test_lamport_blocks_read_the_table_and_the_slot(monkeypatch) -> None:
+    monkeypatch.setitem(tuning.RS_LAMPORT_MAX, ("peer", 4), 0)
     assert tuning.reduce_scatter_algorithm(4, 4096, "peer") == "one_shot"
+    monkeypatch.setitem(tuning.AG_LAMPORT_MAX, ("peer", 2), 1 << 40)
+    assert tuning.all_gather_algorithm(2, 2 * LAMPORT_MAX_BYTES, "peer") == "lamport"
+    assert tuning.all_gather_algorithm(2, 2 * LAMPORT_MAX_BYTES + 16, "peer") == "one_shot"
 
 
 def test_crossover_falls_with_world_size() -> None:
@@ -50,10 +76,10 @@ def test_crossover_falls_with_world_size() -> None:
     assert limits == sorted(limits, reverse=True) and limits[0] > limits[-1]
 
 
-def test_all_gather_picks_one_shot_at_every_size() -> None:
+def test_all_gather_picks_one_shot_past_lamport() -> None:
     """TMA lost or tied at every measured size (2 x H200), and lost by 1.8x on plain tensors."""
     for world in (2, 4, 8):
         for backend in ("peer", "multicast"):
-            for nbytes in (4096, 16 << 20, 1 << 30):
+            for nbytes in (16 << 20, 1 << 30):
                 for aligned in (True, False):
                     assert tuning.all_gather_algorithm(world, nbytes, backend, aligned) == "one_shot"

@@ -46,14 +46,16 @@ def test_a_plain_64_bit_load_is_an_address_not_a_word() -> None:
     assert scan("ld.global.b64 %rd1, [%rd9];\nsetp.lt.s64 %p1, %rd1, %rd2;") == []
 
 
-@pytest.mark.parametrize(("backend", "dtype", "world"), [("peer", "bf16", 2), ("multicast", "f32", 8)])
-def test_lamport_kernels_compare_tags_unsigned(backend: str, dtype: str, world: int) -> None:
+@pytest.mark.parametrize(("collective", "backend", "dtype", "world"),
+                         [("all_reduce", "peer", "bf16", 2), ("all_reduce", "multicast", "f32", 8),
+                          ("reduce_scatter", "peer", "bf16", 4), ("all_gather", "multicast", "f32", 4)])
+def test_lamport_kernels_compare_tags_unsigned(collective: str, backend: str, dtype: str, world: int) -> None:
     """Before the fix: ``shr.s64`` of the loaded entry, twice (the poll and the check after)."""
     pytest.importorskip("cutlass")
     from collectives.algorithms import KernelKey
     from collectives.runtime.kernels import kernel_ptx
 
-    ptx = kernel_ptx(KernelKey("all_reduce", "lamport", backend, dtype, world, threads=256))
+    ptx = kernel_ptx(KernelKey(collective, "lamport", backend, dtype, world, threads=256))
     assert [str(f) for f in scan(ptx)] == []
 
 

@@ -229,10 +229,11 @@ def test_all_reduce_matches_reference(comm, backend: str, dtype: str, op: str, a
 
 
 @pytest.mark.parametrize("placement", ["symmetric", "staged"])
-@pytest.mark.parametrize("algorithm", ["one_shot", "tma", "push", "auto"])
+@pytest.mark.parametrize("algorithm", ["one_shot", "tma", "push", "lamport", "auto"])
 @pytest.mark.parametrize(("dtype", "op"), CASES)
 def test_reduce_scatter_matches_reference(comm, backend: str, dtype: str, op: str, algorithm: str, placement: str) -> None:
     import collectives
+    from collectives.config import LAMPORT_MAX_BYTES
 
     if fp8_refused(backend, dtype):
         return  # as in test_all_reduce_matches_reference
@@ -245,6 +246,8 @@ def test_reduce_scatter_matches_reference(comm, backend: str, dtype: str, op: st
 
     sizes = (16, 4096, 65536 + 16, (1 << 21) + 48) if algorithm == "tma" else (1, 5, 8, 1000, 65536 + 3, (1 << 21) + 48)
     for m in sizes:
+        if algorithm == "lamport" and m * TORCH[dtype].itemsize > LAMPORT_MAX_BYTES:
+            continue
         x = device_values(comm.rank, m * comm.world, dtype)
         inp = place(comm, x, placement)
         out = torch.empty(m, dtype=x.dtype, device="cuda")
@@ -410,6 +413,64 @@ def test_lamport_reduces_negative_zero_and_subnormals(comm, backend: str, dtype:
         got = t.float().cpu().numpy()
         assert np.array_equal(got, want), (dtype, np.flatnonzero(got != want)[:5])
     assert np.any((want != 0) & (np.abs(want) < info.smallest_normal)), "no subnormal result tested"
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])  # (sums of up to 8 ranks' subnormals stay subnormal)
+def test_lamport_blocks_move_negative_zero_and_subnormals(comm, backend: str, dtype: str) -> None:
+    """The Lamport reduce-scatter and all-gather on -0.0 (the empty-slot mark) and negative
+    subnormals: the reduce-scatter reduces as the reference does, the all-gather delivers every
+    value (a -0.0 as +0.0, equal as floats: collectives.algorithms.lamport_blocks)."""
+    import collectives
+
+    if fp8_refused(backend, dtype):
+        return
+    info = torch.finfo(TORCH[dtype])
+    tiny = info.smallest_normal * info.eps
+    world, m = comm.world, 4096 + 5
+    i = np.arange(world * m)
+    inputs = [np.select([i % 3 == 0, i % 3 == 1], [-0.0, -tiny * (1 + r)], 0.25).astype(np.float32)
+              for r in range(world)]
+    inp = torch.from_numpy(inputs[comm.rank]).to("cuda").to(TORCH[dtype])
+    out = torch.empty(m, dtype=inp.dtype, device="cuda")
+    collectives.reduce_scatter(out, inp, algorithm="lamport", backend=backend)
+    gathered = torch.empty(world * world * m, dtype=inp.dtype, device="cuda")
+    collectives.all_gather(gathered, inp, algorithm="lamport", backend=backend)
+    collectives.synchronize()
+    rounded = [reference.round_to(x, dtype) for x in inputs]
+    want = reference.reduce_scatter(rounded, dtype)[comm.rank]
+    assert np.array_equal(out.float().cpu().numpy(), want), dtype
+    assert np.array_equal(gathered.float().cpu().numpy(), reference.all_gather(rounded)), dtype
+    assert np.any((want != 0) & (np.abs(want) < info.smallest_normal)), "no subnormal result tested"
+
+
+def test_lamport_collectives_back_to_back(comm, backend: str) -> None:
+    """60 Lamport all-reduces, reduce-scatters and all-gathers in turn, sizes changing, with no
+    synchronisation between them (they share the receive buffers and call counts of a width:
+    a fast rank must not overwrite what a slow one has not read); every result checked at the end."""
+    import collectives
+
+    world, calls = comm.world, []
+    for c in range(60):
+        collective, m = ("all_reduce", "reduce_scatter", "all_gather")[c % 3], (8, 4096 + 3, 40_000)[c % 4 % 3]
+        count = world * m if collective == "reduce_scatter" else m
+        x = device_values(comm.rank + c, count, "bf16")
+        if collective == "all_reduce":
+            collectives.all_reduce(x, algorithm="lamport", backend=backend)
+            got = x
+        elif collective == "reduce_scatter":
+            got = torch.empty(m, dtype=x.dtype, device="cuda")
+            collectives.reduce_scatter(got, x, algorithm="lamport", backend=backend)
+        else:
+            got = torch.empty(world * m, dtype=x.dtype, device="cuda")
+            collectives.all_gather(got, x, algorithm="lamport", backend=backend)
+        calls.append((c, collective, count, got))
+    collectives.synchronize()
+    for c, collective, count, got in calls:
+        inputs = [reference.round_to(values(r + c, count), "bf16") for r in range(world)]
+        want = {"all_reduce": lambda: reference.all_reduce(inputs, "bf16"),
+                "reduce_scatter": lambda: reference.reduce_scatter(inputs, "bf16")[comm.rank],
+                "all_gather": lambda: reference.all_gather(inputs)}[collective]()
+        assert np.array_equal(got.float().cpu().numpy(), want), (c, collective, count)
 
 
 @pytest.mark.parametrize("algorithm", ["auto", "lamport", "push"])

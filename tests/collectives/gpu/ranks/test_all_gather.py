@@ -55,10 +55,11 @@ def tensors(comm, n: int, dtype: str, placement: str) -> tuple[torch.Tensor, tor
 
 
 @pytest.mark.parametrize("placement", ["symmetric", "plain", "offset"])
-@pytest.mark.parametrize("algorithm", ["one_shot", "tma", "auto"])
+@pytest.mark.parametrize("algorithm", ["one_shot", "tma", "lamport", "auto"])
 @pytest.mark.parametrize("dtype", list(TORCH))
 def test_all_gather_matches_reference(comm, dtype: str, algorithm: str, placement: str) -> None:
     import collectives
+    from collectives.config import LAMPORT_MAX_BYTES
 
     if algorithm == "tma" and placement == "offset":
         out, inp = tensors(comm, 64, dtype, placement)
@@ -66,6 +67,8 @@ def test_all_gather_matches_reference(comm, dtype: str, algorithm: str, placemen
             collectives.all_gather(out, inp, algorithm="tma", backend="peer")
         return
     for n in ALIGNED_SIZES if algorithm == "tma" else SIZES:
+        if algorithm == "lamport" and n * TORCH[dtype].itemsize > LAMPORT_MAX_BYTES:
+            continue
         out, inp = tensors(comm, n, dtype, placement)
         before = inp.view(torch.uint8).clone()
         assert collectives.all_gather(out, inp, algorithm=algorithm, backend="peer") is out
@@ -117,7 +120,8 @@ def test_cuda_graph_replay_matches_eager(comm) -> None:
     source = torch.empty(n, dtype=torch.bfloat16, device="cuda")
     stream = warmup_stream()
     stream.wait_stream(torch.cuda.current_stream())
-    calls = [(plain_out, plain_in, "one_shot"), (sym_out, sym_in, "tma"), (sym_out, sym_in, "one_shot")]
+    calls = [(plain_out, plain_in, "one_shot"), (sym_out, sym_in, "tma"), (sym_out, sym_in, "one_shot"),
+             (plain_out, plain_in, "lamport"), (sym_out, sym_in, "lamport")]
     with torch.cuda.stream(stream):  # warm up the same calls: compile and plan outside the capture
         for out, inp, algorithm in calls:
             collectives.all_gather(out, inp, algorithm=algorithm, backend="peer")
@@ -140,13 +144,21 @@ def test_cuda_graph_replay_matches_eager(comm) -> None:
             assert torch.all(blocks[r] == r + round_), (round_, r)
 
 
-def test_different_sizes_across_ranks_raise_and_the_communicator_recovers(comm) -> None:
+@pytest.mark.parametrize("algorithm", ["one_shot", "lamport"])
+def test_different_sizes_across_ranks_raise_and_the_communicator_recovers(comm, algorithm: str) -> None:
+    """Recorded at once (a Lamport all-gather's buffer is cleaned on the GPU two calls later)."""
     import collectives
 
     n = 512 + 8 * comm.rank
     with pytest.raises(collectives.CollectiveError, match="different sizes"):
-        collectives.all_gather(torch.empty(comm.world * n, device="cuda"), torch.ones(n, device="cuda"), backend="peer")
+        collectives.all_gather(torch.empty(comm.world * n, device="cuda"), torch.ones(n, device="cuda"),
+                               algorithm=algorithm, backend="peer")
         collectives.synchronize()
+    for _ in range(3):  # every buffer of the rotation, the failed call's too
+        out, inp = tensors(comm, 520, "f32", "plain")
+        collectives.all_gather(out, inp, algorithm=algorithm, backend="peer")
+        collectives.synchronize()
+        check(out, comm.world, 520, "f32")
     out, inp = tensors(comm, 512, "f32", "plain")
     collectives.all_gather(out, inp, backend="peer")
     collectives.synchronize()

@@ -22,6 +22,8 @@ from tests.collectives.gpu.ranks.collectives_cases import (  # noqa: F401  (the 
     test_unaligned_tma_reduce_scatter_is_refused,
     test_256_mb,
     test_lamport_reduces_negative_zero_and_subnormals,
+    test_lamport_blocks_move_negative_zero_and_subnormals,
+    test_lamport_collectives_back_to_back,
     test_10000_back_to_back_calls_of_mixed_sizes,
     test_cuda_graph_replay_matches_eager,
     test_different_sizes_across_ranks_raise_and_the_communicator_recovers,

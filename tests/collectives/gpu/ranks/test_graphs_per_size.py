@@ -22,7 +22,8 @@ torch = pytest.importorskip("torch")
 #: 16 sizes (bf16 elements per rank, multiples of 64) from 2 KB to 6 MB: past several staging capacities.
 SIZES = [round(2 ** (10 + 0.8 * i)) // 64 * 64 for i in range(16)]
 CASES = [("all_reduce", a) for a in ("one_shot", "two_shot", "tma", "push", "lamport")] + \
-        [("reduce_scatter", a) for a in ("one_shot", "tma", "push")] + [("all_gather", a) for a in ("one_shot", "tma")]
+        [("reduce_scatter", a) for a in ("one_shot", "tma", "push", "lamport")] + \
+        [("all_gather", a) for a in ("one_shot", "tma", "lamport")]
 
 
 def _capture(fn) -> torch.cuda.CUDAGraph:
@@ -77,7 +78,7 @@ def _collective_graph(comm, collective: str, algorithm: str, n: int):
 def test_graphs_per_size_replay_correctly(comm, collective: str, algorithm: str, order: str) -> None:
     import collectives
 
-    sizes = [n for n in SIZES if algorithm != "lamport" or 2 * n <= (1 << 20)]
+    sizes = [n for n in SIZES if algorithm != "lamport" or 2 * n <= (1 << 20)]  # a block per Lamport slot
     sizes = sizes if order == "increasing" else sizes[::-1]
     graphs = [_collective_graph(comm, collective, algorithm, n) for n in sizes]
     for salt in (1, 2):
