@@ -15,6 +15,11 @@ to a real 2-GPU barrier is the NVLink trip of the signal.  Variants:
   shows what the sys-scope release costs);
 * ``no loads``: a ``red.release.sys`` to an address the launch passes, then the poll (no
   epoch, no pad table: what those loads cost);
+* ``relaxed poll``: the barrier with its poll made of ``ld.relaxed.sys`` and, once the epoch is
+  seen, one ``ld.acquire.sys`` of the same word (it reads that value or a later one, so it
+  synchronises with the signal's release): what the acquire costs in every round of the poll;
+* ``fenced poll``: the same, ending with one ``fence.acq_rel.sys`` instead of the acquire load
+  (a relaxed read of the release then a fence is an acquire pattern too);
 * ``fence only``: one ``fence.acq_rel.sys`` per signalling thread;
 * ``empty``: the launch alone.
 """
@@ -68,6 +73,23 @@ def _variant(part: str):
                 words = signals.gmem(Uint32, pad, 4, signals.PEER, "collectives.tools.barrier_costs._variant")
                 if not signals.wait_until(words + LAYOUT.arrival(0, block, 1), Uint32(1), deadline):
                     _missed(err)
+        elif cutlass.const_expr(part in ("relaxed poll", "fenced poll")):
+            calls, last = signals.enter_call(pad, WORLD)
+            deadline = cute.arch.globaltimer() + timeout_ns
+            if tidx < WORLD:
+                want = calls + Uint32(1)
+                peer = signals.peer_address(pad_table, tidx)
+                ptxops.st_release(signals.arrival_word(peer, calls, block, rank, WORLD), Uint64(want), scope="sys")
+                own = cute.recast_ptr(signals.arrival_word(pad, calls, block, tidx, WORLD), dtype=Uint32)
+                seen = signals.spin(lambda: ptxops.ld(own, sem="relaxed", scope="sys", dtype=Uint32),
+                                    lambda x: signals.reached(x, want), deadline)
+                if cutlass.const_expr(part == "relaxed poll"):
+                    seen = ptxops.ld_acquire(own, scope="sys", dtype=Uint32)
+                else:
+                    ptxops.fence(sem="acq_rel", scope="sys")
+                if not signals.reached(seen, want):
+                    _missed(err)
+            signals.leave_call(pad, calls, last, WORLD)
         elif cutlass.const_expr(part == "relaxed signal"):
             calls, last = signals.enter_call(pad, WORLD)
             deadline = cute.arch.globaltimer() + timeout_ns
@@ -86,7 +108,8 @@ def _variant(part: str):
 def kernels() -> dict[str, object]:
     """Each variant's ``@cute.jit`` launcher."""
     real = algorithms.build(KernelKey("barrier", "one_shot", "peer", "bf16", WORLD, threads=BARRIER_THREADS))
-    made = {part: launcher(_variant(part), BARRIER_THREADS) for part in ("relaxed signal", "no loads", "fence only", "empty")}
+    parts = ("relaxed poll", "fenced poll", "relaxed signal", "no loads", "fence only", "empty")
+    made = {part: launcher(_variant(part), BARRIER_THREADS) for part in parts}
     return {"barrier": real, **made}
 
 

@@ -220,6 +220,10 @@ def test_barrier_cost_variants_compile_and_differ_where_named() -> None:
 
     ptx = {name: compile_ptx(launch, *example_arguments()) for name, launch in barrier_costs.kernels().items()}
     assert "st.release.sys" in ptx["barrier"] and "ld.acquire.sys" in ptx["barrier"]
+    for name, last in (("relaxed poll", "ld.acquire.sys"), ("fenced poll", "fence.acq_rel.sys")):
+        body = ptx[name].split(".entry")[1]
+        assert "st.release.sys" in body and "ld.relaxed.sys" in body and body.count(last) == 1, name
+    assert "ld.acquire.sys" not in ptx["fenced poll"] and "fence.acq_rel" not in ptx["relaxed poll"]
     relaxed = ptx["relaxed signal"]
     assert "st.relaxed.sys" in relaxed and "ld.acquire.sys" in relaxed and ".release" not in relaxed
     assert "red.release.sys" in ptx["no loads"] and "ld.global.b" not in ptx["no loads"]
