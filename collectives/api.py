@@ -107,7 +107,9 @@ def reduce_scatter(
     elements).  ``algorithm``: ``"one_shot"``, ``"tma"`` (bulk copies on at most a quarter of
     the SMs; 16-byte aligned tensors and output size), ``"push"`` (each slice stored straight
     from ``inp`` into its owner's receive buffer, no staging copy: ``auto``'s choice for an
-    ``inp`` outside symmetric memory) or ``"auto"``; ``backend`` as for all_reduce.
+    ``inp`` outside symmetric memory past Lamport's sizes), ``"lamport"`` (no barrier, the data its own flag: an output
+    of at most 1 MB, :mod:`collectives.algorithms.lamport_blocks`) or ``"auto"``; ``backend`` as
+    for all_reduce.
     ``max_blocks`` caps the kernel's thread blocks (to leave SMs to kernels running beside it,
     as a GEMM does in :func:`collectives.gemm_reduce_scatter`); the same on every rank.
     ``group`` as for :func:`empty` (W: its size; ``rank``: the group rank)."""
@@ -133,7 +135,8 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
     a symmetric ``out`` is that buffer (zero-copy), any other is copied from an internal one.
     ``algorithm``: ``"one_shot"`` (16-byte vectors, or one element at a time when the tensors
     or M are not 16-byte aligned), ``"tma"`` (bulk copies on at most a quarter of the SMs;
-    16-byte aligned tensors and block size) or ``"auto"``; ``backend`` as for all_reduce;
+    16-byte aligned tensors and block size), ``"lamport"`` (no barrier, the data its own flag: an
+    ``inp`` of at most 1 MB; a -0.0 arrives as +0.0) or ``"auto"``; ``backend`` as for all_reduce;
     ``max_blocks`` and ``group`` as for reduce_scatter."""
     if _compiling():
         traceable(group, "all_gather")

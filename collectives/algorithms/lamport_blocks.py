@@ -37,7 +37,7 @@ from cutlass import Int64
 
 import ptxops
 
-from ..config import LAMPORT_MAX_BYTES
+from ..config import LAMPORT_BLOCKS, LAMPORT_MAX_BYTES
 from ..device import lamport, signals
 from ..device.launch import launcher
 from ..dtypes import dtype
@@ -113,6 +113,11 @@ class LamportBlocks(Lamport):
                         vector=call.vector, threads=256)
         data = comm.buffer(receive_buffers(comm, call.inp.element_size()))
         return self.launch(comm, call, key, data, call.inp.data_ptr())
+
+    def blocks(self, comm: Runtime, key: KernelKey, work: int, limit: int | None = None) -> int:
+        """The all-reduce's grid (:meth:`Lamport.blocks`), at most ``limit`` (the call's
+        ``max_blocks``): any grid runs every part."""
+        return min(super().blocks(comm, key, work), limit or LAMPORT_BLOCKS)
 
     def build(self, key: KernelKey):
         return build(key)

@@ -151,6 +151,17 @@ def test_lamport_runs_its_parts_on_the_rank_share(monkeypatch) -> None:
     alone = _world_comm(monkeypatch, None)
     api.all_reduce(FakeTensor(0x7E10_0000_0000, 4096), algorithm="lamport", backend="peer")
     assert [b for k, b in alone.grids if k.algorithm == "lamport"] == [LAMPORT_BLOCKS]
+    for world, expected in ((8, 7), (None, LAMPORT_BLOCKS)):  # the reduce-scatter and all-gather alike
+        comm = _world_comm(monkeypatch, world)
+        api.reduce_scatter(FakeTensor(0x7E20_0000_0000, 512), FakeTensor(0x7E30_0000_0000, 4096),
+                           algorithm="lamport", backend="peer")
+        api.all_gather(FakeTensor(0x7E40_0000_0000, 4096), FakeTensor(0x7E50_0000_0000, 512),
+                       algorithm="lamport", backend="peer")
+        assert [(k.collective, b) for k, b in comm.grids if k.algorithm == "lamport"] == [
+            ("reduce_scatter", expected), ("all_gather", expected)]
+    api.reduce_scatter(FakeTensor(0x7E60_0000_0000, 512), FakeTensor(0x7E70_0000_0000, 4096),
+                       algorithm="lamport", backend="peer", max_blocks=3)  # a GEMM beside it keeps the rest
+    assert comm.grids[-1][1] == 3
 
 
 def test_setting_the_timeout_replans_so_the_kernels_take_the_new_bound(monkeypatch) -> None:

@@ -112,28 +112,42 @@ def test_the_largest_grids_of_every_algorithm_are_resident_together(comm, backen
             assert torch.equal(whole, want.float()), call
 
 
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter", "all_gather"])
 @pytest.mark.parametrize("dtype", ["bf16", "f32"])
 def test_lamport_runs_its_parts_on_fewer_blocks_where_ranks_share_a_gpu(comm, backend: str, dtype: str,
-                                                                         pdl: bool) -> None:
+                                                                         pdl: bool, collective: str) -> None:
     """Lamport's 128 parts on the rank's share of the GPU (fewer blocks than parts in every
     world: each block runs several), sizes that fill every part and leave some empty, back to
     back, each input made by torch kernels just before the call; exact.  (With the grids of
-    every rank on all the SMs, a rank's input kernels waited out the others' deadline.)"""
+    every rank on all the SMs, a rank's input kernels waited out the others' deadline.)  The
+    reduce-scatter and all-gather (collectives.algorithms.lamport_blocks) run the same parts."""
     import collectives
     from collectives.algorithms import KernelKey
     from collectives.config import LAMPORT_BLOCKS
 
-    key = KernelKey("all_reduce", "lamport", backend, dtype, comm.world, threads=256)
+    world = comm.world
+    key = KernelKey(collective, "lamport", backend, dtype, world, threads=256)
     blocks = key.impl.blocks(comm, key, 0)
     assert 1 <= blocks <= LAMPORT_BLOCKS
     if WORLD:
         assert blocks == min(LAMPORT_BLOCKS, comm.block_cap(key))
     for call, n in enumerate([1, 100, 4096, 3 * 4096 + 5, (1 << 19) // (2 if dtype == "bf16" else 4)] * 2):
-        t = device_values(comm.rank + call, n, dtype)
-        collectives.all_reduce(t, algorithm="lamport", backend=backend)
+        count = world * n if collective == "reduce_scatter" else n
+        t = device_values(comm.rank + call, count, dtype)
+        inputs = [reference.round_to(values(r + call, count), dtype) for r in range(world)]
+        if collective == "all_reduce":
+            collectives.all_reduce(t, algorithm="lamport", backend=backend)
+            got, want = t, reference.all_reduce(inputs, dtype)
+        elif collective == "reduce_scatter":
+            got = torch.empty(n, dtype=t.dtype, device="cuda")
+            collectives.reduce_scatter(got, t, algorithm="lamport", backend=backend)
+            want = reference.reduce_scatter(inputs, dtype)[comm.rank]
+        else:
+            got = torch.empty(world * n, dtype=t.dtype, device="cuda")
+            collectives.all_gather(got, t, algorithm="lamport", backend=backend)
+            want = reference.all_gather(inputs)
         collectives.synchronize()
-        inputs = [reference.round_to(values(r + call, n), dtype) for r in range(comm.world)]
-        assert np.array_equal(t.float().cpu().numpy(), reference.all_reduce(inputs, dtype)), (call, n, blocks)
+        assert np.array_equal(got.float().cpu().numpy(), want), (call, n, blocks)
 
 
 #: Host barriers shared by the rank threads of a world, by name and world size.
