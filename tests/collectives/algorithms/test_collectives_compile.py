@@ -16,6 +16,13 @@ pytest.importorskip("cutlass")
 from collectives.algorithms import ALGORITHMS, KernelKey  # noqa: E402
 from collectives.runtime.kernels import kernel_ptx  # noqa: E402
 
+def slim(collective: str, algorithm: str, dtype: str, world: int) -> bool:
+    """Cases left out to keep CI short: the Lamport reduce-scatter and all-gather differ from the
+    Lamport all-reduce (compiled in full) only in their send and delivery, so every dtype at
+    world 4 and bf16 at 2 and 8 (``PTX_IDENTITY=all`` compiles every key)."""
+    return collective in ("reduce_scatter", "all_gather") and algorithm == "lamport" and world != 4 and dtype != "bf16"
+
+
 CASES = [
     (collective, algorithm, backend, dtype, world)
     for collective, algorithms in ALGORITHMS.items()
@@ -23,6 +30,7 @@ CASES = [
     for backend in ("multicast", "peer")
     for dtype in (DTYPES if collective != "barrier" else ("bf16",))
     for world in (2, 4, 8)
+    if not slim(collective, algorithm, dtype, world)
 ]
 
 
