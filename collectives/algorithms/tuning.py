@@ -73,10 +73,11 @@ RS_LAMPORT_MAX: dict[tuple[str, int], int] = {
     ("multicast", 8): 512 << 10,
 }
 
-#: (backend, world size) -> largest all-gather output (bytes per rank) for which the Lamport
-#: all-gather is chosen.  Not yet measured: the reduce-scatter's estimates (the same bytes per
-#: peer), to be replaced by ``collectives.tools.all_gather_bench``'s ``ours_lamport`` column.
-AG_LAMPORT_MAX: dict[tuple[str, int], int] = dict(RS_LAMPORT_MAX)
+#: (backend, world size) -> largest all-gather output (bytes per rank) for which ``auto`` picks
+#: the Lamport all-gather: none.  An all-gather moves data without arithmetic, and ``auto`` keeps
+#: it bit for bit; the Lamport all-gather delivers a -0.0 as +0.0 (its "not yet written" mark),
+#: so it runs only when asked for by name (``algorithm="lamport"``).
+AG_LAMPORT_MAX: dict[tuple[str, int], int] = {key: 0 for key in RS_LAMPORT_MAX}
 
 #: (backend, world size) -> largest all-reduce (bytes per rank) of a tensor outside symmetric
 #: memory for which one-shot (staging in-kernel) is chosen over push.  Measured 2026-11-23 on

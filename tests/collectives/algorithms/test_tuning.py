@@ -48,9 +48,8 @@ def test_unaligned_reduce_scatter_never_picks_tma() -> None:
     assert tuning.reduce_scatter_algorithm(4, 8 << 20, "peer") == "one_shot"
 
 
-@pytest.mark.parametrize(("pick", "table"), [(tuning.reduce_scatter_algorithm, tuning.RS_LAMPORT_MAX),
-                                             (tuning.all_gather_algorithm, tuning.AG_LAMPORT_MAX)])
-def test_small_reduce_scatters_and_all_gathers_go_lamport_up_to_the_table(pick, table) -> None:
+@pytest.mark.parametrize(("pick", "table"), [(tuning.reduce_scatter_algorithm, tuning.RS_LAMPORT_MAX)])
+def test_small_reduce_scatters_go_lamport_up_to_the_table(pick, table) -> None:
     """Lamport from the smallest size up to the table's entry (and never a block past a slot),
     the other algorithms after it; a change of the table moves the crossover."""
     for (backend, world), limit in table.items():
@@ -60,6 +59,13 @@ def test_small_reduce_scatters_and_all_gathers_go_lamport_up_to_the_table(pick, 
             assert pick(world, limit + 16, backend, aligned) != "lamport"
             assert pick(world, world * LAMPORT_MAX_BYTES + 16, backend, aligned) != "lamport"
     assert pick(4, 4096, "peer") == "lamport" and pick(3, 4096, "multicast_emulated") == "lamport"
+
+
+def test_auto_all_gather_stays_bit_exact() -> None:
+    """The Lamport all-gather turns -0.0 into +0.0: ``auto`` never picks it, at any size."""
+    for (backend, world) in tuning.AG_LAMPORT_MAX:
+        for nbytes in (16, 4096, 64 << 10):
+            assert tuning.all_gather_algorithm(world, nbytes, backend) == "one_shot"
 
 
 def test_lamport_blocks_read_the_table_and_the_slot(monkeypatch) -> None:
