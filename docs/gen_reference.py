@@ -22,7 +22,7 @@ sys.path.insert(0, str(HERE.parent))  # the checkout's ptxops, installed or not
 
 from ptxops import spec  # noqa: E402
 from ptxops.render import ROLE_DOC  # noqa: E402
-from ptxops.spec import reach  # noqa: E402
+from ptxops.spec import nvshmem, reach  # noqa: E402
 from ptxops.spec.engine import Family, Rule, Value  # noqa: E402
 
 OUT = HERE / "instructions"
@@ -285,12 +285,16 @@ def index_page(families: dict[str, Forms]) -> str:
         "`python -m ptxops check` assembles every legal form with `ptxas`; the oracle tests "
         "check that the spec accepts exactly what `ptxas` accepts.",
         "",
+        "The NVSHMEM calls of {py:mod}`ptxops.nvshmem` (not PTX instructions: calls into NVSHMEM's "
+        "device library) have [their own page](nvshmem.md): operands, ordering and rules.",
+        "",
         *disagreements(families),
         "```{toctree}",
         ":maxdepth: 1",
         ":hidden:",
         "",
         *(page_name(name) for name in families),
+        "nvshmem",
         "```",
         "",
     ]
@@ -324,6 +328,29 @@ def disagreements(families: dict[str, Forms]) -> list[str]:
     return [*lines, ""]
 
 
+def nvshmem_page() -> str:
+    """The NVSHMEM calls of :mod:`ptxops.nvshmem`: operands, ordering and rules
+    (:mod:`ptxops.spec.nvshmem`)."""
+    out = [
+        "# NVSHMEM device calls",
+        "",
+        "Generated from {py:mod}`ptxops.spec.nvshmem`, the tables {py:mod}`ptxops.nvshmem` validates "
+        "every call against while a kernel is traced. Operands: *symmetric* memory is tagged "
+        "`ptxops.reach(ptr, \"symmetric\")`; *local* memory is this PE's (untagged, `gpu` or "
+        "`symmetric`).",
+        "",
+        "| call | operands | orders | on return | before reusing a buffer | nvshmem4py binding |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for c in nvshmem.CALLS.values():
+        ops = ", ".join(f"`{o.name}` ({o.memory}, {o.types})" for o in c.operands) or "none"
+        out.append(f"| `{c.name}` | {ops} | {cell(c.orders)} | {cell(c.returns)} | {cell(c.reuse)} | "
+                   f"`{c.binding}` |")
+    out += ["", "## Rules", "", "| rule | the rule |", "| --- | --- |"]
+    out += [f"| `{r.name}` | {cell(r.text)} |" for r in nvshmem.RULES.values()]
+    return "\n".join([*out, ""])
+
+
 def write(path: Path, text: str) -> None:
     """Write only when the text changed, so Sphinx re-reads only what changed."""
     if not path.exists() or path.read_text() != text:
@@ -339,7 +366,8 @@ def generate(out: Path = OUT) -> list[Path]:
         write(path, family_page(forms.family, forms))
         written.append(path)
     write(out / "index.md", index_page(families))
-    written.append(out / "index.md")
+    write(out / "nvshmem.md", nvshmem_page())
+    written += [out / "index.md", out / "nvshmem.md"]
     expected = {p.name for p in written}
     for stale in out.glob("*.md"):
         if stale.name not in expected:

@@ -49,6 +49,20 @@ class CuTeDSLMissing(ModuleNotFoundError):
         )
 
 
+class NvshmemMissing(ModuleNotFoundError):
+    """:mod:`ptxops.nvshmem` needs nvshmem4py (its ``nvshmem.bindings.device.cute``), which
+    cannot be imported.  The rest of ptxops works without it."""
+
+    INSTALL = "pip install nvshmem4py-cu13 nvidia-nvshmem-cu13"
+
+    def __init__(self, missing: str) -> None:
+        super().__init__(
+            f"ptxops.nvshmem needs nvshmem4py, and {missing!r} cannot be imported: {self.INSTALL} "
+            "(nvshmem4py-cu12 nvidia-nvshmem-cu12 on CUDA 12).",
+            name=missing,
+        )
+
+
 class DefaultTargetWarning(UserWarning):
     """A kernel is compiled for CuTeDSL's default target because nothing chose one: neither a
     ``cute.GPUArch`` compile option nor ``CUTE_DSL_ARCH`` was given, and no GPU is visible.

@@ -80,7 +80,9 @@ def reach(ptr: cute.Pointer, kind: str, *, by: str | None = None, loc=None, ip=N
     """``ptr`` tagged with reach ``kind``: ``"cta"`` (this CTA's shared memory), ``"cluster"``
     (shared memory other CTAs of the cluster access), ``"gpu"`` (this GPU's global memory),
     ``"peer"`` (memory another GPU accesses: a peer's buffer, or ours that peers write),
-    ``"multicast"`` (an NVLink multicast address) or ``"host"`` (host-mapped memory).
+    ``"multicast"`` (an NVLink multicast address), ``"host"`` (host-mapped memory) or
+    ``"symmetric"`` (this PE's NVSHMEM-heap memory, which :mod:`ptxops.nvshmem` requires of a
+    remote operand).
 
     Pass a tensor's ``.iterator`` to tag a tensor's memory.  Pointers computed from the result
     (``reach(p, "peer") + tidx * 8``, a tensor made on it) keep the tag; every relaxed,

@@ -2,7 +2,8 @@
 
 A pointer's *reach* says where the memory it addresses is observed from: this CTA's shared
 memory, the cluster's distributed shared memory, this GPU's global memory, a peer GPU's memory,
-an NVLink multicast address or host-mapped memory.  The PTX memory model orders a relaxed,
+an NVLink multicast address, host-mapped memory, or this PE's symmetric memory (the NVSHMEM
+heap, which other PEs write through :mod:`ptxops.nvshmem`).  The PTX memory model orders a relaxed,
 acquire or release access (and an atomic, which is relaxed by default) only with threads inside
 its scope (PTX ISA 9.0, section 8.5 "Scope"): a release store at ``.gpu`` scope to a flag that
 another GPU polls does not synchronise with that GPU, although ptxas accepts it and a test may
@@ -59,6 +60,7 @@ REACHES: dict[str, Reach] = {
         ),
         Reach("gpu", "this GPU's global memory", "gpu", "the other CTAs and clusters of this GPU", _GLOBAL),
         Reach("peer", "peer memory", "sys", "other GPUs", _GLOBAL),
+        Reach("symmetric", "symmetric (NVSHMEM heap) memory", "sys", "other PEs", _GLOBAL),
         Reach("multicast", "multicast memory", "sys", "the other GPUs of the multicast group", _GLOBAL),
         Reach("host", "host-mapped memory", "sys", "the threads of the CPU", _GLOBAL),
     )

@@ -13,8 +13,10 @@ from ptxops.spec import reach
 
 #: The narrowest scope each reach needs, from the PTX memory model (section 8.5): shared memory
 #: of this CTA is observed by the CTA, distributed shared memory by the cluster, global memory
-#: by the GPU, anything another GPU or the CPU observes only at .sys.  The oracle of these tests.
-NEEDS = {"cta": "cta", "cluster": "cluster", "gpu": "gpu", "peer": "sys", "multicast": "sys", "host": "sys"}
+#: by the GPU, anything another GPU (a peer, an NVSHMEM PE writing our symmetric memory) or the
+#: CPU observes only at .sys.  The oracle of these tests.
+NEEDS = {"cta": "cta", "cluster": "cluster", "gpu": "gpu", "peer": "sys", "symmetric": "sys",
+         "multicast": "sys", "host": "sys"}
 ORDER = ("cta", "cluster", "gpu", "sys")
 ORIGIN = "a test at here.py:1"
 
@@ -99,7 +101,7 @@ def test_no_legal_scope_says_so() -> None:
 
 
 def test_unknown_reach_and_wrong_space() -> None:
-    with pytest.raises(QualifierError, match="the reaches are cta, cluster, gpu, peer, multicast, host") as info:
+    with pytest.raises(QualifierError, match="the reaches are cta, cluster, gpu, peer, symmetric, multicast, host") as info:
         reach.reach("remote")
     assert info.value.rule == "known-reaches"
     with pytest.raises(ScopeError, match=r"peer memory cannot address the .shared::cta state space") as info:
