@@ -70,10 +70,12 @@ def bulk_issuer(
     return issue
 
 
-def _emit_bulk(inst: Instruction, dst, src, size: Any, mbar, *, loc=None, ip=None) -> None:
-    """Check and emit a bulk form; under :func:`~ptxops.emulate_multicast`, a ``.global``
-    destination inside a multicast window becomes one bulk operation per rank."""
-    issue = bulk_issuer(inst, dst, src, size, mbar, loc=loc, ip=ip)
+def _emit_bulk(inst: Instruction, dst, src, size: Any, mbar, extra: Sequence[list[ir.Value]] = (), *,
+               loc=None, ip=None) -> None:
+    """Check and emit a bulk form (``extra``: the cache policy's carriers, if any); under
+    :func:`~ptxops.emulate_multicast`, a ``.global`` destination inside a multicast window
+    becomes one bulk operation per rank."""
+    issue = bulk_issuer(inst, dst, src, size, mbar, extra, loc=loc, ip=ip)
     em = emulation.active()
     if em is not None and inst.qualifiers.get("dst") == "global":
         emulation.bulk_copy(em, dst, issue, loc=loc, ip=ip)
@@ -91,11 +93,14 @@ def cp_async_bulk(
     dst_space: Value = "auto",
     src_space: Value = "auto",
     completion: Value = "auto",
+    cache_policy: Any = None,
     loc=None,
     ip=None,
 ) -> None:
     """Copy ``size`` bytes (an int or Int32, a multiple of 16) from ``src`` to ``dst``
-    asynchronously: ``cp.async.bulk.dst.src.completion [dst], [src], size{, [mbar]}``.
+    asynchronously: ``cp.async.bulk.dst.src.completion{.L2::cache_hint} [dst], [src], size{,
+    [mbar]}{, cache_policy}``; ``cache_policy`` (a 64-bit L2 policy from ``createpolicy``,
+    for a copy to or from global memory) adds ``.L2::cache_hint``.
 
     Global to shared (``.shared::cta`` or ``.shared::cluster``) and shared to another CTA's
     shared memory complete on the mbarrier at ``mbar``; shared to global completes in the
@@ -103,10 +108,12 @@ def cp_async_bulk(
     ``mbar`` implies.  Both pointers must be 16-byte aligned.
     """
     dst_space, src_space = _spaces("cp.async.bulk", dst, src, dst_space, src_space)
+    cache_hint, extra = emit.cache_hint(cache_policy, loc=loc, ip=ip)
     inst = emit.instruction(
-        "cp.async.bulk", dst=dst_space, src=src_space, completion=completion_for(completion, mbar)
+        "cp.async.bulk", dst=dst_space, src=src_space, completion=completion_for(completion, mbar),
+        cache_hint=cache_hint,
     )
-    _emit_bulk(inst, dst, src, size, mbar, loc=loc, ip=ip)
+    _emit_bulk(inst, dst, src, size, mbar, extra, loc=loc, ip=ip)
 
 
 @dsl_user_op
@@ -122,12 +129,14 @@ def cp_reduce_async_bulk(
     src_space: Value = "auto",
     completion: Value = "auto",
     type: str | None = None,
+    cache_policy: Any = None,
     loc=None,
     ip=None,
 ) -> None:
     """Reduce ``size`` bytes of elements at ``src`` (this CTA's shared memory) into ``dst``
-    asynchronously: ``cp.reduce.async.bulk.dst.src.completion.op{.noftz}.type [dst], [src],
-    size{, [mbar]}``.
+    asynchronously: ``cp.reduce.async.bulk.dst.src.completion{.L2::cache_hint}.op{.noftz}.type
+    [dst], [src], size{, [mbar]}{, cache_policy}`` (``cache_policy``, into ``.global`` only:
+    a 64-bit L2 policy from ``createpolicy``).
 
     Element-wise: every ``dst[i]`` becomes ``op(dst[i], src[i])`` for ``op`` in add, min, max,
     inc, dec, and, or, xor over elements of ``dtype`` (default: ``src``'s; Int32 add is
@@ -146,11 +155,12 @@ def cp_reduce_async_bulk(
     multiple of 16.
     """
     dst_space, src_space = _spaces("cp.reduce.async.bulk", dst, src, dst_space, src_space)
+    cache_hint, extra = emit.cache_hint(cache_policy, loc=loc, ip=ip)
     inst = forms.scalar(
         "cp.reduce.async.bulk", dtype or src.dtype, op, type,
-        dst=dst_space, src=src_space, completion=completion_for(completion, mbar),
+        dst=dst_space, src=src_space, completion=completion_for(completion, mbar), cache_hint=cache_hint,
     )
-    _emit_bulk(inst, dst, src, size, mbar, loc=loc, ip=ip)
+    _emit_bulk(inst, dst, src, size, mbar, extra, loc=loc, ip=ip)
 
 
 @dsl_user_op

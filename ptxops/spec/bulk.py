@@ -10,7 +10,8 @@ on an mbarrier: its bytes count down the barrier's transaction count
 bulk async-group (``.bulk_group``), which ``commit_group`` closes and ``wait_group`` waits on.
 A bulk reduction (``cp.reduce.async.bulk``) does the same, but reduces each element of the
 source array into the destination element instead of overwriting it.
-Multicast (``.multicast::cluster``), cache hints (``.L2::cache_hint``) and byte masks
+``.L2::cache_hint`` (a copy to or from global memory, a reduction into it) adds a 64-bit
+cache-policy operand from ``createpolicy``.  Multicast (``.multicast::cluster``) and byte masks
 (``.cp_mask``) are not wrapped.
 """
 
@@ -22,6 +23,22 @@ from .ptxtypes import HALF
 SECTION = "Data Movement and Conversion Instructions: cp.async.bulk (PTX ISA 9.0)"
 SHARED = ("shared::cta", "shared::cluster")
 MBARRIER = "mbarrier::complete_tx::bytes"
+CACHE_HINT = Qualifier(
+    "cache_hint", (None, "cache_hint"),
+    "L2 cache hint: adds a 64-bit cache-policy operand (createpolicy)", prefix=".L2::",
+)
+
+
+def _cache_hint_rule(family: str) -> Rule:
+    """``.L2::cache_hint`` only where global memory is read or written (PTX ISA 9.0: the
+    .shared::cluster destination forms have no cache-policy operand)."""
+    return rule(
+        "cache-hint-global",
+        f"An L2 cache hint is for a {family} to or from .global: the .shared::cluster "
+        f"destination form has none (ptxas: \"Illegal modifier '.L2::cache_hint'\").",
+        when={"cache_hint": "cache_hint", "dst": "shared::cluster", "src": "shared::cta"},
+        allow={"cache_hint": (None,)},
+    )
 
 CP_ASYNC_BULK = Family(
     name="cp.async.bulk",
@@ -35,8 +52,10 @@ CP_ASYNC_BULK = Family(
             "completion mechanism: the mbarrier's transaction count (copies into shared "
             "memory) or the bulk async-group (copies out to global memory)",
         ),
+        CACHE_HINT,
     ),
     rules=(
+        _cache_hint_rule("copy"),
         rule(
             "global-source-to-shared",
             "A copy from .global goes to .shared::cta (PTX ISA 8.6) or .shared::cluster "
@@ -69,8 +88,8 @@ CP_ASYNC_BULK = Family(
             allow={"completion": "bulk_group"},
         ),
     ),
-    operands=("dst", "src", "size", "mbar"),
-    operand_variants={"completion=bulk_group": ("dst", "src", "size")},
+    operands=("dst", "src", "size", "mbar", "policy?cache_hint"),
+    operand_variants={"completion=bulk_group": ("dst", "src", "size", "policy?cache_hint")},
     device_function="cp_async_bulk",
     section=SECTION,
 )
@@ -164,9 +183,11 @@ CP_REDUCE_ASYNC_BULK = Family(
             "completion mechanism: the mbarrier's transaction count (into .shared::cluster) "
             "or the bulk async-group (into .global)",
         ),
+        CACHE_HINT,
         *REDUCE_SLOTS,
     ),
     rules=(
+        _cache_hint_rule("reduction"),
         rule(
             "shared-destination-completes-on-mbarrier",
             "A reduction into .shared::cluster completes on an mbarrier of the destination "
@@ -184,8 +205,8 @@ CP_REDUCE_ASYNC_BULK = Family(
             allow={"completion": "bulk_group"},
         ),
     ) + _reduce_type_rules(),
-    operands=("dst", "src", "size", "mbar"),
-    operand_variants={"completion=bulk_group": ("dst", "src", "size")},
+    operands=("dst", "src", "size", "mbar", "policy?cache_hint"),
+    operand_variants={"completion=bulk_group": ("dst", "src", "size", "policy?cache_hint")},
     device_function="cp_reduce_async_bulk",
     section=REDUCE_SECTION,
 )

@@ -67,7 +67,7 @@ def emit_form(inst: Instruction, gptr, sptr, pointers: dict | None = None) -> No
         mbar = sptr if any(o.role == "mbar" for o in inst.operands) else None
         ptxops.cp_async_bulk(
             dst, src, 16, mbar=mbar, dst_space=q["dst"], src_space=q["src"],
-            completion=q["completion"],
+            completion=q["completion"], cache_policy=cutlass.Int64(0) if q["cache_hint"] else None,
         )
     elif inst.family == "cp.reduce.async.bulk":
         dst = ptxops.mapa(sptr, 0) if q["dst"] == "shared::cluster" else gptr
@@ -75,6 +75,7 @@ def emit_form(inst: Instruction, gptr, sptr, pointers: dict | None = None) -> No
         ptxops.cp_reduce_async_bulk(
             dst, sptr, 16, op=q["op"], type=common["type"], mbar=mbar, dst_space=q["dst"],
             src_space=q["src"], completion=q["completion"],
+            cache_policy=cutlass.Int64(0) if q["cache_hint"] else None,
         )
     elif inst.family in ("st.async", "red.async"):
         ptr = ptxops.mapa(sptr, 0) if space == "shared::cluster" else gptr
