@@ -13,6 +13,7 @@ pytest.importorskip(
     "nvshmem.bindings.device.cute", reason="nvshmem4py is not installed: pip install -e '.[nvshmem]'"
 )
 
+from tests.support import nvshmem_kernels  # noqa: E402
 from tests.support.cute_support import compile_ptx, cute, cutlass, global_tensor  # noqa: E402
 
 import ptxops  # noqa: E402
@@ -45,25 +46,17 @@ def ptx_of(body, n_dst: int = 64, n_src: int = 64, dtype=F32, arch: str = "sm_90
                        global_tensor(U64, 1, 8), arch=arch)
 
 
-def _exchange(dst, src, sig):
-    """A put of 16 elements, a put-with-signal (add 1) and the receiver's bounded wait for it."""
-    d, s = sym(dst), sym(sig)
-    nv.put(d, src, 1, count=16, nbi=True)  # a count moves less than the buffers hold
-    nv.put_signal(d, src, s, 1, 1, op="add")
-    nv.quiet()
-    nv.fence()
-    src[0] = F32(nv.signal_wait(s, 1, cutlass.Int64(1 << 30)))
-
-
 @pytest.mark.shard_weight(50)  # ptxas assembles NVSHMEM's device library: about 25 s
 def test_put_and_signal_compile_and_link_without_a_gpu() -> None:
-    """The pinned pair: the kernel traces through nvshmem4py's bindings, NVSHMEM's bitcode
+    """The pinned pair: the GPU test's kernel (put-with-signal, put_nbi of a count, quiet,
+    fetch-add, the bounded signal wait) traces through nvshmem4py's bindings, NVSHMEM's bitcode
     for the target links (its functions are defined in the PTX, not left external), and ptxas
     assembles it (compile_ptx runs it)."""
-    ptx = ptx_of(_exchange)
+    ptx = compile_ptx(nvshmem_kernels.ring, *nvshmem_kernels.example_args())
     assert ".entry" in ptx and ".target sm_90a" in ptx
     defined = set(re.findall(r"^\.func\s+(?:\([^)]*\)\s*)?(\w+)", ptx, re.M))
-    assert {"nvshmem_float_put_nbi", "nvshmem_float_put_signal"} <= defined, "NVSHMEM's bitcode not linked"
+    wanted = {"nvshmem_float_put_signal", "nvshmem_float_put_nbi", "nvshmem_uint64_atomic_fetch_add"}
+    assert wanted <= defined, f"NVSHMEM's bitcode not linked: {sorted(wanted - defined)}"
     assert not re.findall(r"\.extern\s+\.func[^\n]*nvshmem", ptx), "an NVSHMEM function left undefined"
     assert "ld.acquire.sys.global.b64" in ptx  # signal_wait: acquire loads at .sys
 

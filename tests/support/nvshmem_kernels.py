@@ -1,0 +1,70 @@
+"""The ``ptxops.nvshmem`` kernel the GPU test runs (tests/ptxops/gpu/ranks/test_nvshmem_peer.py)
+and the CPU test compiles (tests/ptxops/test_nvshmem_compile.py): one source, so what CI links
+is what the GPUs run.
+
+A ring: thread 0 of rank ``r`` puts its ``src`` (``N`` Float32, local) into rank ``next``'s
+``inbox`` (symmetric) with a put-with-signal that adds 1 to ``next``'s ``signal`` (symmetric
+Uint64), puts the first ``HALF`` elements again with ``put_nbi`` into the second half of
+``next``'s ``inbox2`` and completes it with ``quiet``, then ``fetch_add``s 1 to the counter on
+PE 0; then waits (bounded) for its own signal to reach ``epoch``.  After a CTA barrier every
+thread copies the inbox to ``out`` (local).  ``result``: [0] 1 if the wait saw the signal, [1]
+the counter's value before the add.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass.cute as cute
+from cutlass import Float32, Int32, Int64, Uint64
+from cutlass.cute.runtime import make_fake_stream
+
+import ptxops
+from ptxops import nvshmem as nv
+
+N = 4096
+HALF = N // 2
+THREADS = 128
+
+
+def _sym(dtype, addr: Int64, n: int, align: int) -> cute.Tensor:
+    """A symmetric tensor of ``n`` elements at address ``addr``."""
+    ptr = cute.make_ptr(dtype, addr, cute.AddressSpace.gmem, assumed_align=align)
+    return cute.make_tensor(ptxops.reach(ptr, "symmetric"), cute.make_layout(n))
+
+
+def _local(dtype, addr: Int64, n: int, align: int) -> cute.Tensor:
+    return cute.make_tensor(cute.make_ptr(dtype, addr, cute.AddressSpace.gmem, assumed_align=align),
+                            cute.make_layout(n))
+
+
+@cute.kernel
+def ring_kernel(src: Int64, inbox: Int64, inbox2: Int64, signal: Int64, counter: Int64, out: Int64,
+                result: Int64, next_pe: Int32, epoch: Int64, budget_ns: Int64):
+    tidx, _, _ = cute.arch.thread_idx()
+    box = _sym(Float32, inbox, N, 4)
+    sig = _sym(Uint64, signal, 1, 8)
+    res = _local(Int64, result, 2, 8)
+    if tidx == 0:
+        nv.put_signal(box, _local(Float32, src, N, 4), sig, 1, next_pe, op="add")
+        box2 = _sym(Float32, inbox2 + HALF * 4, HALF, 4)
+        nv.put(box2, _local(Float32, src, HALF, 4), next_pe, nbi=True)
+        nv.quiet()
+        res[1] = Int64(nv.fetch_add(_sym(Uint64, counter, 1, 8), 1, 0))
+        ok = nv.signal_wait(sig, epoch, cute.arch.globaltimer() + budget_ns, cmp="ge")
+        res[0] = Int64(ok)
+    cute.arch.sync_threads()
+    dst = _local(Float32, out, N, 4)
+    for i in range(tidx, N, THREADS):
+        dst[i] = box[i]
+
+
+@cute.jit
+def ring(src: Int64, inbox: Int64, inbox2: Int64, signal: Int64, counter: Int64, out: Int64, result: Int64,
+         next_pe: Int32, epoch: Int64, budget_ns: Int64, stream: cuda.CUstream):
+    ring_kernel(src, inbox, inbox2, signal, counter, out, result, next_pe, epoch, budget_ns).launch(
+        grid=[1, 1, 1], block=[THREADS, 1, 1], stream=stream)
+
+
+def example_args() -> tuple:
+    """Arguments to compile :func:`ring` with, without a GPU."""
+    return (*(Int64(0) for _ in range(7)), Int32(1), Int64(1), Int64(1 << 30), make_fake_stream())
