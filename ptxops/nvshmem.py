@@ -30,6 +30,7 @@ from .errors import NvshmemMissing
 
 try:
     import nvshmem.bindings.device.cute as bindings
+    from cuda.pathfinder import find_nvidia_header_directory
     from nvshmem.bindings.device.cute import _bitcode
     from nvshmem.core import SignalOp
     from nvshmem.core.init_fini import find_device_bitcode_library
@@ -52,12 +53,13 @@ def bitcode_path(target: str) -> str:
     """The NVSHMEM device bitcode for compile target ``target`` (``sm_90a``): the installed
     per-architecture library of the newest architecture not above the target's."""
     wanted = int(re.match(r"sm_(\d+)", target)[1])  # type: ignore[index]
-    lib = Path(find_device_bitcode_library(arch=90)).parent
+    lib = Path(find_nvidia_header_directory("nvshmem")).parent / "lib"  # where nvshmem4py looks
     archs = sorted(int(m[1]) for p in lib.glob("libnvshmem_device_sm_*.bc")
                    if (m := re.fullmatch(r"libnvshmem_device_sm_(\d+)\.bc", p.name)))
     usable = [a for a in archs if a <= wanted]
     if not usable:
-        raise RuntimeError(f"ptxops.nvshmem: no NVSHMEM device bitcode for {target} in {lib} (has sm_{archs})")
+        raise RuntimeError(f"ptxops.nvshmem: no NVSHMEM device bitcode for {target} in {lib} (it has "
+                           f"{', '.join(f'sm_{a}' for a in archs) or 'none'})")
     return find_device_bitcode_library(arch=usable[-1])
 
 

@@ -1,6 +1,7 @@
-"""The ``ptxops.nvshmem`` kernel the GPU test runs (tests/ptxops/gpu/ranks/test_nvshmem_peer.py)
-and the CPU test compiles (tests/ptxops/test_nvshmem_compile.py): one source, so what CI links
-is what the GPUs run.
+"""The ``ptxops.nvshmem`` kernel the GPU tests run (:func:`run_ring`: tests/ptxops/gpu/ranks/
+test_nvshmem_peer.py, a PE per GPU, and tests/ptxops/gpu/procs/test_nvshmem_procs.py, 2 PEs on
+one GPU) and the CPU test compiles (tests/ptxops/test_nvshmem_compile.py): one source, so what
+CI links is what the GPUs run.
 
 A ring: thread 0 of rank ``r`` puts its ``src`` (``N`` Float32, local) into rank ``next``'s
 ``inbox`` (symmetric) with a put-with-signal that adds 1 to ``next``'s ``signal`` (symmetric
@@ -13,6 +14,8 @@ the counter's value before the add.
 
 from __future__ import annotations
 
+from typing import Any
+
 import cuda.bindings.driver as cuda
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Int64, Uint64
@@ -21,6 +24,7 @@ from cutlass.cute.runtime import make_fake_stream
 import ptxops
 from ptxops import nvshmem as nv
 
+BUDGET_NS = 10_000_000_000  # the signal wait gives up after 10 s
 N = 4096
 HALF = N // 2
 THREADS = 128
@@ -68,3 +72,55 @@ def ring(src: Int64, inbox: Int64, inbox2: Int64, signal: Int64, counter: Int64,
 def example_args() -> tuple:
     """Arguments to compile :func:`ring` with, without a GPU."""
     return (*(Int64(0) for _ in range(7)), Int32(1), Int64(1), Int64(1 << 30), make_fake_stream())
+
+
+def run_ring(ctx: Any) -> None:
+    """Run :func:`ring` once on every rank of the open ``collectives`` context ``ctx`` (its
+    heap NVSHMEM's: PE = rank) and check it: each inbox holds exactly the previous rank's
+    source (put_signal), the second half of the second inbox the first half of it and its first
+    half is untouched (``put(nbi=True)`` of a stated count), the bounded wait saw the signal,
+    and the fetch-adds on PE 0's counter returned 0 .. W-1 once each and left W."""
+    import pytest
+    import torch
+    import torch.distributed as dist
+
+    if type(ctx.heap).__name__ != "NvshmemHeap":
+        pytest.skip(f"the context's heap is {type(ctx.heap).__name__}, not NVSHMEM's")
+    from nvshmem.core import library_finalize
+    from nvshmem.core.interop.cute import cute_compile_helper
+
+    from tests.support.gpu_support import current_stream
+
+    world, rank = ctx.world_size, ctx.rank
+    inbox, inbox2 = ctx.empty(N, torch.float32), ctx.empty(N, torch.float32)
+    signal, counter = ctx.empty(1, torch.int64), ctx.empty(1, torch.int64)  # Uint64 words
+    for t, v in ((inbox, -1), (inbox2, -1), (signal, 0), (counter, 0)):
+        t.fill_(v)
+    src = torch.arange(N, dtype=torch.float32, device="cuda") + rank * N
+    out = torch.full((N,), -2.0, device="cuda")
+    result = torch.full((2,), -1, dtype=torch.int64, device="cuda")
+    torch.cuda.synchronize()
+    ctx.host_barrier()
+
+    args = (*(Int64(t.data_ptr()) for t in (src, inbox, inbox2, signal, counter, out, result)),
+            Int32((rank + 1) % world), Int64(1), Int64(BUDGET_NS), current_stream())
+    compiled, module = cute_compile_helper(ring, *args)
+    try:
+        compiled(*args)
+        torch.cuda.synchronize()
+        ctx.host_barrier()
+    finally:
+        library_finalize(module)
+
+    prev = (rank - 1) % world
+    expected = torch.arange(N, dtype=torch.float32, device="cuda") + prev * N
+    assert result[0].item() == 1, "the signal wait timed out"
+    assert torch.equal(out, expected) and torch.equal(inbox, expected)
+    assert torch.equal(inbox2[HALF:], expected[:HALF])
+    assert torch.all(inbox2[:HALF] == -1), "put(count=) wrote past its count"
+    olds: list[Any] = [None] * world
+    dist.all_gather_object(olds, result[1].item(), group=ctx.group)
+    assert sorted(olds) == list(range(world))
+    if rank == 0:
+        assert counter.item() == world
+    assert signal.item() == 1
