@@ -64,6 +64,10 @@ MAX_CHUNKS = 8
 #: Thread blocks each chunk's communication kernel may take (None: the collective's own
 #: choice, a quarter of the SMs for TMA); the rest of the GPU stays with the GEMM.
 COMM_BLOCKS: int | None = None
+#: ``all_gather_gemm`` gathers each chunk with copy engines instead of the all-gather kernel
+#: (:func:`_copy_engine_gather`): no SM is taken from the GEMM, at the cost of two barriers and
+#: W copies per chunk.  Off by default until timed on 4 GPUs (``gemm_overlap_bench --gather-ce``).
+GATHER_COPY_ENGINE = False
 
 #: The staging-pool slot of each function's symmetric workspace.
 _WORKSPACE_SLOT = {"gemm_reduce_scatter": Slot.GEMM_REDUCE_SCATTER, "all_gather_gemm": Slot.ALL_GATHER_GEMM}
@@ -226,8 +230,11 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
             g = gathered[at:at + world * (r1 - r0) * k].view(world, r1 - r0, k)
             at += world * (r1 - r0) * k
             marks = _marks(timeline, "comm", c, side)
-            src = a_shard[r0:r1].view(-1)
-            all_gather(g.view(-1), src, algorithm=_algorithm(g, src), max_blocks=COMM_BLOCKS, group=comm)
+            if GATHER_COPY_ENGINE:
+                _copy_engine_gather(comm, g, a_shard[r0:r1])
+            else:
+                src = a_shard[r0:r1].view(-1)
+                all_gather(g.view(-1), src, algorithm=_algorithm(g, src), max_blocks=COMM_BLOCKS, group=comm)
             _close(marks, side)
             comm.stream_flags.post(slot + c)
             views.append(g)
@@ -241,6 +248,20 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
         _close(marks, main)
     main.wait_stream(side)
     return out
+
+
+def _copy_engine_gather(comm: Communicator, g: torch.Tensor, rows: torch.Tensor) -> None:
+    """Block ``comm.rank`` of ``g`` (W x rows x K, a view of the symmetric workspace) on every
+    rank = ``rows``, by copy engines: one ``copy_`` (``cudaMemcpyAsync`` through the peer
+    mapping) per rank's workspace, between a start barrier (every rank's reads of ``g`` from its
+    previous call are done: its side stream forked after them) and an end barrier (every rank's
+    rows have landed before the post that releases this chunk's GEMMs)."""
+    from .api import barrier
+
+    barrier(group=comm)
+    for peer in comm.ctx.peer_tensors(g):
+        peer[comm.rank].copy_(rows)
+    barrier(group=comm)
 
 
 @torch.compiler.assume_constant_result

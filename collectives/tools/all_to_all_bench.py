@@ -28,7 +28,11 @@ fp8 rows (``fp8=True``: e4m3 and a scale per token, the rows the published pplx-
 send), eager and in graphs, torch steps and fused, against the bf16 dispatch's fused time
 measured in the same part.  ``--profile N`` runs only part 5: where an eager layer's time goes
 at ``N`` tokens per rank (host time to enqueue a dispatch and a combine against their time per
-call, and torch's profiler table of host time by operation, rank 0).  NVLink multicast stays off.
+call, and torch's profiler table of host time by operation, rank 0).  ``--out DIR`` writes the
+figures of parts 1-4 as ``DIR/moe-<device>.json`` (records: part, impl, dtype, tokens, mode, us;
+:data:`FIELDS`; with ``--symm-mem``: ``DIR/moe-symm-mem-<device>.json``).  A NCCL or torch
+column that raises is skipped with its reason (printed, and in the JSON), never the run.  NVLink
+multicast stays off.
 """
 
 from __future__ import annotations
@@ -45,13 +49,20 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from .bench import time_op  # noqa: E402
+from .records import Recorder, all_ranks_agree  # noqa: E402
 
 TOKENS = (1, 8, 64, 128, 512, 4096)
+#: The fields of a record, before ``us``.  part: ``all_to_all``, ``dispatch``, ``combine`` (low
+#: latency), ``dispatch_throughput``, ``combine_throughput``, ``fp8_dispatch`` (part 4: bf16 and
+#: fp8 rows timed side by side); impl: ``nccl``, ``torch_symm_mem``, ``ours_plain`` and
+#: ``ours_symmetric`` (the all-to-all's output), ``ours_torch_steps`` and ``ours_fused`` (MoE).
+FIELDS = ("part", "impl", "dtype", "tokens", "mode")
 
 
-def symm_mem_all_to_all(sizes: list[int], hidden: int, modes: list[str]) -> None:
+def symm_mem_all_to_all(sizes: list[int], hidden: int, modes: list[str], out: str | None) -> None:
     """Rank 0 prints ``torch.ops.symm_mem.all_to_all_vdev``'s time per call for ``tokens``
-    rows of ``hidden`` bf16 to every rank, at every size and mode (see the module)."""
+    rows of ``hidden`` bf16 to every rank, at every size and mode (see the module), and with
+    ``out`` writes them as ``out/moe-symm-mem-<device>.json``."""
     import torch.distributed._symmetric_memory as symm_mem
 
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
@@ -67,6 +78,7 @@ def symm_mem_all_to_all(sizes: list[int], hidden: int, modes: list[str]) -> None
             print(f"symm_mem all_to_all_vdev: not available here: {type(e).__name__}: {e}")
         dist.destroy_process_group()
         return
+    rec = Recorder("moe-symm-mem", FIELDS, all_ranks_agree(), rank)
     # Older torch: (inp, out, in_out_splits[3, W], group); newer: (inp, out, in_splits[W],
     # out_splits_offsets[2, W], group).
     split_rows = len(op.default._schema.arguments) == 4
@@ -91,13 +103,12 @@ def symm_mem_all_to_all(sizes: list[int], hidden: int, modes: list[str]) -> None
                 args = (inp, out, in_splits, out_splits, group)
             iters = max(10, min(200, (1 << 30) // (n * 2 * 4)))
             sent = (world - 1) * tokens * hidden * 2
-            try:
-                us = time_op(lambda: op(*args), iters, mode == "graph")
-                row = f"{us:8.1f} ({sent / us / 1e3:5.0f})"
-            except RuntimeError as e:  # (a graph capture it refuses, for one)
-                row = f"failed: {str(e).splitlines()[0][:100]}"
-            if rank == 0:
-                print(f"{mode:6} {tokens:>6} {row}", flush=True)
+            us = rec.baseline(lambda: time_op(lambda: op(*args), iters, mode == "graph"), part="all_to_all",
+                              impl="torch_symm_mem", dtype="bf16", tokens=tokens, mode=mode)
+            if rank == 0 and us is not None:  # (a failure, a graph capture it refuses for one, is printed)
+                print(f"{mode:6} {tokens:>6} {us:8.1f} ({sent / us / 1e3:5.0f})", flush=True)
+    if rank == 0 and out:
+        print(f"wrote {rec.write(out, world, torch.cuda.get_device_name())}")
     torch.cuda.synchronize()
     dist.barrier()
     dist.destroy_process_group()
@@ -191,15 +202,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fp8", action="store_true", help="also time the dispatch with fp8 rows (part 4)")
     parser.add_argument("--profile", type=int, default=0, metavar="TOKENS",
                         help="only part 5: the host time of an eager layer at TOKENS tokens per rank")
+    parser.add_argument("--out", help="write DIR/moe-<device>.json (parts 1-4)")
     args = parser.parse_args(argv)
     if args.symm_mem:
         symm_mem_all_to_all([int(t) for t in args.tokens.split(",")], args.hidden,
-                            ["eager"] if args.no_graph else ["eager", "graph"])
+                            ["eager"] if args.no_graph else ["eager", "graph"], args.out)
         return
 
     import collectives
-    from collectives import moe
-    from collectives.runtime.all_to_all import STAGING_BYTES
     from collectives.runtime.communicator import communicator
 
     comm = communicator()
@@ -207,14 +217,42 @@ def main(argv: list[str] | None = None) -> None:
         profile_layer(args, args.profile)
         collectives.current().close()
         return
+    rec = Recorder("moe", FIELDS, all_ranks_agree(), comm.rank)
+    try:
+        layer_parts(args, rec, ["eager"] if args.no_graph else ["eager", "graph"],
+                    [int(t) for t in args.tokens.split(",")])
+    finally:
+        if comm.rank == 0 and args.out:
+            path = rec.write(args.out, comm.world, torch.cuda.get_device_name(), hidden=args.hidden,
+                             experts=args.experts, topk=args.topk)
+            print(f"wrote {path}")
+    torch.cuda.synchronize()
+    dist.barrier()
+    collectives.current().close()
+
+
+def _us(t: float | None, sent: int | None = None) -> str:
+    """A cell: microseconds (and GB/s of ``sent`` bytes), or ``-`` for a skipped column."""
+    if t is None:
+        return "-"
+    return f"{t:.1f}" + (f" ({sent / t / 1e3:5.0f})" if sent else "")
+
+
+def layer_parts(args: argparse.Namespace, rec: Recorder, modes: list[str], sizes: list[int]) -> None:
+    """Parts 1-4 (see the module) into ``rec``, rank 0 printing a row per size."""
+    import collectives
+    from collectives import moe
+    from collectives.runtime.all_to_all import STAGING_BYTES
+    from collectives.runtime.communicator import communicator
+
+    comm = communicator()
     world, rank, hidden, dtype = comm.world, comm.rank, args.hidden, torch.bfloat16
-    modes = ["eager"] if args.no_graph else ["eager", "graph"]
-    sizes = [int(t) for t in args.tokens.split(",")]
     if rank == 0:
         print(f"device: {torch.cuda.get_device_name()} x {world}; hidden {hidden}, bf16")
         print("all_to_all: us per call (GB/s sent to other ranks per rank)")
         print(f"{'mode':6} {'tokens':>6} {'nccl':>16} {'ours plain':>16} {'ours symmetric':>16}")
     for mode in modes:
+        graph = mode == "graph"
         for tokens in sizes:
             n = world * tokens
             iters = max(10, min(200, (1 << 30) // (n * hidden * 2 * 4)))
@@ -223,13 +261,16 @@ def main(argv: list[str] | None = None) -> None:
             symmetric = collectives.empty((n, hidden), dtype)
             sent = (world - 1) * tokens * hidden * 2
             staged = plain.nbytes <= STAGING_BYTES  # a larger plain output does not fit the staging buffer
-            us = [time_op(lambda: dist.all_to_all_single(plain, inp), iters, mode == "graph"),
-                  time_op(lambda: collectives.all_to_all(plain, inp), iters, mode == "graph") if staged else None,
-                  time_op(lambda: collectives.all_to_all(symmetric, inp), iters, mode == "graph")]
+            row = dict(part="all_to_all", dtype="bf16", tokens=tokens, mode=mode)
+            us = [rec.baseline(lambda: time_op(lambda: dist.all_to_all_single(plain, inp), iters, graph),
+                               impl="nccl", **row),
+                  rec.ours(lambda: time_op(lambda: collectives.all_to_all(plain, inp), iters, graph),
+                           impl="ours_plain", **row) if staged else None,
+                  rec.ours(lambda: time_op(lambda: collectives.all_to_all(symmetric, inp), iters, graph),
+                           impl="ours_symmetric", **row)]
             collectives.synchronize()
             if rank == 0:
-                print(f"{mode:6} {tokens:>6} " + " ".join(f"{t:8.1f} ({sent / t / 1e3:5.0f})" if t else f"{'-':>16}"
-                                                          for t in us), flush=True)
+                print(f"{mode:6} {tokens:>6} " + " ".join(f"{_us(t, sent):>16}" for t in us), flush=True)
             comm.ctx.free(symmetric)
 
     if rank == 0:
@@ -237,21 +278,38 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{'mode':6} {'tokens':>6} {'nccl dispatch':>14} {'nccl combine':>13} {'dispatch':>9} {'combine':>8} "
               f"{'fused dispatch':>15} {'fused combine':>14}")
     gen = torch.Generator(device="cuda").manual_seed(rank)
+
+    def layer(parts: tuple[str, str], ours: list[float], nccl: Callable[[], tuple[float, float]] | None,
+              **row) -> list[float | None]:
+        """Record our (dispatch, combine) times, torch steps then fused, and NCCL's (timed by
+        ``nccl()``, a baseline); returns [nccl dispatch, nccl combine, *ours]."""
+        for (impl, part), t in zip([(i, p) for i in ("ours_torch_steps", "ours_fused") for p in parts], ours):
+            rec.add(t, part=part, impl=impl, **row)
+        theirs: list[float | None] = [None, None]
+        if nccl is not None:
+            def both() -> float:
+                theirs[:] = nccl()
+                return theirs[0]
+            if rec.baseline(both, part=parts[0], impl="nccl", **row) is None:
+                theirs = [None, None]
+            else:
+                rec.add(theirs[1], part=parts[1], impl="nccl", **row)
+        return theirs + ours
+
     for mode in modes:
         for tokens in [t for t in sizes if t <= 512]:
             x, ids, weights = layer_inputs(args, tokens, gen)
             # Eager rows of 20 calls moved by 100-200 us from size to size (2 x H100); a graph
             # holds every captured call's buffers (a dispatch at 512 tokens: 1.9 GB), so 20 there.
             iters = 20 if mode == "graph" else 100
-            us = time_ours(lambda: moe.dispatch(x, ids, weights, args.experts, max_tokens=tokens), iters,
-                           mode == "graph")
-            nccl = ["", ""]
-            if mode == "eager":
-                nccl = [f"{t:.1f}" for t in time_nccl(x, ids, weights, args.experts, world, iters)]
+            ours = time_ours(lambda: moe.dispatch(x, ids, weights, args.experts, max_tokens=tokens), iters,
+                             mode == "graph")
+            us = layer(("dispatch", "combine"), ours, (lambda: time_nccl(x, ids, weights, args.experts, world, iters))
+                       if mode == "eager" else None, dtype="bf16", tokens=tokens, mode=mode)
             collectives.synchronize()
             if rank == 0:
-                print(f"{mode:6} {tokens:>6} {nccl[0]:>14} {nccl[1]:>13} {us[0]:9.1f} {us[1]:8.1f} "
-                      f"{us[2]:15.1f} {us[3]:14.1f}", flush=True)
+                print(f"{mode:6} {tokens:>6} {_us(us[0]):>14} {_us(us[1]):>13} {us[2]:9.1f} {us[3]:8.1f} "
+                      f"{us[4]:15.1f} {us[5]:14.1f}", flush=True)
     throughput = [t for t in sizes if t > 512]
     if throughput and rank == 0:
         print("MoE throughput mode (exact sizes; eager: every call reads sizes back, as NCCL's does): us per call "
@@ -261,20 +319,20 @@ def main(argv: list[str] | None = None) -> None:
     for tokens in throughput:
         x, ids, weights = layer_inputs(args, tokens, gen)
         sent = tokens * args.topk * (world - 1) // world * hidden * 2  # rows to other ranks, on average
-        us = time_ours(lambda: moe.dispatch(x, ids, weights, args.experts, mode="throughput"), 10, False)
-        nccl_us, nccl_combine_us = time_nccl(x, ids, weights, args.experts, world, 10)
+        ours = time_ours(lambda: moe.dispatch(x, ids, weights, args.experts, mode="throughput"), 10, False)
+        us = layer(("dispatch_throughput", "combine_throughput"), ours,
+                   lambda: time_nccl(x, ids, weights, args.experts, world, 10), dtype="bf16", tokens=tokens,
+                   mode="eager")
         collectives.synchronize()
         if rank == 0:
-            print(f"{tokens:>6} {nccl_us:11.1f} ({sent / nccl_us / 1e3:5.0f}) {nccl_combine_us:13.1f} "
-                  f"{us[0]:8.1f} ({sent / us[0] / 1e3:5.0f}) {us[1]:8.1f} {us[2]:15.1f} {us[3]:14.1f}", flush=True)
+            print(f"{tokens:>6} {_us(us[0], sent):>21} {_us(us[1]):>13} {_us(us[2], sent):>16} {us[3]:8.1f} "
+                  f"{us[4]:15.1f} {us[5]:14.1f}", flush=True)
     if args.fp8:
-        fp8_dispatch(args, modes, [t for t in sizes if t <= 512], gen)
-    torch.cuda.synchronize()
-    dist.barrier()
-    collectives.current().close()
+        fp8_dispatch(args, rec, modes, [t for t in sizes if t <= 512], gen)
 
 
-def fp8_dispatch(args: argparse.Namespace, modes: list[str], sizes: list[int], gen: torch.Generator) -> None:
+def fp8_dispatch(args: argparse.Namespace, rec: Recorder, modes: list[str], sizes: list[int],
+                 gen: torch.Generator) -> None:
     """Part 4: the low-latency dispatch of bf16 rows and of fp8 rows, torch steps then fused."""
     import collectives
     from collectives import moe
@@ -290,6 +348,8 @@ def fp8_dispatch(args: argparse.Namespace, modes: list[str], sizes: list[int], g
             calls = {fp8: (lambda fp8=fp8: moe.dispatch(x, ids, weights, args.experts, max_tokens=tokens, fp8=fp8))
                      for fp8 in (False, True)}
             us = time_dispatches(calls, 20 if mode == "graph" else 100, mode == "graph")
+            for t, (impl, kind) in zip(us, [(i, k) for i in ("ours_torch_steps", "ours_fused") for k in ("bf16", "fp8")]):
+                rec.add(t, part="fp8_dispatch", impl=impl, dtype=kind, tokens=tokens, mode=mode)
             collectives.synchronize()
             if rank == 0:
                 print(f"{mode:6} {tokens:>6} {us[0]:9.1f} {us[1]:9.1f} {us[2]:11.1f} {us[3]:10.1f}", flush=True)

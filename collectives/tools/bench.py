@@ -6,18 +6,23 @@
 ``--world W`` runs W ranks as threads on one GPU instead (:mod:`collectives.tools.world_bench`:
 each algorithm's bytes per second against a device copy, a one-GPU regression guard).
 
-Times back-to-back operations with CUDA events, eager launches from Python and CUDA-graph
-replays separately; prints a table with times, bus bandwidth and ratios (rank 0), writes
-``bench.json`` and, where matplotlib is installed, ``bench.png``.  NCCL is timed on plain
-tensors and, where this torch and NCCL have them, on symmetric windows
-(:mod:`collectives.tools.nccl_baselines`: its symmetric kernels); every row is compared with
-the fastest NCCL column.  NVLink multicast stays off: our backend is peer, torch's symm_mem runs
-without multicast, NCCL without NVLS.
+Times the barrier, all-reduce, reduce-scatter and all-gather (its rows:
+:func:`gather_rows`) back to back with CUDA events, eager
+launches from Python and CUDA-graph replays separately, ours on symmetric and on plain tensors;
+prints a table with times, bus bandwidth and ratios (rank 0), writes ``DIR/bench-<device>.json``
+(``bench-4xH200.json``: :class:`collectives.tools.records.Recorder`, records ``collective, impl,
+dtype, bytes, mode, us``) and, where matplotlib is installed, its plot (``.png``).  NCCL is
+timed on plain tensors and, where this torch and NCCL have them, on symmetric windows and with
+copy engines (:mod:`collectives.tools.nccl_baselines`); every row is compared with the fastest
+NCCL column.  A baseline column that raises is skipped with its reason (printed, and in the
+JSON's ``skipped``), never the run.  NVLink multicast stays off: our backend is peer, torch's
+symm_mem runs without multicast, NCCL without NVLS.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 from collections.abc import Callable
@@ -94,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--no-graph", action="store_true")
     parser.add_argument("--markdown", metavar="BENCH_JSON",
-                        help="print the tables of an earlier run's bench.json as Markdown, and exit")
+                        help="print the tables of an earlier run's JSON as Markdown, and exit")
     args = parser.parse_args(argv)
     if args.markdown:
         with open(args.markdown) as f:
@@ -109,6 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     from collectives.runtime.communicator import communicator
 
     from .nccl_baselines import baselines
+    from .records import Recorder, all_ranks_agree
 
     comm = communicator()
     rank, world = comm.rank, comm.world
@@ -117,76 +123,149 @@ def main(argv: list[str] | None = None) -> None:
     nccl = baselines(max(sizes))
     if rank == 0:
         print("\n".join(nccl.lines()))
-    results: list[dict] = []
-    modes = [False] if args.no_graph else [False, True]
-
-    def record(collective: str, impl: str, dtype: str, nbytes: int, graph: bool, us: float) -> None:
-        results.append(dict(collective=collective, impl=impl, dtype=dtype, bytes=nbytes,
-                            mode="graph" if graph else "eager", us=us,
-                            busbw=bus_bandwidth(collective, nbytes, world, us) if nbytes else 0.0))
-
-    for graph in modes:
-        iters = 200
-        record("barrier", "ours", "-", 0, graph, time_op(collectives.barrier, iters, graph))
-        handle_buf = symm_mem.empty(1024, device="cuda")
-        handle = symm_mem.rendezvous(handle_buf, group_name)
-        record("barrier", "torch_symm_mem", "-", 0, graph, time_op(lambda: handle.barrier(channel=0), iters, graph))
-
-    for name in args.dtypes.split(","):
-        dtype = DTYPES[name].torch
-        for nbytes in sizes:
-            n = nbytes // torch.empty((), dtype=dtype).element_size()
-            iters = max(10, min(200, (1 << 30) // (nbytes * 8)))
-            ours = collectives.empty(n, dtype)
-            ours.fill_(1)
-            plain = torch.ones(n, dtype=dtype, device="cuda")
-            theirs = symm_mem.empty(n, dtype=dtype, device="cuda")
-            symm_mem.rendezvous(theirs, group_name)
-            theirs.fill_(1)
-            rs_out = torch.empty(n // world, dtype=dtype, device="cuda")
-            algorithms = ["one_shot", "two_shot", "tma"] + (["lamport"] if nbytes <= LAMPORT_MAX_BYTES else [])
-            rs_lamport = ["lamport"] if nbytes // world <= LAMPORT_MAX_BYTES else []  # a block per Lamport slot
-            for graph in modes:
-                for algorithm in (*algorithms, "auto"):
-                    us = time_op(lambda a=algorithm: collectives.all_reduce(ours, algorithm=a, backend="peer"), iters, graph)
-                    record("all_reduce", f"ours_{algorithm}", name, nbytes, graph, us)
-                for algorithm in ("one_shot", "two_shot", "tma", "push", "auto"):  # a tensor from torch's allocator
-                    us = time_op(lambda a=algorithm: collectives.all_reduce(plain, algorithm=a, backend="peer"), iters, graph)
-                    record("all_reduce", f"ours_{algorithm}_plain", name, nbytes, graph, us)
-                record("all_reduce", "nccl", name, nbytes, graph, time_op(lambda: dist.all_reduce(plain), iters, graph))
-                for column in nccl.columns("all_reduce")[1:]:
-                    window, _ = nccl.windows[column].views(n, 0, dtype)
-                    window.fill_(1)
-                    record("all_reduce", column, name, nbytes, graph, time_op(
-                        lambda w=window, g=nccl.group(column): dist.all_reduce(w, group=g), iters, graph))
-                record("all_reduce", "torch_one_shot", name, nbytes, graph, time_op(
-                    lambda: torch.ops.symm_mem.one_shot_all_reduce(theirs, "sum", group_name), iters, graph))
-                record("all_reduce", "torch_two_shot", name, nbytes, graph, time_op(
-                    lambda: torch.ops.symm_mem.two_shot_all_reduce_(theirs, "sum", group_name), iters, graph))
-                for algorithm in (*rs_lamport, "one_shot", "tma", "auto"):
-                    record("reduce_scatter", f"ours_{algorithm}", name, nbytes, graph, time_op(
-                        lambda a=algorithm: collectives.reduce_scatter(rs_out, ours, algorithm=a, backend="peer"), iters, graph))
-                for algorithm in (*rs_lamport, "one_shot", "tma", "push", "auto"):  # an input outside symmetric memory
-                    record("reduce_scatter", f"ours_{algorithm}_plain", name, nbytes, graph, time_op(
-                        lambda a=algorithm: collectives.reduce_scatter(rs_out, plain, algorithm=a, backend="peer"), iters, graph))
-                record("reduce_scatter", "nccl", name, nbytes, graph, time_op(
-                    lambda: dist.reduce_scatter_tensor(rs_out, plain), iters, graph))
-                for column in nccl.columns("reduce_scatter")[1:]:
-                    window, out = nccl.windows[column].views(n, n // world, dtype)
-                    window.fill_(1)
-                    record("reduce_scatter", column, name, nbytes, graph, time_op(
-                        lambda w=window, o=out, g=nccl.group(column): dist.reduce_scatter_tensor(o, w, group=g),
-                        iters, graph))
-            collectives.synchronize()
-            comm.ctx.free(ours)
-
+    rec = Recorder("bench", FIELDS, all_ranks_agree(), rank)
+    modes = ["eager"] if args.no_graph else ["eager", "graph"]
     tma = KernelKey("all_reduce", "tma", "peer", "bf16", world)
-    tma_blocks = {nbytes: grid(comm, tma, -(-nbytes // 16 // world)) for nbytes in sizes}
-    if rank == 0:
-        report(results, world, args.out, {"sms": comm.sms, "tma_blocks_all_reduce_bf16": tma_blocks,
-                                          "nccl_version": nccl.version, "nccl_skipped": nccl.skipped})
+    meta = {"sms": comm.sms, "tma_blocks_all_reduce_bf16": {b: grid(comm, tma, -(-b // 16 // world)) for b in sizes},
+            "nccl_version": nccl.version, "nccl_skipped": nccl.skipped}
+    try:
+        for mode in modes:
+            graph, iters = mode == "graph", 200
+            row = dict(collective="barrier", dtype="-", bytes=0, mode=mode)
+            rec.ours(lambda: time_op(collectives.barrier, iters, graph), impl="ours", **row)
+
+            def torch_barrier() -> float:  # (setting up torch's buffer may fail too: a baseline's failure)
+                handle = symm_mem.rendezvous(symm_mem.empty(1024, device="cuda"), group_name)
+                return time_op(lambda: handle.barrier(channel=0), iters, graph)
+            rec.baseline(torch_barrier, impl="torch_symm_mem", **row)
+
+        for name in args.dtypes.split(","):
+            dtype = DTYPES[name].torch
+            for nbytes in sizes:
+                n = nbytes // torch.empty((), dtype=dtype).element_size()
+                iters = max(10, min(200, (1 << 30) // (nbytes * 8)))
+                ours = collectives.empty(n, dtype)
+                ours.fill_(1)
+                plain = torch.ones(n, dtype=dtype, device="cuda")
+                theirs: list[torch.Tensor] = []  # torch's symmetric buffer, made by its first column
+
+                def torch_buffer() -> torch.Tensor:
+                    if not theirs:
+                        theirs.append(symm_mem.empty(n, dtype=dtype, device="cuda"))
+                        symm_mem.rendezvous(theirs[0], group_name)
+                        theirs[0].fill_(1)
+                    return theirs[0]
+                rs_out = torch.empty(n // world, dtype=dtype, device="cuda")
+                algorithms = ["one_shot", "two_shot", "tma"] + (["lamport"] if nbytes <= LAMPORT_MAX_BYTES else [])
+                rs_lamport = ["lamport"] if nbytes // world <= LAMPORT_MAX_BYTES else []  # a block per Lamport slot
+                for mode in modes:
+                    graph = mode == "graph"
+
+                    def timed(fn: Callable[[], object]) -> Callable[[], float]:
+                        return lambda: time_op(fn, iters, graph)
+
+                    ar = dict(collective="all_reduce", dtype=name, bytes=nbytes, mode=mode)
+                    for algorithm in (*algorithms, "auto"):
+                        rec.ours(timed(lambda a=algorithm: collectives.all_reduce(ours, algorithm=a, backend="peer")),
+                                 impl=f"ours_{algorithm}", **ar)
+                    for algorithm in ("one_shot", "two_shot", "tma", "push", "auto"):  # a tensor from torch's allocator
+                        rec.ours(timed(lambda a=algorithm: collectives.all_reduce(plain, algorithm=a, backend="peer")),
+                                 impl=f"ours_{algorithm}_plain", **ar)
+                    for column in nccl.columns("all_reduce"):
+                        if column == "nccl":
+                            rec.baseline(timed(lambda: dist.all_reduce(plain)), impl=column, **ar)
+                            continue
+                        window, _ = nccl.windows[column].views(n, 0, dtype)
+                        window.fill_(1)
+                        with nccl.stream(column):
+                            rec.baseline(timed(lambda w=window, g=nccl.group(column): dist.all_reduce(w, group=g)),
+                                         impl=column, **ar)
+                    for impl, op in (("torch_one_shot", "one_shot_all_reduce"), ("torch_two_shot", "two_shot_all_reduce_")):
+                        rec.baseline(lambda op=op: time_op(functools.partial(getattr(torch.ops.symm_mem, op), torch_buffer(),
+                                                                             "sum", group_name), iters, graph),
+                                     impl=impl, **ar)
+                    rs = dict(ar, collective="reduce_scatter")
+                    for algorithm in (*rs_lamport, "one_shot", "tma", "auto"):
+                        rec.ours(timed(lambda a=algorithm: collectives.reduce_scatter(rs_out, ours, algorithm=a,
+                                                                                      backend="peer")),
+                                 impl=f"ours_{algorithm}", **rs)
+                    for algorithm in (*rs_lamport, "one_shot", "tma", "push", "auto"):  # an input outside symmetric memory
+                        rec.ours(timed(lambda a=algorithm: collectives.reduce_scatter(rs_out, plain, algorithm=a,
+                                                                                      backend="peer")),
+                                 impl=f"ours_{algorithm}_plain", **rs)
+                    for column in nccl.columns("reduce_scatter"):
+                        if column == "nccl":
+                            rec.baseline(timed(lambda: dist.reduce_scatter_tensor(rs_out, plain)), impl=column, **rs)
+                            continue
+                        window, out = nccl.windows[column].views(n, n // world, dtype)
+                        window.fill_(1)
+                        with nccl.stream(column):
+                            rec.baseline(timed(lambda w=window, o=out, g=nccl.group(column):
+                                               dist.reduce_scatter_tensor(o, w, group=g)), impl=column, **rs)
+                    gather_rows(rec, nccl, name, nbytes, mode, iters)
+                collectives.synchronize()
+                comm.ctx.free(ours)
+    finally:
+        if rank == 0:
+            report(rec, world, args.out, meta)
     dist.barrier()
     collectives.current().close()
+
+
+#: Our algorithms in the all-gather rows.
+ALGORITHMS_ALL_GATHER = ("one_shot", "tma", "lamport", "auto")
+
+
+def gather_rows(rec, nccl, dtype_name: str, nbytes: int, mode: str, iters: int) -> dict[str, float]:
+    """Time one all-gather row (``nbytes`` of output per rank, rounded down to whole 16-element
+    blocks per rank, which every algorithm takes) into ``rec``: every NCCL column of ``nccl``
+    (:class:`~collectives.tools.nccl_baselines.Baselines`), then ours on symmetric and on plain
+    tensors (Lamport where the input fits its slot, :data:`~collectives.config.LAMPORT_MAX_BYTES`);
+    returns implementation -> us of what was timed (nothing where the size rounds to 0)."""
+    import collectives
+    from collectives.config import LAMPORT_MAX_BYTES
+    from collectives.runtime.communicator import communicator
+
+    comm = communicator()
+    world, dtype = comm.world, DTYPES[dtype_name].torch
+    size = torch.empty((), dtype=dtype).element_size()
+    n = nbytes // size // world // 16 * 16
+    if n == 0:
+        return {}
+    graph = mode == "graph"
+    row = dict(collective="all_gather", dtype=dtype_name, bytes=world * n * size, mode=mode)
+    plain_in = torch.ones(n, dtype=dtype, device="cuda")
+    plain_out = torch.empty(world * n, dtype=dtype, device="cuda")
+    us: dict[str, float | None] = {}
+    for column in nccl.columns("all_gather"):
+        if column == "nccl":
+            out, inp = plain_out, plain_in
+        else:
+            out, inp = nccl.windows[column].views(world * n, n, dtype)
+            inp.fill_(1)
+        with nccl.stream(column):
+            us[column] = rec.baseline(lambda o=out, i=inp, g=nccl.group(column): time_op(
+                lambda: dist.all_gather_into_tensor(o, i, group=g), iters, graph), impl=column, **row)
+    sym_in, sym_out = collectives.empty(n, dtype), collectives.empty(world * n, dtype)
+    sym_in.fill_(1)
+    try:
+        for suffix, out, inp in (("", sym_out, sym_in), ("_plain", plain_out, plain_in)):
+            for algorithm in ALGORITHMS_ALL_GATHER:
+                if algorithm == "lamport" and n * size > LAMPORT_MAX_BYTES:  # the input exceeds its slot
+                    continue
+                us[f"ours_{algorithm}{suffix}"] = rec.ours(lambda o=out, i=inp, a=algorithm: time_op(
+                    lambda: collectives.all_gather(o, i, algorithm=a, backend="peer"), iters, graph),
+                    impl=f"ours_{algorithm}{suffix}", **row)
+        collectives.synchronize()
+    finally:
+        comm.ctx.free(sym_in)
+        comm.ctx.free(sym_out)
+    return {k: v for k, v in us.items() if v is not None}
+
+
+#: The fields of a record of the collectives' benches, before ``us`` (``bytes``: per rank,
+#: the larger of input and output: all-reduce's and reduce-scatter's input, all-gather's output).
+FIELDS = ("collective", "impl", "dtype", "bytes", "mode")
 
 
 #: NCCL's columns (:mod:`collectives.tools.nccl_baselines`): plain tensors, symmetric windows,
@@ -205,13 +284,26 @@ IMPLS = {
         "plain": ("ours_lamport_plain", "ours_one_shot_plain", "ours_tma_plain", "ours_push_plain", "ours_auto_plain"),
         "baselines": ("nccl", "nccl_symm"),
     },
+    "all_gather": {
+        "symmetric": ("ours_lamport", "ours_one_shot", "ours_tma", "ours_auto"),
+        "plain": ("ours_lamport_plain", "ours_one_shot_plain", "ours_tma_plain", "ours_auto_plain"),
+        "baselines": ("nccl", "nccl_symm", "nccl_ce"),
+    },
 }
 
 
-def strongest_nccl(us: dict[str, float]) -> tuple[str, float]:
-    """The fastest NCCL column among ``us`` (implementation -> microseconds) and its time."""
-    name = min((i for i in NCCL if i in us), key=lambda i: us[i])
+def strongest_nccl(us: dict[str, float]) -> tuple[str, float] | None:
+    """The fastest NCCL column among ``us`` (implementation -> microseconds) and its time;
+    None where every NCCL column was skipped."""
+    present = [i for i in NCCL if i in us]
+    if not present:
+        return None
+    name = min(present, key=lambda i: us[i])
     return name, us[name]
+
+
+def _ratio(num: float | None, den: float | None) -> str:
+    return f"{num / den:.2f}" if num and den else "-"
 
 
 def table(results: list[dict], world: int, collective: str, dtype: str, mode: str) -> list[list[str]]:
@@ -232,15 +324,15 @@ def table(results: list[dict], world: int, collective: str, dtype: str, mode: st
     for nbytes in sorted({b for _, b in index}):
         us = {i: index[(i, nbytes)]["us"] for i in shown if (i, nbytes) in index}
 
-        def best(group: str) -> float:
-            return min(us[i] for i in groups[group] if i in us and "auto" not in i)
+        def best(group: str) -> float | None:
+            return min((us[i] for i in groups[group] if i in us and "auto" not in i), default=None)
 
-        auto, auto_plain = us["ours_auto"], us["ours_auto_plain"]
-        nccl, nccl_us = strongest_nccl(us)
+        auto, auto_plain = us.get("ours_auto"), us.get("ours_auto_plain")
+        nccl, nccl_us = strongest_nccl(us) or ("-", None)
         rows.append([_size(nbytes)] + [f"{us[i]:.1f}" if i in us else "-" for i in shown]
-                    + [nccl.replace("_", " "), f"{nccl_us / auto:.2f}", f"{nccl_us / auto_plain:.2f}"]
-                    + [f"{us[b] / auto:.2f}" for b in torch_impls]
-                    + [f"{auto / best('symmetric'):.2f}", f"{auto_plain / best('plain'):.2f}",
+                    + [nccl.replace("_", " "), _ratio(nccl_us, auto), _ratio(nccl_us, auto_plain)]
+                    + [_ratio(us.get(b), auto) for b in torch_impls]
+                    + [_ratio(auto, best("symmetric")), _ratio(auto_plain, best("plain")),
                        _auto_pick(collective, world, nbytes)])
     return rows
 
@@ -260,26 +352,40 @@ def _barrier_lines(results: list[dict]) -> list[str]:
             for mode in ("eager", "graph") if ("ours", mode) in index and ("torch_symm_mem", mode) in index]
 
 
-def report(results: list[dict], world: int, out_dir: str, sms: dict) -> None:
-    """Print the comparison tables and write bench.json (and bench.png with matplotlib)."""
-    gpu = torch.cuda.get_device_name()
+def report(rec, world: int, out_dir: str, meta: dict) -> None:
+    """Print the comparison tables and the skipped columns, and write ``bench-<device>.json``
+    (:meth:`~collectives.tools.records.Recorder.write`; and its plot, ``.png``, with
+    matplotlib) into ``out_dir``."""
+    gpu, results = torch.cuda.get_device_name(), rec.results
     print(f"\n{world} x {gpu}, NVLink multicast off (our backend: peer); microseconds per call, "
           "back-to-back, slowest rank, best of 3; 'plain': a tensor from torch's allocator")
-    print(f"{sms['sms']} SMs per GPU; thread blocks (one per SM at most) of the tma all-reduce by "
-          f"size: {', '.join(f'{_size(b)}: {n}' for b, n in sms['tma_blocks_all_reduce_bf16'].items())}")
-    if "nccl_version" in sms:
-        print(_nccl_line(sms))
+    print(f"{meta['sms']} SMs per GPU; thread blocks (one per SM at most) of the tma all-reduce by "
+          f"size: {', '.join(f'{_size(b)}: {n}' for b, n in meta['tma_blocks_all_reduce_bf16'].items())}")
+    print(_nccl_line(meta))
     print("\n".join(_barrier_lines(results)))
     for title, rows in _tables(results, world):
         print(f"\n[{title}]")
         print("\n".join(" | ".join(row) for row in rows))
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "bench.json"), "w") as f:
-        json.dump({"gpu": gpu, "world": world, **sms, "results": results}, f, indent=1)
+    for line in skipped_lines(rec.skipped):
+        print(line)
+    path = rec.write(out_dir, world, gpu, **meta)
+    print(f"wrote {path}")
     try:
-        plot(results, world, gpu, os.path.join(out_dir, "bench.png"))
+        plot(results, world, gpu, path.removesuffix(".json") + ".png")
     except ImportError:
-        print("matplotlib not installed: no bench.png")
+        print("matplotlib not installed: no plot")
+
+
+def skipped_lines(skipped: list[dict]) -> list[str]:
+    """One line per baseline column a run skipped (its first failure, then how many of its rows)."""
+    first: dict[str, dict] = {}
+    count: dict[str, int] = {}
+    for s in skipped:
+        first.setdefault(s["impl"], s)
+        count[s["impl"]] = count.get(s["impl"], 0) + 1
+    return [f"{impl} skipped in {count[impl]} row(s), first at "
+            f"{', '.join(f'{k}={v}' for k, v in s.items() if k not in ('impl', 'reason'))}: {s['reason']}"
+            for impl, s in first.items()]
 
 
 #: Colours (tab10, then greys for NCCL's columns) and markers of the plot's lines.
@@ -333,7 +439,7 @@ def plot(results: list[dict], world: int, gpu: str, path: str) -> None:
         for impl in shown:
             points = sorted((r for r in results if (r["collective"], r["impl"], r["mode"], r["dtype"])
                              == (collective, impl, mode, "bf16")), key=lambda r: r["bytes"])
-            ax.plot([r["bytes"] for r in points], [r["busbw"] for r in points],
+            ax.plot([r["bytes"] for r in points], [bus_bandwidth(collective, r["bytes"], world, r["us"]) for r in points],
                     label=impl.removesuffix("_plain"), **styles[impl.removesuffix("_plain")])
         ax.set_xscale("log", base=2)
         ax.set_xlabel("bytes per rank")
@@ -346,10 +452,12 @@ def plot(results: list[dict], world: int, gpu: str, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def markdown(run: dict) -> str:
-    """A run's bench.json as Markdown: the barrier lines and one table per collective, dtype
-    and mode (see :func:`table`)."""
-    lines = [f"## {run['world']} x {run['gpu']}", ""]
+def markdown(run: dict, level: int = 2, title: str | None = None) -> str:
+    """A run's JSON as Markdown: a heading of ``level`` (``title``, default the machine), the
+    barrier lines and one table per collective, dtype and mode (see :func:`table`) a level
+    below (the skipped columns: :mod:`collectives.tools.bench_report`)."""
+    machine = f"{run['world']} x {run['gpu']}"
+    lines = [f"{'#' * level} {title or machine}", ""]
     if "tma_blocks_all_reduce_bf16" in run:
         blocks = ", ".join(f"{_size(int(b))}: {n}" for b, n in run["tma_blocks_all_reduce_bf16"].items())
         lines += [f"{run['sms']} SMs per GPU. Thread blocks of the TMA all-reduce by size: {blocks}.", ""]
@@ -357,7 +465,7 @@ def markdown(run: dict) -> str:
         lines += [_nccl_line(run), ""]
     lines += [line for b in _barrier_lines(run["results"]) for line in (b, "")]
     for title, rows in _tables(run["results"], run["world"]):
-        lines += [f"### {title}", "", "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+        lines += [f"{'#' * (level + 1)} {title}", "", "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
         lines += ["| " + " | ".join(row) + " |" for row in rows[1:]] + [""]
     return "\n".join(lines)
 
@@ -370,11 +478,14 @@ def _nccl_line(run: dict) -> str:
 
 def _auto_pick(collective: str, world: int, nbytes: int) -> str:
     """The algorithms ``auto`` runs for a 16-byte aligned tensor of ``nbytes`` on the peer
-    backend, symmetric / plain."""
+    backend, symmetric / plain (alike where the collective's choice ignores the placement)."""
+    import inspect
+
     from ..algorithms import tuning
 
-    pick = tuning.all_reduce_algorithm if collective == "all_reduce" else tuning.reduce_scatter_algorithm
-    return " / ".join(pick(world, nbytes, "peer", symmetric=s) for s in (True, False))
+    pick = getattr(tuning, f"{collective}_algorithm")
+    placed = "symmetric" in inspect.signature(pick).parameters
+    return " / ".join(pick(world, nbytes, "peer", **({"symmetric": s} if placed else {})) for s in (True, False))
 
 
 def _size(nbytes: int) -> str:

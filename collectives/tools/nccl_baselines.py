@@ -8,7 +8,8 @@
                runs its symmetric kernels.
 ``nccl_ce``    those windows registered with a second communicator whose CTA policy is
                ``NCCL_CTA_POLICY_ZERO``, where NCCL (2.28+, one node) runs the collectives it
-               implements with copy engines (all-gather; none that reduce) on no SM.
+               implements with copy engines (all-gather; none that reduce) on no SM; timed off
+               the default stream, which NCCL before 2.29.7 refuses (:meth:`Baselines.stream`).
 
 Every buffer is a view at offset 0 of two windows allocated once at the largest size, so every
 rank passes the same offsets (the symmetric windows' contract).  A column this torch or NCCL
@@ -18,6 +19,8 @@ cannot give is skipped with the reason (:attr:`Baselines.skipped`).  NVLS stays 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -28,6 +31,11 @@ SYMMETRIC_NCCL = (2, 27, 0)
 COPY_ENGINE_NCCL = (2, 28, 0)
 #: The collectives NCCL's copy-engine path implements (of those we benchmark).
 COPY_ENGINE_COLLECTIVES = ("all_gather",)
+#: The first NCCL whose copy-engine collectives run on the legacy default stream: before it,
+#: ``cudaMemcpyBatchAsync`` refuses that stream and the call raises "unhandled cuda error"
+#: ("invalid argument"; NVIDIA/nccl#2003, fixed in 2.29.7), which is what killed the 4-GPU
+#: all-gather bench's first (eager) row on NCCL 2.28.9.
+CE_DEFAULT_STREAM_NCCL = (2, 29, 7)
 
 
 def nccl_version() -> tuple[int, ...]:
@@ -107,6 +115,23 @@ class Baselines:
 
     def group(self, name: str) -> dist.ProcessGroup | None:
         return None if name == "nccl" else self.windows[name].group
+
+    def needs_side_stream(self, name: str) -> bool:
+        """Whether column ``name`` must not run on the default stream (:data:`CE_DEFAULT_STREAM_NCCL`)."""
+        return name == "nccl_ce" and tuple(int(v) for v in self.version.split(".")) < CE_DEFAULT_STREAM_NCCL
+
+    @contextlib.contextmanager
+    def stream(self, name: str) -> Iterator[None]:
+        """Where column ``name`` is timed: the current stream, or, for NCCL's copy engines before
+        :data:`CE_DEFAULT_STREAM_NCCL`, a stream of its own that first waits for the current one."""
+        if not self.needs_side_stream(name):
+            yield
+            return
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            yield
+        torch.cuda.current_stream().wait_stream(side)
 
     def lines(self) -> list[str]:
         """What the run has: the NCCL version and every skipped column with its reason."""

@@ -64,7 +64,7 @@ def test_plot_gives_each_implementation_its_own_colour_and_marker_and_nccl_alike
     markers = [s["marker"] for s in styles.values()]
     assert len(set(colours)) == len(colours) and len(set(markers)) == len(markers)
     nccl = [s for i, s in styles.items() if i in bench.NCCL]
-    assert len(nccl) == 2 and all(s["linestyle"] == "--" for s in nccl)
+    assert len(nccl) == len(bench.NCCL) and all(s["linestyle"] == "--" for s in nccl)  # nccl_ce: all-gather
     assert all(s["linestyle"] == "-" for i, s in styles.items() if i not in bench.NCCL)
 
 

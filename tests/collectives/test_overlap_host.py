@@ -258,3 +258,39 @@ def test_no_rank_runs_a_gemm_while_another_may_still_launch_a_collective(monkeyp
         other = {"gemm": "launch", "launch": "gemm"}[event]
         assert other not in since_meeting, f"step {at}: a {event} after a {other} with no meeting between: {rec.events}"
         since_meeting.add(event)
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_copy_engine_gather_copies_this_ranks_rows_into_every_ranks_workspace_between_barriers(
+        monkeypatch, chunks: int) -> None:
+    """overlap.GATHER_COPY_ENGINE: chunk c of this rank's shard lands in block ``rank`` of chunk c
+    of every rank's workspace (one copy per rank, through its peer mapping), after a start
+    barrier and before an end barrier, and no all-gather kernel is launched."""
+    import collectives.api
+
+    world, rank, m, k = 3, 1, 5, 4
+    monkeypatch.setattr(overlap, "CHUNKS", chunks)
+    monkeypatch.setattr(overlap, "GATHER_COPY_ENGINE", True)
+    rec = _Recorder(monkeypatch, world=world, rank=rank)
+    workspaces = [torch.zeros(world * m * k, dtype=torch.float16) for _ in range(world)]
+    rec.comm.staging = lambda nbytes, slot: workspaces[rank].view(torch.uint8)
+
+    def peer_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+        offset = t.storage_offset() - workspaces[rank].storage_offset()
+        return [w.as_strided(t.shape, t.stride(), offset) for w in workspaces]
+
+    rec.comm.ctx = __import__("types").SimpleNamespace(peer_tensors=peer_tensors)
+    monkeypatch.setattr(collectives.api, "barrier", lambda **kwargs: rec.events.append("barrier"))
+    copy = torch.Tensor.copy_
+    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, src: (rec.events.append("copy"), copy(self, src))[1])
+    shard = torch.arange(m * k, dtype=torch.float16).view(m, k) + 1
+    overlap._all_gather_gemm_on(rec.comm, shard, torch.zeros(k, 2, dtype=torch.float16), None, None)
+    gathers = [e for e in rec.events if e in ("barrier", "copy", "launch")]
+    assert gathers == (["barrier"] + ["copy"] * world + ["barrier"]) * chunks
+    at = 0
+    for r0, r1 in overlap._bounds(m):
+        for q, w in enumerate(workspaces):
+            block = w[at:at + world * (r1 - r0) * k].view(world, r1 - r0, k)
+            assert torch.equal(block[rank], shard[r0:r1]), (q, r0)
+            assert not block[(rank + 1) % world].any()  # the other ranks' blocks are theirs to write
+        at += world * (r1 - r0) * k

@@ -61,11 +61,17 @@ def test_gemm_reduce_scatter_is_exact(comm, dtype: str, shape: tuple[int, int, i
     assert np.array_equal(out.float().cpu().numpy(), want_reduce_scatter(world, rank, list(range(world)), shape, dtype))
 
 
+@pytest.mark.parametrize("copy_engine", [False, True], ids=["kernel", "copy_engine"])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", list(KINDS))
-def test_all_gather_gemm_is_exact(comm, dtype: str, shape: tuple[int, int, int]) -> None:
+def test_all_gather_gemm_is_exact(comm, dtype: str, shape: tuple[int, int, int], copy_engine: bool,
+                                  monkeypatch) -> None:
+    """Gathered by the all-gather kernel or by copy engines (overlap.GATHER_COPY_ENGINE: read
+    by every rank before the call's last meeting, so rank threads of a world agree)."""
     import collectives
+    from collectives import overlap
 
+    monkeypatch.setattr(overlap, "GATHER_COPY_ENGINE", copy_engine)
     m, k, n = shape
     shards = [small_ints(r, m, k, dtype) for r in range(comm.world)]
     b = small_ints(100, k, n, dtype)
@@ -191,7 +197,8 @@ def test_unposted_flag_wait_times_out_and_the_communicator_stays_usable(comm) ->
         comm.errors.timeout_s = saved
     comm.ctx.host_barrier()
     test_gemm_reduce_scatter_is_exact(comm, "bf16", SHAPES[0])
-    test_all_gather_gemm_is_exact(comm, "bf16", SHAPES[0])
+    with pytest.MonkeyPatch.context() as mp:
+        test_all_gather_gemm_is_exact(comm, "bf16", SHAPES[0], False, mp)
     assert flags_balanced(comm)
 
 

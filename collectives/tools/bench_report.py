@@ -1,0 +1,253 @@
+"""docs/benchmarks.md's figures, rendered from the benches' JSON files ("where we lose" first).
+
+    python -m collectives.tools.bench_report docs/data --device 4xH200              # Markdown on stdout
+    python -m collectives.tools.bench_report docs/data --device 4xH200 --write docs/benchmarks.md
+
+Reads ``DIR/<bench>-<device>.json`` for every bench of :data:`BENCHES` that is there (written
+by ``collectives/tools/bench_all.sh``, or each bench's ``--out``;
+:class:`collectives.tools.records.Recorder`) and renders one section: the machine, "Where we
+lose" (every row where a baseline column beats ours, worst first, derived from the records:
+nothing is written by hand), the columns a run skipped with their reasons, then the tables.
+``--write FILE`` puts the section between ``<!-- bench_report DEVICE -->`` and ``<!--
+/bench_report DEVICE -->`` in FILE (replacing what was there; where the markers are absent,
+after the other machines' sections, else before the file's first ``##`` heading), so the prose
+around it stays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from collections import defaultdict
+
+from .bench import _size, markdown, skipped_lines, strongest_nccl
+
+#: The benches whose JSON a section renders, in its order (file name prefixes).
+BENCHES = ("bench", "gemm-overlap", "moe", "moe-symm-mem")
+#: Published figures of other MoE all-to-all implementations (from issue 51), shown beside ours:
+#: (system, hardware, part, tokens per rank, us).
+LEADERS = (
+    ("pplx-kernels (fp8 dispatch)", "8 x H100", "dispatch", 1, 41.6),
+    ("pplx-kernels", "8 x H100", "combine", 1, 41.7),
+    ("pplx-kernels (fp8 dispatch)", "8 x H100", "dispatch", 128, 83.6),
+    ("pplx-kernels", "8 x H100", "combine", 128, 102.3),
+    ("DeepEP low latency, NVLink", "8 x H20", "dispatch", 128, 37.0),
+    ("DeepEP low latency, NVLink", "8 x H20", "combine", 128, 59.0),
+)
+
+
+def load(directory: str, device: str) -> dict[str, dict]:
+    """Bench name -> its run (the JSON of ``DIR/<bench>-<device>.json``), for those present."""
+    runs = {}
+    for bench in BENCHES:
+        path = os.path.join(directory, f"{bench}-{device}.json")
+        if os.path.exists(path):
+            with open(path) as f:
+                runs[bench] = json.load(f)
+    return runs
+
+
+def _group(results: list[dict], keys: tuple[str, ...]) -> dict[tuple, dict[str, float]]:
+    """Records grouped by ``keys`` (a row): row -> implementation -> us."""
+    rows: dict[tuple, dict[str, float]] = defaultdict(dict)
+    for r in results:
+        rows[tuple(r[k] for k in keys)][r["impl"]] = r["us"]
+    return rows
+
+
+def _loss(what: str, ours: str, us: float, theirs: str, them: float) -> tuple[float, str]:
+    return us / them, f"{what}: {ours} {us:.1f} us, {theirs} {them:.1f} us (**{us / them:.2f}x** its time)"
+
+
+def collective_losses(run: dict) -> list[tuple[float, str]]:
+    """(ours / theirs, line) of every collective row where the fastest NCCL column beats our
+    ``auto`` (symmetric or plain), or torch symm_mem beats our symmetric ``auto``, and of the
+    barrier where torch's beats ours."""
+    found = []
+    for (collective, dtype, mode, nbytes), us in _group(run["results"], ("collective", "dtype", "mode", "bytes")).items():
+        what = f"{collective}, {dtype}, {mode}, {_size(nbytes)}" if nbytes else f"{collective}, {mode}"
+        if collective == "barrier":
+            if "ours" in us and "torch_symm_mem" in us and us["ours"] > us["torch_symm_mem"]:
+                found.append(_loss(what, "ours", us["ours"], "torch symm_mem", us["torch_symm_mem"]))
+            continue
+        nccl = strongest_nccl(us)
+        for auto, label in (("ours_auto", "ours (auto, symmetric)"), ("ours_auto_plain", "ours (auto, plain)")):
+            if auto in us and nccl and us[auto] > nccl[1]:
+                found.append(_loss(what, label, us[auto], nccl[0].replace("_", " "), nccl[1]))
+        for torch_impl in sorted(i for i in us if i.startswith("torch_")):
+            if "ours_auto" in us and us["ours_auto"] > us[torch_impl]:
+                found.append(_loss(what, "ours (auto, symmetric)", us["ours_auto"], torch_impl.replace("_", " "),
+                                   us[torch_impl]))
+    return found
+
+
+def _best_ours(us: dict[tuple[str, int], float]) -> tuple[str, int, float] | None:
+    ours = [(impl, chunks, t) for (impl, chunks), t in us.items() if impl.startswith("ours")]
+    return min(ours, key=lambda o: o[2]) if ours else None
+
+
+def gemm_losses(run: dict) -> list[tuple[float, str]]:
+    """(ours / theirs, line) of every GEMM-overlap row where a baseline beats our best setting."""
+    found = []
+    for (op, m, n, mode), us in _gemm_rows(run).items():
+        best = _best_ours(us)
+        if best is None:
+            continue
+        impl, chunks, t = best
+        alone = us.get(("gemm", chunks))
+        note = f" (GEMM alone, {chunks} chunks: {alone:.1f} us)" if alone else ""
+        for base in ("mm_nccl", "torch_fused"):
+            them = next((v for (i, _), v in us.items() if i == base), None)
+            if them is not None and t > them:
+                found.append(_loss(f"{op}, M = {m}, N = K = {n}, {mode}", f"ours ({impl}, {chunks} chunks)", t,
+                                   base.replace("_", " "), them))
+                found[-1] = (found[-1][0], found[-1][1] + note)
+    return found
+
+
+def _gemm_rows(run: dict) -> dict[tuple, dict[tuple[str, int], float]]:
+    rows: dict[tuple, dict[tuple[str, int], float]] = defaultdict(dict)
+    for r in run["results"]:
+        rows[(r["op"], r["M"], r["N"], r["mode"])][(r["impl"], r["chunks"])] = r["us"]
+    return rows
+
+
+def moe_losses(run: dict) -> list[tuple[float, str]]:
+    """(ours / theirs, line) of every MoE row where NCCL's or torch's column beats ours (the
+    all-to-all's outputs, the fused dispatch and combine), and where the fused fp8 dispatch is
+    slower than the fused bf16 one of the same part."""
+    found = []
+    for (part, dtype, tokens, mode), us in _group(run["results"], ("part", "dtype", "tokens", "mode")).items():
+        what = f"{part.replace('_', ' ')}, {dtype}, {tokens} tokens, {mode}"
+        ours = ("ours_plain", "ours_symmetric") if part == "all_to_all" else ("ours_fused",)
+        for mine in (o for o in ours if o in us):
+            for base in (b for b in ("nccl", "torch_symm_mem") if b in us and us[mine] > us[b]):
+                found.append(_loss(what, mine.replace("_", " "), us[mine], base.replace("_", " "), us[base]))
+    fp8: dict[tuple, dict[str, float]] = defaultdict(dict)
+    for r in run["results"]:
+        if r["part"] == "fp8_dispatch":
+            fp8[(r["impl"], r["tokens"], r["mode"])][r["dtype"]] = r["us"]
+    for (impl, tokens, mode), us in fp8.items():
+        if "fp8" in us and "bf16" in us and us["fp8"] > us["bf16"]:
+            found.append(_loss(f"dispatch, {tokens} tokens, {mode}", f"fp8 rows ({impl.replace('_', ' ')})",
+                               us["fp8"], "bf16 rows", us["bf16"]))
+    return found
+
+
+def _merged_moe(runs: dict[str, dict]) -> dict | None:
+    """The MoE run with the torch symm_mem all-to-all's records (a process of its own) added."""
+    if "moe" not in runs:
+        return None
+    extra = runs.get("moe-symm-mem", {})
+    return dict(runs["moe"], results=runs["moe"]["results"] + extra.get("results", []),
+                skipped=runs["moe"].get("skipped", []) + extra.get("skipped", []))
+
+
+def _table(head: list[str], rows: list[list[str]]) -> list[str]:
+    return ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows] + [""]
+
+
+def _cell(t: float | None) -> str:
+    return "-" if t is None else f"{t:.1f}"
+
+
+def gemm_tables(run: dict, level: int) -> list[str]:
+    """One table per op: every implementation and chunk count, ours' best over the GEMM alone
+    (same chunks) and over the fastest baseline."""
+    rows = _gemm_rows(run)
+    lines = []
+    for op in sorted({key[0] for key in rows}):
+        mine = {key: us for key, us in rows.items() if key[0] == op}
+        columns = sorted({c for us in mine.values() for c in us}, key=lambda c: (not c[0].startswith("gemm"), c))
+        head = ["M", "N = K", "mode"] + [f"{i.replace('_', ' ')}" + (f" ({c} chunks)" if c else "") for i, c in columns]
+        head += ["best ours", "best ours / GEMM alone", "best ours / best baseline"]
+        body = []
+        for (_, m, n, mode), us in sorted(mine.items(), key=lambda kv: (kv[0][3], kv[0][1], kv[0][2])):
+            best = _best_ours(us)
+            bases = [t for (i, _), t in us.items() if i in ("mm_nccl", "torch_fused")]
+            alone = us.get(("gemm", best[1])) if best else None
+            body.append([str(m), str(n), mode] + [_cell(us.get(c)) for c in columns]
+                        + ([f"{best[0].replace('_', ' ')}, {best[1]}", f"{best[2] / alone:.2f}" if alone else "-",
+                            f"{best[2] / min(bases):.2f}" if bases else "-"] if best else ["-"] * 3))
+        lines += [f"{'#' * level} {op.replace('_', ' ')}", ""] + _table(head, body)
+    return lines
+
+
+def moe_tables(run: dict, level: int) -> list[str]:
+    """One table per part: a row per mode, tokens and dtype, a column per implementation."""
+    lines = []
+    for part in dict.fromkeys(r["part"] for r in run["results"]):
+        records = [r for r in run["results"] if r["part"] == part]
+        impls = list(dict.fromkeys(r["impl"] for r in records))
+        rows = _group(records, ("mode", "tokens", "dtype"))
+        body = [[mode, str(tokens), dtype] + [_cell(us.get(i)) for i in impls]
+                for (mode, tokens, dtype), us in sorted(rows.items())]
+        lines += [f"{'#' * level} {part.replace('_', ' ')}", ""]
+        lines += _table(["mode", "tokens", "dtype"] + [i.replace("_", " ") for i in impls], body)
+    leaders = [f"{name} on {hw}: {part} {us} us at {tokens} token(s) per rank"
+               for name, hw, part, tokens, us in LEADERS]
+    lines += ["Published figures beside ours (graphs, hidden 7168, top-8 of 256; other machines): "
+              + "; ".join(leaders) + ".", ""]
+    return lines
+
+
+def render(runs: dict[str, dict], device: str, level: int = 2) -> str:
+    """The section of ``device``'s runs (:func:`load`): "where we lose" first, then every table."""
+    any_run = next(iter(runs.values()), None)
+    if any_run is None:
+        raise SystemExit(f"no JSON of {device} found (files {', '.join(f'{b}-{device}.json' for b in BENCHES)})")
+    moe = _merged_moe(runs)
+    losses = (collective_losses(runs["bench"]) if "bench" in runs else []) + (
+        gemm_losses(runs["gemm-overlap"]) if "gemm-overlap" in runs else []) + (moe_losses(moe) if moe else [])
+    h = "#" * level
+    lines = [f"{h} {any_run['world']} x {any_run['gpu']} ({device})", "",
+             "Generated by `python -m collectives.tools.bench_report` from "
+             + ", ".join(f"`docs/data/{b}-{device}.json`" for b in runs) + "; microseconds per call, the slowest "
+             "rank's, best of 3.", "", f"{h}# Where we lose ({device})", ""]
+    lines += [f"- {line}" for _, line in sorted(losses, key=lambda x: -x[0])] or ["Nowhere: ours is ahead in every row."]
+    skipped = [f"- {b}: {line}" for b, run in runs.items() for line in skipped_lines(run.get("skipped", []))]
+    lines += ["", f"{h}# Skipped columns ({device})", ""] + (skipped or ["None."]) + [""]
+    if "bench" in runs:
+        lines += [markdown(runs["bench"], level + 1, f"Collectives ({device})")]
+    if "gemm-overlap" in runs:
+        lines += [f"{h}# GEMM overlap ({device})", ""] + gemm_tables(runs["gemm-overlap"], level + 2)
+    if moe:
+        lines += [f"{h}# All-to-all and MoE ({device})", ""] + moe_tables(moe, level + 2)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def write(path: str, device: str, section: str) -> None:
+    """Put ``section`` between ``device``'s markers in the Markdown file ``path``."""
+    begin, end = f"<!-- bench_report {device} -->", f"<!-- /bench_report {device} -->"
+    with open(path) as f:
+        text = f.read()
+    block = f"{begin}\n{section}{end}\n"
+    if begin in text and end in text:
+        text = text[:text.index(begin)] + block + text[text.index(end) + len(end) + 1:]
+    else:  # after the other machines' sections, else before the first section of the page
+        last = text.rfind("<!-- /bench_report ")
+        at = text.index("\n", last) + 2 if last >= 0 else text.find("\n## ") + 1
+        at = len(text) if at <= 0 else at
+        text = text[:at] + block + "\n" + text[at:]
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m collectives.tools.bench_report", description=__doc__)
+    parser.add_argument("directory", help="where the JSON files are (docs/data)")
+    parser.add_argument("--device", required=True, help="the machine of the file names, e.g. 4xH200")
+    parser.add_argument("--write", metavar="MARKDOWN", help="put the section into this file, between its markers")
+    args = parser.parse_args(argv)
+    section = render(load(args.directory, args.device), args.device)
+    if args.write:
+        write(args.write, args.device, section)
+    else:
+        print(section, end="")
+
+
+__all__ = ["BENCHES", "LEADERS", "load", "render", "write"]
+
+if __name__ == "__main__":
+    main()

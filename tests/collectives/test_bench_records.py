@@ -1,0 +1,162 @@
+"""The benches' records on the CPU (timings stubbed: fake numbers, never performance): a
+baseline column that raises is skipped with its reason on every rank and the run goes on, one
+record shape per bench, JSON named after the machine, the tables and "where we lose" rendered
+from the JSON, NCCL's copy-engine column kept off the default stream where NCCL refuses it, and
+the GEMM alone timed with exactly our chunks' launches."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from collectives.tools import bench_report, nccl_baselines  # noqa: E402
+from collectives.tools.bench import FIELDS  # noqa: E402
+from collectives.tools.records import Recorder, device_tag  # noqa: E402
+
+
+def _nccl_error() -> float:
+    raise RuntimeError("NCCL error in: ProcessGroupNCCL.cpp:3690, unhandled cuda error\n"
+                       "Last error: Cuda failure 'invalid argument'")
+
+
+def _row(nbytes: int, mode: str = "eager") -> dict:
+    return dict(collective="all_gather", dtype="bf16", bytes=nbytes, mode=mode)
+
+
+def test_a_failing_baseline_is_skipped_with_its_reason_and_the_run_goes_on(capsys) -> None:
+    rec = Recorder("bench", FIELDS, agree=lambda ok: ok)
+    assert rec.baseline(lambda: 5.0, impl="nccl", **_row(4096)) == 5.0
+    assert rec.baseline(_nccl_error, impl="nccl_ce", **_row(4096)) is None
+    assert rec.ours(lambda: 2.0, impl="ours_auto", **_row(4096)) == 2.0
+    tried = []
+    assert rec.baseline(lambda: tried.append(1) or 1.0, impl="nccl_ce", **_row(1 << 20, "graph")) is None
+    assert not tried  # a column that failed is not tried again in the run (its communicator may be broken)
+    assert [(r["impl"], r["us"]) for r in rec.results] == [("nccl", 5.0), ("ours_auto", 2.0)]
+    first, later = rec.skipped
+    assert first == {**_row(4096), "impl": "nccl_ce",
+                     "reason": "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:3690, unhandled cuda error"}
+    assert later["bytes"] == 1 << 20 and later["reason"].startswith("not tried: failed at collective=all_gather")
+    assert "nccl_ce skipped (all_gather, nccl_ce, bf16, 4096, eager): RuntimeError" in capsys.readouterr().out
+
+
+def test_a_baseline_failing_on_another_rank_is_skipped_here_too() -> None:
+    rec = Recorder("bench", FIELDS, agree=lambda ok: False, rank=1)
+    assert rec.baseline(lambda: 3.0, impl="nccl_symm", **_row(4096)) is None
+    assert rec.results == [] and rec.skipped[0]["reason"] == "failed on another rank"
+
+
+def test_ours_failing_stops_the_run_and_records_keep_one_shape() -> None:
+    rec = Recorder("bench", FIELDS, agree=lambda ok: ok)
+    with pytest.raises(ZeroDivisionError):
+        rec.ours(lambda: 1 / 0, impl="ours_auto", **_row(4096))
+    with pytest.raises(ValueError, match="fields"):
+        rec.add(1.0, impl="ours_auto", collective="all_gather", dtype="bf16", bytes=4096)  # no mode
+
+
+@pytest.mark.parametrize("gpu,tag", [("NVIDIA H200", "4xH200"), ("NVIDIA H100 80GB HBM3", "4xH100"),
+                                     ("NVIDIA GB200", "4xGB200"), ("NVIDIA GeForce RTX 4090", "4xGeForce-RTX-4090")])
+def test_json_is_named_after_the_machine(tmp_path, gpu: str, tag: str) -> None:
+    assert device_tag(4, gpu) == tag
+    rec = Recorder("gemm-overlap", ("op", "impl"), agree=lambda ok: ok)
+    rec.add(1.5, op="all_gather_gemm", impl="gemm")
+    path = rec.write(str(tmp_path), 4, gpu, sms=132)
+    assert path == str(tmp_path / f"gemm-overlap-{tag}.json")
+    run = json.loads((tmp_path / f"gemm-overlap-{tag}.json").read_text())
+    assert run["fields"] == ["op", "impl", "us"] and run["sms"] == 132 and run["world"] == 4
+    assert run["results"] == [{"op": "all_gather_gemm", "impl": "gemm", "us": 1.5}] and run["skipped"] == []
+
+
+@pytest.mark.parametrize("version,side", [("2.28.9", True), ("2.29.6", True), ("2.29.7", False), ("2.30.1", False)])
+def test_nccl_copy_engines_are_timed_off_the_default_stream_where_nccl_refuses_it(version: str, side: bool) -> None:
+    """NCCL before 2.29.7 passes the legacy default stream to cudaMemcpyBatchAsync, which
+    refuses it ('invalid argument': the 4 x H200 all-gather bench's first row)."""
+    found = nccl_baselines.Baselines(version)
+    assert found.needs_side_stream("nccl_ce") is side
+    assert not found.needs_side_stream("nccl_symm") and not found.needs_side_stream("nccl")
+
+
+def _runs() -> dict[str, dict]:
+    def rows(keys: tuple[str, ...], table: list[tuple]) -> list[dict]:
+        return [dict(zip((*keys, "us"), values)) for values in table]
+
+    bench = {"world": 4, "gpu": "NVIDIA H200", "results": rows(("collective", "impl", "dtype", "bytes", "mode"), [
+        ("all_gather", "ours_auto", "bf16", 1 << 20, "graph", 10.0),
+        ("all_gather", "ours_auto_plain", "bf16", 1 << 20, "graph", 30.0),
+        ("all_gather", "nccl", "bf16", 1 << 20, "graph", 20.0),
+        ("all_gather", "nccl_symm", "bf16", 1 << 20, "graph", 15.0),
+        ("barrier", "ours", "-", 0, "graph", 3.0), ("barrier", "torch_symm_mem", "-", 0, "graph", 2.0)]),
+        "skipped": [{**_row(1 << 20, "graph"), "impl": "nccl_ce", "reason": "RuntimeError: invalid argument"}]}
+    gemm = {"world": 4, "gpu": "NVIDIA H200", "results": rows(("op", "impl", "M", "N", "K", "chunks", "mode"), [
+        ("all_gather_gemm", "gemm", 4096, 4096, 4096, 4, "graph", 200.0),
+        ("all_gather_gemm", "ours", 4096, 4096, 4096, 4, "graph", 290.0),
+        ("all_gather_gemm", "ours_ce", 4096, 4096, 4096, 4, "graph", 250.0),
+        ("all_gather_gemm", "mm_nccl", 4096, 4096, 4096, 1, "graph", 300.0),
+        ("all_gather_gemm", "torch_fused", 4096, 4096, 4096, 0, "graph", 205.0)])}
+    moe = {"world": 4, "gpu": "NVIDIA H200", "results": rows(("part", "impl", "dtype", "tokens", "mode"), [
+        ("fp8_dispatch", "ours_fused", "bf16", 128, "graph", 140.0),
+        ("fp8_dispatch", "ours_fused", "fp8", 128, "graph", 650.0),
+        ("combine", "ours_fused", "bf16", 1, "eager", 300.0), ("combine", "nccl", "bf16", 1, "eager", 186.0)])}
+    return {"bench": bench, "gemm-overlap": gemm, "moe": moe}
+
+
+def test_report_puts_where_we_lose_first_worst_first_from_the_records() -> None:
+    text = bench_report.render(_runs(), "4xH200")
+    losses = text[text.index("### Where we lose"):text.index("### Skipped")].splitlines()[2:-1]
+    assert [line.split(":")[0] for line in losses] == [
+        "- dispatch, 128 tokens, graph",  # fp8 4.64x our bf16
+        "- all_gather, bf16, graph, 1 MB",  # plain auto 2.00x nccl symm
+        "- combine, bf16, 1 tokens, eager",  # 1.61x NCCL
+        "- barrier, graph",  # 1.50x torch
+        "- all_gather_gemm, M = 4096, N = K = 4096, graph"]  # best ours (ce) 1.22x torch fused
+    assert "ours (auto, plain) 30.0 us, nccl symm 15.0 us (**2.00x** its time)" in text
+    assert "ours (ours_ce, 4 chunks) 250.0 us, torch fused 205.0 us (**1.22x** its time) (GEMM alone, 4 chunks: 200.0 us)" in text
+    assert "ours (auto, symmetric)" not in text.split("### Skipped")[0]  # 10 us beats both NCCL columns
+    assert text.index("### Where we lose") < text.index("### Collectives") < text.index("### GEMM overlap")
+    assert "- bench: nccl_ce skipped in 1 row(s), first at collective=all_gather" in text
+    head, row = [line for line in text.splitlines() if line.startswith("| 4096 |") or line.startswith("| M |")]
+    cell = dict(zip(*([c.strip() for c in line.strip("|").split("|")] for line in (head, row))))
+    assert cell["best ours / GEMM alone"] == "1.25" and cell["best ours / best baseline"] == "1.22"
+    assert "pplx-kernels" in text and "8 x H100" in text
+
+
+def test_report_goes_between_its_markers_and_leaves_the_prose(tmp_path) -> None:
+    page = tmp_path / "benchmarks.md"
+    page.write_text("# Benchmarks\n\nIntro.\n\n## Older figures\n\ntext\n")
+    bench_report.write(str(page), "4xH200", "## first\n")
+    bench_report.write(str(page), "4xH200", "## second\n")
+    bench_report.write(str(page), "2xH100", "## other\n")
+    assert page.read_text() == ("# Benchmarks\n\nIntro.\n\n<!-- bench_report 4xH200 -->\n## second\n"
+                                "<!-- /bench_report 4xH200 -->\n\n<!-- bench_report 2xH100 -->\n## other\n"
+                                "<!-- /bench_report 2xH100 -->\n\n## Older figures\n\ntext\n")
+
+
+@pytest.mark.parametrize("op", ["gemm_reduce_scatter", "all_gather_gemm"])
+def test_the_gemm_alone_makes_our_chunks_products(monkeypatch, op: str) -> None:
+    """gemm_overlap_bench's GEMM alone: the products ours computes, chunk by chunk, in the same
+    launches (counted), with no communication."""
+    from collectives import overlap
+    from collectives.tools.gemm_overlap_bench import gemm_alone
+
+    world, rank, m, k, n = 3, 2, 6, 4, 5
+    monkeypatch.setattr(overlap, "CHUNKS", 4)
+    a = torch.arange((world * m if op == "gemm_reduce_scatter" else m) * k, dtype=torch.float32).view(-1, k) % 7
+    b = torch.arange(k * n, dtype=torch.float32).view(k, n) % 5
+    out = torch.zeros(world * m * n)
+    launches = []
+    for name in ("mm", "bmm"):
+        real = getattr(torch, name)
+        monkeypatch.setattr(torch, name, lambda *args, real=real, name=name, **kw: (launches.append(name), real(*args, **kw))[1])
+    gemm_alone(op, a, b, out if op == "gemm_reduce_scatter" else out.view(world * m, n), world, rank)()
+    chunks = len(overlap._bounds(m))
+    if op == "gemm_reduce_scatter":
+        assert launches == ["bmm"] * chunks
+        at = 0
+        for r0, r1 in overlap._bounds(m):
+            got = out[at:at + world * (r1 - r0) * n].view(world, r1 - r0, n)
+            assert torch.equal(got, torch.stack([a[q * m + r0:q * m + r1] @ b for q in range(world)]))
+            at += world * (r1 - r0) * n
+    else:
+        assert launches == ["mm"] * (1 + (world - 1) * chunks)
+        assert torch.equal(out.view(world, m, n)[rank], a @ b)
