@@ -9,10 +9,13 @@
 #                                 setting below, torch.mm + NCCL, torch's fused ops
 #   moe-<device>.json             collectives.tools.all_to_all_bench --fp8 (all-to-all, MoE layer, fp8)
 #   moe-symm-mem-<device>.json    collectives.tools.all_to_all_bench --symm-mem (torch's NVSHMEM all-to-all)
+#   overlap-timeline-<device>.json  collectives.tools.overlap_timeline at M = N = K = 4096 (where torch's
+#                                 fused all-gather GEMM hides its communication and ours does not),
+#                                 with the copy-engine gather beside the kernel's (+ .png)
 #   <bench>.log                   each bench's output
 # <device>: 4xH200 (collectives.tools.records.device_tag).  Bounds (seconds; SIGINT first, so a
-# bench cut short still writes what it measured, then SIGKILL 20 s later): BENCH_S=200,
-# GEMM_S=80, MOE_S=60, SYMM_S=20, about 6 minutes in all.  Then, on any machine:
+# bench cut short still writes what it measured, then SIGKILL 20 s later): BENCH_S=180,
+# GEMM_S=80, MOE_S=60, SYMM_S=20, TIMELINE_S=30: about 6 minutes in all.  Then, on any machine:
 #   cp $OUT/*.json docs/data/ && python -m collectives.tools.bench_report docs/data --device 4xH200 \
 #       --write docs/benchmarks.md
 # NVLink multicast stays off (the NVLS-off variables are set here and by every bench).
@@ -39,10 +42,11 @@ bench() {
     echo "$name: rc=$rc in $((SECONDS - start)) s; $(grep -c 'skipped' "$out/$name.log") skipped-column line(s); $(grep '^wrote' "$out/$name.log" | tail -n 1)"
     [[ $rc -eq 0 ]] || status=1
 }
-bench bench "${BENCH_S:-200}" collectives.tools.bench --dtypes bf16
+bench bench "${BENCH_S:-180}" collectives.tools.bench --dtypes bf16
 bench gemm-overlap "${GEMM_S:-80}" collectives.tools.gemm_overlap_bench \
     --chunks 4 --comm-blocks 0,16 --comm-priority 0,-1 --gather-ce 0,1
 bench moe "${MOE_S:-60}" collectives.tools.all_to_all_bench --fp8
 bench moe-symm-mem "${SYMM_S:-20}" collectives.tools.all_to_all_bench --symm-mem
+bench overlap-timeline "${TIMELINE_S:-30}" collectives.tools.overlap_timeline --m 4096 --n 4096 --k 4096 --gather-ce
 ls -l "$out"/*.json
 exit $status

@@ -1,12 +1,16 @@
 """The overlap timeline: when each chunk's GEMM and communication ran, from CUDA events.
 
-    torchrun --nproc-per-node 4 -m collectives.tools.overlap_timeline [--m 16384 --n 8192 --k 8192] [--out DIR]
+    torchrun --nproc-per-node 4 -m collectives.tools.overlap_timeline [--m 16384 --n 8192 --k 8192]
+        [--comm-priority P] [--gather-ce] [--out DIR]
 
 Runs ``gemm_reduce_scatter`` and ``all_gather_gemm`` (bf16) once each after a warm-up, with a
 start and end event around every chunk's GEMM (current stream) and communication (side
-stream).  Rank 0 prints the intervals (microseconds from the first event), writes
-``overlap_timeline.json`` and, where matplotlib is installed, ``overlap_timeline.png`` (one
-row per stream, one bar per chunk) into ``--out``: the plot for ``docs/guide-gemm-overlap.md``.
+stream; of CUDA priority ``P``, lower is higher, with ``--comm-priority``); ``--gather-ce``
+adds ``all_gather_gemm`` gathering by copy engines (``collectives.overlap.GATHER_COPY_ENGINE``).
+Rank 0 prints the intervals (microseconds from the first event), writes
+``overlap-timeline-<device>.json`` (``4xH200``: :func:`collectives.tools.records.device_tag`)
+and, where matplotlib is installed, its plot (``.png``, one row per stream, one bar per chunk)
+into ``--out``: the plot for ``docs/guide-gemm-overlap.md``.
 """
 
 from __future__ import annotations
@@ -57,14 +61,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--m", type=int, default=16384, help="rows of a per rank (gemm_reduce_scatter)")
     parser.add_argument("--n", type=int, default=8192)
     parser.add_argument("--k", type=int, default=8192)
+    parser.add_argument("--comm-priority", type=int, default=0, help="CUDA priority of the side stream (0: default)")
+    parser.add_argument("--gather-ce", action="store_true", help="also all_gather_gemm gathering by copy engines")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args(argv)
 
     import collectives
+    from collectives import overlap
     from collectives.overlap import eager_all_gather_gemm, eager_gemm_reduce_scatter
     from collectives.runtime.communicator import communicator
 
+    from .records import device_tag
+
     comm = communicator()
+    if args.comm_priority:
+        comm.stream_flags.use_side(torch.cuda.Stream(priority=args.comm_priority))
     a = torch.randn(args.m, args.k, device="cuda").to(torch.bfloat16)
     b = torch.randn(args.k, args.n, device="cuda").to(torch.bfloat16)
     shard = a[: args.m // comm.world]
@@ -74,6 +85,9 @@ def main(argv: list[str] | None = None) -> None:
         f"all_gather_gemm M={args.m} N={args.n} K={args.k}, {comm.world} GPUs":
             lambda t: eager_all_gather_gemm(shard, b, timeline=t),
     }
+    if args.gather_ce:
+        calls[f"all_gather_gemm by copy engines M={args.m} N={args.n} K={args.k}, {comm.world} GPUs"] = (
+            lambda t: _copy_engines(overlap, lambda: eager_all_gather_gemm(shard, b, timeline=t)))
     results = {}
     for name, fn in calls.items():
         for _ in range(3):
@@ -87,14 +101,25 @@ def main(argv: list[str] | None = None) -> None:
             for row in rows:
                 print(f"  {row['kind']:4} chunk {row['chunk']:2}: {row['start']:9.1f} .. {row['end']:9.1f} us")
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "overlap_timeline.json"), "w") as f:
+        path = os.path.join(args.out, f"overlap-timeline-{device_tag(comm.world, torch.cuda.get_device_name())}")
+        with open(path + ".json", "w") as f:
             json.dump(results, f, indent=1)
+        print(f"wrote {path}.json")
         try:
-            plot(results, os.path.join(args.out, "overlap_timeline.png"))
+            plot(results, path + ".png")
         except ImportError:
             print("matplotlib not installed: no plot")
     torch.cuda.synchronize()
     collectives.current().close()
+
+
+def _copy_engines(overlap, call):
+    """``call()`` with ``overlap.GATHER_COPY_ENGINE`` on, restored after."""
+    saved, overlap.GATHER_COPY_ENGINE = overlap.GATHER_COPY_ENGINE, True
+    try:
+        return call()
+    finally:
+        overlap.GATHER_COPY_ENGINE = saved
 
 
 if __name__ == "__main__":
