@@ -202,3 +202,42 @@ def test_the_all_gather_rows_survive_nccls_copy_engine_column_failing(monkeypatc
     assert [(s["impl"], s["mode"]) for s in rec.skipped] == [("nccl_ce", "eager"), ("nccl_ce", "graph")]
     assert "unhandled cuda error" in rec.skipped[0]["reason"]
     assert {r["bytes"] for r in rec.results} == {1 << 14} and len(rec.results) == 2 * 8
+
+
+def _bench_all_commands() -> list[tuple[str, list[str]]]:
+    """(module, arguments) of every bench collectives/tools/bench_all.sh runs."""
+    import shlex
+    from pathlib import Path
+
+    script = (Path(__file__).resolve().parents[2] / "collectives/tools/bench_all.sh").read_text()
+    lines = script.replace("\\\n", " ").splitlines()
+    runs = [shlex.split(line) for line in lines if line.startswith("bench ")]
+    return [(words[3], words[4:]) for words in runs]
+
+
+@pytest.mark.parametrize("module,args", _bench_all_commands(), ids=lambda v: v if isinstance(v, str) else "")
+def test_every_bench_of_bench_all_takes_its_arguments(monkeypatch, tmp_path, module: str, args: list[str]) -> None:
+    """A flag a bench does not know would cost a GPU run: each command line of bench_all.sh
+    (with the --out it adds) parses, and the run stops right after parsing."""
+    import argparse
+    import importlib
+
+    class Parsed(Exception):
+        pass
+
+    parse = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, argv=None, namespace=None):
+        parse(self, argv, namespace)
+        raise Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    with pytest.raises(Parsed):
+        importlib.import_module(module).main(["--out", str(tmp_path), *args])
+
+
+def test_bench_all_runs_every_bench_writing_json() -> None:
+    modules = [m for m, _ in _bench_all_commands()]
+    assert modules == ["collectives.tools.bench", "collectives.tools.gemm_overlap_bench",
+                       "collectives.tools.all_to_all_bench", "collectives.tools.all_to_all_bench",
+                       "collectives.tools.overlap_timeline"]
