@@ -185,11 +185,22 @@ def moe_tables(run: dict, level: int) -> list[str]:
                 for (mode, tokens, dtype), us in sorted(rows.items())]
         lines += [f"{'#' * level} {part.replace('_', ' ')}", ""]
         lines += _table(["mode", "tokens", "dtype"] + [i.replace("_", " ") for i in impls], body)
-    leaders = [f"{name} on {hw}: {part} {us} us at {tokens} token(s) per rank"
-               for name, hw, part, tokens, us in LEADERS]
-    lines += ["Published figures beside ours (graphs, hidden 7168, top-8 of 256; other machines): "
-              + "; ".join(leaders) + ".", ""]
-    return lines
+    return lines + leader_table(run, level)
+
+
+def leader_table(run: dict, level: int) -> list[str]:
+    """Each published figure (:data:`LEADERS`) beside ours at the same part and tokens per rank:
+    the fused layer replayed from a graph, bf16 rows and, for the dispatch, fp8 rows."""
+    ours = {(r["part"], r["dtype"], r["tokens"]): r["us"] for r in run["results"]
+            if r["impl"] == "ours_fused" and r["mode"] == "graph" and r["part"] in ("dispatch", "combine")}
+    fp8 = {r["tokens"]: r["us"] for r in run["results"]
+           if (r["part"], r["impl"], r["dtype"], r["mode"]) == ("fp8_dispatch", "ours_fused", "fp8", "graph")}
+    body = [[part, str(tokens), f"{name}, {hardware}", f"{us:.1f}", _cell(ours.get((part, "bf16", tokens))),
+             _cell(fp8.get(tokens)) if part == "dispatch" else "-", f"{run['world']} x {run['gpu']}"]
+            for name, hardware, part, tokens, us in LEADERS]
+    return [f"{'#' * level} Published figures beside ours", "",
+            "Graphs, hidden 7168, top-8 of 256 experts; theirs as published, on their machines:", ""] + _table(
+        ["part", "tokens per rank", "published", "their us", "ours fused, bf16", "ours fused, fp8", "ours on"], body)
 
 
 def render(runs: dict[str, dict], device: str, level: int = 2) -> str:
@@ -247,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
         print(section, end="")
 
 
-__all__ = ["BENCHES", "LEADERS", "load", "render", "write"]
+__all__ = ["BENCHES", "LEADERS", "leader_table", "load", "render", "write"]
 
 if __name__ == "__main__":
     main()

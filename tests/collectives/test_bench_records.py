@@ -118,7 +118,8 @@ def test_report_puts_where_we_lose_first_worst_first_from_the_records() -> None:
     head, row = [line for line in text.splitlines() if line.startswith("| 4096 |") or line.startswith("| M |")]
     cell = dict(zip(*([c.strip() for c in line.strip("|").split("|")] for line in (head, row))))
     assert cell["best ours / GEMM alone"] == "1.25" and cell["best ours / best baseline"] == "1.22"
-    assert "pplx-kernels" in text and "8 x H100" in text
+    leaders = [line for line in text.splitlines() if line.startswith("| dispatch | 128 | pplx-kernels")]
+    assert leaders == ["| dispatch | 128 | pplx-kernels (fp8 dispatch), 8 x H100 | 83.6 | - | 650.0 | 4 x NVIDIA H200 |"]
 
 
 def test_report_goes_between_its_markers_and_leaves_the_prose(tmp_path) -> None:
