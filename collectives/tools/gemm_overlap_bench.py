@@ -14,7 +14,8 @@ M x N.  Per shape, op and mode (eager calls, CUDA-graph replays; slowest rank's 
 - ``ours``: for every setting of ``--chunks`` x ``--comm-blocks`` (a cap on the communication
   kernel's grid, 0: its own, :data:`collectives.overlap.COMM_BLOCKS`) x ``--comm-priority`` (the
   side stream's CUDA priority, 0: default, -1..-5: higher than the GEMM's) x ``--gather-ce``
-  (all_gather_gemm only: 1 gathers with copy engines, :data:`collectives.overlap.GATHER_COPY_ENGINE`),
+  (all_gather_gemm only, with no grid cap: 1 gathers with copy engines,
+  :data:`collectives.overlap.GATHER_COPY_ENGINE`),
   named ``ours`` with ``_blocksB``, ``_prioP``, ``_ce`` for what differs from the default;
 - ``mm_nccl`` (chunks 1) and ``torch_fused`` (chunks 0: its own) baselines; a baseline that
   raises is skipped with its reason, never the run.
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
                                          impl="gemm", chunks=chunks, **row)
                         _line(rank, op, mode, m, n, "gemm", chunks, alone, alone, best)
                         for blocks, priority, copy_engine in settings:
-                            if copy_engine and op != "all_gather_gemm":
+                            if copy_engine and (op != "all_gather_gemm" or blocks):  # (no grid to cap)
                                 continue
                             overlap.COMM_BLOCKS, overlap.GATHER_COPY_ENGINE = blocks or None, copy_engine
                             comm.stream_flags.use_side(side_streams[priority])
