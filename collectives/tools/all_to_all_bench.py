@@ -59,10 +59,10 @@ TOKENS = (1, 8, 64, 128, 512, 4096)
 FIELDS = ("part", "impl", "dtype", "tokens", "mode")
 
 
-def symm_mem_all_to_all(sizes: list[int], hidden: int, modes: list[str], out: str | None) -> None:
+def symm_mem_all_to_all(sizes: list[int], hidden: int, modes: list[str], out_dir: str | None) -> None:
     """Rank 0 prints ``torch.ops.symm_mem.all_to_all_vdev``'s time per call for ``tokens``
     rows of ``hidden`` bf16 to every rank, at every size and mode (see the module), and with
-    ``out`` writes them as ``out/moe-symm-mem-<device>.json``."""
+    ``out_dir`` writes them as ``out_dir/moe-symm-mem-<device>.json``."""
     import torch.distributed._symmetric_memory as symm_mem
 
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
@@ -85,30 +85,32 @@ def symm_mem_all_to_all(sizes: list[int], hidden: int, modes: list[str], out: st
     if rank == 0:
         print(f"device: {torch.cuda.get_device_name()} x {world}; hidden {hidden}, bf16")
         print("torch.ops.symm_mem.all_to_all_vdev: us per call (GB/s sent to other ranks per rank)")
-    for mode in modes:
-        for tokens in sizes:
-            n = world * tokens * hidden
-            # Every tensor on the pinned device, by index (torch's NVSHMEM team manager takes the
-            # device of its first use and refuses any other: "on multiple devices").
-            inp = symm_mem.empty(n, dtype=torch.bfloat16, device=device).normal_()
-            out = symm_mem.empty(n, dtype=torch.bfloat16, device=device)
-            each = torch.full((world,), tokens * hidden, dtype=torch.int64, device=device)
-            if split_rows:
-                splits = symm_mem.empty((3, world), dtype=torch.int64, device=device)
-                splits[0].copy_(each)
-                args = (inp, out, splits, group)
-            else:
-                in_splits = symm_mem.empty(world, dtype=torch.int64, device=device).copy_(each)
-                out_splits = symm_mem.empty((2, world), dtype=torch.int64, device=device)
-                args = (inp, out, in_splits, out_splits, group)
-            iters = max(10, min(200, (1 << 30) // (n * 2 * 4)))
-            sent = (world - 1) * tokens * hidden * 2
-            us = rec.baseline(lambda: time_op(lambda: op(*args), iters, mode == "graph"), part="all_to_all",
-                              impl="torch_symm_mem", dtype="bf16", tokens=tokens, mode=mode)
-            if rank == 0 and us is not None:  # (a failure, a graph capture it refuses for one, is printed)
-                print(f"{mode:6} {tokens:>6} {us:8.1f} ({sent / us / 1e3:5.0f})", flush=True)
-    if rank == 0 and out:
-        print(f"wrote {rec.write(out, world, torch.cuda.get_device_name())}")
+    try:
+        for mode in modes:
+            for tokens in sizes:
+                n = world * tokens * hidden
+                # Every tensor on the pinned device, by index (torch's NVSHMEM team manager takes the
+                # device of its first use and refuses any other: "on multiple devices").
+                inp = symm_mem.empty(n, dtype=torch.bfloat16, device=device).normal_()
+                out = symm_mem.empty(n, dtype=torch.bfloat16, device=device)
+                each = torch.full((world,), tokens * hidden, dtype=torch.int64, device=device)
+                if split_rows:
+                    splits = symm_mem.empty((3, world), dtype=torch.int64, device=device)
+                    splits[0].copy_(each)
+                    args = (inp, out, splits, group)
+                else:
+                    in_splits = symm_mem.empty(world, dtype=torch.int64, device=device).copy_(each)
+                    out_splits = symm_mem.empty((2, world), dtype=torch.int64, device=device)
+                    args = (inp, out, in_splits, out_splits, group)
+                iters = max(10, min(200, (1 << 30) // (n * 2 * 4)))
+                sent = (world - 1) * tokens * hidden * 2
+                us = rec.baseline(lambda: time_op(lambda: op(*args), iters, mode == "graph"), part="all_to_all",
+                                  impl="torch_symm_mem", dtype="bf16", tokens=tokens, mode=mode)
+                if rank == 0 and us is not None:  # (a failure, a graph capture it refuses for one, is printed)
+                    print(f"{mode:6} {tokens:>6} {us:8.1f} ({sent / us / 1e3:5.0f})", flush=True)
+    finally:
+        if rank == 0 and out_dir:
+            print(f"wrote {rec.write(out_dir, world, torch.cuda.get_device_name())}")
     torch.cuda.synchronize()
     dist.barrier()
     dist.destroy_process_group()
