@@ -78,7 +78,7 @@ def symm_mem_all_to_all(sizes: list[int], hidden: int, modes: list[str], out_dir
             print(f"symm_mem all_to_all_vdev: not available here: {type(e).__name__}: {e}")
         dist.destroy_process_group()
         return
-    rec = Recorder("moe-symm-mem", FIELDS, all_ranks_agree(), rank)
+    rec = Recorder("moe-symm-mem", FIELDS, all_ranks_agree(), rank, column=("impl", "mode"))
     # Older torch: (inp, out, in_out_splits[3, W], group); newer: (inp, out, in_splits[W],
     # out_splits_offsets[2, W], group).
     split_rows = len(op.default._schema.arguments) == 4

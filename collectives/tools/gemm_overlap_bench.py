@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = [(int(b), int(p), bool(int(ce))) for b in args.comm_blocks.split(",")
                 for p in args.comm_priority.split(",") for ce in args.gather_ce.split(",")]
     modes = ["eager"] if args.no_graph else ["eager", "graph"]
-    rec = Recorder("gemm-overlap", FIELDS, all_ranks_agree(), rank)
+    rec = Recorder("gemm-overlap", FIELDS, all_ranks_agree(), rank, column=("op", "impl", "mode"))
     side_streams = {p: torch.cuda.Stream(priority=p) for _, p, _ in settings}
     defaults = (overlap.CHUNKS, overlap.COMM_BLOCKS, overlap.GATHER_COPY_ENGINE, comm.stream_flags.side())
     if rank == 0:

@@ -40,15 +40,19 @@ def _reason(err: BaseException) -> str:
 class Recorder:
     """The records of one bench run.  ``keys``: the fields of a record before ``us`` (the same
     in every record of the bench); ``agree(ok)``: True when every rank passed True (a
-    collective; :func:`all_ranks_agree` under torchrun); ``rank``: who prints and writes."""
+    collective; :func:`all_ranks_agree` under torchrun); ``rank``: who prints and writes;
+    ``column``: the fields that name a baseline column, which a failure disables (``impl``:
+    the whole column, whose communicator may be broken; a bench whose baselines fail per
+    mode, torch's fused ops refusing a graph capture, adds ``mode``)."""
 
     bench: str
     keys: tuple[str, ...]
     agree: Callable[[bool], bool]
     rank: int = 0
+    column: tuple[str, ...] = ("impl",)
     results: list[dict] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)
-    failed: dict[str, str] = field(default_factory=dict)  # impl -> the first failure's reason
+    failed: dict[tuple, str] = field(default_factory=dict)  # column -> its first failure, where and why
 
     def _fields(self, fields: dict[str, Any]) -> dict[str, Any]:
         if set(fields) != set(self.keys):
@@ -67,12 +71,12 @@ class Recorder:
     def baseline(self, time: Callable[[], float], **fields: Any) -> float | None:
         """Time a baseline column (``time()``: microseconds, called on every rank) and record
         it; where it raises on any rank, record it as skipped with the reason on every rank,
-        print that (rank 0) and return None.  A column that failed once is skipped, untried,
-        for the rest of the run."""
+        print that (rank 0) and return None.  A column (:attr:`column`) that failed once is
+        skipped, untried, for the rest of the run."""
         record = self._fields(fields)
-        impl = record["impl"]
-        if impl in self.failed:
-            self.skipped.append({**record, "reason": f"not tried: {self.failed[impl]}"})
+        impl, column = record["impl"], tuple(record[k] for k in self.column)
+        if column in self.failed:
+            self.skipped.append({**record, "reason": f"not tried: {self.failed[column]}"})
             return None
         error = None
         try:
@@ -83,7 +87,7 @@ class Recorder:
         if error is None and everywhere:
             return self.add(us, **fields)
         reason = error or "failed on another rank"
-        self.failed[impl] = f"failed at {', '.join(f'{k}={v}' for k, v in record.items() if k != 'impl')}: {reason}"
+        self.failed[column] = f"failed at {', '.join(f'{k}={v}' for k, v in record.items() if k != 'impl')}: {reason}"
         self.skipped.append({**record, "reason": reason})
         if self.rank == 0:
             print(f"  {self.bench}: {impl} skipped ({', '.join(str(v) for v in record.values())}): {reason}",

@@ -242,3 +242,24 @@ def test_bench_all_runs_every_bench_writing_json() -> None:
     assert modules == ["collectives.tools.bench", "collectives.tools.gemm_overlap_bench",
                        "collectives.tools.all_to_all_bench", "collectives.tools.all_to_all_bench",
                        "collectives.tools.overlap_timeline"]
+
+
+def test_a_column_named_by_more_fields_is_disabled_only_there() -> None:
+    """gemm_overlap_bench's torch_fused column is per op and mode: a fused op refusing a graph
+    capture leaves its eager rows and the other op's rows timed."""
+    rec = Recorder("gemm-overlap", ("op", "impl", "mode"), agree=lambda ok: ok, column=("op", "impl", "mode"))
+    tried = []
+
+    def refuse_graphs(op: str, mode: str) -> float:
+        tried.append((op, mode))
+        if mode == "graph":
+            raise RuntimeError("capture refused")
+        return 1.0
+
+    for _ in range(2):  # two shapes
+        for op in ("gemm_reduce_scatter", "all_gather_gemm"):
+            for mode in ("eager", "graph"):
+                rec.baseline(lambda: refuse_graphs(op, mode), op=op, impl="torch_fused", mode=mode)
+    assert tried == [(op, mode) for op in ("gemm_reduce_scatter", "all_gather_gemm") for mode in ("eager", "graph")] + [
+        (op, "eager") for op in ("gemm_reduce_scatter", "all_gather_gemm")]
+    assert len(rec.results) == 4 and len(rec.skipped) == 4
