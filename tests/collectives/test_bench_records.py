@@ -263,3 +263,14 @@ def test_a_column_named_by_more_fields_is_disabled_only_there() -> None:
     assert tried == [(op, mode) for op in ("gemm_reduce_scatter", "all_gather_gemm") for mode in ("eager", "graph")] + [
         (op, "eager") for op in ("gemm_reduce_scatter", "all_gather_gemm")]
     assert len(rec.results) == 4 and len(rec.skipped) == 4
+
+
+def test_the_timeline_of_one_call_is_rendered_with_what_shows_beyond_the_gemms() -> None:
+    timeline = {"gemm_reduce_scatter M=8 N=8 K=8, 4 GPUs": [
+        dict(kind="comm", chunk=0, start=12.0, end=30.0), dict(kind="gemm", chunk=0, start=0.0, end=10.0),
+        dict(kind="gemm", chunk=1, start=11.0, end=21.0), dict(kind="comm", chunk=1, start=31.0, end=40.0)]}
+    text = bench_report.render({"overlap-timeline": timeline}, "4xH200")
+    assert "40.0 us from the first event to the last; the GEMMs 20.0 us in all; 19.0 us after the last GEMM ended." in text
+    rows = [line for line in text.splitlines() if line.startswith("| gemm") or line.startswith("| comm")]
+    assert [r.split(" | ")[0:2] for r in rows] == [["| gemm", "0"], ["| gemm", "1"], ["| comm", "0"], ["| comm", "1"]]
+    assert "## 4 x H200 (4xH200)" in text and "Nowhere" in text
