@@ -57,15 +57,17 @@ Exchange = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], An
 #: rank; reused by the next call of the same shape).
 Empty = Callable[[str, tuple, torch.dtype, torch.device], torch.Tensor]
 #: ``placement(counts, received, rows_out, capacity, exact)``: ``(expert_x, place, kept,
-#: expert_counts, lost)`` for the received rows (``counts``: ``[W, L]``, what each source sent
-#: each local expert): ``expert_x`` of ``rows_out + 1`` rows (the last: the trash row), each kept
-#: row at its ``place``, the dropped rows' place the trash row, and the arrived rows dropped
-#: (``lost``, a GPU scalar); see :mod:`collectives.algorithms.moe_place`.
+#: expert_counts, lost, scales)`` for the received rows (``counts``: ``[W, L]``, what each
+#: source sent each local expert): ``expert_x`` of ``rows_out + 1`` rows (the last: the trash
+#: row) of each row's values, each kept row at its ``place``, the dropped rows' place the trash
+#: row, and the arrived rows dropped (``lost``, a GPU scalar); with fp8 rows, their scales
+#: (f32, ``rows_out + 1``; else None); see :mod:`collectives.algorithms.moe_place`.
 Placement = Callable[[torch.Tensor, torch.Tensor, int, int, bool], tuple]
-#: ``placement_for(local, row_bytes, exact)``: the :data:`Placement` of a dispatch to ``local``
-#: experts per rank whose rows travel as ``row_bytes`` bytes, or None for :func:`place_rows`
-#: (asked once the call's arguments are checked, before its first all-to-all).
-PlacementFor = Callable[[int, int, bool], "Placement | None"]
+#: ``placement_for(local, row_bytes, exact, values)``: the :data:`Placement` of a dispatch to
+#: ``local`` experts per rank whose rows travel as ``row_bytes`` bytes, the first ``values`` of
+#: them its values (fewer than ``row_bytes``: fp8, the scale's 4 bytes next), or None for
+#: :func:`place_rows` (asked once the call's arguments are checked, before its first all-to-all).
+PlacementFor = Callable[[int, int, bool, int], "Placement | None"]
 #: ``weighted_sum(entries, slots, valid, weights, tokens, topk)``: the combine's output,
 #: ``[tokens, hidden]`` in ``entries``' dtype: token ``t``'s sum over ``k`` in order of
 #: ``entries[slots[t * topk + k]] * weights[t * topk + k]``, each product and sum rounded to f32
@@ -203,7 +205,8 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
         wire = torch.float8_e4m3fn
     width = source.shape[1]
     exact = mode == "throughput"
-    placement = placement_for(local, width * source.element_size(), exact) if placement_for else None
+    values = hidden if fp8 else width * source.element_size()  # the bytes of a row placed in expert_x
+    placement = placement_for(local, width * source.element_size(), exact, values) if placement_for else None
     rows = source.index_select(0, order // topk)  # the sent rows, by destination rank and expert
     # Low latency: the rows a rank can receive, the same on every rank, asked for before any
     # launch, so that a shape's first call (its buffer allocated collectively) refuses ranks
@@ -224,22 +227,23 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     received = received.view(source.dtype)
 
     rows_out = total if exact else local * capacity
-    expert_x, place, kept, expert_counts, lost = (placement or place_rows)(counts, received, rows_out, capacity,
-                                                                           exact)
+    place_with = placement or functools.partial(place_rows, values=values)
+    expert_x, place, kept, expert_counts, lost, scales = place_with(counts, received, rows_out, capacity, exact)
     dropped = bins[num_experts] + lost  # the ids out of range, the rows past a capacity
     handle = Handle(order, valid, topk_weights, send_splits, recv_splits, place, kept, tokens, topk, dropped,
                     most=most)
-    expert_x = expert_x[:-1] if exact else expert_x[:-1].view(local, capacity, width)
-    if fp8:
-        handle.scales = expert_x[..., hidden:hidden + 4].contiguous().view(torch.float32)[..., 0]
-        expert_x = expert_x[..., :hidden].contiguous().view(wire)
+    expert_x = expert_x[:-1] if exact else expert_x[:-1].view(local, capacity, expert_x.shape[1])
+    if fp8:  # placed apart: the values and the scales, each contiguous
+        handle.scales = scales[:-1] if exact else scales[:-1].view(local, capacity)
+        expert_x = expert_x.view(wire)
     return expert_x, expert_counts, handle
 
 
-def place_rows(counts: torch.Tensor, received: torch.Tensor, rows_out: int, capacity: int,
-               exact: bool) -> tuple[torch.Tensor, ...]:
+def place_rows(counts: torch.Tensor, received: torch.Tensor, rows_out: int, capacity: int, exact: bool,
+               values: int | None = None) -> tuple[torch.Tensor | None, ...]:
     """The torch steps of a :data:`Placement`: each received row's place, expert ``l``'s rows by
-    source, then in the source's order (see :mod:`collectives.algorithms.moe_place`)."""
+    source, then in the source's order (see :mod:`collectives.algorithms.moe_place`); the first
+    ``values`` bytes of a row placed (None: all; fewer: fp8, the scale's 4 bytes next)."""
     world, local = counts.shape
     room, device = received.shape[0], received.device
     segments = counts.reshape(-1)  # (source, expert) in arrival order
@@ -261,7 +265,11 @@ def place_rows(counts: torch.Tensor, received: torch.Tensor, rows_out: int, capa
         place = torch.where(kept, (segment % local) * capacity + slot, rows_out)  # else: the trash row
     expert_x = torch.empty((rows_out + 1, received.shape[1]), dtype=received.dtype, device=device)
     expert_x.index_copy_(0, place, received)
-    return expert_x, place, kept, expert_counts, (arrived & ~kept).sum()
+    scales = None
+    if values is not None and values < expert_x.shape[1] * expert_x.element_size():
+        scales = expert_x[:, values:values + 4].contiguous().view(torch.float32)[:, 0]
+        expert_x = expert_x[:, :values].contiguous()
+    return expert_x, place, kept, expert_counts, (arrived & ~kept).sum(), scales
 
 
 def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, empty: Empty = plain,

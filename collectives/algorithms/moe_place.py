@@ -16,7 +16,9 @@ Its place in ``expert_x``:
 
 The kernel writes ``place[i]`` and ``kept[i]`` for every row of ``received`` (what the combine
 reads back), copies each kept row to its place (rows are moved as words of ``word`` bytes: any
-dtype, fp8 rows with their scales included), and, from block 0, each local expert's count and
+dtype; fp8 rows, ``scales`` on, split on the way: their first ``out_words`` words, the e4m3
+values, to ``expert_x``, rows of that many words, and the scale's 4 bytes after them to
+``scales[place]``, so that neither needs a copy of its own), and, from block 0, each local expert's count and
 the number of arrived rows it dropped.  Every block first loads ``counts`` into shared memory
 (all its threads), then computes the segments' starts and ``before`` (and ``first``) there
 (one thread, some ``2 x W x L`` shared-memory steps: ``W x L`` is at most
@@ -51,14 +53,18 @@ WORDS = {16: (Uint32, 4), 8: (Uint32, 2), 4: (Uint32, 1), 2: (Uint16, 1), 1: (Ui
 MOE_PLACE = Layout("MoePlaceArgs", (
     Arg("counts", Int64, "int64[W * L]: rows each source sent each local expert, source-major (arrival order)"),
     Arg("received", Int64, "the received rows, in arrival order (room rows of row_words words)"),
-    Arg("expert_x", Int64, "the placed rows (their places, below; the trash row is never written)"),
+    Arg("expert_x", Int64, "the placed rows, out_words words each (their places, below; the trash row is never "
+                           "written)"),
+    Arg("scales", Int64, "f32[rows of expert_x], out (the key's scales): each placed row's scale, the 4 bytes "
+                         "after its out_words words (unused otherwise)"),
     Arg("place", Int64, "int64[room], out: each received row's place in expert_x (the trash row: not kept)"),
     Arg("kept", Int64, "uint8[room], out: 1 where the row arrived and was placed"),
     Arg("expert_counts", Int64, "int64[L], out: rows each local expert received"),
     Arg("lost", Int64, "int64[1], out: rows that arrived and were dropped (past an expert's capacity)"),
     Arg("room", Int64, "rows of the receive buffer (place and kept have as many)"),
     Arg("capacity", Int64, "rows per local expert in expert_x (low latency; unused when exact)"),
-    Arg("row_words", Int64, "words per row"),
+    Arg("row_words", Int64, "words per received row"),
+    Arg("out_words", Int64, "words per placed row: row_words, or fewer with the key's scales"),
 ))
 
 
@@ -66,7 +72,8 @@ MOE_PLACE = Layout("MoePlaceArgs", (
 class MoePlaceKey:
     """The compile-time choices of one placement kernel: ``world`` and ``local`` (experts per
     rank: ``W x L`` segments, at most :data:`MAX_SEGMENTS`), ``exact`` (throughput mode's packed
-    layout), ``word`` (bytes per access: 16, 8, 4, 2 or 1; a row's bytes are a multiple) and
+    layout), ``word`` (bytes per access: 16, 8, 4, 2 or 1; a row's bytes are a multiple),
+    ``scales`` (fp8 rows: each placed row's 4 bytes after its values go to ``scales``) and
     threads per block."""
 
     world: int
@@ -74,6 +81,7 @@ class MoePlaceKey:
     exact: bool = False
     word: int = 16
     threads: int = 256
+    scales: bool = False
 
     def __post_init__(self) -> None:
         if self.world < 1 or self.local < 1 or self.world * self.local > MAX_SEGMENTS:
@@ -164,12 +172,18 @@ def build(key: MoePlaceKey):
                 ptxops.st(gmem(Uint8, args.kept, 1, LOCAL, by) + i, Uint8(kept))
             if kept == Int64(1):
                 src = gmem(element, args.received, key.word, LOCAL, by) + i * args.row_words * per_word
-                dst = gmem(element, args.expert_x, key.word, LOCAL, by) + place * args.row_words * per_word
+                dst = gmem(element, args.expert_x, key.word, LOCAL, by) + place * args.out_words * per_word
                 w = tidx
-                while w < args.row_words:
+                while w < args.out_words:
                     at = cute.assume(w * per_word, divby=per_word)
                     ptxops.st(dst + at, ptxops.ld(src + at, num_elements=per_word))
                     w += threads
+                if cutlass.const_expr(key.scales):
+                    if tidx == Int64(0):  # the scale's bytes (aligned to 4 only when the values' bytes are)
+                        at = (i * args.row_words + args.out_words) * key.word
+                        for b in cutlass.range_constexpr(4):
+                            byte = ptxops.ld(gmem(Uint8, args.received, 1, LOCAL, by) + at + b)
+                            ptxops.st(gmem(Uint8, args.scales, 1, LOCAL, by) + place * 4 + b, byte)
             i += Int64(cute.arch.grid_dim()[0])
 
     return launcher(kernel, threads, layout=MOE_PLACE)

@@ -15,6 +15,7 @@ dispatch or combine starts, before its all-to-alls (a load waits for the GPU's r
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -44,13 +45,16 @@ def combine_key(dtype: torch.dtype, hidden: int, topk: int) -> MoeCombineKey | N
     return MoeCombineKey(name, topk, vector if hidden % vector == 0 else 1)
 
 
-def place_key(world: int, local: int, row_bytes: int, exact: bool) -> MoePlaceKey | None:
+def place_key(world: int, local: int, row_bytes: int, exact: bool, values: int | None = None) -> MoePlaceKey | None:
     """The placement's key for ``world`` ranks of ``local`` experts and rows of ``row_bytes``
-    (moved in the widest word that divides them), None past
+    whose first ``values`` bytes are placed (None: all; fewer: an fp8 row, its scale's 4 bytes
+    after them placed apart), moved in the widest word that divides both; None past
     :data:`~collectives.algorithms.moe_place.MAX_SEGMENTS` segments or for empty rows."""
-    if world * local > MAX_SEGMENTS or row_bytes <= 0:
+    values = row_bytes if values is None else values
+    if world * local > MAX_SEGMENTS or values <= 0:
         return None
-    return MoePlaceKey(world, local, exact, MoePlaceKey.word_for(row_bytes))
+    return MoePlaceKey(world, local, exact, MoePlaceKey.word_for(math.gcd(row_bytes, values)),
+                       scales=values < row_bytes)
 
 
 def weighted_sum(comm: Any, dtype: torch.dtype, hidden: int, topk: int):
@@ -75,29 +79,32 @@ def weighted_sum(comm: Any, dtype: torch.dtype, hidden: int, topk: int):
     return run
 
 
-def placement(comm: Any, local: int, row_bytes: int, exact: bool):
+def placement(comm: Any, local: int, row_bytes: int, exact: bool, values: int | None = None):
     """The kernel's :data:`collectives.moe.Placement` on ``comm``'s GPU for rows of
-    ``row_bytes`` (its kernel loaded now), None where :data:`FUSED` is off or the kernel does
-    not take the call."""
-    key = place_key(comm.world, local, row_bytes, exact) if FUSED else None
+    ``row_bytes``, ``values`` of them placed (see :func:`place_key`; its kernel loaded now),
+    None where :data:`FUSED` is off or the kernel does not take the call."""
+    key = place_key(comm.world, local, row_bytes, exact, values) if FUSED else None
     if key is None:
         return None
     fn, device = comm.kernel_together(key), comm.device_index
+    out_bytes = row_bytes if values is None else values
 
     def run(counts: torch.Tensor, received: torch.Tensor, rows_out: int, capacity: int,
             _exact: bool) -> tuple[torch.Tensor, ...]:
-        room = received.shape[0]
-        expert_x = torch.empty((rows_out + 1, received.shape[1]), dtype=received.dtype, device=received.device)
-        place = torch.empty(room, dtype=torch.int64, device=received.device)
-        kept = torch.empty(room, dtype=torch.bool, device=received.device)
-        tallies = torch.empty(local + 1, dtype=torch.int64, device=received.device)  # per expert, then lost
+        room, at = received.shape[0], received.device
+        expert_x = torch.empty((rows_out + 1, out_bytes // received.element_size()), dtype=received.dtype, device=at)
+        scales = torch.empty(rows_out + 1, dtype=torch.float32, device=at) if key.scales else None
+        place = torch.empty(room, dtype=torch.int64, device=at)
+        kept = torch.empty(room, dtype=torch.bool, device=at)
+        tallies = torch.empty(local + 1, dtype=torch.int64, device=at)  # per expert, then lost
         _aligned(key.word, received, expert_x)
         args = MOE_PLACE.pack(counts=counts.contiguous().data_ptr(), received=received.data_ptr(),
-                              expert_x=expert_x.data_ptr(), place=place.data_ptr(), kept=kept.data_ptr(),
-                              expert_counts=tallies.data_ptr(), lost=tallies[local:].data_ptr(), room=room,
-                              capacity=capacity, row_words=row_bytes // key.word)
+                              expert_x=expert_x.data_ptr(), scales=0 if scales is None else scales.data_ptr(),
+                              place=place.data_ptr(), kept=kept.data_ptr(), expert_counts=tallies.data_ptr(),
+                              lost=tallies[local:].data_ptr(), room=room, capacity=capacity,
+                              row_words=row_bytes // key.word, out_words=out_bytes // key.word)
         fn(*args, key.blocks(room), current_stream(device))
-        return expert_x, place, kept, tallies[:local], tallies[local]
+        return expert_x, place, kept, tallies[:local], tallies[local], scales
 
     return run
 

@@ -170,7 +170,8 @@ def test_bad_arguments() -> None:
     (torch.bfloat16, True, "low_latency", 48)])  # fp8: 32 bytes, the scale's 4, zeros to 48
 def test_the_placement_is_asked_for_the_rows_as_they_travel(dtype, fp8, mode, row_bytes) -> None:
     """A dispatch asks ``placement_for`` once, after its checks, with its local experts, the
-    bytes of a row as it travels and the layout; None places with the torch steps."""
+    bytes of a row as it travels, the layout and the bytes it places (fp8: the values, the
+    scale placed apart); None places with the torch steps."""
     world, experts = 2, 4
     xs, ids, ws = routing(world, experts, 2, [3, 3], 5, 32, dtype)
     sim = World(world)
@@ -186,7 +187,7 @@ def test_the_placement_is_asked_for_the_rows_as_they_travel(dtype, fp8, mode, ro
                                  placement_for=placement_for)
 
     sim.run(body)
-    assert asked == [[(experts // world, row_bytes, mode == "throughput")]] * world
+    assert asked == [[(experts // world, row_bytes, mode == "throughput", 32 if fp8 else row_bytes)]] * world
     with pytest.raises(CollectiveError, match="num_experts"):  # checked before it is asked
         moe.dispatch_with(None, 2, xs[0], ids[0], ws[0], 5, 3, placement_for=lambda *a: pytest.fail("asked"))
 
@@ -220,7 +221,8 @@ def test_fp8_dispatch_moves_each_token_quantized_with_its_scale(hidden) -> None:
     rows, _ = reference(world, experts, [q.view(torch.uint8) for q, _ in qs], ids, ws)
     scales, _ = reference(world, experts, [s[:, None] for _, s in qs], ids, ws)
     for r, (ex, counts, handle) in enumerate(results):
-        assert ex.dtype == torch.float8_e4m3fn and handle.scales.shape == ex.shape[:2]
+        assert ex.dtype == torch.float8_e4m3fn and handle.scales.shape == ex.shape[:2] == (local, world * 5)
+        assert ex.is_contiguous() and handle.scales.is_contiguous()  # a grouped GEMM's operands as they are
         for le in range(local):
             n = int(counts[le])
             want = rows[r * local + le]

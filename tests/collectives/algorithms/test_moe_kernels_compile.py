@@ -14,6 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("cutlass")
+from collectives import moe  # noqa: E402
 from collectives.algorithms.moe_combine import MAX_TOPK, MoeCombineKey  # noqa: E402
 from collectives.algorithms.moe_place import MAX_SEGMENTS, MoePlaceKey  # noqa: E402
 from collectives.runtime.kernels import kernel_ptx  # noqa: E402
@@ -82,9 +83,21 @@ def test_placement_compiles_and_moves_rows_in_its_words(world: int, local: int, 
     assert "st.global.b8" in ptx  # the kept flags
 
 
+def test_fp8_placement_moves_the_values_in_vectors_and_the_scale_apart() -> None:
+    """fp8 rows (``scales``): the values still in 16-byte words, the scale's 4 bytes by one thread."""
+    plain, split = (kernel_ptx(MoePlaceKey(8, 32, False, 16, scales=s), "sm_90a") for s in (False, True))
+    for ptx in (plain, split):
+        assert _count(ptx, "ld.global.v4.b32") == 1 and _count(ptx, "st.global.v4.b32") == 1
+    assert _count(plain, "ld.global.b8") == 0 and _count(split, "ld.global.b8") == 4
+    assert _count(split, "st.global.b8") == _count(plain, "st.global.b8") + 4
+
+
 def test_host_picks_the_placement_key() -> None:
     assert place_key(8, 32, 7168 * 2, False) == MoePlaceKey(8, 32, False, 16)
-    assert place_key(8, 32, 7168 + 4, True) == MoePlaceKey(8, 32, True, 4)  # fp8 rows and their scales
+    assert place_key(8, 32, 7168 + 4, True) == MoePlaceKey(8, 32, True, 4)
+    fp8 = MoePlaceKey(8, 32, True, 16, scales=True)  # 7168 e4m3 values, the scale, zeros to 7184: split
+    assert place_key(8, 32, moe.fp8_row_bytes(7168), True, 7168) == fp8
+    assert place_key(2, 1, moe.fp8_row_bytes(100), False, 100) == MoePlaceKey(2, 1, False, 4, scales=True)
     assert place_key(2, 1, 6, False) == MoePlaceKey(2, 1, False, 2)
     assert place_key(2, MAX_SEGMENTS, 16, False) is None
     assert place_key(2, 4, 0, False) is None

@@ -13,6 +13,7 @@ dropped rows must be the torch steps'; the trash row and unplaced rows are never
 
 from __future__ import annotations
 
+import math
 import random
 import types
 
@@ -42,11 +43,14 @@ SOURCE = source()
 
 
 def run_kernel(counts: torch.Tensor, room: int, row_bytes: int, capacity: int, exact: bool, blocks: int,
-               seed: int, module: types.ModuleType = SOURCE) -> dict:
+               seed: int, module: types.ModuleType = SOURCE, values: int | None = None) -> dict:
     """The kernel on ``counts`` ([W, L]) and ``room`` received rows of ``row_bytes`` (byte
-    ``b`` of row ``i``: ``(7 * i + b) % 251``); what it wrote."""
+    ``b`` of row ``i``: ``(7 * i + b) % 251``), ``values`` bytes of each placed (None: all;
+    fewer: fp8 rows, the 4 bytes after them placed into ``scales``); what it wrote."""
     world, local = counts.shape
-    key = MoePlaceKey(world, local, exact, MoePlaceKey.word_for(row_bytes))
+    out_bytes = row_bytes if values is None else values
+    key = MoePlaceKey(world, local, exact, MoePlaceKey.word_for(math.gcd(row_bytes, out_bytes)),
+                      scales=out_bytes < row_bytes)
     object.__setattr__(key, "threads", THREADS)  # scaled down: a row's words outnumber the threads
     kernel = module.build(key)
     rows_out = int(counts.sum()) if exact else local * capacity
@@ -54,17 +58,19 @@ def run_kernel(counts: torch.Tensor, room: int, row_bytes: int, capacity: int, e
     mem = sim.memory
     at = {name: mem.alloc(size) for name, size in [
         ("counts", 8 * world * local), ("received", max(room * row_bytes, 1)),
-        ("expert_x", (rows_out + 1) * row_bytes), ("place", 8 * room), ("kept", max(room, 1)),
-        ("tallies", 8 * (local + 1))]}
+        ("expert_x", (rows_out + 1) * out_bytes), ("scales", 4 * (rows_out + 1)), ("place", 8 * room),
+        ("kept", max(room, 1)), ("tallies", 8 * (local + 1))]}
     for s, c in enumerate(counts.reshape(-1).tolist()):
         mem.store(at["counts"] + 8 * s, c, Int64)
     for i in range(room):
         for b in range(row_bytes):
             mem.store(at["received"] + i * row_bytes + b, (7 * i + b) % 251, Uint8)
-    for b in range((rows_out + 1) * row_bytes):
-        mem.store(at["expert_x"] + b, UNTOUCHED, Uint8)
+    for name, size in (("expert_x", (rows_out + 1) * out_bytes), ("scales", 4 * (rows_out + 1))):
+        for b in range(size):
+            mem.store(at[name] + b, UNTOUCHED, Uint8)
     args = types.SimpleNamespace(
         counts=Int64(at["counts"]), received=Int64(at["received"]), expert_x=Int64(at["expert_x"]),
+        scales=Int64(at["scales"]), out_words=Int64(out_bytes // key.word),
         place=Int64(at["place"]), kept=Int64(at["kept"]), expert_counts=Int64(at["tallies"]),
         lost=Int64(at["tallies"] + 8 * local), room=Int64(room), capacity=Int64(capacity),
         row_words=Int64(row_bytes // key.word))
@@ -75,20 +81,23 @@ def run_kernel(counts: torch.Tensor, room: int, row_bytes: int, capacity: int, e
     return {
         "place": torch.tensor(mem.words(at["place"], room, Int64), dtype=torch.int64),
         "kept": torch.tensor(mem.words(at["kept"], room, Uint8), dtype=torch.bool),
-        "expert_x": torch.tensor(mem.words(at["expert_x"], (rows_out + 1) * row_bytes, Uint8),
-                                 dtype=torch.uint8).view(rows_out + 1, row_bytes),
+        "expert_x": torch.tensor(mem.words(at["expert_x"], (rows_out + 1) * out_bytes, Uint8),
+                                 dtype=torch.uint8).view(rows_out + 1, out_bytes),
+        "scales": torch.tensor(mem.words(at["scales"], 4 * (rows_out + 1), Uint8),
+                               dtype=torch.uint8).view(rows_out + 1, 4),
         "expert_counts": torch.tensor(mem.words(at["tallies"], local, Int64), dtype=torch.int64),
         "lost": mem.words(at["tallies"] + 8 * local, 1, Int64)[0],
     }
 
 
 def check(counts: torch.Tensor, room: int, row_bytes: int, capacity: int, exact: bool, blocks: int, seed: int,
-          module: types.ModuleType = SOURCE) -> None:
-    got = run_kernel(counts, room, row_bytes, capacity, exact, blocks, seed, module)
+          module: types.ModuleType = SOURCE, values: int | None = None) -> None:
+    got = run_kernel(counts, room, row_bytes, capacity, exact, blocks, seed, module, values)
     received = torch.tensor([[(7 * i + b) % 251 for b in range(row_bytes)] for i in range(room)],
                             dtype=torch.uint8).view(room, row_bytes)
     rows_out = int(counts.sum()) if exact else counts.shape[1] * capacity
-    want_x, place, kept, expert_counts, lost = moe.place_rows(counts, received, rows_out, capacity, exact)
+    want_x, place, kept, expert_counts, lost, scales = moe.place_rows(counts, received, rows_out, capacity, exact,
+                                                                       values)
     assert torch.equal(got["place"], place)
     assert torch.equal(got["kept"], kept)
     assert torch.equal(got["expert_counts"], expert_counts)
@@ -97,6 +106,11 @@ def check(counts: torch.Tensor, room: int, row_bytes: int, capacity: int, exact:
     placed[place[kept]] = True
     assert torch.equal(got["expert_x"][placed], want_x[placed])
     assert bool((got["expert_x"][~placed] == UNTOUCHED).all()), "a row no received row was placed at was written"
+    if scales is None:
+        assert bool((got["scales"] == UNTOUCHED).all()), "scales written for rows without them"
+    else:
+        assert torch.equal(got["scales"][placed], scales.view(torch.uint8).view(-1, 4)[placed])
+        assert bool((got["scales"][~placed] == UNTOUCHED).all())
 
 
 def random_counts(rng: random.Random, world: int, local: int, most: int) -> torch.Tensor:
@@ -118,6 +132,20 @@ def test_placement_matches_the_torch_steps(exact: bool, row_bytes: int) -> None:
         check(counts, room, row_bytes, capacity, exact, blocks=rng.choice([1, 2, 3]), seed=seed)
 
 
+@pytest.mark.parametrize("exact", [False, True], ids=["low_latency", "throughput"])
+@pytest.mark.parametrize(("values", "row_bytes"), [(32, 48), (28, 48), (6, 16), (16, 32)])
+def test_fp8_rows_are_split_into_values_and_scales(exact: bool, values: int, row_bytes: int) -> None:
+    """fp8 rows (``values`` e4m3 bytes, the scale's 4, zeros to ``row_bytes``): the values placed
+    as rows of their own and the scales as f32s of their own, as the torch steps split them."""
+    rng = random.Random(values + row_bytes + exact)
+    for seed in range(2):
+        world, local = rng.choice([(2, 1), (2, 3), (3, 2)])
+        counts = random_counts(rng, world, local, 3)
+        room = int(counts.sum()) + rng.choice([0, 2])
+        check(counts, room, row_bytes, rng.choice([1, 2, 4]), exact, blocks=rng.choice([1, 2]), seed=seed,
+              values=values)
+
+
 def test_nothing_received() -> None:
     check(torch.zeros((2, 2), dtype=torch.int64), 3, 8, 2, False, blocks=2, seed=1)
     check(torch.zeros((2, 2), dtype=torch.int64), 0, 8, 2, True, blocks=1, seed=2)
@@ -134,6 +162,10 @@ def test_the_words_move_every_byte_of_a_row() -> None:
     (("elif slot < args.capacity:", "elif slot <= args.capacity:"), "the capacity"),
     (("before[s] = acc", "before[s] = Int64(0)"), "the earlier sources' rows"),
     (("lost += c - room", "lost += c"), "the dropped count"),
+    (("+ args.out_words) * key.word", "+ args.out_words + 1) * key.word"), "the scale's bytes"),
+    (("dst = gmem(element, args.expert_x, key.word, LOCAL, by) + place * args.out_words * per_word",
+      "dst = gmem(element, args.expert_x, key.word, LOCAL, by) + place * args.row_words * per_word"),
+     "the placed rows' width"),
 ])
 def test_a_broken_kernel_fails_the_check(edit: tuple, what: str) -> None:
     """Each edit of the kernel's source is caught (so the check reads what the kernel does)."""
@@ -141,4 +173,4 @@ def test_a_broken_kernel_fails_the_check(edit: tuple, what: str) -> None:
     counts = torch.tensor([[2, 1], [3, 0]])
     with pytest.raises(AssertionError):
         for seed in range(3):
-            check(counts, 7, 8, 2, False, blocks=2, seed=seed, module=broken)
+            check(counts, 7, 16, 2, False, blocks=2, seed=seed, module=broken, values=8)
