@@ -262,3 +262,8 @@ class Slot(IntEnum):
     #: The GEMM-overlap workspaces (:mod:`collectives.overlap`).
     GEMM_REDUCE_SCATTER = 6
     ALL_GATHER_GEMM = 7
+
+#: The largest finite float8_e4m3fn: the MoE dispatch's fp8 quantization maps a token's largest
+#: magnitude to it (:func:`collectives.moe.quantize`, and its kernel's steps in
+#: :mod:`collectives.device.rounding`).
+E4M3_MAX = 448.0

@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from .runtime import moe_ops, torch_ops
+from .config import E4M3_MAX
 from .errors import CollectiveError
 from .runtime.moe_ops import COMBINE_FIELDS, HANDLE_FIELDS
 
@@ -68,6 +69,13 @@ Placement = Callable[[torch.Tensor, torch.Tensor, int, int, bool], tuple]
 #: them its values (fewer than ``row_bytes``: fp8, the scale's 4 bytes next), or None for
 #: :func:`place_rows` (asked once the call's arguments are checked, before its first all-to-all).
 PlacementFor = Callable[[int, int, bool, int], "Placement | None"]
+#: ``pack(x, order, topk, row_bytes)``: the fp8 rows a dispatch sends, uint8 ``[order.numel(),
+#: row_bytes]``: row ``i`` token ``order[i] // topk`` of ``x`` quantized (:func:`quantize`), its
+#: scale's 4 bytes, zeros (:func:`pack_rows`; one kernel: :mod:`collectives.algorithms.moe_pack`).
+Pack = Callable[[torch.Tensor, torch.Tensor, int, int], torch.Tensor]
+#: ``pack_for(dtype, hidden)``: the :data:`Pack` of an fp8 dispatch of ``hidden`` values of
+#: ``dtype`` per token, or None for :func:`pack_rows` (asked once the call's arguments are checked).
+PackFor = Callable[[torch.dtype, int], "Pack | None"]
 #: ``weighted_sum(entries, slots, valid, weights, tokens, topk)``: the combine's output,
 #: ``[tokens, hidden]`` in ``entries``' dtype: token ``t``'s sum over ``k`` in order of
 #: ``entries[slots[t * topk + k]] * weights[t * topk + k]``, each product and sum rounded to f32
@@ -130,8 +138,6 @@ def _everyone(exchange: Exchange, world: int, values: list[torch.Tensor]) -> tup
     return both[0], both[1:]
 
 
-#: The largest finite float8_e4m3fn: a token's largest magnitude maps to it.
-E4M3_MAX = 448.0
 
 
 def fp8_row_bytes(hidden: int) -> int:
@@ -178,10 +184,12 @@ def _check(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, 
 def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: torch.Tensor,
                   topk_weights: torch.Tensor, num_experts: int, max_tokens: int, mode: str = "low_latency",
                   validate: bool = False, empty: Empty = plain, fp8: bool = False,
-                  placement_for: PlacementFor | None = None) -> tuple[torch.Tensor, torch.Tensor, Handle]:
+                  placement_for: PlacementFor | None = None,
+                  pack_for: PackFor | None = None) -> tuple[torch.Tensor, torch.Tensor, Handle]:
     """:func:`dispatch` over ``exchange`` in a world of ``world`` ranks, receiving rows into
     ``empty``'s buffer; the received rows placed by ``placement_for``'s placement (None:
-    :func:`place_rows`, some twenty torch operations)."""
+    :func:`place_rows`, some twenty torch operations); fp8 rows made by ``pack_for``'s
+    :data:`Pack` (None: :func:`pack_rows`, some fifteen)."""
     _check(x, topk_ids, topk_weights, num_experts, world, max_tokens, mode, validate)
     tokens, topk = topk_ids.shape
     hidden, device = x.shape[1], x.device
@@ -196,18 +204,18 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     bins = _scatter_count(expert, num_experts + 1)
     per_expert = bins[:num_experts]
     send_splits = per_expert.view(world, local).sum(1)
-    source, wire = x, x.dtype  # the rows (fp8: as bytes, which torch indexes) and the dtype they travel as
-    if fp8:  # each row travels as hidden fp8 bytes, then its scale's 4 bytes (fp8_row_bytes)
-        q, scale = quantize(x)
-        source = torch.zeros((tokens, fp8_row_bytes(hidden)), dtype=torch.uint8, device=device)
-        source[:, :hidden] = q.view(torch.uint8)
-        source[:, hidden:hidden + 4] = scale.view(torch.uint8).view(tokens, 4)
-        wire = torch.float8_e4m3fn
-    width = source.shape[1]
     exact = mode == "throughput"
-    values = hidden if fp8 else width * source.element_size()  # the bytes of a row placed in expert_x
-    placement = placement_for(local, width * source.element_size(), exact, values) if placement_for else None
-    rows = source.index_select(0, order // topk)  # the sent rows, by destination rank and expert
+    # The sent rows, by destination rank and expert, and the dtype they travel as (fp8: hidden
+    # e4m3 bytes, then the scale's 4 bytes, zeros to fp8_row_bytes; as bytes, which torch indexes).
+    if fp8:
+        width, wire = fp8_row_bytes(hidden), torch.float8_e4m3fn
+        rows = ((pack_for(x.dtype, hidden) if pack_for else None) or pack_rows)(x, order, topk, width)
+    else:
+        width, wire = hidden, x.dtype
+        rows = x.index_select(0, order // topk)
+    row_bytes = width * rows.element_size()
+    values = hidden if fp8 else row_bytes  # the bytes of a row placed in expert_x
+    placement = placement_for(local, row_bytes, exact, values) if placement_for else None
     # Low latency: the rows a rank can receive, the same on every rank, asked for before any
     # launch, so that a shape's first call (its buffer allocated collectively) refuses ranks
     # that differ in hidden size, top-k or max_tokens on every rank before any all-to-all.
@@ -224,7 +232,7 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
         received = empty("dispatch", (_capacity(max(r for r, _ in sizes)), width), wire, device)
         most = _capacity(max(t for _, t in sizes) * topk)
     exchange(received, rows.view(wire), recv_splits, send_splits)
-    received = received.view(source.dtype)
+    received = received.view(rows.dtype)
 
     rows_out = total if exact else local * capacity
     place_with = placement or functools.partial(place_rows, values=values)
@@ -237,6 +245,17 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
         handle.scales = scales[:-1] if exact else scales[:-1].view(local, capacity)
         expert_x = expert_x.view(wire)
     return expert_x, expert_counts, handle
+
+
+def pack_rows(x: torch.Tensor, order: torch.Tensor, topk: int, row_bytes: int) -> torch.Tensor:
+    """The torch steps of a :data:`Pack`: the tokens quantized, packed with their scales, then
+    the sent rows gathered."""
+    tokens, hidden = x.shape
+    q, scale = quantize(x)
+    source = torch.zeros((tokens, row_bytes), dtype=torch.uint8, device=x.device)
+    source[:, :hidden] = q.view(torch.uint8)
+    source[:, hidden:hidden + 4] = scale.view(torch.uint8).view(tokens, 4)
+    return source.index_select(0, order // topk)
 
 
 def place_rows(counts: torch.Tensor, received: torch.Tensor, rows_out: int, capacity: int, exact: bool,
@@ -315,8 +334,8 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     most tokens any rank dispatches (default: this rank's count; the same on every rank).
     ``fp8``: the rows travel and arrive as float8_e4m3fn with a scale per token
     (:func:`quantize`; ``handle.scales``; not inside torch.compile).  One kernel places the
-    received rows (:mod:`collectives.runtime.moe_kernels`; torch steps with
-    ``COLLECTIVES_MOE_FUSED=0``).  Returns ``(expert_x, counts, handle)``."""
+    received rows, one makes the fp8 rows (:mod:`collectives.runtime.moe_kernels`; torch steps
+    with ``COLLECTIVES_MOE_FUSED=0``).  Returns ``(expert_x, counts, handle)``."""
     from . import api
     from .runtime.communicator import communicator, traceable
 
@@ -334,7 +353,8 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
 
     comm = communicator(group)
     return dispatch_with(_collective(api, group), comm.world, x, topk_ids, topk_weights, num_experts, max_tokens, mode,
-                         validate, _symmetric(group), fp8, functools.partial(moe_kernels.placement, comm))
+                         validate, _symmetric(group), fp8, functools.partial(moe_kernels.placement, comm),
+                         functools.partial(moe_kernels.pack, comm))
 
 
 def combine(expert_out: torch.Tensor, handle: Handle, *, group: Any = None) -> torch.Tensor:
@@ -418,6 +438,6 @@ def _collective(api: Any, group: Any) -> Exchange:
     return exchange
 
 
-__all__ = ["E4M3_MAX", "MODES", "Empty", "Exchange", "Handle", "Placement", "PlacementFor", "WeightedSum", "combine",
-           "combine_with", "dispatch", "dispatch_with", "fp8_row_bytes", "handle_from", "handle_tensors", "place_rows",
-           "plain", "quantize"]
+__all__ = ["E4M3_MAX", "MODES", "Empty", "Exchange", "Handle", "Pack", "PackFor", "Placement", "PlacementFor",
+           "WeightedSum", "combine", "combine_with", "dispatch", "dispatch_with", "fp8_row_bytes", "handle_from",
+           "handle_tensors", "pack_rows", "place_rows", "plain", "quantize"]

@@ -1,10 +1,13 @@
-"""The host side of the MoE layer's two local kernels: the dispatch's placement of received rows
-(:mod:`collectives.algorithms.moe_place`) and the combine's weighted sum
+"""The host side of the MoE layer's three local kernels: the dispatch's placement of received
+rows (:mod:`collectives.algorithms.moe_place`), its fp8 rows
+(:mod:`collectives.algorithms.moe_pack`) and the combine's weighted sum
 (:mod:`collectives.algorithms.moe_combine`): which calls they take, and their launches.
 
 On unless ``COLLECTIVES_MOE_FUSED=0`` (read at import; :data:`FUSED`), which brings back the
-torch steps they replace (:func:`collectives.moe.place_rows`, the combine's ``3 * topk``
-operations).  Both kernels give the torch steps' bits: checked on one H100 in worlds of 2, 3, 5
+torch steps they replace (:func:`collectives.moe.place_rows`, :func:`collectives.moe.pack_rows`,
+the combine's ``3 * topk`` operations).  The fp8 packing kernel is checked on the CPU only (its
+source in the device simulation, ``tests/collectives/device/test_moe_pack_source.py``, its PTX),
+not yet on a GPU.  Both kernels give the torch steps' bits: checked on one H100 in worlds of 2, 3, 5
 and 8 ranks and under ``torchrun`` on 2 x H100 (``tests/collectives/gpu/ranks/test_moe.py``),
 their PTX on the CPU, the placement's source in the CPU simulation of the device
 (``tests/collectives/device/test_moe_place_source.py``).  Each is compiled and loaded when a
@@ -22,6 +25,7 @@ from typing import Any
 import torch
 
 from ..algorithms.moe_combine import DTYPES_ROUNDED, MAX_TOPK, MOE_COMBINE, MoeCombineKey
+from ..algorithms.moe_pack import DTYPES_QUANTIZED, MOE_PACK, MoePackKey
 from ..algorithms.moe_place import MAX_SEGMENTS, MOE_PLACE, MoePlaceKey
 from ..algorithms.plan import current_stream
 from ..dtypes import DTYPES, from_torch
@@ -32,6 +36,7 @@ from ..errors import CollectiveError
 FUSED = os.environ.get("COLLECTIVES_MOE_FUSED", "1") != "0"
 
 _TORCH_ROUNDED = tuple(DTYPES[name].torch for name in DTYPES_ROUNDED)
+_TORCH_QUANTIZED = tuple(DTYPES[name].torch for name in DTYPES_QUANTIZED)
 
 
 def combine_key(dtype: torch.dtype, hidden: int, topk: int) -> MoeCombineKey | None:
@@ -55,6 +60,38 @@ def place_key(world: int, local: int, row_bytes: int, exact: bool, values: int |
         return None
     return MoePlaceKey(world, local, exact, MoePlaceKey.word_for(math.gcd(row_bytes, values)),
                        scales=values < row_bytes)
+
+
+def pack_key(dtype: torch.dtype, hidden: int) -> MoePackKey | None:
+    """The fp8 packing kernel's key for tokens of ``hidden`` ``dtype`` values (16-byte vectors
+    where ``hidden`` is a multiple of one), None where it does not take them (other dtypes,
+    ``hidden`` not a positive multiple of 4: the scale's store is 4-byte aligned)."""
+    if dtype not in _TORCH_QUANTIZED or hidden <= 0 or hidden % 4:
+        return None
+    name = from_torch(dtype).name
+    vector = DTYPES[name].elements(16)
+    return MoePackKey(name, vector if hidden % vector == 0 else 1)
+
+
+def pack(comm: Any, dtype: torch.dtype, hidden: int):
+    """The kernel's :data:`collectives.moe.Pack` on ``comm``'s GPU (its kernel loaded now), None
+    where :data:`FUSED` is off or the kernel does not take the tokens."""
+    key = pack_key(dtype, hidden) if FUSED else None
+    if key is None:
+        return None
+    fn, device = comm.kernel_together(key), comm.device_index
+
+    def run(x: torch.Tensor, order: torch.Tensor, topk: int, row_bytes: int) -> torch.Tensor:
+        x = x.contiguous()
+        rows = torch.empty((order.numel(), row_bytes), dtype=torch.uint8, device=x.device)
+        _aligned(key.vec * x.element_size(), x)
+        _aligned(16, rows)
+        args = MOE_PACK.pack(rows=rows.data_ptr(), x=x.data_ptr(), order=order.data_ptr(), n=order.numel(),
+                             topk=topk, hidden=hidden, row_bytes=row_bytes)
+        fn(*args, key.blocks(order.numel()), current_stream(device))
+        return rows
+
+    return run
 
 
 def weighted_sum(comm: Any, dtype: torch.dtype, hidden: int, topk: int):
@@ -115,4 +152,4 @@ def _aligned(step: int, *tensors: torch.Tensor) -> None:
             raise CollectiveError(f"moe: a kernel's rows must start {step}-byte aligned, not at {t.data_ptr():#x}")
 
 
-__all__ = ["FUSED", "combine_key", "place_key", "placement", "weighted_sum"]
+__all__ = ["FUSED", "combine_key", "pack", "pack_key", "place_key", "placement", "weighted_sum"]

@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("cutlass")
 from collectives import moe  # noqa: E402
+from collectives.algorithms.moe_pack import MoePackKey  # noqa: E402
 from collectives.algorithms.moe_combine import MAX_TOPK, MoeCombineKey  # noqa: E402
 from collectives.algorithms.moe_place import MAX_SEGMENTS, MoePlaceKey  # noqa: E402
 from collectives.runtime.kernels import kernel_ptx  # noqa: E402
@@ -106,3 +107,21 @@ def test_host_picks_the_placement_key() -> None:
     with pytest.raises(ValueError, match="word"):
         MoePlaceKey(2, 2, word=3)
     assert MoePlaceKey(2, 2).blocks(0) == 1 and MoePlaceKey(2, 2).blocks(5000) == 264
+
+
+@pytest.mark.parametrize(("dtype", "vec"), [("bf16", 8), ("f16", 1), ("f32", 4)])
+def test_fp8_packing_quantizes_as_torch_does(dtype: str, vec: int) -> None:
+    """The fp8 rows' kernel: IEEE division (``div.rn.f32``: each value, and the scale by 448),
+    a NaN-keeping largest magnitude (``max.NaN.f32``, as torch's ``amax``), e4m3 by
+    ``cvt.rn.satfinite`` with torch's NaN past 464 (``0f43E80000``) where PTX saturates, no
+    ``fma``; tokens read in 16-byte vectors where ``vec`` says, bytes stored ``vec`` at once."""
+    ptx = kernel_ptx(MoePackKey(dtype, vec), "sm_90a")
+    conversions = _count(ptx, "cvt.rn.satfinite.e4m3x2.f32")  # a multiple of vec where the compiler unrolls
+    assert conversions % vec == 0 and conversions >= vec
+    assert _count(ptx, "div.rn.f32") == conversions + 1  # each value's, and the scale's
+    assert "max.NaN.f32" in ptx and "0f43E80000" in ptx and "0f43E00000" in ptx  # 464, 448
+    assert "fma." not in ptx and "multimem." not in ptx and ".sys" not in ptx
+    if vec > 1:
+        assert _count(ptx, "ld.global.v4.b32") >= 2  # the largest magnitude's pass and the values'
+        assert _count(ptx, "st.global.v2.b32" if vec == 8 else "st.global.b32") >= 1
+    assert _count(ptx, "st.global.b32") >= 1  # the scale

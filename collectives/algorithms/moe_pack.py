@@ -1,0 +1,133 @@
+"""The MoE dispatch's fp8 rows (:func:`collectives.moe.dispatch` with ``fp8=True``), one kernel
+on one GPU: each row to send quantized straight from its token.
+
+Sent row ``i`` is token ``order[i] // topk``'s (``order``: the ``(token, k)`` entries sorted
+by expert), as it travels (:func:`collectives.moe.fp8_row_bytes`): its ``hidden`` values as
+float8_e4m3fn, its f32 scale's 4 bytes, zeros to ``row_bytes``.  The scale is the token's
+largest magnitude over 448 (1 where that is 0 or NaN) and each value ``x / scale`` converted
+as torch converts (:mod:`collectives.device.rounding`: ``amax``, ``fp8_scale``, ``div_rn``,
+``e4m3``), so the bytes are :func:`collectives.moe.quantize`'s.  One block per row (the grid
+strides): its threads take the token's largest magnitude over their share of its values, a
+tree in shared memory gives the block's, then they read the values again (from the L1/L2
+cache) and store the bytes, ``vec`` of them at once.  It replaces some fifteen torch
+operations over the tokens (the quantization, the packing of values and scale, the gather of
+the sent rows), and reads bf16 tokens once per sent row where the gather read the packed ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int64, Uint8, Uint32
+from cutlass.memory import SmemAllocator
+
+import ptxops
+
+from ..device import rounding
+from ..device.kernel_args import Arg, KernelArgs, Layout
+from ..device.launch import check_threads, launcher
+from ..device.signals import LOCAL, gmem
+from ..dtypes import DTYPES
+
+#: Token dtypes the kernel quantizes (widened to f32 exactly).
+DTYPES_QUANTIZED = ("f32", "f16", "bf16")
+#: Most thread blocks of a launch (each row is one block's; the grid strides past them).
+MAX_BLOCKS = 264
+
+MOE_PACK = Layout("MoePackArgs", (
+    Arg("rows", Int64, "out: the sent rows, row_bytes each (16-byte aligned)"),
+    Arg("x", Int64, "the tokens: tokens x hidden of the key's dtype"),
+    Arg("order", Int64, "int64[n]: the entry each sent row is (its token: the entry // topk)"),
+    Arg("n", Int64, "rows to send"),
+    Arg("topk", Int64, "entries per token"),
+    Arg("hidden", Int64, "values per token (a multiple of the key's vec, and of 4)"),
+    Arg("row_bytes", Int64, "bytes per sent row: hidden, the scale's 4, zeros (a multiple of 16)"),
+))
+
+
+@dataclass(frozen=True)
+class MoePackKey:
+    """The compile-time choices of one fp8 packing kernel: the tokens' dtype (one of
+    :data:`DTYPES_QUANTIZED`), ``vec`` (values per access: 1, or a 16-byte vector's) and
+    threads per block."""
+
+    dtype: str
+    vec: int = 1
+    threads: int = 256
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES_QUANTIZED:
+            raise ValueError(f"the MoE fp8 packing kernel takes dtypes {DTYPES_QUANTIZED}, not {self.dtype!r}")
+        if self.vec not in (1, DTYPES[self.dtype].elements(16)):
+            raise ValueError(f"vec must be 1 or {DTYPES[self.dtype].elements(16)} for {self.dtype}, not {self.vec}")
+        check_threads(self.threads)  # a power of two: the shared-memory tree halves them
+
+    def blocks(self, n: int) -> int:
+        """Thread blocks of a launch for ``n`` rows (at least 1)."""
+        return max(1, min(MAX_BLOCKS, n))
+
+
+def build(key: MoePackKey):
+    """The ``@cute.jit`` launcher of the packing kernel for ``key`` (grid: a runtime argument)."""
+    dtype, vec, threads = DTYPES[key.dtype].cute, key.vec, key.threads
+    align = vec * DTYPES[key.dtype].bytes
+    words = max(vec // 4, 1)  # a piece's bytes as 32-bit words (vec 8 or 4), else one byte
+    by = "collectives.algorithms.moe_pack"
+
+    @cute.jit
+    def kernel(args: KernelArgs):
+        tidx = Int64(cute.arch.thread_idx()[0])
+        smem = SmemAllocator()
+        most = smem.allocate_tensor(Float32, cute.make_layout(threads), byte_alignment=4)
+        pieces = args.hidden // vec
+        i = Int64(cute.arch.block_idx()[0])
+        while i < args.n:
+            token = ptxops.ld(gmem(Int64, args.order, 8, LOCAL, by) + i, dtype=Int64) // args.topk
+            src = gmem(dtype, args.x, align, LOCAL, by) + cute.assume(token * args.hidden, divby=vec)
+            m = rounding.zero()
+            p = tidx
+            while p < pieces:  # this thread's share of the token's largest magnitude
+                values = ptxops.ld(src + cute.assume(p * vec, divby=vec), num_elements=vec)
+                for e in cutlass.range_constexpr(vec):
+                    m = rounding.amax(m, rounding.widen(values[e] if cutlass.const_expr(vec > 1) else values))
+                p += threads
+            most[tidx] = m
+            cute.arch.sync_threads()
+            for level in cutlass.range_constexpr(threads.bit_length() - 1):  # the block's, by halves
+                half = threads >> (level + 1)
+                if tidx < Int64(half):
+                    most[tidx] = rounding.amax(most[tidx], most[tidx + half])
+                cute.arch.sync_threads()
+            scale = rounding.fp8_scale(most[0])
+            row = args.rows + i * args.row_bytes
+            p = tidx
+            while p < pieces:
+                values = ptxops.ld(src + cute.assume(p * vec, divby=vec), num_elements=vec)
+                q = [rounding.e4m3(rounding.div_rn(rounding.widen(values[e] if cutlass.const_expr(vec > 1)
+                                                                   else values), scale))
+                     for e in range(vec)]
+                if cutlass.const_expr(vec >= 4):
+                    packed = cute.make_rmem_tensor(words, Uint32)
+                    for w in cutlass.range_constexpr(words):
+                        packed[w] = (Uint32(q[4 * w]) | (Uint32(q[4 * w + 1]) << Uint32(8))
+                                     | (Uint32(q[4 * w + 2]) << Uint32(16)) | (Uint32(q[4 * w + 3]) << Uint32(24)))
+                    at = cute.assume(p * words, divby=words)
+                    ptxops.st(gmem(Uint32, row, 4 * words, LOCAL, by) + at, packed.load())
+                else:
+                    ptxops.st(gmem(Uint8, row, 1, LOCAL, by) + p, q[0])
+                p += threads
+            if tidx == Int64(0):  # the scale (4-byte aligned: hidden is a multiple of 4), then zeros
+                ptxops.st(gmem(Float32, row + args.hidden, 4, LOCAL, by), rounding.narrow([scale], Float32))
+                b = args.hidden + 4
+                while b < args.row_bytes:
+                    ptxops.st(gmem(Uint8, row, 1, LOCAL, by) + b, Uint8(0))
+                    b += 1
+            cute.arch.sync_threads()  # every thread is done with most[] before the next row's
+            i += Int64(cute.arch.grid_dim()[0])
+
+    return launcher(kernel, threads, layout=MOE_PACK)
+
+
+__all__ = ["DTYPES_QUANTIZED", "MAX_BLOCKS", "MOE_PACK", "MoePackKey", "build"]

@@ -1,0 +1,156 @@
+"""The MoE dispatch's fp8 packing kernel as its own source runs it (CPU, no CuTeDSL compile),
+against the torch steps it replaces (:func:`collectives.moe.pack_rows`: :func:`~collectives.moe.quantize`,
+the packing of values and scale, the gather of the sent rows).
+
+:mod:`device_sim` executes :mod:`collectives.algorithms.moe_pack` from its source file over
+simulated memory, with its float arithmetic (:mod:`collectives.device.rounding`: ``widen``,
+``amax``, ``fp8_scale``, ``div_rn``, ``e4m3``, ``narrow``) done by numpy's f32 and torch's
+conversion, each step rounded as its PTX is (``max.NaN.f32``, ``div.rn.f32``; the PTX, and
+``e4m3``'s NaN past 464 where PTX saturates, are checked in
+``tests/collectives/algorithms/test_moe_kernels_compile.py``).  So this checks which token each
+sent row quantizes, the block's largest magnitude (a tree over threads fewer than the row's
+pieces), the scale's bytes, the zeros after them and every value byte: each row must be the
+torch steps' bit for bit.  Rows: random, a zero row (scale 1), one with a NaN (scale 1: its
+values past 464 become NaN, as torch's conversion makes them), and one of tiny values.
+"""
+
+from __future__ import annotations
+
+import random
+import types
+
+import pytest
+
+np = pytest.importorskip("numpy")
+torch = pytest.importorskip("torch")
+from tests.support import device_sim  # noqa: E402
+from tests.support.device_sim import Context, Sim, fakes, load  # noqa: E402
+
+from collectives import moe  # noqa: E402
+from collectives.algorithms.moe_pack import MoePackKey  # noqa: E402
+from collectives.runtime.moe_kernels import pack_key  # noqa: E402
+
+FAKES = fakes()
+Int64, Uint8, Uint16, Uint32 = (FAKES["cutlass"].Int64, FAKES["cutlass"].Uint8, FAKES["cutlass"].Uint16,
+                                FAKES["cutlass"].Uint32)
+THREADS = 4
+BITS = {torch.float32: (torch.int32, Uint32), torch.bfloat16: (torch.int16, Uint16),
+        torch.float16: (torch.int16, Uint16)}
+
+
+class F32(device_sim.Float32):
+    """``Float32`` as the kernel makes values of it (shared memory, constants): numpy's f32."""
+
+    def __new__(cls, value: float = 0.0) -> np.float32:
+        return np.float32(value)
+
+
+def rounding(rows: torch.dtype) -> types.SimpleNamespace:
+    """:mod:`collectives.device.rounding` on simulated values (loads are ``rows``' bits)."""
+
+    def widen(value) -> np.float32:
+        if isinstance(value, np.floating):
+            return np.float32(value)
+        dtype = torch.float32 if value.width == 32 else rows
+        return np.float32(torch.tensor(value.v, dtype=BITS[dtype][0]).view(dtype).item())
+
+    def e4m3(value) -> Uint8:
+        return Uint8(torch.tensor([float(value)], dtype=torch.float32).to(torch.float8_e4m3fn).view(torch.uint8)[0])
+
+    def narrow(values: list, dtype) -> Uint32:
+        assert len(values) == 1
+        return Uint32(torch.tensor([float(values[0])], dtype=torch.float32).view(torch.int32).item())
+
+    return types.SimpleNamespace(
+        zero=lambda: np.float32(0.0), widen=widen, e4m3=e4m3, narrow=narrow,
+        amax=lambda most, v: np.maximum(np.float32(most), np.abs(np.float32(v))),
+        div_rn=lambda a, b: np.float32(a) / np.float32(b),
+        fp8_scale=lambda most: np.float32(most) / np.float32(moe.E4M3_MAX) if most > 0 else np.float32(1.0))
+
+
+def source(rows: torch.dtype, edits: tuple = ()) -> types.ModuleType:
+    signals = load("collectives.device.signals", FAKES)
+    return load("collectives.algorithms.moe_pack", {
+        **FAKES,
+        "cutlass": types.SimpleNamespace(**{**vars(FAKES["cutlass"]), "Float32": F32}),
+        "collectives.device.signals": signals,
+        "collectives.device": types.SimpleNamespace(rounding=rounding(rows)),
+    }, edits)
+
+
+def tokens_of(dtype: torch.dtype, tokens: int, hidden: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    x = (torch.randn((tokens, hidden), generator=gen) * 3).to(dtype)
+    x[0] = 0  # scale 1
+    if tokens > 1:  # a NaN: scale 1, and values past 464 are NaN in torch's conversion
+        x[1, 0], x[1, 1], x[1, 2] = float("nan"), 470.0, -1000.0
+    if tokens > 2:
+        x[2] = x[2] * 1e-6  # tiny values (subnormal e4m3 bytes)
+    return x
+
+
+def run_kernel(x: torch.Tensor, order: torch.Tensor, topk: int, blocks: int, seed: int,
+               module: types.ModuleType) -> torch.Tensor:
+    """The kernel's sent rows for tokens ``x`` and the sorted entries ``order``."""
+    tokens, hidden = x.shape
+    key = pack_key(x.dtype, hidden)
+    object.__setattr__(key, "threads", THREADS)  # scaled down: a row's pieces outnumber the threads
+    kernel = module.build(key)
+    row_bytes, n = moe.fp8_row_bytes(hidden), order.numel()
+    sim = Sim(seed)
+    mem = sim.memory
+    at = {name: mem.alloc(size) for name, size in [
+        ("rows", max(n * row_bytes, 1)), ("x", max(x.numel() * x.element_size(), 1)), ("order", max(8 * n, 1))]}
+    bits_type, num = BITS[x.dtype]
+    for i, v in enumerate(x.reshape(-1).view(bits_type).tolist()):
+        mem.store(at["x"] + i * x.element_size(), v, num)
+    for i, v in enumerate(order.tolist()):
+        mem.store(at["order"] + 8 * i, v, Int64)
+    for b in range(n * row_bytes):
+        mem.store(at["rows"] + b, 0xEE, Uint8)
+    args = types.SimpleNamespace(rows=Int64(at["rows"]), x=Int64(at["x"]), order=Int64(at["order"]), n=Int64(n),
+                                 topk=Int64(topk), hidden=Int64(hidden), row_bytes=Int64(row_bytes))
+    rng = random.Random(seed)
+    sim.spawn(lambda: sim.launch(lambda: kernel(args), Context(rank=0, call=0), blocks, THREADS,
+                                 [rng.choice([0, 0, 50]) for _ in range(blocks)]), Context(rank=0))
+    sim.run()
+    return torch.tensor(mem.words(at["rows"], n * row_bytes, Uint8), dtype=torch.uint8).view(n, row_bytes)
+
+
+def check(dtype: torch.dtype, tokens: int, hidden: int, topk: int, blocks: int, seed: int,
+          module: types.ModuleType | None = None) -> None:
+    x = tokens_of(dtype, tokens, hidden, seed)
+    order = torch.randperm(tokens * topk, generator=torch.Generator().manual_seed(seed))
+    got = run_kernel(x, order, topk, blocks, seed, module or source(dtype))
+    want = moe.pack_rows(x, order, topk, moe.fp8_row_bytes(hidden))
+    assert torch.equal(got, want), (got != want).nonzero()[:4].tolist()
+
+
+@pytest.mark.parametrize(("dtype", "hidden"), [(torch.bfloat16, 16), (torch.bfloat16, 64), (torch.bfloat16, 12),
+                                               (torch.float16, 24), (torch.float32, 8), (torch.float32, 20)])
+def test_rows_are_the_torch_steps_bit_for_bit(dtype: torch.dtype, hidden: int) -> None:
+    """16-byte vectors (bf16 16 and 64, f16 24, f32 8 and 20) and single values (bf16 12), rows
+    padded to 16 bytes or not, grids of fewer blocks than rows, rows of more pieces than threads."""
+    check(dtype, tokens=4, hidden=hidden, topk=2, blocks=3, seed=hidden)
+
+
+def test_the_host_takes_what_the_kernel_takes() -> None:
+    assert pack_key(torch.bfloat16, 7168) == MoePackKey("bf16", 8)
+    assert pack_key(torch.bfloat16, 100) == MoePackKey("bf16", 1)
+    assert pack_key(torch.float32, 128) == MoePackKey("f32", 4)
+    assert pack_key(torch.bfloat16, 30) is None  # the scale's store needs hidden % 4 == 0
+    assert pack_key(torch.float8_e4m3fn, 128) is None
+    with pytest.raises(ValueError, match="vec"):
+        MoePackKey("bf16", 4)
+
+
+@pytest.mark.parametrize(("edit", "what"), [
+    (("// args.topk", "% args.topk"), "the sent row's token"),
+    (("half = threads >> (level + 1)", "half = threads >> (level + 2)"), "the block's largest magnitude"),
+    (("b = args.hidden + 4", "b = args.hidden + 5"), "the zeros after the scale"),
+    (("(Uint32(q[4 * w + 2]) << Uint32(16))", "(Uint32(q[4 * w + 2]) << Uint32(8))"), "the bytes' order"),
+])
+def test_a_broken_kernel_fails_the_check(edit: tuple, what: str) -> None:
+    """Each edit of the kernel's source is caught (so the check reads what the kernel does)."""
+    with pytest.raises(AssertionError):
+        check(torch.bfloat16, tokens=4, hidden=64, topk=2, blocks=2, seed=1, module=source(torch.bfloat16, (edit,)))
