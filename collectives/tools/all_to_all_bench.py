@@ -28,7 +28,10 @@ fp8 rows (``fp8=True``: e4m3 and a scale per token, the rows the published pplx-
 send), eager and in graphs, torch steps and fused, against the bf16 dispatch's fused time
 measured in the same part.  ``--profile N`` runs only part 5: where an eager layer's time goes
 at ``N`` tokens per rank (host time to enqueue a dispatch and a combine against their time per
-call, and torch's profiler table of host time by operation, rank 0).  ``--out DIR`` writes the
+call, and torch's profiler table of host time by operation, rank 0), then the GPU's timeline of
+one dispatch (bf16, and fp8 with ``--fp8``) and one combine, each eager and replayed from a
+CUDA graph: every kernel in launch order with its start and duration (rank 0;
+:func:`kernel_table`).  ``--out DIR`` writes the
 figures of parts 1-4 as ``DIR/moe-<device>.json`` (records: part, impl, dtype, tokens, mode, us;
 :data:`FIELDS`; with ``--symm-mem``: ``DIR/moe-symm-mem-<device>.json``).  A NCCL or torch
 column that raises is skipped with its reason (printed, and in the JSON), never the run.  NVLink
@@ -357,6 +360,54 @@ def fp8_dispatch(args: argparse.Namespace, rec: Recorder, modes: list[str], size
                 print(f"{mode:6} {tokens:>6} {us[0]:9.1f} {us[1]:9.1f} {us[2]:11.1f} {us[3]:10.1f}", flush=True)
 
 
+def kernel_table(kernels: list[tuple[str, float, float]], width: int = 90) -> list[str]:
+    """The lines of a GPU timeline: ``kernels`` as ``(name, start us, duration us)`` (any
+    order), one line each in start order (start from the first kernel's, duration, the gap
+    since the previous one ended, the name cut to ``width``), then a total: kernels, the time
+    they ran, the span from the first start to the last end, and the idle rest of it."""
+    if not kernels:
+        return ["no GPU kernel recorded"]
+    kernels = sorted(kernels, key=lambda k: k[1])
+    first, end = kernels[0][1], kernels[0][1]
+    lines = [f"{'#':>3} {'start us':>9} {'us':>8} {'gap us':>8}  kernel"]
+    for i, (name, start, us) in enumerate(kernels):
+        lines.append(f"{i:>3} {start - first:9.1f} {us:8.1f} {max(start - end, 0.0):8.1f}  {name[:width]}")
+        end = max(end, start + us)
+    busy, span = sum(us for _, _, us in kernels), end - first
+    lines.append(f"{len(kernels)} kernels, {busy:.1f} us running, span {span:.1f} us ({span - busy:.1f} us idle "
+                 "or overlapped)")
+    return lines
+
+
+def gpu_timeline(step: Callable[[], object], graph: bool) -> list[tuple[str, float, float]]:
+    """``(name, start us, duration us)`` of every GPU kernel, copy and fill of one ``step()``
+    (warmed up first; ``graph``: one replay of a CUDA graph of it), by torch's profiler, after
+    every rank has met (so no kernel waits for a late peer's launch)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    run = step
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            step()
+            torch.cuda.synchronize()
+            with torch.cuda.graph(g):
+                step()
+        run = g.replay
+        run()
+    torch.cuda.synchronize()
+    dist.barrier()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    return [(e.name, e.time_range.start, e.time_range.elapsed_us()) for e in prof.events()
+            if e.device_type == DeviceType.CUDA]
+
+
 def profile_layer(args: argparse.Namespace, tokens: int, calls: int = 50) -> None:
     """Part 5: an eager low-latency layer (fused, the default) at ``tokens`` tokens per rank.
     Rank 0 prints the host time of enqueueing ``calls`` dispatches, then ``calls`` combines,
@@ -401,6 +452,19 @@ def profile_layer(args: argparse.Namespace, tokens: int, calls: int = 50) -> Non
         print(f"combine:  host {host[1]:.1f} us to enqueue, {per_call[1]:.1f} us per call")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
     collectives.synchronize()
+    dist.barrier()
+    steps = {"dispatch bf16": dispatch}
+    if args.fp8:
+        steps["dispatch fp8"] = lambda: moe.dispatch(x, ids, weights, args.experts, max_tokens=tokens, fp8=True)
+    steps["combine"] = lambda: moe.combine(d[0], d[2])
+    for name, step in steps.items():
+        for graph in (False, True):
+            kernels = gpu_timeline(step, graph)
+            collectives.synchronize()
+            if rank == 0:
+                print(f"\nGPU timeline of one {name}, {'graph replay' if graph else 'eager'}, {tokens} tokens per rank "
+                      "(rank 0):")
+                print("\n".join(kernel_table(kernels)), flush=True)
     dist.barrier()
 
 

@@ -117,3 +117,21 @@ def test_nccl_columns_skipped_with_a_reason(monkeypatch, version, fails: bool, e
     assert set(found.windows) == {"nccl_symm", "nccl_ce"} - set(expect)
     if "nccl_ce" in found.windows:
         assert found.windows["nccl_ce"] == "windows of ce group"
+
+
+def test_the_profile_prints_a_kernel_timeline_in_start_order() -> None:
+    """``all_to_all_bench --profile``'s GPU timeline (synthetic kernels, no GPU): each kernel in
+    start order with the gap since the previous one ended, then the kernels' time, the span and
+    what of it no kernel ran (a gap, or kernels overlapping)."""
+    from collectives.tools.all_to_all_bench import kernel_table
+
+    lines = kernel_table([("place", 130.0, 5.0), ("index_select", 100.0, 10.0), ("all_to_all rows", 112.0, 15.0),
+                          ("sort " + "x" * 200, 90.0, 4.0)], width=20)
+    assert lines[0].split() == ["#", "start", "us", "us", "gap", "us", "kernel"]
+    rows = [line.split() for line in lines[1:-1]]
+    assert [r[4] for r in rows] == ["sort", "index_select", "all_to_all", "place"]
+    assert [float(r[1]) for r in rows] == [0.0, 10.0, 22.0, 40.0]  # from the first start
+    assert [float(r[3]) for r in rows] == [0.0, 6.0, 2.0, 3.0]  # idle since the previous end
+    assert len(lines[1]) < 80  # a long name is cut
+    assert lines[-1] == "4 kernels, 34.0 us running, span 45.0 us (11.0 us idle or overlapped)"
+    assert kernel_table([]) == ["no GPU kernel recorded"]
