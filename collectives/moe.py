@@ -69,15 +69,17 @@ Placement = Callable[[torch.Tensor, torch.Tensor, int, int, bool], tuple]
 #: them its values (fewer than ``row_bytes``: fp8, the scale's 4 bytes next), or None for
 #: :func:`place_rows` (asked once the call's arguments are checked, before its first all-to-all).
 PlacementFor = Callable[[int, int, bool, int], "Placement | None"]
-#: ``pack(x, order, topk, row_bytes)``: the fp8 rows a dispatch sends, uint8 ``[order.numel(),
-#: row_bytes]``: row ``i`` token ``order[i] // topk`` of ``x`` quantized (:func:`quantize`), its
-#: scale's 4 bytes, zeros (:func:`pack_rows`; one kernel: :mod:`collectives.algorithms.moe_pack`).
+#: ``pack(x, order, topk, out)``: the fp8 rows a dispatch sends into ``out`` (uint8
+#: ``[order.numel(), row_bytes]``): row ``i`` token ``order[i] // topk`` of ``x`` quantized
+#: (:func:`quantize`), its scale's 4 bytes, zeros (:func:`pack_rows`; one kernel:
+#: :mod:`collectives.algorithms.moe_pack`).
 Pack = Callable[[torch.Tensor, torch.Tensor, int, int], torch.Tensor]
 #: ``pack_for(dtype, hidden)``: the :data:`Pack` of an fp8 dispatch of ``hidden`` values of
 #: ``dtype`` per token, or None for :func:`pack_rows` (asked once the call's arguments are checked).
 PackFor = Callable[[torch.dtype, int], "Pack | None"]
 #: ``weighted_sum(entries, slots, valid, weights, tokens, topk)``: the combine's output,
-#: ``[tokens, hidden]`` in ``entries``' dtype: token ``t``'s sum over ``k`` in order of
+#: ``[tokens, hidden]`` in ``entries``' dtype (allocated for ``entries.shape[0] // topk`` tokens,
+#: the most of any call of the shape, and cut to ``tokens``: see :func:`dispatch_with`): token ``t``'s sum over ``k`` in order of
 #: ``entries[slots[t * topk + k]] * weights[t * topk + k]``, each product and sum rounded to f32
 #: (an entry that is not ``valid`` was not sent, and counts as zeros whatever its row holds),
 #: rounded once to the dtype (:mod:`collectives.algorithms.moe_combine`'s kernel).
@@ -189,7 +191,14 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     """:func:`dispatch` over ``exchange`` in a world of ``world`` ranks, receiving rows into
     ``empty``'s buffer; the received rows placed by ``placement_for``'s placement (None:
     :func:`place_rows`, some twenty torch operations); fp8 rows made by ``pack_for``'s
-    :data:`Pack` (None: :func:`pack_rows`, some fifteen)."""
+    :data:`Pack` (None: :func:`pack_rows`, some fifteen).
+
+    Every allocation above torch's small-block pool (1 MB) has a size the shape fixes (its
+    bounds: ``max_tokens`` and top-k, the receive buffers' rows), never the routing: the rows
+    sent are allocated for ``_capacity(max_tokens * topk)`` of them and cut.  A run of calls
+    of one shape then finds each such block in torch's cache, freed by the call before, instead
+    of calling ``cudaMalloc``, which may wait for the device (other ranks' kernels spin there
+    for this rank's next launch)."""
     _check(x, topk_ids, topk_weights, num_experts, world, max_tokens, mode, validate)
     tokens, topk = topk_ids.shape
     hidden, device = x.shape[1], x.device
@@ -207,12 +216,15 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     exact = mode == "throughput"
     # The sent rows, by destination rank and expert, and the dtype they travel as (fp8: hidden
     # e4m3 bytes, then the scale's 4 bytes, zeros to fp8_row_bytes; as bytes, which torch indexes).
+    bound = _capacity(max_tokens * topk)  # rows sent at most: the allocation's size, whatever the routing
     if fp8:
         width, wire = fp8_row_bytes(hidden), torch.float8_e4m3fn
-        rows = ((pack_for(x.dtype, hidden) if pack_for else None) or pack_rows)(x, order, topk, width)
+        rows = torch.empty((bound, width), dtype=torch.uint8, device=device)[:order.numel()]
+        ((pack_for(x.dtype, hidden) if pack_for else None) or pack_rows)(x, order, topk, rows)
     else:
         width, wire = hidden, x.dtype
-        rows = x.index_select(0, order // topk)
+        rows = torch.empty((bound, width), dtype=x.dtype, device=device)[:order.numel()]
+        torch.index_select(x, 0, order // topk, out=rows)
     row_bytes = width * rows.element_size()
     values = hidden if fp8 else row_bytes  # the bytes of a row placed in expert_x
     placement = placement_for(local, row_bytes, exact, values) if placement_for else None
@@ -247,15 +259,15 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     return expert_x, expert_counts, handle
 
 
-def pack_rows(x: torch.Tensor, order: torch.Tensor, topk: int, row_bytes: int) -> torch.Tensor:
+def pack_rows(x: torch.Tensor, order: torch.Tensor, topk: int, out: torch.Tensor) -> None:
     """The torch steps of a :data:`Pack`: the tokens quantized, packed with their scales, then
-    the sent rows gathered."""
+    the sent rows gathered into ``out``."""
     tokens, hidden = x.shape
     q, scale = quantize(x)
-    source = torch.zeros((tokens, row_bytes), dtype=torch.uint8, device=x.device)
+    source = torch.zeros((tokens, out.shape[1]), dtype=torch.uint8, device=x.device)
     source[:, :hidden] = q.view(torch.uint8)
     source[:, hidden:hidden + 4] = scale.view(torch.uint8).view(tokens, 4)
-    return source.index_select(0, order // topk)
+    torch.index_select(source, 0, order // topk, out=out)
 
 
 def place_rows(counts: torch.Tensor, received: torch.Tensor, rows_out: int, capacity: int, exact: bool,
@@ -265,6 +277,7 @@ def place_rows(counts: torch.Tensor, received: torch.Tensor, rows_out: int, capa
     ``values`` bytes of a row placed (None: all; fewer: fp8, the scale's 4 bytes next)."""
     world, local = counts.shape
     room, device = received.shape[0], received.device
+    room_out = max(rows_out, room) + 1  # expert_x's allocated rows: fixed by the shape (see dispatch_with)
     segments = counts.reshape(-1)  # (source, expert) in arrival order
     ends = torch.cumsum(segments, 0)
     i = torch.arange(room, device=device)
@@ -282,7 +295,7 @@ def place_rows(counts: torch.Tensor, received: torch.Tensor, rows_out: int, capa
     else:
         kept = arrived & (slot < capacity)
         place = torch.where(kept, (segment % local) * capacity + slot, rows_out)  # else: the trash row
-    expert_x = torch.empty((rows_out + 1, received.shape[1]), dtype=received.dtype, device=device)
+    expert_x = torch.empty((room_out, received.shape[1]), dtype=received.dtype, device=device)[:rows_out + 1]
     expert_x.index_copy_(0, place, received)
     scales = None
     if values is not None and values < expert_x.shape[1] * expert_x.element_size():
@@ -308,14 +321,16 @@ def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, e
     else:  # nothing was received: every row sent back is a zero
         back = flat.new_zeros((h.place.shape[0], hidden))
     back = torch.where(h.kept[:, None], back, 0)
-    entries = empty("combine", (most, hidden), expert_out.dtype, expert_out.device)[:h.tokens * h.topk]
+    received = empty("combine", (most, hidden), expert_out.dtype, expert_out.device)
+    entries = received[:h.tokens * h.topk]
     if weighted_sum is None:  # the torch steps read every entry: the unsent ones as zeros
         entries.zero_()
     exchange(entries, back, h.send_splits, h.recv_splits)  # in the dispatch's sorted order
     weights = torch.where(h.valid.view(h.tokens, h.topk), h.weights, 0).float()
     if weighted_sum is not None:
         slots = torch.empty_like(h.order).scatter_(0, h.order, torch.arange(h.order.numel(), device=h.order.device))
-        return weighted_sum(entries, slots, h.valid, weights.view(-1), h.tokens, h.topk)
+        # the whole buffer: its rows size the output's allocation (the most tokens of the shape)
+        return weighted_sum(received, slots, h.valid, weights.view(-1), h.tokens, h.topk)
     y = torch.empty_like(entries).index_copy_(0, h.order, entries).view(h.tokens, h.topk, hidden)
     total = y[:, 0].float() * weights[:, 0, None]
     for k in range(1, h.topk):

@@ -81,15 +81,13 @@ def pack(comm: Any, dtype: torch.dtype, hidden: int):
         return None
     fn, device = comm.kernel_together(key), comm.device_index
 
-    def run(x: torch.Tensor, order: torch.Tensor, topk: int, row_bytes: int) -> torch.Tensor:
+    def run(x: torch.Tensor, order: torch.Tensor, topk: int, out: torch.Tensor) -> None:
         x = x.contiguous()
-        rows = torch.empty((order.numel(), row_bytes), dtype=torch.uint8, device=x.device)
         _aligned(key.vec * x.element_size(), x)
-        _aligned(16, rows)
-        args = MOE_PACK.pack(rows=rows.data_ptr(), x=x.data_ptr(), order=order.data_ptr(), n=order.numel(),
-                             topk=topk, hidden=hidden, row_bytes=row_bytes)
+        _aligned(16, out)
+        args = MOE_PACK.pack(rows=out.data_ptr(), x=x.data_ptr(), order=order.data_ptr(), n=order.numel(),
+                             topk=topk, hidden=hidden, row_bytes=out.shape[1])
         fn(*args, key.blocks(order.numel()), current_stream(device))
-        return rows
 
     return run
 
@@ -105,7 +103,8 @@ def weighted_sum(comm: Any, dtype: torch.dtype, hidden: int, topk: int):
 
     def run(entries: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor, tokens: int,
             k: int) -> torch.Tensor:
-        out = torch.empty((tokens, hidden), dtype=dtype, device=entries.device)
+        # allocated for the most tokens of the shape (see collectives.moe.dispatch_with), cut to these
+        out = torch.empty((entries.shape[0] // k, hidden), dtype=dtype, device=entries.device)[:tokens]
         _aligned(step, entries, out)
         args = MOE_COMBINE.pack(out=out.data_ptr(), entries=entries.data_ptr(), slots=slots.data_ptr(),
                                 valid=valid.contiguous().data_ptr(), weights=weights.data_ptr(), tokens=tokens,
@@ -129,8 +128,10 @@ def placement(comm: Any, local: int, row_bytes: int, exact: bool, values: int | 
     def run(counts: torch.Tensor, received: torch.Tensor, rows_out: int, capacity: int,
             _exact: bool) -> tuple[torch.Tensor, ...]:
         room, at = received.shape[0], received.device
-        expert_x = torch.empty((rows_out + 1, out_bytes // received.element_size()), dtype=received.dtype, device=at)
-        scales = torch.empty(rows_out + 1, dtype=torch.float32, device=at) if key.scales else None
+        alloc = max(rows_out, room) + 1  # fixed by the shape (see collectives.moe.dispatch_with), cut to rows_out + 1
+        expert_x = torch.empty((alloc, out_bytes // received.element_size()), dtype=received.dtype,
+                               device=at)[:rows_out + 1]
+        scales = torch.empty(alloc, dtype=torch.float32, device=at)[:rows_out + 1] if key.scales else None
         place = torch.empty(room, dtype=torch.int64, device=at)
         kept = torch.empty(room, dtype=torch.bool, device=at)
         tallies = torch.empty(local + 1, dtype=torch.int64, device=at)  # per expert, then lost

@@ -122,7 +122,8 @@ def check(dtype: torch.dtype, tokens: int, hidden: int, topk: int, blocks: int, 
     x = tokens_of(dtype, tokens, hidden, seed)
     order = torch.randperm(tokens * topk, generator=torch.Generator().manual_seed(seed))
     got = run_kernel(x, order, topk, blocks, seed, module or source(dtype))
-    want = moe.pack_rows(x, order, topk, moe.fp8_row_bytes(hidden))
+    want = torch.empty((order.numel(), moe.fp8_row_bytes(hidden)), dtype=torch.uint8)
+    moe.pack_rows(x, order, topk, want)
     assert torch.equal(got, want), (got != want).nonzero()[:4].tolist()
 
 
