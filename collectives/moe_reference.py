@@ -27,10 +27,10 @@ def routing(world: int, experts: int, topk: int, tokens: list[int], seed: int, h
     return xs, ids, ws
 
 
-def expert_fn(x: torch.Tensor, expert: int) -> torch.Tensor:
+def expert_fn(x: torch.Tensor, expert: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """Expert ``expert``'s output for rows ``x``: an exact power-of-two scale (2, 4 or 8), which
-    tells neighbouring experts apart."""
-    return x * float(2 ** (expert % 3 + 1))
+    tells neighbouring experts apart (into ``out`` where given)."""
+    return torch.mul(x, float(2 ** (expert % 3 + 1)), out=out)
 
 
 def expert_rows(expert: int, xs: list[torch.Tensor], ids: list[torch.Tensor]) -> torch.Tensor:

@@ -14,6 +14,13 @@ fp8) are compared with the reference.  The fused kernels run unless ``COLLECTIVE
 ``COLLECTIVES_TEST_SEED_EPOCH`` starts the all-to-all's call count near its 2^32 wrap.
 ``--world W`` runs the ranks as W threads on one GPU (:func:`collectives.testing.run_world`).
 Exits non-zero on any wrong result or unexpected error, or when ``--seconds`` runs out first.
+
+Between its launches a rank allocates on the GPU only blocks whose sizes a case's shape fixes
+(its inputs for ``max_tokens`` tokens, the throughput experts' rows for a power of two of them),
+as the layer does (``tests/collectives/test_moe_allocations.py``): a ``cudaMalloc`` for a size
+torch's cache lacks may wait for the GPU, where the other ranks' all-to-alls spin for this
+rank's next launch (the W = 8 world's failure: every rank timed out at once, the ranks' kernels
+waiting for one rank that launched 30 s late).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ force_multicast_off()
 import torch  # noqa: E402
 
 from .. import moe  # noqa: E402
+from ..moe import _capacity as moe_capacity  # noqa: E402
 from ..moe_reference import bits, combined, expert_fn, expert_rows, routing  # noqa: E402
 from .soak import Progress, run_ranks  # noqa: E402
 
@@ -145,7 +153,9 @@ class Soak:
         if case.mode == "throughput":
             ends = torch.cumsum(counts, 0).tolist()
             starts = [0] + ends[:-1]
-            rows = torch.cat([expert_fn(ex[s:e], first + le) for le, (s, e) in enumerate(zip(starts, ends))])
+            rows = torch.empty((moe_capacity(ex.shape[0]), ex.shape[1]), dtype=ex.dtype, device=ex.device)[:ex.shape[0]]
+            for le, (s, e) in enumerate(zip(starts, ends)):
+                expert_fn(ex[s:e], first + le, out=rows[s:e])
         else:
             rows = torch.stack([expert_fn(ex[le], first + le) for le in range(case.local)])
         return ex, counts, handle, self.layer.combine(rows, handle)
@@ -156,7 +166,9 @@ class Soak:
         xs, ids, ws = routing(self.world, experts, case.topk, list(case.tokens), step, case.hidden, case.dtype,
                               case.bad)
         device = self.layer.device
-        mine = [t[self.rank].to(device) for t in (xs, ids, ws)]
+        # on the GPU for max_tokens tokens, cut to this rank's (a size the shape fixes: see the module)
+        mine = [torch.empty((case.max_tokens, *t[self.rank].shape[1:]), dtype=t[self.rank].dtype,
+                            device=device)[:t[self.rank].shape[0]].copy_(t[self.rank]) for t in (xs, ids, ws)]
         if case.graph:
             captured = self.graphs.get(case.shape)
             if captured is None:
