@@ -115,6 +115,15 @@ class Layer:
 
         collectives.synchronize()
 
+    def allocator_calls(self) -> dict[str, int]:
+        """torch's caching allocator's calls into CUDA on this GPU so far (every rank sharing it
+        counts): ``cudaMalloc``, ``cudaFree``, and frees of every cached block after a failed
+        ``cudaMalloc`` (each of these may wait for the whole GPU)."""
+        stats = torch.cuda.memory_stats()
+        return {name: int(stats.get(key, 0)) for name, key in (("cudaMalloc", "num_device_alloc"),
+                                                               ("cudaFree", "num_device_free"),
+                                                               ("retries", "num_alloc_retries"))}
+
     @contextlib.contextmanager
     def capture(self, graph: Any) -> Iterator[None]:
         from ..testing import capture
@@ -242,10 +251,14 @@ class Soak:
                 print(f"rank {self.rank}: out of time after {step - 1} calls", file=sys.stderr)
                 return 2
             case = draw(self.rng, self.world, args.graph_fraction)
+            before = self.layer.allocator_calls()
             try:
                 self.run_case(step, case)
             except BaseException as e:
                 e.add_note(f"[moe soak] rank {self.rank} at call {step}: {case}")
+                after = self.layer.allocator_calls()
+                e.add_note(f"[moe soak] rank {self.rank}: the GPU's allocator calls during call {step} (every "
+                           f"rank's): " + ", ".join(f"{k} {after[k] - v}" for k, v in before.items()))
                 raise
         if self.rank == 0:
             print(f"moe soak: {args.calls} calls on {self.world} ranks in {time.monotonic() - start:.0f}s, every "

@@ -23,8 +23,10 @@ class SimulatedLayer(moe_soak.Layer):
 
     def __init__(self, sim: World, rank: int, spoil=None) -> None:
         self.exchange, self.world, self.spoil = sim.exchange(rank), sim.world, spoil
+        self.dispatches = 0
 
     def dispatch(self, x, ids, weights, experts, case):
+        self.dispatches += 1
         result = moe.dispatch_with(self.exchange, self.world, x, ids, weights, experts, case.max_tokens, case.mode,
                                    fp8=case.fp8)
         return self.spoil("dispatch", result) if self.spoil else result
@@ -35,6 +37,10 @@ class SimulatedLayer(moe_soak.Layer):
 
     def synchronize(self) -> None:
         pass
+
+    def allocator_calls(self) -> dict[str, int]:
+        """A stand-in: one "cudaMalloc" per dispatch."""
+        return {"cudaMalloc": self.dispatches}
 
 
 def soak(world: int, calls: int, seed: int = 0, spoil=None, spoiled_rank: int = 1) -> list[dict]:
@@ -95,6 +101,8 @@ def test_a_wrong_row_count_or_output_fails_the_soak(spoil, message: str, world: 
     with pytest.raises(AssertionError, match=message) as info:
         soak(world, calls=30, seed=7, spoil=spoil, spoiled_rank=world - 1)
     assert any(n.startswith("[moe soak] rank ") and " at call " in n and "Case(" in n for n in info.value.__notes__)
+    # and the allocator's calls into CUDA during that call (here a stand-in's: one per dispatch)
+    assert any(n.endswith("(every rank's): cudaMalloc 1") for n in info.value.__notes__), info.value.__notes__
 
 
 def test_every_rank_draws_the_same_cases_and_graph_cases_have_fixed_shapes() -> None:
