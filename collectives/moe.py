@@ -77,10 +77,15 @@ Pack = Callable[[torch.Tensor, torch.Tensor, int, int], torch.Tensor]
 #: ``pack_for(dtype, hidden)``: the :data:`Pack` of an fp8 dispatch of ``hidden`` values of
 #: ``dtype`` per token, or None for :func:`pack_rows` (asked once the call's arguments are checked).
 PackFor = Callable[[torch.dtype, int], "Pack | None"]
+#: ``gather(rows, place, kept)``: the rows a combine sends back, ``[place.numel(), hidden]``:
+#: row ``i`` is ``rows[place[i]]`` where ``kept[i]``, else zeros (:func:`gather_rows`; one
+#: kernel: :mod:`collectives.algorithms.moe_gather`).
+Gather = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 #: ``weighted_sum(entries, slots, valid, weights, tokens, topk)``: the combine's output,
 #: ``[tokens, hidden]`` in ``entries``' dtype (allocated for ``entries.shape[0] // topk`` tokens,
-#: the most of any call of the shape, and cut to ``tokens``: see :func:`dispatch_with`): token ``t``'s sum over ``k`` in order of
-#: ``entries[slots[t * topk + k]] * weights[t * topk + k]``, each product and sum rounded to f32
+#: the most of any call of the shape, and cut to ``tokens``: see :func:`dispatch_with`): token
+#: ``t``'s sum over ``k`` in order of ``entries[slots[t * topk + k]] * weights[t * topk + k]``,
+#: each product and sum rounded to f32
 #: (an entry that is not ``valid`` was not sent, and counts as zeros whatever its row holds),
 #: rounded once to the dtype (:mod:`collectives.algorithms.moe_combine`'s kernel).
 WeightedSum = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int], torch.Tensor]
@@ -304,23 +309,27 @@ def place_rows(counts: torch.Tensor, received: torch.Tensor, rows_out: int, capa
     return expert_x, place, kept, expert_counts, (arrived & ~kept).sum(), scales
 
 
+def gather_rows(rows: torch.Tensor, place: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    """The torch steps of a :data:`Gather`."""
+    if rows.shape[0]:
+        back = rows.index_select(0, place.clamp(max=rows.shape[0] - 1))
+    else:  # nothing was received: every row sent back is a zero
+        back = rows.new_zeros((place.shape[0], rows.shape[1]))
+    return torch.where(kept[:, None], back, 0)
+
+
 def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, empty: Empty = plain,
-                 weighted_sum: WeightedSum | None = None) -> torch.Tensor:
+                 weighted_sum: WeightedSum | None = None, gather: Gather | None = None) -> torch.Tensor:
     """:func:`combine` over ``exchange``, receiving rows into ``empty``'s buffer; the weighted
     sum by ``weighted_sum`` (see :data:`WeightedSum`; None: torch operations, ``3 * topk`` of
-    them over the rows)."""
+    them over the rows), the rows sent back by ``gather`` (None: :func:`gather_rows`)."""
     h = handle
     hidden = expert_out.shape[-1]
     if expert_out.dim() == 3:  # low latency: [L, capacity, hidden]
         most = expert_out.shape[1] // h.send_splits.numel() * h.topk  # max_tokens x topk, the same everywhere
     else:  # throughput: the packed rows
         most = h.most
-    flat = expert_out.reshape(-1, hidden)
-    if flat.shape[0]:
-        back = flat.index_select(0, h.place.clamp(max=flat.shape[0] - 1))
-    else:  # nothing was received: every row sent back is a zero
-        back = flat.new_zeros((h.place.shape[0], hidden))
-    back = torch.where(h.kept[:, None], back, 0)
+    back = (gather or gather_rows)(expert_out.reshape(-1, hidden), h.place, h.kept)
     received = empty("combine", (most, hidden), expert_out.dtype, expert_out.device)
     entries = received[:h.tokens * h.topk]
     if weighted_sum is None:  # the torch steps read every entry: the unsent ones as zeros
@@ -388,8 +397,10 @@ def combine(expert_out: torch.Tensor, handle: Handle, *, group: Any = None) -> t
     from .runtime import moe_kernels
     from .runtime.communicator import communicator
 
-    fused = moe_kernels.weighted_sum(communicator(group), expert_out.dtype, expert_out.shape[-1], handle.topk)
-    return combine_with(_collective(api, group), expert_out, handle, _symmetric(group), fused)
+    comm = communicator(group)
+    fused = moe_kernels.weighted_sum(comm, expert_out.dtype, expert_out.shape[-1], handle.topk)
+    gather = moe_kernels.gather(comm, expert_out.shape[-1] * expert_out.element_size())
+    return combine_with(_collective(api, group), expert_out, handle, _symmetric(group), fused, gather)
 
 
 def handle_tensors(handle: Handle, fields: tuple[str, ...] = HANDLE_FIELDS) -> tuple[torch.Tensor, ...]:
@@ -453,6 +464,6 @@ def _collective(api: Any, group: Any) -> Exchange:
     return exchange
 
 
-__all__ = ["E4M3_MAX", "MODES", "Empty", "Exchange", "Handle", "Pack", "PackFor", "Placement", "PlacementFor",
-           "WeightedSum", "combine", "combine_with", "dispatch", "dispatch_with", "fp8_row_bytes", "handle_from",
-           "handle_tensors", "pack_rows", "place_rows", "plain", "quantize"]
+__all__ = ["E4M3_MAX", "MODES", "Empty", "Exchange", "Gather", "Handle", "Pack", "PackFor", "Placement",
+           "PlacementFor", "WeightedSum", "combine", "combine_with", "dispatch", "dispatch_with", "fp8_row_bytes",
+           "gather_rows", "handle_from", "handle_tensors", "pack_rows", "place_rows", "plain", "quantize"]

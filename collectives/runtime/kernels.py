@@ -41,7 +41,8 @@ def compile_kernel(key: KernelKey | str, target: str) -> Any:
     :class:`~collectives.algorithms.all_to_all.AllToAllKey` the all-to-all's, a
     :class:`~collectives.algorithms.moe_combine.MoeCombineKey` the MoE combine's weighted sum, a
     :class:`~collectives.algorithms.moe_place.MoePlaceKey` the MoE dispatch's placement, a
-    :class:`~collectives.algorithms.moe_pack.MoePackKey` its fp8 rows."""
+    :class:`~collectives.algorithms.moe_pack.MoePackKey` its fp8 rows, a
+    :class:`~collectives.algorithms.moe_gather.MoeGatherKey` the combine's rows to send back."""
     import cutlass.cute as cute
     from cutlass.base_dsl.compiler import DumpDir
 
@@ -62,7 +63,7 @@ def _kind(key: KernelKey | str) -> tuple[Callable[[Any], Any], tuple]:
     of kernel: a stream-flag kernel's, the all-to-all's, the MoE combine's or dispatch's, or a
     collective algorithm's."""
     from .. import algorithms
-    from ..algorithms import all_to_all, flags, moe_combine, moe_pack, moe_place
+    from ..algorithms import all_to_all, flags, moe_combine, moe_gather, moe_pack, moe_place
     from ..device.launch import example_arguments as layout_arguments
     from ..device.launch import flag_example_arguments
 
@@ -76,6 +77,8 @@ def _kind(key: KernelKey | str) -> tuple[Callable[[Any], Any], tuple]:
         return moe_place.build, layout_arguments(moe_place.MOE_PLACE)
     if isinstance(key, moe_pack.MoePackKey):
         return moe_pack.build, layout_arguments(moe_pack.MOE_PACK)
+    if isinstance(key, moe_gather.MoeGatherKey):
+        return moe_gather.build, layout_arguments(moe_gather.MOE_GATHER)
     return algorithms.build, algorithms.example_arguments()
 
 

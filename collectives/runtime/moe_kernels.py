@@ -1,13 +1,14 @@
-"""The host side of the MoE layer's three local kernels: the dispatch's placement of received
-rows (:mod:`collectives.algorithms.moe_place`), its fp8 rows
-(:mod:`collectives.algorithms.moe_pack`) and the combine's weighted sum
+"""The host side of the MoE layer's local kernels: the dispatch's placement of received rows
+(:mod:`collectives.algorithms.moe_place`) and its fp8 rows (:mod:`collectives.algorithms.moe_pack`),
+the combine's rows to send back (:mod:`collectives.algorithms.moe_gather`) and its weighted sum
 (:mod:`collectives.algorithms.moe_combine`): which calls they take, and their launches.
 
 On unless ``COLLECTIVES_MOE_FUSED=0`` (read at import; :data:`FUSED`), which brings back the
 torch steps they replace (:func:`collectives.moe.place_rows`, :func:`collectives.moe.pack_rows`,
-the combine's ``3 * topk`` operations).  The fp8 packing kernel is checked on the CPU only (its
-source in the device simulation, ``tests/collectives/device/test_moe_pack_source.py``, its PTX),
-not yet on a GPU.  Both kernels give the torch steps' bits: checked on one H100 in worlds of 2, 3, 5
+:func:`collectives.moe.gather_rows`, the combine's ``3 * topk`` operations).  The fp8 packing
+and the gather kernels are checked on the CPU only (their sources in the device simulation,
+``tests/collectives/device/test_moe_pack_source.py`` and ``test_moe_gather_source.py``, their
+PTX), not yet on a GPU.  Both kernels give the torch steps' bits: checked on one H100 in worlds of 2, 3, 5
 and 8 ranks and under ``torchrun`` on 2 x H100 (``tests/collectives/gpu/ranks/test_moe.py``),
 their PTX on the CPU, the placement's source in the CPU simulation of the device
 (``tests/collectives/device/test_moe_place_source.py``).  Each is compiled and loaded when a
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from ..algorithms.moe_combine import DTYPES_ROUNDED, MAX_TOPK, MOE_COMBINE, MoeCombineKey
+from ..algorithms.moe_gather import MOE_GATHER, MoeGatherKey
 from ..algorithms.moe_pack import DTYPES_QUANTIZED, MOE_PACK, MoePackKey
 from ..algorithms.moe_place import MAX_SEGMENTS, MOE_PLACE, MoePlaceKey
 from ..algorithms.plan import current_stream
@@ -92,6 +94,28 @@ def pack(comm: Any, dtype: torch.dtype, hidden: int):
     return run
 
 
+def gather(comm: Any, row_bytes: int):
+    """The kernel's :data:`collectives.moe.Gather` on ``comm``'s GPU for rows of ``row_bytes``
+    (moved in the widest word that divides them; its kernel loaded now), None where
+    :data:`FUSED` is off or the rows are empty."""
+    if not FUSED or row_bytes <= 0:
+        return None
+    key = MoeGatherKey(MoePlaceKey.word_for(row_bytes))
+    fn, device = comm.kernel_together(key), comm.device_index
+
+    def run(rows: torch.Tensor, place: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+        rows = rows.contiguous()
+        room = place.numel()
+        out = torch.empty((room, rows.shape[1]), dtype=rows.dtype, device=place.device)
+        _aligned(key.word, rows, out)
+        args = MOE_GATHER.pack(out=out.data_ptr(), rows=rows.data_ptr(), place=place.data_ptr(),
+                               kept=kept.data_ptr(), room=room, row_words=row_bytes // key.word)
+        fn(*args, key.blocks(room), current_stream(device))
+        return out
+
+    return run
+
+
 def weighted_sum(comm: Any, dtype: torch.dtype, hidden: int, topk: int):
     """The kernel's :data:`collectives.moe.WeightedSum` on ``comm``'s GPU (its kernel loaded
     now), None where :data:`FUSED` is off or the kernel does not take the rows."""
@@ -153,4 +177,4 @@ def _aligned(step: int, *tensors: torch.Tensor) -> None:
             raise CollectiveError(f"moe: a kernel's rows must start {step}-byte aligned, not at {t.data_ptr():#x}")
 
 
-__all__ = ["FUSED", "combine_key", "pack", "pack_key", "place_key", "placement", "weighted_sum"]
+__all__ = ["FUSED", "combine_key", "gather", "pack", "pack_key", "place_key", "placement", "weighted_sum"]

@@ -74,7 +74,8 @@ def launches(fused: bool, monkeypatch, fp8: bool = False) -> tuple[int, int]:
     expert_out = torch.zeros_like(expert_x)
     counter.count = 0
     with counter:
-        moe.combine_with(counter.note, expert_out, handle, weighted_sum=weighted_sum)
+        moe.combine_with(counter.note, expert_out, handle, weighted_sum=weighted_sum,
+                         gather=moe_kernels.gather(comm, hidden * expert_out.element_size()))
     return dispatch, counter.count
 
 
@@ -82,7 +83,7 @@ def test_the_fused_kernels_cut_the_launches_around_our_all_to_alls(monkeypatch) 
     torch_steps = launches(False, monkeypatch)
     fused = launches(True, monkeypatch)
     print(f"\nlaunches per call (dispatch, combine): torch steps {torch_steps}, fused kernels {fused}")
-    assert fused[0] <= 15 and fused[1] <= 8, fused
+    assert fused[0] <= 15 and fused[1] <= 6, fused
     assert 2 * fused[0] < torch_steps[0] and 3 * fused[1] < torch_steps[1], (torch_steps, fused)
 
 

@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("cutlass")
 from collectives import moe  # noqa: E402
+from collectives.algorithms.moe_gather import MoeGatherKey  # noqa: E402
 from collectives.algorithms.moe_pack import MoePackKey  # noqa: E402
 from collectives.algorithms.moe_combine import MAX_TOPK, MoeCombineKey  # noqa: E402
 from collectives.algorithms.moe_place import MAX_SEGMENTS, MoePlaceKey  # noqa: E402
@@ -125,3 +126,14 @@ def test_fp8_packing_quantizes_as_torch_does(dtype: str, vec: int) -> None:
         assert _count(ptx, "ld.global.v4.b32") >= 2  # the largest magnitude's pass and the values'
         assert _count(ptx, "st.global.v2.b32" if vec == 8 else "st.global.b32") >= 1
     assert _count(ptx, "st.global.b32") >= 1  # the scale
+
+
+@pytest.mark.parametrize("word", [16, 4, 1])
+def test_gather_moves_rows_in_its_words_and_zeros_the_rest(word: int) -> None:
+    """The combine's gather: a kept row's words loaded and stored, a row not kept stored as
+    zeros (a second store, no load), one GPU's memory, no ordering."""
+    ptx = kernel_ptx(MoeGatherKey(word), "sm_90a")
+    access = WORD_ACCESS[word]
+    assert _count(ptx, f"ld.global.{access}") == 1 + (word == 1)  # (word 1: the kept flag is a byte too)
+    assert _count(ptx, f"st.global.{access}") == 2
+    assert "multimem." not in ptx and ".sys" not in ptx and "atom." not in ptx

@@ -1,0 +1,93 @@
+"""The MoE combine's rows to send back (:func:`collectives.moe.combine`), one kernel on one GPU:
+the dispatch's placement in reverse.
+
+Row ``i`` of the output is what received row ``i`` of the dispatch became: row ``place[i]`` of
+the experts' outputs where ``kept[i]``, else zeros (a row dropped past an expert's capacity, or
+a row of the receive buffer that nothing arrived in, counts as nothing in its token's sum).
+Rows move as words of ``word`` bytes, a row's words spread over a block's threads, whole rows
+to a block (the grid strides).  It replaces a gather, a clamp of the places and a pass that
+zeroed the rows not kept (that pass alone read and wrote every row once more).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int64, Uint8
+
+import ptxops
+
+from ..device.kernel_args import Arg, KernelArgs, Layout
+from ..device.launch import check_threads, launcher
+from ..device.signals import LOCAL, gmem
+from .moe_place import MAX_BLOCKS, WORDS
+
+MOE_GATHER = Layout("MoeGatherArgs", (
+    Arg("out", Int64, "out: room rows of row_words words, in the dispatch's arrival order"),
+    Arg("rows", Int64, "the experts' output rows (the places index them)"),
+    Arg("place", Int64, "int64[room]: each row's place in rows (read only where kept)"),
+    Arg("kept", Int64, "uint8[room]: 1 where the row was placed"),
+    Arg("room", Int64, "rows of out"),
+    Arg("row_words", Int64, "words per row"),
+))
+
+
+@dataclass(frozen=True)
+class MoeGatherKey:
+    """The compile-time choices of one gather kernel: ``word`` (bytes per access: 16, 8, 4, 2
+    or 1; a row's bytes are a multiple) and threads per block."""
+
+    word: int = 16
+    threads: int = 256
+
+    def __post_init__(self) -> None:
+        if self.word not in WORDS:
+            raise ValueError(f"word must be one of {tuple(WORDS)} bytes, not {self.word}")
+        check_threads(self.threads)
+
+    def blocks(self, room: int) -> int:
+        """Thread blocks of a launch for ``room`` rows (at least 1)."""
+        return max(1, min(MAX_BLOCKS, room))
+
+
+def build(key: MoeGatherKey):
+    """The ``@cute.jit`` launcher of the gather kernel for ``key`` (grid: a runtime argument)."""
+    threads = key.threads
+    element, per_word = WORDS[key.word]
+    by = "collectives.algorithms.moe_gather"
+
+    @cute.jit
+    def kernel(args: KernelArgs):
+        tidx = Int64(cute.arch.thread_idx()[0])
+        i = Int64(cute.arch.block_idx()[0])
+        while i < args.room:
+            kept = ptxops.ld(gmem(Uint8, args.kept, 1, LOCAL, by) + i)
+            dst = gmem(element, args.out, key.word, LOCAL, by) + i * args.row_words * per_word
+            if kept != Uint8(0):
+                place = ptxops.ld(gmem(Int64, args.place, 8, LOCAL, by) + i, dtype=Int64)
+                src = gmem(element, args.rows, key.word, LOCAL, by) + place * args.row_words * per_word
+                w = tidx
+                while w < args.row_words:
+                    at = cute.assume(w * per_word, divby=per_word)
+                    ptxops.st(dst + at, ptxops.ld(src + at, num_elements=per_word))
+                    w += threads
+            else:  # zeros: counts as nothing in its token's sum
+                zero = element(0)
+                if cutlass.const_expr(per_word > 1):
+                    words = cute.make_rmem_tensor(per_word, element)
+                    for e in cutlass.range_constexpr(per_word):
+                        words[e] = element(0)
+                    zero = words.load()
+                w = tidx
+                while w < args.row_words:
+                    at = cute.assume(w * per_word, divby=per_word)
+                    ptxops.st(dst + at, zero)
+                    w += threads
+            i += Int64(cute.arch.grid_dim()[0])
+
+    return launcher(kernel, threads, layout=MOE_GATHER)
+
+
+__all__ = ["MOE_GATHER", "MoeGatherKey", "build"]

@@ -1,0 +1,92 @@
+"""The MoE combine's gather kernel as its own source runs it (CPU, no CuTeDSL compile), against
+the torch steps it replaces (:func:`collectives.moe.gather_rows`).
+
+:mod:`device_sim` executes :mod:`collectives.algorithms.moe_gather` from its source file over
+simulated memory: expert output rows whose every byte names its row, places from the torch
+placement of random counts (rows dropped past a capacity, rows of the receive buffer nothing
+arrived in), every word size, grids of fewer blocks than rows and threads fewer than a row's
+words.  Every row sent back must be the torch steps' (a placed row's bytes, else zeros), and the
+rows not kept read nothing (their places point past the rows).
+"""
+
+from __future__ import annotations
+
+import random
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from tests.collectives.device.test_moe_place_source import random_counts  # noqa: E402
+from tests.support.device_sim import Context, Sim, fakes, load  # noqa: E402
+
+from collectives import moe  # noqa: E402
+from collectives.algorithms.moe_gather import MoeGatherKey  # noqa: E402
+from collectives.algorithms.moe_place import MoePlaceKey  # noqa: E402
+
+FAKES = fakes()
+Int64, Uint8 = FAKES["cutlass"].Int64, FAKES["cutlass"].Uint8
+THREADS = 4
+
+
+def source(edits: tuple = ()) -> types.ModuleType:
+    signals = load("collectives.device.signals", FAKES)
+    return load("collectives.algorithms.moe_gather", {**FAKES, "collectives.device.signals": signals}, edits)
+
+
+SOURCE = source()
+
+
+def check(counts: torch.Tensor, room: int, row_bytes: int, capacity: int, blocks: int, seed: int,
+          module: types.ModuleType = SOURCE) -> None:
+    world, local = counts.shape
+    received = torch.zeros((room, row_bytes), dtype=torch.uint8)
+    _, place, kept, _, _, _ = moe.place_rows(counts, received, local * capacity, capacity, False)
+    rows = torch.tensor([[(7 * i + b) % 251 for b in range(row_bytes)] for i in range(local * capacity)],
+                        dtype=torch.uint8).view(-1, row_bytes)
+    key = MoeGatherKey(MoePlaceKey.word_for(row_bytes))
+    object.__setattr__(key, "threads", THREADS)
+    kernel = module.build(key)
+    sim = Sim(seed)
+    mem = sim.memory
+    at = {name: mem.alloc(size) for name, size in [
+        ("out", max(room * row_bytes, 1)), ("rows", max(rows.numel(), 1)), ("place", max(8 * room, 1)),
+        ("kept", max(room, 1))]}
+    for i, v in enumerate(rows.reshape(-1).tolist()):
+        mem.store(at["rows"] + i, v, Uint8)
+    for i, (p, k) in enumerate(zip(place.tolist(), kept.tolist())):
+        mem.store(at["place"] + 8 * i, p, Int64)
+        mem.store(at["kept"] + i, int(k), Uint8)
+    for b in range(room * row_bytes):
+        mem.store(at["out"] + b, 0xEE, Uint8)
+    args = types.SimpleNamespace(out=Int64(at["out"]), rows=Int64(at["rows"]), place=Int64(at["place"]),
+                                 kept=Int64(at["kept"]), room=Int64(room), row_words=Int64(row_bytes // key.word))
+    rng = random.Random(seed)
+    sim.spawn(lambda: sim.launch(lambda: kernel(args), Context(rank=0, call=0), blocks, THREADS,
+                                 [rng.choice([0, 0, 50]) for _ in range(blocks)]), Context(rank=0))
+    sim.run()
+    got = torch.tensor(mem.words(at["out"], room * row_bytes, Uint8), dtype=torch.uint8).view(room, row_bytes)
+    assert torch.equal(got, moe.gather_rows(rows, place, kept))
+
+
+@pytest.mark.parametrize("row_bytes", [16, 24, 12, 6, 5])
+def test_gather_matches_the_torch_steps(row_bytes: int) -> None:
+    rng = random.Random(row_bytes)
+    for seed in range(3):
+        world, local = rng.choice([(2, 1), (2, 3), (3, 2)])
+        counts = random_counts(rng, world, local, 3)
+        room = int(counts.sum()) + rng.choice([0, 2])  # rows nothing arrived in
+        check(counts, room, row_bytes, rng.choice([1, 2, 4]), blocks=rng.choice([1, 2, 3]), seed=seed)
+
+
+@pytest.mark.parametrize("edit", [
+    ("if kept != Uint8(0):", "if kept == Uint8(0):"),
+    ("+ place * args.row_words * per_word", "+ i * args.row_words * per_word"),
+    ("words[e] = element(0)", "words[e] = element(1)"),
+])
+def test_a_broken_kernel_fails_the_check(edit: tuple) -> None:
+    """Each edit of the kernel's source is caught (so the check reads what the kernel does)."""
+    broken = source((edit,))
+    with pytest.raises((AssertionError, IndexError)):
+        for seed in range(3):
+            check(torch.tensor([[1, 2], [2, 1]]), 8, 8, 2, blocks=2, seed=seed, module=broken)
