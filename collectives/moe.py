@@ -84,8 +84,8 @@ Gather = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 #: ``weighted_sum(entries, slots, valid, weights, tokens, topk)``: the combine's output,
 #: ``[tokens, hidden]`` in ``entries``' dtype (allocated for ``entries.shape[0] // topk`` tokens,
 #: the most of any call of the shape, and cut to ``tokens``: see :func:`dispatch_with`): token
-#: ``t``'s sum over ``k`` in order of ``entries[slots[t * topk + k]] * weights[t * topk + k]``,
-#: each product and sum rounded to f32
+#: ``t``'s sum over ``k`` in order of ``entries[slots[t * topk + k]] * weights[t * topk + k]``
+#: (f32 weights; both taken as zeros where not ``valid``), each product and sum rounded to f32
 #: (an entry that is not ``valid`` was not sent, and counts as zeros whatever its row holds),
 #: rounded once to the dtype (:mod:`collectives.algorithms.moe_combine`'s kernel).
 WeightedSum = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int], torch.Tensor]
@@ -335,11 +335,11 @@ def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, e
     if weighted_sum is None:  # the torch steps read every entry: the unsent ones as zeros
         entries.zero_()
     exchange(entries, back, h.send_splits, h.recv_splits)  # in the dispatch's sorted order
-    weights = torch.where(h.valid.view(h.tokens, h.topk), h.weights, 0).float()
-    if weighted_sum is not None:
+    if weighted_sum is not None:  # (it takes an unsent entry's weight as 0)
         slots = torch.empty_like(h.order).scatter_(0, h.order, torch.arange(h.order.numel(), device=h.order.device))
         # the whole buffer: its rows size the output's allocation (the most tokens of the shape)
-        return weighted_sum(received, slots, h.valid, weights.view(-1), h.tokens, h.topk)
+        return weighted_sum(received, slots, h.valid, h.weights.float().reshape(-1), h.tokens, h.topk)
+    weights = torch.where(h.valid.view(h.tokens, h.topk), h.weights, 0).float()
     y = torch.empty_like(entries).index_copy_(0, h.order, entries).view(h.tokens, h.topk, hidden)
     total = y[:, 0].float() * weights[:, 0, None]
     for k in range(1, h.topk):

@@ -6,7 +6,8 @@ dispatch's sorted order.  For each token ``t`` and each element ``h`` the kernel
     out[t, h] = round(((e(t, 0) * w(t, 0)) + e(t, 1) * w(t, 1)) + ... + e(t, k-1) * w(t, k-1))
 
 with ``e(t, k) = entries[slots[t * topk + k], h]`` as f32 (0 where the entry was not sent:
-``valid`` is 0) and ``w`` the f32 weights (0 where not valid): each product and each sum
+``valid`` is 0) and ``w`` the f32 weights (taken as 0 where not valid, whatever they hold: a
+NaN weight of a dropped entry reaches no output): each product and each sum
 rounded to f32 on its own (:mod:`collectives.device.rounding`: no ``fma``), in ``k`` order,
 and the total rounded once to the output's dtype.  So it is bit-identical to the torch steps it
 replaces (``y[:, k].float() * w[:, k, None]``, summed in ``k`` order, ``.to(dtype)``), and it
@@ -47,7 +48,7 @@ MOE_COMBINE = Layout("MoeCombineArgs", (
     Arg("entries", Int64, "the received rows (hidden elements each), in the dispatch's sorted order"),
     Arg("slots", Int64, "int64[tokens * topk]: the row of entries that entry (t, k) came back as"),
     Arg("valid", Int64, "uint8[tokens * topk]: 1 where entry (t, k) was sent (and came back)"),
-    Arg("weights", Int64, "f32[tokens * topk]: entry (t, k)'s weight, 0 where not valid"),
+    Arg("weights", Int64, "f32[tokens * topk]: entry (t, k)'s weight (taken as 0 where not valid)"),
     Arg("tokens", Int64, "tokens"),
     Arg("hidden", Int64, "elements per row (a multiple of the key's vec)"),
 ))
@@ -98,8 +99,9 @@ def build(key: MoeCombineKey):
             total = [rounding.zero()] * vec
             for k in cutlass.range_constexpr(topk):
                 f = t * topk + k
-                w = rounding.widen(ptxops.ld(gmem(Float32, args.weights, 4, LOCAL, by) + f))
                 sent = ptxops.ld(gmem(Uint8, args.valid, 1, LOCAL, by) + f)
+                w = rounding.widen(ptxops.ld(gmem(Float32, args.weights, 4, LOCAL, by) + f))
+                w = cutlass.select_(sent != Uint8(0), w, rounding.zero())  # unsent: 0, whatever it holds
                 row = ptxops.ld(gmem(Int64, args.slots, 8, LOCAL, by) + f, dtype=Int64)
                 row = cutlass.select_(sent != Uint8(0), row, Int64(0))  # unsent: read row 0 (it exists), use zeros
                 src = gmem(dtype, args.entries, align, LOCAL, by) + cute.assume(row * args.hidden + at, divby=vec)

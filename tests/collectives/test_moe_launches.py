@@ -83,7 +83,7 @@ def test_the_fused_kernels_cut_the_launches_around_our_all_to_alls(monkeypatch) 
     torch_steps = launches(False, monkeypatch)
     fused = launches(True, monkeypatch)
     print(f"\nlaunches per call (dispatch, combine): torch steps {torch_steps}, fused kernels {fused}")
-    assert fused[0] <= 15 and fused[1] <= 6, fused
+    assert fused[0] <= 15 and fused[1] <= 5, fused
     assert 2 * fused[0] < torch_steps[0] and 3 * fused[1] < torch_steps[1], (torch_steps, fused)
 
 

@@ -65,13 +65,14 @@ class World:
 def kernel_sum(entries, slots, valid, weights, tokens, topk):
     """:mod:`collectives.algorithms.moe_combine`'s kernel step for step in torch (a
     :data:`collectives.moe.WeightedSum`): entry ``(t, k)`` is row ``slots[t * topk + k]`` of
-    ``entries``, zeros where not ``valid`` (whatever the row holds), times its f32 weight, summed
-    in ``k`` order in f32 (each step rounded: torch's CPU ``mul`` and ``add``), then rounded."""
+    ``entries``, zeros where not ``valid`` (whatever the row holds), times its f32 weight (0 where
+    not ``valid``, whatever it holds), summed in ``k`` order in f32 (each step rounded: torch's
+    CPU ``mul`` and ``add``), then rounded."""
     total = None
     for k in range(topk):
         f = torch.arange(tokens) * topk + k
         e = torch.where(valid[f][:, None], entries[slots[f]].float(), 0.0)
-        term = e * weights[f][:, None]
+        term = e * torch.where(valid[f], weights[f], 0.0)[:, None]
         total = term if k == 0 else total + term
     if total is None:
         return entries.new_zeros((tokens, entries.shape[1]))

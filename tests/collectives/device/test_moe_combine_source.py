@@ -68,7 +68,7 @@ def source(rows: torch.dtype, edits: tuple = ()) -> types.ModuleType:
 
 def case(tokens: int, topk: int, hidden: int, dtype: torch.dtype, seed: int) -> tuple:
     """Received entries in a random sorted order (unsent ones NaN), their slots, valid flags
-    and f32 weights (0 where not valid), as the combine passes them."""
+    and f32 weights (NaN where not valid: the kernel takes them as 0), as the combine passes them."""
     gen = torch.Generator().manual_seed(seed)
     n = tokens * topk
     order = torch.randperm(n, generator=gen)
@@ -77,7 +77,7 @@ def case(tokens: int, topk: int, hidden: int, dtype: torch.dtype, seed: int) -> 
     valid[order[0]] = False  # row 0, which the kernel reads for every unsent entry, is NaN too
     entries = torch.randn((n + 2, hidden), generator=gen).to(dtype)  # rows to spare, as a receive buffer has
     entries[slots[~valid]] = float("nan")
-    weights = torch.where(valid, torch.rand(n, generator=gen), 0.0).float()
+    weights = torch.where(valid, torch.rand(n, generator=gen), float("nan")).float()  # unsent: NaN, taken as 0
     return entries, slots, valid, weights
 
 
@@ -131,6 +131,7 @@ def test_weighted_sum_matches_the_torch_steps(dtype: torch.dtype, topk: int, hid
 
 @pytest.mark.parametrize("edit", [
     ("e = cutlass.select_(sent != Uint8(0), e, rounding.zero())", "e = e"),  # an unsent row's NaN gets through
+    ("w = cutlass.select_(sent != Uint8(0), w, rounding.zero())", "w = w"),  # an unsent entry's NaN weight too
     ("f = t * topk + k", "f = t * topk + (topk - 1 - k)"),  # sums in the other order
     ("total[i] = term if cutlass.const_expr(k == 0) else rounding.add_rn(total[i], term)",
      "total[i] = term"),  # keeps the last term only
