@@ -69,14 +69,15 @@ Placement = Callable[[torch.Tensor, torch.Tensor, int, int, bool], tuple]
 #: them its values (fewer than ``row_bytes``: fp8, the scale's 4 bytes next), or None for
 #: :func:`place_rows` (asked once the call's arguments are checked, before its first all-to-all).
 PlacementFor = Callable[[int, int, bool, int], "Placement | None"]
-#: ``pack(x, order, topk, out)``: the fp8 rows a dispatch sends into ``out`` (uint8
-#: ``[order.numel(), row_bytes]``): row ``i`` token ``order[i] // topk`` of ``x`` quantized
-#: (:func:`quantize`), its scale's 4 bytes, zeros (:func:`pack_rows`; one kernel:
-#: :mod:`collectives.algorithms.moe_pack`).
-Pack = Callable[[torch.Tensor, torch.Tensor, int, int], torch.Tensor]
-#: ``pack_for(dtype, hidden)``: the :data:`Pack` of an fp8 dispatch of ``hidden`` values of
-#: ``dtype`` per token, or None for :func:`pack_rows` (asked once the call's arguments are checked).
-PackFor = Callable[[torch.dtype, int], "Pack | None"]
+#: ``pack(x, order, topk, out, slots)``: the rows a dispatch sends into ``out``
+#: (``[order.numel(), ...]``): row ``i`` token ``order[i] // topk`` of ``x``, with fp8 quantized
+#: (:func:`quantize`; uint8 rows: the values, the scale's 4 bytes, zeros: :func:`pack_rows`), and
+#: ``slots[order[i]] = i`` (what the combine reads its entries by); one kernel:
+#: :mod:`collectives.algorithms.moe_pack`.
+Pack = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor], None]
+#: ``pack_for(dtype, hidden, fp8)``: the :data:`Pack` of a dispatch of ``hidden`` values of
+#: ``dtype`` per token, or None for torch steps (asked once the call's arguments are checked).
+PackFor = Callable[[torch.dtype, int, bool], "Pack | None"]
 #: ``gather(rows, place, kept)``: the rows a combine sends back, ``[place.numel(), hidden]``:
 #: row ``i`` is ``rows[place[i]]`` where ``kept[i]``, else zeros (:func:`gather_rows`; one
 #: kernel: :mod:`collectives.algorithms.moe_gather`).
@@ -120,6 +121,9 @@ class Handle:
     scales: torch.Tensor | None = None
     #: Throughput mode: rows of every rank's combine receive buffer (the same on every rank).
     most: int = 0
+    #: Each entry's row among the rows sent (``slots[order[i]] = i``) where the dispatch's kernel
+    #: wrote it, else None (the combine computes it).
+    slots: torch.Tensor | None = None
 
 
 def _scatter_count(index: torch.Tensor, bins: int) -> torch.Tensor:
@@ -195,8 +199,8 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
                   pack_for: PackFor | None = None) -> tuple[torch.Tensor, torch.Tensor, Handle]:
     """:func:`dispatch` over ``exchange`` in a world of ``world`` ranks, receiving rows into
     ``empty``'s buffer; the received rows placed by ``placement_for``'s placement (None:
-    :func:`place_rows`, some twenty torch operations); fp8 rows made by ``pack_for``'s
-    :data:`Pack` (None: :func:`pack_rows`, some fifteen).
+    :func:`place_rows`, some twenty torch operations); the rows sent made by ``pack_for``'s
+    :data:`Pack` (None: a gather; with fp8 :func:`pack_rows`, some fifteen operations).
 
     Every allocation above torch's small-block pool (1 MB) has a size the shape fixes (its
     bounds: ``max_tokens`` and top-k, the receive buffers' rows), never the routing: the rows
@@ -222,13 +226,15 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     # The sent rows, by destination rank and expert, and the dtype they travel as (fp8: hidden
     # e4m3 bytes, then the scale's 4 bytes, zeros to fp8_row_bytes; as bytes, which torch indexes).
     bound = _capacity(max_tokens * topk)  # rows sent at most: the allocation's size, whatever the routing
-    if fp8:
-        width, wire = fp8_row_bytes(hidden), torch.float8_e4m3fn
-        rows = torch.empty((bound, width), dtype=torch.uint8, device=device)[:order.numel()]
-        ((pack_for(x.dtype, hidden) if pack_for else None) or pack_rows)(x, order, topk, rows)
+    width, wire = (fp8_row_bytes(hidden), torch.float8_e4m3fn) if fp8 else (hidden, x.dtype)
+    rows = torch.empty((bound, width), dtype=torch.uint8 if fp8 else x.dtype, device=device)[:order.numel()]
+    pack, slots = pack_for(x.dtype, hidden, fp8) if pack_for else None, None
+    if pack is not None:  # and each entry's sent row, for the combine
+        slots = torch.empty_like(order)
+        pack(x, order, topk, rows, slots)
+    elif fp8:
+        pack_rows(x, order, topk, rows)
     else:
-        width, wire = hidden, x.dtype
-        rows = torch.empty((bound, width), dtype=x.dtype, device=device)[:order.numel()]
         torch.index_select(x, 0, order // topk, out=rows)
     row_bytes = width * rows.element_size()
     values = hidden if fp8 else row_bytes  # the bytes of a row placed in expert_x
@@ -256,7 +262,7 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     expert_x, place, kept, expert_counts, lost, scales = place_with(counts, received, rows_out, capacity, exact)
     dropped = bins[num_experts] + lost  # the ids out of range, the rows past a capacity
     handle = Handle(order, valid, topk_weights, send_splits, recv_splits, place, kept, tokens, topk, dropped,
-                    most=most)
+                    most=most, slots=slots)
     expert_x = expert_x[:-1] if exact else expert_x[:-1].view(local, capacity, expert_x.shape[1])
     if fp8:  # placed apart: the values and the scales, each contiguous
         handle.scales = scales[:-1] if exact else scales[:-1].view(local, capacity)
@@ -336,7 +342,9 @@ def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, e
         entries.zero_()
     exchange(entries, back, h.send_splits, h.recv_splits)  # in the dispatch's sorted order
     if weighted_sum is not None:  # (it takes an unsent entry's weight as 0)
-        slots = torch.empty_like(h.order).scatter_(0, h.order, torch.arange(h.order.numel(), device=h.order.device))
+        slots = h.slots
+        if slots is None:
+            slots = torch.empty_like(h.order).scatter_(0, h.order, torch.arange(h.order.numel(), device=h.order.device))
         # the whole buffer: its rows size the output's allocation (the most tokens of the shape)
         return weighted_sum(received, slots, h.valid, h.weights.float().reshape(-1), h.tokens, h.topk)
     weights = torch.where(h.valid.view(h.tokens, h.topk), h.weights, 0).float()

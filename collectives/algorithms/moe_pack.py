@@ -1,5 +1,6 @@
-"""The MoE dispatch's fp8 rows (:func:`collectives.moe.dispatch` with ``fp8=True``), one kernel
-on one GPU: each row to send quantized straight from its token.
+"""The rows an MoE dispatch sends (:func:`collectives.moe.dispatch`), one kernel on one GPU:
+each straight from its token, quantized to fp8 with ``fp8=True`` (``quantize``), else copied;
+and, for the combine, each entry's sent row (``slots[order[i]] = i``: the sort's inverse).
 
 Sent row ``i`` is token ``order[i] // topk``'s (``order``: the ``(token, k)`` entries sorted
 by expert), as it travels (:func:`collectives.moe.fp8_row_bytes`): its ``hidden`` values as
@@ -12,6 +13,9 @@ tree in shared memory gives the block's, then they read the values again (from t
 cache) and store the bytes, ``vec`` of them at once.  It replaces some fifteen torch
 operations over the tokens (the quantization, the packing of values and scale, the gather of
 the sent rows), and reads bf16 tokens once per sent row where the gather read the packed ones.
+Without ``quantize`` a row is its token's, copied ``vec`` values at once (a gather and the
+division that found its token, in torch).  Either way the block's thread 0 writes the row's
+slot, which the combine computed with two more launches.
 """
 
 from __future__ import annotations
@@ -43,22 +47,27 @@ MOE_PACK = Layout("MoePackArgs", (
     Arg("n", Int64, "rows to send"),
     Arg("topk", Int64, "entries per token"),
     Arg("hidden", Int64, "values per token (a multiple of the key's vec, and of 4)"),
-    Arg("row_bytes", Int64, "bytes per sent row: hidden, the scale's 4, zeros (a multiple of 16)"),
+    Arg("row_bytes", Int64, "bytes per sent row: hidden, the scale's 4, zeros (a multiple of 16; quantize), "
+                            "else hidden values"),
+    Arg("slots", Int64, "int64[n], out: slots[order[i]] = i"),
 ))
 
 
 @dataclass(frozen=True)
 class MoePackKey:
-    """The compile-time choices of one fp8 packing kernel: the tokens' dtype (one of
-    :data:`DTYPES_QUANTIZED`), ``vec`` (values per access: 1, or a 16-byte vector's) and
-    threads per block."""
+    """The compile-time choices of one packing kernel: the tokens' dtype (any registered one;
+    one of :data:`DTYPES_QUANTIZED` to ``quantize``), ``vec`` (values per access: 1, or a
+    16-byte vector's), threads per block and ``quantize`` (fp8 rows, else copies)."""
 
     dtype: str
     vec: int = 1
     threads: int = 256
+    quantize: bool = True
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES_QUANTIZED:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {tuple(DTYPES)}, not {self.dtype!r}")
+        if self.quantize and self.dtype not in DTYPES_QUANTIZED:
             raise ValueError(f"the MoE fp8 packing kernel takes dtypes {DTYPES_QUANTIZED}, not {self.dtype!r}")
         if self.vec not in (1, DTYPES[self.dtype].elements(16)):
             raise ValueError(f"vec must be 1 or {DTYPES[self.dtype].elements(16)} for {self.dtype}, not {self.vec}")
@@ -79,52 +88,64 @@ def build(key: MoePackKey):
     @cute.jit
     def kernel(args: KernelArgs):
         tidx = Int64(cute.arch.thread_idx()[0])
-        smem = SmemAllocator()
-        most = smem.allocate_tensor(Float32, cute.make_layout(threads), byte_alignment=4)
+        if cutlass.const_expr(key.quantize):  # each thread's largest magnitude, then the block's
+            most = SmemAllocator().allocate_tensor(Float32, cute.make_layout(threads), byte_alignment=4)
         pieces = args.hidden // vec
         i = Int64(cute.arch.block_idx()[0])
         while i < args.n:
-            token = ptxops.ld(gmem(Int64, args.order, 8, LOCAL, by) + i, dtype=Int64) // args.topk
+            entry = ptxops.ld(gmem(Int64, args.order, 8, LOCAL, by) + i, dtype=Int64)
+            if tidx == Int64(0):
+                ptxops.st(gmem(Int64, args.slots, 8, LOCAL, by) + entry, i)
+            token = entry // args.topk
             src = gmem(dtype, args.x, align, LOCAL, by) + cute.assume(token * args.hidden, divby=vec)
-            m = rounding.zero()
-            p = tidx
-            while p < pieces:  # this thread's share of the token's largest magnitude
-                values = ptxops.ld(src + cute.assume(p * vec, divby=vec), num_elements=vec)
-                for e in cutlass.range_constexpr(vec):
-                    m = rounding.amax(m, rounding.widen(values[e] if cutlass.const_expr(vec > 1) else values))
-                p += threads
-            most[tidx] = m
-            cute.arch.sync_threads()
-            for level in cutlass.range_constexpr(threads.bit_length() - 1):  # the block's, by halves
-                half = threads >> (level + 1)
-                if tidx < Int64(half):
-                    most[tidx] = rounding.amax(most[tidx], most[tidx + half])
+            if cutlass.const_expr(not key.quantize):
+                dst = gmem(dtype, args.rows, align, LOCAL, by) + cute.assume(i * args.hidden, divby=vec)
+                p = tidx
+                while p < pieces:
+                    at = cute.assume(p * vec, divby=vec)
+                    ptxops.st(dst + at, ptxops.ld(src + at, num_elements=vec))
+                    p += threads
+            else:
+                m = rounding.zero()
+                p = tidx
+                while p < pieces:  # this thread's share of the token's largest magnitude
+                    values = ptxops.ld(src + cute.assume(p * vec, divby=vec), num_elements=vec)
+                    for e in cutlass.range_constexpr(vec):
+                        m = rounding.amax(m, rounding.widen(values[e] if cutlass.const_expr(vec > 1) else values))
+                    p += threads
+                most[tidx] = m
                 cute.arch.sync_threads()
-            scale = rounding.fp8_scale(most[0])
-            row = args.rows + i * args.row_bytes
-            p = tidx
-            while p < pieces:
-                values = ptxops.ld(src + cute.assume(p * vec, divby=vec), num_elements=vec)
-                q = [rounding.e4m3(rounding.div_rn(rounding.widen(values[e] if cutlass.const_expr(vec > 1)
-                                                                   else values), scale))
-                     for e in range(vec)]
-                if cutlass.const_expr(vec >= 4):
-                    packed = cute.make_rmem_tensor(words, Uint32)
-                    for w in cutlass.range_constexpr(words):
-                        packed[w] = (Uint32(q[4 * w]) | (Uint32(q[4 * w + 1]) << Uint32(8))
-                                     | (Uint32(q[4 * w + 2]) << Uint32(16)) | (Uint32(q[4 * w + 3]) << Uint32(24)))
-                    at = cute.assume(p * words, divby=words)
-                    ptxops.st(gmem(Uint32, row, 4 * words, LOCAL, by) + at, packed.load())
-                else:
-                    ptxops.st(gmem(Uint8, row, 1, LOCAL, by) + p, q[0])
-                p += threads
-            if tidx == Int64(0):  # the scale (4-byte aligned: hidden is a multiple of 4), then zeros
-                ptxops.st(gmem(Float32, row + args.hidden, 4, LOCAL, by), rounding.narrow([scale], Float32))
-                b = args.hidden + 4
-                while b < args.row_bytes:
-                    ptxops.st(gmem(Uint8, row, 1, LOCAL, by) + b, Uint8(0))
-                    b += 1
-            cute.arch.sync_threads()  # every thread is done with most[] before the next row's
+                for level in cutlass.range_constexpr(threads.bit_length() - 1):  # the block's, by halves
+                    half = threads >> (level + 1)
+                    if tidx < Int64(half):
+                        most[tidx] = rounding.amax(most[tidx], most[tidx + half])
+                    cute.arch.sync_threads()
+                scale = rounding.fp8_scale(most[0])
+                row = args.rows + i * args.row_bytes
+                p = tidx
+                while p < pieces:
+                    values = ptxops.ld(src + cute.assume(p * vec, divby=vec), num_elements=vec)
+                    q = [rounding.e4m3(rounding.div_rn(rounding.widen(values[e] if cutlass.const_expr(vec > 1)
+                                                                       else values), scale))
+                         for e in range(vec)]
+                    if cutlass.const_expr(vec >= 4):
+                        packed = cute.make_rmem_tensor(words, Uint32)
+                        for w in cutlass.range_constexpr(words):
+                            packed[w] = (Uint32(q[4 * w]) | (Uint32(q[4 * w + 1]) << Uint32(8))
+                                         | (Uint32(q[4 * w + 2]) << Uint32(16))
+                                         | (Uint32(q[4 * w + 3]) << Uint32(24)))
+                        at = cute.assume(p * words, divby=words)
+                        ptxops.st(gmem(Uint32, row, 4 * words, LOCAL, by) + at, packed.load())
+                    else:
+                        ptxops.st(gmem(Uint8, row, 1, LOCAL, by) + p, q[0])
+                    p += threads
+                if tidx == Int64(0):  # the scale (4-byte aligned: hidden is a multiple of 4), then zeros
+                    ptxops.st(gmem(Float32, row + args.hidden, 4, LOCAL, by), rounding.narrow([scale], Float32))
+                    b = args.hidden + 4
+                    while b < args.row_bytes:
+                        ptxops.st(gmem(Uint8, row, 1, LOCAL, by) + b, Uint8(0))
+                        b += 1
+                cute.arch.sync_threads()  # every thread is done with most[] before the next row's
             i += Int64(cute.arch.grid_dim()[0])
 
     return launcher(kernel, threads, layout=MOE_PACK)

@@ -39,6 +39,7 @@ FUSED = os.environ.get("COLLECTIVES_MOE_FUSED", "1") != "0"
 
 _TORCH_ROUNDED = tuple(DTYPES[name].torch for name in DTYPES_ROUNDED)
 _TORCH_QUANTIZED = tuple(DTYPES[name].torch for name in DTYPES_QUANTIZED)
+_TORCH_REGISTERED = tuple(d.torch for d in DTYPES.values())
 
 
 def combine_key(dtype: torch.dtype, hidden: int, topk: int) -> MoeCombineKey | None:
@@ -64,31 +65,32 @@ def place_key(world: int, local: int, row_bytes: int, exact: bool, values: int |
                        scales=values < row_bytes)
 
 
-def pack_key(dtype: torch.dtype, hidden: int) -> MoePackKey | None:
-    """The fp8 packing kernel's key for tokens of ``hidden`` ``dtype`` values (16-byte vectors
-    where ``hidden`` is a multiple of one), None where it does not take them (other dtypes,
-    ``hidden`` not a positive multiple of 4: the scale's store is 4-byte aligned)."""
-    if dtype not in _TORCH_QUANTIZED or hidden <= 0 or hidden % 4:
+def pack_key(dtype: torch.dtype, hidden: int, fp8: bool = True) -> MoePackKey | None:
+    """The sent rows' kernel's key for tokens of ``hidden`` ``dtype`` values (16-byte vectors
+    where ``hidden`` is a multiple of one), quantized with ``fp8``; None where it does not take
+    them (dtypes not registered, or not quantizable with ``fp8``; ``fp8`` and ``hidden`` not a
+    positive multiple of 4: the scale's store is 4-byte aligned)."""
+    if hidden <= 0 or dtype not in _TORCH_REGISTERED or (fp8 and (dtype not in _TORCH_QUANTIZED or hidden % 4)):
         return None
     name = from_torch(dtype).name
     vector = DTYPES[name].elements(16)
-    return MoePackKey(name, vector if hidden % vector == 0 else 1)
+    return MoePackKey(name, vector if hidden % vector == 0 else 1, quantize=fp8)
 
 
-def pack(comm: Any, dtype: torch.dtype, hidden: int):
+def pack(comm: Any, dtype: torch.dtype, hidden: int, fp8: bool):
     """The kernel's :data:`collectives.moe.Pack` on ``comm``'s GPU (its kernel loaded now), None
     where :data:`FUSED` is off or the kernel does not take the tokens."""
-    key = pack_key(dtype, hidden) if FUSED else None
+    key = pack_key(dtype, hidden, fp8) if FUSED else None
     if key is None:
         return None
     fn, device = comm.kernel_together(key), comm.device_index
 
-    def run(x: torch.Tensor, order: torch.Tensor, topk: int, out: torch.Tensor) -> None:
+    def run(x: torch.Tensor, order: torch.Tensor, topk: int, out: torch.Tensor, slots: torch.Tensor) -> None:
         x = x.contiguous()
-        _aligned(key.vec * x.element_size(), x)
-        _aligned(16, out)
+        _aligned(key.vec * x.element_size(), x, out)
         args = MOE_PACK.pack(rows=out.data_ptr(), x=x.data_ptr(), order=order.data_ptr(), n=order.numel(),
-                             topk=topk, hidden=hidden, row_bytes=out.shape[1])
+                             topk=topk, hidden=hidden, row_bytes=out.shape[1] * out.element_size(),
+                             slots=slots.data_ptr())
         fn(*args, key.blocks(order.numel()), current_stream(device))
 
     return run

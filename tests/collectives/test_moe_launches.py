@@ -61,7 +61,8 @@ def launches(fused: bool, monkeypatch, fp8: bool = False) -> tuple[int, int]:
     x = torch.randn((tokens, hidden), generator=gen).bfloat16()
     ids = torch.stack([torch.randperm(experts, generator=gen)[:topk] for _ in range(tokens)])
     w = torch.rand((tokens, topk), generator=gen)
-    _, _, handle = moe.dispatch_with(counter.note, 2, x, ids, w, experts, tokens)  # a real handle, uncounted
+    _, _, handle = moe.dispatch_with(counter.note, 2, x, ids, w, experts, tokens,  # a real handle, uncounted
+                                     pack_for=functools.partial(moe_kernels.pack, comm))
     weighted_sum = moe_kernels.weighted_sum(comm, torch.bfloat16, hidden, topk)
     counter.count = 0
     with counter:
@@ -83,16 +84,16 @@ def test_the_fused_kernels_cut_the_launches_around_our_all_to_alls(monkeypatch) 
     torch_steps = launches(False, monkeypatch)
     fused = launches(True, monkeypatch)
     print(f"\nlaunches per call (dispatch, combine): torch steps {torch_steps}, fused kernels {fused}")
-    assert fused[0] <= 15 and fused[1] <= 5, fused
+    assert fused[0] <= 14 and fused[1] <= 3, fused
     assert 2 * fused[0] < torch_steps[0] and 3 * fused[1] < torch_steps[1], (torch_steps, fused)
 
 
 def test_the_fp8_dispatch_launches_no_more_than_the_bf16_one(monkeypatch) -> None:
-    """fp8 rows are quantized, packed and gathered by one kernel (collectives.algorithms.moe_pack)
-    where bf16 rows take a gather (and its index): the fp8 dispatch launches fewer kernels,
-    each moving half the bytes; with the torch steps, some fifteen more."""
+    """One kernel (collectives.algorithms.moe_pack) makes the rows sent, quantized, packed and
+    gathered with fp8, gathered with bf16: the fp8 dispatch launches as many kernels as the bf16
+    one, each moving half the bytes; with the torch steps, some fifteen more."""
     bf16 = launches(True, monkeypatch)[0]
     fp8 = launches(True, monkeypatch, fp8=True)[0]
     torch_steps = launches(False, monkeypatch, fp8=True)[0]
     print(f"\nfused dispatch launches: bf16 {bf16}, fp8 {fp8} (torch steps, fp8: {torch_steps})")
-    assert fp8 < bf16 < torch_steps - 15, (bf16, fp8, torch_steps)
+    assert fp8 <= bf16 < torch_steps - 15, (bf16, fp8, torch_steps)

@@ -35,7 +35,7 @@ Int64, Uint8, Uint16, Uint32 = (FAKES["cutlass"].Int64, FAKES["cutlass"].Uint8, 
                                 FAKES["cutlass"].Uint32)
 THREADS = 4
 BITS = {torch.float32: (torch.int32, Uint32), torch.bfloat16: (torch.int16, Uint16),
-        torch.float16: (torch.int16, Uint16)}
+        torch.float16: (torch.int16, Uint16), torch.float8_e4m3fn: (torch.uint8, Uint8)}
 
 
 class F32(device_sim.Float32):
@@ -80,27 +80,28 @@ def source(rows: torch.dtype, edits: tuple = ()) -> types.ModuleType:
 
 def tokens_of(dtype: torch.dtype, tokens: int, hidden: int, seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
-    x = (torch.randn((tokens, hidden), generator=gen) * 3).to(dtype)
+    x = torch.randn((tokens, hidden), generator=gen) * 3
     x[0] = 0  # scale 1
     if tokens > 1:  # a NaN: scale 1, and values past 464 are NaN in torch's conversion
         x[1, 0], x[1, 1], x[1, 2] = float("nan"), 470.0, -1000.0
     if tokens > 2:
         x[2] = x[2] * 1e-6  # tiny values (subnormal e4m3 bytes)
-    return x
+    return x.to(dtype)
 
 
 def run_kernel(x: torch.Tensor, order: torch.Tensor, topk: int, blocks: int, seed: int,
-               module: types.ModuleType) -> torch.Tensor:
-    """The kernel's sent rows for tokens ``x`` and the sorted entries ``order``."""
+               module: types.ModuleType, fp8: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's sent rows (as bytes) and slots for tokens ``x`` and the sorted entries ``order``."""
     tokens, hidden = x.shape
-    key = pack_key(x.dtype, hidden)
+    key = pack_key(x.dtype, hidden, fp8)
     object.__setattr__(key, "threads", THREADS)  # scaled down: a row's pieces outnumber the threads
     kernel = module.build(key)
-    row_bytes, n = moe.fp8_row_bytes(hidden), order.numel()
+    row_bytes, n = moe.fp8_row_bytes(hidden) if fp8 else hidden * x.element_size(), order.numel()
     sim = Sim(seed)
     mem = sim.memory
     at = {name: mem.alloc(size) for name, size in [
-        ("rows", max(n * row_bytes, 1)), ("x", max(x.numel() * x.element_size(), 1)), ("order", max(8 * n, 1))]}
+        ("rows", max(n * row_bytes, 1)), ("x", max(x.numel() * x.element_size(), 1)), ("order", max(8 * n, 1)),
+        ("slots", max(8 * n, 1))]}
     bits_type, num = BITS[x.dtype]
     for i, v in enumerate(x.reshape(-1).view(bits_type).tolist()):
         mem.store(at["x"] + i * x.element_size(), v, num)
@@ -109,22 +110,30 @@ def run_kernel(x: torch.Tensor, order: torch.Tensor, topk: int, blocks: int, see
     for b in range(n * row_bytes):
         mem.store(at["rows"] + b, 0xEE, Uint8)
     args = types.SimpleNamespace(rows=Int64(at["rows"]), x=Int64(at["x"]), order=Int64(at["order"]), n=Int64(n),
-                                 topk=Int64(topk), hidden=Int64(hidden), row_bytes=Int64(row_bytes))
+                                 topk=Int64(topk), hidden=Int64(hidden), row_bytes=Int64(row_bytes),
+                                 slots=Int64(at["slots"]))
     rng = random.Random(seed)
     sim.spawn(lambda: sim.launch(lambda: kernel(args), Context(rank=0, call=0), blocks, THREADS,
                                  [rng.choice([0, 0, 50]) for _ in range(blocks)]), Context(rank=0))
     sim.run()
-    return torch.tensor(mem.words(at["rows"], n * row_bytes, Uint8), dtype=torch.uint8).view(n, row_bytes)
+    rows = torch.tensor(mem.words(at["rows"], n * row_bytes, Uint8), dtype=torch.uint8).view(n, row_bytes)
+    return rows, torch.tensor(mem.words(at["slots"], n, Int64), dtype=torch.int64)
 
 
 def check(dtype: torch.dtype, tokens: int, hidden: int, topk: int, blocks: int, seed: int,
-          module: types.ModuleType | None = None) -> None:
+          module: types.ModuleType | None = None, fp8: bool = True) -> None:
+    """The rows as the torch steps make them (fp8: :func:`collectives.moe.pack_rows`, else a
+    gather) and the slots as the combine computed them (the sort's inverse)."""
     x = tokens_of(dtype, tokens, hidden, seed)
     order = torch.randperm(tokens * topk, generator=torch.Generator().manual_seed(seed))
-    got = run_kernel(x, order, topk, blocks, seed, module or source(dtype))
-    want = torch.empty((order.numel(), moe.fp8_row_bytes(hidden)), dtype=torch.uint8)
-    moe.pack_rows(x, order, topk, want)
+    got, slots = run_kernel(x, order, topk, blocks, seed, module or source(dtype), fp8)
+    if fp8:
+        want = torch.empty((order.numel(), moe.fp8_row_bytes(hidden)), dtype=torch.uint8)
+        moe.pack_rows(x, order, topk, want)
+    else:
+        want = x.index_select(0, order // topk).view(torch.uint8).view(order.numel(), -1)
     assert torch.equal(got, want), (got != want).nonzero()[:4].tolist()
+    assert torch.equal(slots, torch.empty_like(order).scatter_(0, order, torch.arange(order.numel())))
 
 
 @pytest.mark.parametrize(("dtype", "hidden"), [(torch.bfloat16, 16), (torch.bfloat16, 64), (torch.bfloat16, 12),
@@ -135,18 +144,32 @@ def test_rows_are_the_torch_steps_bit_for_bit(dtype: torch.dtype, hidden: int) -
     check(dtype, tokens=4, hidden=hidden, topk=2, blocks=3, seed=hidden)
 
 
+@pytest.mark.parametrize(("dtype", "hidden"), [(torch.bfloat16, 64), (torch.bfloat16, 12), (torch.float32, 20),
+                                               (torch.float8_e4m3fn, 32)])
+def test_rows_without_fp8_are_their_tokens(dtype: torch.dtype, hidden: int) -> None:
+    """Without fp8 each sent row is its token's bits (16-byte vectors or single values; fp8
+    tokens too: any registered dtype), with the same slots."""
+    check(dtype, tokens=4, hidden=hidden, topk=3, blocks=2, seed=hidden, fp8=False,
+          module=source(torch.bfloat16 if dtype == torch.float8_e4m3fn else dtype))
+
+
 def test_the_host_takes_what_the_kernel_takes() -> None:
     assert pack_key(torch.bfloat16, 7168) == MoePackKey("bf16", 8)
     assert pack_key(torch.bfloat16, 100) == MoePackKey("bf16", 1)
     assert pack_key(torch.float32, 128) == MoePackKey("f32", 4)
     assert pack_key(torch.bfloat16, 30) is None  # the scale's store needs hidden % 4 == 0
     assert pack_key(torch.float8_e4m3fn, 128) is None
+    assert pack_key(torch.float8_e4m3fn, 128, fp8=False) == MoePackKey("e4m3", 16, quantize=False)
+    assert pack_key(torch.bfloat16, 30, fp8=False) == MoePackKey("bf16", 1, quantize=False)
+    assert pack_key(torch.int32, 128, fp8=False) is None
     with pytest.raises(ValueError, match="vec"):
         MoePackKey("bf16", 4)
 
 
 @pytest.mark.parametrize(("edit", "what"), [
     (("// args.topk", "% args.topk"), "the sent row's token"),
+    (("ptxops.st(gmem(Int64, args.slots, 8, LOCAL, by) + entry, i)",
+      "ptxops.st(gmem(Int64, args.slots, 8, LOCAL, by) + i, entry)"), "the slots"),
     (("half = threads >> (level + 1)", "half = threads >> (level + 2)"), "the block's largest magnitude"),
     (("b = args.hidden + 4", "b = args.hidden + 5"), "the zeros after the scale"),
     (("(Uint32(q[4 * w + 2]) << Uint32(16))", "(Uint32(q[4 * w + 2]) << Uint32(8))"), "the bytes' order"),
