@@ -47,8 +47,8 @@ from typing import Any
 
 import torch
 
-from .runtime import moe_ops, torch_ops
 from .config import E4M3_MAX
+from .runtime import moe_ops, torch_ops
 from .errors import CollectiveError
 from .runtime.moe_ops import COMBINE_FIELDS, HANDLE_FIELDS
 
@@ -147,8 +147,6 @@ def _everyone(exchange: Exchange, world: int, values: list[torch.Tensor]) -> tup
     exchange(got.view(torch.float32), sent.view(torch.float32), None, None)
     both = torch.cat([mine, got]).cpu().tolist()
     return both[0], both[1:]
-
-
 
 
 def fp8_row_bytes(hidden: int) -> int:
