@@ -1,6 +1,6 @@
 """The overlap timeline: when each chunk's GEMM and communication ran, from CUDA events.
 
-    torchrun --nproc-per-node 4 -m collectives.tools.overlap_timeline [--m 16384 --n 8192 --k 8192]
+    torchrun --nproc-per-node 4 -m collectives.tools.overlap_timeline [--shape 16384,8192,8192]
         [--comm-priority P] [--gather-ce] [--out DIR]
 
 Runs ``gemm_reduce_scatter`` and ``all_gather_gemm`` (bf16) once each after a warm-up, with a
@@ -58,9 +58,10 @@ def plot(results: dict[str, list[dict]], path: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m collectives.tools.overlap_timeline", description=__doc__)
-    parser.add_argument("--m", type=int, default=16384, help="rows of a per rank (gemm_reduce_scatter)")
-    parser.add_argument("--n", type=int, default=8192)
-    parser.add_argument("--k", type=int, default=8192)
+    # One option for the three sizes: under torchrun, "--m" or "--n" would be taken for an
+    # abbreviation of torchrun's own options (--max-restarts, --nnodes, ...).
+    parser.add_argument("--shape", default="16384,8192,8192", type=lambda text: tuple(int(v) for v in text.split(",")),
+                        help="M,N,K: rows of a per rank (gemm_reduce_scatter), columns of b, inner size")
     parser.add_argument("--comm-priority", type=int, default=0, help="CUDA priority of the side stream (0: default)")
     parser.add_argument("--gather-ce", action="store_true", help="also all_gather_gemm gathering by copy engines")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -76,17 +77,18 @@ def main(argv: list[str] | None = None) -> None:
     comm = communicator()
     if args.comm_priority:
         comm.stream_flags.use_side(torch.cuda.Stream(priority=args.comm_priority))
-    a = torch.randn(args.m, args.k, device="cuda").to(torch.bfloat16)
-    b = torch.randn(args.k, args.n, device="cuda").to(torch.bfloat16)
-    shard = a[: args.m // comm.world]
+    m, n, k = args.shape
+    a = torch.randn(m, k, device="cuda").to(torch.bfloat16)
+    b = torch.randn(k, n, device="cuda").to(torch.bfloat16)
+    shard = a[: m // comm.world]
     calls = {
-        f"gemm_reduce_scatter M={args.m} N={args.n} K={args.k}, {comm.world} GPUs":
+        f"gemm_reduce_scatter M={m} N={n} K={k}, {comm.world} GPUs":
             lambda t: eager_gemm_reduce_scatter(a, b, timeline=t),
-        f"all_gather_gemm M={args.m} N={args.n} K={args.k}, {comm.world} GPUs":
+        f"all_gather_gemm M={m} N={n} K={k}, {comm.world} GPUs":
             lambda t: eager_all_gather_gemm(shard, b, timeline=t),
     }
     if args.gather_ce:
-        calls[f"all_gather_gemm by copy engines M={args.m} N={args.n} K={args.k}, {comm.world} GPUs"] = (
+        calls[f"all_gather_gemm by copy engines M={m} N={n} K={k}, {comm.world} GPUs"] = (
             lambda t: _copy_engines(overlap, lambda: eager_all_gather_gemm(shard, b, timeline=t)))
     results = {}
     for name, fn in calls.items():

@@ -238,6 +238,15 @@ def test_every_bench_of_bench_all_takes_its_arguments(monkeypatch, tmp_path, mod
         importlib.import_module(module).main(["--out", str(tmp_path), *args])
 
 
+@pytest.mark.parametrize("module,args", _bench_all_commands(), ids=lambda v: v if isinstance(v, str) else "")
+def test_torchrun_passes_every_bench_its_arguments(module: str, args: list[str]) -> None:
+    """torchrun parses the whole command line: an argument that abbreviates one of its own
+    options (``--m`` for ``--max-restarts``) ends the run before the bench starts."""
+    run = pytest.importorskip("torch.distributed.run")
+    parsed = run.get_args_parser().parse_args(["--nproc-per-node", "4", "-m", module, "--out", "o", *args])
+    assert (parsed.training_script, parsed.training_script_args) == (module, ["--out", "o", *args])
+
+
 def test_bench_all_runs_every_bench_writing_json() -> None:
     modules = [m for m, _ in _bench_all_commands()]
     assert modules == ["collectives.tools.bench", "collectives.tools.gemm_overlap_bench",
