@@ -60,16 +60,16 @@ RS_TMA_MIN: dict[tuple[str, int], int] = {
 
 #: (backend, world size) -> largest reduce-scatter input (bytes per rank) for which the Lamport
 #: reduce-scatter (:mod:`collectives.algorithms.lamport_blocks`) is chosen, symmetric or not.
-#: Not yet measured: estimates from the Lamport all-reduce (ahead up to 256 KB per rank on 4
-#: GPUs, where each rank sends its whole tensor to every peer; a reduce-scatter of 4 x that
-#: sends the same bytes per peer), to be replaced by ``collectives.tools.bench``'s
-#: ``ours_lamport`` reduce-scatter column on 2 and 4 GPUs.
+#: Measured 2026-11-28 on 4 x H100 (``torchrun --nproc-per-node 4 -m collectives.tools.bench
+#: --dtypes bf16``, docs/data/bench-4xH100.json): Lamport ahead at every size it takes, up to 4 MB
+#: (graphs 3.0-3.6 us at 4-256 KB vs one-shot 9.5-11.2; 13.8 vs 22.5 us at 4 MB; eagerly 20.0 vs
+#: 24.2 at 4 MB).  2 and 8 GPUs: estimates from the Lamport all-reduce, not yet measured.
 RS_LAMPORT_MAX: dict[tuple[str, int], int] = {
     ("peer", 2): 1 << 20,
-    ("peer", 4): 1 << 20,
+    ("peer", 4): 4 << 20,
     ("peer", 8): 512 << 10,
     ("multicast", 2): 1 << 20,
-    ("multicast", 4): 1 << 20,
+    ("multicast", 4): 4 << 20,
     ("multicast", 8): 512 << 10,
 }
 
