@@ -28,9 +28,11 @@ VECTOR_BYTES = 16
 PLAN_CACHE_SIZE = 512
 MAX_WORLD = 8
 #: Bits of a barrier's 32-bit size word that carry the kinds of the caller's tensors
-#: (:attr:`collectives.algorithms.Call.kinds`): the word is ``n | kinds << KIND_SHIFT``, so that
-#: ranks that planned different kernels for one call (their tensors differ in kind) fail it as
-#: a size mismatch.
+#: (:attr:`collectives.algorithms.Call.kinds`): the word is ``n ^ signature``, the signature
+#: (:func:`collectives.algorithms.base.signature`) holding the kinds at ``KIND_SHIFT`` and the
+#: call's collective, dtype and op below them, so that ranks that planned different kernels for
+#: one call (their tensors differ in kind) or that make different calls fail it as a size
+#: mismatch.
 KIND_BITS = 3
 KIND_SHIFT = 32 - KIND_BITS
 #: Elements a rank's kernel may count in one call (``n``): a barrier's arrival word carries it

@@ -9,12 +9,13 @@ polled with ``ld.acquire.sys``:
   receive buffer is free and expects ``size`` elements from ``s`` (its ``out_splits[s]``) at
   the :func:`place` in the word ``offset`` (a plain 64-bit word stored before the release:
   the release carries it): which symmetric allocation (its number, the same on every rank)
-  and the byte offset in it;
+  and the element type it receives (:func:`receiving`), and the byte offset in it;
 - ``arrived``, one per part (a chunk moves in :func:`part` ranges, one thread block each), in
   the receiver's region, written by the sender after its part's stores: ``size`` is what it
   sent (its ``in_splits[r]``), or :data:`REFUSED` where it sent nothing (the ready's size
   differed, or the place lies in an allocation other than the one the sender addresses: it
-  can only address the allocation its own call names).
+  can only address the allocation its own call names; or the receiver's elements are of
+  another type: sizes count elements, and equal counts of another width are other bytes).
 
 The epoch of both is ``C + 1``, ``C`` the rank's count of all-to-all calls, kept in its
 region (:attr:`ExchangeLayout.counter`, advanced by
@@ -42,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .config import SIZE_MISMATCH, TIMEOUT, call_last
+from .dtypes import DTYPES
 
 U32 = 1 << 32
 #: The size word of a pair that cannot be sent (never equal to any size, itself included).
@@ -53,10 +55,13 @@ MAX_CHUNK = REFUSED - 1
 #: allocation than the sender's.
 READY_WAIT, ARRIVED_WAIT, PLACE_MISMATCH = 6, 7, 8
 PHASES = {READY_WAIT: "all-to-all ready wait", ARRIVED_WAIT: "all-to-all data wait",
-          PLACE_MISMATCH: "all-to-all receive buffers (ranks received into different allocations: "
+          PLACE_MISMATCH: "all-to-all receive buffers (ranks received elements of different dtypes, or into "
+                          "different allocations: "
                           "a symmetric out on some ranks, a plain one on others)"}
-#: Bits of a place's byte offset (above them: the allocation's number).
+#: Bits of a place's byte offset (above them: what the receiver receives, :func:`receiving`).
 PLACE_BITS = 40
+#: Bits of :func:`receiving` that name the element type (above them: the allocation's number).
+DTYPE_BITS = (len(DTYPES) - 1).bit_length()
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,15 @@ def place(allocation: int, offset: int) -> int:
         raise ValueError(f"a place is an allocation below 2^{63 - PLACE_BITS} and an offset below 2^{PLACE_BITS}, "
                          f"not ({allocation}, {offset})")
     return allocation << PLACE_BITS | offset
+
+
+def receiving(allocation: int, dtype: str) -> int:
+    """What a receiver names in its place and a sender compares with its own: the symmetric
+    allocation's number and the element type (its index in :data:`~collectives.dtypes.DTYPES`),
+    ``allocation << DTYPE_BITS | index``.  A sender of f32 into a receiver of bf16 then refuses
+    the pair (both ends record a size mismatch) instead of storing twice the bytes the
+    receiver's buffer takes."""
+    return allocation << DTYPE_BITS | list(DTYPES).index(dtype)
 
 
 def unplace(word: int) -> tuple[int, int]:
@@ -167,4 +181,5 @@ def _int64(x: int) -> int:
 
 
 __all__ = ["ARRIVED_WAIT", "MAX_CHUNK", "PHASES", "PLACE_BITS", "PLACE_MISMATCH", "READY_WAIT", "REFUSED",
-           "ExchangeLayout", "announced", "chunk", "judge", "pack", "part", "place", "reached", "unpack", "unplace"]
+           "ExchangeLayout", "DTYPE_BITS", "announced", "chunk", "judge", "pack", "part", "place", "reached", "receiving",
+           "unpack", "unplace"]

@@ -13,7 +13,8 @@ one this rank sends to rank ``rank + d`` and the one it receives from rank ``ran
    places of their allocations) and the size it expects;
 2. the sender's blocks ``(d, j)`` wait for it, store their part of the chunk straight into the
    receiver's buffer over NVLink (when the sizes agree and the allocation is the one the
-   sender's own call receives into, so its table addresses it), and each posts its
+   sender's own call receives into, so its table addresses it, and of its element type:
+   :func:`collectives.exchange.receiving`), and each posts its
    ``arrived`` (after a ``bar.sync``; :data:`~collectives.exchange.REFUSED` when it sent
    nothing);
 3. the receiver's blocks ``(d, j)`` wait for their part's ``arrived`` and, when the receive
@@ -99,7 +100,8 @@ def grid(world: int, residency: Residency | None) -> tuple[int, bool]:
 ALL_TO_ALL = Layout("AllToAllArgs", (
     Arg("recv_table", Int64, "device table of every rank's address of the symmetric allocation this rank "
                              "receives into (int64[W])"),
-    Arg("recv_id", Int64, "that allocation's number (the same on every rank)"),
+    Arg("recv_id", Int64, "that allocation's number and this rank's element type (collectives.exchange.receiving: "
+                          "the same on every rank)"),
     Arg("recv", Int64, "where this rank receives: its output (direct: symmetric, anywhere in that allocation) "
                        "or a staging buffer of at least out_n elements"),
     Arg("out", Int64, "this rank's output"),

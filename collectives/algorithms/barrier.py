@@ -25,7 +25,7 @@ class Barrier(Algorithm):
         from .plan import prepare
 
         key = KernelKey("barrier", self.name, call.backend, call.dtype, call.world, threads=BARRIER_THREADS)
-        return prepare(comm, key, COLLECTIVE, comm.pad_buffer, 0, 0, 0, call.kinds, 1)
+        return prepare(comm, key, COLLECTIVE, comm.pad_buffer, 0, 0, 0, call.signature, 1)
 
     def build(self, key: KernelKey):
         return design.kernel(key, design.Blocks(key), stage=None)

@@ -12,9 +12,10 @@ module holds its kernel next to its host logic.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import product
 from typing import Any, ClassVar
 
-from ..config import MAX_ELEMENTS, MULTICAST_PATHS, VECTOR_BYTES, Slot
+from ..config import KIND_SHIFT, MAX_ELEMENTS, MULTICAST_PATHS, OPS, VECTOR_BYTES, Slot
 from ..device.kernel_args import COLLECTIVE, Layout
 from ..dtypes import DTYPES
 from ..errors import CollectiveError
@@ -29,6 +30,27 @@ REGISTRY: dict[tuple[str, str], Algorithm] = {}
 def algorithms(collective: str) -> tuple[str, ...]:
     """The names of ``collective``'s algorithms, in the order their modules registered them."""
     return tuple(name for c, name in REGISTRY if c == collective)
+
+
+#: Every (collective, dtype, op) whose barriers compare size words: its index is its tag
+#: (:func:`signature`).  An all-gather and the barrier pass ``"sum"``.
+CALL_TAGS = tuple(product(("barrier", "all_reduce", "reduce_scatter", "all_gather"), DTYPES, OPS))
+#: The lowest bit of a tag in the size word: the tags take the bits just below the kinds.
+TAG_SHIFT = KIND_SHIFT - (len(CALL_TAGS) - 1).bit_length()
+
+
+def signature(collective: str, dtype: str, op: str, kinds: int) -> int:
+    """The word a rank's call brings to its barriers besides its element count ``n`` (the
+    kernels' ``kinds`` argument; :func:`collectives.device.signals.size_word` is ``n ^
+    signature``): the kinds (:attr:`Call.kinds`) in the top bits and, below them at
+    :data:`TAG_SHIFT`, the tag of the collective, dtype and op (:data:`CALL_TAGS`).  Ranks that
+    differ in any of them fail the call as a size mismatch: an f32 rank and a bf16 rank of
+    equal ``n`` would move different bytes, an all-gather and a reduce-scatter of equal ``n``
+    different data.  Exact (as the element counts' compare) while both counts are below
+    ``2^TAG_SHIFT``; above, two different calls pair only where their counts differ by exactly
+    their tags' XOR.  As an int32 (the kernel argument's type)."""
+    word = kinds << KIND_SHIFT ^ CALL_TAGS.index((collective, dtype, op)) << TAG_SHIFT
+    return word - (1 << 32) if word >> 31 else word
 
 
 @dataclass(frozen=True)
@@ -82,6 +104,11 @@ class Call:
         with the size (:func:`collectives.device.signals.size_word`): ranks that differ fail the
         call as a size mismatch, where they might have planned different kernels."""
         return int(self.symmetric) | int(self.in_place) << 1 | int(self.pointers_aligned) << 2
+
+    @property
+    def signature(self) -> int:
+        """:func:`signature` of this call: what its kernels bring to their barriers beside ``n``."""
+        return signature(self.collective, self.dtype, self.op, self.kinds)
 
     @property
     def aligned(self) -> bool:
@@ -181,7 +208,7 @@ class Algorithm:
         if work is None:
             work = -(-call.n // key.elements_per_access)
         blocks = self.blocks(comm, key, work, call.max_blocks)
-        return prepare(comm, key, layout, data, call.out.data_ptr(), src, call.n, call.kinds, blocks, results)
+        return prepare(comm, key, layout, data, call.out.data_ptr(), src, call.n, call.signature, blocks, results)
 
     def staging(self, comm: Runtime, call: Call, key: Any, slot: Slot) -> list[Buffer]:
         """The kernel views of the staging ``key`` copies ``call``'s input into: slots

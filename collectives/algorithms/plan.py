@@ -74,9 +74,10 @@ def order(device: int, before: int, after: int) -> None:
 
 
 def prepare(comm: Runtime, key: Any, layout: Layout, data: Buffer | list[Buffer], out: int, src: int, n: int,
-            kinds: int, blocks: int, results: Buffer | None = None) -> Plan:
+            signature: int, blocks: int, results: Buffer | None = None) -> Plan:
     """A ready launch of ``key`` on ``comm`` with the arguments of ``layout``: everything but
-    the stream fixed (``kinds``: :attr:`~collectives.algorithms.Call.kinds`).  ``data``: the
+    the stream fixed (``signature``: :attr:`~collectives.algorithms.Call.signature`, the ``kinds``
+    argument).  ``data``: the
     kernel view of the data buffer, or of staging slots ``TURN_0`` and ``TURN_1`` (the plan then
     launches on the one whose turn it is and passes the turn on: ``end_barrier=False``
     collectives).  The layout's ``emulated`` argument gets the
@@ -84,7 +85,7 @@ def prepare(comm: Runtime, key: Any, layout: Layout, data: Buffer | list[Buffer]
     result buffers); emulated, the translation table of either."""
     emulated = key.backend == "multicast_emulated"
     pad = comm.pad_buffer
-    fixed = dict(out=out, src=src, n=n, kinds=kinds, pad_table=pad.table.data_ptr(), pad_mc=pad.mc,
+    fixed = dict(out=out, src=src, n=n, kinds=signature, pad_table=pad.table.data_ptr(), pad_mc=pad.mc,
                  pad=int(pad.host[comm.rank]), err=comm.error.data_ptr(), rank=comm.rank,
                  timeout_ns=int(comm.timeout_s * 1e9))
     buffers = data if isinstance(data, list) else [data]

@@ -103,8 +103,8 @@ COLLECTIVE = Layout("CollectiveArgs", (
     Arg("out", Int64, "this rank's output (one-shot all-reduce, reduce-scatter, gathered two-shot/TMA, all-gather)"),
     Arg("src", Int64, "this rank's input (stage_in: copied in-kernel; push and all-gather: pushed; 0: in place)"),
     Arg("n", Int64, "elements per rank (all-reduce, all-gather's input) or per output (reduce-scatter)"),
-    Arg("kinds", Int32, "the kinds of the caller's tensors (collectives.algorithms.Call.kinds), brought to the "
-                        "barriers with n in their size word"),
+    Arg("kinds", Int32, "the call's signature (collectives.algorithms.Call.signature: the kinds of the caller's "
+                        "tensors, its collective, dtype and op), brought to the barriers with n in their size word"),
     Arg("pad_table", Int64, "device table of every rank's signal pad"),
     Arg("pad_mc", Int64, "the signal pad's multicast address (0 on the peer backend)"),
     Arg("pad", Int64, "this rank's signal pad (its entry of pad_table, saving the kernel a load)"),

@@ -60,7 +60,6 @@ from ..config import (
     ERROR_FIELDS,
     FATAL_RECORD,
     FLAG_WAIT,
-    KIND_SHIFT,
     RECOVERABLE_RECORD,
     SIZE_MISMATCH,
     TIMEOUT,
@@ -100,10 +99,12 @@ def peer_address(table: Int64, rank: Int32) -> Int64:
 @cute.jit
 def size_word(n: Int64, kinds: Int32) -> Uint32:
     """The size a rank brings to a call's barriers: its element count ``n`` (below 2^29, the
-    host's :data:`~collectives.config.MAX_ELEMENTS`) and, above it, the kinds of its tensors
-    (:attr:`collectives.algorithms.Call.kinds`): ranks whose tensors differ in kind may have
-    planned different kernels, and fail the call as a size mismatch."""
-    return Uint32(n) | (Uint32(kinds) << KIND_SHIFT)
+    host's :data:`~collectives.config.MAX_ELEMENTS`) XOR its call's signature ``kinds``
+    (:func:`collectives.algorithms.base.signature`: the kinds of its tensors in the top bits,
+    the collective, dtype and op below them): ranks whose tensors differ in kind may have
+    planned different kernels, ranks of different dtypes would move different bytes, and
+    either fails the call as a size mismatch."""
+    return Uint32(n) ^ Uint32(kinds)
 
 
 @cute.jit

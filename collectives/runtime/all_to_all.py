@@ -33,7 +33,7 @@ import torch
 from ..algorithms.all_to_all import ALL_TO_ALL, AllToAllKey, grid
 from ..algorithms.plan import capturing, current_stream
 from ..errors import CollectiveError
-from ..exchange import ExchangeLayout
+from ..exchange import ExchangeLayout, receiving
 from ..symmetric.context import address
 from .communicator import seed_epoch
 from .staging import tensor_key
@@ -222,7 +222,7 @@ def prepare(comm: Any, state: Exchange, out: torch.Tensor, inp: torch.Tensor, ou
     key = AllToAllKey(dtype, comm.world, state.parts, direct=direct, pdl=state.pdl)
     slots = state.slots
     args = ALL_TO_ALL.pack(
-        recv_table=comm.buffer(base).table.data_ptr(), recv_id=number,
+        recv_table=comm.buffer(base).table.data_ptr(), recv_id=receiving(number, dtype),
         recv=address(out) if direct else state.staging.data_ptr(), out=out.data_ptr(), src=inp.data_ptr(),
         in_splits=send.data_ptr(), out_splits=receive.data_ptr(), row=row, in_n=inp.numel(), out_n=recv_n,
         slot_table=slots.table.data_ptr(), slots=int(slots.host[comm.rank]), err=comm.error.data_ptr(),

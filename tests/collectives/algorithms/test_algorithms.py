@@ -51,6 +51,26 @@ def test_each_fact_an_algorithm_choice_reads_of_a_ranks_tensors_has_its_own_kind
         assert 0 <= min(one.kinds, other.kinds) < max(one.kinds, other.kinds) < 1 << KIND_BITS
 
 
+def test_calls_that_differ_in_collective_dtype_op_or_kinds_bring_different_size_words() -> None:
+    """Every pair of (collective, dtype, op, kinds) gives different size words for equal and
+    for different element counts below 2^TAG_SHIFT (an f32 and a bf16 all-reduce of equal n,
+    an all-gather and a reduce-scatter of equal n: issue 48 item 3), as the kernels form them
+    (:func:`collectives.device.signals.size_word`: ``n ^ signature``, unsigned 32-bit)."""
+    from collectives.algorithms.base import CALL_TAGS, TAG_SHIFT, signature
+    from collectives.config import KIND_BITS
+
+    signatures = {signature(*what, kinds) % (1 << 32) for what in CALL_TAGS for kinds in range(1 << KIND_BITS)}
+    assert len(signatures) == len(CALL_TAGS) << KIND_BITS
+    counts = [0, 1, 2, 2048, 4096, (1 << TAG_SHIFT) - 1]
+    words = {(n ^ s) for n in counts for s in signatures}
+    assert len(words) == len(counts) * len(signatures)
+    fields = dict(out=None, inp=None, op="sum", backend="peer", world=2, n=2048, nbytes=0, symmetric=True,
+                  in_place=False, whole_vectors=True, pointers_aligned=True, capturing=False)
+    assert Call("all_reduce", dtype="f32", **fields).signature != Call("all_reduce", dtype="bf16", **fields).signature
+    assert (Call("all_gather", dtype="f32", **fields).signature
+            != Call("reduce_scatter", dtype="f32", **fields).signature)
+
+
 REFUSED = [  # (key, a piece of the message)
     (dict(collective="all_gather", algorithm="one_shot", stage_in=True), "no stage_in"),
     (dict(collective="all_gather", algorithm="tma", stage_in=True), "no stage_in"),

@@ -28,6 +28,7 @@ from tests.support.device_sim import Context, Sim, arguments, fakes, load, me  #
 import ptxops  # noqa: E402
 from collectives.algorithms import KernelKey  # noqa: E402
 from collectives.algorithms import grid as kernel_grid  # noqa: E402
+from collectives.algorithms.base import signature  # noqa: E402
 from collectives.config import (  # noqa: E402
     BARRIER_THREADS,
     CALL_EPOCHS,
@@ -76,7 +77,10 @@ def grid(world: int, n: int) -> int:
 
 class World:
     """``world`` ranks, each running ``calls`` (per call, each rank's element count, or its
-    ``(count, kinds)``: :attr:`collectives.algorithms.Call.kinds`, 0 by default) of the
+    ``(count, kinds)`` or ``(count, kinds, (collective, dtype, op))``:
+    :attr:`collectives.algorithms.Call.kinds`, 0 by default, and what the rank's call is, an
+    f32 sum all-reduce by default; brought to the barriers as the host does,
+    :func:`~collectives.algorithms.base.signature`) of the
     design kernel of ``collective`` ("all_reduce": one-shot f32, both barriers; "barrier": the
     bare barrier, one block); ``start``: every pad's call count (and arrival epochs) at the
     start; ``late[r] = (c, ticks)``: rank ``r`` starts call ``c`` ``ticks`` after the others'
@@ -132,6 +136,14 @@ class World:
         all-reduce of nothing (the API's barrier of size 0)."""
         return self.collective == "barrier" or size == 0
 
+    def _signature(self, entry) -> int:
+        """The ``kinds`` argument a rank's host passes for ``entry``: its call's signature, or
+        the bare barrier's where it launches that (:meth:`collectives.algorithms.Call.bare`)."""
+        size, kinds = _size_and_kinds(entry)
+        if self._bare(size):
+            return signature("barrier", "bf16", "sum", 0b100)
+        return signature(*_what(entry), kinds)
+
     def _host(self, r: int) -> None:
         sim, mem = self.sim, self.sim.memory
         threads = self.world + 1
@@ -141,6 +153,7 @@ class World:
                 sim.sleep_until(self.late[r][1])
             size, kinds = _size_and_kinds(call[r])
             bare = self._bare(size)
+            kinds = self._signature(call[r])
             blocks = 1 if bare else grid(self.world, size)
             body = self.barrier if bare else self.all_reduce
             args = types.SimpleNamespace(
@@ -167,7 +180,8 @@ class World:
         if wrote != (t, ctx.call):
             raise Hazard(f"rank {ctx.rank} call {ctx.call} block {ctx.block} passed on rank {t}'s word "
                          f"written by (rank, call) {wrote}")
-        sizes = [(0, k) if self._bare(n) else (n, k) for n, k in map(_size_and_kinds, self.calls[ctx.call])]
+        sizes = [(0 if self._bare(_size_and_kinds(e)[0]) else _size_and_kinds(e)[0]) ^ self._signature(e) & (U32 - 1)
+                 for e in self.calls[ctx.call]]
         if sizes[t] != sizes[ctx.rank]:
             raise Hazard(f"rank {ctx.rank} call {ctx.call} block {ctx.block} passed rank {t} with another size: "
                          f"{sizes}")
@@ -181,7 +195,12 @@ class World:
 
 
 def _size_and_kinds(entry) -> tuple[int, int]:
-    return entry if isinstance(entry, tuple) else (entry, 0)
+    return entry[:2] if isinstance(entry, tuple) else (entry, 0)
+
+
+def _what(entry) -> tuple[str, str, str]:
+    """(collective, dtype, op) of a rank's call."""
+    return entry[2] if isinstance(entry, tuple) and len(entry) > 2 else ("all_reduce", "f32", "sum")
 
 
 EQUAL, WIDE, SHORT = 2048, 2056, 2040  # one-shot f32: one block, two blocks, one block
@@ -229,6 +248,22 @@ def tensors_of_different_kinds(source) -> None:
         for r in range(2):
             assert world.statuses(r) == {(1, RECOVERABLE_RECORD, SIZE_MISMATCH)}, world.records
         assert world.counts() == {(start + 3 * CALL_EPOCHS) % U32}
+
+
+def calls_of_different_dtypes_or_collectives(source) -> None:
+    """Equal element counts, but at call 1 rank 0 all-reduces f32 where rank 1 all-reduces
+    bf16 (the f32 rank would move twice the bytes), and at call 2 rank 0 all-gathers where
+    rank 1 reduce-scatters: a size mismatch on both ranks at each, no timeout, the counts equal
+    (issue 48 item 3)."""
+    for seed in SEEDS:
+        calls = [[WIDE, WIDE], [(WIDE, 0, ("all_reduce", "f32", "sum")), (WIDE, 0, ("all_reduce", "bf16", "sum"))],
+                 [(WIDE, 0, ("all_gather", "f32", "sum")), (WIDE, 0, ("reduce_scatter", "f32", "sum"))],
+                 [WIDE, WIDE]]
+        world = World(2, calls, seed, source=source)
+        for r in range(2):
+            assert world.statuses(r) == {(1, RECOVERABLE_RECORD, SIZE_MISMATCH),
+                                         (2, RECOVERABLE_RECORD, SIZE_MISMATCH)}, world.records
+        assert world.counts() == {4 * CALL_EPOCHS}
 
 
 def an_empty_rank(source) -> None:
@@ -281,6 +316,10 @@ def test_tensors_of_different_kinds_are_a_size_mismatch_on_every_rank() -> None:
     tensors_of_different_kinds(SOURCE)
 
 
+def test_calls_of_different_dtypes_or_collectives_are_a_size_mismatch_on_every_rank() -> None:
+    calls_of_different_dtypes_or_collectives(SOURCE)
+
+
 def test_an_empty_rank_and_its_peers_record_a_size_mismatch_and_stay_in_step() -> None:
     an_empty_rank(SOURCE)
 
@@ -314,8 +353,10 @@ MUTATIONS = {
         rank_two_calls_behind),
     "no size compare": ("signals", "elif Uint32(seen >> 32) != size:", "elif False:", mismatch_on_the_same_grid),
     "the size word without the kinds": (
-        "signals", "    return Uint32(n) | (Uint32(kinds) << KIND_SHIFT)", "    return Uint32(n)",
-        tensors_of_different_kinds),
+        "signals", "    return Uint32(n) ^ Uint32(kinds)", "    return Uint32(n)", tensors_of_different_kinds),
+    "the size word without the call's tag": (
+        "signals", "    return Uint32(n) ^ Uint32(kinds)", "    return Uint32(n) ^ (Uint32(kinds) & Uint32(7 << 29))",
+        calls_of_different_dtypes_or_collectives),
     "timeouts into the recoverable record": (
         "signals", "        index = Int32(FATAL_RECORD)\n", "        index = Int32(RECOVERABLE_RECORD)\n", late_rank),
     "no sync before a bare barrier's leave_call": (
