@@ -615,7 +615,7 @@ def fakes() -> dict[str, Any]:
         Boolean=Boolean, Int8=Int8, Int16=Int16, Int32=Int32, Int64=Int64,
         Uint8=Uint8, Uint16=Uint16, Uint32=Uint32, Uint64=Uint64, Float32=Float32,
     )
-    launch = types.SimpleNamespace(launcher=lambda kernel, threads, **_: kernel, check_threads=check_threads)
+    launch = types.SimpleNamespace(launcher=lambda kernel, threads, *_, **__: kernel, check_threads=check_threads)
     return {"cutlass": cutlass, "cutlass.cute": cute, "cutlass.memory": memory, "ptxops": _ptxops(),
             "collectives.device.launch": launch}
 
@@ -638,9 +638,10 @@ def load(module: str, redirect: dict[str, Any], edits: tuple[tuple[str, str], ..
             return redirect[absolute.split(".")[0]]
         return builtins.__import__(name, globals, locals, fromlist, level)
 
-    copy = types.ModuleType(module)
+    copy = types.ModuleType(f"{module}.__simulated__")  # a dataclass looks its module up by name
     copy.__file__, copy.__package__ = path, package
     copy.__dict__["__builtins__"] = {**builtins.__dict__, "__import__": importer}
+    sys.modules[copy.__name__] = copy
     with open(path) as f:
         source = f.read()
     for old, new in edits:
