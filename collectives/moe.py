@@ -124,6 +124,10 @@ class Handle:
     #: Each entry's row among the rows sent (``slots[order[i]] = i``) where the dispatch's kernel
     #: wrote it, else None (the combine computes it).
     slots: torch.Tensor | None = None
+    #: The ``expert_out`` :func:`combine` takes: the shape of the dispatch's ``expert_x`` and the
+    #: dtype of its ``x`` (None: unchecked, a handle rebuilt from a traced graph's tensors).
+    shape: tuple | None = None
+    dtype: torch.dtype | None = None
 
 
 def _scatter_count(index: torch.Tensor, bins: int) -> torch.Tensor:
@@ -265,6 +269,7 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     if fp8:  # placed apart: the values and the scales, each contiguous
         handle.scales = scales[:-1] if exact else scales[:-1].view(local, capacity)
         expert_x = expert_x.view(wire)
+    handle.shape, handle.dtype = tuple(expert_x.shape), x.dtype
     return expert_x, expert_counts, handle
 
 
@@ -328,6 +333,10 @@ def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, e
     sum by ``weighted_sum`` (see :data:`WeightedSum`; None: torch operations, ``3 * topk`` of
     them over the rows), the rows sent back by ``gather`` (None: :func:`gather_rows`)."""
     h = handle
+    if h.shape is not None and (tuple(expert_out.shape) != h.shape or expert_out.dtype != h.dtype):
+        raise CollectiveError(f"moe.combine: expert_out must be the dispatch's expert rows, hidden size and dtype: "
+                              f"{h.dtype} of shape {h.shape}, not {expert_out.dtype} of shape "
+                              f"{tuple(expert_out.shape)}")
     hidden = expert_out.shape[-1]
     if expert_out.dim() == 3:  # low latency: [L, capacity, hidden]
         most = expert_out.shape[1] // h.send_splits.numel() * h.topk  # max_tokens x topk, the same everywhere
@@ -390,7 +399,8 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
 def combine(expert_out: torch.Tensor, handle: Handle, *, group: Any = None) -> torch.Tensor:
     """Each dispatched token's weighted sum of its experts' rows of ``expert_out`` ([L, W *
     max_tokens, hidden] in low-latency mode, the packed [sum(counts), hidden] in throughput
-    mode), in its original order and dtype.  One kernel sums f32, f16 and bf16 rows of top-k up to
+    mode; of the dispatch's ``x`` dtype: anything else raises :class:`CollectiveError` before
+    any exchange), in its original order and dtype.  One kernel sums f32, f16 and bf16 rows of top-k up to
     16 (:mod:`collectives.runtime.moe_kernels`; torch steps with ``COLLECTIVES_MOE_FUSED=0`` and
     for other rows)."""
     from . import api

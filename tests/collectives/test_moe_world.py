@@ -134,6 +134,26 @@ def test_combine_through_the_kernels_steps_is_bit_for_bit_and_reads_no_unsent_ro
                   dtype=dtype, bad=2, weighted_sum=kernel_sum)
 
 
+@pytest.mark.parametrize("mode", moe.MODES)
+@pytest.mark.parametrize("wrong", ["short", "hidden", "dtype"])
+def test_combine_refuses_an_expert_out_unlike_the_dispatch(mode: str, wrong: str) -> None:
+    """A short ``expert_out`` (rows clamped onto its last row: silently wrong sums), another
+    hidden size or dtype: a CollectiveError naming the expected ones, before any exchange
+    (issue 48 item 6)."""
+    world, experts = 2, 4
+    xs, ids, ws = routing(world, experts, 2, [3, 3], 0, 8, torch.float32)
+    sim = World(world)
+
+    def body(r):
+        ex, _, handle = moe.dispatch_with(sim.exchange(r), world, xs[r], ids[r], ws[r], experts, 3, mode)
+        out = {"short": ex[..., :-1, :], "hidden": ex[..., :-1], "dtype": ex.to(torch.bfloat16)}[wrong]
+        with pytest.raises(CollectiveError, match=r"moe\.combine: expert_out must be .*torch\.float32 of shape"):
+            moe.combine_with(pytest.fail, out.contiguous(), handle)
+        return moe.combine_with(sim.exchange(r), ex.clone(), handle)  # the right one still combines
+
+    sim.run(body)
+
+
 def test_f32_every_token_to_one_expert_and_one_token() -> None:
     world, experts = 3, 6
     xs_tokens = [4, 1, 0]
