@@ -41,6 +41,7 @@ same code runs over the reference in a simulated world (the CPU tests).
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -451,13 +452,21 @@ def _world() -> int:
 
 #: Each communicator's receive buffers, by (communicator id, name, shape, dtype).
 _BUFFERS: dict[tuple, torch.Tensor] = {}
+#: The receive buffers' names; buffer ``i``'s growth is agreed as slot ``-(8 + i)``
+#: (:meth:`~collectives.runtime.communicator.Communicator.agree_growth`; the Lamport buffers
+#: take -1, -2, -4).
+BUFFER_NAMES = ("dispatch", "combine")
 
 
 def _symmetric(group: Any) -> Empty:
     """Receive buffers in ``group``'s symmetric memory (the all-to-all stores into them
     directly), allocated once per name, shape and dtype (collective: every rank asks for the
     same) and reused: the next all-to-all into one waits for its receiver, which has finished
-    with it by then (stream order)."""
+    with it by then (stream order).  A rank that has no buffer of the shape first agrees the
+    allocation with every rank (bounded by the communicator's timeout): where the others have
+    one cached (a shape that differs on this rank: ``max_tokens=None`` with fewer tokens here,
+    another top-k or hidden size), it raises CollectiveError instead of entering the
+    collective allocation alone."""
     from . import api
     from .runtime.communicator import communicator
 
@@ -467,6 +476,7 @@ def _symmetric(group: Any) -> Empty:
         key = (id(comm), name, shape, dtype)
         buffer = _BUFFERS.get(key)
         if buffer is None:
+            comm.agree_growth(-(8 + BUFFER_NAMES.index(name)), math.prod(shape) * dtype.itemsize)
             buffer = _BUFFERS[key] = api.empty(shape, dtype, group=comm)
         return buffer
 
@@ -480,6 +490,6 @@ def _collective(api: Any, group: Any) -> Exchange:
     return exchange
 
 
-__all__ = ["E4M3_MAX", "MODES", "Empty", "Exchange", "Gather", "Handle", "Pack", "PackFor", "Placement",
-           "PlacementFor", "WeightedSum", "combine", "combine_with", "dispatch", "dispatch_with", "fp8_row_bytes",
+__all__ = ["BUFFER_NAMES", "E4M3_MAX", "MODES", "Empty", "Exchange", "Gather", "Handle", "Pack", "PackFor",
+           "Placement", "PlacementFor", "WeightedSum", "combine", "combine_with", "dispatch", "dispatch_with", "fp8_row_bytes",
            "gather_rows", "handle_from", "handle_tensors", "pack_rows", "place_rows", "plain", "quantize"]

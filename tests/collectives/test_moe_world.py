@@ -154,6 +154,40 @@ def test_combine_refuses_an_expert_out_unlike_the_dispatch(mode: str, wrong: str
     sim.run(body)
 
 
+def test_a_receive_buffer_a_rank_lacks_is_agreed_before_its_collective_allocation(monkeypatch) -> None:
+    """Issue 48 item 5: with ``max_tokens=None`` a rank with fewer tokens (or another top-k or
+    hidden) asks for a shape its peers have cached: it must agree the allocation first (bounded:
+    the communicator's agree_growth raises CollectiveError for a rank alone) and never enter the
+    collective allocation alone; a cached shape costs neither."""
+    from collectives import api
+    from collectives.runtime import communicator as communicators
+
+    steps = []
+
+    class Comm:
+        alone = False
+
+        def agree_growth(self, what, nbytes):
+            steps.append(("agree", what, nbytes))
+            if self.alone:
+                raise CollectiveError("ranks called collectives with different sizes")
+
+    comm = Comm()
+    monkeypatch.setattr(communicators, "communicator", lambda group=None: comm)
+    monkeypatch.setattr(api, "empty", lambda shape, dtype, group=None: steps.append(("allocate", shape))
+                        or torch.empty(shape, dtype=dtype))
+    monkeypatch.setattr(moe, "_BUFFERS", {})
+    empty = moe._symmetric(None)
+    empty("dispatch", (12, 8), torch.bfloat16, "cpu")
+    empty("dispatch", (12, 8), torch.bfloat16, "cpu")  # cached: no host step at all
+    empty("combine", (6, 8), torch.float32, "cpu")
+    assert steps == [("agree", -8, 12 * 8 * 2), ("allocate", (12, 8)), ("agree", -9, 6 * 8 * 4), ("allocate", (6, 8))]
+    comm.alone, steps[:] = True, []
+    with pytest.raises(CollectiveError, match="different sizes"):
+        empty("dispatch", (8, 8), torch.bfloat16, "cpu")  # 2 tokens here, 3 on the peers
+    assert steps == [("agree", -8, 8 * 8 * 2)], "a rank entered the collective allocation alone"
+
+
 def test_f32_every_token_to_one_expert_and_one_token() -> None:
     world, experts = 3, 6
     xs_tokens = [4, 1, 0]
