@@ -22,6 +22,7 @@ with a recoverable error raised after the launch; the pairs that agree complete.
 from __future__ import annotations
 
 import math
+import operator
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -97,7 +98,7 @@ class Exchange:
                 raise CollectiveError(f"all_to_all: without {what}, dimension 0 ({rows} rows) must divide by the "
                                       f"world size {world}")
             splits = [rows // world] * world
-        values = tuple(int(s) for s in splits)
+        values = split_values(splits, what)
         if len(values) != world:
             raise CollectiveError(f"all_to_all: {what} must have world size ({world}) entries, not {len(values)}")
         cached = self.splits.get(values)
@@ -107,6 +108,21 @@ class Exchange:
                 self.splits.popitem(last=False)  # stream-ordered free: a queued kernel still reads it
         self.splits.move_to_end(values)
         return cached
+
+
+def split_values(splits: Sequence[Any], what: str) -> tuple[int, ...]:
+    """A list of splits' values, each an integer (``operator.index``: an int, a numpy or 0-dim
+    torch integer); a float (``2.7``) or a bool (``True``) raises CollectiveError instead of
+    being truncated to another count."""
+    values = []
+    for s in splits:
+        try:
+            if isinstance(s, bool) or (isinstance(s, torch.Tensor) and s.dtype == torch.bool):
+                raise TypeError
+            values.append(operator.index(s))
+        except TypeError:
+            raise CollectiveError(f"all_to_all: {what} must be integers, not {s!r}") from None
+    return tuple(values)
 
 
 def _upload(values: tuple[int, ...], device: torch.device, pin: bool = True) -> torch.Tensor:
@@ -202,7 +218,7 @@ def _splits_key(splits: Splits) -> Any:
     list's values."""
     if isinstance(splits, torch.Tensor):
         return tensor_key(splits)
-    return None if splits is None else tuple(int(s) for s in splits)
+    return None if splits is None else split_values(splits, "splits")
 
 
 def prepare(comm: Any, state: Exchange, out: torch.Tensor, inp: torch.Tensor, out_splits: Splits,

@@ -130,3 +130,24 @@ def test_ranks_sharing_a_gpu_copy_host_splits_without_pinning(monkeypatch: pytes
     monkeypatch.setattr(a2a, "capturing", lambda: False)
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: pytest.fail("pinned where ranks share the GPU"))
     assert a2a._upload((4, 5), torch.device("cpu"), pin=False).tolist() == [4, 5]
+
+
+@pytest.mark.parametrize("bad", [2.7, True, 2.0, torch.tensor(True)])
+def test_split_lists_of_non_integers_are_refused_not_truncated(monkeypatch: pytest.MonkeyPatch, bad) -> None:
+    """``int(2.7)`` is 2 and ``True`` is 1: a split list holding either would have moved another
+    count of rows (and met the launch cached for it); refused, naming the value (issue 48)."""
+    import numpy as np
+
+    from collectives.errors import CollectiveError
+
+    fake = Fake(monkeypatch)
+    out, inp = torch.zeros(4), torch.zeros(4)
+    with pytest.raises(CollectiveError, match=r"all_to_all: splits must be integers, not"):
+        a2a.all_to_all(fake, out, inp, [2, bad], [2, 2])
+    state = a2a.Exchange.__new__(a2a.Exchange)
+    state.comm, state.splits = SimpleNamespace(world=2, residency=None), {}
+    with pytest.raises(CollectiveError, match=r"all_to_all: in_splits must be integers, not"):
+        state.device_splits([bad, 2], 4, "in_splits", torch.device("cpu"))
+    assert fake.prepared == []
+    a2a.all_to_all(fake, out, inp, [np.int64(2), torch.tensor(2)], [2, 2])  # integers of other types pass
+    assert fake.prepared[0][2] == [np.int64(2), torch.tensor(2)]
