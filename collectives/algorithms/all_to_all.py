@@ -19,7 +19,10 @@ one this rank sends to rank ``rank + d`` and the one it receives from rank ``ran
    nothing);
 3. the receiver's blocks ``(d, j)`` wait for their part's ``arrived`` and, when the receive
    buffer is a staging buffer, copy the part out to the output (``direct``: the output is the
-   receive buffer, symmetric, and holds the data already).
+   receive buffer, symmetric, and holds the data already).  A block whose wait timed out
+   overwrites its ``ready`` in the sender's region with the epoch just past the call
+   (:func:`~collectives.device.signals.gave_up`): a sender that comes after the receiver's
+   host raised then times out too instead of storing into a buffer its owner has left.
 
 Every block posts before it waits and waits only for posts that blocks of the same ``d`` make
 before any wait of theirs, so no block waits on one that is itself waiting (all blocks are
@@ -308,6 +311,9 @@ def build(key: AllToAllKey):
                 shared[2] = Int64(status)
                 if status != 0:
                     signals.record_error(err, status, Int32(ARRIVED_WAIT), sender, block, rank)
+                if status == Int32(TIMEOUT):  # we leave: a late sender's ready wait then times out, no store
+                    exchange.post_ready(args.slot_table, rank, sender, Int64(0), Uint32(REFUSED), signals.gave_up(calls),
+                                        world, parts)
             cute.arch.sync_threads()
             if cutlass.const_expr(not key.direct):
                 if shared[2] == Int64(0):

@@ -42,10 +42,11 @@ def synced(ptx: str, at: re.Pattern, before: re.Pattern) -> list[bool]:
 
 
 def test_the_all_to_alls_arrived_release_follows_a_block_sync_after_its_stores() -> None:
-    """The second release (``ready`` then ``arrived``, in program order) announces the block's
-    part: every thread's stores of it before a ``bar.sync`` before it; so the ticket."""
+    """The second release (``ready``, ``arrived``, the gave-up ``ready``, in program order)
+    announces the block's part: every thread's stores of it before a ``bar.sync`` before it; so
+    the ticket."""
     ptx = kernel_ptx(AllToAllKey("f32", 2, direct=False), "sm_90a")
-    ready, arrived = synced(ptx, RELEASE, WEAK_STORE)
+    ready, arrived, gave_up = synced(ptx, RELEASE, WEAK_STORE)
     assert arrived, "the all-to-all's arrived release is not behind a bar.sync after the block's stores"
     assert synced(ptx, TICKET, LOAD) == [True]
 

@@ -53,6 +53,7 @@ PARTS = 2
 CANARY = 0xEE
 STALE = 0xDD
 TIMEOUT_TICKS = 20000
+SHORT = 2000  # the bound of runs where every wait times out anyway (a spinning wait costs a step a tick)
 ALLOCATION = 1  # the receive allocations' number (the same on every rank)
 
 
@@ -105,8 +106,9 @@ class World:
     every count (and slot word) at ``start``, or ``starts[r]`` on rank ``r``."""
 
     def __init__(self, calls: list, seed: int, start: int = 0, starts: dict | None = None,
-                 source: types.SimpleNamespace = SOURCE, timeout: int = TIMEOUT_TICKS) -> None:
+                 source: types.SimpleNamespace = SOURCE, timeout: int = TIMEOUT_TICKS, late: dict | None = None) -> None:
         self.calls, self.seed, self.start, self.starts = calls, seed, start, starts or {}
+        self.late = late or {}  # rank -> (call, tick): it launches that call no earlier
         self.source, self.timeout = source, timeout
         self.world = world = len(self.calls[0])
         self.sim = sim = Sim(self.seed)
@@ -132,6 +134,7 @@ class World:
         for r in range(world):
             sim.spawn(lambda r=r: self._host(r), Context(rank=r))
         sim.run()
+        self.final = [bytes(mem.words(a, self.alloc_bytes, Uint8)) for a in self.allocations]
 
     def kernel(self, side: Side):
         key = self.source.all_to_all.AllToAllKey(side.dtype, self.world, side.parts, direct=side.direct, pdl=False)
@@ -148,6 +151,8 @@ class World:
         sim, mem = self.sim, self.sim.memory
         for c, call in enumerate(self.calls):
             me().ctx.call = c
+            if r in self.late and self.late[r][0] == c:
+                sim.sleep_until(self.late[r][1])
             side = call[r]
             e = side.bytes
             key, kernel = self.kernel(side)
@@ -286,12 +291,24 @@ def a_rank_a_call_behind(source) -> None:
     both record a timeout, and nothing is delivered between them."""
     for seed in SEEDS:
         calls = [[Side([1, 2], [1, 2], direct=True), Side([2, 1], [2, 1], direct=True)]]
-        world = World(calls, seed, start=CALL_EPOCHS, starts={1: 0}, source=source)
+        world = World(calls, seed, start=CALL_EPOCHS, starts={1: 0}, source=source, timeout=SHORT)
         for r in range(2):
             assert (0, FATAL_RECORD, TIMEOUT) in world.statuses(r), world.records
         row = 2 * 4  # bytes
         assert set(world.outputs[0][0][0][row:3 * row]) == {CANARY}, "rank 0 received from a rank a call behind"
         assert set(world.outputs[1][0][0][:2 * row]) == {CANARY}, "rank 1 received from a rank a call ahead"
+
+
+def a_late_sender(source) -> None:
+    """Rank 1 launches two timeouts late: rank 0 times out (a receiver that leaves rewrites its
+    ready as given up), and rank 1, coming after rank 0's host raised, must time out too instead
+    of storing into rank 0's output (issue 48, low: the gave-up word)."""
+    for seed in SEEDS:
+        calls = [[Side([1, 2], [1, 2], direct=True), Side([2, 1], [2, 1], direct=True)]]
+        world = World(calls, seed, late={1: (0, 2 * SHORT)}, source=source, timeout=SHORT)
+        for r in range(2):
+            assert (0, FATAL_RECORD, TIMEOUT) in world.statuses(r), world.records
+        assert world.final[0] == world.outputs[0][0][1], "a late sender stored into a rank that had left the call"
 
 
 def test_equal_calls_deliver_every_chunk_and_record_nothing() -> None:
@@ -312,6 +329,10 @@ def test_a_sender_and_a_receiver_of_different_dtypes_are_a_size_mismatch() -> No
 
 def test_a_rank_a_call_behind_times_out_on_both_sides() -> None:
     a_rank_a_call_behind(SOURCE)
+
+
+def test_a_sender_after_its_receiver_gave_up_stores_nothing() -> None:
+    a_late_sender(SOURCE)
 
 
 # -- mutations of the device source, each caught -------------------------------------------------
@@ -347,6 +368,9 @@ MUTATIONS = {
         splits_past_the_tensor),
     "no leave_call": (
         "all_to_all", "        signals.leave_call(slots, calls, last, world, counter=counter)\n", "", equal_calls),
+    "no gave-up word": (
+        "all_to_all", "if status == Int32(TIMEOUT):  # we leave", "if status == Int32(-7):  # we leave",
+        a_late_sender),
     "the receiver copies out whatever its wait said": (
         "all_to_all", "                if shared[2] == Int64(0):", "                if True:", a_size_mismatch),
 }
