@@ -199,19 +199,28 @@ def _launch(comm: Communicator, key: tuple, algorithm: str, backend: str, descri
     passed the same checks).  A rank with nothing to move still launches a barrier of size 0 on
     ``backend``: its peers' kernels advance the call count and wait for every rank, so skipping
     the launch would leave them to time out (the communicator lost) where their barriers now
-    name the different sizes.  Where ranks share the GPU, that barrier is planned with every
+    name the different sizes; so does a rank whose call is refused (a CollectiveError of the
+    checks or of the plan), before it raises.  Where ranks share the GPU, that barrier is planned with every
     rank's first plan of a call: its kernel's load could otherwise come while the other ranks'
     kernels spin for it, and a load waits for them (:func:`collectives.runtime.kernels.load`)."""
     plan = comm.plans.get(key)
     if plan is None:
         if comm.residency is not None:
             comm.barrier_plan(backend)
-        call = describe(comm, *args)
-        if call is None:
+        try:
+            _check_algorithm(key[0], algorithm)  # an empty rank too: it plans nothing
+            call = describe(comm, *args)
+            plan = None if call is None else _plan(comm, call, algorithm)
+        except CollectiveError:
+            # Refused on this rank: its peers' kernels meet a barrier of size 0 and record a
+            # size mismatch, instead of waiting for a launch that never comes (a fatal timeout).
+            comm.barrier(backend if backend in BACKENDS else "auto")
+            raise
+        if plan is None:
             comm.barrier(backend)
             comm.errors.finish()
             return
-        plan = comm.plans[key] = _plan(comm, call, algorithm)
+        comm.plans[key] = plan
     plan.run()
     comm.errors.finish()
 
@@ -240,14 +249,19 @@ def _check_out(t: torch.Tensor, out: torch.Tensor) -> None:
                               f"{out.device}{'' if out.is_contiguous() else ', not contiguous'}")
 
 
+def _check_algorithm(collective: str, algorithm: str) -> None:
+    """Refuse an ``algorithm`` that ``collective`` does not have."""
+    names = algorithms(collective)
+    if algorithm != "auto" and algorithm not in names:
+        raise CollectiveError(f"{collective} algorithms: {names + ('auto',)}; not {algorithm!r}")
+
+
 def _plan(comm: Communicator, call: Call, algorithm: str):
     """The plan of ``call``: ``algorithm`` (``"auto"``: :func:`collectives.algorithms.tuning.choose`)
     asked whether it can run the call, then for its plan."""
     if algorithm == "auto":
         algorithm = tuning.choose(call)
-    names = algorithms(call.collective)
-    if algorithm not in names:
-        raise CollectiveError(f"{call.collective} algorithms: {names + ('auto',)}; not {algorithm!r}")
+    _check_algorithm(call.collective, algorithm)
     impl = REGISTRY[call.collective, algorithm]
     reason = impl.refusal(call)
     if reason is not None:

@@ -43,9 +43,9 @@ def test_an_out_at_a_planned_address_is_checked_again(comm: FakeComm) -> None:
     for other in (FakeTensor(at, 16), FakeTensor(at, N, torch.float32), on_device(FakeTensor(at, N), 1)):
         with pytest.raises(CollectiveError, match="out must be|tensor on"):
             api.all_reduce(t, out=other)
-    assert len(comm.launches) == launched
+    assert [key.collective for key, _ in comm.launches[launched:]] == ["barrier"] * 3  # refused: its peers' meet
     api.all_reduce(t, out=FakeTensor(at, N))  # the same description: the plan again
-    assert len(comm.launches) == launched + 1
+    assert comm.launches[-1][0].collective == "all_reduce" and len(comm.launches) == launched + 4
 
 
 @pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather"])
@@ -58,7 +58,7 @@ def test_a_block_collectives_tensors_are_checked_again(comm: FakeComm, collectiv
     launched = len(comm.launches)
     with pytest.raises(CollectiveError, match="tensor on"):
         fn(FakeTensor(out_at, out_n), on_device(FakeTensor(inp_at, inp_n), 1))
-    assert len(comm.launches) == launched
+    assert [key.collective for key, _ in comm.launches[launched:]] == ["barrier"]  # only the refusal's
 
 
 def test_an_empty_call_launches_a_barrier_and_closes_the_call(comm: FakeComm, monkeypatch) -> None:
@@ -72,6 +72,23 @@ def test_an_empty_call_launches_a_barrier_and_closes_the_call(comm: FakeComm, mo
     api.all_gather(FakeTensor(next(_addresses), 0), FakeTensor(next(_addresses), 0))
     assert [key.collective for key, _ in comm.launches] == ["barrier"] * 3
     assert finished == [True] * 3
+
+
+@pytest.mark.parametrize("call", [
+    lambda: api.all_reduce(FakeTensor(next(_addresses), N), algorithm="bogus"),
+    lambda: api.all_reduce(FakeTensor(next(_addresses), 0), algorithm="bogus"),  # an empty rank checks it too
+    lambda: api.all_reduce(FakeTensor(next(_addresses), N), out=FakeTensor(next(_addresses), 16)),
+    lambda: api.all_gather(FakeTensor(next(_addresses), 3 * N), FakeTensor(next(_addresses), N)),
+    lambda: api.all_reduce(FakeTensor(next(_addresses), N), op="prod"),
+], ids=["algorithm", "empty-algorithm", "out", "all_gather-sizes", "op"])
+def test_a_call_refused_on_one_rank_launches_a_barrier_its_peers_meet_then_raises(comm: FakeComm, call) -> None:
+    """Issue 48 (low): a rank that refuses its call before launching still launches a barrier
+    of size 0 (as an empty rank does), so its peers' kernels record a size mismatch instead of
+    timing out (the communicator lost); then it raises."""
+    launched = len(comm.launches)
+    with pytest.raises(CollectiveError):
+        call()
+    assert [key.collective for key, _ in comm.launches[launched:]] == ["barrier"]
 
 
 @pytest.mark.parametrize("call", [
