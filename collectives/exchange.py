@@ -180,6 +180,6 @@ def _int64(x: int) -> int:
     return (x + (1 << 63)) % (1 << 64) - (1 << 63)
 
 
-__all__ = ["ARRIVED_WAIT", "MAX_CHUNK", "PHASES", "PLACE_BITS", "PLACE_MISMATCH", "READY_WAIT", "REFUSED",
-           "ExchangeLayout", "DTYPE_BITS", "announced", "chunk", "judge", "pack", "part", "place", "reached", "receiving",
+__all__ = ["ARRIVED_WAIT", "DTYPE_BITS", "MAX_CHUNK", "PHASES", "PLACE_BITS", "PLACE_MISMATCH", "READY_WAIT",
+           "REFUSED", "ExchangeLayout", "announced", "chunk", "judge", "pack", "part", "place", "reached", "receiving",
            "unpack", "unplace"]

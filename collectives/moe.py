@@ -491,5 +491,5 @@ def _collective(api: Any, group: Any) -> Exchange:
 
 
 __all__ = ["BUFFER_NAMES", "E4M3_MAX", "MODES", "Empty", "Exchange", "Gather", "Handle", "Pack", "PackFor",
-           "Placement", "PlacementFor", "WeightedSum", "combine", "combine_with", "dispatch", "dispatch_with", "fp8_row_bytes",
-           "gather_rows", "handle_from", "handle_tensors", "pack_rows", "place_rows", "plain", "quantize"]
+           "Placement", "PlacementFor", "WeightedSum", "combine", "combine_with", "dispatch", "dispatch_with",
+           "fp8_row_bytes", "gather_rows", "handle_from", "handle_tensors", "pack_rows", "place_rows", "plain", "quantize"]

@@ -312,8 +312,8 @@ def build(key: AllToAllKey):
                 if status != 0:
                     signals.record_error(err, status, Int32(ARRIVED_WAIT), sender, block, rank)
                 if status == Int32(TIMEOUT):  # we leave: a late sender's ready wait then times out, no store
-                    exchange.post_ready(args.slot_table, rank, sender, Int64(0), Uint32(REFUSED), signals.gave_up(calls),
-                                        world, parts)
+                    exchange.post_ready(args.slot_table, rank, sender, Int64(0), Uint32(REFUSED),
+                                        signals.gave_up(calls), world, parts)
             cute.arch.sync_threads()
             if cutlass.const_expr(not key.direct):
                 if shared[2] == Int64(0):

@@ -125,13 +125,14 @@ class ErrorRecord:
             record.zero_()
             if barrier in EXCHANGE_PHASES:  # (an all-to-all: only the pairs concerned fail)
                 rule = ("each sender's in_splits[r] must equal its receiver's out_splits[s], every split be "
-                        "0 or more rows of at most 2^32-2 elements in all, and the splits fit their tensors (a "
-                        "plain out: the staging buffer)")
+                        "0 or more rows of at most 2^32-2 elements in all, the splits fit their tensors (a "
+                        "plain out: the staging buffer), and every rank's tensors be of one dtype")
                 what = "different sizes"
             else:
-                rule = ("every rank must pass the same shape, and tensors of the same kind: all symmetric or all "
-                        "from torch's allocator, in place or with out alike, 16-byte aligned alike")
-                what = "different sizes or tensors of different kinds"
+                rule = ("every rank must make the same call (collective, dtype, op) with the same shape, and "
+                        "tensors of the same kind: all symmetric or all from torch's allocator, in place or with out "
+                        "alike, 16-byte aligned alike")
+                what = "different sizes or tensors of different kinds (or different collectives, dtypes or ops)"
             self.defer(CollectiveError(
                 f"ranks called the collective with {what}: rank {peer} disagrees with rank {rank} ({where}); {rule}"
             ))

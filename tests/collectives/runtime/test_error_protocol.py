@@ -95,7 +95,8 @@ def test_the_old_per_rank_reset_desynchronises_the_ranks(monkeypatch) -> None:
     assert runs[0][0] != runs[1][0]
 
 
-@pytest.mark.parametrize(("phase", "rule"), [(0, "every rank must pass the same shape, and tensors of the same kind"),
+@pytest.mark.parametrize(("phase", "rule"), [(0, "every rank must make the same call \\(collective, dtype, op\\) with "
+                                                  "the same shape, and tensors of the same kind"),
                                               (READY_WAIT, "in_splits\\[r\\] must equal its receiver's out_splits"),
                                               (PLACE_MISMATCH, "different allocations.*in_splits\\[r\\] must equal")])
 def test_a_size_mismatch_names_the_rule_of_its_collective(phase: int, rule: str) -> None:

@@ -560,6 +560,33 @@ def test_different_sizes_across_ranks_raise_and_the_communicator_recovers(comm, 
     assert torch.all(base == comm.world)
 
 
+def test_different_dtypes_or_collectives_across_ranks_raise_and_the_communicator_recovers(comm, backend: str) -> None:
+    """Issue 48 item 3: equal element counts, but rank 0 all-reduces f32 where the others
+    all-reduce bf16 (rank 0 would move twice the bytes), then rank 0 all-gathers where the
+    others reduce-scatter: every rank raises the recorded size mismatch (no timeout), and the
+    communicator stays usable.  One-shot, named: ``auto`` may pick Lamport for these sizes, whose
+    buffers are per element width (a Lamport f32 rank and bf16 rank never meet)."""
+    import collectives
+
+    n, world = 2048, comm.world
+    dtype = torch.float32 if comm.rank == 0 else torch.bfloat16
+    t = collectives.empty(4 * n, torch.uint8).view(dtype)[:n]  # one allocation's shape on every rank
+    with pytest.raises(collectives.CollectiveError, match="different sizes"):
+        collectives.all_reduce(t, algorithm="one_shot", backend=backend)
+        collectives.synchronize()
+    big, small = collectives.empty(world * n, torch.float32), collectives.empty(n, torch.float32)
+    with pytest.raises(collectives.CollectiveError, match="different sizes"):
+        if comm.rank == 0:
+            collectives.all_gather(big, small, algorithm="one_shot", backend=backend)
+        else:
+            collectives.reduce_scatter(small, big, algorithm="one_shot", backend=backend)
+        collectives.synchronize()
+    small.fill_(1)
+    collectives.all_reduce(small, algorithm="one_shot", backend=backend)
+    collectives.synchronize()
+    assert torch.all(small == world)
+
+
 def test_barrier_back_to_back(comm, backend: str) -> None:
     import collectives
 

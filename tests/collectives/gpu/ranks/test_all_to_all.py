@@ -115,7 +115,29 @@ def check_mismatch_then_correct_calls(rank: int, world: int, group, calls: int =
                  device_splits=bool(i % 3 == 0))
 
 
-CHECKS = [check_routings, check_equal_splits, check_mismatch_then_correct_calls]
+def check_dtype_mismatch_then_correct_calls(rank: int, world: int, group, calls: int = 20) -> None:
+    """Issue 48 item 3: rank 0 sends and receives f32 where every other rank has bf16, equal
+    element counts (rank 0's chunks are twice the bytes its peers' buffers take): every pair
+    with rank 0 fails on both ends (every rank raises the recorded mismatch, no timeout, no
+    byte past a bf16 output), then ``calls`` correct calls in a row."""
+    import collectives
+
+    dtype = torch.float32 if rank == 0 else torch.bfloat16
+    rows = [2] * world
+    inp = torch.ones((sum(rows), 8), dtype=dtype, device="cuda")
+    guard = torch.full((sum(rows) + 4, 8), 7, dtype=dtype, device="cuda")
+    out = guard[:sum(rows)]
+    with pytest.raises(collectives.CollectiveError, match="different sizes"):  # a timeout would not say so
+        collectives.all_to_all(out, inp, rows, rows, group=group)
+        collectives.synchronize(group)
+    assert torch.all(guard[sum(rows):] == 7), "a wider sender's bytes landed past this rank's output"
+    for i in range(calls):
+        one_call(rank, world, group, splits(world, 2000 + i, 5), 32, "bf16", i, symmetric_out=bool(i % 2),
+                 device_splits=False)
+
+
+CHECKS = [check_routings, check_equal_splits, check_mismatch_then_correct_calls,
+          check_dtype_mismatch_then_correct_calls]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)

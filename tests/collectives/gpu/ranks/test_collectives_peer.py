@@ -27,6 +27,7 @@ from tests.collectives.gpu.ranks.collectives_cases import (  # noqa: F401  (the 
     test_10000_back_to_back_calls_of_mixed_sizes,
     test_cuda_graph_replay_matches_eager,
     test_different_sizes_across_ranks_raise_and_the_communicator_recovers,
+    test_different_dtypes_or_collectives_across_ranks_raise_and_the_communicator_recovers,
     test_barrier_back_to_back,
 )
 
