@@ -32,10 +32,10 @@ def algorithms(collective: str) -> tuple[str, ...]:
     return tuple(name for c, name in REGISTRY if c == collective)
 
 
-#: Every (collective, dtype, op) whose barriers compare size words: its index is its tag
-#: (:func:`signature`).  An all-gather and the barrier pass ``"sum"``.
+#: Every collective, dtype and op whose barriers compare size words, as triples; a triple's
+#: index is its tag (:func:`signature`).  An all-gather and the barrier pass ``"sum"``.
 CALL_TAGS = tuple(product(("barrier", "all_reduce", "reduce_scatter", "all_gather"), DTYPES, OPS))
-#: The lowest bit of a tag in the size word: the tags take the bits just below the kinds.
+#: The lowest bit of a tag in the size word (the tags take the bits just below the kinds).
 TAG_SHIFT = KIND_SHIFT - (len(CALL_TAGS) - 1).bit_length()
 
 
