@@ -116,20 +116,38 @@ class World:
         self.records: list[list] = [[] for _ in range(world)]  # (call, record, status, barrier, peer, block)
         self.passes: list[int] = [0] * world
         signals = source.signals
-        original = signals.wait_peers
+        original, record_error, cas = signals.wait_peers, signals.record_error, signals.ptxops.atom_cas
+        #: (rank, call, record address) -> the fields of the failure whose compare-and-swap
+        #: claimed the record (the first failure: the one the record must hold).
+        self.claims: dict[tuple, tuple] = {}
 
         def checked_wait(*args, **kwargs):
             ok = original(*args, **kwargs)
             self._check(arguments(original, args, kwargs), ok)
             return ok
 
-        signals.wait_peers = checked_wait
+        def failing(*args, **kwargs):
+            me().failure = arguments(record_error, args, kwargs)
+            try:
+                return record_error(*args, **kwargs)
+            finally:
+                me().failure = None
+
+        def claim(ptr, *args, **kwargs):
+            old = cas(ptr, *args, **kwargs)
+            failure, ctx = getattr(me(), "failure", None), me().ctx
+            if failure is not None and old.v == 0:
+                self.claims[ctx.rank, ctx.call, ptr.address] = tuple(
+                    int(failure[f]) for f in ("status", "barrier", "peer", "block", "rank"))
+            return old
+
+        signals.wait_peers, signals.record_error, signals.ptxops.atom_cas = checked_wait, failing, claim
         try:
             for r in range(world):
                 sim.spawn(lambda r=r: self._host(r), Context(rank=r))
             sim.run()
         finally:
-            signals.wait_peers = original
+            signals.wait_peers, signals.record_error, signals.ptxops.atom_cas = original, record_error, cas
 
     def _bare(self, size: int) -> bool:
         """Whether a rank bringing ``size`` launches the barrier: the barrier collective, or an
@@ -167,6 +185,10 @@ class World:
                 status, barrier, peer, block, rank = mem.words(at, len(ERROR_FIELDS))
                 if status:
                     self.records[r].append((c, index, status, barrier, peer, block))
+                    claimed = self.claims.get((r, c, at))
+                    if claimed != (status, barrier, peer, block, rank):
+                        raise Hazard(f"rank {r} call {c}: record {index} holds {(status, barrier, peer, block, rank)}, "
+                                     f"not the fields of the failure that claimed it first, {claimed}")
                 for i in range(len(ERROR_FIELDS)):
                     mem.store(at + 4 * i, 0, Int32)
 
@@ -277,12 +299,13 @@ def an_empty_rank(source) -> None:
         assert world.counts() == {3 * CALL_EPOCHS}
 
 
-def late_rank(source, collective: str = "barrier", multicast: bool = False) -> None:
+def late_rank(source, collective: str = "barrier", multicast: bool = False, size: int = EQUAL) -> None:
     """Rank 1 starts its only call two timeouts late: rank 0 times out waiting for it (the
     fatal record), and rank 1, arriving after, must not pass on rank 0's signal (rank 0 left
-    the call failing): a timeout too."""
+    the call failing): a timeout too.  (``size`` :data:`WIDE`: two blocks, two failures a rank,
+    of which the record holds the first's fields.)"""
     for seed in SEEDS:
-        world = World(2, [[EQUAL, EQUAL]], seed, collective, late={1: (0, 2 * LATE)}, multicast=multicast,
+        world = World(2, [[size, size]], seed, collective, late={1: (0, 2 * LATE)}, multicast=multicast,
                       source=source)
         assert world.statuses(0) == {(0, FATAL_RECORD, TIMEOUT)}, world.records
         assert world.statuses(1) == {(0, FATAL_RECORD, TIMEOUT)}, world.records
@@ -330,6 +353,12 @@ def test_a_rank_that_arrives_after_its_peer_gave_up_times_out_too(collective: st
     late_rank(SOURCE, collective, multicast)
 
 
+def test_the_error_record_holds_the_first_failures_fields() -> None:
+    """Two blocks of each rank time out: each record holds the fields of the failure that
+    claimed it (checked in every run, :class:`World`)."""
+    late_rank(SOURCE, "all_reduce", size=WIDE)
+
+
 def test_a_rank_two_calls_behind_does_not_pass_on_a_later_calls_word() -> None:
     rank_two_calls_behind(SOURCE)
 
@@ -362,6 +391,10 @@ MUTATIONS = {
     "no sync before a bare barrier's leave_call": (
         "design", "        if cutlass.const_expr(move is None):\n            # A bare", "        if False:\n            # A bare",
         functools.partial(equal_calls_across_the_wrap, collective="barrier")),
+    "no first-failure claim of the error record": (
+        "signals", 'sem="relaxed", scope="sys") == 0:\n        ptxops.st(record + 1',
+        'sem="relaxed", scope="sys") != 7:\n        ptxops.st(record + 1',
+        functools.partial(late_rank, collective="all_reduce", size=WIDE)),
     "no word left by a rank that gave up": (
         "signals", "        if status == Int32(TIMEOUT):\n            word =",
         "        if status == Int32(-7):\n            word =", late_rank),
