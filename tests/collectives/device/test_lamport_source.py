@@ -36,6 +36,7 @@ from collectives.device.lamport import negative_zero  # noqa: E402
 FAKES = fakes()
 Int32, Int64, Uint32 = FAKES["cutlass"].Int32, FAKES["cutlass"].Int64, FAKES["cutlass"].Uint32
 THREADS, SLOT, PARTS, BLOCKS = 4, 64, 4, 2
+NEGATIVE_ZERO = negative_zero(32, 32)  # an f32 -0.0's bits
 
 
 def combine(a: list, b: list, op: str) -> list:
@@ -72,9 +73,12 @@ class World:
     pattern)."""
 
     def __init__(self, world: int, calls: list, seed: int, source: types.ModuleType = SOURCE,
-                 kernels: dict | None = None) -> None:
+                 kernels: dict | None = None, word: types.FunctionType | None = None) -> None:
+        """``word(c, r, i)``: rank ``r``'s input word ``i`` of call ``c`` (default: :meth:`word`)."""
         self.world = world
         self.calls = [call if isinstance(call, tuple) else (["all_reduce"] * world, call) for call in calls]
+        if word is not None:
+            self.word = word
         self.sim = sim = Sim(seed, speed={0: 8})  # rank 0 fast: it reads before rank 1's data lands
         self.rng = random.Random(seed)
         mem = sim.memory
@@ -137,7 +141,8 @@ class World:
         if collective == "all_gather":
             return [self.word(c, q, i) for q in ranks for i in range(n)]
         first = rank * n if collective == "reduce_scatter" else 0
-        return [sum(self.word(c, q, first + i) for q in ranks) for i in range(n)]
+        plus_zero = lambda w: 0 if w == NEGATIVE_ZERO else w  # noqa: E731  (what the kernel sends)
+        return [sum(plus_zero(self.word(c, q, first + i)) for q in ranks) % (1 << 32) for i in range(n)]
 
 
 def agreeing_calls_are_summed_and_a_mismatch_is_cleaned_up(source: types.ModuleType) -> None:
@@ -151,6 +156,32 @@ def agreeing_calls_are_summed_and_a_mismatch_is_cleaned_up(source: types.ModuleT
             for c in range(len(calls)):
                 if c != 2:
                     assert world.results[r][c] == world.expected(c, r), (r, c)
+
+
+def negative_zeros_are_sent_as_positive_zeros(source: types.ModuleType) -> None:
+    """Inputs holding -0.0 (the empty slot's bits) in whole vectors and in the tail: each is
+    sent as +0.0, so no receiver takes it for a slot not yet written (issue 48 item 7)."""
+    def word(c, r, i):
+        return NEGATIVE_ZERO if (i + r + c) % 3 == 0 else 1000 * (c + 1) + 100 * r + i
+
+    for seed in range(2):
+        world = World(2, [[6, 6], [8, 8]], seed, source, word=word)
+        assert world.records == [[], []], world.records
+        for r in range(2):
+            for c in range(2):
+                assert world.results[r][c] == world.expected(c, r), (r, c)
+
+
+def test_negative_zeros_are_sent_as_positive_zeros() -> None:
+    negative_zeros_are_sent_as_positive_zeros(SOURCE)
+
+
+def test_a_negative_zero_sent_as_is_fails_the_check() -> None:
+    """The edit the review found passing every CPU test: the input sent without making it canonical."""
+    with pytest.raises(AssertionError):
+        negative_zeros_are_sent_as_positive_zeros(kernels((
+            ("            words[i] = lamport.canonical(words[i], self.bits)",
+             "            words[i] = words[i]"),)))
 
 
 def test_agreeing_calls_are_summed_and_a_mismatch_is_cleaned_up() -> None:
