@@ -41,6 +41,7 @@ every backend runs this (peer) kernel.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import cutlass
@@ -58,6 +59,7 @@ from ..dtypes import DTYPES, dtype as registered
 from ..exchange import ARRIVED_WAIT, MAX_CHUNK, PLACE_MISMATCH, READY_WAIT, REFUSED, ExchangeLayout
 from ..device.kernel_args import Arg, KernelArgs, Layout
 from ..device.launch import check_threads, launcher
+from .family import SNAPSHOT_WORLDS, Family, register
 from .residency import CoResidencyError, Residency, share
 
 #: Most thread blocks of an all-to-all kernel (``world x parts``): all resident at once on an
@@ -324,5 +326,29 @@ def build(key: AllToAllKey):
     return launcher(kernel, key.threads, key.blocks, pdl=key.pdl, layout=ALL_TO_ALL)
 
 
-__all__ = ["ALL_TO_ALL", "DEFAULT_BLOCKS", "MAX_BLOCKS", "UNROLL", "AllToAllKey", "Transport", "build", "chunk_of",
+def _to_text(key: AllToAllKey) -> str:
+    return f"all_to_all/push/peer/{key.dtype}/w{key.world}/p{key.parts}/t{key.threads}/d{int(key.direct)}"
+
+
+def _from_text(kid: str) -> AllToAllKey:
+    _, _, _, dtype, world, parts, threads, direct = kid.split("/")
+    return AllToAllKey(dtype, int(world[1:]), parts=int(parts[1:]), threads=int(threads[1:]), direct=direct == "d1")
+
+
+def _snapshot() -> list[str]:
+    """The all-to-all's kernels: dtype x world x staged or direct, as the runtime launches them."""
+    return [_to_text(AllToAllKey(dtype, world, default_parts(world), direct=direct))
+            for dtype, world, direct in itertools.product(DTYPES, SNAPSHOT_WORLDS, (False, True))]
+
+
+def _facets(kid: str) -> tuple[tuple, ...]:
+    key = _from_text(kid)
+    return ("all_to_all", key.dtype), ("all_to_all", key.world, key.direct)
+
+
+FAMILY = register(Family("all_to_all", AllToAllKey, ("all_to_all",), ALL_TO_ALL, build, _snapshot, _to_text,
+                         _from_text, _facets))
+
+
+__all__ = ["ALL_TO_ALL", "FAMILY", "DEFAULT_BLOCKS", "MAX_BLOCKS", "UNROLL", "AllToAllKey", "Transport", "build", "chunk_of",
            "default_parts", "grid"]
