@@ -23,9 +23,10 @@ import torch
 
 from . import config
 from .algorithms import REGISTRY, Call, tuning
+from .algorithms.all_to_all import AllToAllCall
 from .algorithms.base import algorithms
 from .algorithms.plan import capturing as _capturing
-from .config import BACKENDS, OPS, VECTOR_BYTES
+from .config import BACKENDS, COLLECTIVES, OPS, VECTOR_BYTES
 from .dtypes import from_torch
 from .errors import CollectiveError
 from .runtime import all_to_all as exchange
@@ -164,15 +165,15 @@ def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits
     module); the pairs that agree complete.  ``group`` as for :func:`empty`.
 
     A call like an earlier one (the same tensors, split values or split tensors) launches that
-    call's prepared launch from the communicator's plan cache
-    (:func:`collectives.runtime.all_to_all.all_to_all`); split tensors are read by the kernel,
-    so new values in them cost nothing on the host."""
+    call's plan from the communicator's plan cache (:func:`collectives.runtime.all_to_all.plan_key`),
+    after the communicator's last collective as every collective; split tensors are read by the
+    kernel, so new values in them cost nothing on the host."""
     if _compiling():
         traceable(group, "all_to_all")
         return moe_ops.traced_all_to_all(out, inp, out_splits, in_splits)
     comm = _begin(group)
-    exchange.all_to_all(comm, out, inp, out_splits, in_splits)
-    comm.errors.finish()
+    key = exchange.plan_key(comm, out, inp, out_splits, in_splits)
+    _launch(comm, key, "push", "peer", _all_to_all_call, out, inp, out_splits, in_splits)
     return out
 
 
@@ -190,8 +191,9 @@ def _begin(group: Any) -> Communicator:
 def _launch(comm: Communicator, key: tuple, algorithm: str, backend: str, describe: Callable[..., Call | None],
             *args: Any) -> None:
     """Launch the cached plan of ``key``; on a miss, describe the call (``describe(comm,
-    *args)``: its checks and :class:`Call`; None when this rank has nothing to move) and plan
-    it with ``algorithm``.  Then close the call (raising a deferred error).  A new collective is
+    *args)``: its checks and :class:`Call`, an all-to-all's
+    :class:`~collectives.algorithms.all_to_all.AllToAllCall`; None when this rank has nothing
+    to move) and plan it with ``algorithm``.  Then close the call (raising a deferred error).  A new collective is
     its public function (``_begin``, its key, ``_launch``) and its describing function.
 
     The key holds every argument the plan and the checks depend on, each caller tensor as
@@ -214,7 +216,9 @@ def _launch(comm: Communicator, key: tuple, algorithm: str, backend: str, descri
         except CollectiveError:
             # Refused on this rank: its peers' kernels meet a barrier of size 0 and record a
             # size mismatch, instead of waiting for a launch that never comes (a fatal timeout).
-            comm.barrier(backend if backend in BACKENDS else "auto")
+            # (The all-to-all's kernels meet no barrier: it only raises.)
+            if key[0] in COLLECTIVES:
+                comm.barrier(backend if backend in BACKENDS else "auto")
             raise
         if plan is None:
             comm.barrier(backend)
@@ -256,7 +260,7 @@ def _check_algorithm(collective: str, algorithm: str) -> None:
         raise CollectiveError(f"{collective} algorithms: {names + ('auto',)}; not {algorithm!r}")
 
 
-def _plan(comm: Communicator, call: Call, algorithm: str):
+def _plan(comm: Communicator, call: Call | AllToAllCall, algorithm: str):
     """The plan of ``call``: ``algorithm`` (``"auto"``: :func:`collectives.algorithms.tuning.choose`)
     asked whether it can run the call, then for its plan."""
     if algorithm == "auto":
@@ -283,6 +287,13 @@ def _all_reduce_call(comm: Communicator, t: torch.Tensor, op: str, backend: str,
     return Call("all_reduce", result, t, dtype, op, comm.choose_backend(backend, dtype, op), comm.world,
                 n=t.numel(), nbytes=t.numel() * t.element_size(), symmetric=comm.ctx.is_symmetric(t),
                 in_place=out is None, whole_vectors=True, pointers_aligned=_aligned(t, result), capturing=capturing)
+
+
+def _all_to_all_call(comm: Communicator, out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits,
+                     in_splits: exchange.Splits) -> AllToAllCall:
+    """The call of an all-to-all (its plan checks the tensors and splits: every rank launches,
+    an empty one too)."""
+    return AllToAllCall(out, inp, out_splits, in_splits)
 
 
 def _block_call(comm: Communicator, collective: str, out: torch.Tensor, inp: torch.Tensor, op: str, backend: str,

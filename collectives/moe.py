@@ -41,7 +41,6 @@ same code runs over the reference in a simulated world (the CPU tests).
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -450,8 +449,6 @@ def _world() -> int:
     return communicator().world
 
 
-#: Each communicator's receive buffers, by (communicator id, name, shape, dtype).
-_BUFFERS: dict[tuple, torch.Tensor] = {}
 #: The receive buffers' names; buffer ``i``'s growth is agreed as slot ``-(8 + i)``
 #: (:meth:`~collectives.runtime.communicator.Communicator.agree_growth`; the Lamport buffers
 #: take -1, -2, -4).
@@ -460,27 +457,19 @@ BUFFER_NAMES = ("dispatch", "combine")
 
 def _symmetric(group: Any) -> Empty:
     """Receive buffers in ``group``'s symmetric memory (the all-to-all stores into them
-    directly), allocated once per name, shape and dtype (collective: every rank asks for the
-    same) and reused: the next all-to-all into one waits for its receiver, which has finished
-    with it by then (stream order).  A rank that has no buffer of the shape first agrees the
-    allocation with every rank (bounded by the communicator's timeout): where the others have
-    one cached (a shape that differs on this rank: ``max_tokens=None`` with fewer tokens here,
-    another top-k or hidden size), it raises CollectiveError instead of entering the
-    collective allocation alone."""
-    from . import api
+    directly): its communicator's
+    (:meth:`~collectives.runtime.communicator.Communicator.receive_buffer`), allocated once per
+    name, shape and dtype (collective: every rank asks for the same) and reused: the next
+    all-to-all into one waits for its receiver, which has finished with it by then (stream
+    order).  A rank that has no buffer of the shape first agrees the allocation with every
+    rank (bounded by the communicator's timeout): where the others have one cached (a shape
+    that differs on this rank: ``max_tokens=None`` with fewer tokens here, another top-k or
+    hidden size), it raises CollectiveError instead of entering the collective allocation
+    alone."""
     from .runtime.communicator import communicator
 
     comm = communicator(group)
-
-    def empty(name: str, shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        key = (id(comm), name, shape, dtype)
-        buffer = _BUFFERS.get(key)
-        if buffer is None:
-            comm.agree_growth(-(8 + BUFFER_NAMES.index(name)), math.prod(shape) * dtype.itemsize)
-            buffer = _BUFFERS[key] = api.empty(shape, dtype, group=comm)
-        return buffer
-
-    return empty
+    return lambda name, shape, dtype, device: comm.receive_buffer(name, shape, dtype, -(8 + BUFFER_NAMES.index(name)))
 
 
 def _collective(api: Any, group: Any) -> Exchange:

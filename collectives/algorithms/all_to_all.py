@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import cutlass
 import cutlass.cute as cute
@@ -56,10 +57,12 @@ from ..config import MAX_WORLD, SIZE_MISMATCH, TIMEOUT, VECTOR_BYTES
 from ..device import exchange, signals
 from ..device.signals import LOCAL, PEER
 from ..dtypes import DTYPES, dtype as registered
-from ..exchange import ARRIVED_WAIT, MAX_CHUNK, PLACE_MISMATCH, READY_WAIT, REFUSED, ExchangeLayout
+from ..exchange import ARRIVED_WAIT, MAX_CHUNK, PHASES, PLACE_MISMATCH, READY_WAIT, REFUSED, ExchangeLayout
 from ..device.kernel_args import Arg, KernelArgs, Layout
 from ..device.launch import check_threads, launcher
+from .base import Algorithm
 from .family import SNAPSHOT_WORLDS, Family, register
+from .protocol import Runtime
 from .residency import CoResidencyError, Residency, share
 
 #: Most thread blocks of an all-to-all kernel (``world x parts``): all resident at once on an
@@ -326,6 +329,38 @@ def build(key: AllToAllKey):
     return launcher(kernel, key.threads, key.blocks, pdl=key.pdl, layout=ALL_TO_ALL)
 
 
+@dataclass(frozen=True)
+class AllToAllCall:
+    """One all-to-all call as the API received it (its plan checks it): ``inp``'s rows to
+    ``out`` as the splits say (:func:`collectives.all_to_all`)."""
+
+    out: Any
+    inp: Any
+    out_splits: Any
+    in_splits: Any
+    collective: ClassVar[str] = "all_to_all"
+
+
+class PushAllToAll(Algorithm):
+    """The all-to-all as an algorithm of the one call path (``api._launch``): its plan is
+    made by the communicator's exchange part
+    (:meth:`~collectives.algorithms.protocol.Runtime.exchange`: the slot region, the staging
+    buffer, the split tensors), a :class:`~collectives.algorithms.plan.Plan` that follows the
+    communicator's stream order like every collective's."""
+
+    collectives = ("all_to_all",)
+    name = "push"
+    stages_in = "never"
+    barriered = False
+    phases = PHASES
+
+    def plan(self, comm: Runtime, call: AllToAllCall) -> Any:
+        return comm.exchange().plan(call)
+
+    def build(self, key: AllToAllKey) -> Any:
+        return build(key)
+
+
 def _to_text(key: AllToAllKey) -> str:
     return f"all_to_all/push/peer/{key.dtype}/w{key.world}/p{key.parts}/t{key.threads}/d{int(key.direct)}"
 
@@ -350,5 +385,5 @@ FAMILY = register(Family("all_to_all", AllToAllKey, ("all_to_all",), ALL_TO_ALL,
                          _from_text, _facets))
 
 
-__all__ = ["ALL_TO_ALL", "FAMILY", "DEFAULT_BLOCKS", "MAX_BLOCKS", "UNROLL", "AllToAllKey", "Transport", "build", "chunk_of",
+__all__ = ["ALL_TO_ALL", "FAMILY", "AllToAllCall", "PushAllToAll", "DEFAULT_BLOCKS", "MAX_BLOCKS", "UNROLL", "AllToAllKey", "Transport", "build", "chunk_of",
            "default_parts", "grid"]

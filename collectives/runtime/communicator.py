@@ -5,8 +5,11 @@ One :class:`Communicator` sits on the open symmetric-memory :class:`~collectives
 (:class:`~collectives.runtime.error_record.ErrorRecord`), the kernel views of symmetric buffers
 (:class:`~collectives.runtime.views.BufferViews`), the staging buffers
 (:class:`~collectives.runtime.staging.StagingPool`) and plans, the compiled kernels
-(:class:`~collectives.runtime.kernels.KernelCache`) and the stream flags
-(:class:`~collectives.runtime.stream_flags.StreamFlags`).  Everything a launch needs that is not a
+(:class:`~collectives.runtime.kernels.KernelCache`), the stream flags
+(:class:`~collectives.runtime.stream_flags.StreamFlags`), and, made at their first use, the
+all-to-all's slots and staging (:class:`~collectives.runtime.all_to_all.Exchange`) and the MoE
+layer's receive buffers (:meth:`Communicator.receive_buffer`).  They live as long as the
+communicator: one whose context closed is dropped (:func:`communicator`), and its parts with it.  Everything a launch needs that is not a
 runtime argument is cached: compiled kernels per :class:`~collectives.algorithms.KernelKey`, device
 tables of peer addresses per buffer.  Build those before a CUDA-graph capture (one eager call
 warms them).  The communicator itself holds the per-call protocol: what plans read
@@ -16,6 +19,7 @@ parts' (``comm.errors.poll()``, ``comm.stream_flags.post(i)``, ...).
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -31,6 +35,7 @@ from ..config import CALL_EPOCHS, PadLayout, Slot
 from ..errors import CollectiveError
 from ..symmetric.bootstrap import init
 from ..symmetric.context import Context, current
+from .all_to_all import Exchange
 from .error_record import ErrorRecord
 from ..algorithms.residency import Occupancy, Residency, SmLimits
 from .kernels import KernelCache, compile_target, occupancy
@@ -72,6 +77,9 @@ class Communicator:
         self.pool = StagingPool(ctx, self.plans, self.views.forget, self.agree_growth)
         #: The Lamport all-reduce's receive buffers by element bytes (:mod:`collectives.algorithms.lamport`).
         self.lamport_buffers: dict[int, torch.Tensor] = {}
+        #: The MoE layer's receive buffers by (name, shape, dtype) (:meth:`receive_buffer`).
+        self.receive_buffers: dict[tuple, torch.Tensor] = {}
+        self._exchange: Exchange | None = None
         self.turn = 0  # which of staging slots TURN_0/TURN_1 the next single-barrier collective uses
         self.stream: int | None = None  # the last collective's stream (algorithms.plan.follow)
         self.stream_captured = False
@@ -116,6 +124,26 @@ class Communicator:
     def buffer(self, t: torch.Tensor) -> Buffer:
         """The kernel view of symmetric tensor ``t`` (cached by address)."""
         return self.views.get(t)
+
+    def exchange(self) -> Exchange:
+        """The all-to-all's part (made at the first all-to-all: collective; its call count
+        starts at :func:`seed_epoch`)."""
+        if self._exchange is None:
+            self._exchange = Exchange(self, seed_epoch())
+        return self._exchange
+
+    def receive_buffer(self, name: str, shape: tuple, dtype: torch.dtype, slot: int) -> torch.Tensor:
+        """The symmetric receive buffer ``name`` of ``shape`` and ``dtype`` (the MoE layer's,
+        :mod:`collectives.moe`), allocated at its first ask, after every rank agreed the growth
+        of ``slot`` (:meth:`agree_growth`: every rank asks for the same), and then reused: the
+        next all-to-all into it waits for its receiver, which has finished with it by then
+        (stream order)."""
+        key = (name, shape, dtype)
+        buffer = self.receive_buffers.get(key)
+        if buffer is None:
+            self.agree_growth(slot, math.prod(shape) * dtype.itemsize)
+            buffer = self.receive_buffers[key] = self.ctx.empty(shape, dtype)
+        return buffer
 
     def agree_growth(self, what: int, nbytes: int) -> None:
         """Before a collective allocation that a call makes (staging slot ``what`` growing to

@@ -57,6 +57,7 @@ class FakeHeap:
     rank: int = 0
     device: int = 0
     backend: str = "peer"
+    generation: int = 0
     live: dict[int, torch.Tensor] = field(default_factory=dict)
     freed: dict[int, torch.Tensor] = field(default_factory=dict)
     log: list[tuple] = field(default_factory=list)
@@ -128,6 +129,7 @@ class FakeComm(Communicator):
         self.views = FakeViews(self.world)
         self.pool = StagingPool(heap, self.plans, self.views.forget, self.agree_growth)
         self.lamport_buffers = {}
+        self.receive_buffers, self._exchange = {}, None
         self.turn = 0
         self.stream, self.stream_captured = None, False
         self.sms = 132
