@@ -34,6 +34,7 @@ from ..algorithms.rules import resolve_backend
 from ..config import CALL_EPOCHS, PadLayout, Slot
 from ..errors import CollectiveError
 from ..symmetric.bootstrap import init
+from ..symmetric.capability import choose_backend
 from ..symmetric.context import Context, current
 from .all_to_all import Exchange
 from .error_record import ErrorRecord
@@ -197,7 +198,7 @@ class Communicator:
     def choose_backend(self, requested: str, dtype: str, op: str = "sum") -> str:
         """The backend a collective reducing ``dtype`` by ``op`` uses on this context
         (:func:`collectives.algorithms.rules.resolve_backend`)."""
-        return resolve_backend(requested, self.ctx.caps, self.ctx.backend, dtype, op,
+        return resolve_backend(requested, lambda r: choose_backend(r, self.ctx.caps), self.ctx.backend, dtype, op,
                                lambda: compile_target(self.device_index))
 
     def barrier(self, backend: str = "auto") -> None:
