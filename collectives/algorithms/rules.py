@@ -6,11 +6,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..config import MULTICAST_PATHS, PTX_OP, multimem_reduces
+from ..config import MULTICAST_PATHS, PTX_OP
 from ..dtypes import dtype as _dtype
 from ..errors import CollectiveError, MulticastUnavailable
 
-__all__ = ["REDUCING", "key_backend_refusal", "resolve_backend"]
+
+def multimem_reduces(dtype: str, op: str) -> bool:
+    """Whether ``multimem.ld_reduce`` has a form reducing ``dtype`` by ``op`` on any target,
+    as ptxops' spec says (PTX has no ``.min``/``.max`` of ``.f32``, for one)."""
+    from ptxops import spec
+
+    return spec.family("multimem.ld_reduce").complete(type=dtype, op=PTX_OP[op]) is not None
+
+
+__all__ = ["REDUCING", "key_backend_refusal", "multimem_reduces", "resolve_backend"]
 
 
 #: Collectives whose multicast path reduces with ``multimem.ld_reduce``.

@@ -14,7 +14,8 @@ import pytest
 from collectives.algorithms.rules import key_backend_refusal, resolve_backend
 from collectives.symmetric.capability import Capabilities, choose_backend
 from collectives.algorithms import KernelKey
-from collectives.config import BACKENDS, COLLECTIVES, MULTICAST_PATHS, OPS, PTX_OP, multimem_reduces
+from collectives.config import BACKENDS, COLLECTIVES, MULTICAST_PATHS, OPS, PTX_OP
+from collectives.algorithms.rules import multimem_reduces
 from collectives.dtypes import DTYPES
 from collectives.errors import CollectiveError, MulticastUnavailable
 

@@ -321,7 +321,7 @@ def test_push_reduce_scatter_stores_to_peers_and_reduces_locally(backend: str, w
 def test_push_all_reduce_keeps_both_barriers_and_slices_whole_vectors() -> None:
     """Push all-reduce: the input goes straight to its owners (stage_in), the second barrier
     guards the pull of the owners' results, so it cannot be dropped; slices are whole vectors."""
-    from collectives.config import push_slice_elements
+    from collectives.algorithms.push import push_slice_elements
 
     with pytest.raises(ValueError, match="end barrier"):
         KernelKey("all_reduce", "push", "peer", "bf16", 4, stage_in=True, end_barrier=False)
