@@ -1,7 +1,7 @@
 """MoE dispatch and combine (collectives.moe) in a simulated world on the CPU: ``world`` threads,
 one per rank, whose all-to-alls meet at a barrier and move rows with the reference
-(:mod:`collectives.all_to_all_reference`), checked bit for bit against the reference MoE layer
-(:mod:`collectives.moe_reference`)."""
+(:mod:`collectives.reference.all_to_all`), checked bit for bit against the reference MoE layer
+(:mod:`collectives.reference.moe`)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 from collectives import moe  # noqa: E402
-from collectives.all_to_all_reference import all_to_all as reference_all_to_all  # noqa: E402
+from collectives.reference.all_to_all import all_to_all as reference_all_to_all  # noqa: E402
 from collectives.errors import CollectiveError  # noqa: E402
-from collectives.moe_reference import expert_fn, reference, routing  # noqa: E402
+from collectives.reference.moe import expert_fn, reference, routing  # noqa: E402
 
 
 class World:

@@ -89,3 +89,10 @@ def test_the_collectives_cases_run_once_per_backend() -> None:
              if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")}
     assert _names(ranks / "test_collectives_peer.py") == set(cases)
     assert _names(ranks / "test_collectives_emulated.py") == {n for n, per_backend in cases.items() if per_backend}
+
+
+def test_collectives_has_at_most_twelve_top_level_modules() -> None:
+    """A face per feature at the top (issue 47); the rest lives in the wings and packages
+    (``reference/``: the tests' models)."""
+    modules = sorted(p.name for p in (ROOT / "collectives").glob("*.py"))
+    assert len(modules) <= 12, modules

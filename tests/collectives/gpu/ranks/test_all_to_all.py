@@ -1,5 +1,5 @@
 """The uneven all-to-all on real GPUs, bit for bit against the reference
-(:mod:`collectives.all_to_all_reference`).
+(:mod:`collectives.reference.all_to_all`).
 
 Each check is a function of ``(rank, world, group)`` (``group``: what every collectives call
 takes), so it runs under torchrun and in a one-GPU world of threads alike.  Every rank builds
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.multigpu
 torch = pytest.importorskip("torch")
 from tests.collectives.gpu.ranks.collectives_cases import TORCH, comm  # noqa: E402,F401  (the communicator fixture)
 
-from collectives.all_to_all_reference import all_to_all as reference  # noqa: E402
+from collectives.reference.all_to_all import all_to_all as reference  # noqa: E402
 
 
 def inputs(world: int, m: list, hidden: int, dtype: torch.dtype, seed: int) -> list:
