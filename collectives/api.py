@@ -31,11 +31,11 @@ from .dtypes import from_torch
 from .errors import CollectiveError
 from .runtime import all_to_all as exchange
 from .runtime import moe_ops, torch_ops
-from .runtime.communicator import Communicator, communicator, traceable
+from .runtime.communicator import Communicator, Group, communicator, traceable
 from .runtime.staging import tensor_key
 
 
-def empty(shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32, *, group: Any = None) -> torch.Tensor:
+def empty(shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32, *, group: Group = None) -> torch.Tensor:
     """A tensor in ``group``'s symmetric memory (collective over the group: every rank asks for
     the same shape); zero-copy in that group's collectives.  ``group``, in every function here:
     None (every rank), a ``torch.distributed`` ProcessGroup or one-dimensional DeviceMesh
@@ -44,14 +44,14 @@ def empty(shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32, *, g
     return communicator(group).ctx.empty(shape, dtype)
 
 
-def synchronize(group: Any = None) -> None:
+def synchronize(group: Group = None) -> None:
     """Wait for this rank's queued collectives and raise any error a kernel of ``group``'s
     communicator recorded (:class:`~collectives.CollectiveTimeout`, size mismatch across ranks)."""
     torch.cuda.current_stream().synchronize()
     communicator(group).errors.check()
 
 
-def barrier(backend: str = "auto", *, group: Any = None) -> None:
+def barrier(backend: str = "auto", *, group: Group = None) -> None:
     """A device-side barrier of every rank on the current stream (no host sync; a rank that
     never arrives surfaces as CollectiveTimeout at the next collective or :func:`synchronize`).
     ``backend`` as for :func:`all_reduce`."""
@@ -71,7 +71,7 @@ def all_reduce(
     backend: str = "auto",
     *,
     out: torch.Tensor | None = None,
-    group: Any = None,
+    group: Group = None,
 ) -> torch.Tensor:
     """Reduce ``t`` across ranks (sum, min or max) in place, or into ``out``; return the result.
 
@@ -102,7 +102,7 @@ def all_reduce(
 
 def reduce_scatter(
     out: torch.Tensor, inp: torch.Tensor, op: str = "sum", algorithm: str = "auto", backend: str = "auto",
-    *, max_blocks: int | None = None, group: Any = None,
+    *, max_blocks: int | None = None, group: Group = None,
 ) -> torch.Tensor:
     """``out`` (M elements) = the reduction over ranks of block ``rank`` of ``inp`` (W*M
     elements).  ``algorithm``: ``"one_shot"``, ``"tma"`` (bulk copies on at most a quarter of
@@ -128,7 +128,7 @@ def reduce_scatter(
 
 
 def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", backend: str = "auto",
-               *, max_blocks: int | None = None, group: Any = None) -> torch.Tensor:
+               *, max_blocks: int | None = None, group: Group = None) -> torch.Tensor:
     """Block ``r`` of ``out`` (W*M elements) = rank ``r``'s ``inp`` (M elements), on every rank.
 
     Each rank stores its ``inp`` into block ``rank`` of every rank's symmetric buffer (one
@@ -150,7 +150,7 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
 
 
 def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits = None,
-               in_splits: exchange.Splits = None, *, group: Any = None) -> torch.Tensor:
+               in_splits: exchange.Splits = None, *, group: Group = None) -> torch.Tensor:
     """Tested on GPUs bit for bit: one-GPU worlds of 2 to 8 ranks and 2 x H100 under torchrun (issue 34).
 
     The uneven all-to-all, as :func:`torch.distributed.all_to_all_single`: rank ``s`` sends
@@ -180,7 +180,7 @@ def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits
 # -- the one call skeleton: _begin, the collective's plan-cache key, _launch ----------------------
 
 
-def _begin(group: Any) -> Communicator:
+def _begin(group: Group) -> Communicator:
     """Open a collective call on ``group``'s communicator: first, raise an error a kernel
     recorded before (or defer a recoverable one to the end of this call)."""
     comm = communicator(group)

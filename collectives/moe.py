@@ -43,7 +43,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -51,6 +51,9 @@ from .config import E4M3_MAX
 from .runtime import moe_ops, torch_ops
 from .errors import CollectiveError
 from .runtime.moe_ops import COMBINE_FIELDS, HANDLE_FIELDS
+
+if TYPE_CHECKING:
+    from .runtime.communicator import Group
 
 #: ``exchange(out, inp, out_splits, in_splits)``: an all-to-all of rows (device int64 splits).
 Exchange = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], Any]
@@ -364,7 +367,7 @@ def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, e
 
 def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, *,
              mode: str = "low_latency", max_tokens: int | None = None, validate: bool = False,
-             fp8: bool = False, group: Any = None) -> tuple[torch.Tensor, torch.Tensor, Handle]:
+             fp8: bool = False, group: Group = None) -> tuple[torch.Tensor, torch.Tensor, Handle]:
     """Tested on GPUs bit for bit, eager and in CUDA graphs replayed with new routings (one-GPU
     worlds of 2 to 8 ranks, 2 x H100; the wrong combine outputs of an early world run's graph
     replays, 2 runs of 5, have not recurred in any run since).  Send each token of ``x``
@@ -396,7 +399,7 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
                          functools.partial(moe_kernels.pack, comm))
 
 
-def combine(expert_out: torch.Tensor, handle: Handle, *, group: Any = None) -> torch.Tensor:
+def combine(expert_out: torch.Tensor, handle: Handle, *, group: Group = None) -> torch.Tensor:
     """Each dispatched token's weighted sum of its experts' rows of ``expert_out`` ([L, W *
     max_tokens, hidden] in low-latency mode, the packed [sum(counts), hidden] in throughput
     mode; of the dispatch's ``x`` dtype: anything else raises :class:`CollectiveError` before
@@ -455,7 +458,7 @@ def _world() -> int:
 BUFFER_NAMES = ("dispatch", "combine")
 
 
-def _symmetric(group: Any) -> Empty:
+def _symmetric(group: Group) -> Empty:
     """Receive buffers in ``group``'s symmetric memory (the all-to-all stores into them
     directly): its communicator's
     (:meth:`~collectives.runtime.communicator.Communicator.receive_buffer`), allocated once per
@@ -472,7 +475,7 @@ def _symmetric(group: Any) -> Empty:
     return lambda name, shape, dtype, device: comm.receive_buffer(name, shape, dtype, -(8 + BUFFER_NAMES.index(name)))
 
 
-def _collective(api: Any, group: Any) -> Exchange:
+def _collective(api: Any, group: Group) -> Exchange:
     def exchange(out, inp, out_splits, in_splits):
         api.all_to_all(out, inp, out_splits, in_splits, group=group)
 

@@ -36,6 +36,7 @@ import torch
 
 from ..algorithms.all_to_all import ALL_TO_ALL, AllToAllCall, AllToAllKey, grid
 from ..algorithms.plan import Plan, capturing
+from ..algorithms.protocol import Runtime
 from ..errors import CollectiveError
 from ..exchange import ExchangeLayout, receiving
 from ..symmetric.context import address
@@ -58,7 +59,7 @@ class Exchange:
     (the kernels: the communicator's cache); ``seed``: the call count it starts at
     (:func:`~collectives.runtime.communicator.seed_epoch`)."""
 
-    def __init__(self, comm: Any, seed: int = 0) -> None:
+    def __init__(self, comm: Runtime, seed: int = 0) -> None:
         ctx = comm.ctx
         self.comm = comm
         self.parts, self.pdl = grid(comm.world, comm.residency)
@@ -156,7 +157,7 @@ class AllToAllPlan(Plan):
 
     __slots__ = ("keep", "pinned")
 
-    def __init__(self, fn: Callable[..., Any], args: tuple, comm: Any, keep: tuple,
+    def __init__(self, fn: Callable[..., Any], args: tuple, comm: Runtime, keep: tuple,
                  pinned: dict[int, torch.Tensor]) -> None:
         super().__init__(fn, [args], comm)
         self.keep, self.pinned = keep, pinned
@@ -168,7 +169,7 @@ class AllToAllPlan(Plan):
         super().run()
 
 
-def check_tensors(comm: Any, out: torch.Tensor, inp: torch.Tensor) -> str:
+def check_tensors(comm: Runtime, out: torch.Tensor, inp: torch.Tensor) -> str:
     """The dtype name of an all-to-all of ``inp`` into ``out``, after checking both."""
     from ..dtypes import from_torch
 
@@ -191,7 +192,7 @@ def check_tensors(comm: Any, out: torch.Tensor, inp: torch.Tensor) -> str:
     return from_torch(inp.dtype).name
 
 
-def plan_key(comm: Any, out: torch.Tensor, inp: torch.Tensor, out_splits: Splits, in_splits: Splits) -> tuple:
+def plan_key(comm: Runtime, out: torch.Tensor, inp: torch.Tensor, out_splits: Splits, in_splits: Splits) -> tuple:
     """The plan-cache key of an all-to-all of ``inp`` into ``out``: a call like an earlier one
     (the same tensors, split values or split tensors, symmetric allocations and bound) launches
     that call's :class:`AllToAllPlan`."""
@@ -207,7 +208,7 @@ def _splits_key(splits: Splits) -> Any:
     return None if splits is None else split_values(splits, "splits")
 
 
-def prepare(comm: Any, state: Exchange, out: torch.Tensor, inp: torch.Tensor, out_splits: Splits,
+def prepare(comm: Runtime, state: Exchange, out: torch.Tensor, inp: torch.Tensor, out_splits: Splits,
             in_splits: Splits) -> AllToAllPlan:
     """The checked, ready launch of an all-to-all of ``inp`` into ``out``."""
     dtype = check_tensors(comm, out, inp)

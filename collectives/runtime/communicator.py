@@ -23,7 +23,7 @@ import math
 import os
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Union
 
 import torch
 
@@ -36,6 +36,7 @@ from ..errors import CollectiveError
 from ..symmetric.bootstrap import init
 from ..symmetric.capability import choose_backend
 from ..symmetric.context import Context, current
+from ..symmetric.capability import TorchGroup
 from .all_to_all import Exchange
 from .error_record import ErrorRecord
 from ..algorithms.residency import Occupancy, Residency, SmLimits
@@ -43,6 +44,11 @@ from .kernels import KernelCache, compile_target, occupancy
 from .staging import PlanCache, StagingPool
 from .stream_flags import StreamFlags
 from .views import Buffer, BufferViews
+
+#: What every ``group=`` argument of the API takes: None (every rank), a ``torch.distributed``
+#: ProcessGroup or one-dimensional DeviceMesh (:data:`~collectives.symmetric.capability.TorchGroup`),
+#: a :class:`~collectives.symmetric.context.Context` or a :class:`Communicator`.
+Group = Union[TorchGroup, Context, "Communicator", None]
 
 #: Default bound of every cross-GPU wait, in seconds (``COLLECTIVES_TIMEOUT_S`` overrides).
 DEFAULT_TIMEOUT_S = float(os.environ.get("COLLECTIVES_TIMEOUT_S", "30"))
@@ -267,7 +273,7 @@ _BY_GROUP: dict[int, tuple[Any, Communicator]] = {}
 _LOCK = threading.Lock()
 
 
-def communicator(group: Any = None) -> Communicator:
+def communicator(group: Group = None) -> Communicator:
     """The communicator of ``group``: None (the base context's, opening symmetric memory with
     ``collectives.init()`` if needed), a ``torch.distributed`` ProcessGroup or a one-dimensional
     DeviceMesh (its context opened with ``collectives.init(group=...)`` on first use: collective
@@ -310,7 +316,7 @@ def forget(ctx: Any) -> None:
         _COMMS.pop(id(ctx), None)
 
 
-def traceable(group: Any, what: str) -> None:
+def traceable(group: Group, what: str) -> None:
     """Refuse ``group`` while torch.compile traces ``what``: its custom operator
     (:mod:`collectives.runtime.torch_ops`) runs on the default communicator, so a sub-group's call
     would silently run on all ranks."""
