@@ -135,7 +135,7 @@ class PadLayout:
         return self.lamport_base + 18 * self.world + width * LAMPORT_BLOCKS + block
 
     def lamport_dirty(self, width: int, buffer: int) -> int:
-        """The tag of the call that must empty ``buffer`` (:func:`lamport_stale`), written by a
+        """The tag of the call that must empty ``buffer`` (:func:`~collectives.algorithms.lamport.lamport_stale`), written by a
         call whose sizes differed across ranks."""
         return self.lamport_base + 18 * self.world + 3 * LAMPORT_BLOCKS + width * LAMPORT_BUFFERS + buffer
 
