@@ -25,8 +25,8 @@ from .exchange import (
     arrived_word, epoch_of, pack, place, place_of, post_arrived, post_ready, ready_offset, ready_word, size_of,
     wait_word,
 )
-# f32 products and sums rounded as torch rounds them (the MoE combine)
-from .rounding import add_rn, mul_rn, narrow, widen, zero
+# f32 products, sums and fp8 conversions rounded as torch rounds them (the MoE kernels)
+from .rounding import E4M3_MAX, E4M3_NAN_PAST, add_rn, amax, div_rn, e4m3, fp8_scale, mul_rn, narrow, widen, zero
 
 #: Every block module's names, by file.
 __all__ = ["HOST", "LOCAL", "MULTICAST", "PEER", "arrival_word", "barrier_multicast", "barrier_peer", "block_all",
@@ -36,4 +36,5 @@ __all__ = ["HOST", "LOCAL", "MULTICAST", "PEER", "arrival_word", "barrier_multic
            "canonical", "clear", "empty_lanes", "lanes", "load_words", "negative_zero", "send", "wait_slots",
            "reduce_tiles", "shared_buffers", "smem_bytes", "post", "wait", "arrived_word", "epoch_of", "pack",
            "place", "place_of", "post_arrived", "post_ready", "ready_offset", "ready_word", "size_of", "wait_word",
-           "add_rn", "mul_rn", "narrow", "widen", "zero"]
+           "E4M3_MAX", "E4M3_NAN_PAST", "add_rn", "amax", "div_rn", "e4m3", "fp8_scale", "mul_rn", "narrow",
+           "widen", "zero"]
