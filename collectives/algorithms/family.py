@@ -62,12 +62,13 @@ FAMILIES: dict[str, Family] = {}
 
 
 def register(family: Family) -> Family:
-    """Add ``family`` to :data:`FAMILIES` (its name, key type and id prefixes its own)."""
+    """Add ``family`` to :data:`FAMILIES` (its name, key type and id prefixes its own), and
+    return the family registered under its name: the first registration stands (a module's
+    source executed again, as the device simulation tests do, leaves the imported module's)."""
     for other in FAMILIES.values():
         if other.name != family.name and (other.key is family.key or set(other.prefixes) & set(family.prefixes)):
             raise ValueError(f"kernel family {family.name!r} shares a key type or id prefix with {other.name!r}")
-    FAMILIES[family.name] = family
-    return family
+    return FAMILIES.setdefault(family.name, family)
 
 
 def family_of(key: Hashable) -> Family:

@@ -43,12 +43,12 @@ def test_a_registered_family_missing_from_a_gate_fails(monkeypatch: pytest.Monke
     from collectives.tools import signed_scan
 
     families = ptx_identity.families()
-    twin = replace(families["moe_place"], name="moe_twin", prefixes=("moe_twin",),
-                   snapshot=lambda: ["moe_twin/w2/l4/x0/b16/t256"])
+    twin = replace(families["moe_gather"], name="moe_twin", prefixes=("moe_twin",),
+                   snapshot=lambda: ["moe_twin/b16/t256"])
     monkeypatch.setitem(families, "moe_twin", twin)
     ids = ptx_identity.snapshot_keys()
-    assert "moe_twin/w2/l4/x0/b16/t256" in ids and "moe_twin/w2/l4/x0/b16/t256" in signed_scan.scanned(sample=True)
-    assert ptx_identity.gaps(RECORD["kernels"], ids) == ["moe_twin/w2/l4/x0/b16/t256"]
+    assert "moe_twin/b16/t256" in ids and "moe_twin/b16/t256" in signed_scan.scanned(sample=True)
+    assert ptx_identity.gaps(RECORD["kernels"], ids) == ["moe_twin/b16/t256"]
     monkeypatch.setitem(families, "moe_twin", replace(twin, snapshot=lambda: []))
     assert ptx_identity.gaps(RECORD["kernels"], ptx_identity.snapshot_keys()) == [
         "family moe_twin: no keys", "family moe_twin: no sampled keys"]
