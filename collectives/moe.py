@@ -83,7 +83,8 @@ Pack = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor], N
 PackFor = Callable[[torch.dtype, int, bool], "Pack | None"]
 #: ``gather(rows, place, kept)``: the rows a combine sends back, ``[place.numel(), hidden]``:
 #: row ``i`` is ``rows[place[i]]`` where ``kept[i]``, else zeros (:func:`gather_rows`; one
-#: kernel: :mod:`collectives.algorithms.moe_gather`).
+#: kernel: :mod:`collectives.algorithms.moe_gather`, which leaves the rows past those that
+#: arrived, never sent back, unwritten).
 Gather = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 #: ``weighted_sum(entries, slots, valid, weights, tokens, topk)``: the combine's output,
 #: ``[tokens, hidden]`` in ``entries``' dtype (allocated for ``entries.shape[0] // topk`` tokens,
@@ -418,7 +419,7 @@ def combine(expert_out: torch.Tensor, handle: Handle, *, group: Group = None) ->
 
     comm = communicator(group)
     fused = moe_kernels.weighted_sum(comm, expert_out.dtype, expert_out.shape[-1], handle.topk)
-    gather = moe_kernels.gather(comm, expert_out.shape[-1] * expert_out.element_size())
+    gather = moe_kernels.gather(comm, expert_out.shape[-1] * expert_out.element_size(), handle.recv_splits)
     return combine_with(_collective(api, group), expert_out, handle, _symmetric(group), fused, gather)
 
 

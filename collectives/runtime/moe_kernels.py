@@ -96,10 +96,11 @@ def pack(comm: Runtime, dtype: torch.dtype, hidden: int, fp8: bool):
     return run
 
 
-def gather(comm: Runtime, row_bytes: int):
+def gather(comm: Runtime, row_bytes: int, splits: torch.Tensor):
     """The kernel's :data:`collectives.moe.Gather` on ``comm``'s GPU for rows of ``row_bytes``
-    (moved in the widest word that divides them; its kernel loaded now), None where
-    :data:`FUSED` is off or the rows are empty."""
+    (moved in the widest word that divides them; its kernel loaded now) that makes only the
+    first ``sum(splits)`` rows (int64 on the GPU: the dispatch's ``recv_splits``, the rows the
+    combine sends back), None where :data:`FUSED` is off or the rows are empty."""
     if not FUSED or row_bytes <= 0:
         return None
     key = MoeGatherKey(MoePlaceKey.word_for(row_bytes))
@@ -111,7 +112,8 @@ def gather(comm: Runtime, row_bytes: int):
         out = torch.empty((room, rows.shape[1]), dtype=rows.dtype, device=place.device)
         _aligned(key.word, rows, out)
         args = MOE_GATHER.pack(out=out.data_ptr(), rows=rows.data_ptr(), place=place.data_ptr(),
-                               kept=kept.data_ptr(), room=room, row_words=row_bytes // key.word)
+                               kept=kept.data_ptr(), room=room, splits=splits.data_ptr(), world=splits.numel(),
+                               row_words=row_bytes // key.word)
         fn(*args, key.blocks(room), current_stream(device))
         return out
 

@@ -30,7 +30,7 @@ measured in the same part.  ``--profile N`` runs only part 5: where an eager lay
 at ``N`` tokens per rank (host time to enqueue a dispatch and a combine against their time per
 call, and torch's profiler table of host time by operation, rank 0), then the GPU's timeline of
 one dispatch (bf16, and fp8 with ``--fp8``) and one combine, each eager and replayed from a
-CUDA graph: every kernel in launch order with its start and duration (rank 0;
+CUDA graph (the last of 3 calls back to back: :func:`gpu_timeline`): every kernel in launch order with its start and duration (rank 0;
 :func:`kernel_table`).  ``--out DIR`` writes the
 figures of parts 1-4 as ``DIR/moe-<device>.json`` (records: part, impl, dtype, tokens, mode, us;
 :data:`FIELDS`; with ``--symm-mem``: ``DIR/moe-symm-mem-<device>.json``).  A NCCL or torch
@@ -379,10 +379,14 @@ def kernel_table(kernels: list[tuple[str, float, float]], width: int = 90) -> li
     return lines
 
 
-def gpu_timeline(step: Callable[[], object], graph: bool) -> list[tuple[str, float, float]]:
+def gpu_timeline(step: Callable[[], object], graph: bool, calls: int = 3) -> list[tuple[str, float, float]]:
     """``(name, start us, duration us)`` of every GPU kernel, copy and fill of one ``step()``
-    (warmed up first; ``graph``: one replay of a CUDA graph of it), by torch's profiler, after
-    every rank has met (so no kernel waits for a late peer's launch)."""
+    (warmed up first; ``graph``: one replay of a CUDA graph of it), by torch's profiler: the
+    last of ``calls`` run back to back.  The first call's first kernel that waits for its peers
+    (a dispatch's all-to-all of counts, a combine's of rows) also waits out the ranks' skew
+    after the host barrier and the profiler's start (on 4 x H100, 270 us of a 388 us fp8
+    dispatch whose graph replays take 126 us each); the calls before the last one align the
+    ranks, as a run of calls does."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -402,10 +406,19 @@ def gpu_timeline(step: Callable[[], object], graph: bool) -> list[tuple[str, flo
     torch.cuda.synchronize()
     dist.barrier()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        run()
+        for _ in range(calls):
+            run()
         torch.cuda.synchronize()
-    return [(e.name, e.time_range.start, e.time_range.elapsed_us()) for e in prof.events()
-            if e.device_type == DeviceType.CUDA]
+    kernels = sorted(((e.name, e.time_range.start, e.time_range.elapsed_us()) for e in prof.events()
+                      if e.device_type == DeviceType.CUDA), key=lambda k: k[1])
+    return last_call(kernels, calls)
+
+
+def last_call(kernels: list[tuple[str, float, float]], calls: int) -> list[tuple[str, float, float]]:
+    """The last of ``calls`` calls' kernels (in start order; every call launches as many)."""
+    if len(kernels) % calls:
+        raise RuntimeError(f"{len(kernels)} kernels recorded for {calls} calls: not as many per call")
+    return kernels[len(kernels) - len(kernels) // calls:]
 
 
 def profile_layer(args: argparse.Namespace, tokens: int, calls: int = 50) -> None:

@@ -135,3 +135,15 @@ def test_the_profile_prints_a_kernel_timeline_in_start_order() -> None:
     assert len(lines[1]) < 80  # a long name is cut
     assert lines[-1] == "4 kernels, 34.0 us running, span 45.0 us (11.0 us idle or overlapped)"
     assert kernel_table([]) == ["no GPU kernel recorded"]
+
+
+def test_the_profile_keeps_the_last_calls_kernels() -> None:
+    """The timeline is the last of the calls profiled (the first one's all-to-all also waits out
+    the ranks' skew); kernels that do not split evenly into the calls are refused."""
+    from collectives.tools.all_to_all_bench import last_call
+
+    kernels = [(f"k{i % 3}", 10.0 * i, 1.0) for i in range(9)]
+    assert last_call(kernels, 3) == kernels[6:]
+    assert last_call(kernels, 1) == kernels
+    with pytest.raises(RuntimeError, match="8 kernels recorded for 3 calls"):
+        last_call(kernels[:8], 3)

@@ -76,7 +76,8 @@ def launches(fused: bool, monkeypatch, fp8: bool = False) -> tuple[int, int]:
     counter.count = 0
     with counter:
         moe.combine_with(counter.note, expert_out, handle, weighted_sum=weighted_sum,
-                         gather=moe_kernels.gather(comm, hidden * expert_out.element_size()))
+                         gather=moe_kernels.gather(comm, hidden * expert_out.element_size(),
+                                                         handle.recv_splits))
     return dispatch, counter.count
 
 

@@ -5,8 +5,9 @@ the torch steps it replaces (:func:`collectives.moe.gather_rows`).
 simulated memory: expert output rows whose every byte names its row, places from the torch
 placement of random counts (rows dropped past a capacity, rows of the receive buffer nothing
 arrived in), every word size, grids of fewer blocks than rows and threads fewer than a row's
-words.  Every row sent back must be the torch steps' (a placed row's bytes, else zeros), and the
-rows not kept read nothing (their places point past the rows).
+words.  Every row sent back must be the torch steps' (a placed row's bytes, else zeros), the
+rows not kept read nothing (their places point past the rows), and the rows past those that
+arrived (never sent back) are not written.
 """
 
 from __future__ import annotations
@@ -51,7 +52,10 @@ def check(counts: torch.Tensor, room: int, row_bytes: int, capacity: int, blocks
     mem = sim.memory
     at = {name: mem.alloc(size) for name, size in [
         ("out", max(room * row_bytes, 1)), ("rows", max(rows.numel(), 1)), ("place", max(8 * room, 1)),
-        ("kept", max(room, 1))]}
+        ("kept", max(room, 1)), ("splits", 8 * world)]}
+    splits = counts.sum(1)
+    for i, v in enumerate(splits.tolist()):
+        mem.store(at["splits"] + 8 * i, v, Int64)
     for i, v in enumerate(rows.reshape(-1).tolist()):
         mem.store(at["rows"] + i, v, Uint8)
     for i, (p, k) in enumerate(zip(place.tolist(), kept.tolist())):
@@ -60,13 +64,16 @@ def check(counts: torch.Tensor, room: int, row_bytes: int, capacity: int, blocks
     for b in range(room * row_bytes):
         mem.store(at["out"] + b, 0xEE, Uint8)
     args = types.SimpleNamespace(out=Int64(at["out"]), rows=Int64(at["rows"]), place=Int64(at["place"]),
-                                 kept=Int64(at["kept"]), room=Int64(room), row_words=Int64(row_bytes // key.word))
+                                 kept=Int64(at["kept"]), room=Int64(room), splits=Int64(at["splits"]),
+                                 world=Int64(world), row_words=Int64(row_bytes // key.word))
     rng = random.Random(seed)
     sim.spawn(lambda: sim.launch(lambda: kernel(args), Context(rank=0, call=0), blocks, THREADS,
                                  [rng.choice([0, 0, 50]) for _ in range(blocks)]), Context(rank=0))
     sim.run()
     got = torch.tensor(mem.words(at["out"], room * row_bytes, Uint8), dtype=torch.uint8).view(room, row_bytes)
-    assert torch.equal(got, moe.gather_rows(rows, place, kept))
+    arrived = int(splits.sum())
+    assert torch.equal(got[:arrived], moe.gather_rows(rows, place, kept)[:arrived])
+    assert bool((got[arrived:] == 0xEE).all()), "a row nothing arrived in was written"
 
 
 @pytest.mark.parametrize("row_bytes", [16, 24, 12, 6, 5])
@@ -83,6 +90,8 @@ def test_gather_matches_the_torch_steps(row_bytes: int) -> None:
     ("if kept != Uint8(0):", "if kept == Uint8(0):"),
     ("+ place * args.row_words * per_word", "+ i * args.row_words * per_word"),
     ("words[e] = element(0)", "words[e] = element(1)"),
+    ("while i < end:", "while i < args.room:"),
+    ("j += Int64(1)", "j += Int64(2)"),
 ])
 def test_a_broken_kernel_fails_the_check(edit: tuple) -> None:
     """Each edit of the kernel's source is caught (so the check reads what the kernel does)."""
