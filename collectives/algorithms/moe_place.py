@@ -180,11 +180,15 @@ def build(key: MoePlaceKey):
                     ptxops.st(dst + at, ptxops.ld(src + at, num_elements=per_word))
                     w += threads
                 if cutlass.const_expr(key.scales):
-                    if tidx == Int64(0):  # the scale's bytes (aligned to 4 only when the values' bytes are)
+                    if tidx == Int64(0):  # the scale (aligned to 4 only when the values' bytes are)
                         at = (i * args.row_words + args.out_words) * key.word
-                        for b in cutlass.range_constexpr(4):
-                            byte = ptxops.ld(gmem(Uint8, args.received, 1, LOCAL, by) + at + b)
-                            ptxops.st(gmem(Uint8, args.scales, 1, LOCAL, by) + place * 4 + b, byte)
+                        if cutlass.const_expr(key.word >= 4):  # one load, not four in a row
+                            scale = ptxops.ld(gmem(Uint32, args.received, 4, LOCAL, by) + at // 4)
+                            ptxops.st(gmem(Uint32, args.scales, 4, LOCAL, by) + place, scale)
+                        else:
+                            for b in cutlass.range_constexpr(4):
+                                byte = ptxops.ld(gmem(Uint8, args.received, 1, LOCAL, by) + at + b)
+                                ptxops.st(gmem(Uint8, args.scales, 1, LOCAL, by) + place * 4 + b, byte)
             i += Int64(cute.arch.grid_dim()[0])
 
     return launcher(kernel, threads, layout=MOE_PLACE)

@@ -86,10 +86,15 @@ def test_placement_compiles_and_moves_rows_in_its_words(world: int, local: int, 
 
 
 def test_fp8_placement_moves_the_values_in_vectors_and_the_scale_apart() -> None:
-    """fp8 rows (``scales``): the values still in 16-byte words, the scale's 4 bytes by one thread."""
+    """fp8 rows (``scales``): the values still in 16-byte words, the scale's 4 bytes by one thread,
+    in one 4-byte load where the words are aligned to 4, else byte by byte."""
     plain, split = (kernel_ptx(MoePlaceKey(8, 32, False, 16, scales=s), "sm_90a") for s in (False, True))
     for ptx in (plain, split):
         assert _count(ptx, "ld.global.v4.b32") == 1 and _count(ptx, "st.global.v4.b32") == 1
+    assert _count(plain, "ld.global.b8") == 0 and _count(split, "ld.global.b8") == 0
+    assert _count(split, "ld.global.b32") == _count(plain, "ld.global.b32") + 1
+    assert _count(split, "st.global.b32") == _count(plain, "st.global.b32") + 1
+    plain, split = (kernel_ptx(MoePlaceKey(8, 32, False, 2, scales=s), "sm_90a") for s in (False, True))
     assert _count(plain, "ld.global.b8") == 0 and _count(split, "ld.global.b8") == 4
     assert _count(split, "st.global.b8") == _count(plain, "st.global.b8") + 4
 

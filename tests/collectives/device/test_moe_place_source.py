@@ -163,6 +163,7 @@ def test_the_words_move_every_byte_of_a_row() -> None:
     (("before[s] = acc", "before[s] = Int64(0)"), "the earlier sources' rows"),
     (("lost += c - room", "lost += c"), "the dropped count"),
     (("+ args.out_words) * key.word", "+ args.out_words + 1) * key.word"), "the scale's bytes"),
+    (("LOCAL, by) + place, scale)", "LOCAL, by) + place + 1, scale)"), "the scale's word"),
     (("dst = gmem(element, args.expert_x, key.word, LOCAL, by) + place * args.out_words * per_word",
       "dst = gmem(element, args.expert_x, key.word, LOCAL, by) + place * args.row_words * per_word"),
      "the placed rows' width"),
