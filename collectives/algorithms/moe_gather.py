@@ -2,13 +2,12 @@
 the dispatch's placement in reverse.
 
 Row ``i`` of the output is what received row ``i`` of the dispatch became: row ``place[i]`` of
-the experts' outputs where ``kept[i]``, else zeros (a row dropped past an expert's capacity, or
-a row of the receive buffer that nothing arrived in, counts as nothing in its token's sum).
-Only the rows that arrived are made (the first ``sum(splits)``, the rows the combine's
-all-to-all sends back; the receive buffer has room for ``W x max_tokens x min(topk, L)``, some
-``min(topk, L)`` times what arrives on average): the rest of ``out`` is left unwritten (a
-low-latency combine at 128 tokens on 4 ranks, top-8: 1,024 of 4,096 rows, a quarter of the
-bytes written).  Rows move as words of ``word`` bytes, a row's words spread over a block's
+the experts' outputs where ``kept[i]``, else zeros (a row dropped past an expert's capacity
+counts as nothing in its token's sum).  Only the rows that arrived are made (the first
+``sum(splits)``, the rows the combine's all-to-all sends back; the receive buffer has room for
+``W x max_tokens x min(topk, L)``, about ``W`` times what arrives on average): the rest of
+``out`` is left unwritten (a low-latency combine at 128 tokens on 4 ranks, top-8: 1,024 of
+4,096 rows, a quarter of the bytes written).  Rows move as words of ``word`` bytes, a row's words spread over a block's
 threads, whole rows to a block (the grid strides).  It replaces a gather, a clamp of the places
 and a pass that zeroed the rows not kept (that pass alone read and wrote every row once more).
 """
