@@ -30,8 +30,8 @@ measured in the same part.  ``--profile N`` runs only part 5: where an eager lay
 at ``N`` tokens per rank (host time to enqueue a dispatch and a combine against their time per
 call, and torch's profiler table of host time by operation, rank 0), then the GPU's timeline of
 one dispatch (bf16, and fp8 with ``--fp8``) and one combine, each eager and replayed from a
-CUDA graph (the last of 3 calls back to back: :func:`gpu_timeline`): every kernel in launch order with its start and duration (rank 0;
-:func:`kernel_table`).  ``--out DIR`` writes the
+CUDA graph (the last of 3 calls back to back: :func:`gpu_timeline`): every kernel in launch
+order with its start and duration (rank 0; :func:`kernel_table`).  ``--out DIR`` writes the
 figures of parts 1-4 as ``DIR/moe-<device>.json`` (records: part, impl, dtype, tokens, mode, us;
 :data:`FIELDS`; with ``--symm-mem``: ``DIR/moe-symm-mem-<device>.json``).  A NCCL or torch
 column that raises is skipped with its reason (printed, and in the JSON), never the run.  NVLink
