@@ -35,6 +35,9 @@ class KernelKey:
     (it may start while the kernel before it drains) and makes it wait
     (``griddepcontrol.wait``) before its first global access, then let a kernel launched after
     it so start (``griddepcontrol.launch_dependents``); default :data:`~collectives.config.PDL`.
+    ``unroll``: the vectors a thread of a 16-byte register-path loop has in flight (a reduction
+    ``unroll`` vectors of every rank, a copy ``unroll // 2``, at least one); default
+    :data:`~collectives.config.UNROLL`.
     Which choices an algorithm takes is its own (:meth:`Algorithm.check`).
     """
 
@@ -50,6 +53,7 @@ class KernelKey:
     stage_in: bool = False
     end_barrier: bool = True
     pdl: bool = field(default_factory=lambda: config.PDL)
+    unroll: int = field(default_factory=lambda: config.UNROLL)
 
     def __post_init__(self) -> None:
         if self.collective not in COLLECTIVES:
@@ -67,6 +71,8 @@ class KernelKey:
         refusal = key_backend_refusal(self.collective, self.backend, self.dtype, self.op)
         if refusal is not None:
             raise ValueError(refusal)
+        if self.unroll not in (1, 2, 4, 8):
+            raise ValueError(f"unroll must be 1, 2, 4 or 8, not {self.unroll!r}")
         if self.vector not in (0, 1, self.full_vector):
             raise ValueError(f"vector must be 1 or {self.full_vector} for {self.dtype}")
         self.impl.check(self)
