@@ -115,7 +115,8 @@ class KernelKey:
 
 # -- the collective family (collectives.algorithms.family): key ids and the gates' keys ----------
 #
-# An id: ``collective/algorithm/backend/dtype/w<world>/<op>/v<vector>/t<threads>/g<gather_out>s<stage_in>e<end_barrier>``.
+# An id: ``collective/algorithm/backend/dtype/w<world>/<op>/v<vector>/t<threads>/g<gather_out>s<stage_in>e<end_barrier>``,
+# then ``/u<unroll>`` for a key whose unroll is not :data:`~collectives.config.UNROLL` (a bench variant's).
 
 
 def collective_id(collective: str, algorithm: str, backend: str, dtype: str, world: int, op: str = "sum",
@@ -127,16 +128,18 @@ def collective_id(collective: str, algorithm: str, backend: str, dtype: str, wor
 
 
 def _to_text(key: KernelKey) -> str:
-    return collective_id(key.collective, key.algorithm, key.backend, key.dtype, key.world, key.op, key.vector,
-                         key.threads, key.gather_out, key.stage_in, key.end_barrier)
+    kid = collective_id(key.collective, key.algorithm, key.backend, key.dtype, key.world, key.op, key.vector,
+                        key.threads, key.gather_out, key.stage_in, key.end_barrier)
+    return kid if key.unroll == config.UNROLL else f"{kid}/u{key.unroll}"
 
 
 def fields(kid: str) -> dict:
-    """The fields of a collective key id, by name."""
-    collective, algorithm, backend, dtype, world, op, vector, threads, flags = kid.split("/")
-    return dict(collective=collective, algorithm=algorithm, backend=backend, dtype=dtype, world=int(world[1:]),
-                op=op, vector=int(vector[1:]), threads=int(threads[1:]), gather_out=flags[1] == "1",
-                stage_in=flags[3] == "1", end_barrier=flags[5] == "1")
+    """The fields of a collective key id, by name (``unroll`` only where the id names one)."""
+    collective, algorithm, backend, dtype, world, op, vector, threads, flags, *unroll = kid.split("/")
+    named = dict(collective=collective, algorithm=algorithm, backend=backend, dtype=dtype, world=int(world[1:]),
+                 op=op, vector=int(vector[1:]), threads=int(threads[1:]), gather_out=flags[1] == "1",
+                 stage_in=flags[3] == "1", end_barrier=flags[5] == "1")
+    return {**named, "unroll": int(unroll[0][1:])} if unroll else named
 
 
 def _from_text(kid: str) -> KernelKey:

@@ -387,5 +387,10 @@ def test_unroll_puts_more_loads_in_flight(monkeypatch) -> None:
     key = KernelKey("all_reduce", "push", "peer", "bf16", 2, stage_in=True)
     assert key.unroll == 4
     assert _loads_in_flight(kernel_ptx(key)) == 4 * 2
+    from collectives.algorithms import key_id, key_of
+
+    assert "/u" not in key_id(key)  # the default's id
+    monkeypatch.setattr(config, "UNROLL", 2)
+    assert key_id(key).endswith("/u4") and key_of(key_id(key)) == key  # an id of its own
     with pytest.raises(ValueError, match="unroll"):
         KernelKey("all_reduce", "push", "peer", "bf16", 2, stage_in=True, unroll=3)
