@@ -52,6 +52,16 @@ LAMPORT_BUFFERS = 3
 LAMPORT_CALLS = LAMPORT_BUFFERS << 30
 
 
+#: Grid sizes, read when a plan is made (so a change takes effect for plans made after it;
+#: ``collectives.tools.bench`` times variants as columns of their own): the register-path
+#: algorithms launch at most ``BLOCKS_PER_SM`` blocks per SM, the TMA ones at most
+#: ``sms // TMA_SM_DIVISOR`` blocks.
+BLOCKS_PER_SM = 2
+TMA_SM_DIVISOR = 4
+#: Vectors each thread of a register-path loop has in flight (the default of
+#: :attr:`KernelKey.unroll <collectives.algorithms.KernelKey>` for keys made from now on): a
+#: reduction loads ``UNROLL`` vectors of every rank before it stores, a copy ``UNROLL // 2``.
+UNROLL = 2
 #: TMA kernels: shared memory their pipeline may use, and its stages.
 TMA_SMEM_BYTES = 192 << 10
 TMA_STAGES = 4

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from itertools import product
 from typing import Any, ClassVar
 
+from .. import config
 from ..config import KIND_SHIFT, MAX_ELEMENTS, MULTICAST_PATHS, OPS, VECTOR_BYTES, Slot
 from ..device.kernel_args import COLLECTIVE, Layout
 from ..dtypes import DTYPES
@@ -194,11 +195,11 @@ class Algorithm:
 
     def blocks(self, comm: Runtime, key: Any, work: int, limit: int | None = None) -> int:
         """Thread blocks for ``work`` vector accesses per rank: enough to cover them, at most
-        two per SM, never more than the pad has slots for, nor than ``limit`` (a caller
-        sharing the GPU with other kernels; every rank must pass the same), nor than this
-        rank's share where ranks share the GPU (``comm.block_cap``,
+        :data:`~collectives.config.BLOCKS_PER_SM` per SM, never more than the pad has slots
+        for, nor than ``limit`` (a caller sharing the GPU with other kernels; every rank must
+        pass the same), nor than this rank's share where ranks share the GPU (``comm.block_cap``,
         :mod:`~collectives.algorithms.residency`)."""
-        blocks = min(-(-work // key.threads), 2 * comm.sms, comm.layout.max_blocks)
+        blocks = min(-(-work // key.threads), config.BLOCKS_PER_SM * comm.sms, comm.layout.max_blocks)
         return capped(comm, key, max(1, min(blocks, limit or blocks)))
 
     # -- the plan's pieces ----------------------------------------------------------------------

@@ -50,7 +50,8 @@ class Blocks:
         self.vec = key.elements_per_access
         self.multicast = key.backend in MULTICAST_PATHS
         self.op = key.op
-        self.unroll = 2 if self.vec > 1 else 1
+        self.unroll = key.unroll if self.vec > 1 else 1
+        self.copy_unroll = max(1, self.unroll // 2)
         self.tile_vectors = key.tile_bytes // VECTOR_BYTES
         # The barrier collective's block made no accesses before its barrier: no bar.sync first.
         self.sync = key.collective != "barrier"
@@ -95,13 +96,30 @@ class Blocks:
         self.store_local(dst, off, values, self.vec)
 
     @cute.jit
+    def copy_vectors(self, src, dst, vs):
+        """dst = src at the vectors ``vs`` (indices, in vectors): every load before any store."""
+        align = cutlass.const_expr(self.vec * self.dtype.width // 8)
+        at = signals.gmem(self.dtype, src, align, DATA, "collectives.algorithms.design.Blocks.copy_vectors")
+        offsets = [Int64(v) * self.vec for v in vs]
+        values = [ptxops.ld(at + cute.assume(o, divby=self.vec), num_elements=self.vec) for o in offsets]
+        for o, value in zip(offsets, values):
+            self.store_local(dst, o, value, self.vec)
+
+    @cute.jit
     def copy_local(self, src, dst, begin, end, first, step):
         """dst[i] = src[i] for i in [begin, end): the whole vectors from ``begin`` (a vector
-        boundary) split as the data phase splits them, then the elements past the last one."""
-        v = begin // self.vec + first
-        while v < end // self.vec:
-            self.copy_vector(src, dst, Int64(v) * self.vec)
-            v += step
+        boundary) split as the data phase splits them, then the elements past the last one;
+        ``copy_unroll`` vectors loaded at a time."""
+        if cutlass.const_expr(self.copy_unroll == 1):
+            v = begin // self.vec + first
+            while v < end // self.vec:
+                self.copy_vector(src, dst, Int64(v) * self.vec)
+                v += step
+        else:
+            def copy_here(vs):
+                self.copy_vectors(src, dst, vs)
+
+            self.each_vector(begin // self.vec, end // self.vec, first, step, copy_here, self.copy_unroll)
         j = cutlass.max(Int64(end // self.vec * self.vec), begin) + first
         while j < end:
             at = signals.gmem(self.dtype, src, self.dtype.width // 8, DATA, "collectives.algorithms.design.Blocks.copy_local")
@@ -138,13 +156,15 @@ class Blocks:
         self.copy_local(src, dst, Int64(vectors * self.vec), n, first, step)
 
     @cute.jit
-    def each_vector(self, begin, end, first, step, body):
-        """``body((v, ...))`` for this thread's vectors in [begin, end): ``unroll`` at a time
-        while they last, then one by one (the same vectors per block as a plain stride loop)."""
+    def each_vector(self, begin, end, first, step, body, unroll: cutlass.Constexpr = 0):
+        """``body((v, ...))`` for this thread's vectors in [begin, end): ``unroll`` (default
+        ``self.unroll``) at a time while they last, then one by one (the same vectors per block
+        as a plain stride loop)."""
+        width = cutlass.const_expr(unroll or self.unroll)
         v = begin + first
-        while v + (self.unroll - 1) * step < end:
-            body(tuple(v + u * step for u in range(self.unroll)))
-            v += self.unroll * step
+        while v + (width - 1) * step < end:
+            body(tuple(v + u * step for u in range(width)))
+            v += width * step
         while v < end:
             body((v,))
             v += step

@@ -35,6 +35,9 @@ class KernelKey:
     (it may start while the kernel before it drains) and makes it wait
     (``griddepcontrol.wait``) before its first global access, then let a kernel launched after
     it so start (``griddepcontrol.launch_dependents``); default :data:`~collectives.config.PDL`.
+    ``unroll``: the vectors a thread of a 16-byte register-path loop has in flight (a reduction
+    ``unroll`` vectors of every rank, a copy ``unroll // 2``, at least one); default
+    :data:`~collectives.config.UNROLL`.
     Which choices an algorithm takes is its own (:meth:`Algorithm.check`).
     """
 
@@ -50,6 +53,7 @@ class KernelKey:
     stage_in: bool = False
     end_barrier: bool = True
     pdl: bool = field(default_factory=lambda: config.PDL)
+    unroll: int = field(default_factory=lambda: config.UNROLL)
 
     def __post_init__(self) -> None:
         if self.collective not in COLLECTIVES:
@@ -67,6 +71,8 @@ class KernelKey:
         refusal = key_backend_refusal(self.collective, self.backend, self.dtype, self.op)
         if refusal is not None:
             raise ValueError(refusal)
+        if self.unroll not in (1, 2, 4, 8):
+            raise ValueError(f"unroll must be 1, 2, 4 or 8, not {self.unroll!r}")
         if self.vector not in (0, 1, self.full_vector):
             raise ValueError(f"vector must be 1 or {self.full_vector} for {self.dtype}")
         self.impl.check(self)
@@ -109,7 +115,8 @@ class KernelKey:
 
 # -- the collective family (collectives.algorithms.family): key ids and the gates' keys ----------
 #
-# An id: ``collective/algorithm/backend/dtype/w<world>/<op>/v<vector>/t<threads>/g<gather_out>s<stage_in>e<end_barrier>``.
+# An id: ``collective/algorithm/backend/dtype/w<world>/<op>/v<vector>/t<threads>/g<gather_out>s<stage_in>e<end_barrier>``,
+# then ``/u<unroll>`` for a key whose unroll is not :data:`~collectives.config.UNROLL` (a bench variant's).
 
 
 def collective_id(collective: str, algorithm: str, backend: str, dtype: str, world: int, op: str = "sum",
@@ -121,16 +128,18 @@ def collective_id(collective: str, algorithm: str, backend: str, dtype: str, wor
 
 
 def _to_text(key: KernelKey) -> str:
-    return collective_id(key.collective, key.algorithm, key.backend, key.dtype, key.world, key.op, key.vector,
-                         key.threads, key.gather_out, key.stage_in, key.end_barrier)
+    kid = collective_id(key.collective, key.algorithm, key.backend, key.dtype, key.world, key.op, key.vector,
+                        key.threads, key.gather_out, key.stage_in, key.end_barrier)
+    return kid if key.unroll == config.UNROLL else f"{kid}/u{key.unroll}"
 
 
 def fields(kid: str) -> dict:
-    """The fields of a collective key id, by name."""
-    collective, algorithm, backend, dtype, world, op, vector, threads, flags = kid.split("/")
-    return dict(collective=collective, algorithm=algorithm, backend=backend, dtype=dtype, world=int(world[1:]),
-                op=op, vector=int(vector[1:]), threads=int(threads[1:]), gather_out=flags[1] == "1",
-                stage_in=flags[3] == "1", end_barrier=flags[5] == "1")
+    """The fields of a collective key id, by name (``unroll`` only where the id names one)."""
+    collective, algorithm, backend, dtype, world, op, vector, threads, flags, *unroll = kid.split("/")
+    named = dict(collective=collective, algorithm=algorithm, backend=backend, dtype=dtype, world=int(world[1:]),
+                 op=op, vector=int(vector[1:]), threads=int(threads[1:]), gather_out=flags[1] == "1",
+                 stage_in=flags[3] == "1", end_barrier=flags[5] == "1")
+    return {**named, "unroll": int(unroll[0][1:])} if unroll else named
 
 
 def _from_text(kid: str) -> KernelKey:

@@ -12,6 +12,7 @@ from cutlass import Int64
 
 from typing import Any
 
+from .. import config
 from ..config import DATA_PHASE, TMA_STAGES, VECTOR_BYTES, Slot
 from ..device import tiles
 from . import design, tuning
@@ -67,9 +68,9 @@ def build(key: KernelKey):
 
 
 def bulk_blocks(comm: Runtime, key: KernelKey, work: int, limit: int | None = None) -> int:
-    """Blocks of a TMA kernel for ``work`` vectors per rank: one per tile, at most a quarter of
-    the SMs (bulk copies need few), at most ``limit`` and this rank's co-residency share."""
-    blocks = min(ceil_div(work * VECTOR_BYTES, key.tile_bytes), comm.sms // 4)
+    """Blocks of a TMA kernel for ``work`` vectors per rank: one per tile, at most
+    ``sms //`` :data:`~collectives.config.TMA_SM_DIVISOR` (a quarter: bulk copies need few), at most ``limit`` and this rank's co-residency share."""
+    blocks = min(ceil_div(work * VECTOR_BYTES, key.tile_bytes), comm.sms // config.TMA_SM_DIVISOR)
     return capped(comm, key, max(1, min(blocks, limit or blocks)))
 
 

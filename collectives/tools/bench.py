@@ -14,7 +14,9 @@ prints a table with times, bus bandwidth and ratios (rank 0), writes ``DIR/bench
 dtype, bytes, mode, us``) and, where matplotlib is installed, its plot (``.png``).  NCCL is
 timed on plain tensors and, where this torch and NCCL have them, on symmetric windows and with
 copy engines (:mod:`collectives.tools.nccl_baselines`); every row is compared with the fastest
-NCCL column.  A baseline column that raises is skipped with its reason (printed, and in the
+NCCL column.  From :data:`VARIANT_MIN_BYTES` up it also times :data:`VARIANTS` of the
+bandwidth-bound kernels (grid and loads in flight, set through :mod:`collectives.config`'s
+knobs), printed under ``[variants]`` against the defaults.  A baseline column that raises is skipped with its reason (printed, and in the
 JSON's ``skipped``), never the run.  NVLink multicast stays off: our backend is peer, torch's
 symm_mem runs without multicast, NCCL without NVLS.
 """
@@ -25,7 +27,8 @@ import argparse
 import functools
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from ..symmetric.capability import force_multicast_off
 
@@ -39,6 +42,18 @@ from ..dtypes import DTYPES  # noqa: E402
 #: The dtypes the benchmarks measure by default (registry names).
 BENCH_DTYPES = ("bf16", "f32")
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
+#: Variants of the bandwidth-bound kernels, timed from :data:`VARIANT_MIN_BYTES` as columns of
+#: their own (``ours_<algorithm><suffix>``, ``_plain`` after it): suffix -> the
+#: :mod:`collectives.config` knobs set while the variant's plans (and kernel keys) are made:
+#: one block per SM, TMA on half or all of the SMs, 4 vectors in flight per thread.
+VARIANTS = {"_b1": {"BLOCKS_PER_SM": 1}, "_d2": {"TMA_SM_DIVISOR": 2}, "_d1": {"TMA_SM_DIVISOR": 1},
+            "_u4": {"UNROLL": 4}}
+#: The algorithms each variant is timed for, per collective.
+VARIANT_ALGORITHMS = {
+    "all_reduce": {"_b1": ("two_shot", "push"), "_d2": ("tma",), "_d1": ("tma",), "_u4": ("two_shot", "push")},
+    "reduce_scatter": {"_b1": ("one_shot", "push"), "_d2": ("tma",), "_d1": ("tma",), "_u4": ("push",)},
+}
+VARIANT_MIN_BYTES = 16 << 20
 
 
 def time_op(fn: Callable[[], object], iters: int, graph: bool, repeats: int = 3) -> float:
@@ -76,6 +91,24 @@ def time_op(fn: Callable[[], object], iters: int, graph: bool, repeats: int = 3)
         dist.all_reduce(mine, op=dist.ReduceOp.MAX)  # the slowest rank's time
         best = min(best, float(mine))
     return best
+
+
+@contextmanager
+def knobs(comm, values: dict[str, int]) -> Iterator[None]:
+    """The :mod:`collectives.config` knobs set to ``values`` for the plans made inside (the
+    communicator's plans are dropped on entry and exit: a plan holds its grid and kernel)."""
+    from .. import config
+
+    before = {name: getattr(config, name) for name in values}
+    comm.plans.clear()
+    for name, value in values.items():
+        setattr(config, name, value)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            setattr(config, name, value)
+        comm.plans.clear()
 
 
 def bus_bandwidth(collective: str, nbytes: int, world: int, us: float) -> float:
@@ -165,12 +198,17 @@ def main(argv: list[str] | None = None) -> None:
                         return lambda: time_op(fn, iters, graph)
 
                     ar = dict(collective="all_reduce", dtype=name, bytes=nbytes, mode=mode)
-                    for algorithm in (*algorithms, "auto"):
+                    for algorithm in (*algorithms, "push", "auto"):
                         rec.ours(timed(lambda a=algorithm: collectives.all_reduce(ours, algorithm=a, backend="peer")),
                                  impl=f"ours_{algorithm}", **ar)
                     for algorithm in ("one_shot", "two_shot", "tma", "push", "auto"):  # a tensor from torch's allocator
                         rec.ours(timed(lambda a=algorithm: collectives.all_reduce(plain, algorithm=a, backend="peer")),
                                  impl=f"ours_{algorithm}_plain", **ar)
+                    for suffix, algorithm, tensor, placement in variants("all_reduce", nbytes, ours, plain):
+                        with knobs(comm, VARIANTS[suffix]):  # an experiment: a failure skips it, not the run
+                            rec.baseline(timed(lambda a=algorithm, t=tensor: collectives.all_reduce(t, algorithm=a,
+                                                                                                backend="peer")),
+                                     impl=f"ours_{algorithm}{suffix}{placement}", **ar)
                     for column in nccl.columns("all_reduce"):
                         if column == "nccl":
                             rec.baseline(timed(lambda: dist.all_reduce(plain)), impl=column, **ar)
@@ -185,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
                                                                              "sum", group_name), iters, graph),
                                      impl=impl, **ar)
                     rs = dict(ar, collective="reduce_scatter")
-                    for algorithm in (*rs_lamport, "one_shot", "tma", "auto"):
+                    for algorithm in (*rs_lamport, "one_shot", "tma", "push", "auto"):
                         rec.ours(timed(lambda a=algorithm: collectives.reduce_scatter(rs_out, ours, algorithm=a,
                                                                                       backend="peer")),
                                  impl=f"ours_{algorithm}", **rs)
@@ -193,6 +231,10 @@ def main(argv: list[str] | None = None) -> None:
                         rec.ours(timed(lambda a=algorithm: collectives.reduce_scatter(rs_out, plain, algorithm=a,
                                                                                       backend="peer")),
                                  impl=f"ours_{algorithm}_plain", **rs)
+                    for suffix, algorithm, tensor, placement in variants("reduce_scatter", nbytes, ours, plain):
+                        with knobs(comm, VARIANTS[suffix]):  # an experiment: a failure skips it, not the run
+                            rec.baseline(timed(lambda a=algorithm, t=tensor: collectives.reduce_scatter(
+                                rs_out, t, algorithm=a, backend="peer")), impl=f"ours_{algorithm}{suffix}{placement}", **rs)
                     for column in nccl.columns("reduce_scatter"):
                         if column == "nccl":
                             rec.baseline(timed(lambda: dist.reduce_scatter_tensor(rs_out, plain)), impl=column, **rs)
@@ -268,6 +310,33 @@ def gather_rows(rec, nccl, dtype_name: str, nbytes: int, mode: str, iters: int) 
 FIELDS = ("collective", "impl", "dtype", "bytes", "mode")
 
 
+def variants(collective: str, nbytes: int, symmetric: object, plain: object) -> list[tuple[str, str, object, str]]:
+    """The variants timed for ``collective`` at ``nbytes`` per rank (none below
+    :data:`VARIANT_MIN_BYTES`): (suffix, algorithm, tensor, placement suffix) on the symmetric and
+    the plain tensor."""
+    if nbytes < VARIANT_MIN_BYTES:
+        return []
+    return [(suffix, algorithm, tensor, placement)
+            for suffix, names in VARIANT_ALGORITHMS[collective].items() for algorithm in names
+            for tensor, placement in ((symmetric, ""), (plain, "_plain"))]
+
+
+def variant_lines(results: list[dict]) -> list[str]:
+    """One line per variant timed (kept out of the tables and the plot): its time, its
+    algorithm's with the default knobs, and the default's over the variant's (> 1: the variant
+    is faster)."""
+    index = {(r["collective"], r["impl"], r["dtype"], r["bytes"], r["mode"]): r["us"] for r in results}
+    lines = []
+    for (collective, impl, dtype, nbytes, mode), us in index.items():
+        for suffix in VARIANTS:
+            base = impl.replace(suffix, "", 1)
+            if suffix in impl and base != impl and (collective, base, dtype, nbytes, mode) in index:
+                default = index[(collective, base, dtype, nbytes, mode)]
+                lines.append(f"{collective} {dtype} {mode} {_size(nbytes)}: {impl.removeprefix('ours_')} {us:.1f} us, "
+                             f"default {default:.1f} us (default/variant {default / us:.2f}; {VARIANTS[suffix]})")
+    return lines
+
+
 #: NCCL's columns (:mod:`collectives.tools.nccl_baselines`): plain tensors, symmetric windows,
 #: copy engines on symmetric windows.  Every row is compared with the fastest of those present.
 NCCL = ("nccl", "nccl_symm", "nccl_ce")
@@ -275,12 +344,12 @@ NCCL = ("nccl", "nccl_symm", "nccl_ce")
 #: (``_plain``), and the baselines (NCCL's columns, torch symm_mem on its own buffer).
 IMPLS = {
     "all_reduce": {
-        "symmetric": ("ours_lamport", "ours_one_shot", "ours_two_shot", "ours_tma", "ours_auto"),
+        "symmetric": ("ours_lamport", "ours_one_shot", "ours_two_shot", "ours_tma", "ours_push", "ours_auto"),
         "plain": ("ours_one_shot_plain", "ours_two_shot_plain", "ours_tma_plain", "ours_push_plain", "ours_auto_plain"),
         "baselines": ("nccl", "nccl_symm", "torch_one_shot", "torch_two_shot"),
     },
     "reduce_scatter": {
-        "symmetric": ("ours_lamport", "ours_one_shot", "ours_tma", "ours_auto"),
+        "symmetric": ("ours_lamport", "ours_one_shot", "ours_tma", "ours_push", "ours_auto"),
         "plain": ("ours_lamport_plain", "ours_one_shot_plain", "ours_tma_plain", "ours_push_plain", "ours_auto_plain"),
         "baselines": ("nccl", "nccl_symm"),
     },
@@ -366,6 +435,9 @@ def report(rec, world: int, out_dir: str, meta: dict) -> None:
     for title, rows in _tables(results, world):
         print(f"\n[{title}]")
         print("\n".join(" | ".join(row) for row in rows))
+    if lines := variant_lines(results):
+        print("\n[variants]")
+        print("\n".join(lines))
     for line in skipped_lines(rec.skipped):
         print(line)
     path = rec.write(out_dir, world, gpu, **meta)

@@ -147,3 +147,31 @@ def test_the_profile_keeps_the_last_calls_kernels() -> None:
     assert last_call(kernels, 1) == kernels
     with pytest.raises(RuntimeError, match="8 kernels recorded for 3 calls"):
         last_call(kernels[:8], 3)
+
+
+def test_variants_are_timed_past_their_threshold_and_reported_against_the_default() -> None:
+    assert bench.variants("all_reduce", bench.VARIANT_MIN_BYTES // 2, "s", "p") == []
+    variants = bench.variants("all_reduce", bench.VARIANT_MIN_BYTES, "s", "p")
+    assert ("_b1", "push", "s", "") in variants and ("_b1", "push", "p", "_plain") in variants
+    rows = [dict(collective="all_reduce", impl=impl, dtype="bf16", bytes=16 << 20, mode="graph", us=us)
+            for impl, us in (("ours_push_plain", 90.0), ("ours_push_b1_plain", 60.0), ("ours_tma_d2", 50.0))]
+    (line,) = bench.variant_lines(rows)  # the TMA variant has no default to compare with
+    assert line.startswith("all_reduce bf16 graph 16 MB: push_b1_plain 60.0 us, default 90.0 us")
+    assert "default/variant 1.50" in line
+
+
+def test_knobs_drop_the_plans_and_restore_the_knobs() -> None:
+    from collectives import config
+
+    class Comm:
+        class plans:
+            cleared = 0
+
+            @classmethod
+            def clear(cls) -> None:
+                cls.cleared += 1
+
+    before = config.BLOCKS_PER_SM
+    with bench.knobs(Comm, {"BLOCKS_PER_SM": before + 1}):
+        assert config.BLOCKS_PER_SM == before + 1 and Comm.plans.cleared == 1
+    assert config.BLOCKS_PER_SM == before and Comm.plans.cleared == 2

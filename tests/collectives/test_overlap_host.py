@@ -294,3 +294,17 @@ def test_copy_engine_gather_copies_this_ranks_rows_into_every_ranks_workspace_be
             assert torch.equal(block[rank], shard[r0:r1]), (q, r0)
             assert not block[(rank + 1) % world].any()  # the other ranks' blocks are theirs to write
         at += world * (r1 - r0) * k
+
+
+@pytest.mark.parametrize("algorithm, knob, value, expect", [
+    ("one_shot", "BLOCKS_PER_SM", 1, 132), ("tma", "TMA_SM_DIVISOR", 2, 66), ("tma", "TMA_SM_DIVISOR", 1, 132)])
+def test_grid_knobs_set_the_grid_of_plans_made_after_them(monkeypatch, algorithm: str, knob: str, value: int,
+                                                          expect: int) -> None:
+    """The benchmark's grid variants (``collectives.tools.bench.VARIANTS``) set these knobs."""
+    from collectives import config
+    from collectives.algorithms import KernelKey, grid
+
+    comm = _grid_communicator(132)
+    key = KernelKey("reduce_scatter", algorithm, "peer", "bf16", 2)
+    monkeypatch.setattr(config, knob, value)
+    assert grid(comm, key, 1 << 24) == expect

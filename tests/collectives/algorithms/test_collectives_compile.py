@@ -363,3 +363,34 @@ def test_tma_block_that_timed_out_waits_for_its_bulk_loads(collective: str) -> N
     block has gone: the pipeline's wait (first try and loop) and the drain's."""
     ptx = kernel_ptx(KernelKey(collective, "tma", "peer", "bf16", 2, stage_in=True), "sm_90a")
     assert ptx.count("mbarrier.try_wait.parity.shared::cta.b64") == 4, ptx.count("mbarrier.try_wait")
+
+
+def _loads_in_flight(ptx: str) -> int:
+    """The most 16-byte global loads the PTX issues with no store between them."""
+    most = run = 0
+    for line in ptx.splitlines():
+        if line.strip().startswith("ld.global.v4"):
+            run += 1
+            most = max(most, run)
+        elif line.strip().startswith("st."):
+            run = 0
+    return most
+
+
+def test_unroll_puts_more_loads_in_flight(monkeypatch) -> None:
+    """``config.UNROLL`` (the default of ``KernelKey.unroll``, a bench variant) sets the loads a
+    thread issues before its stores: a push all-reduce's reduction loads ``unroll`` vectors of
+    each of its ``world`` slots at once (the default's kernels are the PTX-identity record's)."""
+    from collectives import config
+
+    monkeypatch.setattr(config, "UNROLL", 4)
+    key = KernelKey("all_reduce", "push", "peer", "bf16", 2, stage_in=True)
+    assert key.unroll == 4
+    assert _loads_in_flight(kernel_ptx(key)) == 4 * 2
+    from collectives.algorithms import key_id, key_of
+
+    assert "/u" not in key_id(key)  # the default's id
+    monkeypatch.setattr(config, "UNROLL", 2)
+    assert key_id(key).endswith("/u4") and key_of(key_id(key)) == key  # an id of its own
+    with pytest.raises(ValueError, match="unroll"):
+        KernelKey("all_reduce", "push", "peer", "bf16", 2, stage_in=True, unroll=3)
