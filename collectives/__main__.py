@@ -11,21 +11,24 @@ from .errors import MissingDependency
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Exit status 0; 2 for an illegal kernel, or without CuTeDSL (the message names the extra)."""
+    """Exit status 0; 2 for an illegal kernel, or without CuTeDSL (the message names the extra;
+    ``--help`` works without it)."""
     try:
         from .algorithms import ALGORITHMS, REGISTRY, KernelKey  # (with CuTeDSL: the kernels' building blocks)
     except ModuleNotFoundError as err:
         missing = (err.name or "").partition(".")[0]
         if missing not in MissingDependency.EXTRAS:
             raise
-        print(f"error: {MissingDependency('python -m collectives ptx', missing)}", file=sys.stderr)
-        return 2
+        ALGORITHMS, unavailable = {}, MissingDependency("python -m collectives ptx", missing)
+    else:
+        unavailable = None
     parser = argparse.ArgumentParser(prog="python -m collectives", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     ptx = sub.add_parser("ptx", help="compile a collective kernel and print its PTX")
     ptx.add_argument("--collective", choices=COLLECTIVES, required=True)
     ptx.add_argument("--algorithm", default="one_shot",
-                     choices=sorted({a for algs in ALGORITHMS.values() for a in algs}))
+                     choices=sorted({a for algs in ALGORITHMS.values() for a in algs}) or None,
+                     help="the algorithms are listed where CuTeDSL is installed" if unavailable else None)
     ptx.add_argument("--backend", choices=BACKENDS, required=True)
     ptx.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     ptx.add_argument("--op", choices=OPS, default="sum")
@@ -34,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     ptx.add_argument("--unaligned", action="store_true", help="the one-element-at-a-time variant")
     ptx.add_argument("-o", "--output", help="write the PTX here instead of printing it")
     args = parser.parse_args(argv)
+    if unavailable is not None:
+        print(f"error: {unavailable}", file=sys.stderr)
+        return 2
     impl = REGISTRY.get((args.collective, args.algorithm))
     staged = impl is not None and impl.stages_in == "always"  # push sends a non-symmetric input
     try:

@@ -5,6 +5,8 @@ Synthetic timings (fake inputs to the formatter, never performance); no GPU."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 pytest.importorskip("torch")
@@ -135,3 +137,15 @@ def test_the_profile_prints_a_kernel_timeline_in_start_order() -> None:
     assert len(lines[1]) < 80  # a long name is cut
     assert lines[-1] == "4 kernels, 34.0 us running, span 45.0 us (11.0 us idle or overlapped)"
     assert kernel_table([]) == ["no GPU kernel recorded"]
+
+
+def test_without_matplotlib_the_report_names_the_bench_extra(tmp_path, monkeypatch, capsys) -> None:
+    def no_matplotlib(*args) -> None:
+        raise ImportError("No module named 'matplotlib'")
+
+    monkeypatch.setattr(bench.torch.cuda, "get_device_name", lambda: "GPU")
+    monkeypatch.setattr(bench, "plot", no_matplotlib)
+    rec = types.SimpleNamespace(results=_both_collectives(), skipped=[],
+                                write=lambda out_dir, world, gpu, **meta: str(tmp_path / "bench-gpu.json"))
+    bench.report(rec, 2, str(tmp_path), {"sms": 132, "tma_blocks_all_reduce_bf16": {}, "nccl_version": "2.28.3"})
+    assert "matplotlib not installed: no plot (pip install 'ptxops[bench]')" in capsys.readouterr().out
