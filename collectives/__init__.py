@@ -21,6 +21,7 @@ Everything that needs torch and nvshmem4py is imported lazily.
 """
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from .symmetric.capability import (
@@ -36,6 +37,7 @@ from .errors import CollectiveError, CollectiveTimeout, MissingDependency, Multi
 _LAZY = {"init", "current", "is_symmetric", "Context", "ALIGN"}  # from .symmetric
 _API = {"all_gather", "all_reduce", "all_to_all", "reduce_scatter", "barrier", "empty", "synchronize"}  # from .api
 _OVERLAP = {"gemm_reduce_scatter", "all_gather_gemm"}  # from .overlap (torch)
+_MODULES = {"testing"}  # submodules loaded as attributes (collectives.testing.run_world)
 
 __all__ = [
     # errors
@@ -59,12 +61,14 @@ def __getattr__(name: str) -> Any:
         return _load(name)
     except ModuleNotFoundError as e:
         missing = (e.name or "").partition(".")[0]
-        if missing in MissingDependency.EXTRAS and not isinstance(e, MissingDependency):
+        if missing in MissingDependency.EXTRAS:  # named after what was asked for, not the module it needed
             raise MissingDependency(f"collectives.{name}", missing) from None
         raise
 
 
 def _load(name: str) -> Any:
+    if name in _MODULES:
+        return importlib.import_module(f"{__name__}.{name}")
     if name in _LAZY:
         from . import symmetric
 

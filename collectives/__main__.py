@@ -13,25 +13,28 @@ from .errors import MissingDependency
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Exit status 0; 2 for an illegal kernel, or without CuTeDSL (the message names the extra)."""
+    """Exit status 0; 2 for an illegal kernel, or without CuTeDSL (the message names the extra;
+    ``--help`` works without it)."""
     try:
         from .algorithms import ALGORITHMS, FAMILIES, REGISTRY, KernelKey, key_of  # (with CuTeDSL: the kernels' blocks)
     except ModuleNotFoundError as err:
         missing = (err.name or "").partition(".")[0]
         if missing not in MissingDependency.EXTRAS:
             raise
-        print(f"error: {MissingDependency('python -m collectives ptx', missing)}", file=sys.stderr)
-        return 2
+        ALGORITHMS, FAMILIES, unavailable = {}, {}, MissingDependency("python -m collectives ptx", missing)
+    else:
+        unavailable = None
     parser = argparse.ArgumentParser(prog="python -m collectives", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     ptx = sub.add_parser("ptx", help="compile a kernel and print its PTX")
-    ptx.add_argument("--family", choices=tuple(FAMILIES), default="collective",
+    ptx.add_argument("--family", choices=tuple(FAMILIES) or None, default="collective",
                      help="the kernel family (default: collective, from the options below)")
     ptx.add_argument("--id", help="the key id of the kernel (any family; e.g. moe_place/w4/l4/x0/b16/t256)")
     ptx.add_argument("--list", action="store_true", help="print the ids of the family's keys the PTX gates compile")
     ptx.add_argument("--collective", choices=COLLECTIVES)
     ptx.add_argument("--algorithm", default="one_shot",
-                     choices=sorted({a for algs in ALGORITHMS.values() for a in algs}))
+                     choices=sorted({a for algs in ALGORITHMS.values() for a in algs}) or None,
+                     help="the algorithms are listed where CuTeDSL is installed" if unavailable else None)
     ptx.add_argument("--backend", choices=BACKENDS)
     ptx.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
     ptx.add_argument("--op", choices=OPS, default="sum")
@@ -40,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     ptx.add_argument("--unaligned", action="store_true", help="the one-element-at-a-time variant")
     ptx.add_argument("-o", "--output", help="write the PTX here instead of printing it")
     args = parser.parse_args(argv)
+    if unavailable is not None:
+        print(f"error: {unavailable}", file=sys.stderr)
+        return 2
     family = FAMILIES[args.family]
     if args.list:
         print("\n".join(family.snapshot()))

@@ -55,10 +55,17 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from .errors import CollectiveError
-from .runtime.driver_streams import create_stream
-from .symmetric.context import bound
-from .symmetric.loopback import LoopbackHeap, Meeting, ThreadAgreement, WorldError
+from .errors import CollectiveError, MissingDependency
+from .symmetric.capability import cuda_missing
+
+try:  # every rank runs torch: without it, say which extra installs it
+    from .runtime.driver_streams import create_stream
+    from .symmetric.context import bound
+    from .symmetric.loopback import LoopbackHeap, Meeting, ThreadAgreement, WorldError
+except ModuleNotFoundError as err:
+    if (err.name or "").partition(".")[0] not in MissingDependency.EXTRAS:
+        raise
+    raise MissingDependency("collectives.testing", err.name.partition(".")[0]) from None
 
 __all__ = ["ENVIRONMENT", "Groups", "RankThreads", "World", "WorldError", "capture", "check_loading_mode",
            "group_members", "new_group", "require_environment", "run_world"]
@@ -224,6 +231,9 @@ class World:
                  collective_timeout_s: float | None = None) -> None:
         if not 1 <= world_size <= MAX_WORLD:
             raise CollectiveError(f"a world has 1..{MAX_WORLD} ranks, not {world_size}")
+        missing = cuda_missing()
+        if missing is not None:
+            raise CollectiveError(f"a one-GPU world needs a CUDA GPU: {missing}")
         require_environment()
         self.size, self.device, self.timeout_s = world_size, device, timeout_s
         self.collective_timeout_s = collective_timeout_s
@@ -514,7 +524,8 @@ def run_world(world_size: int, fn: Callable[[int], Any], *, device: int = 0, tim
     Raises:
         BaseException: the first failing rank's exception, with a note naming its rank.
         WorldError: a rank hung (still running ``timeout_s`` after another finished).
-        CollectiveError: ``world_size`` outside 1..8, or CUDA started with lazy module loading.
+        CollectiveError: ``world_size`` outside 1..8, no CUDA GPU, or CUDA started with lazy
+            module loading.
     """
     with World(world_size, device=device, timeout_s=timeout_s, collective_timeout_s=collective_timeout_s) as world:
         return world.run(fn)

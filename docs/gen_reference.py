@@ -142,7 +142,7 @@ def rule_table(rules: Iterable[Rule]) -> list[str]:
             "**no** (ptxops follows the ISA)" if not r.ptxas_enforced
             else "yes, **though the ISA lists these forms** (ptxops follows ptxas)" if r.isa_allows
             else "yes"
-        )
+        ) + "".join(f"; {p.text}" for p in r.ptxas)
         lines.append(
             f"| `{r.name}` | {cell(condition(dict(r.when)))} | {cell(condition(dict(r.allow)))} | "
             f"{enforced} | {cell(r.text)} |"
@@ -312,12 +312,10 @@ def disagreements(families: dict[str, Forms]) -> list[str]:
     lines = [
         "## Where ptxas and the PTX ISA disagree",
         "",
-        "The oracle tests hold the spec to ptxas (CUDA 13.0, PTX ISA 9.0) except for these rules: "
-        "forms the ISA forbids that ptxas assembles, which ptxops refuses, and forms the ISA "
-        "lists that ptxas rejects, which ptxops refuses too, since what it emits must assemble. "
-        "ptxas 13.5 (PTX ISA 9.1) differs from 13.0 on two forms, each named in its rule's text: "
-        "it assembles `membar.proxy.async` (`proxy-kinds-ptxas`) and "
-        "`fence.proxy.tensormap::generic.acq_rel` (`tensormap-sem`, which the ISA does not list).",
+        "The oracle tests hold the spec to ptxas (CUDA " + " and ".join(spec.PTXAS_RELEASES) + ", each "
+        "by the spec's record of it) except for these rules: forms the ISA forbids that ptxas "
+        "assembles, which ptxops refuses, and forms the ISA lists that ptxas rejects, which ptxops "
+        "refuses too, since what it emits must assemble.",
         "",
         "| family | rule | ptxops follows | the rule |",
         "| --- | --- | --- | --- |",
@@ -325,6 +323,19 @@ def disagreements(families: dict[str, Forms]) -> list[str]:
     for name, r in rows:
         follows = "ptxas (the ISA lists these forms)" if r.isa_allows else "the ISA (ptxas assembles these forms)"
         lines.append(f"| [`{name}`]({page_name(name)}.md) | `{r.name}` | {follows} | {cell(r.text)} |")
+    records = [(name, r, p) for name, forms in families.items() for r in forms.family.rules for p in r.ptxas]
+    lines += [
+        "",
+        "### Where ptxas releases differ",
+        "",
+        "Each rule records where one ptxas release departs from what the rule says of ptxas (the "
+        "oracle tests judge the assembler they run with by it, and `python -m ptxops check` does "
+        "not ask an assembler about legal forms recorded as rejected by it):",
+        "",
+        "| family | rule | as recorded |",
+        "| --- | --- | --- |",
+        *(f"| [`{name}`]({page_name(name)}.md) | `{r.name}` | {cell(p.text)} |" for name, r, p in records),
+    ]
     return [*lines, ""]
 
 

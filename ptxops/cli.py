@@ -264,6 +264,8 @@ def print_rules(fam: Family) -> None:
         allow = " and ".join(condition(fam, k, vs) for k, vs in r.allow.items())
         print(wrap(f"when {when}: {allow}"))
         print(wrap(r.text))
+        for record in r.ptxas:
+            print(wrap(f"as recorded: {record.text}"))
         print()
     checked = fam.name in reach.SCOPED_ACCESSES
     if checked:
@@ -292,11 +294,17 @@ def cmd_check(args: argparse.Namespace) -> int:
         return EXIT_NO_PTXAS
     unchecked = {isa: [name for name in families if spec.FAMILIES[name].ptx_version == isa] for isa in missing}
     families = [name for name in families if spec.FAMILIES[name].ptx_version in assemblers]
-    rows, failures = [], []
+    rows, failures, recorded = [], [], []
     for name in families:
         isa = spec.FAMILIES[name].ptx_version
+        release = ptxas.release(assemblers[isa])
         for target in targets:
-            lines = [standalone(inst) for inst in spec.forms(name, target=target)]
+            forms = list(spec.forms(name, target=target))
+            if release in spec.PTXAS_RELEASES:  # legal forms this release rejects, by the spec's record
+                fam = spec.FAMILIES[name]
+                recorded += [(release, i.opcode) for i in forms if fam.ptxas_verdict(i.qualifiers, release) != "assembles"]
+                forms = [i for i in forms if fam.ptxas_verdict(i.qualifiers, release) == "assembles"]
+            lines = [standalone(inst) for inst in forms]
             verdicts = ptxas.assemble(lines, target, isa) if lines else []
             bad = [(line, v) for line, v in zip(lines, verdicts) if v is not None]
             rows.append([name, target, len(lines), len(lines) - len(bad), len(bad)])
@@ -304,6 +312,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     print(table(["family", "target", "forms", "accepted", "rejected"], rows))
     total = sum(r[2] for r in rows)
     print(f"{total} forms, {total - len(failures)} accepted, {len(failures)} rejected")
+    if recorded:
+        shown = ", ".join(sorted({f"{op} (ptxas {rel})" for rel, op in recorded}))
+        print(f"ptxops check: not asked, {len(recorded)} legal forms the spec records ptxas rejecting: {shown}",
+              file=sys.stderr)
     for isa, names in unchecked.items():
         print(f"ptxops check: not checked, PTX ISA {isa}: {', '.join(names)}: {missing[isa]}", file=sys.stderr)
     if failures:

@@ -10,6 +10,8 @@ holding one as ``ptxas``, ``bin/ptxas`` or ``nvidia/*/bin/ptxas``, such as a
 ``pip install --target`` folder), then ``ptxas`` on PATH.  Each PTX ISA version is assembled
 by the oldest of them that reads it (:func:`ptxas_path`): a CUDA 13.0 ptxas for the 9.0
 families where one is found, a newer one (the extra's) for ``multimem.cp.async.bulk`` (9.1).
+Where releases differ on a form, the spec records each one's verdict
+(:data:`ptxops.spec.targets.PTXAS_RELEASES`, :func:`release`).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ INSTALL = "pip install 'ptxops[ptxas]' (NVIDIA's nvidia-cuda-nvcc wheel)"
 FOLDER_LAYOUTS = ("ptxas", os.path.join("bin", "ptxas"), os.path.join("nvidia", "*", "bin", "ptxas"))
 
 _CURRENT = re.compile(r"current version is '(\d+)\.(\d+)'")
+_RELEASE = re.compile(r"release (\d+\.\d+)")
 
 
 #: The distributions of NVIDIA's CUDA compiler wheels (CUDA 13, 12, 11), which hold a ptxas.
@@ -112,6 +115,18 @@ def isa_version(path: str) -> tuple[int, int]:
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
+@functools.cache
+def release(path: str) -> str:
+    """The CUDA release of the ptxas at ``path`` (``"13.0"``), from ``ptxas --version``; the
+    spec records the verdicts of :data:`~ptxops.spec.targets.PTXAS_RELEASES`."""
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True).stdout
+    except OSError:
+        return "unknown"
+    m = _RELEASE.search(out)
+    return m.group(1) if m else "unknown"
+
+
 def _parse(version: str) -> tuple[int, int]:
     major, _, minor = version.partition(".")
     return int(major), int(minor or 0)
@@ -121,9 +136,9 @@ def ptxas_path(version: str = PTX_VERSION) -> str:
     """The ptxas for PTX ISA ``version``: of the candidates that read it, the oldest (the one
     reading the fewest newer versions; the first in :func:`candidates` order among equals).  What
     the spec records of ptxas (the rules it enforces, the forms it crashes on) was seen with the
-    assembler of each version's own CUDA release, and newer ones differ (ptxas 13.1 and 13.5
-    reject ``ld.param::func`` and stop with an internal error on ``st.async`` forms that 13.0
-    assembles).
+    assembler of each version's own CUDA release, and newer ones differ (ptxas 13.5 rejects
+    ``ld.param::func`` and stops with an internal error on ``st.async`` forms that 13.0
+    assembles: the rules record each release's verdict, ``ptxops.spec.engine.PtxasRecord``).
     :class:`PtxasUnavailable` naming the ones found if none reads it."""
     found = candidates()
     if not found:

@@ -184,7 +184,9 @@ def _open_base(backend: str | None, device: int | None, group_heap_bytes: int | 
     backend = backend or "auto"
     kind = choose_heap(heap)
     if not dist.is_initialized() and "WORLD_SIZE" not in os.environ:
-        raise CollectiveError("torch.distributed is not initialized and this is not a torchrun launch")
+        raise CollectiveError("torch.distributed is not initialized and this is not a torchrun launch: launch "
+                              "one process per GPU, e.g. torchrun --nproc-per-node=2 your_script.py (or test "
+                              "W ranks on one GPU with collectives.testing.run_world)")
     missing = cuda_missing()
     if missing is not None:
         raise CollectiveError(f"collectives.init needs a GPU: {missing}")

@@ -27,6 +27,7 @@ import argparse
 import functools
 import json
 import os
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -117,7 +118,7 @@ def bus_bandwidth(collective: str, nbytes: int, world: int, us: float) -> float:
     return nbytes * factor / (us * 1e-6) / 1e9
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int | None:
     world = argparse.ArgumentParser(add_help=False)
     world.add_argument("--world", type=int, default=0)
     known, rest = world.parse_known_args(argv)
@@ -445,7 +446,7 @@ def report(rec, world: int, out_dir: str, meta: dict) -> None:
     try:
         plot(results, world, gpu, path.removesuffix(".json") + ".png")
     except ImportError:
-        print("matplotlib not installed: no plot")
+        print("matplotlib not installed: no plot (pip install 'ptxops[bench]')")
 
 
 def skipped_lines(skipped: list[dict]) -> list[str]:
@@ -568,4 +569,4 @@ def _size(nbytes: int) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

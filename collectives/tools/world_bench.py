@@ -19,7 +19,10 @@ same inputs), so ratios above 1 occur; a drop between runs on the same GPU is wh
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
+
+from ..symmetric.capability import cuda_missing
 
 #: (collective, algorithm, placement) measured; placement "plain": a tensor from torch's allocator.
 CASES = [
@@ -109,8 +112,9 @@ def rank_body(rank: int, sizes: list[int], dtype: str, iters: int) -> list[dict]
     return rows
 
 
-def main(world: int, argv: list[str]) -> None:
-    """``python -m collectives.tools.bench --world W ...``: the table above, printed."""
+def main(world: int, argv: list[str]) -> int:
+    """``python -m collectives.tools.bench --world W ...``: the table above, printed; exit
+    status 2 without a CUDA GPU (one line says why)."""
     from collectives.testing import World
 
     parser = argparse.ArgumentParser(prog=f"python -m collectives.tools.bench --world {world}", description=__doc__)
@@ -118,6 +122,10 @@ def main(world: int, argv: list[str]) -> None:
     parser.add_argument("--dtype", default="bf16")
     parser.add_argument("--iters", type=int, default=20)
     args = parser.parse_args(argv)
+    missing = cuda_missing()
+    if missing is not None:
+        print(f"{parser.prog}: needs a CUDA GPU: {missing}", file=sys.stderr)
+        return 2
     sizes = [int(s) for s in args.sizes.split(",")]
     with World(world) as w:
         per_rank = w.run(lambda rank: rank_body(rank, sizes, args.dtype, args.iters))

@@ -14,8 +14,8 @@ from . import (
     atomics, bulk, cluster, clusterlaunchcontrol, elect, fence, griddepcontrol, mbarrier, membar,
     memory, multimem, multimem_bulk, nanosleep, prefetch, st_bulk, tensor, tensormap,
 )
-from .engine import Family, Qualifier, Rule, Value
-from .targets import DEFAULT_TARGET, TARGETS
+from .engine import Family, PtxasRecord, Qualifier, Rule, Value
+from .targets import DEFAULT_TARGET, PTXAS_RELEASES, TARGETS
 
 FAMILIES: dict[str, Family] = {
     f.name: f
@@ -74,9 +74,11 @@ def forms(family_name: str, /, target: str = DEFAULT_TARGET, **fixed: Value) -> 
 __all__ = [
     "DEFAULT_TARGET",
     "FAMILIES",
+    "PTXAS_RELEASES",
     "TARGETS",
     "Family",
     "Instruction",
+    "PtxasRecord",
     "Qualifier",
     "QualifierError",
     "Rule",

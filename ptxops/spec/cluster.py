@@ -19,8 +19,8 @@ define.  ptxops follows the documentation in those rules (``ptxas_enforced=False
 
 from __future__ import annotations
 
-from .engine import Family, Qualifier, rule
-from .targets import ASYNC_RELEASE
+from .engine import Family, Qualifier, ptxas_record, rule
+from .targets import ASYNC_RELEASE, SM90
 
 MBARRIER = "mbarrier::complete_tx::bytes"
 ST_ASYNC_SECTION = "Data Movement and Conversion Instructions: st.async (PTX ISA 9.0)"
@@ -176,10 +176,12 @@ ST_ASYNC = Family(
         rule(
             "scope-only-with-release",
             "A scope belongs to the .release form only.  ptxas 13.0 also assembles "
-            "st.async.gpu / st.async.sys without .release, which the PTX ISA does not define.",
+            "st.async.gpu / st.async.sys without .release, which the PTX ISA does not define "
+            "(ptxas 13.5 too, but on sm_90 and sm_90a it crashes on them without an mbarrier).",
             when={"sem": None},
             allow={"scope": None},
             ptxas_enforced=False,
+            ptxas=[ptxas_record("13.5", "crashes", target=SM90, scope=("gpu", "sys"), completion=None)],
         ),
     ),
     operands=("a", "b", "mbar"),
@@ -238,10 +240,12 @@ RED_ASYNC = Family(
             "relaxed-completes-on-mbarrier",
             "A .relaxed reduction goes to .shared::cluster and completes on an mbarrier "
             "(.relaxed.cluster...mbarrier::complete_tx::bytes).  ptxas 13.0 also assembles "
-            "red.async.relaxed.gpu / .sys without one, which the PTX ISA does not define.",
+            "red.async.relaxed.gpu / .sys without one, which the PTX ISA does not define (ptxas "
+            "13.5 too, but it crashes on them on sm_90 and sm_90a).",
             when={"sem": "relaxed"},
             allow={"completion": MBARRIER},
             ptxas_enforced=False,
+            ptxas=[ptxas_record("13.5", "crashes", target=SM90, scope=("gpu", "sys"), completion=None)],
         ),
         rule(
             "mbarrier-add-types",

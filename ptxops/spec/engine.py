@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from ..errors import QualifierError
-from .targets import DEFAULT_TARGET, PTX_VERSION, TARGETS
+from .targets import DEFAULT_TARGET, PTX_VERSION, PTXAS_RELEASES, TARGETS
 
 Value = str | int | None
 
@@ -68,6 +68,41 @@ def implied(key: str, text: str, doc: str, *, by: Mapping[str, Iterable[Value]])
     return Qualifier(key, (text,), doc, implied_by={k: _fs(v) for k, v in by.items()})
 
 
+#: What a ptxas release does with a form: assemble it, reject it (an error naming its line),
+#: or crash (an internal error naming no line, which fails the whole module).
+VERDICTS = ("assembles", "rejects", "crashes")
+
+
+@dataclass(frozen=True)
+class PtxasRecord:
+    """Where ptxas ``releases`` depart from what their rule's flags say of ptxas: their
+    ``verdict`` on the forms the rule applies to that also match ``when`` (``target`` included)."""
+
+    releases: frozenset[str]
+    verdict: str
+    when: Mapping[str, frozenset[Value]]
+
+    def matches(self, q: Mapping[str, Value], release: str) -> bool:
+        return release in self.releases and all(q.get(k) in vs for k, vs in self.when.items())
+
+    @property
+    def text(self) -> str:
+        """``ptxas 13.5 assembles them where sem = 'acq_rel'`` (them: the forms the record covers)."""
+        where = " and ".join(f"{k} = {' or '.join(show(v) for v in sorted(vs, key=str))}"
+                             for k, vs in self.when.items())
+        verb = {"assembles": "assemble", "rejects": "reject", "crashes": "crash on"}[self.verdict]
+        verb = self.verdict.replace("crashes", "crashes on") if len(self.releases) == 1 else verb
+        return f"ptxas {' and '.join(sorted(self.releases))} {verb} them" + (f" where {where}" if where else "")
+
+
+def ptxas_record(releases: str | Iterable[str], verdict: str, **when: Value | Iterable[Value]) -> PtxasRecord:
+    """A :class:`PtxasRecord` from plain values: ``ptxas_record("13.5", "assembles", sem="acq_rel")``."""
+    record = PtxasRecord(frozenset(_fs(releases)), verdict, {k: _fs(v) for k, v in when.items()})
+    if verdict not in VERDICTS or not record.releases <= set(PTXAS_RELEASES):
+        raise ValueError(f"a ptxas record gives a verdict of {VERDICTS} for releases of {PTXAS_RELEASES}: {record}")
+    return record
+
+
 @dataclass(frozen=True)
 class Rule:
     """When every key in ``when`` holds one of its values, each key in ``allow`` must too.
@@ -79,6 +114,9 @@ class Rule:
     is illegal, and ptxas is not expected to reject what only such rules refuse.
     ``isa_allows`` is True for the opposite disagreement: forms the PTX ISA lists that ptxas
     rejects (ptxops follows ptxas there, since what it emits must assemble).
+    The flags hold for every release of :data:`~ptxops.spec.targets.PTXAS_RELEASES` but where
+    ``ptxas`` records one's departure (:class:`PtxasRecord`): a release that assembles forms the
+    rule refuses, rejects forms it allows, or crashes.
     """
 
     name: str
@@ -88,6 +126,15 @@ class Rule:
     ptxas_enforced: bool = True
     wrapped: bool = True
     isa_allows: bool = False
+    ptxas: tuple[PtxasRecord, ...] = ()
+
+    def ptxas_verdict(self, q: Mapping[str, Value], release: str) -> str:
+        """What ptxas ``release`` does with form ``q``, as far as this rule goes (:data:`VERDICTS`)."""
+        if self.applies(q):
+            for record in self.ptxas:
+                if record.matches(q, release):
+                    return record.verdict
+        return "rejects" if self.broken_keys(q) and not self.legal_ptx else "assembles"
 
     @property
     def legal_ptx(self) -> bool:
@@ -117,6 +164,7 @@ def rule(
     ptxas_enforced: bool = True,
     wrapped: bool = True,
     isa_allows: bool = False,
+    ptxas: Iterable[PtxasRecord] = (),
 ) -> Rule:
     """Build a :class:`Rule` from plain values or iterables of values."""
     return Rule(
@@ -127,6 +175,7 @@ def rule(
         ptxas_enforced,
         wrapped,
         isa_allows,
+        tuple(ptxas),
     )
 
 
@@ -252,6 +301,12 @@ class Family:
             if keys:
                 return r, keys
         return None
+
+    def ptxas_verdict(self, q: Mapping[str, Value], release: str) -> str:
+        """What ptxas ``release`` does with form ``q`` by the spec's record (:data:`VERDICTS`):
+        it crashes, or rejects it, where any rule says so; else it assembles it."""
+        verdicts = {r.ptxas_verdict(q, release) for r in self.rules}
+        return next(v for v in reversed(VERDICTS) if v in verdicts or v == "assembles")
 
     def is_legal(self, q: Mapping[str, Value]) -> bool:
         return self.broken(q) is None

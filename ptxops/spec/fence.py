@@ -8,10 +8,13 @@ cluster-scoped lightweight variants.
 
 from __future__ import annotations
 
-from .engine import Family, Qualifier, rule
+from .engine import Family, Qualifier, ptxas_record, rule
 
 SCOPES = ("cta", "cluster", "gpu", "sys")
 BIDIRECTIONAL = ("alias", "async", "async.global", "async.shared::cta", "async.shared::cluster")
+#: ptxas 13.5 assembles the ``.acq_rel`` forms of the one-way proxy fences, which the ISA and
+#: ptxas 13.0 do not have.
+ASSEMBLES_ACQ_REL = ptxas_record("13.5", "assembles", sem="acq_rel")
 
 FENCE = Family(
     name="fence",
@@ -55,6 +58,7 @@ FENCE = Family(
             "operands; ptxas 13.0 and the ISA do not, and ptxops follows them.",
             when={"proxy": "tensormap::generic"},
             allow={"sem": ("acquire", "release"), "op_restrict": None},
+            ptxas=[ASSEMBLES_ACQ_REL],
         ),
         rule(
             "tensormap-acquire-unrestricted",
@@ -65,9 +69,11 @@ FENCE = Family(
         ),
         rule(
             "async-generic-restricted",
-            "fence.proxy.async::generic exists only with a .sync_restrict qualifier.",
+            "fence.proxy.async::generic exists only with a .sync_restrict qualifier (ptxas 13.5 "
+            "also assembles fence.proxy.async::generic.acq_rel.scope, which the ISA does not list).",
             when={"proxy": "async::generic"},
             allow={"sync_restrict": ("shared::cta", "shared::cluster"), "op_restrict": None},
+            ptxas=[ASSEMBLES_ACQ_REL],
         ),
         rule(
             "mbarrier-init",
@@ -86,15 +92,19 @@ FENCE = Family(
         ),
         rule(
             "sync-restrict-cta",
-            ".sync_restrict::shared::cta requires .release and .cluster scope.",
+            ".sync_restrict::shared::cta requires .release and .cluster scope (ptxas 13.5 also "
+            "assembles fence.proxy.async::generic.acq_rel.sync_restrict::shared::cta at any scope).",
             when={"sync_restrict": "shared::cta", "proxy": (None, "async::generic"), "op_restrict": None},
             allow={"sem": "release", "scope": "cluster"},
+            ptxas=[ptxas_record("13.5", "assembles", proxy="async::generic", sem="acq_rel")],
         ),
         rule(
             "sync-restrict-cluster",
-            ".sync_restrict::shared::cluster requires .acquire and .cluster scope.",
+            ".sync_restrict::shared::cluster requires .acquire and .cluster scope (ptxas 13.5 also "
+            "assembles fence.proxy.async::generic.acq_rel.sync_restrict::shared::cluster at any scope).",
             when={"sync_restrict": "shared::cluster", "proxy": (None, "async::generic"), "op_restrict": None},
             allow={"sem": "acquire", "scope": "cluster"},
+            ptxas=[ptxas_record("13.5", "assembles", proxy="async::generic", sem="acq_rel")],
         ),
     ),
     operands=(),

@@ -9,20 +9,21 @@ with the levels ``.cta``, ``.gl`` and ``.sys`` synonymous with the fence scopes 
 ``membar.sys`` in PTX ISA 2.0; every target ptxops knows has them.  ``membar.proxy.proxykind``
 is the old spelling of the bidirectional proxy fence ``fence.proxy.proxykind`` (the ISA lists
 ``.alias``, ``.async``, ``.async.global``, ``.async.shared::{cta,cluster}``); ptxas accepts
-fewer of them (rule ``proxy-kinds-ptxas``), so new code wants the ``fence`` family's proxy forms.
+fewer of them (rule ``proxy-kinds-ptxas``: ``.alias``, and ``.async`` from ptxas 13.5 on), so new
+code wants the ``fence`` family's proxy forms.
 """
 
 from __future__ import annotations
 
-from .engine import Family, Qualifier, rule
+from .engine import Family, Qualifier, ptxas_record, rule
 
 #: The fence scope each membar level is a synonym of (``membar.level`` = ``fence.sc.scope``).
 FENCE_SCOPE = {"cta": "cta", "gl": "gpu", "sys": "sys"}
 
 #: The proxy kinds of ``membar.proxy`` the PTX ISA lists (those of ``fence.proxy``).
 PROXY_KINDS = ("alias", "async", "async.global", "async.shared::cta", "async.shared::cluster")
-#: The ones ptxas 13.0 assembles (ptxas 13.5 also takes ``async``).
-PTXAS_PROXY_KINDS = ("alias",)
+#: The ones ptxas assembles (13.5; 13.0 only ``alias``).
+PTXAS_PROXY_KINDS = ("alias", "async")
 
 MEMBAR = Family(
     name="membar",
@@ -56,13 +57,14 @@ MEMBAR = Family(
         rule(
             "proxy-kinds-ptxas",
             "The PTX ISA lists membar.proxy.{alias, async, async.global, async.shared::cta, "
-            "async.shared::cluster}, but ptxas 13.0 assembles only membar.proxy.alias (\"Illegal "
-            "modifier '.async' for instruction 'membar.proxy'\"; ptxas 13.5 also takes .async, "
-            "and neither takes a state space: \"State space incorrect for instruction "
-            "'membar.proxy'\").  Write fence(proxy=...), its synonym, for the others.",
+            "async.shared::cluster}, but ptxas assembles only membar.proxy.alias and "
+            "membar.proxy.async (ptxas 13.0 only .alias: \"Illegal modifier '.async' for "
+            "instruction 'membar.proxy'\"; neither takes a state space: \"State space incorrect "
+            "for instruction 'membar.proxy'\").  Write fence(proxy=...), its synonym, for the others.",
             when={"proxy": PROXY_KINDS},
             allow={"proxy": PTXAS_PROXY_KINDS},
             isa_allows=True,
+            ptxas=[ptxas_record("13.0", "rejects", proxy="async")],
         ),
     ),
     operands=(),

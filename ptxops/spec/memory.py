@@ -11,7 +11,7 @@ Not wrapped: the ``.unified`` address suffix and the sink ``_`` in vectors.
 
 from __future__ import annotations
 
-from .engine import Family, Qualifier, Rule, rule
+from .engine import Family, Qualifier, Rule, ptxas_record, rule
 from .targets import WIDE_LDST
 
 SCOPES = (None, "cta", "cluster", "gpu", "sys")
@@ -25,6 +25,8 @@ TYPES = (
     "s8", "s16", "s32", "s64", "f32", "f64",
 )
 WORD_TYPES = ("b32", "u32", "s32", "f32")
+#: The 8- and 16-bit types.
+SUBWORD_TYPES = ("b8", "u8", "s8", "b16", "u16", "s16")
 DWORD_TYPES = ("b64", "u64", "s64", "f64")
 L1_EVICTION = ("evict_normal", "evict_unchanged", "evict_first", "evict_last", "no_allocate")
 L2_EVICTION = ("evict_normal", "evict_first", "evict_last")
@@ -198,11 +200,12 @@ def _rules(name: str, ordered: str) -> tuple[Rule, ...]:
         rule(
             "v8-32bit-only",
             ".v8 is supported only with .b32, .s32, .u32 or .f32 (a 256-bit access). ptxas 13.0 "
-            "lets .v8 of 8- and 16-bit types through its checks (and then crashes on ld); the "
-            "PTX ISA forbids them, so ptxops does too.",
+            "and 13.5 let .v8 of 8- and 16-bit types through their checks (and then crash on "
+            "ld); the PTX ISA forbids them, so ptxops does too.",
             when={"vec": 8},
             allow={"type": WORD_TYPES},
             ptxas_enforced=False,
+            ptxas=[ptxas_record(("13.0", "13.5"), "crashes", type=SUBWORD_TYPES)] if name == "ld" else (),
         ),
         rule(
             "v8-wide",
@@ -220,13 +223,17 @@ def _rules(name: str, ordered: str) -> tuple[Rule, ...]:
             "param-not-wrapped",
             f"{name}.param "
             + ("reads kernel or device-function parameters"
-               if name == "ld" else "passes device-function call arguments (ptxas 13.0 crashes "
-               "on it inside a kernel)")
-            + "; no CuTeDSL pointer addresses the .param space, so ptxops does not wrap it.",
+               if name == "ld" else "passes device-function call arguments (ptxas 13.0 and 13.5 "
+               "crash on it inside a kernel)")
+            + "; no CuTeDSL pointer addresses the .param space, so ptxops does not wrap it."
+            + (" ptxas 13.5 rejects ld.param::func inside a kernel (\"Illegal state space for "
+               "address operand '::func'\"), which 13.0 assembles." if name == "ld" else ""),
             when={"space": PARAM},
             allow={"space": ()},
             ptxas_enforced=False,
             wrapped=False,
+            ptxas=[ptxas_record("13.5", "rejects", space="param::func")] if name == "ld"
+            else [ptxas_record(("13.0", "13.5"), "crashes")],
         ),
     )
 

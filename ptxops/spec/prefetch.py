@@ -75,8 +75,10 @@ PREFETCH = Family(
         rule(
             "param-not-wrapped",
             "prefetch.param.tensormap prefetches a tensor map passed as a kernel parameter; no "
-            "CuTeDSL pointer addresses the .param space, so ptxops does not wrap it (pass the "
-            "tensor map's generic address instead).",
+            "CuTeDSL pointer addresses the .param space, so ptxops does not wrap it: prefetch a "
+            "TMA atom's own tensor map (a kernel parameter) with CuTeDSL's "
+            "cute.nvgpu.cpasync.prefetch_descriptor(atom), or pass a tensor map's generic "
+            "address to prefetch(level='tensormap').",
             when={"space": PARAM},
             allow={"space": ()},
             ptxas_enforced=False,

@@ -11,6 +11,12 @@ DEFAULT_TARGET = "sm_90"
 #: PTX ISA version written into the header of rendered modules (the newest ptxas 13.0 reads).
 PTX_VERSION = "9.0"
 
+#: The ptxas releases whose verdicts the spec records (its rules' ``ptxas_enforced`` and
+#: ``isa_allows`` flags, and their per-release records, :class:`~ptxops.spec.engine.PtxasRecord`):
+#: CUDA 13.0's, and 13.5's, the ``ptxas`` extra's (``nvidia-cuda-nvcc==13.5.37``).  The oracle
+#: tests judge each against the spec's record of it, and skip with an assembler of another release.
+PTXAS_RELEASES = ("13.0", "13.5")
+
 #: Targets with the fp8 (e4m3/e5m2) multimem forms and ``.acc::f16``: the PTX ISA lists
 #: sm_100a, sm_101a/110a, sm_120a, sm_121a and the sm_100f/sm_110f families.
 FP8_MULTIMEM = ("sm_100a", "sm_100f", "sm_103a", "sm_120a")
@@ -29,6 +35,9 @@ def normalise_target(arch: str) -> str:
     a = arch.strip().lower()
     return a if a.startswith("sm_") else f"sm_{a}"
 
+
+#: The Hopper targets.
+SM90 = ("sm_90", "sm_90a")
 
 #: Targets of sm_100 or later (every target but sm_90 and sm_90a), for instructions the PTX
 #: ISA introduces with "requires sm_100 or higher" (``st.bulk``, ``clusterlaunchcontrol``).

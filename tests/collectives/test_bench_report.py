@@ -5,6 +5,8 @@ Synthetic timings (fake inputs to the formatter, never performance); no GPU."""
 
 from __future__ import annotations
 
+import types
+
 import pytest
 
 pytest.importorskip("torch")
@@ -175,3 +177,15 @@ def test_knobs_drop_the_plans_and_restore_the_knobs() -> None:
     with bench.knobs(Comm, {"BLOCKS_PER_SM": before + 1}):
         assert config.BLOCKS_PER_SM == before + 1 and Comm.plans.cleared == 1
     assert config.BLOCKS_PER_SM == before and Comm.plans.cleared == 2
+
+
+def test_without_matplotlib_the_report_names_the_bench_extra(tmp_path, monkeypatch, capsys) -> None:
+    def no_matplotlib(*args) -> None:
+        raise ImportError("No module named 'matplotlib'")
+
+    monkeypatch.setattr(bench.torch.cuda, "get_device_name", lambda: "GPU")
+    monkeypatch.setattr(bench, "plot", no_matplotlib)
+    rec = types.SimpleNamespace(results=_both_collectives(), skipped=[],
+                                write=lambda out_dir, world, gpu, **meta: str(tmp_path / "bench-gpu.json"))
+    bench.report(rec, 2, str(tmp_path), {"sms": 132, "tma_blocks_all_reduce_bf16": {}, "nccl_version": "2.28.3"})
+    assert "matplotlib not installed: no plot (pip install 'ptxops[bench]')" in capsys.readouterr().out

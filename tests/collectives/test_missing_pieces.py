@@ -88,3 +88,61 @@ def test_init_under_torchrun_without_a_driver_raises_one_error(cuda_build: pytes
         bootstrap.init()
     assert str(err.value) == "collectives.init needs a GPU: no NVIDIA driver: libcuda.so.1 cannot be loaded"
     assert touched == []
+
+
+@pytest.mark.parametrize(("module", "package", "extra"), [
+    ("collectives.testing", "torch", "ptxops[torch]"),
+    ("collectives.device", "cutlass", "ptxops[dsl]"),
+])
+def test_importing_a_module_without_its_package_names_the_extra(module: str, package: str, extra: str) -> None:
+    proc = python(f"import sys\nsys.modules[{package!r}] = None\nimport {module}")
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"collectives.errors.MissingDependency: {module} needs "), proc.stderr
+    assert f"'{extra}'" in last and "During handling" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 5, proc.stderr  # the import's traceback, then the sentence
+
+
+def test_the_command_line_help_works_without_cutedsl() -> None:
+    proc = python("import sys\nsys.modules['cutlass'] = None\nfrom collectives.__main__ import main\n"
+                  "main(['ptx', '--help'])")
+    assert proc.returncode == 0 and "--collective" in proc.stdout and "where CuTeDSL is installed" in proc.stdout, \
+        proc.stderr
+
+
+def test_testing_is_an_attribute_of_the_package() -> None:
+    proc = python("import collectives\nprint(collectives.testing.run_world.__name__)")
+    assert proc.returncode == 0 and proc.stdout.strip() == "run_world", proc.stderr
+
+
+@pytest.fixture
+def no_driver(cuda_build: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    cuda_build.setattr(capability.ctypes, "CDLL", lambda name: (_ for _ in ()).throw(OSError(name)))
+    return cuda_build
+
+
+def test_a_world_without_a_gpu_says_so_in_one_sentence(no_driver: pytest.MonkeyPatch) -> None:
+    from collectives.testing import World, run_world
+
+    for start in (lambda: run_world(2, lambda rank: rank), lambda: World(2)):
+        with pytest.raises(CollectiveError) as err:
+            start()
+        assert str(err.value) == "a one-GPU world needs a CUDA GPU: no NVIDIA driver: libcuda.so.1 cannot be loaded"
+        assert err.value.__cause__ is None and err.value.__context__ is None
+
+
+def test_the_world_bench_without_a_gpu_says_so_in_one_line(no_driver: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from collectives.tools import bench
+
+    assert bench.main(["--world", "2"]) == 2
+    assert capsys.readouterr().err == ("python -m collectives.tools.bench --world 2: needs a CUDA GPU: "
+                                       "no NVIDIA driver: libcuda.so.1 cannot be loaded\n")
+
+
+def test_init_outside_torchrun_says_how_to_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    if context.current() is not None or torch.distributed.is_initialized():
+        pytest.skip("a context or process group is already open")
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(CollectiveError, match=r"not a torchrun launch: launch one process per GPU, e\.g\. "
+                                              r"torchrun --nproc-per-node=2 your_script\.py"):
+        bootstrap.init()

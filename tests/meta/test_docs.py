@@ -5,8 +5,9 @@ what an earlier one defined), on the CPU: kernels compile for sm_90a without a G
 marked ``<!-- gpu -->`` on the line before its fence needs GPUs under torchrun: it is compiled
 (syntax), every ``ptxops``/``collectives`` name it imports or uses must exist, and it may not
 define kernels itself (a kernel it launches is defined and compiled by a CPU block of the same
-page).  ``python -m ptxops ...`` and ``python -m collectives ptx ...`` lines of ``bash`` blocks
-run too, and must exit 0.
+page); on the pages of :data:`PROGRAM_PAGES` it is a whole program, its launch line first.
+``python -m ptxops ...`` and ``python -m collectives ptx ...`` lines of ``bash`` blocks run too, and
+must exit 0.
 """
 
 from __future__ import annotations
@@ -213,6 +214,36 @@ def test_python_blocks_run(page: Path, tmp_path: Path, monkeypatch: pytest.Monke
 )
 def test_command_lines_run(block: Block, argv: list[str], capsys: pytest.CaptureFixture) -> None:
     assert run_command(argv) == 0, f"{block.where}: python -m {' '.join(argv)} failed"
+
+
+#: Pages whose GPU blocks are whole programs: a first line ``# NAME.py: torchrun ... NAME.py`` (how to
+#: launch it), and ``collectives.init()`` before any other use of collectives.
+PROGRAM_PAGES = ("guide-moe.md",)
+LAUNCH = re.compile(r"# (?P<name>\w+\.py): torchrun --nproc-per-node \d+ (?P=name)$")
+
+
+def check_program(block: Block) -> None:
+    lines = block.code.splitlines()
+    assert LAUNCH.match(lines[0]), f"{block.where}: a GPU program starts with its launch line, not {lines[0]!r}"
+    uses = [i for i, text in enumerate(lines) if re.search(r"\bcollectives\.\w", text)
+            and not text.lstrip().startswith(("import ", "from ", "#"))]
+    assert uses and "collectives.init(" in lines[uses[0]], (
+        f"{block.where}: collectives.init() must come first (a rank has no context before it)")
+
+
+@pytest.mark.parametrize("block", [b for name in PROGRAM_PAGES for b in python_blocks(DOCS / name) if b.gpu],
+                         ids=lambda b: b.where)
+def test_gpu_blocks_are_programs(block: Block) -> None:
+    check_program(block)
+
+
+def test_a_gpu_block_without_init_is_no_program() -> None:
+    bad = Block(DOCS / "x.md", 1, "python", "# x.py: torchrun --nproc-per-node 2 x.py\nimport collectives\n"
+                "world = collectives.current().world_size\n", True)
+    with pytest.raises(AssertionError, match="collectives.init"):
+        check_program(bad)
+    with pytest.raises(AssertionError, match="launch line"):
+        check_program(Block(DOCS / "x.md", 1, "python", "import collectives\ncollectives.init()\n", True))
 
 
 def test_gpu_marker_is_checked() -> None:

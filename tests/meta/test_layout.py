@@ -29,7 +29,7 @@ def listed() -> dict[str, set[str]]:
                                   env={**os.environ, "LIST": "1"}).stdout for group, size in (("all", "2"), ("world", "2")))
     out: dict[str, set[str]] = {}
     for line in text.splitlines():
-        group, path = line.split()
+        group, path = line.split()[:2]  # (a seeded re-run says so after them)
         out.setdefault(path, set()).add(group)
     return out
 
@@ -110,7 +110,7 @@ def test_the_device_package_lists_every_block_module() -> None:
         return set()
 
     listed: dict[str, set[str]] = {}
-    for node in ast.parse((device / "__init__.py").read_text()).body:
+    for node in ast.walk(ast.parse((device / "__init__.py").read_text())):  # (inside its try: no CuTeDSL)
         if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
             listed[node.module] = {a.name for a in node.names}
     blocks = {p.stem for p in device.glob("*.py")} - {"__init__", "launch", "kernel_args"}

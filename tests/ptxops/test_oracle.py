@@ -3,9 +3,12 @@
 The oracle is ptxas itself: forms are rendered into PTX modules and assembled (see
 ``ptxops.ptxas``) by the first assembler that reads the family's PTX ISA version
 (``multimem.cp.async.bulk`` needs 9.1: the ``ptxas`` extra installs one; with an older ptxas
-only, the tests of those families skip, naming the assemblers found).  The one sanctioned
-difference is a rule marked ``ptxas_enforced=False``: there ptxas lets through a form the PTX ISA
-forbids, and ptxops follows the documentation.
+only, the tests of those families skip, naming the assemblers found).  The sanctioned
+differences are a rule marked ``ptxas_enforced=False`` (there ptxas lets through a form the PTX
+ISA forbids, and ptxops follows the documentation) and each rule's records of one ptxas release
+(:class:`~ptxops.spec.engine.PtxasRecord`): the tests judge the assembler they run with by the
+spec's record of its release (:meth:`~ptxops.spec.engine.Family.ptxas_verdict`), and skip with a
+release the spec has no record of.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ptxops import QualifierError, render, spec
-from ptxops.ptxas import PtxasUnavailable, assemble, ptxas_path
+from ptxops.ptxas import PtxasUnavailable, assemble, ptxas_path, release
 from ptxops.spec.engine import Family
 from tests.support.spec_groups import ORACLE_GROUPS, domain, groups, legal_forms
 
@@ -26,19 +29,19 @@ try:
 except PtxasUnavailable as err:  # pragma: no cover - every CI machine has ptxas
     pytest.skip(str(err), allow_module_level=True)
 
-#: Docs-only rules whose forms crash ptxas 13.0 (segfault in its back end) instead of
-#: assembling: ptxas is not asked about them.
-PTXAS_CRASHES = {("ld", "v8-32bit-only"), ("st", "param-not-wrapped")}
 
-
-
-def isa(family: Family) -> str:
-    """The family's PTX ISA version; skips the test where no ptxas reads it."""
+def isa(family: Family) -> tuple[str, str]:
+    """The family's PTX ISA version and the release of the ptxas that assembles it; skips the
+    test where no ptxas reads it, or where the spec records no verdicts of its release."""
     try:
-        ptxas_path(family.ptx_version)
+        path = ptxas_path(family.ptx_version)
     except PtxasUnavailable as err:
         pytest.skip(f"{family.name}: {err}")
-    return family.ptx_version
+    found = release(path)
+    if found not in spec.PTXAS_RELEASES:
+        pytest.skip(f"{family.name}: {path} is ptxas {found}; the spec records the verdicts of ptxas "
+                    f"{', '.join(spec.PTXAS_RELEASES)} (name one in PTXOPS_PTXAS)")
+    return family.ptx_version, found
 
 
 def line(family: Family, q: Mapping) -> str:
@@ -65,26 +68,27 @@ def test_oracle_groups_hold_every_rule(name: str) -> None:
 @pytest.mark.parametrize("name", list(spec.FAMILIES))
 def test_spec_agrees_with_ptxas_on_the_whole_domain(name: str, target: str) -> None:
     """Every combination of the family's qualifier domains (for ld and st: of each group's
-    domains, see :data:`ORACLE_GROUPS`): legal in the spec exactly when ptxas assembles it,
-    docs-only rules and legal PTX that ptxops does not wrap aside (ptxas must accept those
-    forms)."""
+    domains, see :data:`ORACLE_GROUPS`): ptxas assembles it exactly where the spec's record of
+    this ptxas release says (legal forms, docs-only rules and legal PTX that ptxops does not wrap,
+    but where a rule records this release's departure); forms it records as crashing ptxas are
+    not asked."""
     family = spec.FAMILIES[name]
-    version = isa(family)
+    version, found = isa(family)
     forms, expected = [], []
     for q in domain(family, target):
-        broken = broken_rules(family, q)
-        if any((name, r.name) in PTXAS_CRASHES for r in broken):
-            continue
-        forms.append(q)
-        expected.append(all(r.legal_ptx for r in broken))
+        verdict = family.ptxas_verdict(q, found)
+        if verdict != "crashes":
+            forms.append(q)
+            expected.append(verdict == "assembles")
     verdicts = assemble([line(family, q) for q in forms], target, version)
     wrong = [
         (line(family, q), verdict, [r.name for r in broken_rules(family, q)])
         for q, verdict, ok in zip(forms, verdicts, expected)
         if (verdict is None) != ok
     ]
-    assert not wrong, f"{len(wrong)} disagreements, first: {wrong[:5]}"
-    legal = sum(1 for _ in family.enumerate(target=target)) if name not in ORACLE_GROUPS else 1
+    assert not wrong, f"{len(wrong)} disagreements with ptxas {found}, first: {wrong[:5]}"
+    legal = (sum(family.ptxas_verdict(q, found) == "assembles" for q in family.enumerate(target=target))
+             if name not in ORACLE_GROUPS else 1)
     assert sum(expected) >= legal
     assert legal > 0 or not_on(family, target), f"{name} has no forms on {target}"
 
@@ -98,13 +102,14 @@ def not_on(family: Family, target: str) -> bool:
 @pytest.mark.parametrize("target", spec.TARGETS)
 def test_every_form_of_every_family_assembles(target: str, version: str) -> None:
     """Every legal form (for ld and st: every legal form of the oracle groups) of the families
-    of one PTX ISA version assembles."""
+    of one PTX ISA version assembles, but those the spec records this ptxas release rejecting."""
     families = [f for f in spec.FAMILIES.values() if f.ptx_version == version]
-    isa(families[0])
+    _, found = isa(families[0])
     statements = [
         line(family, inst.qualifiers)
         for family in families
         for inst in legal_forms(family.name, target)
+        if family.ptxas_verdict(inst.qualifiers, found) == "assembles"
     ]
     verdicts = assemble(statements, target, version)
     rejected = [(s, v) for s, v in zip(statements, verdicts) if v]
@@ -128,6 +133,41 @@ def test_prefetch_eviction_priority_follows_the_isa_where_ptxas_is_lenient() -> 
     q = fam.normalise(dict(level="L2::evict_last"))
     assert assemble([line(fam, q)], "sm_90") == [None]
     assert spec.instruction("prefetch", space="global", level="L2::evict_last").opcode == "prefetch.global.L2::evict_last"
+
+
+def test_membar_proxy_async_follows_the_isa_and_ptxas_13_5() -> None:
+    """membar.proxy.async: the ISA lists it and ptxas 13.5 assembles it, so ptxops emits it;
+    ptxas 13.0 rejects it, as the rule records."""
+    fam = spec.FAMILIES["membar"]
+    q = spec.instruction("membar", proxy="async", target="sm_90a").qualifiers
+    _, found = isa(fam)
+    verdict = assemble([line(fam, q)], "sm_90a")[0]
+    assert (verdict is None) == (fam.ptxas_verdict(q, found) == "assembles")
+    assert [fam.ptxas_verdict(q, r) for r in spec.PTXAS_RELEASES] == ["rejects", "assembles"]
+
+
+@pytest.mark.parametrize("name", [n for n, f in spec.FAMILIES.items()
+                                  if any(p.verdict == "crashes" for r in f.rules for p in r.ptxas)])
+def test_the_crashes_the_spec_records_happen(name: str) -> None:
+    """Each record of a crash of this ptxas release: a form it covers, alone in a module, stops
+    ptxas with an error that names no line (so the oracle leaves out no form it could ask about)."""
+    family = spec.FAMILIES[name]
+    version, found = isa(family)
+    records = [(r, p) for r in family.rules for p in r.ptxas if p.verdict == "crashes" and found in p.releases]
+    if not records:
+        pytest.skip(f"{name}: no crash of ptxas {found} recorded")
+    for r, p in records:
+        covered = [q for t in spec.TARGETS for q in domain(family, t) if r.applies(q) and p.matches(q, found)]
+        assert covered, (r.name, p)
+        for q in covered[:24]:
+            try:
+                assemble([line(family, q)], q["target"], version)
+            except RuntimeError as err:
+                assert "outside any statement" in str(err)
+                break
+        else:
+            pytest.fail(f"{name}: rule {r.name} records ptxas {found} crashing on {dict(p.when)}, but "
+                        f"none of {len(covered[:24])} of its forms crashed it")
 
 
 def test_a_rule_where_the_isa_lists_forms_ptxas_rejects() -> None:
@@ -196,7 +236,7 @@ def raw_line(family: Family, q: Mapping) -> str:
 @given(data=st.data())
 def test_instruction_accepts_exactly_what_ptxas_accepts(name: str, data) -> None:
     family = spec.FAMILIES[name]
-    version = isa(family)
+    version, found = isa(family)
     q = data.draw(qualifier_dicts(family))
     try:
         inst = spec.instruction(name, **q)
@@ -205,15 +245,19 @@ def test_instruction_accepts_exactly_what_ptxas_accepts(name: str, data) -> None
     else:
         accepted, rule = True, None
     if accepted:
+        recorded = family.ptxas_verdict(inst.qualifiers, found)
+        if recorded == "crashes":
+            return
         verdict = assemble([line(family, inst.qualifiers)], q["target"], version)[0]
-        assert verdict is None, f"spec accepts {inst.opcode}, ptxas says {verdict}"
+        assert (verdict is None) == (recorded == "assembles"), \
+            f"spec accepts {inst.opcode} and records ptxas {found} {recorded} it, ptxas says {verdict}"
         return
     normal = None
     try:
         normal = family.normalise(q)
     except QualifierError:
         pass
-    if normal is not None and all(r.legal_ptx for r in broken_rules(family, normal)):
-        return  # a docs-only rule or legal PTX that ptxops does not wrap
+    if normal is not None and family.ptxas_verdict(normal, found) != "rejects":
+        return  # a docs-only rule, legal PTX that ptxops does not wrap, or a recorded crash
     verdict = assemble([raw_line(family, normal or q)], q["target"], version)[0]
     assert verdict is not None, f"spec rejects {q} (rule {rule}) but ptxas assembles it"

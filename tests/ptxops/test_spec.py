@@ -579,14 +579,16 @@ def test_membar_levels_are_the_fence_sc_scopes() -> None:
 
 def test_membar_proxy_kinds_are_the_fence_proxy_kinds() -> None:
     """membar.proxy.kind is fence.proxy.kind: every kind the ISA lists is a bidirectional proxy
-    fence; ptxas 13.0 assembles membar.proxy.alias only, and the rule offers fence for the rest."""
+    fence; ptxas assembles membar.proxy.alias and (from 13.5 on) .async only, and the rule offers
+    fence for the rest."""
     from ptxops.spec.membar import PROXY_KINDS
 
     for kind in PROXY_KINDS:
         assert spec.instruction("fence", proxy=kind).opcode == f"fence.proxy.{kind}"
-    assert [f.opcode for f in spec.forms("membar") if f.qualifiers["proxy"]] == ["membar.proxy.alias"]
+    assert [f.opcode for f in spec.forms("membar") if f.qualifiers["proxy"]] == [
+        "membar.proxy.alias", "membar.proxy.async"]
     with pytest.raises(QualifierError, match=r"proxy-kinds-ptxas[\s\S]*fence\(proxy=\.\.\.\)"):
-        spec.instruction("membar", proxy="async")
+        spec.instruction("membar", proxy="async.global")
     with pytest.raises(QualifierError, match="level-or-proxy"):
         spec.instruction("membar", level="gl", proxy="alias")
 
