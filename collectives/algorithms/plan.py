@@ -28,12 +28,19 @@ class Plan:
     """One collective call, prepared: ``run()`` takes the current stream and launches.
     ``args``: the launch arguments, one tuple, or two that calls alternate (the communicator's
     ``turn``); ``holds``: the staging-pool buffers (data pointers) any address of the launch
-    lies in."""
+    lies in; ``uses``: the addresses it reads or writes (its buffers', ``out``, ``src``: a free
+    of memory holding one drops the plan); ``alive``: the storages of adopted buffers it uses
+    (:attr:`collectives.runtime.views.Buffer.storage`: the plan holds while they live)."""
 
-    __slots__ = ("fn", "args", "comm", "holds")
+    __slots__ = ("fn", "args", "comm", "holds", "uses", "alive")
 
-    def __init__(self, fn: Callable[..., Any], args: list[tuple], comm: Runtime, holds: tuple[int, ...] = ()) -> None:
-        self.fn, self.args, self.comm, self.holds = fn, args, comm, holds
+    def __init__(self, fn: Callable[..., Any], args: list[tuple], comm: Runtime, holds: tuple[int, ...] = (),
+                 uses: tuple[int, ...] = (), alive: tuple[Any, ...] = ()) -> None:
+        self.fn, self.args, self.comm, self.holds, self.uses, self.alive = fn, args, comm, holds, uses, alive
+
+    def expired(self) -> bool:
+        """Whether memory an adopted buffer of the plan lay in has been freed."""
+        return any(storage.expired() for storage in self.alive)
 
     def run(self) -> None:
         """Launch on the current stream, after the communicator's last collective
@@ -97,9 +104,11 @@ def prepare(comm: Runtime, key: Any, layout: Layout, data: Buffer | list[Buffer]
 
     args = [layout.pack(data_table=b.table.data_ptr(), **{layout.emulated: handle(b)}, **fixed) + (blocks,)
             for b in buffers]
-    used = [b.ptr for b in buffers + [results] if b is not None] + [out, src]
+    views = [b for b in buffers + [results] if b is not None]
+    used = [b.ptr for b in views] + [out, src]
     holds = tuple({h for h in map(comm.pool.holder, used) if h is not None})
-    return Plan(comm.kernel(key), args, comm, holds)
+    alive = tuple(b.storage for b in views if getattr(b, "storage", None) is not None)
+    return Plan(comm.kernel(key), args, comm, holds, tuple(a for a in used if a), alive)
 
 
 __all__ = ["Plan", "capturing", "current_stream", "follow", "order", "prepare"]

@@ -144,15 +144,23 @@ def _upload(values: tuple[int, ...], device: torch.device, pin: bool = True) -> 
 class Launch:
     """One all-to-all call, prepared: the kernel and its arguments, and the split tensors they
     point to (``keep``: kept alive while the launch is cached, whatever the split cache drops,
-    and for good once a CUDA graph captured the launch: ``pinned``)."""
+    and for good once a CUDA graph captured the launch: ``pinned``); ``alive``: the storage of
+    an adopted receive allocation (:attr:`collectives.runtime.views.Buffer.storage`)."""
 
-    __slots__ = ("fn", "args", "device", "keep", "pinned")
+    __slots__ = ("fn", "args", "device", "keep", "pinned", "alive")
     #: Staging-pool buffers it uses (:meth:`~collectives.runtime.staging.PlanCache.drop_holding`): none.
     holds: tuple[int, ...] = ()
+    #: Addresses whose free drops it (:meth:`~collectives.runtime.staging.PlanCache.drop_using`): none,
+    #: its key holds the context's generation.
+    uses: tuple[int, ...] = ()
 
     def __init__(self, fn: Callable[..., Any], args: tuple, device: int, keep: tuple,
-                 pinned: dict[int, torch.Tensor]) -> None:
-        self.fn, self.args, self.device, self.keep, self.pinned = fn, args, device, keep, pinned
+                 pinned: dict[int, torch.Tensor], alive: tuple[Any, ...] = ()) -> None:
+        self.fn, self.args, self.device, self.keep, self.pinned, self.alive = fn, args, device, keep, pinned, alive
+
+    def expired(self) -> bool:
+        """Whether the adopted receive allocation has been freed."""
+        return any(storage.expired() for storage in self.alive)
 
     def run(self) -> None:
         """Launch on the current stream (under capture, first pin the split tensors)."""
@@ -236,9 +244,9 @@ def prepare(comm: Any, state: Exchange, out: torch.Tensor, inp: torch.Tensor, ou
         allocation, recv_n = ctx.allocation(state.staging), min(out.numel(), STAGING_BYTES // out.element_size())
     base, number = allocation
     key = AllToAllKey(dtype, comm.world, state.parts, direct=direct, pdl=state.pdl)
-    slots = state.slots
+    slots, receiver = state.slots, comm.buffer(base)
     args = ALL_TO_ALL.pack(
-        recv_table=comm.buffer(base).table.data_ptr(), recv_id=receiving(number, dtype),
+        recv_table=receiver.table.data_ptr(), recv_id=receiving(number, dtype),
         recv=address(out) if direct else state.staging.data_ptr(), out=out.data_ptr(), src=inp.data_ptr(),
         in_splits=send.data_ptr(), out_splits=receive.data_ptr(), row=row, in_n=inp.numel(), out_n=recv_n,
         slot_table=slots.table.data_ptr(), slots=int(slots.host[comm.rank]), err=comm.error.data_ptr(),
@@ -247,7 +255,8 @@ def prepare(comm: Any, state: Exchange, out: torch.Tensor, inp: torch.Tensor, ou
     keep = tuple(t for t, given in ((send, in_splits), (receive, out_splits)) if t is not given)
     # Ranks sharing the GPU may differ in direct: each loads both kernels before launching either.
     fn = comm.kernel_together(key, replace(key, direct=not direct))
-    return Launch(fn, (*args, key.blocks), comm.device_index, keep, state.pinned)
+    alive = () if receiver.storage is None else (receiver.storage,)
+    return Launch(fn, (*args, key.blocks), comm.device_index, keep, state.pinned, alive)
 
 
 __all__ = ["STAGING_BYTES", "Exchange", "Launch", "all_to_all", "check_tensors", "exchange", "prepare"]

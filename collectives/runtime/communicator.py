@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -69,6 +70,7 @@ class Communicator:
         self.plans = PlanCache()
         self.kernels = KernelCache(ctx.backend)
         self.views = BufferViews(ctx)
+        self.follow_frees()
         self.pool = StagingPool(ctx, self.plans, self.views.forget, self.agree_growth)
         #: The Lamport all-reduce's receive buffers by element bytes (:mod:`collectives.algorithms.lamport`).
         self.lamport_buffers: dict[int, torch.Tensor] = {}
@@ -116,6 +118,24 @@ class Communicator:
     def buffer(self, t: torch.Tensor) -> Buffer:
         """The kernel view of symmetric tensor ``t`` (cached by address)."""
         return self.views.get(t)
+
+    def follow_frees(self) -> None:
+        """Have every free of the context reach :meth:`forget_allocation` (while this
+        communicator lives: the context does not keep it alive)."""
+        ref = weakref.ref(self)
+
+        def forget(ptr: int, nbytes: int) -> None:
+            live = ref()
+            if live is not None:
+                live.forget_allocation(ptr, nbytes)
+
+        self.ctx.on_free.append(forget)
+
+    def forget_allocation(self, ptr: int, nbytes: int) -> None:
+        """The context freed the ``nbytes`` at ``ptr``: drop the views into them and the plans
+        using them (the heap may hand the local address out again, the other ranks' elsewhere)."""
+        self.views.forget(ptr, nbytes)
+        self.plans.drop_using(ptr, nbytes)
 
     def agree_growth(self, what: int, nbytes: int) -> None:
         """Before a collective allocation that a call makes (staging slot ``what`` growing to

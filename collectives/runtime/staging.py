@@ -39,9 +39,14 @@ STAGING_MIN_BYTES = 1 << 20
 
 
 class Holder(Protocol):
-    """What the cache needs of a plan: the data pointers of the pool buffers it holds."""
+    """What the cache needs of a plan: the data pointers of the pool buffers it holds, the
+    addresses it uses, and whether memory it relies on was freed."""
 
     holds: tuple[int, ...]
+    uses: tuple[int, ...]
+    alive: tuple[Any, ...]
+
+    def expired(self) -> bool: ...
 
 
 def tensor_key(t: torch.Tensor) -> tuple:
@@ -65,8 +70,13 @@ class PlanCache:
         self.capacity = capacity
 
     def get(self, key: Hashable) -> Any:
+        """The plan of ``key``, None if there is none or the memory of an adopted buffer it
+        uses was freed (then it is dropped)."""
         plan = self._plans.get(key)
         if plan is not None:
+            if plan.alive and plan.expired():
+                del self._plans[key]
+                return None
             self._plans.move_to_end(key)
         return plan
 
@@ -82,6 +92,11 @@ class PlanCache:
     def clear(self) -> None:
         """Forget every plan (the next call of each plans anew)."""
         self._plans.clear()
+
+    def drop_using(self, ptr: int, nbytes: int) -> None:
+        """Forget every plan that uses an address in the ``nbytes`` at ``ptr`` (freed memory)."""
+        for key in [k for k, p in self._plans.items() if any(ptr <= a < ptr + nbytes for a in p.uses)]:
+            del self._plans[key]
 
     def drop_holding(self, ptr: int) -> None:
         """Forget every plan that holds the staging buffer at ``ptr``."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -102,6 +102,10 @@ class Context:
         #: Advances at every allocation and free: what was looked up in this context's
         #: allocations (a tensor's symmetry, its allocation) holds while it stands still.
         self.generation = 0
+        #: Called with (address, bytes) of each allocation as it is freed, before the heap may
+        #: hand its addresses out again: the communicators' caches of peer tables and plans
+        #: (a new allocation at the same local address has other ranks' addresses elsewhere).
+        self.on_free: list[Callable[[int, int], None]] = []
         self.closed = False
         # The sub-group pool (base context only, :meth:`reserve`) and this rank's free ranges of it.
         self.pool: torch.Tensor | None = None
@@ -201,6 +205,8 @@ class Context:
     def _release(self, a: _Alloc) -> None:
         self._allocs.pop(a.ptr, None)
         self.generation += 1
+        for forget in list(self.on_free):
+            forget(a.ptr, a.raw.numel())
         a.peers = a.mc = None  # drop child views before the parent goes
         self.heap.free(a.raw)
 
@@ -224,6 +230,11 @@ class Context:
             return a, p - a.ptr
         raise SymmetricMemoryError(
             f"tensor at {p:#x} ({n} bytes, {t.device}) is not (entirely) in this context's symmetric heap")
+
+    def is_adopted(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` is symmetric memory from outside this context (:meth:`Heap.adopt`):
+        freed by its owner, with its last reference, without telling the context."""
+        return self._find(t)[0].adopted
 
     def allocation(self, t: torch.Tensor) -> tuple[torch.Tensor, int]:
         """The whole allocation ``t`` lies in (its bytes as allocated, without the heap's

@@ -31,7 +31,7 @@ class Fake:
         fake = self
 
         class Counted:
-            holds = ()
+            holds = uses = alive = ()
 
             def run(self) -> None:
                 fake.launched += 1

@@ -17,6 +17,8 @@ from collectives.runtime.staging import STAGING_MIN_BYTES, PlanCache, StagingPoo
 @dataclass
 class FakePlan:
     holds: tuple[int, ...] = ()
+    uses: tuple[int, ...] = ()
+    alive: tuple = ()
 
 
 class FakeCtx:
