@@ -9,8 +9,11 @@ from typing import Any
 
 import torch
 
-from ..device.kernel_args import Layout
+from ..device.kernel_args import COLLECTIVE, Layout
 from .protocol import Buffer, Runtime
+
+#: Where a launch's arguments hold the caller's output and input (the same in every collective layout).
+OUT, SRC = COLLECTIVE.index["out"], COLLECTIVE.index["src"]
 
 #: torch.cuda.is_current_stream_capturing without its Python wrapper (per-call cost matters).
 capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
@@ -30,13 +33,31 @@ class Plan:
     ``turn``); ``holds``: the staging-pool buffers (data pointers) any address of the launch
     lies in; ``uses``: the addresses it reads or writes (its buffers', ``out``, ``src``: a free
     of memory holding one drops the plan); ``alive``: the storages of adopted buffers it uses
-    (:attr:`collectives.runtime.views.Buffer.storage`: the plan holds while they live)."""
+    (:attr:`collectives.runtime.views.Buffer.storage`: the plan holds while they live);
+    ``device``: the communicator's GPU; ``caller``: the addresses of the output and input of
+    the call it was made for (:meth:`moved`)."""
 
-    __slots__ = ("fn", "args", "comm", "holds", "uses", "alive")
+    __slots__ = ("fn", "args", "comm", "holds", "uses", "alive", "device", "caller")
 
     def __init__(self, fn: Callable[..., Any], args: list[tuple], comm: Runtime, holds: tuple[int, ...] = (),
                  uses: tuple[int, ...] = (), alive: tuple[Any, ...] = ()) -> None:
         self.fn, self.args, self.comm, self.holds, self.uses, self.alive = fn, args, comm, holds, uses, alive
+        self.device = comm.device_index
+        self.caller = (0, 0)
+
+    def moved(self, old: tuple[int, int], new: tuple[int, int]) -> Plan | None:
+        """This plan for a call like the one it was made for (the same checked facts) whose
+        output and input lie at ``new`` instead of ``old`` (their addresses): the caller's
+        addresses swapped in its arguments, nothing else prepared again.  None where an
+        argument that takes them holds another address (a view of the caller's memory, not
+        portable) or the new call aliases differently."""
+        if (old[0] == old[1]) != (new[0] == new[1]):
+            return None
+        where = {0: 0, old[0]: new[0], old[1]: new[1]}
+        if [a for a in self.args if a[OUT] not in where or a[SRC] not in where]:
+            return None
+        args = [a[:OUT] + (where[a[OUT]], where[a[SRC]]) + a[SRC + 1:] for a in self.args]
+        return Plan(self.fn, args, self.comm, self.holds, tuple([where.get(u, u) for u in self.uses]), self.alive)
 
     def expired(self) -> bool:
         """Whether memory an adopted buffer of the plan lay in has been freed."""
@@ -48,7 +69,7 @@ class Plan:
         the launch uses: the graph replays these addresses for good, whichever call made the
         plan (an eager warm-up's plan is reused under capture)."""
         comm = self.comm
-        stream = current_stream(comm.device_index)
+        stream = current_stream(self.device)
         if stream != comm.stream:
             follow(comm, stream)
         if self.holds and capturing():

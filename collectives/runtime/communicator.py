@@ -195,7 +195,8 @@ class Communicator:
     def barrier(self, backend: str = "auto") -> None:
         """Launch a device-side barrier of every rank on the current stream (see
         :func:`collectives.barrier`)."""
-        self.barrier_plan(backend).run()
+        plan = self.plans.get(("barrier", backend, config.PDL))  # (the hit: no further call)
+        (plan or self.barrier_plan(backend)).run()
 
     def barrier_plan(self, backend: str = "auto") -> Any:
         """The plan of :meth:`barrier` on ``backend``, made (its kernel compiled and loaded) on

@@ -55,7 +55,9 @@ class ErrorRecord:
         self.bound_changed = bound_changed
         self.rematch_flags = rematch_flags
         self.error = torch.zeros((ERROR_RECORDS, len(ERROR_FIELDS)), dtype=torch.int32, pin_memory=pin_memory)
-        self._status = self.error.numpy()  # host-mapped: read without a GPU sync
+        # host-mapped: read without a GPU sync (a memoryview: its items are Python ints, read
+        # at each call in a fraction of a NumPy scalar's time)
+        self._status = memoryview(self.error.numpy())
         #: The fatal error found: every later call raises it.
         self.failed: CollectiveError | None = None
         #: A recoverable error :meth:`poll` found, raised by :meth:`finish`.

@@ -56,8 +56,10 @@ def tensor_key(t: torch.Tensor) -> tuple:
     misses).  An empty tensor's address is its storage's (:func:`~collectives.symmetric.context.address`):
     ``data_ptr()`` is 0 for every empty view, so 0 rows of one receive buffer would hit the plan
     of 0 rows of another (found by the MoE soak on 4 H200s: a combine of 0 tokens launched
-    with an earlier buffer's allocation id)."""
-    return address(t), t.dtype, t.shape, t.is_contiguous(), t.device.index
+    with an earlier buffer's allocation id).  (``data_ptr()`` first: no call to
+    :func:`~collectives.symmetric.context.address` for a tensor with elements, whose address
+    it is; the key is built at every call.)"""
+    return t.data_ptr() or address(t), t.dtype, t.shape, t.is_contiguous(), t.device.index
 
 
 class PlanCache:

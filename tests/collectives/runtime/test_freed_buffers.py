@@ -10,6 +10,8 @@ arena (:func:`torch.frombuffer`): a new one lies where the freed one lay."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -136,7 +138,7 @@ def test_a_plan_over_an_adopted_block_dies_with_its_storage() -> None:
 
     storage = torch.empty(4).untyped_storage()
     plans = PlanCache()
-    plans["call"] = Plan(lambda *a: None, [()], None, alive=(StorageWeakRef(storage),))
+    plans["call"] = Plan(lambda *a: None, [()], SimpleNamespace(device_index=0), alive=(StorageWeakRef(storage),))
     assert plans.get("call") is not None
     del storage  # the caller's last reference: the block is freed
     assert plans.get("call") is None and len(plans) == 0
