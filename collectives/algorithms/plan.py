@@ -128,7 +128,7 @@ def prepare(comm: Runtime, key: Any, layout: Layout, data: Buffer | list[Buffer]
     views = [b for b in buffers + [results] if b is not None]
     used = [b.ptr for b in views] + [out, src]
     holds = tuple({h for h in map(comm.pool.holder, used) if h is not None})
-    alive = tuple(b.storage for b in views if getattr(b, "storage", None) is not None)
+    alive = tuple(b.storage for b in views if b.storage is not None)
     return Plan(comm.kernel(key), args, comm, holds, tuple(a for a in used if a), alive)
 
 

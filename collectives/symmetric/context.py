@@ -212,9 +212,18 @@ class Context:
 
     # ---- lookup ---------------------------------------------------------------------
     def _find(self, t: torch.Tensor) -> tuple[_Alloc, int]:
+        """Allocation containing all of ``t`` and ``t``'s byte offset in it (:meth:`_lookup`);
+        raise SymmetricMemoryError where there is none."""
+        found = self._lookup(t)
+        if found is None:
+            raise SymmetricMemoryError(f"tensor at {address(t):#x} ({_extent(t)} bytes, {t.device}) is not (entirely) "
+                                       "in this context's symmetric heap")
+        return found
+
+    def _lookup(self, t: torch.Tensor) -> tuple[_Alloc, int] | None:
         """Allocation containing all of ``t`` and ``t``'s byte offset in it: one of this
         context's, else the heap's memory from outside it (:meth:`Heap.adopt`, looked up anew
-        each time: its owner may free it)."""
+        each time: its owner may free it); None where ``t`` is in neither."""
         self._check_open()
         if not isinstance(t, torch.Tensor):
             raise SymmetricMemoryError(f"expected a torch.Tensor, got {type(t).__name__}")
@@ -228,8 +237,7 @@ class Context:
             a = _Alloc(-1, adopted.raw, adopted.raw.numel(), peers=adopted.peers, mc=adopted.multicast,
                        adopted=True, no_multicast=adopted.no_multicast)
             return a, p - a.ptr
-        raise SymmetricMemoryError(
-            f"tensor at {p:#x} ({n} bytes, {t.device}) is not (entirely) in this context's symmetric heap")
+        return None
 
     def is_adopted(self, t: torch.Tensor) -> bool:
         """Whether ``t`` is symmetric memory from outside this context (:meth:`Heap.adopt`):
@@ -246,10 +254,9 @@ class Context:
     def is_symmetric(self, t: torch.Tensor) -> bool:
         """Whether ``t`` lies entirely within one live allocation of this context, or in the
         heap's symmetric memory from outside it (torch's ``symm_mem.empty`` + ``rendezvous``)."""
-        try:
-            self._find(t)
-            return True
-        except SymmetricMemoryError:
+        try:  # (no exception where it is not: the API asks at every call on new tensors)
+            return self._lookup(t) is not None
+        except SymmetricMemoryError:  # a closed context, not a tensor, a torch block it overruns
             return False
 
     def _view_like(self, base: torch.Tensor, t: torch.Tensor, offset: int) -> torch.Tensor:
