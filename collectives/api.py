@@ -230,7 +230,8 @@ def _replan(comm: Communicator, key: tuple, out: torch.Tensor, inp: torch.Tensor
     could otherwise come while the other ranks' kernels spin for it, and a load waits for them
     (:func:`collectives.runtime.kernels.load`)."""
     at = (out.data_ptr(), inp.data_ptr())
-    facts = None if comm.ctx.is_symmetric(out) or comm.ctx.is_symmetric(inp) else _facts(key, at)
+    symmetric = comm.ctx.is_symmetric(out) or (inp is not out and comm.ctx.is_symmetric(inp))
+    facts = None if symmetric else _facts(key, at)
     earlier = comm.plans.get(facts) if facts is not None else None
     plan = earlier.moved(earlier.caller, at) if earlier is not None else None
     if plan is None:

@@ -93,14 +93,25 @@ def test_a_moved_plan_launches_what_planning_afresh_launches(monkeypatch, collec
         assert call(base, offset) == moved
 
 
-def test_a_symmetric_tensors_plan_is_never_moved(monkeypatch) -> None:
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter", "all_gather"])
+def test_a_symmetric_tensors_plan_is_never_moved(monkeypatch, collective: str) -> None:
     """A zero-copy plan's data buffer is the caller's symmetric tensor (its peer table): a call
-    on another symmetric tensor of the same facts plans on that tensor's own table."""
+    on another symmetric tensor of the same facts plans on that tensor's own table (the
+    all-reduce's in place, the reduce-scatter's input, the all-gather's output; the other
+    tensor plain)."""
     import collectives as api
 
     heap = FakeHeap(world_size=4)
     comm = FakeComm(heap)
     install(monkeypatch, comm, [False])
-    for block in (heap.empty(1 << 14), heap.empty(1 << 14)):
-        api.all_reduce(FakeTensor(block.data_ptr(), 1 << 12), algorithm="two_shot")  # in place: zero-copy
+    n = (8 << 20) // 2 // 4  # a reduce-scatter input past tuning.STAGE_MAX_BYTES: read in place
+    for k in range(1, 3):
+        block = heap.empty(n * 4 * 2)
+        whole, part = FakeTensor(block.data_ptr(), n * 4), FakeTensor(k << 40, n)
+        if collective == "all_reduce":
+            api.all_reduce(whole, algorithm="two_shot")
+        elif collective == "reduce_scatter":
+            api.reduce_scatter(part, whole, algorithm="tma")
+        else:
+            api.all_gather(whole, part, algorithm="one_shot")
         assert comm.launches[-1][1][0] == block.data_ptr()  # the data buffer's table: this tensor's
