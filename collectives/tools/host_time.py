@@ -26,11 +26,13 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 
-def host_us(fns: list[Callable[[], object]], repeats: int = 3) -> float:
-    """Microseconds of host time per call of ``fns`` (each called once, in order): the slowest
+def host_us(calls: Callable[[], list[Callable[[], object]]], repeats: int = 3) -> float:
+    """Microseconds of host time per call of the functions ``calls()`` returns (made anew for
+    each of ``repeats`` runs, outside the timing; each called once, in order): the slowest
     rank's, best of ``repeats``."""
     best = float("inf")
     for _ in range(repeats):
+        fns = calls()
         torch.cuda.synchronize()
         dist.barrier()
         start = time.perf_counter()
@@ -64,10 +66,9 @@ def main(argv: list[str] | None = None) -> None:
     def measure(name: str, make: Callable[[], Callable[[], object]], moved: bool = True) -> None:
         hit = make()
         hit()
-        rows.append((f"{name}, plan hit", host_us([hit] * calls)))
+        rows.append((f"{name}, plan hit", host_us(lambda: [hit] * calls)))
         if moved:
-            fresh = [make() for _ in range(calls)]
-            rows.append((f"{name}, new tensors", host_us(fresh)))
+            rows.append((f"{name}, new tensors", host_us(lambda: [make() for _ in range(calls)])))
         if args.profile and comm.rank == 0:
             profile = cProfile.Profile()
             profile.runcall(lambda: [hit() for _ in range(calls)])
@@ -75,7 +76,8 @@ def main(argv: list[str] | None = None) -> None:
             pstats.Stats(profile).sort_stats("tottime").print_stats(12)
 
     measure("barrier", lambda: collectives.barrier, moved=False)
-    handle = symm_mem.rendezvous(symm_mem.empty(1024, device="cuda"), group)
+    handle_buffer = symm_mem.empty(1024, device="cuda")
+    handle = symm_mem.rendezvous(handle_buffer, group)
     measure("torch symm_mem barrier", lambda: lambda: handle.barrier(channel=0), moved=False)
     for nbytes in (int(b) for b in args.bytes.split(",")):
         n = nbytes // 2
