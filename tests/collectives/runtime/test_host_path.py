@@ -52,8 +52,8 @@ def test_a_call_on_moved_tensors_prepares_nothing_again(collective: str) -> None
 
 CASES = [("all_reduce", a) for a in ("one_shot", "two_shot", "tma", "push", "lamport", "auto")] + \
         [("all_reduce_out", a) for a in ("one_shot", "two_shot", "auto")] + \
-        [("reduce_scatter", a) for a in ("one_shot", "tma", "push", "auto")] + \
-        [("all_gather", a) for a in ("one_shot", "tma", "auto")]
+        [("reduce_scatter", a) for a in ("one_shot", "tma", "push", "lamport", "auto")] + \
+        [("all_gather", a) for a in ("one_shot", "tma", "lamport", "auto")]
 
 
 @pytest.mark.parametrize(("collective", "algorithm"), CASES)
