@@ -94,7 +94,9 @@ class ErrorRecord:
         that sees it first skip a call that the others make, and their kernels wait for it in
         vain."""
         self.calls += 1
-        self.read()
+        status = self._status  # (read() only where there is something to read: the call's common case costs no call)
+        if self.failed is not None or status[FATAL_RECORD, 0] > 0 or status[RECOVERABLE_RECORD, 0] > 0:
+            self.read()
 
     def read(self) -> None:
         """Raise a fatal error recorded or found before; defer a recoverable one.  The fatal
