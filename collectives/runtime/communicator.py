@@ -71,7 +71,7 @@ class Communicator:
         self.kernels = KernelCache(ctx.backend)
         self.views = BufferViews(ctx)
         self.follow_frees()
-        self.pool = StagingPool(ctx, self.plans, self.views.forget, self.agree_growth)
+        self.pool = StagingPool(ctx, self.plans, self.agree_growth)
         #: The Lamport all-reduce's receive buffers by element bytes (:mod:`collectives.algorithms.lamport`).
         self.lamport_buffers: dict[int, torch.Tensor] = {}
         self.turn = 0  # which of staging slots TURN_0/TURN_1 the next single-barrier collective uses

@@ -128,16 +128,16 @@ class StagingPool:
     """The staging buffer of each :class:`~collectives.config.Slot`, grown (and its superseded buffer freed
     or pinned) collectively.
 
-    ``forget(ptr, nbytes)`` is called for each buffer freed (drop cached views into it);
-    ``agree(slot, nbytes)`` before each growth: it raises unless every rank grows the same
+    A freed buffer's views and plans go with the context's notice of the free
+    (:attr:`~collectives.symmetric.context.Context.on_free`).  ``agree(slot, nbytes)`` before
+    each growth: it raises unless every rank grows the same
     slot to the same size at the same call (a caller's size mismatch makes some ranks grow and
     others not, and the collective steps of growth must not pair with anything else)."""
 
     SLOTS = len(Slot)
 
-    def __init__(self, ctx: Allocator, plans: PlanCache, forget: Callable[[int, int], None],
-                 agree: Callable[[int, int], None]) -> None:
-        self.ctx, self.plans, self.forget, self.agree = ctx, plans, forget, agree
+    def __init__(self, ctx: Allocator, plans: PlanCache, agree: Callable[[int, int], None]) -> None:
+        self.ctx, self.plans, self.agree = ctx, plans, agree
         self.current: list[torch.Tensor | None] = [None] * self.SLOTS
         self.pinned: list[torch.Tensor] = []  # superseded, used by a captured graph: never freed
         self._captured: set[int] = set()  # data pointers of current buffers a capture used
@@ -178,7 +178,6 @@ class StagingPool:
             return
         self.ctx.host_barrier()  # no rank's queued kernel still reads or writes it
         self.ctx.free(old)
-        self.forget(ptr, old.numel())
 
     @property
     def live_bytes(self) -> int:

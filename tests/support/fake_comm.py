@@ -132,7 +132,7 @@ class FakeComm(Communicator):
         self.plans = PlanCache()
         self.views = FakeViews(self.world) if views is None else views
         self.follow_frees()
-        self.pool = StagingPool(heap, self.plans, self.views.forget, self.agree_growth)
+        self.pool = StagingPool(heap, self.plans, self.agree_growth)
         self.lamport_buffers = {}
         self.turn = 0
         self.stream, self.stream_captured = None, False
