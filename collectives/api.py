@@ -23,18 +23,19 @@ import torch
 
 from . import config
 from .algorithms import REGISTRY, Call, tuning
+from .algorithms.all_to_all import AllToAllCall
 from .algorithms.base import algorithms
 from .algorithms.plan import capturing as _capturing
-from .config import BACKENDS, OPS, VECTOR_BYTES
+from .config import BACKENDS, COLLECTIVES, OPS, VECTOR_BYTES
 from .dtypes import from_torch
 from .errors import CollectiveError
 from .runtime import all_to_all as exchange
 from .runtime import moe_ops, torch_ops
-from .runtime.communicator import Communicator, communicator, traceable
+from .runtime.communicator import Communicator, Group, communicator, traceable
 from .runtime.staging import tensor_key
 
 
-def empty(shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32, *, group: Any = None) -> torch.Tensor:
+def empty(shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32, *, group: Group = None) -> torch.Tensor:
     """A tensor in ``group``'s symmetric memory (collective over the group: every rank asks for
     the same shape); zero-copy in that group's collectives.  ``group``, in every function here:
     None (every rank), a ``torch.distributed`` ProcessGroup or one-dimensional DeviceMesh
@@ -43,14 +44,14 @@ def empty(shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32, *, g
     return communicator(group).ctx.empty(shape, dtype)
 
 
-def synchronize(group: Any = None) -> None:
+def synchronize(group: Group = None) -> None:
     """Wait for this rank's queued collectives and raise any error a kernel of ``group``'s
     communicator recorded (:class:`~collectives.CollectiveTimeout`, size mismatch across ranks)."""
     torch.cuda.current_stream().synchronize()
     communicator(group).errors.check()
 
 
-def barrier(backend: str = "auto", *, group: Any = None) -> None:
+def barrier(backend: str = "auto", *, group: Group = None) -> None:
     """A device-side barrier of every rank on the current stream (no host sync; a rank that
     never arrives surfaces as CollectiveTimeout at the next collective or :func:`synchronize`).
     ``backend`` as for :func:`all_reduce`."""
@@ -70,7 +71,7 @@ def all_reduce(
     backend: str = "auto",
     *,
     out: torch.Tensor | None = None,
-    group: Any = None,
+    group: Group = None,
 ) -> torch.Tensor:
     """Reduce ``t`` across ranks (sum, min or max) in place, or into ``out``; return the result.
 
@@ -102,7 +103,7 @@ def all_reduce(
 
 def reduce_scatter(
     out: torch.Tensor, inp: torch.Tensor, op: str = "sum", algorithm: str = "auto", backend: str = "auto",
-    *, max_blocks: int | None = None, group: Any = None,
+    *, max_blocks: int | None = None, group: Group = None,
 ) -> torch.Tensor:
     """``out`` (M elements) = the reduction over ranks of block ``rank`` of ``inp`` (W*M
     elements).  ``algorithm``: ``"one_shot"``, ``"tma"`` (bulk copies on at most a quarter of
@@ -129,7 +130,7 @@ def reduce_scatter(
 
 
 def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", backend: str = "auto",
-               *, max_blocks: int | None = None, group: Any = None) -> torch.Tensor:
+               *, max_blocks: int | None = None, group: Group = None) -> torch.Tensor:
     """Block ``r`` of ``out`` (W*M elements) = rank ``r``'s ``inp`` (M elements), on every rank.
 
     Each rank stores its ``inp`` into block ``rank`` of every rank's symmetric buffer (one
@@ -153,7 +154,7 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
 
 
 def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits = None,
-               in_splits: exchange.Splits = None, *, group: Any = None) -> torch.Tensor:
+               in_splits: exchange.Splits = None, *, group: Group = None) -> torch.Tensor:
     """Tested on GPUs bit for bit: one-GPU worlds of 2 to 8 ranks and 2 x H100 under torchrun (issue 34).
 
     The uneven all-to-all, as :func:`torch.distributed.all_to_all_single`: rank ``s`` sends
@@ -168,22 +169,22 @@ def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits
     module); the pairs that agree complete.  ``group`` as for :func:`empty`.
 
     A call like an earlier one (the same tensors, split values or split tensors) launches that
-    call's prepared launch from the communicator's plan cache
-    (:func:`collectives.runtime.all_to_all.all_to_all`); split tensors are read by the kernel,
-    so new values in them cost nothing on the host."""
+    call's plan from the communicator's plan cache (:func:`collectives.runtime.all_to_all.plan_key`),
+    after the communicator's last collective as every collective; split tensors are read by the
+    kernel, so new values in them cost nothing on the host."""
     if _compiling():
         traceable(group, "all_to_all")
         return moe_ops.traced_all_to_all(out, inp, out_splits, in_splits)
     comm = _begin(group)
-    exchange.all_to_all(comm, out, inp, out_splits, in_splits)
-    comm.errors.finish()
+    key = exchange.plan_key(comm, out, inp, out_splits, in_splits)
+    _launch(comm, key, out, inp, "push", "peer", _all_to_all_call, out, inp, out_splits, in_splits)
     return out
 
 
 # -- the one call skeleton: _begin, the collective's plan-cache key, _launch ----------------------
 
 
-def _begin(group: Any) -> Communicator:
+def _begin(group: Group) -> Communicator:
     """Open a collective call on ``group``'s communicator: first, raise an error a kernel
     recorded before (or defer a recoverable one to the end of this call)."""
     comm = communicator(group)
@@ -195,11 +196,13 @@ def _launch(comm: Communicator, key: tuple, out: torch.Tensor, inp: torch.Tensor
             describe: Callable[..., Call | None], *args: Any) -> None:
     """Launch the cached plan of ``key``; on a miss, :func:`_replan`.  Then close the call
     (raising a deferred error).  A new collective is its public function (``_begin``, its key,
-    ``_launch``) and its describing function.
+    ``_launch``) and its describing function (its checks and :class:`Call`, an all-to-all's
+    :class:`~collectives.algorithms.all_to_all.AllToAllCall`).
 
     The key holds every argument the plan and the checks depend on, each caller tensor as
     :func:`~collectives.runtime.staging.tensor_key` describes it (a hit: a call whose tensors
-    passed the same checks), and no other tuple: a hit is this one dictionary lookup and the
+    passed the same checks), and in a collective's key no other tuple (:func:`_facts`; an
+    all-to-all's also holds its split values): a hit is this one dictionary lookup and the
     launch.  ``out`` and ``inp``: the tensors written and read."""
     plan = comm.plans.get(key)
     if plan is None:
@@ -219,7 +222,9 @@ def _replan(comm: Communicator, key: tuple, out: torch.Tensor, inp: torch.Tensor
     checked facts, :func:`_facts`) takes that call's plan with its own addresses swapped in
     (:meth:`~collectives.algorithms.plan.Plan.moved`).  Else the call is described
     (``describe(comm, *args)``: its checks and :class:`Call`) and planned with ``algorithm``.
-    A symmetric tensor's plan holds its peer table: never moved.
+    A symmetric tensor's plan holds its peer table: never moved; nor is an all-to-all's (its
+    arguments are not the collective layout's, whose ``out`` and ``src`` :meth:`moved` swaps, and
+    its key holds split values, not only tensor descriptions).
 
     A rank with nothing to move (``describe`` returns None) launches a barrier of size 0 on
     ``backend`` instead, closes the call and returns None: its peers' kernels advance the call
@@ -230,8 +235,9 @@ def _replan(comm: Communicator, key: tuple, out: torch.Tensor, inp: torch.Tensor
     could otherwise come while the other ranks' kernels spin for it, and a load waits for them
     (:func:`collectives.runtime.kernels.load`)."""
     at = (out.data_ptr(), inp.data_ptr())
-    symmetric = comm.ctx.is_symmetric(out) or (inp is not out and comm.ctx.is_symmetric(inp))
-    facts = None if symmetric else _facts(key, at)
+    movable = key[0] in COLLECTIVES and not (comm.ctx.is_symmetric(out) or
+                                             (inp is not out and comm.ctx.is_symmetric(inp)))
+    facts = _facts(key, at) if movable else None
     earlier = comm.plans.get(facts) if facts is not None else None
     plan = earlier.moved(earlier.caller, at) if earlier is not None else None
     if plan is None:
@@ -244,7 +250,9 @@ def _replan(comm: Communicator, key: tuple, out: torch.Tensor, inp: torch.Tensor
         except CollectiveError:
             # Refused on this rank: its peers' kernels meet a barrier of size 0 and record a
             # size mismatch, instead of waiting for a launch that never comes (a fatal timeout).
-            comm.barrier(backend if backend in BACKENDS else "auto")
+            # (The all-to-all's kernels meet no barrier: it only raises.)
+            if key[0] in COLLECTIVES:
+                comm.barrier(backend if backend in BACKENDS else "auto")
             raise
         if plan is None:
             comm.barrier(backend)
@@ -259,8 +267,8 @@ def _replan(comm: Communicator, key: tuple, out: torch.Tensor, inp: torch.Tensor
 
 def _facts(key: tuple, at: tuple[int, int]) -> tuple:
     """What a plan of ``key`` depends on but its tensors' addresses (``at``: the output's and
-    the input's): the key with each tensor's address dropped (every tuple in it is a
-    :func:`tensor_key`), and whether each address is 16-byte aligned (the vector width, the
+    the input's): the key with each tensor's address dropped (every tuple in a collective's key
+    is a :func:`tensor_key`; never an all-to-all's), and whether each address is 16-byte aligned (the vector width, the
     kinds)."""
     return ("moved", *[k[1:] if type(k) is tuple else k for k in key], at[0] % VECTOR_BYTES == 0,
             at[1] % VECTOR_BYTES == 0)
@@ -297,7 +305,7 @@ def _check_algorithm(collective: str, algorithm: str) -> None:
         raise CollectiveError(f"{collective} algorithms: {names + ('auto',)}; not {algorithm!r}")
 
 
-def _plan(comm: Communicator, call: Call, algorithm: str):
+def _plan(comm: Communicator, call: Call | AllToAllCall, algorithm: str):
     """The plan of ``call``: ``algorithm`` (``"auto"``: :func:`collectives.algorithms.tuning.choose`)
     asked whether it can run the call, then for its plan."""
     if algorithm == "auto":
@@ -324,6 +332,13 @@ def _all_reduce_call(comm: Communicator, t: torch.Tensor, op: str, backend: str,
     return Call("all_reduce", result, t, dtype, op, comm.choose_backend(backend, dtype, op), comm.world,
                 n=t.numel(), nbytes=t.numel() * t.element_size(), symmetric=comm.ctx.is_symmetric(t),
                 in_place=out is None, whole_vectors=True, pointers_aligned=_aligned(t, result), capturing=capturing)
+
+
+def _all_to_all_call(comm: Communicator, out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits,
+                     in_splits: exchange.Splits) -> AllToAllCall:
+    """The call of an all-to-all (its plan checks the tensors and splits: every rank launches,
+    an empty one too)."""
+    return AllToAllCall(out, inp, out_splits, in_splits)
 
 
 def _block_call(comm: Communicator, collective: str, out: torch.Tensor, inp: torch.Tensor, op: str, backend: str,

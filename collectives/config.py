@@ -1,5 +1,7 @@
-"""The collectives' constants, the signal-pad layout and the formulas kernels and host share
-(pure Python).  What a kernel is specialised on is :class:`collectives.algorithms.KernelKey`."""
+"""The collectives' constants, the signal-pad layout and the call-count words kernels and host
+share (pure Python); each algorithm's formulas are its module's (:mod:`collectives.algorithms.push`,
+:mod:`collectives.algorithms.lamport`).  What a kernel is specialised on is
+:class:`collectives.algorithms.KernelKey`."""
 
 from __future__ import annotations
 
@@ -16,12 +18,6 @@ OPS = ("sum", "min", "max")
 PTX_OP = {"sum": "add", "min": "min", "max": "max"}
 
 
-def multimem_reduces(dtype: str, op: str) -> bool:
-    """Whether ``multimem.ld_reduce`` has a form reducing ``dtype`` by ``op`` on any target,
-    as ptxops' spec says (PTX has no ``.min``/``.max`` of ``.f32``, for one)."""
-    from ptxops import spec
-
-    return spec.family("multimem.ld_reduce").complete(type=dtype, op=PTX_OP[op]) is not None
 VECTOR_BYTES = 16
 #: Prepared plans a communicator keeps (least recently used evicted; plans hold no buffers: an
 #: all-to-all's launch holds only its split tensors, ``W`` int64 each).
@@ -56,44 +52,6 @@ LAMPORT_BUFFERS = 3
 LAMPORT_CALLS = LAMPORT_BUFFERS << 30
 
 
-def _like(call, value):
-    """``value`` in the type of ``call``: a CuTeDSL ``Uint32`` count keeps to ``Uint32``
-    arithmetic (a Python constant is an ``Int32``, an ``Int64`` past its range as
-    :data:`LAMPORT_CALLS` is, and a mixed operation takes the wider type).  The signed hazard
-    is elsewhere: a load through a pointer moved by ``+`` returns a signed integer unless given
-    ``dtype=``, and its ``>>`` is then ``shr.s64`` (its ``%`` ``rem.s``): convert it first."""
-    return type(call)(value)
-
-
-def lamport_buffer(call):
-    """The receive buffer of Lamport call ``call`` (a count below :data:`LAMPORT_CALLS`;
-    Python or CuTeDSL: the kernel evaluates these formulas)."""
-    return call % _like(call, LAMPORT_BUFFERS)
-
-
-def lamport_next(call):
-    """The count after ``call``: it wraps at :data:`LAMPORT_CALLS`."""
-    return (call + _like(call, 1)) % _like(call, LAMPORT_CALLS)
-
-
-def lamport_tag(call):
-    """The tag of call ``call`` in its size entries (and in a buffer's clean-up word):
-    1 .. :data:`LAMPORT_CALLS`, never the 0 of a fresh pad, unique among any three calls in a row."""
-    return call + _like(call, 1)
-
-
-def lamport_stale(call):
-    """The buffer call ``call`` empties first when a size mismatch left it dirty: that of the
-    call two before (``call - 2``), which no rank writes again before ``call + 1`` (after
-    receiving this rank's data of ``call``) and into which every rank's stores of ``call - 2``
-    have landed (each rank sent its ``call - 1`` size entry, which this rank's ``call - 1``
-    received, after them)."""
-    return (call + _like(call, 1)) % _like(call, LAMPORT_BUFFERS)
-
-
-def lamport_cleanup_call(call):
-    """The call that empties the buffer of ``call``, should ``call`` fail with a size mismatch."""
-    return lamport_next(lamport_next(call))
 #: TMA kernels: shared memory their pipeline may use, and its stages.
 TMA_SMEM_BYTES = 192 << 10
 TMA_STAGES = 4
@@ -102,25 +60,13 @@ TMA_STAGES = 4
 TMA_DRAIN_NS = 10**9
 
 
-def ceil_div(a, b):
-    """``a / b`` rounded up, for non-negative integers (Python or CuTeDSL: the kernels share
-    the formulas below)."""
-    return (a + b - 1) // b
-
-
-def push_slice_elements(n, world: int, vec: int):
-    """Elements of each slice of a push all-reduce of ``n``: ``n / world`` rounded up to whole
-    vectors of ``vec`` (so every slice starts 16-byte aligned when the tensor does)."""
-    return ceil_div(ceil_div(n, world), vec) * vec
-
-
 #: The pipelined push (peer backend) moves each slot in rounds of at least this many grid
 #: strides (a stride: one vector per thread of the grid; per block and slice, 2 x 512 threads x
 #: 16 bytes = 16 KB), and in at most :data:`PUSH_MAX_ROUNDS` rounds (larger slots take longer
 #: rounds), so that a call's signals fit a fixed range of :data:`PUSH_EPOCHS` epochs.
 PUSH_ROUND_STRIDES = 2
 PUSH_MAX_ROUNDS = 32
-#: The most signals a block of a pipelined push emits in a call (:func:`push_events`).
+#: The most signals a block of a pipelined push emits in a call (:func:`~collectives.algorithms.push.push_events`).
 PUSH_EPOCHS = PUSH_MAX_ROUNDS + 1
 #: Epochs every collective call takes, whatever its collective, algorithm, size or grid: a
 #: rank's pad holds its count of calls ``C`` (a multiple of this, see :func:`call_parity`) and a
@@ -137,7 +83,7 @@ def call_parity(calls):
     """Which of the two arrival slots the call at count ``calls`` signals into (0 or 1):
     consecutive calls alternate, so a rank's words of a call stay readable until every rank
     has left it (a rank starts call ``C + 2 * CALL_EPOCHS`` only after every rank entered the
-    call between).  Python or CuTeDSL (a uint32 count), like :func:`ceil_div`."""
+    call between).  Python or CuTeDSL (a uint32 count), like :func:`~collectives.algorithms.base.ceil_div`."""
     return calls // CALL_EPOCHS % 2
 
 
@@ -150,29 +96,6 @@ def call_last(calls):
 #: Programmatic dependent launch for the kernels of keys made from now on (the default of
 #: :attr:`KernelKey.pdl`; every target CuTeDSL compiles for, sm_90 and newer, has it).
 PDL = True
-
-
-def push_round_strides(strides):
-    """Grid strides per round of a pipelined push whose slots take ``strides`` grid strides
-    (``ceil(ceil(m / vec) / (blocks * threads))`` for slots of ``m`` elements, at least 1):
-    :data:`PUSH_ROUND_STRIDES`, or the least multiple of it that makes at most
-    :data:`PUSH_MAX_ROUNDS` rounds."""
-    return PUSH_ROUND_STRIDES * ceil_div(ceil_div(strides, PUSH_MAX_ROUNDS), PUSH_ROUND_STRIDES)
-
-
-def push_rounds(strides):
-    """Rounds of a pipelined push whose slots take ``strides`` grid strides (1 to
-    :data:`PUSH_MAX_ROUNDS`; the last may be shorter)."""
-    return ceil_div(strides, push_round_strides(strides))
-
-
-def push_events(rounds, final: bool):
-    """Signals each block of a pipelined push emits in a call of ``rounds`` rounds: event 0
-    once the first round's chunk is pushed, event ``k + 1`` once chunk ``k + 1`` is pushed and
-    chunk ``k`` reduced (in an all-reduce: its result stored on every rank, and chunk ``k - 1``
-    of the others' results copied out), the last (after the last round) only when a ``final``
-    wait reads it (the all-reduce's last copy, an end barrier)."""
-    return rounds + int(final)
 
 
 @dataclass(frozen=True)
@@ -212,7 +135,7 @@ class PadLayout:
         return self.lamport_base + 18 * self.world + width * LAMPORT_BLOCKS + block
 
     def lamport_dirty(self, width: int, buffer: int) -> int:
-        """The tag of the call that must empty ``buffer`` (:func:`lamport_stale`), written by a
+        """The tag of the call that must empty ``buffer`` (:func:`~collectives.algorithms.lamport.lamport_stale`), written by a
         call whose sizes differed across ranks."""
         return self.lamport_base + 18 * self.world + 3 * LAMPORT_BLOCKS + width * LAMPORT_BUFFERS + buffer
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -35,6 +35,10 @@ import torch.distributed as dist
 from .config import VECTOR_BYTES
 from .errors import CollectiveError
 from .symmetric import topology
+from .symmetric.capability import TorchGroup
+
+if TYPE_CHECKING:
+    from .runtime.communicator import Communicator
 
 #: Chunks a call is cut into (fewer when too small).
 CHUNKS = 4
@@ -125,7 +129,7 @@ class KernelLevel:
     """A level run by this library's kernels on communicator ``comm`` (one node), each kernel
     on at most ``blocks`` thread blocks."""
 
-    def __init__(self, comm: Any, blocks: int | None) -> None:
+    def __init__(self, comm: Communicator, blocks: int | None) -> None:
         self.comm, self.size, self.blocks = comm, comm.world, blocks
 
     def all_reduce(self, t: torch.Tensor, op: str) -> None:
@@ -169,7 +173,7 @@ class Levels:
         return closed or self.world is not dist.group.WORLD
 
 
-def levels(group: Any = None, intra: str = "kernels") -> Levels:
+def levels(group: TorchGroup = None, intra: str = "kernels") -> Levels:
     """The two levels of ``group`` (None: every rank; a ProcessGroup or one-dimensional
     DeviceMesh), on nodes of :func:`collectives.symmetric.topology.node_size` ranks, built on
     first use and again once stale (:meth:`Levels.stale`; collective over the group: its
@@ -244,7 +248,7 @@ def _quantum(t: torch.Tensor, parts: int = 1) -> int:
     return parts * max(1, VECTOR_BYTES // t.element_size())
 
 
-def all_reduce(t: torch.Tensor, op: str = "sum", *, group: Any = None, chunks: int | None = None,
+def all_reduce(t: torch.Tensor, op: str = "sum", *, group: TorchGroup = None, chunks: int | None = None,
                intra: str = "kernels") -> torch.Tensor:
     """``t`` reduced (sum, min or max) over ``group``'s ranks across nodes, in place
     (:func:`levels` for ``group`` and ``intra``; ``chunks`` default :data:`CHUNKS`)."""
@@ -278,7 +282,7 @@ def run_all_reduce(lv: Levels, t: torch.Tensor, op: str, chunks: int) -> torch.T
     return t
 
 
-def reduce_scatter(out: torch.Tensor, inp: torch.Tensor, op: str = "sum", *, group: Any = None,
+def reduce_scatter(out: torch.Tensor, inp: torch.Tensor, op: str = "sum", *, group: TorchGroup = None,
                    chunks: int | None = None, intra: str = "kernels") -> torch.Tensor:
     """``out`` (M elements) = block ``rank`` of ``inp`` (W*M elements, W blocks by group rank)
     reduced over ``group``'s ranks across nodes (arguments as for :func:`all_reduce`)."""
@@ -308,7 +312,7 @@ def run_reduce_scatter(lv: Levels, out: torch.Tensor, inp: torch.Tensor, op: str
     return out
 
 
-def all_gather(out: torch.Tensor, inp: torch.Tensor, *, group: Any = None, chunks: int | None = None,
+def all_gather(out: torch.Tensor, inp: torch.Tensor, *, group: TorchGroup = None, chunks: int | None = None,
                intra: str = "kernels") -> torch.Tensor:
     """Block ``r`` of ``out`` (W*M elements) = group rank ``r``'s ``inp`` (M elements), on every
     rank of ``group`` across nodes (arguments as for :func:`all_reduce`)."""

@@ -41,10 +41,9 @@ same code runs over the reference in a simulated world (the CPU tests).
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -52,6 +51,9 @@ from .config import E4M3_MAX
 from .runtime import moe_ops, torch_ops
 from .errors import CollectiveError
 from .runtime.moe_ops import COMBINE_FIELDS, HANDLE_FIELDS
+
+if TYPE_CHECKING:
+    from .runtime.communicator import Group
 
 #: ``exchange(out, inp, out_splits, in_splits)``: an all-to-all of rows (device int64 splits).
 Exchange = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], Any]
@@ -365,7 +367,7 @@ def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, e
 
 def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, *,
              mode: str = "low_latency", max_tokens: int | None = None, validate: bool = False,
-             fp8: bool = False, group: Any = None) -> tuple[torch.Tensor, torch.Tensor, Handle]:
+             fp8: bool = False, group: Group = None) -> tuple[torch.Tensor, torch.Tensor, Handle]:
     """Tested on GPUs bit for bit, eager and in CUDA graphs replayed with new routings (one-GPU
     worlds of 2 to 8 ranks, 2 x H100; the wrong combine outputs of an early world run's graph
     replays, 2 runs of 5, have not recurred in any run since).  Send each token of ``x``
@@ -397,7 +399,7 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
                          functools.partial(moe_kernels.pack, comm))
 
 
-def combine(expert_out: torch.Tensor, handle: Handle, *, group: Any = None) -> torch.Tensor:
+def combine(expert_out: torch.Tensor, handle: Handle, *, group: Group = None) -> torch.Tensor:
     """Each dispatched token's weighted sum of its experts' rows of ``expert_out`` ([L, W *
     max_tokens, hidden] in low-latency mode, the packed [sum(counts), hidden] in throughput
     mode; of the dispatch's ``x`` dtype: anything else raises :class:`CollectiveError` before
@@ -450,40 +452,30 @@ def _world() -> int:
     return communicator().world
 
 
-#: Each communicator's receive buffers, by (communicator id, name, shape, dtype).
-_BUFFERS: dict[tuple, torch.Tensor] = {}
 #: The receive buffers' names; buffer ``i``'s growth is agreed as slot ``-(8 + i)``
 #: (:meth:`~collectives.runtime.communicator.Communicator.agree_growth`; the Lamport buffers
 #: take -1, -2, -4).
 BUFFER_NAMES = ("dispatch", "combine")
 
 
-def _symmetric(group: Any) -> Empty:
+def _symmetric(group: Group) -> Empty:
     """Receive buffers in ``group``'s symmetric memory (the all-to-all stores into them
-    directly), allocated once per name, shape and dtype (collective: every rank asks for the
-    same) and reused: the next all-to-all into one waits for its receiver, which has finished
-    with it by then (stream order).  A rank that has no buffer of the shape first agrees the
-    allocation with every rank (bounded by the communicator's timeout): where the others have
-    one cached (a shape that differs on this rank: ``max_tokens=None`` with fewer tokens here,
-    another top-k or hidden size), it raises CollectiveError instead of entering the
-    collective allocation alone."""
-    from . import api
+    directly): its communicator's
+    (:meth:`~collectives.runtime.communicator.Communicator.receive_buffer`), allocated once per
+    name, shape and dtype (collective: every rank asks for the same) and reused: the next
+    all-to-all into one waits for its receiver, which has finished with it by then (stream
+    order).  A rank that has no buffer of the shape first agrees the allocation with every
+    rank (bounded by the communicator's timeout): where the others have one cached (a shape
+    that differs on this rank: ``max_tokens=None`` with fewer tokens here, another top-k or
+    hidden size), it raises CollectiveError instead of entering the collective allocation
+    alone."""
     from .runtime.communicator import communicator
 
     comm = communicator(group)
-
-    def empty(name: str, shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        key = (id(comm), name, shape, dtype)
-        buffer = _BUFFERS.get(key)
-        if buffer is None:
-            comm.agree_growth(-(8 + BUFFER_NAMES.index(name)), math.prod(shape) * dtype.itemsize)
-            buffer = _BUFFERS[key] = api.empty(shape, dtype, group=comm)
-        return buffer
-
-    return empty
+    return lambda name, shape, dtype, device: comm.receive_buffer(name, shape, dtype, -(8 + BUFFER_NAMES.index(name)))
 
 
-def _collective(api: Any, group: Any) -> Exchange:
+def _collective(api: Any, group: Group) -> Exchange:
     def exchange(out, inp, out_splits, in_splits):
         api.all_to_all(out, inp, out_splits, in_splits, group=group)
 

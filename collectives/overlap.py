@@ -46,7 +46,6 @@ freed once a captured graph used them (the collectives' launches under capture p
 
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 
@@ -54,7 +53,7 @@ from .config import VECTOR_BYTES, Slot
 from .dtypes import DTYPES
 from .errors import CollectiveError
 from .runtime import torch_ops
-from .runtime.communicator import Communicator, communicator, traceable
+from .runtime.communicator import Communicator, Group, communicator, traceable
 
 #: The dtypes the overlapped GEMM (``torch.mm``) takes (registry names).
 GEMM_DTYPES = ("bf16", "f16")
@@ -112,7 +111,7 @@ def _algorithm(*tensors: torch.Tensor) -> str:
 
 
 def gemm_reduce_scatter(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
-                        group: Any = None) -> torch.Tensor:
+                        group: Group = None) -> torch.Tensor:
     """Rows ``[rank * M / W, (rank + 1) * M / W)`` of ``sum over ranks of a @ b`` (``a``: M x K,
     ``b``: K x N, bf16 or f16, per rank), as an ``(M / W, N)`` tensor (``out`` if given);
     ranks, ``W`` and ``rank`` those of ``group`` (as for :func:`collectives.all_reduce`)."""
@@ -123,7 +122,7 @@ def gemm_reduce_scatter(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | No
 
 
 def eager_gemm_reduce_scatter(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
-                              timeline: list | None = None, group: Any = None) -> torch.Tensor:
+                              timeline: list | None = None, group: Group = None) -> torch.Tensor:
     """:func:`gemm_reduce_scatter` run now (never traced); given ``timeline``, appends
     ``(kind, chunk, start, end)`` CUDA events around each chunk's GEMM and communication
     (``collectives.tools.overlap_timeline``).  Chunk ``c``: GEMMs then a post on the current
@@ -178,7 +177,7 @@ def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None
 
 
 def all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
-                    group: Any = None) -> torch.Tensor:
+                    group: Group = None) -> torch.Tensor:
     """``concat over ranks of a_shard @ b`` (``a_shard``: M_shard x K, ``b``: K x N, bf16 or f16),
     as a ``(W * M_shard, N)`` tensor (``out`` if given); ranks those of ``group``."""
     if torch.compiler.is_compiling():
@@ -188,7 +187,7 @@ def all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, out: torch.Tensor | 
 
 
 def eager_all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
-                          timeline: list | None = None, group: Any = None) -> torch.Tensor:
+                          timeline: list | None = None, group: Group = None) -> torch.Tensor:
     """:func:`all_gather_gemm` run now (never traced); ``timeline`` as for
     :func:`eager_gemm_reduce_scatter`.  This rank's own rows are multiplied first, while the side
     stream gathers the first chunk of the others'.  Chunk ``c``: the all-gather then a post on

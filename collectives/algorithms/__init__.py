@@ -4,15 +4,20 @@ error phases) and the kernel it builds from the shared
 :mod:`~collectives.algorithms.design` (``start barrier -> move data -> end barrier``) and the
 :mod:`collectives.device` blocks.  Each class registers itself in :data:`REGISTRY` when its
 module is imported below: a new algorithm is a new module and its line here (and, to be chosen
-by ``algorithm="auto"``, its place in :mod:`collectives.algorithms.tuning`).  :mod:`.flags` holds the
-stream-flag kernels (no collective: one thread, one GPU)."""
+by ``algorithm="auto"``, its place in :mod:`collectives.algorithms.tuning`).
+
+Every kind of kernel is a family (:mod:`.family`) registered by its module, imported below: the
+collective algorithms' (:mod:`.key`), the all-to-all's, the MoE layer's (placement, packing,
+gather, combine) and the stream flags' (:mod:`.flags`: no collective, one thread, one GPU)."""
 
 from __future__ import annotations
 
 from ..config import COLLECTIVES
 from ..device.launch import example_arguments
 from . import one_shot, two_shot, lamport, tma, push, all_gather, barrier, lamport_blocks  # noqa: F401  (registration order)
+from . import all_to_all, moe_place, moe_pack, moe_gather, moe_combine, flags  # noqa: F401  (other families)
 from .base import REGISTRY, Algorithm, Call, algorithms
+from .family import FAMILIES, Family, family_of, family_of_id, key_id, key_of
 from .key import KernelKey
 
 #: Every collective's algorithm names, in registration order.
@@ -31,4 +36,5 @@ def build(key: KernelKey):
     return key.impl.build(key)
 
 
-__all__ = ["ALGORITHMS", "REGISTRY", "Algorithm", "Call", "KernelKey", "build", "example_arguments", "grid"]
+__all__ = ["ALGORITHMS", "FAMILIES", "REGISTRY", "Algorithm", "Call", "Family", "KernelKey", "build", "example_arguments",
+           "family_of", "family_of_id", "grid", "key_id", "key_of"]

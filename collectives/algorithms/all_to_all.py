@@ -41,7 +41,9 @@ every backend runs this (peer) kernel.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import cutlass
 import cutlass.cute as cute
@@ -55,9 +57,12 @@ from ..config import MAX_WORLD, SIZE_MISMATCH, TIMEOUT, VECTOR_BYTES
 from ..device import exchange, signals
 from ..device.signals import LOCAL, PEER
 from ..dtypes import DTYPES, dtype as registered
-from ..exchange import ARRIVED_WAIT, MAX_CHUNK, PLACE_MISMATCH, READY_WAIT, REFUSED, ExchangeLayout
+from ..exchange import ARRIVED_WAIT, MAX_CHUNK, PHASES, PLACE_MISMATCH, READY_WAIT, REFUSED, ExchangeLayout
 from ..device.kernel_args import Arg, KernelArgs, Layout
 from ..device.launch import check_threads, launcher
+from .base import Algorithm
+from .family import SNAPSHOT_WORLDS, Family, register
+from .protocol import Runtime
 from .residency import CoResidencyError, Residency, share
 
 #: Most thread blocks of an all-to-all kernel (``world x parts``): all resident at once on an
@@ -324,5 +329,61 @@ def build(key: AllToAllKey):
     return launcher(kernel, key.threads, key.blocks, pdl=key.pdl, layout=ALL_TO_ALL)
 
 
-__all__ = ["ALL_TO_ALL", "DEFAULT_BLOCKS", "MAX_BLOCKS", "UNROLL", "AllToAllKey", "Transport", "build", "chunk_of",
+@dataclass(frozen=True)
+class AllToAllCall:
+    """One all-to-all call as the API received it (its plan checks it): ``inp``'s rows to
+    ``out`` as the splits say (:func:`collectives.all_to_all`)."""
+
+    out: Any
+    inp: Any
+    out_splits: Any
+    in_splits: Any
+    collective: ClassVar[str] = "all_to_all"
+
+
+class PushAllToAll(Algorithm):
+    """The all-to-all as an algorithm of the one call path (``api._launch``): its plan is
+    made by the communicator's exchange part
+    (:meth:`~collectives.algorithms.protocol.Runtime.exchange`: the slot region, the staging
+    buffer, the split tensors), a :class:`~collectives.algorithms.plan.Plan` that follows the
+    communicator's stream order like every collective's."""
+
+    collectives = ("all_to_all",)
+    name = "push"
+    stages_in = "never"
+    barriered = False
+    phases = PHASES
+
+    def plan(self, comm: Runtime, call: AllToAllCall) -> Any:
+        return comm.exchange().plan(call)
+
+    def build(self, key: AllToAllKey) -> Any:
+        return build(key)
+
+
+def _to_text(key: AllToAllKey) -> str:
+    return f"all_to_all/push/peer/{key.dtype}/w{key.world}/p{key.parts}/t{key.threads}/d{int(key.direct)}"
+
+
+def _from_text(kid: str) -> AllToAllKey:
+    _, _, _, dtype, world, parts, threads, direct = kid.split("/")
+    return AllToAllKey(dtype, int(world[1:]), parts=int(parts[1:]), threads=int(threads[1:]), direct=direct == "d1")
+
+
+def _snapshot() -> list[str]:
+    """The all-to-all's kernels: dtype x world x staged or direct, as the runtime launches them."""
+    return [_to_text(AllToAllKey(dtype, world, default_parts(world), direct=direct))
+            for dtype, world, direct in itertools.product(DTYPES, SNAPSHOT_WORLDS, (False, True))]
+
+
+def _facets(kid: str) -> tuple[tuple, ...]:
+    key = _from_text(kid)
+    return ("all_to_all", key.dtype), ("all_to_all", key.world, key.direct)
+
+
+FAMILY = register(Family("all_to_all", AllToAllKey, ("all_to_all",), ALL_TO_ALL, build, _snapshot, _to_text,
+                         _from_text, _facets))
+
+
+__all__ = ["ALL_TO_ALL", "FAMILY", "AllToAllCall", "PushAllToAll", "DEFAULT_BLOCKS", "MAX_BLOCKS", "UNROLL", "AllToAllKey", "Transport", "build", "chunk_of",
            "default_parts", "grid"]

@@ -22,6 +22,12 @@ from ..errors import CollectiveError
 from .protocol import Buffer, Runtime
 
 
+def ceil_div(a, b):
+    """``a / b`` rounded up, for non-negative integers (Python or CuTeDSL: the kernels share
+    the formulas below)."""
+    return (a + b - 1) // b
+
+
 #: Every algorithm by (collective, name), filled as the algorithm modules are imported
 #: (:mod:`collectives.algorithms` imports them all).
 REGISTRY: dict[tuple[str, str], Algorithm] = {}

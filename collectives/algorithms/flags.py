@@ -14,8 +14,9 @@ from cutlass import Int32
 
 from ..config import FLAG_WAIT, TIMEOUT
 from ..device import flags, signals
-from ..device.kernel_args import KernelArgs
+from ..device.kernel_args import FLAGS, KernelArgs
 from ..device.launch import flag_launcher
+from .family import Family, register
 
 KINDS = ("post", "wait")
 
@@ -38,4 +39,16 @@ def build(kind: str):
     return flag_launcher({"post": _post, "wait": _wait}[kind])
 
 
-__all__ = ["KINDS", "build"]
+def _from_text(kid: str) -> str:
+    kind = kid.partition("/")[2]
+    if kind not in KINDS:
+        raise ValueError(f"stream-flag kernels: {KINDS}, not {kind!r}")
+    return kind
+
+
+FAMILY = register(Family("flags", str, ("flags",), FLAGS, build, lambda: [f"flags/{k}" for k in KINDS],
+                         lambda kind: f"flags/{kind}", _from_text, lambda kid: (("flags", kid),), gridded=False,
+                         measured=False))
+
+
+__all__ = ["FAMILY", "KINDS", "build"]

@@ -8,12 +8,15 @@ shape class.  The key checks what holds for every algorithm here and asks its al
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from .. import config
 from ..config import BACKENDS, COLLECTIVES, MAX_WORLD, OPS, TMA_SMEM_BYTES, TMA_STAGES, VECTOR_BYTES
+from ..device.kernel_args import COLLECTIVE
 from ..dtypes import dtype
 from .base import REGISTRY, Algorithm, algorithms
+from .family import Family, register
 from .rules import key_backend_refusal
 
 
@@ -103,4 +106,84 @@ class KernelKey:
         return tile
 
 
-__all__ = ["KernelKey"]
+
+# -- the collective family (collectives.algorithms.family): key ids and the gates' keys ----------
+#
+# An id: ``collective/algorithm/backend/dtype/w<world>/<op>/v<vector>/t<threads>/g<gather_out>s<stage_in>e<end_barrier>``.
+
+
+def collective_id(collective: str, algorithm: str, backend: str, dtype: str, world: int, op: str = "sum",
+                  vector: int = 0, threads: int = 512, gather_out: bool = False, stage_in: bool = False,
+                  end_barrier: bool = True) -> str:
+    """The id of a collective kernel key of these fields (the key itself may be refused)."""
+    return (f"{collective}/{algorithm}/{backend}/{dtype}/w{world}/{op}/v{vector}/t{threads}/"
+            f"g{int(gather_out)}s{int(stage_in)}e{int(end_barrier)}")
+
+
+def _to_text(key: KernelKey) -> str:
+    return collective_id(key.collective, key.algorithm, key.backend, key.dtype, key.world, key.op, key.vector,
+                         key.threads, key.gather_out, key.stage_in, key.end_barrier)
+
+
+def fields(kid: str) -> dict:
+    """The fields of a collective key id, by name."""
+    collective, algorithm, backend, dtype, world, op, vector, threads, flags = kid.split("/")
+    return dict(collective=collective, algorithm=algorithm, backend=backend, dtype=dtype, world=int(world[1:]),
+                op=op, vector=int(vector[1:]), threads=int(threads[1:]), gather_out=flags[1] == "1",
+                stage_in=flags[3] == "1", end_barrier=flags[5] == "1")
+
+
+def _from_text(kid: str) -> KernelKey:
+    return KernelKey(**fields(kid))
+
+
+def _legal(kid: str) -> bool:
+    try:
+        _from_text(kid)
+    except ValueError:
+        return False
+    return True
+
+
+def _snapshot() -> list[str]:
+    """Every key ``python -m collectives ptx`` builds (collective x algorithm x backend x dtype x
+    world 2/4/8, sum, aligned), at world 4 every variant the API builds (staging, gather,
+    end barrier, unaligned, min/max, the Lamport's 256 threads) for bf16, f32 and e4m3."""
+    from ..dtypes import DTYPES
+    from .family import SNAPSHOT_WORLDS
+
+    ids: list[str] = []
+    for collective in COLLECTIVES:
+        for algorithm, backend in itertools.product(algorithms(collective), BACKENDS):
+            threads = 32 if collective == "barrier" else 512
+            for dtype, world in itertools.product(("bf16",) if collective == "barrier" else DTYPES, SNAPSHOT_WORLDS):
+                ids.append(collective_id(collective, algorithm, backend, dtype, world, threads=threads,
+                                         stage_in=algorithm == "push"))
+            if collective == "barrier":
+                continue
+            variants = itertools.chain(
+                itertools.product(("bf16", "f32"), ("sum",), (0, 1), (False, True), (False, True), (False, True),
+                                  (512, 256) if algorithm == "lamport" else (512,)),
+                itertools.product(("bf16", "f32", "e4m3"), ("min", "max"), (0, 1), (False,),
+                                  (algorithm == "push",), (True,), (512,)))
+            for dtype, op, vector, g, s, e, t in variants:
+                kid = collective_id(collective, algorithm, backend, dtype, 4, op, vector, t, g, s, e)
+                if kid not in ids and _legal(kid):
+                    ids.append(kid)
+    return ids
+
+
+def _facets(kid: str) -> tuple[tuple, ...]:
+    f = fields(kid)
+    return ((f["collective"], f["algorithm"], f["backend"]),
+            (f["collective"], f["algorithm"], f["gather_out"], f["stage_in"], f["end_barrier"], f["vector"],
+             f["threads"]),
+            (f["world"], f["algorithm"]), (f["dtype"], f["op"], f["collective"]))
+
+
+COLLECTIVE_FAMILY = register(Family(
+    "collective", KernelKey, COLLECTIVES, COLLECTIVE, lambda key: key.impl.build(key), _snapshot, _to_text,
+    _from_text, _facets))
+
+
+__all__ = ["COLLECTIVE_FAMILY", "KernelKey", "collective_id", "fields"]

@@ -2,7 +2,7 @@
 
 Every rank owns three rotating receive buffers per element width (one symmetric allocation,
 ``3 x world`` slots of :data:`~collectives.config.LAMPORT_MAX_BYTES`); call ``s`` of a width
-uses buffer ``s % 3`` (:func:`~collectives.config.lamport_buffer`; the count wraps at
+uses buffer ``s % 3`` (:func:`~collectives.algorithms.lamport.lamport_buffer`; the count wraps at
 :data:`~collectives.config.LAMPORT_CALLS`, a multiple of 3, so the rotation holds across the
 wrap).  A rank sends its canonical input (:mod:`collectives.device.lamport`) into its own slot
 of buffer ``s % 3`` on every rank, polls its own buffer until every slot of its elements holds
@@ -19,15 +19,15 @@ coordination.  A block runs one part, or several where the grid is smaller (rank
 :mod:`~collectives.algorithms.residency`): it sends all of its parts before it waits for any,
 so any resident grid makes progress.
 With its data each rank sends ``tag << 32 | elements`` (``tag = call + 1``,
-:func:`~collectives.config.lamport_tag`); a receiver waits for the entry of this call (older
+:func:`~collectives.algorithms.lamport.lamport_tag`); a receiver waits for the entry of this call (older
 entries carry older calls, so nothing is ever cleared) and records a size mismatch if the count
 differs.  Every wait is bounded by the deadline.
 
 A size mismatch leaves the call's buffer dirty (the receivers skip it; data past the smaller
 sizes is never cleared).  Every rank's part 0 sees the mismatch and writes, in its own pad,
-the tag of the call two later (:func:`~collectives.config.lamport_cleanup_call`); that call's
+the tag of the call two later (:func:`~collectives.algorithms.lamport.lamport_cleanup_call`); that call's
 part 0 empties the whole buffer before it announces its size
-(:func:`~collectives.config.lamport_stale` says why then).  Each rank decides from its own
+(:func:`~collectives.algorithms.lamport.lamport_stale` says why then).  Each rank decides from its own
 earlier kernel, on the GPU, at the same call: no host step, no collective reset.
 
 The launch takes the same arguments as :mod:`collectives.algorithms.design` (``data_table`` and
@@ -58,11 +58,6 @@ from ..config import (
     TIMEOUT,
     VECTOR_BYTES,
     PadLayout,
-    lamport_buffer,
-    lamport_cleanup_call,
-    lamport_next,
-    lamport_stale,
-    lamport_tag,
 )
 from ..device import lamport, reduce, signals
 from ..device.kernel_args import KernelArgs
@@ -72,6 +67,46 @@ from ..errors import CollectiveError
 from .base import Algorithm, Call, capped
 from .key import KernelKey
 from .protocol import Runtime
+
+
+def _like(call, value):
+    """``value`` in the type of ``call``: a CuTeDSL ``Uint32`` count keeps to ``Uint32``
+    arithmetic (a Python constant is an ``Int32``, an ``Int64`` past its range as
+    :data:`~collectives.config.LAMPORT_CALLS` is, and a mixed operation takes the wider type).  The signed hazard
+    is elsewhere: a load through a pointer moved by ``+`` returns a signed integer unless given
+    ``dtype=``, and its ``>>`` is then ``shr.s64`` (its ``%`` ``rem.s``): convert it first."""
+    return type(call)(value)
+
+
+def lamport_buffer(call):
+    """The receive buffer of Lamport call ``call`` (a count below :data:`~collectives.config.LAMPORT_CALLS`;
+    Python or CuTeDSL: the kernel evaluates these formulas)."""
+    return call % _like(call, LAMPORT_BUFFERS)
+
+
+def lamport_next(call):
+    """The count after ``call``: it wraps at :data:`~collectives.config.LAMPORT_CALLS`."""
+    return (call + _like(call, 1)) % _like(call, LAMPORT_CALLS)
+
+
+def lamport_tag(call):
+    """The tag of call ``call`` in its size entries (and in a buffer's clean-up word):
+    1 .. :data:`~collectives.config.LAMPORT_CALLS`, never the 0 of a fresh pad, unique among any three calls in a row."""
+    return call + _like(call, 1)
+
+
+def lamport_stale(call):
+    """The buffer call ``call`` empties first when a size mismatch left it dirty: that of the
+    call two before (``call - 2``), which no rank writes again before ``call + 1`` (after
+    receiving this rank's data of ``call``) and into which every rank's stores of ``call - 2``
+    have landed (each rank sent its ``call - 1`` size entry, which this rank's ``call - 1``
+    received, after them)."""
+    return (call + _like(call, 1)) % _like(call, LAMPORT_BUFFERS)
+
+
+def lamport_cleanup_call(call):
+    """The call that empties the buffer of ``call``, should ``call`` fail with a size mismatch."""
+    return lamport_next(lamport_next(call))
 
 BUFFERS = LAMPORT_BUFFERS
 #: Test only: a communicator's first Lamport call, while this is set, starts every Lamport call
@@ -401,4 +436,5 @@ def seed_counts(comm: Runtime, call: int) -> None:
             comm.pad[start:start + LAMPORT_BLOCKS].fill_(as_int32)
 
 
-__all__ = ["BUFFERS", "SEED_CALL_ENV", "Lamport", "build", "receive_buffers", "seed_counts", "width_index"]
+__all__ = ["BUFFERS", "SEED_CALL_ENV", "Lamport", "build", "lamport_buffer", "lamport_cleanup_call", "lamport_next",
+           "lamport_stale", "lamport_tag", "receive_buffers", "seed_counts", "width_index"]

@@ -34,6 +34,7 @@ from ..device import rounding
 from ..device.kernel_args import Arg, KernelArgs, Layout
 from ..device.launch import check_threads, launcher
 from ..device.signals import LOCAL, gmem
+from .family import Family, register
 
 #: Output dtypes the kernel rounds to as torch does (to float8, torch's conversion and PTX's
 #: saturating one differ; those combines stay in torch).
@@ -118,4 +119,28 @@ def build(key: MoeCombineKey):
     return launcher(kernel, threads, layout=MOE_COMBINE)
 
 
-__all__ = ["DTYPES_ROUNDED", "MAX_BLOCKS", "MAX_TOPK", "MOE_COMBINE", "MoeCombineKey", "build"]
+def _to_text(key: MoeCombineKey) -> str:
+    return f"moe_combine/{key.dtype}/k{key.topk}/v{key.vec}/t{key.threads}"
+
+
+def _from_text(kid: str) -> MoeCombineKey:
+    _, dtype, topk, vec, threads = kid.split("/")
+    return MoeCombineKey(dtype, int(topk[1:]), int(vec[1:]), int(threads[1:]))
+
+
+def _snapshot() -> list[str]:
+    """Every dtype, top-k 1, 2 and 8, by elements and by 16-byte vectors."""
+    return [_to_text(MoeCombineKey(dtype, topk, vec))
+            for dtype in DTYPES_ROUNDED for topk in (1, 2, 8) for vec in (1, DTYPES[dtype].elements(16))]
+
+
+def _facets(kid: str) -> tuple[tuple, ...]:
+    key = _from_text(kid)
+    return ("moe_combine", key.dtype, key.vec > 1), ("moe_combine", key.topk)
+
+
+FAMILY = register(Family("moe_combine", MoeCombineKey, ("moe_combine",), MOE_COMBINE, build, _snapshot, _to_text,
+                         _from_text, _facets))
+
+
+__all__ = ["DTYPES_ROUNDED", "FAMILY", "MAX_BLOCKS", "MAX_TOPK", "MOE_COMBINE", "MoeCombineKey", "build"]

@@ -22,6 +22,7 @@ import ptxops
 from ..device.kernel_args import Arg, KernelArgs, Layout
 from ..device.launch import check_threads, launcher
 from ..device.signals import LOCAL, gmem
+from .family import Family, register
 from .moe_place import MAX_BLOCKS, WORDS
 
 MOE_GATHER = Layout("MoeGatherArgs", (
@@ -90,4 +91,18 @@ def build(key: MoeGatherKey):
     return launcher(kernel, threads, layout=MOE_GATHER)
 
 
-__all__ = ["MOE_GATHER", "MoeGatherKey", "build"]
+def _to_text(key: MoeGatherKey) -> str:
+    return f"moe_gather/b{key.word}/t{key.threads}"
+
+
+def _from_text(kid: str) -> MoeGatherKey:
+    _, word, threads = kid.split("/")
+    return MoeGatherKey(int(word[1:]), int(threads[1:]))
+
+
+FAMILY = register(Family("moe_gather", MoeGatherKey, ("moe_gather",), MOE_GATHER, build,
+                         lambda: [_to_text(MoeGatherKey(word)) for word in WORDS], _to_text, _from_text,
+                         lambda kid: (("moe_gather", kid),)))
+
+
+__all__ = ["FAMILY", "MOE_GATHER", "MoeGatherKey", "build"]

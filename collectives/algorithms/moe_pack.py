@@ -34,6 +34,7 @@ from ..device.kernel_args import Arg, KernelArgs, Layout
 from ..device.launch import check_threads, launcher
 from ..device.signals import LOCAL, gmem
 from ..dtypes import DTYPES
+from .family import Family, register
 
 #: Token dtypes the kernel quantizes (widened to f32 exactly).
 DTYPES_QUANTIZED = ("f32", "f16", "bf16")
@@ -151,4 +152,30 @@ def build(key: MoePackKey):
     return launcher(kernel, threads, layout=MOE_PACK)
 
 
-__all__ = ["DTYPES_QUANTIZED", "MAX_BLOCKS", "MOE_PACK", "MoePackKey", "build"]
+def _to_text(key: MoePackKey) -> str:
+    return f"moe_pack/{key.dtype}/v{key.vec}/q{int(key.quantize)}/t{key.threads}"
+
+
+def _from_text(kid: str) -> MoePackKey:
+    _, dtype, vec, quantize, threads = kid.split("/")
+    return MoePackKey(dtype, int(vec[1:]), int(threads[1:]), quantize == "q1")
+
+
+def _snapshot() -> list[str]:
+    """fp8 packing of every dtype it quantizes, copies of bf16, f16 and f32; by elements and
+    by 16-byte vectors."""
+    cases = [(dtype, True) for dtype in DTYPES_QUANTIZED] + [(dtype, False) for dtype in ("bf16", "f16", "f32")]
+    return [_to_text(MoePackKey(dtype, vec, quantize=quantize))
+            for dtype, quantize in cases for vec in (1, DTYPES[dtype].elements(16))]
+
+
+def _facets(kid: str) -> tuple[tuple, ...]:
+    key = _from_text(kid)
+    return ("moe_pack", key.dtype, key.quantize), ("moe_pack", key.quantize, key.vec > 1)
+
+
+FAMILY = register(Family("moe_pack", MoePackKey, ("moe_pack",), MOE_PACK, build, _snapshot, _to_text, _from_text,
+                         _facets))
+
+
+__all__ = ["DTYPES_QUANTIZED", "FAMILY", "MAX_BLOCKS", "MOE_PACK", "MoePackKey", "build"]

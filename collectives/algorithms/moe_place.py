@@ -41,6 +41,7 @@ import ptxops
 from ..device.kernel_args import Arg, KernelArgs, Layout
 from ..device.launch import check_threads, launcher
 from ..device.signals import LOCAL, gmem
+from .family import SNAPSHOT_WORLDS, Family, register
 
 #: The most ``(source, local expert)`` segments (``W x L``) a kernel takes: its shared memory
 #: (four int64 arrays of them at most, 32 KB: under the 48 KB a kernel gets without asking).
@@ -189,4 +190,30 @@ def build(key: MoePlaceKey):
     return launcher(kernel, threads, layout=MOE_PLACE)
 
 
-__all__ = ["MAX_BLOCKS", "MAX_SEGMENTS", "MOE_PLACE", "WORDS", "MoePlaceKey", "build"]
+def _to_text(key: MoePlaceKey) -> str:
+    return f"moe_place/w{key.world}/l{key.local}/x{int(key.exact)}/b{key.word}/s{int(key.scales)}/t{key.threads}"
+
+
+def _from_text(kid: str) -> MoePlaceKey:
+    _, world, local, exact, word, scales, threads = kid.split("/")
+    return MoePlaceKey(int(world[1:]), int(local[1:]), exact == "x1", int(word[1:]), int(threads[1:]), scales == "s1")
+
+
+def _snapshot() -> list[str]:
+    """World 2, 4 and 8 of 4 local experts, low latency and throughput, rows of 16-, 4- and 1-byte
+    words, and fp8 rows split into values and scales."""
+    return [_to_text(MoePlaceKey(world, 4, exact, word, scales=scales))
+            for world in SNAPSHOT_WORLDS for exact in (False, True) for word, scales in
+            ((16, False), (4, False), (1, False), (16, True), (4, True))]
+
+
+def _facets(kid: str) -> tuple[tuple, ...]:
+    key = _from_text(kid)
+    return ("moe_place", key.world), ("moe_place", key.exact, key.word, key.scales)
+
+
+FAMILY = register(Family("moe_place", MoePlaceKey, ("moe_place",), MOE_PLACE, build, _snapshot, _to_text, _from_text,
+                         _facets))
+
+
+__all__ = ["FAMILY", "MAX_BLOCKS", "MAX_SEGMENTS", "MOE_PLACE", "WORDS", "MoePlaceKey", "build"]

@@ -109,6 +109,11 @@ class Runtime(Protocol):
         """Launch a device-side barrier of every rank on the current stream."""
         ...
 
+    def exchange(self) -> Any:
+        """The all-to-all's part (:class:`collectives.runtime.all_to_all.Exchange`: made at the
+        first all-to-all, collective); its ``plan(call)`` plans an all-to-all."""
+        ...
+
     def block_cap(self, key: Hashable) -> int | None:
         """The most blocks ``key``'s kernel may launch on this rank so that every rank sharing
         its GPU has its grid resident (None: the rank has its GPU alone)."""

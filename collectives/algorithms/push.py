@@ -19,7 +19,7 @@ reduction of local slots has nothing to multicast), so the kernel holds no ``mul
 the multicast barrier's.
 
 On the peer backend the kernel is a software pipeline.  Each block cuts its share of every
-slot in rounds (:func:`collectives.config.push_rounds`: chunks of whole grid strides, at most
+slot in rounds (:func:`collectives.algorithms.push.push_rounds`: chunks of whole grid strides, at most
 :data:`~collectives.config.PUSH_MAX_ROUNDS`) and announces events with
 :func:`~collectives.device.signals.signal_peers`: event ``j`` of the call at count ``C`` is
 epoch ``C + 1 + j``; every rank's block emits the same events in the same order, so one
@@ -93,22 +93,43 @@ from cutlass.memory import SmemAllocator
 
 from ptxops.ops import emulation
 
-from ..config import (
-    PUSH_ROUND,
-    Slot,
-    ceil_div,
-    push_events,
-    push_round_strides,
-    push_rounds,
-    push_slice_elements,
-)
+from ..config import PUSH_MAX_ROUNDS, PUSH_ROUND, PUSH_ROUND_STRIDES, Slot
 from ..device import reduce, signals
 from ..device.kernel_args import COLLECTIVE, PUSH_ALL_REDUCE, KernelArgs, Layout
 from ..device.launch import launcher
 from . import design
-from .base import Algorithm, Call
+from .base import Algorithm, Call, ceil_div
 from .key import KernelKey
 from .protocol import Runtime
+
+
+def push_slice_elements(n, world: int, vec: int):
+    """Elements of each slice of a push all-reduce of ``n``: ``n / world`` rounded up to whole
+    vectors of ``vec`` (so every slice starts 16-byte aligned when the tensor does)."""
+    return ceil_div(ceil_div(n, world), vec) * vec
+
+
+def push_round_strides(strides):
+    """Grid strides per round of a pipelined push whose slots take ``strides`` grid strides
+    (``ceil(ceil(m / vec) / (blocks * threads))`` for slots of ``m`` elements, at least 1):
+    :data:`~collectives.config.PUSH_ROUND_STRIDES`, or the least multiple of it that makes at most
+    :data:`~collectives.config.PUSH_MAX_ROUNDS` rounds."""
+    return PUSH_ROUND_STRIDES * ceil_div(ceil_div(strides, PUSH_MAX_ROUNDS), PUSH_ROUND_STRIDES)
+
+
+def push_rounds(strides):
+    """Rounds of a pipelined push whose slots take ``strides`` grid strides (1 to
+    :data:`~collectives.config.PUSH_MAX_ROUNDS`; the last may be shorter)."""
+    return ceil_div(strides, push_round_strides(strides))
+
+
+def push_events(rounds, final: bool):
+    """Signals each block of a pipelined push emits in a call of ``rounds`` rounds: event 0
+    once the first round's chunk is pushed, event ``k + 1`` once chunk ``k + 1`` is pushed and
+    chunk ``k`` reduced (in an all-reduce: its result stored on every rank, and chunk ``k - 1``
+    of the others' results copied out), the last (after the last round) only when a ``final``
+    wait reads it (the all-reduce's last copy, an end barrier)."""
+    return rounds + int(final)
 
 
 def layout(key: KernelKey) -> Layout:
@@ -162,7 +183,7 @@ class PushKernel:
     def bounds(self, n, q):
         """(first input element, length, slot size) of slice ``q``: reduce-scatter slices are
         the ``n`` elements of an output; all-reduce slices split ``n`` in ``self.world``
-        (:func:`collectives.config.push_slice_elements`, the last may be shorter)."""
+        (:func:`collectives.algorithms.push.push_slice_elements`, the last may be shorter)."""
         m = self.slot_elements(n)
         if cutlass.const_expr(self.all_reduce):
             begin = cutlass.min(Int64(q) * m, n)
@@ -357,4 +378,5 @@ class Push(Algorithm):
         return build(key)
 
 
-__all__ = ["Push", "PushKernel", "build", "layout", "results_table"]
+__all__ = ["Push", "PushKernel", "build", "layout", "push_events", "push_round_strides", "push_rounds",
+           "push_slice_elements", "results_table"]

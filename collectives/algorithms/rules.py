@@ -4,14 +4,22 @@ probing of :mod:`collectives.symmetric.capability`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
-from ..config import MULTICAST_PATHS, PTX_OP, multimem_reduces
+from ..config import MULTICAST_PATHS, PTX_OP
 from ..dtypes import dtype as _dtype
 from ..errors import CollectiveError, MulticastUnavailable
-from ..symmetric.capability import Capabilities, choose_backend
 
-__all__ = ["REDUCING", "key_backend_refusal", "resolve_backend"]
+
+def multimem_reduces(dtype: str, op: str) -> bool:
+    """Whether ``multimem.ld_reduce`` has a form reducing ``dtype`` by ``op`` on any target,
+    as ptxops' spec says (PTX has no ``.min``/``.max`` of ``.f32``, for one)."""
+    from ptxops import spec
+
+    return spec.family("multimem.ld_reduce").complete(type=dtype, op=PTX_OP[op]) is not None
+
+
+__all__ = ["REDUCING", "key_backend_refusal", "multimem_reduces", "resolve_backend"]
 
 
 #: Collectives whose multicast path reduces with ``multimem.ld_reduce``.
@@ -33,11 +41,12 @@ def key_backend_refusal(collective: str, backend: str, dtype: str, op: str) -> s
     return None
 
 
-def resolve_backend(requested: str, caps: Capabilities, context_backend: str, dtype: str, op: str,
-                    target: Callable[[], str], *, env: Mapping[str, str] | None = None) -> str:
+def resolve_backend(requested: str, capable: Callable[[str], str], context_backend: str, dtype: str, op: str,
+                    target: Callable[[], str]) -> str:
     """The backend a collective reducing ``dtype`` by ``op`` uses on a context opened with
-    ``context_backend`` over ``caps``, for ``requested`` in ``{"auto", "multicast", "peer",
-    "multicast_emulated"}``: ``"auto"`` picks by capability (:func:`choose_backend`), and the
+    ``context_backend``, for ``requested`` in ``{"auto", "multicast", "peer",
+    "multicast_emulated"}``: ``"auto"`` picks by capability (``capable(requested)``: the
+    GPUs' answer, :func:`collectives.symmetric.capability.choose_backend`), and the
     peer backend where multimem has no such reduction; ``"multicast_emulated"`` runs on peer
     access alone and is never picked by ``"auto"``.  ``target()`` (read only for fp8 on a
     multicast path) is the GPU's compile target.
@@ -52,7 +61,7 @@ def resolve_backend(requested: str, caps: Capabilities, context_backend: str, dt
     if requested == "multicast_emulated":
         backend = requested
     else:
-        backend = choose_backend(requested, caps, env=env)
+        backend = capable(requested)
         if backend == "multicast" and context_backend != "multicast":
             raise MulticastUnavailable(f"this context was opened with the {context_backend!r} backend")
     if _no_multimem_reduction(backend, dtype, op):

@@ -12,10 +12,10 @@ from cutlass import Int64
 
 from typing import Any
 
-from ..config import DATA_PHASE, TMA_STAGES, VECTOR_BYTES, Slot, ceil_div
+from ..config import DATA_PHASE, TMA_STAGES, VECTOR_BYTES, Slot
 from ..device import tiles
 from . import design, tuning
-from .base import Algorithm, Call, capped
+from .base import Algorithm, Call, capped, ceil_div
 from .key import KernelKey
 from .protocol import Runtime
 from .two_shot import sliced_plan

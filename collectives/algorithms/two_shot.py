@@ -10,9 +10,9 @@ from cutlass import Int64
 
 from typing import Any
 
-from ..config import Slot, ceil_div
+from ..config import Slot
 from . import design
-from .base import Algorithm, Call
+from .base import Algorithm, Call, ceil_div
 from .key import KernelKey
 from .protocol import Runtime
 

@@ -1,36 +1,40 @@
-"""Device building blocks for cross-GPU kernels: signals, bounded waits, barriers, and
-backend-neutral load-reduce / store-to-all; :mod:`.lamport` (data that is its own flag),
-:mod:`.tiles` (a TMA bulk-copy reduce pipeline) and :mod:`.flags` (post/wait between two
-kernels of one GPU) in their own modules.  ``@cute.jit`` functions:
-call them from your own ``@cute.kernel`` (see docs for an all-gather written with them)."""
+"""Device building blocks for cross-GPU kernels: ``@cute.jit`` functions to call from your own
+``@cute.kernel`` (see docs for an all-gather written with them).  Every block module's functions
+are listed here, grouped by file (as CuTeDSL's ``cutlass.cute.arch`` lists its own); the
+launchers and argument layouts of the package's kernels are :mod:`.launch` and
+:mod:`.kernel_args`."""
 
-from .reduce import (
-    combine,
-    load_reduce_multicast,
-    load_reduce_peer,
-    store_multicast,
-    store_peers,
-)
+from . import exchange, flags, lamport, reduce, rounding, signals, tiles
+
+# signals, bounded waits, barriers, the call count, the error record
 from .signals import (
-    barrier_multicast,
-    barrier_peer,
-    block_all,
-    enter_call,
-    gmem,
-    leave_call,
-    peer_address,
-    reached,
-    record_error,
-    signal,
-    signal_multicast,
-    signal_peers,
-    spin,
-    wait_peers,
-    wait_until,
+    HOST, LOCAL, MULTICAST, PEER, arrival_word, barrier_multicast, barrier_peer, block_all, enter_call, gave_up, gmem,
+    in_call, leave_call, peer_address, reached, record_error, signal, signal_multicast, signal_peers, size_word, spin,
+    wait_peers, wait_until,
 )
+# load-reduce and store-to-all, multicast or peer
+from .reduce import combine, convert, load_reduce_multicast, load_reduce_peer, store_multicast, store_peers
+# data that is its own flag (the Lamport all-reduce)
+from .lamport import CARRIER, canonical, clear, empty_lanes, lanes, load_words, negative_zero, send, wait_slots
+# the TMA bulk-copy reduce pipeline
+from .tiles import reduce_tiles, shared_buffers, smem_bytes
+# post and wait between two kernels of one GPU (the stream flags)
+from .flags import post, wait
+# the all-to-all's ready and arrived words
+from .exchange import (
+    arrived_word, epoch_of, pack, place, place_of, post_arrived, post_ready, ready_offset, ready_word, size_of,
+    wait_word,
+)
+# f32 products, sums and fp8 conversions rounded as torch rounds them (the MoE kernels)
+from .rounding import E4M3_MAX, E4M3_NAN_PAST, add_rn, amax, div_rn, e4m3, fp8_scale, mul_rn, narrow, widen, zero
 
-__all__ = [
-    "barrier_multicast", "barrier_peer", "block_all", "combine", "enter_call", "gmem", "leave_call",
-    "load_reduce_multicast", "load_reduce_peer", "peer_address", "reached",
-    "record_error", "signal", "signal_multicast", "signal_peers", "spin", "store_multicast", "store_peers", "wait_peers", "wait_until",
-]
+#: Every block module's names, by file.
+__all__ = ["HOST", "LOCAL", "MULTICAST", "PEER", "arrival_word", "barrier_multicast", "barrier_peer", "block_all",
+           "enter_call", "gave_up", "gmem", "in_call", "leave_call", "peer_address", "reached", "record_error",
+           "signal", "signal_multicast", "signal_peers", "size_word", "spin", "wait_peers", "wait_until", "combine",
+           "convert", "load_reduce_multicast", "load_reduce_peer", "store_multicast", "store_peers", "CARRIER",
+           "canonical", "clear", "empty_lanes", "lanes", "load_words", "negative_zero", "send", "wait_slots",
+           "reduce_tiles", "shared_buffers", "smem_bytes", "post", "wait", "arrived_word", "epoch_of", "pack",
+           "place", "place_of", "post_arrived", "post_ready", "ready_offset", "ready_word", "size_of", "wait_word",
+           "E4M3_MAX", "E4M3_NAN_PAST", "add_rn", "amax", "div_rn", "e4m3", "fp8_scale", "mul_rn", "narrow",
+           "widen", "zero"]

@@ -103,3 +103,6 @@ def store_multicast(mc: Int64, offset: Int64, values, dtype: cutlass.Constexpr, 
     align = cutlass.const_expr(n * dtype.width // 8)
     dst = gmem(dtype, mc, align, MULTICAST, "collectives.device.reduce.store_multicast")
     ptxops.multimem_st(dst + cute.assume(offset, divby=n), values)
+
+
+__all__ = ["combine", "convert", "load_reduce_multicast", "load_reduce_peer", "store_multicast", "store_peers"]

@@ -408,3 +408,8 @@ def block_all(flag: cute.Tensor, ok: Boolean) -> Boolean:
     result = flag[0] != 0
     cute.arch.sync_threads()
     return result
+
+
+__all__ = ["HOST", "LOCAL", "MULTICAST", "PEER", "arrival_word", "barrier_multicast", "barrier_peer", "block_all",
+           "enter_call", "gave_up", "gmem", "in_call", "leave_call", "peer_address", "reached", "record_error", "signal",
+           "signal_multicast", "signal_peers", "size_word", "spin", "wait_peers", "wait_until"]

@@ -8,11 +8,11 @@
   :mod:`~collectives.runtime.error_record` (what kernels record, raised on the host),
   :mod:`~collectives.runtime.stream_flags` (post/wait between streams of one GPU),
   :mod:`~collectives.runtime.kernels` (the one compile path and the compiled-kernel cache),
-  :mod:`~collectives.runtime.driver_streams` (streams outside torch's pool).
+  :mod:`~collectives.runtime.driver_streams` (streams outside torch's pool),
+  :mod:`~collectives.runtime.all_to_all` (the all-to-all's :class:`~collectives.runtime.all_to_all.Exchange`:
+  its slot region, staging buffer and split tensors; its plan), made at the first all-to-all.
 - :mod:`~collectives.runtime.torch_ops`: the collectives as torch custom operators
   (:mod:`~collectives.runtime.moe_ops`: the all-to-all's and the MoE dispatch/combine's).
-- :mod:`~collectives.runtime.all_to_all`: the all-to-all's host side (its slot region, staging
-  buffer and split tensors per communicator; the launch).
 
 Importing this package loads nothing else: ``python -m collectives ptx`` compiles through
 :mod:`~collectives.runtime.kernels` without torch.

@@ -1,7 +1,10 @@
-"""The host side of the uneven all-to-all (the kernel: :mod:`collectives.algorithms.all_to_all`;
-the API: ``collectives.all_to_all``).
+"""The host side of the uneven all-to-all (the kernel and its algorithm:
+:mod:`collectives.algorithms.all_to_all`; the API: ``collectives.all_to_all``, through the one
+call path of every collective: its plan-cache key, :func:`plan_key`; on a miss, the
+algorithm asks the communicator's :class:`Exchange` part for a :class:`AllToAllPlan`).
 
-Each communicator's first all-to-all makes two collective allocations, the same on every
+Each communicator's first all-to-all makes its :class:`Exchange` (a part of the communicator,
+released with it) and with it two collective allocations, the same on every
 rank whatever the call's sizes: the slot region (:class:`~collectives.exchange.ExchangeLayout`,
 a zeroed signal pad whose words also count the all-to-all calls) and a staging buffer of
 :data:`STAGING_BYTES` that a plain output receives through.  A symmetric output
@@ -31,12 +34,12 @@ from typing import Any, Union
 
 import torch
 
-from ..algorithms.all_to_all import ALL_TO_ALL, AllToAllKey, grid
-from ..algorithms.plan import capturing, current_stream
+from ..algorithms.all_to_all import ALL_TO_ALL, AllToAllCall, AllToAllKey, grid
+from ..algorithms.plan import Plan, capturing
+from ..algorithms.protocol import Runtime
 from ..errors import CollectiveError
 from ..exchange import ExchangeLayout, receiving
 from ..symmetric.context import address
-from .communicator import seed_epoch
 from .staging import tensor_key
 
 #: Bytes of the staging buffer through which a plain output receives (each rank's, allocated
@@ -51,11 +54,12 @@ Splits = Union[Sequence[int], "torch.Tensor", None]
 
 
 class Exchange:
-    """A communicator's all-to-all state: the slot region and its view, the staging buffer, the
+    """A communicator's all-to-all part: the slot region and its view, the staging buffer, the
     grid (:func:`~collectives.algorithms.all_to_all.grid`) and the device copies of list splits
-    (the kernels: the communicator's cache)."""
+    (the kernels: the communicator's cache); ``seed``: the call count it starts at
+    (:func:`~collectives.runtime.communicator.seed_epoch`)."""
 
-    def __init__(self, comm: Any, seed: int = 0) -> None:
+    def __init__(self, comm: Runtime, seed: int = 0) -> None:
         ctx = comm.ctx
         self.comm = comm
         self.parts, self.pdl = grid(comm.world, comm.residency)
@@ -81,6 +85,10 @@ class Exchange:
         self.region[torch.tensor(words, device=self.region.device)] = signed
         self.region[layout.counter[0]] = signed
         self.comm.ctx.host_barrier()  # (syncs this rank's stream first: the writes have landed)
+
+    def plan(self, call: AllToAllCall) -> AllToAllPlan:
+        """The checked, ready launch of ``call`` (:func:`prepare`)."""
+        return prepare(self.comm, self, call.out, call.inp, call.out_splits, call.in_splits)
 
     def device_splits(self, splits: Splits, rows: int, what: str, device: torch.device) -> torch.Tensor:
         """``splits`` as the kernel's int64[W] of rows on ``device``; None: ``rows`` in equal
@@ -141,48 +149,32 @@ def _upload(values: tuple[int, ...], device: torch.device, pin: bool = True) -> 
     return host.pin_memory().to(device, non_blocking=True) if pin else host.to(device)
 
 
-class Launch:
-    """One all-to-all call, prepared: the kernel and its arguments, and the split tensors they
-    point to (``keep``: kept alive while the launch is cached, whatever the split cache drops,
-    and for good once a CUDA graph captured the launch: ``pinned``); ``alive``: the storage of
-    an adopted receive allocation (:attr:`collectives.runtime.views.Buffer.storage`)."""
+class AllToAllPlan(Plan):
+    """One all-to-all call, prepared: a :class:`~collectives.algorithms.plan.Plan` (launched on
+    the current stream after the communicator's last collective) that also holds the split
+    tensors its arguments point to (``keep``: kept alive while the plan is cached, whatever the
+    split cache drops, and for good once a CUDA graph captured the launch: ``pinned``).  Its
+    ``uses`` are none (its key holds the context's generation: a free of the context changes
+    it); its ``alive``: the storage of an adopted receive allocation
+    (:attr:`collectives.runtime.views.Buffer.storage`: the plan holds while it lives).  Never
+    :meth:`~collectives.algorithms.plan.Plan.moved` (its arguments are not the collective
+    layout's)."""
 
-    __slots__ = ("fn", "args", "device", "keep", "pinned", "alive")
-    #: Staging-pool buffers it uses (:meth:`~collectives.runtime.staging.PlanCache.drop_holding`): none.
-    holds: tuple[int, ...] = ()
-    #: Addresses whose free drops it (:meth:`~collectives.runtime.staging.PlanCache.drop_using`): none,
-    #: its key holds the context's generation.
-    uses: tuple[int, ...] = ()
+    __slots__ = ("keep", "pinned")
 
-    def __init__(self, fn: Callable[..., Any], args: tuple, device: int, keep: tuple,
+    def __init__(self, fn: Callable[..., Any], args: tuple, comm: Runtime, keep: tuple,
                  pinned: dict[int, torch.Tensor], alive: tuple[Any, ...] = ()) -> None:
-        self.fn, self.args, self.device, self.keep, self.pinned, self.alive = fn, args, device, keep, pinned, alive
-
-    def expired(self) -> bool:
-        """Whether the adopted receive allocation has been freed."""
-        return any(storage.expired() for storage in self.alive)
+        super().__init__(fn, [args], comm, alive=alive)
+        self.keep, self.pinned = keep, pinned
 
     def run(self) -> None:
-        """Launch on the current stream (under capture, first pin the split tensors)."""
+        """Launch (under capture, first pin the split tensors)."""
         if self.keep and capturing():
             self.pinned.update((t.data_ptr(), t) for t in self.keep)
-        self.fn(*self.args, current_stream(self.device))
+        super().run()
 
 
-#: Each communicator's exchange, by the communicator's id (made at its first all-to-all).
-_EXCHANGES: dict[int, Exchange] = {}
-
-
-def exchange(comm: Any) -> Exchange:
-    """``comm``'s :class:`Exchange` (made on first use: collective; its call count starts at
-    :func:`~collectives.runtime.communicator.seed_epoch`)."""
-    state = _EXCHANGES.get(id(comm))
-    if state is None or state.comm is not comm:
-        state = _EXCHANGES[id(comm)] = Exchange(comm, seed_epoch())
-    return state
-
-
-def check_tensors(comm: Any, out: torch.Tensor, inp: torch.Tensor) -> str:
+def check_tensors(comm: Runtime, out: torch.Tensor, inp: torch.Tensor) -> str:
     """The dtype name of an all-to-all of ``inp`` into ``out``, after checking both."""
     from ..dtypes import from_torch
 
@@ -205,20 +197,12 @@ def check_tensors(comm: Any, out: torch.Tensor, inp: torch.Tensor) -> str:
     return from_torch(inp.dtype).name
 
 
-def all_to_all(comm: Any, out: torch.Tensor, inp: torch.Tensor, out_splits: Splits = None,
-               in_splits: Splits = None) -> torch.Tensor:
-    """Launch the all-to-all of ``inp`` into ``out`` on ``comm`` on the current stream (see the
-    module; :func:`collectives.all_to_all` wraps it with the error protocol).  A call like an
-    earlier one (the same tensors, split values or split tensors, symmetric allocations and
-    bound) launches that call's :class:`Launch` from the communicator's plan cache."""
-    state = exchange(comm)
-    key = ("all_to_all", tensor_key(out), tensor_key(inp), _splits_key(out_splits), _splits_key(in_splits),
-           comm.ctx.generation)
-    launch = comm.plans.get(key)
-    if launch is None:
-        launch = comm.plans[key] = prepare(comm, state, out, inp, out_splits, in_splits)
-    launch.run()
-    return out
+def plan_key(comm: Runtime, out: torch.Tensor, inp: torch.Tensor, out_splits: Splits, in_splits: Splits) -> tuple:
+    """The plan-cache key of an all-to-all of ``inp`` into ``out``: a call like an earlier one
+    (the same tensors, split values or split tensors, symmetric allocations and bound) launches
+    that call's :class:`AllToAllPlan`."""
+    return ("all_to_all", tensor_key(out), tensor_key(inp), _splits_key(out_splits), _splits_key(in_splits),
+            comm.ctx.generation)
 
 
 def _splits_key(splits: Splits) -> Any:
@@ -229,8 +213,8 @@ def _splits_key(splits: Splits) -> Any:
     return None if splits is None else split_values(splits, "splits")
 
 
-def prepare(comm: Any, state: Exchange, out: torch.Tensor, inp: torch.Tensor, out_splits: Splits,
-            in_splits: Splits) -> Launch:
+def prepare(comm: Runtime, state: Exchange, out: torch.Tensor, inp: torch.Tensor, out_splits: Splits,
+            in_splits: Splits) -> AllToAllPlan:
     """The checked, ready launch of an all-to-all of ``inp`` into ``out``."""
     dtype = check_tensors(comm, out, inp)
     ctx = comm.ctx
@@ -256,7 +240,7 @@ def prepare(comm: Any, state: Exchange, out: torch.Tensor, inp: torch.Tensor, ou
     # Ranks sharing the GPU may differ in direct: each loads both kernels before launching either.
     fn = comm.kernel_together(key, replace(key, direct=not direct))
     alive = () if receiver.storage is None else (receiver.storage,)
-    return Launch(fn, (*args, key.blocks), comm.device_index, keep, state.pinned, alive)
+    return AllToAllPlan(fn, (*args, key.blocks), comm, keep, state.pinned, alive)
 
 
-__all__ = ["STAGING_BYTES", "Exchange", "Launch", "all_to_all", "check_tensors", "exchange", "prepare"]
+__all__ = ["STAGING_BYTES", "AllToAllPlan", "Exchange", "check_tensors", "plan_key", "prepare"]

@@ -5,8 +5,11 @@ One :class:`Communicator` sits on the open symmetric-memory :class:`~collectives
 (:class:`~collectives.runtime.error_record.ErrorRecord`), the kernel views of symmetric buffers
 (:class:`~collectives.runtime.views.BufferViews`), the staging buffers
 (:class:`~collectives.runtime.staging.StagingPool`) and plans, the compiled kernels
-(:class:`~collectives.runtime.kernels.KernelCache`) and the stream flags
-(:class:`~collectives.runtime.stream_flags.StreamFlags`).  Everything a launch needs that is not a
+(:class:`~collectives.runtime.kernels.KernelCache`), the stream flags
+(:class:`~collectives.runtime.stream_flags.StreamFlags`), and, made at their first use, the
+all-to-all's slots and staging (:class:`~collectives.runtime.all_to_all.Exchange`) and the MoE
+layer's receive buffers (:meth:`Communicator.receive_buffer`).  They live as long as the
+communicator: one whose context closed is dropped (:func:`communicator`), and its parts with it.  Everything a launch needs that is not a
 runtime argument is cached: compiled kernels per :class:`~collectives.algorithms.KernelKey`, device
 tables of peer addresses per buffer.  Build those before a CUDA-graph capture (one eager call
 warms them).  The communicator itself holds the per-call protocol: what plans read
@@ -16,11 +19,12 @@ parts' (``comm.errors.poll()``, ``comm.stream_flags.post(i)``, ...).
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Union
 
 import torch
 
@@ -31,13 +35,21 @@ from ..algorithms.rules import resolve_backend
 from ..config import CALL_EPOCHS, PadLayout, Slot
 from ..errors import CollectiveError
 from ..symmetric.bootstrap import init
+from ..symmetric.capability import choose_backend
 from ..symmetric.context import Context, current
+from ..symmetric.capability import TorchGroup
+from .all_to_all import Exchange
 from .error_record import ErrorRecord
 from ..algorithms.residency import Occupancy, Residency, SmLimits
 from .kernels import KernelCache, compile_target, occupancy
 from .staging import PlanCache, StagingPool
 from .stream_flags import StreamFlags
 from .views import Buffer, BufferViews
+
+#: What every ``group=`` argument of the API takes: None (every rank), a ``torch.distributed``
+#: ProcessGroup or one-dimensional DeviceMesh (:data:`~collectives.symmetric.capability.TorchGroup`),
+#: a :class:`~collectives.symmetric.context.Context` or a :class:`Communicator`.
+Group = Union[TorchGroup, Context, "Communicator", None]
 
 #: Default bound of every cross-GPU wait, in seconds (``COLLECTIVES_TIMEOUT_S`` overrides).
 DEFAULT_TIMEOUT_S = float(os.environ.get("COLLECTIVES_TIMEOUT_S", "30"))
@@ -74,6 +86,9 @@ class Communicator:
         self.pool = StagingPool(ctx, self.plans, self.agree_growth)
         #: The Lamport all-reduce's receive buffers by element bytes (:mod:`collectives.algorithms.lamport`).
         self.lamport_buffers: dict[int, torch.Tensor] = {}
+        #: The MoE layer's receive buffers by (name, shape, dtype) (:meth:`receive_buffer`).
+        self.receive_buffers: dict[tuple, torch.Tensor] = {}
+        self._exchange: Exchange | None = None
         self.turn = 0  # which of staging slots TURN_0/TURN_1 the next single-barrier collective uses
         self.stream: int | None = None  # the last collective's stream (algorithms.plan.follow)
         self.stream_captured = False
@@ -137,6 +152,26 @@ class Communicator:
         self.views.forget(ptr, nbytes)
         self.plans.drop_using(ptr, nbytes)
 
+    def exchange(self) -> Exchange:
+        """The all-to-all's part (made at the first all-to-all: collective; its call count
+        starts at :func:`seed_epoch`)."""
+        if self._exchange is None:
+            self._exchange = Exchange(self, seed_epoch())
+        return self._exchange
+
+    def receive_buffer(self, name: str, shape: tuple, dtype: torch.dtype, slot: int) -> torch.Tensor:
+        """The symmetric receive buffer ``name`` of ``shape`` and ``dtype`` (the MoE layer's,
+        :mod:`collectives.moe`), allocated at its first ask, after every rank agreed the growth
+        of ``slot`` (:meth:`agree_growth`: every rank asks for the same), and then reused: the
+        next all-to-all into it waits for its receiver, which has finished with it by then
+        (stream order)."""
+        key = (name, shape, dtype)
+        buffer = self.receive_buffers.get(key)
+        if buffer is None:
+            self.agree_growth(slot, math.prod(shape) * dtype.itemsize)
+            buffer = self.receive_buffers[key] = self.ctx.empty(shape, dtype)
+        return buffer
+
     def agree_growth(self, what: int, nbytes: int) -> None:
         """Before a collective allocation that a call makes (staging slot ``what`` growing to
         ``nbytes``; ``-element_bytes`` for the Lamport buffers of a width): every rank must
@@ -189,7 +224,7 @@ class Communicator:
     def choose_backend(self, requested: str, dtype: str, op: str = "sum") -> str:
         """The backend a collective reducing ``dtype`` by ``op`` uses on this context
         (:func:`collectives.algorithms.rules.resolve_backend`)."""
-        return resolve_backend(requested, self.ctx.caps, self.ctx.backend, dtype, op,
+        return resolve_backend(requested, lambda r: choose_backend(r, self.ctx.caps), self.ctx.backend, dtype, op,
                                lambda: compile_target(self.device_index))
 
     def barrier(self, backend: str = "auto") -> None:
@@ -259,7 +294,7 @@ _BY_GROUP: dict[int, tuple[Any, Communicator]] = {}
 _LOCK = threading.Lock()
 
 
-def communicator(group: Any = None) -> Communicator:
+def communicator(group: Group = None) -> Communicator:
     """The communicator of ``group``: None (the base context's, opening symmetric memory with
     ``collectives.init()`` if needed), a ``torch.distributed`` ProcessGroup or a one-dimensional
     DeviceMesh (its context opened with ``collectives.init(group=...)`` on first use: collective
@@ -302,7 +337,7 @@ def forget(ctx: Any) -> None:
         _COMMS.pop(id(ctx), None)
 
 
-def traceable(group: Any, what: str) -> None:
+def traceable(group: Group, what: str) -> None:
     """Refuse ``group`` while torch.compile traces ``what``: its custom operator
     (:mod:`collectives.runtime.torch_ops`) runs on the default communicator, so a sub-group's call
     would silently run on all ranks."""

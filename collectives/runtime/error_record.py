@@ -32,9 +32,9 @@ from ..errors import CollectiveError, CollectiveTimeout
 from ..exchange import PHASES as EXCHANGE_PHASES
 
 #: The name of each phase code a record's ``barrier`` field holds, for messages: the start and
-#: end barriers (0 and 1), the all-to-all's (:data:`collectives.exchange.PHASES`) and the phases each
-#: algorithm declares (:attr:`Algorithm.phases`).
-PHASE_NAMES = {0: "start barrier", 1: "end barrier", **EXCHANGE_PHASES,
+#: end barriers (0 and 1) and the phases each algorithm declares (:attr:`Algorithm.phases`; the
+#: all-to-all's: :data:`collectives.exchange.PHASES`).
+PHASE_NAMES = {0: "start barrier", 1: "end barrier",
                **{code: name for impl in REGISTRY.values() for code, name in impl.phases.items()}}
 
 

@@ -10,12 +10,16 @@ from __future__ import annotations
 import functools
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
+from ..algorithms.family import Family
 from ..algorithms.key import KernelKey
 from ..errors import CollectiveError
 from .driver_streams import create_stream
+
+#: A kernel key of any kernel family (:data:`collectives.algorithms.FAMILIES`).
+Key = Hashable
 
 
 def compile_target(device: int | None = None) -> str:
@@ -34,60 +38,37 @@ def _target(device: int) -> str:
     return f"sm_{major}{minor}a"
 
 
-def compile_kernel(key: KernelKey | str, target: str) -> Any:
+def compile_kernel(key: Key, target: str) -> Any:
     """CuTeDSL's compiled kernel for ``key`` on ``target`` (no GPU needed; ptxas runs), with its
-    PTX (``__ptx__``) and its TVM-FFI function (``__tvm_ffi_object__()``).  A string key names
-    a stream-flag kernel (:mod:`collectives.algorithms.flags`), an
-    :class:`~collectives.algorithms.all_to_all.AllToAllKey` the all-to-all's, a
-    :class:`~collectives.algorithms.moe_combine.MoeCombineKey` the MoE combine's weighted sum, a
-    :class:`~collectives.algorithms.moe_place.MoePlaceKey` the MoE dispatch's placement, a
-    :class:`~collectives.algorithms.moe_pack.MoePackKey` its fp8 rows, a
-    :class:`~collectives.algorithms.moe_gather.MoeGatherKey` the combine's rows to send back."""
+    PTX (``__ptx__``) and its TVM-FFI function (``__tvm_ffi_object__()``): built by the key's
+    kernel family (:func:`collectives.algorithms.family_of`)."""
     import cutlass.cute as cute
     from cutlass.base_dsl.compiler import DumpDir
 
-    build, arguments = _kind(key)
+    family = _family(key)
     with tempfile.TemporaryDirectory() as dump:  # the PTX and cubin are kept in memory, the files dropped
         return cute.compile[cute.KeepPTX, cute.KeepCUBIN, cute.EnableTVMFFI, cute.GPUArch(target),
-                            DumpDir(dump)](build(key), *arguments)
+                            DumpDir(dump)](family.build(key), *family.example_arguments())
 
 
-def example_arguments(key: KernelKey | str) -> tuple:
+def example_arguments(key: Key) -> tuple:
     """The placeholder arguments ``key``'s launcher compiles from (its runtime arguments: the
     layout's, then the grid where it is one, then the stream)."""
-    return _kind(key)[1]
+    return _family(key).example_arguments()
 
 
-def _kind(key: KernelKey | str) -> tuple[Callable[[Any], Any], tuple]:
-    """(the builder of ``key``'s ``@cute.jit`` launcher, its placeholder arguments), by the kind
-    of kernel: a stream-flag kernel's, the all-to-all's, the MoE combine's or dispatch's, or a
-    collective algorithm's."""
-    from .. import algorithms
-    from ..algorithms import all_to_all, flags, moe_combine, moe_gather, moe_pack, moe_place
-    from ..device.launch import example_arguments as layout_arguments
-    from ..device.launch import flag_example_arguments
+def _family(key: Key) -> Family:
+    from ..algorithms import family_of  # (every family registered)
 
-    if isinstance(key, str):
-        return flags.build, flag_example_arguments()
-    if isinstance(key, all_to_all.AllToAllKey):
-        return all_to_all.build, layout_arguments(all_to_all.ALL_TO_ALL)
-    if isinstance(key, moe_combine.MoeCombineKey):
-        return moe_combine.build, layout_arguments(moe_combine.MOE_COMBINE)
-    if isinstance(key, moe_place.MoePlaceKey):
-        return moe_place.build, layout_arguments(moe_place.MOE_PLACE)
-    if isinstance(key, moe_pack.MoePackKey):
-        return moe_pack.build, layout_arguments(moe_pack.MOE_PACK)
-    if isinstance(key, moe_gather.MoeGatherKey):
-        return moe_gather.build, layout_arguments(moe_gather.MOE_GATHER)
-    return algorithms.build, algorithms.example_arguments()
+    return family_of(key)
 
 
 #: Every kernel compiled in this process, by (key, target): (compiled kernel, its TVM-FFI function).
-_COMPILED: dict[tuple[KernelKey | str, str], tuple[Any, Callable[..., Any]]] = {}
+_COMPILED: dict[tuple[Key, str], tuple[Any, Callable[..., Any]]] = {}
 #: Kernels' occupancy, by (key, target, device).
-_OCCUPANCY: dict[tuple[KernelKey | str, str, int], Any] = {}
+_OCCUPANCY: dict[tuple[Key, str, int], Any] = {}
 #: The (key, target, device) whose kernel :func:`load` has loaded onto the device.
-_LOADED: set[tuple[KernelKey | str, str, int]] = set()
+_LOADED: set[tuple[Key, str, int]] = set()
 #: One compile or load at a time in this process (CuTeDSL's compiler is not re-entrant across
 #: threads; a second thread asking for a key being compiled waits for it instead of compiling it
 #: again).
@@ -96,7 +77,7 @@ _COMPILE_LOCK = threading.Lock()
 _LOAD_STREAMS: dict[int, Any] = {}
 
 
-def compiled(key: KernelKey | str, target: str) -> tuple[Any, Callable[..., Any]]:
+def compiled(key: Key, target: str) -> tuple[Any, Callable[..., Any]]:
     """(compiled kernel, TVM-FFI function) of ``key`` on ``target``: compiled on the first ask
     in this process, whoever asks (thread-safe).  Not loaded onto a GPU: see :func:`load`."""
     entry = _COMPILED.get((key, target))
@@ -109,7 +90,7 @@ def compiled(key: KernelKey | str, target: str) -> tuple[Any, Callable[..., Any]
     return entry
 
 
-def load(key: KernelKey | str, target: str, device: int) -> None:
+def load(key: Key, target: str, device: int) -> None:
     """Load ``key``'s compiled kernel onto GPU ``device`` now (once per process), launching
     nothing, and measure its occupancy there (:func:`occupancy`).
 
@@ -133,12 +114,12 @@ def load(key: KernelKey | str, target: str, device: int) -> None:
         if (key, target, device) in _LOADED:
             return
         _call_in_throwaway_capture(fn, key, device)
-        if not isinstance(key, str) and (key, target, device) not in _OCCUPANCY:
+        if _family(key).measured and (key, target, device) not in _OCCUPANCY:
             _OCCUPANCY[(key, target, device)] = _measure(kernel, key, target, device)
         _LOADED.add((key, target, device))
 
 
-def _call_in_throwaway_capture(fn: Callable[..., Any], key: KernelKey | str, device: int) -> None:
+def _call_in_throwaway_capture(fn: Callable[..., Any], key: Key, device: int) -> None:
     """Call ``fn`` with placeholder arguments (null addresses, one block) on a private stream of
     GPU ``device`` under a thread-local stream capture, then end the capture and destroy its
     graph: CuTeDSL's first-call library load happens, the launch is only recorded."""
@@ -220,7 +201,7 @@ def kernel_ptx(key: KernelKey, arch: str = "sm_90a") -> str:
     return compile_kernel(key, arch).__ptx__
 
 
-def refuse_multimem(ptx: str | None, key: KernelKey | str, backend: str) -> None:
+def refuse_multimem(ptx: str | None, key: Key, backend: str) -> None:
     """Refuse a kernel whose PTX holds a ``multimem`` instruction unless the context runs on
     NVLink multicast (``backend``), and one whose PTX could not be read."""
     if backend == "multicast":
@@ -243,13 +224,13 @@ class KernelCache:
     def __init__(self, backend: str) -> None:
         self.backend = backend
         #: (compiled kernel, its TVM-FFI function): the compiled kernel kept alive with it.
-        self._kernels: dict[tuple[KernelKey | str, str], tuple[Any, Callable[..., Any]]] = {}
+        self._kernels: dict[tuple[Key, str], tuple[Any, Callable[..., Any]]] = {}
 
-    def has(self, key: KernelKey | str, target: str) -> bool:
+    def has(self, key: Key, target: str) -> bool:
         """Whether this cache holds ``key``'s kernel on ``target`` (then loaded, given a device)."""
         return (key, target) in self._kernels
 
-    def get(self, key: KernelKey | str, target: str, device: int | None = None) -> Callable[..., Any]:
+    def get(self, key: Key, target: str, device: int | None = None) -> Callable[..., Any]:
         """The kernel for ``key`` on ``target``, compiled on first use and, given ``device``,
         loaded onto that GPU then (:func:`load`: never at a launch).
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
 
 import torch
 
@@ -30,6 +29,7 @@ from ..algorithms.moe_gather import MOE_GATHER, MoeGatherKey
 from ..algorithms.moe_pack import DTYPES_QUANTIZED, MOE_PACK, MoePackKey
 from ..algorithms.moe_place import MAX_SEGMENTS, MOE_PLACE, MoePlaceKey
 from ..algorithms.plan import current_stream
+from ..algorithms.protocol import Runtime
 from ..dtypes import DTYPES, from_torch
 from ..errors import CollectiveError
 
@@ -77,7 +77,7 @@ def pack_key(dtype: torch.dtype, hidden: int, fp8: bool = True) -> MoePackKey | 
     return MoePackKey(name, vector if hidden % vector == 0 else 1, quantize=fp8)
 
 
-def pack(comm: Any, dtype: torch.dtype, hidden: int, fp8: bool):
+def pack(comm: Runtime, dtype: torch.dtype, hidden: int, fp8: bool):
     """The kernel's :data:`collectives.moe.Pack` on ``comm``'s GPU (its kernel loaded now), None
     where :data:`FUSED` is off or the kernel does not take the tokens."""
     key = pack_key(dtype, hidden, fp8) if FUSED else None
@@ -96,7 +96,7 @@ def pack(comm: Any, dtype: torch.dtype, hidden: int, fp8: bool):
     return run
 
 
-def gather(comm: Any, row_bytes: int):
+def gather(comm: Runtime, row_bytes: int):
     """The kernel's :data:`collectives.moe.Gather` on ``comm``'s GPU for rows of ``row_bytes``
     (moved in the widest word that divides them; its kernel loaded now), None where
     :data:`FUSED` is off or the rows are empty."""
@@ -118,7 +118,7 @@ def gather(comm: Any, row_bytes: int):
     return run
 
 
-def weighted_sum(comm: Any, dtype: torch.dtype, hidden: int, topk: int):
+def weighted_sum(comm: Runtime, dtype: torch.dtype, hidden: int, topk: int):
     """The kernel's :data:`collectives.moe.WeightedSum` on ``comm``'s GPU (its kernel loaded
     now), None where :data:`FUSED` is off or the kernel does not take the rows."""
     key = combine_key(dtype, hidden, topk) if FUSED else None
@@ -141,7 +141,7 @@ def weighted_sum(comm: Any, dtype: torch.dtype, hidden: int, topk: int):
     return run
 
 
-def placement(comm: Any, local: int, row_bytes: int, exact: bool, values: int | None = None):
+def placement(comm: Runtime, local: int, row_bytes: int, exact: bool, values: int | None = None):
     """The kernel's :data:`collectives.moe.Placement` on ``comm``'s GPU for rows of
     ``row_bytes``, ``values`` of them placed (see :func:`place_key`; its kernel loaded now),
     None where :data:`FUSED` is off or the kernel does not take the call."""

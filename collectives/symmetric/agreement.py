@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
 from ..errors import SymmetricMemoryError
-from .capability import collective_device
+from .capability import TorchGroup, collective_device
 from .groups import global_rank
 
 __all__ = ["Agreement", "DistAgreement"]
@@ -23,7 +23,7 @@ __all__ = ["Agreement", "DistAgreement"]
 _GENERATIONS: dict[tuple[int, ...], int] = {}
 
 
-def _next_generation(group: Any, world_size: int) -> int:
+def _next_generation(group: TorchGroup, world_size: int) -> int:
     """The generation of a new context's agreement over ``group`` (its ``world_size`` ranks):
     how many contexts over the same ranks this process opened before.  Every rank opens them in the same
     order (collectively), so the ranks agree on it without communicating."""
@@ -59,7 +59,7 @@ class DistAgreement:
     context over the same ranks never meets the first one's keys; the last rank to read a
     call's keys deletes them."""
 
-    def __init__(self, group: Any, rank: int, world_size: int) -> None:
+    def __init__(self, group: TorchGroup, rank: int, world_size: int) -> None:
         self.group, self.rank, self.world_size = group, rank, world_size
         self._bounded = 0  # bounded calls so far
         self._generation = _next_generation(group, world_size)

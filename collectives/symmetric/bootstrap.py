@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from ..errors import CollectiveError, MulticastUnavailable
 from . import context
-from .capability import MULTICAST_OFF, agree, choose_backend, cuda_missing, pci_bus_id, probe
+from .capability import MULTICAST_OFF, TorchGroup, agree, choose_backend, cuda_missing, pci_bus_id, probe
 from .context import Context
 from .groups import GROUP_HEAP_BYTES, PoolHeap, group_ranks, pe_map, process_group
 from .topology import node_size
@@ -39,7 +39,7 @@ def choose_heap(heap: str) -> str:
     return heap
 
 
-def _start_heap(kind: str, device: int, rank: int, world: int, group: Any, multicast: bool) -> Any:
+def _start_heap(kind: str, device: int, rank: int, world: int, group: TorchGroup, multicast: bool) -> Any:
     """The base context's heap of ``kind`` (collective); unless ``multicast``, the heap's switch
     is set first so that it creates no multicast object."""
     if kind == "nvshmem":
@@ -58,7 +58,7 @@ def _multicast_switch(name: str, multicast: bool) -> None:
         os.environ[name] = MULTICAST_OFF[name]
 
 
-def _topology(group: Any, device: int, world_size: int) -> tuple[list[int], list[str]]:
+def _topology(group: TorchGroup, device: int, world_size: int) -> tuple[list[int], list[str]]:
     """Local device ordinals of all ranks' GPUs, and problems found (other hosts, invisible GPUs)."""
     mine = (socket.gethostname(), pci_bus_id(device))
     everyone: list[Any] = [None] * world_size
@@ -81,7 +81,7 @@ def _topology(group: Any, device: int, world_size: int) -> tuple[list[int], list
     return peers, problems
 
 
-def init(group: Any = None, *, backend: str = "auto", device: int | None = None,
+def init(group: TorchGroup = None, *, backend: str = "auto", device: int | None = None,
          group_heap_bytes: int | None = None, heap: str = "auto") -> Context:
     """Open (or return the open) symmetric-memory context of ``group`` (collective).
 
@@ -132,7 +132,7 @@ def _ranks(ctx: Context) -> tuple[int, ...]:
     return tuple(dist.get_process_group_ranks(ctx.group)) if ctx.group is not None else tuple(range(ctx.world_size))
 
 
-def _open_group(base: Context, group: Any, members: tuple[int, ...]) -> Context:
+def _open_group(base: Context, group: TorchGroup, members: tuple[int, ...]) -> Context:
     """A sub-group context on the base context's pool (collective over ``members``)."""
     group = process_group(group)
     pes = pe_map(members, _ranks(base), dist.get_rank())

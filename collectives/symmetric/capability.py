@@ -18,6 +18,10 @@ from ptxops.nvls import MULTICAST_OFF, force_multicast_off
 
 from ..errors import CollectiveError, MulticastUnavailable
 
+#: A ``torch.distributed`` group of ranks: a ProcessGroup or a one-dimensional DeviceMesh (None:
+#: the default group, where a function takes it).
+TorchGroup = Any
+
 __all__ = [
     "Backend",
     "Capabilities",
@@ -296,7 +300,7 @@ def choose_backend(requested: str, caps: Capabilities, *, env: Mapping[str, str]
     return "peer"
 
 
-def collective_device(group: Any) -> Any:
+def collective_device(group: TorchGroup) -> Any:
     """The device ``group``'s collectives exchange tensors on: this rank's GPU under NCCL, else the CPU."""
     import torch
     import torch.distributed as dist
@@ -307,7 +311,7 @@ def collective_device(group: Any) -> Any:
     return torch.device("cpu")
 
 
-def agree(caps: Capabilities, group: Any = None) -> Capabilities:
+def agree(caps: Capabilities, group: TorchGroup = None) -> Capabilities:
     """Make ``caps`` identical on every rank of ``group`` (collective).
 
     Equivalent to an all-reduce MIN of (multicast, peer_access, nvlink_mesh); the flags

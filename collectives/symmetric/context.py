@@ -23,13 +23,12 @@ import dataclasses
 import math
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
 
 import torch
 
 from ..errors import MulticastUnavailable, SymmetricMemoryError
 from .agreement import Agreement, DistAgreement
-from .capability import Backend, Capabilities, multicast_disabled_by_env
+from .capability import Backend, Capabilities, TorchGroup, multicast_disabled_by_env
 from .groups import Ranges
 from .heap import Heap
 
@@ -90,7 +89,7 @@ class Context:
     time-slice it instead).
     """
 
-    def __init__(self, *, heap: Heap, group: Any, rank: int, world_size: int, device: int,
+    def __init__(self, *, heap: Heap, group: TorchGroup, rank: int, world_size: int, device: int,
                  caps: Capabilities, backend: Backend,
                  agreement: Agreement | None = None, ranks_on_device: int = 1) -> None:
         self.heap, self.group, self.rank, self.world_size = heap, group, rank, world_size

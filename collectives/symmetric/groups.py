@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from ..errors import CollectiveError, MulticastUnavailable, SymmetricMemoryError
+from .capability import TorchGroup
 
 #: Bytes of the pool the base context reserves for sub-group communicators (per rank) unless
 #: ``init(group_heap_bytes=...)`` or ``COLLECTIVES_GROUP_HEAP_BYTES`` says otherwise.
@@ -128,7 +129,7 @@ class PoolHeap:
         pass  # the pool belongs to the base context
 
 
-def process_group(group: Any) -> Any:
+def process_group(group: TorchGroup) -> Any:
     """The ``torch.distributed`` ProcessGroup ``group`` names: itself, or a one-dimensional
     DeviceMesh's (``mesh["tp"]``).  Raises CollectiveError where this process is not in it."""
     import torch.distributed as dist
@@ -145,14 +146,14 @@ def process_group(group: Any) -> Any:
     return group
 
 
-def group_ranks(group: Any) -> tuple[int, ...]:
+def group_ranks(group: TorchGroup) -> tuple[int, ...]:
     """The global ranks of ``group`` (see :func:`process_group`) in group-rank order."""
     import torch.distributed as dist
 
     return tuple(dist.get_process_group_ranks(process_group(group)))
 
 
-def global_rank(group: Any, rank: int) -> int:
+def global_rank(group: TorchGroup, rank: int) -> int:
     """The global rank of ``group``'s rank ``rank`` (``group`` None: every process)."""
     import torch.distributed as dist
 

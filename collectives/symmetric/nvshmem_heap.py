@@ -3,13 +3,12 @@ unique id broadcast over ``torch.distributed`` (one NVSHMEM job per NVLink domai
 
 from __future__ import annotations
 
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from ..errors import SymmetricMemoryError
-from .capability import collective_device
+from .capability import TorchGroup, collective_device
 from .groups import global_rank
 from .heap import Adopted
 
@@ -22,7 +21,7 @@ class NvshmemHeap:
     #: The variable that keeps NVSHMEM from creating multicast objects (set before it starts).
     MULTICAST_SWITCH = "NVSHMEM_DISABLE_NVLS"
 
-    def __init__(self, device: int, rank: int, nranks: int, group: Any) -> None:
+    def __init__(self, device: int, rank: int, nranks: int, group: TorchGroup) -> None:
         import numpy as np
         import nvshmem.core as nvshmem
         from cuda.core import Device

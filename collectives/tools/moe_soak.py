@@ -1,5 +1,5 @@
 """Soak of the MoE layer (:mod:`collectives.moe`): many dispatches and combines, each checked
-bit for bit against :mod:`collectives.moe_reference`.
+bit for bit against :mod:`collectives.reference.moe`.
 
     torchrun --nproc-per-node 2 -m collectives.tools.moe_soak [--calls 2000] [--seconds 3600]
     python -m collectives.tools.moe_soak --world 4
@@ -42,7 +42,7 @@ import torch  # noqa: E402
 
 from .. import moe  # noqa: E402
 from ..moe import _capacity as moe_capacity  # noqa: E402
-from ..moe_reference import bits, combined, expert_fn, expert_rows, routing  # noqa: E402
+from ..reference.moe import bits, combined, expert_fn, expert_rows, routing  # noqa: E402
 from .soak import Progress, run_ranks  # noqa: E402
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -152,7 +152,7 @@ class Soak:
         self.stats = {"eager": 0, "graph": 0, "throughput": 0, "fp8": 0, "dropped": 0}
 
     def layer_call(self, case: Case, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> tuple:
-        """Dispatch, this rank's experts (:func:`~collectives.moe_reference.expert_fn`), combine
+        """Dispatch, this rank's experts (:func:`~collectives.reference.moe.expert_fn`), combine
         (none with fp8): ``(expert_x, counts, handle, out)``."""
         experts = case.local * self.world
         ex, counts, handle = self.layer.dispatch(x, ids, weights, experts, case)

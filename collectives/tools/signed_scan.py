@@ -16,8 +16,8 @@ from a word by a bit-preserving operation (``mov``, ``and``, ``or``, ``xor``, ``
 word among its sources is a finding.  Registers are followed by name, through loops.
 
 ``python -m collectives.tools.signed_scan [--sample] [--jobs N]`` compiles the keys of
-:func:`collectives.tools.ptx_identity.snapshot_keys` (or its CI sample) and the stream-flag
-kernels for sm_90a and prints each finding; exit status 1 if there is one.
+:func:`collectives.tools.ptx_identity.snapshot_keys` (every kernel family's, or its CI sample)
+for sm_90a and prints each finding; exit status 1 if there is one.
 """
 
 from __future__ import annotations
@@ -125,32 +125,37 @@ def scan(ptx: str) -> list[Finding]:
 
 
 def scan_key(kid: str) -> tuple[str, list[str]]:
-    """(key id, findings as text) for a key id of :mod:`collectives.tools.ptx_identity` or a
-    stream-flag kernel's name; a refused key has none."""
+    """(key id, findings as text) for a key id of :mod:`collectives.tools.ptx_identity`; a
+    refused key has none."""
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
     from collectives.runtime.kernels import compile_kernel
     from collectives.tools.ptx_identity import make_key
 
     try:
-        key = kid if "/" not in kid else make_key(kid)
+        key = make_key(kid)
         ptx = compile_kernel(key, "sm_90a").__ptx__
     except Exception:  # noqa: BLE001 (a refused key compiles nothing to scan)
         return kid, []
     return kid, [str(f) for f in scan(ptx)]
 
 
-def main(argv: list[str] | None = None) -> int:
-    from collectives.algorithms import flags
+def scanned(sample: bool) -> list[str]:
+    """The key ids the scan compiles: every family's snapshot keys, or their CI sample and
+    every Lamport key at world 4."""
     from collectives.tools import ptx_identity
 
+    ids = ptx_identity.snapshot_keys()
+    if sample:
+        ids = sorted(set(ptx_identity.sample(ids)) | {k for k in ids if "/lamport/" in k and "/w4/" in k}, key=ids.index)
+    return ids
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m collectives.tools.signed_scan", description=__doc__)
     parser.add_argument("--sample", action="store_true", help="only the CI sample of ptx_identity, and every Lamport key")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args(argv)
-    ids = ptx_identity.snapshot_keys()
-    if args.sample:
-        ids = sorted(set(ptx_identity.sample(ids)) | {k for k in ids if "/lamport/" in k and "/w4/" in k}, key=ids.index)
-    ids += list(flags.KINDS)
+    ids = scanned(args.sample)
     found = 0
     with ProcessPoolExecutor(args.jobs) as pool:
         for kid, findings in pool.map(scan_key, ids):

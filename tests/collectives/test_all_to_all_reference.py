@@ -1,11 +1,11 @@
-"""The all-to-all reference (collectives.all_to_all_reference) on CPU tensors."""
+"""The all-to-all reference (collectives.reference.all_to_all) on CPU tensors."""
 
 from __future__ import annotations
 
 import pytest
 
 torch = pytest.importorskip("torch")
-from collectives.all_to_all_reference import all_to_all  # noqa: E402
+from collectives.reference.all_to_all import all_to_all  # noqa: E402
 
 
 def test_uneven_splits_by_hand() -> None:

@@ -1,7 +1,7 @@
 """MoE dispatch and combine (collectives.moe) in a simulated world on the CPU: ``world`` threads,
 one per rank, whose all-to-alls meet at a barrier and move rows with the reference
-(:mod:`collectives.all_to_all_reference`), checked bit for bit against the reference MoE layer
-(:mod:`collectives.moe_reference`)."""
+(:mod:`collectives.reference.all_to_all`), checked bit for bit against the reference MoE layer
+(:mod:`collectives.reference.moe`)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 from collectives import moe  # noqa: E402
-from collectives.all_to_all_reference import all_to_all as reference_all_to_all  # noqa: E402
+from collectives.reference.all_to_all import all_to_all as reference_all_to_all  # noqa: E402
 from collectives.errors import CollectiveError  # noqa: E402
-from collectives.moe_reference import expert_fn, reference, routing  # noqa: E402
+from collectives.reference.moe import expert_fn, reference, routing  # noqa: E402
 
 
 class World:
@@ -159,13 +159,22 @@ def test_a_receive_buffer_a_rank_lacks_is_agreed_before_its_collective_allocatio
     hidden) asks for a shape its peers have cached: it must agree the allocation first (bounded:
     the communicator's agree_growth raises CollectiveError for a rank alone) and never enter the
     collective allocation alone; a cached shape costs neither."""
-    from collectives import api
+    from types import SimpleNamespace
+
     from collectives.runtime import communicator as communicators
 
     steps = []
 
     class Comm:
+        """The communicator's receive buffers (its own method) over a recording agreement and heap."""
+
         alone = False
+        receive_buffer = communicators.Communicator.receive_buffer
+
+        def __init__(self) -> None:
+            self.receive_buffers = {}
+            self.ctx = SimpleNamespace(empty=lambda shape, dtype: steps.append(("allocate", shape))
+                                       or torch.empty(shape, dtype=dtype))
 
         def agree_growth(self, what, nbytes):
             steps.append(("agree", what, nbytes))
@@ -174,9 +183,6 @@ def test_a_receive_buffer_a_rank_lacks_is_agreed_before_its_collective_allocatio
 
     comm = Comm()
     monkeypatch.setattr(communicators, "communicator", lambda group=None: comm)
-    monkeypatch.setattr(api, "empty", lambda shape, dtype, group=None: steps.append(("allocate", shape))
-                        or torch.empty(shape, dtype=dtype))
-    monkeypatch.setattr(moe, "_BUFFERS", {})
     empty = moe._symmetric(None)
     empty("dispatch", (12, 8), torch.bfloat16, "cpu")
     empty("dispatch", (12, 8), torch.bfloat16, "cpu")  # cached: no host step at all

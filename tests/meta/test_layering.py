@@ -75,7 +75,7 @@ WING_ALLOWS = {
     # collectives.exchange: the all-to-all slots' words and their judging, pure Python like config
     "collectives.device": ("collectives.config", "collectives.exchange"),
     "collectives.algorithms": ("collectives", "collectives.config", "collectives.dtypes", "collectives.errors",
-                               "collectives.exchange", "collectives.device", "collectives.symmetric.capability"),
+                               "collectives.exchange", "collectives.device"),
     "collectives.symmetric": ("collectives.errors",),
     "collectives.runtime": ("collectives", "collectives.config", "collectives.dtypes", "collectives.errors",
                             "collectives.exchange", "collectives.device", "collectives.algorithms",

@@ -89,3 +89,29 @@ def test_the_collectives_cases_run_once_per_backend() -> None:
              if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")}
     assert _names(ranks / "test_collectives_peer.py") == set(cases)
     assert _names(ranks / "test_collectives_emulated.py") == {n for n, per_backend in cases.items() if per_backend}
+
+
+def test_collectives_has_at_most_twelve_top_level_modules() -> None:
+    """A face per feature at the top (issue 47); the rest lives in the wings and packages
+    (``reference/``: the tests' models)."""
+    modules = sorted(p.name for p in (ROOT / "collectives").glob("*.py"))
+    assert len(modules) <= 12, modules
+
+
+def test_the_device_package_lists_every_block_module() -> None:
+    """``collectives.device`` imports each block module's public names (its ``__all__``), one
+    group per file; the launchers and argument layouts (launch, kernel_args) stay apart."""
+    device = ROOT / "collectives" / "device"
+
+    def public(path: Path) -> set[str]:
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets):
+                return set(ast.literal_eval(node.value))
+        return set()
+
+    listed: dict[str, set[str]] = {}
+    for node in ast.parse((device / "__init__.py").read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+            listed[node.module] = {a.name for a in node.names}
+    blocks = {p.stem for p in device.glob("*.py")} - {"__init__", "launch", "kernel_args"}
+    assert {m: public(device / f"{m}.py") for m in sorted(blocks)} == {m: listed.get(m, set()) for m in sorted(blocks)}

@@ -57,6 +57,7 @@ class FakeHeap:
     rank: int = 0
     device: int = 0
     backend: str = "peer"
+    generation: int = 0
     live: dict[int, torch.Tensor] = field(default_factory=dict)
     on_free: list = field(default_factory=list)  # as the context's (Context.on_free)
     freed: dict[int, torch.Tensor] = field(default_factory=dict)
@@ -134,6 +135,7 @@ class FakeComm(Communicator):
         self.follow_frees()
         self.pool = StagingPool(heap, self.plans, self.agree_growth)
         self.lamport_buffers = {}
+        self.receive_buffers, self._exchange = {}, None
         self.turn = 0
         self.stream, self.stream_captured = None, False
         self.sms = 132

@@ -43,7 +43,27 @@ def world() -> Any:
         mp.setattr(comm, "kernel", lambda key: lambda *args: None)
         install(mp, comm, [False])
         mp.setattr(api, "_dtype", lambda comm, t: from_torch(t.dtype).name)  # (a plan miss only: CPU tensors)
+        stub_exchange(mp, comm)
         yield comm
+
+
+def stub_exchange(mp: Any, comm: FakeComm) -> None:
+    """The all-to-all's exchange part without its collective allocations: its plan (a miss
+    only) is an :class:`~collectives.runtime.all_to_all.AllToAllPlan` whose launch does nothing,
+    keeping a split tensor for each list of splits as :func:`~collectives.runtime.all_to_all.prepare`
+    does (a hit then asks whether a capture is on, as on GPUs)."""
+    from collectives.runtime import all_to_all as a2a
+
+    def prepare(comm, state, out, inp, out_splits, in_splits):
+        keep = tuple(torch.zeros(WORLD, dtype=torch.int64) for s in (in_splits, out_splits)
+                     if not isinstance(s, torch.Tensor))
+        return a2a.AllToAllPlan(lambda *args: None, (), comm, keep, state.pinned)
+
+    state = object.__new__(a2a.Exchange)
+    state.comm, state.pinned = comm, {}
+    mp.setattr(a2a, "prepare", prepare)
+    mp.setattr(a2a, "capturing", lambda: False)  # (imported by name there: install's patch misses it)
+    mp.setattr(comm, "_exchange", state)
 
 
 def calls(collective: str, moved: bool) -> tuple[Callable[[], Any], Callable[[], Any]]:
@@ -60,6 +80,8 @@ def calls(collective: str, moved: bool) -> tuple[Callable[[], Any], Callable[[],
             "reduce_scatter": lambda: api.reduce_scatter(block, whole),
             "all_gather": lambda: api.all_gather(whole, block),
             "barrier": lambda: api.barrier(),
+            # (list splits: the common eager form; the key holds their values)
+            "all_to_all": lambda: api.all_to_all(whole[:N], whole[N:], [N // WORLD] * WORLD, [N // WORLD] * WORLD),
         }[collective]
 
     first = call(*tensors())
@@ -111,7 +133,7 @@ def host_us(collective: str, moved: bool, count: int, repeats: int = 5) -> float
     return best
 
 
-COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "barrier")
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "barrier", "all_to_all")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -120,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     print(f"{'call':32s} {'Python calls':>12s} {'host us':>8s}")
     for collective in COLLECTIVES:
-        for moved in (False, True) if collective != "barrier" else (False,):
+        for moved in (False, True) if collective not in ("barrier", "all_to_all") else (False,):
             name = f"{collective} ({'new tensors' if moved else 'plan hit'})"
             print(f"{name:32s} {python_calls(collective, moved)[0]:12d} {host_us(collective, moved, args.calls):8.2f}")
 

@@ -38,7 +38,8 @@ def test_every_collective_has_its_algorithms_registered_once() -> None:
     """Each (collective, algorithm) names one registered class, which builds its kernels."""
     from collectives.algorithms import REGISTRY
 
-    assert set(REGISTRY) == {(c, a) for c, algorithms in ALGORITHMS.items() for a in algorithms}
+    assert set(REGISTRY) == {(c, a) for c, algorithms in ALGORITHMS.items() for a in algorithms} | {
+        ("all_to_all", "push")}
     assert ALGORITHMS["all_reduce"] == ("one_shot", "two_shot", "lamport", "tma", "push")
     assert all(impl.name == a and c in impl.collectives for (c, a), impl in REGISTRY.items())
 
@@ -320,7 +321,7 @@ def test_push_reduce_scatter_stores_to_peers_and_reduces_locally(backend: str, w
 def test_push_all_reduce_keeps_both_barriers_and_slices_whole_vectors() -> None:
     """Push all-reduce: the input goes straight to its owners (stage_in), the second barrier
     guards the pull of the owners' results, so it cannot be dropped; slices are whole vectors."""
-    from collectives.config import push_slice_elements
+    from collectives.algorithms.push import push_slice_elements
 
     with pytest.raises(ValueError, match="end barrier"):
         KernelKey("all_reduce", "push", "peer", "bf16", 4, stage_in=True, end_barrier=False)

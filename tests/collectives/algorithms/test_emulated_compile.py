@@ -71,7 +71,7 @@ def test_auto_never_chooses_emulation() -> None:
 def test_multicast_paths_refuse_what_multimem_cannot_reduce() -> None:
     """ptxops' spec decides: PTX has no multimem .min/.max of .f32, so neither multicast path
     builds one (the runtime falls back to peer under auto, and names the reason otherwise)."""
-    from collectives.config import multimem_reduces
+    from collectives.algorithms.rules import multimem_reduces
 
     assert not multimem_reduces("f32", "min") and not multimem_reduces("f32", "max")
     assert multimem_reduces("f32", "sum") and multimem_reduces("bf16", "max") and multimem_reduces("e4m3", "min")

@@ -1,4 +1,4 @@
-"""The PTX-identity guard: every collective kernel key compiles to the PTX recorded in
+"""The PTX-identity guard: every kernel key of every kernel family compiles to the PTX recorded in
 ``tests/data/ptx_identity.json`` (normalised: comments, the kernel's name, label and register
 numbering aside), so that a change to the Python around the kernels changes no kernel.
 
@@ -25,11 +25,33 @@ IDS = ALL if os.environ.get("PTX_IDENTITY") == "all" else ptx_identity.sample(AL
 
 def test_the_record_covers_every_key() -> None:
     assert sorted(RECORD["kernels"]) == sorted(ALL), "keys changed: record anew and explain why"
+    assert ptx_identity.gaps(RECORD["kernels"], ALL) == []
 
 
 def test_the_sample_covers_every_algorithm_and_backend() -> None:
-    covered = {tuple(kid.split("/")[:3]) for kid in ptx_identity.sample(ALL)}
-    assert covered == {tuple(kid.split("/")[:3]) for kid in ALL}
+    collective = [kid for kid in ALL if kid.split("/")[0] in ptx_identity.families()["collective"].prefixes]
+    covered = {tuple(kid.split("/")[:3]) for kid in ptx_identity.sample(collective)}
+    assert covered == {tuple(kid.split("/")[:3]) for kid in collective}
+
+
+def test_a_registered_family_missing_from_a_gate_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both gates compile every registered family's keys (the signed-word scan:
+    :func:`~collectives.tools.signed_scan.scanned`); a family whose keys the record lacks, or
+    that snapshots none, is a gap."""
+    from dataclasses import replace
+
+    from collectives.tools import signed_scan
+
+    families = ptx_identity.families()
+    twin = replace(families["moe_gather"], name="moe_twin", prefixes=("moe_twin",),
+                   snapshot=lambda: ["moe_twin/b16/t256"])
+    monkeypatch.setitem(families, "moe_twin", twin)
+    ids = ptx_identity.snapshot_keys()
+    assert "moe_twin/b16/t256" in ids and "moe_twin/b16/t256" in signed_scan.scanned(sample=True)
+    assert ptx_identity.gaps(RECORD["kernels"], ids) == ["moe_twin/b16/t256"]
+    monkeypatch.setitem(families, "moe_twin", replace(twin, snapshot=lambda: []))
+    assert ptx_identity.gaps(RECORD["kernels"], ptx_identity.snapshot_keys()) == [
+        "family moe_twin: no keys", "family moe_twin: no sampled keys"]
 
 
 def test_normalising_keeps_instructions_and_drops_names() -> None:

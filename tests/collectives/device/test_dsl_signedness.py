@@ -1,4 +1,4 @@
-"""What makes CuTeDSL arithmetic signed, as ``collectives.config._like`` and
+"""What makes CuTeDSL arithmetic signed, as ``collectives.algorithms.lamport._like`` and
 ``collectives.device.signals.gmem`` say: not a Python constant beside a ``Uint32`` (which stays
 unsigned), but a load through a pointer moved by ``+`` without ``dtype=`` (signed, so its
 ``>>`` is ``shr.s64``); and a constant past ``Int32``'s range widens the operation to 64 bits."""

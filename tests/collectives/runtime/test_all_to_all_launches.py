@@ -11,42 +11,45 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("cutlass")
 
+from collectives import api  # noqa: E402
 from collectives.runtime import all_to_all as a2a  # noqa: E402
 from collectives.runtime.staging import PlanCache  # noqa: E402
+from tests.support.fake_comm import FakeComm, FakeHeap, install  # noqa: E402
 
 
-class Fake:
-    """A communicator with a plan cache and a context generation; ``prepare`` counted."""
+class Fake(FakeComm):
+    """A fake communicator whose all-to-all plans count their launches; ``prepared`` lists
+    what each plan was made of (the API's real call path: plan cache, skeleton, Plan.run)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.plans = PlanCache()
-        self.ctx = SimpleNamespace(generation=0)
+        super().__init__(FakeHeap(world_size=2))
+        install(monkeypatch, self, [False])
         self.prepared: list[tuple] = []
         self.launched = 0
-        monkeypatch.setattr(a2a, "exchange", lambda comm: SimpleNamespace())
+        self._exchange = object.__new__(a2a.Exchange)  # its plan(call): a2a.prepare, below
+        self._exchange.comm = self
         monkeypatch.setattr(a2a, "prepare", self._prepare)
 
     def _prepare(self, comm, state, out, inp, out_splits, in_splits):
         self.prepared.append((out.data_ptr(), inp.data_ptr(), out_splits, in_splits))
-        fake = self
 
-        class Counted:
-            holds = uses = alive = ()
+        def launch(*args) -> None:
+            self.launched += 1
 
-            def run(self) -> None:
-                fake.launched += 1
+        return a2a.AllToAllPlan(launch, (), comm, (), {})
 
-        return Counted()
+    def all_to_all(self, out, inp, out_splits=None, in_splits=None) -> None:
+        api.all_to_all(out, inp, out_splits, in_splits)
 
 
 def test_a_repeated_call_launches_its_prepared_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     comm = Fake(monkeypatch)
     out, inp = torch.empty(8, 4), torch.ones(8, 4)
     for _ in range(3):
-        a2a.all_to_all(comm, out, inp, [2, 6], [4, 4])
+        comm.all_to_all(out, inp, [2, 6], [4, 4])
     assert len(comm.prepared) == 1 and comm.launched == 3
-    a2a.all_to_all(comm, out, inp, [3, 5], [4, 4])  # new split values: a new launch
-    a2a.all_to_all(comm, out, inp, (2, 6), (4, 4))  # the same values as a tuple: the first one's
+    comm.all_to_all(out, inp, [3, 5], [4, 4])  # new split values: a new launch
+    comm.all_to_all(out, inp, (2, 6), (4, 4))  # the same values as a tuple: the first one's
     assert len(comm.prepared) == 2 and comm.launched == 5
 
 
@@ -54,26 +57,26 @@ def test_split_tensors_are_keyed_by_place_not_values(monkeypatch: pytest.MonkeyP
     comm = Fake(monkeypatch)
     out, inp = torch.empty(8, 4), torch.ones(8, 4)
     splits = torch.tensor([4, 4])
-    a2a.all_to_all(comm, out, inp, splits, splits)
+    comm.all_to_all(out, inp, splits, splits)
     splits.copy_(torch.tensor([1, 7]))  # the kernel reads the values: nothing to prepare
-    a2a.all_to_all(comm, out, inp, splits, splits)
+    comm.all_to_all(out, inp, splits, splits)
     assert len(comm.prepared) == 1
-    a2a.all_to_all(comm, out, inp, torch.tensor([4, 4]), splits)  # another tensor
+    comm.all_to_all(out, inp, torch.tensor([4, 4]), splits)  # another tensor
     assert len(comm.prepared) == 2
 
 
 def test_tensors_allocations_and_the_bound_change_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
     comm = Fake(monkeypatch)
     out, inp = torch.empty(8, 4), torch.ones(8, 4)
-    a2a.all_to_all(comm, out, inp)
-    a2a.all_to_all(comm, out.view(8, 2, 2), inp.view(8, 2, 2))  # same places, other shapes
-    a2a.all_to_all(comm, out.to(torch.float16), inp.to(torch.float16))
+    comm.all_to_all(out, inp)
+    comm.all_to_all(out.view(8, 2, 2), inp.view(8, 2, 2))  # same places, other shapes
+    comm.all_to_all(out.to(torch.float16), inp.to(torch.float16))
     assert len(comm.prepared) == 3
     comm.ctx.generation += 1  # a symmetric allocation made or freed: its numbers may have moved
-    a2a.all_to_all(comm, out, inp)
+    comm.all_to_all(out, inp)
     assert len(comm.prepared) == 4
     comm.plans.clear()  # what a new bound does (ErrorRecord.bound_changed)
-    a2a.all_to_all(comm, out, inp)
+    comm.all_to_all(out, inp)
     assert len(comm.prepared) == 5
 
 
@@ -83,10 +86,10 @@ def test_empty_views_of_different_buffers_are_different_launches(monkeypatch: py
     soak's combine of 0 tokens on 4 H200s did, and every peer named the allocations different)."""
     comm = Fake(monkeypatch)
     first, second, inp = torch.empty(6, 4), torch.empty(6, 4), torch.ones(0, 4)
-    a2a.all_to_all(comm, first[:0], inp, [0, 0], [0, 0])
-    a2a.all_to_all(comm, second[:0], inp, [0, 0], [0, 0])
+    comm.all_to_all(first[:0], inp, [0, 0], [0, 0])
+    comm.all_to_all(second[:0], inp, [0, 0], [0, 0])
     assert len(comm.prepared) == 2
-    a2a.all_to_all(comm, second[:0], inp, [0, 0], [0, 0])  # the same place again: a hit
+    comm.all_to_all(second[:0], inp, [0, 0], [0, 0])  # the same place again: a hit
     assert len(comm.prepared) == 2 and comm.launched == 3
 
 
@@ -94,19 +97,35 @@ def test_a_launch_holds_no_staging_buffer() -> None:
     """The staging pool drops the plans holding a superseded buffer (PlanCache.drop_holding)
     from the same cache: a launch answers that it holds none."""
     plans = PlanCache()
-    plans["all_to_all"] = a2a.Launch(lambda *a: None, (), 0, (), {})
+    plans["all_to_all"] = a2a.AllToAllPlan(lambda *a: None, (), SimpleNamespace(device_index=0), (), {})
     plans.drop_holding(1234)
     assert len(plans) == 1
+
+
+def test_an_all_to_all_plan_into_an_adopted_block_dies_with_its_storage() -> None:
+    """A symmetric output adopted from torch (``symm_mem.empty``, freed by reference count with
+    no call to the context): the plan holds a weak reference to its storage, and the cache
+    drops the plan once the storage is gone (its peer table may be another allocation's)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    storage = torch.empty(4).untyped_storage()
+    plans = PlanCache()
+    plans["all_to_all"] = a2a.AllToAllPlan(lambda *a: None, (), SimpleNamespace(device_index=0), (), {},
+                                           alive=(StorageWeakRef(storage),))
+    assert plans.get("all_to_all") is not None and plans.get("all_to_all").uses == ()
+    del storage
+    assert plans.get("all_to_all") is None and len(plans) == 0
 
 
 def test_a_captured_launch_pins_its_split_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
     """A graph replays the launch's split addresses for good: under capture, the split tensors
     it made are kept past the split cache's evictions (once each, however often captured)."""
-    monkeypatch.setattr(a2a, "current_stream", lambda device: 0)
+    comm = FakeComm(FakeHeap(world_size=2))
+    install(monkeypatch, comm, [False])
     monkeypatch.setattr(a2a, "capturing", lambda: False)
     pinned: dict = {}
     splits = (torch.tensor([4, 4]), torch.tensor([2, 6]))
-    launch = a2a.Launch(lambda *a: None, (), 0, splits, pinned)
+    launch = a2a.AllToAllPlan(lambda *a: None, (), comm, splits, pinned)
     launch.run()
     assert pinned == {}  # eager: the launch's own reference is enough
     monkeypatch.setattr(a2a, "capturing", lambda: True)
@@ -143,11 +162,38 @@ def test_split_lists_of_non_integers_are_refused_not_truncated(monkeypatch: pyte
     fake = Fake(monkeypatch)
     out, inp = torch.zeros(4), torch.zeros(4)
     with pytest.raises(CollectiveError, match=r"all_to_all: splits must be integers, not"):
-        a2a.all_to_all(fake, out, inp, [2, bad], [2, 2])
+        fake.all_to_all(out, inp, [2, bad], [2, 2])
     state = a2a.Exchange.__new__(a2a.Exchange)
     state.comm, state.splits = SimpleNamespace(world=2, residency=None), {}
     with pytest.raises(CollectiveError, match=r"all_to_all: in_splits must be integers, not"):
         state.device_splits([bad, 2], 4, "in_splits", torch.device("cpu"))
     assert fake.prepared == []
-    a2a.all_to_all(fake, out, inp, [np.int64(2), torch.tensor(2)], [2, 2])  # integers of other types pass
+    fake.all_to_all(out, inp, [np.int64(2), torch.tensor(2)], [2, 2])  # integers of other types pass
     assert fake.prepared[0][2] == [np.int64(2), torch.tensor(2)]
+
+
+def test_the_exchange_and_receive_buffers_are_parts_of_their_communicator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Made once per communicator at first use, and gone with it: no module cache keyed by
+    ``id(comm)`` keeps a closed communicator's parts alive or hands them to a new one."""
+    import gc
+    import weakref
+
+    from collectives.runtime import communicator as communicator_module
+
+    class Part:
+        def __init__(self, comm, seed: int) -> None:
+            made.append(seed)
+
+    made: list = []
+    monkeypatch.setattr(communicator_module, "Exchange", Part)
+    comm = FakeComm(FakeHeap(world_size=2))
+    assert comm.exchange() is comm.exchange() and made == [0]
+    rows = comm.receive_buffer("rows", (4, 2), torch.float32, -8)
+    assert comm.receive_buffer("rows", (4, 2), torch.float32, -8) is rows
+    assert comm.receive_buffer("rows", (8, 2), torch.float32, -8) is not rows
+    other = FakeComm(FakeHeap(world_size=2))
+    assert other.exchange() is not comm.exchange() and made == [0, 0]
+    parts = weakref.ref(comm.exchange()), weakref.ref(rows)
+    del comm, rows
+    gc.collect()
+    assert [p() for p in parts] == [None, None]

@@ -40,3 +40,66 @@ def test_a_collective_on_another_stream_waits_for_the_last_one_eager_only(monkey
     api.all_reduce(t)
     assert waits == [(7, 9), (9, 7)]
     assert (comm.stream, comm.stream_captured) == (7, False)
+
+
+def _all_to_all_plans(monkeypatch, comm: FakeComm) -> list[int]:
+    """Make ``comm``'s all-to-all plans record the stream each launch runs on (no kernel, no
+    slot region: the real call path and :class:`~collectives.runtime.all_to_all.AllToAllPlan`)."""
+    from collectives.runtime import all_to_all as a2a
+
+    streams: list[int] = []
+    comm._exchange = object.__new__(a2a.Exchange)  # its plan(call): a2a.prepare, below
+    comm._exchange.comm = comm
+    monkeypatch.setattr(a2a, "prepare", lambda comm, state, *call: a2a.AllToAllPlan(
+        lambda *args: streams.append(args[-1]), (), comm, (), {}))
+    return streams
+
+
+def test_an_all_to_all_on_another_stream_waits_for_the_last_collective(monkeypatch) -> None:
+    """Issue 48: the all-to-all (every MoE dispatch and combine) shares the communicator's
+    call count with its other collectives, so it follows the same stream order."""
+    comm = FakeComm(FakeHeap(world_size=2))
+    install(monkeypatch, comm, [False])
+    stream = [7]
+    waits: list[tuple[int, int]] = []
+    monkeypatch.setattr(plan, "current_stream", lambda device: stream[0])
+    monkeypatch.setattr(plan, "order", lambda device, before, after: waits.append((before, after)))
+    launched = _all_to_all_plans(monkeypatch, comm)
+    t = FakeTensor(0x7F00_0000_0000, 1 << 16)
+    rows, back = torch.empty(8, 4), torch.empty(8, 4)
+
+    api.all_reduce(t)
+    stream[0] = 9
+    api.all_to_all(rows, back)
+    assert waits == [(7, 9)] and launched == [9]
+    stream[0] = 7
+    api.all_reduce(t)
+    assert waits == [(7, 9), (9, 7)]
+
+
+def test_a_dispatch_and_a_combine_on_two_streams_run_one_at_a_time(monkeypatch) -> None:
+    """Micro-batch overlap: batch 1's dispatch (two all-to-alls: counts, then rows) on stream
+    A while batch 0's combine (one all-to-all) runs on stream B; each switch of stream waits
+    for the other's last all-to-all, so they never share the call count at once."""
+    comm = FakeComm(FakeHeap(world_size=2))
+    install(monkeypatch, comm, [False])
+    stream = [0]
+    waits: list[tuple[int, int]] = []
+    monkeypatch.setattr(plan, "current_stream", lambda device: stream[0])
+    monkeypatch.setattr(plan, "order", lambda device, before, after: waits.append((before, after)))
+    launched = _all_to_all_plans(monkeypatch, comm)
+    counts, received, expert_out, combined = (torch.empty(n, 4) for n in (2, 8, 8, 6))
+    A, B = 7, 9
+
+    stream[0] = A  # batch 0's dispatch
+    api.all_to_all(counts, counts.clone())
+    api.all_to_all(received, received.clone())
+    stream[0] = B  # batch 0's combine
+    api.all_to_all(combined, expert_out)
+    stream[0] = A  # batch 1's dispatch
+    api.all_to_all(counts, counts.clone())
+    api.all_to_all(received, received.clone())
+    stream[0] = B  # batch 1's combine
+    api.all_to_all(combined, expert_out)
+    assert launched == [A, A, B, A, A, B]
+    assert waits == [(A, B), (B, A), (A, B)]

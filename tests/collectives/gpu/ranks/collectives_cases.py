@@ -47,7 +47,7 @@ def fp8_refused(backend: str, dtype: str) -> bool:
 
 def op_refused(backend: str, dtype: str, op: str) -> bool:
     """multimem.ld_reduce has no min/max of f32: the multicast paths refuse it by name."""
-    from collectives.config import multimem_reduces
+    from collectives.algorithms.rules import multimem_reduces
 
     return backend == "multicast_emulated" and not multimem_reduces(dtype, op)
 
@@ -260,12 +260,12 @@ def test_reduce_scatter_matches_reference(comm, backend: str, dtype: str, op: st
 @pytest.mark.parametrize("placement", ["staged", "offset"])
 def test_push_pipeline_over_many_rounds_and_changing_sizes(comm, placement: str) -> None:
     """Peer push all-reduces and reduce-scatters large enough for several rounds of the
-    pipeline (collectives.config.push_rounds; 16-byte vectors or, at an offset, single
+    pipeline (collectives.algorithms.push.push_rounds; 16-byte vectors or, at an offset, single
     elements), with elements past the last vector, back to back with a size that changes
     every call (a call's pushes then overlap where the last call's results lay)."""
     import collectives
     from collectives.algorithms import KernelKey
-    from collectives.config import push_rounds, push_slice_elements
+    from collectives.algorithms.push import push_rounds, push_slice_elements
 
     world = comm.world
     sizes = [3 * (1 << 22) + 5, (1 << 23) + 24, 5 * (1 << 21) + 3]

@@ -1,5 +1,5 @@
 """The uneven all-to-all on real GPUs, bit for bit against the reference
-(:mod:`collectives.all_to_all_reference`).
+(:mod:`collectives.reference.all_to_all`).
 
 Each check is a function of ``(rank, world, group)`` (``group``: what every collectives call
 takes), so it runs under torchrun and in a one-GPU world of threads alike.  Every rank builds
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.multigpu
 torch = pytest.importorskip("torch")
 from tests.collectives.gpu.ranks.collectives_cases import TORCH, comm  # noqa: E402,F401  (the communicator fixture)
 
-from collectives.all_to_all_reference import all_to_all as reference  # noqa: E402
+from collectives.reference.all_to_all import all_to_all as reference  # noqa: E402
 
 
 def inputs(world: int, m: list, hidden: int, dtype: torch.dtype, seed: int) -> list:
@@ -136,8 +136,35 @@ def check_dtype_mismatch_then_correct_calls(rank: int, world: int, group, calls:
                  device_splits=False)
 
 
+def check_two_streams(rank: int, world: int, group, rounds: int = 3) -> None:
+    """Issue 48: micro-batch overlap, a dispatch's all-to-all on stream A behind a long kernel
+    and a combine's on stream B, enqueued with no wait between the streams: each follows the
+    communicator's last collective (they share its call count and slots), both bit for bit."""
+    import collectives
+
+    a, b = torch.cuda.Stream(), torch.cuda.Stream()
+    calls = []
+    for seed, hidden, dtype in ((500, 256, torch.bfloat16), (501, 64, torch.float32)):
+        m = splits(world, seed, 6)
+        x = inputs(world, m, hidden, dtype, seed)
+        want = reference(x, m, [[m[s][r] for s in range(world)] for r in range(world)])[rank]
+        out = torch.empty((sum(m[s][rank] for s in range(world)), hidden), dtype=dtype, device="cuda")
+        calls.append((out, x[rank].cuda(), [m[s][rank] for s in range(world)], list(m[rank]), want))
+    torch.cuda.synchronize()
+    for _ in range(rounds):
+        for stream, (out, inp, out_splits, in_splits, _) in zip((a, b), calls):
+            with torch.cuda.stream(stream):
+                if stream is a:
+                    torch.cuda._sleep(50_000_000)  # tens of ms: stream B's all-to-all would start first
+                collectives.all_to_all(out, inp, out_splits, in_splits, group=group)
+    torch.cuda.synchronize()
+    collectives.synchronize(group)
+    for out, _, _, _, want in calls:
+        assert torch.equal(out.cpu().view(torch.uint8), want.view(torch.uint8))
+
+
 CHECKS = [check_routings, check_equal_splits, check_mismatch_then_correct_calls,
-          check_dtype_mismatch_then_correct_calls]
+          check_dtype_mismatch_then_correct_calls, check_two_streams]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)

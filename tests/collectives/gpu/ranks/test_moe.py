@@ -1,5 +1,5 @@
 """MoE dispatch and combine (collectives.moe, both modes) on real GPUs, bit for bit against the
-reference layer (collectives.moe_reference).
+reference layer (collectives.reference.moe).
 
 Each check is a function of ``(rank, world, group)``, so it runs under torchrun and in a
 one-GPU world of threads alike; every rank builds every rank's routing from the same seed.
@@ -17,7 +17,7 @@ force_multicast_off()
 pytestmark = pytest.mark.multigpu
 torch = pytest.importorskip("torch")
 from tests.collectives.gpu.ranks.collectives_cases import comm  # noqa: E402,F401  (the communicator fixture)
-from collectives.moe_reference import expert_fn, reference, routing  # noqa: E402
+from collectives.reference.moe import expert_fn, reference, routing  # noqa: E402
 
 
 def layer(rank, world, group, experts, topk, tokens, max_tokens, hidden, seed, dtype=torch.bfloat16):

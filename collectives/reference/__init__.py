@@ -1,4 +1,6 @@
-"""Reference model of each collective's result, accumulation precision included (numpy).
+"""The reference models the tests compare with: here each collective's result, accumulation
+precision included (numpy); :mod:`collectives.reference.all_to_all` the all-to-all's and
+:mod:`collectives.reference.moe` the MoE layer's (torch, on the CPU).
 
 Values are passed as float32 arrays holding exactly representable values of the data dtype
 (every bf16/f16/fp8 value is a float32).  The model reduces in rank order 0..W-1:
@@ -20,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .dtypes import dtype as registered
+from ..dtypes import dtype as registered
 
 
 def round_to(values: np.ndarray, dtype: str) -> np.ndarray:
