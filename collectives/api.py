@@ -96,8 +96,9 @@ def all_reduce(
     capturing = _capturing()
     key = ("all_reduce", tensor_key(t), None if out is None else tensor_key(out), op, algorithm, backend, capturing,
            config.PDL)
-    _launch(comm, key, algorithm, backend, _all_reduce_call, t, op, backend, out, capturing)
-    return t if out is None else out
+    result = t if out is None else out
+    _launch(comm, key, result, t, algorithm, backend, _all_reduce_call, t, op, backend, out, capturing)
+    return result
 
 
 def reduce_scatter(
@@ -117,12 +118,13 @@ def reduce_scatter(
     if _compiling():
         traceable(group, "reduce_scatter")
         return torch_ops.traced_reduce_scatter(out, inp, op, algorithm, backend, max_blocks)
-    _check_max_blocks("reduce_scatter", max_blocks)
+    if max_blocks is not None:
+        _check_max_blocks("reduce_scatter", max_blocks)
     comm = _begin(group)
     capturing = _capturing()
     key = ("reduce_scatter", tensor_key(inp), tensor_key(out), op, algorithm, backend, capturing, max_blocks,
            config.PDL)
-    _launch(comm, key, algorithm, backend, _block_call, "reduce_scatter", out, inp, op, backend, capturing,
+    _launch(comm, key, out, inp, algorithm, backend, _block_call, "reduce_scatter", out, inp, op, backend, capturing,
             max_blocks)
     return out
 
@@ -142,10 +144,12 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
     if _compiling():
         traceable(group, "all_gather")
         return torch_ops.traced_all_gather(out, inp, algorithm, backend, max_blocks)
-    _check_max_blocks("all_gather", max_blocks)
+    if max_blocks is not None:
+        _check_max_blocks("all_gather", max_blocks)
     comm = _begin(group)
     key = ("all_gather", tensor_key(inp), tensor_key(out), algorithm, backend, max_blocks, config.PDL)
-    _launch(comm, key, algorithm, backend, _block_call, "all_gather", out, inp, "sum", backend, False, max_blocks)
+    _launch(comm, key, out, inp, algorithm, backend, _block_call, "all_gather", out, inp, "sum", backend, False,
+            max_blocks)
     return out
 
 
@@ -173,7 +177,7 @@ def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits
         return moe_ops.traced_all_to_all(out, inp, out_splits, in_splits)
     comm = _begin(group)
     key = exchange.plan_key(comm, out, inp, out_splits, in_splits)
-    _launch(comm, key, "push", "peer", _all_to_all_call, out, inp, out_splits, in_splits)
+    _launch(comm, key, out, inp, "push", "peer", _all_to_all_call, out, inp, out_splits, in_splits)
     return out
 
 
@@ -188,24 +192,54 @@ def _begin(group: Group) -> Communicator:
     return comm
 
 
-def _launch(comm: Communicator, key: tuple, algorithm: str, backend: str, describe: Callable[..., Call | None],
-            *args: Any) -> None:
-    """Launch the cached plan of ``key``; on a miss, describe the call (``describe(comm,
-    *args)``: its checks and :class:`Call`, an all-to-all's
-    :class:`~collectives.algorithms.all_to_all.AllToAllCall`; None when this rank has nothing
-    to move) and plan it with ``algorithm``.  Then close the call (raising a deferred error).  A new collective is
-    its public function (``_begin``, its key, ``_launch``) and its describing function.
+def _launch(comm: Communicator, key: tuple, out: torch.Tensor, inp: torch.Tensor, algorithm: str, backend: str,
+            describe: Callable[..., Call | None], *args: Any) -> None:
+    """Launch the cached plan of ``key``; on a miss, :func:`_replan`.  Then close the call
+    (raising a deferred error).  A new collective is its public function (``_begin``, its key,
+    ``_launch``) and its describing function (its checks and :class:`Call`, an all-to-all's
+    :class:`~collectives.algorithms.all_to_all.AllToAllCall`).
 
     The key holds every argument the plan and the checks depend on, each caller tensor as
     :func:`~collectives.runtime.staging.tensor_key` describes it (a hit: a call whose tensors
-    passed the same checks).  A rank with nothing to move still launches a barrier of size 0 on
-    ``backend``: its peers' kernels advance the call count and wait for every rank, so skipping
-    the launch would leave them to time out (the communicator lost) where their barriers now
-    name the different sizes; so does a rank whose call is refused (a CollectiveError of the
-    checks or of the plan), before it raises.  Where ranks share the GPU, that barrier is planned with every
-    rank's first plan of a call: its kernel's load could otherwise come while the other ranks'
-    kernels spin for it, and a load waits for them (:func:`collectives.runtime.kernels.load`)."""
+    passed the same checks), and in a collective's key no other tuple (:func:`_facts`; an
+    all-to-all's also holds its split values): a hit is this one dictionary lookup and the
+    launch.  ``out`` and ``inp``: the tensors written and read."""
     plan = comm.plans.get(key)
+    if plan is None:
+        plan = _replan(comm, key, out, inp, algorithm, backend, describe, args)
+        if plan is None:
+            return
+    plan.run()
+    comm.errors.finish()
+
+
+def _replan(comm: Communicator, key: tuple, out: torch.Tensor, inp: torch.Tensor, algorithm: str, backend: str,
+            describe: Callable[..., Call | None], args: tuple) -> Any:
+    """The plan of a call whose key missed, cached under ``key``.
+
+    Tensors outside symmetric memory that the allocator placed elsewhere prepare nothing again:
+    a call whose key differs from an earlier one's only in its tensors' addresses (the same
+    checked facts, :func:`_facts`) takes that call's plan with its own addresses swapped in
+    (:meth:`~collectives.algorithms.plan.Plan.moved`).  Else the call is described
+    (``describe(comm, *args)``: its checks and :class:`Call`) and planned with ``algorithm``.
+    A symmetric tensor's plan holds its peer table: never moved; nor is an all-to-all's (its
+    arguments are not the collective layout's, whose ``out`` and ``src`` :meth:`moved` swaps, and
+    its key holds split values, not only tensor descriptions).
+
+    A rank with nothing to move (``describe`` returns None) launches a barrier of size 0 on
+    ``backend`` instead, closes the call and returns None: its peers' kernels advance the call
+    count and wait for every rank, so skipping the launch would leave them to time out (the
+    communicator lost) where their barriers now name the different sizes; so does a rank whose
+    call is refused (a CollectiveError of the checks or of the plan), before it raises.  Where
+    ranks share the GPU, that barrier is planned with every rank's first plan of a call: its kernel's load
+    could otherwise come while the other ranks' kernels spin for it, and a load waits for them
+    (:func:`collectives.runtime.kernels.load`)."""
+    at = (out.data_ptr(), inp.data_ptr())
+    movable = key[0] in COLLECTIVES and not (comm.ctx.is_symmetric(out) or
+                                             (inp is not out and comm.ctx.is_symmetric(inp)))
+    facts = _facts(key, at) if movable else None
+    earlier = comm.plans.get(facts) if facts is not None else None
+    plan = earlier.moved(earlier.caller, at) if earlier is not None else None
     if plan is None:
         if comm.residency is not None:
             comm.barrier_plan(backend)
@@ -223,10 +257,21 @@ def _launch(comm: Communicator, key: tuple, algorithm: str, backend: str, descri
         if plan is None:
             comm.barrier(backend)
             comm.errors.finish()
-            return
-        comm.plans[key] = plan
-    plan.run()
-    comm.errors.finish()
+            return None
+        if facts is not None:
+            comm.plans[facts] = plan
+    plan.caller = at
+    comm.plans[key] = plan
+    return plan
+
+
+def _facts(key: tuple, at: tuple[int, int]) -> tuple:
+    """What a plan of ``key`` depends on but its tensors' addresses (``at``: the output's and
+    the input's): the key with each tensor's address dropped (every tuple in a collective's key
+    is a :func:`tensor_key`; never an all-to-all's), and whether each address is 16-byte aligned (the vector width, the
+    kinds)."""
+    return ("moved", *[k[1:] if type(k) is tuple else k for k in key], at[0] % VECTOR_BYTES == 0,
+            at[1] % VECTOR_BYTES == 0)
 
 
 def _check_options(collective: str, op: str = "sum", backend: str = "auto") -> None:

@@ -9,8 +9,11 @@ from typing import Any
 
 import torch
 
-from ..device.kernel_args import Layout
+from ..device.kernel_args import COLLECTIVE, Layout
 from .protocol import Buffer, Runtime
+
+#: Where a launch's arguments hold the caller's output and input (the same in every collective layout).
+OUT, SRC = COLLECTIVE.index["out"], COLLECTIVE.index["src"]
 
 #: torch.cuda.is_current_stream_capturing without its Python wrapper (per-call cost matters).
 capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
@@ -28,12 +31,37 @@ class Plan:
     """One collective call, prepared: ``run()`` takes the current stream and launches.
     ``args``: the launch arguments, one tuple, or two that calls alternate (the communicator's
     ``turn``); ``holds``: the staging-pool buffers (data pointers) any address of the launch
-    lies in."""
+    lies in; ``uses``: the addresses it reads or writes (its buffers', ``out``, ``src``: a free
+    of memory holding one drops the plan); ``alive``: the storages of adopted buffers it uses
+    (:attr:`collectives.runtime.views.Buffer.storage`: the plan holds while they live);
+    ``device``: the communicator's GPU; ``caller``: the addresses of the output and input of
+    the call it was made for (:meth:`moved`)."""
 
-    __slots__ = ("fn", "args", "comm", "holds")
+    __slots__ = ("fn", "args", "comm", "holds", "uses", "alive", "device", "caller")
 
-    def __init__(self, fn: Callable[..., Any], args: list[tuple], comm: Runtime, holds: tuple[int, ...] = ()) -> None:
-        self.fn, self.args, self.comm, self.holds = fn, args, comm, holds
+    def __init__(self, fn: Callable[..., Any], args: list[tuple], comm: Runtime, holds: tuple[int, ...] = (),
+                 uses: tuple[int, ...] = (), alive: tuple[Any, ...] = ()) -> None:
+        self.fn, self.args, self.comm, self.holds, self.uses, self.alive = fn, args, comm, holds, uses, alive
+        self.device = comm.device_index
+        self.caller = (0, 0)
+
+    def moved(self, old: tuple[int, int], new: tuple[int, int]) -> Plan | None:
+        """This plan for a call like the one it was made for (the same checked facts) whose
+        output and input lie at ``new`` instead of ``old`` (their addresses): the caller's
+        addresses swapped in its arguments, nothing else prepared again.  None where an
+        argument that takes them holds another address (a view of the caller's memory, not
+        portable) or the new call aliases differently."""
+        if (old[0] == old[1]) != (new[0] == new[1]):
+            return None
+        where = {0: 0, old[0]: new[0], old[1]: new[1]}
+        if [a for a in self.args if a[OUT] not in where or a[SRC] not in where]:
+            return None
+        args = [a[:OUT] + (where[a[OUT]], where[a[SRC]]) + a[SRC + 1:] for a in self.args]
+        return Plan(self.fn, args, self.comm, self.holds, tuple([where.get(u, u) for u in self.uses]), self.alive)
+
+    def expired(self) -> bool:
+        """Whether memory an adopted buffer of the plan lay in has been freed."""
+        return any(storage.expired() for storage in self.alive)
 
     def run(self) -> None:
         """Launch on the current stream, after the communicator's last collective
@@ -41,7 +69,7 @@ class Plan:
         the launch uses: the graph replays these addresses for good, whichever call made the
         plan (an eager warm-up's plan is reused under capture)."""
         comm = self.comm
-        stream = current_stream(comm.device_index)
+        stream = current_stream(self.device)
         if stream != comm.stream:
             follow(comm, stream)
         if self.holds and capturing():
@@ -97,9 +125,11 @@ def prepare(comm: Runtime, key: Any, layout: Layout, data: Buffer | list[Buffer]
 
     args = [layout.pack(data_table=b.table.data_ptr(), **{layout.emulated: handle(b)}, **fixed) + (blocks,)
             for b in buffers]
-    used = [b.ptr for b in buffers + [results] if b is not None] + [out, src]
+    views = [b for b in buffers + [results] if b is not None]
+    used = [b.ptr for b in views] + [out, src]
     holds = tuple({h for h in map(comm.pool.holder, used) if h is not None})
-    return Plan(comm.kernel(key), args, comm, holds)
+    alive = tuple(b.storage for b in views if b.storage is not None)
+    return Plan(comm.kernel(key), args, comm, holds, tuple(a for a in used if a), alive)
 
 
 __all__ = ["Plan", "capturing", "current_stream", "follow", "order", "prepare"]

@@ -28,6 +28,7 @@ class Buffer(Protocol):
     host: torch.Tensor  # the table's host copy
     emulation: torch.Tensor  # the translation table of the multicast emulation
     ptr: int  # this rank's address of the buffer
+    storage: Any  # adopted memory's storage (a weak reference), else None
 
 
 class Memory(Protocol):

@@ -153,13 +153,18 @@ class AllToAllPlan(Plan):
     """One all-to-all call, prepared: a :class:`~collectives.algorithms.plan.Plan` (launched on
     the current stream after the communicator's last collective) that also holds the split
     tensors its arguments point to (``keep``: kept alive while the plan is cached, whatever the
-    split cache drops, and for good once a CUDA graph captured the launch: ``pinned``)."""
+    split cache drops, and for good once a CUDA graph captured the launch: ``pinned``).  Its
+    ``uses`` are none (its key holds the context's generation: a free of the context changes
+    it); its ``alive``: the storage of an adopted receive allocation
+    (:attr:`collectives.runtime.views.Buffer.storage`: the plan holds while it lives).  Never
+    :meth:`~collectives.algorithms.plan.Plan.moved` (its arguments are not the collective
+    layout's)."""
 
     __slots__ = ("keep", "pinned")
 
     def __init__(self, fn: Callable[..., Any], args: tuple, comm: Runtime, keep: tuple,
-                 pinned: dict[int, torch.Tensor]) -> None:
-        super().__init__(fn, [args], comm)
+                 pinned: dict[int, torch.Tensor], alive: tuple[Any, ...] = ()) -> None:
+        super().__init__(fn, [args], comm, alive=alive)
         self.keep, self.pinned = keep, pinned
 
     def run(self) -> None:
@@ -223,9 +228,9 @@ def prepare(comm: Runtime, state: Exchange, out: torch.Tensor, inp: torch.Tensor
         allocation, recv_n = ctx.allocation(state.staging), min(out.numel(), STAGING_BYTES // out.element_size())
     base, number = allocation
     key = AllToAllKey(dtype, comm.world, state.parts, direct=direct, pdl=state.pdl)
-    slots = state.slots
+    slots, receiver = state.slots, comm.buffer(base)
     args = ALL_TO_ALL.pack(
-        recv_table=comm.buffer(base).table.data_ptr(), recv_id=receiving(number, dtype),
+        recv_table=receiver.table.data_ptr(), recv_id=receiving(number, dtype),
         recv=address(out) if direct else state.staging.data_ptr(), out=out.data_ptr(), src=inp.data_ptr(),
         in_splits=send.data_ptr(), out_splits=receive.data_ptr(), row=row, in_n=inp.numel(), out_n=recv_n,
         slot_table=slots.table.data_ptr(), slots=int(slots.host[comm.rank]), err=comm.error.data_ptr(),
@@ -234,7 +239,8 @@ def prepare(comm: Runtime, state: Exchange, out: torch.Tensor, inp: torch.Tensor
     keep = tuple(t for t, given in ((send, in_splits), (receive, out_splits)) if t is not given)
     # Ranks sharing the GPU may differ in direct: each loads both kernels before launching either.
     fn = comm.kernel_together(key, replace(key, direct=not direct))
-    return AllToAllPlan(fn, (*args, key.blocks), comm, keep, state.pinned)
+    alive = () if receiver.storage is None else (receiver.storage,)
+    return AllToAllPlan(fn, (*args, key.blocks), comm, keep, state.pinned, alive)
 
 
 __all__ = ["STAGING_BYTES", "AllToAllPlan", "Exchange", "check_tensors", "plan_key", "prepare"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Union
 
@@ -81,7 +82,8 @@ class Communicator:
         self.plans = PlanCache()
         self.kernels = KernelCache(ctx.backend)
         self.views = BufferViews(ctx)
-        self.pool = StagingPool(ctx, self.plans, self.views.forget, self.agree_growth)
+        self.follow_frees()
+        self.pool = StagingPool(ctx, self.plans, self.agree_growth)
         #: The Lamport all-reduce's receive buffers by element bytes (:mod:`collectives.algorithms.lamport`).
         self.lamport_buffers: dict[int, torch.Tensor] = {}
         #: The MoE layer's receive buffers by (name, shape, dtype) (:meth:`receive_buffer`).
@@ -131,6 +133,24 @@ class Communicator:
     def buffer(self, t: torch.Tensor) -> Buffer:
         """The kernel view of symmetric tensor ``t`` (cached by address)."""
         return self.views.get(t)
+
+    def follow_frees(self) -> None:
+        """Have every free of the context reach :meth:`forget_allocation` (while this
+        communicator lives: the context does not keep it alive)."""
+        ref = weakref.ref(self)
+
+        def forget(ptr: int, nbytes: int) -> None:
+            live = ref()
+            if live is not None:
+                live.forget_allocation(ptr, nbytes)
+
+        self.ctx.on_free.append(forget)
+
+    def forget_allocation(self, ptr: int, nbytes: int) -> None:
+        """The context freed the ``nbytes`` at ``ptr``: drop the views into them and the plans
+        using them (the heap may hand the local address out again, the other ranks' elsewhere)."""
+        self.views.forget(ptr, nbytes)
+        self.plans.drop_using(ptr, nbytes)
 
     def exchange(self) -> Exchange:
         """The all-to-all's part (made at the first all-to-all: collective; its call count
@@ -210,7 +230,8 @@ class Communicator:
     def barrier(self, backend: str = "auto") -> None:
         """Launch a device-side barrier of every rank on the current stream (see
         :func:`collectives.barrier`)."""
-        self.barrier_plan(backend).run()
+        plan = self.plans.get(("barrier", backend, config.PDL))  # (the hit: no further call)
+        (plan or self.barrier_plan(backend)).run()
 
     def barrier_plan(self, backend: str = "auto") -> Any:
         """The plan of :meth:`barrier` on ``backend``, made (its kernel compiled and loaded) on

@@ -55,7 +55,9 @@ class ErrorRecord:
         self.bound_changed = bound_changed
         self.rematch_flags = rematch_flags
         self.error = torch.zeros((ERROR_RECORDS, len(ERROR_FIELDS)), dtype=torch.int32, pin_memory=pin_memory)
-        self._status = self.error.numpy()  # host-mapped: read without a GPU sync
+        # host-mapped: read without a GPU sync (a memoryview: its items are Python ints, read
+        # at each call in a fraction of a NumPy scalar's time)
+        self._status = memoryview(self.error.numpy())
         #: The fatal error found: every later call raises it.
         self.failed: CollectiveError | None = None
         #: A recoverable error :meth:`poll` found, raised by :meth:`finish`.
@@ -92,7 +94,9 @@ class ErrorRecord:
         that sees it first skip a call that the others make, and their kernels wait for it in
         vain."""
         self.calls += 1
-        self.read()
+        status = self._status  # (read() only where there is something to read: the call's common case costs no call)
+        if self.failed is not None or status[FATAL_RECORD, 0] > 0 or status[RECOVERABLE_RECORD, 0] > 0:
+            self.read()
 
     def read(self) -> None:
         """Raise a fatal error recorded or found before; defer a recoverable one.  The fatal

@@ -39,9 +39,14 @@ STAGING_MIN_BYTES = 1 << 20
 
 
 class Holder(Protocol):
-    """What the cache needs of a plan: the data pointers of the pool buffers it holds."""
+    """What the cache needs of a plan: the data pointers of the pool buffers it holds, the
+    addresses it uses, and whether memory it relies on was freed."""
 
     holds: tuple[int, ...]
+    uses: tuple[int, ...]
+    alive: tuple[Any, ...]
+
+    def expired(self) -> bool: ...
 
 
 def tensor_key(t: torch.Tensor) -> tuple:
@@ -51,8 +56,10 @@ def tensor_key(t: torch.Tensor) -> tuple:
     misses).  An empty tensor's address is its storage's (:func:`~collectives.symmetric.context.address`):
     ``data_ptr()`` is 0 for every empty view, so 0 rows of one receive buffer would hit the plan
     of 0 rows of another (found by the MoE soak on 4 H200s: a combine of 0 tokens launched
-    with an earlier buffer's allocation id)."""
-    return address(t), t.dtype, t.shape, t.is_contiguous(), t.device.index
+    with an earlier buffer's allocation id).  (``data_ptr()`` first: no call to
+    :func:`~collectives.symmetric.context.address` for a tensor with elements, whose address
+    it is; the key is built at every call.)"""
+    return t.data_ptr() or address(t), t.dtype, t.shape, t.is_contiguous(), t.device.index
 
 
 class PlanCache:
@@ -65,8 +72,13 @@ class PlanCache:
         self.capacity = capacity
 
     def get(self, key: Hashable) -> Any:
+        """The plan of ``key``, None if there is none or the memory of an adopted buffer it
+        uses was freed (then it is dropped)."""
         plan = self._plans.get(key)
         if plan is not None:
+            if plan.alive and plan.expired():
+                del self._plans[key]
+                return None
             self._plans.move_to_end(key)
         return plan
 
@@ -82,6 +94,11 @@ class PlanCache:
     def clear(self) -> None:
         """Forget every plan (the next call of each plans anew)."""
         self._plans.clear()
+
+    def drop_using(self, ptr: int, nbytes: int) -> None:
+        """Forget every plan that uses an address in the ``nbytes`` at ``ptr`` (freed memory)."""
+        for key in [k for k, p in self._plans.items() if any(ptr <= a < ptr + nbytes for a in p.uses)]:
+            del self._plans[key]
 
     def drop_holding(self, ptr: int) -> None:
         """Forget every plan that holds the staging buffer at ``ptr``."""
@@ -111,16 +128,16 @@ class StagingPool:
     """The staging buffer of each :class:`~collectives.config.Slot`, grown (and its superseded buffer freed
     or pinned) collectively.
 
-    ``forget(ptr, nbytes)`` is called for each buffer freed (drop cached views into it);
-    ``agree(slot, nbytes)`` before each growth: it raises unless every rank grows the same
+    A freed buffer's views and plans go with the context's notice of the free
+    (:attr:`~collectives.symmetric.context.Context.on_free`).  ``agree(slot, nbytes)`` before
+    each growth: it raises unless every rank grows the same
     slot to the same size at the same call (a caller's size mismatch makes some ranks grow and
     others not, and the collective steps of growth must not pair with anything else)."""
 
     SLOTS = len(Slot)
 
-    def __init__(self, ctx: Allocator, plans: PlanCache, forget: Callable[[int, int], None],
-                 agree: Callable[[int, int], None]) -> None:
-        self.ctx, self.plans, self.forget, self.agree = ctx, plans, forget, agree
+    def __init__(self, ctx: Allocator, plans: PlanCache, agree: Callable[[int, int], None]) -> None:
+        self.ctx, self.plans, self.agree = ctx, plans, agree
         self.current: list[torch.Tensor | None] = [None] * self.SLOTS
         self.pinned: list[torch.Tensor] = []  # superseded, used by a captured graph: never freed
         self._captured: set[int] = set()  # data pointers of current buffers a capture used
@@ -161,7 +178,6 @@ class StagingPool:
             return
         self.ctx.host_barrier()  # no rank's queued kernel still reads or writes it
         self.ctx.free(old)
-        self.forget(ptr, old.numel())
 
     @property
     def live_bytes(self) -> int:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from ..algorithms.plan import capturing
 
@@ -41,7 +42,9 @@ class Buffer:
     copy it came from, read by the host), the multicast address (0 unless the backend is
     multicast), and for ``multicast_emulated`` the translation table of its window and the
     signal pad's (the kernels' ``data_mc``; its host copy kept alive with it, see
-    :func:`device_table`)."""
+    :func:`device_table`).  ``storage``: for memory from outside the context (torch's
+    ``symm_mem.empty``, freed by reference count with no call), a weak reference to its
+    storage: the view holds while it lives."""
 
     table: torch.Tensor
     mc: int
@@ -50,11 +53,20 @@ class Buffer:
     emulation: torch.Tensor
     emulation_host: torch.Tensor
     ptr: int  # this rank's address of the buffer
+    storage: StorageWeakRef | None = None
+
+    def expired(self) -> bool:
+        """Whether the memory of an adopted buffer has been freed (its address may now be
+        another allocation's, with other peer addresses)."""
+        return self.storage is not None and self.storage.expired()
 
 
 class BufferViews:
-    """The :class:`Buffer` of each symmetric tensor of context ``ctx``, cached by address.  The
-    first one made must be the signal pad's: every later translation table ends with its window."""
+    """The :class:`Buffer` of each symmetric tensor of context ``ctx``, cached by address, for
+    as long as the allocation lives: the context's own frees reach :meth:`forget` (through
+    :attr:`~collectives.symmetric.context.Context.on_free`), an adopted buffer's view expires
+    with its storage.  The first one made must be the signal pad's: every later translation
+    table ends with its window."""
 
     def __init__(self, ctx: Any) -> None:
         self.ctx = ctx
@@ -64,7 +76,8 @@ class BufferViews:
     def get(self, t: torch.Tensor) -> Buffer:
         """The kernel view of symmetric tensor ``t`` (cached by address)."""
         key = t.data_ptr()
-        if key not in self._buffers:
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.expired():
             import ptxops
 
             peers = self.ctx.peer_pointers(t, align=1)
@@ -76,10 +89,11 @@ class BufferViews:
             else:  # the signal pad, the first buffer
                 window = pad = (base, t.nbytes, peers)
             emulation, emulation_host = device_table(ptxops.translation_table([window, pad]))
-            self._buffers[key] = Buffer(table, mc, host, window, emulation, emulation_host, key)
+            storage = StorageWeakRef(t.untyped_storage()) if self.ctx.is_adopted(t) else None
+            buffer = self._buffers[key] = Buffer(table, mc, host, window, emulation, emulation_host, key, storage)
             if self._pad is None:
-                self._pad = self._buffers[key]
-        return self._buffers[key]
+                self._pad = buffer
+        return buffer
 
     def forget(self, ptr: int, nbytes: int) -> None:
         """Drop the views of a freed symmetric buffer of ``nbytes`` at ``ptr``, and of every

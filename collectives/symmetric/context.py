@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
@@ -101,6 +101,10 @@ class Context:
         #: Advances at every allocation and free: what was looked up in this context's
         #: allocations (a tensor's symmetry, its allocation) holds while it stands still.
         self.generation = 0
+        #: Called with (address, bytes) of each allocation as it is freed, before the heap may
+        #: hand its addresses out again: the communicators' caches of peer tables and plans
+        #: (a new allocation at the same local address has other ranks' addresses elsewhere).
+        self.on_free: list[Callable[[int, int], None]] = []
         self.closed = False
         # The sub-group pool (base context only, :meth:`reserve`) and this rank's free ranges of it.
         self.pool: torch.Tensor | None = None
@@ -200,14 +204,25 @@ class Context:
     def _release(self, a: _Alloc) -> None:
         self._allocs.pop(a.ptr, None)
         self.generation += 1
+        for forget in list(self.on_free):
+            forget(a.ptr, a.raw.numel())
         a.peers = a.mc = None  # drop child views before the parent goes
         self.heap.free(a.raw)
 
     # ---- lookup ---------------------------------------------------------------------
     def _find(self, t: torch.Tensor) -> tuple[_Alloc, int]:
+        """Allocation containing all of ``t`` and ``t``'s byte offset in it (:meth:`_lookup`);
+        raise SymmetricMemoryError where there is none."""
+        found = self._lookup(t)
+        if found is None:
+            raise SymmetricMemoryError(f"tensor at {address(t):#x} ({_extent(t)} bytes, {t.device}) is not (entirely) "
+                                       "in this context's symmetric heap")
+        return found
+
+    def _lookup(self, t: torch.Tensor) -> tuple[_Alloc, int] | None:
         """Allocation containing all of ``t`` and ``t``'s byte offset in it: one of this
         context's, else the heap's memory from outside it (:meth:`Heap.adopt`, looked up anew
-        each time: its owner may free it)."""
+        each time: its owner may free it); None where ``t`` is in neither."""
         self._check_open()
         if not isinstance(t, torch.Tensor):
             raise SymmetricMemoryError(f"expected a torch.Tensor, got {type(t).__name__}")
@@ -221,8 +236,12 @@ class Context:
             a = _Alloc(-1, adopted.raw, adopted.raw.numel(), peers=adopted.peers, mc=adopted.multicast,
                        adopted=True, no_multicast=adopted.no_multicast)
             return a, p - a.ptr
-        raise SymmetricMemoryError(
-            f"tensor at {p:#x} ({n} bytes, {t.device}) is not (entirely) in this context's symmetric heap")
+        return None
+
+    def is_adopted(self, t: torch.Tensor) -> bool:
+        """Whether ``t`` is symmetric memory from outside this context (:meth:`Heap.adopt`):
+        freed by its owner, with its last reference, without telling the context."""
+        return self._find(t)[0].adopted
 
     def allocation(self, t: torch.Tensor) -> tuple[torch.Tensor, int]:
         """The whole allocation ``t`` lies in (its bytes as allocated, without the heap's
@@ -234,10 +253,9 @@ class Context:
     def is_symmetric(self, t: torch.Tensor) -> bool:
         """Whether ``t`` lies entirely within one live allocation of this context, or in the
         heap's symmetric memory from outside it (torch's ``symm_mem.empty`` + ``rendezvous``)."""
-        try:
-            self._find(t)
-            return True
-        except SymmetricMemoryError:
+        try:  # (no exception where it is not: the API asks at every call on new tensors)
+            return self._lookup(t) is not None
+        except SymmetricMemoryError:  # a closed context, not a tensor, a torch block it overruns
             return False
 
     def _view_like(self, base: torch.Tensor, t: torch.Tensor, offset: int) -> torch.Tensor:

@@ -245,6 +245,10 @@ def main(argv: list[str] | None = None) -> int | None:
                         with nccl.stream(column):
                             rec.baseline(timed(lambda w=window, o=out, g=nccl.group(column):
                                                dist.reduce_scatter_tensor(o, w, group=g)), impl=column, **rs)
+                    # torch's reduce-scatter on its own buffer (peer loads; the eager target: <= 0.8x its time)
+                    rec.baseline(lambda: time_op(functools.partial(torch.ops.symm_mem.reduce_scatter_out, torch_buffer(),
+                                                                   group_name, False, rs_out), iters, graph),
+                                 impl="torch_reduce_scatter", **rs)
                     gather_rows(rec, nccl, name, nbytes, mode, iters)
                 collectives.synchronize()
                 comm.ctx.free(ours)
@@ -352,7 +356,7 @@ IMPLS = {
     "reduce_scatter": {
         "symmetric": ("ours_lamport", "ours_one_shot", "ours_tma", "ours_push", "ours_auto"),
         "plain": ("ours_lamport_plain", "ours_one_shot_plain", "ours_tma_plain", "ours_push_plain", "ours_auto_plain"),
-        "baselines": ("nccl", "nccl_symm"),
+        "baselines": ("nccl", "nccl_symm", "torch_reduce_scatter"),
     },
     "all_gather": {
         "symmetric": ("ours_lamport", "ours_one_shot", "ours_tma", "ours_auto"),

@@ -59,6 +59,7 @@ class FakeHeap:
     backend: str = "peer"
     generation: int = 0
     live: dict[int, torch.Tensor] = field(default_factory=dict)
+    on_free: list = field(default_factory=list)  # as the context's (Context.on_free)
     freed: dict[int, torch.Tensor] = field(default_factory=dict)
     log: list[tuple] = field(default_factory=list)
 
@@ -75,6 +76,8 @@ class FakeHeap:
 
     def free(self, t: torch.Tensor) -> None:
         self.freed[t.data_ptr()] = self.live.pop(t.data_ptr())
+        for forget in self.on_free:
+            forget(t.data_ptr(), t.nbytes)
         self.log.append(("free", t.nbytes))
 
     def host_barrier(self) -> None:
@@ -119,15 +122,18 @@ class FakeViews(BufferViews):
 class FakeComm(Communicator):
     """The communicator's host logic on a :class:`FakeHeap`; ``launches`` lists each launch as
     ``(key, addresses)``: the data addresses its kernel would touch (the data and result
-    buffers, ``out`` and ``src``); ``grids`` each launch's ``(key, blocks)``."""
+    buffers, ``out`` and ``src``); ``grids`` each launch's ``(key, blocks)``.  ``views``: the
+    buffer views (default :class:`FakeViews`; a real context's :class:`BufferViews` where the
+    peer tables matter)."""
 
-    def __init__(self, heap: FakeHeap) -> None:  # no GPU state: only what the host logic reads
+    def __init__(self, heap: FakeHeap, views: BufferViews | None = None) -> None:  # (no GPU state)
         self.ctx, self.world, self.rank = heap, heap.world_size, heap.rank
         self.layout = PadLayout()
         self.errors = ErrorRecord(30.0, lambda: None, pin_memory=False, bound_changed=lambda: self.plans.clear())
         self.plans = PlanCache()
-        self.views = FakeViews(self.world)
-        self.pool = StagingPool(heap, self.plans, self.views.forget, self.agree_growth)
+        self.views = FakeViews(self.world) if views is None else views
+        self.follow_frees()
+        self.pool = StagingPool(heap, self.plans, self.agree_growth)
         self.lamport_buffers = {}
         self.receive_buffers, self._exchange = {}, None
         self.turn = 0

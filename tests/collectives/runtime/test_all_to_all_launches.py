@@ -97,9 +97,24 @@ def test_a_launch_holds_no_staging_buffer() -> None:
     """The staging pool drops the plans holding a superseded buffer (PlanCache.drop_holding)
     from the same cache: a launch answers that it holds none."""
     plans = PlanCache()
-    plans["all_to_all"] = a2a.AllToAllPlan(lambda *a: None, (), None, (), {})
+    plans["all_to_all"] = a2a.AllToAllPlan(lambda *a: None, (), SimpleNamespace(device_index=0), (), {})
     plans.drop_holding(1234)
     assert len(plans) == 1
+
+
+def test_an_all_to_all_plan_into_an_adopted_block_dies_with_its_storage() -> None:
+    """A symmetric output adopted from torch (``symm_mem.empty``, freed by reference count with
+    no call to the context): the plan holds a weak reference to its storage, and the cache
+    drops the plan once the storage is gone (its peer table may be another allocation's)."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    storage = torch.empty(4).untyped_storage()
+    plans = PlanCache()
+    plans["all_to_all"] = a2a.AllToAllPlan(lambda *a: None, (), SimpleNamespace(device_index=0), (), {},
+                                           alive=(StorageWeakRef(storage),))
+    assert plans.get("all_to_all") is not None and plans.get("all_to_all").uses == ()
+    del storage
+    assert plans.get("all_to_all") is None and len(plans) == 0
 
 
 def test_a_captured_launch_pins_its_split_tensors(monkeypatch: pytest.MonkeyPatch) -> None:

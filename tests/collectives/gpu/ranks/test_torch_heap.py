@@ -114,3 +114,20 @@ def test_a_torch_symmetric_tensor_is_reduced_in_place_without_staging(ctx: Conte
     with pytest.raises(collectives.SymmetricMemoryError, match="symm_mem"):
         ctx.free(mine)
     ctx.free(warm)
+
+
+def test_torch_symmetric_tensors_freed_by_reference_count_reduce_right(ctx: Context) -> None:
+    """Issue 48 item 1: a tensor from symm_mem.empty is freed with its last reference, telling
+    no one; a new one may come at its local address with other peer addresses (rank 0 holds an
+    extra block every other step, so its copies land elsewhere than the others').  Each is
+    all-reduced in place (zero-copy, through its peer table) and checked."""
+    n, want, held = 1 << 14, WORLD * (WORLD + 1) // 2, []
+    for i in range(20):
+        if RANK == 0 and i % 2:
+            held.append(symm_mem.empty(n, dtype=torch.float32, device=torch.device("cuda", DEVICE)))
+        mine = torch_symmetric(n, torch.float32)
+        mine.fill_(RANK + 1)
+        collectives.all_reduce(mine, algorithm="two_shot")
+        collectives.synchronize()
+        assert bool((mine == want).all()), (i, mine[:4].tolist())
+        del mine
