@@ -95,6 +95,21 @@ PLAIN_ONE_SHOT_MAX: dict[tuple[str, int], int] = {
     ("multicast", 8): 128 << 10,
 }
 
+#: (backend, world size) -> smallest all-reduce (bytes per rank) of a symmetric tensor from which
+#: push is chosen over two-shot and TMA.  Measured 2026-11-28 on 4 x H100 (docs/data/
+#: bench-4xH100*.json): push stores only, where two-shot and TMA read 0.75 S over NVLink, and
+#: was ahead from 64 MB (plain push 316 vs TMA 323 us in graphs; on symmetric tensors at 256 MB
+#: 1165 vs 1240, eagerly 1164 vs 1244); at 16 MB TMA was ahead (92.6 vs 97.7).  Not measured
+#: on 2 or 8 GPUs, nor with multicast (whose two-shot reduces in the switch): never there.
+SYMMETRIC_PUSH_MIN: dict[tuple[str, int], int] = {
+    ("peer", 2): 1 << 62,
+    ("peer", 4): 64 << 20,
+    ("peer", 8): 1 << 62,
+    ("multicast", 2): 1 << 62,
+    ("multicast", 4): 1 << 62,
+    ("multicast", 8): 1 << 62,
+}
+
 #: reduce_scatter stages inputs up to this size (bytes per rank) even when they are symmetric:
 #: the in-kernel copy costs less than the end barrier it saves.
 STAGE_MAX_BYTES = 4 << 20
@@ -118,13 +133,15 @@ def all_reduce_algorithm(world: int, nbytes: int, backend: str, aligned: bool = 
     """Lamport up to its crossover, then one-shot; past that, for a tensor outside symmetric
     memory push (no staging copy in or out: two-shot and TMA staged lost to it, 1094 and 1820
     vs 875 us at 256 MB on 2 x H200), and for a symmetric one two-shot, or TMA from its
-    crossover on (16-byte aligned)."""
+    crossover on (16-byte aligned), or push from :data:`SYMMETRIC_PUSH_MIN` on."""
     if nbytes <= min(_lookup(LAMPORT_MAX, backend, world), LAMPORT_MAX_BYTES):
         return "lamport"
     if not symmetric:
         return "one_shot" if nbytes <= _lookup(PLAIN_ONE_SHOT_MAX, backend, world) else "push"
     if nbytes <= _lookup(ONE_SHOT_MAX, backend, world):
         return "one_shot"
+    if nbytes >= _lookup(SYMMETRIC_PUSH_MIN, backend, world):
+        return "push"
     if aligned and nbytes >= _lookup(TMA_MIN, backend, world):
         return "tma"
     return "two_shot"
