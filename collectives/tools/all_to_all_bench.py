@@ -51,7 +51,7 @@ force_multicast_off()
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from .bench import time_op  # noqa: E402
+from .bench import capture, time_op  # noqa: E402
 from .records import Recorder, all_ranks_agree  # noqa: E402
 
 TOKENS = (1, 8, 64, 128, 512, 4096)
@@ -393,15 +393,7 @@ def gpu_timeline(step: Callable[[], object], graph: bool, calls: int = 3) -> lis
     step()
     run = step
     if graph:
-        g = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            step()
-            torch.cuda.synchronize()
-            with torch.cuda.graph(g):
-                step()
-        run = g.replay
+        run = capture(step, 1).replay
         run()
     torch.cuda.synchronize()
     dist.barrier()

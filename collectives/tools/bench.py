@@ -57,6 +57,21 @@ VARIANT_ALGORITHMS = {
 VARIANT_MIN_BYTES = 16 << 20
 
 
+def capture(fn: Callable[[], object], iters: int) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of ``iters`` back-to-back calls of ``fn``, captured on a side stream after
+    one call there (its replay, a bound method, keeps the graph alive)."""
+    g = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g):
+            for _ in range(iters):
+                fn()
+    return g
+
+
 def time_op(fn: Callable[[], object], iters: int, graph: bool, repeats: int = 3) -> float:
     """Microseconds per call of ``fn`` run ``iters`` times back to back (after warm-up): the
     slowest rank's time, the best of ``repeats`` timed runs (shared hosts are noisy)."""
@@ -64,16 +79,7 @@ def time_op(fn: Callable[[], object], iters: int, graph: bool, repeats: int = 3)
         fn()
     torch.cuda.synchronize()
     if graph:
-        g = torch.cuda.CUDAGraph()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            fn()
-            torch.cuda.synchronize()
-            with torch.cuda.graph(g):
-                for _ in range(iters):
-                    fn()
-        run = g.replay
+        run = capture(fn, iters).replay
     else:
         def run() -> None:
             for _ in range(iters):
