@@ -178,8 +178,8 @@ class Slot(IntEnum):
     """The staging slots of a communicator's :class:`~collectives.runtime.staging.StagingPool`, one per use that must not
     share a buffer with another (a rank may rewrite a slot only once no rank still reads it)."""
 
-    #: The single-barrier collectives, strictly in turn (:attr:`~collectives.runtime.communicator.Communicator.turn`):
-    #: a rank rewrites one only after every rank started a later collective.
+    #: The single-barrier collectives, in turn (:attr:`~collectives.runtime.communicator.Communicator.turn`, passed on
+    #: by every barriered launch): a rank rewrites one only after every rank started a later barriered collective.
     TURN_0 = 0
     TURN_1 = 1
     #: The staged collectives that keep their end barrier.

@@ -35,15 +35,17 @@ class Plan:
     of memory holding one drops the plan); ``alive``: the storages of adopted buffers it uses
     (:attr:`collectives.runtime.views.Buffer.storage`: the plan holds while they live);
     ``device``: the communicator's GPU; ``caller``: the addresses of the output and input of
-    the call it was made for (:meth:`moved`)."""
+    the call it was made for (:meth:`moved`); ``barriered``: whether its kernel passes the start
+    barrier (every launch of such a plan passes the turn on, see :meth:`run`)."""
 
-    __slots__ = ("fn", "args", "comm", "holds", "uses", "alive", "device", "caller")
+    __slots__ = ("fn", "args", "comm", "holds", "uses", "alive", "device", "caller", "barriered")
 
     def __init__(self, fn: Callable[..., Any], args: list[tuple], comm: Runtime, holds: tuple[int, ...] = (),
-                 uses: tuple[int, ...] = (), alive: tuple[Any, ...] = ()) -> None:
+                 uses: tuple[int, ...] = (), alive: tuple[Any, ...] = (), barriered: bool = False) -> None:
         self.fn, self.args, self.comm, self.holds, self.uses, self.alive = fn, args, comm, holds, uses, alive
         self.device = comm.device_index
         self.caller = (0, 0)
+        self.barriered = barriered
 
     def moved(self, old: tuple[int, int], new: tuple[int, int]) -> Plan | None:
         """This plan for a call like the one it was made for (the same checked facts) whose
@@ -57,7 +59,8 @@ class Plan:
         if [a for a in self.args if a[OUT] not in where or a[SRC] not in where]:
             return None
         args = [a[:OUT] + (where[a[OUT]], where[a[SRC]]) + a[SRC + 1:] for a in self.args]
-        return Plan(self.fn, args, self.comm, self.holds, tuple([where.get(u, u) for u in self.uses]), self.alive)
+        return Plan(self.fn, args, self.comm, self.holds, tuple([where.get(u, u) for u in self.uses]), self.alive,
+                    self.barriered)
 
     def expired(self) -> bool:
         """Whether memory an adopted buffer of the plan lay in has been freed."""
@@ -67,18 +70,25 @@ class Plan:
         """Launch on the current stream, after the communicator's last collective
         (:func:`follow`, where the stream changed).  Under CUDA-graph capture, first pin what
         the launch uses: the graph replays these addresses for good, whichever call made the
-        plan (an eager warm-up's plan is reused under capture)."""
+        plan (an eager warm-up's plan is reused under capture).
+
+        An alternating plan (two ``args``) stages into the communicator's ``turn`` slot, and
+        every barriered launch passes the turn on, alternating or not: the ranks' barriered
+        launches pair one to one (else a rank waits in vain and the communicator is lost), so
+        their turns stay equal even where ranks called different collectives (a recorded
+        mismatch: rank 0 a one-buffer all-gather, rank 1 an alternating reduce-scatter; had only
+        alternating plans passed it on, each later one-shot call would stage into one slot and
+        read the peers' other, stale one).  A slot is rewritten only after a barriered launch
+        since its last use, whose start barrier proves every rank done reading it."""
         comm = self.comm
         stream = current_stream(self.device)
         if stream != comm.stream:
             follow(comm, stream)
         if self.holds and capturing():
             comm.pool.capture(self.holds)
-        if len(self.args) > 1:
-            args = self.args[comm.turn]
+        args = self.args[comm.turn] if len(self.args) > 1 else self.args[0]
+        if self.barriered:
             comm.turn ^= 1
-        else:
-            args = self.args[0]
         self.fn(*args, stream)
 
 
@@ -102,7 +112,7 @@ def order(device: int, before: int, after: int) -> None:
 
 
 def prepare(comm: Runtime, key: Any, layout: Layout, data: Buffer | list[Buffer], out: int, src: int, n: int,
-            signature: int, blocks: int, results: Buffer | None = None) -> Plan:
+            signature: int, blocks: int, results: Buffer | None = None, barriered: bool = True) -> Plan:
     """A ready launch of ``key`` on ``comm`` with the arguments of ``layout``: everything but
     the stream fixed (``signature``: :attr:`~collectives.algorithms.Call.signature`, the ``kinds``
     argument).  ``data``: the
@@ -110,7 +120,8 @@ def prepare(comm: Runtime, key: Any, layout: Layout, data: Buffer | list[Buffer]
     launches on the one whose turn it is and passes the turn on: ``end_barrier=False``
     collectives).  The layout's ``emulated`` argument gets the
     data buffer's multicast address, or ``results``' table where given (the push all-reduce's
-    result buffers); emulated, the translation table of either."""
+    result buffers); emulated, the translation table of either.  ``barriered``: whether the
+    kernel passes the start barrier (False: Lamport's)."""
     emulated = key.backend == "multicast_emulated"
     pad = comm.pad_buffer
     fixed = dict(out=out, src=src, n=n, kinds=signature, pad_table=pad.table.data_ptr(), pad_mc=pad.mc,
@@ -129,7 +140,7 @@ def prepare(comm: Runtime, key: Any, layout: Layout, data: Buffer | list[Buffer]
     used = [b.ptr for b in views] + [out, src]
     holds = tuple({h for h in map(comm.pool.holder, used) if h is not None})
     alive = tuple(b.storage for b in views if b.storage is not None)
-    return Plan(comm.kernel(key), args, comm, holds, tuple(a for a in used if a), alive)
+    return Plan(comm.kernel(key), args, comm, holds, tuple(a for a in used if a), alive, barriered)
 
 
 __all__ = ["Plan", "capturing", "current_stream", "follow", "order", "prepare"]

@@ -89,7 +89,7 @@ class Communicator:
         #: The MoE layer's receive buffers by (name, shape, dtype) (:meth:`receive_buffer`).
         self.receive_buffers: dict[tuple, torch.Tensor] = {}
         self._exchange: Exchange | None = None
-        self.turn = 0  # which of staging slots TURN_0/TURN_1 the next single-barrier collective uses
+        self.turn = 0  # which of staging slots TURN_0/TURN_1 the next single-barrier collective uses (Plan.run)
         self.stream: int | None = None  # the last collective's stream (algorithms.plan.follow)
         self.stream_captured = False
         self.pad_buffer = self.buffer(self.pad)
@@ -188,9 +188,9 @@ class Communicator:
         """Internal symmetric byte buffer of staging slot ``which`` (a :class:`~collectives.config.Slot`),
         of at least ``nbytes``, grown collectively: every rank reaches here with the same size,
         or the allocation's size check raises.  The slots ``TURN_0`` and ``TURN_1`` serve the
-        single-barrier collectives strictly in turn across all of them (:attr:`turn`): a rank
-        may rewrite one only after every rank has started a later collective, which proves it
-        finished reading.  Growing frees the superseded buffer and drops the plans that hold
+        single-barrier collectives in turn (:attr:`turn`, passed on by every barriered launch):
+        a rank may rewrite one only after every rank has started a later barriered collective,
+        which proves it finished reading.  Growing frees the superseded buffer and drops the plans that hold
         it, unless a CUDA graph may use it (:class:`~collectives.runtime.staging.StagingPool`)."""
         return self.pool.get(nbytes, which)
 
