@@ -5,7 +5,8 @@ what an earlier one defined), on the CPU: kernels compile for sm_90a without a G
 marked ``<!-- gpu -->`` on the line before its fence needs GPUs under torchrun: it is compiled
 (syntax), every ``ptxops``/``collectives`` name it imports or uses must exist, and it may not
 define kernels itself (a kernel it launches is defined and compiled by a CPU block of the same
-page); on the pages of :data:`PROGRAM_PAGES` it is a whole program, its launch line first.
+page).  It is a whole program: its launch line first, every name it reads defined or imported in
+it (a kernel imported from a CPU block of the page headed ``# NAME.py``, the file it is saved as).
 ``python -m ptxops ...`` and ``python -m collectives ptx ...`` lines of ``bash`` blocks run too, and
 must exit 0.
 """
@@ -13,9 +14,11 @@ must exit 0.
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib.util
 import re
 import shlex
+import symtable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -216,34 +219,100 @@ def test_command_lines_run(block: Block, argv: list[str], capsys: pytest.Capture
     assert run_command(argv) == 0, f"{block.where}: python -m {' '.join(argv)} failed"
 
 
-#: Pages whose GPU blocks are whole programs: a first line ``# NAME.py: torchrun ... NAME.py`` (how to
-#: launch it), and ``collectives.init()`` before any other use of collectives.
-PROGRAM_PAGES = ("guide-moe.md",)
-LAUNCH = re.compile(r"# (?P<name>\w+\.py): torchrun --nproc-per-node \d+ (?P=name)$")
+#: A GPU block's first line: how to launch it, as ``# NAME.py: torchrun [--option value ...] NAME.py`` (one
+#: process per GPU, ``--nproc-per-node`` among the options) or ``# NAME.py: python NAME.py`` (one process).
+LAUNCH = re.compile(r"# (?P<name>\w+\.py): (?:torchrun(?= .*--nproc-per-node \d+ )(?: --[\w-]+ \S+)+|python) (?P=name)$")
+#: A CPU block's first line when it is a file of its own that a GPU program imports: ``# NAME.py``,
+#: optionally followed by a note in parentheses.
+MODULE = re.compile(r"# (?P<module>\w+)\.py(?: \(.*\))?$")
+
+
+def page_modules(page: Path) -> dict[str, Block]:
+    """The CPU blocks of ``page`` that are files of their own, by module name."""
+    if not page.exists():
+        return {}
+    return {m["module"]: b for b in python_blocks(page) if not b.gpu
+            and (m := MODULE.match(b.code.splitlines()[0] if b.code.strip() else ""))}
+
+
+def unbound_names(block: Block) -> set[str]:
+    """The global names ``block`` reads that it neither defines nor imports, builtins aside: what a
+    copy of the block alone, saved as a file, would raise NameError on."""
+    top = symtable.symtable(block.code, block.where, "exec")
+    bound = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
+    read: set[str] = set()
+    todo = [top]
+    while todo:
+        table = todo.pop()
+        read |= {s.get_name() for s in table.get_symbols()
+                 if s.is_referenced() and (table is top or s.is_global())}
+        todo.extend(table.get_children())
+    return read - bound - set(dir(builtins)) - {"__file__", "__name__"}
+
+
+def check_complete(block: Block) -> None:
+    """``block`` runs as a file of its own: every name it reads it defines or imports, and what it
+    imports from a file of its page (a block headed ``# NAME.py``) that file defines."""
+    unbound = unbound_names(block)
+    assert not unbound, f"{block.where}: not a whole program: {sorted(unbound)} come from nowhere"
+    modules = page_modules(block.page)
+    for node in ast.walk(ast.parse(block.code)):
+        if isinstance(node, ast.ImportFrom) and node.module in modules:
+            source = modules[node.module]
+            defined = {s.get_name() for s in symtable.symtable(source.code, source.where, "exec").get_symbols()
+                       if s.is_assigned() or s.is_imported()}
+            missing = [a.name for a in node.names if a.name not in defined]
+            assert not missing, f"{block.where}: {node.module}.py ({source.where}) has no {missing}"
 
 
 def check_program(block: Block) -> None:
+    """A GPU block is a whole program: its launch line first, every name defined or imported, and
+    under torchrun ``collectives.init()`` before any other use of collectives (a rank has no context
+    before it; in one process, a world of ``collectives.testing`` gives each rank its context)."""
     lines = block.code.splitlines()
-    assert LAUNCH.match(lines[0]), f"{block.where}: a GPU program starts with its launch line, not {lines[0]!r}"
-    uses = [i for i, text in enumerate(lines) if re.search(r"\bcollectives\.\w", text)
-            and not text.lstrip().startswith(("import ", "from ", "#"))]
-    assert uses and "collectives.init(" in lines[uses[0]], (
-        f"{block.where}: collectives.init() must come first (a rank has no context before it)")
+    launch = LAUNCH.match(lines[0])
+    assert launch, f"{block.where}: a GPU program starts with its launch line, not {lines[0]!r}"
+    check_complete(block)
+    uses = sorted((n.lineno, n.col_offset, n.attr) for n in ast.walk(ast.parse(block.code))
+                  if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "collectives")
+    if uses and " torchrun " in lines[0]:
+        assert uses[0][2] == "init", (
+            f"{block.where}: collectives.init() must come first (a rank has no context before it)")
+    elif uses:
+        assert "collectives.testing" in block.code, (
+            f"{block.where}: one process without torchrun: collectives run in a world of collectives.testing")
 
 
-@pytest.mark.parametrize("block", [b for name in PROGRAM_PAGES for b in python_blocks(DOCS / name) if b.gpu],
-                         ids=lambda b: b.where)
+GPU_PROGRAMS = [b for p in PAGES for b in python_blocks(p) if b.gpu]
+
+
+@pytest.mark.parametrize("block", GPU_PROGRAMS, ids=lambda b: b.where)
 def test_gpu_blocks_are_programs(block: Block) -> None:
     check_program(block)
 
 
+@pytest.mark.parametrize("block", [b for p in PAGES for b in page_modules(p).values()], ids=lambda b: b.where)
+def test_page_files_are_complete(block: Block) -> None:
+    """A CPU block headed ``# NAME.py`` (a file a GPU program of its page imports) runs on its own."""
+    check_complete(block)
+
+
 def test_a_gpu_block_without_init_is_no_program() -> None:
-    bad = Block(DOCS / "x.md", 1, "python", "# x.py: torchrun --nproc-per-node 2 x.py\nimport collectives\n"
-                "world = collectives.current().world_size\n", True)
+    def program(code: str) -> Block:
+        return Block(DOCS / "x.md", 1, "python", code, True)
+
     with pytest.raises(AssertionError, match="collectives.init"):
-        check_program(bad)
+        check_program(program("# x.py: torchrun --nproc-per-node 2 x.py\nimport collectives\n"
+                              "world = collectives.current().world_size\n"))
     with pytest.raises(AssertionError, match="launch line"):
-        check_program(Block(DOCS / "x.md", 1, "python", "import collectives\ncollectives.init()\n", True))
+        check_program(program("import collectives\ncollectives.init()\n"))
+    with pytest.raises(AssertionError, match=r"\['a'\] come from nowhere"):
+        check_program(program("# x.py: torchrun --nproc-per-node 2 x.py\nimport collectives\n"
+                              "collectives.init()\n\ndef f():\n    return collectives.all_reduce(a)\n"))
+    with pytest.raises(AssertionError, match="collectives.testing"):
+        check_program(program("# x.py: python x.py\nimport collectives\ncollectives.barrier()\n"))
+    check_program(program("# x.py: torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint h:1 x.py\n"
+                          "import collectives\nnode = collectives.init()\n"))
 
 
 def test_gpu_marker_is_checked() -> None:
