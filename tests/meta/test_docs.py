@@ -19,56 +19,13 @@ import importlib.util
 import re
 import shlex
 import symtable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-DOCS = ROOT / "docs"
-README = ROOT / "README.md"
-PAGES = [*sorted(p for p in DOCS.glob("*.md")), README]
-FENCE = re.compile(r"^(?P<fence>```+|~~~+)\s*(?P<info>[^\n`]*)$")
-GPU_MARKER = "<!-- gpu -->"
+from tests.support.doc_blocks import DOCS, LAUNCH, PAGES, README, Block, blocks, page_modules, python_blocks
+
 PACKAGES = ("ptxops", "collectives")
-
-
-@dataclass
-class Block:
-    page: Path
-    line: int  # 1-based line of the opening fence
-    lang: str
-    code: str
-    gpu: bool
-
-    @property
-    def where(self) -> str:
-        return f"{self.page.name}:{self.line}"
-
-
-def blocks(page: Path) -> list[Block]:
-    """The fenced code blocks of a Markdown page (MyST directives such as ``{toctree}`` are
-    not code)."""
-    lines = page.read_text().splitlines()
-    found: list[Block] = []
-    i = 0
-    while i < len(lines):
-        m = FENCE.match(lines[i])
-        if not m:
-            i += 1
-            continue
-        fence, info = m["fence"], m["info"].strip()
-        end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == fence), len(lines))
-        prev = next((lines[j].strip() for j in range(i - 1, -1, -1) if lines[j].strip()), "")
-        lang = info.split()[0] if info else ""
-        found.append(Block(page, i + 1, lang, "\n".join(lines[i + 1 : end]) + "\n", prev == GPU_MARKER))
-        i = end + 1
-    return found
-
-
-def python_blocks(page: Path) -> list[Block]:
-    return [b for b in blocks(page) if b.lang in ("python", "py", "python3")]
-
 
 # -- static checks of GPU-only blocks ----------------------------------------------------------
 
@@ -94,11 +51,18 @@ def module_names(module: str) -> set[str]:
             names |= {p.stem for p in Path(loc).glob("*.py")} | {
                 p.name for p in Path(loc).iterdir() if (p / "__init__.py").exists()
             }
+        constants = {}  # module-level tuples of names, which __all__ may unpack (ptxops's does)
         for node in tree.body:
-            if isinstance(node, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
-            ):
-                names |= set(ast.literal_eval(node.value))
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                if node.targets[0].id == "__all__":
+                    for elt in node.value.elts:
+                        starred = isinstance(elt, ast.Starred)
+                        names |= set(constants[elt.value.id]) if starred else {ast.literal_eval(elt)}
+                else:
+                    try:
+                        constants[node.targets[0].id] = ast.literal_eval(node.value)
+                    except ValueError:
+                        pass
     return names
 
 
@@ -219,22 +183,6 @@ def test_command_lines_run(block: Block, argv: list[str], capsys: pytest.Capture
     assert run_command(argv) == 0, f"{block.where}: python -m {' '.join(argv)} failed"
 
 
-#: A GPU block's first line: how to launch it, as ``# NAME.py: torchrun [--option value ...] NAME.py`` (one
-#: process per GPU, ``--nproc-per-node`` among the options) or ``# NAME.py: python NAME.py`` (one process).
-LAUNCH = re.compile(r"# (?P<name>\w+\.py): (?:torchrun(?= .*--nproc-per-node \d+ )(?: --[\w-]+ \S+)+|python) (?P=name)$")
-#: A CPU block's first line when it is a file of its own that a GPU program imports: ``# NAME.py``,
-#: optionally followed by a note in parentheses.
-MODULE = re.compile(r"# (?P<module>\w+)\.py(?: \(.*\))?$")
-
-
-def page_modules(page: Path) -> dict[str, Block]:
-    """The CPU blocks of ``page`` that are files of their own, by module name."""
-    if not page.exists():
-        return {}
-    return {m["module"]: b for b in python_blocks(page) if not b.gpu
-            and (m := MODULE.match(b.code.splitlines()[0] if b.code.strip() else ""))}
-
-
 def unbound_names(block: Block) -> set[str]:
     """The global names ``block`` reads that it neither defines nor imports, builtins aside: what a
     copy of the block alone, saved as a file, would raise NameError on."""
@@ -323,3 +271,14 @@ def test_gpu_marker_is_checked() -> None:
     kernel = Block(DOCS / "x.md", 1, "python", "import cutlass.cute as cute\n@cute.kernel\ndef k(): pass\n", True)
     with pytest.raises(AssertionError, match="may not define kernels"):
         check_gpu_block(kernel)
+
+
+@pytest.mark.parametrize("block", GPU_PROGRAMS, ids=lambda b: b.where)
+def test_gpu_programs_launch(block: Block) -> None:
+    """``bash .ci/gpu docs`` (tests/support/doc_programs.py) reads how many nodes and GPUs each
+    program's launch line asks for."""
+    from tests.support.doc_programs import needs
+
+    argv = shlex.split(block.code.splitlines()[0].split(":", 1)[1])
+    nodes, gpus = needs(argv)
+    assert nodes >= 1 and gpus >= 1 and argv[-1] == LAUNCH.match(block.code.splitlines()[0])["name"]
