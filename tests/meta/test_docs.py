@@ -261,6 +261,10 @@ def test_a_gpu_block_without_init_is_no_program() -> None:
         check_program(program("# x.py: python x.py\nimport collectives\ncollectives.barrier()\n"))
     check_program(program("# x.py: torchrun --nnodes 2 --nproc-per-node 8 --rdzv-endpoint h:1 x.py\n"
                           "import collectives\nnode = collectives.init()\n"))
+    importer = Block(DOCS / "guide-torch-compile.md", 1, "python", "# y.py: python y.py\n"
+                     "from row_parallel import ColumnParallel\nColumnParallel(8)\n", True)
+    with pytest.raises(AssertionError, match=r"row_parallel.py \(guide-torch-compile.md:\d+\) has no \['ColumnParallel'\]"):
+        check_program(importer)
 
 
 def test_gpu_marker_is_checked() -> None:
