@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.doc_blocks import DOCS, LAUNCH, PAGES, README, Block, blocks, page_modules, python_blocks
+from tests.support.doc_programs import needs
 
 PACKAGES = ("ptxops", "collectives")
 
@@ -281,8 +282,6 @@ def test_gpu_marker_is_checked() -> None:
 def test_gpu_programs_launch(block: Block) -> None:
     """``bash .ci/gpu docs`` (tests/support/doc_programs.py) reads how many nodes and GPUs each
     program's launch line asks for."""
-    from tests.support.doc_programs import needs
-
     argv = shlex.split(block.code.splitlines()[0].split(":", 1)[1])
     nodes, gpus = needs(argv)
     assert nodes >= 1 and gpus >= 1 and argv[-1] == LAUNCH.match(block.code.splitlines()[0])["name"]
