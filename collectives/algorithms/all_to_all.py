@@ -50,7 +50,7 @@ from typing import Any, ClassVar
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Int64, Uint32
+from cutlass import Int8, Int16, Int32, Int64, Uint32
 from cutlass.memory import SmemAllocator
 
 import ptxops
@@ -312,11 +312,16 @@ class NvshmemTransport(Transport):
 
     name = "nvshmem"
 
+    #: The integer of each element width that the parts move as (a copy keeps the bits; NVSHMEM
+    #: binds no fp8 type; CuTeDSL pointers are signless: :data:`ptxops.spec.nvshmem.SIGNLESS`).
+    WORDS: ClassVar[dict[int, type]] = {1: Int8, 2: Int16, 4: Int32, 8: Int64}
+
     def __init__(self, key: AllToAllKey) -> None:
         super().__init__(key)
         from . import nvshmem_exchange
 
         self.device = nvshmem_exchange
+        self.word = self.WORDS[self.bytes]
 
     @cute.jit
     def post_ready(self, slot_table: Int64, slots: Int64, rank: Int32, sender: Int32, offset: Int64, size: Uint32,
@@ -337,7 +342,7 @@ class NvshmemTransport(Transport):
             n = cutlass.min(Int64(j + 1) * size, send_n) - begin
             if n > Int64(0):
                 at = begin * self.bytes
-                self.device.put_part(self.dtype, self.bytes, args.src + send_at * self.bytes + at,
+                self.device.put_part(self.word, self.bytes, args.src + send_at * self.bytes + at,
                                      self.peer_buffer(args.recv_table, rank) + shared[1] + at, n, args.slots, rank,
                                      receiver, j, send_size, epoch, world, parts)
             elif tidx == 0:
