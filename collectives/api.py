@@ -154,7 +154,7 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
 
 
 def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits = None,
-               in_splits: exchange.Splits = None, *, group: Group = None) -> torch.Tensor:
+               in_splits: exchange.Splits = None, *, group: Group = None, transport: str = "nvlink") -> torch.Tensor:
     """Tested on GPUs bit for bit: one-GPU worlds of 2 to 8 ranks and 2 x H100 under torchrun (issue 34).
 
     The uneven all-to-all, as :func:`torch.distributed.all_to_all_single`: rank ``s`` sends
@@ -171,13 +171,21 @@ def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits
     A call like an earlier one (the same tensors, split values or split tensors) launches that
     call's plan from the communicator's plan cache (:func:`collectives.runtime.all_to_all.plan_key`),
     after the communicator's last collective as every collective; split tensors are read by the
-    kernel, so new values in them cost nothing on the host."""
+    kernel, so new values in them cost nothing on the host.
+
+    ``transport``: how chunks reach their receivers: ``"nvlink"`` (stores through the peers'
+    mapped addresses) or ``"nvshmem"`` (NVSHMEM put-with-signal,
+    :class:`~collectives.algorithms.all_to_all.NvshmemTransport`: needs nvshmem4py and a context on NVSHMEM's
+    heap, else CollectiveError; not under ``torch.compile``).  Every rank passes the same."""
     if _compiling():
+        if transport != "nvlink":
+            raise CollectiveError(f"all_to_all: transport={transport!r} is not traceable by torch.compile; call it "
+                                  "outside the compiled region or use transport='nvlink'")
         traceable(group, "all_to_all")
         return moe_ops.traced_all_to_all(out, inp, out_splits, in_splits)
     comm = _begin(group)
-    key = exchange.plan_key(comm, out, inp, out_splits, in_splits)
-    _launch(comm, key, out, inp, "push", "peer", _all_to_all_call, out, inp, out_splits, in_splits)
+    key = exchange.plan_key(comm, out, inp, out_splits, in_splits, transport)
+    _launch(comm, key, out, inp, "push", "peer", _all_to_all_call, out, inp, out_splits, in_splits, transport)
     return out
 
 
@@ -335,10 +343,10 @@ def _all_reduce_call(comm: Communicator, t: torch.Tensor, op: str, backend: str,
 
 
 def _all_to_all_call(comm: Communicator, out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits,
-                     in_splits: exchange.Splits) -> AllToAllCall:
-    """The call of an all-to-all (its plan checks the tensors and splits: every rank launches,
-    an empty one too)."""
-    return AllToAllCall(out, inp, out_splits, in_splits)
+                     in_splits: exchange.Splits, transport: str = "nvlink") -> AllToAllCall:
+    """The call of an all-to-all (its plan checks the tensors, splits and transport: every rank
+    launches, an empty one too)."""
+    return AllToAllCall(out, inp, out_splits, in_splits, transport)
 
 
 def _block_call(comm: Communicator, collective: str, out: torch.Tensor, inp: torch.Tensor, op: str, backend: str,

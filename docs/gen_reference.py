@@ -357,6 +357,9 @@ def nvshmem_page() -> str:
         ops = ", ".join(f"`{o.name}` ({o.memory}, {o.types})" for o in c.operands) or "none"
         out.append(f"| `{c.name}` | {ops} | {cell(c.orders)} | {cell(c.returns)} | {cell(c.reuse)} | "
                    f"`{c.binding}` |")
+    out += ["", "## Who issues a put", "", "`{scope}` in a binding: the suffix of `scope=` "
+            "(`put`, `put_signal`).", "", "| scope | suffix | what it means |", "| --- | --- | --- |"]
+    out += [f"| `{s}` | `{nvshmem.SCOPES[s] or '(none)'}` | {cell(text)} |" for s, text in nvshmem.SCOPE_ORDERS.items()]
     out += ["", "## Rules", "", "| rule | the rule |", "| --- | --- |"]
     out += [f"| `{r.name}` | {cell(r.text)} |" for r in nvshmem.RULES.values()]
     return "\n".join([*out, ""])

@@ -120,18 +120,21 @@ def _transfer(call: str, dst: Any, src: Any, count: Any) -> tuple[cute.Pointer, 
     return _narrow(dst_ptr), _narrow(src_ptr), rules.RMA_TYPES[dtype.__name__], Uint64(n)
 
 
-def _rma(call: str, prefix: str) -> Callable[..., Any]:
-    """nvshmem4py's binding of ``call`` for the element type of binding prefix ``prefix``."""
-    return getattr(bindings, rules.CALLS[call].binding.format(type=prefix))
+def _rma(call: str, prefix: str, scope: str = "thread") -> Callable[..., Any]:
+    """nvshmem4py's binding of ``call`` for the element type of binding prefix ``prefix``, issued
+    by ``scope`` (checked: :data:`ptxops.spec.nvshmem.SCOPES`)."""
+    rules.check_choice(call, "nvshmem-scope", "scope", scope, list(rules.SCOPES), emit.compile_target())
+    return getattr(bindings, rules.CALLS[call].binding.format(type=prefix, scope=rules.SCOPES[scope]))
 
 
 @_documented("put", "put_nbi")
-def put(dst: Any, src: Any, pe: Any, *, count: Any = None, nbi: bool = False) -> None:
+def put(dst: Any, src: Any, pe: Any, *, count: Any = None, nbi: bool = False, scope: str = "thread") -> None:
     """Copy ``src`` (local) to ``dst`` (symmetric) on PE ``pe``: ``count`` elements, or all
-    of equally sized ``dst`` and ``src``.  ``nbi=True`` is ``put_nbi``."""
+    of equally sized ``dst`` and ``src``.  ``nbi=True`` is ``put_nbi``; ``scope`` (``thread``,
+    ``warp``, ``block``): who issues it (:data:`ptxops.spec.nvshmem.SCOPE_ORDERS`)."""
     call = "put_nbi" if nbi else "put"
     d, s, prefix, n = _transfer(call, dst, src, count)
-    _rma(call, prefix)(d, s, n, cutlass.Int32(pe))
+    _rma(call, prefix, scope)(d, s, n, cutlass.Int32(pe))
 
 
 @_documented()
@@ -143,13 +146,14 @@ def get(dst: Any, src: Any, pe: Any, *, count: Any = None) -> None:
 
 @_documented("put_signal", "put_signal_nbi")
 def put_signal(dst: Any, src: Any, signal: Any, value: Any, pe: Any, *, op: str = "set", count: Any = None,
-               nbi: bool = False) -> None:
+               nbi: bool = False, scope: str = "thread") -> None:
     """Copy ``src`` to ``dst`` on PE ``pe``, then update ``signal`` (symmetric ``Uint64``) there
-    with ``value`` (``op``: ``set`` or ``add``).  ``nbi=True`` is ``put_signal_nbi``."""
+    with ``value`` (``op``: ``set`` or ``add``).  ``nbi=True`` is ``put_signal_nbi``;
+    ``scope`` as for :func:`put`."""
     call = "put_signal_nbi" if nbi else "put_signal"
     d, s, prefix, n = _transfer(call, dst, src, count)
     sig, _, _ = _operand(call, rules.CALLS[call].operands[2], signal)
-    _rma(call, prefix)(d, s, n, _narrow(sig), Uint64(value), _signal_op(call, op), cutlass.Int32(pe))
+    _rma(call, prefix, scope)(d, s, n, _narrow(sig), Uint64(value), _signal_op(call, op), cutlass.Int32(pe))
 
 
 @_documented()

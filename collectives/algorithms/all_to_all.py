@@ -33,8 +33,11 @@ the pair (a recoverable error; pairs that agree complete).  Each copy moves 16-b
 where the source and destination addresses agree modulo 16 (the elements before the first
 whole vector and after the last one singly), else single elements.
 
-The transport sits behind :class:`Transport`'s two methods (the chunk's stores, the peer's
-buffer address): inside a node, ptxops loads and stores; a network put would replace them.
+The transport sits behind :class:`Transport`'s methods (the part's copy, the peer's buffer
+address, the sender's part with its ``arrived``, the receiver's ``ready``), chosen by the key's
+``transport``: ``nvlink`` (ptxops loads and stores through the peers' mapped addresses, the
+default) or ``nvshmem`` (:class:`NvshmemTransport`: NVSHMEM put-with-signal,
+:mod:`collectives.algorithms.nvshmem_exchange`), with the same protocol, words and waits.
 The multicast backends have nothing to multicast here: an all-to-all is point to point, so
 every backend runs this (peer) kernel.
 """
@@ -47,7 +50,7 @@ from typing import Any, ClassVar
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Int64, Uint32
+from cutlass import Int8, Int16, Int32, Int64, Uint32
 from cutlass.memory import SmemAllocator
 
 import ptxops
@@ -73,6 +76,10 @@ MAX_BLOCKS = 128
 UNROLL = 4
 #: Thread blocks of an all-to-all kernel the runtime launches (:func:`default_parts`).
 DEFAULT_BLOCKS = 32
+#: How a chunk reaches its receiver (:class:`Transport`): ``nvlink``, this GPU's stores through
+#: the peer's mapped address (the default); ``nvshmem``, NVSHMEM put-with-signal
+#: (:class:`NvshmemTransport`: nvshmem4py installed, the communicator's heap NVSHMEM's).
+TRANSPORTS = ("nvlink", "nvshmem")
 
 
 def default_parts(world: int) -> int:
@@ -133,8 +140,8 @@ class AllToAllKey:
     """The compile-time choices of one all-to-all kernel: element type, world, ``parts`` (thread
     blocks per pair of ranks), threads per block (256 by default: a block of 256 needs at most
     128 registers a thread for two to fit an SM, so a one-GPU world of 8 ranks' 32 blocks each
-    stays resident), ``direct`` (the output is the receive buffer) and ``pdl`` (as
-    :attr:`collectives.algorithms.KernelKey.pdl`)."""
+    stays resident), ``direct`` (the output is the receive buffer), ``pdl`` (as
+    :attr:`collectives.algorithms.KernelKey.pdl`) and ``transport`` (:data:`TRANSPORTS`)."""
 
     dtype: str
     world: int
@@ -142,9 +149,12 @@ class AllToAllKey:
     threads: int = 256
     direct: bool = False
     pdl: bool = field(default_factory=lambda: config.PDL)
+    transport: str = "nvlink"
 
     def __post_init__(self) -> None:
         registered(self.dtype)  # ValueError naming the registered dtypes
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, not {self.transport!r}")
         if not 2 <= self.world <= MAX_WORLD:
             raise ValueError(f"world size must be 2..{MAX_WORLD}, not {self.world}")
         if not 1 <= self.parts or self.world * self.parts > MAX_BLOCKS:
@@ -171,7 +181,11 @@ class Transport:
     elements are :func:`collectives.exchange.part`'s (vector-aligned parts of the chunk, the
     same for the sender's and the receiver's block ``j``); within it, 16-byte vectors where
     both addresses agree modulo 16, else single elements; every thread of the block takes its
-    share."""
+    share.  ``send_part`` moves the sender's part and posts its ``arrived``, ``post_ready`` posts
+    a receiver's ``ready`` (and its place) into the sender's region: this transport with NVLink
+    stores and ``st.release.sys``, the handshake of :mod:`collectives.device.exchange`."""
+
+    name = "nvlink"
 
     def __init__(self, key: AllToAllKey) -> None:
         self.dtype = DTYPES[key.dtype].cute
@@ -185,10 +199,46 @@ class Transport:
         return signals.peer_address(table, rank)
 
     @cute.jit
+    def post_ready(self, slot_table: Int64, slots: Int64, rank: Int32, sender: Int32, offset: Int64, size: Uint32,
+                   epoch: Uint32, world: cutlass.Constexpr, parts: cutlass.Constexpr) -> None:
+        """As receiver ``rank``: ``ready`` (``size``, ``epoch``) and the place ``offset`` into
+        ``sender``'s slot region (``slot_table``: every rank's region; ``slots``: ours)."""
+        exchange.post_ready(slot_table, rank, sender, offset, size, epoch, world, parts)
+
+    @cute.jit
+    def send_part(self, shared: cute.Tensor, args: KernelArgs, send_at: Int64, send_n: Int64, send_size: Uint32,
+                  j: Int32, tidx: Int32, rank: Int32, receiver: Int32, epoch: Uint32, world: cutlass.Constexpr,
+                  parts: cutlass.Constexpr) -> None:
+        """As sender ``rank``, after thread 0's wait for ``receiver``'s ready (its status in
+        ``shared[0]``, the place's offset in ``shared[1]``): part ``j`` of our chunk (``send_n``
+        elements from element ``send_at`` of the input) into the receiver's buffer, then its
+        ``arrived``: ``send_size`` when the wait passed, :data:`~collectives.exchange.REFUSED`
+        (nothing sent) on a size mismatch, nothing after a timeout."""
+        element = self.bytes
+        cute.arch.sync_threads()
+        status = Int32(shared[0])
+        if status == 0:
+            to = self.peer_buffer(args.recv_table, receiver) + shared[1]
+            self.copy_part(args.src + send_at * element, to, send_n, j, LOCAL, PEER)
+        cute.arch.sync_threads()  # the part's stores before the release
+        if status != Int32(TIMEOUT) and tidx == 0:  # nothing sent is announced too (REFUSED): no wait hangs
+            sent = send_size
+            if status != 0:
+                sent = Uint32(REFUSED)
+            exchange.post_arrived(args.slot_table, rank, receiver, j, sent, epoch, world, parts)
+
+    @cute.jit
+    def part(self, m: Int64, j: Int32) -> tuple:
+        """(first element of part ``j`` of a chunk of ``m``, elements of a whole part): part
+        ``j`` is ``[begin, min((j + 1) * size, m))`` (:func:`collectives.exchange.part` with the
+        vector's alignment)."""
+        size = ((m + self.parts - 1) // self.parts + self.vec - 1) // self.vec * self.vec
+        return cutlass.min(Int64(j) * size, m), size
+
+    @cute.jit
     def copy_part(self, src: Int64, dst: Int64, m: Int64, j: Int32, src_reach: cutlass.Constexpr,
                   dst_reach: cutlass.Constexpr) -> None:
-        size = ((m + self.parts - 1) // self.parts + self.vec - 1) // self.vec * self.vec
-        begin = cutlass.min(Int64(j) * size, m)
+        begin, size = self.part(m, j)
         self.copy(src + begin * self.bytes, dst + begin * self.bytes, cutlass.min(Int64(j + 1) * size, m) - begin,
                   src_reach, dst_reach)
 
@@ -253,10 +303,63 @@ def chunk_of(splits: Int64, peer: Int32, n: Int64, row: Int64, world: cutlass.Co
     return at, count, size
 
 
+class NvshmemTransport(Transport):
+    """The chunks and handshake words over NVSHMEM put-with-signal and signal updates
+    (:mod:`collectives.algorithms.nvshmem_exchange`: what each call orders); the protocol, the waits
+    and the local copies (a rank's own chunk, a staged receive) are :class:`Transport`'s.
+    Making one imports :mod:`ptxops.nvshmem` (:class:`~ptxops.errors.NvshmemMissing` without
+    nvshmem4py)."""
+
+    name = "nvshmem"
+
+    #: The integer of each element width that the parts move as (a copy keeps the bits; NVSHMEM
+    #: binds no fp8 type; CuTeDSL pointers are signless: :data:`ptxops.spec.nvshmem.SIGNLESS`).
+    WORDS: ClassVar[dict[int, type]] = {1: Int8, 2: Int16, 4: Int32, 8: Int64}
+
+    def __init__(self, key: AllToAllKey) -> None:
+        super().__init__(key)
+        from . import nvshmem_exchange
+
+        self.device = nvshmem_exchange
+        self.word = self.WORDS[self.bytes]
+
+    @cute.jit
+    def post_ready(self, slot_table: Int64, slots: Int64, rank: Int32, sender: Int32, offset: Int64, size: Uint32,
+                   epoch: Uint32, world: cutlass.Constexpr, parts: cutlass.Constexpr) -> None:
+        self.device.post_ready(slots, rank, sender, offset, size, epoch, world, parts)
+
+    @cute.jit
+    def send_part(self, shared: cute.Tensor, args: KernelArgs, send_at: Int64, send_n: Int64, send_size: Uint32,
+                  j: Int32, tidx: Int32, rank: Int32, receiver: Int32, epoch: Uint32, world: cutlass.Constexpr,
+                  parts: cutlass.Constexpr) -> None:
+        """As :meth:`Transport.send_part`: one block-scope put-with-signal of the part that sets
+        its ``arrived`` in the receiver's region, or the word alone where nothing moves.  The
+        receive allocation is named by our address of it (NVSHMEM's symmetric address)."""
+        cute.arch.sync_threads()
+        status = Int32(shared[0])
+        if status == 0:
+            begin, size = self.part(send_n, j)
+            n = cutlass.min(Int64(j + 1) * size, send_n) - begin
+            if n > Int64(0):
+                at = begin * self.bytes
+                self.device.put_part(self.word, self.bytes, args.src + send_at * self.bytes + at,
+                                     self.peer_buffer(args.recv_table, rank) + shared[1] + at, n, args.slots, rank,
+                                     receiver, j, send_size, epoch, world, parts)
+            elif tidx == 0:
+                self.device.post_arrived(args.slots, rank, receiver, j, send_size, epoch, world, parts)
+        elif status != Int32(TIMEOUT) and tidx == 0:  # nothing sent is announced too (REFUSED): no wait hangs
+            self.device.post_arrived(args.slots, rank, receiver, j, Uint32(REFUSED), epoch, world, parts)
+
+
+def transport_of(key: AllToAllKey) -> Transport:
+    """The :class:`Transport` of ``key.transport``."""
+    return NvshmemTransport(key) if key.transport == "nvshmem" else Transport(key)
+
+
 def build(key: AllToAllKey):
     """The ``@cute.jit`` launcher of the all-to-all kernel for ``key`` (grid ``key.blocks``)."""
     world, parts = key.world, key.parts
-    transport = Transport(key)
+    transport = transport_of(key)
     element = DTYPES[key.dtype].bytes
     # The input and a staged output are this GPU's (LOCAL); peers store into the receive buffer
     # (PEER), which is the output itself when ``direct``.
@@ -286,8 +389,8 @@ def build(key: AllToAllKey):
         else:
             if j == 0 and tidx == 0:
                 offset = args.recv - transport.peer_buffer(args.recv_table, rank) + recv_at * element
-                exchange.post_ready(args.slot_table, rank, sender, exchange.place(args.recv_id, offset), recv_size,
-                                    epoch, world, parts)
+                transport.post_ready(args.slot_table, slots, rank, sender, exchange.place(args.recv_id, offset),
+                                     recv_size, epoch, world, parts)
             if tidx == 0:  # the sender's side: wait for the receiver's ready
                 status = exchange.wait_word(exchange.ready_word(slots, receiver, world, parts), calls, send_size,
                                             deadline)
@@ -299,17 +402,8 @@ def build(key: AllToAllKey):
                     signals.record_error(err, status, Int32(PLACE_MISMATCH), receiver, block, rank)
                 shared[0] = Int64(status)
                 shared[1] = offset
-            cute.arch.sync_threads()
-            status = Int32(shared[0])
-            if status == 0:
-                to = transport.peer_buffer(args.recv_table, receiver) + shared[1]
-                transport.copy_part(args.src + send_at * element, to, send_n, j, LOCAL, PEER)
-            cute.arch.sync_threads()  # the part's stores before the release
-            if status != Int32(TIMEOUT) and tidx == 0:  # nothing sent is announced too (REFUSED): no wait hangs
-                sent = send_size
-                if status != 0:
-                    sent = Uint32(REFUSED)
-                exchange.post_arrived(args.slot_table, rank, receiver, j, sent, epoch, world, parts)
+            transport.send_part(shared, args, send_at, send_n, send_size, j, tidx, rank, receiver, epoch, world,
+                                parts)
             if tidx == 0:  # the receiver's side: wait for our part of the sender's chunk
                 status = exchange.wait_word(exchange.arrived_word(slots, sender, j, world, parts), calls, recv_size,
                                             deadline)
@@ -317,8 +411,8 @@ def build(key: AllToAllKey):
                 if status != 0:
                     signals.record_error(err, status, Int32(ARRIVED_WAIT), sender, block, rank)
                 if status == Int32(TIMEOUT):  # we leave: a late sender's ready wait then times out, no store
-                    exchange.post_ready(args.slot_table, rank, sender, Int64(0), Uint32(REFUSED),
-                                        signals.gave_up(calls), world, parts)
+                    transport.post_ready(args.slot_table, slots, rank, sender, Int64(0), Uint32(REFUSED),
+                                         signals.gave_up(calls), world, parts)
             cute.arch.sync_threads()
             if cutlass.const_expr(not key.direct):
                 if shared[2] == Int64(0):
@@ -332,12 +426,14 @@ def build(key: AllToAllKey):
 @dataclass(frozen=True)
 class AllToAllCall:
     """One all-to-all call as the API received it (its plan checks it): ``inp``'s rows to
-    ``out`` as the splits say (:func:`collectives.all_to_all`)."""
+    ``out`` as the splits say, over ``transport`` (:data:`TRANSPORTS`;
+    :func:`collectives.all_to_all`)."""
 
     out: Any
     inp: Any
     out_splits: Any
     in_splits: Any
+    transport: str = "nvlink"
     collective: ClassVar[str] = "all_to_all"
 
 
@@ -362,12 +458,15 @@ class PushAllToAll(Algorithm):
 
 
 def _to_text(key: AllToAllKey) -> str:
-    return f"all_to_all/push/peer/{key.dtype}/w{key.world}/p{key.parts}/t{key.threads}/d{int(key.direct)}"
+    """The key's id (an NVSHMEM transport's ends in ``/nvshmem``; the NVLink one's has no suffix)."""
+    text = f"all_to_all/push/peer/{key.dtype}/w{key.world}/p{key.parts}/t{key.threads}/d{int(key.direct)}"
+    return text if key.transport == "nvlink" else f"{text}/{key.transport}"
 
 
 def _from_text(kid: str) -> AllToAllKey:
-    _, _, _, dtype, world, parts, threads, direct = kid.split("/")
-    return AllToAllKey(dtype, int(world[1:]), parts=int(parts[1:]), threads=int(threads[1:]), direct=direct == "d1")
+    _, _, _, dtype, world, parts, threads, direct, *transport = kid.split("/")
+    return AllToAllKey(dtype, int(world[1:]), parts=int(parts[1:]), threads=int(threads[1:]), direct=direct == "d1",
+                       transport=transport[0] if transport else "nvlink")
 
 
 def _snapshot() -> list[str]:
@@ -385,5 +484,5 @@ FAMILY = register(Family("all_to_all", AllToAllKey, ("all_to_all",), ALL_TO_ALL,
                          _from_text, _facets))
 
 
-__all__ = ["ALL_TO_ALL", "FAMILY", "AllToAllCall", "PushAllToAll", "DEFAULT_BLOCKS", "MAX_BLOCKS", "UNROLL", "AllToAllKey", "Transport", "build", "chunk_of",
-           "default_parts", "grid"]
+__all__ = ["ALL_TO_ALL", "FAMILY", "AllToAllCall", "PushAllToAll", "DEFAULT_BLOCKS", "MAX_BLOCKS", "UNROLL", "AllToAllKey",
+           "NvshmemTransport", "TRANSPORTS", "Transport", "build", "chunk_of", "default_parts", "grid", "transport_of"]

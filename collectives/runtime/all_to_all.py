@@ -24,6 +24,7 @@ with a recoverable error raised after the launch; the pairs that agree complete.
 
 from __future__ import annotations
 
+import importlib
 import math
 import operator
 import os
@@ -34,7 +35,7 @@ from typing import Any, Union
 
 import torch
 
-from ..algorithms.all_to_all import ALL_TO_ALL, AllToAllCall, AllToAllKey, grid
+from ..algorithms.all_to_all import ALL_TO_ALL, TRANSPORTS, AllToAllCall, AllToAllKey, grid
 from ..algorithms.plan import Plan, capturing
 from ..algorithms.protocol import Runtime
 from ..errors import CollectiveError
@@ -88,7 +89,7 @@ class Exchange:
 
     def plan(self, call: AllToAllCall) -> AllToAllPlan:
         """The checked, ready launch of ``call`` (:func:`prepare`)."""
-        return prepare(self.comm, self, call.out, call.inp, call.out_splits, call.in_splits)
+        return prepare(self.comm, self, call.out, call.inp, call.out_splits, call.in_splits, call.transport)
 
     def device_splits(self, splits: Splits, rows: int, what: str, device: torch.device) -> torch.Tensor:
         """``splits`` as the kernel's int64[W] of rows on ``device``; None: ``rows`` in equal
@@ -197,12 +198,42 @@ def check_tensors(comm: Runtime, out: torch.Tensor, inp: torch.Tensor) -> str:
     return from_torch(inp.dtype).name
 
 
-def plan_key(comm: Runtime, out: torch.Tensor, inp: torch.Tensor, out_splits: Splits, in_splits: Splits) -> tuple:
+def check_transport(comm: Runtime, transport: str) -> None:
+    """Refuse an all-to-all ``transport`` (:data:`~collectives.algorithms.all_to_all.TRANSPORTS`)
+    that cannot run on ``comm``: an unknown name; ``nvshmem`` without nvshmem4py (and NVSHMEM's
+    device library: :mod:`ptxops.nvshmem`), or on a context whose heap is not NVSHMEM's own
+    (a put names a peer's memory by the symmetric allocation's offset in NVSHMEM's heap, and the
+    peer by its PE: torch's symmetric memory, a one-GPU world's or a sub-group's pool has
+    neither)."""
+    if transport not in TRANSPORTS:
+        raise CollectiveError(f"all_to_all: transport must be one of {', '.join(map(repr, TRANSPORTS))}, "
+                              f"not {transport!r}")
+    if transport != "nvshmem":
+        return
+    from ptxops.errors import NvshmemMissing
+
+    try:
+        importlib.import_module("ptxops.nvshmem")
+    except NvshmemMissing as missing:
+        raise CollectiveError(f"all_to_all: transport='nvshmem' needs nvshmem4py and NVSHMEM's device library "
+                              f"(pip install -e '.[nvshmem]'): {missing}") from missing
+    from ..symmetric.nvshmem_heap import NvshmemHeap
+
+    heap = comm.ctx.heap
+    if not isinstance(heap, NvshmemHeap):
+        raise CollectiveError(
+            f"all_to_all: transport='nvshmem' puts into NVSHMEM symmetric memory, but this communicator's heap is "
+            f"{type(heap).__name__}, not NVSHMEM's (collectives.init(heap='nvshmem') over every rank of the "
+            "group: a sub-group or a one-GPU world of threads cannot use it); use transport='nvlink'")
+
+
+def plan_key(comm: Runtime, out: torch.Tensor, inp: torch.Tensor, out_splits: Splits, in_splits: Splits,
+             transport: str = "nvlink") -> tuple:
     """The plan-cache key of an all-to-all of ``inp`` into ``out``: a call like an earlier one
-    (the same tensors, split values or split tensors, symmetric allocations and bound) launches
-    that call's :class:`AllToAllPlan`."""
+    (the same tensors, split values or split tensors, symmetric allocations and bound, and
+    ``transport``) launches that call's :class:`AllToAllPlan`."""
     return ("all_to_all", tensor_key(out), tensor_key(inp), _splits_key(out_splits), _splits_key(in_splits),
-            comm.ctx.generation)
+            comm.ctx.generation, transport)
 
 
 def _splits_key(splits: Splits) -> Any:
@@ -214,8 +245,10 @@ def _splits_key(splits: Splits) -> Any:
 
 
 def prepare(comm: Runtime, state: Exchange, out: torch.Tensor, inp: torch.Tensor, out_splits: Splits,
-            in_splits: Splits) -> AllToAllPlan:
-    """The checked, ready launch of an all-to-all of ``inp`` into ``out``."""
+            in_splits: Splits, transport: str = "nvlink") -> AllToAllPlan:
+    """The checked, ready launch of an all-to-all of ``inp`` into ``out`` over ``transport``
+    (:func:`check_transport`)."""
+    check_transport(comm, transport)
     dtype = check_tensors(comm, out, inp)
     ctx = comm.ctx
     row = math.prod(inp.shape[1:])
@@ -227,7 +260,7 @@ def prepare(comm: Runtime, state: Exchange, out: torch.Tensor, inp: torch.Tensor
     else:
         allocation, recv_n = ctx.allocation(state.staging), min(out.numel(), STAGING_BYTES // out.element_size())
     base, number = allocation
-    key = AllToAllKey(dtype, comm.world, state.parts, direct=direct, pdl=state.pdl)
+    key = AllToAllKey(dtype, comm.world, state.parts, direct=direct, pdl=state.pdl, transport=transport)
     slots, receiver = state.slots, comm.buffer(base)
     args = ALL_TO_ALL.pack(
         recv_table=receiver.table.data_ptr(), recv_id=receiving(number, dtype),
@@ -243,4 +276,4 @@ def prepare(comm: Runtime, state: Exchange, out: torch.Tensor, inp: torch.Tensor
     return AllToAllPlan(fn, (*args, key.blocks), comm, keep, state.pinned, alive)
 
 
-__all__ = ["STAGING_BYTES", "AllToAllPlan", "Exchange", "check_tensors", "plan_key", "prepare"]
+__all__ = ["STAGING_BYTES", "AllToAllPlan", "Exchange", "check_tensors", "check_transport", "plan_key", "prepare"]

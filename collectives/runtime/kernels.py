@@ -17,6 +17,7 @@ from ..algorithms.family import Family
 from ..algorithms.key import KernelKey
 from ..errors import CollectiveError
 from .driver_streams import create_stream
+from .nvshmem_launch import NvshmemLaunch, uses_nvshmem
 
 #: A kernel key of any kernel family (:data:`collectives.algorithms.FAMILIES`).
 Key = Hashable
@@ -46,8 +47,9 @@ def compile_kernel(key: Key, target: str) -> Any:
     from cutlass.base_dsl.compiler import DumpDir
 
     family = _family(key)
+    ffi = () if uses_nvshmem(key) else (cute.EnableTVMFFI,)  # collectives.runtime.nvshmem_launch says why
     with tempfile.TemporaryDirectory() as dump:  # the PTX and cubin are kept in memory, the files dropped
-        return cute.compile[cute.KeepPTX, cute.KeepCUBIN, cute.EnableTVMFFI, cute.GPUArch(target),
+        return cute.compile[cute.KeepPTX, cute.KeepCUBIN, *ffi, cute.GPUArch(target),
                             DumpDir(dump)](family.build(key), *family.example_arguments())
 
 
@@ -86,7 +88,8 @@ def compiled(key: Key, target: str) -> tuple[Any, Callable[..., Any]]:
             entry = _COMPILED.get((key, target))
             if entry is None:
                 kernel = compile_kernel(key, target)
-                entry = _COMPILED[(key, target)] = (kernel, kernel.__tvm_ffi_object__())
+                fn = None if uses_nvshmem(key) else kernel.__tvm_ffi_object__()  # NVSHMEM's: KernelCache.get
+                entry = _COMPILED[(key, target)] = (kernel, fn)
     return entry
 
 
@@ -243,7 +246,11 @@ class KernelCache:
         if entry is None:
             entry = compiled(key, target)
             refuse_multimem(entry[0].__ptx__, key, self.backend)
-            if device is not None:
+            if uses_nvshmem(key):  # this communicator's launch, its library registered with NVSHMEM
+                entry = (entry[0], NvshmemLaunch(entry[0], example_arguments(key)))
+                if device is not None:
+                    entry[1].bind(device)
+            elif device is not None:
                 load(key, target, device)
             self._kernels[(key, target)] = entry
         return entry[1]

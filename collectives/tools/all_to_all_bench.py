@@ -13,7 +13,9 @@ of torch's (``symm_mem.empty``), filled before the timing: the column is its bes
 Part 1, ``all_to_all``: every rank sends ``tokens`` rows of ``hidden`` bf16 to every rank
 (``tokens`` = 1, 8, 64, 128, 512, 4096); NCCL's ``all_to_all_single`` on plain tensors against
 ours into a plain output (through the staging buffer, where it fits) and into a symmetric one
-(direct).
+(direct), over NVLink stores and, column ``nvshmem``, over NVSHMEM put-with-signal
+(``transport="nvshmem"``; skipped with the reason where the context's heap is not NVSHMEM's or its
+device bitcode is missing: collectives/tools/devbitcode.sh).
 Part 2, MoE: ``tokens`` per rank routed to ``--topk`` of ``--experts`` experts (uniformly at
 random, distinct per token); ``collectives.moe.dispatch`` and ``combine`` (low latency; their local
 steps in torch, as with ``COLLECTIVES_MOE_FUSED=0``, then in one kernel each, *fused*, the
@@ -58,7 +60,8 @@ TOKENS = (1, 8, 64, 128, 512, 4096)
 #: The fields of a record, before ``us``.  part: ``all_to_all``, ``dispatch``, ``combine`` (low
 #: latency), ``dispatch_throughput``, ``combine_throughput``, ``fp8_dispatch`` (part 4: bf16 and
 #: fp8 rows timed side by side); impl: ``nccl``, ``torch_symm_mem``, ``ours_plain`` and
-#: ``ours_symmetric`` (the all-to-all's output), ``ours_torch_steps`` and ``ours_fused`` (MoE).
+#: ``ours_symmetric`` (the all-to-all's output), ``ours_nvshmem`` (into the symmetric output over
+#: ``transport="nvshmem"``), ``ours_torch_steps`` and ``ours_fused`` (MoE).
 FIELDS = ("part", "impl", "dtype", "tokens", "mode")
 
 
@@ -255,7 +258,7 @@ def layer_parts(args: argparse.Namespace, rec: Recorder, modes: list[str], sizes
     if rank == 0:
         print(f"device: {torch.cuda.get_device_name()} x {world}; hidden {hidden}, bf16")
         print("all_to_all: us per call (GB/s sent to other ranks per rank)")
-        print(f"{'mode':6} {'tokens':>6} {'nccl':>16} {'ours plain':>16} {'ours symmetric':>16}")
+        print(f"{'mode':6} {'tokens':>6} {'nccl':>16} {'ours plain':>16} {'ours symmetric':>16} {'nvshmem':>16}")
     for mode in modes:
         graph = mode == "graph"
         for tokens in sizes:
@@ -272,7 +275,10 @@ def layer_parts(args: argparse.Namespace, rec: Recorder, modes: list[str], sizes
                   rec.ours(lambda: time_op(lambda: collectives.all_to_all(plain, inp), iters, graph),
                            impl="ours_plain", **row) if staged else None,
                   rec.ours(lambda: time_op(lambda: collectives.all_to_all(symmetric, inp), iters, graph),
-                           impl="ours_symmetric", **row)]
+                           impl="ours_symmetric", **row),
+                  # the NVSHMEM transport (skipped with its reason where it cannot run: not NVSHMEM's heap)
+                  rec.baseline(lambda: time_op(lambda: collectives.all_to_all(symmetric, inp, transport="nvshmem"),
+                                               iters, graph), impl="ours_nvshmem", **row)]
             collectives.synchronize()
             if rank == 0:
                 print(f"{mode:6} {tokens:>6} " + " ".join(f"{_us(t, sent):>16}" for t in us), flush=True)

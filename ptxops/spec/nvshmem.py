@@ -35,6 +35,22 @@ AMO_TYPES: dict[str, str] = {"Int32": "int32", "Uint32": "uint32", "Uint64": "ui
 SIGNAL_TYPES: dict[str, str] = {"Uint64": "uint64"}
 #: Signal updates: ``set`` overwrites, ``add`` adds atomically (NVSHMEM_SIGNAL_SET/ADD).
 SIGNAL_OPS: tuple[str, ...] = ("set", "add")
+#: Who issues a put or put-with-signal: one thread, or every thread of its warp or of its CTA
+#: together (nvshmem4py's ``_warp`` and ``_block`` bindings; ``{scope}`` in a binding).
+SCOPES: dict[str, str] = {"thread": "", "warp": "_warp", "block": "_block"}
+#: What a scope means for the caller and for the ordering (the entries of :data:`CALLS` state a
+#: thread's call; a warp's or a CTA's call gives the same ordering for the group's call as a whole).
+SCOPE_ORDERS: dict[str, str] = {
+    "thread": "one thread issues the call; its fence and quiet order and complete it",
+    "warp": "every thread of the warp calls it, converged, with the same arguments; the warp's threads "
+            "move the data (NVLink) or one of them posts it to the NIC (IBGDA); a put_signal updates "
+            "the signal after all of the warp's data",
+    "block": "every thread of the CTA calls it with the same arguments (the call synchronizes the CTA: "
+             "never from divergent code); the CTA's threads move the data (NVLink) or one posts it "
+             "(IBGDA); a put_signal updates the signal after all of the CTA's data, so a receiver "
+             "whose acquire sees the signal sees every element; on return (blocking call) src may "
+             "be reused by every thread of the CTA",
+}
 #: Comparisons a signal wait takes, with their meaning on (seen, value).
 COMPARISONS: dict[str, str] = {
     "eq": "seen == value", "ne": "seen != value", "gt": "seen > value",
@@ -64,7 +80,8 @@ class Operand:
 @dataclass(frozen=True)
 class Call:
     """One device call of :mod:`ptxops.nvshmem`: its nvshmem4py binding (``{type}`` stands for
-    the element type's prefix), operands, and the ordering it gives, in words: ``orders`` (what
+    the element type's prefix, ``{scope}`` for a :data:`SCOPES` suffix), operands, and the
+    ordering it gives, in words: ``orders`` (what
     it guarantees to whom), ``returns`` (what is complete when it returns) and ``reuse`` (what a
     caller must do before reusing or reading the buffers it names)."""
 
@@ -80,12 +97,12 @@ _DST, _SRC = Operand("dst", "symmetric", "data"), Operand("src", "local", "data"
 _SIGNAL = Operand("signal", "symmetric", "signal")
 
 CALLS: dict[str, Call] = {c.name: c for c in (
-    Call("put", "{type}_put", (_DST, _SRC),
+    Call("put", "{type}_put{scope}", (_DST, _SRC),
          "nothing with later puts to the same PE (use fence)",
          "src may be reused; the data may not have arrived at the PE yet",
          "the receiver may read dst only after a signal ordered after it: fence, then a "
          "signal_op or put_signal (a put_signal orders only its own data)"),
-    Call("put_nbi", "{type}_put_nbi", (_DST, _SRC),
+    Call("put_nbi", "{type}_put_nbi{scope}", (_DST, _SRC),
          "nothing with later puts to the same PE (use fence)",
          "nothing: the copy may still read src",
          "quiet before reusing src; as put for the receiver"),
@@ -93,13 +110,13 @@ CALLS: dict[str, Call] = {c.name: c for c in (
          "nothing with other PEs' writes to src: the owner must have published src first",
          "dst holds the data",
          "none on this side; the owner may overwrite src once told (a signal back)"),
-    Call("put_signal", "{type}_put_signal", (_DST, _SRC, _SIGNAL),
+    Call("put_signal", "{type}_put_signal{scope}", (_DST, _SRC, _SIGNAL),
          "the signal update after the data: a PE whose acquire (signal_wait) sees the update "
          "sees all of dst",
          "src may be reused; dst and the signal may not have arrived yet",
          "the sender overwrites dst again only after the receiver says it has read it (a "
          "signal back, with a monotonic epoch value, never a reset to 0)"),
-    Call("put_signal_nbi", "{type}_put_signal_nbi", (_DST, _SRC, _SIGNAL),
+    Call("put_signal_nbi", "{type}_put_signal_nbi{scope}", (_DST, _SRC, _SIGNAL),
          "the signal update after the data, as put_signal",
          "nothing: the copy may still read src",
          "quiet before reusing src; as put_signal for dst"),
@@ -155,6 +172,8 @@ RULES: dict[str, NvRule] = {r.name: r for r in (
            "or count=, which must not exceed either when they are known; a dynamic size needs "
            "count= (never a silent min)."),
     NvRule("nvshmem-signal-op", "A signal update is one of " + ", ".join(SIGNAL_OPS) + "."),
+    NvRule("nvshmem-scope", "A put or put-with-signal is issued by one of " + ", ".join(SCOPES)
+           + " (a warp's or a CTA's call is made by each of its threads with the same arguments)."),
     NvRule("nvshmem-compare", "A signal wait compares with one of " + ", ".join(COMPARISONS) + "."),
 )}
 
@@ -239,7 +258,8 @@ def check_choice(call: str, rule: str, name: str, value: str, legal: Sequence[st
 
 
 __all__ = [
-    "AMO_TYPES", "CALLS", "COMPARISONS", "LOCAL_REACHES", "RMA_TYPES", "RULES", "SIGNAL_OPS", "SIGNLESS",
+    "AMO_TYPES", "CALLS", "COMPARISONS", "LOCAL_REACHES", "RMA_TYPES", "RULES", "SCOPES", "SCOPE_ORDERS",
+    "SIGNAL_OPS", "SIGNLESS",
     "SIGNAL_TYPES", "Call", "NvRule", "Operand", "check_choice", "check_contiguous", "check_count", "check_operand",
     "check_same_type", "types_of",
 ]

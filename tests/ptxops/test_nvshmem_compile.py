@@ -80,8 +80,11 @@ def test_every_call_nvshmem4py_binds() -> None:
             continue
         ops = call.operands[:1]
         prefixes = rules.types_of(ops[0].types).values() if ops else [None]
+        scopes = rules.SCOPES.values() if "{scope}" in call.binding else [""]
         for prefix in prefixes:
-            assert callable(getattr(bindings, call.binding.format(type=prefix), None)), (call.name, prefix)
+            for scope in scopes:
+                name = call.binding.format(type=prefix, scope=scope)
+                assert callable(getattr(bindings, name, None)), (call.name, name)
 
 
 #: Wrong kernels, each refused at trace time: (id, body, the rule, kwargs of ptx_of).
@@ -101,6 +104,7 @@ WRONG = [
     ("strided src", lambda d, s, g: nv.put(
         sym(d), cute.make_tensor(s.iterator, cute.make_layout(32, stride=2)), 1, count=32), "nvshmem-contiguous", {}),
     ("unknown signal op", lambda d, s, g: nv.signal_op(sym(g), 1, 1, op="or"), "nvshmem-signal-op", {}),
+    ("unknown scope", lambda d, s, g: nv.put(sym(d), s, 1, scope="grid"), "nvshmem-scope", {}),
     ("unknown comparison", lambda d, s, g: nv.signal_wait(sym(g), 1, cutlass.Int64(0), cmp="geq"),
      "nvshmem-compare", {}),
 ]

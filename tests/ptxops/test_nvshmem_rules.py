@@ -38,7 +38,8 @@ def raised(fn, *args) -> QualifierError:
 def test_every_rule_is_raised_by_a_test_of_this_file() -> None:
     """The rule names below are each asserted in a test; a rule added without one fails here."""
     tested = {"nvshmem-symmetric", "nvshmem-local", "nvshmem-global", "nvshmem-type", "nvshmem-same-type",
-              "nvshmem-count", "nvshmem-signal-op", "nvshmem-compare", "nvshmem-contiguous"}
+              "nvshmem-count", "nvshmem-signal-op", "nvshmem-compare", "nvshmem-contiguous",
+              "nvshmem-scope"}
     assert set(nv.RULES) == tested
 
 
@@ -127,7 +128,8 @@ def test_counts_match_or_are_given_never_a_silent_min(dst: int | None, src: int 
 
 
 @pytest.mark.parametrize(("rule", "name", "legal"), [
-    ("nvshmem-signal-op", "op", nv.SIGNAL_OPS), ("nvshmem-compare", "cmp", list(nv.COMPARISONS))])
+    ("nvshmem-signal-op", "op", nv.SIGNAL_OPS), ("nvshmem-compare", "cmp", list(nv.COMPARISONS)),
+    ("nvshmem-scope", "scope", list(nv.SCOPES))])
 def test_choices(rule: str, name: str, legal) -> None:
     for value in legal:
         nv.check_choice("put_signal", rule, name, value, legal, T)

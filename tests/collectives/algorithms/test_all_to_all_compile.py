@@ -12,7 +12,7 @@ import pytest
 from collectives.dtypes import DTYPES
 
 pytest.importorskip("cutlass")
-from collectives.algorithms.all_to_all import MAX_BLOCKS, AllToAllKey  # noqa: E402
+from collectives.algorithms.all_to_all import FAMILY, MAX_BLOCKS, AllToAllKey  # noqa: E402
 from collectives.runtime.kernels import kernel_ptx  # noqa: E402
 
 FORMS = [(dtype, world, direct) for dtype in DTYPES for world in (2, 4, 8) for direct in (False, True)]
@@ -50,3 +50,36 @@ def test_keys_reject_bad_choices() -> None:
         AllToAllKey("bf16", 2, threads=96)
     with pytest.raises(ValueError, match="dtype"):
         AllToAllKey("f64", 2)
+    with pytest.raises(ValueError, match="transport must be one of nvlink, nvshmem, not 'rdma'"):
+        AllToAllKey("bf16", 2, transport="rdma")
+
+
+def test_the_transport_is_in_the_key_id() -> None:
+    """An NVSHMEM key's id ends in /nvshmem and reads back; the NVLink key's id is the one
+    recorded before the transports (the PTX-identity record's)."""
+    from collectives.algorithms import key_of
+
+    nvlink, nvshmem = (AllToAllKey("bf16", 4, 8, direct=True, transport=t) for t in ("nvlink", "nvshmem"))
+    assert FAMILY.to_text(nvlink) == "all_to_all/push/peer/bf16/w4/p8/t256/d1"
+    assert FAMILY.to_text(nvshmem) == "all_to_all/push/peer/bf16/w4/p8/t256/d1/nvshmem"
+    assert key_of(FAMILY.to_text(nvshmem)) == nvshmem and key_of(FAMILY.to_text(nvlink)) == nvlink
+
+
+@pytest.mark.shard_weight(40)  # NVSHMEM's device library linked and assembled: about 20 s
+def test_the_nvshmem_transport_compiles_and_links_without_a_gpu() -> None:
+    """The all-to-all over NVSHMEM (collectives.algorithms.nvshmem_exchange) traces through
+    ptxops.nvshmem, links NVSHMEM's bitcode for sm_90a and assembles: the part's block-scope
+    put-with-signal and the signal updates are NVSHMEM's (defined in the PTX, none left
+    external), the handshake's NVLink release stores are gone, and its waits are the same four
+    bounded acquire polls."""
+    pytest.importorskip("nvshmem.bindings.device.cute", reason="nvshmem4py is not installed: "
+                                                               "pip install -e '.[nvshmem]'")
+    ptx = kernel_ptx(AllToAllKey("bf16", 2, 16, transport="nvshmem"), "sm_90a")  # bf16 moves as Int16
+    defined = set(re.findall(r"^\.func\s+(?:\([^)]*\)\s*)?(\w+)", ptx, re.M))
+    external = set(re.findall(r"^\.extern\s+\.func\s+(?:\([^)]*\)\s*)?(\w+)", ptx, re.M))
+    assert {"nvshmemx_int16_put_signal_block", "nvshmemx_signal_op"} <= defined, "NVSHMEM's bitcode not linked"
+    assert not {f for f in external if "nvshmem" in f}, sorted(external)
+    entry = ptx[ptx.index(".entry"):]
+    entry = entry[:entry.index("\n}\n")]
+    assert entry.count("st.release.sys.global.b64") == 0 and entry.count("ld.acquire.sys.global.b64") == 4
+    assert "multimem." not in ptx

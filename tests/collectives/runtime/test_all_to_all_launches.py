@@ -4,6 +4,7 @@ split values, the symmetric allocations, the bound) changes the key."""
 
 from __future__ import annotations
 
+import importlib.util
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +13,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("cutlass")
 
 from collectives import api  # noqa: E402
+from collectives.errors import CollectiveError  # noqa: E402
+from ptxops.errors import NvshmemMissing  # noqa: E402
 from collectives.runtime import all_to_all as a2a  # noqa: E402
 from collectives.runtime.staging import PlanCache  # noqa: E402
 from tests.support.fake_comm import FakeComm, FakeHeap, install  # noqa: E402
@@ -30,16 +33,16 @@ class Fake(FakeComm):
         self._exchange.comm = self
         monkeypatch.setattr(a2a, "prepare", self._prepare)
 
-    def _prepare(self, comm, state, out, inp, out_splits, in_splits):
-        self.prepared.append((out.data_ptr(), inp.data_ptr(), out_splits, in_splits))
+    def _prepare(self, comm, state, out, inp, out_splits, in_splits, transport):
+        self.prepared.append((out.data_ptr(), inp.data_ptr(), out_splits, in_splits, transport))
 
         def launch(*args) -> None:
             self.launched += 1
 
         return a2a.AllToAllPlan(launch, (), comm, (), {})
 
-    def all_to_all(self, out, inp, out_splits=None, in_splits=None) -> None:
-        api.all_to_all(out, inp, out_splits, in_splits)
+    def all_to_all(self, out, inp, out_splits=None, in_splits=None, transport="nvlink") -> None:
+        api.all_to_all(out, inp, out_splits, in_splits, transport=transport)
 
 
 def test_a_repeated_call_launches_its_prepared_launch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -197,3 +200,64 @@ def test_the_exchange_and_receive_buffers_are_parts_of_their_communicator(monkey
     del comm, rows
     gc.collect()
     assert [p() for p in parts] == [None, None]
+
+
+def test_the_transport_is_part_of_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    comm = Fake(monkeypatch)
+    out, inp = torch.empty(8, 4), torch.ones(8, 4)
+    for transport in ("nvlink", "nvshmem", "nvlink", "nvshmem"):
+        comm.all_to_all(out, inp, transport=transport)
+    assert [p[-1] for p in comm.prepared] == ["nvlink", "nvshmem"] and comm.launched == 4
+
+
+class Refusing(FakeComm):
+    """A fake communicator whose all-to-all plans are the real ones (:func:`a2a.prepare`), on a
+    context whose heap is ``heap``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, heap: object) -> None:
+        super().__init__(FakeHeap(world_size=2))
+        install(monkeypatch, self, [False])
+        self.ctx.heap = heap
+        self._exchange = object.__new__(a2a.Exchange)
+        self._exchange.comm = self
+
+
+def refused(comm: FakeComm, transport: str) -> str:
+    with pytest.raises(CollectiveError) as info:
+        api.all_to_all(torch.empty(8, 4), torch.ones(8, 4), transport=transport)
+    assert comm.launches == []
+    return str(info.value)
+
+
+def test_an_unknown_transport_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    message = refused(Refusing(monkeypatch, object()), "rdma")
+    assert "transport must be one of 'nvlink', 'nvshmem', not 'rdma'" in message
+
+
+def test_nvshmem_needs_nvshmem4py(monkeypatch: pytest.MonkeyPatch) -> None:
+    def missing(name: str):
+        raise NvshmemMissing("nvshmem.bindings")
+
+    monkeypatch.setattr(a2a.importlib, "import_module", missing)
+    message = refused(Refusing(monkeypatch, object()), "nvshmem")
+    assert "transport='nvshmem' needs nvshmem4py" in message and "pip install -e '.[nvshmem]'" in message
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nvshmem") is None, reason="nvshmem4py is not installed")
+def test_nvshmem_needs_the_nvshmem_heap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A context on torch's symmetric memory (or a one-GPU world's, a sub-group's pool) is
+    refused with the heap it has; the NVSHMEM heap passes the check."""
+    from collectives.symmetric.nvshmem_heap import NvshmemHeap
+
+    class TorchHeap:
+        pass
+
+    message = refused(Refusing(monkeypatch, TorchHeap()), "nvshmem")
+    assert "heap is TorchHeap, not NVSHMEM's" in message and "use transport='nvlink'" in message
+    a2a.check_transport(Refusing(monkeypatch, object.__new__(NvshmemHeap)), "nvshmem")
+
+
+def test_nvshmem_is_refused_under_torch_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(api, "_compiling", lambda: True)
+    with pytest.raises(CollectiveError, match="transport='nvshmem' is not traceable by torch.compile"):
+        api.all_to_all(torch.empty(8, 4), torch.ones(8, 4), transport="nvshmem")

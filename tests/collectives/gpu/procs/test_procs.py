@@ -66,3 +66,17 @@ def test_each_collective_once_per_algorithm(comm, backend: str) -> None:
         assert torch.equal(out, torch.arange(world, device="cuda").repeat_interleave(n // world).float()), algorithm
     collectives.barrier(backend)
     collectives.synchronize()
+
+
+@pytest.mark.parametrize("transport", ["nvlink", "nvshmem"])
+def test_all_to_all_per_transport(comm, transport: str) -> None:
+    """The all-to-all with both PEs on one GPU, bit for bit against the reference: random
+    routings (staged and symmetric outputs, bf16 and e4m3, unaligned rows) over NVLink stores
+    and over NVSHMEM put-with-signal (NVSHMEM's device bitcode: collectives/tools/devbitcode.sh)."""
+    from tests.collectives.gpu.ranks.test_all_to_all import one_call, splits
+
+    world, rank = comm.world, comm.rank
+    for case, (hidden, dtype, symmetric_out) in enumerate([(3, "bf16", False), (128, "bf16", True),
+                                                           (7168, "e4m3", False), (33, "e4m3", True)]):
+        one_call(rank, world, None, splits(world, 300 + case, 7), hidden, dtype, case, symmetric_out=symmetric_out,
+                 device_splits=bool(case % 2), transport=transport)

@@ -4,7 +4,8 @@
 Each check is a function of ``(rank, world, group)`` (``group``: what every collectives call
 takes), so it runs under torchrun and in a one-GPU world of threads alike.  Every rank builds
 every rank's input and splits from the same seed, so the reference needs no communication.
-Run under torchrun on 2 or 4 GPUs:
+Run under torchrun on 2 or 4 GPUs (the NVSHMEM transport's tests need the communicator on
+NVSHMEM's heap and NVSHMEM's device bitcode, collectives/tools/devbitcode.sh):
     torchrun --nproc-per-node 2 -m pytest -q tests/collectives/gpu/ranks/test_all_to_all.py
 Never launches a multimem kernel: the all-to-all is point to point on every backend.
 """
@@ -39,8 +40,8 @@ def splits(world: int, seed: int, most: int) -> list:
 
 
 def one_call(rank: int, world: int, group, m: list, hidden: int, dtype: str, seed: int, *, symmetric_out: bool,
-             device_splits: bool) -> None:
-    """One all-to-all of the routing ``m`` checked bit for bit on this rank."""
+             device_splits: bool, transport: str = "nvlink") -> None:
+    """One all-to-all of the routing ``m`` over ``transport`` checked bit for bit on this rank."""
     import collectives
 
     x = inputs(world, m, hidden, TORCH[dtype], seed)
@@ -57,12 +58,12 @@ def one_call(rank: int, world: int, group, m: list, hidden: int, dtype: str, see
     if device_splits:
         in_splits = torch.tensor(in_splits, dtype=torch.int64, device="cuda")
         out_splits = torch.tensor(out_splits, dtype=torch.int64, device="cuda")
-    collectives.all_to_all(out, inp, out_splits, in_splits, group=group)
+    collectives.all_to_all(out, inp, out_splits, in_splits, group=group, transport=transport)
     collectives.synchronize(group)
     assert torch.equal(out.cpu().view(torch.uint8), want.view(torch.uint8)), (m, hidden, dtype, symmetric_out)
 
 
-def check_routings(rank: int, world: int, group) -> None:
+def check_routings(rank: int, world: int, group, transport: str = "nvlink") -> None:
     """Random routings in every dtype, hidden sizes 1 (unaligned chunks) to 7168, staged and
     symmetric outputs, host and device splits; a rank that gets nothing; everything to one rank."""
     case = 0
@@ -73,11 +74,11 @@ def check_routings(rank: int, world: int, group) -> None:
                     case += 1
                     m = splits(world, case, 9 if hidden < 1000 else 3)
                     one_call(rank, world, group, m, hidden, dtype, case, symmetric_out=symmetric_out,
-                             device_splits=device_splits)
+                             device_splits=device_splits, transport=transport)
     nothing_to_last = [[0 if r == world - 1 else 2 for r in range(world)] for _ in range(world)]
     all_to_first = [[5 if r == 0 else 0 for r in range(world)] for _ in range(world)]
     for m in (nothing_to_last, all_to_first):
-        one_call(rank, world, group, m, 64, "bf16", 7, symmetric_out=False, device_splits=False)
+        one_call(rank, world, group, m, 64, "bf16", 7, symmetric_out=False, device_splits=False, transport=transport)
 
 
 def check_equal_splits(rank: int, world: int, group) -> None:
@@ -91,7 +92,8 @@ def check_equal_splits(rank: int, world: int, group) -> None:
     assert torch.equal(out.cpu().view(torch.uint8), reference(x)[rank].view(torch.uint8))
 
 
-def check_mismatch_then_correct_calls(rank: int, world: int, group, calls: int = 200) -> None:
+def check_mismatch_then_correct_calls(rank: int, world: int, group, calls: int = 200,
+                                      transport: str = "nvlink") -> None:
     """Rank 0 sends rank 1 one row more than rank 1 expects: both raise a size mismatch (no
     timeout), every other rank completes; then ``calls`` correct calls in a row."""
     import collectives
@@ -105,14 +107,14 @@ def check_mismatch_then_correct_calls(rank: int, world: int, group, calls: int =
     out = torch.zeros((sum(out_splits), 8), dtype=torch.float32, device="cuda")
     if rank in (0, 1):
         with pytest.raises(collectives.CollectiveError, match="size"):
-            collectives.all_to_all(out, inp, out_splits, in_splits, group=group)
+            collectives.all_to_all(out, inp, out_splits, in_splits, group=group, transport=transport)
             collectives.synchronize(group)
     else:
-        collectives.all_to_all(out, inp, out_splits, in_splits, group=group)
+        collectives.all_to_all(out, inp, out_splits, in_splits, group=group, transport=transport)
         collectives.synchronize(group)
     for i in range(calls):
         one_call(rank, world, group, splits(world, 1000 + i, 5), 32, "f32", i, symmetric_out=bool(i % 2),
-                 device_splits=bool(i % 3 == 0))
+                 device_splits=bool(i % 3 == 0), transport=transport)
 
 
 def check_dtype_mismatch_then_correct_calls(rank: int, world: int, group, calls: int = 20) -> None:
@@ -170,3 +172,16 @@ CHECKS = [check_routings, check_equal_splits, check_mismatch_then_correct_calls,
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
 def test_all_to_all(comm, check) -> None:  # noqa: F811  (the fixture)
     check(comm.rank, comm.world, None)
+
+
+@pytest.mark.parametrize("check", [check_routings, check_mismatch_then_correct_calls], ids=lambda c: c.__name__)
+def test_all_to_all_over_nvshmem(comm, check) -> None:  # noqa: F811  (the fixture)
+    """``transport="nvshmem"`` (NVSHMEM put-with-signal), bit for bit against the reference with
+    the same checks; then the NVLink transport again on the same slots (one protocol: the
+    transports interleave).  Needs the communicator on NVSHMEM's heap (torchrun; not a world of
+    threads) and NVSHMEM's device bitcode (bash collectives/tools/devbitcode.sh)."""
+    if type(comm.ctx.heap).__name__ != "NvshmemHeap":
+        pytest.skip(f"the context's heap is {type(comm.ctx.heap).__name__}, not NVSHMEM's")
+    check(comm.rank, comm.world, None, transport="nvshmem")
+    one_call(comm.rank, comm.world, None, splits(comm.world, 77, 6), 128, "bf16", 77, symmetric_out=True,
+             device_splits=False)
