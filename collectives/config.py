@@ -167,8 +167,8 @@ LAMPORT_EXCHANGE, DATA_PHASE, FLAG_WAIT, PUSH_ROUND = 2, 3, 4, 5
 #: one never erases the other.
 FATAL_RECORD, RECOVERABLE_RECORD = 0, 1
 ERROR_RECORDS = 2
-#: Slots of a communicator's stream flags (:meth:`collectives.runtime.stream_flags.StreamFlags.post`; the
-#: GEMM-overlap functions use the first ``2 x overlap.MAX_CHUNKS``).
+#: Slots of a communicator's stream flags (:meth:`collectives.runtime.stream_flags.StreamFlags.post`;
+#: the GEMM-overlap functions use none).
 FLAG_SLOTS = 32
 #: Values of the record's status word (``CLAIMED``: a kernel is writing the other fields).
 TIMEOUT, SIZE_MISMATCH, CLAIMED = 1, 2, -1

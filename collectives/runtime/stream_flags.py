@@ -17,7 +17,7 @@ from ..errors import CollectiveError
 
 class StreamFlags:
     """The :data:`~collectives.config.FLAG_SLOTS` flag slots of one GPU (``device``) and the side
-    stream that GEMM overlap orders against the current one with them.  ``kernel(kind)`` is the
+    stream that GEMM overlap runs its copies on (ordered by CUDA events).  ``kernel(kind)`` is the
     compiled ``"post"`` / ``"wait"`` kernel, ``stream(device)`` the current stream's handle; a
     wait times out after ``record.timeout_s``, recording rank ``rank``'s timeout in ``record``."""
 

@@ -2,21 +2,19 @@
 back to back vs ``torch.ops.symm_mem``'s fused ops (where this torch has them).
 
     torchrun --nproc-per-node 4 -m collectives.tools.gemm_overlap_bench [--shapes 4096x4096,16384x8192]
-        [--chunks 4,8] [--comm-blocks 0,16] [--comm-priority 0,-1] [--gather-ce 0,1] [--no-graph] [--out DIR]
+        [--comm-priority 0,-1] [--no-graph] [--out DIR]
 
 Shapes are ``MxN`` with K = N, bf16 (tensor-parallel layers).  gemm_reduce_scatter: each rank's
 ``a`` is M x K, the output M/W x N; all_gather_gemm: each rank's shard is M/W x K, the output
 M x N.  Per shape, op and mode (eager calls, CUDA-graph replays; slowest rank's time, best of
 3, ``collectives.tools.bench.time_op``):
 
-- ``gemm``: the GEMM alone, exactly the launches ours makes (same shape, same chunks:
-  :func:`gemm_alone`), no communication: the limit of an overlap, one per chunk count;
-- ``ours``: for every setting of ``--chunks`` x ``--comm-blocks`` (a cap on the communication
-  kernel's grid, 0: its own, :data:`collectives.overlap.COMM_BLOCKS`) x ``--comm-priority`` (the
-  side stream's CUDA priority, 0: default, -1..-5: higher than the GEMM's) x ``--gather-ce``
-  (all_gather_gemm only, with no grid cap: 1 gathers with copy engines,
-  :data:`collectives.overlap.GATHER_COPY_ENGINE`),
-  named ``ours`` with ``_blocksB``, ``_prioP``, ``_ce`` for what differs from the default;
+- ``gemm`` (chunks 1): one GEMM of the whole shape (``a`` or the gathered shards, times ``b``),
+  no communication: the limit of an overlap;
+- ``gemm_chunked`` (chunks W): the GEMMs ours launches, one per rank's block of rows in ours'
+  order, on one stream, no communication (:func:`gemm_chunked`): what the blocks cost;
+- ``ours`` (chunks W): for every ``--comm-priority`` (the side stream's CUDA priority, 0:
+  default, -1..-5: higher than the GEMM's; named ``ours_prioP``);
 - ``mm_nccl`` (chunks 1) and ``torch_fused`` (chunks 0: its own) baselines; a baseline that
   raises is skipped with its reason, never the run.
 
@@ -51,52 +49,35 @@ def fused(name: str):
     return getattr(getattr(torch.ops, "symm_mem", None), name, None)
 
 
-def variant(blocks: int, priority: int, copy_engine: bool) -> str:
-    """Our implementation's name for a setting (``ours`` for the defaults)."""
-    return "ours" + (f"_blocks{blocks}" if blocks else "") + (f"_prio{priority}" if priority else "") + (
-        "_ce" if copy_engine else "")
+def variant(priority: int) -> str:
+    """Our implementation's name for a side-stream priority (``ours`` for the default)."""
+    return "ours" + (f"_prio{priority}" if priority else "")
 
 
-def gemm_alone(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, world: int,
-               rank: int) -> Callable[[], None]:
-    """The GEMM launches of ``op`` (``collectives.<op>``) at the current
-    :data:`~collectives.overlap.CHUNKS`, on the current stream, without the communication:
-    gemm_reduce_scatter: one batched GEMM over the W owners per chunk of ``a``'s rows
-    (``out``: a workspace of M x N elements, flat); all_gather_gemm: the own rows' GEMM, then W - 1 GEMMs per
-    chunk (``a``: the M/W x K shard, ``out``: M x N)."""
-    bounds = overlap._bounds(a.shape[0] // world if op == "gemm_reduce_scatter" else a.shape[0])
-    if op == "gemm_reduce_scatter":
-        m, n = a.shape[0] // world, b.shape[1]
-        owners, shared_b = a.view(world, m, a.shape[1]), b.expand(world, *b.shape)
-        chunks, at = [], 0
-        for r0, r1 in bounds:  # chunk c's products: the next W x (r1 - r0) x N of the workspace
-            chunks.append((owners[:, r0:r1], out[at:at + world * (r1 - r0) * n].view(world, r1 - r0, n)))
-            at += world * (r1 - r0) * n
+def gemm_chunked(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, world: int,
+                 rank: int) -> Callable[[], None]:
+    """The GEMMs ours (``collectives.<op>``) launches, in its order, on the current stream,
+    without the communication: one per rank's block of M/W rows, for the peers
+    (:func:`collectives.overlap.peer_order`) and this rank's own (gemm_reduce_scatter: own last,
+    ``a``: M x K; all_gather_gemm: own first, ``a``: the M/W x K shard standing for every
+    rank's); ``out``: M x N, block q for rank q."""
+    m = out.shape[0] // world
+    peers = overlap.peer_order(world, rank)
+    blocks = peers + [rank] if op == "gemm_reduce_scatter" else [rank] + peers
+    rows = (lambda q: a[q * m:(q + 1) * m]) if op == "gemm_reduce_scatter" else (lambda q: a)
 
-        def run() -> None:
-            for rows, p in chunks:
-                torch.bmm(rows, shared_b, out=p)
-        return run
-    m = a.shape[0]
-
-    def run_gather() -> None:
-        torch.mm(a, b, out=out[rank * m:(rank + 1) * m])
-        for r0, r1 in bounds:
-            for q in range(world):
-                if q != rank:
-                    torch.mm(a[r0:r1], b, out=out[q * m + r0:q * m + r1])
-    return run_gather
+    def run() -> None:
+        for q in blocks:
+            torch.mm(rows(q), b, out=out[q * m:(q + 1) * m])
+    return run
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m collectives.tools.gemm_overlap_bench", description=__doc__)
     parser.add_argument("--shapes", default=SHAPES)
     parser.add_argument("--iters", type=int, default=10)
-    parser.add_argument("--chunks", default=str(overlap.CHUNKS), help="comma-separated chunk counts")
-    parser.add_argument("--comm-blocks", default="0", help="comma-separated caps on the communication grid (0: none)")
     parser.add_argument("--comm-priority", default="0",
                         help="comma-separated CUDA priorities of the communication stream (0: default; lower: higher)")
-    parser.add_argument("--gather-ce", default="0", help="comma-separated 0/1: all_gather_gemm gathers by copy engines")
     parser.add_argument("--no-graph", action="store_true")
     parser.add_argument("--out", help="write DIR/gemm-overlap-<device>.json")
     args = parser.parse_args(argv)
@@ -115,15 +96,13 @@ def main(argv: list[str] | None = None) -> None:
         symm_mem.enable_symm_mem_for_group(group)
     except Exception:  # noqa: BLE001 (absent or not needed in this torch)
         pass
-    chunk_counts = [int(c) for c in args.chunks.split(",")]
-    settings = [(int(b), int(p), bool(int(ce))) for b in args.comm_blocks.split(",")
-                for p in args.comm_priority.split(",") for ce in args.gather_ce.split(",")]
+    priorities = [int(p) for p in args.comm_priority.split(",")]
     modes = ["eager"] if args.no_graph else ["eager", "graph"]
     rec = Recorder("gemm-overlap", FIELDS, all_ranks_agree(), rank, column=("op", "impl", "mode"))
-    side_streams = {p: torch.cuda.Stream(priority=p) for _, p, _ in settings}
-    defaults = (overlap.CHUNKS, overlap.COMM_BLOCKS, overlap.GATHER_COPY_ENGINE, comm.stream_flags.side())
+    side_streams = {p: torch.cuda.Stream(priority=p) for p in priorities}
+    default_side = comm.stream_flags.side()
     if rank == 0:
-        print(f"bf16, {world} GPUs, {comm.sms} SMs; us per call; /gemm: over the GEMM alone (same chunks), "
+        print(f"bf16, {world} GPUs, {comm.sms} SMs; us per call; /gemm: over one GEMM of the whole shape, "
               "/base: over the fastest of torch.mm + NCCL and torch's fused op; stream priorities "
               f"{torch.cuda.Stream.priority_range()}")
         print(f"{'op':20} {'mode':5} {'M':>6} {'N=K':>6} {'impl':>22} {'chunks':>6} {'us':>9} {'/gemm':>6} {'/base':>6}")
@@ -137,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
             shard = a[: m // world]
             gathered = torch.empty(m, k, dtype=torch.bfloat16, device="cuda")
             ag_out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-            partial = torch.empty(m * n, dtype=torch.bfloat16, device="cuda")
+            whole = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
 
             def mm_nccl_rs() -> None:
                 dist.reduce_scatter_tensor(rs_out, torch.mm(a, b))
@@ -148,12 +127,12 @@ def main(argv: list[str] | None = None) -> None:
 
             rs_fused, ag_fused = fused("fused_matmul_reduce_scatter"), fused("fused_all_gather_matmul")
             ops = [
-                ("gemm_reduce_scatter", a, partial, lambda: collectives.gemm_reduce_scatter(a, b, out=rs_out),
+                ("gemm_reduce_scatter", a, a, lambda: collectives.gemm_reduce_scatter(a, b, out=rs_out),
                  mm_nccl_rs, rs_fused and (lambda: rs_fused(a, b, "sum", 0, group))),
-                ("all_gather_gemm", shard, ag_out, lambda: collectives.all_gather_gemm(shard, b, out=ag_out),
+                ("all_gather_gemm", shard, gathered, lambda: collectives.all_gather_gemm(shard, b, out=ag_out),
                  nccl_ag_mm, ag_fused and (lambda: ag_fused(shard, [b], 0, group))),
             ]
-            for op, gemm_in, gemm_out, ours, baseline, theirs in ops:
+            for op, gemm_in, gemm_whole, ours, baseline, theirs in ops:
                 for mode in modes:
                     graph = mode == "graph"
                     row = dict(op=op, M=m, N=n, K=k, mode=mode)
@@ -168,26 +147,21 @@ def main(argv: list[str] | None = None) -> None:
                     else:
                         base.append(rec.baseline(timed(theirs), impl="torch_fused", chunks=0, **row))
                     best = min((t for t in base if t is not None), default=None)
-                    for chunks in chunk_counts:
-                        overlap.CHUNKS = chunks
-                        alone = rec.ours(timed(gemm_alone(op, gemm_in, b, gemm_out, world, rank)),
-                                         impl="gemm", chunks=chunks, **row)
-                        _line(rank, op, mode, m, n, "gemm", chunks, alone, alone, best)
-                        for blocks, priority, copy_engine in settings:
-                            if copy_engine and (op != "all_gather_gemm" or blocks):  # (no grid to cap)
-                                continue
-                            overlap.COMM_BLOCKS, overlap.GATHER_COPY_ENGINE = blocks or None, copy_engine
-                            comm.stream_flags.use_side(side_streams[priority])
-                            impl = variant(blocks, priority, copy_engine)
-                            us = rec.ours(timed(ours), impl=impl, chunks=chunks, **row)
-                            collectives.synchronize()
-                            _line(rank, op, mode, m, n, impl, chunks, us, alone, best)
+                    alone = rec.ours(timed(lambda: torch.mm(gemm_whole, b, out=whole)), impl="gemm", chunks=1, **row)
+                    _line(rank, op, mode, m, n, "gemm", 1, alone, alone, best)
+                    chunked = rec.ours(timed(gemm_chunked(op, gemm_in, b, whole, world, rank)), impl="gemm_chunked",
+                                       chunks=world, **row)
+                    _line(rank, op, mode, m, n, "gemm_chunked", world, chunked, alone, best)
+                    for priority in priorities:
+                        comm.stream_flags.use_side(side_streams[priority])
+                        us = rec.ours(timed(ours), impl=variant(priority), chunks=world, **row)
+                        collectives.synchronize()
+                        _line(rank, op, mode, m, n, variant(priority), world, us, alone, best)
                     for impl, t in zip(("mm_nccl", "torch_fused"), base):
                         if t is not None:
                             _line(rank, op, mode, m, n, impl, 0, t, None, best)
     finally:
-        overlap.CHUNKS, overlap.COMM_BLOCKS, overlap.GATHER_COPY_ENGINE, side = defaults
-        comm.stream_flags.use_side(side)
+        comm.stream_flags.use_side(default_side)
         if rank == 0 and args.out:
             print(f"wrote {rec.write(args.out, world, torch.cuda.get_device_name(), sms=comm.sms)}")
     torch.cuda.synchronize()

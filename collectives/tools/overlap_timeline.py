@@ -1,15 +1,14 @@
-"""The overlap timeline: when each chunk's GEMM and communication ran, from CUDA events.
+"""The overlap timeline: when each block's GEMM and copy ran, from CUDA events.
 
     torchrun --nproc-per-node 4 -m collectives.tools.overlap_timeline [--shape 16384,8192,8192]
-        [--comm-priority P] [--gather-ce] [--out DIR]
+        [--comm-priority P] [--out DIR]
 
 Runs ``gemm_reduce_scatter`` and ``all_gather_gemm`` (bf16) once each after a warm-up, with a
-start and end event around every chunk's GEMM (current stream) and communication (side
-stream; of CUDA priority ``P``, lower is higher, with ``--comm-priority``); ``--gather-ce``
-adds ``all_gather_gemm`` gathering by copy engines (``collectives.overlap.GATHER_COPY_ENGINE``).
-Rank 0 prints the intervals (microseconds from the first event), writes
+start and end event around every rank's block's GEMM (current stream) and copy (side stream;
+of CUDA priority ``P``, lower is higher, with ``--comm-priority``), labelled with the rank the
+block is for (``own``: this rank's).  Rank 0 prints the intervals (microseconds from the first event), writes
 ``overlap-timeline-<device>.json`` (``4xH200``: :func:`collectives.tools.records.device_tag`)
-and, where matplotlib is installed, its plot (``.png``, one row per stream, one bar per chunk)
+and, where matplotlib is installed, its plot (``.png``, one row per stream, one bar per block)
 into ``--out``: the plot for ``docs/guide-gemm-overlap.md``.
 """
 
@@ -63,12 +62,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shape", default="16384,8192,8192", type=lambda text: tuple(int(v) for v in text.split(",")),
                         help="M,N,K: rows of a per rank (gemm_reduce_scatter), columns of b, inner size")
     parser.add_argument("--comm-priority", type=int, default=0, help="CUDA priority of the side stream (0: default)")
-    parser.add_argument("--gather-ce", action="store_true", help="also all_gather_gemm gathering by copy engines")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     args = parser.parse_args(argv)
 
     import collectives
-    from collectives import overlap
     from collectives.overlap import eager_all_gather_gemm, eager_gemm_reduce_scatter
     from collectives.runtime.communicator import communicator
 
@@ -87,9 +84,6 @@ def main(argv: list[str] | None = None) -> None:
         f"all_gather_gemm M={m} N={n} K={k}, {comm.world} GPUs":
             lambda t: eager_all_gather_gemm(shard, b, timeline=t),
     }
-    if args.gather_ce:
-        calls[f"all_gather_gemm by copy engines M={m} N={n} K={k}, {comm.world} GPUs"] = (
-            lambda t: _copy_engines(overlap, lambda: eager_all_gather_gemm(shard, b, timeline=t)))
     results = {}
     for name, fn in calls.items():
         for _ in range(3):
@@ -101,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         for name, rows in results.items():
             print(name)
             for row in rows:
-                print(f"  {row['kind']:4} chunk {row['chunk']:2}: {row['start']:9.1f} .. {row['end']:9.1f} us")
+                print(f"  {row['kind']:4} block {row['chunk']:2}: {row['start']:9.1f} .. {row['end']:9.1f} us")
         os.makedirs(args.out, exist_ok=True)
         path = os.path.join(args.out, f"overlap-timeline-{device_tag(comm.world, torch.cuda.get_device_name())}")
         with open(path + ".json", "w") as f:
@@ -113,15 +107,6 @@ def main(argv: list[str] | None = None) -> None:
             print("matplotlib not installed: no plot")
     torch.cuda.synchronize()
     collectives.current().close()
-
-
-def _copy_engines(overlap, call):
-    """``call()`` with ``overlap.GATHER_COPY_ENGINE`` on, restored after."""
-    saved, overlap.GATHER_COPY_ENGINE = overlap.GATHER_COPY_ENGINE, True
-    try:
-        return call()
-    finally:
-        overlap.GATHER_COPY_ENGINE = saved
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 baseline column that raises is skipped with its reason on every rank and the run goes on, one
 record shape per bench, JSON named after the machine, the tables and "where we lose" rendered
 from the JSON, NCCL's copy-engine column kept off the default stream where NCCL refuses it, and
-the GEMM alone timed with exactly our chunks' launches."""
+the chunked GEMM timed with exactly our blocks' launches."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def _runs() -> dict[str, dict]:
         ("barrier", "ours", "-", 0, "graph", 3.0), ("barrier", "torch_symm_mem", "-", 0, "graph", 2.0)]),
         "skipped": [{**_row(1 << 20, "graph"), "impl": "nccl_ce", "reason": "RuntimeError: invalid argument"}]}
     gemm = {"world": 4, "gpu": "NVIDIA H200", "results": rows(("op", "impl", "M", "N", "K", "chunks", "mode"), [
-        ("all_gather_gemm", "gemm", 4096, 4096, 4096, 4, "graph", 200.0),
+        ("all_gather_gemm", "gemm", 4096, 4096, 4096, 1, "graph", 200.0),
         ("all_gather_gemm", "ours", 4096, 4096, 4096, 4, "graph", 290.0),
         ("all_gather_gemm", "ours_ce", 4096, 4096, 4096, 4, "graph", 250.0),
         ("all_gather_gemm", "mm_nccl", 4096, 4096, 4096, 1, "graph", 300.0),
@@ -111,7 +111,7 @@ def test_report_puts_where_we_lose_first_worst_first_from_the_records() -> None:
         "- barrier, graph",  # 1.50x torch
         "- all_gather_gemm, M = 4096, N = K = 4096, graph"]  # best ours (ce) 1.22x torch fused
     assert "ours (auto, plain) 30.0 us, nccl symm 15.0 us (**2.00x** its time)" in text
-    assert "ours (ours_ce, 4 chunks) 250.0 us, torch fused 205.0 us (**1.22x** its time) (GEMM alone, 4 chunks: 200.0 us)" in text
+    assert "ours (ours_ce, 4 chunks) 250.0 us, torch fused 205.0 us (**1.22x** its time) (GEMM alone: 200.0 us)" in text
     assert "ours (auto, symmetric)" not in text.split("### Skipped")[0]  # 10 us beats both NCCL columns
     assert text.index("### Where we lose") < text.index("### Collectives") < text.index("### GEMM overlap")
     assert "- bench: nccl_ce skipped in 1 row(s), first at collective=all_gather" in text
@@ -134,33 +134,26 @@ def test_report_goes_between_its_markers_and_leaves_the_prose(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("op", ["gemm_reduce_scatter", "all_gather_gemm"])
-def test_the_gemm_alone_makes_our_chunks_products(monkeypatch, op: str) -> None:
-    """gemm_overlap_bench's GEMM alone: the products ours computes, chunk by chunk, in the same
-    launches (counted), with no communication."""
+def test_the_chunked_gemm_makes_our_blocks_products_in_our_order(monkeypatch, op: str) -> None:
+    """gemm_overlap_bench's gemm_chunked: one GEMM per rank's block of rows, in ours' order (the
+    peers by collectives.overlap.peer_order; this rank's own last in gemm_reduce_scatter, first in
+    all_gather_gemm), each block's product in its place, no communication."""
     from collectives import overlap
-    from collectives.tools.gemm_overlap_bench import gemm_alone
+    from collectives.tools.gemm_overlap_bench import gemm_chunked
 
-    world, rank, m, k, n = 3, 2, 6, 4, 5
-    monkeypatch.setattr(overlap, "CHUNKS", 4)
+    world, rank, m, k, n = 3, 2, 2, 4, 5
     a = torch.arange((world * m if op == "gemm_reduce_scatter" else m) * k, dtype=torch.float32).view(-1, k) % 7
     b = torch.arange(k * n, dtype=torch.float32).view(k, n) % 5
-    out = torch.zeros(world * m * n)
-    launches = []
-    for name in ("mm", "bmm"):
-        real = getattr(torch, name)
-        monkeypatch.setattr(torch, name, lambda *args, real=real, name=name, **kw: (launches.append(name), real(*args, **kw))[1])
-    gemm_alone(op, a, b, out if op == "gemm_reduce_scatter" else out.view(world * m, n), world, rank)()
-    chunks = len(overlap._bounds(m))
-    if op == "gemm_reduce_scatter":
-        assert launches == ["bmm"] * chunks
-        at = 0
-        for r0, r1 in overlap._bounds(m):
-            got = out[at:at + world * (r1 - r0) * n].view(world, r1 - r0, n)
-            assert torch.equal(got, torch.stack([a[q * m + r0:q * m + r1] @ b for q in range(world)]))
-            at += world * (r1 - r0) * n
-    else:
-        assert launches == ["mm"] * (1 + (world - 1) * chunks)
-        assert torch.equal(out.view(world, m, n)[rank], a @ b)
+    out = torch.zeros(world * m, n)
+    blocks = []
+    real = torch.mm
+    monkeypatch.setattr(torch, "mm", lambda x, y, out: (blocks.append(out.data_ptr()), real(x, y, out=out))[1])
+    gemm_chunked(op, a, b, out, world, rank)()
+    order = [out[q * m].data_ptr() for q in overlap.peer_order(world, rank)]
+    own = out[rank * m].data_ptr()
+    assert blocks == (order + [own] if op == "gemm_reduce_scatter" else [own] + order)
+    want = a @ b if op == "gemm_reduce_scatter" else torch.cat([a] * world) @ b
+    assert torch.equal(out, want)
 
 
 def test_the_all_gather_rows_survive_nccls_copy_engine_column_failing(monkeypatch) -> None:

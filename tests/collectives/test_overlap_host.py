@@ -1,5 +1,6 @@
-"""The GEMM-overlap functions' host logic: row chunking, flag slots, and how a flag wait that
-timed out is reported (no GPU)."""
+"""The GEMM-overlap functions' host logic: the peers' order, the blocks each rank multiplies,
+sends and receives (W ranks as threads on the CPU), the meetings of ranks sharing a GPU, and
+how a flag wait that timed out is reported (no GPU)."""
 
 from __future__ import annotations
 
@@ -19,33 +20,18 @@ from collectives.runtime.error_record import ErrorRecord  # noqa: E402
 from collectives.errors import CollectiveError, CollectiveTimeout  # noqa: E402
 from collectives.runtime.stream_flags import StreamFlags  # noqa: E402
 from collectives import overlap  # noqa: E402
-from collectives.overlap import _FLAG_BASE, MAX_CHUNKS, _bounds  # noqa: E402
 from collectives.runtime.communicator import Communicator  # noqa: E402
 
 
-@pytest.mark.parametrize("rows", [0, 1, 3, 7, 1024, 1027])
-@pytest.mark.parametrize("chunks", [1, 4, 8])
-def test_chunks_cover_every_row_once_and_none_is_empty(monkeypatch, rows: int, chunks: int) -> None:
-    monkeypatch.setattr(overlap, "CHUNKS", chunks)
-    bounds = _bounds(rows)
-    assert bounds[0][0] == 0 and bounds[-1][1] == rows
-    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
-    assert len(bounds) == max(1, min(chunks, rows))
-    assert rows == 0 or all(r1 > r0 for r0, r1 in bounds)
-
-
-def test_each_function_has_its_own_flag_slots() -> None:
-    """One consumer per slot: the two functions' chunks use disjoint slots of the communicator."""
-    slots = [set(range(base, base + MAX_CHUNKS)) for base in _FLAG_BASE.values()]
-    assert not set.intersection(*slots)
-    assert set.union(*slots) <= set(range(FLAG_SLOTS))
-
-
-@pytest.mark.parametrize("chunks", [0, MAX_CHUNKS + 1])
-def test_chunk_counts_beyond_the_flag_slots_are_refused(monkeypatch, chunks: int) -> None:
-    monkeypatch.setattr(overlap, "CHUNKS", chunks)
-    with pytest.raises(CollectiveError, match="CHUNKS"):
-        _bounds(64)
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+def test_each_step_pairs_every_rank_with_a_different_peer(world: int) -> None:
+    """peer_order: every rank visits every peer once, never itself, and at each step the ranks'
+    peers are a permutation (no rank is sent to, or read from, by two ranks at once)."""
+    orders = [overlap.peer_order(world, rank) for rank in range(world)]
+    for rank, order in enumerate(orders):
+        assert sorted(order) == [q for q in range(world) if q != rank]
+    for step in range(world - 1):
+        assert sorted(order[step] for order in orders) == list(range(world))
 
 
 def _bare_communicator(record: list[int], index: int = FATAL_RECORD) -> Communicator:
@@ -210,90 +196,136 @@ def test_ranks_sharing_a_gpu_meet_before_a_kernel_new_to_them_is_loaded(monkeypa
         assert events == ["load a2a direct", "load a2a staged", "load combine"]
 
 
-class _Recorder:
-    """A GEMM-overlap call's host steps, in order: ``gemm`` (cuBLAS), ``launch`` (a collective),
-    ``meet`` (the ranks sharing the GPU meet on the host)."""
+_GROWTH = __import__("threading").Lock()
 
-    def __init__(self, monkeypatch, world: int, rank: int) -> None:
+
+class _Rank:
+    """One rank of a GEMM-overlap call on the CPU: streams, events and stream switches do
+    nothing (each rank's host order is its order on the GPU), ``workspaces[rank]`` holds its
+    symmetric workspaces (one buffer per staging slot) and ``peer_tensors`` maps a view of its
+    own into every rank's, as the symmetric context does."""
+
+    def __init__(self, world: int, rank: int, workspaces: list[dict], meet=lambda what, values: None) -> None:
         import types
 
-        import collectives.api
+        stream = types.SimpleNamespace(wait_stream=lambda other: None, wait_event=lambda event: None)
+        self.world, self.rank, self.workspaces, self.meet_ranks_on_device = world, rank, workspaces, meet
+        self.stream_flags = types.SimpleNamespace(side=lambda: stream)
+        self.ctx = types.SimpleNamespace(peer_tensors=self.peer_tensors)
+        self.lock = _GROWTH
 
-        self.events: list[str] = []
-        stream = types.SimpleNamespace(wait_stream=lambda other: None)
-        flags = types.SimpleNamespace(side=lambda: stream, post=lambda slot: None, wait=lambda slot: None)
-        self.comm = types.SimpleNamespace(
-            world=world, rank=rank, stream_flags=flags,
-            staging=lambda nbytes, slot: torch.empty(nbytes, dtype=torch.uint8),
-            meet_ranks_on_device=lambda what, values: self.events.append("meet"))
-        monkeypatch.setattr(overlap, "_check", lambda name, comm, a, b: (a.shape[0], a.shape[1], b.shape[1]))
-        monkeypatch.setattr(torch.cuda, "current_stream", lambda: stream)
-        monkeypatch.setattr(torch.cuda, "stream", lambda s: __import__("contextlib").nullcontext())
-        for gemm in ("mm", "bmm"):
-            monkeypatch.setattr(torch, gemm, lambda *args, out: self.events.append("gemm"))
-        for collective in ("reduce_scatter", "all_gather"):
-            monkeypatch.setattr(collectives.api, collective, lambda *args, **kwargs: self.events.append("launch"))
+    def staging(self, nbytes: int, slot) -> torch.Tensor:
+        """Slot ``slot``, grown on every rank at once (the ranks ask for the same size)."""
+        with self.lock:
+            if slot not in self.workspaces[self.rank] or self.workspaces[self.rank][slot].numel() < nbytes:
+                for w in self.workspaces:
+                    w[slot] = torch.zeros(nbytes, dtype=torch.uint8)
+        return self.workspaces[self.rank][slot]
+
+    def peer_tensors(self, t: torch.Tensor) -> list[torch.Tensor]:
+        slot, buffer = next((s, w) for s, w in self.workspaces[self.rank].items()
+                            if 0 <= t.data_ptr() - w.data_ptr() < w.numel())
+        at = t.data_ptr() - buffer.data_ptr()
+        return [w[slot][at:].view(t.dtype).as_strided(t.shape, t.stride()) for w in self.workspaces]
 
 
-@pytest.mark.parametrize("chunks", [1, 4])
-def test_no_rank_runs_a_gemm_while_another_may_still_launch_a_collective(monkeypatch, chunks: int) -> None:
+@pytest.fixture
+def on_cpu(monkeypatch):
+    """The CUDA stream calls, events and tensor checks of collectives.overlap made no-ops."""
+    import contextlib
+    import types
+
+    monkeypatch.setattr(overlap, "_check", lambda name, comm, a, b: (a.shape[0], a.shape[1], b.shape[1]))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: types.SimpleNamespace(
+        wait_stream=lambda other: None, wait_event=lambda event: None))
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "Event", lambda: types.SimpleNamespace(record=lambda stream: None))
+
+
+def small_ints(salt: int, rows: int, cols: int) -> torch.Tensor:
+    """Integers in [-2, 2], f16: every product and sum below is exact."""
+    i = torch.arange(rows * cols)
+    return ((i * 7919 + salt * 97) % 5 - 2).to(torch.float16).view(rows, cols)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_every_rank_gets_its_rows_of_the_sum_and_the_gathered_product(on_cpu, monkeypatch, world: int) -> None:
+    """W ranks as threads, each barrier a thread barrier: twice in a row (the workspaces
+    reused), gemm_reduce_scatter gives each rank its rows of sum_r a_r @ b_r and all_gather_gemm
+    concat_r(shard_r) @ b, exactly; what each rank pushes, pulls and sums is addressed right."""
+    import threading
+
+    import collectives.api
+
+    m, k, n = 3, 8, 5
+    workspaces = [{} for _ in range(world)]
+    ranks = [_Rank(world, r, workspaces) for r in range(world)]
+    together = threading.Barrier(world, timeout=30)
+    monkeypatch.setattr(collectives.api, "barrier", lambda group: together.wait())
+    results: dict = {}
+
+    def run(rank: int, call: int) -> None:
+        try:
+            call_both(rank, call)
+        except BaseException as e:
+            results["error"] = e
+            together.abort()
+
+    def call_both(rank: int, call: int) -> None:
+        a, b = small_ints(rank + call, world * m, k), small_ints(50 + rank, k, n)
+        results["rs", rank, call] = overlap._gemm_reduce_scatter_on(ranks[rank], a, b, None, None)
+        shard = small_ints(10 * rank + call, m, k)
+        results["ag", rank, call] = overlap._all_gather_gemm_on(ranks[rank], shard, small_ints(60, k, n), None, None)
+
+    for call in range(2):
+        threads = [threading.Thread(target=run, args=(r, call)) for r in range(world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if "error" in results:
+            raise results["error"]
+        total = sum(small_ints(r + call, world * m, k).float() @ small_ints(50 + r, k, n).float() for r in range(world))
+        gathered = torch.cat([small_ints(10 * r + call, m, k) for r in range(world)]).float() @ small_ints(60, k, n).float()
+        for rank in range(world):
+            assert torch.equal(results["rs", rank, call].float(), total[rank * m:(rank + 1) * m]), (rank, call)
+            assert torch.equal(results["ag", rank, call].float(), gathered), (rank, call)
+
+
+def _recorded(monkeypatch, events: list[str], world: int, rank: int) -> _Rank:
+    """A rank that records a GEMM-overlap call's host steps in ``events``: ``gemm`` (a kernel
+    that may be loaded at its launch: cuBLAS, torch's sum), ``launch`` (a barrier), ``meet``."""
+    import collectives.api
+
+    for name in ("mm", "sum"):
+        monkeypatch.setattr(torch, name, lambda *args, out, **kwargs: events.append("gemm"))
+    monkeypatch.setattr(collectives.api, "barrier", lambda group: events.append("launch"))
+    return _Rank(world, rank, [{} for _ in range(world)], meet=lambda what, values: events.append("meet"))
+
+
+def test_no_rank_runs_a_gemm_while_another_may_still_launch_a_collective(on_cpu, monkeypatch) -> None:
     """cuBLAS may load kernels at a GEMM (a load waits for every kernel on the GPU and holds the
     other ranks' launches), so where ranks share a GPU a meeting separates every GEMM from the
     collectives launched before it, the previous call's included, and every launch from the GEMMs
     enqueued before it (world_gather 5 on an H200 timed out in the f16 all_gather_gemm after a
     gemm_reduce_scatter, whose last reduce-scatters some ranks had not launched yet)."""
-    monkeypatch.setattr(overlap, "CHUNKS", chunks)
-    rec = _Recorder(monkeypatch, world=3, rank=1)
-    a, b = torch.zeros(3 * 8, 16, dtype=torch.float16), torch.zeros(16, 32, dtype=torch.float16)
-    overlap._gemm_reduce_scatter_on(rec.comm, a, b, None, None)
-    overlap._all_gather_gemm_on(rec.comm, a[:8], b, None, None)
-    overlap._gemm_reduce_scatter_on(rec.comm, a, b, None, None)
-    assert rec.events.count("launch") == 3 * chunks and rec.events.count("gemm") == 2 * chunks + 1 + 2 * chunks
+    events: list[str] = []
+    world = 3
+    comm = _recorded(monkeypatch, events, world, rank=1)
+    a, b = torch.zeros(world * 8, 16, dtype=torch.float16), torch.zeros(16, 32, dtype=torch.float16)
+    overlap._gemm_reduce_scatter_on(comm, a, b, None, None)
+    overlap._all_gather_gemm_on(comm, a[:8], b, None, None)
+    overlap._gemm_reduce_scatter_on(comm, a, b, None, None)
+    assert events.count("launch") == 3 * 2 and events.count("gemm") == (world + 1) + world + (world + 1)
     since_meeting: set[str] | None = None  # the steps since the last meeting (None: none yet)
-    for at, event in enumerate(rec.events):
+    for at, event in enumerate(events):
         assert event == "meet" or since_meeting is not None, f"step {at}: a {event} before any meeting"
         if event == "meet":
             since_meeting = set()
             continue
         other = {"gemm": "launch", "launch": "gemm"}[event]
-        assert other not in since_meeting, f"step {at}: a {event} after a {other} with no meeting between: {rec.events}"
+        assert other not in since_meeting, f"step {at}: a {event} after a {other} with no meeting between: {events}"
         since_meeting.add(event)
-
-
-@pytest.mark.parametrize("chunks", [1, 3])
-def test_copy_engine_gather_copies_this_ranks_rows_into_every_ranks_workspace_between_barriers(
-        monkeypatch, chunks: int) -> None:
-    """overlap.GATHER_COPY_ENGINE: chunk c of this rank's shard lands in block ``rank`` of chunk c
-    of every rank's workspace (one copy per rank, through its peer mapping), after a start
-    barrier and before an end barrier, and no all-gather kernel is launched."""
-    import collectives.api
-
-    world, rank, m, k = 3, 1, 5, 4
-    monkeypatch.setattr(overlap, "CHUNKS", chunks)
-    monkeypatch.setattr(overlap, "GATHER_COPY_ENGINE", True)
-    rec = _Recorder(monkeypatch, world=world, rank=rank)
-    workspaces = [torch.zeros(world * m * k, dtype=torch.float16) for _ in range(world)]
-    rec.comm.staging = lambda nbytes, slot: workspaces[rank].view(torch.uint8)
-
-    def peer_tensors(t: torch.Tensor) -> list[torch.Tensor]:
-        offset = t.storage_offset() - workspaces[rank].storage_offset()
-        return [w.as_strided(t.shape, t.stride(), offset) for w in workspaces]
-
-    rec.comm.ctx = __import__("types").SimpleNamespace(peer_tensors=peer_tensors)
-    monkeypatch.setattr(collectives.api, "barrier", lambda **kwargs: rec.events.append("barrier"))
-    copy = torch.Tensor.copy_
-    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, src: (rec.events.append("copy"), copy(self, src))[1])
-    shard = torch.arange(m * k, dtype=torch.float16).view(m, k) + 1
-    overlap._all_gather_gemm_on(rec.comm, shard, torch.zeros(k, 2, dtype=torch.float16), None, None)
-    gathers = [e for e in rec.events if e in ("barrier", "copy", "launch")]
-    assert gathers == (["barrier"] + ["copy"] * world + ["barrier"]) * chunks
-    at = 0
-    for r0, r1 in overlap._bounds(m):
-        for q, w in enumerate(workspaces):
-            block = w[at:at + world * (r1 - r0) * k].view(world, r1 - r0, k)
-            assert torch.equal(block[rank], shard[r0:r1]), (q, r0)
-            assert not block[(rank + 1) % world].any()  # the other ranks' blocks are theirs to write
-        at += world * (r1 - r0) * k
 
 
 @pytest.mark.parametrize("algorithm, knob, value, expect", [
