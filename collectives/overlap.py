@@ -129,8 +129,10 @@ def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None
     if m == 0:
         return out
     # received[p]: rank p's product of this rank's rows (pushed by p; this rank's own written
-    # here); sent[d]: this rank's product of rank d's rows, pushed from there.
-    received, sent = _workspace(comm, "gemm_reduce_scatter", 2 * rows * n, a.dtype).view(2, world, m, n)
+    # here); sent[d]: this rank's product of rank d's rows, pushed from there (local: read on the
+    # side stream, which the current stream joins before any later use of its memory).
+    received = _workspace(comm, "gemm_reduce_scatter", rows * n, a.dtype).view(world, m, n)
+    sent = torch.empty_like(received)
     owners = comm.ctx.peer_tensors(received)
     main, side = torch.cuda.current_stream(), comm.stream_flags.side()
     comm.meet_ranks_on_device("gemm_reduce_scatter: before the GEMMs (values: rows, N)", [rows, n])

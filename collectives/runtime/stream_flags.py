@@ -15,6 +15,10 @@ from .error_record import ErrorRecord
 from ..errors import CollectiveError
 
 
+#: CUDA priority of the side stream (lower is higher; torch maps it into the device's range).
+SIDE_PRIORITY = -1
+
+
 class StreamFlags:
     """The :data:`~collectives.config.FLAG_SLOTS` flag slots of one GPU (``device``) and the side
     stream that GEMM overlap runs its copies on (ordered by CUDA events).  ``kernel(kind)`` is the
@@ -68,7 +72,9 @@ class StreamFlags:
         self._side = stream
 
     def side(self) -> torch.cuda.Stream:
-        """The side stream of this GPU (made on first use): GEMM overlap's communication stream."""
+        """The side stream of this GPU (made on first use): GEMM overlap's communication stream,
+        of higher CUDA priority than the default (:data:`SIDE_PRIORITY`), so that its few small
+        kernels (barriers) are dispatched ahead of a GEMM's pending blocks, not after its last wave."""
         if self._side is None:
-            self._side = torch.cuda.Stream(self.device)
+            self._side = torch.cuda.Stream(self.device, priority=SIDE_PRIORITY)
         return self._side

@@ -2,7 +2,7 @@
 back to back vs ``torch.ops.symm_mem``'s fused ops (where this torch has them).
 
     torchrun --nproc-per-node 4 -m collectives.tools.gemm_overlap_bench [--shapes 4096x4096,16384x8192]
-        [--comm-priority 0,-1] [--no-graph] [--out DIR]
+        [--comm-priority 0] [--no-graph] [--out DIR]
 
 Shapes are ``MxN`` with K = N, bf16 (tensor-parallel layers).  gemm_reduce_scatter: each rank's
 ``a`` is M x K, the output M/W x N; all_gather_gemm: each rank's shard is M/W x K, the output
@@ -13,8 +13,9 @@ M x N.  Per shape, op and mode (eager calls, CUDA-graph replays; slowest rank's 
   no communication: the limit of an overlap;
 - ``gemm_chunked`` (chunks W): the GEMMs ours launches, one per rank's block of rows in ours'
   order, on one stream, no communication (:func:`gemm_chunked`): what the blocks cost;
-- ``ours`` (chunks W): for every ``--comm-priority`` (the side stream's CUDA priority, 0:
-  default, -1..-5: higher than the GEMM's; named ``ours_prioP``);
+- ``ours`` (chunks W): as the library runs it (its side stream of
+  :data:`~collectives.runtime.stream_flags.SIDE_PRIORITY`), and ``ours_prioP`` for every
+  ``--comm-priority`` P (a side stream of CUDA priority P: 0 the default, -1..-5 higher);
 - ``mm_nccl`` (chunks 1) and ``torch_fused`` (chunks 0: its own) baselines; a baseline that
   raises is skipped with its reason, never the run.
 
@@ -49,9 +50,9 @@ def fused(name: str):
     return getattr(getattr(torch.ops, "symm_mem", None), name, None)
 
 
-def variant(priority: int) -> str:
-    """Our implementation's name for a side-stream priority (``ours`` for the default)."""
-    return "ours" + (f"_prio{priority}" if priority else "")
+def variant(priority: int | None) -> str:
+    """Our implementation's name for a side-stream priority (None: the library's, ``ours``)."""
+    return "ours" if priority is None else f"ours_prio{priority}"
 
 
 def gemm_chunked(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, world: int,
@@ -76,8 +77,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m collectives.tools.gemm_overlap_bench", description=__doc__)
     parser.add_argument("--shapes", default=SHAPES)
     parser.add_argument("--iters", type=int, default=10)
-    parser.add_argument("--comm-priority", default="0",
-                        help="comma-separated CUDA priorities of the communication stream (0: default; lower: higher)")
+    parser.add_argument("--comm-priority", default="",
+                        help="comma-separated CUDA priorities of the communication stream to time besides the "
+                             "library's (0: default; lower: higher)")
     parser.add_argument("--no-graph", action="store_true")
     parser.add_argument("--out", help="write DIR/gemm-overlap-<device>.json")
     args = parser.parse_args(argv)
@@ -96,11 +98,11 @@ def main(argv: list[str] | None = None) -> None:
         symm_mem.enable_symm_mem_for_group(group)
     except Exception:  # noqa: BLE001 (absent or not needed in this torch)
         pass
-    priorities = [int(p) for p in args.comm_priority.split(",")]
+    priorities = [int(p) for p in args.comm_priority.split(",") if p]
     modes = ["eager"] if args.no_graph else ["eager", "graph"]
     rec = Recorder("gemm-overlap", FIELDS, all_ranks_agree(), rank, column=("op", "impl", "mode"))
-    side_streams = {p: torch.cuda.Stream(priority=p) for p in priorities}
     default_side = comm.stream_flags.side()
+    side_streams = {None: default_side} | {p: torch.cuda.Stream(priority=p) for p in priorities}
     if rank == 0:
         print(f"bf16, {world} GPUs, {comm.sms} SMs; us per call; /gemm: over one GEMM of the whole shape, "
               "/base: over the fastest of torch.mm + NCCL and torch's fused op; stream priorities "
@@ -152,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
                     chunked = rec.ours(timed(gemm_chunked(op, gemm_in, b, whole, world, rank)), impl="gemm_chunked",
                                        chunks=world, **row)
                     _line(rank, op, mode, m, n, "gemm_chunked", world, chunked, alone, best)
-                    for priority in priorities:
+                    for priority in side_streams:
                         comm.stream_flags.use_side(side_streams[priority])
                         us = rec.ours(timed(ours), impl=variant(priority), chunks=world, **row)
                         collectives.synchronize()

@@ -115,7 +115,7 @@ def test_max_blocks_caps_the_grid_and_never_raises_it(algorithm: str) -> None:
 def test_each_communicator_has_its_own_side_stream(monkeypatch) -> None:
     """The overlap's side stream belongs to a communicator's stream flags (made once, on first
     use), not to the process: two communicators on one device order their calls apart."""
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device: object())
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device, priority: object())
     first, second = (StreamFlags.__new__(StreamFlags) for _ in range(2))
     for flags in (first, second):
         flags.device, flags._side = 0, None
