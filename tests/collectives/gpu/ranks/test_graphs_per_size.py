@@ -93,7 +93,7 @@ def test_graphs_per_size_replay_correctly(comm, collective: str, algorithm: str,
 @pytest.mark.parametrize("function", ["gemm_reduce_scatter", "all_gather_gemm"])
 def test_overlap_graphs_per_batch_size_replay_correctly(comm, function: str, order: str) -> None:
     """A graph per batch size (rows), captured smallest first and largest first, all sharing
-    the overlap's workspace slot and stream flags, each replays exactly.  (The inputs are the
+    the overlap's workspace slot and side stream, each replays exactly.  (The inputs are the
     test's to keep alive, as for any CUDA graph: without that, on 2 x H100, the caching
     allocator gave a later batch's tensors their memory and every replay read those.)"""
     import collectives
