@@ -18,8 +18,16 @@ between them each block's producer and consumer are ordered by CUDA events (a st
 resolved by the GPU's scheduler: no kernel, no SM, no host sync, an edge of a captured graph);
 across GPUs the collectives' ptxops barriers (bounded waits) order everything.
 
-Forward progress: the producer of every event wait was queued (on the other stream) before the
-wait itself, and nothing on either stream spins but the barriers, whose ranks all launch them.
+Host order: eagerly, a collective launched on another stream than the communicator's previous
+one first makes its stream wait for all the work queued so far on that stream
+(:func:`collectives.algorithms.plan.follow`: a communicator's collectives run one at a time).
+So the side stream's barriers are launched before the GEMMs are enqueued on the current stream
+(the reduce-scatter's end barrier goes on the current stream, after the join): launched after
+them, the side stream would wait for every GEMM of the call, and the communication would follow
+the GEMMs instead of running beside them.
+
+Forward progress: every event is recorded (on the other stream) before the wait on it is
+queued (a wait on an event not yet recorded would not wait at all), and nothing on either stream spins but the barriers, whose ranks all launch them.
 Where ranks share a GPU (a one-GPU world), a GEMM's (or a reduction's) first call for a shape
 or dtype can block its host thread until every kernel on the GPU ends (cuBLAS loading
 kernels), other ranks' spinning barriers included, and CUDA holds the other ranks' launches
@@ -135,8 +143,11 @@ def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None
     sent = torch.empty_like(received)
     owners = comm.ctx.peer_tensors(received)
     main, side = torch.cuda.current_stream(), comm.stream_flags.side()
-    comm.meet_ranks_on_device("gemm_reduce_scatter: before the GEMMs (values: rows, N)", [rows, n])
+    comm.meet_ranks_on_device("gemm_reduce_scatter: before the start barrier (values: rows, N)", [rows, n])
     side.wait_stream(main)
+    with torch.cuda.stream(side):  # before the GEMMs are enqueued (see "Host order" above)
+        barrier(group=comm)  # every rank's previous call has summed its received blocks
+    comm.meet_ranks_on_device("gemm_reduce_scatter: start barrier launched (values: rows, N)", [rows, n])
     done = []
     for d in peer_order(world, rank):
         marks = _marks(timeline, "gemm", d, main)
@@ -147,17 +158,16 @@ def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None
     marks = _marks(timeline, "gemm", -1, main)
     torch.mm(a[rank * m:(rank + 1) * m], b, out=received[rank])  # hides the last push
     _close(marks, main)
-    comm.meet_ranks_on_device("gemm_reduce_scatter: GEMMs enqueued (values: rows, N)", [rows, n])
     with torch.cuda.stream(side):
-        barrier(group=comm)  # every rank's previous call has summed its received blocks
         for d, event in zip(peer_order(world, rank), done):
             side.wait_event(event)
             marks = _marks(timeline, "comm", d, side)
             owners[d][rank].copy_(sent[d])
             _close(marks, side)
     main.wait_stream(side)
+    comm.meet_ranks_on_device("gemm_reduce_scatter: GEMMs enqueued (values: rows, N)", [rows, n])
     barrier(group=comm)  # every rank's pushes have landed
-    comm.meet_ranks_on_device("gemm_reduce_scatter: barriers launched (values: rows, N)", [rows, n])
+    comm.meet_ranks_on_device("gemm_reduce_scatter: end barrier launched (values: rows, N)", [rows, n])
     torch.sum(received, dim=0, out=out)
     return out
 
@@ -196,14 +206,10 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
     gathered = _workspace(comm, "all_gather_gemm", world * m * k, a_shard.dtype).view(world, m, k)
     owners = comm.ctx.peer_tensors(gathered)
     main, side = torch.cuda.current_stream(), comm.stream_flags.side()
-    comm.meet_ranks_on_device("all_gather_gemm: before the own rows' GEMM (values: rows, K)", [m, k])
+    comm.meet_ranks_on_device("all_gather_gemm: before the barriers (values: rows, K)", [m, k])
     side.wait_stream(main)
-    marks = _marks(timeline, "gemm", -1, main)
-    torch.mm(a_shard, b, out=out[rank * m:(rank + 1) * m])  # hides the barriers and the first pull
-    _close(marks, main)
-    comm.meet_ranks_on_device("all_gather_gemm: own rows' GEMM enqueued (values: rows, K)", [m, k])
     arrived = []
-    with torch.cuda.stream(side):
+    with torch.cuda.stream(side):  # before the GEMMs are enqueued (see "Host order" above)
         barrier(group=comm)  # every rank's previous call has read its block
         gathered[rank].copy_(a_shard)
         barrier(group=comm)  # every rank's block is in place
@@ -214,6 +220,9 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
             arrived.append(torch.cuda.Event())
             arrived[-1].record(side)
     comm.meet_ranks_on_device("all_gather_gemm: barriers launched (values: rows, K)", [m, k])
+    marks = _marks(timeline, "gemm", -1, main)
+    torch.mm(a_shard, b, out=out[rank * m:(rank + 1) * m])  # hides the barriers and the first pull
+    _close(marks, main)
     for q, event in zip(peer_order(world, rank), arrived):
         main.wait_event(event)
         marks = _marks(timeline, "gemm", q, main)

@@ -199,18 +199,44 @@ def test_ranks_sharing_a_gpu_meet_before_a_kernel_new_to_them_is_loaded(monkeypa
 _GROWTH = __import__("threading").Lock()
 
 
+class _Streams(__import__("threading").local):
+    """The CUDA streams of a GEMM-overlap call on the CPU, by name (``main``: the current one at
+    the call, ``side``): waits do nothing (each rank's host order is its order on the GPU);
+    ``current`` is this thread's current stream."""
+
+    def __init__(self) -> None:
+        import types
+
+        self.main, self.side = (types.SimpleNamespace(name=name, wait_stream=lambda other: None,
+                                                      wait_event=lambda event: None) for name in ("main", "side"))
+        self.current = self.main
+
+    def use(self, stream):
+        import contextlib
+
+        @contextlib.contextmanager
+        def switched():
+            before, self.current = self.current, stream
+            try:
+                yield
+            finally:
+                self.current = before
+        return switched()
+
+
+_STREAMS = _Streams()
+
+
 class _Rank:
-    """One rank of a GEMM-overlap call on the CPU: streams, events and stream switches do
-    nothing (each rank's host order is its order on the GPU), ``workspaces[rank]`` holds its
-    symmetric workspaces (one buffer per staging slot) and ``peer_tensors`` maps a view of its
-    own into every rank's, as the symmetric context does."""
+    """One rank of a GEMM-overlap call on the CPU: ``workspaces[rank]`` holds its symmetric
+    workspaces (one buffer per staging slot) and ``peer_tensors`` maps a view of its own into
+    every rank's, as the symmetric context does."""
 
     def __init__(self, world: int, rank: int, workspaces: list[dict], meet=lambda what, values: None) -> None:
         import types
 
-        stream = types.SimpleNamespace(wait_stream=lambda other: None, wait_event=lambda event: None)
         self.world, self.rank, self.workspaces, self.meet_ranks_on_device = world, rank, workspaces, meet
-        self.stream_flags = types.SimpleNamespace(side=lambda: stream)
+        self.stream_flags = types.SimpleNamespace(side=lambda: _STREAMS.side)
         self.ctx = types.SimpleNamespace(peer_tensors=self.peer_tensors)
         self.lock = _GROWTH
 
@@ -231,14 +257,13 @@ class _Rank:
 
 @pytest.fixture
 def on_cpu(monkeypatch):
-    """The CUDA stream calls, events and tensor checks of collectives.overlap made no-ops."""
-    import contextlib
+    """The CUDA streams (:data:`_STREAMS`), events and tensor checks of collectives.overlap made
+    no-ops."""
     import types
 
     monkeypatch.setattr(overlap, "_check", lambda name, comm, a, b: (a.shape[0], a.shape[1], b.shape[1]))
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: types.SimpleNamespace(
-        wait_stream=lambda other: None, wait_event=lambda event: None))
-    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: _STREAMS.current)
+    monkeypatch.setattr(torch.cuda, "stream", _STREAMS.use)
     monkeypatch.setattr(torch.cuda, "Event", lambda: types.SimpleNamespace(record=lambda stream: None))
 
 
@@ -298,10 +323,13 @@ def _recorded(monkeypatch, events: list[str], world: int, rank: int) -> _Rank:
     (a copy engine's), ``meet``."""
     import collectives.api
 
+    def step(kind: str):
+        return lambda *args, **kwargs: events.append(f"{kind}@{_STREAMS.current.name}")
+
     for name in ("mm", "sum"):
-        monkeypatch.setattr(torch, name, lambda *args, out, **kwargs: events.append("gemm"))
-    monkeypatch.setattr(collectives.api, "barrier", lambda group: events.append("launch"))
-    monkeypatch.setattr(torch.Tensor, "copy_", lambda self, src: events.append("copy"))
+        monkeypatch.setattr(torch, name, step("gemm"))
+    monkeypatch.setattr(collectives.api, "barrier", step("launch"))
+    monkeypatch.setattr(torch.Tensor, "copy_", step("copy"))
     return _Rank(world, rank, [{} for _ in range(world)], meet=lambda what, values: events.append("meet"))
 
 
@@ -315,9 +343,17 @@ def test_no_rank_runs_a_gemm_while_another_may_still_launch_a_collective(on_cpu,
     world = 3
     comm = _recorded(monkeypatch, events, world, rank=1)
     a, b = torch.zeros(world * 8, 16, dtype=torch.float16), torch.zeros(16, 32, dtype=torch.float16)
-    overlap._gemm_reduce_scatter_on(comm, a, b, None, None)
-    overlap._all_gather_gemm_on(comm, a[:8], b, None, None)
-    overlap._gemm_reduce_scatter_on(comm, a, b, None, None)
+    calls = []
+    for call in (lambda: overlap._gemm_reduce_scatter_on(comm, a, b, None, None),
+                 lambda: overlap._all_gather_gemm_on(comm, a[:8], b, None, None),
+                 lambda: overlap._gemm_reduce_scatter_on(comm, a, b, None, None)):
+        start = len(events)
+        call()
+        calls.append(events[start:])
+    for steps in calls:  # eagerly a collective on a new stream waits for the old one's queued work
+        assert [s for s in steps if s.startswith("launch@side")] == [
+            s for s in steps[:steps.index("gemm@main")] if s.startswith("launch@side")], steps
+    events[:] = [e.split("@")[0] for e in events]
     # The host's work per call (eagerly, what bounds it): W GEMMs, two barriers (the only
     # launches of this library's kernels), the copies, and the reduce-scatter's sum.
     assert events.count("launch") == 3 * 2 and events.count("gemm") == (world + 1) + world + (world + 1)
