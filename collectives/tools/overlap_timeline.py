@@ -26,12 +26,14 @@ import torch  # noqa: E402
 
 
 def run(fn, timeline: list) -> list[dict]:
-    """Run ``fn(timeline)`` and return its intervals in microseconds from the first start."""
+    """Run ``fn(timeline)`` and return its intervals in microseconds from the earliest start."""
     fn(timeline)
     torch.cuda.synchronize()
-    origin = timeline[0][2]
-    return [dict(kind=kind, chunk=chunk, start=origin.elapsed_time(start) * 1e3, end=origin.elapsed_time(end) * 1e3)
+    origin = timeline[0][2]  # (the first recorded, not always the first to run: shifted below)
+    rows = [dict(kind=kind, chunk=chunk, start=origin.elapsed_time(start) * 1e3, end=origin.elapsed_time(end) * 1e3)
             for kind, chunk, start, end in timeline]
+    first = min(row["start"] for row in rows)
+    return [dict(row, start=row["start"] - first, end=row["end"] - first) for row in rows]
 
 
 def plot(results: dict[str, list[dict]], path: str) -> None:
