@@ -81,11 +81,11 @@ Pack = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor], N
 #: ``pack_for(dtype, hidden, fp8)``: the :data:`Pack` of a dispatch of ``hidden`` values of
 #: ``dtype`` per token, or None for torch steps (asked once the call's arguments are checked).
 PackFor = Callable[[torch.dtype, int, bool], "Pack | None"]
-#: ``gather(rows, place, kept)``: the rows a combine sends back, ``[place.numel(), hidden]``:
-#: row ``i`` is ``rows[place[i]]`` where ``kept[i]``, else zeros (:func:`gather_rows`; one
-#: kernel: :mod:`collectives.algorithms.moe_gather`, which leaves the rows past those that
-#: arrived, never sent back, unwritten).
-Gather = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+#: ``gather(rows, place, kept, splits)``: the rows a combine sends back, ``[place.numel(),
+#: hidden]``: row ``i`` is ``rows[place[i]]`` where ``kept[i]``, else zeros (:func:`gather_rows`;
+#: one kernel: :mod:`collectives.algorithms.moe_gather`, which leaves the rows past the first
+#: ``sum(splits)``, those that arrived, never sent back, unwritten).
+Gather = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 #: ``weighted_sum(entries, slots, valid, weights, tokens, topk)``: the combine's output,
 #: ``[tokens, hidden]`` in ``entries``' dtype (allocated for ``entries.shape[0] // topk`` tokens,
 #: the most of any call of the shape, and cut to ``tokens``: see :func:`dispatch_with`): token
@@ -96,9 +96,21 @@ Gather = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 WeightedSum = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int], torch.Tensor]
 
 
-def plain(name: str, shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A new plain tensor (received through the all-to-all's staging buffer)."""
-    return torch.empty(shape, dtype=dtype, device=device)
+#: ``scratch(name, shape, dtype, device, fill=None)``: a buffer the call uses inside itself only
+#: (``name``'s; with ``fill``, filled with it), which the next call of the shape may reuse:
+#: :func:`plain`, or a communicator's :meth:`~collectives.runtime.moe_kernels.Layer.scratch`,
+#: whose reuse keeps the all-to-alls' tensors, and so their plans, the same at every call.
+Scratch = Callable[..., torch.Tensor]
+
+
+def plain(name: str, shape: tuple, dtype: torch.dtype, device: torch.device, fill: int | None = None) -> torch.Tensor:
+    """A new plain tensor (received through the all-to-all's staging buffer), filled with
+    ``fill`` where given."""
+    if fill is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    return torch.full(shape, fill, dtype=dtype, device=device)
+
+
 MODES = ("low_latency", "throughput")
 
 
@@ -134,10 +146,11 @@ class Handle:
     dtype: torch.dtype | None = None
 
 
-def _scatter_count(index: torch.Tensor, bins: int) -> torch.Tensor:
-    """``bincount(index, minlength=bins)`` without a host sync (torch's reads the maximum back)."""
-    counts = torch.zeros(bins, dtype=torch.int64, device=index.device)
-    return counts.scatter_add_(0, index, torch.ones_like(index))
+def _scatter_count(index: torch.Tensor, bins: int, scratch: Scratch, most: int) -> torch.Tensor:
+    """``bincount(index, minlength=bins)`` without a host sync (torch's reads the maximum back),
+    into ``scratch``'s buffer (``index``: at most ``most`` entries)."""
+    ones = scratch("ones", (most,), torch.int64, index.device, 1)[:index.numel()]
+    return scratch("bins", (bins,), torch.int64, index.device).zero_().scatter_add_(0, index, ones)
 
 
 def _capacity(rows: int) -> int:
@@ -201,12 +214,14 @@ def _check(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, 
 def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: torch.Tensor,
                   topk_weights: torch.Tensor, num_experts: int, max_tokens: int, mode: str = "low_latency",
                   validate: bool = False, empty: Empty = plain, fp8: bool = False,
-                  placement_for: PlacementFor | None = None,
-                  pack_for: PackFor | None = None) -> tuple[torch.Tensor, torch.Tensor, Handle]:
+                  placement_for: PlacementFor | None = None, pack_for: PackFor | None = None,
+                  scratch: Scratch = plain) -> tuple[torch.Tensor, torch.Tensor, Handle]:
     """:func:`dispatch` over ``exchange`` in a world of ``world`` ranks, receiving rows into
     ``empty``'s buffer; the received rows placed by ``placement_for``'s placement (None:
     :func:`place_rows`, some twenty torch operations); the rows sent made by ``pack_for``'s
-    :data:`Pack` (None: a gather; with fp8 :func:`pack_rows`, some fifteen operations).
+    :data:`Pack` (None: a gather; with fp8 :func:`pack_rows`, some fifteen operations); the
+    buffers used inside the call (the rows sent, the counts and splits of the all-to-alls)
+    from ``scratch`` (:data:`Scratch`).
 
     Every allocation above torch's small-block pool (1 MB) has a size the shape fixes (its
     bounds: ``max_tokens`` and top-k, the receive buffers' rows), never the routing: the rows
@@ -225,15 +240,15 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     expert = flat.clamp(-1, num_experts).remainder(num_experts + 1)
     valid = expert < num_experts
     order = torch.sort(expert, stable=True).indices  # by expert, then (token, k): by rank too
-    bins = _scatter_count(expert, num_experts + 1)
+    bound = _capacity(max_tokens * topk)  # rows sent at most: the allocation's size, whatever the routing
+    bins = _scatter_count(expert, num_experts + 1, scratch, bound)
     per_expert = bins[:num_experts]
     send_splits = per_expert.view(world, local).sum(1)
     exact = mode == "throughput"
     # The sent rows, by destination rank and expert, and the dtype they travel as (fp8: hidden
     # e4m3 bytes, then the scale's 4 bytes, zeros to fp8_row_bytes; as bytes, which torch indexes).
-    bound = _capacity(max_tokens * topk)  # rows sent at most: the allocation's size, whatever the routing
     width, wire = (fp8_row_bytes(hidden), torch.float8_e4m3fn) if fp8 else (hidden, x.dtype)
-    rows = torch.empty((bound, width), dtype=torch.uint8 if fp8 else x.dtype, device=device)[:order.numel()]
+    rows = scratch("rows", (bound, width), torch.uint8 if fp8 else x.dtype, device)[:order.numel()]
     pack, slots = pack_for(x.dtype, hidden, fp8) if pack_for else None, None
     if pack is not None:  # and each entry's sent row, for the combine
         slots = torch.empty_like(order)
@@ -252,7 +267,7 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
 
     # The per-expert counts, row s to rank s (their bits, as float32 pairs: the all-to-all moves
     # the library's dtypes); then the rows.
-    counts = torch.empty((world, local), dtype=torch.int64, device=device)
+    counts = scratch("counts", (world, local), torch.int64, device)
     exchange(counts.view(torch.float32), per_expert.view(world, local).view(torch.float32), None, None)
     recv_splits = counts.sum(1)
     most = 0
@@ -260,7 +275,10 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
         (total, _), sizes = _everyone(exchange, world, [recv_splits.sum(), torch.tensor(tokens, device=device)])
         received = empty("dispatch", (_capacity(max(r for r, _ in sizes)), width), wire, device)
         most = _capacity(max(t for _, t in sizes) * topk)
-    exchange(received, rows.view(wire), recv_splits, send_splits)
+    # (the splits copied into one scratch buffer: its place in the all-to-all's plan key the same
+    # at each call; the handle keeps its own, which the next dispatch does not rewrite)
+    splits = torch.stack((send_splits, recv_splits), out=scratch("splits", (2, world), torch.int64, device))
+    exchange(received, rows.view(wire), splits[1], splits[0])
     received = received.view(rows.dtype)
 
     rows_out = total if exact else local * capacity
@@ -322,8 +340,9 @@ def place_rows(counts: torch.Tensor, received: torch.Tensor, rows_out: int, capa
     return expert_x, place, kept, expert_counts, (arrived & ~kept).sum(), scales
 
 
-def gather_rows(rows: torch.Tensor, place: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
-    """The torch steps of a :data:`Gather`."""
+def gather_rows(rows: torch.Tensor, place: torch.Tensor, kept: torch.Tensor,
+                splits: torch.Tensor | None = None) -> torch.Tensor:
+    """The torch steps of a :data:`Gather` (every row made: ``splits`` unread)."""
     if rows.shape[0]:
         back = rows.index_select(0, place.clamp(max=rows.shape[0] - 1))
     else:  # nothing was received: every row sent back is a zero
@@ -332,10 +351,12 @@ def gather_rows(rows: torch.Tensor, place: torch.Tensor, kept: torch.Tensor) -> 
 
 
 def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, empty: Empty = plain,
-                 weighted_sum: WeightedSum | None = None, gather: Gather | None = None) -> torch.Tensor:
+                 weighted_sum: WeightedSum | None = None, gather: Gather | None = None,
+                 scratch: Scratch = plain) -> torch.Tensor:
     """:func:`combine` over ``exchange``, receiving rows into ``empty``'s buffer; the weighted
     sum by ``weighted_sum`` (see :data:`WeightedSum`; None: torch operations, ``3 * topk`` of
-    them over the rows), the rows sent back by ``gather`` (None: :func:`gather_rows`)."""
+    them over the rows), the rows sent back by ``gather`` (None: :func:`gather_rows`), the
+    all-to-all's splits copied into ``scratch``'s buffer (:data:`Scratch`)."""
     h = handle
     if h.shape is not None and (tuple(expert_out.shape) != h.shape or expert_out.dtype != h.dtype):
         raise CollectiveError(f"moe.combine: expert_out must be the dispatch's expert rows, hidden size and dtype: "
@@ -346,12 +367,15 @@ def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, e
         most = expert_out.shape[1] // h.send_splits.numel() * h.topk  # max_tokens x topk, the same everywhere
     else:  # throughput: the packed rows
         most = h.most
-    back = (gather or gather_rows)(expert_out.reshape(-1, hidden), h.place, h.kept)
+    back = (gather or gather_rows)(expert_out.reshape(-1, hidden), h.place, h.kept, h.recv_splits)
     received = empty("combine", (most, hidden), expert_out.dtype, expert_out.device)
     entries = received[:h.tokens * h.topk]
     if weighted_sum is None:  # the torch steps read every entry: the unsent ones as zeros
         entries.zero_()
-    exchange(entries, back, h.send_splits, h.recv_splits)  # in the dispatch's sorted order
+    # (the splits' copy in one scratch buffer: its place in the all-to-all's plan key the same at each call)
+    splits = torch.stack((h.send_splits, h.recv_splits), out=scratch("splits", (2, h.send_splits.numel()),
+                                                                       torch.int64, expert_out.device))
+    exchange(entries, back, splits[0], splits[1])  # in the dispatch's sorted order
     if weighted_sum is not None:  # (it takes an unsent entry's weight as 0)
         slots = h.slots
         if slots is None:
@@ -379,7 +403,6 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     (:func:`quantize`; ``handle.scales``; not inside torch.compile).  One kernel places the
     received rows, one makes the fp8 rows (:mod:`collectives.runtime.moe_kernels`; torch steps
     with ``COLLECTIVES_MOE_FUSED=0``).  Returns ``(expert_x, counts, handle)``."""
-    from . import api
     from .runtime.communicator import communicator, traceable
 
     max_tokens = x.shape[0] if max_tokens is None else max_tokens
@@ -392,12 +415,10 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         expert_x, counts, handle = moe_ops.traced_dispatch(x, topk_ids, topk_weights, num_experts, max_tokens,
                                                            _world())
         return expert_x, counts, handle_from(handle, topk_weights)
-    from .runtime import moe_kernels
-
     comm = communicator(group)
-    return dispatch_with(_collective(api, group), comm.world, x, topk_ids, topk_weights, num_experts, max_tokens, mode,
-                         validate, _symmetric(group), fp8, functools.partial(moe_kernels.placement, comm),
-                         functools.partial(moe_kernels.pack, comm))
+    layer = _layer(comm, group)
+    return dispatch_with(layer.exchange, comm.world, x, topk_ids, topk_weights, num_experts, max_tokens, mode,
+                         validate, layer.empty, fp8, layer.placement_for, layer.pack_for, layer.scratch)
 
 
 def combine(expert_out: torch.Tensor, handle: Handle, *, group: Group = None) -> torch.Tensor:
@@ -407,8 +428,6 @@ def combine(expert_out: torch.Tensor, handle: Handle, *, group: Group = None) ->
     any exchange), in its original order and dtype.  One kernel sums f32, f16 and bf16 rows of top-k up to
     16 (:mod:`collectives.runtime.moe_kernels`; torch steps with ``COLLECTIVES_MOE_FUSED=0`` and
     for other rows)."""
-    from . import api
-
     if torch.compiler.is_compiling():
         from .runtime.communicator import traceable
 
@@ -417,10 +436,11 @@ def combine(expert_out: torch.Tensor, handle: Handle, *, group: Group = None) ->
     from .runtime import moe_kernels
     from .runtime.communicator import communicator
 
-    comm = communicator(group)
-    fused = moe_kernels.weighted_sum(comm, expert_out.dtype, expert_out.shape[-1], handle.topk)
-    gather = moe_kernels.gather(comm, expert_out.shape[-1] * expert_out.element_size(), handle.recv_splits)
-    return combine_with(_collective(api, group), expert_out, handle, _symmetric(group), fused, gather)
+    layer = _layer(communicator(group), group)
+    hidden = expert_out.shape[-1]
+    fused = layer.launch(moe_kernels.weighted_sum, expert_out.dtype, hidden, handle.topk)
+    gather = layer.launch(moe_kernels.gather, hidden * expert_out.element_size(), layer.scratch)
+    return combine_with(layer.exchange, expert_out, handle, layer.empty, fused, gather, layer.scratch)
 
 
 def handle_tensors(handle: Handle, fields: tuple[str, ...] = HANDLE_FIELDS) -> tuple[torch.Tensor, ...]:
@@ -476,6 +496,18 @@ def _symmetric(group: Group) -> Empty:
     return lambda name, shape, dtype, device: comm.receive_buffer(name, shape, dtype, -(8 + BUFFER_NAMES.index(name)))
 
 
+def _layer(comm: Any, group: Group) -> Any:
+    """``comm``'s :class:`~collectives.runtime.moe_kernels.Layer` (made at its first call, on
+    ``group``'s all-to-all and receive buffers), its call opened
+    (:meth:`~collectives.runtime.moe_kernels.Layer.begin`)."""
+    from . import api
+    from .runtime import moe_kernels
+
+    layer = moe_kernels.layer(comm, lambda: (_collective(api, group), _symmetric(group)))
+    layer.begin()
+    return layer
+
+
 def _collective(api: Any, group: Group) -> Exchange:
     def exchange(out, inp, out_splits, in_splits):
         api.all_to_all(out, inp, out_splits, in_splits, group=group)
@@ -484,5 +516,5 @@ def _collective(api: Any, group: Group) -> Exchange:
 
 
 __all__ = ["BUFFER_NAMES", "E4M3_MAX", "MODES", "Empty", "Exchange", "Gather", "Handle", "Pack", "PackFor",
-           "Placement", "PlacementFor", "WeightedSum", "combine", "combine_with", "dispatch", "dispatch_with",
+           "Placement", "PlacementFor", "Scratch", "WeightedSum", "combine", "combine_with", "dispatch", "dispatch_with",
            "fp8_row_bytes", "gather_rows", "handle_from", "handle_tensors", "pack_rows", "place_rows", "plain", "quantize"]

@@ -77,12 +77,17 @@ class Layout:
     def index(self) -> dict[str, int]:
         return {a.name: i for i, a in enumerate(self.args)}
 
+    @cached_property
+    def names(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.args)
+
     def pack(self, **values: int) -> tuple[int, ...]:
-        """The host's launch arguments in order, given every one by name."""
-        if set(values) != set(self.index):
+        """The host's launch arguments in order, given every one by name (no Python frame per
+        argument: the MoE kernels pack theirs at every call)."""
+        if values.keys() != self.index.keys():
             raise TypeError(f"{self.name}: missing {sorted(set(self.index) - set(values))}, "
                             f"unknown {sorted(set(values) - set(self.index))}")
-        return tuple(values[a.name] for a in self.args)
+        return tuple(map(values.__getitem__, self.names))
 
     def examples(self) -> tuple:
         """Placeholder values of every argument (compiling without a GPU)."""

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -28,7 +30,7 @@ from ..algorithms.moe_combine import DTYPES_ROUNDED, MAX_TOPK, MOE_COMBINE, MoeC
 from ..algorithms.moe_gather import MOE_GATHER, MoeGatherKey
 from ..algorithms.moe_pack import DTYPES_QUANTIZED, MOE_PACK, MoePackKey
 from ..algorithms.moe_place import MAX_SEGMENTS, MOE_PLACE, MoePlaceKey
-from ..algorithms.plan import current_stream
+from ..algorithms.plan import capturing, current_stream, follow
 from ..algorithms.protocol import Runtime
 from ..dtypes import DTYPES, from_torch
 from ..errors import CollectiveError
@@ -96,20 +98,23 @@ def pack(comm: Runtime, dtype: torch.dtype, hidden: int, fp8: bool):
     return run
 
 
-def gather(comm: Runtime, row_bytes: int, splits: torch.Tensor):
+def gather(comm: Runtime, row_bytes: int, empty: Callable[..., torch.Tensor] | None = None):
     """The kernel's :data:`collectives.moe.Gather` on ``comm``'s GPU for rows of ``row_bytes``
     (moved in the widest word that divides them; its kernel loaded now) that makes only the
-    first ``sum(splits)`` rows (int64 on the GPU: the dispatch's ``recv_splits``, the rows the
-    combine sends back), None where :data:`FUSED` is off or the rows are empty."""
+    first ``sum(splits)`` rows (``splits``: int64 on the GPU, the dispatch's ``recv_splits``,
+    the rows the combine sends back), into ``empty("back", shape, dtype, device)`` (None: a
+    new tensor; :meth:`Layer.scratch`: the one of the call before), None where :data:`FUSED`
+    is off or the rows are empty."""
     if not FUSED or row_bytes <= 0:
         return None
     key = MoeGatherKey(MoePlaceKey.word_for(row_bytes))
     fn, device = comm.kernel_together(key), comm.device_index
+    empty = empty or (lambda name, shape, dtype, at: torch.empty(shape, dtype=dtype, device=at))
 
-    def run(rows: torch.Tensor, place: torch.Tensor, kept: torch.Tensor) -> torch.Tensor:
+    def run(rows: torch.Tensor, place: torch.Tensor, kept: torch.Tensor, splits: torch.Tensor) -> torch.Tensor:
         rows = rows.contiguous()
         room = place.numel()
-        out = torch.empty((room, rows.shape[1]), dtype=rows.dtype, device=place.device)
+        out = empty("back", (room, rows.shape[1]), rows.dtype, place.device)
         _aligned(key.word, rows, out)
         args = MOE_GATHER.pack(out=out.data_ptr(), rows=rows.data_ptr(), place=place.data_ptr(),
                                kept=kept.data_ptr(), room=room, splits=splits.data_ptr(), world=splits.numel(),
@@ -175,10 +180,84 @@ def placement(comm: Runtime, local: int, row_bytes: int, exact: bool, values: in
     return run
 
 
+class Layer:
+    """A communicator's MoE host state (``comm.moe_layer``, made by its first dispatch or
+    combine), so that a call of a shape seen before prepares nothing again: the kernels'
+    launches (:func:`pack`, :func:`placement`, :func:`gather`, :func:`weighted_sum`) by their
+    stable facts, each made once, and the scratch buffers the calls use inside themselves (the
+    rows sent, the counts, the splits, the rows sent back) by name, shape and dtype, so that the
+    all-to-alls' tensors, and with them their plan keys, are the same at every call of a shape.
+    ``exchange`` and ``empty``: the group's all-to-all and receive buffers
+    (:data:`collectives.moe.Exchange`, :data:`~collectives.moe.Empty`).
+
+    A scratch buffer is rewritten by the next call of its shape, in stream order: a call on
+    another stream than the last one's first makes its stream wait for that one
+    (:meth:`begin`: :func:`~collectives.algorithms.plan.follow`), as the communicator's
+    collectives do."""
+
+    def __init__(self, comm: Runtime, exchange: Callable[..., Any], empty: Callable[..., torch.Tensor]) -> None:
+        self.comm, self.exchange, self.empty = comm, exchange, empty
+        self.device_index = comm.device_index
+        self.stream: int | None = None  # the last call's stream, and whether it was captured (follow)
+        self.stream_captured = False
+        self._launches: dict[tuple, Any] = {}
+        self._scratch: dict[tuple, torch.Tensor] = {}
+
+    def begin(self) -> None:
+        """Open a call: order its stream after the last call's (its scratch buffers' last use)."""
+        stream = current_stream(self.device_index)
+        if stream != self.stream:
+            follow(self, stream)
+
+    def launch(self, make: Callable[..., Any], *facts: Any) -> Any:
+        """``make(comm, *facts)`` (one of this module's kernel launches, or None), made at the
+        first call with these facts (and :data:`FUSED`), then reused."""
+        key = (make, FUSED, *facts)
+        try:
+            return self._launches[key]
+        except KeyError:
+            fn = self._launches[key] = make(self.comm, *facts)
+            return fn
+
+    def pack_for(self, dtype: torch.dtype, hidden: int, fp8: bool) -> Any:
+        """The :data:`collectives.moe.PackFor` of :func:`pack`, each made once."""
+        return self.launch(pack, dtype, hidden, fp8)
+
+    def placement_for(self, local: int, row_bytes: int, exact: bool, values: int | None = None) -> Any:
+        """The :data:`collectives.moe.PlacementFor` of :func:`placement`, each made once."""
+        return self.launch(placement, local, row_bytes, exact, values)
+
+    def scratch(self, name: str, shape: tuple, dtype: torch.dtype, device: torch.device,
+                fill: int | None = None) -> torch.Tensor:
+        """The scratch buffer ``name`` of ``shape`` and ``dtype`` (contents left by the last
+        call), allocated at the first ask; with ``fill``, a constant: made filled with it, and
+        kept only where made eagerly (a fill captured in a CUDA graph runs only at its replays)."""
+        key = (name, shape, dtype)
+        t = self._scratch.get(key)
+        if t is None:
+            if fill is None:
+                t = self._scratch[key] = torch.empty(shape, dtype=dtype, device=device)
+            else:
+                t = torch.full(shape, fill, dtype=dtype, device=device)
+                if not capturing():
+                    self._scratch[key] = t
+        return t
+
+
+def layer(comm: Runtime, make: Callable[[], tuple[Callable[..., Any], Callable[..., torch.Tensor]]]) -> Layer:
+    """``comm``'s :class:`Layer`, made at the first call with ``make()``'s exchange and
+    receive buffers."""
+    state = comm.moe_layer
+    if state is None:
+        state = comm.moe_layer = Layer(comm, *make())
+    return state
+
+
 def _aligned(step: int, *tensors: torch.Tensor) -> None:
     for t in tensors:
         if t.data_ptr() % step:
             raise CollectiveError(f"moe: a kernel's rows must start {step}-byte aligned, not at {t.data_ptr():#x}")
 
 
-__all__ = ["FUSED", "combine_key", "gather", "pack", "pack_key", "place_key", "placement", "weighted_sum"]
+__all__ = ["FUSED", "Layer", "combine_key", "gather", "layer", "pack", "pack_key", "place_key", "placement",
+           "weighted_sum"]

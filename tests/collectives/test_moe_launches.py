@@ -55,20 +55,22 @@ def launches(fused: bool, monkeypatch, fp8: bool = False) -> tuple[int, int]:
     counter = Launches()
     monkeypatch.setattr(moe_kernels, "FUSED", fused)
     monkeypatch.setattr(moe_kernels, "current_stream", lambda device: 0)
+    monkeypatch.setattr(moe_kernels, "capturing", lambda: False)
     comm = types.SimpleNamespace(world=2, device_index=0, kernel_together=lambda key: counter.note)
+    scratch = moe_kernels.Layer(comm, None, None).scratch  # the buffers a communicator's calls reuse
     tokens, topk, experts, hidden = 8, 8, 256, 7168
     gen = torch.Generator().manual_seed(0)
     x = torch.randn((tokens, hidden), generator=gen).bfloat16()
     ids = torch.stack([torch.randperm(experts, generator=gen)[:topk] for _ in range(tokens)])
     w = torch.rand((tokens, topk), generator=gen)
     _, _, handle = moe.dispatch_with(counter.note, 2, x, ids, w, experts, tokens,  # a real handle, uncounted
-                                     pack_for=functools.partial(moe_kernels.pack, comm))
+                                     pack_for=functools.partial(moe_kernels.pack, comm), scratch=scratch, fp8=fp8)
     weighted_sum = moe_kernels.weighted_sum(comm, torch.bfloat16, hidden, topk)
     counter.count = 0
     with counter:
         expert_x, _, _ = moe.dispatch_with(counter.note, 2, x, ids, w, experts, tokens, fp8=fp8,
                                            placement_for=functools.partial(moe_kernels.placement, comm),
-                                           pack_for=functools.partial(moe_kernels.pack, comm))
+                                           pack_for=functools.partial(moe_kernels.pack, comm), scratch=scratch)
     dispatch = counter.count
     if fp8:
         return dispatch, 0
@@ -76,8 +78,8 @@ def launches(fused: bool, monkeypatch, fp8: bool = False) -> tuple[int, int]:
     counter.count = 0
     with counter:
         moe.combine_with(counter.note, expert_out, handle, weighted_sum=weighted_sum,
-                         gather=moe_kernels.gather(comm, hidden * expert_out.element_size(),
-                                                         handle.recv_splits))
+                         gather=moe_kernels.gather(comm, hidden * expert_out.element_size(), scratch),
+                         scratch=scratch)
     return dispatch, counter.count
 
 
@@ -85,7 +87,9 @@ def test_the_fused_kernels_cut_the_launches_around_our_all_to_alls(monkeypatch) 
     torch_steps = launches(False, monkeypatch)
     fused = launches(True, monkeypatch)
     print(f"\nlaunches per call (dispatch, combine): torch steps {torch_steps}, fused kernels {fused}")
-    assert fused[0] <= 14 and fused[1] <= 3, fused
+    # (the combine's 4th: its splits copied into a scratch buffer, whose place keeps its
+    # all-to-all's plan key the same at every call)
+    assert fused[0] <= 14 and fused[1] <= 4, fused
     assert 2 * fused[0] < torch_steps[0] and 3 * fused[1] < torch_steps[1], (torch_steps, fused)
 
 

@@ -415,3 +415,45 @@ def test_ranks_that_differ_in_hidden_max_tokens_or_topk_are_refused_before_any_l
     with pytest.raises(CollectiveError, match="ranks disagree on dispatch's shape"):
         sim.run(body)
     assert launched == []
+
+
+def test_scratch_buffers_reused_by_every_call_and_two_dispatches_in_flight(monkeypatch) -> None:
+    """Each rank's scratch buffers are a communicator's :class:`~collectives.runtime.moe_kernels.Layer`'s,
+    reused by every call of the shape and filled with garbage at each ask (what an earlier call
+    left there), two dispatches in flight before their combines, in the reverse order: the
+    reference's bits, so that no result reads a scratch buffer's old contents and no handle
+    holds one (the next dispatch rewrites it)."""
+    from types import SimpleNamespace
+
+    from collectives.runtime import moe_kernels
+
+    monkeypatch.setattr(moe_kernels, "capturing", lambda: False)
+    world, experts, topk, hidden = 3, 6, 4, 8
+    sim = World(world)
+    layers = [moe_kernels.Layer(SimpleNamespace(device_index=0), None, None) for _ in range(world)]
+
+    def poisoned(r: int):
+        def scratch(name, shape, dtype, device, fill=None):
+            t = layers[r].scratch(name, shape, dtype, device, fill)
+            if fill is None:
+                t.view(torch.uint8).fill_(0x7F)  # NaN or a huge count, whatever the dtype
+            return t
+        return scratch
+
+    layer = [routing(world, experts, topk, [5, 2, 6], seed, hidden, torch.bfloat16, 1) for seed in (1, 2)]
+
+    def body(r):
+        handles = []
+        for xs, ids, ws in layer:
+            ex, _, handle = moe.dispatch_with(sim.exchange(r), world, xs[r], ids[r], ws[r], experts, 6,
+                                              scratch=poisoned(r))
+            out_rows = torch.stack([expert_fn(ex[le], r * (experts // world) + le) for le in range(ex.shape[0])])
+            handles.append((out_rows, handle))
+        return [moe.combine_with(sim.exchange(r), rows, h, scratch=poisoned(r)) for rows, h in reversed(handles)]
+
+    results = sim.run(body)
+    for i, (xs, ids, ws) in enumerate(reversed(layer)):
+        _, outs = reference(world, experts, xs, ids, ws)
+        for r in range(world):
+            assert torch.equal(results[r][i].view(torch.uint8), outs[r].view(torch.uint8)), (i, r)
+    assert all(layers[r]._scratch for r in range(world))

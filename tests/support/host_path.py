@@ -7,7 +7,9 @@ the counts under ceilings; run as a script it prints where a call's host time go
 
 Each collective is measured twice: a plan hit (the same tensors again: one dictionary lookup and
 the launch) and a call on tensors the allocator placed elsewhere (the same facts: the plan of
-the earlier call with the new addresses swapped in)."""
+the earlier call with the new addresses swapped in).  The MoE layer's dispatch and combine
+(:data:`MOE`) are measured at a call like the one before (their kernels loaded, their buffers
+made), with their torch launches counted."""
 
 from __future__ import annotations
 
@@ -135,6 +137,90 @@ def host_us(collective: str, moved: bool, count: int, repeats: int = 5) -> float
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "barrier", "all_to_all")
 
+#: The MoE layer measured: ranks, tokens per rank, top-k, experts, hidden (the bench's decode shape).
+MOE = dict(world=4, tokens=1, topk=8, experts=256, hidden=7168)
+
+
+@contextmanager
+def moe_world() -> Any:
+    """:func:`world` of :data:`MOE`'s ranks for the public ``collectives.moe.dispatch`` and
+    ``combine``: their kernels loaded (a kernel cache that has every key), launching nothing."""
+    global WORLD
+    import pytest
+
+    from collectives.runtime import communicator, moe_kernels
+
+    class Loaded:
+        def has(self, key: Any, target: str) -> bool:
+            return True
+
+        def get(self, key: Any, target: str, device: int | None = None) -> Callable[..., None]:
+            return lambda *args: None
+
+    world_before, WORLD = WORLD, MOE["world"]
+    try:
+        with world() as comm, pytest.MonkeyPatch.context() as mp:
+            comm.kernels = Loaded()
+            mp.setattr(communicator, "compile_target", lambda device=None: "sm_90a")
+            mp.setattr(communicator, "communicator", lambda group=None: comm)
+            mp.setattr(moe_kernels, "current_stream", lambda device: 0)
+            mp.setattr(moe_kernels, "capturing", lambda: False)
+            yield comm
+    finally:
+        WORLD = world_before
+
+
+def moe_calls() -> dict[str, Callable[[], Any]]:
+    """The public dispatch and combine of one :data:`MOE` layer (fused kernels, low latency), by
+    name, each after two warm-up layers (inside :func:`moe_world`)."""
+    from collectives import moe
+
+    gen = torch.Generator().manual_seed(0)
+    tokens, topk, experts = MOE["tokens"], MOE["topk"], MOE["experts"]
+    x = torch.randn((tokens, MOE["hidden"]), generator=gen).bfloat16()
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:topk] for _ in range(tokens)])
+    w = torch.rand((tokens, topk), generator=gen)
+    for _ in range(2):
+        expert_x, _, handle = moe.dispatch(x, ids, w, experts, max_tokens=tokens)
+        moe.combine(expert_x, handle)
+    return {"moe.dispatch": lambda: moe.dispatch(x, ids, w, experts, max_tokens=tokens),
+            "moe.combine": lambda: moe.combine(expert_x, handle)}
+
+
+def torch_launches(fn: Callable[[], Any]) -> int:
+    """The torch operators one call of ``fn`` runs that launch GPU work (views and allocations
+    aside: ``tests/collectives/test_moe_launches.py``'s count)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from tests.collectives.test_moe_launches import FREE
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
+            self.n += func.overloadpacket.__name__ not in FREE
+            return func(*args, **(kwargs or {}))
+
+    with Count() as count:
+        fn()
+    return count.n
+
+
+def moe_host(count: int, repeats: int = 5) -> dict[str, tuple[int, int, float]]:
+    """Per MoE call: (Python calls, torch launches, host us: the best of ``repeats`` runs of
+    ``count`` calls)."""
+    with moe_world():
+        out = {}
+        for name, fn in moe_calls().items():
+            best = float("inf")
+            for _ in range(repeats):
+                start = time.perf_counter()
+                for _ in range(count):
+                    fn()
+                best = min(best, (time.perf_counter() - start) / count * 1e6)
+            out[name] = (sum(profile(fn).values()), torch_launches(fn), best)
+    return out
+
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.support.host_path", description=__doc__)
@@ -145,6 +231,8 @@ def main(argv: list[str] | None = None) -> None:
         for moved in (False, True) if collective not in ("barrier", "all_to_all") else (False,):
             name = f"{collective} ({'new tensors' if moved else 'plan hit'})"
             print(f"{name:32s} {python_calls(collective, moved)[0]:12d} {host_us(collective, moved, args.calls):8.2f}")
+    for name, (python, launches, us) in moe_host(max(args.calls // 10, 1)).items():
+        print(f"{name + f' ({launches} torch launches)':32s} {python:12d} {us:8.2f}")
 
 
 if __name__ == "__main__":

@@ -129,3 +129,36 @@ def test_a_symmetric_tensors_plan_is_never_moved(monkeypatch, collective: str) -
         else:
             api.all_gather(whole, part, algorithm="one_shot")
         assert comm.launches[-1][1][0] == block.data_ptr()  # the data buffer's table: this tensor's
+
+
+#: Python calls into collectives/ of an MoE dispatch and combine like the call before (issue 50:
+#: fused kernels, 1 token, top-8 of 256, 4 ranks; measured: raise only with a reason): their
+#: checks, the layer's state (one lookup), each all-to-all's plan hit and each kernel's argument
+#: pack and launch.  Before the layer's state they were 133 and 74: each kernel prepared again
+#: and every all-to-all planned again (its tensors and splits made anew at each call).
+MOE_CEILING = {"moe.dispatch": 57, "moe.combine": 35}
+#: Torch operators that launch GPU work in them (the routing before the first all-to-all: the
+#: id mapping, valid, the sort, the counts, the splits, their copy in the handle, the dropped
+#: count; the combine: the splits' copy).
+MOE_TORCH_CEILING = {"moe.dispatch": 10, "moe.combine": 1}
+#: What only a first call does: kernels looked up and their launches made, buffers allocated,
+#: all-to-alls planned.
+MOE_FIRST = {("moe_kernels", n) for n in ("pack", "placement", "gather", "weighted_sum", "pack_key", "place_key",
+                                           "combine_key")} | \
+            {("communicator", n) for n in ("kernel_together", "agree_growth")} | \
+            {("all_to_all", n) for n in ("prepare", "plan", "device_splits")} | {("api", "_replan")}
+
+
+@pytest.mark.parametrize("call", sorted(MOE_CEILING))
+def test_an_moe_call_like_the_one_before_prepares_nothing_again(call: str) -> None:
+    with host_path.moe_world() as comm:
+        fn = host_path.moe_calls()[call]
+        plans = len(comm.plans._plans)
+        seen = host_path.profile(fn)
+        launches = host_path.torch_launches(fn)
+        assert len(comm.plans._plans) == plans, "an all-to-all planned again"
+    mine = {(path.rsplit("/", 1)[-1].removesuffix(".py"), name): n for (path, name), n in seen.items()
+            if "/collectives/" in path}
+    assert not MOE_FIRST & set(mine), f"{call} prepared again: {sorted(MOE_FIRST & set(mine))}"
+    assert sum(mine.values()) <= MOE_CEILING[call], f"{call}: {sorted(mine.items())}"
+    assert launches <= MOE_TORCH_CEILING[call], launches
