@@ -81,6 +81,16 @@ Pack = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor], N
 #: ``pack_for(dtype, hidden, fp8)``: the :data:`Pack` of a dispatch of ``hidden`` values of
 #: ``dtype`` per token, or None for torch steps (asked once the call's arguments are checked).
 PackFor = Callable[[torch.dtype, int, bool], "Pack | None"]
+#: ``route(ids, num_experts, world)``: ``(order, valid, bins, send_splits)`` of the flat expert
+#: ids of a dispatch's ``(token, k)`` entries (int32 or int64; an id out of ``0..num_experts-1``
+#: counts in a bin past the last expert's, ``bins[num_experts]``): the entries sorted by expert,
+#: stably; which are in range; the entries of each expert, then the out-of-range ones; the
+#: entries of each rank's experts (:func:`route_ids`; one kernel: :mod:`collectives.algorithms.moe_route`).
+Route = Callable[[torch.Tensor, int, int], tuple]
+#: ``route_for(dtype, num_experts, most)``: the :data:`Route` of a dispatch of ids of ``dtype``,
+#: at most ``most`` entries, or None for :func:`route_ids` (asked once the call's arguments are
+#: checked).
+RouteFor = Callable[[torch.dtype, int, int], "Route | None"]
 #: ``gather(rows, place, kept, splits)``: the rows a combine sends back, ``[place.numel(),
 #: hidden]``: row ``i`` is ``rows[place[i]]`` where ``kept[i]``, else zeros (:func:`gather_rows`;
 #: one kernel: :mod:`collectives.algorithms.moe_gather`, which leaves the rows past the first
@@ -215,13 +225,15 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
                   topk_weights: torch.Tensor, num_experts: int, max_tokens: int, mode: str = "low_latency",
                   validate: bool = False, empty: Empty = plain, fp8: bool = False,
                   placement_for: PlacementFor | None = None, pack_for: PackFor | None = None,
-                  scratch: Scratch = plain) -> tuple[torch.Tensor, torch.Tensor, Handle]:
+                  scratch: Scratch = plain,
+                  route_for: RouteFor | None = None) -> tuple[torch.Tensor, torch.Tensor, Handle]:
     """:func:`dispatch` over ``exchange`` in a world of ``world`` ranks, receiving rows into
     ``empty``'s buffer; the received rows placed by ``placement_for``'s placement (None:
     :func:`place_rows`, some twenty torch operations); the rows sent made by ``pack_for``'s
     :data:`Pack` (None: a gather; with fp8 :func:`pack_rows`, some fifteen operations); the
-    buffers used inside the call (the rows sent, the counts and splits of the all-to-alls)
-    from ``scratch`` (:data:`Scratch`).
+    entries sorted and counted by ``route_for``'s :data:`Route` (None: :func:`route_ids`, some
+    eight operations); the buffers used inside the call (the rows sent, the counts and splits
+    of the all-to-alls) from ``scratch`` (:data:`Scratch`).
 
     Every allocation above torch's small-block pool (1 MB) has a size the shape fixes (its
     bounds: ``max_tokens`` and top-k, the receive buffers' rows), never the routing: the rows
@@ -234,16 +246,13 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     hidden, device = x.shape[1], x.device
     local = num_experts // world
     capacity = world * max_tokens  # rows per local expert: each source sends it each token once
-    flat = topk_ids.reshape(-1).to(torch.int64)
-    # An id out of range goes to a bin past the last rank's (below 0: clamped to -1, which the
-    # remainder maps there).
-    expert = flat.clamp(-1, num_experts).remainder(num_experts + 1)
-    valid = expert < num_experts
-    order = torch.sort(expert, stable=True).indices  # by expert, then (token, k): by rank too
     bound = _capacity(max_tokens * topk)  # rows sent at most: the allocation's size, whatever the routing
-    bins = _scatter_count(expert, num_experts + 1, scratch, bound)
+    flat = topk_ids.reshape(-1)
+    route = route_for(flat.dtype, num_experts, max_tokens * topk) if route_for else None
+    if route is None:
+        route = functools.partial(route_ids, scratch=scratch, most=bound)
+    order, valid, bins, send_splits = route(flat, num_experts, world)  # by expert, then (token, k): by rank too
     per_expert = bins[:num_experts]
-    send_splits = per_expert.view(world, local).sum(1)
     exact = mode == "throughput"
     # The sent rows, by destination rank and expert, and the dtype they travel as (fp8: hidden
     # e4m3 bytes, then the scale's 4 bytes, zeros to fp8_row_bytes; as bytes, which torch indexes).
@@ -293,6 +302,18 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
         expert_x = expert_x.view(wire)
     handle.shape, handle.dtype = tuple(expert_x.shape), x.dtype
     return expert_x, expert_counts, handle
+
+
+def route_ids(ids: torch.Tensor, num_experts: int, world: int, scratch: Scratch = plain,
+              most: int | None = None) -> tuple[torch.Tensor, ...]:
+    """The torch steps of a :data:`Route` (``bins`` in ``scratch``'s buffer; ``most``: the
+    entries of any call of the shape, ``ids.numel()`` by default)."""
+    # An id out of range goes to a bin past the last rank's (below 0: clamped to -1, which the
+    # remainder maps there).
+    expert = ids.to(torch.int64).clamp(-1, num_experts).remainder(num_experts + 1)
+    bins = _scatter_count(expert, num_experts + 1, scratch, ids.numel() if most is None else most)
+    return (torch.sort(expert, stable=True).indices, expert < num_experts, bins,
+            bins[:num_experts].view(world, -1).sum(1))
 
 
 def pack_rows(x: torch.Tensor, order: torch.Tensor, topk: int, out: torch.Tensor) -> None:
@@ -418,7 +439,8 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     comm = communicator(group)
     layer = _layer(comm, group)
     return dispatch_with(layer.exchange, comm.world, x, topk_ids, topk_weights, num_experts, max_tokens, mode,
-                         validate, layer.empty, fp8, layer.placement_for, layer.pack_for, layer.scratch)
+                         validate, layer.empty, fp8, layer.placement_for, layer.pack_for, layer.scratch,
+                         layer.route_for)
 
 
 def combine(expert_out: torch.Tensor, handle: Handle, *, group: Group = None) -> torch.Tensor:
@@ -516,5 +538,6 @@ def _collective(api: Any, group: Group) -> Exchange:
 
 
 __all__ = ["BUFFER_NAMES", "E4M3_MAX", "MODES", "Empty", "Exchange", "Gather", "Handle", "Pack", "PackFor",
-           "Placement", "PlacementFor", "Scratch", "WeightedSum", "combine", "combine_with", "dispatch", "dispatch_with",
-           "fp8_row_bytes", "gather_rows", "handle_from", "handle_tensors", "pack_rows", "place_rows", "plain", "quantize"]
+           "Placement", "PlacementFor", "Route", "RouteFor", "Scratch", "WeightedSum", "combine", "combine_with", "dispatch", "dispatch_with",
+           "fp8_row_bytes", "gather_rows", "handle_from", "handle_tensors", "pack_rows", "place_rows", "plain", "quantize",
+           "route_ids"]

@@ -8,14 +8,14 @@ by ``algorithm="auto"``, its place in :mod:`collectives.algorithms.tuning`).
 
 Every kind of kernel is a family (:mod:`.family`) registered by its module, imported below: the
 collective algorithms' (:mod:`.key`), the all-to-all's, the MoE layer's (placement, packing,
-gather, combine) and the stream flags' (:mod:`.flags`: no collective, one thread, one GPU)."""
+gather, combine, routing) and the stream flags' (:mod:`.flags`: no collective, one thread, one GPU)."""
 
 from __future__ import annotations
 
 from ..config import COLLECTIVES
 from ..device.launch import example_arguments
 from . import one_shot, two_shot, lamport, tma, push, all_gather, barrier, lamport_blocks  # noqa: F401  (registration order)
-from . import all_to_all, moe_place, moe_pack, moe_gather, moe_combine, flags  # noqa: F401  (other families)
+from . import all_to_all, moe_place, moe_pack, moe_gather, moe_combine, moe_route, flags  # noqa: F401  (other families)
 from .base import REGISTRY, Algorithm, Call, algorithms
 from .family import FAMILIES, Family, family_of, family_of_id, key_id, key_of
 from .key import KernelKey

@@ -1,4 +1,5 @@
-"""The host side of the MoE layer's local kernels: the dispatch's placement of received rows
+"""The host side of the MoE layer's local kernels: the dispatch's routing
+(:mod:`collectives.algorithms.moe_route`), its placement of received rows
 (:mod:`collectives.algorithms.moe_place`) and its fp8 rows (:mod:`collectives.algorithms.moe_pack`),
 the combine's rows to send back (:mod:`collectives.algorithms.moe_gather`) and its weighted sum
 (:mod:`collectives.algorithms.moe_combine`): which calls they take, and their launches.
@@ -30,6 +31,7 @@ from ..algorithms.moe_combine import DTYPES_ROUNDED, MAX_TOPK, MOE_COMBINE, MoeC
 from ..algorithms.moe_gather import MOE_GATHER, MoeGatherKey
 from ..algorithms.moe_pack import DTYPES_QUANTIZED, MOE_PACK, MoePackKey
 from ..algorithms.moe_place import MAX_SEGMENTS, MOE_PLACE, MoePlaceKey
+from ..algorithms.moe_route import MAX_ENTRIES, MAX_EXPERTS, MOE_ROUTE, MoeRouteKey
 from ..algorithms.plan import capturing, current_stream, follow
 from ..algorithms.protocol import Runtime
 from ..dtypes import DTYPES, from_torch
@@ -94,6 +96,43 @@ def pack(comm: Runtime, dtype: torch.dtype, hidden: int, fp8: bool):
                              topk=topk, hidden=hidden, row_bytes=out.shape[1] * out.element_size(),
                              slots=slots.data_ptr())
         fn(*args, key.blocks(order.numel()), current_stream(device))
+
+    return run
+
+
+def route_key(dtype: torch.dtype, experts: int, most: int) -> MoeRouteKey | None:
+    """The routing kernel's key for ids of ``dtype``, ``experts`` experts and at most ``most``
+    entries, None where it does not take them (other dtypes, past
+    :data:`~collectives.algorithms.moe_route.MAX_EXPERTS` or
+    :data:`~collectives.algorithms.moe_route.MAX_ENTRIES`)."""
+    ids = {torch.int32: "i32", torch.int64: "i64"}.get(dtype)
+    if ids is None or not 1 <= experts <= MAX_EXPERTS or most > MAX_ENTRIES:
+        return None
+    return MoeRouteKey(ids)
+
+
+def route(comm: Runtime, dtype: torch.dtype, experts: int, most: int,
+          empty: Callable[..., torch.Tensor] | None = None):
+    """The kernel's :data:`collectives.moe.Route` on ``comm``'s GPU (its kernel loaded now), its
+    ``bins`` in ``empty("bins", shape, dtype, device)`` (None: a new tensor), None where
+    :data:`FUSED` is off or the kernel does not take the call (:func:`route_key`)."""
+    key = route_key(dtype, experts, most) if FUSED else None
+    if key is None:
+        return None
+    fn, device = comm.kernel_together(key), comm.device_index
+    empty = empty or (lambda name, shape, dtype, at: torch.empty(shape, dtype=dtype, device=at))
+
+    def run(ids: torch.Tensor, num_experts: int, world: int) -> tuple[torch.Tensor, ...]:
+        n, at = ids.numel(), ids.device
+        order = torch.empty(n, dtype=torch.int64, device=at)
+        valid = torch.empty(n, dtype=torch.bool, device=at)
+        bins = empty("bins", (num_experts + 1,), torch.int64, at)
+        send_splits = torch.empty(world, dtype=torch.int64, device=at)
+        args = MOE_ROUTE.pack(ids=ids.data_ptr(), n=n, experts=num_experts, local=num_experts // world,
+                              order=order.data_ptr(), valid=valid.data_ptr(), bins=bins.data_ptr(),
+                              send_splits=send_splits.data_ptr())
+        fn(*args, 1, current_stream(device))
+        return order, valid, bins, send_splits
 
     return run
 
@@ -227,6 +266,10 @@ class Layer:
         """The :data:`collectives.moe.PlacementFor` of :func:`placement`, each made once."""
         return self.launch(placement, local, row_bytes, exact, values)
 
+    def route_for(self, dtype: torch.dtype, experts: int, most: int) -> Any:
+        """The :data:`collectives.moe.RouteFor` of :func:`route` (its bins a scratch buffer), each made once."""
+        return self.launch(route, dtype, experts, most, self.scratch)
+
     def scratch(self, name: str, shape: tuple, dtype: torch.dtype, device: torch.device,
                 fill: int | None = None) -> torch.Tensor:
         """The scratch buffer ``name`` of ``shape`` and ``dtype`` (contents left by the last
@@ -259,5 +302,5 @@ def _aligned(step: int, *tensors: torch.Tensor) -> None:
             raise CollectiveError(f"moe: a kernel's rows must start {step}-byte aligned, not at {t.data_ptr():#x}")
 
 
-__all__ = ["FUSED", "Layer", "combine_key", "gather", "layer", "pack", "pack_key", "place_key", "placement",
-           "weighted_sum"]
+__all__ = ["FUSED", "Layer", "combine_key", "gather", "layer", "pack", "pack_key", "place_key", "placement", "route",
+           "route_key", "weighted_sum"]

@@ -1,4 +1,4 @@
-"""The MoE layer's two local kernels compile without a GPU (ptxas included).
+"""The MoE layer's local kernels compile without a GPU (ptxas included).
 
 The combine's weighted sum: each dtype it takes, top-k 1 to 16, 16-byte vectors and single
 elements; its PTX rounds every product and every sum on its own (``mul.rn.f32``,
@@ -19,9 +19,10 @@ from collectives.algorithms.moe_gather import MoeGatherKey  # noqa: E402
 from collectives.algorithms.moe_pack import MoePackKey  # noqa: E402
 from collectives.algorithms.moe_combine import MAX_TOPK, MoeCombineKey  # noqa: E402
 from collectives.algorithms.moe_place import MAX_SEGMENTS, MoePlaceKey  # noqa: E402
+from collectives.algorithms.moe_route import MAX_ENTRIES, MAX_EXPERTS, MoeRouteKey  # noqa: E402
 from collectives.runtime.kernels import kernel_ptx  # noqa: E402
 from collectives.runtime.moe_kernels import combine_key as key_for  # noqa: E402
-from collectives.runtime.moe_kernels import place_key  # noqa: E402
+from collectives.runtime.moe_kernels import place_key, route_key  # noqa: E402
 
 FORMS = [("bf16", 8, 8), ("bf16", 1, 1), ("f16", 3, 8), ("f32", 16, 4), ("f32", 2, 1), ("bf16", 16, 8)]
 
@@ -152,3 +153,24 @@ def test_gather_moves_rows_in_its_words_and_zeros_the_rest(word: int) -> None:
     assert _count(ptx, f"ld.global.{access}") == 1 + (word == 1)  # (word 1: the kept flag is a byte too)
     assert _count(ptx, f"st.global.{access}") == 2
     assert "multimem." not in ptx and ".sys" not in ptx and "atom." not in ptx
+
+
+@pytest.mark.parametrize("ids", ["i32", "i64"])
+def test_routing_compiles_reads_its_ids_and_uses_no_atomics(ids: str) -> None:
+    """The dispatch's routing: the ids loaded in their width (twice: counted, then placed), its
+    counts and chunks in shared memory, no atomics (the order is the stable sort's whatever the
+    scheduling), one GPU's memory, no ordering."""
+    ptx = kernel_ptx(MoeRouteKey(ids), "sm_90a")
+    assert _count(ptx, f"ld.global.{'b32' if ids == 'i32' else 'b64'}") == 2
+    assert ".shared" in ptx and "bar.sync" in ptx
+    assert "multimem." not in ptx and ".sys" not in ptx and not re.search(r"^\s*(atom|red)\.", ptx, re.M)
+
+
+def test_host_picks_the_routing_key() -> None:
+    assert route_key(torch.int64, 256, 128 * 8) == MoeRouteKey("i64")
+    assert route_key(torch.int32, 256, 8) == MoeRouteKey("i32")
+    assert route_key(torch.int64, MAX_EXPERTS + 1, 8) is None  # its counts would not fit shared memory
+    assert route_key(torch.int64, 256, MAX_ENTRIES + 1) is None  # torch's sort: the kernel compares every pair
+    assert route_key(torch.int16, 256, 8) is None
+    with pytest.raises(ValueError, match="ids"):
+        MoeRouteKey("i16")

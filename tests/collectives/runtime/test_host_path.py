@@ -133,18 +133,20 @@ def test_a_symmetric_tensors_plan_is_never_moved(monkeypatch, collective: str) -
 
 #: Python calls into collectives/ of an MoE dispatch and combine like the call before (issue 50:
 #: fused kernels, 1 token, top-8 of 256, 4 ranks; measured: raise only with a reason): their
-#: checks, the layer's state (one lookup), each all-to-all's plan hit and each kernel's argument
-#: pack and launch.  Before the layer's state they were 133 and 74: each kernel prepared again
-#: and every all-to-all planned again (its tensors and splits made anew at each call).
-MOE_CEILING = {"moe.dispatch": 57, "moe.combine": 35}
-#: Torch operators that launch GPU work in them (the routing before the first all-to-all: the
-#: id mapping, valid, the sort, the counts, the splits, their copy in the handle, the dropped
-#: count; the combine: the splits' copy).
-MOE_TORCH_CEILING = {"moe.dispatch": 10, "moe.combine": 1}
+#: checks, the layer's state (one lookup), each all-to-all's plan hit and each of the four
+#: kernels' argument pack and launch.  Before the layer's state they were 133 and 74: each
+#: kernel prepared again and every all-to-all planned again (its tensors and splits made anew
+#: at each call).
+MOE_CEILING = {"moe.dispatch": 59, "moe.combine": 35}
+#: Torch operators that launch GPU work in them (the dispatch: the received splits' sum, the
+#: splits' copy into the all-to-all's scratch buffer, the dropped count; the combine: the
+#: splits' copy).  Before the routing kernel the dispatch's were 10: the id mapping, the mask,
+#: the sort, the counts and the sent splits in torch.
+MOE_TORCH_CEILING = {"moe.dispatch": 3, "moe.combine": 1}
 #: What only a first call does: kernels looked up and their launches made, buffers allocated,
 #: all-to-alls planned.
-MOE_FIRST = {("moe_kernels", n) for n in ("pack", "placement", "gather", "weighted_sum", "pack_key", "place_key",
-                                           "combine_key")} | \
+MOE_FIRST = {("moe_kernels", n) for n in ("pack", "placement", "gather", "weighted_sum", "route", "pack_key",
+                                           "place_key", "combine_key", "route_key")} | \
             {("communicator", n) for n in ("kernel_together", "agree_growth")} | \
             {("all_to_all", n) for n in ("prepare", "plan", "device_splits")} | {("api", "_replan")}
 

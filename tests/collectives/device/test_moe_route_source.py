@@ -1,0 +1,119 @@
+"""The MoE dispatch's routing kernel as its own source runs it (CPU, no CuTeDSL compile), against
+the torch steps it replaces (:func:`collectives.moe.route_ids`: the id mapping, the mask, the
+stable sort, the counts, the splits).
+
+:mod:`device_sim` executes :mod:`collectives.algorithms.moe_route` from its source file over
+simulated memory, threads interleaved at random at every access: ids of both dtypes from random
+routings (tokens naming one expert twice, experts no entry names, ids below 0 and past the last
+expert), entries fewer and more than a block's threads (several chunks: the counts carried from
+chunk to chunk), and no entries.  The order, the mask, the bins and the splits must be the torch
+steps' exactly.
+"""
+
+from __future__ import annotations
+
+import random
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from tests.support.device_sim import Context, Sim, fakes, load  # noqa: E402
+
+from collectives import moe  # noqa: E402
+from collectives.algorithms.moe_route import MoeRouteKey  # noqa: E402
+
+FAKES = fakes()
+Int32, Int64, Uint8 = FAKES["cutlass"].Int32, FAKES["cutlass"].Int64, FAKES["cutlass"].Uint8
+THREADS, UNTOUCHED = 4, 0x5A
+
+
+def source(edits: tuple = ()) -> types.ModuleType:
+    """The simulated ``collectives.algorithms.moe_route`` (``edits``: its source edits)."""
+    signals = load("collectives.device.signals", FAKES)
+    return load("collectives.algorithms.moe_route", {**FAKES, "collectives.device.signals": signals}, edits)
+
+
+SOURCE = source()
+
+
+def run_kernel(ids: torch.Tensor, experts: int, world: int, seed: int,
+               module: types.ModuleType = SOURCE) -> tuple[torch.Tensor, ...]:
+    """The kernel on the flat ``ids``: what it wrote (order, valid, bins, send_splits)."""
+    key = MoeRouteKey("i32" if ids.dtype == torch.int32 else "i64")
+    object.__setattr__(key, "threads", THREADS)  # scaled down: entries outnumber the threads
+    kernel = module.build(key)
+    n, size = ids.numel(), ids.element_size()
+    sim = Sim(seed)
+    mem = sim.memory
+    at = {name: mem.alloc(max(nbytes, 1)) for name, nbytes in [
+        ("ids", size * n), ("order", 8 * n), ("valid", n), ("bins", 8 * (experts + 1)), ("send", 8 * world)]}
+    for i, v in enumerate(ids.tolist()):
+        mem.store(at["ids"] + size * i, v, Int32 if size == 4 else Int64)
+    for name in ("order", "valid", "bins", "send"):
+        for b in range({"order": 8 * n, "valid": n, "bins": 8 * (experts + 1), "send": 8 * world}[name]):
+            mem.store(at[name] + b, UNTOUCHED, Uint8)
+    args = types.SimpleNamespace(ids=Int64(at["ids"]), n=Int64(n), experts=Int64(experts),
+                                 local=Int64(experts // world), order=Int64(at["order"]),
+                                 valid=Int64(at["valid"]), bins=Int64(at["bins"]), send_splits=Int64(at["send"]))
+    sim.spawn(lambda: sim.launch(lambda: kernel(args), Context(rank=0, call=0), 1, THREADS, [0]), Context(rank=0))
+    sim.run()
+    return (torch.tensor(mem.words(at["order"], n, Int64), dtype=torch.int64),
+            torch.tensor(mem.words(at["valid"], n, Uint8), dtype=torch.uint8),
+            torch.tensor(mem.words(at["bins"], experts + 1, Int64), dtype=torch.int64),
+            torch.tensor(mem.words(at["send"], world, Int64), dtype=torch.int64))
+
+
+def check(ids: torch.Tensor, experts: int, world: int, seed: int, module: types.ModuleType = SOURCE) -> None:
+    order, valid, bins, send = run_kernel(ids, experts, world, seed, module)
+    want = moe.route_ids(ids, experts, world)
+    assert torch.equal(order, want[0]), (order, want[0])
+    assert torch.equal(valid, want[1].to(torch.uint8)), (valid, want[1])
+    assert torch.equal(bins, want[2]), (bins, want[2])
+    assert torch.equal(send, want[3]), (send, want[3])
+
+
+def random_ids(rng: random.Random, tokens: int, topk: int, experts: int, dtype: torch.dtype) -> torch.Tensor:
+    """Each token's ``topk`` ids: distinct experts, now and then one named twice, and out-of-range ids."""
+    rows = []
+    for _ in range(tokens):
+        row = rng.sample(range(experts), min(topk, experts))
+        if rng.random() < 0.3:
+            row[-1] = row[0]
+        if rng.random() < 0.3:
+            row[rng.randrange(len(row))] = rng.choice([-1, -7, experts, experts + 5])
+        rows.append(row)
+    return torch.tensor(rows, dtype=dtype).reshape(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32], ids=["i64", "i32"])
+def test_routing_matches_the_torch_steps(dtype: torch.dtype) -> None:
+    rng = random.Random(7 if dtype == torch.int64 else 8)
+    for seed in range(4):
+        world, local = rng.choice([(2, 1), (2, 3), (3, 2), (4, 2), (1, 5)])
+        experts = world * local
+        tokens = rng.choice([1, 2, 3, 5])
+        check(random_ids(rng, tokens, rng.choice([1, 2, 4]), experts, dtype), experts, world, seed)
+
+
+def test_no_entries_and_every_entry_to_one_expert() -> None:
+    check(torch.empty(0, dtype=torch.int64), 4, 2, seed=1)
+    check(torch.full((9,), 3, dtype=torch.int64), 4, 2, seed=2)
+    check(torch.full((6,), 9, dtype=torch.int32), 4, 2, seed=3)  # every id out of range
+
+
+@pytest.mark.parametrize(("edit", "what"), [
+    (("if j < tidx:", "if j <= tidx:"), "the rank among the chunk's entries"),
+    (("count[e] = at + 1", "count[e] = at"), "the count carried to the next chunk"),
+    (("if raw >= Int64(0):", "if raw >= Int64(-1):"), "the ids below 0"),
+    (("if raw < args.experts:", "if raw < args.experts + 8:"), "the ids past the last expert"),
+    (("v += spare[j - step]", "v = spare[j - step]"), "the prefix sums"),
+    (("first = spare[w * args.local - 1]", "first = spare[w * args.local]"), "the splits"),
+])
+def test_a_broken_kernel_fails_the_check(edit: tuple, what: str) -> None:
+    """Each edit of the kernel's source is caught (so the check reads what the kernel does)."""
+    broken = source((edit,))
+    ids = torch.tensor([0, 7, 3, 3, -1, 5, 11, 2, 6, 3], dtype=torch.int64)  # 6 experts: -1, 6, 7, 11 dropped
+    with pytest.raises(AssertionError):
+        for seed in range(3):
+            check(ids, 6, 2, seed, module=broken)
