@@ -16,11 +16,14 @@ Low latency: no step reads a value back to the host, and every shape is fixed by
 ``max_tokens`` (the same on every rank): a CUDA graph captures both calls, and replays with new
 routings.  The device work is two all-to-alls per dispatch (the per-expert counts, then the
 rows; a combine: the rows), whose rows land directly in receive buffers of symmetric memory
-(allocated by the first call of each shape: make it eagerly before a capture), and index
-arithmetic in torch (a stable sort of the ``(token, k)`` entries by expert, prefix sums, one row
-gather or scatter on each side; the dispatch's placement of the received rows and the combine's
-weighted sum run as one kernel each, unless ``COLLECTIVES_MOE_FUSED=0``:
-:mod:`collectives.runtime.moe_kernels`).  Entries whose expert id is out of range, and rows past an
+(allocated by the first call of each shape: make it eagerly before a capture), and local
+steps: the dispatch's routing (a stable sort of the ``(token, k)`` entries by expert, their
+counts), its sent rows and its placement of the received rows, the combine's rows sent back and
+its weighted sum, one kernel each unless ``COLLECTIVES_MOE_FUSED=0``
+(:mod:`collectives.runtime.moe_kernels`; else index arithmetic in torch).  A communicator's calls
+of a shape seen before prepare nothing again: their kernels' launches and the buffers they use
+inside themselves (the rows sent, the counts and splits) are its
+:class:`~collectives.runtime.moe_kernels.Layer`'s.  Entries whose expert id is out of range, and rows past an
 expert's capacity (possible only when a token names one expert twice), are dropped and counted
 (``handle.dropped``, on the GPU; ``validate=True`` checks the ids on the host first and raises);
 a receive buffer too small for the rows sent fails the all-to-all's pairs with a size mismatch,
@@ -421,9 +424,9 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     ``"low_latency"`` or ``"throughput"`` (see the module).  ``max_tokens`` (low latency): the
     most tokens any rank dispatches (default: this rank's count; the same on every rank).
     ``fp8``: the rows travel and arrive as float8_e4m3fn with a scale per token
-    (:func:`quantize`; ``handle.scales``; not inside torch.compile).  One kernel places the
-    received rows, one makes the fp8 rows (:mod:`collectives.runtime.moe_kernels`; torch steps
-    with ``COLLECTIVES_MOE_FUSED=0``).  Returns ``(expert_x, counts, handle)``."""
+    (:func:`quantize`; ``handle.scales``; not inside torch.compile).  One kernel routes the
+    entries, one makes the rows sent, one places the received rows
+    (:mod:`collectives.runtime.moe_kernels`; torch steps with ``COLLECTIVES_MOE_FUSED=0``).  Returns ``(expert_x, counts, handle)``."""
     from .runtime.communicator import communicator, traceable
 
     max_tokens = x.shape[0] if max_tokens is None else max_tokens
