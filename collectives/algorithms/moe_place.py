@@ -20,9 +20,11 @@ dtype; fp8 rows, ``scales`` on, split on the way: their first ``out_words`` word
 values, to ``expert_x``, rows of that many words, and the scale's 4 bytes after them to
 ``scales[place]``, so that neither needs a copy of its own), and, from block 0, each local expert's count and
 the number of arrived rows it dropped.  Every block first loads ``counts`` into shared memory
-(all its threads), then computes the segments' starts and ``before`` (and ``first``) there
-(one thread, some ``2 x W x L`` shared-memory steps: ``W x L`` is at most
-:data:`MAX_SEGMENTS`); then each takes whole rows, a row's words spread over its threads.  The
+(all its threads), then computes the segments' starts there (prefix sums by doubling steps:
+``log2(W x L)`` rounds, ``W x L`` at most :data:`MAX_SEGMENTS`), and ``before`` (and ``first``)
+with a thread per expert (``W`` steps each; ``first``: up to ``L``), where one thread took some
+``2 x W x L`` serial steps before (a few microseconds of every block); then each takes whole
+rows, a row's words spread over its threads.  The
 same arithmetic as the torch steps it replaces (``searchsorted``, prefix sums, ``index_copy_``)
 in one launch instead of some twenty-five.
 """
@@ -119,32 +121,74 @@ def build(key: MoePlaceKey):
         first = smem.allocate_tensor(Int64, cute.make_layout(local), byte_alignment=8)
         j = tidx
         while j < Int64(segments):  # the counts into shared memory, every thread a share
-            counts[j] = ptxops.ld(gmem(Int64, args.counts, 8, LOCAL, by) + j, dtype=Int64)
+            c = ptxops.ld(gmem(Int64, args.counts, 8, LOCAL, by) + j, dtype=Int64)
+            counts[j] = c
+            starts[j + 1] = c
             j += threads
+        if tidx == Int64(0):
+            starts[0] = Int64(0)
         cute.arch.sync_threads()
-        if tidx == Int64(0):  # the prefix sums, from shared memory (a few cycles a step)
-            run = Int64(0)
-            for s in range(segments):  # arrival order: the segments' starts
-                starts[s] = run
-                run += counts[s]
-            starts[segments] = run
-            experts = Int64(0)
+        step = Int64(1)
+        while step < Int64(segments):  # the segments' starts (arrival order): prefix sums by doubling steps
+            j = tidx
+            while j < Int64(segments):
+                v = starts[j + 1]
+                if j >= step:
+                    v += starts[j + 1 - step]
+                before[j] = v  # (a spare until the sums are done)
+                j += threads
+            cute.arch.sync_threads()
+            j = tidx
+            while j < Int64(segments):
+                starts[j + 1] = before[j]
+                j += threads
+            cute.arch.sync_threads()
+            step *= 2
+        l = tidx
+        while l < Int64(local):  # a thread per expert: the earlier sources' rows of it, its total, its drops
+            acc = Int64(0)
             lost = Int64(0)
-            for l in range(local):  # by expert: the earlier sources' rows, the earlier experts' rows
-                acc = Int64(0)
-                for source in range(world):
-                    s = source * local + l
-                    c = counts[s]
-                    before[s] = acc
-                    if cutlass.const_expr(not exact):
-                        room = cutlass.max(cutlass.min(args.capacity - acc, c), Int64(0))
-                        lost += c - room
-                    acc += c
-                first[l] = experts
-                experts += acc
-                if block == Int64(0):
-                    ptxops.st(gmem(Int64, args.expert_counts, 8, LOCAL, by) + l, acc)
+            for source in range(world):
+                s = source * local + l
+                c = counts[s]
+                before[s] = acc
+                if cutlass.const_expr(not exact):
+                    room = cutlass.max(cutlass.min(args.capacity - acc, c), Int64(0))
+                    lost += c - room
+                acc += c
             if block == Int64(0):
+                ptxops.st(gmem(Int64, args.expert_counts, 8, LOCAL, by) + l, acc)
+            if cutlass.const_expr(exact):
+                first[l] = acc  # (the totals, until their prefix sums below)
+            else:
+                first[l] = lost  # (the drops, summed below)
+            l += threads
+        cute.arch.sync_threads()
+        if cutlass.const_expr(exact):  # first[l]: the rows of the experts before l (by way of counts[])
+            l = tidx
+            while l < Int64(local):
+                experts = Int64(0)
+                m = Int64(0)
+                while m < l:
+                    experts += first[m]
+                    m += 1
+                counts[l] = experts
+                l += threads
+            cute.arch.sync_threads()
+            l = tidx
+            while l < Int64(local):
+                first[l] = counts[l]
+                l += threads
+            if block == Int64(0):
+                if tidx == Int64(0):
+                    ptxops.st(gmem(Int64, args.lost, 8, LOCAL, by), Int64(0))
+        elif block == Int64(0):
+            if tidx == Int64(0):
+                lost = Int64(0)
+                m = Int64(0)
+                while m < Int64(local):
+                    lost += first[m]
+                    m += 1
                 ptxops.st(gmem(Int64, args.lost, 8, LOCAL, by), lost)
         cute.arch.sync_threads()
         total = starts[segments]

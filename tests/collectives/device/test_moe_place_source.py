@@ -146,6 +146,17 @@ def test_fp8_rows_are_split_into_values_and_scales(exact: bool, values: int, row
               values=values)
 
 
+@pytest.mark.parametrize("exact", [False, True], ids=["low_latency", "throughput"])
+def test_more_experts_and_segments_than_threads(exact: bool) -> None:
+    """A thread per expert takes several (6 and 9 experts, 4 threads), the starts' prefix sums
+    run over segments several times the threads."""
+    rng = random.Random(11 + exact)
+    for seed, (world, local) in enumerate([(2, 6), (3, 9), (1, 5)]):
+        counts = random_counts(rng, world, local, 3)
+        room = int(counts.sum()) + 1
+        check(counts, room, 8, rng.choice([1, 2, 4]), exact, blocks=2, seed=seed)
+
+
 def test_nothing_received() -> None:
     check(torch.zeros((2, 2), dtype=torch.int64), 3, 8, 2, False, blocks=2, seed=1)
     check(torch.zeros((2, 2), dtype=torch.int64), 0, 8, 2, True, blocks=1, seed=2)
@@ -162,6 +173,8 @@ def test_the_words_move_every_byte_of_a_row() -> None:
     (("elif slot < args.capacity:", "elif slot <= args.capacity:"), "the capacity"),
     (("before[s] = acc", "before[s] = Int64(0)"), "the earlier sources' rows"),
     (("lost += c - room", "lost += c"), "the dropped count"),
+    (("v += starts[j + 1 - step]", "v = starts[j + 1 - step]"), "the starts' prefix sums"),
+    (("step *= 2", "step *= 4"), "the prefix sums' rounds"),
     (("+ args.out_words) * key.word", "+ args.out_words + 1) * key.word"), "the scale's bytes"),
     (("LOCAL, by) + place, scale)", "LOCAL, by) + place + 1, scale)"), "the scale's word"),
     (("dst = gmem(element, args.expert_x, key.word, LOCAL, by) + place * args.out_words * per_word",
@@ -171,7 +184,19 @@ def test_the_words_move_every_byte_of_a_row() -> None:
 def test_a_broken_kernel_fails_the_check(edit: tuple, what: str) -> None:
     """Each edit of the kernel's source is caught (so the check reads what the kernel does)."""
     broken = source((edit,))
-    counts = torch.tensor([[2, 1], [3, 0]])
+    counts = torch.tensor([[2, 1, 0], [3, 0, 1]])  # 6 segments, 3 experts: more than the 4 threads
     with pytest.raises(AssertionError):
         for seed in range(3):
-            check(counts, 7, 16, 2, False, blocks=2, seed=seed, module=broken, values=8)
+            check(counts, 8, 16, 2, False, blocks=2, seed=seed, module=broken, values=8)
+
+
+@pytest.mark.parametrize(("edit", "what"), [
+    (("experts += first[m]", "experts += counts[m]"), "the rows of the experts before"),
+    (("while m < l:", "while m <= l:"), "the experts before, not this one"),
+])
+def test_a_broken_throughput_kernel_fails_the_check(edit: tuple, what: str) -> None:
+    broken = source((edit,))
+    counts = torch.tensor([[2, 1, 0, 2, 1], [3, 0, 1, 1, 2]])  # 5 experts: more than the 4 threads
+    with pytest.raises(AssertionError):
+        for seed in range(3):
+            check(counts, 14, 16, 2, True, blocks=2, seed=seed, module=broken)
