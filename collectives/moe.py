@@ -90,9 +90,9 @@ PackFor = Callable[[torch.dtype, int, bool], "Pack | None"]
 #: stably; which are in range; the entries of each expert, then the out-of-range ones; the
 #: entries of each rank's experts (:func:`route_ids`; one kernel: :mod:`collectives.algorithms.moe_route`).
 Route = Callable[[torch.Tensor, int, int], tuple]
-#: ``route_for(dtype, num_experts, most)``: the :data:`Route` of a dispatch of ids of ``dtype``,
-#: at most ``most`` entries, or None for :func:`route_ids` (asked once the call's arguments are
-#: checked).
+#: ``route_for(dtype, num_experts, most)``: the :data:`Route` of a low-latency dispatch of ids of
+#: ``dtype``, at most ``most`` entries, or None for :func:`route_ids` (asked once the call's
+#: arguments are checked; throughput mode: :func:`route_ids`).
 RouteFor = Callable[[torch.dtype, int, int], "Route | None"]
 #: ``gather(rows, place, kept, splits)``: the rows a combine sends back, ``[place.numel(),
 #: hidden]``: row ``i`` is ``rows[place[i]]`` where ``kept[i]``, else zeros (:func:`gather_rows`;
@@ -251,12 +251,14 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     capacity = world * max_tokens  # rows per local expert: each source sends it each token once
     bound = _capacity(max_tokens * topk)  # rows sent at most: the allocation's size, whatever the routing
     flat = topk_ids.reshape(-1)
-    route = route_for(flat.dtype, num_experts, max_tokens * topk) if route_for else None
+    exact = mode == "throughput"
+    # (low latency only: a throughput call's max_tokens is this rank's, and ranks sharing a GPU
+    # must ask for the same kernels at the same call: collectives.runtime.communicator.kernel_together)
+    route = route_for(flat.dtype, num_experts, max_tokens * topk) if route_for and not exact else None
     if route is None:
         route = functools.partial(route_ids, scratch=scratch, most=bound)
     order, valid, bins, send_splits = route(flat, num_experts, world)  # by expert, then (token, k): by rank too
     per_expert = bins[:num_experts]
-    exact = mode == "throughput"
     # The sent rows, by destination rank and expert, and the dtype they travel as (fp8: hidden
     # e4m3 bytes, then the scale's 4 bytes, zeros to fp8_row_bytes; as bytes, which torch indexes).
     width, wire = (fp8_row_bytes(hidden), torch.float8_e4m3fn) if fp8 else (hidden, x.dtype)
