@@ -75,20 +75,20 @@ Placement = Callable[[torch.Tensor, torch.Tensor, int, int, bool], tuple]
 #: them its values (fewer than ``row_bytes``: fp8, the scale's 4 bytes next), or None for
 #: :func:`place_rows` (asked once the call's arguments are checked, before its first all-to-all).
 PlacementFor = Callable[[int, int, bool, int], "Placement | None"]
-#: ``pack(x, order, topk, out, slots)``: the rows a dispatch sends into ``out``
-#: (``[order.numel(), ...]``): row ``i`` token ``order[i] // topk`` of ``x``, with fp8 quantized
-#: (:func:`quantize`; uint8 rows: the values, the scale's 4 bytes, zeros: :func:`pack_rows`), and
-#: ``slots[order[i]] = i`` (what the combine reads its entries by); one kernel:
-#: :mod:`collectives.algorithms.moe_pack`.
-Pack = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor], None]
+#: ``pack(x, slots, topk, out)``: the rows a dispatch sends into ``out`` (``[slots.numel(), ...]``):
+#: row ``slots[t * topk + k]`` token ``t`` of ``x`` (``slots``: :func:`inverse` of the entries'
+#: sort), with fp8 quantized (:func:`quantize`; uint8 rows: the values, the scale's 4 bytes,
+#: zeros: :func:`pack_rows`); one kernel: :mod:`collectives.algorithms.moe_pack`.
+Pack = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], None]
 #: ``pack_for(dtype, hidden, fp8)``: the :data:`Pack` of a dispatch of ``hidden`` values of
 #: ``dtype`` per token, or None for torch steps (asked once the call's arguments are checked).
 PackFor = Callable[[torch.dtype, int, bool], "Pack | None"]
-#: ``route(ids, num_experts, world)``: ``(order, valid, bins, send_splits)`` of the flat expert
-#: ids of a dispatch's ``(token, k)`` entries (int32 or int64; an id out of ``0..num_experts-1``
-#: counts in a bin past the last expert's, ``bins[num_experts]``): the entries sorted by expert,
-#: stably; which are in range; the entries of each expert, then the out-of-range ones; the
-#: entries of each rank's experts (:func:`route_ids`; one kernel: :mod:`collectives.algorithms.moe_route`).
+#: ``route(ids, num_experts, world)``: ``(order, valid, bins, send_splits, slots)`` of the flat
+#: expert ids of a dispatch's ``(token, k)`` entries (int32 or int64; an id out of
+#: ``0..num_experts-1`` counts in a bin past the last expert's, ``bins[num_experts]``): the
+#: entries sorted by expert, stably; which are in range; the entries of each expert, then the
+#: out-of-range ones; the entries of each rank's experts; the sort's :func:`inverse` (None: not
+#: made) (:func:`route_ids`; one kernel: :mod:`collectives.algorithms.moe_route`).
 Route = Callable[[torch.Tensor, int, int], tuple]
 #: ``route_for(dtype, num_experts, most)``: the :data:`Route` of a low-latency dispatch of ids of
 #: ``dtype``, at most ``most`` entries, or None for :func:`route_ids` (asked once the call's
@@ -150,8 +150,8 @@ class Handle:
     scales: torch.Tensor | None = None
     #: Throughput mode: rows of every rank's combine receive buffer (the same on every rank).
     most: int = 0
-    #: Each entry's row among the rows sent (``slots[order[i]] = i``) where the dispatch's kernel
-    #: wrote it, else None (the combine computes it).
+    #: Each entry's row among the rows sent (``slots[order[i]] = i``) where the dispatch's kernels
+    #: made it (the routing's, or for the packing's), else None (the combine computes it).
     slots: torch.Tensor | None = None
     #: The ``expert_out`` :func:`combine` takes: the shape of the dispatch's ``expert_x`` and the
     #: dtype of its ``x`` (None: unchecked, a handle rebuilt from a traced graph's tensors).
@@ -257,16 +257,16 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     route = route_for(flat.dtype, num_experts, max_tokens * topk) if route_for and not exact else None
     if route is None:
         route = functools.partial(route_ids, scratch=scratch, most=bound)
-    order, valid, bins, send_splits = route(flat, num_experts, world)  # by expert, then (token, k): by rank too
+    order, valid, bins, send_splits, slots = route(flat, num_experts, world)  # by expert, then (token, k): by rank too
     per_expert = bins[:num_experts]
     # The sent rows, by destination rank and expert, and the dtype they travel as (fp8: hidden
     # e4m3 bytes, then the scale's 4 bytes, zeros to fp8_row_bytes; as bytes, which torch indexes).
     width, wire = (fp8_row_bytes(hidden), torch.float8_e4m3fn) if fp8 else (hidden, x.dtype)
     rows = scratch("rows", (bound, width), torch.uint8 if fp8 else x.dtype, device)[:order.numel()]
-    pack, slots = pack_for(x.dtype, hidden, fp8) if pack_for else None, None
-    if pack is not None:  # and each entry's sent row, for the combine
-        slots = torch.empty_like(order)
-        pack(x, order, topk, rows, slots)
+    pack = pack_for(x.dtype, hidden, fp8) if pack_for else None
+    if pack is not None:  # from each entry's sent row (which the combine reads too)
+        slots = inverse(order) if slots is None else slots
+        pack(x, slots, topk, rows)
     elif fp8:
         pack_rows(x, order, topk, rows)
     else:
@@ -318,7 +318,12 @@ def route_ids(ids: torch.Tensor, num_experts: int, world: int, scratch: Scratch 
     expert = ids.to(torch.int64).clamp(-1, num_experts).remainder(num_experts + 1)
     bins = _scatter_count(expert, num_experts + 1, scratch, ids.numel() if most is None else most)
     return (torch.sort(expert, stable=True).indices, expert < num_experts, bins,
-            bins[:num_experts].view(world, -1).sum(1))
+            bins[:num_experts].view(world, -1).sum(1), None)
+
+
+def inverse(order: torch.Tensor) -> torch.Tensor:
+    """The permutation ``order``'s inverse: ``slots[order[i]] = i`` (each entry's sent row)."""
+    return torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
 
 
 def pack_rows(x: torch.Tensor, order: torch.Tensor, topk: int, out: torch.Tensor) -> None:
@@ -403,9 +408,7 @@ def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, e
                                                                        torch.int64, expert_out.device))
     exchange(entries, back, splits[0], splits[1])  # in the dispatch's sorted order
     if weighted_sum is not None:  # (it takes an unsent entry's weight as 0)
-        slots = h.slots
-        if slots is None:
-            slots = torch.empty_like(h.order).scatter_(0, h.order, torch.arange(h.order.numel(), device=h.order.device))
+        slots = inverse(h.order) if h.slots is None else h.slots
         # the whole buffer: its rows size the output's allocation (the most tokens of the shape)
         return weighted_sum(received, slots, h.valid, h.weights.float().reshape(-1), h.tokens, h.topk)
     weights = torch.where(h.valid.view(h.tokens, h.topk), h.weights, 0).float()
@@ -544,5 +547,5 @@ def _collective(api: Any, group: Group) -> Exchange:
 
 __all__ = ["BUFFER_NAMES", "E4M3_MAX", "MODES", "Empty", "Exchange", "Gather", "Handle", "Pack", "PackFor",
            "Placement", "PlacementFor", "Route", "RouteFor", "Scratch", "WeightedSum", "combine", "combine_with", "dispatch", "dispatch_with",
-           "fp8_row_bytes", "gather_rows", "handle_from", "handle_tensors", "pack_rows", "place_rows", "plain", "quantize",
+           "fp8_row_bytes", "gather_rows", "handle_from", "handle_tensors", "inverse", "pack_rows", "place_rows", "plain", "quantize",
            "route_ids"]

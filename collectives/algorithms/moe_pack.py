@@ -1,21 +1,20 @@
 """The rows an MoE dispatch sends (:func:`collectives.moe.dispatch`), one kernel on one GPU:
-each straight from its token, quantized to fp8 with ``fp8=True`` (``quantize``), else copied;
-and, for the combine, each entry's sent row (``slots[order[i]] = i``: the sort's inverse).
+each straight from its token, quantized to fp8 with ``fp8=True`` (``quantize``), else copied.
 
-Sent row ``i`` is token ``order[i] // topk``'s (``order``: the ``(token, k)`` entries sorted
-by expert), as it travels (:func:`collectives.moe.fp8_row_bytes`): its ``hidden`` values as
+Entry ``(t, k)`` of token ``t`` is sent as row ``slots[t * topk + k]`` (the inverse of the
+entries' sort by expert: :mod:`collectives.algorithms.moe_route` writes it), as it travels (:func:`collectives.moe.fp8_row_bytes`): its ``hidden`` values as
 float8_e4m3fn, its f32 scale's 4 bytes, zeros to ``row_bytes``.  The scale is the token's
 largest magnitude over 448 (1 where that is 0 or NaN) and each value ``x / scale`` converted
 as torch converts (:mod:`collectives.device.rounding`: ``amax``, ``fp8_scale``, ``div_rn``,
-``e4m3``), so the bytes are :func:`collectives.moe.quantize`'s.  One block per row (the grid
-strides): its threads take the token's largest magnitude over their share of its values, a
+``e4m3``), so the bytes are :func:`collectives.moe.quantize`'s.  One block per token (the
+grid strides): its threads take the token's largest magnitude over their share of its values, a
 tree in shared memory gives the block's, then they read the values again (from the L1/L2
-cache) and store the bytes, ``vec`` of them at once.  It replaces some fifteen torch
-operations over the tokens (the quantization, the packing of values and scale, the gather of
-the sent rows), and reads bf16 tokens once per sent row where the gather read the packed ones.
-Without ``quantize`` a row is its token's, copied ``vec`` values at once (a gather and the
-division that found its token, in torch).  Either way the block's thread 0 writes the row's
-slot, which the combine computed with two more launches.
+cache), quantize each once and store its bytes, ``vec`` of them at once, into each of the
+token's ``topk`` rows.  It replaces some fifteen torch operations over the tokens (the
+quantization, the packing of values and scale, the gather of the sent rows).  Without
+``quantize`` a row is its token's, copied ``vec`` values at once (a gather and the division
+that found its token, in torch).  Until 2026-11-28 a block made one row, so that each token was
+read, and with fp8 its largest magnitude found and its values quantized, ``topk`` times.
 """
 
 from __future__ import annotations
@@ -44,13 +43,12 @@ MAX_BLOCKS = 264
 MOE_PACK = Layout("MoePackArgs", (
     Arg("rows", Int64, "out: the sent rows, row_bytes each (16-byte aligned)"),
     Arg("x", Int64, "the tokens: tokens x hidden of the key's dtype"),
-    Arg("order", Int64, "int64[n]: the entry each sent row is (its token: the entry // topk)"),
-    Arg("n", Int64, "rows to send"),
+    Arg("slots", Int64, "int64[tokens * topk]: each entry's sent row"),
+    Arg("tokens", Int64, "tokens (rows sent: tokens * topk)"),
     Arg("topk", Int64, "entries per token"),
     Arg("hidden", Int64, "values per token (a multiple of the key's vec, and of 4)"),
     Arg("row_bytes", Int64, "bytes per sent row: hidden, the scale's 4, zeros (a multiple of 16; quantize), "
                             "else hidden values"),
-    Arg("slots", Int64, "int64[n], out: slots[order[i]] = i"),
 ))
 
 
@@ -74,9 +72,9 @@ class MoePackKey:
             raise ValueError(f"vec must be 1 or {DTYPES[self.dtype].elements(16)} for {self.dtype}, not {self.vec}")
         check_threads(self.threads)  # a power of two: the shared-memory tree halves them
 
-    def blocks(self, n: int) -> int:
-        """Thread blocks of a launch for ``n`` rows (at least 1)."""
-        return max(1, min(MAX_BLOCKS, n))
+    def blocks(self, tokens: int) -> int:
+        """Thread blocks of a launch for ``tokens`` tokens (at least 1)."""
+        return max(1, min(MAX_BLOCKS, tokens))
 
 
 def build(key: MoePackKey):
@@ -92,19 +90,21 @@ def build(key: MoePackKey):
         if cutlass.const_expr(key.quantize):  # each thread's largest magnitude, then the block's
             most = SmemAllocator().allocate_tensor(Float32, cute.make_layout(threads), byte_alignment=4)
         pieces = args.hidden // vec
-        i = Int64(cute.arch.block_idx()[0])
-        while i < args.n:
-            entry = ptxops.ld(gmem(Int64, args.order, 8, LOCAL, by) + i, dtype=Int64)
-            if tidx == Int64(0):
-                ptxops.st(gmem(Int64, args.slots, 8, LOCAL, by) + entry, i)
-            token = entry // args.topk
+        slots = gmem(Int64, args.slots, 8, LOCAL, by)
+        token = Int64(cute.arch.block_idx()[0])
+        while token < args.tokens:
             src = gmem(dtype, args.x, align, LOCAL, by) + cute.assume(token * args.hidden, divby=vec)
             if cutlass.const_expr(not key.quantize):
-                dst = gmem(dtype, args.rows, align, LOCAL, by) + cute.assume(i * args.hidden, divby=vec)
                 p = tidx
                 while p < pieces:
                     at = cute.assume(p * vec, divby=vec)
-                    ptxops.st(dst + at, ptxops.ld(src + at, num_elements=vec))
+                    values = ptxops.ld(src + at, num_elements=vec)
+                    k = Int64(0)
+                    while k < args.topk:  # the token's rows
+                        i = ptxops.ld(slots + token * args.topk + k, dtype=Int64)
+                        ptxops.st(gmem(dtype, args.rows, align, LOCAL, by) + cute.assume(i * args.hidden, divby=vec)
+                                  + at, values)
+                        k += 1
                     p += threads
             else:
                 m = rounding.zero()
@@ -122,7 +122,6 @@ def build(key: MoePackKey):
                         most[tidx] = rounding.amax(most[tidx], most[tidx + half])
                     cute.arch.sync_threads()
                 scale = rounding.fp8_scale(most[0])
-                row = args.rows + i * args.row_bytes
                 p = tidx
                 while p < pieces:
                     values = ptxops.ld(src + cute.assume(p * vec, divby=vec), num_elements=vec)
@@ -136,18 +135,30 @@ def build(key: MoePackKey):
                                          | (Uint32(q[4 * w + 2]) << Uint32(16))
                                          | (Uint32(q[4 * w + 3]) << Uint32(24)))
                         at = cute.assume(p * words, divby=words)
-                        ptxops.st(gmem(Uint32, row, 4 * words, LOCAL, by) + at, packed.load())
+                        word = packed.load()
+                        k = Int64(0)
+                        while k < args.topk:  # the token's rows
+                            row = args.rows + ptxops.ld(slots + token * args.topk + k, dtype=Int64) * args.row_bytes
+                            ptxops.st(gmem(Uint32, row, 4 * words, LOCAL, by) + at, word)
+                            k += 1
                     else:
-                        ptxops.st(gmem(Uint8, row, 1, LOCAL, by) + p, q[0])
+                        k = Int64(0)
+                        while k < args.topk:
+                            row = args.rows + ptxops.ld(slots + token * args.topk + k, dtype=Int64) * args.row_bytes
+                            ptxops.st(gmem(Uint8, row, 1, LOCAL, by) + p, q[0])
+                            k += 1
                     p += threads
-                if tidx == Int64(0):  # the scale (4-byte aligned: hidden is a multiple of 4), then zeros
+                k = tidx
+                while k < args.topk:  # a thread per row: the scale (4-byte aligned: hidden is a multiple of 4), zeros
+                    row = args.rows + ptxops.ld(slots + token * args.topk + k, dtype=Int64) * args.row_bytes
                     ptxops.st(gmem(Float32, row + args.hidden, 4, LOCAL, by), rounding.narrow([scale], Float32))
                     b = args.hidden + 4
                     while b < args.row_bytes:
                         ptxops.st(gmem(Uint8, row, 1, LOCAL, by) + b, Uint8(0))
                         b += 1
-                cute.arch.sync_threads()  # every thread is done with most[] before the next row's
-            i += Int64(cute.arch.grid_dim()[0])
+                    k += threads
+                cute.arch.sync_threads()  # every thread is done with most[] before the next token's
+            token += Int64(cute.arch.grid_dim()[0])
 
     return launcher(kernel, threads, layout=MOE_PACK)
 

@@ -5,8 +5,9 @@ first all-to-all.
 Entry ``i``'s expert is ``ids[i]``, or ``E`` (a bin past the last expert's) where that is out
 of ``0..E-1``.  The kernel writes ``valid[i]`` (its id is in range), ``bins`` (the entries of
 each expert, then the out-of-range ones), ``send_splits`` (the entries of each destination
-rank's ``L`` experts) and ``order``: the entries sorted by expert, stably (by ``i`` within an
-expert), so that entry ``i`` is at ``start[e] + rank`` (``start``: the exclusive prefix sum of
+rank's ``L`` experts), ``order``: the entries sorted by expert, stably (by ``i`` within an
+expert), and its inverse ``slots`` (``order[slots[i]] = i``: each entry's sent row, which the
+rows' packing and the combine read), entry ``i`` being at ``start[e] + rank`` (``start``: the exclusive prefix sum of
 ``bins``; ``rank``: the entries of ``e`` before ``i``).  It is a counting sort: the entries go
 through shared memory a chunk of ``threads`` at a time, each thread finding its entry's rank
 among the chunk's by comparing it with the chunk's earlier entries (no atomics: the result is
@@ -50,6 +51,7 @@ MOE_ROUTE = Layout("MoeRouteArgs", (
     Arg("valid", Int64, "uint8[n], out: 1 where the entry's id is in range"),
     Arg("bins", Int64, "int64[E + 1], out: entries per expert, then the out-of-range ones"),
     Arg("send_splits", Int64, "int64[E / L], out: entries per destination rank"),
+    Arg("slots", Int64, "int64[n], out: each entry's place in order (order[slots[i]] = i)"),
 ))
 
 
@@ -113,6 +115,7 @@ def build(key: MoeRouteKey):
                     at = count[e] + before
                     if cutlass.const_expr(placing):  # count[e]: where e's next entry goes
                         ptxops.st(gmem(Int64, args.order, 8, LOCAL, by) + at, i)
+                        ptxops.st(gmem(Int64, args.slots, 8, LOCAL, by) + i, at)
                         valid = Uint8(0)
                         if e < args.experts:
                             valid = Uint8(1)

@@ -89,13 +89,12 @@ def pack(comm: Runtime, dtype: torch.dtype, hidden: int, fp8: bool):
         return None
     fn, device = comm.kernel_together(key), comm.device_index
 
-    def run(x: torch.Tensor, order: torch.Tensor, topk: int, out: torch.Tensor, slots: torch.Tensor) -> None:
+    def run(x: torch.Tensor, slots: torch.Tensor, topk: int, out: torch.Tensor) -> None:
         x = x.contiguous()
         _aligned(key.vec * x.element_size(), x, out)
-        args = MOE_PACK.pack(rows=out.data_ptr(), x=x.data_ptr(), order=order.data_ptr(), n=order.numel(),
-                             topk=topk, hidden=hidden, row_bytes=out.shape[1] * out.element_size(),
-                             slots=slots.data_ptr())
-        fn(*args, key.blocks(order.numel()), current_stream(device))
+        args = MOE_PACK.pack(rows=out.data_ptr(), x=x.data_ptr(), slots=slots.data_ptr(), tokens=x.shape[0],
+                             topk=topk, hidden=hidden, row_bytes=out.shape[1] * out.element_size())
+        fn(*args, key.blocks(x.shape[0]), current_stream(device))
 
     return run
 
@@ -128,11 +127,12 @@ def route(comm: Runtime, dtype: torch.dtype, experts: int, most: int,
         valid = torch.empty(n, dtype=torch.bool, device=at)
         bins = empty("bins", (num_experts + 1,), torch.int64, at)
         send_splits = torch.empty(world, dtype=torch.int64, device=at)
+        slots = torch.empty(n, dtype=torch.int64, device=at)
         args = MOE_ROUTE.pack(ids=ids.data_ptr(), n=n, experts=num_experts, local=num_experts // world,
                               order=order.data_ptr(), valid=valid.data_ptr(), bins=bins.data_ptr(),
-                              send_splits=send_splits.data_ptr())
+                              send_splits=send_splits.data_ptr(), slots=slots.data_ptr())
         fn(*args, 1, current_stream(device))
-        return order, valid, bins, send_splits
+        return order, valid, bins, send_splits, slots
 
     return run
 

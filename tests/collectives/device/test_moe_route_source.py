@@ -1,6 +1,6 @@
 """The MoE dispatch's routing kernel as its own source runs it (CPU, no CuTeDSL compile), against
 the torch steps it replaces (:func:`collectives.moe.route_ids`: the id mapping, the mask, the
-stable sort, the counts, the splits).
+stable sort, the counts, the splits; the sort's inverse, which the packing kernel reads).
 
 :mod:`device_sim` executes :mod:`collectives.algorithms.moe_route` from its source file over
 simulated memory, threads interleaved at random at every access: ids of both dtypes from random
@@ -39,7 +39,7 @@ SOURCE = source()
 
 def run_kernel(ids: torch.Tensor, experts: int, world: int, seed: int,
                module: types.ModuleType = SOURCE) -> tuple[torch.Tensor, ...]:
-    """The kernel on the flat ``ids``: what it wrote (order, valid, bins, send_splits)."""
+    """The kernel on the flat ``ids``: what it wrote (order, valid, bins, send_splits, slots)."""
     key = MoeRouteKey("i32" if ids.dtype == torch.int32 else "i64")
     object.__setattr__(key, "threads", THREADS)  # scaled down: entries outnumber the threads
     kernel = module.build(key)
@@ -47,30 +47,35 @@ def run_kernel(ids: torch.Tensor, experts: int, world: int, seed: int,
     sim = Sim(seed)
     mem = sim.memory
     at = {name: mem.alloc(max(nbytes, 1)) for name, nbytes in [
-        ("ids", size * n), ("order", 8 * n), ("valid", n), ("bins", 8 * (experts + 1)), ("send", 8 * world)]}
+        ("ids", size * n), ("order", 8 * n), ("valid", n), ("bins", 8 * (experts + 1)), ("send", 8 * world),
+        ("slots", 8 * n)]}
     for i, v in enumerate(ids.tolist()):
         mem.store(at["ids"] + size * i, v, Int32 if size == 4 else Int64)
-    for name in ("order", "valid", "bins", "send"):
-        for b in range({"order": 8 * n, "valid": n, "bins": 8 * (experts + 1), "send": 8 * world}[name]):
+    sizes = {"order": 8 * n, "valid": n, "bins": 8 * (experts + 1), "send": 8 * world, "slots": 8 * n}
+    for name, nbytes in sizes.items():
+        for b in range(nbytes):
             mem.store(at[name] + b, UNTOUCHED, Uint8)
     args = types.SimpleNamespace(ids=Int64(at["ids"]), n=Int64(n), experts=Int64(experts),
                                  local=Int64(experts // world), order=Int64(at["order"]),
-                                 valid=Int64(at["valid"]), bins=Int64(at["bins"]), send_splits=Int64(at["send"]))
+                                 valid=Int64(at["valid"]), bins=Int64(at["bins"]), send_splits=Int64(at["send"]),
+                                 slots=Int64(at["slots"]))
     sim.spawn(lambda: sim.launch(lambda: kernel(args), Context(rank=0, call=0), 1, THREADS, [0]), Context(rank=0))
     sim.run()
     return (torch.tensor(mem.words(at["order"], n, Int64), dtype=torch.int64),
             torch.tensor(mem.words(at["valid"], n, Uint8), dtype=torch.uint8),
             torch.tensor(mem.words(at["bins"], experts + 1, Int64), dtype=torch.int64),
-            torch.tensor(mem.words(at["send"], world, Int64), dtype=torch.int64))
+            torch.tensor(mem.words(at["send"], world, Int64), dtype=torch.int64),
+            torch.tensor(mem.words(at["slots"], n, Int64), dtype=torch.int64))
 
 
 def check(ids: torch.Tensor, experts: int, world: int, seed: int, module: types.ModuleType = SOURCE) -> None:
-    order, valid, bins, send = run_kernel(ids, experts, world, seed, module)
+    order, valid, bins, send, slots = run_kernel(ids, experts, world, seed, module)
     want = moe.route_ids(ids, experts, world)
     assert torch.equal(order, want[0]), (order, want[0])
     assert torch.equal(valid, want[1].to(torch.uint8)), (valid, want[1])
     assert torch.equal(bins, want[2]), (bins, want[2])
     assert torch.equal(send, want[3]), (send, want[3])
+    assert torch.equal(slots, moe.inverse(want[0])), (slots, want[0])
 
 
 def random_ids(rng: random.Random, tokens: int, topk: int, experts: int, dtype: torch.dtype) -> torch.Tensor:
@@ -109,6 +114,7 @@ def test_no_entries_and_every_entry_to_one_expert() -> None:
     (("if raw < args.experts:", "if raw < args.experts + 8:"), "the ids past the last expert"),
     (("v += spare[j - step]", "v = spare[j - step]"), "the prefix sums"),
     (("first = spare[w * args.local - 1]", "first = spare[w * args.local]"), "the splits"),
+    (("LOCAL, by) + i, at)", "LOCAL, by) + at, i)"), "the slots"),
 ])
 def test_a_broken_kernel_fails_the_check(edit: tuple, what: str) -> None:
     """Each edit of the kernel's source is caught (so the check reads what the kernel does)."""
