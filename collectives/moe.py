@@ -431,7 +431,8 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     ``fp8``: the rows travel and arrive as float8_e4m3fn with a scale per token
     (:func:`quantize`; ``handle.scales``; not inside torch.compile).  One kernel routes the
     entries, one makes the rows sent, one places the received rows
-    (:mod:`collectives.runtime.moe_kernels`; torch steps with ``COLLECTIVES_MOE_FUSED=0``).  Returns ``(expert_x, counts, handle)``."""
+    (:mod:`collectives.runtime.moe_kernels`; torch steps with ``COLLECTIVES_MOE_FUSED=0``).
+    Returns ``(expert_x, counts, handle)``."""
     from .runtime.communicator import communicator, traceable
 
     max_tokens = x.shape[0] if max_tokens is None else max_tokens
@@ -546,6 +547,6 @@ def _collective(api: Any, group: Group) -> Exchange:
 
 
 __all__ = ["BUFFER_NAMES", "E4M3_MAX", "MODES", "Empty", "Exchange", "Gather", "Handle", "Pack", "PackFor",
-           "Placement", "PlacementFor", "Route", "RouteFor", "Scratch", "WeightedSum", "combine", "combine_with", "dispatch", "dispatch_with",
-           "fp8_row_bytes", "gather_rows", "handle_from", "handle_tensors", "inverse", "pack_rows", "place_rows", "plain", "quantize",
-           "route_ids"]
+           "Placement", "PlacementFor", "Route", "RouteFor", "Scratch", "WeightedSum", "combine", "combine_with",
+           "dispatch", "dispatch_with", "fp8_row_bytes", "gather_rows", "handle_from", "handle_tensors", "inverse",
+           "pack_rows", "place_rows", "plain", "quantize", "route_ids"]

@@ -2,19 +2,20 @@
 each straight from its token, quantized to fp8 with ``fp8=True`` (``quantize``), else copied.
 
 Entry ``(t, k)`` of token ``t`` is sent as row ``slots[t * topk + k]`` (the inverse of the
-entries' sort by expert: :mod:`collectives.algorithms.moe_route` writes it), as it travels (:func:`collectives.moe.fp8_row_bytes`): its ``hidden`` values as
-float8_e4m3fn, its f32 scale's 4 bytes, zeros to ``row_bytes``.  The scale is the token's
-largest magnitude over 448 (1 where that is 0 or NaN) and each value ``x / scale`` converted
-as torch converts (:mod:`collectives.device.rounding`: ``amax``, ``fp8_scale``, ``div_rn``,
-``e4m3``), so the bytes are :func:`collectives.moe.quantize`'s.  One block per token (the
-grid strides): its threads take the token's largest magnitude over their share of its values, a
-tree in shared memory gives the block's, then they read the values again (from the L1/L2
-cache), quantize each once and store its bytes, ``vec`` of them at once, into each of the
-token's ``topk`` rows.  It replaces some fifteen torch operations over the tokens (the
-quantization, the packing of values and scale, the gather of the sent rows).  Without
-``quantize`` a row is its token's, copied ``vec`` values at once (a gather and the division
-that found its token, in torch).  Until 2026-11-28 a block made one row, so that each token was
-read, and with fp8 its largest magnitude found and its values quantized, ``topk`` times.
+entries' sort by expert: :mod:`collectives.algorithms.moe_route` writes it), as it travels
+(:func:`collectives.moe.fp8_row_bytes`): its ``hidden`` values as float8_e4m3fn, its f32 scale's
+4 bytes, zeros to ``row_bytes``.  The scale is the token's largest magnitude over 448 (1 where
+that is 0 or NaN) and each value ``x / scale`` converted as torch converts
+(:mod:`collectives.device.rounding`: ``amax``, ``fp8_scale``, ``div_rn``, ``e4m3``), so the
+bytes are :func:`collectives.moe.quantize`'s.  One block per token (the grid strides): its
+threads take the token's largest magnitude over their share of its values, a tree in shared
+memory gives the block's, then they read the values again (from the L1/L2 cache), quantize each
+once and store its bytes, ``vec`` of them at once, into each of the token's ``topk`` rows.  It
+replaces some fifteen torch operations over the tokens (the quantization, the packing of values
+and scale, the gather of the sent rows).  Without ``quantize`` a row is its token's, copied
+``vec`` values at once (a gather and the division that found its token, in torch).  Until
+2026-11-28 a block made one row, so that each token was read, and with fp8 its largest magnitude
+found and its values quantized, ``topk`` times.
 """
 
 from __future__ import annotations
