@@ -63,13 +63,15 @@ Exchange = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], An
 #: ``empty(name, shape, dtype, device)``: the receive buffer ``name`` (the same shape on every
 #: rank; reused by the next call of the same shape).
 Empty = Callable[[str, tuple, torch.dtype, torch.device], torch.Tensor]
-#: ``placement(counts, received, rows_out, capacity, exact)``: ``(expert_x, place, kept,
-#: expert_counts, lost, scales)`` for the received rows (``counts``: ``[W, L]``, what each
-#: source sent each local expert): ``expert_x`` of ``rows_out + 1`` rows (the last: the trash
-#: row) of each row's values, each kept row at its ``place``, the dropped rows' place the trash
-#: row, and the arrived rows dropped (``lost``, a GPU scalar); with fp8 rows, their scales
-#: (f32, ``rows_out + 1``; else None); see :mod:`collectives.algorithms.moe_place`.
-Placement = Callable[[torch.Tensor, torch.Tensor, int, int, bool], tuple]
+#: ``placement(counts, received, rows_out, capacity, exact, dropped_before)``: ``(expert_x, place,
+#: kept, expert_counts, dropped, scales, recv_splits)`` for the received rows (``counts``:
+#: ``[W, L]``, what each source sent each local expert): ``expert_x`` of ``rows_out + 1`` rows
+#: (the last: the trash row) of each row's values, each kept row at its ``place``, the dropped
+#: rows' place the trash row, the arrived rows dropped plus ``dropped_before`` (a GPU scalar: the
+#: entries dropped before the exchange; ``dropped``, a GPU scalar); with fp8 rows, their scales
+#: (f32, ``rows_out + 1``; else None); the rows each source sent (``counts``' sums); see
+#: :mod:`collectives.algorithms.moe_place`.
+Placement = Callable[[torch.Tensor, torch.Tensor, int, int, bool, torch.Tensor], tuple]
 #: ``placement_for(local, row_bytes, exact, values)``: the :data:`Placement` of a dispatch to
 #: ``local`` experts per rank whose rows travel as ``row_bytes`` bytes, the first ``values`` of
 #: them its values (fewer than ``row_bytes``: fp8, the scale's 4 bytes next), or None for
@@ -83,22 +85,24 @@ Pack = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], None]
 #: ``pack_for(dtype, hidden, fp8)``: the :data:`Pack` of a dispatch of ``hidden`` values of
 #: ``dtype`` per token, or None for torch steps (asked once the call's arguments are checked).
 PackFor = Callable[[torch.dtype, int, bool], "Pack | None"]
-#: ``route(ids, num_experts, world)``: ``(order, valid, bins, send_splits, slots)`` of the flat
-#: expert ids of a dispatch's ``(token, k)`` entries (int32 or int64; an id out of
+#: ``route(ids, num_experts, world, bins)``: ``(order, valid, bins, send_splits, slots)`` of the
+#: flat expert ids of a dispatch's ``(token, k)`` entries (int32 or int64; an id out of
 #: ``0..num_experts-1`` counts in a bin past the last expert's, ``bins[num_experts]``): the
 #: entries sorted by expert, stably; which are in range; the entries of each expert, then the
-#: out-of-range ones; the entries of each rank's experts; the sort's :func:`inverse` (None: not
-#: made) (:func:`route_ids`; one kernel: :mod:`collectives.algorithms.moe_route`).
-Route = Callable[[torch.Tensor, int, int], tuple]
+#: out-of-range ones (into ``bins``, int64[num_experts + 1]); the entries of each rank's experts;
+#: the sort's :func:`inverse` (None: not made) (:func:`route_ids`; one kernel:
+#: :mod:`collectives.algorithms.moe_route`).
+Route = Callable[[torch.Tensor, int, int, torch.Tensor], tuple]
 #: ``route_for(dtype, num_experts, most)``: the :data:`Route` of a low-latency dispatch of ids of
 #: ``dtype``, at most ``most`` entries, or None for :func:`route_ids` (asked once the call's
 #: arguments are checked; throughput mode: :func:`route_ids`).
 RouteFor = Callable[[torch.dtype, int, int], "Route | None"]
-#: ``gather(rows, place, kept, splits)``: the rows a combine sends back, ``[place.numel(),
-#: hidden]``: row ``i`` is ``rows[place[i]]`` where ``kept[i]``, else zeros (:func:`gather_rows`;
-#: one kernel: :mod:`collectives.algorithms.moe_gather`, which leaves the rows past the first
-#: ``sum(splits)``, those that arrived, never sent back, unwritten).
-Gather = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+#: ``gather(rows, place, kept, send_splits, recv_splits, copy)``: the rows a combine sends back,
+#: ``[place.numel(), hidden]``: row ``i`` is ``rows[place[i]]`` where ``kept[i]``, else zeros,
+#: and both splits copied into ``copy`` (``[2, W]``) (:func:`gather_rows`; one kernel:
+#: :mod:`collectives.algorithms.moe_gather`, which leaves the rows past the first
+#: ``sum(recv_splits)``, those that arrived, never sent back, unwritten).
+Gather = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 #: ``weighted_sum(entries, slots, valid, weights, tokens, topk)``: the combine's output,
 #: ``[tokens, hidden]`` in ``entries``' dtype (allocated for ``entries.shape[0] // topk`` tokens,
 #: the most of any call of the shape, and cut to ``tokens``: see :func:`dispatch_with`): token
@@ -159,11 +163,18 @@ class Handle:
     dtype: torch.dtype | None = None
 
 
-def _scatter_count(index: torch.Tensor, bins: int, scratch: Scratch, most: int) -> torch.Tensor:
-    """``bincount(index, minlength=bins)`` without a host sync (torch's reads the maximum back),
-    into ``scratch``'s buffer (``index``: at most ``most`` entries)."""
+def _scatter_count(index: torch.Tensor, out: torch.Tensor, scratch: Scratch, most: int) -> torch.Tensor:
+    """``bincount(index, minlength=out.numel())`` into ``out`` without a host sync (torch's
+    reads the maximum back; ``index``: at most ``most`` entries, ones from ``scratch``)."""
     ones = scratch("ones", (most,), torch.int64, index.device, 1)[:index.numel()]
-    return scratch("bins", (bins,), torch.int64, index.device).zero_().scatter_add_(0, index, ones)
+    return out.zero_().scatter_add_(0, index, ones)
+
+
+def _tallies(scratch: Scratch, bins: int, device: torch.device) -> torch.Tensor:
+    """A dispatch's ``[2, bins]`` scratch buffer: its ``bins`` (the entries of each expert, then
+    the out-of-range ones), then the counts the exchange brings (every expert but the last bin's),
+    so that one sum makes both all-to-alls' splits."""
+    return scratch("tallies", (2, bins), torch.int64, device)
 
 
 def _capacity(rows: int) -> int:
@@ -257,7 +268,9 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     route = route_for(flat.dtype, num_experts, max_tokens * topk) if route_for and not exact else None
     if route is None:
         route = functools.partial(route_ids, scratch=scratch, most=bound)
-    order, valid, bins, send_splits, slots = route(flat, num_experts, world)  # by expert, then (token, k): by rank too
+    tallies = _tallies(scratch, num_experts + 1, device)
+    # by expert, then (token, k): by rank too
+    order, valid, bins, send_splits, slots = route(flat, num_experts, world, tallies[0])
     per_expert = bins[:num_experts]
     # The sent rows, by destination rank and expert, and the dtype they travel as (fp8: hidden
     # e4m3 bytes, then the scale's 4 bytes, zeros to fp8_row_bytes; as bytes, which torch indexes).
@@ -281,24 +294,25 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
 
     # The per-expert counts, row s to rank s (their bits, as float32 pairs: the all-to-all moves
     # the library's dtypes); then the rows.
-    counts = scratch("counts", (world, local), torch.int64, device)
+    counts = tallies[1, :num_experts].view(world, local)
     exchange(counts.view(torch.float32), per_expert.view(world, local).view(torch.float32), None, None)
-    recv_splits = counts.sum(1)
+    # Both all-to-alls' splits in one scratch buffer, by one sum (its place in the rows' plan key the
+    # same at each call; the handle's are its own, which the next dispatch does not rewrite).
+    splits = torch.sum(tallies[:, :num_experts].view(2, world, local), 2,
+                       out=scratch("splits", (2, world), torch.int64, device))
     most = 0
     if exact:  # every rank's rows to receive and tokens: the buffers' sizes, the same everywhere
-        (total, _), sizes = _everyone(exchange, world, [recv_splits.sum(), torch.tensor(tokens, device=device)])
+        (total, _), sizes = _everyone(exchange, world, [splits[1].sum(), torch.tensor(tokens, device=device)])
         received = empty("dispatch", (_capacity(max(r for r, _ in sizes)), width), wire, device)
         most = _capacity(max(t for _, t in sizes) * topk)
-    # (the splits copied into one scratch buffer: its place in the all-to-all's plan key the same
-    # at each call; the handle keeps its own, which the next dispatch does not rewrite)
-    splits = torch.stack((send_splits, recv_splits), out=scratch("splits", (2, world), torch.int64, device))
     exchange(received, rows.view(wire), splits[1], splits[0])
     received = received.view(rows.dtype)
 
     rows_out = total if exact else local * capacity
     place_with = placement or functools.partial(place_rows, values=values)
-    expert_x, place, kept, expert_counts, lost, scales = place_with(counts, received, rows_out, capacity, exact)
-    dropped = bins[num_experts] + lost  # the ids out of range, the rows past a capacity
+    # (dropped: the ids out of range and the rows past a capacity)
+    expert_x, place, kept, expert_counts, dropped, scales, recv_splits = place_with(
+        counts, received, rows_out, capacity, exact, bins[num_experts])
     handle = Handle(order, valid, topk_weights, send_splits, recv_splits, place, kept, tokens, topk, dropped,
                     most=most, slots=slots)
     expert_x = expert_x[:-1] if exact else expert_x[:-1].view(local, capacity, expert_x.shape[1])
@@ -309,14 +323,15 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     return expert_x, expert_counts, handle
 
 
-def route_ids(ids: torch.Tensor, num_experts: int, world: int, scratch: Scratch = plain,
-              most: int | None = None) -> tuple[torch.Tensor, ...]:
-    """The torch steps of a :data:`Route` (``bins`` in ``scratch``'s buffer; ``most``: the
-    entries of any call of the shape, ``ids.numel()`` by default)."""
+def route_ids(ids: torch.Tensor, num_experts: int, world: int, bins: torch.Tensor | None = None,
+              scratch: Scratch = plain, most: int | None = None) -> tuple[torch.Tensor, ...]:
+    """The torch steps of a :data:`Route` (``bins`` None: a new tensor; ``most``: the entries
+    of any call of the shape, ``ids.numel()`` by default: the ones counted from ``scratch``)."""
     # An id out of range goes to a bin past the last rank's (below 0: clamped to -1, which the
     # remainder maps there).
     expert = ids.to(torch.int64).clamp(-1, num_experts).remainder(num_experts + 1)
-    bins = _scatter_count(expert, num_experts + 1, scratch, ids.numel() if most is None else most)
+    bins = torch.empty(num_experts + 1, dtype=torch.int64, device=ids.device) if bins is None else bins
+    bins = _scatter_count(expert, bins, scratch, ids.numel() if most is None else most)
     return (torch.sort(expert, stable=True).indices, expert < num_experts, bins,
             bins[:num_experts].view(world, -1).sum(1), None)
 
@@ -338,10 +353,12 @@ def pack_rows(x: torch.Tensor, order: torch.Tensor, topk: int, out: torch.Tensor
 
 
 def place_rows(counts: torch.Tensor, received: torch.Tensor, rows_out: int, capacity: int, exact: bool,
+               dropped_before: torch.Tensor | None = None,
                values: int | None = None) -> tuple[torch.Tensor | None, ...]:
     """The torch steps of a :data:`Placement`: each received row's place, expert ``l``'s rows by
     source, then in the source's order (see :mod:`collectives.algorithms.moe_place`); the first
-    ``values`` bytes of a row placed (None: all; fewer: fp8, the scale's 4 bytes next)."""
+    ``values`` bytes of a row placed (None: all; fewer: fp8, the scale's 4 bytes next); the
+    dropped count without ``dropped_before`` where None."""
     world, local = counts.shape
     room, device = received.shape[0], received.device
     room_out = max(rows_out, room) + 1  # expert_x's allocated rows: fixed by the shape (see dispatch_with)
@@ -368,12 +385,16 @@ def place_rows(counts: torch.Tensor, received: torch.Tensor, rows_out: int, capa
     if values is not None and values < expert_x.shape[1] * expert_x.element_size():
         scales = expert_x[:, values:values + 4].contiguous().view(torch.float32)[:, 0]
         expert_x = expert_x[:, :values].contiguous()
-    return expert_x, place, kept, expert_counts, (arrived & ~kept).sum(), scales
+    dropped = (arrived & ~kept).sum()
+    if dropped_before is not None:
+        dropped = dropped + dropped_before
+    return expert_x, place, kept, expert_counts, dropped, scales, counts.sum(1)
 
 
-def gather_rows(rows: torch.Tensor, place: torch.Tensor, kept: torch.Tensor,
-                splits: torch.Tensor | None = None) -> torch.Tensor:
-    """The torch steps of a :data:`Gather` (every row made: ``splits`` unread)."""
+def gather_rows(rows: torch.Tensor, place: torch.Tensor, kept: torch.Tensor, send_splits: torch.Tensor,
+                recv_splits: torch.Tensor, copy: torch.Tensor) -> torch.Tensor:
+    """The torch steps of a :data:`Gather` (every row made)."""
+    torch.stack((send_splits, recv_splits), out=copy)
     if rows.shape[0]:
         back = rows.index_select(0, place.clamp(max=rows.shape[0] - 1))
     else:  # nothing was received: every row sent back is a zero
@@ -398,14 +419,14 @@ def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, e
         most = expert_out.shape[1] // h.send_splits.numel() * h.topk  # max_tokens x topk, the same everywhere
     else:  # throughput: the packed rows
         most = h.most
-    back = (gather or gather_rows)(expert_out.reshape(-1, hidden), h.place, h.kept, h.recv_splits)
+    # (the splits copied into one scratch buffer: its place in the all-to-all's plan key the same at each call)
+    splits = scratch("splits", (2, h.send_splits.numel()), torch.int64, expert_out.device)
+    back = (gather or gather_rows)(expert_out.reshape(-1, hidden), h.place, h.kept, h.send_splits, h.recv_splits,
+                                   splits)
     received = empty("combine", (most, hidden), expert_out.dtype, expert_out.device)
     entries = received[:h.tokens * h.topk]
     if weighted_sum is None:  # the torch steps read every entry: the unsent ones as zeros
         entries.zero_()
-    # (the splits' copy in one scratch buffer: its place in the all-to-all's plan key the same at each call)
-    splits = torch.stack((h.send_splits, h.recv_splits), out=scratch("splits", (2, h.send_splits.numel()),
-                                                                       torch.int64, expert_out.device))
     exchange(entries, back, splits[0], splits[1])  # in the dispatch's sorted order
     if weighted_sum is not None:  # (it takes an unsent entry's weight as 0)
         slots = inverse(h.order) if h.slots is None else h.slots

@@ -10,6 +10,9 @@ counts as nothing in its token's sum).  Only the rows that arrived are made (the
 4,096 rows, a quarter of the bytes written).  Rows move as words of ``word`` bytes, a row's words spread over a block's
 threads, whole rows to a block (the grid strides).  It replaces a gather, a clamp of the places
 and a pass that zeroed the rows not kept (that pass alone read and wrote every row once more).
+Block 0 also copies both splits to ``copy``, where the combine's all-to-all reads them (a buffer
+of the communicator's, whose place keeps that all-to-all's plan the same at every call: a torch
+copy less).
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ MOE_GATHER = Layout("MoeGatherArgs", (
     Arg("room", Int64, "rows of out"),
     Arg("splits", Int64, "int64[world]: rows that arrived from each source (the rows of out made: their sum)"),
     Arg("world", Int64, "entries of splits"),
+    Arg("send_splits", Int64, "int64[world]: rows the dispatch sent each rank (what comes back)"),
+    Arg("copy", Int64, "int64[2 * world], out (block 0): send_splits, then splits: the combine's all-to-all's"),
     Arg("row_words", Int64, "words per row"),
 ))
 
@@ -73,6 +78,14 @@ def build(key: MoeGatherKey):
             arrived += ptxops.ld(gmem(Int64, args.splits, 8, LOCAL, by) + j, dtype=Int64)
             j += Int64(1)
         end = cutlass.min(arrived, args.room)
+        if Int64(cute.arch.block_idx()[0]) == Int64(0):
+            j = tidx
+            while j < args.world:  # the splits where the combine's all-to-all reads them
+                ptxops.st(gmem(Int64, args.copy, 8, LOCAL, by) + j,
+                          ptxops.ld(gmem(Int64, args.send_splits, 8, LOCAL, by) + j, dtype=Int64))
+                ptxops.st(gmem(Int64, args.copy, 8, LOCAL, by) + args.world + j,
+                          ptxops.ld(gmem(Int64, args.splits, 8, LOCAL, by) + j, dtype=Int64))
+                j += threads
         i = Int64(cute.arch.block_idx()[0])
         while i < end:
             kept = ptxops.ld(gmem(Uint8, args.kept, 1, LOCAL, by) + i)

@@ -18,8 +18,10 @@ The kernel writes ``place[i]`` and ``kept[i]`` for every row of ``received`` (wh
 reads back), copies each kept row to its place (rows are moved as words of ``word`` bytes: any
 dtype; fp8 rows, ``scales`` on, split on the way: their first ``out_words`` words, the e4m3
 values, to ``expert_x``, rows of that many words, and the scale's 4 bytes after them to
-``scales[place]``, so that neither needs a copy of its own), and, from block 0, each local expert's count and
-the number of arrived rows it dropped.  Every block first loads ``counts`` into shared memory
+``scales[place]``, so that neither needs a copy of its own), and, from block 0, each local
+expert's count, the rows each source sent (the handle's ``recv_splits``) and the dispatch's
+dropped count: the arrived rows it dropped and ``dropped_before``'s entries (ids out of range:
+a torch addition less).  Every block first loads ``counts`` into shared memory
 (all its threads), then computes the segments' starts there (prefix sums by doubling steps:
 ``log2(W x L)`` rounds, ``W x L`` at most :data:`MAX_SEGMENTS`), and ``before`` (and ``first``)
 with a thread per expert (``W`` steps each; ``first``: up to ``L``), where one thread took some
@@ -63,7 +65,10 @@ MOE_PLACE = Layout("MoePlaceArgs", (
     Arg("place", Int64, "int64[room], out: each received row's place in expert_x (the trash row: not kept)"),
     Arg("kept", Int64, "uint8[room], out: 1 where the row arrived and was placed"),
     Arg("expert_counts", Int64, "int64[L], out: rows each local expert received"),
-    Arg("lost", Int64, "int64[1], out: rows that arrived and were dropped (past an expert's capacity)"),
+    Arg("lost", Int64, "int64[1], out: rows that arrived and were dropped (past an expert's capacity), plus "
+                       "dropped_before's"),
+    Arg("dropped_before", Int64, "int64[1]: entries the dispatch dropped before (ids out of range)"),
+    Arg("recv_splits", Int64, "int64[W], out: rows each source sent (block 0)"),
     Arg("room", Int64, "rows of the receive buffer (place and kept have as many)"),
     Arg("capacity", Int64, "rows per local expert in expert_x (low latency; unused when exact)"),
     Arg("row_words", Int64, "words per received row"),
@@ -144,6 +149,12 @@ def build(key: MoePlaceKey):
                 j += threads
             cute.arch.sync_threads()
             step *= 2
+        if block == Int64(0):
+            w = tidx
+            while w < Int64(world):  # each source's rows: the sum of its segments
+                ptxops.st(gmem(Int64, args.recv_splits, 8, LOCAL, by) + w,
+                          starts[(w + 1) * local] - starts[w * local])
+                w += threads
         l = tidx
         while l < Int64(local):  # a thread per expert: the earlier sources' rows of it, its total, its drops
             acc = Int64(0)
@@ -181,10 +192,11 @@ def build(key: MoePlaceKey):
                 l += threads
             if block == Int64(0):
                 if tidx == Int64(0):
-                    ptxops.st(gmem(Int64, args.lost, 8, LOCAL, by), Int64(0))
+                    ptxops.st(gmem(Int64, args.lost, 8, LOCAL, by),
+                              ptxops.ld(gmem(Int64, args.dropped_before, 8, LOCAL, by), dtype=Int64))
         elif block == Int64(0):
             if tidx == Int64(0):
-                lost = Int64(0)
+                lost = ptxops.ld(gmem(Int64, args.dropped_before, 8, LOCAL, by), dtype=Int64)
                 m = Int64(0)
                 while m < Int64(local):
                     lost += first[m]

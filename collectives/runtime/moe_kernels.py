@@ -110,22 +110,18 @@ def route_key(dtype: torch.dtype, experts: int, most: int) -> MoeRouteKey | None
     return MoeRouteKey(ids)
 
 
-def route(comm: Runtime, dtype: torch.dtype, experts: int, most: int,
-          empty: Callable[..., torch.Tensor] | None = None):
-    """The kernel's :data:`collectives.moe.Route` on ``comm``'s GPU (its kernel loaded now), its
-    ``bins`` in ``empty("bins", shape, dtype, device)`` (None: a new tensor), None where
-    :data:`FUSED` is off or the kernel does not take the call (:func:`route_key`)."""
+def route(comm: Runtime, dtype: torch.dtype, experts: int, most: int):
+    """The kernel's :data:`collectives.moe.Route` on ``comm``'s GPU (its kernel loaded now), None
+    where :data:`FUSED` is off or the kernel does not take the call (:func:`route_key`)."""
     key = route_key(dtype, experts, most) if FUSED else None
     if key is None:
         return None
     fn, device = comm.kernel_together(key), comm.device_index
-    empty = empty or (lambda name, shape, dtype, at: torch.empty(shape, dtype=dtype, device=at))
 
-    def run(ids: torch.Tensor, num_experts: int, world: int) -> tuple[torch.Tensor, ...]:
+    def run(ids: torch.Tensor, num_experts: int, world: int, bins: torch.Tensor) -> tuple[torch.Tensor, ...]:
         n, at = ids.numel(), ids.device
         order = torch.empty(n, dtype=torch.int64, device=at)
         valid = torch.empty(n, dtype=torch.bool, device=at)
-        bins = empty("bins", (num_experts + 1,), torch.int64, at)
         send_splits = torch.empty(world, dtype=torch.int64, device=at)
         slots = torch.empty(n, dtype=torch.int64, device=at)
         args = MOE_ROUTE.pack(ids=ids.data_ptr(), n=n, experts=num_experts, local=num_experts // world,
@@ -140,23 +136,25 @@ def route(comm: Runtime, dtype: torch.dtype, experts: int, most: int,
 def gather(comm: Runtime, row_bytes: int, empty: Callable[..., torch.Tensor] | None = None):
     """The kernel's :data:`collectives.moe.Gather` on ``comm``'s GPU for rows of ``row_bytes``
     (moved in the widest word that divides them; its kernel loaded now) that makes only the
-    first ``sum(splits)`` rows (``splits``: int64 on the GPU, the dispatch's ``recv_splits``,
-    the rows the combine sends back), into ``empty("back", shape, dtype, device)`` (None: a
-    new tensor; :meth:`Layer.scratch`: the one of the call before), None where :data:`FUSED`
-    is off or the rows are empty."""
+    first ``sum(recv_splits)`` rows (int64 on the GPU: the dispatch's, the rows the combine sends
+    back), into ``empty("back", shape, dtype, device)`` (None: a new tensor;
+    :meth:`Layer.scratch`: the one of the call before), None where :data:`FUSED` is off or the
+    rows are empty."""
     if not FUSED or row_bytes <= 0:
         return None
     key = MoeGatherKey(MoePlaceKey.word_for(row_bytes))
     fn, device = comm.kernel_together(key), comm.device_index
     empty = empty or (lambda name, shape, dtype, at: torch.empty(shape, dtype=dtype, device=at))
 
-    def run(rows: torch.Tensor, place: torch.Tensor, kept: torch.Tensor, splits: torch.Tensor) -> torch.Tensor:
+    def run(rows: torch.Tensor, place: torch.Tensor, kept: torch.Tensor, send_splits: torch.Tensor,
+            splits: torch.Tensor, copy: torch.Tensor) -> torch.Tensor:
         rows = rows.contiguous()
         room = place.numel()
         out = empty("back", (room, rows.shape[1]), rows.dtype, place.device)
         _aligned(key.word, rows, out)
         args = MOE_GATHER.pack(out=out.data_ptr(), rows=rows.data_ptr(), place=place.data_ptr(),
                                kept=kept.data_ptr(), room=room, splits=splits.data_ptr(), world=splits.numel(),
+                               send_splits=send_splits.data_ptr(), copy=copy.data_ptr(),
                                row_words=row_bytes // key.word)
         fn(*args, key.blocks(room), current_stream(device))
         return out
@@ -197,8 +195,8 @@ def placement(comm: Runtime, local: int, row_bytes: int, exact: bool, values: in
     fn, device = comm.kernel_together(key), comm.device_index
     out_bytes = row_bytes if values is None else values
 
-    def run(counts: torch.Tensor, received: torch.Tensor, rows_out: int, capacity: int,
-            _exact: bool) -> tuple[torch.Tensor, ...]:
+    def run(counts: torch.Tensor, received: torch.Tensor, rows_out: int, capacity: int, _exact: bool,
+            dropped_before: torch.Tensor) -> tuple[torch.Tensor, ...]:
         room, at = received.shape[0], received.device
         alloc = max(rows_out, room) + 1  # fixed by the shape (see collectives.moe.dispatch_with), cut to rows_out + 1
         expert_x = torch.empty((alloc, out_bytes // received.element_size()), dtype=received.dtype,
@@ -206,15 +204,18 @@ def placement(comm: Runtime, local: int, row_bytes: int, exact: bool, values: in
         scales = torch.empty(alloc, dtype=torch.float32, device=at)[:rows_out + 1] if key.scales else None
         place = torch.empty(room, dtype=torch.int64, device=at)
         kept = torch.empty(room, dtype=torch.bool, device=at)
-        tallies = torch.empty(local + 1, dtype=torch.int64, device=at)  # per expert, then lost
+        expert_counts = torch.empty(local, dtype=torch.int64, device=at)
+        dropped = torch.empty((), dtype=torch.int64, device=at)
+        recv_splits = torch.empty(comm.world, dtype=torch.int64, device=at)
         _aligned(key.word, received, expert_x)
         args = MOE_PLACE.pack(counts=counts.contiguous().data_ptr(), received=received.data_ptr(),
                               expert_x=expert_x.data_ptr(), scales=0 if scales is None else scales.data_ptr(),
-                              place=place.data_ptr(), kept=kept.data_ptr(), expert_counts=tallies.data_ptr(),
-                              lost=tallies[local:].data_ptr(), room=room, capacity=capacity,
+                              place=place.data_ptr(), kept=kept.data_ptr(), expert_counts=expert_counts.data_ptr(),
+                              lost=dropped.data_ptr(), dropped_before=dropped_before.data_ptr(),
+                              recv_splits=recv_splits.data_ptr(), room=room, capacity=capacity,
                               row_words=row_bytes // key.word, out_words=out_bytes // key.word)
         fn(*args, key.blocks(room), current_stream(device))
-        return expert_x, place, kept, tallies[:local], tallies[local], scales
+        return expert_x, place, kept, expert_counts, dropped, scales, recv_splits
 
     return run
 
@@ -267,8 +268,8 @@ class Layer:
         return self.launch(placement, local, row_bytes, exact, values)
 
     def route_for(self, dtype: torch.dtype, experts: int, most: int) -> Any:
-        """The :data:`collectives.moe.RouteFor` of :func:`route` (its bins a scratch buffer), each made once."""
-        return self.launch(route, dtype, experts, most, self.scratch)
+        """The :data:`collectives.moe.RouteFor` of :func:`route`, each made once."""
+        return self.launch(route, dtype, experts, most)
 
     def scratch(self, name: str, shape: tuple, dtype: torch.dtype, device: torch.device,
                 fill: int | None = None) -> torch.Tensor:

@@ -42,7 +42,7 @@ def check(counts: torch.Tensor, room: int, row_bytes: int, capacity: int, blocks
           module: types.ModuleType = SOURCE) -> None:
     world, local = counts.shape
     received = torch.zeros((room, row_bytes), dtype=torch.uint8)
-    _, place, kept, _, _, _ = moe.place_rows(counts, received, local * capacity, capacity, False)
+    place, kept = moe.place_rows(counts, received, local * capacity, capacity, False)[1:3]
     rows = torch.tensor([[(7 * i + b) % 251 for b in range(row_bytes)] for i in range(local * capacity)],
                         dtype=torch.uint8).view(-1, row_bytes)
     key = MoeGatherKey(MoePlaceKey.word_for(row_bytes))
@@ -52,10 +52,12 @@ def check(counts: torch.Tensor, room: int, row_bytes: int, capacity: int, blocks
     mem = sim.memory
     at = {name: mem.alloc(size) for name, size in [
         ("out", max(room * row_bytes, 1)), ("rows", max(rows.numel(), 1)), ("place", max(8 * room, 1)),
-        ("kept", max(room, 1)), ("splits", 8 * world)]}
+        ("kept", max(room, 1)), ("splits", 8 * world), ("send", 8 * world), ("copy", 16 * world)]}
     splits = counts.sum(1)
-    for i, v in enumerate(splits.tolist()):
+    send = torch.arange(world) * 3 + 1  # what this rank sent each rank (the copy's first row)
+    for i, (v, u) in enumerate(zip(splits.tolist(), send.tolist())):
         mem.store(at["splits"] + 8 * i, v, Int64)
+        mem.store(at["send"] + 8 * i, u, Int64)
     for i, v in enumerate(rows.reshape(-1).tolist()):
         mem.store(at["rows"] + i, v, Uint8)
     for i, (p, k) in enumerate(zip(place.tolist(), kept.tolist())):
@@ -65,15 +67,18 @@ def check(counts: torch.Tensor, room: int, row_bytes: int, capacity: int, blocks
         mem.store(at["out"] + b, 0xEE, Uint8)
     args = types.SimpleNamespace(out=Int64(at["out"]), rows=Int64(at["rows"]), place=Int64(at["place"]),
                                  kept=Int64(at["kept"]), room=Int64(room), splits=Int64(at["splits"]),
-                                 world=Int64(world), row_words=Int64(row_bytes // key.word))
+                                 world=Int64(world), send_splits=Int64(at["send"]), copy=Int64(at["copy"]),
+                                 row_words=Int64(row_bytes // key.word))
     rng = random.Random(seed)
     sim.spawn(lambda: sim.launch(lambda: kernel(args), Context(rank=0, call=0), blocks, THREADS,
                                  [rng.choice([0, 0, 50]) for _ in range(blocks)]), Context(rank=0))
     sim.run()
     got = torch.tensor(mem.words(at["out"], room * row_bytes, Uint8), dtype=torch.uint8).view(room, row_bytes)
     arrived = int(splits.sum())
-    assert torch.equal(got[:arrived], moe.gather_rows(rows, place, kept)[:arrived])
+    copy = torch.empty((2, world), dtype=torch.int64)
+    assert torch.equal(got[:arrived], moe.gather_rows(rows, place, kept, send, splits, copy)[:arrived])
     assert bool((got[arrived:] == 0xEE).all()), "a row nothing arrived in was written"
+    assert torch.equal(torch.tensor(mem.words(at["copy"], 2 * world, Int64)).view(2, world), copy)
 
 
 @pytest.mark.parametrize("row_bytes", [16, 24, 12, 6, 5])
@@ -92,6 +97,7 @@ def test_gather_matches_the_torch_steps(row_bytes: int) -> None:
     ("words[e] = element(0)", "words[e] = element(1)"),
     ("while i < end:", "while i < args.room:"),
     ("j += Int64(1)", "j += Int64(2)"),
+    ("LOCAL, by) + args.world + j,", "LOCAL, by) + j,"),
 ])
 def test_a_broken_kernel_fails_the_check(edit: tuple) -> None:
     """Each edit of the kernel's source is caught (so the check reads what the kernel does)."""

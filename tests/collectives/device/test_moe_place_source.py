@@ -28,6 +28,7 @@ from collectives.algorithms.moe_place import WORDS, MoePlaceKey  # noqa: E402
 FAKES = fakes()
 Int64, Uint8 = FAKES["cutlass"].Int64, FAKES["cutlass"].Uint8
 THREADS, UNTOUCHED = 4, 0xEE
+DROPPED_BEFORE = 5  # the dispatch's entries out of range, which the dropped count adds
 
 
 def source(edits: tuple = ()) -> types.ModuleType:
@@ -59,9 +60,10 @@ def run_kernel(counts: torch.Tensor, room: int, row_bytes: int, capacity: int, e
     at = {name: mem.alloc(size) for name, size in [
         ("counts", 8 * world * local), ("received", max(room * row_bytes, 1)),
         ("expert_x", (rows_out + 1) * out_bytes), ("scales", 4 * (rows_out + 1)), ("place", 8 * room),
-        ("kept", max(room, 1)), ("tallies", 8 * (local + 1))]}
+        ("kept", max(room, 1)), ("tallies", 8 * (local + 2 + world))]}  # counts, lost, dropped before, splits
     for s, c in enumerate(counts.reshape(-1).tolist()):
         mem.store(at["counts"] + 8 * s, c, Int64)
+    mem.store(at["tallies"] + 8 * (local + 1), DROPPED_BEFORE, Int64)
     for i in range(room):
         for b in range(row_bytes):
             mem.store(at["received"] + i * row_bytes + b, (7 * i + b) % 251, Uint8)
@@ -72,7 +74,8 @@ def run_kernel(counts: torch.Tensor, room: int, row_bytes: int, capacity: int, e
         counts=Int64(at["counts"]), received=Int64(at["received"]), expert_x=Int64(at["expert_x"]),
         scales=Int64(at["scales"]), out_words=Int64(out_bytes // key.word),
         place=Int64(at["place"]), kept=Int64(at["kept"]), expert_counts=Int64(at["tallies"]),
-        lost=Int64(at["tallies"] + 8 * local), room=Int64(room), capacity=Int64(capacity),
+        lost=Int64(at["tallies"] + 8 * local), dropped_before=Int64(at["tallies"] + 8 * (local + 1)),
+        recv_splits=Int64(at["tallies"] + 8 * (local + 2)), room=Int64(room), capacity=Int64(capacity),
         row_words=Int64(row_bytes // key.word))
     rng = random.Random(seed)
     sim.spawn(lambda: sim.launch(lambda: kernel(args), Context(rank=0, call=0), blocks, THREADS,
@@ -87,6 +90,7 @@ def run_kernel(counts: torch.Tensor, room: int, row_bytes: int, capacity: int, e
                                dtype=torch.uint8).view(rows_out + 1, 4),
         "expert_counts": torch.tensor(mem.words(at["tallies"], local, Int64), dtype=torch.int64),
         "lost": mem.words(at["tallies"] + 8 * local, 1, Int64)[0],
+        "recv_splits": torch.tensor(mem.words(at["tallies"] + 8 * (local + 2), world, Int64), dtype=torch.int64),
     }
 
 
@@ -96,12 +100,13 @@ def check(counts: torch.Tensor, room: int, row_bytes: int, capacity: int, exact:
     received = torch.tensor([[(7 * i + b) % 251 for b in range(row_bytes)] for i in range(room)],
                             dtype=torch.uint8).view(room, row_bytes)
     rows_out = int(counts.sum()) if exact else counts.shape[1] * capacity
-    want_x, place, kept, expert_counts, lost, scales = moe.place_rows(counts, received, rows_out, capacity, exact,
-                                                                       values)
+    want_x, place, kept, expert_counts, lost, scales, recv = moe.place_rows(
+        counts, received, rows_out, capacity, exact, torch.tensor(DROPPED_BEFORE), values)
     assert torch.equal(got["place"], place)
     assert torch.equal(got["kept"], kept)
     assert torch.equal(got["expert_counts"], expert_counts)
     assert got["lost"] == int(lost)
+    assert torch.equal(got["recv_splits"], recv)
     placed = torch.zeros(rows_out + 1, dtype=torch.bool)
     placed[place[kept]] = True
     assert torch.equal(got["expert_x"][placed], want_x[placed])
@@ -173,6 +178,9 @@ def test_the_words_move_every_byte_of_a_row() -> None:
     (("elif slot < args.capacity:", "elif slot <= args.capacity:"), "the capacity"),
     (("before[s] = acc", "before[s] = Int64(0)"), "the earlier sources' rows"),
     (("lost += c - room", "lost += c"), "the dropped count"),
+    (("starts[(w + 1) * local] - starts[w * local]", "starts[(w + 1) * local]"), "the rows each source sent"),
+    (("lost = ptxops.ld(gmem(Int64, args.dropped_before, 8, LOCAL, by), dtype=Int64)", "lost = Int64(0)"),
+     "the entries dropped before"),
     (("v += starts[j + 1 - step]", "v = starts[j + 1 - step]"), "the starts' prefix sums"),
     (("step *= 2", "step *= 4"), "the prefix sums' rounds"),
     (("+ args.out_words) * key.word", "+ args.out_words + 1) * key.word"), "the scale's bytes"),
