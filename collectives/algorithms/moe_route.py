@@ -13,8 +13,8 @@ through shared memory a chunk of ``threads`` at a time, each thread finding its 
 among the chunk's by comparing it with the chunk's earlier entries (no atomics: the result is
 the stable sort's whatever the scheduling), the chunk's last entry of an expert moving that
 expert's count on; one pass counts, a scan (Hillis-Steele in shared memory) makes the starts,
-and a second pass places.  Each thread compares ``n`` entries per pass, so the kernel is for
-decode sizes (:data:`MAX_ENTRIES`); it replaces torch's id mapping, mask, stable sort (a radix
+and a second pass places.  Each thread compares ``n`` entries per pass (four loads at once), so
+the kernel is for decode sizes (:data:`MAX_ENTRIES`); it replaces torch's id mapping, mask, stable sort (a radix
 sort: 28 us of GPU time at 1,024 entries), count and sum of the splits: seven launches.
 """
 
@@ -58,15 +58,19 @@ MOE_ROUTE = Layout("MoeRouteArgs", (
 @dataclass(frozen=True)
 class MoeRouteKey:
     """The compile-time choices of one routing kernel: the ids' dtype (one of
-    :data:`ID_DTYPES`) and threads per block (one block)."""
+    :data:`ID_DTYPES`) and threads per block (one block; a power of two from 4).  Each thread
+    compares ``2 n`` keys whatever the threads, so more of them only add issue slots: 128
+    (4 warps) keep a shared-memory load's latency the bound, four loads in flight."""
 
     ids: str = "i64"
-    threads: int = 512
+    threads: int = 128
 
     def __post_init__(self) -> None:
         if self.ids not in ID_DTYPES:
             raise ValueError(f"ids must be one of {tuple(ID_DTYPES)}, not {self.ids!r}")
         check_threads(self.threads)
+        if self.threads < 4:
+            raise ValueError(f"threads must be at least 4 (keys are compared in fours), not {self.threads}")
 
 
 def build(key: MoeRouteKey):
@@ -100,16 +104,19 @@ def build(key: MoeRouteKey):
                             e = raw
                 keys[tidx] = e
                 cute.arch.sync_threads()
-                chunk = cutlass.min(args.n - base, Int64(threads))
+                # (in fours, their loads' latencies overlapping: keys past the entries are -1, no expert)
+                chunk = (cutlass.min(args.n - base, Int64(threads)) + 3) // 4 * 4
                 before, after = Int64(0), Int64(0)  # the chunk's entries of this expert before and after it
                 j = Int64(0)
                 while j < chunk:
-                    if keys[j] == e:
-                        if j < tidx:
-                            before += 1
-                        if j > tidx:
-                            after += 1
-                    j += 1
+                    four = [keys[j + u] for u in range(4)]
+                    for u in cutlass.range_constexpr(4):
+                        if four[u] == e:
+                            if j + u < tidx:
+                                before += 1
+                            if j + u > tidx:
+                                after += 1
+                    j += 4
                 at = Int64(0)
                 if i < args.n:
                     at = count[e] + before

@@ -108,7 +108,8 @@ def test_no_entries_and_every_entry_to_one_expert() -> None:
 
 
 @pytest.mark.parametrize(("edit", "what"), [
-    (("if j < tidx:", "if j <= tidx:"), "the rank among the chunk's entries"),
+    (("if j + u < tidx:", "if j + u <= tidx:"), "the rank among the chunk's entries"),
+    (("+ 3) // 4 * 4", ") // 4 * 4"), "the chunk's last keys"),
     (("count[e] = at + 1", "count[e] = at"), "the count carried to the next chunk"),
     (("if raw >= Int64(0):", "if raw >= Int64(-1):"), "the ids below 0"),
     (("if raw < args.experts:", "if raw < args.experts + 8:"), "the ids past the last expert"),
@@ -119,7 +120,7 @@ def test_no_entries_and_every_entry_to_one_expert() -> None:
 def test_a_broken_kernel_fails_the_check(edit: tuple, what: str) -> None:
     """Each edit of the kernel's source is caught (so the check reads what the kernel does)."""
     broken = source((edit,))
-    ids = torch.tensor([0, 7, 3, 3, -1, 5, 11, 2, 6, 3], dtype=torch.int64)  # 6 experts: -1, 6, 7, 11 dropped
+    ids = torch.tensor([0, 7, 3, 3, -1, 5, 11, 2, 3, 3], dtype=torch.int64)  # 6 experts: -1, 7, 11 dropped
     with pytest.raises(AssertionError):
         for seed in range(3):
             check(ids, 6, 2, seed, module=broken)
