@@ -4,6 +4,7 @@ and launches."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -17,20 +18,18 @@ OUT, SRC = COLLECTIVE.index["out"], COLLECTIVE.index["src"]
 
 #: torch.cuda.is_current_stream_capturing without its Python wrapper (per-call cost matters).
 capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", torch.cuda.is_current_stream_capturing)
-_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-
-def current_stream(device: int) -> int:
-    """The raw handle of torch's current stream on ``device`` (the cheap way where torch has it)."""
-    if _RAW_STREAM is not None:
-        return _RAW_STREAM(device)
-    return torch.cuda.current_stream(device).cuda_stream
+#: The raw handle of torch's current stream on a device (the cheap way where torch has it).
+current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+    lambda device: torch.cuda.current_stream(device).cuda_stream)
 
 
 class Plan:
     """One collective call, prepared: ``run()`` takes the current stream and launches.
     ``args``: the launch arguments, one tuple, or two that calls alternate (the communicator's
-    ``turn``); ``holds``: the staging-pool buffers (data pointers) any address of the launch
+    ``turn``); ``fn``: the kernel's TVM-FFI function, ``direct``: its
+    :class:`~collectives.runtime.kernels.DirectLaunch` where it has one (then each argument
+    tuple is packed once, here: ``launches``, one per tuple, each a function of the stream);
+    ``holds``: the staging-pool buffers (data pointers) any address of the launch
     lies in; ``uses``: the addresses it reads or writes (its buffers', ``out``, ``src``: a free
     of memory holding one drops the plan); ``alive``: the storages of adopted buffers it uses
     (:attr:`collectives.runtime.views.Buffer.storage`: the plan holds while they live);
@@ -38,11 +37,15 @@ class Plan:
     the call it was made for (:meth:`moved`); ``barriered``: whether its kernel passes the start
     barrier (every launch of such a plan passes the turn on, see :meth:`run`)."""
 
-    __slots__ = ("fn", "args", "comm", "holds", "uses", "alive", "device", "caller", "barriered")
+    __slots__ = ("fn", "args", "comm", "holds", "uses", "alive", "device", "caller", "barriered", "direct",
+                 "launches")
 
     def __init__(self, fn: Callable[..., Any], args: list[tuple], comm: Runtime, holds: tuple[int, ...] = (),
-                 uses: tuple[int, ...] = (), alive: tuple[Any, ...] = (), barriered: bool = False) -> None:
+                 uses: tuple[int, ...] = (), alive: tuple[Any, ...] = (), barriered: bool = False,
+                 direct: Any = None) -> None:
         self.fn, self.args, self.comm, self.holds, self.uses, self.alive = fn, args, comm, holds, uses, alive
+        self.direct = direct
+        self.launches = [direct.bind(a) if direct is not None else functools.partial(fn, *a) for a in args]
         self.device = comm.device_index
         self.caller = (0, 0)
         self.barriered = barriered
@@ -60,7 +63,7 @@ class Plan:
             return None
         args = [a[:OUT] + (where[a[OUT]], where[a[SRC]]) + a[SRC + 1:] for a in self.args]
         return Plan(self.fn, args, self.comm, self.holds, tuple([where.get(u, u) for u in self.uses]), self.alive,
-                    self.barriered)
+                    self.barriered, self.direct)
 
     def expired(self) -> bool:
         """Whether memory an adopted buffer of the plan lay in has been freed."""
@@ -86,10 +89,10 @@ class Plan:
             follow(comm, stream)
         if self.holds and capturing():
             comm.pool.capture(self.holds)
-        args = self.args[comm.turn] if len(self.args) > 1 else self.args[0]
+        launch = self.launches[comm.turn] if len(self.launches) > 1 else self.launches[0]
         if self.barriered:
             comm.turn ^= 1
-        self.fn(*args, stream)
+        launch(stream)
 
 
 def follow(comm: Runtime, stream: int) -> None:
@@ -140,7 +143,8 @@ def prepare(comm: Runtime, key: Any, layout: Layout, data: Buffer | list[Buffer]
     used = [b.ptr for b in views] + [out, src]
     holds = tuple({h for h in map(comm.pool.holder, used) if h is not None})
     alive = tuple(b.storage for b in views if b.storage is not None)
-    return Plan(comm.kernel(key), args, comm, holds, tuple(a for a in used if a), alive, barriered)
+    return Plan(comm.kernel(key), args, comm, holds, tuple(a for a in used if a), alive, barriered,
+                comm.direct_launch(key))
 
 
 __all__ = ["Plan", "capturing", "current_stream", "follow", "order", "prepare"]

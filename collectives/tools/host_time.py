@@ -2,18 +2,22 @@
 symm_mem's (issue 50's targets are eager times, which the host sets for small tensors).
 
     torchrun --nproc-per-node 4 -m collectives.tools.host_time [--bytes 4096,65536] [--calls 2000] [--profile]
+        [--breakdown]
 
 Per collective and size: microseconds of host time per call (``time.perf_counter`` around
 ``--calls`` back-to-back eager calls, the GPU synchronised before and after, never inside; the
 slowest rank's, best of 3), for a plan hit (the same tensors again) and for tensors made anew at
 each call (the allocator's other addresses; made before the timing).  ``--profile``: rank 0
-also prints cProfile's top functions of the plan hits.  bf16; NVLink multicast stays off.
+also prints cProfile's top functions of the plan hits.  ``--breakdown``: first, where a plan
+hit of the all-reduce of the first size goes (:func:`breakdown`).  bf16; NVLink multicast
+stays off.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import pstats
 import time
 from collections.abc import Callable
@@ -46,11 +50,64 @@ def host_us(calls: Callable[[], list[Callable[[], object]]], repeats: int = 3) -
     return best
 
 
+def breakdown(comm, t: torch.Tensor, calls: int) -> list[tuple[str, float]]:
+    """Host microseconds per call of each part of a plan hit of ``collectives.all_reduce(t)``,
+    each timed alone as :func:`host_us` times a call (every rank doing the same, so that the
+    collective launches pair): the call; the call with its launch a no-op (our Python); the key
+    (:func:`~collectives.runtime.staging.tensor_key` and the plan lookup); the error record's
+    reads (poll and finish); the stream (torch's raw handle, and ``torch.cuda.current_stream``);
+    whether a capture is on; the launch alone through the kernel's TVM-FFI function (its
+    arguments converted at each call) and through ``cuLaunchKernelEx`` with the arguments packed
+    once (:class:`~collectives.runtime.kernels.DirectLaunch`, the plan's launch where its kernel
+    has one); an empty torch kernel (``torch.cuda._sleep(0)``).  A plan of two argument sets
+    launches them in turn from the communicator's, an even number of times (it ends where it
+    began)."""
+    import collectives
+    from collectives.algorithms.plan import capturing, current_stream
+    from collectives.runtime.staging import tensor_key
+
+    collectives.all_reduce(t)
+    key = next(k for k in reversed(comm.plans._plans) if k[0] == "all_reduce" and k[1] == tensor_key(t))
+    plan = comm.plans.get(key)
+    device, errors, stream = comm.device_index, comm.errors, current_stream(comm.device_index)
+    calls += calls % 2
+    rows: list[tuple[str, float]] = []
+
+    def row(name: str, fn: Callable[[], object]) -> None:
+        rows.append((name, host_us(lambda: [fn] * calls)))
+
+    def launches(bound: list[Callable[[int], None]]) -> list[Callable[[], object]]:
+        return [functools.partial(bound[(comm.turn + i) % len(bound)], stream) for i in range(calls)]
+
+    row("all_reduce, plan hit: the call", lambda: collectives.all_reduce(t))
+    kept = plan.launches
+    plan.launches = [lambda stream: None] * len(kept)
+    try:
+        row("  the call, its launch a no-op (our Python)", lambda: collectives.all_reduce(t))
+    finally:
+        plan.launches = kept
+    row("  key: tensor_key + plan lookup", lambda: comm.plans.get(key[:1] + (tensor_key(t),) + key[2:]))
+    row("  error record: poll + finish", lambda: (errors.poll(), errors.finish()))
+    row("  stream: torch._C raw handle", lambda: current_stream(device))
+    row("  stream: torch.cuda.current_stream()", lambda: torch.cuda.current_stream().cuda_stream)
+    row("  capturing()", capturing)
+    tvm = [functools.partial(plan.fn, *a) for a in plan.args]
+    rows.append(("  launch alone: TVM-FFI function", host_us(lambda: launches(tvm))))
+    if plan.direct is not None:
+        direct = [plan.direct.bind(a) for a in plan.args]
+        rows.append(("  launch alone: cuLaunchKernelEx, packed once", host_us(lambda: launches(direct))))
+    else:
+        rows.append(("  launch alone: cuLaunchKernelEx (no DirectLaunch: the load found none)", float("nan")))
+    row("torch: an empty kernel's launch (torch.cuda._sleep(0))", lambda: torch.cuda._sleep(0))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m collectives.tools.host_time", description=__doc__)
     parser.add_argument("--bytes", default="4096,65536", help="bytes per rank")
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--breakdown", action="store_true", help="first, where an all-reduce plan hit goes")
     args = parser.parse_args(argv)
 
     import torch.distributed._symmetric_memory as symm_mem
@@ -75,6 +132,10 @@ def main(argv: list[str] | None = None) -> None:
             print(f"== {name}, plan hit: cProfile, {calls} calls")
             pstats.Stats(profile).sort_stats("tottime").print_stats(12)
 
+    if args.breakdown:
+        first = int(args.bytes.split(",")[0]) // 2
+        rows += breakdown(comm, torch.ones(first, dtype=torch.bfloat16, device="cuda"), calls)
+        collectives.synchronize()
     measure("barrier", lambda: collectives.barrier, moved=False)
     handle_buffer = symm_mem.empty(1024, device="cuda")
     handle = symm_mem.rendezvous(handle_buffer, group)
@@ -96,7 +157,10 @@ def main(argv: list[str] | None = None) -> None:
                 lambda: lambda: torch.ops.symm_mem.two_shot_all_reduce_(theirs, "sum", group), moved=False)
         collectives.synchronize()
     if comm.rank == 0:
-        print(f"host time per eager call, {world} ranks, bf16 ({torch.cuda.get_device_name()}):")
+        direct = any(getattr(p, "direct", None) is not None for p in comm.plans._plans.values())
+        launch = "cuLaunchKernelEx" if direct else "their TVM-FFI functions"
+        print(f"host time per eager call, {world} ranks, bf16 ({torch.cuda.get_device_name()}; plans launch "
+              f"through {launch}):")
         for name, us in rows:
             print(f"  {name:45s} {us:8.2f} us")
     dist.barrier()

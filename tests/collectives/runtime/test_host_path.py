@@ -22,8 +22,10 @@ from tests.support.fake_comm import FakeComm, FakeHeap, FakeTensor, install  # n
 #: two lists of splits (plan_key, tensor_key and _splits_key twice, split_values twice) and its
 #: plan's run asks whether a capture is on before the Plan's own run: 15 measured, with list splits.
 HIT_CEILING = {"all_reduce": 8, "reduce_scatter": 9, "all_gather": 9, "barrier": 8, "all_to_all": 15}
-#: ... of one call on moved tensors: the key misses, the plan of its facts is moved.
-MOVED_CEILING = {"all_reduce": 19, "reduce_scatter": 20, "all_gather": 20}
+#: ... of one call on moved tensors: the key misses, the plan of its facts is moved (the moved
+#: plan binds its launches once, one per argument tuple, so that a hit calls no Python to launch:
+#: one call more than before).
+MOVED_CEILING = {"all_reduce": 20, "reduce_scatter": 21, "all_gather": 21}
 #: What only planning does: none of it on either path.
 PLANNING = {"_plan", "_all_reduce_call", "_block_call", "describe", "prepare", "plan", "buffer", "staging", "kernel"}
 
