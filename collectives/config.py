@@ -5,6 +5,8 @@ share (pure Python); each algorithm's formulas are its module's (:mod:`collectiv
 
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -106,6 +108,13 @@ def call_last(calls):
 #: Programmatic dependent launch for the kernels of keys made from now on (the default of
 #: :attr:`KernelKey.pdl`; every target CuTeDSL compiles for, sm_90 and newer, has it).
 PDL = True
+
+#: Plans made from now on launch their kernel through ``cuLaunchKernelEx`` with their arguments
+#: packed once, where the kernel's load established that launch
+#: (:class:`~collectives.runtime.kernels.DirectLaunch`), else through its TVM-FFI function (the
+#: same kernel, arguments, grid and block).  ``COLLECTIVES_DIRECT_LAUNCH=0`` in the environment:
+#: always the TVM-FFI function (``python -m collectives.tools.host_time --breakdown`` times both).
+DIRECT_LAUNCH = os.environ.get("COLLECTIVES_DIRECT_LAUNCH", "1") != "0"
 
 
 @dataclass(frozen=True)

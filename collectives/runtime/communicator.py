@@ -271,7 +271,10 @@ class Communicator:
 
     def direct_launch(self, key: Any) -> Any:
         """``key``'s kernel on this GPU as a :class:`~collectives.runtime.kernels.DirectLaunch`
-        (loaded first), None where it launches through its TVM-FFI function."""
+        (loaded first), None where it launches through its TVM-FFI function (none established,
+        or :data:`~collectives.config.DIRECT_LAUNCH` off)."""
+        if not config.DIRECT_LAUNCH:
+            return None
         return self.kernels.direct(key, compile_target(self.device_index), self.device_index)
 
     # -- co-residency: ranks sharing one GPU ------------------------------------------------

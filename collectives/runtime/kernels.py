@@ -2,13 +2,16 @@
 ``python -m collectives ptx`` (:func:`kernel_ptx`) both go through :func:`compile_kernel`, so the
 PTX printed is the PTX launched), the process-wide store of compiled kernels (each key compiled
 once per process, whichever communicator or thread asks first; the others wait for it) with each
-kernel's occupancy, and the per-communicator cache in front of it.  Imports neither torch nor
-CuTeDSL until a compile."""
+kernel's occupancy and its :class:`DirectLaunch` (a plan's launch through the CUDA driver with
+its arguments packed once), and the per-communicator cache in front of it.  Imports neither
+torch nor CuTeDSL until a compile."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import operator
+import struct
 import tempfile
 import threading
 from collections.abc import Callable, Hashable
@@ -114,7 +117,8 @@ def load(key: Key, target: str, device: int) -> None:
     for another rank's launch, which CUDA holds behind the load: there every rank meets first
     (:meth:`~collectives.runtime.communicator.Communicator.kernel_together`).  The first call
     goes into a capture on a private stream that is ended and destroyed at once: recorded,
-    never instantiated, never run."""
+    never instantiated, never run; what it recorded gives the kernel's :class:`DirectLaunch`
+    (:func:`direct_launch`)."""
     if (key, target, device) in _LOADED:
         return
     kernel, fn = compiled(key, target)
@@ -151,6 +155,8 @@ def _call_in_throwaway_capture(fn: Callable[..., Any], key: Key, device: int, pt
             if err == driver.CUresult.CUDA_SUCCESS and graph is not None and int(graph):
                 try:
                     direct = _recorded_launch(graph, probe, widths(values), ptx)
+                except Exception:  # noqa: BLE001 (no readable record, whatever the reason: the TVM-FFI function launches)
+                    direct = None
                 finally:
                     driver.cuGraphDestroy(graph)
         _check(err, "cuStreamEndCapture")
@@ -233,21 +239,41 @@ class DirectLaunch:
         config.blockDimX, config.blockDimY, config.blockDimZ = self.block
         config.sharedMemBytes = self.shared
         if self.pdl:
-            attribute = driver.CUlaunchAttribute()
-            attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-            attribute.value.programmaticStreamSerializationAllowed = 1
-            config.attrs, config.numAttrs = [attribute], 1
-        return functools.partial(_launch, driver.cuLaunchKernelEx, config, self.function, ctypes.addressof(params[1]),
-                                 params)
+            config.attrs, config.numAttrs = [_serialization()], 1
+        return functools.partial(_launch, driver.cuLaunchKernelEx, config, self.function,
+                                 ctypes.addressof(params) + 8 * len(values), params)
 
 
-def pack(values: list[int] | tuple[int, ...], sizes: tuple[int, ...]) -> tuple[ctypes.Array, ctypes.Array]:
-    """Kernel parameters as ``cuLaunchKernelEx`` takes them: one 8-byte slot per value (a 4-byte
-    value in its low half, little-endian: the value truncated to its width, as the TVM-FFI
-    function casts it) and the array of the slots' addresses."""
-    slots = (ctypes.c_uint64 * len(values))(*(v & ((1 << (8 * w)) - 1) for v, w in zip(values, sizes)))
-    base = ctypes.addressof(slots)
-    return slots, (ctypes.c_void_p * len(values))(*(base + 8 * i for i in range(len(values))))
+@functools.cache
+def _serialization() -> Any:
+    """The launch attribute of programmatic stream serialization (one, read by every launch)."""
+    from cuda.bindings import driver
+
+    attribute = driver.CUlaunchAttribute()
+    attribute.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attribute.value.programmaticStreamSerializationAllowed = 1
+    return attribute
+
+
+def pack(values: list[int] | tuple[int, ...], sizes: tuple[int, ...]) -> ctypes.Array:
+    """Kernel parameters as ``cuLaunchKernelEx`` takes them, in one buffer: an 8-byte slot per
+    value (a 4-byte value in its low half, little-endian: the value truncated to its width, as
+    the TVM-FFI function casts it), then the array of the slots' addresses (the parameters are
+    at ``addressof(buffer) + 8 * len(values)``)."""
+    n = len(values)
+    layout, masks = _layout(sizes)
+    buffer = ctypes.create_string_buffer(16 * n)
+    base = ctypes.addressof(buffer)
+    struct.pack_into(layout, buffer, 0, *map(operator.and_, values, masks), *range(base, base + 8 * n, 8))
+    return buffer
+
+
+@functools.cache
+def _layout(sizes: tuple[int, ...]) -> tuple[str, tuple[int, ...]]:
+    """The :mod:`struct` format of :func:`pack`'s buffer for values of ``sizes`` bytes, and
+    each value's mask (its width's bits)."""
+    return "<" + "".join("Q" if w == 8 else "I4x" for w in sizes) + f"{len(sizes)}Q", \
+        tuple((1 << (8 * w)) - 1 for w in sizes)
 
 
 def _launch(launch_kernel: Callable[..., tuple], config: Any, function: Any, address: int, params: tuple,

@@ -59,11 +59,13 @@ def breakdown(comm, t: torch.Tensor, calls: int) -> list[tuple[str, float]]:
     whether a capture is on; the launch alone through the kernel's TVM-FFI function (its
     arguments converted at each call) and through ``cuLaunchKernelEx`` with the arguments packed
     once (:class:`~collectives.runtime.kernels.DirectLaunch`, the plan's launch where its kernel
-    has one); an empty torch kernel (``torch.cuda._sleep(0)``).  A plan of two argument sets
+    has one; ``COLLECTIVES_DIRECT_LAUNCH=0``: the TVM-FFI function); an empty torch kernel (``torch.cuda._sleep(0)``).  A plan of two argument sets
     launches them in turn from the communicator's, an even number of times (it ends where it
     began)."""
     import collectives
     from collectives.algorithms.plan import capturing, current_stream
+    from collectives.runtime import kernels
+    from collectives.runtime.kernels import direct_launch
     from collectives.runtime.staging import tensor_key
 
     collectives.all_reduce(t)
@@ -93,11 +95,13 @@ def breakdown(comm, t: torch.Tensor, calls: int) -> list[tuple[str, float]]:
     row("  capturing()", capturing)
     tvm = [functools.partial(plan.fn, *a) for a in plan.args]
     rows.append(("  launch alone: TVM-FFI function", host_us(lambda: launches(tvm))))
-    if plan.direct is not None:
-        direct = [plan.direct.bind(a) for a in plan.args]
-        rows.append(("  launch alone: cuLaunchKernelEx, packed once", host_us(lambda: launches(direct))))
+    direct = plan.direct or next((direct_launch(k, t, device) for (k, t), (_, fn) in kernels._COMPILED.items()
+                                  if fn is plan.fn), None)
+    if direct is not None:
+        bound = [direct.bind(a) for a in plan.args]
+        rows.append(("  launch alone: cuLaunchKernelEx, packed once", host_us(lambda: launches(bound))))
     else:
-        rows.append(("  launch alone: cuLaunchKernelEx (no DirectLaunch: the load found none)", float("nan")))
+        rows.append(("  launch alone: cuLaunchKernelEx (the load established no DirectLaunch)", float("nan")))
     row("torch: an empty kernel's launch (torch.cuda._sleep(0))", lambda: torch.cuda._sleep(0))
     return rows
 

@@ -35,8 +35,8 @@ def read(address: int, sizes: tuple[int, ...]) -> list[int]:
 def test_pack_lays_each_value_at_its_width_in_order() -> None:
     values = [(1 << 47) + 5, -3, 7, (1 << 32) + 9]
     sizes = (8, 4, 8, 4)
-    slots, pointers = pack(values, sizes)
-    assert read(ctypes.addressof(pointers), sizes) == [(1 << 47) + 5, -3, 7, 9]  # (int32: its low 32 bits)
+    buffer = pack(values, sizes)
+    assert read(ctypes.addressof(buffer) + 8 * len(values), sizes) == [(1 << 47) + 5, -3, 7, 9]  # (int32: low bits)
 
 
 def test_probe_values_differ_at_every_place_and_width() -> None:
@@ -151,12 +151,12 @@ def test_the_load_takes_a_direct_launch_only_from_a_recorded_launch_of_the_probe
         recorded[2], recorded[3] = recorded[3], recorded[2]
     if fault == "width":
         sizes[0] = 4
-    slots, pointers = pack(recorded, tuple(sizes))
+    buffer = pack(recorded, tuple(sizes))
     node = driver.CUDA_KERNEL_NODE_PARAMS()
     node.gridDimX, node.gridDimY, node.gridDimZ = (7 if fault == "grid" else probe[-1]), 1, 1
     node.blockDimX, node.blockDimY, node.blockDimZ = 256, 1, 1
     node.sharedMemBytes = 4
-    node.kernelParams = ctypes.addressof(pointers)
+    node.kernelParams = ctypes.addressof(buffer) + 8 * len(recorded)
     node.func = driver.CUfunction(0 if fault == "no function" else 0x1234)
     count = 2 if fault == "nodes" else 1
     monkeypatch.setattr(driver, "cuGraphGetNodes", lambda graph, n=0: (0, ["node"] * n, count))
