@@ -111,10 +111,13 @@ PDL = True
 
 #: Plans made from now on launch their kernel through ``cuLaunchKernelEx`` with their arguments
 #: packed once, where the kernel's load established that launch
-#: (:class:`~collectives.runtime.kernels.DirectLaunch`), else through its TVM-FFI function (the
-#: same kernel, arguments, grid and block).  ``COLLECTIVES_DIRECT_LAUNCH=0`` in the environment:
-#: always the TVM-FFI function (``python -m collectives.tools.host_time --breakdown`` times both).
-DIRECT_LAUNCH = os.environ.get("COLLECTIVES_DIRECT_LAUNCH", "1") != "0"
+#: (:class:`~collectives.runtime.kernels.DirectLaunch`: the same kernel, arguments, grid, block
+#: and shared memory), else through its TVM-FFI function.  Off until measured on GPUs (on CPU,
+#: the driver stubbed, it costs 0.25 us more Python per plan hit and 4 us more per moved plan
+#: than the TVM-FFI function's argument conversion; what it saves is CUDA runtime and CuTeDSL
+#: work, GPU host only): ``COLLECTIVES_DIRECT_LAUNCH=1`` turns it on, and
+#: ``python -m collectives.tools.host_time --breakdown`` times both launches.
+DIRECT_LAUNCH = os.environ.get("COLLECTIVES_DIRECT_LAUNCH", "0") == "1"
 
 
 @dataclass(frozen=True)

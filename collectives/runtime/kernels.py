@@ -261,19 +261,19 @@ def pack(values: list[int] | tuple[int, ...], sizes: tuple[int, ...]) -> ctypes.
     the TVM-FFI function casts it), then the array of the slots' addresses (the parameters are
     at ``addressof(buffer) + 8 * len(values)``)."""
     n = len(values)
-    layout, masks = _layout(sizes)
-    buffer = ctypes.create_string_buffer(16 * n)
+    buffer_type, layout, masks = _layout(sizes)
+    buffer = buffer_type()
     base = ctypes.addressof(buffer)
     struct.pack_into(layout, buffer, 0, *map(operator.and_, values, masks), *range(base, base + 8 * n, 8))
     return buffer
 
 
 @functools.cache
-def _layout(sizes: tuple[int, ...]) -> tuple[str, tuple[int, ...]]:
-    """The :mod:`struct` format of :func:`pack`'s buffer for values of ``sizes`` bytes, and
+def _layout(sizes: tuple[int, ...]) -> tuple[type, str, tuple[int, ...]]:
+    """:func:`pack`'s buffer type for values of ``sizes`` bytes, its :mod:`struct` format and
     each value's mask (its width's bits)."""
-    return "<" + "".join("Q" if w == 8 else "I4x" for w in sizes) + f"{len(sizes)}Q", \
-        tuple((1 << (8 * w)) - 1 for w in sizes)
+    return (ctypes.c_uint64 * (2 * len(sizes)), "<" + "".join("Q" if w == 8 else "I4x" for w in sizes) +
+            f"{len(sizes)}Q", tuple((1 << (8 * w)) - 1 for w in sizes))
 
 
 def _launch(launch_kernel: Callable[..., tuple], config: Any, function: Any, address: int, params: tuple,

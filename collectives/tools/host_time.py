@@ -59,9 +59,9 @@ def breakdown(comm, t: torch.Tensor, calls: int) -> list[tuple[str, float]]:
     whether a capture is on; the launch alone through the kernel's TVM-FFI function (its
     arguments converted at each call) and through ``cuLaunchKernelEx`` with the arguments packed
     once (:class:`~collectives.runtime.kernels.DirectLaunch`, the plan's launch where its kernel
-    has one; ``COLLECTIVES_DIRECT_LAUNCH=0``: the TVM-FFI function); an empty torch kernel (``torch.cuda._sleep(0)``).  A plan of two argument sets
-    launches them in turn from the communicator's, an even number of times (it ends where it
-    began)."""
+    has one and ``COLLECTIVES_DIRECT_LAUNCH=1``); an empty torch kernel (``torch.cuda._sleep(0)``).
+    A plan of two argument sets launches them in turn from the communicator's, an even number
+    of times (it ends where it began)."""
     import collectives
     from collectives.algorithms.plan import capturing, current_stream
     from collectives.runtime import kernels

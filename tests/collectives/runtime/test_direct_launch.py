@@ -169,3 +169,17 @@ def test_the_load_takes_a_direct_launch_only_from_a_recorded_launch_of_the_probe
         assert int(got.function) == 0x1234
     else:
         assert got is None
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_plans_take_a_direct_launch_only_where_config_says(monkeypatch, on: bool) -> None:
+    from collectives import config
+    from collectives.runtime import communicator as communicator_module
+    from collectives.runtime.communicator import Communicator
+
+    comm = object.__new__(Communicator)
+    comm.kernels = type("Kernels", (), {"direct": lambda self, key, target, device: ("direct", key)})()
+    monkeypatch.setattr(Communicator, "device_index", property(lambda self: 0))
+    monkeypatch.setattr(communicator_module, "compile_target", lambda device: "sm_90a")
+    monkeypatch.setattr(config, "DIRECT_LAUNCH", on)
+    assert comm.direct_launch("key") == (("direct", "key") if on else None)
