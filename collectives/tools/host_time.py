@@ -50,16 +50,42 @@ def host_us(calls: Callable[[], list[Callable[[], object]]], repeats: int = 3) -
     return best
 
 
+#: Calls of a run short enough that the host never waits for room in the GPU's launch queue
+#: (about a thousand launches deep): its host time is the host's alone, whatever the GPU's.
+SHORT = 256
+
+
+def gpu_us(fns: list[Callable[[], object]]) -> float:
+    """Microseconds of GPU time per call of ``fns`` launched back to back (CUDA events around
+    them): the slowest rank's.  At least the host time per call where the GPU waits for the
+    host; more where the GPU is the slower, and then the host's calls wait for the launch
+    queue once it is full (a long run's host time is then the GPU's)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    dist.barrier()
+    start.record()
+    for fn in fns:
+        fn()
+    end.record()
+    end.synchronize()
+    slowest = torch.tensor([start.elapsed_time(end) * 1e3 / len(fns)], device="cuda")
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return float(slowest)
+
+
 def breakdown(comm, t: torch.Tensor, calls: int) -> list[tuple[str, float]]:
     """Host microseconds per call of each part of a plan hit of ``collectives.all_reduce(t)``,
     each timed alone as :func:`host_us` times a call (every rank doing the same, so that the
     collective launches pair): the call; the call with its launch a no-op (our Python); the key
     (:func:`~collectives.runtime.staging.tensor_key` and the plan lookup); the error record's
     reads (poll and finish); the stream (torch's raw handle, and ``torch.cuda.current_stream``);
-    whether a capture is on; the launch alone through the kernel's TVM-FFI function (its
+    whether a capture is on; the call in runs too short to fill the launch queue, and the GPU
+    time per call (:func:`gpu_us`: where it is the host time or more, the long runs' host time
+    may be the GPU's); the launch alone through the kernel's TVM-FFI function (its
     arguments converted at each call) and through ``cuLaunchKernelEx`` with the arguments packed
     once (:class:`~collectives.runtime.kernels.DirectLaunch`, the plan's launch where its kernel
-    has one and ``COLLECTIVES_DIRECT_LAUNCH=1``); an empty torch kernel (``torch.cuda._sleep(0)``).
+    has one and ``COLLECTIVES_DIRECT_LAUNCH=1``); an empty torch kernel (``torch.cuda._sleep(0)``);
+    torch symm_mem's two-shot all-reduce of as many elements, as the call.
     A plan of two argument sets launches them in turn from the communicator's, an even number
     of times (it ends where it began)."""
     import collectives
@@ -81,7 +107,12 @@ def breakdown(comm, t: torch.Tensor, calls: int) -> list[tuple[str, float]]:
     def launches(bound: list[Callable[[int], None]]) -> list[Callable[[], object]]:
         return [functools.partial(bound[(comm.turn + i) % len(bound)], stream) for i in range(calls)]
 
-    row("all_reduce, plan hit: the call", lambda: collectives.all_reduce(t))
+    def call() -> None:
+        collectives.all_reduce(t)
+
+    row("all_reduce, plan hit: the call", call)
+    rows.append((f"  the call, runs of {SHORT} (the launch queue never full)", host_us(lambda: [call] * SHORT)))
+    rows.append((f"  GPU time per call, {calls} back to back", gpu_us([call] * calls)))
     kept = plan.launches
     plan.launches = [lambda stream: None] * len(kept)
     try:
@@ -103,6 +134,19 @@ def breakdown(comm, t: torch.Tensor, calls: int) -> list[tuple[str, float]]:
     else:
         rows.append(("  launch alone: cuLaunchKernelEx (the load established no DirectLaunch)", float("nan")))
     row("torch: an empty kernel's launch (torch.cuda._sleep(0))", lambda: torch.cuda._sleep(0))
+    import torch.distributed._symmetric_memory as symm_mem
+
+    group = dist.group.WORLD.group_name
+    theirs = symm_mem.empty(t.numel(), dtype=t.dtype, device="cuda")
+    symm_mem.rendezvous(theirs, group)
+
+    def two_shot() -> None:
+        torch.ops.symm_mem.two_shot_all_reduce_(theirs, "sum", group)
+
+    two_shot()
+    row("torch two_shot_all_reduce_: the call", two_shot)
+    rows.append((f"  the call, runs of {SHORT}", host_us(lambda: [two_shot] * SHORT)))
+    rows.append((f"  GPU time per call, {calls} back to back", gpu_us([two_shot] * calls)))
     return rows
 
 
