@@ -85,6 +85,7 @@ def test_a_direct_launch_launches_what_the_tvm_ffi_function_launches(monkeypatch
     install(monkeypatch, comm, [capturing])
     monkeypatch.setattr(plan_module, "current_stream", lambda device: 0x57)
     seen: list[tuple] = []
+    direct: list = []  # (the launches through cuLaunchKernelEx)
     monkeypatch.setattr(comm, "kernel", lambda key: lambda *args: seen.append((key, args[:-1], args[-1])))
 
     def launch(config, function, params, extra):
@@ -93,6 +94,7 @@ def test_a_direct_launch_launches_what_the_tvm_ffi_function_launches(monkeypatch
         assert attrs == [(driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION, 1)]
         assert (config.gridDimY, config.gridDimZ) == (1, 1)
         seen.append((function[1], tuple(read(params, SIZES[:-1])) + (config.gridDimX,), int(config.hStream)))
+        direct.append(function[1])
         return (driver.CUresult.CUDA_SUCCESS,)
 
     monkeypatch.setattr(driver, "cuLaunchKernelEx", launch)
@@ -121,7 +123,8 @@ def test_a_direct_launch_launches_what_the_tvm_ffi_function_launches(monkeypatch
     tvm = [(key, tuple(v if w == 8 else ctypes.c_int32(v).value for v, w in zip(args, SIZES)), stream)
            for key, args, stream in run()]
     monkeypatch.setattr(comm, "direct_launch", lambda key: DirectLaunch(("fn", key), (512, 1, 1), 4, True, SIZES[:-1]))
-    assert len(tvm) >= 3 and run() == tvm
+    assert len(tvm) >= 3 and not direct
+    assert run() == tvm and len(direct) == len(tvm)
 
 
 def test_a_failed_direct_launch_raises(monkeypatch) -> None:

@@ -48,6 +48,19 @@ def test_a_plan_hit_stays_under_its_ceiling_of_python_calls(collective: str) -> 
     assert sum(mine.values()) <= HIT_CEILING[collective], f"{collective} plan hit: {sorted(mine.items())}"
 
 
+@pytest.mark.parametrize("collective", ["all_reduce", "reduce_scatter", "all_gather", "barrier"])
+def test_a_direct_launch_costs_a_plan_hit_one_python_call(collective: str) -> None:
+    """A plan whose kernel launches through ``cuLaunchKernelEx``
+    (:class:`~collectives.runtime.kernels.DirectLaunch`) enters one function more than the
+    TVM-FFI function's (its arguments bound once: no Python), the one that sets the stream and
+    launches; nothing else changes."""
+    _, tvm = host_path.python_calls(collective)
+    _, direct = host_path.python_calls(collective, direct=True)
+    more = {(path.rsplit("/collectives/", 1)[-1], name): n for (path, name), n in (direct - tvm).items()}
+    assert more == {("runtime/kernels.py", "_launch"): 1} and not tvm - direct
+    assert sum(ours(direct).values()) <= HIT_CEILING[collective] + 1
+
+
 @pytest.mark.parametrize("collective", sorted(MOVED_CEILING))
 def test_a_call_on_moved_tensors_prepares_nothing_again(collective: str) -> None:
     _, seen = host_path.python_calls(collective, moved=True)
