@@ -174,8 +174,14 @@ def widths(values: list | tuple) -> tuple[int, ...]:
 def probe_values(values: list | tuple) -> tuple[int, ...]:
     """Distinct arguments of the placeholders' widths for a recorded-only launch: argument
     ``i`` is ``i + 2`` in its low 16 bits and, 8 bytes wide, ``0x5A`` in its top byte (an
-    argument read at the wrong width or place then differs), the last (the grid) 3 blocks."""
-    return tuple((i + 2) | ((0x5A << 56) if w == 8 else 0) for i, w in enumerate(widths(values)[:-1])) + (3,)
+    argument read at the wrong width or place then differs), the last (the grid)
+    :data:`PROBE_GRID` blocks."""
+    return tuple((i + 2) | ((0x5A << 56) if w == 8 else 0) for i, w in enumerate(widths(values)[:-1])) + (PROBE_GRID,)
+
+
+#: The grid of a probe launch: blocks no launcher fixes its grid to (a fixed grid is a few
+#: blocks per SM), so that a recorded grid of this many is the launch's runtime argument.
+PROBE_GRID = 65521
 
 
 def _recorded_launch(graph: Any, probe: tuple[int, ...], sizes: tuple[int, ...], ptx: str | None) -> DirectLaunch | None:
