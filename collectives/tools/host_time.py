@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import functools
 import pstats
 import time
@@ -84,7 +85,8 @@ def breakdown(comm, t: torch.Tensor, calls: int) -> list[tuple[str, float]]:
     may be the GPU's); the launch alone through the kernel's TVM-FFI function (its
     arguments converted at each call) and through ``cuLaunchKernelEx`` with the arguments packed
     once (:class:`~collectives.runtime.kernels.DirectLaunch`, the plan's launch where its kernel
-    has one and ``COLLECTIVES_DIRECT_LAUNCH=1``); an empty torch kernel (``torch.cuda._sleep(0)``);
+    has one and ``COLLECTIVES_DIRECT_LAUNCH=1``), and so without programmatic stream
+    serialization (what that launch attribute costs); an empty torch kernel (``torch.cuda._sleep(0)``);
     torch symm_mem's two-shot all-reduce of as many elements, as the call.
     A plan of two argument sets launches them in turn from the communicator's, an even number
     of times (it ends where it began)."""
@@ -131,6 +133,9 @@ def breakdown(comm, t: torch.Tensor, calls: int) -> list[tuple[str, float]]:
     if direct is not None:
         bound = [direct.bind(a) for a in plan.args]
         rows.append(("  launch alone: cuLaunchKernelEx, packed once", host_us(lambda: launches(bound))))
+        if direct.pdl:  # (the same kernel launched after the one before has completed: what the attribute costs)
+            serial = [dataclasses.replace(direct, pdl=False).bind(a) for a in plan.args]
+            rows.append(("  ... without programmatic serialization", host_us(lambda: launches(serial))))
     else:
         rows.append(("  launch alone: cuLaunchKernelEx (the load established no DirectLaunch)", float("nan")))
     row("torch: an empty kernel's launch (torch.cuda._sleep(0))", lambda: torch.cuda._sleep(0))
