@@ -155,7 +155,7 @@ def _call_in_throwaway_capture(fn: Callable[..., Any], key: Key, device: int, pt
             if err == driver.CUresult.CUDA_SUCCESS and graph is not None and int(graph):
                 try:
                     direct = _recorded_launch(graph, probe, widths(values), ptx)
-                except Exception:  # noqa: BLE001 (no readable record, whatever the reason: the TVM-FFI function launches)
+                except Exception:  # noqa: BLE001 (no readable record, whatever the reason: TVM-FFI launches)
                     direct = None
                 finally:
                     driver.cuGraphDestroy(graph)
@@ -184,7 +184,8 @@ def probe_values(values: list | tuple) -> tuple[int, ...]:
 PROBE_GRID = 65521
 
 
-def _recorded_launch(graph: Any, probe: tuple[int, ...], sizes: tuple[int, ...], ptx: str | None) -> DirectLaunch | None:
+def _recorded_launch(graph: Any, probe: tuple[int, ...], sizes: tuple[int, ...],
+                     ptx: str | None) -> DirectLaunch | None:
     """The :class:`DirectLaunch` of the one kernel node ``graph`` recorded from a launch with
     ``probe`` (:func:`probe_values`; ``sizes``: their widths): CuTeDSL's own function, block
     and dynamic shared memory, taken where the node's grid is the probe's (a runtime grid) and

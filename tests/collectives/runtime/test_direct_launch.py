@@ -140,7 +140,8 @@ def test_a_failed_direct_launch_raises(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("fault", [None, "grid", "order", "width", "nodes", "no function"])
-def test_the_load_takes_a_direct_launch_only_from_a_recorded_launch_of_the_probe(monkeypatch, fault: str | None) -> None:
+def test_the_load_takes_a_direct_launch_only_from_a_recorded_launch_of_the_probe(monkeypatch,
+                                                                                 fault: str | None) -> None:
     """:func:`~collectives.runtime.kernels._recorded_launch` on a (faked) captured graph: the
     TVM-FFI function's recorded kernel node gives the DirectLaunch where the node's grid is the
     probe's and its parameters are the probe's values in order, each at its width; anything

@@ -17,14 +17,14 @@ pytest.importorskip("cutlass")
 
 pytestmark = pytest.mark.gpu
 
-KEYS = [("all_reduce", a, {}) for a in ("one_shot", "two_shot", "lamport", "tma")] + [("all_reduce", "push", {"stage_in": True})] + \
-       [("all_reduce", "one_shot", {"pdl": False}), ("reduce_scatter", "lamport", {}), ("all_gather", "one_shot", {}),
-        ("barrier", "one_shot", {})]
+KEYS = [("all_reduce", a, {}) for a in ("one_shot", "two_shot", "lamport", "tma")] + [
+    ("all_reduce", "push", {"stage_in": True}), ("all_reduce", "one_shot", {"pdl": False}),
+    ("reduce_scatter", "lamport", {}), ("all_gather", "one_shot", {}), ("barrier", "one_shot", {})]
 
 
 def recorded(launch, sizes: tuple[int, ...]) -> tuple:
-    """(function, kernel, grid, block, shared bytes, parameter bytes: ``sizes`` of them) of the
-    kernel node ``launch(stream)`` records in a capture on a private stream (ended and
+    """(function (else library kernel), grid, block, shared bytes, parameter bytes: ``sizes`` of
+    them) of the kernel node ``launch(stream)`` records in a capture on a private stream (ended and
     destroyed: nothing runs)."""
     from cuda.bindings import driver
 
@@ -41,7 +41,7 @@ def recorded(launch, sizes: tuple[int, ...]) -> tuple:
         _, node = driver.cuGraphKernelNodeGetParams(nodes[0])
         params = [ctypes.string_at(ctypes.c_void_p.from_address(node.kernelParams + 8 * i).value, w)
                   for i, w in enumerate(sizes)]
-        return (int(node.func), int(node.kern), (node.gridDimX, node.gridDimY, node.gridDimZ),
+        return (int(node.func) or int(node.kern), (node.gridDimX, node.gridDimY, node.gridDimZ),
                 (node.blockDimX, node.blockDimY, node.blockDimZ), node.sharedMemBytes, params)
     finally:
         driver.cuGraphDestroy(graph)
