@@ -6,7 +6,6 @@ share (pure Python); each algorithm's formulas are its module's (:mod:`collectiv
 from __future__ import annotations
 
 import os
-
 from dataclasses import dataclass
 from enum import IntEnum
 

@@ -131,7 +131,8 @@ def load(key: Key, target: str, device: int) -> None:
         _LOADED.add((key, target, device))
 
 
-def _call_in_throwaway_capture(fn: Callable[..., Any], key: Key, device: int, ptx: str | None) -> DirectLaunch | None:
+def _call_in_throwaway_capture(fn: Callable[..., Any], key: Key, device: int,
+                               ptx: str | None) -> DirectLaunch | None:
     """Call ``fn`` with probe arguments (:func:`probe_values`: never run) on a private stream of
     GPU ``device`` under a thread-local stream capture, then end the capture and destroy its
     graph: CuTeDSL's first-call library load happens, the launch is only recorded.  Returns
@@ -283,8 +284,8 @@ def _layout(sizes: tuple[int, ...]) -> tuple[type, str, tuple[int, ...]]:
             f"{len(sizes)}Q", tuple((1 << (8 * w)) - 1 for w in sizes))
 
 
-def _launch(launch_kernel: Callable[..., tuple], config: Any, function: Any, address: int, params: tuple,
-            stream: int) -> None:
+def _launch(launch_kernel: Callable[..., tuple], config: Any, function: Any, address: int,
+            params: ctypes.Array, stream: int) -> None:
     """Launch a bound :class:`DirectLaunch` on raw stream ``stream`` (``params``: the packed
     arguments at ``address``, kept alive here)."""
     config.hStream = stream
