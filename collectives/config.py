@@ -5,7 +5,6 @@ share (pure Python); each algorithm's formulas are its module's (:mod:`collectiv
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -107,16 +106,6 @@ def call_last(calls):
 #: Programmatic dependent launch for the kernels of keys made from now on (the default of
 #: :attr:`KernelKey.pdl`; every target CuTeDSL compiles for, sm_90 and newer, has it).
 PDL = True
-
-#: Plans made from now on launch their kernel through ``cuLaunchKernelEx`` with their arguments
-#: packed once, where the kernel's load established that launch
-#: (:class:`~collectives.runtime.kernels.DirectLaunch`: the same kernel, arguments, grid, block
-#: and shared memory), else through its TVM-FFI function.  Off until measured on GPUs (on CPU,
-#: the driver stubbed, it costs 0.25 us more Python per plan hit and 4 us more per moved plan
-#: than the TVM-FFI function's argument conversion; what it saves is CUDA runtime and CuTeDSL
-#: work, GPU host only): ``COLLECTIVES_DIRECT_LAUNCH=1`` turns it on, and
-#: ``python -m collectives.tools.host_time --breakdown`` times both launches.
-DIRECT_LAUNCH = os.environ.get("COLLECTIVES_DIRECT_LAUNCH", "0") == "1"
 
 
 @dataclass(frozen=True)

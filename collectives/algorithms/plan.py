@@ -26,10 +26,8 @@ current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
 class Plan:
     """One collective call, prepared: ``run()`` takes the current stream and launches.
     ``args``: the launch arguments, one tuple, or two that calls alternate (the communicator's
-    ``turn``); ``fn``: the kernel's TVM-FFI function, ``direct``: its
-    :class:`~collectives.runtime.kernels.DirectLaunch` where it has one (then each argument
-    tuple is packed once, here: ``launches``, one per tuple, each a function of the stream);
-    ``holds``: the staging-pool buffers (data pointers) any address of the launch
+    ``turn``); ``fn``: the kernel's TVM-FFI function, bound here to each argument tuple once
+    (``launches``: one ``functools.partial`` per tuple, a function of the stream); ``holds``: the staging-pool buffers (data pointers) any address of the launch
     lies in; ``uses``: the addresses it reads or writes (its buffers', ``out``, ``src``: a free
     of memory holding one drops the plan); ``alive``: the storages of adopted buffers it uses
     (:attr:`collectives.runtime.views.Buffer.storage`: the plan holds while they live);
@@ -37,15 +35,12 @@ class Plan:
     the call it was made for (:meth:`moved`); ``barriered``: whether its kernel passes the start
     barrier (every launch of such a plan passes the turn on, see :meth:`run`)."""
 
-    __slots__ = ("fn", "args", "comm", "holds", "uses", "alive", "device", "caller", "barriered", "direct",
-                 "launches")
+    __slots__ = ("fn", "args", "comm", "holds", "uses", "alive", "device", "caller", "barriered", "launches")
 
     def __init__(self, fn: Callable[..., Any], args: list[tuple], comm: Runtime, holds: tuple[int, ...] = (),
-                 uses: tuple[int, ...] = (), alive: tuple[Any, ...] = (), barriered: bool = False,
-                 direct: Any = None) -> None:
+                 uses: tuple[int, ...] = (), alive: tuple[Any, ...] = (), barriered: bool = False) -> None:
         self.fn, self.args, self.comm, self.holds, self.uses, self.alive = fn, args, comm, holds, uses, alive
-        self.direct = direct
-        self.launches = [direct.bind(a) if direct is not None else functools.partial(fn, *a) for a in args]
+        self.launches = [functools.partial(fn, *a) for a in args]
         self.device = comm.device_index
         self.caller = (0, 0)
         self.barriered = barriered
@@ -63,7 +58,7 @@ class Plan:
             return None
         args = [a[:OUT] + (where[a[OUT]], where[a[SRC]]) + a[SRC + 1:] for a in self.args]
         return Plan(self.fn, args, self.comm, self.holds, tuple([where.get(u, u) for u in self.uses]), self.alive,
-                    self.barriered, self.direct)
+                    self.barriered)
 
     def expired(self) -> bool:
         """Whether memory an adopted buffer of the plan lay in has been freed."""
@@ -143,8 +138,7 @@ def prepare(comm: Runtime, key: Any, layout: Layout, data: Buffer | list[Buffer]
     used = [b.ptr for b in views] + [out, src]
     holds = tuple({h for h in map(comm.pool.holder, used) if h is not None})
     alive = tuple(b.storage for b in views if b.storage is not None)
-    return Plan(comm.kernel(key), args, comm, holds, tuple(a for a in used if a), alive, barriered,
-                comm.direct_launch(key))
+    return Plan(comm.kernel(key), args, comm, holds, tuple(a for a in used if a), alive, barriered)
 
 
 __all__ = ["Plan", "capturing", "current_stream", "follow", "order", "prepare"]

@@ -101,12 +101,6 @@ class Runtime(Protocol):
         """The compiled kernel for ``key`` on this GPU (a string key: a stream-flag kernel)."""
         ...
 
-    def direct_launch(self, key: Hashable) -> Any:
-        """``key``'s kernel launched through the CUDA driver: ``bind(args)`` (the kernel's
-        arguments but the stream) is the launch as a function of the raw stream; None where the
-        kernel's TVM-FFI function (:meth:`kernel`) launches it."""
-        ...
-
     def agree_growth(self, what: int, nbytes: int) -> None:
         """Agree with every rank before a collective allocation a call makes."""
         ...

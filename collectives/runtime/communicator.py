@@ -269,14 +269,6 @@ class Communicator:
         :func:`~collectives.runtime.kernels.load`).  A string key names a stream-flag kernel."""
         return self.kernels.get(key, compile_target(self.device_index), self.device_index)
 
-    def direct_launch(self, key: Any) -> Any:
-        """``key``'s kernel on this GPU as a :class:`~collectives.runtime.kernels.DirectLaunch`
-        (loaded first), None where it launches through its TVM-FFI function (none established,
-        or :data:`~collectives.config.DIRECT_LAUNCH` off)."""
-        if not config.DIRECT_LAUNCH:
-            return None
-        return self.kernels.direct(key, compile_target(self.device_index), self.device_index)
-
     # -- co-residency: ranks sharing one GPU ------------------------------------------------
 
     def block_cap(self, key: Any) -> int | None:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import dataclasses
 import functools
+import math
 import pstats
 import time
 from collections.abc import Callable
@@ -34,21 +34,46 @@ import torch.distributed as dist  # noqa: E402
 def host_us(calls: Callable[[], list[Callable[[], object]]], repeats: int = 3) -> float:
     """Microseconds of host time per call of the functions ``calls()`` returns (made anew for
     each of ``repeats`` runs, outside the timing; each called once, in order): the slowest
-    rank's, best of ``repeats``."""
-    best = float("inf")
+    rank's, best of ``repeats``.  A Python error raised on a rank is raised there after every
+    rank has done the same synchronisations (so that none waits for it), and a
+    :class:`RuntimeError` on the others."""
+    best, error = math.inf, None
     for _ in range(repeats):
-        fns = calls()
-        torch.cuda.synchronize()
+        mine = math.inf
+        try:
+            fns = calls()
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 (raised below, once every rank has met)
+            error, fns = e, []
         dist.barrier()
-        start = time.perf_counter()
-        for fn in fns:
-            fn()
-        mine = (time.perf_counter() - start) / len(fns) * 1e6
-        torch.cuda.synchronize()
-        slowest = torch.tensor([mine], device="cuda")
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        best = min(best, float(slowest))
-    return best
+        try:
+            start = time.perf_counter()
+            for fn in fns:
+                fn()
+            if fns:
+                mine = (time.perf_counter() - start) / len(fns) * 1e6
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001
+            error, mine = e, math.inf
+        best = min(best, _slowest(mine))
+    return _agreed(best, error)
+
+
+def _slowest(mine: float) -> float:
+    """The largest of every rank's ``mine`` (infinite where a rank failed)."""
+    slowest = torch.tensor([mine], device="cuda")
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return float(slowest)
+
+
+def _agreed(us: float, error: Exception | None) -> float:
+    """``us``, or the error this rank met, or, where another rank failed (``us`` infinite), a
+    :class:`RuntimeError` saying so."""
+    if error is not None:
+        raise error
+    if math.isinf(us):
+        raise RuntimeError("failed on another rank")
+    return us
 
 
 #: Calls of a run short enough that the host never waits for room in the GPU's launch queue
@@ -60,98 +85,116 @@ def gpu_us(fns: list[Callable[[], object]]) -> float:
     """Microseconds of GPU time per call of ``fns`` launched back to back (CUDA events around
     them): the slowest rank's.  At least the host time per call where the GPU waits for the
     host; more where the GPU is the slower, and then the host's calls wait for the launch
-    queue once it is full (a long run's host time is then the GPU's)."""
+    queue once it is full (a long run's host time is then the GPU's).  Errors as
+    :func:`host_us`'s."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     dist.barrier()
-    start.record()
-    for fn in fns:
-        fn()
-    end.record()
-    end.synchronize()
-    slowest = torch.tensor([start.elapsed_time(end) * 1e3 / len(fns)], device="cuda")
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return float(slowest)
+    mine, error = math.inf, None
+    try:
+        start.record()
+        for fn in fns:
+            fn()
+        end.record()
+        end.synchronize()
+        mine = start.elapsed_time(end) * 1e3 / len(fns)
+    except Exception as e:  # noqa: BLE001 (raised once every rank has met)
+        error = e
+    return _agreed(_slowest(mine), error)
 
 
-def breakdown(comm, t: torch.Tensor, calls: int) -> list[tuple[str, float]]:
+#: A row of the table: its name and microseconds per call, or the error that ended its measurement.
+Row = tuple[str, float | str]
+
+
+def add(rows: list[Row], name: str, measure: Callable[[], float]) -> None:
+    """Append row ``name``: what ``measure()`` returns, or the Python error it raises
+    (:func:`failed`): a failing row never ends the tool."""
+    try:
+        rows.append((name, measure()))
+    except Exception as e:  # noqa: BLE001 (the row's error is its result)
+        rows.append(failed(name, e))
+
+
+def failed(name: str, error: Exception) -> Row:
+    """Row ``name`` that ``error`` ended, printed at once by the rank that met it."""
+    print(f"rank {dist.get_rank()}: {name.strip()}: {type(error).__name__}: {error}", flush=True)
+    return name, f"failed: {type(error).__name__}: {error}"
+
+
+def breakdown(comm, t: torch.Tensor, calls: int) -> list[Row]:
     """Host microseconds per call of each part of a plan hit of ``collectives.all_reduce(t)``,
     each timed alone as :func:`host_us` times a call (every rank doing the same, so that the
-    collective launches pair): the call; the call with its launch a no-op (our Python); the key
-    (:func:`~collectives.runtime.staging.tensor_key` and the plan lookup); the error record's
-    reads (poll and finish); the stream (torch's raw handle, and ``torch.cuda.current_stream``);
-    whether a capture is on; the call in runs too short to fill the launch queue, and the GPU
-    time per call (:func:`gpu_us`: where it is the host time or more, the long runs' host time
-    may be the GPU's); the launch alone through the kernel's TVM-FFI function (its
-    arguments converted at each call) and through ``cuLaunchKernelEx`` with the arguments packed
-    once (:class:`~collectives.runtime.kernels.DirectLaunch`, the plan's launch where its kernel
-    has one and ``COLLECTIVES_DIRECT_LAUNCH=1``), and so without programmatic stream
-    serialization (what that launch attribute costs); an empty torch kernel (``torch.cuda._sleep(0)``);
-    torch symm_mem's two-shot all-reduce of as many elements, as the call.
-    A plan of two argument sets launches them in turn from the communicator's, an even number
-    of times (it ends where it began)."""
+    collective launches pair), each row measured on its own (:func:`add`): the call; the call
+    in runs too short to fill the launch queue, and the GPU time per call (:func:`gpu_us`: where
+    it is the host time or more, the long runs' host time may be the GPU's); the call with its
+    launch a no-op (our Python); the key (:func:`~collectives.runtime.staging.tensor_key` and
+    the plan lookup); the error record's reads (poll and finish); the stream (torch's raw
+    handle, and ``torch.cuda.current_stream``); whether a capture is on; the launch alone (the
+    plan's TVM-FFI function, bound to its arguments once); an empty torch kernel
+    (``torch.cuda._sleep(0)``); torch symm_mem's two-shot all-reduce of as many elements, as
+    the call.  A plan of two argument sets launches them in turn from the communicator's, an
+    even number of times (it ends where it began)."""
     import collectives
     from collectives.algorithms.plan import capturing, current_stream
-    from collectives.runtime import kernels
-    from collectives.runtime.kernels import direct_launch
     from collectives.runtime.staging import tensor_key
 
-    collectives.all_reduce(t)
-    key = next(k for k in reversed(comm.plans._plans) if k[0] == "all_reduce" and k[1] == tensor_key(t))
-    plan = comm.plans.get(key)
+    rows: list[Row] = []
+    key = plan = None
+    try:
+        collectives.all_reduce(t)
+        key = next(k for k in reversed(comm.plans._plans) if k[0] == "all_reduce" and k[1] == tensor_key(t))
+        plan = comm.plans.get(key)
+    except Exception as e:  # noqa: BLE001 (the rows that need the plan are left out)
+        rows.append(failed("all_reduce plan hit: its plan", e))
     device, errors, stream = comm.device_index, comm.errors, current_stream(comm.device_index)
     calls += calls % 2
-    rows: list[tuple[str, float]] = []
 
-    def row(name: str, fn: Callable[[], object]) -> None:
-        rows.append((name, host_us(lambda: [fn] * calls)))
-
-    def launches(bound: list[Callable[[int], None]]) -> list[Callable[[], object]]:
-        return [functools.partial(bound[(comm.turn + i) % len(bound)], stream) for i in range(calls)]
+    def row(name: str, fn: Callable[[], object], runs: int = calls) -> None:
+        add(rows, name, lambda: host_us(lambda: [fn] * runs))
 
     def call() -> None:
         collectives.all_reduce(t)
 
     row("all_reduce, plan hit: the call", call)
-    rows.append((f"  the call, runs of {SHORT} (the launch queue never full)", host_us(lambda: [call] * SHORT)))
-    rows.append((f"  GPU time per call, {calls} back to back", gpu_us([call] * calls)))
-    kept = plan.launches
-    plan.launches = [lambda stream: None] * len(kept)
-    try:
-        row("  the call, its launch a no-op (our Python)", lambda: collectives.all_reduce(t))
-    finally:
-        plan.launches = kept
-    row("  key: tensor_key + plan lookup", lambda: comm.plans.get(key[:1] + (tensor_key(t),) + key[2:]))
+    row(f"  the call, runs of {SHORT} (the launch queue never full)", call, SHORT)
+    add(rows, f"  GPU time per call, {calls} back to back", lambda: gpu_us([call] * calls))
+    if plan is not None:
+        kept = plan.launches
+
+        def idle() -> float:
+            plan.launches = [lambda stream: None] * len(kept)
+            try:
+                return host_us(lambda: [call] * calls)
+            finally:
+                plan.launches = kept
+
+        add(rows, "  the call, its launch a no-op (our Python)", idle)
+        row("  key: tensor_key + plan lookup", lambda: comm.plans.get(key[:1] + (tensor_key(t),) + key[2:]))
+        add(rows, "  launch alone: the plan's TVM-FFI function, bound once",
+            lambda: host_us(lambda: [functools.partial(kept[(comm.turn + i) % len(kept)], stream)
+                                     for i in range(calls)]))
     row("  error record: poll + finish", lambda: (errors.poll(), errors.finish()))
     row("  stream: torch._C raw handle", lambda: current_stream(device))
     row("  stream: torch.cuda.current_stream()", lambda: torch.cuda.current_stream().cuda_stream)
     row("  capturing()", capturing)
-    tvm = [functools.partial(plan.fn, *a) for a in plan.args]
-    rows.append(("  launch alone: TVM-FFI function", host_us(lambda: launches(tvm))))
-    direct = plan.direct or next((direct_launch(k, t, device) for (k, t), (_, fn) in kernels._COMPILED.items()
-                                  if fn is plan.fn), None)
-    if direct is not None:
-        bound = [direct.bind(a) for a in plan.args]
-        rows.append(("  launch alone: cuLaunchKernelEx, packed once", host_us(lambda: launches(bound))))
-        if direct.pdl:  # (the same kernel launched after the one before has completed: what the attribute costs)
-            serial = [dataclasses.replace(direct, pdl=False).bind(a) for a in plan.args]
-            rows.append(("  ... without programmatic serialization", host_us(lambda: launches(serial))))
-    else:
-        rows.append(("  launch alone: cuLaunchKernelEx (the load established no DirectLaunch)", float("nan")))
     row("torch: an empty kernel's launch (torch.cuda._sleep(0))", lambda: torch.cuda._sleep(0))
     import torch.distributed._symmetric_memory as symm_mem
 
     group = dist.group.WORLD.group_name
-    theirs = symm_mem.empty(t.numel(), dtype=t.dtype, device="cuda")
-    symm_mem.rendezvous(theirs, group)
+    try:
+        theirs = symm_mem.empty(t.numel(), dtype=t.dtype, device="cuda")
+        symm_mem.rendezvous(theirs, group)
+    except Exception as e:  # noqa: BLE001 (torch's rows are left out)
+        rows.append(failed("torch two_shot_all_reduce_: its buffer", e))
+        return rows
 
     def two_shot() -> None:
         torch.ops.symm_mem.two_shot_all_reduce_(theirs, "sum", group)
 
-    two_shot()
-    row("torch two_shot_all_reduce_: the call", two_shot)
-    rows.append((f"  the call, runs of {SHORT}", host_us(lambda: [two_shot] * SHORT)))
-    rows.append((f"  GPU time per call, {calls} back to back", gpu_us([two_shot] * calls)))
+    add(rows, "torch two_shot_all_reduce_: the call", lambda: (two_shot(), host_us(lambda: [two_shot] * calls))[1])
+    row(f"  the call, runs of {SHORT}", two_shot, SHORT)
+    add(rows, f"  GPU time per call, {calls} back to back", lambda: gpu_us([two_shot] * calls))
     return rows
 
 
@@ -171,14 +214,13 @@ def main(argv: list[str] | None = None) -> None:
     comm = communicator()
     world, calls = comm.world, args.calls
     group = dist.group.WORLD.group_name
-    rows: list[tuple[str, float]] = []
+    rows: list[Row] = []
 
     def measure(name: str, make: Callable[[], Callable[[], object]], moved: bool = True) -> None:
         hit = make()
-        hit()
-        rows.append((f"{name}, plan hit", host_us(lambda: [hit] * calls)))
+        add(rows, f"{name}, plan hit", lambda: (hit(), host_us(lambda: [hit] * calls))[1])
         if moved:
-            rows.append((f"{name}, new tensors", host_us(lambda: [make() for _ in range(calls)])))
+            add(rows, f"{name}, new tensors", lambda: host_us(lambda: [make() for _ in range(calls)]))
         if args.profile and comm.rank == 0:
             profile = cProfile.Profile()
             profile.runcall(lambda: [hit() for _ in range(calls)])
@@ -210,12 +252,9 @@ def main(argv: list[str] | None = None) -> None:
                 lambda: lambda: torch.ops.symm_mem.two_shot_all_reduce_(theirs, "sum", group), moved=False)
         collectives.synchronize()
     if comm.rank == 0:
-        direct = any(getattr(p, "direct", None) is not None for p in comm.plans._plans.values())
-        launch = "cuLaunchKernelEx" if direct else "their TVM-FFI functions"
-        print(f"host time per eager call, {world} ranks, bf16 ({torch.cuda.get_device_name()}; plans launch "
-              f"through {launch}):")
+        print(f"host time per eager call, {world} ranks, bf16 ({torch.cuda.get_device_name()}):")
         for name, us in rows:
-            print(f"  {name:45s} {us:8.2f} us")
+            print(f"  {name:45s} {us:8.2f} us" if isinstance(us, float) else f"  {name:45s} {us}")
     dist.barrier()
     collectives.current().close()
 

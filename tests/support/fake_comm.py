@@ -144,9 +144,6 @@ class FakeComm(Communicator):
         self.pad = heap.empty(self.layout.words * 4, torch.int32)
         self.pad_buffer = self.buffer(self.pad)
 
-    def direct_launch(self, key):
-        return None  # (launched through kernel(): the recording one)
-
     def kernel(self, key):
         tables = self.views.tables
 

@@ -31,11 +31,9 @@ WORLD = 2
 
 
 @contextmanager
-def world(direct: bool = False) -> Any:
+def world() -> Any:
     """A FakeComm of rank 0 of :data:`WORLD` used by the API, whose launches do nothing, with
-    CPU tensors passing the API's device checks; yields the communicator.  ``direct``: its
-    plans launch through a :class:`~collectives.runtime.kernels.DirectLaunch` (``cuLaunchKernelEx``
-    doing nothing)."""
+    CPU tensors passing the API's device checks; yields the communicator."""
     import pytest
 
     from collectives import api
@@ -48,15 +46,6 @@ def world(direct: bool = False) -> Any:
         install(mp, comm, [False])
         mp.setattr(api, "_dtype", lambda comm, t: from_torch(t.dtype).name)  # (a plan miss only: CPU tensors)
         stub_exchange(mp, comm)
-        if direct:
-            from cuda.bindings import driver
-
-            from collectives.device.launch import example_arguments
-            from collectives.runtime.kernels import DirectLaunch, widths
-
-            launch = DirectLaunch("fn", (512, 1, 1), 0, True, widths(example_arguments()[:-2]))
-            mp.setattr(comm, "direct_launch", lambda key: launch)
-            mp.setattr(driver, "cuLaunchKernelEx", lambda *args: (0,))
         yield comm
 
 
@@ -119,10 +108,10 @@ def profile(fn: Callable[[], Any]) -> Counter:
     return +seen
 
 
-def python_calls(collective: str, moved: bool = False, direct: bool = False) -> tuple[int, Counter]:
+def python_calls(collective: str, moved: bool = False) -> tuple[int, Counter]:
     """The Python calls of one eager ``collective`` call on the stubbed world (a plan hit, or on
-    moved tensors; ``direct``: launched through a DirectLaunch), and where they go."""
-    with world(direct):
+    moved tensors), and where they go."""
+    with world():
         warm, measured = calls(collective, moved)
         warm()
         warm()

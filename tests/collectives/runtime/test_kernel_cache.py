@@ -35,9 +35,8 @@ def _fake_compile(monkeypatch, text: str) -> list[tuple]:
     monkeypatch.setattr(kernels, "_COMPILED", {})  # the process-wide store, empty for this test
     monkeypatch.setattr(kernels, "_LOADED", set())
     monkeypatch.setattr(kernels, "_OCCUPANCY", {})
-    monkeypatch.setattr(kernels, "_DIRECT", {})
     monkeypatch.setattr(kernels, "_call_in_throwaway_capture",
-                        lambda fn, key, device, ptx: loads.append(("call", fn, key, device)))
+                        lambda fn, key, device: loads.append(("call", fn, key, device)))
     monkeypatch.setattr(kernels, "_measure",
                         lambda kernel, key, target, device: loads.append(("measure", key, device)) or f"occ {key}")
     return calls
