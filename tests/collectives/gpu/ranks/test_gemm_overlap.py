@@ -129,34 +129,6 @@ def test_cuda_graph_replay(comm) -> None:
         assert torch.equal(ag_out, torch.mm(shards, b0)), round_
 
 
-def test_the_copies_run_beside_the_gemms(comm) -> None:
-    """Eagerly, from the calls' CUDA events: gemm_reduce_scatter's first push starts before its
-    last GEMM (this rank's own) ends, and all_gather_gemm's first pull before its own rows' GEMM
-    ends.  (Had the side stream's barriers been enqueued after the GEMMs, a collective's switch
-    of stream would have made the side stream wait for every GEMM of the call.)"""
-    import collectives
-    from collectives.overlap import eager_all_gather_gemm, eager_gemm_reduce_scatter
-
-    world, m, k, n = comm.world, 2048, 4096, 4096
-    if world < 2:
-        pytest.skip("one rank: nothing to copy")
-    a = torch.randn(world * m, k, device="cuda").to(torch.bfloat16)
-    b = torch.randn(k, n, device="cuda").to(torch.bfloat16) / 64
-    calls = {"gemm_reduce_scatter": lambda t: eager_gemm_reduce_scatter(a, b, timeline=t),
-             "all_gather_gemm": lambda t: eager_all_gather_gemm(a[:m], b, timeline=t)}
-    for name, call in calls.items():
-        call(None)  # warm: workspace, barrier, cuBLAS
-        collectives.synchronize()
-        timeline: list = []
-        call(timeline)
-        collectives.synchronize()
-        origin = timeline[0][2]
-        at = {(kind, block): (origin.elapsed_time(start), origin.elapsed_time(end))
-              for kind, block, start, end in timeline}
-        first_copy = min(start for (kind, _), (start, _) in at.items() if kind == "comm")
-        assert first_copy < at["gemm", -1][1], (name, sorted(at.items(), key=lambda kv: kv[1]))
-
-
 def test_back_to_back_calls_with_changing_shapes_stay_exact(comm) -> None:
     """50 calls queued without a host sync between them, both functions, shapes changing every
     call (aligned and not): every result exact."""
