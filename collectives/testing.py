@@ -20,7 +20,8 @@ shared GPU, :mod:`collectives.symmetric.loopback`) bound as the thread's current
 communicator; the kernels are the real ones, compiled once per process.  Every host wait is
 bounded by ``timeout_s``: a rank that raises releases the others with a
 :class:`~collectives.symmetric.loopback.WorldError` naming it and its exception is re-raised with its
-rank; a rank still running ``timeout_s`` after another finished is reported as hung.  GPU-side
+rank; a rank still running ``timeout_s`` after another finished is reported as hung, and so are
+ranks that none finished and that all stayed in the same place for ``timeout_s`` (stuck in waits).  GPU-side
 waits are bounded by the communicators' timeout (``collective_timeout_s``).
 
 What differs from a job of one rank per GPU: all ranks' grids share one GPU, so each rank's
@@ -118,6 +119,13 @@ def _context_started() -> bool:
         return False
 
 
+def moved(before: list[tuple[tuple, float]], now: list[tuple[tuple, float]]) -> bool:
+    """Whether a thread moved between two :meth:`RankThreads.places`: another stack, or a
+    millisecond of CPU time spent (a busy Python loop is caught at the same instruction each
+    time, the one where it gives up the GIL; a thread blocked in a wait spends none)."""
+    return any(a[0] != b[0] or b[1] - a[1] > 1e-3 for a, b in zip(before, now))
+
+
 class RankThreads:
     """``size`` threads, one per rank, that run functions on request (:meth:`run`) with every
     wait bounded (see :meth:`run`); ``start(rank)`` runs first in each thread.  A failure
@@ -156,8 +164,9 @@ class RankThreads:
             BaseException: the exception of the first rank that raised, with a note naming its
                 rank and what the others did.  The threads are then broken (start new ones),
                 unless every rank raised the same, at the same host step (a test skipped).
-            WorldError: a rank still running ``timeout_s`` after another finished (hung), or
-                the threads are stopped or broken.
+            WorldError: a rank still running ``timeout_s`` after another finished (hung), every
+                rank where it was (:meth:`places`) ``timeout_s`` before while none has finished
+                (each stuck in a wait: hung), or the threads are stopped or broken.
         """
         if self.broken is not None:
             raise WorldError(f"this world is broken ({self.broken}); open a new one", [])
@@ -166,14 +175,24 @@ class RankThreads:
             jobs.put((run, fn))
         outcomes: list[Any] = [_ABSENT] * self.size
         deadline: float | None = None
+        places = self.places(range(self.size))  # while no rank has finished: where each was last
         while _ABSENT in outcomes:
-            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+            wait = self.timeout_s if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 got, rank, outcome = self._results.get(timeout=wait)
             except queue.Empty:
                 hung = [r for r, o in enumerate(outcomes) if o is _ABSENT]
-                self.broken = WorldError(f"ranks {hung} did not finish within {self.timeout_s:g}s of the first rank "
-                                         "that did (hung; their threads are left running)", hung)
+                if deadline is None:
+                    now = self.places(hung)
+                    if moved(places, now):  # not stuck: look again a bound later
+                        places = now
+                        continue
+                    why = (f"ranks {hung} did not move for {self.timeout_s:g}s and none finished (each stuck in a wait; "
+                           "their threads are left running)")
+                else:
+                    why = (f"ranks {hung} did not finish within {self.timeout_s:g}s of the first rank that did (hung; "
+                           "their threads are left running)")
+                self.broken = WorldError(why, hung)
                 self.broken.add_note(self.stacks(hung))
                 self.meeting.abort(hung[0], self.broken)
                 raise self.broken from next((o[1] for o in outcomes if o is not _ABSENT and not o[0]), None)
@@ -195,6 +214,24 @@ class RankThreads:
                            + (f"; the others: {others}" if others else "; the others finished"))
             raise error
         return [value for _, value in outcomes]
+
+    def places(self, ranks: Sequence[int]) -> list[tuple[tuple, float]]:
+        """Where the threads of ``ranks`` are now: each one's stack as (code, instruction) per
+        frame, innermost last, and the CPU time it has used (:func:`moved` compares two)."""
+        frames = sys._current_frames()
+        places = []
+        for r in ranks:
+            ident = self._threads[r].ident
+            frame, stack = frames.get(ident), []
+            while frame is not None:
+                stack.append((frame.f_code, frame.f_lasti))
+                frame = frame.f_back
+            try:
+                cpu = time.clock_gettime(time.pthread_getcpuclockid(ident))
+            except (AttributeError, OSError):  # no per-thread clock here, or the thread ended
+                cpu = 0.0
+            places.append((tuple(reversed(stack)), cpu))
+        return places
 
     def stacks(self, ranks: Sequence[int], depth: int = 12) -> str:
         """Where the threads of ``ranks`` are now: each one's innermost ``depth`` Python frames

@@ -182,6 +182,44 @@ def test_a_hung_rank_is_named_within_the_bound() -> None:
     ranks.stop()
 
 
+def test_ranks_that_all_hang_in_waits_are_named_within_the_bound() -> None:
+    """Issue 48 (low): every rank stuck in a host wait and none finished (no first rank starts
+    the hung-rank bound): a WorldError naming them after a bound or two without a move, not a
+    hang; ranks that keep computing longer than the bound are no hang."""
+    meeting = Meeting(2, timeout_s=0.3)
+    ranks = RankThreads(2, 0.3, meeting)
+    release = threading.Event()
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            ranks.run(lambda r: release.wait(30))
+        except BaseException as e:  # noqa: BLE001 (checked below)
+            outcome.append(e)
+
+    start = time.monotonic()
+    caller = threading.Thread(target=run, daemon=True)
+    caller.start()
+    caller.join(10)
+    release.set()  # (the old code hung here until released)
+    caller.join(30)
+    assert outcome and isinstance(outcome[0], WorldError), outcome
+    assert time.monotonic() - start < 5 and outcome[0].ranks == (0, 1)
+    assert "ranks [0, 1] did not move for 0.3s and none finished" in str(outcome[0])
+    assert "in <lambda>" in "\n".join(outcome[0].__notes__)
+    ranks.stop()
+
+    busy = RankThreads(2, 0.3, Meeting(2, timeout_s=0.3))
+    def compute(rank: int) -> int:
+        end, x = time.monotonic() + 1.2, 0
+        while time.monotonic() < end:
+            x += 1
+        return rank
+
+    assert busy.run(compute) == [0, 1]
+    busy.stop()
+
+
 def test_channels_count_their_own_rounds() -> None:
     """A bounded agreement that timed out (a rank never made it: a size mismatch grew a buffer on
     one rank only) leaves the host channel's rounds in step."""
