@@ -7,7 +7,10 @@ built on the pointer and their ``.iterator``: :func:`reach` emits an identity
 ``cute.recast_iter`` carrying the reach and its origin as attributes, and :func:`reach_of`
 walks from a pointer back through the operations that derive one pointer or tensor from another
 (``cute.add_offset``, ``cute.make_view``, ``cute.get_iter``, tiling, recasts), and from a pointer
-a dynamic loop carries to the one it entered the loop with, to the nearest tag.  The identity recast folds away when the kernel is lowered: tagging changes no PTX.
+a dynamic loop carries to every value it may hold (the one it entered the loop with and the ones
+each iteration passes on), to the nearest tags: a pointer that is local in one iteration and a
+peer's in the next has the reach of both (:func:`join`).  The identity recast folds away when the
+kernel is lowered: tagging changes no PTX.
 """
 
 from __future__ import annotations
@@ -43,17 +46,25 @@ _INTERNAL = (
 
 #: Whether an access through an untagged pointer is refused (inside :func:`required`).
 _REQUIRED: contextvars.ContextVar[str | None] = contextvars.ContextVar("ptxops_reach_required", default=None)
+#: Inside :func:`required`: the accesses judged while a loop that carries their pointer was still
+#: being traced (what it passes on to its next iteration not yet known), judged again later.
+_PENDING: contextvars.ContextVar[list | None] = contextvars.ContextVar("ptxops_reach_pending", default=None)
 
 
 @contextlib.contextmanager
 def required(by: str) -> Iterator[None]:
     """While the body traces, every memory access through a ptxops device function whose
     pointer has no reach raises :class:`~ptxops.QualifierError` (rule ``reach-required``):
-    for code that promises to tag all of its pointers (``by`` names it in the error)."""
-    token = _REQUIRED.set(by)
+    for code that promises to tag all of its pointers (``by`` names it in the error).  An
+    access inside a loop that carries its pointer is judged again once the loop is traced
+    whole (at the next access checked, and when the body ends), by every pointer the loop may
+    pass on to its next iteration (:func:`join`)."""
+    token, pending = _REQUIRED.set(by), _PENDING.set([])
     try:
         yield
+        _settle(final=True)
     finally:
+        _PENDING.reset(pending)
         _REQUIRED.reset(token)
 
 
@@ -101,47 +112,106 @@ def reach(ptr: cute.Pointer, kind: str, *, by: str | None = None, loc=None, ip=N
 
 
 def reach_of(ptr: cute.Pointer) -> Tag | None:
-    """The reach of the nearest tag ``ptr`` was derived from, or None for an untagged pointer."""
-    value = _plain(ptr)
+    """The reach of the nearest tags ``ptr`` was derived from (:func:`join` of them: a pointer
+    a loop carries may come from several), or None for an untagged pointer."""
+    return _reach(_plain(ptr))[0]
+
+
+def _reach(start: ir.Value) -> tuple[Tag | None, bool]:
+    """:func:`reach_of` of ``start``, and whether it went through a loop still being traced."""
+    tags: list[Tag] = []
+    todo, seen, open_loop = [start], set(), False
     for _ in range(BUDGET):
+        if not todo:
+            break
+        value = todo.pop()
+        if value in seen:  # a loop's value passed on from itself (p = p + 8)
+            continue
+        seen.add(value)
         op = value.owner
         if isinstance(op, ir.Block):
-            value = _loop_entry(value)
-            if value is None:
-                return None
+            arg = ir.BlockArgument(value)
+            loop = arg.owner.owner
+            if loop is not None and loop.name in LOOPS:  # else a kernel or function argument: untagged
+                todo += _carried(loop, arg.arg_number - (1 if loop.name == "scf.for" else 0), value.type)
+                open_loop = open_loop or not _closed(loop)
             continue
         if KIND in op.attributes:
-            return Tag(ir.StringAttr(op.attributes[KIND]).value, ir.StringAttr(op.attributes[ORIGIN]).value)
-        source = _initial(op, ir.OpResult(value).result_number, value.type) if op.name in LOOPS else _derived_from(op)
-        if source is None:
-            return None
-        value = source
-    return None
+            tags.append(Tag(ir.StringAttr(op.attributes[KIND]).value, ir.StringAttr(op.attributes[ORIGIN]).value))
+            continue
+        if op.name in LOOPS:
+            todo += _carried(op, ir.OpResult(value).result_number, value.type)
+        elif (source := _derived_from(op)) is not None:
+            todo.append(source)
+    return (join(tags) if tags else None), open_loop
+
+
+def _closed(loop: ir.Operation) -> bool:
+    """Whether every block of ``loop`` ends in its terminator (the loop traced whole)."""
+    return all((ops := list(block.operations)) and ops[-1].name in ("scf.yield", "scf.condition")
+               for region in loop.regions for block in region.blocks)
+
+
+def _settle(final: bool = False) -> None:
+    """Judge again the pending accesses (:data:`_PENDING`) whose loops are traced whole now
+    (``final``: all of them, the body has ended)."""
+    pending = _PENDING.get()
+    if not pending:
+        return
+    waiting = []
+    for inst, value, before in pending:
+        tag, still_open = _reach(value)
+        if still_open and not final:
+            waiting.append((inst, value, before))
+        elif tag != before:
+            check_tag(inst, tag)
+    pending[:] = waiting
+
+
+def join(tags: list[Tag]) -> Tag:
+    """One reach for a pointer that may hold pointers of each of ``tags`` (a loop swapping a
+    local and a peer pointer): the reach that needs the widest scope, which every access then
+    must meet; reaches of one width but of different memory (a peer buffer and host memory:
+    the state spaces or the NVSHMEM rules may differ) are refused."""
+    kinds = {t.kind: t for t in tags}
+    if len(kinds) == 1:
+        return tags[0]
+    width = max(rules.SCOPE_ORDER.index(rules.REACHES[k].needs) for k in kinds)
+    widest = [t for k, t in kinds.items() if rules.SCOPE_ORDER.index(rules.REACHES[k].needs) == width]
+    origins = "; ".join(f"{t.kind} ({t.origin})" for t in kinds.values())
+    if len(widest) > 1:
+        raise QualifierError(
+            "reach",
+            f"reach: a pointer that a loop carries may be of reaches {origins}: no one reach covers them.\n"
+            "  rule [reach-join]: a loop-carried pointer holds one kind of memory, or kinds of which one needs "
+            "the widest scope (its reach then).",
+            offending={"reach": sorted(kinds)},
+            rule="reach-join",
+            legal={"reach": list(rules.REACHES)},
+        )
+    return Tag(widest[0].kind, f"the widest of {origins}")
 
 
 #: Dynamic loops, and the operand index of the initial value of their first carried value.
 LOOPS = {"scf.for": 3, "scf.while": 0}
 
 
-def _loop_entry(value: ir.Value) -> ir.Value | None:
-    """The value a pointer carried by a dynamic loop (an ``scf.for`` iteration argument, an
-    ``scf.while`` region argument) enters the loop with: a loop changes a pointer only by
-    arithmetic, which keeps its reach.  None for a kernel or function argument."""
-    arg = ir.BlockArgument(value)
-    loop = arg.owner.owner
-    if loop is None or loop.name not in LOOPS:
-        return None
-    carried = arg.arg_number - (1 if loop.name == "scf.for" else 0)  # scf.for's first: the index
-    return _initial(loop, carried, value.type)
-
-
-def _initial(loop: ir.Operation, carried: int, type_: ir.Type) -> ir.Value | None:
-    """The initial value of the ``carried``-th value ``loop`` carries, if it has ``type_``."""
+def _carried(loop: ir.Operation, carried: int, type_: ir.Type) -> list[ir.Value]:
+    """Every value of ``type_`` that ``loop`` may hold as its ``carried``-th carried value (an
+    ``scf.for`` iteration argument or result, an ``scf.while`` region argument or result): the
+    one it enters with and those its regions pass on (``scf.yield``, ``scf.condition``)."""
     index = LOOPS[loop.name] + carried
     if carried < 0 or index >= len(loop.operands):
-        return None
-    entry = _plain(loop.operands[index])
-    return entry if entry.type == type_ else None
+        return []
+    values = [loop.operands[index]]
+    for region in loop.regions:
+        for block in region.blocks:
+            ops = list(block.operations)
+            if ops and ops[-1].name in ("scf.yield", "scf.condition"):
+                at = carried + (1 if ops[-1].name == "scf.condition" else 0)  # condition's first: the flag
+                if at < len(ops[-1].operands):
+                    values.append(ops[-1].operands[at])
+    return [v for v in map(_plain, values) if v.type == type_]
 
 
 def _derived_from(op: ir.Operation) -> ir.Value | None:
@@ -157,8 +227,16 @@ def _derived_from(op: ir.Operation) -> ir.Value | None:
 
 def check(inst: Instruction, ptr: cute.Pointer, *, tag: Tag | None = None) -> None:
     """Raise :class:`~ptxops.ScopeError` if ``inst``, accessing ``ptr``, orders at a scope
-    narrower than ``ptr``'s reach needs (or addresses a state space its memory is not in)."""
-    check_tag(inst, tag or reach_of(ptr))
+    narrower than ``ptr``'s reach needs (or addresses a state space its memory is not in).
+    Inside :func:`required`, an access through a pointer of a loop still being traced is judged
+    again once the loop is whole (and the pending ones are, at each check)."""
+    _settle()
+    if tag is None:
+        value = _plain(ptr)
+        tag, open_loop = _reach(value)
+        if open_loop and (pending := _PENDING.get()) is not None:
+            pending.append((inst, value, tag))
+    check_tag(inst, tag)
 
 
 def check_tag(inst: Instruction, found: Tag | None) -> None:
@@ -185,4 +263,4 @@ def check_tag(inst: Instruction, found: Tag | None) -> None:
     rules.check(fam, inst.qualifiers, inst.effective, found.kind, found.origin, inst.opcode)
 
 
-__all__ = ["Tag", "check", "check_tag", "reach", "reach_of", "required"]
+__all__ = ["Tag", "check", "check_tag", "join", "reach", "reach_of", "required"]

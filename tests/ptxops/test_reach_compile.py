@@ -210,6 +210,52 @@ def test_the_tag_follows_a_pointer_a_dynamic_loop_carries() -> None:
             compile_ptx(launcher(where), global_tensor(I32), I32(3))
 
 
+def test_a_pointer_a_loop_swaps_between_local_and_peer_memory_has_the_reach_of_both() -> None:
+    """Issue 48 (low): a pointer that enters a loop local (``gpu``) and is a peer's from the
+    second iteration on is judged by the join of both (``peer``: a release at .gpu raises),
+    after the loop and, inside :func:`~ptxops.ops.pointer_reach.required` (as the collectives'
+    kernels trace), in it, once it is traced whole: in scf.while and scf.for loops; at .sys it
+    compiles.  Reaches of one width but of different memory (peer and host) are refused."""
+    from ptxops.ops.pointer_reach import required
+
+    def launcher(where: str, scope: str = "gpu", kinds: tuple = ("gpu", "peer")):
+        @cute.kernel
+        def kernel(g: cute.Tensor, n: I32):
+            with required("this test"):
+                body(g, n)
+
+        @cute.jit
+        def body(g: cute.Tensor, n: I32):
+            i = I32(0)
+            p = ptxops.reach(g.iterator, kinds[0])
+            q = ptxops.reach(g.iterator, kinds[1])
+            while i < n:
+                if cutlass.const_expr(where == "while"):
+                    ptxops.st_release(p, I32(1), scope=scope)
+                p = q
+                i += 1
+            r = ptxops.reach(g.iterator, kinds[0])
+            for _ in cutlass.range(n):
+                if cutlass.const_expr(where == "for"):
+                    ptxops.st_release(r, I32(1), scope=scope)
+                r = q
+            if cutlass.const_expr(where == "after"):
+                ptxops.st_release(r, I32(1), scope=scope)
+
+        @cute.jit
+        def launch(g: cute.Tensor, n: I32):
+            kernel(g, n).launch(grid=[1, 1, 1], block=[32, 1, 1])
+
+        return launch
+
+    for where in ("after", "while", "for"):
+        with pytest.raises(ScopeError, match="release store to peer memory needs .sys"):
+            compile_ptx(launcher(where), global_tensor(I32), I32(3))
+        compile_ptx(launcher(where, "sys"), global_tensor(I32), I32(3))
+    with pytest.raises(ptxops.QualifierError, match=r"reach-join"):
+        compile_ptx(launcher("while", "sys", ("peer", "host")), global_tensor(I32), I32(3))
+
+
 def test_required_refuses_untagged_pointers() -> None:
     from ptxops.ops.pointer_reach import required
 
