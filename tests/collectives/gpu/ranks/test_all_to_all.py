@@ -141,10 +141,17 @@ def check_dtype_mismatch_then_correct_calls(rank: int, world: int, group, calls:
 def check_two_streams(rank: int, world: int, group, rounds: int = 3) -> None:
     """Issue 48: micro-batch overlap, a dispatch's all-to-all on stream A behind a long kernel
     and a combine's on stream B, enqueued with no wait between the streams: each follows the
-    communicator's last collective (they share its call count and slots), both bit for bit."""
-    import collectives
+    communicator's last collective (they share its call count and slots), both bit for bit.
 
-    a, b = torch.cuda.Stream(), torch.cuda.Stream()
+    The streams are the rank's current one and its communicator's side stream, and only they
+    are synchronised: in a one-GPU world a stream of torch's pool may share a hardware queue with
+    another rank's stream (a rank's all-to-all queued behind a peer's kernel that spins for it:
+    the W = 2 world timed out here), and ``torch.cuda.synchronize()`` waits for the other ranks'
+    kernels, which wait for this rank's launches."""
+    import collectives
+    from collectives.runtime.communicator import communicator
+
+    a, b = torch.cuda.current_stream(), communicator(group).stream_flags.side()
     calls = []
     for seed, hidden, dtype in ((500, 256, torch.bfloat16), (501, 64, torch.float32)):
         m = splits(world, seed, 6)
@@ -152,14 +159,14 @@ def check_two_streams(rank: int, world: int, group, rounds: int = 3) -> None:
         want = reference(x, m, [[m[s][r] for s in range(world)] for r in range(world)])[rank]
         out = torch.empty((sum(m[s][rank] for s in range(world)), hidden), dtype=dtype, device="cuda")
         calls.append((out, x[rank].cuda(), [m[s][rank] for s in range(world)], list(m[rank]), want))
-    torch.cuda.synchronize()
+    b.wait_stream(a)  # the inputs and outputs made on the current stream
     for _ in range(rounds):
         for stream, (out, inp, out_splits, in_splits, _) in zip((a, b), calls):
             with torch.cuda.stream(stream):
                 if stream is a:
                     torch.cuda._sleep(50_000_000)  # tens of ms: stream B's all-to-all would start first
                 collectives.all_to_all(out, inp, out_splits, in_splits, group=group)
-    torch.cuda.synchronize()
+    a.wait_stream(b)
     collectives.synchronize(group)
     for out, _, _, _, want in calls:
         assert torch.equal(out.cpu().view(torch.uint8), want.view(torch.uint8))
