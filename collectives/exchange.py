@@ -1,5 +1,5 @@
 """The words of an all-to-all's send/receive slots, and how a waiter judges them (pure Python:
-no torch, no CuTeDSL; the kernels' side is :mod:`collectives.device.exchange`).
+no torch, no CuTeDSL; the kernels' side is :mod:`collectives.device.all_to_all`).
 
 Every ordered pair of ranks (sender ``s``, receiver ``r``) has one slot, a handshake of two
 64-bit words of ``size << 32 | epoch`` per call, each written with one ``st.release.sys`` and

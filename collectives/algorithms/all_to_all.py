@@ -3,7 +3,7 @@ in rank order) to rank ``r``, which receives it as chunk ``s`` of its output
 (``out_splits[s]`` elements from rank ``s``, in rank order).
 
 Push, over the send/receive slots of :mod:`collectives.exchange` (device side
-:mod:`collectives.device.exchange`): no barrier.  The grid is ``world x parts`` blocks; block
+:mod:`collectives.device.all_to_all`): no barrier.  The grid is ``world x parts`` blocks; block
 ``(d, j)`` (``d = block % world``, ``j = block // world``) moves part ``j`` of two chunks: the
 one this rank sends to rank ``rank + d`` and the one it receives from rank ``rank - d``
 (``d = 0``: its own chunk, copied locally).  Per pair of ranks:
@@ -57,7 +57,7 @@ import ptxops
 
 from .. import config
 from ..config import MAX_WORLD, SIZE_MISMATCH, TIMEOUT, VECTOR_BYTES
-from ..device import exchange, signals
+from ..device import all_to_all as exchange, signals
 from ..device.signals import LOCAL, PEER
 from ..dtypes import DTYPES, dtype as registered
 from ..exchange import ARRIVED_WAIT, MAX_CHUNK, PHASES, PLACE_MISMATCH, READY_WAIT, REFUSED, ExchangeLayout

@@ -7,7 +7,7 @@ launchers and argument layouts of the package's kernels are :mod:`.launch` and
 from ..errors import MissingDependency
 
 try:  # CuTeDSL functions, every one: without CuTeDSL, say which extra installs it
-    from . import exchange, flags, lamport, reduce, rounding, signals, tiles
+    from . import all_to_all, flags, lamport, reduce, rounding, signals, tiles
 
     # signals, bounded waits, barriers, the call count, the error record
     from .signals import (
@@ -24,7 +24,7 @@ try:  # CuTeDSL functions, every one: without CuTeDSL, say which extra installs 
     # post and wait between two kernels of one GPU (the stream flags)
     from .flags import post, wait
     # the all-to-all's ready and arrived words
-    from .exchange import (
+    from .all_to_all import (
         arrived_word, epoch_of, pack, place, place_of, post_arrived, post_ready, ready_offset, ready_word, size_of,
         wait_word,
     )

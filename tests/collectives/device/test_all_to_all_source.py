@@ -1,6 +1,6 @@
 """The all-to-all's device protocol as the kernel's own source runs it (CPU, no CuTeDSL compile).
 
-:mod:`device_sim` executes :mod:`collectives.device.exchange` (with
+:mod:`device_sim` executes :mod:`collectives.device.all_to_all` (with
 :mod:`collectives.device.signals`) and the kernel of :mod:`collectives.algorithms.all_to_all`
 from their source files, every GPU thread a simulated thread (blocks scaled down to
 :data:`THREADS`), over simulated slot regions, symmetric allocations, split arrays and error
@@ -62,10 +62,10 @@ def kernels(edits: dict | None = None) -> types.SimpleNamespace:
     its (old, new) source edits)."""
     edits = edits or {}
     signals = load("collectives.device.signals", FAKES, edits.get("signals", ()))
-    exchange = load("collectives.device.exchange", {**FAKES, "collectives.device.signals": signals},
+    exchange = load("collectives.device.all_to_all", {**FAKES, "collectives.device.signals": signals},
                     edits.get("exchange", ()))
     all_to_all = load("collectives.algorithms.all_to_all", {
-        **FAKES, "collectives.device": types.SimpleNamespace(exchange=exchange, signals=signals),
+        **FAKES, "collectives.device": types.SimpleNamespace(all_to_all=exchange, signals=signals),
         "collectives.device.signals": signals,
     }, edits.get("all_to_all", ()))
     return types.SimpleNamespace(signals=signals, exchange=exchange, all_to_all=all_to_all)

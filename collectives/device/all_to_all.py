@@ -73,7 +73,7 @@ def post_ready(slot_table: Int64, rank: Int32, sender: Int32, offset: Int64, siz
     our previous call's reads of the buffer ended with the previous kernel)."""
     layout = ExchangeLayout(world, parts)
     region = peer_address(slot_table, sender)
-    by = "collectives.device.exchange.post_ready (the sender's slot region)"
+    by = "collectives.device.all_to_all.post_ready (the sender's slot region)"
     ptxops.st(gmem(Int64, region, 8, PEER, by) + layout.offset(0) // 2 + rank, offset, sem="relaxed", scope="sys")
     ptxops.st_release(gmem(Uint64, region, 8, PEER, by) + layout.ready(0) // 2 + rank, pack(size, epoch),
                       scope="sys")
@@ -84,14 +84,14 @@ def ready_offset(slots: Int64, receiver: Int32, world: cutlass.Constexpr, parts:
     """The place ``receiver`` posted with its ``ready`` in our region (read after the wait's
     acquire)."""
     layout = ExchangeLayout(world, parts)
-    words = gmem(Int64, slots, 8, PEER, "collectives.device.exchange.ready_offset (our region, receivers write it)")
+    words = gmem(Int64, slots, 8, PEER, "collectives.device.all_to_all.ready_offset (our region, receivers write it)")
     return ptxops.ld(words + layout.offset(0) // 2 + receiver, dtype=Int64)
 
 
 @cute.jit
 def ready_word(slots: Int64, receiver: Int32, world: cutlass.Constexpr, parts: cutlass.Constexpr) -> cute.Pointer:
     """The ``ready`` word ``receiver`` writes in our region."""
-    words = gmem(Uint64, slots, 8, PEER, "collectives.device.exchange.ready_word (our region, receivers write it)")
+    words = gmem(Uint64, slots, 8, PEER, "collectives.device.all_to_all.ready_word (our region, receivers write it)")
     return words + ExchangeLayout(world, parts).ready(0) // 2 + receiver
 
 
@@ -100,7 +100,7 @@ def arrived_word(region: Int64, sender: Int32, part: Int32, world: cutlass.Const
                  parts: cutlass.Constexpr) -> cute.Pointer:
     """The ``arrived`` word of ``sender``'s part ``part`` in the region at ``region`` (a
     receiver's, or ours: the sender writes it)."""
-    words = gmem(Uint64, region, 8, PEER, "collectives.device.exchange.arrived_word")
+    words = gmem(Uint64, region, 8, PEER, "collectives.device.all_to_all.arrived_word")
     return words + ExchangeLayout(world, parts).arrived(0, 0) // 2 + sender * parts + part
 
 
