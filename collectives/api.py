@@ -30,7 +30,7 @@ from .config import BACKENDS, COLLECTIVES, OPS, VECTOR_BYTES
 from .dtypes import from_torch
 from .errors import CollectiveError
 from .runtime import all_to_all as exchange
-from .runtime import moe_ops, torch_ops
+from .runtime import torch_ops
 from .runtime.communicator import Communicator, Group, communicator, traceable
 from .runtime.staging import tensor_key
 
@@ -182,7 +182,7 @@ def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits
             raise CollectiveError(f"all_to_all: transport={transport!r} is not traceable by torch.compile; call it "
                                   "outside the compiled region or use transport='nvlink'")
         traceable(group, "all_to_all")
-        return moe_ops.traced_all_to_all(out, inp, out_splits, in_splits)
+        return torch_ops.traced_all_to_all(out, inp, out_splits, in_splits)
     comm = _begin(group)
     key = exchange.plan_key(comm, out, inp, out_splits, in_splits, transport)
     _launch(comm, key, out, inp, "push", "peer", _all_to_all_call, out, inp, out_splits, in_splits, transport)

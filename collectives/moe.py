@@ -20,10 +20,10 @@ rows; a combine: the rows), whose rows land directly in receive buffers of symme
 steps: the dispatch's routing (a stable sort of the ``(token, k)`` entries by expert, their
 counts), its sent rows and its placement of the received rows, the combine's rows sent back and
 its weighted sum, one kernel each unless ``COLLECTIVES_MOE_FUSED=0``
-(:mod:`collectives.runtime.moe_kernels`; else index arithmetic in torch).  A communicator's calls
+(:mod:`collectives.runtime.moe`; else index arithmetic in torch).  A communicator's calls
 of a shape seen before prepare nothing again: their kernels' launches and the buffers they use
 inside themselves (the rows sent, the counts and splits) are its
-:class:`~collectives.runtime.moe_kernels.Layer`'s.  Entries whose expert id is out of range, and rows past an
+:class:`~collectives.runtime.moe.Layer`'s.  Entries whose expert id is out of range, and rows past an
 expert's capacity (possible only when a token names one expert twice), are dropped and counted
 (``handle.dropped``, on the GPU; ``validate=True`` checks the ids on the host first and raises);
 a receive buffer too small for the rows sent fails the all-to-all's pairs with a size mismatch,
@@ -51,9 +51,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .config import E4M3_MAX
-from .runtime import moe_ops, torch_ops
+from .runtime import moe as runtime_moe, torch_ops
 from .errors import CollectiveError
-from .runtime.moe_ops import COMBINE_FIELDS, HANDLE_FIELDS
+from .runtime.moe import COMBINE_FIELDS, HANDLE_FIELDS
 
 if TYPE_CHECKING:
     from .runtime.communicator import Group
@@ -115,7 +115,7 @@ WeightedSum = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, 
 
 #: ``scratch(name, shape, dtype, device, fill=None)``: a buffer the call uses inside itself only
 #: (``name``'s; with ``fill``, filled with it), which the next call of the shape may reuse:
-#: :func:`plain`, or a communicator's :meth:`~collectives.runtime.moe_kernels.Layer.scratch`,
+#: :func:`plain`, or a communicator's :meth:`~collectives.runtime.moe.Layer.scratch`,
 #: whose reuse keeps the all-to-alls' tensors, and so their plans, the same at every call.
 Scratch = Callable[..., torch.Tensor]
 
@@ -452,19 +452,19 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     ``fp8``: the rows travel and arrive as float8_e4m3fn with a scale per token
     (:func:`quantize`; ``handle.scales``; not inside torch.compile).  One kernel routes the
     entries, one makes the rows sent, one places the received rows
-    (:mod:`collectives.runtime.moe_kernels`; torch steps with ``COLLECTIVES_MOE_FUSED=0``).
+    (:mod:`collectives.runtime.moe`; torch steps with ``COLLECTIVES_MOE_FUSED=0``).
     Returns ``(expert_x, counts, handle)``."""
     from .runtime.communicator import communicator, traceable
 
     max_tokens = x.shape[0] if max_tokens is None else max_tokens
-    if torch.compiler.is_compiling():  # the custom operator (collectives.runtime.moe_ops), on the default communicator
+    if torch.compiler.is_compiling():  # the custom operator (collectives.runtime.moe), on the default communicator
         traceable(group, "moe.dispatch")
         if validate or fp8 or mode != "low_latency":
             raise CollectiveError("moe.dispatch inside torch.compile: mode must be 'low_latency' (throughput mode "
                                   "reads sizes back to the host), without validate (it reads the ids back) and "
                                   "without fp8")
-        expert_x, counts, handle = moe_ops.traced_dispatch(x, topk_ids, topk_weights, num_experts, max_tokens,
-                                                           _world())
+        expert_x, counts, handle = runtime_moe.traced_dispatch(x, topk_ids, topk_weights, num_experts, max_tokens,
+                                                               _world())
         return expert_x, counts, handle_from(handle, topk_weights)
     comm = communicator(group)
     layer = _layer(comm, group)
@@ -478,20 +478,19 @@ def combine(expert_out: torch.Tensor, handle: Handle, *, group: Group = None) ->
     max_tokens, hidden] in low-latency mode, the packed [sum(counts), hidden] in throughput
     mode; of the dispatch's ``x`` dtype: anything else raises :class:`CollectiveError` before
     any exchange), in its original order and dtype.  One kernel sums f32, f16 and bf16 rows of top-k up to
-    16 (:mod:`collectives.runtime.moe_kernels`; torch steps with ``COLLECTIVES_MOE_FUSED=0`` and
+    16 (:mod:`collectives.runtime.moe`; torch steps with ``COLLECTIVES_MOE_FUSED=0`` and
     for other rows)."""
     if torch.compiler.is_compiling():
         from .runtime.communicator import traceable
 
         traceable(group, "moe.combine")
-        return moe_ops.traced_combine(expert_out, handle.weights, handle_tensors(handle, COMBINE_FIELDS))
-    from .runtime import moe_kernels
+        return runtime_moe.traced_combine(expert_out, handle.weights, handle_tensors(handle, COMBINE_FIELDS))
     from .runtime.communicator import communicator
 
     layer = _layer(communicator(group), group)
     hidden = expert_out.shape[-1]
-    fused = layer.launch(moe_kernels.weighted_sum, expert_out.dtype, hidden, handle.topk)
-    gather = layer.launch(moe_kernels.gather, hidden * expert_out.element_size(), layer.scratch)
+    fused = layer.launch(runtime_moe.weighted_sum, expert_out.dtype, hidden, handle.topk)
+    gather = layer.launch(runtime_moe.gather, hidden * expert_out.element_size(), layer.scratch)
     return combine_with(layer.exchange, expert_out, handle, layer.empty, fused, gather, layer.scratch)
 
 
@@ -501,7 +500,7 @@ def handle_tensors(handle: Handle, fields: tuple[str, ...] = HANDLE_FIELDS) -> t
 
 
 def handle_from(tensors: tuple[torch.Tensor, ...], topk_weights: torch.Tensor) -> Handle:
-    """The handle of the operators' tensors (:data:`~collectives.runtime.moe_ops.HANDLE_FIELDS`, or
+    """The handle of the operators' tensors (:data:`~collectives.runtime.moe.HANDLE_FIELDS`, or
     the combine's leading ones) and the dispatch's weights."""
     tokens, topk = topk_weights.shape
     return Handle(weights=topk_weights, tokens=tokens, topk=topk, **dict(zip(HANDLE_FIELDS, tensors)))
@@ -549,13 +548,12 @@ def _symmetric(group: Group) -> Empty:
 
 
 def _layer(comm: Any, group: Group) -> Any:
-    """``comm``'s :class:`~collectives.runtime.moe_kernels.Layer` (made at its first call, on
+    """``comm``'s :class:`~collectives.runtime.moe.Layer` (made at its first call, on
     ``group``'s all-to-all and receive buffers), its call opened
-    (:meth:`~collectives.runtime.moe_kernels.Layer.begin`)."""
+    (:meth:`~collectives.runtime.moe.Layer.begin`)."""
     from . import api
-    from .runtime import moe_kernels
 
-    layer = moe_kernels.layer(comm, lambda: (_collective(api, group), _symmetric(group)))
+    layer = runtime_moe.layer(comm, lambda: (_collective(api, group), _symmetric(group)))
     layer.begin()
     return layer
 

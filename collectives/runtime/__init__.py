@@ -11,8 +11,10 @@
   :mod:`~collectives.runtime.driver_streams` (streams outside torch's pool),
   :mod:`~collectives.runtime.all_to_all` (the all-to-all's :class:`~collectives.runtime.all_to_all.Exchange`:
   its slot region, staging buffer and split tensors; its plan), made at the first all-to-all.
-- :mod:`~collectives.runtime.torch_ops`: the collectives as torch custom operators
-  (:mod:`~collectives.runtime.moe_ops`: the all-to-all's and the MoE dispatch/combine's).
+- :mod:`~collectives.runtime.torch_ops`: the collectives as torch custom operators, the
+  all-to-all's included.
+- :mod:`~collectives.runtime.moe`: the MoE layer's local kernels (their keys and launches) and
+  the MoE dispatch/combine as torch custom operators.
 
 Importing this package loads nothing else: ``python -m collectives ptx`` compiles through
 :mod:`~collectives.runtime.kernels` without torch.

@@ -70,7 +70,7 @@ class Communicator:
 
     #: The co-residency rule where ranks share this GPU (None: this rank has it alone).
     residency: Residency | None = None
-    #: The MoE layer's host state (:class:`collectives.runtime.moe_kernels.Layer`), made by its first call.
+    #: The MoE layer's host state (:class:`collectives.runtime.moe.Layer`), made by its first call.
     moe_layer: Any = None
 
     def __init__(self, ctx: Context, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:

@@ -10,6 +10,7 @@ when they are imported (as any use of the collectives functions does)::
     collectives::all_gather(Tensor(a!) out, Tensor inp, str algorithm="auto", str backend="auto",
                             SymInt? max_blocks=None) -> ()
     collectives::barrier(str backend="auto") -> ()
+    collectives::all_to_all(Tensor(a!) out, Tensor inp, Tensor? out_splits=None, Tensor? in_splits=None) -> ()
     collectives::gemm_reduce_scatter(Tensor a, Tensor b, SymInt world) -> Tensor
     collectives::all_gather_gemm(Tensor a_shard, Tensor b, SymInt world) -> Tensor
 
@@ -44,6 +45,7 @@ SCHEMAS = {
     "all_gather": '(Tensor(a!) out, Tensor inp, str algorithm="auto", str backend="auto", '
                   "SymInt? max_blocks=None) -> ()",
     "barrier": '(str backend="auto") -> ()',
+    "all_to_all": "(Tensor(a!) out, Tensor inp, Tensor? out_splits=None, Tensor? in_splits=None) -> ()",
     "gemm_reduce_scatter": "(Tensor a, Tensor b, SymInt world) -> Tensor",
     "all_gather_gemm": "(Tensor a_shard, Tensor b, SymInt world) -> Tensor",
 }
@@ -98,6 +100,11 @@ def _(backend="auto"):
     return None
 
 
+@_fake("all_to_all")
+def _(out, inp, out_splits=None, in_splits=None):
+    return None
+
+
 @_fake("gemm_reduce_scatter")
 def _(a, b, world):
     torch._check(a.shape[0] % world == 0, lambda: f"gemm_reduce_scatter: a's rows are not a multiple of {world}")
@@ -133,6 +140,14 @@ def traced_all_gather(out: Tensor, inp: Tensor, algorithm: str, backend: str, ma
 
 def traced_barrier(backend: str) -> None:
     torch.ops.collectives.barrier(backend)
+
+
+def traced_all_to_all(out: Tensor, inp: Tensor, out_splits, in_splits) -> Tensor:
+    """What :func:`collectives.all_to_all` records in a traced graph (list splits as tensors: a
+    CPU tensor the kernel reads on the host, no GPU sync)."""
+    as_tensor = (lambda s: s if s is None or isinstance(s, Tensor) else torch.tensor(list(s), dtype=torch.int64))
+    torch.ops.collectives.all_to_all(out, inp, as_tensor(out_splits), as_tensor(in_splits))
+    return out
 
 
 def traced_gemm(name: str, a: Tensor, b: Tensor, world: int, out: Optional[Tensor]) -> Tensor:

@@ -19,7 +19,7 @@ device bitcode is missing: collectives/tools/devbitcode.sh).
 Part 2, MoE: ``tokens`` per rank routed to ``--topk`` of ``--experts`` experts (uniformly at
 random, distinct per token); ``collectives.moe.dispatch`` and ``combine`` (low latency; their local
 steps in torch, as with ``COLLECTIVES_MOE_FUSED=0``, then in one kernel each, *fused*, the
-default: ``collectives.runtime.moe_kernels``)
+default: ``collectives.runtime.moe``)
 against the same layer built on NCCL (a sort by expert, ``all_to_all_single`` of the counts and
 of the rows, and back).  Times are the slowest rank's, best of 3 runs of 100 eager calls or
 of a CUDA graph of 20 (:func:`collectives.tools.bench.time_op`); rank 0 prints
@@ -158,15 +158,15 @@ def time_layer(dispatch, combine, iters: int, graph: bool) -> tuple[float, float
 def torch_steps_then_fused(measure: Callable[[], list[float]]) -> list[float]:
     """``measure()`` with the MoE layer's local steps in torch (``COLLECTIVES_MOE_FUSED=0``),
     then in one kernel each (the default), concatenated; the flag restored even on an error."""
-    from collectives.runtime import moe_kernels
+    from collectives.runtime import moe as runtime_moe
 
-    default, us = moe_kernels.FUSED, []
+    default, us = runtime_moe.FUSED, []
     try:
         for fused in (False, True):
-            moe_kernels.FUSED = fused
+            runtime_moe.FUSED = fused
             us += measure()
     finally:
-        moe_kernels.FUSED = default
+        runtime_moe.FUSED = default
     return us
 
 

@@ -26,7 +26,7 @@ torch = pytest.importorskip("torch")
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes  # noqa: E402
 
 from collectives import moe  # noqa: E402
-from collectives.runtime import moe_kernels  # noqa: E402
+from collectives.runtime import moe as runtime_moe  # noqa: E402
 
 #: torch's caching allocator serves blocks up to this from its small pool (2 MB segments).
 SMALL = 1 << 20
@@ -69,8 +69,8 @@ def exchange(out, *_: object) -> None:
 def large_blocks(tokens: int, fp8: bool, mode: str, monkeypatch) -> list[int]:
     """The sizes above :data:`SMALL` of a layer's new blocks at ``tokens`` tokens (of at most
     128), hidden 7168, top-8 of 16 experts, rank 0 of 2, the kernels' host code included."""
-    monkeypatch.setattr(moe_kernels, "FUSED", True)
-    monkeypatch.setattr(moe_kernels, "current_stream", lambda device: 0)
+    monkeypatch.setattr(runtime_moe, "FUSED", True)
+    monkeypatch.setattr(runtime_moe, "current_stream", lambda device: 0)
     comm = types.SimpleNamespace(world=2, device_index=0, kernel_together=lambda key: lambda *a: None)
     topk, experts, hidden, most = 8, 16, 7168, 128
     gen = torch.Generator().manual_seed(tokens)
@@ -87,15 +87,15 @@ def large_blocks(tokens: int, fp8: bool, mode: str, monkeypatch) -> list[int]:
     counter = Allocations()
     with counter:
         expert_x, _, handle = moe.dispatch_with(exchange, 2, x, ids, w, experts, most, mode, empty=empty, fp8=fp8,
-                                                placement_for=functools.partial(moe_kernels.placement, comm),
-                                                pack_for=functools.partial(moe_kernels.pack, comm))
+                                                placement_for=functools.partial(runtime_moe.placement, comm),
+                                                pack_for=functools.partial(runtime_moe.pack, comm))
         if not fp8:
             with _disable_current_modes():  # what the placement kernel (a stand-in here) writes: nothing kept
                 handle.place.fill_(expert_x.shape[0] * expert_x.shape[1])
                 handle.kept.fill_(False)
-            weighted_sum = moe_kernels.weighted_sum(comm, torch.bfloat16, hidden, topk)
+            weighted_sum = runtime_moe.weighted_sum(comm, torch.bfloat16, hidden, topk)
             out = moe.combine_with(exchange, torch.zeros_like(expert_x), handle, empty, weighted_sum,
-                                   moe_kernels.gather(comm, hidden * 2))
+                                   runtime_moe.gather(comm, hidden * 2))
             assert out.shape == (tokens, hidden)
     return sorted(s for s in counter.sizes if s > SMALL)
 

@@ -1,7 +1,7 @@
 """How many kernels an eager MoE dispatch and combine launch besides ours: the host cost that
 made the eager layer lose to NCCL's (docs/benchmarks.md).  Counted on the CPU with torch's
 dispatcher (views and allocations aside; each all-to-all and each of our kernels counts one),
-for the torch steps and for the fused kernels (``collectives.runtime.moe_kernels``, here with
+for the torch steps and for the fused kernels (``collectives.runtime.moe``, here with
 a kernel that launches nothing: what is counted is the torch work around it).  A guard against
 torch steps creeping back into the fused path:
 
@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes  # noqa: E402
 
 from collectives import moe  # noqa: E402
-from collectives.runtime import moe_kernels  # noqa: E402
+from collectives.runtime import moe as runtime_moe  # noqa: E402
 
 #: Operators that launch nothing on a GPU (``scalar_tensor``: a Python number, such as
 #: ``torch.where``'s 0, wrapped in a 0-dim tensor on the host).
@@ -53,25 +53,25 @@ def launches(fused: bool, monkeypatch, fp8: bool = False) -> tuple[int, int]:
     experts, 8 tokens, 2 ranks (this rank's all-to-alls move nothing: only launches count);
     ``fp8``: the dispatch's rows in fp8 (no combine: 0)."""
     counter = Launches()
-    monkeypatch.setattr(moe_kernels, "FUSED", fused)
-    monkeypatch.setattr(moe_kernels, "current_stream", lambda device: 0)
-    monkeypatch.setattr(moe_kernels, "capturing", lambda: False)
+    monkeypatch.setattr(runtime_moe, "FUSED", fused)
+    monkeypatch.setattr(runtime_moe, "current_stream", lambda device: 0)
+    monkeypatch.setattr(runtime_moe, "capturing", lambda: False)
     comm = types.SimpleNamespace(world=2, device_index=0, kernel_together=lambda key: counter.note)
-    scratch = moe_kernels.Layer(comm, None, None).scratch  # the buffers a communicator's calls reuse
+    scratch = runtime_moe.Layer(comm, None, None).scratch  # the buffers a communicator's calls reuse
     tokens, topk, experts, hidden = 8, 8, 256, 7168
     gen = torch.Generator().manual_seed(0)
     x = torch.randn((tokens, hidden), generator=gen).bfloat16()
     ids = torch.stack([torch.randperm(experts, generator=gen)[:topk] for _ in range(tokens)])
     w = torch.rand((tokens, topk), generator=gen)
     _, _, handle = moe.dispatch_with(counter.note, 2, x, ids, w, experts, tokens,  # a real handle, uncounted
-                                     pack_for=functools.partial(moe_kernels.pack, comm), scratch=scratch, fp8=fp8)
-    weighted_sum = moe_kernels.weighted_sum(comm, torch.bfloat16, hidden, topk)
+                                     pack_for=functools.partial(runtime_moe.pack, comm), scratch=scratch, fp8=fp8)
+    weighted_sum = runtime_moe.weighted_sum(comm, torch.bfloat16, hidden, topk)
     counter.count = 0
     with counter:
         expert_x, _, _ = moe.dispatch_with(counter.note, 2, x, ids, w, experts, tokens, fp8=fp8,
-                                           placement_for=functools.partial(moe_kernels.placement, comm),
-                                           pack_for=functools.partial(moe_kernels.pack, comm), scratch=scratch,
-                                           route_for=functools.partial(moe_kernels.route, comm))
+                                           placement_for=functools.partial(runtime_moe.placement, comm),
+                                           pack_for=functools.partial(runtime_moe.pack, comm), scratch=scratch,
+                                           route_for=functools.partial(runtime_moe.route, comm))
     dispatch = counter.count
     if fp8:
         return dispatch, 0
@@ -79,7 +79,7 @@ def launches(fused: bool, monkeypatch, fp8: bool = False) -> tuple[int, int]:
     counter.count = 0
     with counter:
         moe.combine_with(counter.note, expert_out, handle, weighted_sum=weighted_sum,
-                         gather=moe_kernels.gather(comm, hidden * expert_out.element_size(), scratch),
+                         gather=runtime_moe.gather(comm, hidden * expert_out.element_size(), scratch),
                          scratch=scratch)
     return dispatch, counter.count
 

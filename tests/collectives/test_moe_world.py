@@ -418,19 +418,19 @@ def test_ranks_that_differ_in_hidden_max_tokens_or_topk_are_refused_before_any_l
 
 
 def test_scratch_buffers_reused_by_every_call_and_two_dispatches_in_flight(monkeypatch) -> None:
-    """Each rank's scratch buffers are a communicator's :class:`~collectives.runtime.moe_kernels.Layer`'s,
+    """Each rank's scratch buffers are a communicator's :class:`~collectives.runtime.moe.Layer`'s,
     reused by every call of the shape and filled with garbage at each ask (what an earlier call
     left there), two dispatches in flight before their combines, in the reverse order: the
     reference's bits, so that no result reads a scratch buffer's old contents and no handle
     holds one (the next dispatch rewrites it)."""
     from types import SimpleNamespace
 
-    from collectives.runtime import moe_kernels
+    from collectives.runtime import moe as runtime_moe
 
-    monkeypatch.setattr(moe_kernels, "capturing", lambda: False)
+    monkeypatch.setattr(runtime_moe, "capturing", lambda: False)
     world, experts, topk, hidden = 3, 6, 4, 8
     sim = World(world)
-    layers = [moe_kernels.Layer(SimpleNamespace(device_index=0), None, None) for _ in range(world)]
+    layers = [runtime_moe.Layer(SimpleNamespace(device_index=0), None, None) for _ in range(world)]
 
     def poisoned(r: int):
         def scratch(name, shape, dtype, device, fill=None):

@@ -148,7 +148,8 @@ def moe_world() -> Any:
     global WORLD
     import pytest
 
-    from collectives.runtime import communicator, moe_kernels
+    from collectives.runtime import communicator
+    from collectives.runtime import moe as runtime_moe
 
     class Loaded:
         def has(self, key: Any, target: str) -> bool:
@@ -163,8 +164,8 @@ def moe_world() -> Any:
             comm.kernels = Loaded()
             mp.setattr(communicator, "compile_target", lambda device=None: "sm_90a")
             mp.setattr(communicator, "communicator", lambda group=None: comm)
-            mp.setattr(moe_kernels, "current_stream", lambda device: 0)
-            mp.setattr(moe_kernels, "capturing", lambda: False)
+            mp.setattr(runtime_moe, "current_stream", lambda device: 0)
+            mp.setattr(runtime_moe, "capturing", lambda: False)
             yield comm
     finally:
         WORLD = world_before

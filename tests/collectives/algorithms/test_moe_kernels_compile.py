@@ -21,8 +21,8 @@ from collectives.algorithms.moe_combine import MAX_TOPK, MoeCombineKey  # noqa: 
 from collectives.algorithms.moe_place import MAX_SEGMENTS, MoePlaceKey  # noqa: E402
 from collectives.algorithms.moe_route import MAX_ENTRIES, MAX_EXPERTS, MoeRouteKey  # noqa: E402
 from collectives.runtime.kernels import kernel_ptx  # noqa: E402
-from collectives.runtime.moe_kernels import combine_key as key_for  # noqa: E402
-from collectives.runtime.moe_kernels import place_key, route_key  # noqa: E402
+from collectives.runtime.moe import combine_key as key_for  # noqa: E402
+from collectives.runtime.moe import place_key, route_key  # noqa: E402
 
 FORMS = [("bf16", 8, 8), ("bf16", 1, 1), ("f16", 3, 8), ("f32", 16, 4), ("f32", 2, 1), ("bf16", 16, 8)]
 

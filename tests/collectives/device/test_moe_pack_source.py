@@ -28,7 +28,7 @@ from tests.support.device_sim import Context, Sim, fakes, load  # noqa: E402
 
 from collectives import moe  # noqa: E402
 from collectives.algorithms.moe_pack import MoePackKey  # noqa: E402
-from collectives.runtime.moe_kernels import pack_key  # noqa: E402
+from collectives.runtime.moe import pack_key  # noqa: E402
 
 FAKES = fakes()
 Int64, Uint8, Uint16, Uint32 = (FAKES["cutlass"].Int64, FAKES["cutlass"].Uint8, FAKES["cutlass"].Uint16,

@@ -147,8 +147,8 @@ MOE_CEILING = {"moe.dispatch": 59, "moe.combine": 35}
 MOE_TORCH_CEILING = {"moe.dispatch": 1, "moe.combine": 0}
 #: What only a first call does: kernels looked up and their launches made, buffers allocated,
 #: all-to-alls planned.
-MOE_FIRST = {("moe_kernels", n) for n in ("pack", "placement", "gather", "weighted_sum", "route", "pack_key",
-                                           "place_key", "combine_key", "route_key")} | \
+MOE_FIRST = {("moe", n) for n in ("pack", "placement", "gather", "weighted_sum", "route", "pack_key",
+                                   "place_key", "combine_key", "route_key")} | \
             {("communicator", n) for n in ("kernel_together", "agree_growth")} | \
             {("all_to_all", n) for n in ("prepare", "plan", "device_splits")} | {("api", "_replan")}
 

@@ -1,4 +1,4 @@
-"""The all-to-all and MoE operators (collectives.runtime.moe_ops) on the CPU: schemas, ``opcheck``
+"""The all-to-all and MoE operators (collectives.runtime.moe) on the CPU: schemas, ``opcheck``
 against a one-rank CPU model, and ``torch.compile(fullgraph=True)`` of a MoE layer traced under
 fake tensors (no kernel runs)."""
 
@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import collectives  # noqa: E402
 from collectives import moe  # noqa: E402
-from collectives.runtime import moe_ops  # noqa: E402
+from collectives.runtime import moe as runtime_moe  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 SCHEMAS = {

@@ -145,17 +145,17 @@ FUSED_CHECKS = [check_routings, check_graph_replays_with_new_routings, check_fp8
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
 def test_moe(comm, check, monkeypatch) -> None:  # noqa: F811  (the fixture)
     """The checks with the local steps in torch (``COLLECTIVES_MOE_FUSED=0``)."""
-    from collectives.runtime import moe_kernels
+    from collectives.runtime import moe as runtime_moe
 
-    monkeypatch.setattr(moe_kernels, "FUSED", False)
+    monkeypatch.setattr(runtime_moe, "FUSED", False)
     check(comm.rank, comm.world, None)
 
 
 @pytest.mark.parametrize("check", FUSED_CHECKS, ids=lambda c: c.__name__)
 def test_moe_with_fused_kernels(comm, check, monkeypatch) -> None:  # noqa: F811  (the fixture)
     """The same checks with the dispatch's placement and the combine's weighted sum in one
-    kernel each (the default: collectives.runtime.moe_kernels): the same bits."""
-    from collectives.runtime import moe_kernels
+    kernel each (the default: collectives.runtime.moe): the same bits."""
+    from collectives.runtime import moe as runtime_moe
 
-    monkeypatch.setattr(moe_kernels, "FUSED", True)
+    monkeypatch.setattr(runtime_moe, "FUSED", True)
     check(comm.rank, comm.world, None)

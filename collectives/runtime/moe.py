@@ -16,6 +16,20 @@ their PTX on the CPU, the placement's source in the CPU simulation of the device
 dispatch or combine starts, before its all-to-alls (a load waits for the GPU's running kernels:
 :func:`collectives.runtime.kernels.load`), once ranks sharing the GPU have met
 (:meth:`~collectives.runtime.communicator.Communicator.kernel_together`).
+
+The MoE dispatch and combine are also PyTorch custom operators here (namespace ``collectives``,
+next to those of :mod:`collectives.runtime.torch_ops`), with their fake implementations::
+
+    collectives::moe_dispatch(Tensor x, Tensor topk_ids, Tensor topk_weights, int num_experts,
+                              int max_tokens, int world) -> (Tensor, ...)  # expert_x, counts, the handle's 7
+    collectives::moe_combine(Tensor expert_out, Tensor topk_weights, Tensor order, Tensor valid,
+                             Tensor send_splits, Tensor recv_splits, Tensor place, Tensor kept) -> Tensor
+
+The dispatch's handle travels as its tensors (:data:`HANDLE_FIELDS`); every shape follows from
+the arguments (``world`` one of them: a fake implementation cannot ask the communicator), so
+nothing is data-dependent and ``torch.compile(fullgraph=True)`` traces through.  The CUDA
+kernels are the eager functions, on the default communicator (``group=None``), registered by
+:mod:`collectives.moe` (:func:`collectives.runtime.torch_ops.implement`).
 """
 
 from __future__ import annotations
@@ -26,6 +40,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from ..algorithms.moe_combine import DTYPES_ROUNDED, MAX_TOPK, MOE_COMBINE, MoeCombineKey
 from ..algorithms.moe_gather import MOE_GATHER, MoeGatherKey
@@ -303,5 +318,55 @@ def _aligned(step: int, *tensors: torch.Tensor) -> None:
             raise CollectiveError(f"moe: a kernel's rows must start {step}-byte aligned, not at {t.data_ptr():#x}")
 
 
-__all__ = ["FUSED", "Layer", "combine_key", "gather", "layer", "pack", "pack_key", "place_key", "placement", "route",
-           "route_key", "weighted_sum"]
+# -- the MoE dispatch and combine as torch custom operators -----------------------------------------
+
+#: The operators' schemas, by name (namespace ``collectives``).
+SCHEMAS = {
+    "moe_dispatch": "(Tensor x, Tensor topk_ids, Tensor topk_weights, int num_experts, int max_tokens, int world) "
+                    "-> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)",
+    "moe_combine": "(Tensor expert_out, Tensor topk_weights, Tensor order, Tensor valid, Tensor send_splits, "
+                   "Tensor recv_splits, Tensor place, Tensor kept) -> Tensor",
+}
+
+LIB = torch.library.Library("collectives", "FRAGMENT")
+for _name, _schema in SCHEMAS.items():
+    LIB.define(_name + _schema)
+
+#: The handle's tensors in the operators' order (the dispatch's, after expert_x and counts;
+#: the combine takes all but the last).
+HANDLE_FIELDS = ("order", "valid", "send_splits", "recv_splits", "place", "kept", "dropped")
+COMBINE_FIELDS = HANDLE_FIELDS[:-1]
+
+
+@torch.library.register_fake("collectives::moe_dispatch", lib=LIB)
+def _(x, topk_ids, topk_weights, num_experts, max_tokens, world):
+    tokens, topk = topk_ids.shape
+    local = num_experts // world
+    room = world * max_tokens * min(topk, local)
+    i64 = dict(dtype=torch.int64)
+    return (x.new_empty((local, world * max_tokens, x.shape[1])), x.new_empty((local,), **i64),
+            x.new_empty((tokens * topk,), **i64), x.new_empty((tokens * topk,), dtype=torch.bool),
+            x.new_empty((world,), **i64), x.new_empty((world,), **i64), x.new_empty((room,), **i64),
+            x.new_empty((room,), dtype=torch.bool), x.new_empty((), **i64))
+
+
+@torch.library.register_fake("collectives::moe_combine", lib=LIB)
+def _(expert_out, topk_weights, order, valid, send_splits, recv_splits, place, kept):
+    return expert_out.new_empty((topk_weights.shape[0], expert_out.shape[2]))
+
+
+def traced_dispatch(x, topk_ids, topk_weights, num_experts, max_tokens, world) -> tuple:
+    """What :func:`collectives.moe.dispatch` records: ``(expert_x, counts, handle tensors)``."""
+    expert_x, counts, *handle = torch.ops.collectives.moe_dispatch(x, topk_ids, topk_weights, num_experts, max_tokens,
+                                                                   world)
+    return expert_x, counts, tuple(handle)
+
+
+def traced_combine(expert_out: Tensor, topk_weights: Tensor, handle: tuple) -> Tensor:
+    """What :func:`collectives.moe.combine` records (``handle``: its :data:`COMBINE_FIELDS`)."""
+    return torch.ops.collectives.moe_combine(expert_out, topk_weights, *handle)
+
+
+__all__ = ["COMBINE_FIELDS", "FUSED", "HANDLE_FIELDS", "SCHEMAS", "Layer", "combine_key", "gather", "layer", "pack",
+           "pack_key", "place_key", "placement", "route", "route_key", "traced_combine", "traced_dispatch",
+           "weighted_sum"]
