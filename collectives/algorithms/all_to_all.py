@@ -2,7 +2,7 @@
 in rank order) to rank ``r``, which receives it as chunk ``s`` of its output
 (``out_splits[s]`` elements from rank ``s``, in rank order).
 
-Push, over the send/receive slots of :mod:`collectives.exchange` (device side
+Push, over the send/receive slots of :mod:`collectives.layouts` (device side
 :mod:`collectives.device.all_to_all`): no barrier.  The grid is ``world x parts`` blocks; block
 ``(d, j)`` (``d = block % world``, ``j = block // world``) moves part ``j`` of two chunks: the
 one this rank sends to rank ``rank + d`` and the one it receives from rank ``rank - d``
@@ -14,8 +14,8 @@ one this rank sends to rank ``rank + d`` and the one it receives from rank ``ran
 2. the sender's blocks ``(d, j)`` wait for it, store their part of the chunk straight into the
    receiver's buffer over NVLink (when the sizes agree and the allocation is the one the
    sender's own call receives into, so its table addresses it, and of its element type:
-   :func:`collectives.exchange.receiving`), and each posts its
-   ``arrived`` (after a ``bar.sync``; :data:`~collectives.exchange.REFUSED` when it sent
+   :func:`collectives.layouts.receiving`), and each posts its
+   ``arrived`` (after a ``bar.sync``; :data:`~collectives.layouts.REFUSED` when it sent
    nothing);
 3. the receiver's blocks ``(d, j)`` wait for their part's ``arrived`` and, when the receive
    buffer is a staging buffer, copy the part out to the output (``direct``: the output is the
@@ -60,7 +60,7 @@ from ..config import MAX_WORLD, SIZE_MISMATCH, TIMEOUT, VECTOR_BYTES
 from ..device import all_to_all as exchange, signals
 from ..device.signals import LOCAL, PEER
 from ..dtypes import DTYPES, dtype as registered
-from ..exchange import ARRIVED_WAIT, MAX_CHUNK, PHASES, PLACE_MISMATCH, READY_WAIT, REFUSED, ExchangeLayout
+from ..layouts import ARRIVED_WAIT, MAX_CHUNK, PHASES, PLACE_MISMATCH, READY_WAIT, REFUSED, ExchangeLayout
 from ..device.kernel_args import Arg, KernelArgs, Layout
 from ..device.launch import check_threads, launcher
 from .base import Algorithm
@@ -115,7 +115,7 @@ def grid(world: int, residency: Residency | None) -> tuple[int, bool]:
 ALL_TO_ALL = Layout("AllToAllArgs", (
     Arg("recv_table", Int64, "device table of every rank's address of the symmetric allocation this rank "
                              "receives into (int64[W])"),
-    Arg("recv_id", Int64, "that allocation's number and this rank's element type (collectives.exchange.receiving: "
+    Arg("recv_id", Int64, "that allocation's number and this rank's element type (collectives.layouts.receiving: "
                           "the same on every rank)"),
     Arg("recv", Int64, "where this rank receives: its output (direct: symmetric, anywhere in that allocation) "
                        "or a staging buffer of at least out_n elements"),
@@ -126,7 +126,7 @@ ALL_TO_ALL = Layout("AllToAllArgs", (
     Arg("row", Int64, "elements per row (the splits count rows of dimension 0; 0 where rows are empty)"),
     Arg("in_n", Int64, "elements of the input (the in_splits must sum to at most this)"),
     Arg("out_n", Int64, "elements of the output and the receive buffer (the out_splits must sum to at most this)"),
-    Arg("slot_table", Int64, "device table of every rank's slot region (collectives.exchange.ExchangeLayout)"),
+    Arg("slot_table", Int64, "device table of every rank's slot region (collectives.layouts.ExchangeLayout)"),
     Arg("slots", Int64, "this rank's slot region (its entry of slot_table; its words hold the count of all-to-all "
                         "calls)"),
     Arg("err", Int64, "the error records (host-mapped int32[2][5], collectives.config.ERROR_FIELDS)"),
@@ -178,7 +178,7 @@ class Transport:
     peer's, through its NVLink address), each with its reach (:func:`ptxops.reach`:
     :data:`~collectives.device.signals.LOCAL` or :data:`~collectives.device.signals.PEER`;
     the copies are weak, so the reach checks no scope, but every pointer has one).  The part's
-    elements are :func:`collectives.exchange.part`'s (vector-aligned parts of the chunk, the
+    elements are :func:`collectives.layouts.part`'s (vector-aligned parts of the chunk, the
     same for the sender's and the receiver's block ``j``); within it, 16-byte vectors where
     both addresses agree modulo 16, else single elements; every thread of the block takes its
     share.  ``send_part`` moves the sender's part and posts its ``arrived``, ``post_ready`` posts
@@ -284,8 +284,8 @@ class Transport:
 def chunk_of(splits: Int64, peer: Int32, n: Int64, row: Int64, world: cutlass.Constexpr) -> tuple:
     """(element offset of ``peer``'s chunk, its elements, the size to announce for it): the
     prefix sum of the splits array (rows of ``row`` elements); the size is
-    :data:`~collectives.exchange.REFUSED` when any split is below 0 or its chunk above
-    :data:`~collectives.exchange.MAX_CHUNK` elements (compared as rows, before the product
+    :data:`~collectives.layouts.REFUSED` when any split is below 0 or its chunk above
+    :data:`~collectives.layouts.MAX_CHUNK` elements (compared as rows, before the product
     that could wrap), or the chunks sum past ``n`` elements."""
     at, count, total = Int64(0), Int64(0), Int64(0)
     most = Int64(MAX_CHUNK) // cutlass.max(row, Int64(1))  # rows per chunk at most

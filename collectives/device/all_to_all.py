@@ -1,11 +1,11 @@
 """Send/receive slots with epochs between every ordered pair of ranks: the device side of
-:mod:`collectives.exchange` (the words, the handshake and its judging are described there).
+:mod:`collectives.layouts` (the words, the handshake and its judging are described there).
 
 A receiver :func:`post_ready` s into each sender's region (its free buffer's offset and the
 size it expects); a sender :func:`wait_word` s for it, stores its chunk into the receiver's
 buffer, and :func:`post_arrived` s (after a ``bar.sync`` that carries its block's stores into
 the release); the receiver :func:`wait_word` s for that.  Every wait is bounded by a deadline
-on ``%globaltimer``; its status is the host model's :func:`collectives.exchange.judge`.
+on ``%globaltimer``; its status is the host model's :func:`collectives.layouts.judge`.
 
 Sizes travel in the high half of a 64-bit word.  The halves are taken apart as unsigned
 32-bit values (``word & 0xFFFFFFFF``, and a shift by a ``Uint64`` count truncated at once to
@@ -29,7 +29,7 @@ from cutlass import Int32, Int64, Uint32, Uint64
 import ptxops
 
 from ..config import SIZE_MISMATCH, TIMEOUT
-from ..exchange import PLACE_BITS, REFUSED, ExchangeLayout
+from ..layouts import PLACE_BITS, REFUSED, ExchangeLayout
 from .signals import PEER, gmem, in_call, peer_address, reached
 
 
@@ -53,13 +53,13 @@ def pack(size: Uint32, epoch: Uint32) -> Uint64:
 
 @cute.jit
 def place(allocation: Int64, offset: Int64) -> Int64:
-    """:func:`collectives.exchange.place`: ``allocation << PLACE_BITS | offset``."""
+    """:func:`collectives.layouts.place`: ``allocation << PLACE_BITS | offset``."""
     return (allocation << Int64(PLACE_BITS)) | offset
 
 
 @cute.jit
 def place_of(word: Int64) -> tuple:
-    """(allocation, byte offset) of a place (:func:`collectives.exchange.unplace`; the
+    """(allocation, byte offset) of a place (:func:`collectives.layouts.unplace`; the
     allocation's bits shifted as unsigned)."""
     return Int64(Uint64(word) >> Uint64(PLACE_BITS)), word & Int64((1 << PLACE_BITS) - 1)
 
@@ -118,8 +118,8 @@ def post_arrived(slot_table: Int64, rank: Int32, receiver: Int32, part: Int32, s
 def wait_word(word: cute.Pointer, calls: Uint32, expected: Uint32, deadline: Int64) -> Int32:
     """Poll a slot word with ``ld.acquire.sys`` until its epoch reaches ``calls + 1`` (wrap-safe)
     or ``%globaltimer`` passes ``deadline``; then judge it as
-    :func:`collectives.exchange.judge`: 0, ``TIMEOUT`` (not this call's epoch) or
-    ``SIZE_MISMATCH`` (a size other than ``expected``, or :data:`~collectives.exchange.REFUSED`).
+    :func:`collectives.layouts.judge`: 0, ``TIMEOUT`` (not this call's epoch) or
+    ``SIZE_MISMATCH`` (a size other than ``expected``, or :data:`~collectives.layouts.REFUSED`).
     The caller's ``bar.sync`` after it carries the acquire to the block."""
     want = calls + Uint32(1)
     seen = ptxops.ld_acquire(word, scope="sys", dtype=Uint64)

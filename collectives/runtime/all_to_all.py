@@ -5,7 +5,7 @@ algorithm asks the communicator's :class:`Exchange` part for a :class:`AllToAllP
 
 Each communicator's first all-to-all makes its :class:`Exchange` (a part of the communicator,
 released with it) and with it two collective allocations, the same on every
-rank whatever the call's sizes: the slot region (:class:`~collectives.exchange.ExchangeLayout`,
+rank whatever the call's sizes: the slot region (:class:`~collectives.layouts.ExchangeLayout`,
 a zeroed signal pad whose words also count the all-to-all calls) and a staging buffer of
 :data:`STAGING_BYTES` that a plain output receives through.  A symmetric output
 (:func:`collectives.empty`) receives directly: the senders store into it.  Every rank must
@@ -39,7 +39,7 @@ from ..algorithms.all_to_all import ALL_TO_ALL, TRANSPORTS, AllToAllCall, AllToA
 from ..algorithms.plan import Plan, capturing
 from ..algorithms.protocol import Runtime
 from ..errors import CollectiveError
-from ..exchange import ExchangeLayout, receiving
+from ..layouts import ExchangeLayout, receiving
 from ..symmetric.context import address
 from .staging import tensor_key
 

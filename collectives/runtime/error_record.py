@@ -29,11 +29,11 @@ from ..config import (
     TIMEOUT,
 )
 from ..errors import CollectiveError, CollectiveTimeout
-from ..exchange import PHASES as EXCHANGE_PHASES
+from ..layouts import PHASES as EXCHANGE_PHASES
 
 #: The name of each phase code a record's ``barrier`` field holds, for messages: the start and
 #: end barriers (0 and 1) and the phases each algorithm declares (:attr:`Algorithm.phases`; the
-#: all-to-all's: :data:`collectives.exchange.PHASES`).
+#: all-to-all's: :data:`collectives.layouts.PHASES`).
 PHASE_NAMES = {0: "start barrier", 1: "end barrier",
                **{code: name for impl in REGISTRY.values() for code, name in impl.phases.items()}}
 

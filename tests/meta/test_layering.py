@@ -72,14 +72,14 @@ def test_no_import_cycles_between_modules() -> None:
 #: Each wing of collectives -> the modules outside it that it may import (a name covers its
 #: submodules; ptxops is open to all).
 WING_ALLOWS = {
-    # collectives.exchange: the all-to-all slots' words and their judging, pure Python like config
+    # collectives.layouts: the all-to-all slots' words and their judging, pure Python like config
     # collectives.errors: MissingDependency, where CuTeDSL is missing (errors is pure Python, shared by every wing)
-    "collectives.device": ("collectives.config", "collectives.errors", "collectives.exchange"),
+    "collectives.device": ("collectives.config", "collectives.errors", "collectives.layouts"),
     "collectives.algorithms": ("collectives", "collectives.config", "collectives.dtypes", "collectives.errors",
-                               "collectives.exchange", "collectives.device"),
+                               "collectives.layouts", "collectives.device"),
     "collectives.symmetric": ("collectives.errors",),
     "collectives.runtime": ("collectives", "collectives.config", "collectives.dtypes", "collectives.errors",
-                            "collectives.exchange", "collectives.device", "collectives.algorithms",
+                            "collectives.layouts", "collectives.device", "collectives.algorithms",
                             "collectives.symmetric"),
 }
 

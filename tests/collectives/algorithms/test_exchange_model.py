@@ -6,7 +6,7 @@
 stores its part of the chunk into that rank's receive buffer and posts ``arrived``, then waits
 for its part's ``arrived`` from rank ``r - d`` and copies it out.  The words, their epochs,
 the judging of a wait, the chunks' offsets and sizes and the parts come from
-:mod:`collectives.exchange` (the module under test), so the model crosses the 2^31 and 2^32
+:mod:`collectives.layouts` (the module under test), so the model crosses the 2^31 and 2^32
 boundaries as the kernel does.  Ranks run consecutive calls (a rank's next kernel starts when
 all its blocks finished) in random interleavings; a wait no step can satisfy times out.
 
@@ -25,9 +25,9 @@ import random
 
 import pytest
 
-from collectives import exchange
+from collectives import layouts as exchange
 from collectives.config import CALL_EPOCHS, SIZE_MISMATCH, TIMEOUT
-from collectives.exchange import (
+from collectives.layouts import (
     ARRIVED_WAIT,
     MAX_CHUNK,
     PLACE_MISMATCH,

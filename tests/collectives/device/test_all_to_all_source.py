@@ -10,8 +10,8 @@ its error records after each call.  So an edit of the device protocol is an edit
 tests run; :mod:`test_exchange_model` restates the protocol in Python to explore interleavings
 at scale.
 
-Every call is judged against the host model (:func:`collectives.exchange.chunk`, the
-receivers' :func:`~collectives.exchange.receiving`): a pair whose sizes and receive identity
+Every call is judged against the host model (:func:`collectives.layouts.chunk`, the
+receivers' :func:`~collectives.layouts.receiving`): a pair whose sizes and receive identity
 agree delivers its chunk, bit for bit; any other fails on both of its ends as a size mismatch
 (the recoverable record), never a timeout, and no byte outside a delivered chunk changes in any
 rank's allocation or output.
@@ -32,7 +32,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from tests.support.device_sim import Context, Sim, fakes, load, me  # noqa: E402
 
-from collectives import exchange as model  # noqa: E402
+from collectives import layouts as model  # noqa: E402
 from collectives.config import (  # noqa: E402
     CALL_EPOCHS,
     ERROR_FIELDS,

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 
 from collectives import api  # noqa: E402
 from collectives.config import LAMPORT_EXCHANGE, RECOVERABLE_RECORD, SIZE_MISMATCH  # noqa: E402
-from collectives.exchange import PLACE_MISMATCH, READY_WAIT  # noqa: E402
+from collectives.layouts import PLACE_MISMATCH, READY_WAIT  # noqa: E402
 from collectives.errors import CollectiveError  # noqa: E402
 from collectives.runtime.communicator import Communicator  # noqa: E402
 from tests.support.fake_comm import FakeComm, FakeHeap, FakeTensor, install  # noqa: E402
@@ -100,7 +100,7 @@ def test_the_old_per_rank_reset_desynchronises_the_ranks(monkeypatch) -> None:
                                               (READY_WAIT, "in_splits\\[r\\] must equal its receiver's out_splits"),
                                               (PLACE_MISMATCH, "different allocations.*in_splits\\[r\\] must equal")])
 def test_a_size_mismatch_names_the_rule_of_its_collective(phase: int, rule: str) -> None:
-    """An all-to-all's mismatch (its phases: collectives.exchange.PHASES) names the splits' rule,
+    """An all-to-all's mismatch (its phases: collectives.layouts.PHASES) names the splits' rule,
     a barrier's the shapes'."""
     from collectives.runtime.error_record import ErrorRecord
 
