@@ -1,11 +1,10 @@
-"""The collectives' constants, the signal-pad layout and the call-count words kernels and host
-share (pure Python); each algorithm's formulas are its module's (:mod:`collectives.algorithms.push`,
-:mod:`collectives.algorithms.lamport`).  What a kernel is specialised on is
-:class:`collectives.algorithms.KernelKey`."""
+"""The collectives' constants (pure Python): the words host and device share are laid out in
+:mod:`collectives.layouts`, each algorithm's formulas are its module's
+(:mod:`collectives.algorithms.push`, :mod:`collectives.algorithms.lamport`), and what a kernel is
+specialised on is :class:`collectives.algorithms.KernelKey`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import IntEnum
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "barrier")
@@ -89,89 +88,14 @@ CALL_EPOCHS = 64
 assert CALL_EPOCHS > PUSH_EPOCHS and CALL_EPOCHS & (CALL_EPOCHS - 1) == 0
 
 
-def call_parity(calls):
-    """Which of the two arrival slots the call at count ``calls`` signals into (0 or 1):
-    consecutive calls alternate, so a rank's words of a call stay readable until every rank
-    has left it (a rank starts call ``C + 2 * CALL_EPOCHS`` only after every rank entered the
-    call between).  Python or CuTeDSL (a uint32 count), like :func:`~collectives.algorithms.base.ceil_div`."""
-    return calls // CALL_EPOCHS % 2
-
-
-def call_last(calls):
-    """The last epoch of the call at count ``calls`` (which every signal of the call reaches at
-    most): ``calls + CALL_EPOCHS - 1``, to be taken modulo 2^32 (the kernel's uint32 wraps)."""
-    return calls + (CALL_EPOCHS - 1)
-
-
 #: Programmatic dependent launch for the kernels of keys made from now on (the default of
 #: :attr:`KernelKey.pdl`; every target CuTeDSL compiles for, sm_90 and newer, has it).
 PDL = True
 
 
-@dataclass(frozen=True)
-class PadLayout:
-    """Word offsets in each rank's signal pad (uint32, symmetric, zeroed once, never reset).
-
-    ``arrival(parity, block, src)`` is the first word of the 64-bit slot that rank ``src``'s
-    block ``block`` writes in calls of that :func:`call_parity` (``size << 32 | epoch`` in one
-    store, through every peer's pad or the multicast address); ``calls`` is this rank's count
-    of collective calls (:data:`CALL_EPOCHS` per call), ``tickets`` counts the blocks of the
-    running call that have read it.  Epochs only grow; comparisons are wrap-safe.
-    """
-
-    max_blocks: int = 1024
-    world: int = MAX_WORLD
-
-    def arrival(self, parity: int, block: int, src: int) -> int:
-        return 2 * ((parity * self.max_blocks + block) * self.world + src)
-
-    @property
-    def calls(self) -> int:
-        return 4 * self.max_blocks * self.world
-
-    @property
-    def tickets(self) -> int:
-        return self.calls + 1
-
-    @property
-    def lamport_base(self) -> int:
-        """First word of the Lamport state (even: the size entries are 8-byte aligned)."""
-        return self.calls + 2
-
-    def lamport_size(self, width: int, buffer: int, src: int) -> int:
-        return self.lamport_base + 2 * ((width * 3 + buffer) * self.world + src)
-
-    def lamport_step(self, width: int, block: int) -> int:
-        return self.lamport_base + 18 * self.world + width * LAMPORT_BLOCKS + block
-
-    def lamport_dirty(self, width: int, buffer: int) -> int:
-        """The tag of the call that must empty ``buffer`` (:func:`~collectives.algorithms.lamport.lamport_stale`), written by a
-        call whose sizes differed across ranks."""
-        return self.lamport_base + 18 * self.world + 3 * LAMPORT_BLOCKS + width * LAMPORT_BUFFERS + buffer
-
-    @property
-    def words(self) -> int:
-        return self.lamport_base + 18 * self.world + 3 * LAMPORT_BLOCKS + 3 * LAMPORT_BUFFERS
-
-
-#: Fields of the error record a failed kernel writes (int32 words, host-mapped memory).
-#: ``barrier`` is 0 (start), 1 (end), :data:`LAMPORT_EXCHANGE` (a Lamport data wait),
-#: :data:`DATA_PHASE` (a TMA stage that never landed), :data:`FLAG_WAIT` (a stream flag
-#: never posted; ``block`` is then its slot) or :data:`PUSH_ROUND` (a pipelined push's wait
-#: for a round's chunk).
-ERROR_FIELDS = ("status", "barrier", "peer", "block", "rank")
-LAMPORT_EXCHANGE, DATA_PHASE, FLAG_WAIT, PUSH_ROUND = 2, 3, 4, 5
-#: The error records, each of :data:`ERROR_FIELDS`: the first for what leaves the communicator
-#: unusable (a timeout of a collective), the second for what the host clears and raises while
-#: the communicator stays usable (a size mismatch, a stream flag's timeout), so that clearing
-#: one never erases the other.
-FATAL_RECORD, RECOVERABLE_RECORD = 0, 1
-ERROR_RECORDS = 2
 #: Slots of a communicator's stream flags (:meth:`collectives.runtime.stream_flags.StreamFlags.post`;
 #: the GEMM-overlap functions use none).
 FLAG_SLOTS = 32
-#: Values of the record's status word (``CLAIMED``: a kernel is writing the other fields).
-TIMEOUT, SIZE_MISMATCH, CLAIMED = 1, 2, -1
 
 
 class Slot(IntEnum):

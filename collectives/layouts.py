@@ -1,7 +1,18 @@
-"""The words of an all-to-all's send/receive slots, and how a waiter judges them (pure Python:
-no torch, no CuTeDSL; the kernels' side is :mod:`collectives.device.all_to_all`).
+"""Every word host and device share bit for bit, laid out once (pure Python: no torch, no
+CuTeDSL), read by the host's code and the kernels' alike:
 
-Every ordered pair of ranks (sender ``s``, receiver ``r``) has one slot, a handshake of two
+- the signal pad: :class:`PadLayout`, and the call count's :func:`call_parity` and
+  :func:`call_last`;
+- the error records kernels write and the host reads (:data:`ERROR_FIELDS`, the two records,
+  the status and phase codes);
+- the all-to-all's send/receive slots: :class:`ExchangeLayout`, its words and how a waiter
+  judges them (below; the kernels' side is :mod:`collectives.device.all_to_all`);
+- kernel arguments: :class:`Arg` and :class:`Layout`, the collectives' :data:`COLLECTIVE`
+  (and :data:`PUSH_ALL_REDUCE`), the stream flags' :data:`FLAGS`; every other kernel family
+  declares its own with them next to its kernel (e.g. :data:`collectives.algorithms.all_to_all.ALL_TO_ALL`).
+  The kernels' view of them is :class:`collectives.device.kernel_args.KernelArgs`.
+
+The all-to-all's slots: every ordered pair of ranks (sender ``s``, receiver ``r``) has one slot, a handshake of two
 64-bit words of ``size << 32 | epoch`` per call, each written with one ``st.release.sys`` and
 polled with ``ld.acquire.sys``:
 
@@ -28,7 +39,7 @@ word holds an older call's epoch until its writer enters this call, and no newer
 receiver rewrites ``ready`` only in a later call, which it enters after reading ``arrived``
 of this one, which the sender writes after reading ``ready``; the sender rewrites ``arrived``
 only after the receiver's next ``ready``.  So the slots need no reset and no alternation; a
-word past the call (:func:`~collectives.config.call_last`) comes only from a rank that gave
+word past the call (:func:`~collectives.layouts.call_last`) comes only from a rank that gave
 up on a timeout, and is judged a timeout.  Epochs compare wrap-safely (``int32(seen - want)
 >= 0``), sizes as unsigned 32-bit values.
 
@@ -41,9 +52,99 @@ mismatch never costs a timeout.  Pairs whose sizes agree complete on both ends.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
-from .config import SIZE_MISMATCH, TIMEOUT, call_last
+from .config import CALL_EPOCHS, LAMPORT_BLOCKS, LAMPORT_BUFFERS, MAX_WORLD
 from .dtypes import DTYPES
+
+# -- the signal pad -------------------------------------------------------------------------------
+
+
+def call_parity(calls):
+    """Which of the two arrival slots the call at count ``calls`` signals into (0 or 1):
+    consecutive calls alternate, so a rank's words of a call stay readable until every rank
+    has left it (a rank starts call ``C + 2 * CALL_EPOCHS`` only after every rank entered the
+    call between).  Python or CuTeDSL (a uint32 count), like :func:`~collectives.algorithms.base.ceil_div`."""
+    return calls // CALL_EPOCHS % 2
+
+
+def call_last(calls):
+    """The last epoch of the call at count ``calls`` (which every signal of the call reaches at
+    most): ``calls + CALL_EPOCHS - 1``, to be taken modulo 2^32 (the kernel's uint32 wraps)."""
+    return calls + (CALL_EPOCHS - 1)
+
+
+@dataclass(frozen=True)
+class PadLayout:
+    """Word offsets in each rank's signal pad (uint32, symmetric, zeroed once, never reset).
+
+    ``arrival(parity, block, src)`` is the first word of the 64-bit slot that rank ``src``'s
+    block ``block`` writes in calls of that :func:`call_parity` (``size << 32 | epoch`` in one
+    store, through every peer's pad or the multicast address); ``calls`` is this rank's count
+    of collective calls (:data:`CALL_EPOCHS` per call), ``tickets`` counts the blocks of the
+    running call that have read it.  Epochs only grow; comparisons are wrap-safe.
+    """
+
+    max_blocks: int = 1024
+    world: int = MAX_WORLD
+
+    def arrival(self, parity: int, block: int, src: int) -> int:
+        return 2 * ((parity * self.max_blocks + block) * self.world + src)
+
+    @property
+    def calls(self) -> int:
+        return 4 * self.max_blocks * self.world
+
+    @property
+    def tickets(self) -> int:
+        return self.calls + 1
+
+    @property
+    def lamport_base(self) -> int:
+        """First word of the Lamport state (even: the size entries are 8-byte aligned)."""
+        return self.calls + 2
+
+    def lamport_size(self, width: int, buffer: int, src: int) -> int:
+        return self.lamport_base + 2 * ((width * 3 + buffer) * self.world + src)
+
+    def lamport_step(self, width: int, block: int) -> int:
+        return self.lamport_base + 18 * self.world + width * LAMPORT_BLOCKS + block
+
+    def lamport_dirty(self, width: int, buffer: int) -> int:
+        """The tag of the call that must empty ``buffer`` (:func:`~collectives.algorithms.lamport.lamport_stale`), written by a
+        call whose sizes differed across ranks."""
+        return self.lamport_base + 18 * self.world + 3 * LAMPORT_BLOCKS + width * LAMPORT_BUFFERS + buffer
+
+    @property
+    def words(self) -> int:
+        return self.lamport_base + 18 * self.world + 3 * LAMPORT_BLOCKS + 3 * LAMPORT_BUFFERS
+
+
+# -- the error records ----------------------------------------------------------------------------
+
+#: Fields of the error record a failed kernel writes (int32 words, host-mapped memory).
+#: ``barrier`` is 0 (start), 1 (end), :data:`LAMPORT_EXCHANGE` (a Lamport data wait),
+#: :data:`DATA_PHASE` (a TMA stage that never landed), :data:`FLAG_WAIT` (a stream flag
+#: never posted; ``block`` is then its slot) or :data:`PUSH_ROUND` (a pipelined push's wait
+#: for a round's chunk).
+ERROR_FIELDS = ("status", "barrier", "peer", "block", "rank")
+#: Each field's word in a record (the status first: a kernel publishes a record by its status).
+ERROR_FIELD = {name: i for i, name in enumerate(ERROR_FIELDS)}
+assert ERROR_FIELD["status"] == 0
+LAMPORT_EXCHANGE, DATA_PHASE, FLAG_WAIT, PUSH_ROUND = 2, 3, 4, 5
+#: The error records, each of :data:`ERROR_FIELDS`: the first for what leaves the communicator
+#: unusable (a timeout of a collective), the second for what the host clears and raises while
+#: the communicator stays usable (a size mismatch, a stream flag's timeout), so that clearing
+#: one never erases the other.
+FATAL_RECORD, RECOVERABLE_RECORD = 0, 1
+ERROR_RECORDS = 2
+#: Values of the record's status word (``CLAIMED``: a kernel is writing the other fields).
+TIMEOUT, SIZE_MISMATCH, CLAIMED = 1, 2, -1
+
+
+# -- the all-to-all's slots -----------------------------------------------------------------------
+
+
 
 U32 = 1 << 32
 #: The size word of a pair that cannot be sent (never equal to any size, itself included).
@@ -51,7 +152,7 @@ REFUSED = U32 - 1
 #: The most elements one chunk (one pair's data in one call) may hold.
 MAX_CHUNK = REFUSED - 1
 #: Error-record phase codes: a wait for a receiver's ``ready``, for a sender's ``arrived``
-#: (after :data:`~collectives.config.PUSH_ROUND`), and a ready whose place lies in another
+#: (after :data:`~collectives.layouts.PUSH_ROUND`), and a ready whose place lies in another
 #: allocation than the sender's.
 READY_WAIT, ARRIVED_WAIT, PLACE_MISMATCH = 6, 7, 8
 PHASES = {READY_WAIT: "all-to-all ready wait", ARRIVED_WAIT: "all-to-all data wait",
@@ -180,6 +281,100 @@ def _int64(x: int) -> int:
     return (x + (1 << 63)) % (1 << 64) - (1 << 63)
 
 
-__all__ = ["ARRIVED_WAIT", "DTYPE_BITS", "MAX_CHUNK", "PHASES", "PLACE_BITS", "PLACE_MISMATCH", "READY_WAIT",
-           "REFUSED", "ExchangeLayout", "announced", "chunk", "judge", "pack", "part", "place", "reached", "receiving",
-           "unpack", "unplace"]
+# -- kernel arguments -----------------------------------------------------------------------------
+
+#: The types a kernel argument may have (the names of their CuTeDSL types): the host passes a
+#: Python int for each, the kernel reads a signed integer of as many bits.
+ARG_TYPES = {"Int32": 32, "Int64": 64}
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One runtime argument: its name in kernels and on the host, its type (one of
+    :data:`ARG_TYPES`: given as the CuTeDSL type or its name, kept as the name), what it holds."""
+
+    name: str
+    type: str
+    meaning: str
+
+    def __post_init__(self) -> None:
+        name = getattr(self.type, "__name__", self.type)
+        if name not in ARG_TYPES:
+            raise TypeError(f"argument {self.name}: its type must be one of {', '.join(ARG_TYPES)}, not {self.type!r}")
+        object.__setattr__(self, "type", name)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The arguments of one kind of kernel, in launch order.  ``emulated``: the argument that
+    carries a translation table under a multicast emulation (the launcher hands the body that
+    table's first fake multicast base in its place)."""
+
+    name: str
+    args: tuple[Arg, ...]
+    emulated: str = ""
+
+    @cached_property
+    def index(self) -> dict[str, int]:
+        return {a.name: i for i, a in enumerate(self.args)}
+
+    @cached_property
+    def names(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.args)
+
+    def pack(self, **values: int) -> tuple[int, ...]:
+        """The host's launch arguments in order, given every one by name (no Python frame per
+        argument: the MoE kernels pack theirs at every call)."""
+        if values.keys() != self.index.keys():
+            raise TypeError(f"{self.name}: missing {sorted(set(self.index) - set(values))}, "
+                            f"unknown {sorted(set(values) - set(self.index))}")
+        return tuple(map(values.__getitem__, self.names))
+
+    def renamed(self, name: str, **replacements: Arg) -> Layout:
+        """This layout with the arguments named in ``replacements`` replaced (same types)."""
+        args = tuple(replacements.get(a.name, a) for a in self.args)
+        assert [a.type for a in args] == [a.type for a in self.args]
+        emulated = replacements[self.emulated].name if self.emulated in replacements else self.emulated
+        return Layout(name, args, emulated)
+
+
+COLLECTIVE = Layout("CollectiveArgs", (
+    Arg("data_table", "Int64", "device table of every rank's data buffer address (int64[W])"),
+    Arg("data_mc", "Int64", "the data buffer's multicast address (0 on the peer backend; emulated: its translation "
+                            "table of two windows, the data buffer's and the signal pad's)"),
+    Arg("out", "Int64", "this rank's output (one-shot all-reduce, reduce-scatter, gathered two-shot/TMA, all-gather)"),
+    Arg("src", "Int64", "this rank's input (stage_in: copied in-kernel; push and all-gather: pushed; 0: in place)"),
+    Arg("n", "Int64", "elements per rank (all-reduce, all-gather's input) or per output (reduce-scatter)"),
+    Arg("kinds", "Int32", "the call's signature (collectives.algorithms.Call.signature: the kinds of the caller's "
+                          "tensors, its collective, dtype and op), brought to the barriers with n in their size word"),
+    Arg("pad_table", "Int64", "device table of every rank's signal pad"),
+    Arg("pad_mc", "Int64", "the signal pad's multicast address (0 on the peer backend)"),
+    Arg("pad", "Int64", "this rank's signal pad (its entry of pad_table, saving the kernel a load)"),
+    Arg("err", "Int64", "the error records (host-mapped int32[2][5], collectives.layouts.ERROR_FIELDS)"),
+    Arg("rank", "Int32", "this rank"),
+    Arg("timeout_ns", "Int64", "the bound of every wait, in nanoseconds of %globaltimer"),
+), emulated="data_mc")
+
+#: The push all-reduce (:mod:`collectives.algorithms.push`): no multicast address of its
+#: receive slots (its pushes are plain stores), but the table of every rank's result buffer.
+PUSH_ALL_REDUCE = COLLECTIVE.renamed("PushAllReduceArgs", data_mc=Arg(
+    "results", "Int64", "device table of every rank's result buffer (emulated: its translation table of two "
+                        "windows, the result buffers' and the signal pad's)"))
+
+#: The stream-flag kernels (:mod:`collectives.algorithms.flags`): one thread, one GPU.
+FLAGS = Layout("FlagArgs", (
+    Arg("flags", "Int64", "each slot's count of posts (int32[FLAG_SLOTS])"),
+    Arg("consumed", "Int64", "each slot's count of posts its consumer took"),
+    Arg("index", "Int32", "the slot"),
+    Arg("err", "Int64", "the error records"),
+    Arg("rank", "Int32", "this rank"),
+    Arg("timeout_ns", "Int64", "the bound of a wait"),
+))
+
+
+__all__ = ["ARG_TYPES", "ARRIVED_WAIT", "Arg", "CLAIMED", "COLLECTIVE", "DATA_PHASE", "DTYPE_BITS", "ERROR_FIELD",
+           "ERROR_FIELDS", "ERROR_RECORDS", "ExchangeLayout", "FATAL_RECORD", "FLAGS", "FLAG_WAIT",
+           "LAMPORT_EXCHANGE", "Layout", "MAX_CHUNK", "PHASES", "PLACE_BITS", "PLACE_MISMATCH",
+           "PUSH_ALL_REDUCE", "PUSH_ROUND", "PadLayout", "READY_WAIT", "RECOVERABLE_RECORD", "REFUSED",
+           "SIZE_MISMATCH", "TIMEOUT", "U32", "announced", "call_last", "call_parity", "chunk", "judge",
+           "pack", "part", "place", "reached", "receiving", "unpack", "unplace"]

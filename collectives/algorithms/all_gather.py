@@ -24,8 +24,9 @@ from cutlass import Int64
 
 import ptxops
 
-from ..config import DATA_PHASE, TMA_STAGES, VECTOR_BYTES, Slot
+from ..config import TMA_STAGES, VECTOR_BYTES, Slot
 from ..device import signals, tiles
+from ..layouts import DATA_PHASE
 from . import design
 from .base import Algorithm, Call
 from .key import KernelKey

@@ -56,12 +56,24 @@ from cutlass.memory import SmemAllocator
 import ptxops
 
 from .. import config
-from ..config import MAX_WORLD, SIZE_MISMATCH, TIMEOUT, VECTOR_BYTES
+from ..config import MAX_WORLD, VECTOR_BYTES
 from ..device import all_to_all as exchange, signals
 from ..device.signals import LOCAL, PEER
 from ..dtypes import DTYPES, dtype as registered
-from ..layouts import ARRIVED_WAIT, MAX_CHUNK, PHASES, PLACE_MISMATCH, READY_WAIT, REFUSED, ExchangeLayout
-from ..device.kernel_args import Arg, KernelArgs, Layout
+from ..layouts import (
+    ARRIVED_WAIT,
+    MAX_CHUNK,
+    PHASES,
+    PLACE_MISMATCH,
+    READY_WAIT,
+    REFUSED,
+    SIZE_MISMATCH,
+    TIMEOUT,
+    Arg,
+    ExchangeLayout,
+    Layout,
+)
+from ..device.kernel_args import KernelArgs
 from ..device.launch import check_threads, launcher
 from .base import Algorithm
 from .family import SNAPSHOT_WORLDS, Family, register
@@ -129,7 +141,7 @@ ALL_TO_ALL = Layout("AllToAllArgs", (
     Arg("slot_table", Int64, "device table of every rank's slot region (collectives.layouts.ExchangeLayout)"),
     Arg("slots", Int64, "this rank's slot region (its entry of slot_table; its words hold the count of all-to-all "
                         "calls)"),
-    Arg("err", Int64, "the error records (host-mapped int32[2][5], collectives.config.ERROR_FIELDS)"),
+    Arg("err", Int64, "the error records (host-mapped int32[2][5], collectives.layouts.ERROR_FIELDS)"),
     Arg("rank", Int32, "this rank"),
     Arg("timeout_ns", Int64, "the bound of every wait, in nanoseconds of %globaltimer"),
 ))

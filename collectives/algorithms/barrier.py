@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import BARRIER_THREADS
-from ..device.kernel_args import COLLECTIVE
+from ..layouts import COLLECTIVE
 from . import design
 from .base import Algorithm, Call
 from .key import KernelKey

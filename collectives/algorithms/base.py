@@ -17,9 +17,9 @@ from typing import Any, ClassVar
 
 from .. import config
 from ..config import KIND_SHIFT, MAX_ELEMENTS, MULTICAST_PATHS, OPS, VECTOR_BYTES, Slot
-from ..device.kernel_args import COLLECTIVE, Layout
 from ..dtypes import DTYPES
 from ..errors import CollectiveError
+from ..layouts import COLLECTIVE, Layout
 from .protocol import Buffer, Runtime
 
 

@@ -11,7 +11,7 @@ deadline.  Data moves in 16-byte vectors through registers; the elements past th
 last whole vector (and all of them when the data is not 16-byte aligned, ``vector=1``) take
 the peer path one at a time.
 
-Runtime arguments are plain 64-bit addresses and counts (:data:`collectives.device.kernel_args.COLLECTIVE`
+Runtime arguments are plain 64-bit addresses and counts (:data:`collectives.layouts.COLLECTIVE`
 names each and says what it holds), so one compile serves every tensor of a key.
 """
 
@@ -26,9 +26,10 @@ from cutlass.memory import SmemAllocator
 
 import ptxops
 
-from ..config import DATA_PHASE, MULTICAST_PATHS, TIMEOUT, VECTOR_BYTES
+from ..config import MULTICAST_PATHS, VECTOR_BYTES
 from ..device import reduce, signals
-from ..device.kernel_args import COLLECTIVE, KernelArgs, Layout
+from ..device.kernel_args import KernelArgs
+from ..layouts import COLLECTIVE, DATA_PHASE, TIMEOUT, Layout
 from ..device.launch import launcher
 from ..dtypes import DTYPES
 from .key import KernelKey
@@ -221,7 +222,7 @@ def kernel(key: KernelKey, b: Blocks, stage: Callable | None, move: Callable | N
     step)`` (for ``gather_out``, where given) or ``pull(addrs, data_mc, out, n, rank, first,
     step)`` (reading the ranks' buffers after the end barrier).
     ``buffers(smem)`` allocates the shared memory ``move`` takes.  ``layout``: the kernel's
-    arguments (:mod:`collectives.device.kernel_args`); its ``emulated`` argument is what ``move`` and
+    arguments (:mod:`collectives.layouts`); its ``emulated`` argument is what ``move`` and
     ``pull`` get as ``data_mc``."""
     world, threads = key.world, key.threads
     single = key.collective == "barrier"  # launched as one block (Communicator.barrier)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from ..device.kernel_args import Layout
+from ..layouts import Layout
 
 
 @dataclass(frozen=True)

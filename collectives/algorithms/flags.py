@@ -4,7 +4,7 @@ consumer's kernels (:meth:`collectives.runtime.stream_flags.StreamFlags.post` / 
 
 ``post`` adds 1 to the slot's counter with ``red.release.gpu``; ``wait`` polls it with
 ``ld.acquire.gpu`` until the communicator's timeout, and on a timeout records
-:data:`~collectives.config.FLAG_WAIT` (slot in ``block``) in the error record, which the host
+:data:`~collectives.layouts.FLAG_WAIT` (slot in ``block``) in the error record, which the host
 raises as :class:`~collectives.CollectiveTimeout`."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from __future__ import annotations
 import cutlass.cute as cute
 from cutlass import Int32
 
-from ..config import FLAG_WAIT, TIMEOUT
 from ..device import flags, signals
-from ..device.kernel_args import FLAGS, KernelArgs
+from ..device.kernel_args import KernelArgs
+from ..layouts import FLAGS, FLAG_WAIT, TIMEOUT
 from ..device.launch import flag_launcher
 from .family import Family, register
 

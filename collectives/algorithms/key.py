@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 from .. import config
 from ..config import BACKENDS, COLLECTIVES, MAX_WORLD, OPS, TMA_SMEM_BYTES, TMA_STAGES, VECTOR_BYTES
-from ..device.kernel_args import COLLECTIVE
 from ..dtypes import dtype
+from ..layouts import COLLECTIVE
 from .base import REGISTRY, Algorithm, algorithms
 from .family import Family, register
 from .rules import key_backend_refusal

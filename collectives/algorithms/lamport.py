@@ -51,19 +51,16 @@ from ..config import (
     LAMPORT_BLOCKS,
     LAMPORT_BUFFERS,
     LAMPORT_CALLS,
-    LAMPORT_EXCHANGE,
     LAMPORT_MAX_BYTES,
     MULTICAST_PATHS,
-    SIZE_MISMATCH,
-    TIMEOUT,
     VECTOR_BYTES,
-    PadLayout,
 )
 from ..device import lamport, reduce, signals
 from ..device.kernel_args import KernelArgs
 from ..device.launch import launcher
 from ..dtypes import DTYPES
 from ..errors import CollectiveError
+from ..layouts import LAMPORT_EXCHANGE, SIZE_MISMATCH, TIMEOUT, PadLayout
 from .base import Algorithm, Call, capped
 from .key import KernelKey
 from .protocol import Runtime

@@ -31,9 +31,10 @@ import ptxops
 
 from ..dtypes import DTYPES
 from ..device import rounding
-from ..device.kernel_args import Arg, KernelArgs, Layout
+from ..device.kernel_args import KernelArgs
 from ..device.launch import check_threads, launcher
 from ..device.signals import LOCAL, gmem
+from ..layouts import Arg, Layout
 from .family import Family, register
 
 #: Output dtypes the kernel rounds to as torch does (to float8, torch's conversion and PTX's

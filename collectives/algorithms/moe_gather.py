@@ -25,9 +25,10 @@ from cutlass import Int64, Uint8
 
 import ptxops
 
-from ..device.kernel_args import Arg, KernelArgs, Layout
+from ..device.kernel_args import KernelArgs
 from ..device.launch import check_threads, launcher
 from ..device.signals import LOCAL, gmem
+from ..layouts import Arg, Layout
 from .family import Family, register
 from .moe_place import MAX_BLOCKS, WORDS
 

@@ -30,10 +30,11 @@ from cutlass.memory import SmemAllocator
 import ptxops
 
 from ..device import rounding
-from ..device.kernel_args import Arg, KernelArgs, Layout
+from ..device.kernel_args import KernelArgs
 from ..device.launch import check_threads, launcher
 from ..device.signals import LOCAL, gmem
 from ..dtypes import DTYPES
+from ..layouts import Arg, Layout
 from .family import Family, register
 
 #: Token dtypes the kernel quantizes (widened to f32 exactly).

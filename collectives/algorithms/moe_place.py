@@ -42,9 +42,10 @@ from cutlass.memory import SmemAllocator
 
 import ptxops
 
-from ..device.kernel_args import Arg, KernelArgs, Layout
+from ..device.kernel_args import KernelArgs
 from ..device.launch import check_threads, launcher
 from ..device.signals import LOCAL, gmem
+from ..layouts import Arg, Layout
 from .family import SNAPSHOT_WORLDS, Family, register
 
 #: The most ``(source, local expert)`` segments (``W x L``) a kernel takes: its shared memory

@@ -1,5 +1,5 @@
 """A prepared collective launch (:class:`Plan`): the compiled kernel and its runtime arguments
-(:mod:`collectives.device.kernel_args`) fixed at planning, so that a call only takes the current stream
+(:mod:`collectives.layouts`) fixed at planning, so that a call only takes the current stream
 and launches."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..device.kernel_args import COLLECTIVE, Layout
+from ..layouts import COLLECTIVE, Layout
 from .protocol import Buffer, Runtime
 
 #: Where a launch's arguments hold the caller's output and input (the same in every collective layout).

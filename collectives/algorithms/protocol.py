@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ..config import PadLayout, Slot
+from ..config import Slot
+from ..layouts import PadLayout
 
 if TYPE_CHECKING:
     import torch

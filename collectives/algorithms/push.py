@@ -6,7 +6,7 @@ reduces its ``world`` slots from local memory into its output.  The all-reduce's
 ``n`` in ``world`` (``m`` rounded up to whole vectors; the last slice may be shorter) and the
 owner also hands its reduction to every rank through result buffers of their own (``world``
 regions of ``m`` elements, region ``q`` owner ``q``'s; the kernel argument ``results`` holds their
-table, :data:`~collectives.device.kernel_args.PUSH_ALL_REDUCE`): on the
+table, :data:`~collectives.layouts.PUSH_ALL_REDUCE`): on the
 peer backend it stores it into its region of every other rank's result buffer, and every rank
 copies the other owners' regions out of its own result buffer into its output (local loads),
 so that every byte crossing NVLink is a store; on the multicast backends it stores it into its
@@ -93,9 +93,10 @@ from cutlass.memory import SmemAllocator
 
 from ptxops.ops import emulation
 
-from ..config import PUSH_MAX_ROUNDS, PUSH_ROUND, PUSH_ROUND_STRIDES, Slot
+from ..config import PUSH_MAX_ROUNDS, PUSH_ROUND_STRIDES, Slot
 from ..device import reduce, signals
-from ..device.kernel_args import COLLECTIVE, PUSH_ALL_REDUCE, KernelArgs, Layout
+from ..device.kernel_args import KernelArgs
+from ..layouts import COLLECTIVE, PUSH_ALL_REDUCE, PUSH_ROUND, Layout
 from ..device.launch import launcher
 from . import design
 from .base import Algorithm, Call, ceil_div
@@ -134,7 +135,7 @@ def push_events(rounds, final: bool):
 
 def layout(key: KernelKey) -> Layout:
     """The all-reduce's kernels take the result buffers' table where others take a multicast
-    address (:data:`~collectives.device.kernel_args.PUSH_ALL_REDUCE`)."""
+    address (:data:`~collectives.layouts.PUSH_ALL_REDUCE`)."""
     return PUSH_ALL_REDUCE if key.collective == "all_reduce" else COLLECTIVE
 
 

@@ -13,8 +13,9 @@ from cutlass import Int64
 from typing import Any
 
 from .. import config
-from ..config import DATA_PHASE, TMA_STAGES, VECTOR_BYTES, Slot
+from ..config import TMA_STAGES, VECTOR_BYTES, Slot
 from ..device import tiles
+from ..layouts import DATA_PHASE
 from . import design, tuning
 from .base import Algorithm, Call, capped, ceil_div
 from .key import KernelKey

@@ -1,8 +1,8 @@
 """Device building blocks for cross-GPU kernels: ``@cute.jit`` functions to call from your own
 ``@cute.kernel`` (see docs for an all-gather written with them).  Every block module's functions
 are listed here, grouped by file (as CuTeDSL's ``cutlass.cute.arch`` lists its own); the
-launchers and argument layouts of the package's kernels are :mod:`.launch` and
-:mod:`.kernel_args`."""
+launchers of the package's kernels and their view of the argument layouts
+(:mod:`collectives.layouts`) are :mod:`.launch` and :mod:`.kernel_args`."""
 
 from ..errors import MissingDependency
 

@@ -28,8 +28,7 @@ from cutlass import Int32, Int64, Uint32, Uint64
 
 import ptxops
 
-from ..config import SIZE_MISMATCH, TIMEOUT
-from ..layouts import PLACE_BITS, REFUSED, ExchangeLayout
+from ..layouts import PLACE_BITS, REFUSED, SIZE_MISMATCH, TIMEOUT, ExchangeLayout
 from .signals import PEER, gmem, in_call, peer_address, reached
 
 

@@ -1,11 +1,9 @@
-"""The runtime arguments of every collective kernel, declared once.
-
-:data:`COLLECTIVE` lists them (name, type, meaning) in launch order; the launcher's signature
-(:func:`collectives.device.launch.launcher`), the kernels' view of them (:class:`KernelArgs`, fields
-by name), the host's packing of a launch (:meth:`Layout.pack`) and the placeholder arguments
-of a compile without a GPU (:meth:`Layout.examples`) all derive from it.  One position, one
-meaning: a kernel whose second argument means something else declares a layout of its own
-(:data:`PUSH_ALL_REDUCE`), with the same types in the same order, so both launch alike.
+"""The kernels' view of their runtime arguments, whose layouts are declared once in
+:mod:`collectives.layouts` (:class:`~collectives.layouts.Layout`: names, types and meanings in
+launch order, the host's packing of a launch): :class:`KernelArgs`, fields by name; each
+argument's CuTeDSL type (:func:`dsl_type`), and the placeholder arguments of a compile without
+a GPU (:func:`examples`).  The launchers' signatures derive from the same layouts
+(:func:`collectives.device.launch.launcher`).
 
 ``multicast_emulated``: the host passes a translation table where the layout says
 "multicast address" (see :func:`ptxops.translation_table`); the launcher traces the body under
@@ -14,21 +12,26 @@ meaning: a kernel whose second argument means something else declares a layout o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 from cutlass import Int32, Int64
 from cutlass.cutlass_dsl import extract_mlir_values, new_from_mlir_values
 
+from ..layouts import ARG_TYPES, Arg, Layout
 
-@dataclass(frozen=True)
-class Arg:
-    """One runtime argument: its name in kernels and on the host, its CuTeDSL type, what it holds."""
+#: The CuTeDSL type of each of :data:`~collectives.layouts.ARG_TYPES`.
+DSL_TYPES = {"Int32": Int32, "Int64": Int64}
+assert set(DSL_TYPES) == set(ARG_TYPES) and all(t.width == ARG_TYPES[n] for n, t in DSL_TYPES.items())
 
-    name: str
-    type: type
-    meaning: str
+
+def dsl_type(arg: Arg) -> type:
+    """The CuTeDSL type of ``arg``."""
+    return DSL_TYPES[arg.type]
+
+
+def examples(layout: Layout) -> tuple:
+    """Placeholder values of every argument of ``layout`` (compiling without a GPU)."""
+    return tuple(dsl_type(a)(0) for a in layout.args)
 
 
 class KernelArgs:
@@ -63,75 +66,4 @@ class KernelArgs:
         return self.layout.name
 
 
-@dataclass(frozen=True)
-class Layout:
-    """The arguments of one kind of kernel, in launch order.  ``emulated``: the argument that
-    carries a translation table under a multicast emulation (the launcher hands the body that
-    table's first fake multicast base in its place)."""
-
-    name: str
-    args: tuple[Arg, ...]
-    emulated: str = ""
-
-    @cached_property
-    def index(self) -> dict[str, int]:
-        return {a.name: i for i, a in enumerate(self.args)}
-
-    @cached_property
-    def names(self) -> tuple[str, ...]:
-        return tuple(a.name for a in self.args)
-
-    def pack(self, **values: int) -> tuple[int, ...]:
-        """The host's launch arguments in order, given every one by name (no Python frame per
-        argument: the MoE kernels pack theirs at every call)."""
-        if values.keys() != self.index.keys():
-            raise TypeError(f"{self.name}: missing {sorted(set(self.index) - set(values))}, "
-                            f"unknown {sorted(set(values) - set(self.index))}")
-        return tuple(map(values.__getitem__, self.names))
-
-    def examples(self) -> tuple:
-        """Placeholder values of every argument (compiling without a GPU)."""
-        return tuple(a.type(0) for a in self.args)
-
-    def renamed(self, name: str, **replacements: Arg) -> Layout:
-        """This layout with the arguments named in ``replacements`` replaced (same types)."""
-        args = tuple(replacements.get(a.name, a) for a in self.args)
-        assert [a.type for a in args] == [a.type for a in self.args]
-        emulated = replacements[self.emulated].name if self.emulated in replacements else self.emulated
-        return Layout(name, args, emulated)
-
-
-COLLECTIVE = Layout("CollectiveArgs", (
-    Arg("data_table", Int64, "device table of every rank's data buffer address (int64[W])"),
-    Arg("data_mc", Int64, "the data buffer's multicast address (0 on the peer backend; emulated: its translation "
-                          "table of two windows, the data buffer's and the signal pad's)"),
-    Arg("out", Int64, "this rank's output (one-shot all-reduce, reduce-scatter, gathered two-shot/TMA, all-gather)"),
-    Arg("src", Int64, "this rank's input (stage_in: copied in-kernel; push and all-gather: pushed; 0: in place)"),
-    Arg("n", Int64, "elements per rank (all-reduce, all-gather's input) or per output (reduce-scatter)"),
-    Arg("kinds", Int32, "the call's signature (collectives.algorithms.Call.signature: the kinds of the caller's "
-                        "tensors, its collective, dtype and op), brought to the barriers with n in their size word"),
-    Arg("pad_table", Int64, "device table of every rank's signal pad"),
-    Arg("pad_mc", Int64, "the signal pad's multicast address (0 on the peer backend)"),
-    Arg("pad", Int64, "this rank's signal pad (its entry of pad_table, saving the kernel a load)"),
-    Arg("err", Int64, "the error records (host-mapped int32[2][5], collectives.config.ERROR_FIELDS)"),
-    Arg("rank", Int32, "this rank"),
-    Arg("timeout_ns", Int64, "the bound of every wait, in nanoseconds of %globaltimer"),
-), emulated="data_mc")
-
-#: The push all-reduce (:mod:`collectives.algorithms.push`): no multicast address of its
-#: receive slots (its pushes are plain stores), but the table of every rank's result buffer.
-PUSH_ALL_REDUCE = COLLECTIVE.renamed("PushAllReduceArgs", data_mc=Arg(
-    "results", Int64, "device table of every rank's result buffer (emulated: its translation table of two "
-                      "windows, the result buffers' and the signal pad's)"))
-
-#: The stream-flag kernels (:mod:`collectives.algorithms.flags`): one thread, one GPU.
-FLAGS = Layout("FlagArgs", (
-    Arg("flags", Int64, "each slot's count of posts (int32[FLAG_SLOTS])"),
-    Arg("consumed", Int64, "each slot's count of posts its consumer took"),
-    Arg("index", Int32, "the slot"),
-    Arg("err", Int64, "the error records"),
-    Arg("rank", Int32, "this rank"),
-    Arg("timeout_ns", Int64, "the bound of a wait"),
-))
-
-__all__ = ["COLLECTIVE", "FLAGS", "PUSH_ALL_REDUCE", "Arg", "KernelArgs", "Layout"]
+__all__ = ["DSL_TYPES", "KernelArgs", "dsl_type", "examples"]

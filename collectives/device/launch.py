@@ -1,5 +1,5 @@
 """The ``@cute.jit`` launchers around every collective kernel and the stream-flag kernels:
-their signatures are the argument layouts of :mod:`collectives.device.kernel_args` (then the grid and
+their signatures are the argument layouts of :mod:`collectives.layouts` (then the grid and
 the stream), and the ``@cute.kernel`` inside hands its body one
 :class:`~collectives.device.kernel_args.KernelArgs`.
 
@@ -22,7 +22,8 @@ from cutlass import Int32, Int64
 import ptxops
 from ptxops.ops.pointer_reach import required
 
-from .kernel_args import COLLECTIVE, FLAGS, KernelArgs, Layout
+from ..layouts import COLLECTIVE, FLAGS, Layout
+from .kernel_args import KernelArgs, dsl_type, examples
 
 #: Windows of a collective's translation table: the data buffer's, then the signal pad's.
 EMULATION_WINDOWS = 2
@@ -39,7 +40,7 @@ def check_threads(threads: int) -> None:
 def _signature(fn, layout: Layout, *extra: tuple[str, type]):
     """``fn`` (taking ``*values``) with the named, typed signature CuTeDSL compiles from:
     ``layout``'s arguments, then ``extra``."""
-    params = [inspect.Parameter(a.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=a.type)
+    params = [inspect.Parameter(a.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=dsl_type(a))
               for a in layout.args]
     params += [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=t) for name, t in extra]
     fn.__signature__ = inspect.Signature(params)
@@ -98,12 +99,12 @@ def launcher(body, threads: int, grid: int | None = None, *, emulate: int = 0, p
 
 def example_arguments(layout: Layout = COLLECTIVE) -> tuple:
     """Placeholder runtime arguments of a launcher of ``layout`` (compiling without a GPU)."""
-    return layout.examples() + (Int32(1), driver.CUstream(0))
+    return examples(layout) + (Int32(1), driver.CUstream(0))
 
 
 def flag_launcher(body):
     """The ``@cute.jit`` launch of a one-thread kernel running the ``@cute.jit`` ``body(args)``
-    (:data:`~collectives.device.kernel_args.FLAGS`: the counter words, the slot, the error record)."""
+    (:data:`~collectives.layouts.FLAGS`: the counter words, the slot, the error record)."""
 
     def kernel(args: KernelArgs):
         with required("a collectives kernel"):
@@ -121,7 +122,7 @@ def flag_launcher(body):
 
 def flag_example_arguments() -> tuple:
     """Placeholder runtime arguments of :func:`flag_launcher`'s launch."""
-    return FLAGS.examples() + (driver.CUstream(0),)
+    return examples(FLAGS) + (driver.CUstream(0),)
 
 
 __all__ = ["BLOCK_THREADS", "EMULATION_WINDOWS", "check_threads", "example_arguments", "flag_example_arguments",

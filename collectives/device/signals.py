@@ -1,6 +1,6 @@
 """Cross-GPU signals and barriers over a symmetric signal pad, built from ptxops.
 
-Every rank owns a pad of uint32 words (see :class:`collectives.config.PadLayout`); the pad is
+Every rank owns a pad of uint32 words (see :class:`collectives.layouts.PadLayout`); the pad is
 zeroed once and never reset.  A rank counts its collective calls in the pad (``C``, a multiple
 of :data:`~collectives.config.CALL_EPOCHS`, read at a kernel's start by :func:`enter_call` and
 advanced once per call by :func:`leave_call`, whatever the call's grid), and the blocks of a
@@ -21,7 +21,7 @@ count per block did: one load at the start, one store at the end.  A grid that n
 on the size would cost every small collective hundreds of blocks' barriers, and repairing the
 counts after a mismatch would need a collective step on the host.
 
-Why two arrival slots, alternating by call (:func:`~collectives.config.call_parity`): a rank's
+Why two arrival slots, alternating by call (:func:`~collectives.layouts.call_parity`): a rank's
 words of call ``C`` stay there until it starts the call after next, which it can do only
 after every rank has entered the next call (each call's first wait waits for every rank's
 first signal, whatever its size).  So a waiter always finds every rank's word of its own call,
@@ -54,9 +54,10 @@ from cutlass import Boolean, Int32, Int64, Uint32, Uint64
 
 import ptxops
 
-from ..config import (
-    CALL_EPOCHS,
+from ..config import CALL_EPOCHS
+from ..layouts import (
     CLAIMED,
+    ERROR_FIELD,
     ERROR_FIELDS,
     FATAL_RECORD,
     FLAG_WAIT,
@@ -145,20 +146,20 @@ def signal(pad: Int64, offset: Int32, value: Uint32) -> None:
 def record_error(err: Int64, status: Int32, barrier: Int32, peer: Int32, block: Int32, rank: Int32) -> None:
     """Write an error record once: the fatal record for a collective's timeout, the
     recoverable one for a size mismatch or a stream flag's timeout (``barrier``
-    :data:`~collectives.config.FLAG_WAIT`), so that the host's clearing of the second never
+    :data:`~collectives.layouts.FLAG_WAIT`), so that the host's clearing of the second never
     erases the first.  The first failure claims the record (compare-and-swap of its status to
-    :data:`~collectives.config.CLAIMED`), stores the fields, then publishes the status with a
+    :data:`~collectives.layouts.CLAIMED`), stores the fields, then publishes the status with a
     sys-scope release: a host that reads the status reads the fields of the same failure."""
     index = Int32(RECOVERABLE_RECORD)
     if status == Int32(TIMEOUT) and barrier != Int32(FLAG_WAIT):
         index = Int32(FATAL_RECORD)
     record = gmem(Int32, err, 4, HOST, "collectives.device.signals.record_error") + index * len(ERROR_FIELDS)
     if ptxops.atom_cas(record, Int32(0), Int32(CLAIMED), sem="relaxed", scope="sys") == 0:
-        ptxops.st(record + 1, barrier, sem="relaxed", scope="sys")
-        ptxops.st(record + 2, peer, sem="relaxed", scope="sys")
-        ptxops.st(record + 3, block, sem="relaxed", scope="sys")
-        ptxops.st(record + 4, rank, sem="relaxed", scope="sys")
-        ptxops.st_release(record, status, scope="sys")
+        ptxops.st(record + ERROR_FIELD["barrier"], barrier, sem="relaxed", scope="sys")
+        ptxops.st(record + ERROR_FIELD["peer"], peer, sem="relaxed", scope="sys")
+        ptxops.st(record + ERROR_FIELD["block"], block, sem="relaxed", scope="sys")
+        ptxops.st(record + ERROR_FIELD["rank"], rank, sem="relaxed", scope="sys")
+        ptxops.st_release(record, status, scope="sys")  # (the status: the record's first word)
 
 
 @cute.jit
@@ -293,7 +294,7 @@ def wait_peers(
 
     The word is rank ``t``'s of this call (the slots alternate by call, see the module), so
     the size it carries is rank ``t``'s for this call: compared with ours.  An epoch past
-    :func:`~collectives.config.call_last` would be a rank two calls ahead, which only a rank
+    :func:`~collectives.layouts.call_last` would be a rank two calls ahead, which only a rank
     that gave up on a timeout can be: recorded as a timeout.  A block other than 0 also
     watches rank ``t``'s block 0 while it waits (block 0 runs on every rank): once that has
     signalled this call with another size, rank ``t``'s grid may lack this block, and the wait

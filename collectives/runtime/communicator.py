@@ -32,8 +32,9 @@ from .. import config
 from ..algorithms import REGISTRY, Call
 from ..algorithms.plan import current_stream
 from ..algorithms.rules import resolve_backend
-from ..config import CALL_EPOCHS, PadLayout, Slot
+from ..config import CALL_EPOCHS, Slot
 from ..errors import CollectiveError
+from ..layouts import PadLayout
 from ..symmetric.bootstrap import init
 from ..symmetric.capability import choose_backend
 from ..symmetric.context import Context, current

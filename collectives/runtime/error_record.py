@@ -1,9 +1,9 @@
 """The error records kernels write and the host protocol that reads them.
 
-Kernels write a record of :data:`~collectives.config.ERROR_FIELDS` into host-mapped memory
+Kernels write a record of :data:`~collectives.layouts.ERROR_FIELDS` into host-mapped memory
 (pinned, so the host reads it without a GPU sync): record
-:data:`~collectives.config.FATAL_RECORD` for what leaves the communicator unusable (a
-collective timed out), :data:`~collectives.config.RECOVERABLE_RECORD` for what the host clears
+:data:`~collectives.layouts.FATAL_RECORD` for what leaves the communicator unusable (a
+collective timed out), :data:`~collectives.layouts.RECOVERABLE_RECORD` for what the host clears
 and raises while the communicator stays usable (a size mismatch, a stream-flag timeout).
 
 Ranks see a record at different calls, so a recoverable error is never raised before a call's
@@ -19,16 +19,8 @@ from collections.abc import Callable, Iterator
 import torch
 
 from ..algorithms import REGISTRY
-from ..config import (
-    ERROR_FIELDS,
-    ERROR_RECORDS,
-    FATAL_RECORD,
-    FLAG_WAIT,
-    RECOVERABLE_RECORD,
-    SIZE_MISMATCH,
-    TIMEOUT,
-)
 from ..errors import CollectiveError, CollectiveTimeout
+from ..layouts import ERROR_FIELDS, ERROR_RECORDS, FATAL_RECORD, FLAG_WAIT, RECOVERABLE_RECORD, SIZE_MISMATCH, TIMEOUT
 from ..layouts import PHASES as EXCHANGE_PHASES
 
 #: The name of each phase code a record's ``barrier`` field holds, for messages: the start and

@@ -35,10 +35,11 @@ import ptxops
 
 from .. import algorithms
 from ..algorithms import KernelKey
-from ..config import BARRIER_THREADS, TIMEOUT, PadLayout
+from ..config import BARRIER_THREADS
 from ..device import signals
 from ..device.kernel_args import KernelArgs
 from ..device.launch import example_arguments, launcher
+from ..layouts import TIMEOUT, PadLayout
 
 WORLD = 2
 LAYOUT = PadLayout(world=WORLD)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 torch = pytest.importorskip("torch")
-from collectives.config import (  # noqa: E402
+from collectives.config import FLAG_SLOTS  # noqa: E402
+from collectives.layouts import (  # noqa: E402
     CLAIMED,
     FATAL_RECORD,
-    FLAG_SLOTS,
     FLAG_WAIT,
     RECOVERABLE_RECORD,
     SIZE_MISMATCH,
@@ -88,7 +88,7 @@ def test_flag_slot_out_of_range_is_refused(index: int) -> None:
 
 def _grid_communicator(sms: int) -> Communicator:
     """A communicator with only what :meth:`Communicator.blocks` reads (no context, no GPU)."""
-    from collectives.config import PadLayout
+    from collectives.layouts import PadLayout
 
     comm = Communicator.__new__(Communicator)
     comm.sms, comm.layout = sms, PadLayout()

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import torch
 
+from collectives.layouts import PadLayout
 from collectives.symmetric.capability import Capabilities
-from collectives.config import PadLayout
 from collectives.runtime.error_record import ErrorRecord
 from collectives.runtime.communicator import Communicator
 from collectives.runtime.staging import PlanCache, StagingPool

@@ -1,6 +1,6 @@
 """The algorithm classes (collectives.algorithms): the registry is the extension point, each
 algorithm decides which key choices and which calls it takes, and the kernel arguments are
-declared once (collectives.device.kernel_args).  Pure Python: no kernel is compiled here."""
+declared once (collectives.layouts).  Pure Python: no kernel is compiled here."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from collectives.algorithms import ALGORITHMS, REGISTRY, Algorithm, Call, Kernel
 from collectives.algorithms.base import algorithms  # noqa: E402
 from collectives.config import LAMPORT_MAX_BYTES  # noqa: E402
 from collectives.errors import CollectiveError  # noqa: E402
-from collectives.device.kernel_args import COLLECTIVE, FLAGS, PUSH_ALL_REDUCE  # noqa: E402
 from collectives.device.launch import _signature, example_arguments, flag_example_arguments  # noqa: E402
+from collectives.layouts import COLLECTIVE, FLAGS, PUSH_ALL_REDUCE  # noqa: E402
 
 
 def call(collective: str = "all_reduce", *, nbytes: int = 1 << 20, backend: str = "peer", dtype: str = "bf16",

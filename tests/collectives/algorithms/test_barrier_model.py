@@ -28,7 +28,8 @@ import pytest
 torch = pytest.importorskip("torch")
 from collectives.algorithms import KernelKey  # noqa: E402
 from collectives.algorithms import grid as kernel_grid  # noqa: E402
-from collectives.config import CALL_EPOCHS, PadLayout, call_last, call_parity  # noqa: E402
+from collectives.config import CALL_EPOCHS  # noqa: E402
+from collectives.layouts import PadLayout, call_last, call_parity  # noqa: E402
 from collectives.runtime.communicator import Communicator  # noqa: E402
 
 U32 = 1 << 32

@@ -9,8 +9,9 @@ import re
 import pytest
 
 from collectives.__main__ import main
-from collectives.config import LAMPORT_BLOCKS, PadLayout
+from collectives.config import LAMPORT_BLOCKS
 from collectives.dtypes import DTYPES
+from collectives.layouts import PadLayout
 
 pytest.importorskip("cutlass")
 from collectives.algorithms import ALGORITHMS, KernelKey  # noqa: E402

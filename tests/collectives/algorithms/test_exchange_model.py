@@ -26,13 +26,15 @@ import random
 import pytest
 
 from collectives import layouts as exchange
-from collectives.config import CALL_EPOCHS, SIZE_MISMATCH, TIMEOUT
+from collectives.config import CALL_EPOCHS
 from collectives.layouts import (
     ARRIVED_WAIT,
     MAX_CHUNK,
     PLACE_MISMATCH,
     READY_WAIT,
     REFUSED,
+    SIZE_MISMATCH,
+    TIMEOUT,
     ExchangeLayout,
     chunk,
     judge,

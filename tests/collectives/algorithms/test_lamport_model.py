@@ -209,9 +209,10 @@ def test_the_test_seed_starts_exactly_the_kernels_counts(world: int) -> None:
     """COLLECTIVES_TEST_SEED_CALL writes the words the kernel of this world size counts in
     (``PadLayout(world=W)``, not the pad's allocation layout of 8 ranks), and nothing else."""
     torch = pytest.importorskip("torch")
-    from collectives.config import LAMPORT_BLOCKS, PadLayout
+    from collectives.config import LAMPORT_BLOCKS
     from collectives.errors import CollectiveError
     from collectives.algorithms.lamport import seed_counts
+    from collectives.layouts import PadLayout
     from collectives.runtime.communicator import Communicator
 
     comm = Communicator.__new__(Communicator)

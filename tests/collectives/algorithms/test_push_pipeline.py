@@ -19,9 +19,10 @@ import random
 
 import pytest
 
-from collectives.config import CALL_EPOCHS, PUSH_EPOCHS, PUSH_MAX_ROUNDS, PUSH_ROUND_STRIDES, call_last, call_parity
+from collectives.config import CALL_EPOCHS, PUSH_EPOCHS, PUSH_MAX_ROUNDS, PUSH_ROUND_STRIDES
 from collectives.algorithms.base import ceil_div
 from collectives.algorithms.push import push_events, push_round_strides, push_rounds
+from collectives.layouts import call_last, call_parity
 
 
 def test_rounds_cover_the_slots_in_whole_rounds() -> None:

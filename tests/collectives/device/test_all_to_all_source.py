@@ -33,8 +33,9 @@ torch = pytest.importorskip("torch")
 from tests.support.device_sim import Context, Sim, fakes, load, me  # noqa: E402
 
 from collectives import layouts as model  # noqa: E402
-from collectives.config import (  # noqa: E402
-    CALL_EPOCHS,
+from collectives.config import CALL_EPOCHS  # noqa: E402
+from collectives.dtypes import DTYPES  # noqa: E402
+from collectives.layouts import (  # noqa: E402
     ERROR_FIELDS,
     ERROR_RECORDS,
     FATAL_RECORD,
@@ -42,7 +43,6 @@ from collectives.config import (  # noqa: E402
     SIZE_MISMATCH,
     TIMEOUT,
 )
-from collectives.dtypes import DTYPES  # noqa: E402
 
 FAKES = fakes()
 Int32, Int64, Uint8, Uint32, Uint64 = (FAKES["cutlass"].Int32, FAKES["cutlass"].Int64, FAKES["cutlass"].Uint8,

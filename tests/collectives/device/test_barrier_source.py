@@ -29,9 +29,8 @@ import ptxops  # noqa: E402
 from collectives.algorithms import KernelKey  # noqa: E402
 from collectives.algorithms import grid as kernel_grid  # noqa: E402
 from collectives.algorithms.base import signature  # noqa: E402
-from collectives.config import (  # noqa: E402
-    BARRIER_THREADS,
-    CALL_EPOCHS,
+from collectives.config import BARRIER_THREADS, CALL_EPOCHS  # noqa: E402
+from collectives.layouts import (  # noqa: E402
     ERROR_FIELDS,
     ERROR_RECORDS,
     FATAL_RECORD,
@@ -392,8 +391,8 @@ MUTATIONS = {
         "design", "        if cutlass.const_expr(move is None):\n            # A bare", "        if False:\n            # A bare",
         functools.partial(equal_calls_across_the_wrap, collective="barrier")),
     "no first-failure claim of the error record": (
-        "signals", 'sem="relaxed", scope="sys") == 0:\n        ptxops.st(record + 1',
-        'sem="relaxed", scope="sys") != 7:\n        ptxops.st(record + 1',
+        "signals", 'sem="relaxed", scope="sys") == 0:\n        ptxops.st(record + ERROR_FIELD["barrier"]',
+        'sem="relaxed", scope="sys") != 7:\n        ptxops.st(record + ERROR_FIELD["barrier"]',
         functools.partial(late_rank, collective="all_reduce", size=WIDE)),
     "no word left by a rank that gave up": (
         "signals", "        if status == Int32(TIMEOUT):\n            word =",
@@ -420,8 +419,8 @@ REACH_MUTATIONS = {
         equal_calls_across_the_wrap, ptxops.QualifierError,
         r"ld\.global\.b32: the pointer has no reach, and a collectives kernel \(simulated\) tags every pointer"),
     "the error record's fields stored at .gpu": (
-        'ptxops.st(record + 1, barrier, sem="relaxed", scope="sys")',
-        'ptxops.st(record + 1, barrier, sem="relaxed", scope="gpu")', late_rank,
+        'ptxops.st(record + ERROR_FIELD["barrier"], barrier, sem="relaxed", scope="sys")',
+        'ptxops.st(record + ERROR_FIELD["barrier"], barrier, sem="relaxed", scope="gpu")', late_rank,
         ptxops.ScopeError, r"relaxed store to host-mapped memory needs \.sys[\s\S]*set by "
                            r"collectives\.device\.signals\.record_error at .*signals\.py:\d+"),
     "a reach that is none": (

@@ -18,7 +18,7 @@ from tests.collectives.device.test_lamport_source import FAKES, PARTS, World, co
 from tests.support.device_sim import load  # noqa: E402
 
 from collectives.algorithms import REGISTRY  # noqa: E402
-from collectives.config import RECOVERABLE_RECORD, SIZE_MISMATCH  # noqa: E402
+from collectives.layouts import RECOVERABLE_RECORD, SIZE_MISMATCH  # noqa: E402
 
 
 def kernels(edits: tuple = ()) -> dict:

@@ -23,15 +23,9 @@ torch = pytest.importorskip("torch")
 from tests.support.device_sim import Context, Sim, fakes, load  # noqa: E402
 
 from collectives.algorithms import REGISTRY, KernelKey  # noqa: E402
-from collectives.config import (  # noqa: E402
-    ERROR_FIELDS,
-    ERROR_RECORDS,
-    LAMPORT_BUFFERS,
-    RECOVERABLE_RECORD,
-    SIZE_MISMATCH,
-    PadLayout,
-)
+from collectives.config import LAMPORT_BUFFERS  # noqa: E402
 from collectives.device.lamport import negative_zero  # noqa: E402
+from collectives.layouts import ERROR_FIELDS, ERROR_RECORDS, RECOVERABLE_RECORD, SIZE_MISMATCH, PadLayout  # noqa: E402
 
 FAKES = fakes()
 Int32, Int64, Uint32 = FAKES["cutlass"].Int32, FAKES["cutlass"].Int64, FAKES["cutlass"].Uint32

@@ -18,8 +18,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from collectives import api  # noqa: E402
-from collectives.config import LAMPORT_EXCHANGE, RECOVERABLE_RECORD, SIZE_MISMATCH  # noqa: E402
-from collectives.layouts import PLACE_MISMATCH, READY_WAIT  # noqa: E402
+from collectives.layouts import (  # noqa: E402
+    LAMPORT_EXCHANGE,
+    PLACE_MISMATCH,
+    READY_WAIT,
+    RECOVERABLE_RECORD,
+    SIZE_MISMATCH,
+)
 from collectives.errors import CollectiveError  # noqa: E402
 from collectives.runtime.communicator import Communicator  # noqa: E402
 from tests.support.fake_comm import FakeComm, FakeHeap, FakeTensor, install  # noqa: E402

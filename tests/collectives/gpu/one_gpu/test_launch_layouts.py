@@ -1,5 +1,5 @@
 """The kernel-argument layouts on one GPU: the stream-flag kernels compiled and launched through
-:data:`collectives.device.kernel_args.FLAGS` (the launcher's generated signature, the kernel's
+:data:`collectives.layouts.FLAGS` (the launcher's generated signature, the kernel's
 :class:`~collectives.device.kernel_args.KernelArgs`), no communicator.  A post is taken by its wait;
 a wait nobody posts times out and writes the recoverable record.
 
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from collectives.config import ERROR_FIELDS, FLAG_SLOTS, FLAG_WAIT, RECOVERABLE_RECORD, TIMEOUT
+from collectives.config import FLAG_SLOTS
+from collectives.layouts import ERROR_FIELDS, FLAG_WAIT, RECOVERABLE_RECORD, TIMEOUT
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("cutlass")
@@ -25,7 +26,7 @@ def kernels():
 
 
 def test_posts_are_taken_and_an_unposted_wait_records_its_timeout(kernels) -> None:
-    from collectives.device.kernel_args import FLAGS
+    from collectives.layouts import FLAGS
 
     flags = torch.zeros((2, FLAG_SLOTS), dtype=torch.int32, device="cuda")
     err = torch.zeros((2, len(ERROR_FIELDS)), dtype=torch.int32, device="cuda")

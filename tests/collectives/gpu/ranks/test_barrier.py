@@ -56,7 +56,8 @@ def test_calls_across_the_wrap_of_the_call_count(comm, backend: str, algorithm: 
     """The call count seeded 3 calls below 2^32 (what COLLECTIVES_TEST_SEED_EPOCH does at
     start-up), then calls of several grids, a mismatch and barriers across the wrap."""
     import collectives
-    from collectives.config import CALL_EPOCHS, PadLayout
+    from collectives.config import CALL_EPOCHS
+    from collectives.layouts import PadLayout
 
     torch.cuda.current_stream().synchronize()
     comm.ctx.host_barrier()  # no rank's earlier signal is still on its way to our pad
