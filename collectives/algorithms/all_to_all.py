@@ -195,7 +195,7 @@ class Transport:
     both addresses agree modulo 16, else single elements; every thread of the block takes its
     share.  ``send_part`` moves the sender's part and posts its ``arrived``, ``post_ready`` posts
     a receiver's ``ready`` (and its place) into the sender's region: this transport with NVLink
-    stores and ``st.release.sys``, the handshake of :mod:`collectives.device.exchange`."""
+    stores and ``st.release.sys``, the handshake of :mod:`collectives.device.all_to_all`."""
 
     name = "nvlink"
 
@@ -224,7 +224,7 @@ class Transport:
         """As sender ``rank``, after thread 0's wait for ``receiver``'s ready (its status in
         ``shared[0]``, the place's offset in ``shared[1]``): part ``j`` of our chunk (``send_n``
         elements from element ``send_at`` of the input) into the receiver's buffer, then its
-        ``arrived``: ``send_size`` when the wait passed, :data:`~collectives.exchange.REFUSED`
+        ``arrived``: ``send_size`` when the wait passed, :data:`~collectives.layouts.REFUSED`
         (nothing sent) on a size mismatch, nothing after a timeout."""
         element = self.bytes
         cute.arch.sync_threads()
@@ -242,7 +242,7 @@ class Transport:
     @cute.jit
     def part(self, m: Int64, j: Int32) -> tuple:
         """(first element of part ``j`` of a chunk of ``m``, elements of a whole part): part
-        ``j`` is ``[begin, min((j + 1) * size, m))`` (:func:`collectives.exchange.part` with the
+        ``j`` is ``[begin, min((j + 1) * size, m))`` (:func:`collectives.layouts.part` with the
         vector's alignment)."""
         size = ((m + self.parts - 1) // self.parts + self.vec - 1) // self.vec * self.vec
         return cutlass.min(Int64(j) * size, m), size

@@ -29,7 +29,8 @@ from cutlass.memory import SmemAllocator
 
 import ptxops
 
-from ..device.kernel_args import Arg, KernelArgs, Layout
+from ..device.kernel_args import KernelArgs
+from ..layouts import Arg, Layout
 from ..device.launch import check_threads, launcher
 from ..device.signals import LOCAL, gmem
 from .family import Family, register

@@ -1,9 +1,9 @@
 """The all-to-all's handshake and chunks over NVSHMEM (its ``transport="nvshmem"``:
 :class:`collectives.algorithms.all_to_all.NvshmemTransport`), through :mod:`ptxops.nvshmem`; the
-NVLink side of the same words is :mod:`collectives.device.exchange` (a kernel's block like it,
+NVLink side of the same words is :mod:`collectives.device.all_to_all` (a kernel's block like it,
 kept beside the algorithm: it needs nvshmem4py, which the device package does not).
 
-The words, epochs and judging are :mod:`collectives.exchange`'s; what changes is how a word or a
+The words, epochs and judging are :mod:`collectives.layouts`'s; what changes is how a word or a
 chunk reaches a peer.  NVSHMEM names a peer's memory by *our* address of the symmetric
 allocation and the peer's PE (the communicator's rank: its heap is NVSHMEM's, whose PEs are the
 ranks, as the host checks), so every remote operand here is our own slot region's or receive
@@ -15,7 +15,7 @@ allocation's address, tagged :data:`SYMMETRIC`:
 - :func:`put_part` (sender -> receiver): one block-scope ``put_signal`` (blocking): the CTA's
   threads move the part and NVSHMEM sets its ``arrived`` word after all of it
   (:data:`ptxops.spec.nvshmem.SCOPE_ORDERS`), so the receiver's ``ld.acquire.sys`` of the word
-  (:func:`collectives.device.exchange.wait_word`, bounded) sees the data; on return the input
+  (:func:`collectives.device.all_to_all.wait_word`, bounded) sees the data; on return the input
   may be reused.  :func:`post_arrived`: the word alone (an empty part, a refused pair).
 
 Inside a node NVSHMEM's device library moves all of it over NVLink; across nodes the same
@@ -31,9 +31,9 @@ from cutlass import Int32, Int64, Uint32, Uint64
 
 from ptxops import nvshmem as nv
 
-from ..device.exchange import pack
+from ..device.all_to_all import pack
 from ..device.signals import LOCAL, gmem
-from ..exchange import ExchangeLayout
+from ..layouts import ExchangeLayout
 
 #: The reach of NVSHMEM-heap memory named by this PE's address (:func:`ptxops.reach`), which
 #: :mod:`ptxops.nvshmem` requires of every remote operand.
