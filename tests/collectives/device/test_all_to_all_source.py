@@ -355,7 +355,8 @@ MUTATIONS = {
         "exchange", "return (allocation << Int64(PLACE_BITS)) | offset",
         "return (allocation << Int64(PLACE_BITS - 1)) | offset", equal_calls),
     "a refused pair posts no arrived": (
-        "all_to_all", "if status != Int32(TIMEOUT) and tidx == 0:", "if status == 0 and tidx == 0:", a_size_mismatch),
+        "all_to_all", "release\n        if status != Int32(TIMEOUT) and tidx == 0:",
+        "release\n        if status == 0 and tidx == 0:", a_size_mismatch),
     "splits past the tensor accepted": (
         "all_to_all", "if valid and total <= n:", "if valid:", splits_past_the_tensor),
     "no check of the receiver's allocation": (
