@@ -175,8 +175,9 @@ def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits
 
     ``transport``: how chunks reach their receivers: ``"nvlink"`` (stores through the peers'
     mapped addresses) or ``"nvshmem"`` (NVSHMEM put-with-signal,
-    :class:`~collectives.algorithms.all_to_all.NvshmemTransport`: needs nvshmem4py and a context on NVSHMEM's
-    heap, else CollectiveError; not under ``torch.compile``).  Every rank passes the same."""
+    :class:`~collectives.algorithms.all_to_all.NvshmemTransport`: not yet passed on GPUs, so refused unless
+    ``COLLECTIVES_NVSHMEM_TRANSPORT=1``; needs nvshmem4py and a context on NVSHMEM's heap, else
+    CollectiveError; not under ``torch.compile``).  Every rank passes the same."""
     if _compiling():
         if transport != "nvlink":
             raise CollectiveError(f"all_to_all: transport={transport!r} is not traceable by torch.compile; call it "

@@ -83,7 +83,7 @@ class Communicator:
         # (a new bound drops the plans: their launch arguments hold the old one)
         self.errors = ErrorRecord(timeout_s, lambda: self.stream_flags.rematch(), bound_changed=lambda: self.plans.clear())
         self.plans = PlanCache()
-        self.kernels = KernelCache(ctx.backend)
+        self.kernels = KernelCache(ctx.backend, lambda: self.timeout_s)
         self.views = BufferViews(ctx)
         self.follow_frees()
         self.pool = StagingPool(ctx, self.plans, self.agree_growth)

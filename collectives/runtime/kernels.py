@@ -224,8 +224,11 @@ class KernelCache:
     their TVM-FFI functions (CuTeDSL's low-overhead positional call path), from the
     process-wide store (:func:`compiled`), each checked once for this backend."""
 
-    def __init__(self, backend: str) -> None:
+    def __init__(self, backend: str, timeout_s: Callable[[], float] | None = None) -> None:
         self.backend = backend
+        #: The communicator's timeout, which bounds an NVSHMEM kernel's library registration
+        #: (:class:`~collectives.runtime.nvshmem_launch.NvshmemLaunch`); None: no NVSHMEM kernels.
+        self.timeout_s = timeout_s
         #: (compiled kernel, its TVM-FFI function): the compiled kernel kept alive with it.
         self._kernels: dict[tuple[Key, str], tuple[Any, Callable[..., Any]]] = {}
 
@@ -247,7 +250,10 @@ class KernelCache:
             entry = compiled(key, target)
             refuse_multimem(entry[0].__ptx__, key, self.backend)
             if uses_nvshmem(key):  # this communicator's launch, its library registered with NVSHMEM
-                entry = (entry[0], NvshmemLaunch(entry[0], example_arguments(key)))
+                if self.timeout_s is None:
+                    raise CollectiveError(f"{key}: an NVSHMEM kernel needs a communicator's kernel cache (its timeout "
+                                          "bounds the library's registration)")
+                entry = (entry[0], NvshmemLaunch(entry[0], example_arguments(key), self.timeout_s))
                 if device is not None:
                     entry[1].bind(device)
             elif device is not None:

@@ -4,6 +4,7 @@ split values, the symmetric allocations, the bound) changes the key."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from types import SimpleNamespace
 
@@ -234,7 +235,24 @@ def test_an_unknown_transport_is_refused(monkeypatch: pytest.MonkeyPatch) -> Non
     assert "transport must be one of 'nvlink', 'nvshmem', not 'rdma'" in message
 
 
+def test_nvshmem_is_refused_until_opted_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``transport="nvshmem"`` has not passed on GPUs: refused, before anything else is checked,
+    with how to opt in, unless COLLECTIVES_NVSHMEM_TRANSPORT=1 (read at the call)."""
+    from collectives.symmetric.nvshmem_heap import NvshmemHeap
+
+    monkeypatch.delenv(a2a.NVSHMEM_OPT_IN, raising=False)
+    message = refused(Refusing(monkeypatch, object.__new__(NvshmemHeap)), "nvshmem")
+    assert "transport='nvshmem' has not passed on GPUs yet" in message
+    assert "set COLLECTIVES_NVSHMEM_TRANSPORT=1 on every rank" in message and "use transport='nvlink'" in message
+    monkeypatch.setenv(a2a.NVSHMEM_OPT_IN, "0")
+    assert "has not passed on GPUs yet" in refused(Refusing(monkeypatch, object()), "nvshmem")
+    monkeypatch.setenv(a2a.NVSHMEM_OPT_IN, "1")
+    a2a.check_transport(Refusing(monkeypatch, object.__new__(NvshmemHeap)), "nvshmem")
+
+
 def test_nvshmem_needs_nvshmem4py(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(a2a.NVSHMEM_OPT_IN, "1")
+
     def missing(name: str):
         raise NvshmemMissing("nvshmem.bindings")
 
@@ -249,6 +267,8 @@ def test_nvshmem_needs_the_nvshmem_heap(monkeypatch: pytest.MonkeyPatch) -> None
     refused with the heap it has; the NVSHMEM heap passes the check."""
     from collectives.symmetric.nvshmem_heap import NvshmemHeap
 
+    monkeypatch.setenv(a2a.NVSHMEM_OPT_IN, "1")
+
     class TorchHeap:
         pass
 
@@ -261,3 +281,33 @@ def test_nvshmem_is_refused_under_torch_compile(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(api, "_compiling", lambda: True)
     with pytest.raises(CollectiveError, match="transport='nvshmem' is not traceable by torch.compile"):
         api.all_to_all(torch.empty(8, 4), torch.ones(8, 4), transport="nvshmem")
+
+
+def test_a_blocking_nvshmem_registration_becomes_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """NvshmemLaunch.bind waits for the library's load and NVSHMEM registration at most twice
+    the communicator's timeout: a step that blocks is a CollectiveError naming it (not a hang); one that
+    fails raises its own error; one that returns is bound once per device."""
+    import threading
+
+    from cuda.bindings import driver
+
+    from collectives.runtime import nvshmem_launch as nl
+
+    release = threading.Event()
+    monkeypatch.setattr(driver, "cuCtxGetCurrent", lambda: (driver.CUresult.CUDA_SUCCESS, driver.CUcontext(1)))
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(nl, "register", lambda kernel, device, context: release.wait(10))  # unbounded: fails, not hangs
+    launch = nl.NvshmemLaunch(object(), (1, 2), lambda: 0.1)  # the communicator's timeout: bound 0.2 s
+    with pytest.raises(CollectiveError, match=r"registering it with NVSHMEM \(nvshmem.core.library_init\) did not "
+                                              r"return in 0.2 s"):
+        launch.bind(3)
+    release.set()
+
+    def refused(kernel, device, context):
+        raise RuntimeError("Failed to initialize CULibrary for NVSHMEM")
+
+    monkeypatch.setattr(nl, "register", refused)
+    with pytest.raises(RuntimeError, match="Failed to initialize CULibrary"):
+        launch.bind(3)
+    monkeypatch.setattr(nl, "register", lambda kernel, device, context: (f"executor on {device}", "library"))
+    assert launch.bind(3) == launch.bind(3) == "executor on 3" and launch.libraries == ["library"]
