@@ -15,14 +15,20 @@ from collectives.algorithms import plan  # noqa: E402
 from tests.support.fake_comm import FakeComm, FakeHeap, FakeTensor, install  # noqa: E402
 
 
+def _watch_streams(monkeypatch, first: int) -> tuple[list[int], list[tuple[int, int]]]:
+    """The current stream (a one-item list the test sets; ``first`` to begin with) and the
+    stream waits :func:`~collectives.algorithms.plan.follow` orders, recorded in turn."""
+    stream, waits = [first], []
+    monkeypatch.setattr(plan, "current_stream", lambda device: stream[0])
+    monkeypatch.setattr(plan, "order", lambda device, before, after: waits.append((before, after)))
+    return stream, waits
+
+
 def test_a_collective_on_another_stream_waits_for_the_last_one_eager_only(monkeypatch) -> None:
     comm = FakeComm(FakeHeap(world_size=2))
     capturing = [False]
     install(monkeypatch, comm, capturing)
-    stream = [7]
-    waits: list[tuple[int, int]] = []
-    monkeypatch.setattr(plan, "current_stream", lambda device: stream[0])
-    monkeypatch.setattr(plan, "order", lambda device, before, after: waits.append((before, after)))
+    stream, waits = _watch_streams(monkeypatch, 7)
     t = FakeTensor(0x7F00_0000_0000, 1 << 16)
 
     api.all_reduce(t)
@@ -60,10 +66,7 @@ def test_an_all_to_all_on_another_stream_waits_for_the_last_collective(monkeypat
     call count with its other collectives, so it follows the same stream order."""
     comm = FakeComm(FakeHeap(world_size=2))
     install(monkeypatch, comm, [False])
-    stream = [7]
-    waits: list[tuple[int, int]] = []
-    monkeypatch.setattr(plan, "current_stream", lambda device: stream[0])
-    monkeypatch.setattr(plan, "order", lambda device, before, after: waits.append((before, after)))
+    stream, waits = _watch_streams(monkeypatch, 7)
     launched = _all_to_all_plans(monkeypatch, comm)
     t = FakeTensor(0x7F00_0000_0000, 1 << 16)
     rows, back = torch.empty(8, 4), torch.empty(8, 4)
@@ -83,10 +86,7 @@ def test_a_dispatch_and_a_combine_on_two_streams_run_one_at_a_time(monkeypatch) 
     for the other's last all-to-all, so they never share the call count at once."""
     comm = FakeComm(FakeHeap(world_size=2))
     install(monkeypatch, comm, [False])
-    stream = [0]
-    waits: list[tuple[int, int]] = []
-    monkeypatch.setattr(plan, "current_stream", lambda device: stream[0])
-    monkeypatch.setattr(plan, "order", lambda device, before, after: waits.append((before, after)))
+    stream, waits = _watch_streams(monkeypatch, 0)
     launched = _all_to_all_plans(monkeypatch, comm)
     counts, received, expert_out, combined = (torch.empty(n, 4) for n in (2, 8, 8, 6))
     A, B = 7, 9
