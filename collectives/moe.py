@@ -56,7 +56,7 @@ from .errors import CollectiveError
 from .runtime.moe import COMBINE_FIELDS, HANDLE_FIELDS
 
 if TYPE_CHECKING:
-    from .runtime.communicator import Group
+    from .runtime.communicator import Communicator, Group
 
 #: ``exchange(out, inp, out_splits, in_splits)``: an all-to-all of rows (device int64 splits).
 Exchange = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], Any]
@@ -547,7 +547,7 @@ def _symmetric(group: Group) -> Empty:
     return lambda name, shape, dtype, device: comm.receive_buffer(name, shape, dtype, -(8 + BUFFER_NAMES.index(name)))
 
 
-def _layer(comm: Any, group: Group) -> Any:
+def _layer(comm: Communicator, group: Group) -> runtime_moe.Layer:
     """``comm``'s :class:`~collectives.runtime.moe.Layer` (made at its first call, on
     ``group``'s all-to-all and receive buffers), its call opened
     (:meth:`~collectives.runtime.moe.Layer.begin`)."""

@@ -117,3 +117,12 @@ def test_the_wing_rule_fails_on_an_algorithm_importing_the_runtime() -> None:
 def test_device_imports_no_torch() -> None:
     torch_users = {_module(p): sorted(_imports(p, ("torch",))) for p in (ROOT / "collectives" / "device").rglob("*.py")}
     assert {m: t for m, t in torch_users.items() if t} == {}
+
+
+def test_communicators_and_groups_are_typed() -> None:
+    """Issue 47: a communicator is a ``Communicator`` (or the ``Runtime`` protocol), a group a
+    ``Group``; never ``Any``, which hides which of them a function takes."""
+    untyped = [f"{path.relative_to(ROOT)}:{number}" for path in sorted((ROOT / "collectives").rglob("*.py"))
+               for number, line in enumerate(path.read_text().splitlines(), 1)
+               if "comm: Any" in line or "group: Any" in line]
+    assert not untyped, untyped
