@@ -175,8 +175,8 @@ def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits
 
     ``transport``: how chunks reach their receivers: ``"nvlink"`` (stores through the peers'
     mapped addresses) or ``"nvshmem"`` (NVSHMEM put-with-signal,
-    :class:`~collectives.algorithms.all_to_all.NvshmemTransport`: not yet passed on GPUs, so refused unless
-    ``COLLECTIVES_NVSHMEM_TRANSPORT=1``; needs nvshmem4py and a context on NVSHMEM's heap, else
+    :class:`~collectives.algorithms.all_to_all.NvshmemTransport`; each of its kernels links NVSHMEM's
+    device bitcode: about 10 s to compile, once per key and process; needs nvshmem4py and a context on NVSHMEM's heap, else
     CollectiveError; not under ``torch.compile``).  Every rank passes the same."""
     if _compiling():
         if transport != "nvlink":

@@ -47,10 +47,6 @@ from .staging import tensor_key
 #: at its communicator's first all-to-all; ``COLLECTIVES_ALL_TO_ALL_STAGING_BYTES``, the same on
 #: every rank).  A plain output that receives more fails its pairs; a symmetric one has no limit.
 STAGING_BYTES = int(os.environ.get("COLLECTIVES_ALL_TO_ALL_STAGING_BYTES", str(64 << 20)), 0)
-#: The environment variable (``1`` on every rank) that lets ``transport="nvshmem"`` run: the
-#: transport has not passed on GPUs yet (its first GPU test hung, docs/guide-multinode.md), so
-#: it is refused without it.  Read only by :func:`nvshmem_opted_in`.
-NVSHMEM_OPT_IN = "COLLECTIVES_NVSHMEM_TRANSPORT"
 #: Device copies of list splits kept, by value.
 SPLIT_TENSORS = 64
 
@@ -204,8 +200,7 @@ def check_tensors(comm: Runtime, out: torch.Tensor, inp: torch.Tensor) -> str:
 
 def check_transport(comm: Runtime, transport: str) -> None:
     """Refuse an all-to-all ``transport`` (:data:`~collectives.algorithms.all_to_all.TRANSPORTS`)
-    that cannot run on ``comm``: an unknown name; ``nvshmem`` without :data:`NVSHMEM_OPT_IN`,
-    without nvshmem4py (and NVSHMEM's
+    that cannot run on ``comm``: an unknown name; ``nvshmem`` without nvshmem4py (and NVSHMEM's
     device library: :mod:`ptxops.nvshmem`), or on a context whose heap is not NVSHMEM's own
     (a put names a peer's memory by the symmetric allocation's offset in NVSHMEM's heap, and the
     peer by its PE: torch's symmetric memory, a one-GPU world's or a sub-group's pool has
@@ -215,10 +210,6 @@ def check_transport(comm: Runtime, transport: str) -> None:
                               f"not {transport!r}")
     if transport != "nvshmem":
         return
-    if not nvshmem_opted_in():
-        raise CollectiveError(
-            "all_to_all: transport='nvshmem' has not passed on GPUs yet (its first GPU test, on 4 x H100, hung; "
-            f"docs/guide-multinode.md); use transport='nvlink', or set {NVSHMEM_OPT_IN}=1 on every rank to test it")
     from ptxops.errors import NvshmemMissing
 
     try:
@@ -234,12 +225,6 @@ def check_transport(comm: Runtime, transport: str) -> None:
             f"all_to_all: transport='nvshmem' puts into NVSHMEM symmetric memory, but this communicator's heap is "
             f"{type(heap).__name__}, not NVSHMEM's (collectives.init(heap='nvshmem') over every rank of the "
             "group: a sub-group or a one-GPU world of threads cannot use it); use transport='nvlink'")
-
-
-def nvshmem_opted_in() -> bool:
-    """Whether ``transport="nvshmem"`` may run: :data:`NVSHMEM_OPT_IN` is ``1`` (read at each
-    check, so a test or the bench can set it after import)."""
-    return os.environ.get(NVSHMEM_OPT_IN) == "1"
 
 
 def plan_key(comm: Runtime, out: torch.Tensor, inp: torch.Tensor, out_splits: Splits, in_splits: Splits,
@@ -291,5 +276,5 @@ def prepare(comm: Runtime, state: Exchange, out: torch.Tensor, inp: torch.Tensor
     return AllToAllPlan(fn, (*args, key.blocks), comm, keep, state.pinned, alive)
 
 
-__all__ = ["NVSHMEM_OPT_IN", "STAGING_BYTES", "AllToAllPlan", "Exchange", "check_tensors", "check_transport",
-           "nvshmem_opted_in", "plan_key", "prepare"]
+__all__ = ["STAGING_BYTES", "AllToAllPlan", "Exchange", "check_tensors", "check_transport",
+           "plan_key", "prepare"]

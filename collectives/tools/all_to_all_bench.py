@@ -15,9 +15,8 @@ Part 1, ``all_to_all``: every rank sends ``tokens`` rows of ``hidden`` bf16 to e
 ours into a plain output (through the staging buffer, where it fits) and into a symmetric one
 (direct), over NVLink stores and, column ``nvshmem``, over NVSHMEM put-with-signal
 (``transport="nvshmem"``; skipped with the reason where the context's heap is not NVSHMEM's or its
-device bitcode is missing: collectives/tools/devbitcode.sh; and until the gated transport has
-passed on GPUs, unless ``COLLECTIVES_NVSHMEM_TRANSPORT=1`` is set: its first GPU run hung, which
-would have cost the rows after it).
+device bitcode is missing: collectives/tools/devbitcode.sh; its first call compiles each kernel with
+NVSHMEM's bitcode linked, about 10 s).
 Part 2, MoE: ``tokens`` per rank routed to ``--topk`` of ``--experts`` experts (uniformly at
 random, distinct per token); ``collectives.moe.dispatch`` and ``combine`` (low latency; their local
 steps in torch, as with ``COLLECTIVES_MOE_FUSED=0``, then in one kernel each, *fused*, the
@@ -279,7 +278,7 @@ def layer_parts(args: argparse.Namespace, rec: Recorder, modes: list[str], sizes
                   rec.ours(lambda: time_op(lambda: collectives.all_to_all(symmetric, inp), iters, graph),
                            impl="ours_symmetric", **row),
                   # the NVSHMEM transport (skipped with its reason where it cannot run: not NVSHMEM's heap,
-                  # no bitcode, or the gated transport not opted in with COLLECTIVES_NVSHMEM_TRANSPORT=1)
+                  # or no bitcode)
                   rec.baseline(lambda: time_op(lambda: collectives.all_to_all(symmetric, inp, transport="nvshmem"),
                                                iters, graph), impl="ours_nvshmem", **row)]
             collectives.synchronize()

@@ -235,24 +235,7 @@ def test_an_unknown_transport_is_refused(monkeypatch: pytest.MonkeyPatch) -> Non
     assert "transport must be one of 'nvlink', 'nvshmem', not 'rdma'" in message
 
 
-def test_nvshmem_is_refused_until_opted_in(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``transport="nvshmem"`` has not passed on GPUs: refused, before anything else is checked,
-    with how to opt in, unless COLLECTIVES_NVSHMEM_TRANSPORT=1 (read at the call)."""
-    from collectives.symmetric.nvshmem_heap import NvshmemHeap
-
-    monkeypatch.delenv(a2a.NVSHMEM_OPT_IN, raising=False)
-    message = refused(Refusing(monkeypatch, object.__new__(NvshmemHeap)), "nvshmem")
-    assert "transport='nvshmem' has not passed on GPUs yet" in message
-    assert "set COLLECTIVES_NVSHMEM_TRANSPORT=1 on every rank" in message and "use transport='nvlink'" in message
-    monkeypatch.setenv(a2a.NVSHMEM_OPT_IN, "0")
-    assert "has not passed on GPUs yet" in refused(Refusing(monkeypatch, object()), "nvshmem")
-    monkeypatch.setenv(a2a.NVSHMEM_OPT_IN, "1")
-    a2a.check_transport(Refusing(monkeypatch, object.__new__(NvshmemHeap)), "nvshmem")
-
-
 def test_nvshmem_needs_nvshmem4py(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(a2a.NVSHMEM_OPT_IN, "1")
-
     def missing(name: str):
         raise NvshmemMissing("nvshmem.bindings")
 
@@ -266,8 +249,6 @@ def test_nvshmem_needs_the_nvshmem_heap(monkeypatch: pytest.MonkeyPatch) -> None
     """A context on torch's symmetric memory (or a one-GPU world's, a sub-group's pool) is
     refused with the heap it has; the NVSHMEM heap passes the check."""
     from collectives.symmetric.nvshmem_heap import NvshmemHeap
-
-    monkeypatch.setenv(a2a.NVSHMEM_OPT_IN, "1")
 
     class TorchHeap:
         pass

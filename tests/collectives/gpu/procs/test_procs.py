@@ -69,14 +69,12 @@ def test_each_collective_once_per_algorithm(comm, backend: str) -> None:
 
 
 @pytest.mark.parametrize("transport", ["nvlink", "nvshmem"])
-def test_all_to_all_per_transport(comm, transport: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_all_to_all_per_transport(comm, transport: str) -> None:
     """The all-to-all with both PEs on one GPU, bit for bit against the reference: random
     routings (staged and symmetric outputs, bf16 and e4m3, unaligned rows) over NVLink stores
     and over NVSHMEM put-with-signal (NVSHMEM's device bitcode: collectives/tools/devbitcode.sh)."""
-    from collectives.runtime.all_to_all import NVSHMEM_OPT_IN
     from tests.collectives.gpu.ranks.test_all_to_all import one_call, splits
 
-    monkeypatch.setenv(NVSHMEM_OPT_IN, "1")  # the NVSHMEM transport is gated until this passes on GPUs
     world, rank = comm.world, comm.rank
     for case, (hidden, dtype, symmetric_out) in enumerate([(3, "bf16", False), (128, "bf16", True),
                                                            (7168, "e4m3", False), (33, "e4m3", True)]):

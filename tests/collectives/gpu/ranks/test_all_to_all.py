@@ -23,7 +23,6 @@ torch = pytest.importorskip("torch")
 from tests.collectives.gpu.ranks.collectives_cases import TORCH, comm  # noqa: E402,F401  (the communicator fixture)
 
 from collectives.reference.all_to_all import all_to_all as reference  # noqa: E402
-from collectives.runtime.all_to_all import NVSHMEM_OPT_IN  # noqa: E402
 
 
 def inputs(world: int, m: list, hidden: int, dtype: torch.dtype, seed: int) -> list:
@@ -183,14 +182,13 @@ def test_all_to_all(comm, check) -> None:  # noqa: F811  (the fixture)
 
 
 @pytest.mark.parametrize("check", [check_routings, check_mismatch_then_correct_calls], ids=lambda c: c.__name__)
-def test_all_to_all_over_nvshmem(comm, check, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811  (the fixture)
+def test_all_to_all_over_nvshmem(comm, check) -> None:  # noqa: F811  (the fixture)
     """``transport="nvshmem"`` (NVSHMEM put-with-signal), bit for bit against the reference with
     the same checks; then the NVLink transport again on the same slots (one protocol: the
     transports interleave).  Needs the communicator on NVSHMEM's heap (torchrun; not a world of
     threads) and NVSHMEM's device bitcode (bash collectives/tools/devbitcode.sh)."""
     if type(comm.ctx.heap).__name__ != "NvshmemHeap":
         pytest.skip(f"the context's heap is {type(comm.ctx.heap).__name__}, not NVSHMEM's")
-    monkeypatch.setenv(NVSHMEM_OPT_IN, "1")  # the transport is gated until this test passes on GPUs
     check(comm.rank, comm.world, None, transport="nvshmem")
     one_call(comm.rank, comm.world, None, splits(comm.world, 77, 6), 128, "bf16", 77, symmetric_out=True,
              device_splits=False)
