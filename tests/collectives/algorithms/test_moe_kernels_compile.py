@@ -19,7 +19,7 @@ from collectives.algorithms.moe_gather import MoeGatherKey  # noqa: E402
 from collectives.algorithms.moe_pack import MoePackKey  # noqa: E402
 from collectives.algorithms.moe_combine import MAX_TOPK, MoeCombineKey  # noqa: E402
 from collectives.algorithms.moe_place import MAX_SEGMENTS, MoePlaceKey  # noqa: E402
-from collectives.algorithms.moe_route import MAX_ENTRIES, MAX_EXPERTS, MoeRouteKey  # noqa: E402
+from collectives.algorithms.moe_route import MAX_EXPERTS, MoeRouteKey  # noqa: E402
 from collectives.runtime.kernels import kernel_ptx  # noqa: E402
 from collectives.runtime.moe import combine_key as key_for  # noqa: E402
 from collectives.runtime.moe import place_key, route_key  # noqa: E402
@@ -169,10 +169,9 @@ def test_routing_compiles_reads_its_ids_and_uses_no_atomics(ids: str) -> None:
 
 
 def test_host_picks_the_routing_key() -> None:
-    assert route_key(torch.int64, 256, 64 * 8) == MoeRouteKey("i64")
-    assert route_key(torch.int32, 256, 8) == MoeRouteKey("i32")
-    assert route_key(torch.int64, MAX_EXPERTS + 1, 8) is None  # its counts would not fit shared memory
-    assert route_key(torch.int64, 256, MAX_ENTRIES + 1) is None  # torch's sort: the kernel compares every pair
-    assert route_key(torch.int16, 256, 8) is None
+    assert route_key(torch.int64, 256) == MoeRouteKey("i64")
+    assert route_key(torch.int32, 256) == MoeRouteKey("i32")
+    assert route_key(torch.int64, MAX_EXPERTS + 1) is None  # its counts would not fit shared memory
+    assert route_key(torch.int16, 256) is None
     with pytest.raises(ValueError, match="ids"):
         MoeRouteKey("i16")
