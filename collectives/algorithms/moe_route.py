@@ -63,11 +63,11 @@ class MoeRouteKey:
     :data:`ID_DTYPES`), threads per block (one block; a power of two) and lanes per group (a
     power of two from 4 that divides the threads, keys compared in fours).  Each thread compares
     ``2 lanes n / threads`` keys; the shared memory holds a group's count of each expert (int32,
-    ``threads / lanes x (MAX_EXPERTS + 1)``) besides the scan's: 128 threads of 4 groups fit
-    48 KiB at :data:`MAX_EXPERTS`."""
+    ``threads / lanes x (MAX_EXPERTS + 1)``) besides the scan's (int32: entries below 2^31):
+    256 threads of 8 groups fit 48 KiB at :data:`MAX_EXPERTS`."""
 
     ids: str = "i64"
-    threads: int = 128
+    threads: int = 256
     lanes: int = 32
 
     def __post_init__(self) -> None:
@@ -93,8 +93,8 @@ def build(key: MoeRouteKey):
         keys = smem.allocate_tensor(Int64, cute.make_layout(threads), byte_alignment=8)  # a round's experts
         # table[g * bins + e]: group g's count of expert e, then (placing) where its next one goes
         table = smem.allocate_tensor(Int32, cute.make_layout(groups * (MAX_EXPERTS + 1)), byte_alignment=8)
-        count = smem.allocate_tensor(Int64, cute.make_layout(MAX_EXPERTS + 1), byte_alignment=8)
-        spare = smem.allocate_tensor(Int64, cute.make_layout(MAX_EXPERTS + 1), byte_alignment=8)
+        count = smem.allocate_tensor(Int32, cute.make_layout(MAX_EXPERTS + 1), byte_alignment=8)
+        spare = smem.allocate_tensor(Int32, cute.make_layout(MAX_EXPERTS + 1), byte_alignment=8)
         bins = args.experts + 1
         j = tidx
         while j < groups * bins:
@@ -151,18 +151,18 @@ def build(key: MoeRouteKey):
                         table[g * bins + j] = Int32(total)
                         total += c
                     ptxops.st(gmem(Int64, args.bins, 8, LOCAL, by) + j, total)
-                    count[j] = total
-                    spare[j] = total
+                    count[j] = Int32(total)
+                    spare[j] = Int32(total)
                     j += threads
                 cute.arch.sync_threads()
                 step = Int64(1)
                 while step < bins:  # spare[]: the inclusive prefix sums, by doubling steps
                     j = tidx
                     while j < bins:
-                        v = spare[j]
+                        v = Int64(spare[j])
                         if j >= step:
-                            v += spare[j - step]
-                        count[j] = v
+                            v += Int64(spare[j - step])
+                        count[j] = Int32(v)
                         j += threads
                     cute.arch.sync_threads()
                     j = tidx
@@ -175,7 +175,7 @@ def build(key: MoeRouteKey):
                 while j < bins:  # table[g, e] += e's start (the exclusive prefix)
                     start = Int64(0)
                     if j > Int64(0):
-                        start = spare[j - 1]
+                        start = Int64(spare[j - 1])
                     for g in cutlass.range_constexpr(groups):
                         table[g * bins + j] = Int32(Int64(table[g * bins + j]) + start)
                     j += threads
@@ -183,9 +183,9 @@ def build(key: MoeRouteKey):
                 while w < args.experts // args.local:  # rank w: experts [wL, (w + 1)L)
                     first = Int64(0)
                     if w > Int64(0):
-                        first = spare[w * args.local - 1]
+                        first = Int64(spare[w * args.local - 1])
                     ptxops.st(gmem(Int64, args.send_splits, 8, LOCAL, by) + w,
-                              spare[(w + 1) * args.local - 1] - first)
+                              Int64(spare[(w + 1) * args.local - 1]) - first)
                     w += threads
                 cute.arch.sync_threads()
 

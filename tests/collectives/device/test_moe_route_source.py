@@ -123,9 +123,9 @@ def test_many_rounds_and_a_ragged_last_group() -> None:
     (("+ lanes - 1) // lanes * lanes", ") // lanes * lanes"), "the span's rounding up"),
     (("if raw >= Int64(0):", "if raw >= Int64(-1):"), "the ids below 0"),
     (("if raw < args.experts:", "if raw < args.experts + 8:"), "the ids past the last expert"),
-    (("v += spare[j - step]", "v = spare[j - step]"), "the prefix sums"),
-    (("start = spare[j - 1]", "start = spare[j]"), "the exclusive prefix (off by one)"),
-    (("first = spare[w * args.local - 1]", "first = spare[w * args.local]"), "the splits"),
+    (("v += Int64(spare[j - step])", "v = Int64(spare[j - step])"), "the prefix sums"),
+    (("start = Int64(spare[j - 1])", "start = Int64(spare[j])"), "the exclusive prefix (off by one)"),
+    (("first = Int64(spare[w * args.local - 1])", "first = Int64(spare[w * args.local])"), "the splits"),
     (("LOCAL, by) + i, at)", "LOCAL, by) + at, i)"), "the slots"),
 ])
 def test_a_broken_kernel_fails_the_check(edit: tuple, what: str) -> None:
