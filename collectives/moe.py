@@ -93,10 +93,10 @@ PackFor = Callable[[torch.dtype, int, bool], "Pack | None"]
 #: the sort's :func:`inverse` (None: not made) (:func:`route_ids`; one kernel:
 #: :mod:`collectives.algorithms.moe_route`).
 Route = Callable[[torch.Tensor, int, int, torch.Tensor], tuple]
-#: ``route_for(dtype, num_experts, most)``: the :data:`Route` of a low-latency dispatch of ids of
-#: ``dtype``, at most ``most`` entries, or None for :func:`route_ids` (asked once the call's
-#: arguments are checked; throughput mode: :func:`route_ids`).
-RouteFor = Callable[[torch.dtype, int, int], "Route | None"]
+#: ``route_for(dtype, num_experts)``: the :data:`Route` of a dispatch of ids of ``dtype`` (any
+#: number of entries, either mode), or None for :func:`route_ids` (asked once the call's
+#: arguments are checked).
+RouteFor = Callable[[torch.dtype, int], "Route | None"]
 #: ``gather(rows, place, kept, send_splits, recv_splits, copy)``: the rows a combine sends back,
 #: ``[place.numel(), hidden]``: row ``i`` is ``rows[place[i]]`` where ``kept[i]``, else zeros,
 #: and both splits copied into ``copy`` (``[2, W]``) (:func:`gather_rows`; one kernel:
@@ -263,9 +263,7 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     bound = _capacity(max_tokens * topk)  # rows sent at most: the allocation's size, whatever the routing
     flat = topk_ids.reshape(-1)
     exact = mode == "throughput"
-    # (low latency only: a throughput call's max_tokens is this rank's, and ranks sharing a GPU
-    # must ask for the same kernels at the same call: collectives.runtime.communicator.kernel_together)
-    route = route_for(flat.dtype, num_experts, max_tokens * topk) if route_for and not exact else None
+    route = route_for(flat.dtype, num_experts) if route_for else None
     if route is None:
         route = functools.partial(route_ids, scratch=scratch, most=bound)
     tallies = _tallies(scratch, num_experts + 1, device)

@@ -8,7 +8,8 @@ counts as nothing in its token's sum).  Only the rows that arrived are made (the
 ``W x max_tokens x min(topk, L)``, about ``W`` times what arrives on average): the rest of
 ``out`` is left unwritten (a low-latency combine at 128 tokens on 4 ranks, top-8: 1,024 of
 4,096 rows, a quarter of the bytes written).  Rows move as words of ``word`` bytes, a row's words spread over a block's
-threads, whole rows to a block (the grid strides).  It replaces a gather, a clamp of the places
+threads (each loading :data:`~collectives.algorithms.moe_place.LOADS` words before storing
+them), whole rows to a block (the grid strides).  It replaces a gather, a clamp of the places
 and a pass that zeroed the rows not kept (that pass alone read and wrote every row once more).
 Block 0 also copies both splits to ``copy``, where the combine's all-to-all reads them (a buffer
 of the communicator's, whose place keeps that all-to-all's plan the same at every call: a torch
@@ -30,7 +31,7 @@ from ..device.launch import check_threads, launcher
 from ..device.signals import LOCAL, gmem
 from ..layouts import Arg, Layout
 from .family import Family, register
-from .moe_place import MAX_BLOCKS, WORDS
+from .moe_place import LOADS, MAX_BLOCKS, WORDS
 
 MOE_GATHER = Layout("MoeGatherArgs", (
     Arg("out", Int64, "out: room rows of row_words words, in the dispatch's arrival order"),
@@ -95,10 +96,15 @@ def build(key: MoeGatherKey):
                 place = ptxops.ld(gmem(Int64, args.place, 8, LOCAL, by) + i, dtype=Int64)
                 src = gmem(element, args.rows, key.word, LOCAL, by) + place * args.row_words * per_word
                 w = tidx
-                while w < args.row_words:
-                    at = cute.assume(w * per_word, divby=per_word)
-                    ptxops.st(dst + at, ptxops.ld(src + at, num_elements=per_word))
-                    w += threads
+                while w < args.row_words:  # LOADS words in flight, then their stores
+                    last = args.row_words - 1  # (a word past the row: its load repeats the last, not stored)
+                    ats = [cute.assume(cutlass.min(w + u * threads, last) * per_word, divby=per_word)
+                           for u in range(LOADS)]
+                    words = [ptxops.ld(src + at, num_elements=per_word) for at in ats]
+                    for u in cutlass.range_constexpr(LOADS):
+                        if w + u * threads <= last:
+                            ptxops.st(dst + ats[u], words[u])
+                    w += LOADS * threads
             else:  # zeros: counts as nothing in its token's sum
                 zero = element(0)
                 if cutlass.const_expr(per_word > 1):

@@ -26,7 +26,8 @@ a torch addition less).  Every block first loads ``counts`` into shared memory
 ``log2(W x L)`` rounds, ``W x L`` at most :data:`MAX_SEGMENTS`), and ``before`` (and ``first``)
 with a thread per expert (``W`` steps each; ``first``: up to ``L``), where one thread took some
 ``2 x W x L`` serial steps before (a few microseconds of every block); then each takes whole
-rows, a row's words spread over its threads.  The
+rows, a row's words spread over its threads, each loading :data:`LOADS` words before storing them
+(their latencies overlapping).  The
 same arithmetic as the torch steps it replaces (``searchsorted``, prefix sums, ``index_copy_``)
 in one launch instead of some twenty-five.
 """
@@ -53,6 +54,9 @@ from .family import SNAPSHOT_WORLDS, Family, register
 MAX_SEGMENTS = 1024
 #: Most thread blocks of a launch (each row is one block's; the grid strides past them).
 MAX_BLOCKS = 264
+#: Words each thread of the placement and the combine's gather loads before it stores them
+#: (16-byte words: a 7168-wide bf16 row is 896 of them, 3.5 a thread of 256).
+LOADS = 4
 #: Bytes per word a row moves in, and how: (element type, elements per access).
 WORDS = {16: (Uint32, 4), 8: (Uint32, 2), 4: (Uint32, 1), 2: (Uint16, 1), 1: (Uint8, 1)}
 
@@ -232,10 +236,15 @@ def build(key: MoePlaceKey):
                 src = gmem(element, args.received, key.word, LOCAL, by) + i * args.row_words * per_word
                 dst = gmem(element, args.expert_x, key.word, LOCAL, by) + place * args.out_words * per_word
                 w = tidx
-                while w < args.out_words:
-                    at = cute.assume(w * per_word, divby=per_word)
-                    ptxops.st(dst + at, ptxops.ld(src + at, num_elements=per_word))
-                    w += threads
+                while w < args.out_words:  # LOADS words in flight, then their stores
+                    last = args.out_words - 1  # (a word past the row: its load repeats the last, not stored)
+                    ats = [cute.assume(cutlass.min(w + u * threads, last) * per_word, divby=per_word)
+                           for u in range(LOADS)]
+                    words = [ptxops.ld(src + at, num_elements=per_word) for at in ats]
+                    for u in cutlass.range_constexpr(LOADS):
+                        if w + u * threads <= last:
+                            ptxops.st(dst + ats[u], words[u])
+                    w += LOADS * threads
                 if cutlass.const_expr(key.scales):
                     if tidx == Int64(0):  # the scale (aligned to 4 only when the values' bytes are)
                         at = (i * args.row_words + args.out_words) * key.word
@@ -277,4 +286,4 @@ FAMILY = register(Family("moe_place", MoePlaceKey, ("moe_place",), MOE_PLACE, bu
                          _facets))
 
 
-__all__ = ["FAMILY", "MAX_BLOCKS", "MAX_SEGMENTS", "MOE_PLACE", "WORDS", "MoePlaceKey", "build"]
+__all__ = ["FAMILY", "LOADS", "MAX_BLOCKS", "MAX_SEGMENTS", "MOE_PLACE", "WORDS", "MoePlaceKey", "build"]

@@ -8,14 +8,18 @@ each expert, then the out-of-range ones), ``send_splits`` (the entries of each d
 rank's ``L`` experts), ``order``: the entries sorted by expert, stably (by ``i`` within an
 expert), and its inverse ``slots`` (``order[slots[i]] = i``: each entry's sent row, which the
 rows' packing and the combine read), entry ``i`` being at ``start[e] + rank`` (``start``: the exclusive prefix sum of
-``bins``; ``rank``: the entries of ``e`` before ``i``).  It is a counting sort: the entries go
-through shared memory a chunk of ``threads`` at a time, each thread finding its entry's rank
-among the chunk's by comparing it with the chunk's earlier entries (no atomics: the result is
-the stable sort's whatever the scheduling), the chunk's last entry of an expert moving that
-expert's count on; one pass counts, a scan (Hillis-Steele in shared memory) makes the starts,
-and a second pass places.  Each thread compares ``n`` entries per pass (four loads at once), so
-the kernel is for decode sizes (:data:`MAX_ENTRIES`); it replaces torch's id mapping, mask, stable sort (a radix
-sort: 28 us of GPU time at 1,024 entries), count and sum of the splits: seven launches.
+``bins``; ``rank``: the entries of ``e`` before ``i``).  It is a counting sort: the block's threads are groups of
+``lanes`` (a warp), group ``g`` owning a contiguous span of the entries; a round reads ``lanes``
+entries of each span, one a thread, through shared memory, each thread finding its entry's rank
+among its group's round by comparing it with the round's ``lanes`` entries (no atomics: the result
+is the stable sort's whatever the scheduling), the round's last entry of an expert moving the
+group's count of that expert on.  One pass counts; then each expert's count is the sum of its
+groups', a scan (Hillis-Steele in shared memory) makes the experts' starts and each group's start
+within an expert is its expert's start plus the earlier groups' counts (entries of a lower group
+come first: stable); a second pass places.  Each thread compares ``lanes x n / threads`` entries
+per pass, whatever the entries: the kernel routes every size of the low-latency and throughput
+modes.  It replaces torch's id mapping, mask, stable sort (a radix sort: 28 us of GPU time at
+1,024 entries), count and sum of the splits: seven launches.
 """
 
 from __future__ import annotations
@@ -37,12 +41,6 @@ from .family import Family, register
 
 #: Most experts a routing kernel counts (its shared memory holds ``2 x (E + 1)`` int64 counts).
 MAX_EXPERTS = 1024
-#: Most entries (tokens x top-k) the dispatch routes with the kernel (each thread compares every
-#: entry twice: its time grows with the square of the entries); torch's sort past it.  On 4 x H100
-#: (hidden 7168, top-8 of 256, graphs) the kernel made the fused dispatch faster up to 64 tokens
-#: per rank (512 entries: 110.7 -> 100.1 us) and slower past it (128 tokens: 146.8 -> 168.2 us;
-#: 512 tokens: 368.6 -> 584.9 us).
-MAX_ENTRIES = 512
 #: Dtypes of the ids it reads: their CuTeDSL type and bytes.
 ID_DTYPES = {"i32": (Int32, 4), "i64": (Int64, 8)}
 
@@ -62,43 +60,53 @@ MOE_ROUTE = Layout("MoeRouteArgs", (
 @dataclass(frozen=True)
 class MoeRouteKey:
     """The compile-time choices of one routing kernel: the ids' dtype (one of
-    :data:`ID_DTYPES`) and threads per block (one block; a power of two from 4).  Each thread
-    compares ``2 n`` keys whatever the threads, so more of them only add issue slots: 128
-    (4 warps) keep a shared-memory load's latency the bound, four loads in flight."""
+    :data:`ID_DTYPES`), threads per block (one block; a power of two) and lanes per group (a
+    power of two from 4 that divides the threads, keys compared in fours).  Each thread compares
+    ``2 lanes n / threads`` keys; the shared memory holds a group's count of each expert (int32,
+    ``threads / lanes x (MAX_EXPERTS + 1)``) besides the scan's (int32: entries below 2^31):
+    256 threads of 8 groups fit 48 KiB at :data:`MAX_EXPERTS`."""
 
     ids: str = "i64"
-    threads: int = 128
+    threads: int = 256
+    lanes: int = 32
 
     def __post_init__(self) -> None:
         if self.ids not in ID_DTYPES:
             raise ValueError(f"ids must be one of {tuple(ID_DTYPES)}, not {self.ids!r}")
         check_threads(self.threads)
-        if self.threads < 4:
-            raise ValueError(f"threads must be at least 4 (keys are compared in fours), not {self.threads}")
+        if self.lanes < 4 or self.lanes & (self.lanes - 1) or self.threads % self.lanes:
+            raise ValueError(f"lanes must be a power of two from 4 (keys are compared in fours) dividing the "
+                             f"threads {self.threads}, not {self.lanes}")
 
 
 def build(key: MoeRouteKey):
     """The ``@cute.jit`` launcher of the routing kernel for ``key`` (one block)."""
-    threads, (ids, size) = key.threads, ID_DTYPES[key.ids]
+    threads, lanes, (ids, size) = key.threads, key.lanes, ID_DTYPES[key.ids]
+    groups = threads // lanes
     by = "collectives.algorithms.moe_route"
 
     @cute.jit
     def kernel(args: KernelArgs):
         tidx = Int64(cute.arch.thread_idx()[0])
+        group, lane = tidx // lanes, tidx % lanes
         smem = SmemAllocator()
-        keys = smem.allocate_tensor(Int64, cute.make_layout(threads), byte_alignment=8)  # a chunk's experts
-        count = smem.allocate_tensor(Int64, cute.make_layout(MAX_EXPERTS + 1), byte_alignment=8)
-        spare = smem.allocate_tensor(Int64, cute.make_layout(MAX_EXPERTS + 1), byte_alignment=8)
+        keys = smem.allocate_tensor(Int64, cute.make_layout(threads), byte_alignment=8)  # a round's experts
+        # table[g * bins + e]: group g's count of expert e, then (placing) where its next one goes
+        table = smem.allocate_tensor(Int32, cute.make_layout(groups * (MAX_EXPERTS + 1)), byte_alignment=8)
+        count = smem.allocate_tensor(Int32, cute.make_layout(MAX_EXPERTS + 1), byte_alignment=8)
+        spare = smem.allocate_tensor(Int32, cute.make_layout(MAX_EXPERTS + 1), byte_alignment=8)
         bins = args.experts + 1
         j = tidx
-        while j < bins:
-            count[j] = Int64(0)
+        while j < groups * bins:
+            table[j] = Int32(0)
             j += threads
         cute.arch.sync_threads()
+        # group g's entries: [g * span, (g + 1) * span), span a multiple of lanes (every group the same rounds)
+        span = ((args.n + groups - 1) // groups + lanes - 1) // lanes * lanes
         for placing in cutlass.range_constexpr(2):  # count, then place
-            base = Int64(0)
-            while base < args.n:  # a chunk of entries, one a thread
-                i = base + tidx
+            step = Int64(0)
+            while step < span:  # a round: lanes entries of each group, one a thread
+                i = group * span + step + lane
                 e = Int64(-1)
                 if i < args.n:
                     raw = Int64(ptxops.ld(gmem(ids, args.ids, size, LOCAL, by) + i))
@@ -108,50 +116,53 @@ def build(key: MoeRouteKey):
                             e = raw
                 keys[tidx] = e
                 cute.arch.sync_threads()
-                # (in fours, their loads' latencies overlapping: keys past the entries are -1, no expert)
-                chunk = (cutlass.min(args.n - base, Int64(threads)) + 3) // 4 * 4
-                before, after = Int64(0), Int64(0)  # the chunk's entries of this expert before and after it
-                j = Int64(0)
-                while j < chunk:
-                    four = [keys[j + u] for u in range(4)]
+                before, after = Int64(0), Int64(0)  # the group's entries of this expert before and after it
+                first = group * lanes
+                for j4 in cutlass.range_constexpr(lanes // 4):  # (in fours, their loads' latencies overlapping)
+                    four = [keys[first + j4 * 4 + u] for u in range(4)]
                     for u in cutlass.range_constexpr(4):
                         if four[u] == e:
-                            if j + u < tidx:
+                            if j4 * 4 + u < lane:
                                 before += 1
-                            if j + u > tidx:
+                            if j4 * 4 + u > lane:
                                 after += 1
-                    j += 4
                 at = Int64(0)
                 if i < args.n:
-                    at = count[e] + before
-                    if cutlass.const_expr(placing):  # count[e]: where e's next entry goes
+                    at = Int64(table[group * bins + e]) + before
+                    if cutlass.const_expr(placing):
                         ptxops.st(gmem(Int64, args.order, 8, LOCAL, by) + at, i)
                         ptxops.st(gmem(Int64, args.slots, 8, LOCAL, by) + i, at)
                         valid = Uint8(0)
                         if e < args.experts:
                             valid = Uint8(1)
                         ptxops.st(gmem(Uint8, args.valid, 1, LOCAL, by) + i, valid)
-                cute.arch.sync_threads()  # every thread has read count[] before the last ones move it on
+                cute.arch.sync_threads()  # every thread has read table[] before the last ones move it on
                 if i < args.n:
                     if after == Int64(0):
-                        count[e] = at + 1
-                cute.arch.sync_threads()  # and keys[] is free for the next chunk
-                base += threads
-            if cutlass.const_expr(not placing):  # the counts out, then count[] becomes each expert's start
+                        table[group * bins + e] = Int32(at + 1)
+                cute.arch.sync_threads()  # and keys[] is free for the next round
+                step += lanes
+            if cutlass.const_expr(not placing):  # the counts out, then table[] becomes each group's starts
                 j = tidx
-                while j < bins:
-                    ptxops.st(gmem(Int64, args.bins, 8, LOCAL, by) + j, count[j])
-                    spare[j] = count[j]
+                while j < bins:  # count[e]: e's entries; table[g, e]: those of the groups before g
+                    total = Int64(0)
+                    for g in cutlass.range_constexpr(groups):
+                        c = Int64(table[g * bins + j])
+                        table[g * bins + j] = Int32(total)
+                        total += c
+                    ptxops.st(gmem(Int64, args.bins, 8, LOCAL, by) + j, total)
+                    count[j] = Int32(total)
+                    spare[j] = Int32(total)
                     j += threads
                 cute.arch.sync_threads()
                 step = Int64(1)
                 while step < bins:  # spare[]: the inclusive prefix sums, by doubling steps
                     j = tidx
                     while j < bins:
-                        v = spare[j]
+                        v = Int64(spare[j])
                         if j >= step:
-                            v += spare[j - step]
-                        count[j] = v
+                            v += Int64(spare[j - step])
+                        count[j] = Int32(v)
                         j += threads
                     cute.arch.sync_threads()
                     j = tidx
@@ -161,19 +172,20 @@ def build(key: MoeRouteKey):
                     cute.arch.sync_threads()
                     step *= 2
                 j = tidx
-                while j < bins:  # count[]: the exclusive ones
+                while j < bins:  # table[g, e] += e's start (the exclusive prefix)
                     start = Int64(0)
                     if j > Int64(0):
-                        start = spare[j - 1]
-                    count[j] = start
+                        start = Int64(spare[j - 1])
+                    for g in cutlass.range_constexpr(groups):
+                        table[g * bins + j] = Int32(Int64(table[g * bins + j]) + start)
                     j += threads
                 w = tidx
                 while w < args.experts // args.local:  # rank w: experts [wL, (w + 1)L)
                     first = Int64(0)
                     if w > Int64(0):
-                        first = spare[w * args.local - 1]
+                        first = Int64(spare[w * args.local - 1])
                     ptxops.st(gmem(Int64, args.send_splits, 8, LOCAL, by) + w,
-                              spare[(w + 1) * args.local - 1] - first)
+                              Int64(spare[(w + 1) * args.local - 1]) - first)
                     w += threads
                 cute.arch.sync_threads()
 
@@ -181,12 +193,12 @@ def build(key: MoeRouteKey):
 
 
 def _to_text(key: MoeRouteKey) -> str:
-    return f"moe_route/{key.ids}/t{key.threads}"
+    return f"moe_route/{key.ids}/t{key.threads}/l{key.lanes}"
 
 
 def _from_text(kid: str) -> MoeRouteKey:
-    _, ids, threads = kid.split("/")
-    return MoeRouteKey(ids, int(threads[1:]))
+    _, ids, threads, lanes = kid.split("/")
+    return MoeRouteKey(ids, int(threads[1:]), int(lanes[1:]))
 
 
 FAMILY = register(Family("moe_route", MoeRouteKey, ("moe_route",), MOE_ROUTE, build,
@@ -194,4 +206,4 @@ FAMILY = register(Family("moe_route", MoeRouteKey, ("moe_route",), MOE_ROUTE, bu
                          lambda kid: (("moe_route", kid),)))
 
 
-__all__ = ["FAMILY", "ID_DTYPES", "MAX_ENTRIES", "MAX_EXPERTS", "MOE_ROUTE", "MoeRouteKey", "build"]
+__all__ = ["FAMILY", "ID_DTYPES", "MAX_EXPERTS", "MOE_ROUTE", "MoeRouteKey", "build"]

@@ -46,7 +46,7 @@ from ..algorithms.moe_combine import DTYPES_ROUNDED, MAX_TOPK, MOE_COMBINE, MoeC
 from ..algorithms.moe_gather import MOE_GATHER, MoeGatherKey
 from ..algorithms.moe_pack import DTYPES_QUANTIZED, MOE_PACK, MoePackKey
 from ..algorithms.moe_place import MAX_SEGMENTS, MOE_PLACE, MoePlaceKey
-from ..algorithms.moe_route import MAX_ENTRIES, MAX_EXPERTS, MOE_ROUTE, MoeRouteKey
+from ..algorithms.moe_route import MAX_EXPERTS, MOE_ROUTE, MoeRouteKey
 from ..algorithms.plan import capturing, current_stream, follow
 from ..algorithms.protocol import Runtime
 from ..dtypes import DTYPES, from_torch
@@ -114,21 +114,20 @@ def pack(comm: Runtime, dtype: torch.dtype, hidden: int, fp8: bool):
     return run
 
 
-def route_key(dtype: torch.dtype, experts: int, most: int) -> MoeRouteKey | None:
-    """The routing kernel's key for ids of ``dtype``, ``experts`` experts and at most ``most``
-    entries, None where it does not take them (other dtypes, past
-    :data:`~collectives.algorithms.moe_route.MAX_EXPERTS` or
-    :data:`~collectives.algorithms.moe_route.MAX_ENTRIES`)."""
+def route_key(dtype: torch.dtype, experts: int) -> MoeRouteKey | None:
+    """The routing kernel's key for ids of ``dtype`` and ``experts`` experts (any number of
+    entries), None where it does not take them (other dtypes, past
+    :data:`~collectives.algorithms.moe_route.MAX_EXPERTS`)."""
     ids = {torch.int32: "i32", torch.int64: "i64"}.get(dtype)
-    if ids is None or not 1 <= experts <= MAX_EXPERTS or most > MAX_ENTRIES:
+    if ids is None or not 1 <= experts <= MAX_EXPERTS:
         return None
     return MoeRouteKey(ids)
 
 
-def route(comm: Runtime, dtype: torch.dtype, experts: int, most: int):
+def route(comm: Runtime, dtype: torch.dtype, experts: int):
     """The kernel's :data:`collectives.moe.Route` on ``comm``'s GPU (its kernel loaded now), None
     where :data:`FUSED` is off or the kernel does not take the call (:func:`route_key`)."""
-    key = route_key(dtype, experts, most) if FUSED else None
+    key = route_key(dtype, experts) if FUSED else None
     if key is None:
         return None
     fn, device = comm.kernel_together(key), comm.device_index
@@ -282,9 +281,9 @@ class Layer:
         """The :data:`collectives.moe.PlacementFor` of :func:`placement`, each made once."""
         return self.launch(placement, local, row_bytes, exact, values)
 
-    def route_for(self, dtype: torch.dtype, experts: int, most: int) -> Any:
+    def route_for(self, dtype: torch.dtype, experts: int) -> Any:
         """The :data:`collectives.moe.RouteFor` of :func:`route`, each made once."""
-        return self.launch(route, dtype, experts, most)
+        return self.launch(route, dtype, experts)
 
     def scratch(self, name: str, shape: tuple, dtype: torch.dtype, device: torch.device,
                 fill: int | None = None) -> torch.Tensor:

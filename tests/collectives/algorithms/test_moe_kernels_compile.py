@@ -18,8 +18,8 @@ from collectives import moe  # noqa: E402
 from collectives.algorithms.moe_gather import MoeGatherKey  # noqa: E402
 from collectives.algorithms.moe_pack import MoePackKey  # noqa: E402
 from collectives.algorithms.moe_combine import MAX_TOPK, MoeCombineKey  # noqa: E402
-from collectives.algorithms.moe_place import MAX_SEGMENTS, MoePlaceKey  # noqa: E402
-from collectives.algorithms.moe_route import MAX_ENTRIES, MAX_EXPERTS, MoeRouteKey  # noqa: E402
+from collectives.algorithms.moe_place import LOADS, MAX_SEGMENTS, MoePlaceKey  # noqa: E402
+from collectives.algorithms.moe_route import MAX_EXPERTS, MoeRouteKey  # noqa: E402
 from collectives.runtime.kernels import kernel_ptx  # noqa: E402
 from collectives.runtime.moe import combine_key as key_for  # noqa: E402
 from collectives.runtime.moe import place_key, route_key  # noqa: E402
@@ -74,13 +74,18 @@ PLACE_FORMS = [(2, 128, False, 16), (8, 32, True, 16), (4, 2, False, 4), (8, 128
 WORD_ACCESS = {16: "v4.b32", 8: "v2.b32", 4: "b32", 2: "b16", 1: "b8"}
 
 
+def _loads_before_stores(ptx: str, access: str) -> None:
+    """A row's copy: ``LOADS`` loads of its words, all issued before the first of their stores."""
+    ops = re.findall(rf"^\s*(?:@%p\d+\s+)?(ld|st)\.global\.{re.escape(access)}\s", ptx, re.M)
+    assert " ".join(["ld"] * LOADS + ["st"]) in " ".join(ops), ops
+
+
 @pytest.mark.parametrize(("world", "local", "exact", "word"), PLACE_FORMS)
 def test_placement_compiles_and_moves_rows_in_its_words(world: int, local: int, exact: bool, word: int) -> None:
     ptx = kernel_ptx(MoePlaceKey(world, local, exact, word), "sm_90a")
     assert "multimem." not in ptx and ".sys" not in ptx and "atom." not in ptx  # one GPU, no ordering, no atomics
     access = WORD_ACCESS[word]
-    for op in ("ld", "st"):
-        assert re.search(rf"{op}\.global\.{re.escape(access)}\s", ptx), op
+    _loads_before_stores(ptx, access)
     assert "bar.sync" in ptx  # the shared prefix sums before any row
     # the counts, into shared memory (no prefix step waits on a global load), and the entries the
     # dispatch dropped before, added to the dropped count
@@ -93,7 +98,8 @@ def test_fp8_placement_moves_the_values_in_vectors_and_the_scale_apart() -> None
     in one 4-byte load where the words are aligned to 4, else byte by byte."""
     plain, split = (kernel_ptx(MoePlaceKey(8, 32, False, 16, scales=s), "sm_90a") for s in (False, True))
     for ptx in (plain, split):
-        assert _count(ptx, "ld.global.v4.b32") == 1 and _count(ptx, "st.global.v4.b32") == 1
+        assert _count(ptx, "ld.global.v4.b32") == LOADS and _count(ptx, "st.global.v4.b32") == LOADS
+        _loads_before_stores(ptx, "v4.b32")
     assert _count(plain, "ld.global.b8") == 0 and _count(split, "ld.global.b8") == 0
     assert _count(split, "ld.global.b32") == _count(plain, "ld.global.b32") + 1
     assert _count(split, "st.global.b32") == _count(plain, "st.global.b32") + 1
@@ -148,12 +154,12 @@ def test_rows_without_fp8_are_copied_in_vectors() -> None:
 
 @pytest.mark.parametrize("word", [16, 4, 1])
 def test_gather_moves_rows_in_its_words_and_zeros_the_rest(word: int) -> None:
-    """The combine's gather: a kept row's words loaded and stored, a row not kept stored as
-    zeros (a second store, no load), one GPU's memory, no ordering."""
+    """The combine's gather: a kept row's words loaded, ``LOADS`` of them before their stores,
+    one GPU's memory, no ordering."""
     ptx = kernel_ptx(MoeGatherKey(word), "sm_90a")
     access = WORD_ACCESS[word]
-    assert _count(ptx, f"ld.global.{access}") == 1 + (word == 1)  # (word 1: the kept flag is a byte too)
-    assert _count(ptx, f"st.global.{access}") == 2
+    assert _count(ptx, f"ld.global.{access}") == LOADS + (word == 1)  # (word 1: the kept flag is a byte too)
+    _loads_before_stores(ptx, access)
     assert "multimem." not in ptx and ".sys" not in ptx and "atom." not in ptx
 
 
@@ -169,10 +175,9 @@ def test_routing_compiles_reads_its_ids_and_uses_no_atomics(ids: str) -> None:
 
 
 def test_host_picks_the_routing_key() -> None:
-    assert route_key(torch.int64, 256, 64 * 8) == MoeRouteKey("i64")
-    assert route_key(torch.int32, 256, 8) == MoeRouteKey("i32")
-    assert route_key(torch.int64, MAX_EXPERTS + 1, 8) is None  # its counts would not fit shared memory
-    assert route_key(torch.int64, 256, MAX_ENTRIES + 1) is None  # torch's sort: the kernel compares every pair
-    assert route_key(torch.int16, 256, 8) is None
+    assert route_key(torch.int64, 256) == MoeRouteKey("i64")
+    assert route_key(torch.int32, 256) == MoeRouteKey("i32")
+    assert route_key(torch.int64, MAX_EXPERTS + 1) is None  # its counts would not fit shared memory
+    assert route_key(torch.int16, 256) is None
     with pytest.raises(ValueError, match="ids"):
         MoeRouteKey("i16")

@@ -105,3 +105,16 @@ def test_a_broken_kernel_fails_the_check(edit: tuple) -> None:
     with pytest.raises((AssertionError, IndexError)):
         for seed in range(3):
             check(torch.tensor([[1, 2], [2, 1]]), 8, 8, 2, blocks=2, seed=seed, module=broken)
+
+
+@pytest.mark.parametrize("edit", [
+    ("if w + u * threads <= last:", "if w + u * threads < last:"),  # the row's last word
+    ("w += LOADS * threads", "w += LOADS * threads + threads"),  # the rounds' stride
+    ("min(w + u * threads, last)", "min(w + u, last)"),  # the words of a round
+])
+def test_a_broken_copy_fails_the_check(edit: tuple) -> None:
+    """Rows of 37 one-byte words, fewer threads than LOADS x threads words: three rounds, the last ragged."""
+    broken = source((edit,))
+    with pytest.raises(AssertionError):
+        for seed in range(2):
+            check(torch.tensor([[1, 2], [2, 1]]), 8, 37, 2, blocks=2, seed=seed, module=broken)

@@ -173,6 +173,13 @@ def test_the_words_move_every_byte_of_a_row() -> None:
         assert MoePlaceKey.word_for(row_bytes) == max(w for w in WORDS if row_bytes % w == 0)
 
 
+COPY_EDITS = [
+    (("if w + u * threads <= last:", "if w + u * threads < last:"), "the row's last word"),
+    (("w += LOADS * threads", "w += LOADS * threads + threads"), "the rounds' stride"),
+    (("min(w + u * threads, last)", "min(w + u, last)"), "the words of a round"),
+]
+
+
 @pytest.mark.parametrize(("edit", "what"), [
     (("if starts[mid + 1] <= i:", "if starts[mid + 1] < i:"), "the search's right end"),
     (("elif slot < args.capacity:", "elif slot <= args.capacity:"), "the capacity"),
@@ -208,3 +215,12 @@ def test_a_broken_throughput_kernel_fails_the_check(edit: tuple, what: str) -> N
     with pytest.raises(AssertionError):
         for seed in range(3):
             check(counts, 14, 16, 2, True, blocks=2, seed=seed, module=broken)
+
+
+@pytest.mark.parametrize(("edit", "what"), COPY_EDITS)
+def test_a_broken_copy_fails_the_check(edit: tuple, what: str) -> None:
+    """Rows of 37 one-byte words, 4 threads of LOADS words each: three rounds, the last ragged."""
+    broken = source((edit,))
+    with pytest.raises(AssertionError):
+        for seed in range(2):
+            check(torch.tensor([[2, 1], [1, 2]]), 7, 37, 4, False, blocks=2, seed=seed, module=broken)

@@ -5,8 +5,8 @@ stable sort, the counts, the splits; the sort's inverse, which the packing kerne
 :mod:`device_sim` executes :mod:`collectives.algorithms.moe_route` from its source file over
 simulated memory, threads interleaved at random at every access: ids of both dtypes from random
 routings (tokens naming one expert twice, experts no entry names, ids below 0 and past the last
-expert), entries fewer and more than a block's threads (several chunks: the counts carried from
-chunk to chunk), and no entries.  The order, the mask, the bins and the splits must be the torch
+expert), entries fewer and more than a block's threads (two groups of lanes, each several rounds: the
+counts carried from round to round and from group to group), and no entries.  The order, the mask, the bins and the splits must be the torch
 steps' exactly.
 """
 
@@ -25,7 +25,7 @@ from collectives.algorithms.moe_route import MoeRouteKey  # noqa: E402
 
 FAKES = fakes()
 Int32, Int64, Uint8 = FAKES["cutlass"].Int32, FAKES["cutlass"].Int64, FAKES["cutlass"].Uint8
-THREADS, UNTOUCHED = 4, 0x5A
+THREADS, LANES, UNTOUCHED = 8, 4, 0x5A  # two groups of four
 
 
 def source(edits: tuple = ()) -> types.ModuleType:
@@ -41,7 +41,8 @@ def run_kernel(ids: torch.Tensor, experts: int, world: int, seed: int,
                module: types.ModuleType = SOURCE) -> tuple[torch.Tensor, ...]:
     """The kernel on the flat ``ids``: what it wrote (order, valid, bins, send_splits, slots)."""
     key = MoeRouteKey("i32" if ids.dtype == torch.int32 else "i64")
-    object.__setattr__(key, "threads", THREADS)  # scaled down: entries outnumber the threads
+    object.__setattr__(key, "threads", THREADS)  # scaled down: entries outnumber the threads, two groups
+    object.__setattr__(key, "lanes", LANES)
     kernel = module.build(key)
     n, size = ids.numel(), ids.element_size()
     sim = Sim(seed)
@@ -107,20 +108,31 @@ def test_no_entries_and_every_entry_to_one_expert() -> None:
     check(torch.full((6,), 9, dtype=torch.int32), 4, 2, seed=3)  # every id out of range
 
 
+def test_many_rounds_and_a_ragged_last_group() -> None:
+    """67 entries of 3 experts: each group's span several rounds, the last group's short."""
+    rng = random.Random(11)
+    check(torch.tensor([rng.randrange(-1, 4) for _ in range(67)], dtype=torch.int64), 3, 3, seed=4)
+
+
 @pytest.mark.parametrize(("edit", "what"), [
-    (("if j + u < tidx:", "if j + u <= tidx:"), "the rank among the chunk's entries"),
-    (("+ 3) // 4 * 4", ") // 4 * 4"), "the chunk's last keys"),
-    (("count[e] = at + 1", "count[e] = at"), "the count carried to the next chunk"),
+    (("if j4 * 4 + u < lane:", "if j4 * 4 + u <= lane:"), "the rank among the group's round"),
+    (("if j4 * 4 + u > lane:", "if j4 * 4 + u >= lane:"), "the round's last entry of an expert"),
+    (("table[g * bins + j] = Int32(total)", "table[g * bins + j] = Int32(0)"), "the earlier groups' entries"),
+    (("table[group * bins + e] = Int32(at + 1)", "table[group * bins + e] = Int32(at)"),
+     "the count carried to the next round"),
+    (("+ lanes - 1) // lanes * lanes", ") // lanes * lanes"), "the span's rounding up"),
     (("if raw >= Int64(0):", "if raw >= Int64(-1):"), "the ids below 0"),
     (("if raw < args.experts:", "if raw < args.experts + 8:"), "the ids past the last expert"),
-    (("v += spare[j - step]", "v = spare[j - step]"), "the prefix sums"),
-    (("first = spare[w * args.local - 1]", "first = spare[w * args.local]"), "the splits"),
+    (("v += Int64(spare[j - step])", "v = Int64(spare[j - step])"), "the prefix sums"),
+    (("start = Int64(spare[j - 1])", "start = Int64(spare[j])"), "the exclusive prefix (off by one)"),
+    (("first = Int64(spare[w * args.local - 1])", "first = Int64(spare[w * args.local])"), "the splits"),
     (("LOCAL, by) + i, at)", "LOCAL, by) + at, i)"), "the slots"),
 ])
 def test_a_broken_kernel_fails_the_check(edit: tuple, what: str) -> None:
     """Each edit of the kernel's source is caught (so the check reads what the kernel does)."""
     broken = source((edit,))
-    ids = torch.tensor([0, 7, 3, 3, -1, 5, 11, 2, 3, 3], dtype=torch.int64)  # 6 experts: -1, 7, 11 dropped
+    # 6 experts (-1, 7, 11 dropped); 22 entries: both groups of the scaled-down block, two rounds each
+    ids = torch.tensor([0, 7, 3, 3, -1, 5, 11, 2, 3, 3, 1, 3, 0, 3, 5, 3, 3, 2, 3, 0, 3, 4], dtype=torch.int64)
     with pytest.raises(AssertionError):
         for seed in range(3):
             check(ids, 6, 2, seed, module=broken)
