@@ -143,18 +143,17 @@ def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None
     sent = torch.empty_like(received)
     owners = comm.ctx.peer_tensors(received)
     main, side = torch.cuda.current_stream(), comm.stream_flags.side()
+    fork, join, *done = comm.stream_flags.events(world + 1)
     comm.meet_ranks_on_device("gemm_reduce_scatter: before the start barrier (values: rows, N)", [rows, n])
-    side.wait_stream(main)
+    _order(fork, main, side)
     with torch.cuda.stream(side):  # before the GEMMs are enqueued (see "Host order" above)
         barrier(group=comm)  # every rank's previous call has summed its received blocks
     comm.meet_ranks_on_device("gemm_reduce_scatter: start barrier launched (values: rows, N)", [rows, n])
-    done = []
-    for d in peer_order(world, rank):
+    for d, event in zip(peer_order(world, rank), done):
         marks = _marks(timeline, "gemm", d, main)
         torch.mm(a[d * m:(d + 1) * m], b, out=sent[d])
         _close(marks, main)
-        done.append(torch.cuda.Event())
-        done[-1].record(main)
+        event.record(main)
     marks = _marks(timeline, "gemm", -1, main)
     torch.mm(a[rank * m:(rank + 1) * m], b, out=received[rank])  # hides the last push
     _close(marks, main)
@@ -164,7 +163,7 @@ def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None
             marks = _marks(timeline, "comm", d, side)
             owners[d][rank].copy_(sent[d])
             _close(marks, side)
-    main.wait_stream(side)
+    _order(join, side, main)
     comm.meet_ranks_on_device("gemm_reduce_scatter: GEMMs enqueued (values: rows, N)", [rows, n])
     barrier(group=comm)  # every rank's pushes have landed
     comm.meet_ranks_on_device("gemm_reduce_scatter: end barrier launched (values: rows, N)", [rows, n])
@@ -206,19 +205,18 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
     gathered = _workspace(comm, "all_gather_gemm", world * m * k, a_shard.dtype).view(world, m, k)
     owners = comm.ctx.peer_tensors(gathered)
     main, side = torch.cuda.current_stream(), comm.stream_flags.side()
+    fork, join, *arrived = comm.stream_flags.events(world + 1)
     comm.meet_ranks_on_device("all_gather_gemm: before the barriers (values: rows, K)", [m, k])
-    side.wait_stream(main)
-    arrived = []
+    _order(fork, main, side)
     with torch.cuda.stream(side):  # before the GEMMs are enqueued (see "Host order" above)
         barrier(group=comm)  # every rank's previous call has read its block
         gathered[rank].copy_(a_shard)
         barrier(group=comm)  # every rank's block is in place
-        for q in peer_order(world, rank):
+        for q, event in zip(peer_order(world, rank), arrived):
             marks = _marks(timeline, "comm", q, side)
             gathered[q].copy_(owners[q][q])
             _close(marks, side)
-            arrived.append(torch.cuda.Event())
-            arrived[-1].record(side)
+            event.record(side)
     comm.meet_ranks_on_device("all_gather_gemm: barriers launched (values: rows, K)", [m, k])
     marks = _marks(timeline, "gemm", -1, main)
     torch.mm(a_shard, b, out=out[rank * m:(rank + 1) * m])  # hides the barriers and the first pull
@@ -228,7 +226,7 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
         marks = _marks(timeline, "gemm", q, main)
         torch.mm(gathered[q], b, out=out[q * m:(q + 1) * m])
         _close(marks, main)
-    main.wait_stream(side)
+    _order(join, side, main)
     return out
 
 
@@ -256,6 +254,13 @@ def _gemm_reduce_scatter_kernel(a: torch.Tensor, b: torch.Tensor, world: int) ->
 def _all_gather_gemm_kernel(a_shard: torch.Tensor, b: torch.Tensor, world: int) -> torch.Tensor:
     _check_world("all_gather_gemm", world)
     return eager_all_gather_gemm(a_shard, b)
+
+
+def _order(event: torch.cuda.Event, before: torch.cuda.Stream, after: torch.cuda.Stream) -> None:
+    """Make ``after`` wait for the work queued so far on ``before`` (``wait_stream`` with a
+    reused event: no new one per call)."""
+    event.record(before)
+    after.wait_event(event)
 
 
 def _marks(timeline: list | None, kind: str, chunk: int, stream: torch.cuda.Stream):
