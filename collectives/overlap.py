@@ -12,6 +12,9 @@ block's copy runs while the next block is multiplied:
 - ``all_gather_gemm``: this rank's own rows first (they need no communication, and hide the
   start: a barrier, the copy of the shard into the workspace, a barrier), while the side
   stream pulls the peers' shards ``rank + 1, rank + 2, ...``; each peer's GEMM follows its pull.
+  :data:`~collectives.config.OVERLAP_START` ``"first"`` launches the start on the current
+  stream before the own GEMM instead (as torch's fused all-gather matmul): exposed, but no
+  pull then waits for a barrier kernel dispatched behind a GEMM that holds every SM.
 
 The side stream forks from the current one at the start of a call and joins it at the end;
 between them each block's producer and consumer are ordered by CUDA events (a stream wait
@@ -60,6 +63,7 @@ from __future__ import annotations
 
 import torch
 
+from . import config
 from .config import Slot
 from .dtypes import DTYPES
 from .errors import CollectiveError
@@ -204,14 +208,21 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
     # gathered[q]: rank q's shard (this rank's own copied in, the peers' pulled from theirs).
     gathered = _workspace(comm, "all_gather_gemm", world * m * k, a_shard.dtype).view(world, m, k)
     owners = comm.ctx.peer_tensors(gathered)
+    start = config.OVERLAP_START
+    if start not in config.OVERLAP_STARTS:
+        raise CollectiveError(f"all_gather_gemm: config.OVERLAP_START is {start!r}, not one of {config.OVERLAP_STARTS}")
     main, side = torch.cuda.current_stream(), comm.stream_flags.side()
     fork, join, *arrived = comm.stream_flags.events(world + 1)
     comm.meet_ranks_on_device("all_gather_gemm: before the barriers (values: rows, K)", [m, k])
-    _order(fork, main, side)
-    with torch.cuda.stream(side):  # before the GEMMs are enqueued (see "Host order" above)
+    if start == "side":
+        _order(fork, main, side)
+    with torch.cuda.stream(side if start == "side" else main):  # before the GEMMs (see "Host order" above)
         barrier(group=comm)  # every rank's previous call has read its block
         gathered[rank].copy_(a_shard)
         barrier(group=comm)  # every rank's block is in place
+    if start == "first":
+        _order(fork, main, side)  # the pulls follow the start
+    with torch.cuda.stream(side):
         for q, event in zip(peer_order(world, rank), arrived):
             marks = _marks(timeline, "comm", q, side)
             gathered[q].copy_(owners[q][q])
@@ -219,7 +230,7 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
             event.record(side)
     comm.meet_ranks_on_device("all_gather_gemm: barriers launched (values: rows, K)", [m, k])
     marks = _marks(timeline, "gemm", -1, main)
-    torch.mm(a_shard, b, out=out[rank * m:(rank + 1) * m])  # hides the barriers and the first pull
+    torch.mm(a_shard, b, out=out[rank * m:(rank + 1) * m])  # hides the first pull (start "side": the start too)
     _close(marks, main)
     for q, event in zip(peer_order(world, rank), arrived):
         main.wait_event(event)

@@ -274,8 +274,10 @@ def small_ints(salt: int, rows: int, cols: int) -> torch.Tensor:
     return ((i * 7919 + salt * 97) % 5 - 2).to(torch.float16).view(rows, cols)
 
 
+@pytest.mark.parametrize("start", ["side", "first"])
 @pytest.mark.parametrize("world", [1, 2, 4])
-def test_every_rank_gets_its_rows_of_the_sum_and_the_gathered_product(on_cpu, monkeypatch, world: int) -> None:
+def test_every_rank_gets_its_rows_of_the_sum_and_the_gathered_product(on_cpu, monkeypatch, world: int,
+                                                                      start: str) -> None:
     """W ranks as threads, each barrier a thread barrier: twice in a row (the workspaces
     reused), gemm_reduce_scatter gives each rank its rows of sum_r a_r @ b_r and all_gather_gemm
     concat_r(shard_r) @ b, exactly; what each rank pushes, pulls and sums is addressed right."""
@@ -283,6 +285,9 @@ def test_every_rank_gets_its_rows_of_the_sum_and_the_gathered_product(on_cpu, mo
 
     import collectives.api
 
+    from collectives import config
+
+    monkeypatch.setattr(config, "OVERLAP_START", start)
     m, k, n = 3, 8, 5
     workspaces = [{} for _ in range(world)]
     ranks = [_Rank(world, r, workspaces) for r in range(world)]
@@ -372,7 +377,8 @@ def test_no_rank_runs_a_gemm_while_another_may_still_launch_a_collective(on_cpu,
         since_meeting.add(event)
 
 
-def test_an_eager_call_makes_no_cuda_object_and_launches_only_its_work(on_cpu, monkeypatch) -> None:
+@pytest.mark.parametrize("start", ["side", "first"])
+def test_an_eager_call_makes_no_cuda_object_and_launches_only_its_work(on_cpu, monkeypatch, start: str) -> None:
     """The eager host path of a GEMM-overlap call (issue 53: 740-906 us per call on 4 x H100 at
     4096, against 304 for torch.mm + NCCL): after the first call, no CUDA event or stream is
     made (a ``wait_stream`` makes an event; the fork, join and per-block events are the
@@ -383,7 +389,9 @@ def test_an_eager_call_makes_no_cuda_object_and_launches_only_its_work(on_cpu, m
     import types
 
     import collectives.api
+    from collectives import config
 
+    monkeypatch.setattr(config, "OVERLAP_START", start)
     made: collections.Counter = collections.Counter()
     world, rank = 4, 1
     comm = _recorded(monkeypatch, [], world, rank)
@@ -414,6 +422,28 @@ def test_an_eager_call_makes_no_cuda_object_and_launches_only_its_work(on_cpu, m
         made.clear()
         call()
         assert dict(made) == expect[name], (name, dict(made))
+
+
+@pytest.mark.parametrize("start", ["side", "first"])
+def test_the_all_gather_start_goes_where_the_knob_says_before_any_gemm(on_cpu, monkeypatch, start: str) -> None:
+    """``OVERLAP_START``: the start (barrier, shard copy, barrier) on the side stream or the
+    current one, before the own GEMM either way; the pulls on the side stream; another value
+    is refused before anything is launched."""
+    from collectives import config
+
+    events: list[str] = []
+    comm = _recorded(monkeypatch, events, 2, rank=0)
+    a, b = torch.zeros(8, 16, dtype=torch.float16), torch.zeros(16, 32, dtype=torch.float16)
+    monkeypatch.setattr(config, "OVERLAP_START", start)
+    overlap._all_gather_gemm_on(comm, a, b, None, None)
+    stream = "side" if start == "side" else "main"
+    assert [e for e in events if e != "meet"][:4] == [f"launch@{stream}", f"copy@{stream}", f"launch@{stream}",
+                                                       "copy@side"], events
+    monkeypatch.setattr(config, "OVERLAP_START", "sideways")
+    events.clear()
+    with pytest.raises(CollectiveError, match="OVERLAP_START"):
+        overlap._all_gather_gemm_on(comm, a, b, None, None)
+    assert events == []
 
 
 @pytest.mark.parametrize("algorithm, knob, value, expect", [
