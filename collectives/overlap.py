@@ -24,10 +24,12 @@ across GPUs the collectives' ptxops barriers (bounded waits) order everything.
 Host order: eagerly, a collective launched on another stream than the communicator's previous
 one first makes its stream wait for all the work queued so far on that stream
 (:func:`collectives.algorithms.plan.follow`: a communicator's collectives run one at a time).
-So the side stream's barriers are launched before the GEMMs are enqueued on the current stream
-(the reduce-scatter's end barrier goes on the current stream, after the join): launched after
-them, the side stream would wait for every GEMM of the call, and the communication would follow
-the GEMMs instead of running beside them.
+So the side stream's start barriers are launched before the GEMMs are enqueued on the current
+stream: launched after them, the side stream would wait for every GEMM of the call, and the
+communication would follow the GEMMs instead of running beside them.  The reduce-scatter's end
+barrier follows the GEMMs on the side stream, the stream of the call's previous launch (so
+``follow`` orders nothing; on the current stream it would cost two orders per call); the
+current stream joins after it.
 
 Forward progress: every event is recorded (on the other stream) before the wait on it is
 queued (a wait on an event not yet recorded would not wait at all), and nothing on either stream spins but the barriers, whose ranks all launch them.
@@ -167,10 +169,11 @@ def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None
             marks = _marks(timeline, "comm", d, side)
             owners[d][rank].copy_(sent[d])
             _close(marks, side)
-    _order(join, side, main)
     comm.meet_ranks_on_device("gemm_reduce_scatter: GEMMs enqueued (values: rows, N)", [rows, n])
-    barrier(group=comm)  # every rank's pushes have landed
+    with torch.cuda.stream(side):  # (the start barrier's stream: see "Host order" above)
+        barrier(group=comm)  # every rank's pushes have landed
     comm.meet_ranks_on_device("gemm_reduce_scatter: end barrier launched (values: rows, N)", [rows, n])
+    _order(join, side, main)
     torch.sum(received, dim=0, out=out)
     return out
 
