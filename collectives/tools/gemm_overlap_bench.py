@@ -18,7 +18,7 @@ M x N.  Per shape, op and mode (eager calls, CUDA-graph replays; slowest rank's 
   ``--comm-priority`` P (a side stream of CUDA priority P: 0 the default, -1..-5 higher);
 - ``ours_<variant>`` for every ``--variants`` entry, run in the same call: ``first``
   (:data:`~collectives.config.OVERLAP_START` ``"first"``: the all-gather's start on the current
-  stream before the own GEMM), ``carve<N>`` (cuBLAS told to leave N SMs free during our GEMMs,
+  stream before the own GEMM; all_gather_gemm only), ``carve<N>`` (cuBLAS told to leave N SMs free during our GEMMs,
   ``torch._C._set_sm_carveout_experimental``), or both joined by ``+``;
 - ``mm_nccl`` (chunks 1) and ``torch_fused`` (chunks 0: its own) baselines; a baseline that
   raises is skipped with its reason, never the run.
@@ -202,6 +202,8 @@ def main(argv: list[str] | None = None) -> None:
                         _line(rank, op, mode, m, n, variant(priority), world, us, alone, best)
                     comm.stream_flags.use_side(default_side)
                     for v in variants:
+                        if op != "all_gather_gemm" and "first" in v.split("+"):
+                            continue  # (the start is the all-gather's: the reduce-scatter would repeat a row)
                         with applied(v):
                             us = rec.ours(timed(ours), impl=f"ours_{v}", chunks=world, **row)
                             collectives.synchronize()
