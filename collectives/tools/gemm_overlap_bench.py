@@ -89,19 +89,23 @@ def applied(variant: str) -> Iterator[None]:
     ``""``: the library's defaults) inside; the defaults restored after."""
     from .. import config
 
-    start, carveout = config.OVERLAP_START, torch._C._get_sm_carveout_experimental()
+    carving = hasattr(torch._C, "_set_sm_carveout_experimental")
+    start, carveout = config.OVERLAP_START, torch._C._get_sm_carveout_experimental() if carving else None
     try:
         for part in filter(None, variant.split("+")):
             if part == "first":
                 config.OVERLAP_START = "first"
             elif part.startswith("carve") and part[5:].isdigit():
+                if not carving:
+                    raise ValueError(f"variant {part!r}: this torch has no torch._C._set_sm_carveout_experimental")
                 torch._C._set_sm_carveout_experimental(int(part[5:]))
             else:
                 raise ValueError(f"unknown variant {part!r} (first, carve<N>)")
         yield
     finally:
         config.OVERLAP_START = start
-        torch._C._set_sm_carveout_experimental(carveout)
+        if carving:
+            torch._C._set_sm_carveout_experimental(carveout)
 
 
 def main(argv: list[str] | None = None) -> None:
