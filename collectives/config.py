@@ -93,6 +93,16 @@ assert CALL_EPOCHS > PUSH_EPOCHS and CALL_EPOCHS & (CALL_EPOCHS - 1) == 0
 PDL = True
 
 
+#: Where ``all_gather_gemm`` launches its start (two barriers around the copy of the shard into
+#: the workspace): ``"side"`` on the side stream beside this rank's own GEMM, which hides it
+#: where the GPU runs the barrier kernels first, but a barrier dispatched after that GEMM's
+#: blocks (in a graph, two independent nodes) waits for it to drain, and every pull with it;
+#: ``"first"`` on the current stream before the own GEMM (as torch's fused all-gather matmul):
+#: the start is exposed, and no pull waits for a GEMM (:mod:`collectives.overlap`).
+OVERLAP_STARTS = ("side", "first")
+OVERLAP_START = "side"
+
+
 #: Slots of a communicator's stream flags (:meth:`collectives.runtime.stream_flags.StreamFlags.post`;
 #: the GEMM-overlap functions use none).
 FLAG_SLOTS = 32

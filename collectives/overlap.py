@@ -12,6 +12,9 @@ block's copy runs while the next block is multiplied:
 - ``all_gather_gemm``: this rank's own rows first (they need no communication, and hide the
   start: a barrier, the copy of the shard into the workspace, a barrier), while the side
   stream pulls the peers' shards ``rank + 1, rank + 2, ...``; each peer's GEMM follows its pull.
+  :data:`~collectives.config.OVERLAP_START` ``"first"`` launches the start on the current
+  stream before the own GEMM instead (as torch's fused all-gather matmul): exposed, but no
+  pull then waits for a barrier kernel dispatched behind a GEMM that holds every SM.
 
 The side stream forks from the current one at the start of a call and joins it at the end;
 between them each block's producer and consumer are ordered by CUDA events (a stream wait
@@ -21,10 +24,12 @@ across GPUs the collectives' ptxops barriers (bounded waits) order everything.
 Host order: eagerly, a collective launched on another stream than the communicator's previous
 one first makes its stream wait for all the work queued so far on that stream
 (:func:`collectives.algorithms.plan.follow`: a communicator's collectives run one at a time).
-So the side stream's barriers are launched before the GEMMs are enqueued on the current stream
-(the reduce-scatter's end barrier goes on the current stream, after the join): launched after
-them, the side stream would wait for every GEMM of the call, and the communication would follow
-the GEMMs instead of running beside them.
+So the side stream's start barriers are launched before the GEMMs are enqueued on the current
+stream: launched after them, the side stream would wait for every GEMM of the call, and the
+communication would follow the GEMMs instead of running beside them.  The reduce-scatter's end
+barrier follows the GEMMs on the side stream, the stream of the call's previous launch (so
+``follow`` orders nothing; on the current stream it would cost two orders per call); the
+current stream joins after it.
 
 Forward progress: every event is recorded (on the other stream) before the wait on it is
 queued (a wait on an event not yet recorded would not wait at all), and nothing on either stream spins but the barriers, whose ranks all launch them.
@@ -60,6 +65,7 @@ from __future__ import annotations
 
 import torch
 
+from . import config
 from .config import Slot
 from .dtypes import DTYPES
 from .errors import CollectiveError
@@ -143,18 +149,17 @@ def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None
     sent = torch.empty_like(received)
     owners = comm.ctx.peer_tensors(received)
     main, side = torch.cuda.current_stream(), comm.stream_flags.side()
+    fork, join, *done = comm.stream_flags.events(world + 1)
     comm.meet_ranks_on_device("gemm_reduce_scatter: before the start barrier (values: rows, N)", [rows, n])
-    side.wait_stream(main)
+    _order(fork, main, side)
     with torch.cuda.stream(side):  # before the GEMMs are enqueued (see "Host order" above)
         barrier(group=comm)  # every rank's previous call has summed its received blocks
     comm.meet_ranks_on_device("gemm_reduce_scatter: start barrier launched (values: rows, N)", [rows, n])
-    done = []
-    for d in peer_order(world, rank):
+    for d, event in zip(peer_order(world, rank), done):
         marks = _marks(timeline, "gemm", d, main)
         torch.mm(a[d * m:(d + 1) * m], b, out=sent[d])
         _close(marks, main)
-        done.append(torch.cuda.Event())
-        done[-1].record(main)
+        event.record(main)
     marks = _marks(timeline, "gemm", -1, main)
     torch.mm(a[rank * m:(rank + 1) * m], b, out=received[rank])  # hides the last push
     _close(marks, main)
@@ -164,10 +169,11 @@ def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None
             marks = _marks(timeline, "comm", d, side)
             owners[d][rank].copy_(sent[d])
             _close(marks, side)
-    main.wait_stream(side)
     comm.meet_ranks_on_device("gemm_reduce_scatter: GEMMs enqueued (values: rows, N)", [rows, n])
-    barrier(group=comm)  # every rank's pushes have landed
+    with torch.cuda.stream(side):  # (the start barrier's stream: see "Host order" above)
+        barrier(group=comm)  # every rank's pushes have landed
     comm.meet_ranks_on_device("gemm_reduce_scatter: end barrier launched (values: rows, N)", [rows, n])
+    _order(join, side, main)
     torch.sum(received, dim=0, out=out)
     return out
 
@@ -205,30 +211,36 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
     # gathered[q]: rank q's shard (this rank's own copied in, the peers' pulled from theirs).
     gathered = _workspace(comm, "all_gather_gemm", world * m * k, a_shard.dtype).view(world, m, k)
     owners = comm.ctx.peer_tensors(gathered)
+    start = config.OVERLAP_START
+    if start not in config.OVERLAP_STARTS:
+        raise CollectiveError(f"all_gather_gemm: config.OVERLAP_START is {start!r}, not one of {config.OVERLAP_STARTS}")
     main, side = torch.cuda.current_stream(), comm.stream_flags.side()
+    fork, join, *arrived = comm.stream_flags.events(world + 1)
     comm.meet_ranks_on_device("all_gather_gemm: before the barriers (values: rows, K)", [m, k])
-    side.wait_stream(main)
-    arrived = []
-    with torch.cuda.stream(side):  # before the GEMMs are enqueued (see "Host order" above)
+    if start == "side":
+        _order(fork, main, side)
+    with torch.cuda.stream(side if start == "side" else main):  # before the GEMMs (see "Host order" above)
         barrier(group=comm)  # every rank's previous call has read its block
         gathered[rank].copy_(a_shard)
         barrier(group=comm)  # every rank's block is in place
-        for q in peer_order(world, rank):
+    if start == "first":
+        _order(fork, main, side)  # the pulls follow the start
+    with torch.cuda.stream(side):
+        for q, event in zip(peer_order(world, rank), arrived):
             marks = _marks(timeline, "comm", q, side)
             gathered[q].copy_(owners[q][q])
             _close(marks, side)
-            arrived.append(torch.cuda.Event())
-            arrived[-1].record(side)
+            event.record(side)
     comm.meet_ranks_on_device("all_gather_gemm: barriers launched (values: rows, K)", [m, k])
     marks = _marks(timeline, "gemm", -1, main)
-    torch.mm(a_shard, b, out=out[rank * m:(rank + 1) * m])  # hides the barriers and the first pull
+    torch.mm(a_shard, b, out=out[rank * m:(rank + 1) * m])  # hides the first pull (start "side": the start too)
     _close(marks, main)
     for q, event in zip(peer_order(world, rank), arrived):
         main.wait_event(event)
         marks = _marks(timeline, "gemm", q, main)
         torch.mm(gathered[q], b, out=out[q * m:(q + 1) * m])
         _close(marks, main)
-    main.wait_stream(side)
+    _order(join, side, main)
     return out
 
 
@@ -256,6 +268,13 @@ def _gemm_reduce_scatter_kernel(a: torch.Tensor, b: torch.Tensor, world: int) ->
 def _all_gather_gemm_kernel(a_shard: torch.Tensor, b: torch.Tensor, world: int) -> torch.Tensor:
     _check_world("all_gather_gemm", world)
     return eager_all_gather_gemm(a_shard, b)
+
+
+def _order(event: torch.cuda.Event, before: torch.cuda.Stream, after: torch.cuda.Stream) -> None:
+    """Make ``after`` wait for the work queued so far on ``before`` (``wait_stream`` with a
+    reused event: no new one per call)."""
+    event.record(before)
+    after.wait_event(event)
 
 
 def _marks(timeline: list | None, kind: str, chunk: int, stream: torch.cuda.Stream):

@@ -31,6 +31,7 @@ class StreamFlags:
         # Row 0 counts each slot's posts, row 1 the posts its consumer took.
         self.flags = torch.zeros((2, FLAG_SLOTS), dtype=torch.int32, device=device)
         self._side: torch.cuda.Stream | None = None
+        self._events: list[torch.cuda.Event] = []
 
     def post(self, index: int) -> None:
         """Post flag slot ``index`` on the current stream: a one-thread kernel whose
@@ -52,6 +53,15 @@ class StreamFlags:
         posted = self.flags.data_ptr()
         self.kernel(kind)(posted, posted + 4 * FLAG_SLOTS, index, self.record.error.data_ptr(), self.rank,
                           int(self.record.timeout_s * 1e9), self.stream(self.device))
+
+    def events(self, count: int) -> list[torch.cuda.Event]:
+        """``count`` CUDA events of this GPU, made once and reused by every GEMM-overlap call (its
+        fork, per-block and join events): a stream's wait binds to the event's last record
+        before it, so a later call's records leave the waits already queued as they were.
+        Eagerly a new event per wait costs host time on every call (``wait_stream`` makes one)."""
+        while len(self._events) < count:
+            self._events.append(torch.cuda.Event())
+        return self._events[:count]
 
     def rematch(self) -> None:
         """After a flag wait timed out (taking nothing): once this rank's queued work is done on

@@ -2,7 +2,7 @@
 back to back vs ``torch.ops.symm_mem``'s fused ops (where this torch has them).
 
     torchrun --nproc-per-node 4 -m collectives.tools.gemm_overlap_bench [--shapes 4096x4096,16384x8192]
-        [--comm-priority 0] [--no-graph] [--out DIR]
+        [--variants first,carve16,first+carve16] [--comm-priority 0] [--no-graph] [--no-host] [--out DIR]
 
 Shapes are ``MxN`` with K = N, bf16 (tensor-parallel layers).  gemm_reduce_scatter: each rank's
 ``a`` is M x K, the output M/W x N; all_gather_gemm: each rank's shard is M/W x K, the output
@@ -16,8 +16,16 @@ M x N.  Per shape, op and mode (eager calls, CUDA-graph replays; slowest rank's 
 - ``ours`` (chunks W): as the library runs it (its side stream of
   :data:`~collectives.runtime.stream_flags.SIDE_PRIORITY`), and ``ours_prioP`` for every
   ``--comm-priority`` P (a side stream of CUDA priority P: 0 the default, -1..-5 higher);
+- ``ours_<variant>`` for every ``--variants`` entry, run in the same call: ``first``
+  (:data:`~collectives.config.OVERLAP_START` ``"first"``: the all-gather's start on the current
+  stream before the own GEMM; all_gather_gemm only), ``carve<N>`` (cuBLAS told to leave N SMs free during our GEMMs,
+  ``torch._C._set_sm_carveout_experimental``), or both joined by ``+``;
 - ``mm_nccl`` (chunks 1) and ``torch_fused`` (chunks 0: its own) baselines; a baseline that
   raises is skipped with its reason, never the run.
+
+Modes: ``eager`` and ``graph`` (GPU time per call), and ``host`` (unless ``--no-host``): the host's
+time per eager call (:func:`collectives.tools.host_time.host_us`, ``--iters`` calls, fewer
+launches than the GPU's queue holds), which says whether an eager row is the host's.
 
 Rank 0 prints every row against the GEMM alone and the baselines; ``--out DIR`` writes
 ``DIR/gemm-overlap-<device>.json`` (records: op, impl, M, N, K, chunks, mode, us).  NVLink
@@ -27,7 +35,8 @@ multicast stays off.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from ..symmetric.capability import force_multicast_off
 
@@ -38,6 +47,7 @@ import torch.distributed as dist  # noqa: E402
 
 from .. import overlap  # noqa: E402
 from .bench import time_op  # noqa: E402
+from .host_time import host_us  # noqa: E402
 from .records import Recorder  # noqa: E402
 
 SHAPES = "4096x4096,4096x8192,16384x4096,16384x8192"
@@ -73,6 +83,31 @@ def gemm_chunked(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, w
     return run
 
 
+@contextmanager
+def applied(variant: str) -> Iterator[None]:
+    """Our overlap set up as ``variant`` (``"first"``, ``"carve<N>"``, or both joined by ``+``;
+    ``""``: the library's defaults) inside; the defaults restored after."""
+    from .. import config
+
+    carving = hasattr(torch._C, "_set_sm_carveout_experimental")
+    start, carveout = config.OVERLAP_START, torch._C._get_sm_carveout_experimental() if carving else None
+    try:
+        for part in filter(None, variant.split("+")):
+            if part == "first":
+                config.OVERLAP_START = "first"
+            elif part.startswith("carve") and part[5:].isdigit():
+                if not carving:
+                    raise ValueError(f"variant {part!r}: this torch has no torch._C._set_sm_carveout_experimental")
+                torch._C._set_sm_carveout_experimental(int(part[5:]))
+            else:
+                raise ValueError(f"unknown variant {part!r} (first, carve<N>)")
+        yield
+    finally:
+        config.OVERLAP_START = start
+        if carving:
+            torch._C._set_sm_carveout_experimental(carveout)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m collectives.tools.gemm_overlap_bench", description=__doc__)
     parser.add_argument("--shapes", default=SHAPES)
@@ -80,7 +115,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--comm-priority", default="",
                         help="comma-separated CUDA priorities of the communication stream to time besides the "
                              "library's (0: default; lower: higher)")
+    parser.add_argument("--variants", default="first,carve16,first+carve16",
+                        help="comma-separated variants of ours to time besides the library's (first, carve<N>, "
+                             "joined by +; empty: none)")
     parser.add_argument("--no-graph", action="store_true")
+    parser.add_argument("--no-host", action="store_true", help="skip the host time per eager call")
     parser.add_argument("--out", help="write DIR/gemm-overlap-<device>.json")
     args = parser.parse_args(argv)
 
@@ -99,7 +138,11 @@ def main(argv: list[str] | None = None) -> None:
     except Exception:  # noqa: BLE001 (absent or not needed in this torch)
         pass
     priorities = [int(p) for p in args.comm_priority.split(",") if p]
-    modes = ["eager"] if args.no_graph else ["eager", "graph"]
+    variants = [v for v in args.variants.split(",") if v]
+    for v in variants:  # (an unknown variant fails here, before any timing)
+        with applied(v):
+            pass
+    modes = ["eager"] + ([] if args.no_graph else ["graph"]) + ([] if args.no_host else ["host"])
     rec = Recorder("gemm-overlap", FIELDS, all_ranks_agree(), rank, column=("op", "impl", "mode"))
     default_side = comm.stream_flags.side()
     side_streams = {None: default_side} | {p: torch.cuda.Stream(priority=p) for p in priorities}
@@ -140,6 +183,8 @@ def main(argv: list[str] | None = None) -> None:
                     row = dict(op=op, M=m, N=n, K=k, mode=mode)
 
                     def timed(fn: Callable[[], object]) -> Callable[[], float]:
+                        if mode == "host":
+                            return lambda: host_us(lambda: [fn] * args.iters)
                         return lambda: time_op(fn, args.iters, graph)
 
                     base = [rec.baseline(timed(baseline), impl="mm_nccl", chunks=1, **row)]
@@ -159,6 +204,14 @@ def main(argv: list[str] | None = None) -> None:
                         us = rec.ours(timed(ours), impl=variant(priority), chunks=world, **row)
                         collectives.synchronize()
                         _line(rank, op, mode, m, n, variant(priority), world, us, alone, best)
+                    comm.stream_flags.use_side(default_side)
+                    for v in variants:
+                        if op != "all_gather_gemm" and "first" in v.split("+"):
+                            continue  # (the start is the all-gather's: the reduce-scatter would repeat a row)
+                        with applied(v):
+                            us = rec.ours(timed(ours), impl=f"ours_{v}", chunks=world, **row)
+                            collectives.synchronize()
+                        _line(rank, op, mode, m, n, f"ours_{v}", world, us, alone, best)
                     for impl, t in zip(("mm_nccl", "torch_fused"), base):
                         if t is not None:
                             _line(rank, op, mode, m, n, impl, 0, t, None, best)

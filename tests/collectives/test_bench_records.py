@@ -277,3 +277,36 @@ def test_the_timeline_of_one_call_is_rendered_with_what_shows_beyond_the_gemms()
     rows = [line for line in text.splitlines() if line.startswith("| gemm") or line.startswith("| comm")]
     assert [r.split(" | ")[0:2] for r in rows] == [["| gemm", "0"], ["| gemm", "1"], ["| comm", "0"], ["| comm", "1"]]
     assert "## 4 x H200 (4xH200)" in text and "Nowhere" in text
+
+
+def test_the_gemm_overlap_variants_set_their_knobs_inside_and_restore_them() -> None:
+    """``gemm_overlap_bench --variants``: ``first`` sets the all-gather's start, ``carve<N>`` the
+    SM carveout cuBLAS gets, both joined by ``+``; the defaults come back after, and an unknown
+    variant is refused."""
+    import torch
+
+    from collectives import config
+    from collectives.tools.gemm_overlap_bench import applied
+
+    before = (config.OVERLAP_START, torch._C._get_sm_carveout_experimental())
+    with applied("first+carve16"):
+        assert (config.OVERLAP_START, torch._C._get_sm_carveout_experimental()) == ("first", 16)
+    assert (config.OVERLAP_START, torch._C._get_sm_carveout_experimental()) == before
+    with applied("carve8"):
+        assert (config.OVERLAP_START, torch._C._get_sm_carveout_experimental()) == (before[0], 8)
+    with pytest.raises(ValueError, match="unknown variant"), applied("first+ce"):
+        pass
+    assert (config.OVERLAP_START, torch._C._get_sm_carveout_experimental()) == before
+
+
+def test_host_time_rows_of_the_gemm_overlap_are_no_loss() -> None:
+    """``gemm_overlap_bench``'s ``host`` rows (host time per eager call) explain an eager row;
+    a baseline enqueued faster than ours is not a loss of its own."""
+    def record(impl: str, mode: str, us: float) -> dict:
+        return dict(zip(("op", "impl", "M", "N", "K", "chunks", "mode", "us"),
+                        ("all_gather_gemm", impl, 4096, 4096, 4096, 4, mode, us)))
+
+    run = {"results": [record("ours", "host", 90.0), record("mm_nccl", "host", 30.0),
+                       record("ours", "eager", 300.0), record("mm_nccl", "eager", 290.0)]}
+    assert [line.split(":")[0] for _, line in bench_report.gemm_losses(run)] == [
+        "all_gather_gemm, M = 4096, N = K = 4096, eager"]

@@ -60,11 +60,14 @@ def test_gemm_reduce_scatter_is_exact(comm, dtype: str, shape: tuple[int, int, i
     assert np.array_equal(out.float().cpu().numpy(), want_reduce_scatter(world, rank, list(range(world)), shape, dtype))
 
 
+@pytest.mark.parametrize("start", ["side", "first"])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", list(KINDS))
-def test_all_gather_gemm_is_exact(comm, dtype: str, shape: tuple[int, int, int]) -> None:
+def test_all_gather_gemm_is_exact(comm, monkeypatch, dtype: str, shape: tuple[int, int, int], start: str) -> None:
     import collectives
+    from collectives import config
 
+    monkeypatch.setattr(config, "OVERLAP_START", start)  # (collectives.config.OVERLAP_START)
     m, k, n = shape
     shards = [small_ints(r, m, k, dtype) for r in range(comm.world)]
     b = small_ints(100, k, n, dtype)
@@ -92,11 +95,14 @@ def test_random_inputs_match_matmul(comm, dtype: str) -> None:
     assert torch.allclose(gathered.float(), full.float(), rtol=2**-5, atol=2**-4)
 
 
-def test_cuda_graph_replay(comm) -> None:
+@pytest.mark.parametrize("start", ["side", "first"])
+def test_cuda_graph_replay(comm, monkeypatch, start: str) -> None:
     """Graph replays and eager calls of the same calls, interleaved: exact every round (the
-    events between the streams and the barriers were captured)."""
+    events between the streams and the barriers were captured); either all-gather start."""
     import collectives
+    from collectives import config
 
+    monkeypatch.setattr(config, "OVERLAP_START", start)
     world, m, k, n = comm.world, 64, 64, 256
     a = torch.empty(world * m, k, dtype=torch.bfloat16, device="cuda")
     b = small_ints(7 + comm.rank, k, n, "bf16")
