@@ -38,6 +38,9 @@ class FakeTensor:
     def storage_offset(self) -> int:
         return 0
 
+    def get_device(self) -> int:
+        return self.device.index
+
     def numel(self) -> int:
         return self._numel
 
@@ -157,10 +160,10 @@ class FakeComm(Communicator):
 def install(monkeypatch, comm: FakeComm, capturing: list[bool]) -> None:
     """Make the API use ``comm``, and CUDA-graph capture be on while ``capturing[0]``."""
     from collectives import api, overlap
-    from collectives.algorithms import plan
+    from collectives.algorithms import lamport, plan
 
     monkeypatch.setattr(api, "communicator", lambda group=None: comm)
     monkeypatch.setattr(overlap, "communicator", lambda group=None: comm)
     monkeypatch.setattr(api, "_capturing", lambda: capturing[0])
-    monkeypatch.setattr(plan, "capturing", lambda: capturing[0])
+    monkeypatch.setattr(lamport, "capturing", lambda: capturing[0])  # (its buffers' first barrier)
     monkeypatch.setattr(plan, "current_stream", lambda device: 0)
