@@ -164,6 +164,14 @@ def install(monkeypatch, comm: FakeComm, capturing: list[bool]) -> None:
 
     monkeypatch.setattr(api, "communicator", lambda group=None: comm)
     monkeypatch.setattr(overlap, "communicator", lambda group=None: comm)
-    monkeypatch.setattr(api, "_capturing", lambda: capturing[0])
-    monkeypatch.setattr(lamport, "capturing", lambda: capturing[0])  # (its buffers' first barrier)
+
+    def capturing_now() -> bool:
+        """The stand-in of :func:`collectives.algorithms.plan.capturing` wherever a call asks it
+        (plan.py too, which asks nothing today: an ask put back there is counted by the
+        host-path guard, ``tests/collectives/runtime/test_host_path.py``)."""
+        return capturing[0]
+
+    monkeypatch.setattr(api, "_capturing", capturing_now)
+    monkeypatch.setattr(plan, "capturing", capturing_now)
+    monkeypatch.setattr(lamport, "capturing", capturing_now)  # (its buffers' first barrier)
     monkeypatch.setattr(plan, "current_stream", lambda device: 0)
