@@ -60,8 +60,9 @@ def barrier(backend: str = "auto", *, group: Group = None) -> None:
         traceable(group, "barrier")
         return torch_ops.traced_barrier(backend)
     comm = _begin(group)
-    comm.barrier(backend)  # (the communicator's own plan: algorithms need a barrier too)
-    comm.errors.finish()
+    comm.barrier(backend, _capturing())  # (the communicator's own plan: algorithms need a barrier too)
+    if comm.errors.deferred is not None:
+        comm.errors.finish()
 
 
 def all_reduce(
@@ -97,7 +98,7 @@ def all_reduce(
     key = ("all_reduce", tensor_key(t), None if out is None else tensor_key(out), op, algorithm, backend, capturing,
            config.PDL)
     result = t if out is None else out
-    _launch(comm, key, result, t, algorithm, backend, _all_reduce_call, t, op, backend, out, capturing)
+    _launch(comm, key, capturing, result, t, algorithm, backend, _all_reduce_call, t, op, backend, out, capturing)
     return result
 
 
@@ -124,8 +125,8 @@ def reduce_scatter(
     capturing = _capturing()
     key = ("reduce_scatter", tensor_key(inp), tensor_key(out), op, algorithm, backend, capturing, max_blocks,
            config.PDL)
-    _launch(comm, key, out, inp, algorithm, backend, _block_call, "reduce_scatter", out, inp, op, backend, capturing,
-            max_blocks)
+    _launch(comm, key, capturing, out, inp, algorithm, backend, _block_call, "reduce_scatter", out, inp, op, backend,
+            capturing, max_blocks)
     return out
 
 
@@ -148,8 +149,8 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
         _check_max_blocks("all_gather", max_blocks)
     comm = _begin(group)
     key = ("all_gather", tensor_key(inp), tensor_key(out), algorithm, backend, max_blocks, config.PDL)
-    _launch(comm, key, out, inp, algorithm, backend, _block_call, "all_gather", out, inp, "sum", backend, False,
-            max_blocks)
+    _launch(comm, key, _capturing(), out, inp, algorithm, backend, _block_call, "all_gather", out, inp, "sum", backend,
+            False, max_blocks)
     return out
 
 
@@ -186,7 +187,8 @@ def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits
         return torch_ops.traced_all_to_all(out, inp, out_splits, in_splits)
     comm = _begin(group)
     key = exchange.plan_key(comm, out, inp, out_splits, in_splits, transport)
-    _launch(comm, key, out, inp, "push", "peer", _all_to_all_call, out, inp, out_splits, in_splits, transport)
+    _launch(comm, key, _capturing(), out, inp, "push", "peer", _all_to_all_call, out, inp, out_splits, in_splits,
+            transport)
     return out
 
 
@@ -201,10 +203,13 @@ def _begin(group: Group) -> Communicator:
     return comm
 
 
-def _launch(comm: Communicator, key: tuple, out: torch.Tensor, inp: torch.Tensor, algorithm: str, backend: str,
-            describe: Callable[..., Call | None], *args: Any) -> None:
+def _launch(comm: Communicator, key: tuple, capture: bool, out: torch.Tensor, inp: torch.Tensor, algorithm: str,
+            backend: str, describe: Callable[..., Call | None], *args: Any) -> None:
     """Launch the cached plan of ``key``; on a miss, :func:`_replan`.  Then close the call
-    (raising a deferred error).  A new collective is its public function (``_begin``, its key,
+    (raising a deferred error: :meth:`~collectives.runtime.error_record.ErrorRecord.finish`,
+    entered only where one is deferred).  ``capture``: whether the current stream is capturing
+    a CUDA graph, asked once per call (:func:`~collectives.algorithms.plan.capturing`: the
+    collective's key holds it where its plan depends on it, and the plan's run takes it).  A new collective is its public function (``_begin``, its key,
     ``_launch``) and its describing function (its checks and :class:`Call`, an all-to-all's
     :class:`~collectives.algorithms.all_to_all.AllToAllCall`).
 
@@ -218,8 +223,9 @@ def _launch(comm: Communicator, key: tuple, out: torch.Tensor, inp: torch.Tensor
         plan = _replan(comm, key, out, inp, algorithm, backend, describe, args)
         if plan is None:
             return
-    plan.run()
-    comm.errors.finish()
+    plan.run(capture)
+    if comm.errors.deferred is not None:
+        comm.errors.finish()
 
 
 def _replan(comm: Communicator, key: tuple, out: torch.Tensor, inp: torch.Tensor, algorithm: str, backend: str,
@@ -261,10 +267,10 @@ def _replan(comm: Communicator, key: tuple, out: torch.Tensor, inp: torch.Tensor
             # size mismatch, instead of waiting for a launch that never comes (a fatal timeout).
             # (The all-to-all's kernels meet no barrier: it only raises.)
             if key[0] in COLLECTIVES:
-                comm.barrier(backend if backend in BACKENDS else "auto")
+                comm.barrier(backend if backend in BACKENDS else "auto", _capturing())
             raise
         if plan is None:
-            comm.barrier(backend)
+            comm.barrier(backend, _capturing())
             comm.errors.finish()
             return None
         if facts is not None:

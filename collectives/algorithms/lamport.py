@@ -63,6 +63,7 @@ from ..errors import CollectiveError
 from ..layouts import LAMPORT_EXCHANGE, SIZE_MISMATCH, TIMEOUT, PadLayout
 from .base import Algorithm, Call, capped
 from .key import KernelKey
+from .plan import capturing
 from .protocol import Runtime
 
 
@@ -415,7 +416,7 @@ def receive_buffers(comm: Runtime, element_bytes: int) -> Any:
         widths = {1: (torch.uint8, 0x80), 2: (torch.int16, -(1 << 15)), 4: (torch.int32, -(1 << 31))}
         view, empty = widths[element_bytes]  # -0.0 of the width: an empty slot
         buf.view(view).fill_(empty)
-        comm.barrier()
+        comm.barrier("auto", bool(capturing()))
     return buffers[element_bytes]
 
 

@@ -64,11 +64,13 @@ class Plan:
         """Whether memory an adopted buffer of the plan lay in has been freed."""
         return any(storage.expired() for storage in self.alive)
 
-    def run(self) -> None:
+    def run(self, capture: bool) -> None:
         """Launch on the current stream, after the communicator's last collective
-        (:func:`follow`, where the stream changed).  Under CUDA-graph capture, first pin what
-        the launch uses: the graph replays these addresses for good, whichever call made the
-        plan (an eager warm-up's plan is reused under capture).
+        (:func:`follow`, where the stream changed).  ``capture``: whether the current stream is
+        capturing a CUDA graph (:func:`capturing`, asked once per call by the caller, which
+        keys on it too).  Under capture, first pin what the launch uses: the graph replays these
+        addresses for good, whichever call made the plan (an eager warm-up's plan is reused
+        under capture).
 
         An alternating plan (two ``args``) stages into the communicator's ``turn`` slot, and
         every barriered launch passes the turn on, alternating or not: the ranks' barriered
@@ -81,8 +83,8 @@ class Plan:
         comm = self.comm
         stream = current_stream(self.device)
         if stream != comm.stream:
-            follow(comm, stream)
-        if self.holds and capturing():
+            follow(comm, stream, capture)
+        if capture and self.holds:
             comm.pool.capture(self.holds)
         launch = self.launches[comm.turn] if len(self.launches) > 1 else self.launches[0]
         if self.barriered:
@@ -90,18 +92,18 @@ class Plan:
         launch(stream)
 
 
-def follow(comm: Runtime, stream: int) -> None:
-    """Make ``stream`` the one ``comm``'s next collective launches on.  A communicator's
+def follow(comm: Runtime, stream: int, capture: bool) -> None:
+    """Make ``stream`` (``capture``: whether it is capturing a CUDA graph) the one ``comm``'s
+    next collective launches on.  A communicator's
     collectives must run one at a time: they share its call count and tickets in the signal
     pad, and two running at once (on two streams) would take each other's counts, so that the
     ranks pair different calls.  So, eager, the stream first waits for the one the last
     collective launched on (a CUDA event; once per change of stream).  Where either launch is
     captured into a CUDA graph there is nothing to wait for now: a graph's collectives run when
     it is replayed, and its caller orders a replay with the communicator's other collectives."""
-    now = bool(capturing())
-    if comm.stream is not None and not now and not comm.stream_captured:
+    if comm.stream is not None and not capture and not comm.stream_captured:
         order(comm.device_index, comm.stream, stream)
-    comm.stream, comm.stream_captured = stream, now
+    comm.stream, comm.stream_captured = stream, bool(capture)
 
 
 def order(device: int, before: int, after: int) -> None:

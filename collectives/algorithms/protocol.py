@@ -106,8 +106,9 @@ class Runtime(Protocol):
         """Agree with every rank before a collective allocation a call makes."""
         ...
 
-    def barrier(self, backend: str = "auto") -> None:
-        """Launch a device-side barrier of every rank on the current stream."""
+    def barrier(self, backend: str, capture: bool) -> None:
+        """Launch a device-side barrier of every rank on the current stream (``capture``: whether
+        it is capturing a CUDA graph)."""
         ...
 
     def exchange(self) -> Any:

@@ -168,11 +168,11 @@ class AllToAllPlan(Plan):
         super().__init__(fn, [args], comm, alive=alive)
         self.keep, self.pinned = keep, pinned
 
-    def run(self) -> None:
+    def run(self, capture: bool) -> None:
         """Launch (under capture, first pin the split tensors)."""
-        if self.keep and capturing():
+        if capture and self.keep:
             self.pinned.update((t.data_ptr(), t) for t in self.keep)
-        super().run()
+        super().run(capture)
 
 
 def check_tensors(comm: Runtime, out: torch.Tensor, inp: torch.Tensor) -> str:

@@ -230,11 +230,11 @@ class Communicator:
         return resolve_backend(requested, lambda r: choose_backend(r, self.ctx.caps), self.ctx.backend, dtype, op,
                                lambda: compile_target(self.device_index))
 
-    def barrier(self, backend: str = "auto") -> None:
+    def barrier(self, backend: str, capture: bool) -> None:
         """Launch a device-side barrier of every rank on the current stream (see
-        :func:`collectives.barrier`)."""
+        :func:`collectives.barrier`; ``capture``: as for :meth:`~collectives.algorithms.plan.Plan.run`)."""
         plan = self.plans.get(("barrier", backend, config.PDL))  # (the hit: no further call)
-        (plan or self.barrier_plan(backend)).run()
+        (plan or self.barrier_plan(backend)).run(capture)
 
     def barrier_plan(self, backend: str = "auto") -> Any:
         """The plan of :meth:`barrier` on ``backend``, made (its kernel compiled and loaded) on

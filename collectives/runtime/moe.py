@@ -261,7 +261,7 @@ class Layer:
         """Open a call: order its stream after the last call's (its scratch buffers' last use)."""
         stream = current_stream(self.device_index)
         if stream != self.stream:
-            follow(self, stream)
+            follow(self, stream, capturing())
 
     def launch(self, make: Callable[..., Any], *facts: Any) -> Any:
         """``make(comm, *facts)`` (one of this module's kernel launches, or None), made at the

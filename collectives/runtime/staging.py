@@ -51,7 +51,8 @@ class Holder(Protocol):
 
 def tensor_key(t: torch.Tensor) -> tuple:
     """What a plan and the checks read of a caller's tensor, as a plan-cache key: address,
-    dtype, shape, contiguity, device (its index: None off CUDA).  A hit is a call whose tensors
+    dtype, shape, contiguity, device (``get_device()``: its index, -1 off CUDA; cheaper than
+    ``device.index``, which builds a ``torch.device``).  A hit is a call whose tensors
     passed the same checks (a new tensor at a freed one's address, of another size or dtype,
     misses).  An empty tensor's address is its storage's (:func:`~collectives.symmetric.context.address`):
     ``data_ptr()`` is 0 for every empty view, so 0 rows of one receive buffer would hit the plan
@@ -59,7 +60,7 @@ def tensor_key(t: torch.Tensor) -> tuple:
     with an earlier buffer's allocation id).  (``data_ptr()`` first: no call to
     :func:`~collectives.symmetric.context.address` for a tensor with elements, whose address
     it is; the key is built at every call.)"""
-    return t.data_ptr() or address(t), t.dtype, t.shape, t.is_contiguous(), t.device.index
+    return t.data_ptr() or address(t), t.dtype, t.shape, t.is_contiguous(), t.get_device()
 
 
 class PlanCache:

@@ -38,6 +38,9 @@ class FakeTensor:
     def storage_offset(self) -> int:
         return 0
 
+    def get_device(self) -> int:
+        return self.device.index
+
     def numel(self) -> int:
         return self._numel
 
@@ -157,10 +160,18 @@ class FakeComm(Communicator):
 def install(monkeypatch, comm: FakeComm, capturing: list[bool]) -> None:
     """Make the API use ``comm``, and CUDA-graph capture be on while ``capturing[0]``."""
     from collectives import api, overlap
-    from collectives.algorithms import plan
+    from collectives.algorithms import lamport, plan
 
     monkeypatch.setattr(api, "communicator", lambda group=None: comm)
     monkeypatch.setattr(overlap, "communicator", lambda group=None: comm)
-    monkeypatch.setattr(api, "_capturing", lambda: capturing[0])
-    monkeypatch.setattr(plan, "capturing", lambda: capturing[0])
+
+    def capturing_now() -> bool:
+        """The stand-in of :func:`collectives.algorithms.plan.capturing` wherever a call asks it
+        (plan.py too, which asks nothing today: an ask put back there is counted by the
+        host-path guard, ``tests/collectives/runtime/test_host_path.py``)."""
+        return capturing[0]
+
+    monkeypatch.setattr(api, "_capturing", capturing_now)
+    monkeypatch.setattr(plan, "capturing", capturing_now)
+    monkeypatch.setattr(lamport, "capturing", capturing_now)  # (its buffers' first barrier)
     monkeypatch.setattr(plan, "current_stream", lambda device: 0)

@@ -126,15 +126,13 @@ def test_a_captured_launch_pins_its_split_tensors(monkeypatch: pytest.MonkeyPatc
     it made are kept past the split cache's evictions (once each, however often captured)."""
     comm = FakeComm(FakeHeap(world_size=2))
     install(monkeypatch, comm, [False])
-    monkeypatch.setattr(a2a, "capturing", lambda: False)
     pinned: dict = {}
     splits = (torch.tensor([4, 4]), torch.tensor([2, 6]))
     launch = a2a.AllToAllPlan(lambda *a: None, (), comm, splits, pinned)
-    launch.run()
+    launch.run(False)
     assert pinned == {}  # eager: the launch's own reference is enough
-    monkeypatch.setattr(a2a, "capturing", lambda: True)
-    launch.run()
-    launch.run()
+    launch.run(True)
+    launch.run(True)
     assert sorted(pinned) == sorted(t.data_ptr() for t in splits)
 
 

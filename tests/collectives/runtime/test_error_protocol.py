@@ -85,8 +85,8 @@ def _old_check(self: Communicator) -> None:
     mismatch made this rank's next call reset the Lamport buffers (two barriers around a refill)."""
     if getattr(self, "old_dirty", False):
         self.old_dirty = False
-        self.barrier()
-        self.barrier()
+        self.barrier("auto", False)
+        self.barrier("auto", False)
     record = self.error[RECOVERABLE_RECORD]
     if int(record[0]):
         lamport = int(record[1]) == LAMPORT_EXCHANGE

@@ -20,12 +20,13 @@ from tests.support.fake_comm import FakeComm, FakeHeap, FakeTensor, install  # n
 #: Python calls into collectives/ of one plan-hit call (measured: raise only with a reason).
 #: The all-to-all's (a Plan on the one call path since issue 47): its key reads two tensors and
 #: two lists of splits (plan_key, tensor_key and _splits_key twice, split_values twice) and its
-#: plan's run asks whether a capture is on before the Plan's own run: 15 measured, with list splits.
-HIT_CEILING = {"all_reduce": 8, "reduce_scatter": 9, "all_gather": 9, "barrier": 8, "all_to_all": 15}
+#: plan's run, then the Plan's own run: 14 measured, with list splits.  (Each one less since the
+#: call's end enters ErrorRecord.finish only where an error is deferred.)
+HIT_CEILING = {"all_reduce": 7, "reduce_scatter": 8, "all_gather": 8, "barrier": 7, "all_to_all": 14}
 #: ... of one call on moved tensors: the key misses, the plan of its facts is moved (the moved
 #: plan binds its kernel to each argument tuple once, so that a hit launches without unpacking
 #: them: one call more).
-MOVED_CEILING = {"all_reduce": 20, "reduce_scatter": 21, "all_gather": 21}
+MOVED_CEILING = {"all_reduce": 19, "reduce_scatter": 20, "all_gather": 20}
 #: What only planning does: none of it on either path.
 PLANNING = {"_plan", "_all_reduce_call", "_block_call", "describe", "prepare", "plan", "buffer", "staging", "kernel"}
 
@@ -46,6 +47,16 @@ def test_a_plan_hit_stays_under_its_ceiling_of_python_calls(collective: str) -> 
     assert not PLANNING & set(mine), f"planning on a plan hit: {sorted(PLANNING & set(mine))}"
     assert "_replan" not in mine
     assert sum(mine.values()) <= HIT_CEILING[collective], f"{collective} plan hit: {sorted(mine.items())}"
+
+
+@pytest.mark.parametrize("collective", sorted(HIT_CEILING))
+def test_a_plan_hit_asks_once_whether_a_capture_is_on(collective: str) -> None:
+    """``capturing()`` costs about 0.6 us on an H100 host: a call asks it once (its key needs it)
+    and passes the answer on to the plan's run, which asked it again before issue 50 (all-gather
+    here: its plan holds a staging buffer, as the GPU's staged plans do)."""
+    _, seen = host_path.python_calls(collective)
+    asks = sum(n for (_, name), n in seen.items() if name == "capturing_now")
+    assert asks == 1, f"{collective} plan hit asked capturing() {asks} times"
 
 
 @pytest.mark.parametrize("collective", sorted(MOVED_CEILING))
@@ -139,7 +150,7 @@ def test_a_symmetric_tensors_plan_is_never_moved(monkeypatch, collective: str) -
 #: kernels' argument pack and launch.  Before the layer's state they were 133 and 74: each
 #: kernel prepared again and every all-to-all planned again (its tensors and splits made anew
 #: at each call).
-MOE_CEILING = {"moe.dispatch": 59, "moe.combine": 35}
+MOE_CEILING = {"moe.dispatch": 57, "moe.combine": 34}
 #: Torch operators that launch GPU work in them (the dispatch: both all-to-alls' splits summed
 #: into one scratch buffer; the combine: none, its gather kernel copies the splits).  Before
 #: (to 2026-11-27) the dispatch's were 10: the id mapping, the mask, the sort, the counts, the

@@ -131,7 +131,7 @@ def test_without_graphs_superseded_staging_is_freed(monkeypatch) -> None:
 def _old_plan_rule(monkeypatch) -> None:
     """Before the fix: a plan pinned what it held only when made under capture, and ``run``
     pinned nothing (an eager warm-up's plan reused under capture was never pinned)."""
-    def run(self: Plan) -> None:
+    def run(self: Plan, capture: bool) -> None:
         comm = self.comm
         args = self.args[0] if len(self.args) == 1 else self.args[comm.turn]
         if len(self.args) > 1:

@@ -28,7 +28,7 @@ def launch(comm: SimpleNamespace, kind: str) -> int | None:
     """Run a plan of ``kind`` on ``comm``; the staging slot it used (None: it has none)."""
     used: list[int | None] = []
     args = [(0,), (1,)] if kind == "alternating" else [(None,)]
-    Plan(lambda slot, stream: used.append(slot), args, comm, barriered=kind != "lamport").run()
+    Plan(lambda slot, stream: used.append(slot), args, comm, barriered=kind != "lamport").run(False)
     return used[0]
 
 
