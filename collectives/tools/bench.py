@@ -58,7 +58,7 @@ VARIANT_ALGORITHMS = {
 VARIANT_MIN_BYTES = 16 << 20
 #: ``--sweep``: the all-reduce's push and two_shot at every blocks-per-SM x vectors-per-thread
 #: pair (``_b<blocks>u<unroll>``), one run finding the best for the large sizes.
-SWEEP = {f"_b{b}u{u}": {"BLOCKS_PER_SM": b, "UNROLL": u} for b in (1, 2) for u in (2, 4, 8)}
+SWEEP = {f"_b{b}u{u}": {"BLOCKS_PER_SM": b, "UNROLL": u} for b in (1, 2) for u in (1, 2, 4, 8)}
 SWEEP_ALGORITHMS = ("two_shot", "push")
 #: Every variant suffix's knobs (suffixes are unique).
 KNOBS = {**VARIANTS, **SWEEP}
