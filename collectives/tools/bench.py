@@ -1,6 +1,6 @@
 """Benchmark: ours vs NCCL vs ``torch.ops.symm_mem`` in one run on the same GPUs.
 
-    torchrun --nproc-per-node 4 -m collectives.tools.bench [--dtypes bf16,f32] [--out DIR]
+    torchrun --nproc-per-node 4 -m collectives.tools.bench [--dtypes bf16,f32] [--out DIR] [--sweep]
     python -m collectives.tools.bench --world 2 [--sizes ...]
 
 ``--world W`` runs W ranks as threads on one GPU instead (:mod:`collectives.tools.world_bench`:
@@ -16,7 +16,8 @@ timed on plain tensors and, where this torch and NCCL have them, on symmetric wi
 copy engines (:mod:`collectives.tools.nccl_baselines`); every row is compared with the fastest
 NCCL column.  From :data:`VARIANT_MIN_BYTES` up it also times :data:`VARIANTS` of the
 bandwidth-bound kernels (grid and loads in flight, set through :mod:`collectives.config`'s
-knobs), printed under ``[variants]`` against the defaults.  A baseline column that raises is skipped with its reason (printed, and in the
+knobs), printed under ``[variants]`` against the defaults; ``--sweep`` adds :data:`SWEEP` (the
+large all-reduce's push and two_shot at each blocks-per-SM x vectors-per-thread pair).  A baseline column that raises is skipped with its reason (printed, and in the
 JSON's ``skipped``), never the run.  NVLink multicast stays off: our backend is peer, torch's
 symm_mem runs without multicast, NCCL without NVLS.
 """
@@ -55,6 +56,12 @@ VARIANT_ALGORITHMS = {
     "reduce_scatter": {"_b1": ("one_shot", "push"), "_d2": ("tma",), "_d1": ("tma",), "_u4": ("push",)},
 }
 VARIANT_MIN_BYTES = 16 << 20
+#: ``--sweep``: the all-reduce's push and two_shot at every blocks-per-SM x vectors-per-thread
+#: pair (``_b<blocks>u<unroll>``), one run finding the best for the large sizes.
+SWEEP = {f"_b{b}u{u}": {"BLOCKS_PER_SM": b, "UNROLL": u} for b in (1, 2) for u in (1, 2, 4, 8)}
+SWEEP_ALGORITHMS = ("two_shot", "push")
+#: Every variant suffix's knobs (suffixes are unique).
+KNOBS = {**VARIANTS, **SWEEP}
 
 
 def capture(fn: Callable[[], object], iters: int) -> torch.cuda.CUDAGraph:
@@ -119,9 +126,11 @@ def knobs(comm, values: dict[str, int]) -> Iterator[None]:
 
 
 def bus_bandwidth(collective: str, nbytes: int, world: int, us: float) -> float:
-    """GB/s in nccl-tests' convention (nbytes: per-rank input)."""
-    factor = 2 * (world - 1) / world if collective == "all_reduce" else (world - 1) / world
-    return nbytes * factor / (us * 1e-6) / 1e9
+    """GB/s in nccl-tests' convention (nbytes: per-rank input; the formulas:
+    :func:`collectives.tools.nvlink_limit.bus_bandwidth`)."""
+    from .nvlink_limit import bus_bandwidth as bytes_per_s
+
+    return bytes_per_s(collective, nbytes, world, us * 1e-6) / 1e9
 
 
 def main(argv: list[str] | None = None) -> int | None:
@@ -138,6 +147,8 @@ def main(argv: list[str] | None = None) -> int | None:
     parser.add_argument("--sizes", default=",".join(str(s) for s in SIZES), help="bytes per rank")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--no-graph", action="store_true")
+    parser.add_argument("--sweep", action="store_true",
+                        help="also the large all-reduce's push and two_shot at every SWEEP blocks-per-SM x unroll pair")
     parser.add_argument("--markdown", metavar="BENCH_JSON",
                         help="print the tables of an earlier run's JSON as Markdown, and exit")
     args = parser.parse_args(argv)
@@ -211,8 +222,8 @@ def main(argv: list[str] | None = None) -> int | None:
                     for algorithm in ("one_shot", "two_shot", "tma", "push", "auto"):  # a tensor from torch's allocator
                         rec.ours(timed(lambda a=algorithm: collectives.all_reduce(plain, algorithm=a, backend="peer")),
                                  impl=f"ours_{algorithm}_plain", **ar)
-                    for suffix, algorithm, tensor, placement in variants("all_reduce", nbytes, ours, plain):
-                        with knobs(comm, VARIANTS[suffix]):  # an experiment: a failure skips it, not the run
+                    for suffix, algorithm, tensor, placement in variants("all_reduce", nbytes, ours, plain, args.sweep):
+                        with knobs(comm, KNOBS[suffix]):  # an experiment: a failure skips it, not the run
                             rec.baseline(timed(lambda a=algorithm, t=tensor: collectives.all_reduce(t, algorithm=a,
                                                                                                 backend="peer")),
                                      impl=f"ours_{algorithm}{suffix}{placement}", **ar)
@@ -239,7 +250,7 @@ def main(argv: list[str] | None = None) -> int | None:
                                                                                       backend="peer")),
                                  impl=f"ours_{algorithm}_plain", **rs)
                     for suffix, algorithm, tensor, placement in variants("reduce_scatter", nbytes, ours, plain):
-                        with knobs(comm, VARIANTS[suffix]):  # an experiment: a failure skips it, not the run
+                        with knobs(comm, KNOBS[suffix]):  # an experiment: a failure skips it, not the run
                             rec.baseline(timed(lambda a=algorithm, t=tensor: collectives.reduce_scatter(
                                 rs_out, t, algorithm=a, backend="peer")), impl=f"ours_{algorithm}{suffix}{placement}", **rs)
                     for column in nccl.columns("reduce_scatter"):
@@ -321,14 +332,18 @@ def gather_rows(rec, nccl, dtype_name: str, nbytes: int, mode: str, iters: int) 
 FIELDS = ("collective", "impl", "dtype", "bytes", "mode")
 
 
-def variants(collective: str, nbytes: int, symmetric: object, plain: object) -> list[tuple[str, str, object, str]]:
+def variants(collective: str, nbytes: int, symmetric: object, plain: object,
+             sweep: bool = False) -> list[tuple[str, str, object, str]]:
     """The variants timed for ``collective`` at ``nbytes`` per rank (none below
     :data:`VARIANT_MIN_BYTES`): (suffix, algorithm, tensor, placement suffix) on the symmetric and
-    the plain tensor."""
+    the plain tensor; with ``sweep``, an all-reduce's also every :data:`SWEEP` pair."""
     if nbytes < VARIANT_MIN_BYTES:
         return []
+    table = dict(VARIANT_ALGORITHMS[collective])
+    if sweep and collective == "all_reduce":
+        table.update((suffix, SWEEP_ALGORITHMS) for suffix in SWEEP)
     return [(suffix, algorithm, tensor, placement)
-            for suffix, names in VARIANT_ALGORITHMS[collective].items() for algorithm in names
+            for suffix, names in table.items() for algorithm in names
             for tensor, placement in ((symmetric, ""), (plain, "_plain"))]
 
 
@@ -339,12 +354,12 @@ def variant_lines(results: list[dict]) -> list[str]:
     index = {(r["collective"], r["impl"], r["dtype"], r["bytes"], r["mode"]): r["us"] for r in results}
     lines = []
     for (collective, impl, dtype, nbytes, mode), us in index.items():
-        for suffix in VARIANTS:
+        for suffix in KNOBS:
             base = impl.replace(suffix, "", 1)
             if suffix in impl and base != impl and (collective, base, dtype, nbytes, mode) in index:
                 default = index[(collective, base, dtype, nbytes, mode)]
                 lines.append(f"{collective} {dtype} {mode} {_size(nbytes)}: {impl.removeprefix('ours_')} {us:.1f} us, "
-                             f"default {default:.1f} us (default/variant {default / us:.2f}; {VARIANTS[suffix]})")
+                             f"default {default:.1f} us (default/variant {default / us:.2f}; {KNOBS[suffix]})")
     return lines
 
 

@@ -163,6 +163,24 @@ def test_variants_are_timed_past_their_threshold_and_reported_against_the_defaul
     assert "default/variant 1.50" in line
 
 
+def test_sweep_times_push_and_two_shot_at_every_pair_and_reports_them() -> None:
+    plain = bench.variants("all_reduce", bench.VARIANT_MIN_BYTES, "s", "p")
+    swept = bench.variants("all_reduce", bench.VARIANT_MIN_BYTES, "s", "p", sweep=True)
+    assert set(swept) - set(plain) == {(suffix, a, t, p) for suffix in bench.SWEEP for a in ("two_shot", "push")
+                                       for t, p in (("s", ""), ("p", "_plain"))}
+    assert bench.variants("reduce_scatter", bench.VARIANT_MIN_BYTES, "s", "p", sweep=True) == \
+        bench.variants("reduce_scatter", bench.VARIANT_MIN_BYTES, "s", "p")
+    assert bench.KNOBS["_b1u8"] == {"BLOCKS_PER_SM": 1, "UNROLL": 8}
+    rows = [dict(collective="all_reduce", impl=impl, dtype="bf16", bytes=256 << 20, mode="graph", us=us)
+            for impl, us in (("ours_push", 1160.0), ("ours_push_b1u4", 1000.0))]
+    (line,) = bench.variant_lines(rows)
+    assert "push_b1u4 1000.0 us, default 1160.0 us (default/variant 1.16; {'BLOCKS_PER_SM': 1, 'UNROLL': 4})" in line
+
+
+def test_bus_bandwidth_is_nvlink_limit_s_formula() -> None:
+    assert bench.bus_bandwidth("all_reduce", 256 << 20, 4, 1077.0) == pytest.approx(373.8, abs=0.5)
+
+
 def test_knobs_drop_the_plans_and_restore_the_knobs() -> None:
     from collectives import config
 
