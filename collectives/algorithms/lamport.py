@@ -63,7 +63,6 @@ from ..errors import CollectiveError
 from ..layouts import LAMPORT_EXCHANGE, SIZE_MISMATCH, TIMEOUT, PadLayout
 from .base import Algorithm, Call, capped
 from .key import KernelKey
-from .plan import capturing
 from .protocol import Runtime
 
 
@@ -407,6 +406,8 @@ def receive_buffers(comm: Runtime, element_bytes: int) -> Any:
     buffers = comm.lamport_buffers
     if element_bytes not in buffers:
         import torch
+
+        from .plan import capturing  # torch: not at import (collectives.algorithms imports without it)
 
         if not buffers:
             seed_counts(comm, int(os.environ.get(SEED_CALL_ENV, "0")))

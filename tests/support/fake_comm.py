@@ -160,7 +160,7 @@ class FakeComm(Communicator):
 def install(monkeypatch, comm: FakeComm, capturing: list[bool]) -> None:
     """Make the API use ``comm``, and CUDA-graph capture be on while ``capturing[0]``."""
     from collectives import api, overlap
-    from collectives.algorithms import lamport, plan
+    from collectives.algorithms import plan
 
     monkeypatch.setattr(api, "communicator", lambda group=None: comm)
     monkeypatch.setattr(overlap, "communicator", lambda group=None: comm)
@@ -173,5 +173,4 @@ def install(monkeypatch, comm: FakeComm, capturing: list[bool]) -> None:
 
     monkeypatch.setattr(api, "_capturing", capturing_now)
     monkeypatch.setattr(plan, "capturing", capturing_now)
-    monkeypatch.setattr(lamport, "capturing", capturing_now)  # (its buffers' first barrier)
     monkeypatch.setattr(plan, "current_stream", lambda device: 0)
