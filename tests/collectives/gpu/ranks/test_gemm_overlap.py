@@ -165,7 +165,7 @@ def test_back_to_back_calls_with_changing_shapes_stay_exact(comm) -> None:
             assert torch.equal(got, want), i
 
 
-def test_unposted_flag_wait_times_out_and_the_communicator_stays_usable(comm) -> None:
+def test_unposted_flag_wait_times_out_and_the_communicator_stays_usable(comm, monkeypatch) -> None:
     """A wait whose flag is never posted raises CollectiveTimeout within the (shortened) bound
     instead of hanging; so does one whose post comes only after the bound, after which the
     counts are matched again; then the overlap calls are exact again."""
@@ -193,7 +193,7 @@ def test_unposted_flag_wait_times_out_and_the_communicator_stays_usable(comm) ->
         comm.errors.timeout_s = saved
     comm.ctx.host_barrier()
     test_gemm_reduce_scatter_is_exact(comm, "bf16", SHAPES[0])
-    test_all_gather_gemm_is_exact(comm, "bf16", SHAPES[0])
+    test_all_gather_gemm_is_exact(comm, monkeypatch, "bf16", SHAPES[0], "side")
 
 
 def test_bad_shapes_and_dtypes_are_refused(comm) -> None:
