@@ -2,7 +2,7 @@
 back to back vs ``torch.ops.symm_mem``'s fused ops (where this torch has them).
 
     torchrun --nproc-per-node 4 -m collectives.tools.gemm_overlap_bench [--shapes 4096x4096,16384x8192]
-        [--variants first,carve16,first+carve16] [--comm-priority 0] [--no-graph] [--no-host] [--out DIR]
+        [--variants side,carve16,side+carve16] [--comm-priority 0] [--no-graph] [--no-host] [--out DIR]
 
 Shapes are ``MxN`` with K = N, bf16 (tensor-parallel layers).  gemm_reduce_scatter: each rank's
 ``a`` is M x K, the output M/W x N; all_gather_gemm: each rank's shard is M/W x K, the output
@@ -16,9 +16,10 @@ M x N.  Per shape, op and mode (eager calls, CUDA-graph replays; slowest rank's 
 - ``ours`` (chunks W): as the library runs it (its side stream of
   :data:`~collectives.runtime.stream_flags.SIDE_PRIORITY`), and ``ours_prioP`` for every
   ``--comm-priority`` P (a side stream of CUDA priority P: 0 the default, -1..-5 higher);
-- ``ours_<variant>`` for every ``--variants`` entry, run in the same call: ``first``
-  (:data:`~collectives.config.OVERLAP_START` ``"first"``: the all-gather's start on the current
-  stream before the own GEMM; all_gather_gemm only), ``carve<N>`` (cuBLAS told to leave N SMs free during our GEMMs,
+- ``ours_<variant>`` for every ``--variants`` entry, run in the same call: a start,
+  ``side`` or ``first`` (:data:`~collectives.config.OVERLAP_START`: the all-gather's start on the
+  side stream beside the own GEMM, or on the current stream before it, the default;
+  all_gather_gemm only), ``carve<N>`` (cuBLAS told to leave N SMs free during our GEMMs,
   ``torch._C._set_sm_carveout_experimental``), or both joined by ``+``;
 - ``mm_nccl`` (chunks 1) and ``torch_fused`` (chunks 0: its own) baselines; a baseline that
   raises is skipped with its reason, never the run.
@@ -45,7 +46,7 @@ force_multicast_off()
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from .. import overlap  # noqa: E402
+from .. import config, overlap  # noqa: E402
 from .bench import time_op  # noqa: E402
 from .host_time import host_us  # noqa: E402
 from .records import Recorder  # noqa: E402
@@ -85,22 +86,20 @@ def gemm_chunked(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, w
 
 @contextmanager
 def applied(variant: str) -> Iterator[None]:
-    """Our overlap set up as ``variant`` (``"first"``, ``"carve<N>"``, or both joined by ``+``;
-    ``""``: the library's defaults) inside; the defaults restored after."""
-    from .. import config
-
+    """Our overlap set up as ``variant`` (a start, ``"side"`` or ``"first"``, ``"carve<N>"``, or
+    both joined by ``+``; ``""``: the library's defaults) inside; the defaults restored after."""
     carving = hasattr(torch._C, "_set_sm_carveout_experimental")
     start, carveout = config.OVERLAP_START, torch._C._get_sm_carveout_experimental() if carving else None
     try:
         for part in filter(None, variant.split("+")):
-            if part == "first":
-                config.OVERLAP_START = "first"
+            if part in config.OVERLAP_STARTS:
+                config.OVERLAP_START = part
             elif part.startswith("carve") and part[5:].isdigit():
                 if not carving:
                     raise ValueError(f"variant {part!r}: this torch has no torch._C._set_sm_carveout_experimental")
                 torch._C._set_sm_carveout_experimental(int(part[5:]))
             else:
-                raise ValueError(f"unknown variant {part!r} (first, carve<N>)")
+                raise ValueError(f"unknown variant {part!r} (side, first, carve<N>)")
         yield
     finally:
         config.OVERLAP_START = start
@@ -115,8 +114,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--comm-priority", default="",
                         help="comma-separated CUDA priorities of the communication stream to time besides the "
                              "library's (0: default; lower: higher)")
-    parser.add_argument("--variants", default="first,carve16,first+carve16",
-                        help="comma-separated variants of ours to time besides the library's (first, carve<N>, "
+    parser.add_argument("--variants", default="side,carve16,side+carve16",
+                        help="comma-separated variants of ours to time besides the library's (side, first, carve<N>, "
                              "joined by +; empty: none)")
     parser.add_argument("--no-graph", action="store_true")
     parser.add_argument("--no-host", action="store_true", help="skip the host time per eager call")
@@ -206,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
                         _line(rank, op, mode, m, n, variant(priority), world, us, alone, best)
                     comm.stream_flags.use_side(default_side)
                     for v in variants:
-                        if op != "all_gather_gemm" and "first" in v.split("+"):
+                        if op != "all_gather_gemm" and set(v.split("+")) & set(config.OVERLAP_STARTS):
                             continue  # (the start is the all-gather's: the reduce-scatter would repeat a row)
                         with applied(v):
                             us = rec.ours(timed(ours), impl=f"ours_{v}", chunks=world, **row)
