@@ -165,12 +165,14 @@ def test_gather_moves_rows_in_its_words_and_zeros_the_rest(word: int) -> None:
 
 @pytest.mark.parametrize("ids", ["i32", "i64"])
 def test_routing_compiles_reads_its_ids_and_uses_no_atomics(ids: str) -> None:
-    """The dispatch's routing: the ids loaded in their width (twice: counted, then placed), its
-    counts and chunks in shared memory, no atomics (the order is the stable sort's whatever the
-    scheduling), one GPU's memory, no ordering."""
+    """The dispatch's routing: the ids loaded in their width (each pass's first round's, then the
+    next round's during each round), its counts and chunks in shared memory, a round's syncs the
+    warp's (no block-wide barrier per round), no atomics (the order is the stable sort's whatever
+    the scheduling), no 64-bit division, one GPU's memory, no ordering."""
     ptx = kernel_ptx(MoeRouteKey(ids), "sm_90a")
-    assert _count(ptx, f"ld.global.{'b32' if ids == 'i32' else 'b64'}") == 2
-    assert ".shared" in ptx and "bar.sync" in ptx
+    assert _count(ptx, f"ld.global.{'b32' if ids == 'i32' else 'b64'}") == 4
+    assert ".shared" in ptx and "bar.sync" in ptx and _count(ptx, "bar.warp.sync") == 4
+    assert not re.search(r"^\s*(div|rem)\.[su]64", ptx, re.M)
     assert "multimem." not in ptx and ".sys" not in ptx and not re.search(r"^\s*(atom|red)\.", ptx, re.M)
 
 

@@ -117,16 +117,18 @@ def test_many_rounds_and_a_ragged_last_group() -> None:
 @pytest.mark.parametrize(("edit", "what"), [
     (("if j4 * 4 + u < lane:", "if j4 * 4 + u <= lane:"), "the rank among the group's round"),
     (("if j4 * 4 + u > lane:", "if j4 * 4 + u >= lane:"), "the round's last entry of an expert"),
-    (("table[g * bins + j] = Int32(total)", "table[g * bins + j] = Int32(0)"), "the earlier groups' entries"),
-    (("table[group * bins + e] = Int32(at + 1)", "table[group * bins + e] = Int32(at)"),
-     "the count carried to the next round"),
+    (("table[g * bins + j] = total", "table[g * bins + j] = Int32(0)"), "the earlier groups' entries"),
+    (("table[group * bins + e] = at + 1", "table[group * bins + e] = at"), "the count carried to the next round"),
     (("+ lanes - 1) // lanes * lanes", ") // lanes * lanes"), "the span's rounding up"),
     (("if raw >= Int64(0):", "if raw >= Int64(-1):"), "the ids below 0"),
     (("if raw < args.experts:", "if raw < args.experts + 8:"), "the ids past the last expert"),
-    (("v += Int64(spare[j - step])", "v = Int64(spare[j - step])"), "the prefix sums"),
-    (("start = Int64(spare[j - 1])", "start = Int64(spare[j])"), "the exclusive prefix (off by one)"),
-    (("first = Int64(spare[w * args.local - 1])", "first = Int64(spare[w * args.local])"), "the splits"),
-    (("LOCAL, by) + i, at)", "LOCAL, by) + at, i)"), "the slots"),
+    (("v += sums[level % 2][j - (1 << level)]", "v = sums[level % 2][j - (1 << level)]"), "the prefix sums"),
+    (("start = ends[j - 1]", "start = ends[j]"), "the exclusive prefix (off by one)"),
+    (("lower = ends[w * local - 1]", "lower = ends[w * local]"), "the splits"),
+    (("LOCAL, by) + i, Int64(at))", "LOCAL, by) + at, Int64(i))"), "the slots"),
+    (("ahead = expert_of(args, i + lanes)", "ahead = expert_of(args, i)"), "the next round's entry"),
+    (("e = expert_of(args, group * span + lane)  # the placing", "e = Int32(0)  # the placing"),
+     "the placing pass's first entry"),
 ])
 def test_a_broken_kernel_fails_the_check(edit: tuple, what: str) -> None:
     """Each edit of the kernel's source is caught (so the check reads what the kernel does)."""
