@@ -18,7 +18,7 @@ from collectives import moe  # noqa: E402
 from collectives.algorithms.moe_gather import MoeGatherKey  # noqa: E402
 from collectives.algorithms.moe_pack import MoePackKey  # noqa: E402
 from collectives.algorithms.moe_combine import MAX_TOPK, MoeCombineKey  # noqa: E402
-from collectives.algorithms.moe_place import LOADS, MAX_SEGMENTS, MoePlaceKey  # noqa: E402
+from collectives.algorithms.moe_place import LOADS, MAX_BLOCKS, MAX_SEGMENTS, MoePlaceKey  # noqa: E402
 from collectives.algorithms.moe_route import MAX_EXPERTS, MoeRouteKey  # noqa: E402
 from collectives.runtime.kernels import kernel_ptx  # noqa: E402
 from collectives.runtime.moe import combine_key as key_for  # noqa: E402
@@ -121,7 +121,7 @@ def test_host_picks_the_placement_key() -> None:
         MoePlaceKey(4, MAX_SEGMENTS)
     with pytest.raises(ValueError, match="word"):
         MoePlaceKey(2, 2, word=3)
-    assert MoePlaceKey(2, 2).blocks(0) == 1 and MoePlaceKey(2, 2).blocks(5000) == 264
+    assert MoePlaceKey(2, 2).blocks(0) == 1 and MoePlaceKey(2, 2).blocks(5000) == MAX_BLOCKS == 1056
 
 
 @pytest.mark.parametrize(("dtype", "vec"), [("bf16", 8), ("f16", 1), ("f32", 4)])
