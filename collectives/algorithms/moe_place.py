@@ -28,7 +28,7 @@ one buffer into another, one barrier each: ``log2(W x L)`` of them, ``W x L`` at
 ``first``: up to ``L``).  Then the grid's threads take a row of ``room`` each for ``place`` and
 ``kept`` (a binary search of the starts), and its blocks take the rows that arrived, a block a row,
 its words spread over the threads, each loading :data:`LOADS` words before storing them (their
-latencies overlapping), up to :data:`MAX_BLOCKS` blocks (eight of 256 threads on each of 132
+latencies overlapping), up to :data:`MAX_BLOCKS` blocks (six of 256 threads on each of 132
 SMs) so that many rows are in flight at once.  Until 2026-11-28 the grid was 264 blocks and each
 block walked every row of ``room`` (arrived or not), one at a time, finding its place before its
 copy (4 x H200, 1,024 rows of 14 KB: 19.1 us).  The
@@ -56,9 +56,10 @@ from .family import SNAPSHOT_WORLDS, Family, register
 #: The most ``(source, local expert)`` segments (``W x L``) a kernel takes: its shared memory
 #: (four int64 arrays of them at most, 32 KB: under the 48 KB a kernel gets without asking).
 MAX_SEGMENTS = 1024
-#: Most thread blocks of a launch (each row is one block's; the grid strides past them): eight
-#: blocks of 256 threads on each of an H100's or H200's 132 SMs, a row each in flight.
-MAX_BLOCKS = 1056
+#: Most thread blocks of a launch (each row is one block's; the grid strides past them): six
+#: blocks of 256 threads on each of an H100's or H200's 132 SMs, all resident (the placement and
+#: the gather take 40 registers a thread: 6 x 256 x 40 of the 64 Ki), a row each in flight.
+MAX_BLOCKS = 792
 #: Words each thread of the placement and the combine's gather loads before it stores them
 #: (16-byte words: a 7168-wide bf16 row is 896 of them, 3.5 a thread of 256).
 LOADS = 4

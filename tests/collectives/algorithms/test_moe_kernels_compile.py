@@ -121,7 +121,7 @@ def test_host_picks_the_placement_key() -> None:
         MoePlaceKey(4, MAX_SEGMENTS)
     with pytest.raises(ValueError, match="word"):
         MoePlaceKey(2, 2, word=3)
-    assert MoePlaceKey(2, 2).blocks(0) == 1 and MoePlaceKey(2, 2).blocks(5000) == MAX_BLOCKS == 1056
+    assert MoePlaceKey(2, 2).blocks(0) == 1 and MoePlaceKey(2, 2).blocks(5000) == MAX_BLOCKS == 792
 
 
 @pytest.mark.parametrize(("dtype", "vec"), [("bf16", 8), ("f16", 1), ("f32", 4)])
