@@ -86,7 +86,8 @@ Pack = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], None]
 #: ``dtype`` per token, or None for torch steps (asked once the call's arguments are checked).
 PackFor = Callable[[torch.dtype, int, bool], "Pack | None"]
 #: ``route(ids, num_experts, world, bins)``: ``(order, valid, bins, send_splits, slots)`` of the
-#: flat expert ids of a dispatch's ``(token, k)`` entries (int32 or int64; an id out of
+#: expert ids ``[tokens, k]`` of a dispatch's ``(token, k)`` entries, flattened in that order (int32
+#: or int64, any strides: the kernel reads sliced ids where they lie; an id out of
 #: ``0..num_experts-1`` counts in a bin past the last expert's, ``bins[num_experts]``): the
 #: entries sorted by expert, stably; which are in range; the entries of each expert, then the
 #: out-of-range ones (into ``bins``, int64[num_experts + 1]); the entries of each rank's experts;
@@ -261,14 +262,13 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     local = num_experts // world
     capacity = world * max_tokens  # rows per local expert: each source sends it each token once
     bound = _capacity(max_tokens * topk)  # rows sent at most: the allocation's size, whatever the routing
-    flat = topk_ids.reshape(-1)
     exact = mode == "throughput"
-    route = route_for(flat.dtype, num_experts) if route_for else None
+    route = route_for(topk_ids.dtype, num_experts) if route_for else None
     if route is None:
         route = functools.partial(route_ids, scratch=scratch, most=bound)
     tallies = _tallies(scratch, num_experts + 1, device)
     # by expert, then (token, k): by rank too
-    order, valid, bins, send_splits, slots = route(flat, num_experts, world, tallies[0])
+    order, valid, bins, send_splits, slots = route(topk_ids, num_experts, world, tallies[0])
     per_expert = bins[:num_experts]
     # The sent rows, by destination rank and expert, and the dtype they travel as (fp8: hidden
     # e4m3 bytes, then the scale's 4 bytes, zeros to fp8_row_bytes; as bytes, which torch indexes).
@@ -327,7 +327,7 @@ def route_ids(ids: torch.Tensor, num_experts: int, world: int, bins: torch.Tenso
     of any call of the shape, ``ids.numel()`` by default: the ones counted from ``scratch``)."""
     # An id out of range goes to a bin past the last rank's (below 0: clamped to -1, which the
     # remainder maps there).
-    expert = ids.to(torch.int64).clamp(-1, num_experts).remainder(num_experts + 1)
+    expert = ids.reshape(-1).to(torch.int64).clamp(-1, num_experts).remainder(num_experts + 1)
     bins = torch.empty(num_experts + 1, dtype=torch.int64, device=ids.device) if bins is None else bins
     bins = _scatter_count(expert, bins, scratch, ids.numel() if most is None else most)
     return (torch.sort(expert, stable=True).indices, expert < num_experts, bins,

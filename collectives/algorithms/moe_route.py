@@ -2,8 +2,9 @@
 GPU: the ``(token, k)`` entries sorted by expert and counted, the steps before the dispatch's
 first all-to-all.
 
-Entry ``i``'s expert is ``ids[i]``, or ``E`` (a bin past the last expert's) where that is out
-of ``0..E-1``.  The kernel writes ``valid[i]`` (its id is in range), ``bins`` (the entries of
+Entry ``i``'s expert is ``ids[i]`` (token ``i / topk``'s id ``i % topk``, its row of ids read at
+its ``stride``: a router's ids sliced from a wider tensor are read where they lie, not copied
+first), or ``E`` (a bin past the last expert's) where that is out of ``0..E-1``.  The kernel writes ``valid[i]`` (its id is in range), ``bins`` (the entries of
 each expert, then the out-of-range ones), ``send_splits`` (the entries of each destination
 rank's ``L`` experts), ``order``: the entries sorted by expert, stably (by ``i`` within an
 expert), and its inverse ``slots`` (``order[slots[i]] = i``: each entry's sent row, which the
@@ -49,7 +50,10 @@ MAX_EXPERTS = 1024
 ID_DTYPES = {"i32": (Int32, 4), "i64": (Int64, 8)}
 
 MOE_ROUTE = Layout("MoeRouteArgs", (
-    Arg("ids", Int64, "the entries' expert ids: n of the key's dtype (any value; out of 0..E-1: dropped)"),
+    Arg("ids", Int64, "the entries' expert ids: tokens rows of topk of the key's dtype, stride apart (any value; "
+                      "out of 0..E-1: dropped)"),
+    Arg("topk", Int64, "entries per token (a row of ids)"),
+    Arg("stride", Int64, "elements from a token's ids to the next token's (topk where contiguous)"),
     Arg("n", Int64, "entries (tokens x top-k)"),
     Arg("experts", Int64, "experts E (at most MAX_EXPERTS)"),
     Arg("local", Int64, "experts per rank L (a divisor of E)"),
@@ -92,10 +96,13 @@ def build(key: MoeRouteKey):
 
     @cute.jit
     def expert_of(args: KernelArgs, i: Int32) -> Int32:
-        """Entry ``i``'s bin: its id where in range, else ``E``; -1 past the entries."""
+        """Entry ``i``'s bin (token ``i / topk``'s id ``i % topk``): its id where in range, else ``E``; -1
+        past the entries."""
         e = Int32(-1)
         if i < Int32(args.n):
-            raw = Int64(ptxops.ld(gmem(ids, args.ids, size, LOCAL, by) + i))
+            token = i // Int32(args.topk)
+            at = Int64(token) * args.stride + Int64(i - token * Int32(args.topk))
+            raw = Int64(ptxops.ld(gmem(ids, args.ids, size, LOCAL, by) + at))
             e = Int32(args.experts)
             if raw >= Int64(0):
                 if raw < args.experts:

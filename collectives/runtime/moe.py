@@ -134,11 +134,16 @@ def route(comm: Runtime, dtype: torch.dtype, experts: int):
 
     def run(ids: torch.Tensor, num_experts: int, world: int, bins: torch.Tensor) -> tuple[torch.Tensor, ...]:
         n, at = ids.numel(), ids.device
+        rows = ids if ids.dim() == 2 else ids.reshape(1, -1)  # read at its row stride: no copy of sliced ids
+        if rows.shape[1] > 1 and rows.stride(1) != 1:
+            rows = rows.contiguous()
+        topk = max(rows.shape[1], 1)
+        stride = rows.stride(0) if rows.shape[0] > 1 else topk
         order = torch.empty(n, dtype=torch.int64, device=at)
         valid = torch.empty(n, dtype=torch.bool, device=at)
         send_splits = torch.empty(world, dtype=torch.int64, device=at)
         slots = torch.empty(n, dtype=torch.int64, device=at)
-        args = MOE_ROUTE.pack(ids=ids.data_ptr(), n=n, experts=num_experts, local=num_experts // world,
+        args = MOE_ROUTE.pack(ids=rows.data_ptr(), topk=topk, stride=stride, n=n, experts=num_experts, local=num_experts // world,
                               order=order.data_ptr(), valid=valid.data_ptr(), bins=bins.data_ptr(),
                               send_splits=send_splits.data_ptr(), slots=slots.data_ptr())
         fn(*args, 1, current_stream(device))

@@ -48,10 +48,11 @@ class Launches(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def launches(fused: bool, monkeypatch, fp8: bool = False) -> tuple[int, int]:
+def launches(fused: bool, monkeypatch, fp8: bool = False, sliced: bool = False) -> tuple[int, int]:
     """(dispatch, combine) kernel launches of a low-latency layer: hidden 7168, top-8 of 256
     experts, 8 tokens, 2 ranks (this rank's all-to-alls move nothing: only launches count);
-    ``fp8``: the dispatch's rows in fp8 (no combine: 0)."""
+    ``fp8``: the dispatch's rows in fp8 (no combine: 0); ``sliced``: the ids a slice of a wider
+    tensor (an argsort's first k columns)."""
     counter = Launches()
     monkeypatch.setattr(runtime_moe, "FUSED", fused)
     monkeypatch.setattr(runtime_moe, "current_stream", lambda device: 0)
@@ -61,7 +62,8 @@ def launches(fused: bool, monkeypatch, fp8: bool = False) -> tuple[int, int]:
     tokens, topk, experts, hidden = 8, 8, 256, 7168
     gen = torch.Generator().manual_seed(0)
     x = torch.randn((tokens, hidden), generator=gen).bfloat16()
-    ids = torch.stack([torch.randperm(experts, generator=gen)[:topk] for _ in range(tokens)])
+    ids = torch.stack([torch.randperm(experts, generator=gen) for _ in range(tokens)])[:, :topk]
+    ids = ids if sliced else ids.contiguous()
     w = torch.rand((tokens, topk), generator=gen)
     _, _, handle = moe.dispatch_with(counter.note, 2, x, ids, w, experts, tokens,  # a real handle, uncounted
                                      pack_for=functools.partial(runtime_moe.pack, comm), scratch=scratch, fp8=fp8)
@@ -101,3 +103,9 @@ def test_the_fp8_dispatch_launches_no_more_than_the_bf16_one(monkeypatch) -> Non
     torch_steps = launches(False, monkeypatch, fp8=True)[0]
     print(f"\nfused dispatch launches: bf16 {bf16}, fp8 {fp8} (torch steps, fp8: {torch_steps})")
     assert fp8 <= bf16 < torch_steps - 15, (bf16, fp8, torch_steps)
+
+
+def test_sliced_ids_are_read_where_they_lie(monkeypatch) -> None:
+    """The routing kernel reads ids at their row stride: ids sliced from a wider tensor launch no
+    copy first."""
+    assert launches(True, monkeypatch, sliced=True)[0] == launches(True, monkeypatch)[0]

@@ -37,26 +37,31 @@ def source(edits: tuple = ()) -> types.ModuleType:
 SOURCE = source()
 
 
-def run_kernel(ids: torch.Tensor, experts: int, world: int, seed: int,
-               module: types.ModuleType = SOURCE) -> tuple[torch.Tensor, ...]:
-    """The kernel on the flat ``ids``: what it wrote (order, valid, bins, send_splits, slots)."""
+def run_kernel(ids: torch.Tensor, experts: int, world: int, seed: int, module: types.ModuleType = SOURCE,
+               topk: int = 1, gap: int = 0) -> tuple[torch.Tensor, ...]:
+    """The kernel on the flat ``ids``, rows of ``topk`` of them ``gap`` elements apart in memory (a
+    slice of a wider tensor): what it wrote (order, valid, bins, send_splits, slots)."""
     key = MoeRouteKey("i32" if ids.dtype == torch.int32 else "i64")
     object.__setattr__(key, "threads", THREADS)  # scaled down: entries outnumber the threads, two groups
     object.__setattr__(key, "lanes", LANES)
     kernel = module.build(key)
     n, size = ids.numel(), ids.element_size()
+    stride = topk + gap
     sim = Sim(seed)
     mem = sim.memory
     at = {name: mem.alloc(max(nbytes, 1)) for name, nbytes in [
-        ("ids", size * n), ("order", 8 * n), ("valid", n), ("bins", 8 * (experts + 1)), ("send", 8 * world),
+        ("ids", size * stride * -(-n // topk)), ("order", 8 * n), ("valid", n), ("bins", 8 * (experts + 1)), ("send", 8 * world),
         ("slots", 8 * n)]}
     for i, v in enumerate(ids.tolist()):
-        mem.store(at["ids"] + size * i, v, Int32 if size == 4 else Int64)
+        mem.store(at["ids"] + size * (i // topk * stride + i % topk), v, Int32 if size == 4 else Int64)
+    for t in range(-(-n // topk)):  # the gaps hold ids of expert 0, which must not be read
+        for g in range(gap):
+            mem.store(at["ids"] + size * (t * stride + topk + g), 0, Int32 if size == 4 else Int64)
     sizes = {"order": 8 * n, "valid": n, "bins": 8 * (experts + 1), "send": 8 * world, "slots": 8 * n}
     for name, nbytes in sizes.items():
         for b in range(nbytes):
             mem.store(at[name] + b, UNTOUCHED, Uint8)
-    args = types.SimpleNamespace(ids=Int64(at["ids"]), n=Int64(n), experts=Int64(experts),
+    args = types.SimpleNamespace(ids=Int64(at["ids"]), topk=Int64(topk), stride=Int64(stride), n=Int64(n), experts=Int64(experts),
                                  local=Int64(experts // world), order=Int64(at["order"]),
                                  valid=Int64(at["valid"]), bins=Int64(at["bins"]), send_splits=Int64(at["send"]),
                                  slots=Int64(at["slots"]))
@@ -69,8 +74,9 @@ def run_kernel(ids: torch.Tensor, experts: int, world: int, seed: int,
             torch.tensor(mem.words(at["slots"], n, Int64), dtype=torch.int64))
 
 
-def check(ids: torch.Tensor, experts: int, world: int, seed: int, module: types.ModuleType = SOURCE) -> None:
-    order, valid, bins, send, slots = run_kernel(ids, experts, world, seed, module)
+def check(ids: torch.Tensor, experts: int, world: int, seed: int, module: types.ModuleType = SOURCE,
+          topk: int = 1, gap: int = 0) -> None:
+    order, valid, bins, send, slots = run_kernel(ids, experts, world, seed, module, topk, gap)
     want = moe.route_ids(ids, experts, world)
     assert torch.equal(order, want[0]), (order, want[0])
     assert torch.equal(valid, want[1].to(torch.uint8)), (valid, want[1])
@@ -98,8 +104,9 @@ def test_routing_matches_the_torch_steps(dtype: torch.dtype) -> None:
     for seed in range(4):
         world, local = rng.choice([(2, 1), (2, 3), (3, 2), (4, 2), (1, 5)])
         experts = world * local
-        tokens = rng.choice([1, 2, 3, 5])
-        check(random_ids(rng, tokens, rng.choice([1, 2, 4]), experts, dtype), experts, world, seed)
+        tokens, topk = rng.choice([1, 2, 3, 5]), rng.choice([1, 2, 4])
+        check(random_ids(rng, tokens, topk, experts, dtype), experts, world, seed, topk=topk,
+              gap=rng.choice([0, 3]))
 
 
 def test_no_entries_and_every_entry_to_one_expert() -> None:
@@ -112,6 +119,13 @@ def test_many_rounds_and_a_ragged_last_group() -> None:
     """67 entries of 3 experts: each group's span several rounds, the last group's short."""
     rng = random.Random(11)
     check(torch.tensor([rng.randrange(-1, 4) for _ in range(67)], dtype=torch.int64), 3, 3, seed=4)
+
+
+def test_ids_sliced_from_a_wider_tensor_are_read_at_their_stride() -> None:
+    """Rows of 3 ids, 5 elements apart (the gaps: expert 0, which must not count)."""
+    rng = random.Random(12)
+    for seed in range(2):
+        check(random_ids(rng, 7, 3, 6, torch.int64), 6, 3, seed, topk=3, gap=2)
 
 
 @pytest.mark.parametrize(("edit", "what"), [
@@ -127,6 +141,7 @@ def test_many_rounds_and_a_ragged_last_group() -> None:
     (("lower = ends[w * local - 1]", "lower = ends[w * local]"), "the splits"),
     (("LOCAL, by) + i, Int64(at))", "LOCAL, by) + at, Int64(i))"), "the slots"),
     (("ahead = expert_of(args, i + lanes)", "ahead = expert_of(args, i)"), "the next round's entry"),
+    (("Int64(token) * args.stride", "Int64(token) * args.topk"), "the ids' row stride"),
     (("e = expert_of(args, group * span + lane)  # the placing", "e = Int32(0)  # the placing"),
      "the placing pass's first entry"),
 ])
@@ -137,4 +152,4 @@ def test_a_broken_kernel_fails_the_check(edit: tuple, what: str) -> None:
     ids = torch.tensor([0, 7, 3, 3, -1, 5, 11, 2, 3, 3, 1, 3, 0, 3, 5, 3, 3, 2, 3, 0, 3, 4], dtype=torch.int64)
     with pytest.raises(AssertionError):
         for seed in range(3):
-            check(ids, 6, 2, seed, module=broken)
+            check(ids, 6, 2, seed, module=broken, topk=2, gap=1)
