@@ -250,8 +250,9 @@ def build(key: MoePlaceKey):
             ptxops.st(gmem(Int64, args.place, 8, LOCAL, by) + i, place)
             ptxops.st(gmem(Uint8, args.kept, 1, LOCAL, by) + i, Uint8(kept))
             i += grid * threads
+        arrived = cutlass.min(total, args.room)  # (counts past the buffer's room: its rows only, as the places)
         i = block
-        while i < total:  # the rows that arrived, a block a row (each thread finds its place)
+        while i < arrived:  # the rows that arrived, a block a row (each thread finds its place)
             place, kept = where(args, i, starts, before, first, trash)
             if kept == Int64(1):
                 src = gmem(element, args.received, key.word, LOCAL, by) + i * args.row_words * per_word
