@@ -144,9 +144,11 @@ def test_fp8_packing_quantizes_as_torch_does(dtype: str, vec: int) -> None:
 
 
 def test_rows_without_fp8_are_copied_in_vectors() -> None:
-    """The sent rows without fp8: 16-byte loads of the token's row, each stored to the token's
-    rows (their slots read), no arithmetic on the values."""
+    """The sent rows without fp8: 16-byte loads of the token's row, ``LOADS`` of them in flight
+    before their stores, each stored to the token's rows (their slots read), no arithmetic on the
+    values."""
     ptx = kernel_ptx(MoePackKey("bf16", 8, quantize=False), "sm_90a")
+    _loads_before_stores(ptx, "v4.b32")
     assert _count(ptx, "ld.global.v4.b32") >= 1 and _count(ptx, "st.global.v4.b32") >= 1  # (unrolled as it likes)
     assert _count(ptx, "st.global.b64") == 0 and _count(ptx, "ld.global.b64") >= 1
     assert "cvt.rn" not in ptx and "div.rn" not in ptx and ".shared" not in ptx

@@ -164,14 +164,23 @@ def test_the_host_takes_what_the_kernel_takes() -> None:
 
 
 @pytest.mark.parametrize(("edit", "what"), [
-    (("row = args.rows + ptxops.ld(slots + token * args.topk + k, dtype=Int64) * args.row_bytes\n"
-      "                            ptxops.st(gmem(Uint32",
-      "row = args.rows + ptxops.ld(slots + token + k, dtype=Int64) * args.row_bytes\n"
-      "                            ptxops.st(gmem(Uint32"), "the token's rows"),
+    (("ptxops.ld(slots + token * args.topk + k, dtype=Int64)\n"
+      "                                           * args.row_bytes)\n"
+      "                                    ptxops.st(gmem(Uint32",
+      "ptxops.ld(slots + token + k, dtype=Int64)\n"
+      "                                           * args.row_bytes)\n"
+      "                                    ptxops.st(gmem(Uint32"), "the token's rows"),
+    (("piece = p + u * threads", "piece = p + u"), "the quantized pieces of a batch"),
+    (("m = rounding.amax(m, rounding.widen(batch[u][e]", "m = rounding.amax(m, rounding.widen(batch[0][e]"),
+     "the largest magnitude's batch"),
     (("while k < args.topk:  # a thread per row", "while k < args.topk - 1:  # a thread per row"),
      "every row's scale"),
     (("while k < args.topk:  # the token's rows\n                        i =",
       "while k < args.topk - 1:  # the token's rows\n                        i ="), "every row's copy"),
+    (("if p + u * threads <= last:\n                                ptxops.st(row",
+      "if p + u * threads < last:\n                                ptxops.st(row"), "a copy's last piece"),
+    (("for u in range(LOADS)]\n                    batch", "for u in range(1, LOADS + 1)]\n                    batch"),
+     "the pieces of a batch (copy)"),
     (("half = threads >> (level + 1)", "half = threads >> (level + 2)"), "the block's largest magnitude"),
     (("b = args.hidden + 4", "b = args.hidden + 5"), "the zeros after the scale"),
     (("(Uint32(q[4 * w + 2]) << Uint32(16))", "(Uint32(q[4 * w + 2]) << Uint32(8))"), "the bytes' order"),
@@ -179,6 +188,7 @@ def test_the_host_takes_what_the_kernel_takes() -> None:
 def test_a_broken_kernel_fails_the_check(edit: tuple, what: str) -> None:
     """Each edit of the kernel's source is caught (so the check reads what the kernel does)."""
     fp8 = "copy" not in what
+    module = source(torch.bfloat16, (edit,))
     with pytest.raises(AssertionError):
-        check(torch.bfloat16, tokens=4, hidden=64, topk=2, blocks=2, seed=1, module=source(torch.bfloat16, (edit,)),
-              fp8=fp8)
+        for seed in (1, 2, 3):
+            check(torch.bfloat16, tokens=4, hidden=64, topk=2, blocks=2, seed=seed, module=module, fp8=fp8)
