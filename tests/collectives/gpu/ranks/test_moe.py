@@ -20,13 +20,16 @@ from tests.collectives.gpu.ranks.collectives_cases import comm  # noqa: E402,F40
 from collectives.reference.moe import expert_fn, reference, routing  # noqa: E402
 
 
-def layer(rank, world, group, experts, topk, tokens, max_tokens, hidden, seed, dtype=torch.bfloat16):
-    """One dispatch, the experts, one combine, checked on this rank."""
+def layer(rank, world, group, experts, topk, tokens, max_tokens, hidden, seed, dtype=torch.bfloat16, sliced=False):
+    """One dispatch, the experts, one combine, checked on this rank (``sliced``: the ids the first
+    columns of a wider tensor, as a router's argsort gives them)."""
     from collectives import moe
 
     xs, ids, ws = routing(world, experts, topk, tokens, seed, hidden, dtype)
     local = experts // world
     x, i, w = xs[rank].cuda(), ids[rank].cuda(), ws[rank].cuda()
+    if sliced:
+        i = torch.cat([i, torch.full_like(i, -1)], 1)[:, :topk]  # (the other columns: ids out of range)
     expert_x, counts, handle = moe.dispatch(x, i, w, experts, max_tokens=max_tokens, group=group)
     out_rows = torch.stack([expert_fn(expert_x[le], rank * local + le) for le in range(local)])
     out = moe.combine(out_rows, handle, group=group)
@@ -39,10 +42,12 @@ def layer(rank, world, group, experts, topk, tokens, max_tokens, hidden, seed, d
 
 
 def check_routings(rank: int, world: int, group) -> None:
-    """Random routings, top-1 and top-8, hidden 128 and 7168, 1 token, a rank with none."""
+    """Random routings, top-1 and top-8, hidden 128 and 7168, 1 token, a rank with none; ids
+    sliced from a wider tensor (read at their stride)."""
     for case, (topk, hidden, tokens) in enumerate([(1, 128, 7), (8, 128, 16), (8, 7168, 3), (2, 7168, 1)]):
         counts = [tokens if r != world - 1 else (0 if case == 3 else tokens // 2) for r in range(world)]
         layer(rank, world, group, 8 * world, topk, counts, max(tokens, 1), hidden, case)
+    layer(rank, world, group, 8 * world, 4, [5] * world, 5, 128, 9, sliced=True)
 
 
 def capture(graph):
