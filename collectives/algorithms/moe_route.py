@@ -21,7 +21,9 @@ pass counts; then each expert's count is the sum of its groups', a scan (doublin
 into another, one barrier each) makes the experts' starts and each group's start within an expert is its
 expert's start plus the earlier groups' counts (entries of a lower group come first: stable); a second
 pass places.  Each thread compares ``lanes x n / threads`` entries per pass, whatever the entries: the
-kernel routes every size of the low-latency and throughput modes.  It replaces torch's id mapping, mask,
+kernel routes every size of the low-latency and throughput modes.  The block has as many threads as
+the groups' counts fit in shared memory (:meth:`MoeRouteKey.for_experts`: 1024, 32 groups, up to 256
+experts; 256 at :data:`MAX_EXPERTS`): 1,024 entries are one round a group.  It replaces torch's id mapping, mask,
 stable sort (a radix sort: 28 us of GPU time at 1,024 entries), count and sum of the splits: seven
 launches.  Until 2026-11-28 every round took three block barriers and waited for its own entries' loads
 (4 x H200, 1,024 entries: 13.6 us; one token: 6.5 us).
@@ -40,7 +42,7 @@ import ptxops
 
 from ..device.kernel_args import KernelArgs
 from ..layouts import Arg, Layout
-from ..device.launch import check_threads, launcher
+from ..device.launch import BLOCK_THREADS, check_threads, launcher
 from ..device.signals import LOCAL, gmem
 from .family import Family, register
 
@@ -65,18 +67,25 @@ MOE_ROUTE = Layout("MoeRouteArgs", (
 ))
 
 
+#: Shared memory a kernel may take without asking for more (its counts, table and scan).
+SMEM_BYTES = 48 * 1024
+
+
 @dataclass(frozen=True)
 class MoeRouteKey:
     """The compile-time choices of one routing kernel: the ids' dtype (one of
-    :data:`ID_DTYPES`), threads per block (one block; a power of two) and lanes per group (a
-    power of two from 4 to 32 that divides the threads, keys compared in fours; a group is one
-    warp's lanes).  Each thread compares ``2 lanes n / threads`` keys; the shared memory holds a group's count of each expert (int32,
-    ``threads / lanes x (MAX_EXPERTS + 1)``) besides the scan's (int32: entries below 2^31):
-    256 threads of 8 groups fit 48 KiB at :data:`MAX_EXPERTS`."""
+    :data:`ID_DTYPES`), threads per block (one block; a power of two), lanes per group (a power
+    of two from 4 to 32 that divides the threads, keys compared in fours; a group is one warp's
+    lanes) and ``experts``, the most experts it counts (a power of two up to
+    :data:`MAX_EXPERTS`).  Each thread compares ``2 lanes n / threads`` keys; the shared memory
+    holds a group's count of each expert (int32, ``threads / lanes x (experts + 1)``) besides the
+    scan's (int32: entries below 2^31), within :data:`SMEM_BYTES`: 1024 threads of 32 groups at
+    256 experts, 256 threads at :data:`MAX_EXPERTS` (:meth:`for_experts` picks the most threads)."""
 
     ids: str = "i64"
     threads: int = 256
     lanes: int = 32
+    experts: int = MAX_EXPERTS
 
     def __post_init__(self) -> None:
         if self.ids not in ID_DTYPES:
@@ -85,13 +94,37 @@ class MoeRouteKey:
         if self.lanes < 4 or self.lanes > 32 or self.lanes & (self.lanes - 1) or self.threads % self.lanes:
             raise ValueError(f"lanes must be a power of two from 4 (keys are compared in fours) to 32 (a group "
                              f"syncs as a warp) dividing the threads {self.threads}, not {self.lanes}")
+        if not 1 <= self.experts <= MAX_EXPERTS or self.experts & (self.experts - 1):
+            raise ValueError(f"experts must be a power of two up to {MAX_EXPERTS}, not {self.experts}")
+        if self.smem_bytes() > SMEM_BYTES:
+            raise ValueError(f"{self.threads} threads in groups of {self.lanes} counting {self.experts} experts take "
+                             f"{self.smem_bytes()} bytes of shared memory, past {SMEM_BYTES}")
+
+    def smem_bytes(self) -> int:
+        """Shared memory the kernel takes."""
+        return smem_bytes(self.threads, self.lanes, self.experts)
+
+    @classmethod
+    def for_experts(cls, ids: str, experts: int) -> MoeRouteKey:
+        """The key for ``experts`` experts (1 to :data:`MAX_EXPERTS`): counting the next power of
+        two of them, with the most threads (groups of 32) whose counts fit :data:`SMEM_BYTES`."""
+        bound = 1 << max(experts - 1, 0).bit_length()
+        return cls(ids, max(t for t in BLOCK_THREADS if smem_bytes(t, 32, bound) <= SMEM_BYTES), experts=bound)
+
+
+def smem_bytes(threads: int, lanes: int, experts: int) -> int:
+    """Shared memory of a routing kernel of ``threads`` in groups of ``lanes`` counting ``experts``: a
+    round's keys, the groups' counts, the scan's two buffers (int32 each; 16 bytes of alignment each)."""
+    bins = experts + 1
+    return 4 * (threads + threads // lanes * bins + 2 * bins) + 3 * 16
 
 
 def build(key: MoeRouteKey):
     """The ``@cute.jit`` launcher of the routing kernel for ``key`` (one block)."""
     threads, lanes, (ids, size) = key.threads, key.lanes, ID_DTYPES[key.ids]
     groups = threads // lanes
-    levels = MAX_EXPERTS.bit_length()  # doubling steps of the bins' prefix sums: 2^levels > MAX_EXPERTS + 1
+    most = key.experts  # the experts' bins the shared memory holds (then the out-of-range one)
+    levels = most.bit_length()  # doubling steps of the bins' prefix sums: 2^levels > most + 1
     by = "collectives.algorithms.moe_route"
 
     @cute.jit
@@ -117,8 +150,8 @@ def build(key: MoeRouteKey):
         smem = SmemAllocator()
         keys = smem.allocate_tensor(Int32, cute.make_layout(threads), byte_alignment=16)  # a round's experts
         # table[g * bins + e]: group g's count of expert e, then (placing) where its next one goes
-        table = smem.allocate_tensor(Int32, cute.make_layout(groups * (MAX_EXPERTS + 1)), byte_alignment=8)
-        sums = [smem.allocate_tensor(Int32, cute.make_layout(MAX_EXPERTS + 1), byte_alignment=8) for _ in range(2)]
+        table = smem.allocate_tensor(Int32, cute.make_layout(groups * (most + 1)), byte_alignment=8)
+        sums = [smem.allocate_tensor(Int32, cute.make_layout(most + 1), byte_alignment=8) for _ in range(2)]
         bins = experts + 1
         j = tidx
         while j < groups * bins:
@@ -211,17 +244,21 @@ def build(key: MoeRouteKey):
 
 
 def _to_text(key: MoeRouteKey) -> str:
-    return f"moe_route/{key.ids}/t{key.threads}/l{key.lanes}"
+    return f"moe_route/{key.ids}/e{key.experts}/t{key.threads}/l{key.lanes}"
 
 
 def _from_text(kid: str) -> MoeRouteKey:
-    _, ids, threads, lanes = kid.split("/")
-    return MoeRouteKey(ids, int(threads[1:]), int(lanes[1:]))
+    _, ids, experts, threads, lanes = kid.split("/")
+    return MoeRouteKey(ids, int(threads[1:]), int(lanes[1:]), int(experts[1:]))
 
 
-FAMILY = register(Family("moe_route", MoeRouteKey, ("moe_route",), MOE_ROUTE, build,
-                         lambda: [_to_text(MoeRouteKey(ids)) for ids in ID_DTYPES], _to_text, _from_text,
-                         lambda kid: (("moe_route", kid),)))
+def _snapshot() -> list[str]:
+    """Both id dtypes at 256 experts (1024 threads), and at :data:`MAX_EXPERTS` (256 threads)."""
+    return [_to_text(MoeRouteKey.for_experts(ids, experts)) for ids in ID_DTYPES for experts in (256, MAX_EXPERTS)]
 
 
-__all__ = ["FAMILY", "ID_DTYPES", "MAX_EXPERTS", "MOE_ROUTE", "MoeRouteKey", "build"]
+FAMILY = register(Family("moe_route", MoeRouteKey, ("moe_route",), MOE_ROUTE, build, _snapshot, _to_text,
+                         _from_text, lambda kid: (("moe_route", kid),)))
+
+
+__all__ = ["FAMILY", "ID_DTYPES", "MAX_EXPERTS", "MOE_ROUTE", "SMEM_BYTES", "MoeRouteKey", "build", "smem_bytes"]

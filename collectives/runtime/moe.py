@@ -116,12 +116,12 @@ def pack(comm: Runtime, dtype: torch.dtype, hidden: int, fp8: bool):
 
 def route_key(dtype: torch.dtype, experts: int) -> MoeRouteKey | None:
     """The routing kernel's key for ids of ``dtype`` and ``experts`` experts (any number of
-    entries), None where it does not take them (other dtypes, past
-    :data:`~collectives.algorithms.moe_route.MAX_EXPERTS`)."""
+    entries; :meth:`~collectives.algorithms.moe_route.MoeRouteKey.for_experts`), None where it
+    does not take them (other dtypes, past :data:`~collectives.algorithms.moe_route.MAX_EXPERTS`)."""
     ids = {torch.int32: "i32", torch.int64: "i64"}.get(dtype)
     if ids is None or not 1 <= experts <= MAX_EXPERTS:
         return None
-    return MoeRouteKey(ids)
+    return MoeRouteKey.for_experts(ids, experts)
 
 
 def route(comm: Runtime, dtype: torch.dtype, experts: int):

@@ -604,7 +604,7 @@ def fakes() -> dict[str, Any]:
     """The stand-in modules by name (``cutlass.cute`` is also ``cutlass.cute`` the attribute;
     ``collectives.device.launch``: a launcher returns the kernel's body, which the simulation
     launches itself, and a key's checks are the real ones)."""
-    from collectives.device.launch import check_threads
+    from collectives.device.launch import BLOCK_THREADS, check_threads
 
     cute = _cute()
     memory = types.SimpleNamespace(SmemAllocator=_Smem)
@@ -615,7 +615,8 @@ def fakes() -> dict[str, Any]:
         Boolean=Boolean, Int8=Int8, Int16=Int16, Int32=Int32, Int64=Int64,
         Uint8=Uint8, Uint16=Uint16, Uint32=Uint32, Uint64=Uint64, Float32=Float32,
     )
-    launch = types.SimpleNamespace(launcher=lambda kernel, threads, *_, **__: kernel, check_threads=check_threads)
+    launch = types.SimpleNamespace(launcher=lambda kernel, threads, *_, **__: kernel, check_threads=check_threads,
+                                   BLOCK_THREADS=BLOCK_THREADS)
     return {"cutlass": cutlass, "cutlass.cute": cute, "cutlass.memory": memory, "ptxops": _ptxops(),
             "collectives.device.launch": launch}
 

@@ -19,7 +19,7 @@ from collectives.algorithms.moe_gather import MoeGatherKey  # noqa: E402
 from collectives.algorithms.moe_pack import MoePackKey  # noqa: E402
 from collectives.algorithms.moe_combine import MAX_TOPK, MoeCombineKey  # noqa: E402
 from collectives.algorithms.moe_place import LOADS, MAX_BLOCKS, MAX_SEGMENTS, MoePlaceKey  # noqa: E402
-from collectives.algorithms.moe_route import MAX_EXPERTS, MoeRouteKey  # noqa: E402
+from collectives.algorithms.moe_route import MAX_EXPERTS, SMEM_BYTES, MoeRouteKey  # noqa: E402
 from collectives.runtime.kernels import kernel_ptx  # noqa: E402
 from collectives.runtime.moe import combine_key as key_for  # noqa: E402
 from collectives.runtime.moe import place_key, route_key  # noqa: E402
@@ -171,7 +171,7 @@ def test_routing_compiles_reads_its_ids_and_uses_no_atomics(ids: str) -> None:
     next round's during each round), its counts and chunks in shared memory, a round's syncs the
     warp's (no block-wide barrier per round), no atomics (the order is the stable sort's whatever
     the scheduling), no 64-bit division, one GPU's memory, no ordering."""
-    ptx = kernel_ptx(MoeRouteKey(ids), "sm_90a")
+    ptx = kernel_ptx(MoeRouteKey.for_experts(ids, 256), "sm_90a")
     assert _count(ptx, f"ld.global.{'b32' if ids == 'i32' else 'b64'}") == 4
     assert ".shared" in ptx and "bar.sync" in ptx and _count(ptx, "bar.warp.sync") == 4
     assert not re.search(r"^\s*(div|rem)\.[su]64", ptx, re.M)
@@ -179,9 +179,20 @@ def test_routing_compiles_reads_its_ids_and_uses_no_atomics(ids: str) -> None:
 
 
 def test_host_picks_the_routing_key() -> None:
-    assert route_key(torch.int64, 256) == MoeRouteKey("i64")
-    assert route_key(torch.int32, 256) == MoeRouteKey("i32")
+    assert route_key(torch.int64, 256) == MoeRouteKey("i64", 1024, experts=256)  # 32 groups of 257 counts
+    assert route_key(torch.int32, 200) == MoeRouteKey("i32", 1024, experts=256)
+    assert route_key(torch.int64, 257) == MoeRouteKey("i64", 512, experts=512)
+    assert route_key(torch.int64, MAX_EXPERTS) == MoeRouteKey("i64", 256, experts=MAX_EXPERTS)
     assert route_key(torch.int64, MAX_EXPERTS + 1) is None  # its counts would not fit shared memory
+    for experts in (1, 3, 64, 256, 300, 1000, MAX_EXPERTS):
+        key = route_key(torch.int64, experts)
+        assert key.experts >= experts and key.smem_bytes() <= SMEM_BYTES
+    with pytest.raises(ValueError, match="shared memory"):
+        MoeRouteKey("i64", 1024, experts=MAX_EXPERTS)
+    with pytest.raises(ValueError, match="power of two"):
+        MoeRouteKey("i64", experts=300)
+    with pytest.raises(ValueError, match="lanes"):
+        MoeRouteKey("i64", lanes=64)
     assert route_key(torch.int16, 256) is None
     with pytest.raises(ValueError, match="ids"):
         MoeRouteKey("i16")

@@ -41,7 +41,7 @@ def run_kernel(ids: torch.Tensor, experts: int, world: int, seed: int, module: t
                topk: int = 1, gap: int = 0) -> tuple[torch.Tensor, ...]:
     """The kernel on the flat ``ids``, rows of ``topk`` of them ``gap`` elements apart in memory (a
     slice of a wider tensor): what it wrote (order, valid, bins, send_splits, slots)."""
-    key = MoeRouteKey("i32" if ids.dtype == torch.int32 else "i64")
+    key = MoeRouteKey.for_experts("i32" if ids.dtype == torch.int32 else "i64", experts)  # (its bound on them)
     object.__setattr__(key, "threads", THREADS)  # scaled down: entries outnumber the threads, two groups
     object.__setattr__(key, "lanes", LANES)
     kernel = module.build(key)
