@@ -2,31 +2,32 @@
 GPU: the ``(token, k)`` entries sorted by expert and counted, the steps before the dispatch's
 first all-to-all.
 
-Entry ``i``'s expert is ``ids[i]`` (token ``i / topk``'s id ``i % topk``, its row of ids read at
-its ``stride``: a router's ids sliced from a wider tensor are read where they lie, not copied
-first), or ``E`` (a bin past the last expert's) where that is out of ``0..E-1``.  The kernel writes ``valid[i]`` (its id is in range), ``bins`` (the entries of
-each expert, then the out-of-range ones), ``send_splits`` (the entries of each destination
-rank's ``L`` experts), ``order``: the entries sorted by expert, stably (by ``i`` within an
-expert), and its inverse ``slots`` (``order[slots[i]] = i``: each entry's sent row, which the
-rows' packing and the combine read), entry ``i`` being at ``start[e] + rank`` (``start``: the exclusive prefix sum of
-``bins``; ``rank``: the entries of ``e`` before ``i``).  It is a counting sort:
-the block's threads are groups of ``lanes`` (at most a warp), group ``g`` owning a contiguous span of the
-entries; a round reads ``lanes`` entries of each span, one a thread, through shared memory, each thread
-finding its entry's rank among its group's round by comparing it with the round's ``lanes`` entries (no
-atomics: the result is the stable sort's whatever the scheduling), the round's last entry of an expert
-moving the group's count of that expert on.  A group's rounds touch only its own shared memory, so they
-sync as a warp (two ``bar.warp.sync`` a round, no block barrier), and each round's entry was loaded during
-the round before (the first of each pass while the block zeroes its table, or sums the counts).  One
-pass counts; then each expert's count is the sum of its groups', a scan (doubling steps from one buffer
-into another, one barrier each) makes the experts' starts and each group's start within an expert is its
-expert's start plus the earlier groups' counts (entries of a lower group come first: stable); a second
-pass places.  Each thread compares ``lanes x n / threads`` entries per pass, whatever the entries: the
-kernel routes every size of the low-latency and throughput modes.  The block has as many threads as
-the groups' counts fit in shared memory (:meth:`MoeRouteKey.for_experts`: 1024, 32 groups, up to 256
-experts; 256 at :data:`MAX_EXPERTS`): 1,024 entries are one round a group.  It replaces torch's id mapping, mask,
-stable sort (a radix sort: 28 us of GPU time at 1,024 entries), count and sum of the splits: seven
-launches.  Until 2026-11-28 every round took three block barriers and waited for its own entries' loads
-(4 x H200, 1,024 entries: 13.6 us; one token: 6.5 us).
+Entry ``i``'s expert is ``ids[i]`` (token ``i / topk``'s id ``i % topk``, its row of ids read at its
+``stride``: a router's ids sliced from a wider tensor are read where they lie, not copied first), or
+``E`` (a bin past the last expert's) where that is out of ``0..E-1``. The kernel writes ``valid[i]``
+(its id is in range), ``bins`` (the entries of each expert, then the out-of-range ones),
+``send_splits`` (the entries of each destination rank's ``L`` experts), ``order``: the entries
+sorted by expert, stably (by ``i`` within an expert), and its inverse ``slots`` (``order[slots[i]] =
+i``: each entry's sent row, which the rows' packing and the combine read), entry ``i`` being at
+``start[e] + rank`` (``start``: the exclusive prefix sum of ``bins``; ``rank``: the entries of ``e``
+before ``i``). It is a counting sort: the block's threads are groups of ``lanes`` (at most a warp),
+group ``g`` owning a contiguous span of the entries; a round reads ``lanes`` entries of each span,
+one a thread, through shared memory, each thread finding its entry's rank among its group's round by
+comparing it with the round's ``lanes`` entries (no atomics: the result is the stable sort's
+whatever the scheduling), the round's last entry of an expert moving the group's count of that
+expert on. A group's rounds touch only its own shared memory, so they sync as a warp (two
+``bar.warp.sync`` a round, no block barrier), and each round's entry was loaded during the round
+before (the first of each pass while the block zeroes its table, or sums the counts). One pass
+counts; then each expert's count is the sum of its groups', a scan (doubling steps from one buffer
+into another, one barrier each) makes the experts' starts and each group's start within an expert is
+its expert's start plus the earlier groups' counts (entries of a lower group come first: stable); a
+second pass places. Each thread compares ``lanes x n / threads`` entries per pass, whatever the
+entries: the kernel routes every size of the low-latency and throughput modes. The block has as many
+threads as the groups' counts fit in shared memory (:meth:`MoeRouteKey.for_experts`: 1024, 32
+groups, up to 256 experts; 256 at :data:`MAX_EXPERTS`): 1,024 entries are one round a group. It
+replaces torch's id mapping, mask, stable sort (a radix sort: 28 us of GPU time at 1,024 entries),
+count and sum of the splits: seven launches. Until 2026-11-28 every round took three block barriers
+and waited for its own entries' loads (4 x H200, 1,024 entries: 13.6 us; one token: 6.5 us).
 """
 
 from __future__ import annotations

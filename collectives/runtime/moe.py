@@ -143,9 +143,9 @@ def route(comm: Runtime, dtype: torch.dtype, experts: int):
         valid = torch.empty(n, dtype=torch.bool, device=at)
         send_splits = torch.empty(world, dtype=torch.int64, device=at)
         slots = torch.empty(n, dtype=torch.int64, device=at)
-        args = MOE_ROUTE.pack(ids=rows.data_ptr(), topk=topk, stride=stride, n=n, experts=num_experts, local=num_experts // world,
-                              order=order.data_ptr(), valid=valid.data_ptr(), bins=bins.data_ptr(),
-                              send_splits=send_splits.data_ptr(), slots=slots.data_ptr())
+        args = MOE_ROUTE.pack(ids=rows.data_ptr(), topk=topk, stride=stride, n=n, experts=num_experts,
+                              local=num_experts // world, order=order.data_ptr(), valid=valid.data_ptr(),
+                              bins=bins.data_ptr(), send_splits=send_splits.data_ptr(), slots=slots.data_ptr())
         fn(*args, 1, current_stream(device))
         return order, valid, bins, send_splits, slots
 

@@ -50,8 +50,8 @@ def run_kernel(ids: torch.Tensor, experts: int, world: int, seed: int, module: t
     sim = Sim(seed)
     mem = sim.memory
     at = {name: mem.alloc(max(nbytes, 1)) for name, nbytes in [
-        ("ids", size * stride * -(-n // topk)), ("order", 8 * n), ("valid", n), ("bins", 8 * (experts + 1)), ("send", 8 * world),
-        ("slots", 8 * n)]}
+        ("ids", size * stride * -(-n // topk)), ("order", 8 * n), ("valid", n), ("bins", 8 * (experts + 1)),
+        ("send", 8 * world), ("slots", 8 * n)]}
     for i, v in enumerate(ids.tolist()):
         mem.store(at["ids"] + size * (i // topk * stride + i % topk), v, Int32 if size == 4 else Int64)
     for t in range(-(-n // topk)):  # the gaps hold ids of expert 0, which must not be read
@@ -61,8 +61,8 @@ def run_kernel(ids: torch.Tensor, experts: int, world: int, seed: int, module: t
     for name, nbytes in sizes.items():
         for b in range(nbytes):
             mem.store(at[name] + b, UNTOUCHED, Uint8)
-    args = types.SimpleNamespace(ids=Int64(at["ids"]), topk=Int64(topk), stride=Int64(stride), n=Int64(n), experts=Int64(experts),
-                                 local=Int64(experts // world), order=Int64(at["order"]),
+    args = types.SimpleNamespace(ids=Int64(at["ids"]), topk=Int64(topk), stride=Int64(stride), n=Int64(n),
+                                 experts=Int64(experts), local=Int64(experts // world), order=Int64(at["order"]),
                                  valid=Int64(at["valid"]), bins=Int64(at["bins"]), send_splits=Int64(at["send"]),
                                  slots=Int64(at["slots"]))
     sim.spawn(lambda: sim.launch(lambda: kernel(args), Context(rank=0, call=0), 1, THREADS, [0]), Context(rank=0))
