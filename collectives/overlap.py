@@ -157,10 +157,7 @@ def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None
         raise CollectiveError(f"gemm_reduce_scatter: out must be a contiguous ({m}, {n}) {a.dtype} tensor")
     if m == 0:
         return out
-    # received[p]: rank p's product of this rank's rows (pushed by p; this rank's own written
-    # here); sent[d]: this rank's product of rank d's rows, pushed from there (local: read on the
-    # side stream, which the current stream joins before any later use of its memory).
-    received = _workspace(comm, "gemm_reduce_scatter", rows * n, a.dtype).view(world, m, n)
+    workspace = _workspace(comm, "gemm_reduce_scatter", rows * n, a.dtype)  # (either way: a capture needs it)
     values = [rows, n]
     if timeline is None and not capturing() and not eager_blocks(world, rows, k, n):
         from .api import reduce_scatter
@@ -170,6 +167,10 @@ def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None
         product = torch.mm(a, b)
         comm.meet_ranks_on_device("gemm_reduce_scatter: GEMM enqueued (values: rows, N)", values)
         return reduce_scatter(out, product, group=comm)
+    # received[p]: rank p's product of this rank's rows (pushed by p; this rank's own written
+    # here); sent[d]: this rank's product of rank d's rows, pushed from there (local: read on the
+    # side stream, which the current stream joins before any later use of its memory).
+    received = workspace.view(world, m, n)
     sent = torch.empty_like(received).unbind(0)
     mine = received[rank]
     owners = comm.ctx.peer_tensors(mine)  # owners[d]: block ``rank`` of rank d's received
@@ -242,8 +243,7 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
     start = config.OVERLAP_START
     if start not in config.OVERLAP_STARTS:
         raise CollectiveError(f"all_gather_gemm: config.OVERLAP_START is {start!r}, not one of {config.OVERLAP_STARTS}")
-    # gathered[q]: rank q's shard (this rank's own copied in, the peers' pulled from theirs).
-    gathered = _workspace(comm, "all_gather_gemm", world * m * k, a_shard.dtype).view(world, m, k)
+    workspace = _workspace(comm, "all_gather_gemm", world * m * k, a_shard.dtype)  # (either way: a capture needs it)
     values = [m, k]
     if timeline is None and not capturing() and not eager_blocks(world, world * m, k, n):
         from .api import all_gather
@@ -254,6 +254,7 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
         comm.meet_ranks_on_device("all_gather_gemm: all-gather launched (values: rows, K)", values)
         comm.barrier_plan()  # (unused here, made as the blocks would: a capture of this call needs it)
         return torch.mm(whole, b, out=out)
+    gathered = workspace.view(world, m, k)  # gathered[q]: rank q's shard (this rank's own copied in, the peers' pulled)
     owners = comm.ctx.peer_tensors(gathered)
     shards, products, peers = gathered.unbind(0), out.split(m), peer_order(world, rank)
     main, side = _current(comm.device_index), comm.stream_flags.side()
