@@ -421,6 +421,9 @@ def test_no_rank_runs_a_gemm_while_another_may_still_launch_a_collective(on_cpu,
             if step.startswith("launch@"):
                 assert at < gemms or step == last or step == "launch@main", (at, steps)
                 last = step
+    if path == "blocks":  # each push enqueued right after its GEMM (a host-bound call's pushes start early)
+        moves = [e for e in calls[0] if e in ("gemm@main", "copy@side")]
+        assert moves == ["gemm@main", "copy@side"] * (world - 1) + ["gemm@main"] * 2, moves  # (+ the sum)
     events[:] = [e.split("@")[0] for e in events]
     if path == "blocks":
         # The host's work per call (eagerly, what bounds it): W GEMMs, two barriers (the only
@@ -449,8 +452,8 @@ def test_an_eager_call_makes_no_cuda_object_and_launches_only_its_work(on_cpu, m
     4096, against 301-304 for torch.mm + NCCL, the host's time): after the first call, no CUDA
     event or stream is made (a ``wait_stream`` makes an event; the fork, join and per-block events
     are the communicator's, reused), torch's current stream is switched by the raw setter only,
-    twice to the side stream and back (``on_cpu`` refuses torch.cuda.current_stream and
-    torch.cuda.stream), and the host enqueues, as blocks, W GEMMs, W - 1 peer copies (+ the
+    to the side stream and back around the barriers and each push (``on_cpu`` refuses torch.cuda.current_stream and
+    torch.cuda.stream), and the host enqueues, as blocks (each push right after its GEMM), W GEMMs, W - 1 peer copies (+ the
     shard's), two barriers, a sum (reduce-scatter), one event record and one wait per
     cross-stream edge; as one GEMM, that GEMM and one collective, nothing else."""
     import collections
@@ -492,7 +495,7 @@ def test_an_eager_call_makes_no_cuda_object_and_launches_only_its_work(on_cpu, m
     for call in calls.values():
         call()  # (the first call makes the communicator's events)
     edges = (world - 1) + 2  # one per block, the fork and the join
-    switches = {"switch side": 2, "switch main": 2}
+    switches = {"switch side": world + 1, "switch main": world + 1}  # (the barriers' and each push's)
     expect = {("blocks", "gemm_reduce_scatter"): {"mm": world, "copy": world - 1, "barrier": 2, "sum": 1,
                                                   "record": edges, "wait": edges, **switches},
               ("blocks", "all_gather_gemm"): {"mm": world, "copy": world, "barrier": 2, "record": edges,
