@@ -343,8 +343,8 @@ _known: dict[tuple[int, int], torch.cuda.Stream] = {}
 _KNOWN_MAX = 64
 
 
-#: torch's current device, without ``torch.cuda.current_device``'s wrapper (None in a CPU build).
-_get_device = getattr(torch._C, "_cuda_getDevice", None)
+#: torch's current device, without ``torch.cuda.current_device``'s wrapper where torch has it.
+_get_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
 
 
 def _on_device(device: int) -> contextlib.AbstractContextManager:
