@@ -208,6 +208,7 @@ def main(argv: list[str] | None = None) -> None:
                     chunked = rec.ours(timed(gemm_chunked(op, gemm_in, b, whole, world, rank)), impl="gemm_chunked",
                                        chunks=world, **row)
                     _line(rank, op, mode, m, n, "gemm_chunked", world, chunked, alone, best)
+
                     def chunks() -> int:
                         """Ours' blocks in this mode, as the knobs are now."""
                         return world if graph or overlap.eager_blocks(world, m, k, n) else 1
