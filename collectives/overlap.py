@@ -298,6 +298,12 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
     return out
 
 
+#: :data:`~collectives.config.OVERLAP_EAGER_HOST_US_PER_BLOCK` that makes every eager call run
+#: the blocks (``"blocks"``) or one GEMM and one collective (``"one"``), whatever its shape (the
+#: tests' and the bench's ways to take either path).
+EAGER_PATHS = {"blocks": 0.0, "one": float("inf")}
+
+
 def eager_blocks(world: int, rows: int, k: int, n: int) -> bool:
     """Whether an eager call (not captured) of a GEMM of ``rows`` x ``k`` by ``k`` x ``n`` on
     ``world`` ranks runs as one block per rank: whether that GEMM, at

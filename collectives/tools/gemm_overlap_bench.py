@@ -56,8 +56,6 @@ from .host_time import host_us  # noqa: E402
 from .records import Recorder  # noqa: E402
 
 SHAPES = "4096x4096,4096x8192,16384x4096,16384x8192"
-#: The eager-path variants: :data:`~collectives.config.OVERLAP_EAGER_HOST_US_PER_BLOCK` for each.
-EAGER_PATHS = {"blocks": 0.0, "one": float("inf")}
 #: The fields of a record, before ``us``.
 FIELDS = ("op", "impl", "M", "N", "K", "chunks", "mode")
 
@@ -93,7 +91,7 @@ def gemm_chunked(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, w
 @contextmanager
 def applied(variant: str) -> Iterator[None]:
     """Our overlap set up as ``variant`` (a start, ``"side"`` or ``"first"``, ``"carve<N>"``, an
-    eager path of :data:`EAGER_PATHS`, or these joined by ``+``; ``""``: the library's defaults)
+    eager path of :data:`collectives.overlap.EAGER_PATHS`, or these joined by ``+``; ``""``: the library's defaults)
     inside; the defaults restored after."""
     carving = hasattr(torch._C, "_set_sm_carveout_experimental")
     start, carveout = config.OVERLAP_START, torch._C._get_sm_carveout_experimental() if carving else None
@@ -102,8 +100,8 @@ def applied(variant: str) -> Iterator[None]:
         for part in filter(None, variant.split("+")):
             if part in config.OVERLAP_STARTS:
                 config.OVERLAP_START = part
-            elif part in EAGER_PATHS:
-                config.OVERLAP_EAGER_HOST_US_PER_BLOCK = EAGER_PATHS[part]
+            elif part in overlap.EAGER_PATHS:
+                config.OVERLAP_EAGER_HOST_US_PER_BLOCK = overlap.EAGER_PATHS[part]
             elif part.startswith("carve") and part[5:].isdigit():
                 if not carving:
                     raise ValueError(f"variant {part!r}: this torch has no torch._C._set_sm_carveout_experimental")
@@ -223,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
                         parts = set(v.split("+"))
                         if op != "all_gather_gemm" and parts & set(config.OVERLAP_STARTS):
                             continue  # (the start is the all-gather's: the reduce-scatter would repeat a row)
-                        if graph and parts & set(EAGER_PATHS):
+                        if graph and parts & set(overlap.EAGER_PATHS):
                             continue  # (a captured call runs the blocks: the row would repeat ours)
                         with applied(v):
                             us = rec.ours(timed(ours), impl=f"ours_{v}", chunks=chunks(), **row)

@@ -20,6 +20,7 @@ from collectives.runtime.error_record import ErrorRecord  # noqa: E402
 from collectives.errors import CollectiveError, CollectiveTimeout  # noqa: E402
 from collectives.runtime.stream_flags import StreamFlags  # noqa: E402
 from collectives import overlap  # noqa: E402
+from collectives.overlap import EAGER_PATHS  # noqa: E402
 from collectives.runtime.communicator import Communicator  # noqa: E402
 
 
@@ -279,9 +280,6 @@ def on_cpu(monkeypatch):
                                                                            wait=lambda stream: None))
 
 
-#: :data:`collectives.config.OVERLAP_EAGER_HOST_US_PER_BLOCK` that makes an eager call run the
-#: blocks (0) or one GEMM and one collective (inf), whatever its shape.
-PATHS = {"blocks": 0.0, "one": float("inf")}
 
 
 def small_ints(salt: int, rows: int, cols: int) -> torch.Tensor:
@@ -318,7 +316,7 @@ def _thread_collectives(monkeypatch, together, world: int) -> None:
     monkeypatch.setattr(collectives.api, "all_gather", all_gather)
 
 
-@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("path", list(EAGER_PATHS))
 @pytest.mark.parametrize("start", ["side", "first"])
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_every_rank_gets_its_rows_of_the_sum_and_the_gathered_product(on_cpu, monkeypatch, world: int,
@@ -334,7 +332,7 @@ def test_every_rank_gets_its_rows_of_the_sum_and_the_gathered_product(on_cpu, mo
     if path == "one" and start == "side":
         pytest.skip("(the start is the blocks')")
     monkeypatch.setattr(config, "OVERLAP_START", start)
-    monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", PATHS[path])
+    monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", EAGER_PATHS[path])
     m, k, n = 3, 8, 5
     workspaces = [{} for _ in range(world)]
     ranks = [_Rank(world, r, workspaces) for r in range(world)]
@@ -389,7 +387,7 @@ def _recorded(monkeypatch, events: list[str], world: int, rank: int) -> _Rank:
     return comm
 
 
-@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("path", list(EAGER_PATHS))
 def test_no_rank_runs_a_gemm_while_another_may_still_launch_a_collective(on_cpu, monkeypatch, path: str) -> None:
     """cuBLAS may load kernels at a GEMM (a load waits for every kernel on the GPU and holds the
     other ranks' launches), so where ranks share a GPU a meeting separates every GEMM from the
@@ -399,7 +397,7 @@ def test_no_rank_runs_a_gemm_while_another_may_still_launch_a_collective(on_cpu,
     or as one GEMM and one collective."""
     from collectives import config
 
-    monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", PATHS[path])
+    monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", EAGER_PATHS[path])
     events: list[str] = []
     world = 3
     comm = _recorded(monkeypatch, events, world, rank=1)
@@ -463,7 +461,7 @@ def test_an_eager_call_makes_no_cuda_object_and_launches_only_its_work(on_cpu, m
     from collectives import config
 
     monkeypatch.setattr(config, "OVERLAP_START", start)
-    monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", PATHS[path])
+    monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", EAGER_PATHS[path])
     made: collections.Counter = collections.Counter()
     world, rank = 4, 1
     comm = _recorded(monkeypatch, [], world, rank)
@@ -520,7 +518,7 @@ def test_the_all_gather_start_goes_where_the_knob_says_before_any_gemm(on_cpu, m
     comm = _recorded(monkeypatch, events, 2, rank=0)
     a, b = torch.zeros(8, 16, dtype=torch.float16), torch.zeros(16, 32, dtype=torch.float16)
     monkeypatch.setattr(config, "OVERLAP_START", start)
-    monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", PATHS["blocks"])
+    monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", EAGER_PATHS["blocks"])
     overlap._all_gather_gemm_on(comm, a, b, None, None)
     stream = "side" if start == "side" else "main"
     assert [e for e in events if e != "meet"][:4] == [f"launch@{stream}", f"copy@{stream}", f"launch@{stream}",
@@ -566,7 +564,7 @@ def test_captured_or_timed_calls_run_blocks_whatever_their_size(on_cpu, monkeypa
     events: list[str] = []
     world = 2
     comm = _recorded(monkeypatch, events, world, rank=0)
-    monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", PATHS["one"])
+    monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", EAGER_PATHS["one"])
     if why == "captured":
         monkeypatch.setattr(overlap, "capturing", lambda: True)
     monkeypatch.setattr(overlap, "_marks", lambda timeline, kind, chunk, stream: None)

@@ -21,15 +21,13 @@ from collectives import reference
 
 pytestmark = pytest.mark.multigpu
 torch = pytest.importorskip("torch")
+from collectives.overlap import EAGER_PATHS  # noqa: E402
 
 KINDS = {"bf16": torch.bfloat16, "f16": torch.float16}
 #: (rows of a per rank / per shard, K, N): aligned (TMA) and unaligned (one element at a time).
 SHAPES = [(64, 64, 128), (7, 60, 100), (256, 64, 512)]
 
 
-#: :data:`collectives.config.OVERLAP_EAGER_HOST_US_PER_BLOCK` that makes an eager call run the
-#: blocks (0) or one GEMM and one collective (inf), whatever its shape.
-PATHS = {"blocks": 0.0, "one": float("inf")}
 
 
 def small_ints(salt: int, rows: int, cols: int, dtype: str) -> torch.Tensor:
@@ -52,14 +50,14 @@ def want_reduce_scatter(world: int, rank: int, salts: list[int], shape: tuple[in
     return reference.reduce_scatter(partials, dtype)[rank].reshape(m, n)
 
 
-@pytest.mark.parametrize("path", list(PATHS))
+@pytest.mark.parametrize("path", list(EAGER_PATHS))
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", list(KINDS))
 def test_gemm_reduce_scatter_is_exact(comm, monkeypatch, dtype: str, shape: tuple[int, int, int], path: str) -> None:
     import collectives
     from collectives import config
 
-    monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", PATHS[path])
+    monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", EAGER_PATHS[path])
     m, k, n = shape
     world, rank = comm.world, comm.rank
     out = collectives.gemm_reduce_scatter(small_ints(rank, world * m, k, dtype), small_ints(100 + rank, k, n, dtype))
@@ -77,7 +75,7 @@ def test_all_gather_gemm_is_exact(comm, monkeypatch, dtype: str, shape: tuple[in
     from collectives import config
 
     monkeypatch.setattr(config, "OVERLAP_START", start)  # (collectives.config.OVERLAP_START)
-    monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", PATHS[path])
+    monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", EAGER_PATHS[path])
     m, k, n = shape
     shards = [small_ints(r, m, k, dtype) for r in range(comm.world)]
     b = small_ints(100, k, n, dtype)
@@ -157,7 +155,7 @@ def test_back_to_back_calls_with_changing_shapes_stay_exact(comm, monkeypatch, p
 
     world, rank = comm.world, comm.rank
     if path != "mixed":
-        monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", PATHS[path])
+        monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", EAGER_PATHS[path])
     shapes = [(64, 64, 128), (1, 8, 8), (7, 60, 100), (256, 64, 512), (3, 16, 24), (33, 40, 64)]
     for m, k, n in shapes:  # grow the workspaces first: growing one synchronises
         collectives.gemm_reduce_scatter(small_ints(rank, world * m, k, "bf16"), small_ints(100 + rank, k, n, "bf16"))
@@ -167,7 +165,7 @@ def test_back_to_back_calls_with_changing_shapes_stay_exact(comm, monkeypatch, p
     for i in range(50):
         shape = m, k, n = shapes[i % len(shapes)]
         if path == "mixed":
-            monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", list(PATHS.values())[i // 2 % 2])
+            monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", list(EAGER_PATHS.values())[i // 2 % 2])
         if i % 2:
             a = small_ints(i + rank, world * m, k, "bf16")
             calls.append(("rs", i, shape, collectives.gemm_reduce_scatter(a, small_ints(100 + rank, k, n, "bf16"))))
