@@ -32,9 +32,9 @@ barrier follows the GEMMs on the side stream, the stream of the call's previous 
 current stream joins after it.
 
 Eager calls: the host's work for the blocks (W GEMMs, the copies, two barriers, W + 1 event
-records and waits, two switches of torch's current stream and back) took ~150 us a block on the
-4 x H200 host, longer than a block's GEMM at M = N = K = 4096 (45 us): the host, not the GPU,
-bounded such calls.  So an eager call (not captured) runs blocks only where the GEMM outlasts
+records and waits, the switches between the streams) took ~150 us a block on the 4 x H200
+host, longer than a block's GEMM at M = N = K = 4096 (45 us): the host, not the GPU, bounded
+such calls.  So an eager call (not captured) runs blocks only where the GEMM outlasts
 that host time (:func:`eager_blocks`); else one GEMM and one collective of the library
 (``gemm_reduce_scatter``: the whole product, then :func:`collectives.reduce_scatter` of it;
 ``all_gather_gemm``: :func:`collectives.all_gather` of the shards, then the GEMM), every rank
