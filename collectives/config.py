@@ -121,6 +121,16 @@ OVERLAP_EAGER_HOST_US_PER_BLOCK = 150.0
 #: bf16 on an H200, 733-763 TFLOP/s at the GEMM-overlap bench's shapes (180 us at 4096^3).
 OVERLAP_GEMM_FLOPS = 7.5e14
 
+#: How GEMM overlap's blocks cross between GPUs (the reduce-scatter's pushes, the all-gather's
+#: pulls): ``"copy"``, torch's ``copy_`` (``cudaMemcpyAsync``); or ``"engine"``,
+#: ``cuMemcpyBatchAsync`` with ``CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`` (CUDA 12.8+), the
+#: driver's hint to keep a copy on a copy engine, off the GEMMs' SMs.  Eager calls only: the
+#: driver has no graph node for a batched copy, so a captured call copies with ``"copy"``.  A
+#: diagnostic (``gemm_overlap_bench --variants engine``): on 4 x H200 at 4096^3 a block's GEMM
+#: took 58 us beside a pull and 50 us alone (``docs/data/overlap-timeline-4xH200.json``).
+OVERLAP_COPIES = ("copy", "engine")
+OVERLAP_COPY = "copy"
+
 
 #: Slots of a communicator's stream flags (:meth:`collectives.runtime.stream_flags.StreamFlags.post`;
 #: the GEMM-overlap functions use none).

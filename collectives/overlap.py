@@ -161,9 +161,10 @@ def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None
         raise CollectiveError(f"gemm_reduce_scatter: out must be a contiguous ({m}, {n}) {a.dtype} tensor")
     if m == 0:
         return out
+    engine = _engine("gemm_reduce_scatter")
     workspace = _workspace(comm, "gemm_reduce_scatter", rows * n, a.dtype)  # (either way: a capture needs it)
-    values = [rows, n]
-    if timeline is None and not capturing() and not eager_blocks(world, rows, k, n):
+    values, capture = [rows, n], capturing()
+    if timeline is None and not capture and not eager_blocks(world, rows, k, n):
         from .api import reduce_scatter
 
         comm.meet_ranks_on_device("gemm_reduce_scatter: before the GEMM (values: rows, N)", values)
@@ -197,7 +198,10 @@ def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None
             _switch(side)
             event.wait(side)
             marks = _marks(timeline, "comm", d, side)
-            owners[d].copy_(sent[d])
+            if engine and not capture:
+                _engine_copy(owners[d], sent[d], side)
+            else:
+                owners[d].copy_(sent[d])
             _close(marks, side)
             _switch(main)
         marks = _marks(timeline, "gemm", -1, main)
@@ -248,9 +252,10 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
     start = config.OVERLAP_START
     if start not in config.OVERLAP_STARTS:
         raise CollectiveError(f"all_gather_gemm: config.OVERLAP_START is {start!r}, not one of {config.OVERLAP_STARTS}")
+    engine = _engine("all_gather_gemm")
     workspace = _workspace(comm, "all_gather_gemm", world * m * k, a_shard.dtype)  # (either way: a capture needs it)
-    values = [m, k]
-    if timeline is None and not capturing() and not eager_blocks(world, world * m, k, n):
+    values, capture = [m, k], capturing()
+    if timeline is None and not capture and not eager_blocks(world, world * m, k, n):
         from .api import all_gather
 
         comm.meet_ranks_on_device("all_gather_gemm: before the all-gather (values: rows, K)", values)
@@ -279,7 +284,10 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
             _switch(side)
         for q, event in zip(peers, arrived):
             marks = _marks(timeline, "comm", q, side)
-            shards[q].copy_(owners[q][q])
+            if engine and not capture:
+                _engine_copy(shards[q], owners[q][q], side)
+            else:
+                shards[q].copy_(owners[q][q])
             _close(marks, side)
             event.record(side)
     finally:
@@ -296,6 +304,29 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
     join.record(side)
     join.wait(main)
     return out
+
+
+def _engine(name: str) -> bool:
+    """Whether :data:`~collectives.config.OVERLAP_COPY` asks for copy-engine copies (refusing
+    another value than its choices)."""
+    how = config.OVERLAP_COPY
+    if how not in config.OVERLAP_COPIES:
+        raise CollectiveError(f"{name}: config.OVERLAP_COPY is {how!r}, not one of {config.OVERLAP_COPIES}")
+    return how == "engine"
+
+
+def _engine_copy(dst: torch.Tensor, src: torch.Tensor, stream: torch.cuda.Stream) -> None:
+    """``dst.copy_(src)`` (contiguous, of one size and dtype) by ``cuMemcpyBatchAsync`` on
+    ``stream``, hinted to a copy engine (``CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE``)."""
+    from cuda.bindings import driver
+
+    attrs = driver.CUmemcpyAttributes()
+    attrs.srcAccessOrder = driver.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+    attrs.flags = driver.CUmemcpyFlags.CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE
+    err = driver.cuMemcpyBatchAsync([driver.CUdeviceptr(dst.data_ptr())], [driver.CUdeviceptr(src.data_ptr())],
+                                    [dst.numel() * dst.element_size()], 1, [attrs], [0], 1, stream.cuda_stream)[0]
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise CollectiveError(f"cuMemcpyBatchAsync (config.OVERLAP_COPY 'engine') failed: {err}")
 
 
 #: :data:`~collectives.config.OVERLAP_EAGER_HOST_US_PER_BLOCK` that makes every eager call run

@@ -24,7 +24,10 @@ M x N.  Per shape, op and mode (eager calls, CUDA-graph replays; slowest rank's 
   ``torch._C._set_sm_carveout_experimental``), an eager path, ``blocks`` or ``one``
   (:data:`~collectives.config.OVERLAP_EAGER_HOST_US_PER_BLOCK` 0 or inf: eager calls run the
   blocks, or one GEMM and one collective, whatever the shape; graphs always run the blocks, so
-  those variants have no graph row), or these joined by ``+``;
+  those variants have no graph row), ``engine`` (:data:`~collectives.config.OVERLAP_COPY`: the
+  peer copies by ``cuMemcpyBatchAsync`` hinted to a copy engine; eager only, as the library
+  runs it; timed as a baseline is: where the driver refuses it, skipped with the reason), or
+  these joined by ``+``;
 - ``mm_nccl`` (chunks 1) and ``torch_fused`` (chunks 0: its own) baselines; a baseline that
   raises is skipped with its reason, never the run.
 
@@ -95,11 +98,13 @@ def applied(variant: str) -> Iterator[None]:
     inside; the defaults restored after."""
     carving = hasattr(torch._C, "_set_sm_carveout_experimental")
     start, carveout = config.OVERLAP_START, torch._C._get_sm_carveout_experimental() if carving else None
-    host_us = config.OVERLAP_EAGER_HOST_US_PER_BLOCK
+    host_us, copy = config.OVERLAP_EAGER_HOST_US_PER_BLOCK, config.OVERLAP_COPY
     try:
         for part in filter(None, variant.split("+")):
             if part in config.OVERLAP_STARTS:
                 config.OVERLAP_START = part
+            elif part == "engine":
+                config.OVERLAP_COPY = part
             elif part in overlap.EAGER_PATHS:
                 config.OVERLAP_EAGER_HOST_US_PER_BLOCK = overlap.EAGER_PATHS[part]
             elif part.startswith("carve") and part[5:].isdigit():
@@ -107,10 +112,10 @@ def applied(variant: str) -> Iterator[None]:
                     raise ValueError(f"variant {part!r}: this torch has no torch._C._set_sm_carveout_experimental")
                 torch._C._set_sm_carveout_experimental(int(part[5:]))
             else:
-                raise ValueError(f"unknown variant {part!r} (side, first, carve<N>, blocks, one)")
+                raise ValueError(f"unknown variant {part!r} (side, first, carve<N>, blocks, one, engine)")
         yield
     finally:
-        config.OVERLAP_START, config.OVERLAP_EAGER_HOST_US_PER_BLOCK = start, host_us
+        config.OVERLAP_START, config.OVERLAP_EAGER_HOST_US_PER_BLOCK, config.OVERLAP_COPY = start, host_us, copy
         if carving:
             torch._C._set_sm_carveout_experimental(carveout)
 
@@ -124,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
                              "library's (0: default; lower: higher)")
     parser.add_argument("--variants", default="side,carve16,side+carve16,blocks,one",
                         help="comma-separated variants of ours to time besides the library's (side, first, carve<N>, "
-                             "blocks, one, joined by +; empty: none)")
+                             "blocks, one, engine, joined by +; empty: none)")
     parser.add_argument("--no-graph", action="store_true")
     parser.add_argument("--no-host", action="store_true", help="skip the host time per eager call")
     parser.add_argument("--out", help="write DIR/gemm-overlap-<device>.json")
@@ -221,12 +226,14 @@ def main(argv: list[str] | None = None) -> None:
                         parts = set(v.split("+"))
                         if op != "all_gather_gemm" and parts & set(config.OVERLAP_STARTS):
                             continue  # (the start is the all-gather's: the reduce-scatter would repeat a row)
-                        if graph and parts & set(overlap.EAGER_PATHS):
-                            continue  # (a captured call runs the blocks: the row would repeat ours)
+                        if graph and parts & {*overlap.EAGER_PATHS, "engine"}:
+                            continue  # (a captured call runs the blocks, copying with copy_: the row would repeat ours)
                         with applied(v):
-                            us = rec.ours(timed(ours), impl=f"ours_{v}", chunks=chunks(), **row)
+                            time_it = rec.baseline if "engine" in parts else rec.ours
+                            us = time_it(timed(ours), impl=f"ours_{v}", chunks=chunks(), **row)
                             collectives.synchronize()
-                            _line(rank, op, mode, m, n, f"ours_{v}", chunks(), us, alone, best)
+                            if us is not None:
+                                _line(rank, op, mode, m, n, f"ours_{v}", chunks(), us, alone, best)
                     for impl, t in zip(("mm_nccl", "torch_fused"), base):
                         if t is not None:
                             _line(rank, op, mode, m, n, impl, 0, t, None, best)

@@ -316,15 +316,16 @@ def _thread_collectives(monkeypatch, together, world: int) -> None:
     monkeypatch.setattr(collectives.api, "all_gather", all_gather)
 
 
-@pytest.mark.parametrize("path", list(EAGER_PATHS))
+@pytest.mark.parametrize("path", [*EAGER_PATHS, "engine"])
 @pytest.mark.parametrize("start", ["side", "first"])
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_every_rank_gets_its_rows_of_the_sum_and_the_gathered_product(on_cpu, monkeypatch, world: int,
                                                                       start: str, path: str) -> None:
     """W ranks as threads, each barrier a thread barrier: twice in a row (the workspaces
     reused), gemm_reduce_scatter gives each rank its rows of sum_r a_r @ b_r and all_gather_gemm
-    concat_r(shard_r) @ b, exactly, run as blocks or as one GEMM and one collective; what each
-    rank pushes, pulls, sums and hands the collective is addressed right."""
+    concat_r(shard_r) @ b, exactly, run as blocks (their copies torch's or, ``"engine"``, the
+    copy-engine copies of :data:`~collectives.config.OVERLAP_COPY`) or as one GEMM and one
+    collective; what each rank pushes, pulls, sums and hands the collective is addressed right."""
     import threading
 
     from collectives import config
@@ -332,7 +333,12 @@ def test_every_rank_gets_its_rows_of_the_sum_and_the_gathered_product(on_cpu, mo
     if path == "one" and start == "side":
         pytest.skip("(the start is the blocks')")
     monkeypatch.setattr(config, "OVERLAP_START", start)
-    monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", EAGER_PATHS[path])
+    monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", EAGER_PATHS.get(path, 0.0))
+    engine_copies: list = []
+    if path == "engine":
+        monkeypatch.setattr(config, "OVERLAP_COPY", "engine")
+        monkeypatch.setattr(overlap, "_engine_copy",
+                            lambda dst, src, stream: (engine_copies.append(stream.name), dst.copy_(src)))
     m, k, n = 3, 8, 5
     workspaces = [{} for _ in range(world)]
     ranks = [_Rank(world, r, workspaces) for r in range(world)]
@@ -366,6 +372,8 @@ def test_every_rank_gets_its_rows_of_the_sum_and_the_gathered_product(on_cpu, mo
         for rank in range(world):
             assert torch.equal(results["rs", rank, call].float(), total[rank * m:(rank + 1) * m]), (rank, call)
             assert torch.equal(results["ag", rank, call].float(), gathered), (rank, call)
+    # (every peer copy by the copy engine, on the side stream: W ranks, W - 1 pushes and pulls, 2 calls)
+    assert engine_copies == (["side"] * (world * (world - 1) * 2 * 2) if path == "engine" else [])
 
 
 def _recorded(monkeypatch, events: list[str], world: int, rank: int) -> _Rank:
@@ -450,10 +458,11 @@ def test_an_eager_call_makes_no_cuda_object_and_launches_only_its_work(on_cpu, m
     4096, against 301-304 for torch.mm + NCCL, the host's time): after the first call, no CUDA
     event or stream is made (a ``wait_stream`` makes an event; the fork, join and per-block events
     are the communicator's, reused), torch's current stream is switched by the raw setter only,
-    to the side stream and back around the barriers and each push (``on_cpu`` refuses torch.cuda.current_stream and
-    torch.cuda.stream), and the host enqueues, as blocks (each push right after its GEMM), W GEMMs, W - 1 peer copies (+ the
-    shard's), two barriers, a sum (reduce-scatter), one event record and one wait per
-    cross-stream edge; as one GEMM, that GEMM and one collective, nothing else."""
+    to the side stream and back around the barriers and each push (``on_cpu`` refuses
+    torch.cuda.current_stream and torch.cuda.stream), and the host enqueues, as blocks (each push
+    right after its GEMM), W GEMMs, W - 1 peer copies (+ the shard's), two barriers, a sum
+    (reduce-scatter), one event record and one wait per cross-stream edge; as one GEMM, that
+    GEMM and one collective, nothing else."""
     import collections
     import types
 
@@ -574,3 +583,28 @@ def test_captured_or_timed_calls_run_blocks_whatever_their_size(on_cpu, monkeypa
     overlap._all_gather_gemm_on(comm, a[:8], b, None, timeline)
     events[:] = [e.split("@")[0] for e in events]
     assert events.count("gemm") == (world + 1) + world and events.count("launch") == 2 * 2
+
+
+def test_copy_engine_copies_are_eager_only_and_another_copy_is_refused(on_cpu, monkeypatch) -> None:
+    """``OVERLAP_COPY = "engine"``: a captured call copies with torch's copy_ (the driver has no
+    graph node for a batched copy); a value that is not a choice is refused before anything is
+    grown or launched."""
+    from collectives import config
+
+    events: list[str] = []
+    comm = _recorded(monkeypatch, events, 2, rank=0)
+    monkeypatch.setattr(overlap, "_engine_copy", lambda dst, src, stream: events.append("engine"))
+    monkeypatch.setattr(overlap, "capturing", lambda: True)
+    monkeypatch.setattr(config, "OVERLAP_COPY", "engine")
+    a, b = torch.zeros(16, 16, dtype=torch.float16), torch.zeros(16, 32, dtype=torch.float16)
+    overlap._gemm_reduce_scatter_on(comm, a, b, None, None)
+    overlap._all_gather_gemm_on(comm, a[:8], b, None, None)
+    assert "engine" not in events and events.count("copy@side") == 2
+    monkeypatch.setattr(config, "OVERLAP_COPY", "dma")
+    events.clear()
+    comm.staging = lambda nbytes, slot: events.append("grown")
+    for call in (lambda: overlap._gemm_reduce_scatter_on(comm, a, b, None, None),
+                 lambda: overlap._all_gather_gemm_on(comm, a[:8], b, None, None)):
+        with pytest.raises(CollectiveError, match="OVERLAP_COPY"):
+            call()
+    assert events == []
