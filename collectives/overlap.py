@@ -161,9 +161,10 @@ def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None
         raise CollectiveError(f"gemm_reduce_scatter: out must be a contiguous ({m}, {n}) {a.dtype} tensor")
     if m == 0:
         return out
-    engine = _engine("gemm_reduce_scatter")
+    capture = capturing()
+    engine = _engine("gemm_reduce_scatter") and not capture  # (copy-engine copies: eager only)
     workspace = _workspace(comm, "gemm_reduce_scatter", rows * n, a.dtype)  # (either way: a capture needs it)
-    values, capture = [rows, n], capturing()
+    values = [rows, n]
     if timeline is None and not capture and not eager_blocks(world, rows, k, n):
         from .api import reduce_scatter
 
@@ -198,7 +199,7 @@ def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None
             _switch(side)
             event.wait(side)
             marks = _marks(timeline, "comm", d, side)
-            if engine and not capture:
+            if engine:
                 _engine_copy(owners[d], sent[d], side)
             else:
                 owners[d].copy_(sent[d])
@@ -252,9 +253,10 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
     start = config.OVERLAP_START
     if start not in config.OVERLAP_STARTS:
         raise CollectiveError(f"all_gather_gemm: config.OVERLAP_START is {start!r}, not one of {config.OVERLAP_STARTS}")
-    engine = _engine("all_gather_gemm")
+    capture = capturing()
+    engine = _engine("all_gather_gemm") and not capture  # (copy-engine copies: eager only)
     workspace = _workspace(comm, "all_gather_gemm", world * m * k, a_shard.dtype)  # (either way: a capture needs it)
-    values, capture = [m, k], capturing()
+    values = [m, k]
     if timeline is None and not capture and not eager_blocks(world, world * m, k, n):
         from .api import all_gather
 
@@ -284,7 +286,7 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
             _switch(side)
         for q, event in zip(peers, arrived):
             marks = _marks(timeline, "comm", q, side)
-            if engine and not capture:
+            if engine:
                 _engine_copy(shards[q], owners[q][q], side)
             else:
                 shards[q].copy_(owners[q][q])
