@@ -429,4 +429,5 @@ def _close(end: torch.cuda.Event | None, stream: torch.cuda.Stream) -> None:
         end.record(stream)
 
 
-__all__ = ["all_gather_gemm", "eager_all_gather_gemm", "eager_gemm_reduce_scatter", "gemm_reduce_scatter", "peer_order"]
+__all__ = ["EAGER_PATHS", "all_gather_gemm", "eager_all_gather_gemm", "eager_blocks", "eager_gemm_reduce_scatter",
+           "gemm_reduce_scatter", "peer_order"]
