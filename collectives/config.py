@@ -105,6 +105,32 @@ PDL = True
 OVERLAP_STARTS = ("side", "first")
 OVERLAP_START = "first"
 
+#: Eager GEMM overlap (a call not captured into a CUDA graph) splits its GEMM into one block per
+#: rank only where the whole GEMM, at :data:`OVERLAP_GEMM_FLOPS`, lasts at least as long as the
+#: host takes to issue the blocks, ``W x OVERLAP_EAGER_HOST_US_PER_BLOCK``
+#: (:func:`collectives.overlap.eager_blocks`); else it is one GEMM and one collective (the
+#: library's reduce-scatter or all-gather), fewer launches than the host could hide.  Captured
+#: calls always run the blocks (a replay costs no host time).  On 4 x H200 (tree e88f8b8,
+#: docs/data/gemm-overlap-4xH200.json, mode ``host``) an eager call of 4 blocks took 450-670 us
+#: of host time, ~150 us a block on that host's slow CPU (4 GEMMs at ~25 us, copies, events,
+#: stream switches, 2 barriers), while the GEMM of M = N = K = 4096 takes 180 us: eagerly ours
+#: took 572 us (reduce-scatter) and 611 us (all-gather) against 304 and 301 for torch.mm + NCCL.
+#: Inf: always one GEMM; 0: always the blocks.
+OVERLAP_EAGER_HOST_US_PER_BLOCK = 150.0
+#: The GEMM rate (flop/s) :data:`OVERLAP_EAGER_HOST_US_PER_BLOCK` is weighed against: cuBLAS's
+#: bf16 on an H200, 733-763 TFLOP/s at the GEMM-overlap bench's shapes (180 us at 4096^3).
+OVERLAP_GEMM_FLOPS = 7.5e14
+
+#: How GEMM overlap's blocks cross between GPUs (the reduce-scatter's pushes, the all-gather's
+#: pulls): ``"copy"``, torch's ``copy_`` (``cudaMemcpyAsync``); or ``"engine"``,
+#: ``cuMemcpyBatchAsync`` with ``CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE`` (CUDA 12.8+), the
+#: driver's hint to keep a copy on a copy engine, off the GEMMs' SMs.  Eager calls only: the
+#: driver has no graph node for a batched copy, so a captured call copies with ``"copy"``.  A
+#: diagnostic (``gemm_overlap_bench --variants engine``): on 4 x H200 at 4096^3 a block's GEMM
+#: took 58 us beside a pull and 50 us alone (``docs/data/overlap-timeline-4xH200.json``).
+OVERLAP_COPIES = ("copy", "engine")
+OVERLAP_COPY = "copy"
+
 
 #: Slots of a communicator's stream flags (:meth:`collectives.runtime.stream_flags.StreamFlags.post`;
 #: the GEMM-overlap functions use none).

@@ -31,6 +31,22 @@ barrier follows the GEMMs on the side stream, the stream of the call's previous 
 ``follow`` orders nothing; on the current stream it would cost two orders per call); the
 current stream joins after it.
 
+Eager calls: the host's work for the blocks (W GEMMs, the copies, two barriers, W + 1 event
+records and waits, the switches between the streams) took ~150 us a block on the 4 x H200
+host, longer than a block's GEMM at M = N = K = 4096 (45 us): the host, not the GPU, bounded
+such calls.  So an eager call (not captured) runs blocks only where the GEMM outlasts
+that host time (:func:`eager_blocks`); else one GEMM and one collective of the library
+(``gemm_reduce_scatter``: the whole product, then :func:`collectives.reduce_scatter` of it;
+``all_gather_gemm``: :func:`collectives.all_gather` of the shards, then the GEMM), every rank
+choosing alike (the shapes and knobs decide).  Such a call still makes the workspace and the
+barrier's plan that a capture of it needs.  The blocks' host path takes the current stream by
+its raw handle and switches it with torch's raw setter (:func:`_current`, :func:`_switch`):
+``torch.cuda.current_stream()`` and ``torch.cuda.stream()`` cost 8 us or more each on that host.
+The reduce-scatter enqueues each push right after its block's GEMM: enqueued after all of them,
+the pushes of a host-bound call started only after the last GEMM (4 x H200, 4096^3: at 263 us,
+the GEMMs 0-267 us, ``docs/data/overlap-timeline-4xH200.json``); in a graph the order is the same
+either way (the same edges).
+
 Forward progress: every event is recorded (on the other stream) before the wait on it is
 queued (a wait on an event not yet recorded would not wait at all), and nothing on either stream spins but the barriers, whose ranks all launch them.
 Where ranks share a GPU (a one-GPU world), a GEMM's (or a reduction's) first call for a shape
@@ -55,13 +71,15 @@ Ownership of rows (``W`` ranks, ``M`` rows of ``a`` per rank, ``M % W == 0``):
 Traced by ``torch.compile``, each function records its custom operator
 (``collectives::gemm_reduce_scatter`` / ``collectives::all_gather_gemm``, :mod:`collectives.runtime.torch_ops`).
 Like the collectives, a call is capturable in a CUDA graph once the same call ran eagerly
-(that call allocates the symmetric workspace and compiles the barrier).  The workspaces are
+(that call allocates the symmetric workspace and compiles the barrier, whichever way it ran);
+a captured call always runs the blocks.  The workspaces are
 staging-pool slots (:class:`~collectives.runtime.staging.StagingPool`): grown collectively, and never
 freed once a captured graph used them (the collectives' launches under capture pin what they use).
 """
 
 from __future__ import annotations
 
+import contextlib
 
 import torch
 
@@ -69,6 +87,7 @@ from . import config
 from .config import Slot
 from .dtypes import DTYPES
 from .errors import CollectiveError
+from .algorithms.plan import capturing, current_stream
 from .runtime import torch_ops
 from .runtime.communicator import Communicator, Group, communicator, traceable
 
@@ -82,7 +101,7 @@ _WORKSPACE_SLOT = {"gemm_reduce_scatter": Slot.GEMM_REDUCE_SCATTER, "all_gather_
 def _workspace(comm: Communicator, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
     """Symmetric workspace ``name`` of ``numel`` elements: the front of its staging-pool slot
     (grown collectively; a superseded one is freed only if no captured graph used it)."""
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
+    nbytes = numel * dtype.itemsize
     return comm.staging(nbytes, _WORKSPACE_SLOT[name])[:nbytes].view(dtype)
 
 
@@ -124,14 +143,14 @@ def eager_gemm_reduce_scatter(a: torch.Tensor, b: torch.Tensor, out: torch.Tenso
     stream) and copy (``"comm"``, side stream), ``block`` the rank it is for (-1: this rank's own)
     (``collectives.tools.overlap_timeline``)."""
     comm = communicator(group)
-    with comm.errors.call():
+    with comm.errors.call(), _on_device(comm.device_index):
         return _gemm_reduce_scatter_on(comm, a, b, out, timeline)
 
 
 def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None) -> torch.Tensor:
     from .api import barrier
 
-    rows, _, n = _check("gemm_reduce_scatter", comm, a, b)
+    rows, k, n = _check("gemm_reduce_scatter", comm, a, b)
     world, rank = comm.world, comm.rank
     if rows % world:
         raise CollectiveError(f"gemm_reduce_scatter: a has {rows} rows, not a multiple of world_size ({world})")
@@ -142,38 +161,61 @@ def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None
         raise CollectiveError(f"gemm_reduce_scatter: out must be a contiguous ({m}, {n}) {a.dtype} tensor")
     if m == 0:
         return out
+    capture = capturing()
+    engine = _engine("gemm_reduce_scatter") and not capture  # (copy-engine copies: eager only)
+    workspace = _workspace(comm, "gemm_reduce_scatter", rows * n, a.dtype)  # (either way: a capture needs it)
+    values = [rows, n]
+    if timeline is None and not capture and not eager_blocks(world, rows, k, n):
+        from .api import reduce_scatter
+
+        comm.meet_ranks_on_device("gemm_reduce_scatter: before the GEMM (values: rows, N)", values)
+        comm.barrier_plan()  # (unused here, made as the blocks would: a capture of this call needs it)
+        product = torch.mm(a, b)
+        comm.meet_ranks_on_device("gemm_reduce_scatter: GEMM enqueued (values: rows, N)", values)
+        return reduce_scatter(out, product, group=comm)
     # received[p]: rank p's product of this rank's rows (pushed by p; this rank's own written
     # here); sent[d]: this rank's product of rank d's rows, pushed from there (local: read on the
     # side stream, which the current stream joins before any later use of its memory).
-    received = _workspace(comm, "gemm_reduce_scatter", rows * n, a.dtype).view(world, m, n)
-    sent = torch.empty_like(received)
-    owners = comm.ctx.peer_tensors(received)
-    main, side = torch.cuda.current_stream(), comm.stream_flags.side()
+    received = workspace.view(world, m, n)
+    sent = torch.empty_like(received).unbind(0)
+    mine = received[rank]
+    owners = comm.ctx.peer_tensors(mine)  # owners[d]: block ``rank`` of rank d's received
+    blocks, peers = a.split(m), peer_order(world, rank)
+    main, side = _current(comm.device_index), comm.stream_flags.side()
     fork, join, *done = comm.stream_flags.events(world + 1)
-    comm.meet_ranks_on_device("gemm_reduce_scatter: before the start barrier (values: rows, N)", [rows, n])
-    _order(fork, main, side)
-    with torch.cuda.stream(side):  # before the GEMMs are enqueued (see "Host order" above)
+    comm.meet_ranks_on_device("gemm_reduce_scatter: before the start barrier (values: rows, N)", values)
+    try:
+        fork.record(main)
+        fork.wait(side)
+        _switch(side)  # before the GEMMs are enqueued (see "Host order" above)
         barrier(group=comm)  # every rank's previous call has summed its received blocks
-    comm.meet_ranks_on_device("gemm_reduce_scatter: start barrier launched (values: rows, N)", [rows, n])
-    for d, event in zip(peer_order(world, rank), done):
-        marks = _marks(timeline, "gemm", d, main)
-        torch.mm(a[d * m:(d + 1) * m], b, out=sent[d])
-        _close(marks, main)
-        event.record(main)
-    marks = _marks(timeline, "gemm", -1, main)
-    torch.mm(a[rank * m:(rank + 1) * m], b, out=received[rank])  # hides the last push
-    _close(marks, main)
-    with torch.cuda.stream(side):
-        for d, event in zip(peer_order(world, rank), done):
-            side.wait_event(event)
+        _switch(main)
+        comm.meet_ranks_on_device("gemm_reduce_scatter: start barrier launched (values: rows, N)", values)
+        for d, event in zip(peers, done):  # each push enqueued right after its GEMM (see "Eager calls")
+            marks = _marks(timeline, "gemm", d, main)
+            torch.mm(blocks[d], b, out=sent[d])
+            _close(marks, main)
+            event.record(main)
+            _switch(side)
+            event.wait(side)
             marks = _marks(timeline, "comm", d, side)
-            owners[d][rank].copy_(sent[d])
+            if engine:
+                _engine_copy(owners[d], sent[d], side)
+            else:
+                owners[d].copy_(sent[d])
             _close(marks, side)
-    comm.meet_ranks_on_device("gemm_reduce_scatter: GEMMs enqueued (values: rows, N)", [rows, n])
-    with torch.cuda.stream(side):  # (the start barrier's stream: see "Host order" above)
-        barrier(group=comm)  # every rank's pushes have landed
-    comm.meet_ranks_on_device("gemm_reduce_scatter: end barrier launched (values: rows, N)", [rows, n])
-    _order(join, side, main)
+            _switch(main)
+        marks = _marks(timeline, "gemm", -1, main)
+        torch.mm(blocks[rank], b, out=mine)  # hides the last push
+        _close(marks, main)
+        _switch(side)
+        comm.meet_ranks_on_device("gemm_reduce_scatter: GEMMs enqueued (values: rows, N)", values)
+        barrier(group=comm)  # every rank's pushes have landed (the start barrier's stream: see "Host order")
+    finally:
+        _switch(main)
+    comm.meet_ranks_on_device("gemm_reduce_scatter: end barrier launched (values: rows, N)", values)
+    join.record(side)
+    join.wait(main)
     torch.sum(received, dim=0, out=out)
     return out
 
@@ -193,7 +235,7 @@ def eager_all_gather_gemm(a_shard: torch.Tensor, b: torch.Tensor, out: torch.Ten
     """:func:`all_gather_gemm` run now (never traced); ``timeline`` as for
     :func:`eager_gemm_reduce_scatter` (``"comm"``: a peer's pull)."""
     comm = communicator(group)
-    with comm.errors.call():
+    with comm.errors.call(), _on_device(comm.device_index):
         return _all_gather_gemm_on(comm, a_shard, b, out, timeline)
 
 
@@ -208,40 +250,101 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
         raise CollectiveError(f"all_gather_gemm: out must be a contiguous ({world * m}, {n}) {a_shard.dtype} tensor")
     if m == 0:
         return out
-    # gathered[q]: rank q's shard (this rank's own copied in, the peers' pulled from theirs).
-    gathered = _workspace(comm, "all_gather_gemm", world * m * k, a_shard.dtype).view(world, m, k)
-    owners = comm.ctx.peer_tensors(gathered)
     start = config.OVERLAP_START
     if start not in config.OVERLAP_STARTS:
         raise CollectiveError(f"all_gather_gemm: config.OVERLAP_START is {start!r}, not one of {config.OVERLAP_STARTS}")
-    main, side = torch.cuda.current_stream(), comm.stream_flags.side()
+    capture = capturing()
+    engine = _engine("all_gather_gemm") and not capture  # (copy-engine copies: eager only)
+    workspace = _workspace(comm, "all_gather_gemm", world * m * k, a_shard.dtype)  # (either way: a capture needs it)
+    values = [m, k]
+    if timeline is None and not capture and not eager_blocks(world, world * m, k, n):
+        from .api import all_gather
+
+        comm.meet_ranks_on_device("all_gather_gemm: before the all-gather (values: rows, K)", values)
+        whole = all_gather(torch.empty((world * m, k), dtype=a_shard.dtype, device=a_shard.device), a_shard,
+                           group=comm)
+        comm.meet_ranks_on_device("all_gather_gemm: all-gather launched (values: rows, K)", values)
+        comm.barrier_plan()  # (unused here, made as the blocks would: a capture of this call needs it)
+        return torch.mm(whole, b, out=out)
+    gathered = workspace.view(world, m, k)  # gathered[q]: rank q's shard (this rank's own copied in, the peers' pulled)
+    owners = comm.ctx.peer_tensors(gathered)
+    shards, products, peers = gathered.unbind(0), out.split(m), peer_order(world, rank)
+    main, side = _current(comm.device_index), comm.stream_flags.side()
     fork, join, *arrived = comm.stream_flags.events(world + 1)
-    comm.meet_ranks_on_device("all_gather_gemm: before the barriers (values: rows, K)", [m, k])
-    if start == "side":
-        _order(fork, main, side)
-    with torch.cuda.stream(side if start == "side" else main):  # before the GEMMs (see "Host order" above)
+    comm.meet_ranks_on_device("all_gather_gemm: before the barriers (values: rows, K)", values)
+    try:
+        if start == "side":
+            fork.record(main)
+            fork.wait(side)
+            _switch(side)  # before the GEMMs (see "Host order" above)
         barrier(group=comm)  # every rank's previous call has read its block
-        gathered[rank].copy_(a_shard)
+        shards[rank].copy_(a_shard)
         barrier(group=comm)  # every rank's block is in place
-    if start == "first":
-        _order(fork, main, side)  # the pulls follow the start
-    with torch.cuda.stream(side):
-        for q, event in zip(peer_order(world, rank), arrived):
+        if start == "first":
+            fork.record(main)  # the pulls follow the start
+            fork.wait(side)
+            _switch(side)
+        for q, event in zip(peers, arrived):
             marks = _marks(timeline, "comm", q, side)
-            gathered[q].copy_(owners[q][q])
+            if engine:
+                _engine_copy(shards[q], owners[q][q], side)
+            else:
+                shards[q].copy_(owners[q][q])
             _close(marks, side)
             event.record(side)
-    comm.meet_ranks_on_device("all_gather_gemm: barriers launched (values: rows, K)", [m, k])
+    finally:
+        _switch(main)
+    comm.meet_ranks_on_device("all_gather_gemm: barriers launched (values: rows, K)", values)
     marks = _marks(timeline, "gemm", -1, main)
-    torch.mm(a_shard, b, out=out[rank * m:(rank + 1) * m])  # hides the first pull (start "side": the start too)
+    torch.mm(a_shard, b, out=products[rank])  # hides the first pull (start "side": the start too)
     _close(marks, main)
-    for q, event in zip(peer_order(world, rank), arrived):
-        main.wait_event(event)
+    for q, event in zip(peers, arrived):
+        event.wait(main)
         marks = _marks(timeline, "gemm", q, main)
-        torch.mm(gathered[q], b, out=out[q * m:(q + 1) * m])
+        torch.mm(shards[q], b, out=products[q])
         _close(marks, main)
-    _order(join, side, main)
+    join.record(side)
+    join.wait(main)
     return out
+
+
+def _engine(name: str) -> bool:
+    """Whether :data:`~collectives.config.OVERLAP_COPY` asks for copy-engine copies (refusing
+    another value than its choices)."""
+    how = config.OVERLAP_COPY
+    if how not in config.OVERLAP_COPIES:
+        raise CollectiveError(f"{name}: config.OVERLAP_COPY is {how!r}, not one of {config.OVERLAP_COPIES}")
+    return how == "engine"
+
+
+def _engine_copy(dst: torch.Tensor, src: torch.Tensor, stream: torch.cuda.Stream) -> None:
+    """``dst.copy_(src)`` (contiguous, of one size and dtype) by ``cuMemcpyBatchAsync`` on
+    ``stream``, hinted to a copy engine (``CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE``)."""
+    from cuda.bindings import driver
+
+    attrs = driver.CUmemcpyAttributes()
+    attrs.srcAccessOrder = driver.CUmemcpySrcAccessOrder.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+    attrs.flags = driver.CUmemcpyFlags.CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE
+    err = driver.cuMemcpyBatchAsync([driver.CUdeviceptr(dst.data_ptr())], [driver.CUdeviceptr(src.data_ptr())],
+                                    [dst.numel() * dst.element_size()], 1, [attrs], [0], 1, stream.cuda_stream)[0]
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise CollectiveError(f"cuMemcpyBatchAsync (config.OVERLAP_COPY 'engine') failed: {err}")
+
+
+#: :data:`~collectives.config.OVERLAP_EAGER_HOST_US_PER_BLOCK` that makes every eager call run
+#: the blocks (``"blocks"``) or one GEMM and one collective (``"one"``), whatever its shape (the
+#: tests' and the bench's ways to take either path).
+EAGER_PATHS = {"blocks": 0.0, "one": float("inf")}
+
+
+def eager_blocks(world: int, rows: int, k: int, n: int) -> bool:
+    """Whether an eager call (not captured) of a GEMM of ``rows`` x ``k`` by ``k`` x ``n`` on
+    ``world`` ranks runs as one block per rank: whether that GEMM, at
+    :data:`~collectives.config.OVERLAP_GEMM_FLOPS`, lasts at least the host's time to issue the
+    blocks (``world`` x :data:`~collectives.config.OVERLAP_EAGER_HOST_US_PER_BLOCK`).  Else the
+    host, not the GPU, would bound the call, and one GEMM and one collective take less.  The
+    same on every rank (the shapes and the knobs are)."""
+    return 2e6 * rows * k * n >= world * config.OVERLAP_EAGER_HOST_US_PER_BLOCK * config.OVERLAP_GEMM_FLOPS
 
 
 @torch.compiler.assume_constant_result
@@ -270,11 +373,45 @@ def _all_gather_gemm_kernel(a_shard: torch.Tensor, b: torch.Tensor, world: int) 
     return eager_all_gather_gemm(a_shard, b)
 
 
-def _order(event: torch.cuda.Event, before: torch.cuda.Stream, after: torch.cuda.Stream) -> None:
-    """Make ``after`` wait for the work queued so far on ``before`` (``wait_stream`` with a
-    reused event: no new one per call)."""
-    event.record(before)
-    after.wait_event(event)
+#: torch's setter of a device's current stream, by its ids (``torch.cuda.set_stream`` without
+#: its Python wrapper, which asks the device and CUDA's availability at each call: microseconds
+#: on a slow host CPU); None in a CPU build.
+_set_stream = getattr(torch._C, "_cuda_setStream", None)
+#: torch's streams by (device, raw handle): :func:`_current`'s answers (at most :data:`_KNOWN_MAX`).
+_known: dict[tuple[int, int], torch.cuda.Stream] = {}
+_KNOWN_MAX = 64
+
+
+#: torch's current device, without ``torch.cuda.current_device``'s wrapper where torch has it.
+_get_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+
+
+def _on_device(device: int) -> contextlib.AbstractContextManager:
+    """Make ``device`` the current device inside, where it is not (:func:`_switch` needs it)."""
+    return contextlib.nullcontext() if _get_device() == device else torch.cuda.device(device)
+
+
+def _current(device: int) -> torch.cuda.Stream:
+    """torch's current stream of ``device``: found by its raw handle
+    (:func:`~collectives.algorithms.plan.current_stream`, 0.1 us), made by
+    ``torch.cuda.current_stream`` (8 us on the 4 x H200 host) once per stream.  (A handle names
+    one stream for good: torch never destroys its pooled streams, and an external stream's id is its handle.)"""
+    key = (device, current_stream(device))
+    stream = _known.get(key)
+    if stream is None:
+        if len(_known) >= _KNOWN_MAX:
+            _known.clear()
+        stream = _known[key] = torch.cuda.current_stream(device)
+    return stream
+
+
+def _switch(stream: torch.cuda.Stream) -> None:
+    """Make ``stream`` torch's current stream of its device, which must be the current device
+    (the eager functions make it so; torch's setter would make it current)."""
+    if _set_stream is None:
+        torch.cuda.set_stream(stream)
+    else:
+        _set_stream(stream_id=stream.stream_id, device_index=stream.device_index, device_type=stream.device_type)
 
 
 def _marks(timeline: list | None, kind: str, chunk: int, stream: torch.cuda.Stream):
@@ -292,4 +429,5 @@ def _close(end: torch.cuda.Event | None, stream: torch.cuda.Stream) -> None:
         end.record(stream)
 
 
-__all__ = ["all_gather_gemm", "eager_all_gather_gemm", "eager_gemm_reduce_scatter", "gemm_reduce_scatter", "peer_order"]
+__all__ = ["EAGER_PATHS", "all_gather_gemm", "eager_all_gather_gemm", "eager_blocks", "eager_gemm_reduce_scatter",
+           "gemm_reduce_scatter", "peer_order"]

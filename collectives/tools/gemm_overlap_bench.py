@@ -13,14 +13,21 @@ M x N.  Per shape, op and mode (eager calls, CUDA-graph replays; slowest rank's 
   no communication: the limit of an overlap;
 - ``gemm_chunked`` (chunks W): the GEMMs ours launches, one per rank's block of rows in ours'
   order, on one stream, no communication (:func:`gemm_chunked`): what the blocks cost;
-- ``ours`` (chunks W): as the library runs it (its side stream of
+- ``ours`` (chunks W, or 1 where an eager call runs one GEMM and one collective:
+  :func:`collectives.overlap.eager_blocks`): as the library runs it (its side stream of
   :data:`~collectives.runtime.stream_flags.SIDE_PRIORITY`), and ``ours_prioP`` for every
   ``--comm-priority`` P (a side stream of CUDA priority P: 0 the default, -1..-5 higher);
 - ``ours_<variant>`` for every ``--variants`` entry, run in the same call: a start,
   ``side`` or ``first`` (:data:`~collectives.config.OVERLAP_START`: the all-gather's start on the
   side stream beside the own GEMM, or on the current stream before it, the default;
   all_gather_gemm only), ``carve<N>`` (cuBLAS told to leave N SMs free during our GEMMs,
-  ``torch._C._set_sm_carveout_experimental``), or both joined by ``+``;
+  ``torch._C._set_sm_carveout_experimental``), an eager path, ``blocks`` or ``one``
+  (:data:`~collectives.config.OVERLAP_EAGER_HOST_US_PER_BLOCK` 0 or inf: eager calls run the
+  blocks, or one GEMM and one collective, whatever the shape; graphs always run the blocks, so
+  those variants have no graph row), ``engine`` (:data:`~collectives.config.OVERLAP_COPY`: the
+  peer copies by ``cuMemcpyBatchAsync`` hinted to a copy engine; eager only, as the library
+  runs it; timed as a baseline is: where the driver refuses it, skipped with the reason), or
+  these joined by ``+``;
 - ``mm_nccl`` (chunks 1) and ``torch_fused`` (chunks 0: its own) baselines; a baseline that
   raises is skipped with its reason, never the run.
 
@@ -86,23 +93,29 @@ def gemm_chunked(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, w
 
 @contextmanager
 def applied(variant: str) -> Iterator[None]:
-    """Our overlap set up as ``variant`` (a start, ``"side"`` or ``"first"``, ``"carve<N>"``, or
-    both joined by ``+``; ``""``: the library's defaults) inside; the defaults restored after."""
+    """Our overlap set up as ``variant`` (a start, ``"side"`` or ``"first"``, ``"carve<N>"``, an
+    eager path of :data:`collectives.overlap.EAGER_PATHS`, or these joined by ``+``; ``""``: the library's defaults)
+    inside; the defaults restored after."""
     carving = hasattr(torch._C, "_set_sm_carveout_experimental")
     start, carveout = config.OVERLAP_START, torch._C._get_sm_carveout_experimental() if carving else None
+    host_us, copy = config.OVERLAP_EAGER_HOST_US_PER_BLOCK, config.OVERLAP_COPY
     try:
         for part in filter(None, variant.split("+")):
             if part in config.OVERLAP_STARTS:
                 config.OVERLAP_START = part
+            elif part == "engine":
+                config.OVERLAP_COPY = part
+            elif part in overlap.EAGER_PATHS:
+                config.OVERLAP_EAGER_HOST_US_PER_BLOCK = overlap.EAGER_PATHS[part]
             elif part.startswith("carve") and part[5:].isdigit():
                 if not carving:
                     raise ValueError(f"variant {part!r}: this torch has no torch._C._set_sm_carveout_experimental")
                 torch._C._set_sm_carveout_experimental(int(part[5:]))
             else:
-                raise ValueError(f"unknown variant {part!r} (side, first, carve<N>)")
+                raise ValueError(f"unknown variant {part!r} (side, first, carve<N>, blocks, one, engine)")
         yield
     finally:
-        config.OVERLAP_START = start
+        config.OVERLAP_START, config.OVERLAP_EAGER_HOST_US_PER_BLOCK, config.OVERLAP_COPY = start, host_us, copy
         if carving:
             torch._C._set_sm_carveout_experimental(carveout)
 
@@ -114,9 +127,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--comm-priority", default="",
                         help="comma-separated CUDA priorities of the communication stream to time besides the "
                              "library's (0: default; lower: higher)")
-    parser.add_argument("--variants", default="side,carve16,side+carve16",
+    parser.add_argument("--variants", default="side,carve16,side+carve16,blocks,one",
                         help="comma-separated variants of ours to time besides the library's (side, first, carve<N>, "
-                             "joined by +; empty: none)")
+                             "blocks, one, engine, joined by +; empty: none)")
     parser.add_argument("--no-graph", action="store_true")
     parser.add_argument("--no-host", action="store_true", help="skip the host time per eager call")
     parser.add_argument("--out", help="write DIR/gemm-overlap-<device>.json")
@@ -198,19 +211,29 @@ def main(argv: list[str] | None = None) -> None:
                     chunked = rec.ours(timed(gemm_chunked(op, gemm_in, b, whole, world, rank)), impl="gemm_chunked",
                                        chunks=world, **row)
                     _line(rank, op, mode, m, n, "gemm_chunked", world, chunked, alone, best)
+
+                    def chunks() -> int:
+                        """Ours' blocks in this mode, as the knobs are now."""
+                        return world if graph or overlap.eager_blocks(world, m, k, n) else 1
+
                     for priority in side_streams:
                         comm.stream_flags.use_side(side_streams[priority])
-                        us = rec.ours(timed(ours), impl=variant(priority), chunks=world, **row)
+                        us = rec.ours(timed(ours), impl=variant(priority), chunks=chunks(), **row)
                         collectives.synchronize()
-                        _line(rank, op, mode, m, n, variant(priority), world, us, alone, best)
+                        _line(rank, op, mode, m, n, variant(priority), chunks(), us, alone, best)
                     comm.stream_flags.use_side(default_side)
                     for v in variants:
-                        if op != "all_gather_gemm" and set(v.split("+")) & set(config.OVERLAP_STARTS):
+                        parts = set(v.split("+"))
+                        if op != "all_gather_gemm" and parts & set(config.OVERLAP_STARTS):
                             continue  # (the start is the all-gather's: the reduce-scatter would repeat a row)
+                        if graph and parts & {*overlap.EAGER_PATHS, "engine"}:
+                            continue  # (a captured call runs the blocks, copying with copy_: the row would repeat ours)
                         with applied(v):
-                            us = rec.ours(timed(ours), impl=f"ours_{v}", chunks=world, **row)
+                            time_it = rec.baseline if "engine" in parts else rec.ours
+                            us = time_it(timed(ours), impl=f"ours_{v}", chunks=chunks(), **row)
                             collectives.synchronize()
-                        _line(rank, op, mode, m, n, f"ours_{v}", world, us, alone, best)
+                            if us is not None:
+                                _line(rank, op, mode, m, n, f"ours_{v}", chunks(), us, alone, best)
                     for impl, t in zip(("mm_nccl", "torch_fused"), base):
                         if t is not None:
                             _line(rank, op, mode, m, n, impl, 0, t, None, best)

@@ -281,17 +281,24 @@ def test_the_timeline_of_one_call_is_rendered_with_what_shows_beyond_the_gemms()
 
 def test_the_gemm_overlap_variants_set_their_knobs_inside_and_restore_them() -> None:
     """``gemm_overlap_bench --variants``: ``first`` sets the all-gather's start, ``carve<N>`` the
-    SM carveout cuBLAS gets, both joined by ``+``; the defaults come back after, and an unknown
-    variant is refused."""
+    SM carveout cuBLAS gets, ``blocks`` / ``one`` the eager path, ``engine`` the peer copies,
+    joined by ``+``; the defaults come back after, and an unknown variant is refused."""
     import torch
 
-    from collectives import config
+    from collectives import config, overlap
     from collectives.tools.gemm_overlap_bench import applied
 
     before = (config.OVERLAP_START, torch._C._get_sm_carveout_experimental())
     with applied("first+carve16"):
         assert (config.OVERLAP_START, torch._C._get_sm_carveout_experimental()) == ("first", 16)
     assert (config.OVERLAP_START, torch._C._get_sm_carveout_experimental()) == before
+    host_us, big, small = config.OVERLAP_EAGER_HOST_US_PER_BLOCK, (4, 16384, 8192, 8192), (4, 64, 64, 64)
+    with applied("blocks"):
+        assert overlap.eager_blocks(*small)
+    with applied("side+one+engine"):
+        assert not overlap.eager_blocks(*big) and (config.OVERLAP_START, config.OVERLAP_COPY) == ("side", "engine")
+    assert config.OVERLAP_EAGER_HOST_US_PER_BLOCK == host_us and config.OVERLAP_START == before[0]
+    assert config.OVERLAP_COPY == "copy"
     with applied("carve8"):
         assert (config.OVERLAP_START, torch._C._get_sm_carveout_experimental()) == (before[0], 8)
     with pytest.raises(ValueError, match="unknown variant"), applied("first+ce"):

@@ -20,6 +20,7 @@ from collectives.runtime.error_record import ErrorRecord  # noqa: E402
 from collectives.errors import CollectiveError, CollectiveTimeout  # noqa: E402
 from collectives.runtime.stream_flags import StreamFlags  # noqa: E402
 from collectives import overlap  # noqa: E402
+from collectives.overlap import EAGER_PATHS  # noqa: E402
 from collectives.runtime.communicator import Communicator  # noqa: E402
 
 
@@ -239,7 +240,10 @@ class _Rank:
         self.stream_flags = StreamFlags.__new__(StreamFlags)  # (its events as on a GPU, the side stream a stand-in)
         self.stream_flags._events, self.stream_flags.side = [], lambda: _STREAMS.side
         self.ctx = types.SimpleNamespace(peer_tensors=self.peer_tensors)
-        self.lock = _GROWTH
+        self.lock, self.device_index = _GROWTH, 0
+
+    def barrier_plan(self) -> None:
+        """(The barrier's plan: made on a GPU, nothing here.)"""
 
     def staging(self, nbytes: int, slot) -> torch.Tensor:
         """Slot ``slot``, grown on every rank at once (the ranks ask for the same size)."""
@@ -259,13 +263,23 @@ class _Rank:
 @pytest.fixture
 def on_cpu(monkeypatch):
     """The CUDA streams (:data:`_STREAMS`), events and tensor checks of collectives.overlap made
-    no-ops."""
+    no-ops, the calls eager (not captured); torch's slow stream API refused (the eager path
+    must not use it: 8 us a call on the 4 x H200 host)."""
     import types
 
+    def slow(*args, **kwargs):
+        raise AssertionError("torch.cuda.current_stream / torch.cuda.stream on the GEMM overlap's path")
+
     monkeypatch.setattr(overlap, "_check", lambda name, comm, a, b: (a.shape[0], a.shape[1], b.shape[1]))
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda: _STREAMS.current)
-    monkeypatch.setattr(torch.cuda, "stream", _STREAMS.use)
-    monkeypatch.setattr(torch.cuda, "Event", lambda: types.SimpleNamespace(record=lambda stream: None))
+    monkeypatch.setattr(overlap, "capturing", lambda: False)
+    monkeypatch.setattr(overlap, "_current", lambda device: _STREAMS.current)
+    monkeypatch.setattr(overlap, "_switch", lambda stream: setattr(_STREAMS, "current", stream))
+    monkeypatch.setattr(torch.cuda, "current_stream", slow)
+    monkeypatch.setattr(torch.cuda, "stream", slow)
+    monkeypatch.setattr(torch.cuda, "Event", lambda: types.SimpleNamespace(record=lambda stream: None,
+                                                                           wait=lambda stream: None))
+
+
 
 
 def small_ints(salt: int, rows: int, cols: int) -> torch.Tensor:
@@ -274,25 +288,62 @@ def small_ints(salt: int, rows: int, cols: int) -> torch.Tensor:
     return ((i * 7919 + salt * 97) % 5 - 2).to(torch.float16).view(rows, cols)
 
 
+def _thread_collectives(monkeypatch, together, world: int) -> None:
+    """collectives.api's barrier, reduce_scatter and all_gather for W ranks as threads (each a
+    thread barrier around what the ranks leave in a shared table)."""
+    import collectives.api
+
+    table: dict = {}
+
+    def exchange(group, t: torch.Tensor) -> list[torch.Tensor]:
+        table[group.rank] = t.clone()
+        together.wait()
+        every = [table[r] for r in range(world)]
+        together.wait()
+        return every
+
+    def reduce_scatter(out, inp, group):
+        every = exchange(group, inp)
+        out.copy_(sum(t.reshape(world, -1)[group.rank].float() for t in every).view(out.shape))
+        return out
+
+    def all_gather(out, inp, group):
+        out.copy_(torch.cat([t.reshape(-1) for t in exchange(group, inp)]).view(out.shape))
+        return out
+
+    monkeypatch.setattr(collectives.api, "barrier", lambda group: together.wait())
+    monkeypatch.setattr(collectives.api, "reduce_scatter", reduce_scatter)
+    monkeypatch.setattr(collectives.api, "all_gather", all_gather)
+
+
+@pytest.mark.parametrize("path", [*EAGER_PATHS, "engine"])
 @pytest.mark.parametrize("start", ["side", "first"])
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_every_rank_gets_its_rows_of_the_sum_and_the_gathered_product(on_cpu, monkeypatch, world: int,
-                                                                      start: str) -> None:
+                                                                      start: str, path: str) -> None:
     """W ranks as threads, each barrier a thread barrier: twice in a row (the workspaces
     reused), gemm_reduce_scatter gives each rank its rows of sum_r a_r @ b_r and all_gather_gemm
-    concat_r(shard_r) @ b, exactly; what each rank pushes, pulls and sums is addressed right."""
+    concat_r(shard_r) @ b, exactly, run as blocks (their copies torch's or, ``"engine"``, the
+    copy-engine copies of :data:`~collectives.config.OVERLAP_COPY`) or as one GEMM and one
+    collective; what each rank pushes, pulls, sums and hands the collective is addressed right."""
     import threading
-
-    import collectives.api
 
     from collectives import config
 
+    if path == "one" and start == "side":
+        pytest.skip("(the start is the blocks')")
     monkeypatch.setattr(config, "OVERLAP_START", start)
+    monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", EAGER_PATHS.get(path, 0.0))
+    engine_copies: list = []
+    if path == "engine":
+        monkeypatch.setattr(config, "OVERLAP_COPY", "engine")
+        monkeypatch.setattr(overlap, "_engine_copy",
+                            lambda dst, src, stream: (engine_copies.append(stream.name), dst.copy_(src)))
     m, k, n = 3, 8, 5
     workspaces = [{} for _ in range(world)]
     ranks = [_Rank(world, r, workspaces) for r in range(world)]
     together = threading.Barrier(world, timeout=30)
-    monkeypatch.setattr(collectives.api, "barrier", lambda group: together.wait())
+    _thread_collectives(monkeypatch, together, world)
     results: dict = {}
 
     def run(rank: int, call: int) -> None:
@@ -321,12 +372,14 @@ def test_every_rank_gets_its_rows_of_the_sum_and_the_gathered_product(on_cpu, mo
         for rank in range(world):
             assert torch.equal(results["rs", rank, call].float(), total[rank * m:(rank + 1) * m]), (rank, call)
             assert torch.equal(results["ag", rank, call].float(), gathered), (rank, call)
+    # (every peer copy by the copy engine, on the side stream: W ranks, W - 1 pushes and pulls, 2 calls)
+    assert engine_copies == (["side"] * (world * (world - 1) * 2 * 2) if path == "engine" else [])
 
 
 def _recorded(monkeypatch, events: list[str], world: int, rank: int) -> _Rank:
     """A rank that records a GEMM-overlap call's host steps in ``events``: ``gemm`` (a kernel
-    that may be loaded at its launch: cuBLAS, torch's sum), ``launch`` (a barrier), ``copy``
-    (a copy engine's), ``meet``."""
+    that may be loaded at its launch: cuBLAS, torch's sum, the barrier's plan made), ``launch``
+    (a barrier, a reduce-scatter, an all-gather), ``copy`` (a copy engine's), ``meet``."""
     import collectives.api
 
     def step(kind: str):
@@ -334,17 +387,25 @@ def _recorded(monkeypatch, events: list[str], world: int, rank: int) -> _Rank:
 
     for name in ("mm", "sum"):
         monkeypatch.setattr(torch, name, step("gemm"))
-    monkeypatch.setattr(collectives.api, "barrier", step("launch"))
+    for name in ("barrier", "reduce_scatter", "all_gather"):
+        monkeypatch.setattr(collectives.api, name, step("launch"))
     monkeypatch.setattr(torch.Tensor, "copy_", step("copy"))
-    return _Rank(world, rank, [{} for _ in range(world)], meet=lambda what, values: events.append("meet"))
+    comm = _Rank(world, rank, [{} for _ in range(world)], meet=lambda what, values: events.append("meet"))
+    comm.barrier_plan = step("gemm")
+    return comm
 
 
-def test_no_rank_runs_a_gemm_while_another_may_still_launch_a_collective(on_cpu, monkeypatch) -> None:
+@pytest.mark.parametrize("path", list(EAGER_PATHS))
+def test_no_rank_runs_a_gemm_while_another_may_still_launch_a_collective(on_cpu, monkeypatch, path: str) -> None:
     """cuBLAS may load kernels at a GEMM (a load waits for every kernel on the GPU and holds the
     other ranks' launches), so where ranks share a GPU a meeting separates every GEMM from the
     collectives launched before it, the previous call's included, and every launch from the GEMMs
     enqueued before it (world_gather 5 on an H200 timed out in the f16 all_gather_gemm after a
-    gemm_reduce_scatter, whose last reduce-scatters some ranks had not launched yet)."""
+    gemm_reduce_scatter, whose last reduce-scatters some ranks had not launched yet); as blocks
+    or as one GEMM and one collective."""
+    from collectives import config
+
+    monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", EAGER_PATHS[path])
     events: list[str] = []
     world = 3
     comm = _recorded(monkeypatch, events, world, rank=1)
@@ -357,20 +418,26 @@ def test_no_rank_runs_a_gemm_while_another_may_still_launch_a_collective(on_cpu,
         call()
         calls.append(events[start:])
     # Eagerly a collective on another stream than the previous one's waits for the work queued
-    # on that one: no launch after a call's first GEMM changes stream (the previous call's last
-    # launch counts), or its stream would wait for the GEMMs.
+    # on that one: no launch on the side stream after a call's first GEMM changes stream (the
+    # previous call's last launch counts), or the side stream would wait for the GEMMs.
     last = None
     for steps in calls:
         gemms = steps.index("gemm@main")
         for at, step in enumerate(steps):
             if step.startswith("launch@"):
-                assert at < gemms or step == last, (at, steps)
+                assert at < gemms or step == last or step == "launch@main", (at, steps)
                 last = step
+    if path == "blocks":  # each push enqueued right after its GEMM (a host-bound call's pushes start early)
+        moves = [e for e in calls[0] if e in ("gemm@main", "copy@side")]
+        assert moves == ["gemm@main", "copy@side"] * (world - 1) + ["gemm@main"] * 2, moves  # (+ the sum)
     events[:] = [e.split("@")[0] for e in events]
-    # The host's work per call (eagerly, what bounds it): W GEMMs, two barriers (the only
-    # launches of this library's kernels), the copies, and the reduce-scatter's sum.
-    assert events.count("launch") == 3 * 2 and events.count("gemm") == (world + 1) + world + (world + 1)
-    assert events.count("copy") == (world - 1) + world + (world - 1)
+    if path == "blocks":
+        # The host's work per call (eagerly, what bounds it): W GEMMs, two barriers (the only
+        # launches of this library's kernels), the copies, and the reduce-scatter's sum.
+        assert events.count("launch") == 3 * 2 and events.count("gemm") == (world + 1) + world + (world + 1)
+        assert events.count("copy") == (world - 1) + world + (world - 1)
+    else:  # one GEMM, one collective (and the barrier's plan, made for a later capture)
+        assert events.count("launch") == 3 and events.count("gemm") == 3 * 2 and events.count("copy") == 0
     since_meeting: set[str] | None = None  # the steps since the last meeting (None: none yet)
     for at, event in enumerate(events):
         assert event == "meet" or since_meeting is not None, f"step {at}: a {event} before any meeting"
@@ -384,14 +451,18 @@ def test_no_rank_runs_a_gemm_while_another_may_still_launch_a_collective(on_cpu,
         since_meeting.add(event)
 
 
-@pytest.mark.parametrize("start", ["side", "first"])
-def test_an_eager_call_makes_no_cuda_object_and_launches_only_its_work(on_cpu, monkeypatch, start: str) -> None:
-    """The eager host path of a GEMM-overlap call (issue 53: 740-906 us per call on 4 x H100 at
-    4096, against 304 for torch.mm + NCCL): after the first call, no CUDA event or stream is
-    made (a ``wait_stream`` makes an event; the fork, join and per-block events are the
-    communicator's, reused), and the host enqueues W GEMMs, W - 1 peer copies (+ the shard's),
-    two barriers (plan hits: a constant key), a sum (reduce-scatter), one event record and one
-    wait per cross-stream edge."""
+@pytest.mark.parametrize("path, start", [("blocks", "side"), ("blocks", "first"), ("one", "first")])
+def test_an_eager_call_makes_no_cuda_object_and_launches_only_its_work(on_cpu, monkeypatch, path: str,
+                                                                       start: str) -> None:
+    """The eager host path of a GEMM-overlap call (issue 53: 572-611 us per call on 4 x H200 at
+    4096, against 301-304 for torch.mm + NCCL, the host's time): after the first call, no CUDA
+    event or stream is made (a ``wait_stream`` makes an event; the fork, join and per-block events
+    are the communicator's, reused), torch's current stream is switched by the raw setter only,
+    to the side stream and back around the barriers and each push (``on_cpu`` refuses
+    torch.cuda.current_stream and torch.cuda.stream), and the host enqueues, as blocks (each push
+    right after its GEMM), W GEMMs, W - 1 peer copies (+ the shard's), two barriers, a sum
+    (reduce-scatter), one event record and one wait per cross-stream edge; as one GEMM, that
+    GEMM and one collective, nothing else."""
     import collections
     import types
 
@@ -399,36 +470,50 @@ def test_an_eager_call_makes_no_cuda_object_and_launches_only_its_work(on_cpu, m
     from collectives import config
 
     monkeypatch.setattr(config, "OVERLAP_START", start)
+    monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", EAGER_PATHS[path])
     made: collections.Counter = collections.Counter()
     world, rank = 4, 1
     comm = _recorded(monkeypatch, [], world, rank)
 
     def event():
         made["event"] += 1
-        return types.SimpleNamespace(record=lambda stream: made.update(["record"]))
+        return types.SimpleNamespace(record=lambda stream: made.update(["record"]),
+                                     wait=lambda stream: made.update(["wait"]))
+
+    def switch(stream) -> None:
+        made.update([f"switch {stream.name}"])
+        _STREAMS.current = stream
 
     monkeypatch.setattr(torch.cuda, "Event", event)
     monkeypatch.setattr(torch.cuda, "Stream", lambda *args, **kwargs: made.update(["stream"]))
+    monkeypatch.setattr(overlap, "_switch", switch)
     for stream in (_STREAMS.main, _STREAMS.side):
         stream.wait_stream = lambda other: made.update(["wait_stream"])
         stream.wait_event = lambda e: made.update(["wait_event"])
     for name in ("mm", "sum"):
         monkeypatch.setattr(torch, name, lambda *args, name=name, **kwargs: made.update([name]))
     monkeypatch.setattr(torch.Tensor, "copy_", lambda *args: made.update(["copy"]))
-    monkeypatch.setattr(collectives.api, "barrier", lambda group: made.update(["barrier"]))
+    for name in ("barrier", "reduce_scatter", "all_gather"):
+        monkeypatch.setattr(collectives.api, name, lambda *args, name=name, **kwargs: made.update([name]))
+    comm.barrier_plan = lambda: made.update(["barrier_plan"])
     a, b = torch.zeros(world * 8, 16, dtype=torch.float16), torch.zeros(16, 32, dtype=torch.float16)
     calls = {"gemm_reduce_scatter": lambda: overlap._gemm_reduce_scatter_on(comm, a, b, None, None),
              "all_gather_gemm": lambda: overlap._all_gather_gemm_on(comm, a[:8], b, None, None)}
     for call in calls.values():
         call()  # (the first call makes the communicator's events)
     edges = (world - 1) + 2  # one per block, the fork and the join
-    expect = {"gemm_reduce_scatter": {"mm": world, "copy": world - 1, "barrier": 2, "sum": 1,
-                                      "record": edges, "wait_event": edges},
-              "all_gather_gemm": {"mm": world, "copy": world, "barrier": 2, "record": edges, "wait_event": edges}}
+    switches = {"switch side": world + 1, "switch main": world + 1}  # (the barriers' and each push's)
+    expect = {("blocks", "gemm_reduce_scatter"): {"mm": world, "copy": world - 1, "barrier": 2, "sum": 1,
+                                                  "record": edges, "wait": edges, **switches},
+              ("blocks", "all_gather_gemm"): {"mm": world, "copy": world, "barrier": 2, "record": edges,
+                                              "wait": edges, "switch side": 1, "switch main": 1},
+              ("one", "gemm_reduce_scatter"): {"mm": 1, "reduce_scatter": 1, "barrier_plan": 1},
+              ("one", "all_gather_gemm"): {"mm": 1, "all_gather": 1, "barrier_plan": 1}}
     for name, call in calls.items():
         made.clear()
         call()
-        assert dict(made) == expect[name], (name, dict(made))
+        assert dict(made) == expect[path, name], (name, dict(made))
+        assert _STREAMS.current is _STREAMS.main
 
 
 @pytest.mark.parametrize("start", ["side", "first"])
@@ -442,6 +527,7 @@ def test_the_all_gather_start_goes_where_the_knob_says_before_any_gemm(on_cpu, m
     comm = _recorded(monkeypatch, events, 2, rank=0)
     a, b = torch.zeros(8, 16, dtype=torch.float16), torch.zeros(16, 32, dtype=torch.float16)
     monkeypatch.setattr(config, "OVERLAP_START", start)
+    monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", EAGER_PATHS["blocks"])
     overlap._all_gather_gemm_on(comm, a, b, None, None)
     stream = "side" if start == "side" else "main"
     assert [e for e in events if e != "meet"][:4] == [f"launch@{stream}", f"copy@{stream}", f"launch@{stream}",
@@ -465,3 +551,60 @@ def test_grid_knobs_set_the_grid_of_plans_made_after_them(monkeypatch, algorithm
     key = KernelKey("reduce_scatter", algorithm, "peer", "bf16", 2)
     monkeypatch.setattr(config, knob, value)
     assert grid(comm, key, 1 << 24) == expect
+
+
+def test_eager_calls_run_blocks_only_where_the_gemm_outlasts_the_host_and_captures_always() -> None:
+    """The eager choice (:func:`collectives.overlap.eager_blocks`, the knobs' defaults): the bench's
+    4 x H200 shapes where eager blocks lost to torch.mm + NCCL (M = N = K = 4096: 572 against
+    304 us) run one GEMM, those where they won (4096 x 8192, 16384 rows) run blocks."""
+    assert not overlap.eager_blocks(4, 4096, 4096, 4096)
+    assert not overlap.eager_blocks(2, 4096, 4096, 4096)
+    assert overlap.eager_blocks(4, 4096, 8192, 8192)
+    assert overlap.eager_blocks(4, 16384, 4096, 4096)
+    assert not overlap.eager_blocks(4, 64, 64, 128)
+
+
+@pytest.mark.parametrize("why", ["captured", "timeline"])
+def test_captured_or_timed_calls_run_blocks_whatever_their_size(on_cpu, monkeypatch, why: str) -> None:
+    """A call being captured (a replay costs no host time) or given a timeline (of the blocks)
+    runs the blocks even where an eager call would not."""
+    from collectives import config
+
+    events: list[str] = []
+    world = 2
+    comm = _recorded(monkeypatch, events, world, rank=0)
+    monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", EAGER_PATHS["one"])
+    if why == "captured":
+        monkeypatch.setattr(overlap, "capturing", lambda: True)
+    monkeypatch.setattr(overlap, "_marks", lambda timeline, kind, chunk, stream: None)
+    timeline = [] if why == "timeline" else None
+    a, b = torch.zeros(world * 8, 16, dtype=torch.float16), torch.zeros(16, 32, dtype=torch.float16)
+    overlap._gemm_reduce_scatter_on(comm, a, b, None, timeline)
+    overlap._all_gather_gemm_on(comm, a[:8], b, None, timeline)
+    events[:] = [e.split("@")[0] for e in events]
+    assert events.count("gemm") == (world + 1) + world and events.count("launch") == 2 * 2
+
+
+def test_copy_engine_copies_are_eager_only_and_another_copy_is_refused(on_cpu, monkeypatch) -> None:
+    """``OVERLAP_COPY = "engine"``: a captured call copies with torch's copy_ (the driver has no
+    graph node for a batched copy); a value that is not a choice is refused before anything is
+    grown or launched."""
+    from collectives import config
+
+    events: list[str] = []
+    comm = _recorded(monkeypatch, events, 2, rank=0)
+    monkeypatch.setattr(overlap, "_engine_copy", lambda dst, src, stream: events.append("engine"))
+    monkeypatch.setattr(overlap, "capturing", lambda: True)
+    monkeypatch.setattr(config, "OVERLAP_COPY", "engine")
+    a, b = torch.zeros(16, 16, dtype=torch.float16), torch.zeros(16, 32, dtype=torch.float16)
+    overlap._gemm_reduce_scatter_on(comm, a, b, None, None)
+    overlap._all_gather_gemm_on(comm, a[:8], b, None, None)
+    assert "engine" not in events and events.count("copy@side") == 2
+    monkeypatch.setattr(config, "OVERLAP_COPY", "dma")
+    events.clear()
+    comm.staging = lambda nbytes, slot: events.append("grown")
+    for call in (lambda: overlap._gemm_reduce_scatter_on(comm, a, b, None, None),
+                 lambda: overlap._all_gather_gemm_on(comm, a[:8], b, None, None)):
+        with pytest.raises(CollectiveError, match="OVERLAP_COPY"):
+            call()
+    assert events == []

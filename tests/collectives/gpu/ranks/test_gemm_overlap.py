@@ -21,10 +21,13 @@ from collectives import reference
 
 pytestmark = pytest.mark.multigpu
 torch = pytest.importorskip("torch")
+from collectives.overlap import EAGER_PATHS  # noqa: E402
 
 KINDS = {"bf16": torch.bfloat16, "f16": torch.float16}
 #: (rows of a per rank / per shard, K, N): aligned (TMA) and unaligned (one element at a time).
 SHAPES = [(64, 64, 128), (7, 60, 100), (256, 64, 512)]
+
+
 
 
 def small_ints(salt: int, rows: int, cols: int, dtype: str) -> torch.Tensor:
@@ -47,11 +50,14 @@ def want_reduce_scatter(world: int, rank: int, salts: list[int], shape: tuple[in
     return reference.reduce_scatter(partials, dtype)[rank].reshape(m, n)
 
 
+@pytest.mark.parametrize("path", list(EAGER_PATHS))
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", list(KINDS))
-def test_gemm_reduce_scatter_is_exact(comm, dtype: str, shape: tuple[int, int, int]) -> None:
+def test_gemm_reduce_scatter_is_exact(comm, monkeypatch, dtype: str, shape: tuple[int, int, int], path: str) -> None:
     import collectives
+    from collectives import config
 
+    monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", EAGER_PATHS[path])
     m, k, n = shape
     world, rank = comm.world, comm.rank
     out = collectives.gemm_reduce_scatter(small_ints(rank, world * m, k, dtype), small_ints(100 + rank, k, n, dtype))
@@ -60,14 +66,16 @@ def test_gemm_reduce_scatter_is_exact(comm, dtype: str, shape: tuple[int, int, i
     assert np.array_equal(out.float().cpu().numpy(), want_reduce_scatter(world, rank, list(range(world)), shape, dtype))
 
 
-@pytest.mark.parametrize("start", ["side", "first"])
+@pytest.mark.parametrize("path, start", [("blocks", "side"), ("blocks", "first"), ("one", "first")])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", list(KINDS))
-def test_all_gather_gemm_is_exact(comm, monkeypatch, dtype: str, shape: tuple[int, int, int], start: str) -> None:
+def test_all_gather_gemm_is_exact(comm, monkeypatch, dtype: str, shape: tuple[int, int, int], start: str,
+                                  path: str) -> None:
     import collectives
     from collectives import config
 
     monkeypatch.setattr(config, "OVERLAP_START", start)  # (collectives.config.OVERLAP_START)
+    monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", EAGER_PATHS[path])
     m, k, n = shape
     shards = [small_ints(r, m, k, dtype) for r in range(comm.world)]
     b = small_ints(100, k, n, dtype)
@@ -98,7 +106,9 @@ def test_random_inputs_match_matmul(comm, dtype: str) -> None:
 @pytest.mark.parametrize("start", ["side", "first"])
 def test_cuda_graph_replay(comm, monkeypatch, start: str) -> None:
     """Graph replays and eager calls of the same calls, interleaved: exact every round (the
-    events between the streams and the barriers were captured); either all-gather start."""
+    events between the streams and the barriers were captured); either all-gather start.  (At
+    these sizes the eager calls, the warm-up included, run one GEMM and one collective, and the
+    captured ones the blocks: the warm-up made what the capture needs.)"""
     import collectives
     from collectives import config
 
@@ -135,12 +145,17 @@ def test_cuda_graph_replay(comm, monkeypatch, start: str) -> None:
         assert torch.equal(ag_out, torch.mm(shards, b0)), round_
 
 
-def test_back_to_back_calls_with_changing_shapes_stay_exact(comm) -> None:
+@pytest.mark.parametrize("path", ["blocks", "one", "mixed"])
+def test_back_to_back_calls_with_changing_shapes_stay_exact(comm, monkeypatch, path: str) -> None:
     """50 calls queued without a host sync between them, both functions, shapes changing every
-    call (aligned and not): every result exact."""
+    call (aligned and not), as blocks, as one GEMM and one collective, or each call the other
+    way from the one before: every result exact."""
     import collectives
+    from collectives import config
 
     world, rank = comm.world, comm.rank
+    if path != "mixed":
+        monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", EAGER_PATHS[path])
     shapes = [(64, 64, 128), (1, 8, 8), (7, 60, 100), (256, 64, 512), (3, 16, 24), (33, 40, 64)]
     for m, k, n in shapes:  # grow the workspaces first: growing one synchronises
         collectives.gemm_reduce_scatter(small_ints(rank, world * m, k, "bf16"), small_ints(100 + rank, k, n, "bf16"))
@@ -149,6 +164,8 @@ def test_back_to_back_calls_with_changing_shapes_stay_exact(comm) -> None:
     calls = []
     for i in range(50):
         shape = m, k, n = shapes[i % len(shapes)]
+        if path == "mixed":
+            monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", list(EAGER_PATHS.values())[i // 2 % 2])
         if i % 2:
             a = small_ints(i + rank, world * m, k, "bf16")
             calls.append(("rs", i, shape, collectives.gemm_reduce_scatter(a, small_ints(100 + rank, k, n, "bf16"))))
@@ -192,8 +209,8 @@ def test_unposted_flag_wait_times_out_and_the_communicator_stays_usable(comm, mo
     finally:
         comm.errors.timeout_s = saved
     comm.ctx.host_barrier()
-    test_gemm_reduce_scatter_is_exact(comm, "bf16", SHAPES[0])
-    test_all_gather_gemm_is_exact(comm, monkeypatch, "bf16", SHAPES[0], "side")
+    test_gemm_reduce_scatter_is_exact(comm, monkeypatch, "bf16", SHAPES[0], "blocks")
+    test_all_gather_gemm_is_exact(comm, monkeypatch, "bf16", SHAPES[0], "side", "blocks")
 
 
 def test_bad_shapes_and_dtypes_are_refused(comm) -> None:
