@@ -32,7 +32,7 @@ from .errors import CollectiveError
 from .runtime import all_to_all as exchange
 from .runtime import torch_ops
 from .runtime.communicator import Communicator, Group, communicator, traceable
-from .runtime.staging import tensor_key
+from .symmetric.context import address
 
 
 def empty(shape: int | tuple[int, ...], dtype: torch.dtype = torch.float32, *, group: Group = None) -> torch.Tensor:
@@ -55,14 +55,19 @@ def barrier(backend: str = "auto", *, group: Group = None) -> None:
     """A device-side barrier of every rank on the current stream (no host sync; a rank that
     never arrives surfaces as CollectiveTimeout at the next collective or :func:`synchronize`).
     ``backend`` as for :func:`all_reduce`."""
-    _check_options("barrier", backend=backend)
     if _compiling():
+        _check_options("barrier", backend=backend)
         traceable(group, "barrier")
         return torch_ops.traced_barrier(backend)
-    comm = _begin(group)
-    comm.barrier(backend, _capturing())  # (the communicator's own plan: algorithms need a barrier too)
-    if comm.errors.deferred is not None:
-        comm.errors.finish()
+    comm = communicator(group)
+    comm.errors.poll()
+    capturing = _capturing()
+    # (the communicator's own plan, which algorithms launch too: Communicator.barrier_plan)
+    if not _launch(comm, ("barrier", backend, config.PDL), capturing):
+        _check_options("barrier", backend=backend)  # (a miss only: no plan has a refused backend)
+        comm.barrier(backend, capturing)
+        if comm.errors.deferred is not None:
+            comm.errors.finish()
 
 
 def all_reduce(
@@ -93,12 +98,18 @@ def all_reduce(
         if out is not None:
             _check_out(t, out)
         return torch_ops.traced_all_reduce(t, op, algorithm, backend, out)
-    comm = _begin(group)
+    comm = communicator(group)
+    comm.errors.poll()
     capturing = _capturing()
-    key = ("all_reduce", tensor_key(t), None if out is None else tensor_key(out), op, algorithm, backend, capturing,
-           config.PDL)
-    result = t if out is None else out
-    _launch(comm, key, capturing, result, t, algorithm, backend, _all_reduce_call, t, op, backend, out, capturing)
+    if out is None:
+        result, key = t, ("all_reduce", t.data_ptr() or address(t), None, t.dtype, t.shape, t.is_contiguous(),
+                          t.get_device(), op, algorithm, backend, capturing, config.PDL)
+    else:
+        result, key = out, ("all_reduce", out.data_ptr() or address(out), t.data_ptr() or address(t), t.dtype,
+                            t.shape, t.is_contiguous(), t.get_device(), out.dtype, out.shape, out.is_contiguous(),
+                            out.get_device(), op, algorithm, backend, capturing, config.PDL)
+    if not _launch(comm, key, capturing):
+        _replan(comm, key, capturing, result, t, algorithm, backend, _all_reduce_call, t, op, backend, out, capturing)
     return result
 
 
@@ -121,12 +132,15 @@ def reduce_scatter(
         return torch_ops.traced_reduce_scatter(out, inp, op, algorithm, backend, max_blocks)
     if max_blocks is not None:
         _check_max_blocks("reduce_scatter", max_blocks)
-    comm = _begin(group)
+    comm = communicator(group)
+    comm.errors.poll()
     capturing = _capturing()
-    key = ("reduce_scatter", tensor_key(inp), tensor_key(out), op, algorithm, backend, capturing, max_blocks,
-           config.PDL)
-    _launch(comm, key, capturing, out, inp, algorithm, backend, _block_call, "reduce_scatter", out, inp, op, backend,
-            capturing, max_blocks)
+    key = ("reduce_scatter", out.data_ptr() or address(out), inp.data_ptr() or address(inp), inp.dtype, inp.shape,
+           inp.is_contiguous(), inp.get_device(), out.dtype, out.shape, out.is_contiguous(), out.get_device(), op,
+           algorithm, backend, capturing, max_blocks, config.PDL)
+    if not _launch(comm, key, capturing):
+        _replan(comm, key, capturing, out, inp, algorithm, backend, _block_call, "reduce_scatter", out, inp, op,
+                backend, capturing, max_blocks)
     return out
 
 
@@ -147,10 +161,15 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
         return torch_ops.traced_all_gather(out, inp, algorithm, backend, max_blocks)
     if max_blocks is not None:
         _check_max_blocks("all_gather", max_blocks)
-    comm = _begin(group)
-    key = ("all_gather", tensor_key(inp), tensor_key(out), algorithm, backend, max_blocks, config.PDL)
-    _launch(comm, key, _capturing(), out, inp, algorithm, backend, _block_call, "all_gather", out, inp, "sum", backend,
-            False, max_blocks)
+    comm = communicator(group)
+    comm.errors.poll()
+    key = ("all_gather", out.data_ptr() or address(out), inp.data_ptr() or address(inp), inp.dtype, inp.shape,
+           inp.is_contiguous(), inp.get_device(), out.dtype, out.shape, out.is_contiguous(), out.get_device(),
+           algorithm, backend, max_blocks, config.PDL)
+    capturing = _capturing()
+    if not _launch(comm, key, capturing):
+        _replan(comm, key, capturing, out, inp, algorithm, backend, _block_call, "all_gather", out, inp, "sum",
+                backend, False, max_blocks)
     return out
 
 
@@ -185,52 +204,51 @@ def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits
                                   "outside the compiled region or use transport='nvlink'")
         traceable(group, "all_to_all")
         return torch_ops.traced_all_to_all(out, inp, out_splits, in_splits)
-    comm = _begin(group)
+    comm = communicator(group)
+    comm.errors.poll()
     key = exchange.plan_key(comm, out, inp, out_splits, in_splits, transport)
-    _launch(comm, key, _capturing(), out, inp, "push", "peer", _all_to_all_call, out, inp, out_splits, in_splits,
-            transport)
+    capturing = _capturing()
+    if not _launch(comm, key, capturing):
+        _replan(comm, key, capturing, out, inp, "push", "peer", _all_to_all_call, out, inp, out_splits, in_splits,
+                transport)
     return out
 
 
-# -- the one call skeleton: _begin, the collective's plan-cache key, _launch ----------------------
+# -- the one call skeleton: the error record's poll, the collective's plan-cache key, _launch (else _replan) --------
 
 
-def _begin(group: Group) -> Communicator:
-    """Open a collective call on ``group``'s communicator: first, raise an error a kernel
-    recorded before (or defer a recoverable one to the end of this call)."""
-    comm = communicator(group)
-    comm.errors.poll()
-    return comm
+def _launch(comm: Communicator, key: tuple, capture: bool) -> bool:
+    """Launch the cached plan of ``key`` and close the call (raising a deferred error:
+    :meth:`~collectives.runtime.error_record.ErrorRecord.finish`, entered only where one is
+    deferred); False, launching nothing, where there is none or it uses adopted memory (then
+    :func:`_replan`: its lookup checks that memory).  ``capture``: whether the current stream is
+    capturing a CUDA graph, asked once per call (:func:`~collectives.algorithms.plan.capturing`:
+    the collective's key holds it where its plan depends on it, and the plan's run takes it).
 
-
-def _launch(comm: Communicator, key: tuple, capture: bool, out: torch.Tensor, inp: torch.Tensor, algorithm: str,
-            backend: str, describe: Callable[..., Call | None], *args: Any) -> None:
-    """Launch the cached plan of ``key``; on a miss, :func:`_replan`.  Then close the call
-    (raising a deferred error: :meth:`~collectives.runtime.error_record.ErrorRecord.finish`,
-    entered only where one is deferred).  ``capture``: whether the current stream is capturing
-    a CUDA graph, asked once per call (:func:`~collectives.algorithms.plan.capturing`: the
-    collective's key holds it where its plan depends on it, and the plan's run takes it).  A new collective is its public function (``_begin``, its key,
-    ``_launch``) and its describing function (its checks and :class:`Call`, an all-to-all's
-    :class:`~collectives.algorithms.all_to_all.AllToAllCall`).
-
-    The key holds every argument the plan and the checks depend on, each caller tensor as
-    :func:`~collectives.runtime.staging.tensor_key` describes it (a hit: a call whose tensors
-    passed the same checks), and in a collective's key no other tuple (:func:`_facts`; an
-    all-to-all's also holds its split values): a hit is this one dictionary lookup and the
-    launch.  ``out`` and ``inp``: the tensors written and read."""
-    plan = comm.plans.get(key)
-    if plan is None:
-        plan = _replan(comm, key, out, inp, algorithm, backend, describe, args)
-        if plan is None:
-            return
+    A collective's call is ``comm = communicator(group)``, ``comm.errors.poll()`` (raise an
+    error a kernel recorded before, or defer a recoverable one to the end of this call), its
+    key, this, and on False :func:`_replan` with its describing function (its checks and
+    :class:`Call`, an all-to-all's :class:`~collectives.algorithms.all_to_all.AllToAllCall`).
+    The key holds every argument the plan and the checks depend on: the output's and the input's
+    addresses (its second and third fields: :func:`_facts` drops them), then each caller
+    tensor's other fields of :func:`~collectives.runtime.staging.tensor_key` (inline: a hit is
+    a call whose tensors passed the same checks), in a collective's key no tuple (an
+    all-to-all's: :func:`collectives.runtime.all_to_all.plan_key`): a hit is this one
+    dictionary lookup (:attr:`~collectives.runtime.staging.PlanCache.hit`) and the launch."""
+    plan = comm.plans.hit(key)
+    if plan is None or plan.alive:
+        return False
     plan.run(capture)
     if comm.errors.deferred is not None:
         comm.errors.finish()
+    return True
 
 
-def _replan(comm: Communicator, key: tuple, out: torch.Tensor, inp: torch.Tensor, algorithm: str, backend: str,
-            describe: Callable[..., Call | None], args: tuple) -> Any:
-    """The plan of a call whose key missed, cached under ``key``.
+def _replan(comm: Communicator, key: tuple, capture: bool, out: torch.Tensor, inp: torch.Tensor, algorithm: str,
+            backend: str, describe: Callable[..., Call | None], *args: Any) -> None:
+    """The call of ``key`` that :func:`_launch` did not launch: its plan (the cache's checked
+    lookup, else planned and cached under ``key``) launched, then the call closed.  ``out``
+    and ``inp``: the tensors written and read.
 
     Tensors outside symmetric memory that the allocator placed elsewhere prepare nothing again:
     a call whose key differs from an earlier one's only in its tensors' addresses (the same
@@ -242,13 +260,27 @@ def _replan(comm: Communicator, key: tuple, out: torch.Tensor, inp: torch.Tensor
     its key holds split values, not only tensor descriptions).
 
     A rank with nothing to move (``describe`` returns None) launches a barrier of size 0 on
-    ``backend`` instead, closes the call and returns None: its peers' kernels advance the call
+    ``backend`` instead and closes the call: its peers' kernels advance the call
     count and wait for every rank, so skipping the launch would leave them to time out (the
     communicator lost) where their barriers now name the different sizes; so does a rank whose
     call is refused (a CollectiveError of the checks or of the plan), before it raises.  Where
     ranks share the GPU, that barrier is planned with every rank's first plan of a call: its kernel's load
     could otherwise come while the other ranks' kernels spin for it, and a load waits for them
     (:func:`collectives.runtime.kernels.load`)."""
+    plan = comm.plans.get(key)
+    if plan is None:
+        plan = _plan_of(comm, key, capture, out, inp, algorithm, backend, describe, args)
+    if plan is None:
+        comm.barrier(backend, capture)
+    else:
+        plan.run(capture)
+    comm.errors.finish()
+
+
+def _plan_of(comm: Communicator, key: tuple, capture: bool, out: torch.Tensor, inp: torch.Tensor, algorithm: str,
+             backend: str, describe: Callable[..., Call | None], args: tuple) -> Any:
+    """The plan of :func:`_replan`'s call, cached under ``key``; None for a rank with nothing to
+    move."""
     at = (out.data_ptr(), inp.data_ptr())
     movable = key[0] in COLLECTIVES and not (comm.ctx.is_symmetric(out) or
                                              (inp is not out and comm.ctx.is_symmetric(inp)))
@@ -267,11 +299,9 @@ def _replan(comm: Communicator, key: tuple, out: torch.Tensor, inp: torch.Tensor
             # size mismatch, instead of waiting for a launch that never comes (a fatal timeout).
             # (The all-to-all's kernels meet no barrier: it only raises.)
             if key[0] in COLLECTIVES:
-                comm.barrier(backend if backend in BACKENDS else "auto", _capturing())
+                comm.barrier(backend if backend in BACKENDS else "auto", capture)
             raise
         if plan is None:
-            comm.barrier(backend, _capturing())
-            comm.errors.finish()
             return None
         if facts is not None:
             comm.plans[facts] = plan
@@ -282,11 +312,10 @@ def _replan(comm: Communicator, key: tuple, out: torch.Tensor, inp: torch.Tensor
 
 def _facts(key: tuple, at: tuple[int, int]) -> tuple:
     """What a plan of ``key`` depends on but its tensors' addresses (``at``: the output's and
-    the input's): the key with each tensor's address dropped (every tuple in a collective's key
-    is a :func:`tensor_key`; never an all-to-all's), and whether each address is 16-byte aligned (the vector width, the
-    kinds)."""
-    return ("moved", *[k[1:] if type(k) is tuple else k for k in key], at[0] % VECTOR_BYTES == 0,
-            at[1] % VECTOR_BYTES == 0)
+    the input's): the key without its second and third fields (a collective key's addresses,
+    :func:`_launch`; never an all-to-all's), and whether each address is 16-byte aligned (the
+    vector width, the kinds)."""
+    return ("moved", key[0], *key[3:], at[0] % VECTOR_BYTES == 0, at[1] % VECTOR_BYTES == 0)
 
 
 def _check_options(collective: str, op: str = "sum", backend: str = "auto") -> None:

@@ -27,23 +27,27 @@ class Plan:
     """One collective call, prepared: ``run()`` takes the current stream and launches.
     ``args``: the launch arguments, one tuple, or two that calls alternate (the communicator's
     ``turn``); ``fn``: the kernel's TVM-FFI function, bound here to each argument tuple once
-    (``launches``: one ``functools.partial`` per tuple, a function of the stream); ``holds``: the staging-pool buffers (data pointers) any address of the launch
+    (``launches``: the launch of each turn, 0 and 1: a ``functools.partial`` of ``fn`` and an
+    argument tuple, a function of the stream; one tuple's serves both turns); ``holds``: the staging-pool buffers (data pointers) any address of the launch
     lies in; ``uses``: the addresses it reads or writes (its buffers', ``out``, ``src``: a free
     of memory holding one drops the plan); ``alive``: the storages of adopted buffers it uses
     (:attr:`collectives.runtime.views.Buffer.storage`: the plan holds while they live);
     ``device``: the communicator's GPU; ``caller``: the addresses of the output and input of
     the call it was made for (:meth:`moved`); ``barriered``: whether its kernel passes the start
-    barrier (every launch of such a plan passes the turn on, see :meth:`run`)."""
+    barrier (every launch of such a plan passes the turn on, see :meth:`run`); ``used``: launched
+    since the plan cache last cleared it (its recency: :class:`~collectives.runtime.staging.PlanCache`)."""
 
-    __slots__ = ("fn", "args", "comm", "holds", "uses", "alive", "device", "caller", "barriered", "launches")
+    __slots__ = ("fn", "args", "comm", "holds", "uses", "alive", "device", "caller", "barriered", "launches", "used")
 
     def __init__(self, fn: Callable[..., Any], args: list[tuple], comm: Runtime, holds: tuple[int, ...] = (),
                  uses: tuple[int, ...] = (), alive: tuple[Any, ...] = (), barriered: bool = False) -> None:
         self.fn, self.args, self.comm, self.holds, self.uses, self.alive = fn, args, comm, holds, uses, alive
-        self.launches = [functools.partial(fn, *a) for a in args]
+        launches = [functools.partial(fn, *a) for a in args]
+        self.launches = launches * 2 if len(launches) == 1 else launches
         self.device = comm.device_index
         self.caller = (0, 0)
         self.barriered = barriered
+        self.used = False
 
     def moved(self, old: tuple[int, int], new: tuple[int, int]) -> Plan | None:
         """This plan for a call like the one it was made for (the same checked facts) whose
@@ -86,7 +90,8 @@ class Plan:
             follow(comm, stream, capture)
         if capture and self.holds:
             comm.pool.capture(self.holds)
-        launch = self.launches[comm.turn] if len(self.launches) > 1 else self.launches[0]
+        self.used = True
+        launch = self.launches[comm.turn]
         if self.barriered:
             comm.turn ^= 1
         launch(stream)

@@ -233,12 +233,12 @@ class Communicator:
     def barrier(self, backend: str, capture: bool) -> None:
         """Launch a device-side barrier of every rank on the current stream (see
         :func:`collectives.barrier`; ``capture``: as for :meth:`~collectives.algorithms.plan.Plan.run`)."""
-        plan = self.plans.get(("barrier", backend, config.PDL))  # (the hit: no further call)
-        (plan or self.barrier_plan(backend)).run(capture)
+        self.barrier_plan(backend).run(capture)
 
     def barrier_plan(self, backend: str = "auto") -> Any:
         """The plan of :meth:`barrier` on ``backend``, made (its kernel compiled and loaded) on
-        first use."""
+        first use, cached under ``("barrier", backend, config.PDL)`` (:func:`collectives.barrier`'s
+        plan hit looks it up there)."""
         plan = self.plans.get(("barrier", backend, config.PDL))
         if plan is None:
             call = Call.bare("barrier", self.choose_backend(backend, "bf16"), self.world)

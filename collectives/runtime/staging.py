@@ -40,11 +40,13 @@ STAGING_MIN_BYTES = 1 << 20
 
 class Holder(Protocol):
     """What the cache needs of a plan: the data pointers of the pool buffers it holds, the
-    addresses it uses, and whether memory it relies on was freed."""
+    addresses it uses, whether memory it relies on was freed, and whether it was launched since
+    the cache last looked (``used``: :class:`PlanCache`'s recency)."""
 
     holds: tuple[int, ...]
     uses: tuple[int, ...]
     alive: tuple[Any, ...]
+    used: bool
 
     def expired(self) -> bool: ...
 
@@ -59,35 +61,50 @@ def tensor_key(t: torch.Tensor) -> tuple:
     of 0 rows of another (found by the MoE soak on 4 H200s: a combine of 0 tokens launched
     with an earlier buffer's allocation id).  (``data_ptr()`` first: no call to
     :func:`~collectives.symmetric.context.address` for a tensor with elements, whose address
-    it is; the key is built at every call.)"""
+    it is; the key is built at every call.)  The all-reduce, reduce-scatter and all-gather
+    build these fields inline in their flat keys (:func:`collectives.api._launch`; a function
+    call per tensor saved on every call), which ``tests/collectives/runtime/test_host_path.py``
+    holds to this function's."""
     return t.data_ptr() or address(t), t.dtype, t.shape, t.is_contiguous(), t.get_device()
 
 
 class PlanCache:
-    """Prepared plans by call key, at most ``capacity``, least recently used evicted first."""
+    """Prepared plans by call key, at most ``capacity``; past it, the least recently used is
+    evicted, as second-chance LRU: a plan hit does no bookkeeping (:attr:`hit`), a launch marks
+    its plan used (:attr:`~collectives.algorithms.plan.Plan.used`), and eviction takes the
+    oldest entry whose plan is unmarked, moving each marked one it meets to the newest end with
+    its mark cleared."""
 
-    __slots__ = ("_plans", "capacity")
+    __slots__ = ("_plans", "capacity", "hit")
 
     def __init__(self, capacity: int = PLAN_CACHE_SIZE) -> None:
         self._plans: OrderedDict[Hashable, Any] = OrderedDict()
         self.capacity = capacity
+        #: The plan-hit lookup: the plan stored under a key, or None (the dictionary's own
+        #: ``get``: no Python call).  A plan with ``alive`` storages may be expired: the caller
+        #: takes it only through :meth:`get`.
+        self.hit = self._plans.get
 
     def get(self, key: Hashable) -> Any:
         """The plan of ``key``, None if there is none or the memory of an adopted buffer it
-        uses was freed (then it is dropped)."""
+        uses was freed (then it is dropped); marked used."""
         plan = self._plans.get(key)
         if plan is not None:
             if plan.alive and plan.expired():
                 del self._plans[key]
                 return None
-            self._plans.move_to_end(key)
+            plan.used = True
         return plan
 
     def __setitem__(self, key: Hashable, plan: Any) -> None:
-        self._plans[key] = plan
-        self._plans.move_to_end(key)
-        while len(self._plans) > self.capacity:
-            self._plans.popitem(last=False)
+        plans = self._plans
+        plans[key] = plan
+        plans.move_to_end(key)
+        while len(plans) > self.capacity:
+            old_key, old = plans.popitem(last=False)
+            if old.used:  # a second chance, once
+                old.used = False
+                plans[old_key] = old
 
     def __len__(self) -> int:
         return len(self._plans)

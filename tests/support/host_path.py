@@ -40,10 +40,21 @@ def world() -> Any:
     from collectives.dtypes import from_torch
     from tests.support.fake_comm import install
 
+    from collectives.runtime import communicator
+    from collectives.symmetric import context
+
     with pytest.MonkeyPatch.context() as mp:
-        comm = FakeComm(FakeHeap(world_size=WORLD))
+        heap = FakeHeap(world_size=WORLD)
+        comm = FakeComm(heap)
         mp.setattr(comm, "kernel", lambda key: lambda *args: None)
         install(mp, comm, [False])
+        # The API finds the communicator as on GPUs (communicator(None): the open context's):
+        # its lookup is on every call's path and counted with it.
+        heap.closed, heap.group = False, None
+        mp.setattr(context, "_CTX", heap)
+        mp.setattr(context, "_THREAD", type(context._THREAD)())  # (no thread-bound context)
+        mp.setitem(communicator._COMMS, id(heap), comm)
+        mp.setattr(api, "communicator", communicator.communicator)
         mp.setattr(api, "_dtype", lambda comm, t: from_torch(t.dtype).name)  # (a plan miss only: CPU tensors)
         stub_exchange(mp, comm)
         yield comm

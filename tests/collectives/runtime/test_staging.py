@@ -19,6 +19,7 @@ class FakePlan:
     holds: tuple[int, ...] = ()
     uses: tuple[int, ...] = ()
     alive: tuple = ()
+    used = False
 
 
 class FakeCtx:
