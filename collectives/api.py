@@ -63,7 +63,12 @@ def barrier(backend: str = "auto", *, group: Group = None) -> None:
     comm.errors.poll()
     capturing = _capturing()
     # (the communicator's own plan, which algorithms launch too: Communicator.barrier_plan)
-    if not _launch(comm, ("barrier", backend, config.PDL), capturing):
+    plan = comm.plans.hit(("barrier", backend, config.PDL))  # (the plan hit: _replan's docstring)
+    if plan is not None and not plan.alive:
+        plan.run(capturing)
+        if comm.errors.deferred is not None:
+            comm.errors.finish()
+    else:
         _check_options("barrier", backend=backend)  # (a miss only: no plan has a refused backend)
         comm.barrier(backend, capturing)
         if comm.errors.deferred is not None:
@@ -102,13 +107,18 @@ def all_reduce(
     comm.errors.poll()
     capturing = _capturing()
     if out is None:
-        result, key = t, ("all_reduce", t.data_ptr() or address(t), None, t.dtype, t.shape, t.is_contiguous(),
+        result, key = t, ("all_reduce", None, t.data_ptr() or address(t), t.dtype, t.shape, t.is_contiguous(),
                           t.get_device(), op, algorithm, backend, capturing, config.PDL)
     else:
         result, key = out, ("all_reduce", out.data_ptr() or address(out), t.data_ptr() or address(t), t.dtype,
                             t.shape, t.is_contiguous(), t.get_device(), out.dtype, out.shape, out.is_contiguous(),
                             out.get_device(), op, algorithm, backend, capturing, config.PDL)
-    if not _launch(comm, key, capturing):
+    plan = comm.plans.hit(key)  # (the plan hit: _replan's docstring)
+    if plan is not None and not plan.alive:
+        plan.run(capturing)
+        if comm.errors.deferred is not None:
+            comm.errors.finish()
+    else:
         _replan(comm, key, capturing, result, t, algorithm, backend, _all_reduce_call, t, op, backend, out, capturing)
     return result
 
@@ -138,7 +148,12 @@ def reduce_scatter(
     key = ("reduce_scatter", out.data_ptr() or address(out), inp.data_ptr() or address(inp), inp.dtype, inp.shape,
            inp.is_contiguous(), inp.get_device(), out.dtype, out.shape, out.is_contiguous(), out.get_device(), op,
            algorithm, backend, capturing, max_blocks, config.PDL)
-    if not _launch(comm, key, capturing):
+    plan = comm.plans.hit(key)  # (the plan hit: _replan's docstring)
+    if plan is not None and not plan.alive:
+        plan.run(capturing)
+        if comm.errors.deferred is not None:
+            comm.errors.finish()
+    else:
         _replan(comm, key, capturing, out, inp, algorithm, backend, _block_call, "reduce_scatter", out, inp, op,
                 backend, capturing, max_blocks)
     return out
@@ -167,7 +182,12 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
            inp.is_contiguous(), inp.get_device(), out.dtype, out.shape, out.is_contiguous(), out.get_device(),
            algorithm, backend, max_blocks, config.PDL)
     capturing = _capturing()
-    if not _launch(comm, key, capturing):
+    plan = comm.plans.hit(key)  # (the plan hit: _replan's docstring)
+    if plan is not None and not plan.alive:
+        plan.run(capturing)
+        if comm.errors.deferred is not None:
+            comm.errors.finish()
+    else:
         _replan(comm, key, capturing, out, inp, algorithm, backend, _block_call, "all_gather", out, inp, "sum",
                 backend, False, max_blocks)
     return out
@@ -208,47 +228,43 @@ def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits
     comm.errors.poll()
     key = exchange.plan_key(comm, out, inp, out_splits, in_splits, transport)
     capturing = _capturing()
-    if not _launch(comm, key, capturing):
+    plan = comm.plans.hit(key)  # (the plan hit: _replan's docstring)
+    if plan is not None and not plan.alive:
+        plan.run(capturing)
+        if comm.errors.deferred is not None:
+            comm.errors.finish()
+    else:
         _replan(comm, key, capturing, out, inp, "push", "peer", _all_to_all_call, out, inp, out_splits, in_splits,
                 transport)
     return out
 
 
-# -- the one call skeleton: the error record's poll, the collective's plan-cache key, _launch (else _replan) --------
-
-
-def _launch(comm: Communicator, key: tuple, capture: bool) -> bool:
-    """Launch the cached plan of ``key`` and close the call (raising a deferred error:
-    :meth:`~collectives.runtime.error_record.ErrorRecord.finish`, entered only where one is
-    deferred); False, launching nothing, where there is none or it uses adopted memory (then
-    :func:`_replan`: its lookup checks that memory).  ``capture``: whether the current stream is
-    capturing a CUDA graph, asked once per call (:func:`~collectives.algorithms.plan.capturing`:
-    the collective's key holds it where its plan depends on it, and the plan's run takes it).
-
-    A collective's call is ``comm = communicator(group)``, ``comm.errors.poll()`` (raise an
-    error a kernel recorded before, or defer a recoverable one to the end of this call), its
-    key, this, and on False :func:`_replan` with its describing function (its checks and
-    :class:`Call`, an all-to-all's :class:`~collectives.algorithms.all_to_all.AllToAllCall`).
-    The key holds every argument the plan and the checks depend on: the output's and the input's
-    addresses (its second and third fields: :func:`_facts` drops them), then each caller
-    tensor's other fields of :func:`~collectives.runtime.staging.tensor_key` (inline: a hit is
-    a call whose tensors passed the same checks), in a collective's key no tuple (an
-    all-to-all's: :func:`collectives.runtime.all_to_all.plan_key`): a hit is this one
-    dictionary lookup (:attr:`~collectives.runtime.staging.PlanCache.hit`) and the launch."""
-    plan = comm.plans.hit(key)
-    if plan is None or plan.alive:
-        return False
-    plan.run(capture)
-    if comm.errors.deferred is not None:
-        comm.errors.finish()
-    return True
+# -- the one call skeleton's miss path (the plan hit is inline in each collective: _replan says how) --------
 
 
 def _replan(comm: Communicator, key: tuple, capture: bool, out: torch.Tensor, inp: torch.Tensor, algorithm: str,
             backend: str, describe: Callable[..., Call | None], *args: Any) -> None:
-    """The call of ``key`` that :func:`_launch` did not launch: its plan (the cache's checked
-    lookup, else planned and cached under ``key``) launched, then the call closed.  ``out``
-    and ``inp``: the tensors written and read.
+    """The call of ``key`` that missed the plan hit: its plan (the cache's checked lookup, else
+    planned and cached under ``key``) launched, then the call closed (raising a deferred error:
+    :meth:`~collectives.runtime.error_record.ErrorRecord.finish`).  ``out`` and ``inp``: the
+    tensors written and read; ``capture``: whether the current stream is capturing a CUDA
+    graph, asked once per call (:func:`~collectives.algorithms.plan.capturing`: the
+    collective's key holds it where its plan depends on it, and the plan's run takes it).
+
+    The one call skeleton, inline in each collective (a Python call less per call):
+    ``comm = communicator(group)``, ``comm.errors.poll()`` (raise an error a kernel recorded
+    before, or defer a recoverable one to the end of this call), the key, then the plan hit:
+    the plan stored under the key (:attr:`~collectives.runtime.staging.PlanCache.hit`: one
+    dictionary lookup), unless there is none or it uses adopted memory (whose expiry only the
+    checked lookup here reads), run, and the call closed where an error is deferred; else this,
+    with the collective's describing function (its checks and :class:`Call`, an all-to-all's
+    :class:`~collectives.algorithms.all_to_all.AllToAllCall`).  A collective's key holds every
+    argument the plan and the checks depend on: the output's and the input's addresses (its
+    second and third fields, None for an in-place all-reduce's output: :func:`_facts` drops
+    them), then the input's and (where given) the output's other fields
+    of :func:`~collectives.runtime.staging.tensor_key` (inline; a hit is a call whose tensors
+    passed the same checks), and no tuple; an all-to-all's:
+    :func:`collectives.runtime.all_to_all.plan_key`.
 
     Tensors outside symmetric memory that the allocator placed elsewhere prepare nothing again:
     a call whose key differs from an earlier one's only in its tensors' addresses (the same
@@ -313,7 +329,7 @@ def _plan_of(comm: Communicator, key: tuple, capture: bool, out: torch.Tensor, i
 def _facts(key: tuple, at: tuple[int, int]) -> tuple:
     """What a plan of ``key`` depends on but its tensors' addresses (``at``: the output's and
     the input's): the key without its second and third fields (a collective key's addresses,
-    :func:`_launch`; never an all-to-all's), and whether each address is 16-byte aligned (the
+    in a collective's key, :func:`_replan`; never an all-to-all's), and whether each address is 16-byte aligned (the
     vector width, the kinds)."""
     return ("moved", key[0], *key[3:], at[0] % VECTOR_BYTES == 0, at[1] % VECTOR_BYTES == 0)
 

@@ -450,7 +450,7 @@ class AllToAllCall:
 
 
 class PushAllToAll(Algorithm):
-    """The all-to-all as an algorithm of the one call path (``api._launch``): its plan is
+    """The all-to-all as an algorithm of the one call path (``api._replan``): its plan is
     made by the communicator's exchange part
     (:meth:`~collectives.algorithms.protocol.Runtime.exchange`: the slot region, the staging
     buffer, the split tensors), a :class:`~collectives.algorithms.plan.Plan` that follows the

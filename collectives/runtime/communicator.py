@@ -314,6 +314,8 @@ def communicator(group: Group = None) -> Communicator:
         return group
     elif isinstance(group, Context):
         ctx = group
+        if ctx.closed:
+            raise CollectiveError(f"the communicator's context is closed ({ctx!r})")
     else:  # a ProcessGroup or DeviceMesh: the last answer for this very object, if still open
         hit = _BY_GROUP.get(id(group))
         if hit is not None and hit[0] is group and not hit[1].ctx.closed:
@@ -321,9 +323,7 @@ def communicator(group: Group = None) -> Communicator:
         comm = communicator(init(group=group))
         _BY_GROUP[id(group)] = (group, comm)  # (holding the group: its id is not reused)
         return comm
-    if ctx.closed:
-        raise CollectiveError(f"the communicator's context is closed ({ctx!r})")
-    comm = _COMMS.get(id(ctx))
+    comm = _COMMS.get(id(ctx))  # (ctx is open: current() and init() give only open ones)
     if comm is None or comm.ctx is not ctx:
         comm = Communicator(ctx)  # collective over ctx's ranks: never under the lock
         with _LOCK:

@@ -20,9 +20,13 @@ import torch
 
 from ..algorithms import REGISTRY
 from ..errors import CollectiveError, CollectiveTimeout
-from ..layouts import ERROR_FIELDS, ERROR_RECORDS, FATAL_RECORD, FLAG_WAIT, RECOVERABLE_RECORD, SIZE_MISMATCH, TIMEOUT
+from ..layouts import (ERROR_FIELD, ERROR_FIELDS, ERROR_RECORDS, FATAL_RECORD, FLAG_WAIT, RECOVERABLE_RECORD,
+                       SIZE_MISMATCH, TIMEOUT)
 from ..layouts import PHASES as EXCHANGE_PHASES
 
+#: Where the fatal and the recoverable record's status field lie in the flat record array.
+FATAL_STATUS, RECOVERABLE_STATUS = (record * len(ERROR_FIELDS) + ERROR_FIELD["status"]
+                                     for record in (FATAL_RECORD, RECOVERABLE_RECORD))
 #: The name of each phase code a record's ``barrier`` field holds, for messages: the start and
 #: end barriers (0 and 1) and the phases each algorithm declares (:attr:`Algorithm.phases`; the
 #: all-to-all's: :data:`collectives.layouts.PHASES`).
@@ -47,9 +51,10 @@ class ErrorRecord:
         self.bound_changed = bound_changed
         self.rematch_flags = rematch_flags
         self.error = torch.zeros((ERROR_RECORDS, len(ERROR_FIELDS)), dtype=torch.int32, pin_memory=pin_memory)
-        # host-mapped: read without a GPU sync (a memoryview: its items are Python ints, read
-        # at each call in a fraction of a NumPy scalar's time)
-        self._status = memoryview(self.error.numpy())
+        # host-mapped: read without a GPU sync (a flat memoryview: its items are Python ints, read
+        # at each call in a fraction of a NumPy scalar's time, by one int index each: half the
+        # time of a (record, field) pair's)
+        self._status = memoryview(self.error.numpy().reshape(-1))
         #: The fatal error found: every later call raises it.
         self.failed: CollectiveError | None = None
         #: A recoverable error :meth:`poll` found, raised by :meth:`finish`.
@@ -87,7 +92,7 @@ class ErrorRecord:
         vain."""
         self.calls += 1
         status = self._status  # (read() only where there is something to read: the call's common case costs no call)
-        if self.failed is not None or status[FATAL_RECORD, 0] > 0 or status[RECOVERABLE_RECORD, 0] > 0:
+        if self.failed is not None or status[FATAL_STATUS] > 0 or status[RECOVERABLE_STATUS] > 0:
             self.read()
 
     def read(self) -> None:
@@ -97,9 +102,9 @@ class ErrorRecord:
         still writing (status ``CLAIMED``) is read at a later call."""
         if self.failed is not None:
             raise self.failed
-        if self._status[FATAL_RECORD, 0] <= 0 and self._status[RECOVERABLE_RECORD, 0] <= 0:
+        if self._status[FATAL_STATUS] <= 0 and self._status[RECOVERABLE_STATUS] <= 0:
             return
-        fatal = self._status[FATAL_RECORD, 0] > 0
+        fatal = self._status[FATAL_STATUS] > 0
         record = self.error[FATAL_RECORD if fatal else RECOVERABLE_RECORD]
         status, barrier, peer, block, rank = (int(v) for v in record.tolist())
         where = f"rank {rank}, thread block {block}, {PHASE_NAMES.get(barrier, barrier)}"

@@ -62,7 +62,7 @@ def tensor_key(t: torch.Tensor) -> tuple:
     with an earlier buffer's allocation id).  (``data_ptr()`` first: no call to
     :func:`~collectives.symmetric.context.address` for a tensor with elements, whose address
     it is; the key is built at every call.)  The all-reduce, reduce-scatter and all-gather
-    build these fields inline in their flat keys (:func:`collectives.api._launch`; a function
+    build these fields inline in their flat keys (:func:`collectives.api._replan`; a function
     call per tensor saved on every call), which ``tests/collectives/runtime/test_host_path.py``
     holds to this function's."""
     return t.data_ptr() or address(t), t.dtype, t.shape, t.is_contiguous(), t.get_device()
