@@ -69,11 +69,13 @@ def tensor_key(t: torch.Tensor) -> tuple:
 
 
 class PlanCache:
-    """Prepared plans by call key, at most ``capacity``; past it, the least recently used is
-    evicted, as second-chance LRU: a plan hit does no bookkeeping (:attr:`hit`), a launch marks
-    its plan used (:attr:`~collectives.algorithms.plan.Plan.used`), and eviction takes the
-    oldest entry whose plan is unmarked, moving each marked one it meets to the newest end with
-    its mark cleared."""
+    """Prepared plans by call key, at most ``capacity``; past it, the least recently used are
+    evicted, approximately and at no cost to a plan hit (:attr:`hit`: no bookkeeping): a
+    launch marks its plan used (:attr:`~collectives.algorithms.plan.Plan.used`), and eviction
+    drops the oldest unmarked plans, moving each marked one it passes to the newest end; where
+    every plan is marked, it clears every mark (a sweep: "used" then means since the last one)
+    and drops the oldest.  A plan cached under two keys (a call's and its facts') keeps its
+    mark for both."""
 
     __slots__ = ("_plans", "capacity", "hit")
 
@@ -100,11 +102,23 @@ class PlanCache:
         plans = self._plans
         plans[key] = plan
         plans.move_to_end(key)
+        if len(plans) > self.capacity:
+            self._evict()
+
+    def _evict(self) -> None:
+        plans = self._plans
+        for _ in range(len(plans)):
+            if len(plans) <= self.capacity:
+                return
+            oldest, plan = next(iter(plans.items()))
+            if plan.used:
+                plans.move_to_end(oldest)
+            else:
+                del plans[oldest]
+        for plan in plans.values():
+            plan.used = False
         while len(plans) > self.capacity:
-            old_key, old = plans.popitem(last=False)
-            if old.used:  # a second chance, once
-                old.used = False
-                plans[old_key] = old
+            plans.popitem(last=False)
 
     def __len__(self) -> int:
         return len(self._plans)

@@ -106,6 +106,23 @@ def test_a_collectives_flat_key_holds_every_field_of_tensor_key(monkeypatch, col
         assert key[7:11] == tensor_key(out)[1:]
 
 
+def test_a_plan_hit_keeps_its_plan_past_the_caches_capacity() -> None:
+    """A hit does no bookkeeping in the plan cache (its dictionary's own ``get``), yet its run
+    marks the plan used: past the capacity, plans not launched since go first, whichever were
+    cached last (the all-reduce's plan is cached twice, under its call's key and its facts')."""
+    from types import SimpleNamespace
+
+    with host_path.world() as comm:
+        warm, hit = host_path.calls("all_reduce", False)
+        warm()
+        ours_ = [k for k in comm.plans._plans if k[0] in ("all_reduce", "moved")]
+        comm.plans.capacity = len(comm.plans) + 1
+        for i in range(3 * comm.plans.capacity):  # (each a plan never launched)
+            hit()
+            comm.plans[("other", i)] = SimpleNamespace(used=False, alive=())
+        assert set(ours_) <= set(comm.plans._plans) and len(comm.plans) == comm.plans.capacity
+
+
 CASES = [("all_reduce", a) for a in ("one_shot", "two_shot", "tma", "push", "lamport", "auto")] + \
         [("all_reduce_out", a) for a in ("one_shot", "two_shot", "auto")] + \
         [("reduce_scatter", a) for a in ("one_shot", "tma", "push", "lamport", "auto")] + \
