@@ -24,18 +24,18 @@ current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
 
 
 class Plan:
-    """One collective call, prepared: ``run()`` takes the current stream and launches.
-    ``args``: the launch arguments, one tuple, or two that calls alternate (the communicator's
-    ``turn``); ``fn``: the kernel's TVM-FFI function, bound here to each argument tuple once
-    (``launches``: the launch of each turn, 0 and 1: a ``functools.partial`` of ``fn`` and an
-    argument tuple, a function of the stream; one tuple's serves both turns); ``holds``: the staging-pool buffers (data pointers) any address of the launch
-    lies in; ``uses``: the addresses it reads or writes (its buffers', ``out``, ``src``: a free
-    of memory holding one drops the plan); ``alive``: the storages of adopted buffers it uses
-    (:attr:`collectives.runtime.views.Buffer.storage`: the plan holds while they live);
-    ``device``: the communicator's GPU; ``caller``: the addresses of the output and input of
-    the call it was made for (:meth:`moved`); ``barriered``: whether its kernel passes the start
-    barrier (every launch of such a plan passes the turn on, see :meth:`run`); ``used``: launched
-    since the plan cache last cleared it (its recency: :class:`~collectives.runtime.staging.PlanCache`)."""
+    """One collective call, prepared: ``run()`` takes the current stream and launches. ``args``: the launch
+    arguments, one tuple, or two that calls alternate (the communicator's ``turn``); ``fn``: the
+    kernel's TVM-FFI function, bound here to each argument tuple once (``launches``: the launch of each
+    turn, 0 and 1: a ``functools.partial`` of ``fn`` and an argument tuple, a function of the stream;
+    one tuple's serves both turns); ``holds``: the staging-pool buffers (data pointers) any address of
+    the launch lies in; ``uses``: the addresses it reads or writes (its buffers', ``out``, ``src``: a
+    free of memory holding one drops the plan); ``alive``: the storages of adopted buffers it uses
+    (:attr:`collectives.runtime.views.Buffer.storage`: the plan holds while they live); ``device``: the
+    communicator's GPU; ``caller``: the addresses of the output and input of the call it was made for
+    (:meth:`moved`); ``barriered``: whether its kernel passes the start barrier (every launch of such a
+    plan passes the turn on, see :meth:`run`); ``used``: launched since the plan cache last swept the marks
+    (its recency: :class:`~collectives.runtime.staging.PlanCache`)."""
 
     __slots__ = ("fn", "args", "comm", "holds", "uses", "alive", "device", "caller", "barriered", "launches", "used")
 

@@ -128,22 +128,23 @@ def breakdown(comm, t: torch.Tensor, calls: int) -> list[Row]:
     collective launches pair), each row measured on its own (:func:`add`): the call; the call
     in runs too short to fill the launch queue, and the GPU time per call (:func:`gpu_us`: where
     it is the host time or more, the long runs' host time may be the GPU's); the call with its
-    launch a no-op (our Python); the key (:func:`~collectives.runtime.staging.tensor_key` and
-    the plan lookup); the error record's reads (poll and finish); the stream (torch's raw
-    handle, and ``torch.cuda.current_stream``); whether a capture is on; the launch alone (the
-    plan's TVM-FFI function, bound to its arguments once); an empty torch kernel
+    launch a no-op (our Python); the key (the all-reduce's flat key of
+    :func:`~collectives.runtime.staging.tensor_key`'s fields, and the plan lookup); the error
+    record's reads (poll and finish); the stream (torch's raw handle, and
+    ``torch.cuda.current_stream``); whether a capture is on; the launch alone (the plan's
+    TVM-FFI function, bound to its arguments once); an empty torch kernel
     (``torch.cuda._sleep(0)``); torch symm_mem's two-shot all-reduce of as many elements, as
     the call.  A plan of two argument sets launches them in turn from the communicator's, an
     even number of times (it ends where it began)."""
     import collectives
     from collectives.algorithms.plan import capturing, current_stream
-    from collectives.runtime.staging import tensor_key
+    from collectives.symmetric.context import address
 
     rows: list[Row] = []
     key = plan = None
     try:
         collectives.all_reduce(t)
-        key = next(k for k in reversed(comm.plans._plans) if k[0] == "all_reduce" and k[1] == tensor_key(t))
+        key = next(k for k in reversed(comm.plans._plans) if k[:3] == ("all_reduce", None, t.data_ptr()))
         plan = comm.plans.get(key)
     except Exception as e:  # noqa: BLE001 (the rows that need the plan are left out)
         rows.append(failed("all_reduce plan hit: its plan", e))
@@ -170,7 +171,9 @@ def breakdown(comm, t: torch.Tensor, calls: int) -> list[Row]:
                 plan.launches = kept
 
         add(rows, "  the call, its launch a no-op (our Python)", idle)
-        row("  key: tensor_key + plan lookup", lambda: comm.plans.get(key[:1] + (tensor_key(t),) + key[2:]))
+        row("  key: the flat key + plan lookup (PlanCache.hit)",  # (as collectives.all_reduce builds it)
+            lambda: comm.plans.hit(("all_reduce", None, t.data_ptr() or address(t), t.dtype, t.shape,
+                                    t.is_contiguous(), t.get_device(), *key[7:])))
         add(rows, "  launch alone: the plan's TVM-FFI function, bound once",
             lambda: host_us(lambda: [functools.partial(kept[(comm.turn + i) % len(kept)], stream)
                                      for i in range(calls)]))
