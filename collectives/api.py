@@ -283,14 +283,18 @@ def _replan(comm: Communicator, key: tuple, capture: bool, out: torch.Tensor, in
     ranks share the GPU, that barrier is planned with every rank's first plan of a call: its kernel's load
     could otherwise come while the other ranks' kernels spin for it, and a load waits for them
     (:func:`collectives.runtime.kernels.load`)."""
-    plan = comm.plans.get(key)
+    plan = comm.plans.hit(key)
+    if plan is not None:  # (over adopted memory: the checked lookup)
+        plan = comm.plans.get(key)
     if plan is None:
         plan = _plan_of(comm, key, capture, out, inp, algorithm, backend, describe, args)
     if plan is None:
         comm.barrier(backend, capture)
-    else:
-        plan.run(capture)
-    comm.errors.finish()
+        comm.errors.finish()
+        return
+    plan.run(capture)
+    if comm.errors.deferred is not None:
+        comm.errors.finish()
 
 
 def _plan_of(comm: Communicator, key: tuple, capture: bool, out: torch.Tensor, inp: torch.Tensor, algorithm: str,

@@ -27,8 +27,8 @@ from tests.support.fake_comm import FakeComm, FakeHeap, FakeTensor, install  # n
 HIT_CEILING = {"all_reduce": 5, "reduce_scatter": 5, "all_gather": 5, "barrier": 5, "all_to_all": 13}
 #: ... of one call on moved tensors: the key misses, the plan of its facts is moved (the moved
 #: plan binds its kernel to each argument tuple once, so that a hit launches without unpacking
-#: them: one call more).
-MOVED_CEILING = {"all_reduce": 19, "reduce_scatter": 19, "all_gather": 19}
+#: them: one call more).  17 with the real communicator() lookup (was 19, 20, 20 without it).
+MOVED_CEILING = {"all_reduce": 17, "reduce_scatter": 17, "all_gather": 17}
 #: What only planning does: none of it on either path.
 PLANNING = {"_plan", "_all_reduce_call", "_block_call", "describe", "prepare", "plan", "buffer", "staging", "kernel"}
 
