@@ -103,22 +103,27 @@ class PlanCache:
         plans[key] = plan
         plans.move_to_end(key)
         if len(plans) > self.capacity:
-            self._evict()
+            oldest, old = plans.popitem(last=False)
+            if old.used:  # (else the common case: the oldest plan, not launched since the last sweep, dropped)
+                plans[oldest] = old
+                self._evict(key)
 
-    def _evict(self) -> None:
+    def _evict(self, newest: Hashable) -> None:
+        """Drop one plan other than ``newest``'s (just cached, not launched yet): the oldest not
+        launched since the last sweep, passing each launched one to the newest end; where every
+        one was launched, sweep (clear every mark) and drop the oldest.  (Entered with the oldest
+        plan, launched, just passed: ``newest`` is second to last.)"""
         plans = self._plans
-        for _ in range(len(plans)):
-            if len(plans) <= self.capacity:
-                return
+        for _ in range(len(plans) - 2):  # (the plans older than newest's)
             oldest, plan = next(iter(plans.items()))
-            if plan.used:
-                plans.move_to_end(oldest)
-            else:
+            if not plan.used:
                 del plans[oldest]
+                return
+            plans.move_to_end(oldest)
         for plan in plans.values():
             plan.used = False
-        while len(plans) > self.capacity:
-            plans.popitem(last=False)
+        plans.move_to_end(newest)
+        plans.popitem(last=False)
 
     def __len__(self) -> int:
         return len(self._plans)

@@ -66,6 +66,20 @@ def test_plan_cache_evicts_least_recently_used() -> None:
     assert all(cache.get(k) is not None for k in "acd")
 
 
+def test_plan_cache_keeps_a_new_plan_over_plans_launched_before() -> None:
+    """Past the capacity with every plan launched since the last sweep, the oldest goes, never
+    the plan just cached (not launched yet), and the marks are cleared: the next eviction is
+    of the next oldest at once."""
+    cache = PlanCache(capacity=3)
+    for k in "abc":
+        cache[k] = FakePlan()
+        cache.get(k)  # (as a launch marks it)
+    cache["d"] = FakePlan()
+    assert list(cache._plans) == ["b", "c", "d"] and not any(p.used for p in cache._plans.values())
+    cache["e"] = FakePlan()
+    assert list(cache._plans) == ["c", "d", "e"]
+
+
 def test_plan_cache_is_bounded_by_default() -> None:
     cache = PlanCache()
     for i in range(10 * PLAN_CACHE_SIZE):
