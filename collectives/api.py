@@ -61,16 +61,15 @@ def barrier(backend: str = "auto", *, group: Group = None) -> None:
         return torch_ops.traced_barrier(backend)
     comm = communicator(group)
     comm.errors.poll()
-    capturing = _capturing()
     # (the communicator's own plan, which algorithms launch too: Communicator.barrier_plan)
     plan = comm.plans.hit(("barrier", backend, config.PDL))  # (the plan hit: _replan's docstring)
     if plan is not None and not plan.alive:
-        plan.run(capturing)
+        plan.run(None)  # (whether a capture is on: asked only where the stream changed)
         if comm.errors.deferred is not None:
             comm.errors.finish()
     else:
         _check_options("barrier", backend=backend)  # (a miss only: no plan has a refused backend)
-        comm.barrier(backend, capturing)
+        comm.barrier(backend, _capturing())
         if comm.errors.deferred is not None:
             comm.errors.finish()
 
@@ -181,14 +180,13 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
     key = ("all_gather", out.data_ptr() or address(out), inp.data_ptr() or address(inp), inp.dtype, inp.shape,
            inp.is_contiguous(), inp.get_device(), out.dtype, out.shape, out.is_contiguous(), out.get_device(),
            algorithm, backend, max_blocks, config.PDL)
-    capturing = _capturing()
     plan = comm.plans.hit(key)  # (the plan hit: _replan's docstring)
     if plan is not None and not plan.alive:
-        plan.run(capturing)
+        plan.run(None)  # (its key does not hold whether a capture is on: asked there where needed)
         if comm.errors.deferred is not None:
             comm.errors.finish()
     else:
-        _replan(comm, key, capturing, out, inp, algorithm, backend, _block_call, "all_gather", out, inp, "sum",
+        _replan(comm, key, _capturing(), out, inp, algorithm, backend, _block_call, "all_gather", out, inp, "sum",
                 backend, False, max_blocks)
     return out
 

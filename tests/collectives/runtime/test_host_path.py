@@ -55,10 +55,30 @@ def test_a_plan_hit_stays_under_its_ceiling_of_python_calls(collective: str) -> 
 def test_a_plan_hit_asks_once_whether_a_capture_is_on(collective: str) -> None:
     """``capturing()`` costs about 0.6 us on an H100 host: a call asks it once (its key needs it)
     and passes the answer on to the plan's run, which asked it again before issue 50 (all-gather
-    here: its plan holds a staging buffer, as the GPU's staged plans do)."""
+    here: its plan holds a staging buffer, as the GPU's staged plans do, and its key does not
+    hold the answer: its plan's run asks).  A barrier on the stream of the last collective does
+    not ask at all (its key does not hold it, its plan holds no staging buffer)."""
     _, seen = host_path.python_calls(collective)
     asks = sum(n for (_, name), n in seen.items() if name == "capturing_now")
-    assert asks == 1, f"{collective} plan hit asked capturing() {asks} times"
+    want = 0 if collective == "barrier" else 1
+    assert asks == want, f"{collective} plan hit asked capturing() {asks} times"
+
+
+def test_a_barrier_on_another_stream_asks_whether_a_capture_is_on() -> None:
+    """Where the stream changed, the plan's run asks (the stream's order after the last
+    collective depends on it: :func:`~collectives.algorithms.plan.follow`)."""
+    from collectives.algorithms import plan
+
+    with host_path.world() as comm:
+        warm, hit = host_path.calls("barrier", False)
+        warm()
+        ordered = []
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(plan, "current_stream", lambda device: 7)
+            mp.setattr(plan, "order", lambda device, before, after: ordered.append((before, after)))
+            seen = host_path.profile(hit)
+        assert sum(n for (_, name), n in seen.items() if name == "capturing_now") == 1
+        assert comm.stream == 7 and ordered == [(0, 7)]
 
 
 @pytest.mark.parametrize("collective", sorted(MOVED_CEILING))
