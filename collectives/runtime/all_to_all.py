@@ -231,9 +231,12 @@ def plan_key(comm: Runtime, out: torch.Tensor, inp: torch.Tensor, out_splits: Sp
              transport: str = "nvlink") -> tuple:
     """The plan-cache key of an all-to-all of ``inp`` into ``out``: a call like an earlier one
     (the same tensors, split values or split tensors, symmetric allocations and bound, and
-    ``transport``) launches that call's :class:`AllToAllPlan`."""
-    return ("all_to_all", tensor_key(out), tensor_key(inp), _splits_key(out_splits), _splits_key(in_splits),
-            comm.ctx.generation, transport)
+    ``transport``) launches that call's :class:`AllToAllPlan`.  Flat: each tensor's fields of
+    :func:`~collectives.runtime.staging.tensor_key` inline (a call per tensor saved on every
+    call; ``tests/collectives/runtime/test_host_path.py`` holds them to that function's)."""
+    return ("all_to_all", out.data_ptr() or address(out), out.dtype, out.shape, out.is_contiguous(), out.get_device(),
+            inp.data_ptr() or address(inp), inp.dtype, inp.shape, inp.is_contiguous(), inp.get_device(),
+            _splits_key(out_splits), _splits_key(in_splits), comm.ctx.generation, transport)
 
 
 def _splits_key(splits: Splits) -> Any:

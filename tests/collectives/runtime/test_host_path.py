@@ -20,11 +20,11 @@ from tests.support.fake_comm import FakeComm, FakeHeap, FakeTensor, install  # n
 #: Python calls into collectives/ of one plan-hit call (measured: raise only with a reason):
 #: the collective's function, ``communicator()`` and the ``current()`` context it finds, the error
 #: record's ``poll`` and ``Plan.run`` (the key is built inline, the plan looked up by the
-#: dictionary's own ``get``: no call).  The all-to-all's also reads two tensors and two lists of
-#: splits (plan_key, tensor_key and _splits_key twice, split_values twice) and runs its plan's
-#: run, then the Plan's own run: 13 with list splits.  (Before issue 50 item 1-3's second pass:
+#: dictionary's own ``get``: no call).  The all-to-all's also builds its key (plan_key, its two
+#: lists of splits: _splits_key and split_values twice) and runs its plan's run, then the Plan's
+#: own run: 11 with list splits.  (Before issue 50 item 1-3's second pass:
 #: 7, 8, 8, 7 and 14, with ``communicator()`` a stand-in, uncounted.)
-HIT_CEILING = {"all_reduce": 5, "reduce_scatter": 5, "all_gather": 5, "barrier": 5, "all_to_all": 13}
+HIT_CEILING = {"all_reduce": 5, "reduce_scatter": 5, "all_gather": 5, "barrier": 5, "all_to_all": 11}
 #: ... of one call on moved tensors: the key misses, the plan of its facts is moved (the moved
 #: plan binds its kernel to each argument tuple once, so that a hit launches without unpacking
 #: them: one call more).  17 with the real communicator() lookup (was 19, 20, 20 without it).
@@ -126,6 +126,19 @@ def test_a_collectives_flat_key_holds_every_field_of_tensor_key(monkeypatch, col
         assert key[7:11] == tensor_key(out)[1:]
 
 
+def test_an_all_to_alls_flat_key_holds_every_field_of_tensor_key() -> None:
+    """The all-to-all's key (:func:`~collectives.runtime.all_to_all.plan_key`) holds each
+    tensor's fields of :func:`~collectives.runtime.staging.tensor_key` inline too: the output's,
+    then the input's, then the splits."""
+    from collectives.runtime import all_to_all as a2a
+    from collectives.runtime.staging import tensor_key
+
+    out, inp = FakeTensor(1 << 40, 64), FakeTensor(2 << 40, 64)
+    comm = FakeComm(FakeHeap(world_size=2))
+    key = a2a.plan_key(comm, out, inp, [32, 32], None)
+    assert key[:11] == ("all_to_all", *tensor_key(out), *tensor_key(inp))
+
+
 def test_a_plan_hit_keeps_its_plan_past_the_caches_capacity() -> None:
     """A hit does no bookkeeping in the plan cache (its dictionary's own ``get``), yet its run
     marks the plan used: past the capacity, plans not launched since go first, whichever were
@@ -215,8 +228,9 @@ def test_a_symmetric_tensors_plan_is_never_moved(monkeypatch, collective: str) -
 #: checks, the layer's state (one lookup), each all-to-all's plan hit and each of the four
 #: kernels' argument pack and launch.  Before the layer's state they were 133 and 74: each
 #: kernel prepared again and every all-to-all planned again (its tensors and splits made anew
-#: at each call).
-MOE_CEILING = {"moe.dispatch": 55, "moe.combine": 33}
+#: at each call).  57 and 34 before the flat keys and the inline plan hit (61 and 36 with
+#: ``communicator()``'s lookup, counted since).
+MOE_CEILING = {"moe.dispatch": 51, "moe.combine": 31}
 #: Torch operators that launch GPU work in them (the dispatch: both all-to-alls' splits summed
 #: into one scratch buffer; the combine: none, its gather kernel copies the splits).  Before
 #: (to 2026-11-27) the dispatch's were 10: the id mapping, the mask, the sort, the counts, the
