@@ -110,6 +110,20 @@ SYMMETRIC_PUSH_MIN: dict[tuple[str, int], int] = {
     ("multicast", 8): 1 << 62,
 }
 
+#: (backend, world size) -> smallest reduce-scatter input (bytes per rank) of a symmetric tensor
+#: from which push is chosen over one-shot and TMA.  Measured 2026-11-28 on 4 x H200
+#: (docs/data/bench-4xH200.json, tree e88f8b8): at 256 MB push 601.3 / 604.4 us vs TMA 621.0 /
+#: 632.2 (graph / eager); at 64 MB they tie (push 172.0 / 169.4, TMA 169.4 / 175.8), so the
+#: crossover is put between.  Not measured on 2 or 8 GPUs (TMA there), nor with multicast.
+RS_SYMMETRIC_PUSH_MIN: dict[tuple[str, int], int] = {
+    ("peer", 2): 1 << 62,
+    ("peer", 4): 128 << 20,
+    ("peer", 8): 1 << 62,
+    ("multicast", 2): 1 << 62,
+    ("multicast", 4): 1 << 62,
+    ("multicast", 8): 1 << 62,
+}
+
 #: reduce_scatter stages inputs up to this size (bytes per rank) even when they are symmetric:
 #: the in-kernel copy costs less than the end barrier it saves.
 STAGE_MAX_BYTES = 4 << 20
@@ -152,10 +166,10 @@ def reduce_scatter_algorithm(world: int, nbytes: int, backend: str, aligned: boo
     """Lamport up to its crossover (it reads the input where it lies); then push for an input
     outside symmetric memory (no staging copy; TMA's crossovers were measured on symmetric
     inputs); else one-shot, or TMA from its crossover on (16-byte aligned tensors and output
-    size)."""
+    size), or push from :data:`RS_SYMMETRIC_PUSH_MIN` on."""
     if lamport_blocks(RS_LAMPORT_MAX, world, nbytes, backend):
         return "lamport"
-    if not symmetric:
+    if not symmetric or nbytes >= _lookup(RS_SYMMETRIC_PUSH_MIN, backend, world):
         return "push"
     if aligned and nbytes >= _lookup(RS_TMA_MIN, backend, world):
         return "tma"

@@ -42,11 +42,22 @@ def test_plain_reduce_scatter_inputs_past_lamport_are_pushed() -> None:
             lamport = nbytes <= tuning.RS_LAMPORT_MAX["peer", world]
             assert tuning.reduce_scatter_algorithm(world, nbytes, "peer", symmetric=False) == (
                 "lamport" if lamport else "push")
-            assert tuning.reduce_scatter_algorithm(world, nbytes, "peer") != "push"
+            pushed = nbytes >= tuning.RS_SYMMETRIC_PUSH_MIN["peer", world]
+            assert (tuning.reduce_scatter_algorithm(world, nbytes, "peer") == "push") == pushed
+
+
+def test_large_symmetric_reduce_scatters_are_pushed_from_the_table() -> None:
+    """Symmetric inputs past the measured crossover (4 GPUs: 128 MB) are pushed, aligned or not;
+    below it one-shot or TMA; a world without a measured crossover never pushes them."""
+    assert tuning.reduce_scatter_algorithm(4, 256 << 20, "peer") == "push"
+    assert tuning.reduce_scatter_algorithm(4, 256 << 20, "peer", aligned=False) == "push"
+    assert tuning.reduce_scatter_algorithm(4, 64 << 20, "peer") == "tma"
+    assert tuning.reduce_scatter_algorithm(2, 256 << 20, "peer") == "tma"
+    assert tuning.reduce_scatter_algorithm(4, 256 << 20, "multicast") == "tma"
 
 
 def test_unaligned_reduce_scatter_never_picks_tma() -> None:
-    assert tuning.reduce_scatter_algorithm(4, 1 << 30, "peer", aligned=False) == "one_shot"
+    assert tuning.reduce_scatter_algorithm(2, 1 << 30, "peer", aligned=False) == "one_shot"
     assert tuning.reduce_scatter_algorithm(4, 8 << 20, "peer") == "one_shot"
 
 
