@@ -276,7 +276,9 @@ def _replan(comm: Communicator, key: tuple, capture: bool, out: torch.Tensor, in
     A rank with nothing to move (``describe`` returns None) launches a barrier of size 0 on
     ``backend`` instead and closes the call: its peers' kernels advance the call
     count and wait for every rank, so skipping the launch would leave them to time out (the
-    communicator lost) where their barriers now name the different sizes; so does a rank whose
+    communicator lost) where their barriers now name the different sizes (and where its peers run
+    Lamport, which ``auto`` picks for small tensors, their kernels meet the barrier too:
+    :mod:`collectives.algorithms.lamport`); so does a rank whose
     call is refused (a CollectiveError of the checks or of the plan), before it raises.  Where
     ranks share the GPU, that barrier is planned with every rank's first plan of a call: its kernel's load
     could otherwise come while the other ranks' kernels spin for it, and a load waits for them

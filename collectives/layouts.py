@@ -54,7 +54,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from .config import CALL_EPOCHS, LAMPORT_BLOCKS, LAMPORT_BUFFERS, MAX_WORLD
+from .config import CALL_EPOCHS, LAMPORT_BLOCKS, LAMPORT_BUFFERS, LAMPORT_CALLS, MAX_WORLD, PUSH_EPOCHS
 from .dtypes import DTYPES
 
 # -- the signal pad -------------------------------------------------------------------------------
@@ -72,6 +72,62 @@ def call_last(calls):
     """The last epoch of the call at count ``calls`` (which every signal of the call reaches at
     most): ``calls + CALL_EPOCHS - 1``, to be taken modulo 2^32 (the kernel's uint32 wraps)."""
     return calls + (CALL_EPOCHS - 1)
+
+
+# -- Lamport call counts (Python or CuTeDSL) ----------------------------------------------------
+
+
+def _like(call, value):
+    """``value`` in the type of ``call``: a CuTeDSL ``Uint32`` count keeps to ``Uint32``
+    arithmetic (a Python constant is an ``Int32``, an ``Int64`` past its range as
+    :data:`~collectives.config.LAMPORT_CALLS` is, and a mixed operation takes the wider type).  The signed hazard
+    is elsewhere: a load through a pointer moved by ``+`` returns a signed integer unless given
+    ``dtype=``, and its ``>>`` is then ``shr.s64`` (its ``%`` ``rem.s``): convert it first."""
+    return type(call)(value)
+
+
+def lamport_buffer(call):
+    """The receive buffer of Lamport call ``call`` (a count below :data:`~collectives.config.LAMPORT_CALLS`;
+    Python or CuTeDSL: the kernel evaluates these formulas)."""
+    return call % _like(call, LAMPORT_BUFFERS)
+
+
+def lamport_next(call):
+    """The count after ``call``: it wraps at :data:`~collectives.config.LAMPORT_CALLS`."""
+    return (call + _like(call, 1)) % _like(call, LAMPORT_CALLS)
+
+
+def lamport_tag(call):
+    """The tag of call ``call`` in its size entries (and in a buffer's clean-up word):
+    1 .. :data:`~collectives.config.LAMPORT_CALLS`, never the 0 of a fresh pad, unique among any three calls in a row."""
+    return call + _like(call, 1)
+
+
+def lamport_stale(call):
+    """The buffer call ``call`` empties first when a size mismatch left it dirty: that of the
+    call two before (``call - 2``), which no rank writes again before ``call + 1`` (after
+    receiving this rank's data of ``call``) and into which every rank's stores of ``call - 2``
+    have landed (each rank sent its ``call - 1`` size entry, which this rank's ``call - 1``
+    received, after them)."""
+    return (call + _like(call, 1)) % _like(call, LAMPORT_BUFFERS)
+
+
+def lamport_cleanup_call(call):
+    """The call that empties the buffer of ``call``, should ``call`` fail with a size mismatch."""
+    return lamport_next(lamport_next(call))
+
+
+def lamport_epoch(calls, width: int):
+    """The epoch a Lamport kernel of element width ``width`` (0, 1, 2: 1-, 2-, 4-byte) leaves in
+    its block 0's arrival word of the call at count ``calls`` (with ``n ^``
+    :data:`~collectives.algorithms.base.LAMPORT_SIGNATURE` as its size): ``call_last(calls) -
+    width``, in the call, reached by every barriered kernel's wait and past every epoch one
+    signals (:data:`~collectives.config.PUSH_EPOCHS`).  A barriered kernel meeting it records a size mismatch (the
+    size differs) and a Lamport kernel meeting another one a rank that ran another kernel."""
+    return calls + (CALL_EPOCHS - 1 - width)
+
+
+assert CALL_EPOCHS - 3 > PUSH_EPOCHS
 
 
 @dataclass(frozen=True)
@@ -111,7 +167,7 @@ class PadLayout:
         return self.lamport_base + 18 * self.world + width * LAMPORT_BLOCKS + block
 
     def lamport_dirty(self, width: int, buffer: int) -> int:
-        """The tag of the call that must empty ``buffer`` (:func:`~collectives.algorithms.lamport.lamport_stale`), written by a
+        """The tag of the call that must empty ``buffer`` (:func:`~collectives.layouts.lamport_stale`), written by a
         call whose sizes differed across ranks."""
         return self.lamport_base + 18 * self.world + 3 * LAMPORT_BLOCKS + width * LAMPORT_BUFFERS + buffer
 

@@ -44,6 +44,13 @@ def algorithms(collective: str) -> tuple[str, ...]:
 CALL_TAGS = tuple(product(("barrier", "all_reduce", "reduce_scatter", "all_gather"), DTYPES, OPS))
 #: The lowest bit of a tag in the size word (the tags take the bits just below the kinds).
 TAG_SHIFT = KIND_SHIFT - (len(CALL_TAGS) - 1).bit_length()
+#: What a Lamport kernel brings to its call's arrival word besides ``n`` (``n ^`` this, with the
+#: epoch :func:`~collectives.layouts.lamport_epoch`): every tag bit set and no kind, a tag that no
+#: call has (:data:`CALL_TAGS` has fewer), so that a barriered kernel meeting a Lamport one in a
+#: call (an empty rank's barrier, :func:`collectives.api._launch`) records a size mismatch where
+#: both counts are below ``2^TAG_SHIFT`` (a Lamport one always is).
+LAMPORT_SIGNATURE = ((1 << (KIND_SHIFT - TAG_SHIFT)) - 1) << TAG_SHIFT
+assert len(CALL_TAGS) <= LAMPORT_SIGNATURE >> TAG_SHIFT
 
 
 def signature(collective: str, dtype: str, op: str, kinds: int) -> int:

@@ -251,7 +251,22 @@ def kernel(key: KernelKey, b: Blocks, stage: Callable | None, move: Callable | N
             push(addrs, src, n, rank, first, step)
         elif cutlass.const_expr(key.stage_in):
             stage(src, signals.peer_address(data_table, rank), n, first, step)
+        counts = None
+        if cutlass.const_expr(move is None):
+            # A bare barrier has no block_all: a barrier of its threads puts every thread's read
+            # of C (enter_call) before thread 0 advances it (nothing else orders them in the
+            # memory model; thread 0 may pass first, on its own word), and every thread's read of
+            # our Lamport counts before any thread moves them on (an empty rank's barrier meeting
+            # a rank that runs a Lamport kernel, lamport_missed).  One warp: bar.warp.sync.
+            counts = signals.lamport_counts(pad, world)
+            if cutlass.const_expr(threads <= cute.arch.WARP_SIZE):
+                cute.arch.sync_warp()
+            else:
+                cute.arch.sync_threads()
         ok = b.barrier(pad_table, pad_mc, pad, rank, block, calls, calls + Uint32(1), deadline, err, Int32(0), size)
+        if cutlass.const_expr(move is None):
+            if not ok:
+                signals.lamport_missed(pad, calls, counts, world)
         if cutlass.const_expr(move is not None):  # a bare barrier has nothing to guard
             ok = signals.block_all(flag, ok)
             if cutlass.const_expr(push is None):
@@ -271,14 +286,6 @@ def kernel(key: KernelKey, b: Blocks, stage: Callable | None, move: Callable | N
                     if cutlass.const_expr(pull is not None):
                         if ok2:
                             pull(addrs, data_mc, out, n, rank, first, step)
-        if cutlass.const_expr(move is None):
-            # A bare barrier has no block_all: a barrier of its threads puts every thread's read
-            # of C (enter_call) before thread 0 advances it (nothing else orders them in the
-            # memory model; thread 0 may pass first, on its own word).  One warp: bar.warp.sync.
-            if cutlass.const_expr(threads <= cute.arch.WARP_SIZE):
-                cute.arch.sync_warp()
-            else:
-                cute.arch.sync_threads()
         signals.leave_call(pad, calls, last, world, single)
 
     return launcher(kernel, threads, emulate=key.backend == "multicast_emulated" and world, pdl=key.pdl,

@@ -2,7 +2,7 @@
 
 Every rank owns three rotating receive buffers per element width (one symmetric allocation,
 ``3 x world`` slots of :data:`~collectives.config.LAMPORT_MAX_BYTES`); call ``s`` of a width
-uses buffer ``s % 3`` (:func:`~collectives.algorithms.lamport.lamport_buffer`; the count wraps at
+uses buffer ``s % 3`` (:func:`~collectives.layouts.lamport_buffer`; the count wraps at
 :data:`~collectives.config.LAMPORT_CALLS`, a multiple of 3, so the rotation holds across the
 wrap).  A rank sends its canonical input (:mod:`collectives.device.lamport`) into its own slot
 of buffer ``s % 3`` on every rank, polls its own buffer until every slot of its elements holds
@@ -19,16 +19,29 @@ coordination.  A block runs one part, or several where the grid is smaller (rank
 :mod:`~collectives.algorithms.residency`): it sends all of its parts before it waits for any,
 so any resident grid makes progress.
 With its data each rank sends ``tag << 32 | elements`` (``tag = call + 1``,
-:func:`~collectives.algorithms.lamport.lamport_tag`); a receiver waits for the entry of this call (older
+:func:`~collectives.layouts.lamport_tag`); a receiver waits for the entry of this call (older
 entries carry older calls, so nothing is ever cleared) and records a size mismatch if the count
 differs.  Every wait is bounded by the deadline.
 
 A size mismatch leaves the call's buffer dirty (the receivers skip it; data past the smaller
 sizes is never cleared).  Every rank's part 0 sees the mismatch and writes, in its own pad,
-the tag of the call two later (:func:`~collectives.algorithms.lamport.lamport_cleanup_call`); that call's
+the tag of the call two later (:func:`~collectives.layouts.lamport_cleanup_call`); that call's
 part 0 empties the whole buffer before it announces its size
-(:func:`~collectives.algorithms.lamport.lamport_stale` says why then).  Each rank decides from its own
+(:func:`~collectives.layouts.lamport_stale` says why then).  Each rank decides from its own
 earlier kernel, on the GPU, at the same call: no host step, no collective reset.
+
+A rank may run another kernel where its peers run Lamport: a rank with nothing to move launches
+the barrier of size 0 (:func:`collectives.api._launch`) where ``auto`` picks Lamport for the
+others.  So a Lamport kernel's block 0 also counts the call among the rank's collective calls
+(the barriers' count ``C``) and leaves an arrival word in the call's slot of every rank's pad
+(epoch :func:`~collectives.layouts.lamport_epoch`, size ``n ^``
+:data:`~collectives.algorithms.base.LAMPORT_SIGNATURE`): a barrier waiting there records a size
+mismatch, moves its own Lamport count of that width on as the peer's kernel did and marks the
+buffer the peer wrote into dirty (:func:`~collectives.device.signals.lamport_missed`); a Lamport
+kernel whose size entry from a rank has not come watches that rank's arrival word (part 0) or
+part 0's verdict (the other parts) and records the size mismatch too.  The counts stay equal on
+every rank and the communicator goes on.  Where the entries are there at once this costs one
+load and ``W`` stores in block 0 (as many as the size entries).
 
 The launch takes the same arguments as :mod:`collectives.algorithms.design` (``data_table`` and
 ``data_mc`` are the receive buffers', ``src`` is the input, ``out`` the output).
@@ -47,6 +60,7 @@ from cutlass.memory import SmemAllocator
 import ptxops
 
 from ..config import (
+    CALL_EPOCHS,
     KIND_SHIFT,
     LAMPORT_BLOCKS,
     LAMPORT_BUFFERS,
@@ -60,50 +74,22 @@ from ..device.kernel_args import KernelArgs
 from ..device.launch import launcher
 from ..dtypes import DTYPES
 from ..errors import CollectiveError
-from ..layouts import LAMPORT_EXCHANGE, SIZE_MISMATCH, TIMEOUT, PadLayout
-from .base import Algorithm, Call, capped
+from ..layouts import (
+    LAMPORT_EXCHANGE,
+    SIZE_MISMATCH,
+    TIMEOUT,
+    PadLayout,
+    lamport_buffer,
+    lamport_cleanup_call,
+    lamport_epoch,
+    lamport_next,
+    lamport_stale,
+    lamport_tag,
+)
+from .base import LAMPORT_SIGNATURE, Algorithm, Call, capped
 from .key import KernelKey
 from .protocol import Runtime
 
-
-def _like(call, value):
-    """``value`` in the type of ``call``: a CuTeDSL ``Uint32`` count keeps to ``Uint32``
-    arithmetic (a Python constant is an ``Int32``, an ``Int64`` past its range as
-    :data:`~collectives.config.LAMPORT_CALLS` is, and a mixed operation takes the wider type).  The signed hazard
-    is elsewhere: a load through a pointer moved by ``+`` returns a signed integer unless given
-    ``dtype=``, and its ``>>`` is then ``shr.s64`` (its ``%`` ``rem.s``): convert it first."""
-    return type(call)(value)
-
-
-def lamport_buffer(call):
-    """The receive buffer of Lamport call ``call`` (a count below :data:`~collectives.config.LAMPORT_CALLS`;
-    Python or CuTeDSL: the kernel evaluates these formulas)."""
-    return call % _like(call, LAMPORT_BUFFERS)
-
-
-def lamport_next(call):
-    """The count after ``call``: it wraps at :data:`~collectives.config.LAMPORT_CALLS`."""
-    return (call + _like(call, 1)) % _like(call, LAMPORT_CALLS)
-
-
-def lamport_tag(call):
-    """The tag of call ``call`` in its size entries (and in a buffer's clean-up word):
-    1 .. :data:`~collectives.config.LAMPORT_CALLS`, never the 0 of a fresh pad, unique among any three calls in a row."""
-    return call + _like(call, 1)
-
-
-def lamport_stale(call):
-    """The buffer call ``call`` empties first when a size mismatch left it dirty: that of the
-    call two before (``call - 2``), which no rank writes again before ``call + 1`` (after
-    receiving this rank's data of ``call``) and into which every rank's stores of ``call - 2``
-    have landed (each rank sent its ``call - 1`` size entry, which this rank's ``call - 1``
-    received, after them)."""
-    return (call + _like(call, 1)) % _like(call, LAMPORT_BUFFERS)
-
-
-def lamport_cleanup_call(call):
-    """The call that empties the buffer of ``call``, should ``call`` fail with a size mismatch."""
-    return lamport_next(lamport_next(call))
 
 BUFFERS = LAMPORT_BUFFERS
 #: Test only: a communicator's first Lamport call, while this is set, starts every Lamport call
@@ -248,47 +234,85 @@ class LamportKernel:
             lamport.clear(cute.make_rmem_tensor(4, Uint32), own + v * VECTOR_BYTES, self.bits)
             v += self.threads
 
-    @cute.jit
-    def announce(self, pad_table, pad_mc, buffer, entry, rank, block):
-        """Block 0 sends our size entry into every rank's size words of ``buffer``."""
-        tidx = cute.arch.thread_idx()[0]
-        if block == 0 and tidx < self.world:
-            if cutlass.const_expr(self.multicast):
-                if tidx == 0:
-                    at = signals.gmem(Uint64, pad_mc, 8, signals.MULTICAST, "collectives.algorithms.lamport.LamportKernel.announce")
-                    at = at + self.size_word(buffer, rank) // 2
-                    ptxops.multimem_st(at, entry, sem="relaxed", scope="sys")
-            else:
-                peer = signals.gmem(Uint64, signals.peer_address(pad_table, tidx), 8, signals.PEER,
-                                    "collectives.algorithms.lamport.LamportKernel.announce")
-                ptxops.st(peer + self.size_word(buffer, rank) // 2, entry, sem="relaxed", scope="sys")
+    def arrival(self, calls, n):
+        """Our block 0's arrival word of the call at count ``calls`` (what barriered kernels
+        signal, :mod:`collectives.device.signals`): size ``n ^``
+        :data:`~collectives.algorithms.base.LAMPORT_SIGNATURE` and epoch
+        :func:`~collectives.layouts.lamport_epoch`, so that a rank running a barriered kernel in
+        this call (an empty rank's barrier) records a size mismatch instead of a timeout."""
+        size = Uint32(n) ^ Uint32(LAMPORT_SIGNATURE)
+        return (Uint64(size) << 32) | Uint64(Uint32(lamport_epoch(calls, self.width)))
 
     @cute.jit
-    def sizes_agree(self, pad, buffer, entry, deadline, err, rank, block) -> Boolean:
+    def announce(self, pad_table, pad_mc, buffer, entry, rank, block, calls, n):
+        """Block 0 sends our size entry into every rank's size words of ``buffer`` and our
+        :meth:`arrival` of the call at count ``calls`` into its arrival word of us."""
+        tidx = cute.arch.thread_idx()[0]
+        if block == 0 and tidx < self.world:
+            by = "collectives.algorithms.lamport.LamportKernel.announce"
+            if cutlass.const_expr(self.multicast):
+                if tidx == 0:
+                    at = signals.gmem(Uint64, pad_mc, 8, signals.MULTICAST, by)
+                    at = at + self.size_word(buffer, rank) // 2
+                    ptxops.multimem_st(at, entry, sem="relaxed", scope="sys")
+                    ptxops.multimem_st(signals.arrival_word(pad_mc, calls, Int32(0), rank, self.world,
+                                                            signals.MULTICAST),
+                                       self.arrival(calls, n), sem="relaxed", scope="sys")
+            else:
+                peer = signals.peer_address(pad_table, tidx)
+                at = signals.gmem(Uint64, peer, 8, signals.PEER, by)
+                ptxops.st(at + self.size_word(buffer, rank) // 2, entry, sem="relaxed", scope="sys")
+                ptxops.st(signals.arrival_word(peer, calls, Int32(0), rank, self.world), self.arrival(calls, n),
+                          sem="relaxed", scope="sys")
+
+    @cute.jit
+    def sizes_agree(self, pad, buffer, entry, deadline, err, rank, block, calls, failed, call) -> Boolean:
         """Threads ``t < self.world`` wait for rank ``t``'s size entry of this call and compare its
-        element count with ours (True in self.threads that found it equal, and in the others)."""
+        element count with ours (True in self.threads that found it equal, and in the others).
+
+        While it has not come, part 0 (``block``; it knows ``calls``, our count of collective
+        calls) also watches rank ``t``'s arrival word of this call: a rank that ran another
+        kernel in it (an empty rank's barrier, a Lamport kernel of another width) sends no
+        entry, and the wait ends in a size mismatch instead of the deadline.  Another part
+        watches our dirty word of ``buffer`` (``failed``): part 0 writes it, the tag of
+        :func:`~collectives.layouts.lamport_cleanup_call` of ``call``, once its check failed (a
+        failure already recorded).  Where the entry is there at once, neither is read."""
         tidx = cute.arch.thread_idx()[0]
         ok = Boolean(True)
         if tidx < self.world:
-            own = signals.gmem(Uint64, pad, 8, signals.PEER, "collectives.algorithms.lamport.LamportKernel.sizes_agree")
+            by = "collectives.algorithms.lamport.LamportKernel.sizes_agree"
+            own = signals.gmem(Uint64, pad, 8, signals.PEER, by)
             own = own + self.size_word(buffer, tidx) // 2
             # dtype given: CuTeDSL's pointer arithmetic makes ``own`` an Int64 pointer, and a signed
             # load shifts arithmetically (tags >= 2^31 never matched)
             seen = ptxops.ld(own, sem="relaxed", scope="sys", dtype=Uint64)
-            while (seen >> 32) != (entry >> 32) and cute.arch.globaltimer() < deadline:
+            left = Int32(0)  # SIZE_MISMATCH: rank t ran another kernel in this call; -1: part 0 failed it
+            while (seen >> 32) != (entry >> 32) and left == 0 and cute.arch.globaltimer() < deadline:
+                if block == 0:
+                    word = ptxops.ld(signals.arrival_word(pad, calls, Int32(0), tidx, self.world), sem="relaxed",
+                                     scope="sys", dtype=Uint64)
+                    epoch = Uint32(word & Uint64(0xFFFFFFFF))
+                    if signals.in_call(epoch, calls) and epoch != Uint32(lamport_epoch(calls, self.width)):
+                        left = Int32(SIZE_MISMATCH)
+                elif ptxops.ld(failed, dtype=Uint32) == Uint32(lamport_tag(lamport_cleanup_call(call))):
+                    left = Int32(-1)
                 seen = ptxops.ld(own, sem="relaxed", scope="sys", dtype=Uint64)
             if (seen >> 32) != (entry >> 32):
-                signals.record_error(err, Int32(TIMEOUT), Int32(LAMPORT_EXCHANGE), tidx, block, rank)
                 ok = Boolean(False)
+                if left == 0:
+                    signals.record_error(err, Int32(TIMEOUT), Int32(LAMPORT_EXCHANGE), tidx, block, rank)
+                elif left > 0:
+                    signals.record_error(err, Int32(SIZE_MISMATCH), Int32(LAMPORT_EXCHANGE), tidx, block, rank)
             elif seen != entry:
                 signals.record_error(err, Int32(SIZE_MISMATCH), Int32(LAMPORT_EXCHANGE), tidx, block, rank)
                 ok = Boolean(False)
         return ok
 
     @cute.jit
-    def send_part(self, args: KernelArgs, part: Int32, addrs, dirty, tidx):
+    def send_part(self, args: KernelArgs, part: Int32, addrs, dirty, tidx, calls):
         """Part ``part`` (a fixed share of the vectors) of our data of this call into every rank's
-        buffer; part 0 first empties a buffer a size mismatch left dirty and announces our size."""
+        buffer; part 0 first empties a buffer a size mismatch left dirty and announces our size
+        (and our arrival in the call at count ``calls``)."""
         data_table, n, rank = args.data_table, args.n, args.rank
         call = ptxops.ld(self.counter(args.pad, part), dtype=Uint32)  # unsigned: up to LAMPORT_CALLS > 2^31
         buffer = Int32(lamport_buffer(call))
@@ -299,13 +323,13 @@ class LamportKernel:
                 own = signals.peer_address(data_table, rank)
                 self.empty_buffer(own + Int64(stale) * (self.world * self.slot), tidx)
                 cute.arch.sync_threads()
-        self.announce(args.pad_table, args.pad_mc, buffer, entry, rank, part)
+        self.announce(args.pad_table, args.pad_mc, buffer, entry, rank, part, calls, n)
         base = Int64(buffer) * (self.world * self.slot)
         self.send(addrs, args.data_mc, base + Int64(rank) * self.slot, args.src, n,
                   Int64(part) * self.threads + tidx, Int64(LAMPORT_BLOCKS * self.threads))
 
     @cute.jit
-    def receive_part(self, args: KernelArgs, part: Int32, flag, dirty, deadline, tidx):
+    def receive_part(self, args: KernelArgs, part: Int32, flag, dirty, deadline, tidx, calls):
         """Wait for every rank's data of part ``part``, reduce it into the output and empty the
         slots (or, on a size mismatch, mark the buffer dirty from part 0); then count the call."""
         n, rank = args.n, args.rank
@@ -315,7 +339,8 @@ class LamportKernel:
         entry = self.entry(call, n)
         # A part with no vectors has nothing to wait for.
         if Int64(part) * self.threads < (n + self.per_vector - 1) // self.per_vector:
-            ok = self.sizes_agree(args.pad, buffer, entry, deadline, args.err, rank, part)
+            ok = self.sizes_agree(args.pad, buffer, entry, deadline, args.err, rank, part, calls, dirty + buffer,
+                                  call)
             if signals.block_all(flag, ok):
                 own = signals.peer_address(args.data_table, rank) + Int64(buffer) * (self.world * self.slot)
                 self.receive(own, args.out, n, deadline, args.err, rank, part, Int64(part) * self.threads + tidx,
@@ -335,7 +360,11 @@ class LamportKernel:
     def kernel(self, args: KernelArgs):
         """Block ``b`` of a grid of ``G`` blocks runs parts ``b, b + G, ...`` of the fixed
         :data:`~collectives.config.LAMPORT_BLOCKS`: it sends all of them, then receives them
-        (a part's sender never waits before sending: any grid that is resident is deadlock-free)."""
+        (a part's sender never waits before sending: any grid that is resident is deadlock-free).
+        Block 0 (part 0's) also counts the call among the rank's collective calls
+        (:func:`~collectives.device.signals.enter_call`'s count ``C``, one load at its start, one
+        store at its end: the other blocks never read it), as a barriered kernel does, so that
+        the counts stay equal where ranks ran different kernels in a call."""
         tidx = cute.arch.thread_idx()[0]
         block = cute.arch.block_idx()[0]
         grid = cute.arch.grid_dim()[0]
@@ -345,14 +374,21 @@ class LamportKernel:
         dirty = dirty + self.layout.lamport_dirty(self.width, 0)
         deadline = cute.arch.globaltimer() + args.timeout_ns
         addrs = [signals.peer_address(args.data_table, Int32(r)) for r in range(self.world)]
+        count = signals.gmem(Uint32, args.pad, 4, signals.LOCAL, "collectives.algorithms.lamport.LamportKernel.kernel")
+        count = count + self.layout.calls
+        calls = Uint32(0)
+        if block == 0:
+            calls = ptxops.ld(count, dtype=Uint32)
         part = Int32(block)
         while part < LAMPORT_BLOCKS:
-            self.send_part(args, part, addrs, dirty, tidx)
+            self.send_part(args, part, addrs, dirty, tidx, calls)
             part += grid
         part = Int32(block)
         while part < LAMPORT_BLOCKS:
-            self.receive_part(args, part, flag, dirty, deadline, tidx)
+            self.receive_part(args, part, flag, dirty, deadline, tidx, calls)
             part += grid
+        if block == 0 and tidx == 0:  # after receive_part's bar.sync: every thread's last use of calls
+            ptxops.st(count, calls + Uint32(CALL_EPOCHS))
 
 
 def build(key: KernelKey):

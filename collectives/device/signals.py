@@ -61,12 +61,18 @@ from ..layouts import (
     ERROR_FIELDS,
     FATAL_RECORD,
     FLAG_WAIT,
+    LAMPORT_BLOCKS,
     RECOVERABLE_RECORD,
     SIZE_MISMATCH,
     TIMEOUT,
     PadLayout,
     call_last,
     call_parity,
+    lamport_buffer,
+    lamport_cleanup_call,
+    lamport_epoch,
+    lamport_next,
+    lamport_tag,
 )
 
 
@@ -397,6 +403,42 @@ def barrier_multicast(
 
 
 @cute.jit
+def lamport_counts(pad: Int64, world: cutlass.Constexpr) -> list:
+    """Our Lamport call count of each element width (part 0's: between kernels every part's is
+    the same), for :func:`lamport_missed`: read before any thread of the kernel may store it."""
+    layout = PadLayout(world=world)
+    words = gmem(Uint32, pad, 4, LOCAL, "collectives.device.signals.lamport_counts")
+    return [ptxops.ld(words + layout.lamport_step(width, 0), dtype=Uint32) for width in range(3)]
+
+
+@cute.jit
+def lamport_missed(pad: Int64, calls: Uint32, counts: list, world: cutlass.Constexpr) -> None:
+    """In thread ``t < world`` of a kernel that ran no Lamport kernel in the call at count
+    ``calls`` (an empty rank's barrier) and whose wait for rank ``t`` failed: if rank ``t`` ran
+    a Lamport kernel of width ``w`` there (its arrival word's epoch is
+    :func:`~collectives.layouts.lamport_epoch`), our count of ``w`` moves on as that kernel's did
+    (every part's to the call after ``counts[w]``, read by :func:`lamport_counts` before any
+    thread stores it: several threads store the same words) and the buffer rank ``t`` sent into
+    is marked dirty (emptied by :func:`~collectives.layouts.lamport_cleanup_call`, as a Lamport
+    kernel's size mismatch marks it).  So the ranks' Lamport counts stay equal."""
+    tidx = cute.arch.thread_idx()[0]
+    if tidx < world:
+        word = ptxops.ld(arrival_word(pad, calls, Int32(0), tidx, world), sem="relaxed", scope="sys", dtype=Uint64)
+        epoch = Uint32(word & Uint64(0xFFFFFFFF))
+        layout = PadLayout(world=world)
+        words = gmem(Uint32, pad, 4, LOCAL, "collectives.device.signals.lamport_missed")
+        for width in cutlass.range_constexpr(3):
+            if in_call(epoch, calls) and epoch == Uint32(lamport_epoch(calls, width)):
+                call = counts[width]
+                ptxops.st(words + (layout.lamport_dirty(width, 0) + Int32(lamport_buffer(call))),
+                          Uint32(lamport_tag(lamport_cleanup_call(call))))
+                part = Int32(0)
+                while part < LAMPORT_BLOCKS:
+                    ptxops.st(words + (layout.lamport_step(width, 0) + part), Uint32(lamport_next(call)))
+                    part += 1
+
+
+@cute.jit
 def block_all(flag: cute.Tensor, ok: Boolean) -> Boolean:
     """True in every thread of the block iff ``ok`` held in every thread (one shared word)."""
     tidx = cute.arch.thread_idx()[0]
@@ -412,5 +454,6 @@ def block_all(flag: cute.Tensor, ok: Boolean) -> Boolean:
 
 
 __all__ = ["HOST", "LOCAL", "MULTICAST", "PEER", "arrival_word", "barrier_multicast", "barrier_peer", "block_all",
-           "enter_call", "gave_up", "gmem", "in_call", "leave_call", "peer_address", "reached", "record_error", "signal",
-           "signal_multicast", "signal_peers", "size_word", "spin", "wait_peers", "wait_until"]
+           "enter_call", "gave_up", "gmem", "in_call", "lamport_counts", "lamport_missed", "leave_call", "peer_address",
+           "reached", "record_error", "signal", "signal_multicast", "signal_peers", "size_word", "spin", "wait_peers",
+           "wait_until"]

@@ -3,7 +3,7 @@ GPU, no CuTeDSL).
 
 :class:`Model` restates one thread block of :mod:`collectives.algorithms.lamport` per rank, step
 by step, on every rank's receive buffers, size words and clean-up words, with the formulas the
-kernel evaluates (:func:`~collectives.algorithms.lamport.lamport_buffer`, ``lamport_next``, ``lamport_tag``,
+kernel evaluates (:func:`~collectives.layouts.lamport_buffer`, ``lamport_next``, ``lamport_tag``,
 ``lamport_stale``, ``lamport_cleanup_call``).  Ranks run consecutive calls in random
 interleavings (rank 0 usually first: a fast rank), each store to another rank a step of its
 own (so a slow rank's data lands late).  It fails on:
@@ -24,7 +24,7 @@ from typing import Callable
 import pytest
 
 from collectives.config import LAMPORT_BUFFERS, LAMPORT_CALLS
-from collectives.algorithms.lamport import lamport_buffer, lamport_cleanup_call, lamport_next, lamport_stale, lamport_tag
+from collectives.layouts import lamport_buffer, lamport_cleanup_call, lamport_next, lamport_stale, lamport_tag
 
 
 class Hazard(AssertionError):

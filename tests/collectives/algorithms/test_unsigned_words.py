@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from collectives.config import LAMPORT_CALLS
-from collectives.algorithms.lamport import lamport_next, lamport_tag
+from collectives.layouts import lamport_next, lamport_tag
 from collectives.tools.signed_scan import scan
 
 LOADED = "ld.relaxed.sys.global.b64 %rd1, [%rd9];"

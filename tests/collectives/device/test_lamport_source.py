@@ -23,7 +23,8 @@ torch = pytest.importorskip("torch")
 from tests.support.device_sim import Context, Sim, fakes, load  # noqa: E402
 
 from collectives.algorithms import REGISTRY, KernelKey  # noqa: E402
-from collectives.config import LAMPORT_BUFFERS  # noqa: E402
+from collectives.algorithms.base import Call, signature  # noqa: E402
+from collectives.config import BARRIER_THREADS, CALL_EPOCHS, LAMPORT_BUFFERS  # noqa: E402
 from collectives.device.lamport import negative_zero  # noqa: E402
 from collectives.layouts import ERROR_FIELDS, ERROR_RECORDS, RECOVERABLE_RECORD, SIZE_MISMATCH, PadLayout  # noqa: E402
 
@@ -37,9 +38,10 @@ def combine(a: list, b: list, op: str) -> list:
     return [Uint32(x + y) for x, y in zip(a, b)]
 
 
-def kernels(edits: tuple = ()) -> types.ModuleType:
-    """The simulated ``collectives.algorithms.lamport`` (``edits``: its source edits)."""
-    signals = load("collectives.device.signals", FAKES)
+def kernels(edits: tuple = (), signal_edits: tuple = ()) -> types.ModuleType:
+    """The simulated ``collectives.algorithms.lamport`` (``edits``: its source edits;
+    ``signal_edits``: those of the ``collectives.device.signals`` it runs, its ``signals``)."""
+    signals = load("collectives.device.signals", FAKES, signal_edits)
     device_lamport = load("collectives.device.lamport", {**FAKES, "collectives.device.signals": signals})
     reduce = types.SimpleNamespace(convert=lambda values, dtype: values, combine=combine)
     registered = dict(REGISTRY)  # the copy's Lamport class registers itself: put the real one back
@@ -49,6 +51,7 @@ def kernels(edits: tuple = ()) -> types.ModuleType:
             "collectives.device": types.SimpleNamespace(lamport=device_lamport, reduce=reduce, signals=signals),
         }, edits)
         module.LAMPORT_BLOCKS = PARTS  # the kernel reads its count of parts from its module
+        signals.LAMPORT_BLOCKS = PARTS  # and so does an empty rank's barrier (lamport_missed)
         return module
     finally:
         REGISTRY.clear()
@@ -67,9 +70,12 @@ class World:
     pattern)."""
 
     def __init__(self, world: int, calls: list, seed: int, source: types.ModuleType = SOURCE,
-                 kernels: dict | None = None, word: types.FunctionType | None = None) -> None:
-        """``word(c, r, i)``: rank ``r``'s input word ``i`` of call ``c`` (default: :meth:`word`)."""
-        self.world = world
+                 kernels: dict | None = None, word: types.FunctionType | None = None, slot: int = SLOT,
+                 timeout: int = 3000) -> None:
+        """``word(c, r, i)``: rank ``r``'s input word ``i`` of call ``c`` (default: :meth:`word`);
+        ``slot``: the bytes of a slot; ``timeout``: each wait's bound, in ticks.  A kernel with a
+        ``grid`` runs that many blocks."""
+        self.world, self.timeout = world, timeout
         self.calls = [call if isinstance(call, tuple) else (["all_reduce"] * world, call) for call in calls]
         if word is not None:
             self.word = word
@@ -78,14 +84,16 @@ class World:
         mem = sim.memory
         self.kernels = {}
         for collective, kernel in (kernels or {"all_reduce": source.LamportKernel}).items():
-            self.kernels[collective] = kernel(KernelKey(collective, "lamport", "peer", "f32", world, threads=256))
-            self.kernels[collective].threads, self.kernels[collective].slot = THREADS, SLOT
+            if isinstance(kernel, type):  # a Lamport kernel class (else a kernel made already)
+                kernel = kernel(KernelKey(collective, "lamport", "peer", "f32", world, threads=256))
+            self.kernels[collective] = kernel
+            self.kernels[collective].threads, self.kernels[collective].slot = THREADS, slot
         layout = PadLayout(world=world)
         self.pads = [mem.alloc(4 * layout.words) for _ in range(world)]
-        self.buffers = [mem.alloc(LAMPORT_BUFFERS * world * SLOT) for _ in range(world)]
+        self.buffers = [mem.alloc(LAMPORT_BUFFERS * world * slot) for _ in range(world)]
         empty = negative_zero(32, 32)
         for buffer in self.buffers:
-            for i in range(0, LAMPORT_BUFFERS * world * SLOT, 4):
+            for i in range(0, LAMPORT_BUFFERS * world * slot, 4):
                 mem.store(buffer + i, empty, Uint32)
         self.pad_table, self.data_table = mem.alloc(8 * world), mem.alloc(8 * world)
         for r in range(world):
@@ -110,10 +118,11 @@ class World:
             args = types.SimpleNamespace(
                 data_table=Int64(self.data_table), data_mc=Int64(0), out=Int64(self.out[r]), src=Int64(self.src[r]),
                 n=Int64(n), pad_table=Int64(self.pad_table), pad_mc=Int64(0), pad=Int64(self.pads[r]),
-                err=Int64(self.errs[r]), rank=Int32(r), timeout_ns=Int64(3000))
+                err=Int64(self.errs[r]), rank=Int32(r), timeout_ns=Int64(self.timeout))
             kernel = self.kernels[collective]
-            sim.launch(lambda: kernel.kernel(args), Context(rank=r, call=c), BLOCKS, THREADS,
-                       [self.rng.choice([0, 0, 300]) for _ in range(BLOCKS)])
+            blocks = getattr(kernel, "grid", BLOCKS)
+            sim.launch(lambda: kernel.kernel(args), Context(rank=r, call=c), blocks, THREADS,
+                       [self.rng.choice([0, 0, 300]) for _ in range(blocks)])
             outs = n * (self.world if collective == "all_gather" else 1)
             self.results[r].append(mem.words(self.out[r], outs, Uint32))
             for index in range(ERROR_RECORDS):
@@ -200,3 +209,86 @@ MUTATIONS = {
 def test_each_mutation_of_the_clean_up_fails(name: str) -> None:
     with pytest.raises(AssertionError):
         agreeing_calls_are_summed_and_a_mismatch_is_cleaned_up(kernels((MUTATIONS[name],)))
+
+
+# -- an empty rank against ranks running Lamport (issue 48 item 4) ----------------------------------
+
+
+class EmptyRank:
+    """What an empty rank launches where its peers' ``auto`` picks Lamport: the bare barrier of
+    size 0 (:func:`collectives.api._launch`), the design kernel of ``source``'s signals, one block."""
+
+    grid = 1
+
+    def __init__(self, world: int, source: types.ModuleType, edits: tuple = ()) -> None:
+        design = load("collectives.algorithms.design", {
+            **FAKES, "collectives.device": types.SimpleNamespace(signals=source.signals, reduce=None)}, edits)
+        key = KernelKey("barrier", "one_shot", "peer", "f32", world, threads=BARRIER_THREADS)  # Barrier.plan's
+        self.barrier = design.kernel(key, design.Blocks(key), stage=None)
+        self.kinds = signature("barrier", "bf16", "sum", Call.bare("barrier", "peer", key.world).kinds)
+
+    def kernel(self, args: types.SimpleNamespace) -> None:
+        self.barrier(types.SimpleNamespace(**{**vars(args), "n": Int64(0), "kinds": Int32(self.kinds)}))
+
+
+def an_empty_rank_among_lamport_ranks(source: types.ModuleType, design_edits: tuple = ()) -> None:
+    """At call 1 rank 0 is empty (it launches the barrier of size 0) and at call 5 rank W - 1 is,
+    where the other ranks all-reduce 40 elements with Lamport (three parts: a part of another
+    block waits too): each such call is a size mismatch on every rank, never a timeout; the
+    collective call counts and the Lamport counts stay equal, so the Lamport calls after sum
+    their inputs (calls 4 and 8 use the buffer that the empty rank's peers wrote into, emptied
+    at calls 3 and 7) and a barrier of every rank passes."""
+    n = 40
+    for world_size, seed in ((2, 0), (2, 1), (3, 2)):
+        last = world_size - 1
+        empty_at = {1: 0, 5: last}
+        calls = [(["all_reduce"] * world_size if c not in empty_at else
+                  ["barrier" if r == empty_at[c] else "all_reduce" for r in range(world_size)],
+                  [0 if empty_at.get(c) == r else n for r in range(world_size)]) for c in range(9)]
+        calls.append((["barrier"] * world_size, [0] * world_size))
+        world = World(world_size, calls, seed, source, slot=4 * n, timeout=12000,
+                      kernels={"all_reduce": source.LamportKernel,
+                               "barrier": EmptyRank(world_size, source, design_edits)})
+        for r in range(world_size):
+            assert world.records[r] == [(c, RECOVERABLE_RECORD, SIZE_MISMATCH) for c in empty_at], (
+                world_size, seed, world.records)
+            for c in range(len(calls) - 1):
+                if c not in empty_at:
+                    assert world.results[r][c] == world.expected(c, r), (world_size, seed, r, c)
+        layout = PadLayout(world=world_size)
+        words = [layout.calls] + [layout.lamport_step(2, part) for part in range(PARTS)]
+        counts = {tuple(world.sim.memory.load(pad + 4 * w, Uint32).v for w in words) for pad in world.pads}
+        assert counts == {(len(calls) * CALL_EPOCHS, *[len(calls) - 1] * PARTS)}, counts
+
+
+def test_an_empty_rank_among_lamport_ranks_is_a_size_mismatch_on_every_rank_and_the_counts_stay_equal() -> None:
+    an_empty_rank_among_lamport_ranks(SOURCE)
+
+
+#: Edits of the Lamport kernel and the barrier that break issue 48 item 4, each caught.
+EMPTY_RANK_MUTATIONS = {
+    "no arrival of a Lamport kernel": ("collectives.algorithms.lamport", (
+        "                ptxops.st(signals.arrival_word(peer, calls, Int32(0), rank, self.world), self.arrival(calls, n),\n"
+        "                          sem=\"relaxed\", scope=\"sys\")\n", "")),
+    "no watch of the ranks' arrival": ("collectives.algorithms.lamport", (
+        "                if block == 0:\n                    word =", "                if block < 0:\n                    word =")),
+    "no watch of part 0's failure": ("collectives.algorithms.lamport", (
+        "                    left = Int32(-1)", "                    left = Int32(0)")),
+    "a Lamport kernel that does not count the call": ("collectives.algorithms.lamport", (
+        "            ptxops.st(count, calls + Uint32(CALL_EPOCHS))", "            pass")),
+    "no Lamport count moved on by the barrier": ("collectives.algorithms.design", (
+        "            if not ok:\n                signals.lamport_missed", "            if False:\n                signals.lamport_missed")),
+    "no dirty mark by the barrier": ("collectives.device.signals", (
+        "                ptxops.st(words + (layout.lamport_dirty(width, 0) + Int32(lamport_buffer(call))),\n"
+        "                          Uint32(lamport_tag(lamport_cleanup_call(call))))\n", "")),
+}
+
+
+@pytest.mark.parametrize("name", EMPTY_RANK_MUTATIONS)
+def test_each_mutation_of_the_empty_rank_protocol_fails(name: str) -> None:
+    module, edit = EMPTY_RANK_MUTATIONS[name]
+    lamport_edits = (edit,) if module == "collectives.algorithms.lamport" else ()
+    signal_edits = (edit,) if module == "collectives.device.signals" else ()
+    design_edits = (edit,) if module == "collectives.algorithms.design" else ()
+    with pytest.raises(AssertionError):
+        an_empty_rank_among_lamport_ranks(kernels(lamport_edits, signal_edits), design_edits)

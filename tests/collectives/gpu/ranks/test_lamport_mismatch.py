@@ -1,5 +1,6 @@
-"""Ranks that pass a Lamport all-reduce different sizes get a clear error at once (not a hang,
-not a timeout), and the next call empties the Lamport buffers and works.
+"""Ranks that pass a Lamport all-reduce different sizes, or an empty tensor where the others run
+Lamport, get a clear error at once (not a hang, not a timeout), and the next call empties the
+Lamport buffers and works.
 
     torchrun --nproc-per-node 2 -m pytest -q tests/collectives/gpu/ranks/test_lamport_mismatch.py
 """
@@ -38,5 +39,33 @@ def test_lamport_size_mismatch_raises_and_the_communicator_recovers() -> None:
         collectives.all_reduce(ok, algorithm="lamport")
         collectives.synchronize()
         assert torch.all(ok == comm.world * (comm.world + 1) // 2), size
+    comm.ctx.host_barrier()
+    collectives.current().close()
+
+
+def test_an_empty_rank_against_lamport_ranks_raises_on_every_rank_and_the_communicator_recovers() -> None:
+    """Issue 48 item 4: one rank's tensor is empty where the others' ``auto`` picks Lamport (4096
+    bf16 elements): the empty rank launches the barrier of size 0, and every rank raises the
+    recorded size mismatch at once (not a fatal timeout); the call counts and the Lamport counts
+    stayed in step, so the Lamport and one-shot calls after are exact."""
+    import collectives
+    from collectives.runtime.communicator import communicator
+
+    comm = communicator()
+    ok = torch.ones(4096, dtype=torch.bfloat16, device="cuda")
+    collectives.all_reduce(ok)  # auto: Lamport (its buffers made on every rank)
+    collectives.synchronize()
+    for empty in (0, comm.world - 1):
+        start = time.monotonic()
+        t = torch.ones(0 if comm.rank == empty else 4096, dtype=torch.bfloat16, device="cuda")
+        with pytest.raises(collectives.CollectiveError, match="different sizes"):
+            collectives.all_reduce(t)
+            collectives.synchronize()
+        assert time.monotonic() - start < comm.timeout_s / 2, "the mismatch was found by a timeout"
+        for size, algorithm in ((4096, "lamport"), (512, "lamport"), (4096, "one_shot"), (100_003, "lamport")):
+            ok = torch.full((size,), comm.rank + 1.0, dtype=torch.bfloat16, device="cuda")
+            collectives.all_reduce(ok, algorithm=algorithm)
+            collectives.synchronize()
+            assert torch.all(ok == comm.world * (comm.world + 1) // 2), (empty, size, algorithm)
     comm.ctx.host_barrier()
     collectives.current().close()
