@@ -142,7 +142,7 @@ class Slot(IntEnum):
     share a buffer with another (a rank may rewrite a slot only once no rank still reads it)."""
 
     #: The single-barrier collectives, in turn (:attr:`~collectives.runtime.communicator.Communicator.turn`, passed on
-    #: by every barriered launch): a rank rewrites one only after every rank started a later barriered collective.
+    #: by every collective launch): a rank rewrites one only after every rank started a later collective.
     TURN_0 = 0
     TURN_1 = 1
     #: The staged collectives that keep their end barrier.

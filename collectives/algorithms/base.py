@@ -222,8 +222,7 @@ class Algorithm:
         if work is None:
             work = -(-call.n // key.elements_per_access)
         blocks = self.blocks(comm, key, work, call.max_blocks)
-        return prepare(comm, key, layout, data, call.out.data_ptr(), src, call.n, call.signature, blocks, results,
-                       self.barriered)
+        return prepare(comm, key, layout, data, call.out.data_ptr(), src, call.n, call.signature, blocks, results)
 
     def staging(self, comm: Runtime, call: Call, key: Any, slot: Slot) -> list[Buffer]:
         """The kernel views of the staging ``key`` copies ``call``'s input into: slots

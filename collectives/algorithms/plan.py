@@ -33,20 +33,22 @@ class Plan:
     free of memory holding one drops the plan); ``alive``: the storages of adopted buffers it uses
     (:attr:`collectives.runtime.views.Buffer.storage`: the plan holds while they live); ``device``: the
     communicator's GPU; ``caller``: the addresses of the output and input of the call it was made for
-    (:meth:`moved`); ``barriered``: whether its kernel passes the start barrier (every launch of such a
-    plan passes the turn on, see :meth:`run`); ``used``: launched since the plan cache last swept the marks
+    (:meth:`moved`); ``counted``: whether its kernel counts the call on the signal pad and meets every
+    rank in it (a barriered kernel's start barrier, a Lamport kernel's wait for every rank's entry or
+    arrival; not the all-to-all's): every launch of such a plan passes the turn on, see :meth:`run`;
+    ``used``: launched since the plan cache last swept the marks
     (its recency: :class:`~collectives.runtime.staging.PlanCache`)."""
 
-    __slots__ = ("fn", "args", "comm", "holds", "uses", "alive", "device", "caller", "barriered", "launches", "used")
+    __slots__ = ("fn", "args", "comm", "holds", "uses", "alive", "device", "caller", "counted", "launches", "used")
 
     def __init__(self, fn: Callable[..., Any], args: list[tuple], comm: Runtime, holds: tuple[int, ...] = (),
-                 uses: tuple[int, ...] = (), alive: tuple[Any, ...] = (), barriered: bool = False) -> None:
+                 uses: tuple[int, ...] = (), alive: tuple[Any, ...] = (), counted: bool = False) -> None:
         self.fn, self.args, self.comm, self.holds, self.uses, self.alive = fn, args, comm, holds, uses, alive
         launches = [functools.partial(fn, *a) for a in args]
         self.launches = launches * 2 if len(launches) == 1 else launches
         self.device = comm.device_index
         self.caller = (0, 0)
-        self.barriered = barriered
+        self.counted = counted
         self.used = False
 
     def moved(self, old: tuple[int, int], new: tuple[int, int]) -> Plan | None:
@@ -62,7 +64,7 @@ class Plan:
             return None
         args = [a[:OUT] + (where[a[OUT]], where[a[SRC]]) + a[SRC + 1:] for a in self.args]
         return Plan(self.fn, args, self.comm, self.holds, tuple([where.get(u, u) for u in self.uses]), self.alive,
-                    self.barriered)
+                    self.counted)
 
     def expired(self) -> bool:
         """Whether memory an adopted buffer of the plan lay in has been freed."""
@@ -79,13 +81,14 @@ class Plan:
         under capture).
 
         An alternating plan (two ``args``) stages into the communicator's ``turn`` slot, and
-        every barriered launch passes the turn on, alternating or not: the ranks' barriered
-        launches pair one to one (else a rank waits in vain and the communicator is lost), so
-        their turns stay equal even where ranks called different collectives (a recorded
-        mismatch: rank 0 a one-buffer all-gather, rank 1 an alternating reduce-scatter; had only
-        alternating plans passed it on, each later one-shot call would stage into one slot and
-        read the peers' other, stale one).  A slot is rewritten only after a barriered launch
-        since its last use, whose start barrier proves every rank done reading it."""
+        every counted launch passes the turn on, alternating or not: the ranks' counted launches
+        pair one to one (else a rank waits in vain and the communicator is lost), so their turns
+        stay equal even where ranks called different collectives (a recorded mismatch: rank 0 a
+        one-buffer all-gather, rank 1 an alternating reduce-scatter; an empty rank's barrier
+        against its peers' Lamport kernels; had only alternating plans passed it on, each later
+        one-shot call would stage into one slot and read the peers' other, stale one).  A slot is
+        rewritten only after a counted launch since its last use, whose wait for every rank
+        proves every rank done reading it."""
         comm = self.comm
         stream = current_stream(self.device)
         if stream != comm.stream:
@@ -99,7 +102,7 @@ class Plan:
                 comm.pool.capture(self.holds)
         self.used = True
         launch = self.launches[comm.turn]
-        if self.barriered:
+        if self.counted:
             comm.turn ^= 1
         launch(stream)
 
@@ -124,7 +127,7 @@ def order(device: int, before: int, after: int) -> None:
 
 
 def prepare(comm: Runtime, key: Any, layout: Layout, data: Buffer | list[Buffer], out: int, src: int, n: int,
-            signature: int, blocks: int, results: Buffer | None = None, barriered: bool = True) -> Plan:
+            signature: int, blocks: int, results: Buffer | None = None) -> Plan:
     """A ready launch of ``key`` on ``comm`` with the arguments of ``layout``: everything but
     the stream fixed (``signature``: :attr:`~collectives.algorithms.Call.signature`, the ``kinds``
     argument).  ``data``: the
@@ -132,8 +135,8 @@ def prepare(comm: Runtime, key: Any, layout: Layout, data: Buffer | list[Buffer]
     launches on the one whose turn it is and passes the turn on: ``end_barrier=False``
     collectives).  The layout's ``emulated`` argument gets the
     data buffer's multicast address, or ``results``' table where given (the push all-reduce's
-    result buffers); emulated, the translation table of either.  ``barriered``: whether the
-    kernel passes the start barrier (False: Lamport's)."""
+    result buffers); emulated, the translation table of either.  Its kernel counts the call
+    (:attr:`Plan.counted`)."""
     emulated = key.backend == "multicast_emulated"
     pad = comm.pad_buffer
     fixed = dict(out=out, src=src, n=n, kinds=signature, pad_table=pad.table.data_ptr(), pad_mc=pad.mc,
@@ -152,7 +155,7 @@ def prepare(comm: Runtime, key: Any, layout: Layout, data: Buffer | list[Buffer]
     used = [b.ptr for b in views] + [out, src]
     holds = tuple({h for h in map(comm.pool.holder, used) if h is not None})
     alive = tuple(b.storage for b in views if b.storage is not None)
-    return Plan(comm.kernel(key), args, comm, holds, tuple(a for a in used if a), alive, barriered)
+    return Plan(comm.kernel(key), args, comm, holds, tuple(a for a in used if a), alive, counted=True)
 
 
 __all__ = ["Plan", "capturing", "current_stream", "follow", "order", "prepare"]

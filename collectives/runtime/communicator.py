@@ -191,8 +191,9 @@ class Communicator:
         """Internal symmetric byte buffer of staging slot ``which`` (a :class:`~collectives.config.Slot`),
         of at least ``nbytes``, grown collectively: every rank reaches here with the same size,
         or the allocation's size check raises.  The slots ``TURN_0`` and ``TURN_1`` serve the
-        single-barrier collectives in turn (:attr:`turn`, passed on by every barriered launch):
-        a rank may rewrite one only after every rank has started a later barriered collective,
+        single-barrier collectives in turn (:attr:`turn`, passed on by every collective launch,
+        :attr:`~collectives.algorithms.plan.Plan.counted`): a rank may rewrite one only after
+        every rank has started a later collective,
         which proves it finished reading.  Growing frees the superseded buffer and drops the plans that hold
         it, unless a CUDA graph may use it (:class:`~collectives.runtime.staging.StagingPool`)."""
         return self.pool.get(nbytes, which)

@@ -108,3 +108,45 @@ def test_max_blocks_true_is_refused_even_where_a_plan_for_1_exists(comm: FakeCom
     api.reduce_scatter(out, inp, max_blocks=1)
     with pytest.raises(CollectiveError, match="max_blocks must be a positive int"):
         api.reduce_scatter(out, inp, max_blocks=True)
+
+
+def _turn_after(monkeypatch, calls) -> int:
+    """The turn of a fresh rank's communicator after ``calls(comm)`` (each rank of a world: its own)."""
+    comm = FakeComm(FakeHeap(world_size=2))
+    install(monkeypatch, comm, [False])
+    calls(comm)
+    return comm.turn
+
+
+def test_ranks_that_launched_different_kernels_in_a_call_stay_in_turn(monkeypatch) -> None:
+    """The GPU failure of test_different_dtypes_or_collectives_...: rank 0 all-gathers (no
+    staging) where rank 1 reduce-scatters (staged, no end barrier: it took a turn), or rank 0
+    is empty (its barrier) where rank 1 all-reduces staged: every launch passes the turn on, so
+    the next staged call uses the same slot on both ranks (it read the other's other slot: wrong
+    values on every rank); so does rank 0's barrier where rank 1 runs Lamport."""
+    n = 2048
+
+    def symmetric(comm, numel):
+        return FakeTensor(comm.ctx.empty(4 * numel).data_ptr(), numel, torch.float32)
+
+    def gather(comm):
+        api.all_gather(symmetric(comm, 2 * n), symmetric(comm, n), algorithm="one_shot")
+
+    def scatter(comm):
+        api.reduce_scatter(symmetric(comm, n), symmetric(comm, 2 * n), algorithm="one_shot")
+
+    def empty(comm):
+        api.all_reduce(FakeTensor(next(_addresses), 0, torch.float32), algorithm="one_shot")
+
+    def staged(comm):
+        api.all_reduce(symmetric(comm, n), algorithm="one_shot")
+
+    def lamport(comm):
+        api.all_reduce(symmetric(comm, n), algorithm="lamport")
+
+    assert _turn_after(monkeypatch, gather) == _turn_after(monkeypatch, scatter)
+    assert _turn_after(monkeypatch, empty) == _turn_after(monkeypatch, staged)
+    # issue 48 item 4: an empty rank's barrier meets its peers' Lamport kernels (the buffers
+    # made first, with their own barrier, on every rank alike)
+    assert _turn_after(monkeypatch, lambda comm: (lamport(comm), empty(comm))) == _turn_after(
+        monkeypatch, lambda comm: (lamport(comm), lamport(comm)))
