@@ -41,7 +41,10 @@ buffer the peer wrote into dirty (:func:`~collectives.device.signals.lamport_mis
 kernel whose size entry from a rank has not come watches that rank's arrival word (part 0) or
 part 0's verdict (the other parts) and records the size mismatch too.  The counts stay equal on
 every rank and the communicator goes on.  Where the entries are there at once this costs one
-load and ``W`` stores in block 0 (as many as the size entries).
+load and ``W`` stores in block 0 (as many as the size entries).  (Not handled yet: ranks whose
+Lamport kernels of one call are of different element widths, or a rank whose barriered kernel
+with data met a Lamport one, record the size mismatch, but only the Lamport kernels move their
+width's count: a later Lamport call of that width pairs different calls (stale data or a timeout).)
 
 The launch takes the same arguments as :mod:`collectives.algorithms.design` (``data_table`` and
 ``data_mc`` are the receive buffers', ``src`` is the input, ``out`` the output).
@@ -276,7 +279,11 @@ class LamportKernel:
         entry, and the wait ends in a size mismatch instead of the deadline.  Another part
         watches our dirty word of ``buffer`` (``failed``): part 0 writes it, the tag of
         :func:`~collectives.layouts.lamport_cleanup_call` of ``call``, once its check failed (a
-        failure already recorded).  Where the entry is there at once, neither is read."""
+        failure already recorded).  Both with relaxed accesses at gpu scope: part 0 runs in
+        another block, on another SM, and a weak load may be served from this SM's L1, which no
+        other SM's store updates (L1s are not coherent: a part that polled it once would spin to
+        the deadline, a fatal timeout, while its peers went on).  Where the entry is there at
+        once, neither is read."""
         tidx = cute.arch.thread_idx()[0]
         ok = Boolean(True)
         if tidx < self.world:
@@ -294,7 +301,8 @@ class LamportKernel:
                     epoch = Uint32(word & Uint64(0xFFFFFFFF))
                     if signals.in_call(epoch, calls) and epoch != Uint32(lamport_epoch(calls, self.width)):
                         left = Int32(SIZE_MISMATCH)
-                elif ptxops.ld(failed, dtype=Uint32) == Uint32(lamport_tag(lamport_cleanup_call(call))):
+                elif ptxops.ld(failed, sem="relaxed", scope="gpu", dtype=Uint32) == Uint32(
+                        lamport_tag(lamport_cleanup_call(call))):
                     left = Int32(-1)
                 seen = ptxops.ld(own, sem="relaxed", scope="sys", dtype=Uint64)
             if (seen >> 32) != (entry >> 32):
@@ -346,7 +354,8 @@ class LamportKernel:
                 self.receive(own, args.out, n, deadline, args.err, rank, part, Int64(part) * self.threads + tidx,
                              Int64(LAMPORT_BLOCKS * self.threads))
             elif part == 0 and tidx == 0:  # every rank's part 0 gets here: mark the buffer dirty
-                ptxops.st(dirty + buffer, Uint32(lamport_tag(lamport_cleanup_call(call))))
+                # (relaxed, gpu scope: the other parts' blocks poll it in sizes_agree)
+                ptxops.st(dirty + buffer, Uint32(lamport_tag(lamport_cleanup_call(call))), sem="relaxed", scope="gpu")
         cute.arch.sync_threads()
         if tidx == 0:
             ptxops.st(counter, Uint32(lamport_next(call)))

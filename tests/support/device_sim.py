@@ -12,7 +12,12 @@ as the caller says), so an edit of a kernel is an edit of what runs here.  The s
   ``//`` and ``%`` truncate as PTX's ``div``/``rem`` do;
 - pointers, loads, stores and atomics of the widths the kernels use, each one step, sequentially
   consistent (this checks the protocol's logic; its orderings are the memory model's business:
-  docs/guide-memory-ordering.md and the litmus tests);
+  docs/guide-memory-ordering.md and the litmus tests), but for one thing no ordering gives: a
+  weak load (``ld`` without ``sem``, PTX's default ``ld.ca``) is served from its block's L1
+  once the block has loaded the address, until a store or atomic of that block to it or the
+  kernel's end.  "Multiple L1 caches are not coherent for global data" (the PTX ISA's cache
+  operators): a weak load never sees another block's (or GPU's) later store, so a wait that
+  polls one from before that store spins until its deadline (:class:`Block`'s ``l1``);
 - multicast addresses (one store reaches every rank's copy in one step), ``bar.sync``, and
   ``%globaltimer`` (one tick per step of any thread);
 - pointers' reaches (``ptxops.reach``), checked as ptxops checks them in a kernel the
@@ -249,11 +254,19 @@ class Abort(BaseException):
 
 @dataclass
 class Block:
-    """One running thread block: its shared memory and its ``bar.sync``."""
+    """One running thread block: its shared memory, its ``bar.sync`` and its SM's L1 (``l1``:
+    ``(address, type)`` -> ``(value, writer)`` of a weak load, kept until the block stores there)."""
 
     live: int
     arrived: list = field(default_factory=list)
     smem: dict = field(default_factory=dict)
+    l1: dict = field(default_factory=dict)
+
+    def discard(self, address: int, nbytes: int) -> None:
+        """A store of the block to ``nbytes`` at ``address``: its L1 lines there go (stores
+        bypass L1 and discard the lines they hit)."""
+        for key in [k for k in self.l1 if k[0] < address + nbytes and address < k[0] + k[1].width // 8]:
+            del self.l1[key]
 
 
 @dataclass
@@ -482,12 +495,26 @@ def _load(ptr: Ptr, dtype: type | None, num_elements: int = 1, **qualifiers: Any
     sim.step()
     _access("ld", ptr, dtype or ptr.dtype, num_elements, **qualifiers)
     dtype = bits(dtype) if dtype is not None else ptr.loads()
+    l1 = t.ctx.state.l1 if t.ctx.state is not None and qualifiers.get("sem") is None else None
     values = []
     for i in range(num_elements):
         address = ptr.address + i * dtype.width // 8
-        values.append(sim.memory.load(address, dtype))
-        t.seen[address] = sim.memory.writer.get(sim.memory._targets(address)[0])
+        if l1 is not None and (address, dtype) in l1:  # a weak load: the block's L1 line, stale or not
+            value, writer = l1[address, dtype]
+        else:
+            value, writer = sim.memory.load(address, dtype), sim.memory.writer.get(sim.memory._targets(address)[0])
+            if l1 is not None:
+                l1[address, dtype] = (value, writer)
+        values.append(value)
+        t.seen[address] = writer
     return values[0] if num_elements == 1 else values
+
+
+def _discard(address: int, nbytes: int) -> None:
+    """The calling thread's block discards its L1 lines of a store or atomic at ``address``."""
+    state = me().ctx.state
+    if state is not None:
+        state.discard(address, nbytes)
 
 
 def _store(ptr: Ptr, value: Any, family: str = "st", **qualifiers: Any) -> None:
@@ -497,6 +524,7 @@ def _store(ptr: Ptr, value: Any, family: str = "st", **qualifiers: Any) -> None:
     _access(family, ptr, ptr.dtype, len(values), **qualifiers)
     for i, v in enumerate(values):
         sim.memory.store(ptr.address + i * ptr.dtype.width // 8, v, bits(ptr.dtype), me().ctx.label)
+    _discard(ptr.address, len(values) * ptr.dtype.width // 8)
 
 
 def _atom(ptr: Ptr, update: Callable[[Num], Num | None], **qualifiers: Any) -> Num:
@@ -507,6 +535,7 @@ def _atom(ptr: Ptr, update: Callable[[Num], Num | None], **qualifiers: Any) -> N
     new = update(old)
     if new is not None:
         sim.memory.store(ptr.address, new, ptr.dtype, me().ctx.label)
+    _discard(ptr.address, ptr.dtype.width // 8)
     return old
 
 

@@ -70,6 +70,9 @@ def test_kernel_compiles(collective: str, algorithm: str, backend: str, dtype: s
     if algorithm == "lamport":  # no barrier: relaxed sys-scope data stores and polls
         # (its one release store is the error record's status, 32 bits)
         assert "ld.relaxed.sys.global.v4.b32" in ptx and not re.findall(r"st\.release\.sys\.global\.(?!b32\b)", ptx)
+        # part 0's verdict (the dirty word), polled by the other parts' blocks: strong at gpu
+        # scope on both sides, never a weak access that another SM's L1 may serve stale
+        assert "st.relaxed.gpu.global.b32" in ptx and "ld.relaxed.gpu.global.b32" in ptx
         if backend == "peer":
             assert not found and "st.relaxed.sys.global.v4.b32" in ptx
         elif collective == "reduce_scatter":  # each rank gets other data: peer stores, multicast size entries

@@ -198,8 +198,8 @@ def test_the_simulated_copy_leaves_the_registry_alone() -> None:
 
 
 MUTATIONS = {
-    "no dirty mark": ("                ptxops.st(dirty + buffer, Uint32(lamport_tag(lamport_cleanup_call(call))))\n",
-                      "                pass\n"),
+    "no dirty mark": ("                ptxops.st(dirty + buffer, Uint32(lamport_tag(lamport_cleanup_call(call))), sem=\"relaxed\", "
+                      "scope=\"gpu\")\n", "                pass\n"),
     "no clean-up of a dirty buffer": ("            if ptxops.ld(dirty + stale, dtype=Uint32) == Uint32(lamport_tag(call)):",
                                       "            if ptxops.ld(dirty + stale, dtype=Uint32) == Uint32(0xFFFFFFFF):"),
 }
@@ -274,6 +274,8 @@ EMPTY_RANK_MUTATIONS = {
         "                if block == 0:\n                    word =", "                if block < 0:\n                    word =")),
     "no watch of part 0's failure": ("collectives.algorithms.lamport", (
         "                    left = Int32(-1)", "                    left = Int32(0)")),
+    "part 0's failure polled by weak loads (a stale L1 line)": ("collectives.algorithms.lamport", (
+        "ptxops.ld(failed, sem=\"relaxed\", scope=\"gpu\", dtype=Uint32)", "ptxops.ld(failed, dtype=Uint32)")),
     "a Lamport kernel that does not count the call": ("collectives.algorithms.lamport", (
         "            ptxops.st(count, calls + Uint32(CALL_EPOCHS))", "            pass")),
     "no Lamport count moved on by the barrier": ("collectives.algorithms.design", (
