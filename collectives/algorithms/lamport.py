@@ -41,10 +41,13 @@ buffer the peer wrote into dirty (:func:`~collectives.device.signals.lamport_mis
 kernel whose size entry from a rank has not come watches that rank's arrival word (part 0) or
 part 0's verdict (the other parts) and records the size mismatch too.  The counts stay equal on
 every rank and the communicator goes on.  Where the entries are there at once this costs one
-load and ``W`` stores in block 0 (as many as the size entries).  (Not handled yet: ranks whose
-Lamport kernels of one call are of different element widths, or a rank whose barriered kernel
-with data met a Lamport one, record the size mismatch, but only the Lamport kernels move their
-width's count: a later Lamport call of that width pairs different calls (stale data or a timeout).)
+load and ``W`` stores in block 0 (as many as the size entries).  The same holds where ranks'
+dtypes gave them Lamport kernels of different element widths: each part 0 that failed moves
+our count of every other width some rank ran on
+(:func:`~collectives.device.signals.lamport_missed_any`, on the failure path only).  (Not
+handled yet: a barriered kernel with data whose start barrier meets a Lamport kernel, where
+ranks' sizes made ``auto`` choose differently, records the size mismatch but leaves its
+Lamport count behind: a later Lamport call pairs different calls, stale data or a timeout.)
 
 The launch takes the same arguments as :mod:`collectives.algorithms.design` (``data_table`` and
 ``data_mc`` are the receive buffers', ``src`` is the input, ``out`` the output).
@@ -276,7 +279,9 @@ class LamportKernel:
         While it has not come, part 0 (``block``; it knows ``calls``, our count of collective
         calls) also watches rank ``t``'s arrival word of this call: a rank that ran another
         kernel in it (an empty rank's barrier, a Lamport kernel of another width) sends no
-        entry, and the wait ends in a size mismatch instead of the deadline.  Another part
+        entry, and the wait ends in a size mismatch instead of the deadline (where that kernel
+        was a Lamport one of another width, :meth:`receive_part` moves our count of that width
+        on).  Another part
         watches our dirty word of ``buffer`` (``failed``): part 0 writes it, the tag of
         :func:`~collectives.layouts.lamport_cleanup_call` of ``call``, once its check failed (a
         failure already recorded).  Both with relaxed accesses at gpu scope: part 0 runs in
@@ -356,6 +361,8 @@ class LamportKernel:
             elif part == 0 and tidx == 0:  # every rank's part 0 gets here: mark the buffer dirty
                 # (relaxed, gpu scope: the other parts' blocks poll it in sizes_agree)
                 ptxops.st(dirty + buffer, Uint32(lamport_tag(lamport_cleanup_call(call))), sem="relaxed", scope="gpu")
+                # a rank that ran a Lamport kernel of another width here: our count of it moves on
+                signals.lamport_missed_any(args.pad, calls, self.world, own=self.width)
         cute.arch.sync_threads()
         if tidx == 0:
             ptxops.st(counter, Uint32(lamport_next(call)))

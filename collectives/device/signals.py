@@ -413,29 +413,59 @@ def lamport_counts(pad: Int64, world: cutlass.Constexpr) -> list:
 
 @cute.jit
 def lamport_missed(pad: Int64, calls: Uint32, counts: list, world: cutlass.Constexpr) -> None:
-    """In thread ``t < world`` of a kernel that ran no Lamport kernel in the call at count
-    ``calls`` (an empty rank's barrier) and whose wait for rank ``t`` failed: if rank ``t`` ran
-    a Lamport kernel of width ``w`` there (its arrival word's epoch is
+    """In thread ``t < world`` of a bare barrier (an empty rank's, one block) whose wait for rank
+    ``t`` failed in the call at count ``calls``: if rank ``t`` ran a Lamport kernel of width ``w``
+    there (its arrival word's epoch is
     :func:`~collectives.layouts.lamport_epoch`), our count of ``w`` moves on as that kernel's did
-    (every part's to the call after ``counts[w]``, read by :func:`lamport_counts` before any
-    thread stores it: several threads store the same words) and the buffer rank ``t`` sent into
-    is marked dirty (emptied by :func:`~collectives.layouts.lamport_cleanup_call`, as a Lamport
-    kernel's size mismatch marks it).  So the ranks' Lamport counts stay equal."""
+    (:func:`lamport_skip` from ``counts[w]``, read by :func:`lamport_counts` before any thread
+    stores it: several threads store the same words).  So the ranks' Lamport counts stay equal."""
     tidx = cute.arch.thread_idx()[0]
     if tidx < world:
         word = ptxops.ld(arrival_word(pad, calls, Int32(0), tidx, world), sem="relaxed", scope="sys", dtype=Uint64)
         epoch = Uint32(word & Uint64(0xFFFFFFFF))
-        layout = PadLayout(world=world)
-        words = gmem(Uint32, pad, 4, LOCAL, "collectives.device.signals.lamport_missed")
         for width in cutlass.range_constexpr(3):
             if in_call(epoch, calls) and epoch == Uint32(lamport_epoch(calls, width)):
-                call = counts[width]
-                ptxops.st(words + (layout.lamport_dirty(width, 0) + Int32(lamport_buffer(call))),
-                          Uint32(lamport_tag(lamport_cleanup_call(call))))
-                part = Int32(0)
-                while part < LAMPORT_BLOCKS:
-                    ptxops.st(words + (layout.lamport_step(width, 0) + part), Uint32(lamport_next(call)))
-                    part += 1
+                lamport_skip(pad, width, counts[width], world)
+
+
+@cute.jit
+def lamport_skip(pad: Int64, width: cutlass.Constexpr, call: Uint32, world: cutlass.Constexpr) -> None:
+    """Our Lamport count of ``width`` (``call``, every part's) moved on as a Lamport kernel of
+    that width moved its own, in a call where a peer ran one and we did not, and the buffer
+    that kernel sent into marked dirty (emptied by
+    :func:`~collectives.layouts.lamport_cleanup_call`, as a Lamport kernel's size mismatch marks it)."""
+    layout = PadLayout(world=world)
+    words = gmem(Uint32, pad, 4, LOCAL, "collectives.device.signals.lamport_skip")
+    ptxops.st(words + (layout.lamport_dirty(width, 0) + Int32(lamport_buffer(call))),
+              Uint32(lamport_tag(lamport_cleanup_call(call))))
+    part = Int32(0)
+    while part < LAMPORT_BLOCKS:
+        ptxops.st(words + (layout.lamport_step(width, 0) + part), Uint32(lamport_next(call)))
+        part += 1
+
+
+@cute.jit
+def lamport_missed_any(pad: Int64, calls: Uint32, world: cutlass.Constexpr, own: cutlass.Constexpr) -> None:
+    """In thread 0 of block 0 of a Lamport kernel of width ``own`` whose size check failed in
+    the call at count ``calls`` (ranks of different dtypes): for each other Lamport element width
+    that some rank ran there (its arrival word's epoch is
+    :func:`~collectives.layouts.lamport_epoch`), our count moves on as that kernel's did, once
+    (:func:`lamport_skip`; one thread reads and stores the counts: no order among threads to
+    keep).  Only on a failure: a call whose sizes agree never gets here."""
+    if cute.arch.thread_idx()[0] == 0:
+        layout = PadLayout(world=world)
+        words = gmem(Uint32, pad, 4, LOCAL, "collectives.device.signals.lamport_missed_any")
+        for width in cutlass.range_constexpr(3):
+            if cutlass.const_expr(width != own):
+                ran = Boolean(False)
+                for r in cutlass.range_constexpr(world):
+                    word = ptxops.ld(arrival_word(pad, calls, Int32(0), Int32(r), world), sem="relaxed", scope="sys",
+                                     dtype=Uint64)
+                    epoch = Uint32(word & Uint64(0xFFFFFFFF))
+                    if in_call(epoch, calls) and epoch == Uint32(lamport_epoch(calls, width)):
+                        ran = Boolean(True)
+                if ran:
+                    lamport_skip(pad, width, ptxops.ld(words + layout.lamport_step(width, 0), dtype=Uint32), world)
 
 
 @cute.jit
@@ -454,6 +484,6 @@ def block_all(flag: cute.Tensor, ok: Boolean) -> Boolean:
 
 
 __all__ = ["HOST", "LOCAL", "MULTICAST", "PEER", "arrival_word", "barrier_multicast", "barrier_peer", "block_all",
-           "enter_call", "gave_up", "gmem", "in_call", "lamport_counts", "lamport_missed", "leave_call", "peer_address",
-           "reached", "record_error", "signal", "signal_multicast", "signal_peers", "size_word", "spin", "wait_peers",
-           "wait_until"]
+           "enter_call", "gave_up", "gmem", "in_call", "lamport_counts", "lamport_missed", "lamport_missed_any",
+           "lamport_skip", "leave_call", "peer_address", "reached", "record_error", "signal", "signal_multicast",
+           "signal_peers", "size_word", "spin", "wait_peers", "wait_until"]

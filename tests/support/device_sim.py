@@ -321,8 +321,9 @@ def me() -> SimThread:
 class Sim:
     """The machine: memory, the clock, and the threads that run one at a time."""
 
-    def __init__(self, seed: int, max_steps: int = 10**6, speed: dict[int, int] | None = None) -> None:
-        """``speed``: rank -> relative chance of its threads to run next (default 1 each)."""
+    def __init__(self, seed: int, max_steps: int = 10**6, speed: dict | None = None) -> None:
+        """``speed``: rank, or ``(rank, thread index)``, -> relative chance of its threads (that
+        thread of each of the rank's blocks) to run next (default 1 each; a thread's own entry first)."""
         self.speed = speed or {}
         self.rng = random.Random(seed)
         self.memory = Memory()
@@ -350,7 +351,9 @@ class Sim:
                 return None
             self.clock = min(sleeping)
             return self._next()
-        return self.rng.choices(runnable, [self.speed.get(t.ctx.rank, 1) for t in runnable])[0]
+        speed = self.speed
+        return self.rng.choices(runnable, [speed.get((t.ctx.rank, t.ctx.tidx), speed.get(t.ctx.rank, 1))
+                                           for t in runnable])[0]
 
     def _fail(self, error: BaseException) -> None:
         """Record the first failure and wake every thread (each unwinds with :class:`Abort`)."""

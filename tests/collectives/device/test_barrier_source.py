@@ -83,16 +83,16 @@ class World:
     design kernel of ``collective`` ("all_reduce": one-shot f32, both barriers; "barrier": the
     bare barrier, one block); ``start``: every pad's call count (and arrival epochs) at the
     start; ``late[r] = (c, ticks)``: rank ``r`` starts call ``c`` ``ticks`` after the others'
-    first call; ``timeout``: each wait's bound, in ticks."""
+    first call; ``timeout``: each wait's bound, in ticks; ``speed``: :class:`Sim`'s."""
 
     THREADS = None  # per block: world + 1 (a thread past the world's takes the idle paths)
 
     def __init__(self, world: int, calls: list, seed: int, collective: str = "all_reduce", start: int = 0,
                  timeout: int = 3000, late: dict | None = None, multicast: bool = False,
-                 source: types.SimpleNamespace = SOURCE) -> None:
+                 source: types.SimpleNamespace = SOURCE, speed: dict | None = None) -> None:
         self.world, self.calls, self.collective, self.timeout = world, calls, collective, timeout
         self.late = late or {}
-        self.sim = sim = Sim(seed)
+        self.sim = sim = Sim(seed, speed=speed)
         self.rng = random.Random(seed)
         mem = sim.memory
         self.layout = layout = PadLayout(world=world)
@@ -229,13 +229,14 @@ SEEDS = range(4)
 LATE = 3000  # ticks: a wait's bound (World's default timeout)
 
 
-def equal_calls_across_the_wrap(source, collective: str = "all_reduce", multicast: bool = False) -> None:
+def equal_calls_across_the_wrap(source, collective: str = "all_reduce", multicast: bool = False,
+                                speed: dict | None = None) -> None:
     """Equal calls from 2 calls below the 2^32 wrap record nothing, and every count ends one
-    step of :data:`CALL_EPOCHS` per call on."""
+    step of :data:`CALL_EPOCHS` per call on (``speed``: :class:`Sim`'s, e.g. a slow thread)."""
     start = U32 - 2 * CALL_EPOCHS
     for seed in SEEDS:
         world = World(2 + seed % 2, [[WIDE] * (2 + seed % 2)] * 4, seed, collective, start=start, multicast=multicast,
-                      source=source)
+                      source=source, speed=speed)
         assert world.records == [[]] * world.world
         assert world.counts() == {(start + 4 * CALL_EPOCHS) % U32}
 
@@ -388,8 +389,10 @@ MUTATIONS = {
     "timeouts into the recoverable record": (
         "signals", "        index = Int32(FATAL_RECORD)\n", "        index = Int32(RECOVERABLE_RECORD)\n", late_rank),
     "no sync before a bare barrier's leave_call": (
-        "design", "        if cutlass.const_expr(move is None):\n            # A bare", "        if False:\n            # A bare",
-        functools.partial(equal_calls_across_the_wrap, collective="barrier")),
+        "design", "            if cutlass.const_expr(threads <= cute.arch.WARP_SIZE):\n                cute.arch.sync_warp()\n"
+        "            else:\n                cute.arch.sync_threads()\n", "",
+        # (thread 1 of rank 0 slow: it reads C after thread 0 advanced it)
+        functools.partial(equal_calls_across_the_wrap, collective="barrier", speed={(0, 1): 0.02})),
     "no first-failure claim of the error record": (
         "signals", 'sem="relaxed", scope="sys") == 0:\n        ptxops.st(record + ERROR_FIELD["barrier"]',
         'sem="relaxed", scope="sys") != 7:\n        ptxops.st(record + ERROR_FIELD["barrier"]',

@@ -90,15 +90,21 @@ class World:
             self.kernels[collective].threads, self.kernels[collective].slot = THREADS, slot
         layout = PadLayout(world=world)
         self.pads = [mem.alloc(4 * layout.words) for _ in range(world)]
-        self.buffers = [mem.alloc(LAMPORT_BUFFERS * world * slot) for _ in range(world)]
-        empty = negative_zero(32, 32)
-        for buffer in self.buffers:
-            for i in range(0, LAMPORT_BUFFERS * world * slot, 4):
-                mem.store(buffer + i, empty, Uint32)
-        self.pad_table, self.data_table = mem.alloc(8 * world), mem.alloc(8 * world)
+        self.pad_table = mem.alloc(8 * world)
         for r in range(world):
             mem.store(self.pad_table + 8 * r, self.pads[r], Int64)
-            mem.store(self.data_table + 8 * r, self.buffers[r], Int64)
+        # each element width's receive buffers (Lamport's of 32-bit elements unless a kernel's
+        # ``bits`` says otherwise), filled with its -0.0, and their table, by width
+        self.tables = {}
+        for bits in sorted({getattr(k, "bits", 32) for k in self.kernels.values()}, reverse=True):
+            buffers = [mem.alloc(LAMPORT_BUFFERS * world * slot) for _ in range(world)]
+            empty = negative_zero(32, bits)
+            for buffer in buffers:
+                for i in range(0, LAMPORT_BUFFERS * world * slot, 4):
+                    mem.store(buffer + i, empty, Uint32)
+            self.tables[bits] = mem.alloc(8 * world)
+            for r in range(world):
+                mem.store(self.tables[bits] + 8 * r, buffers[r], Int64)
         self.errs = [mem.alloc(4 * len(ERROR_FIELDS) * ERROR_RECORDS) for _ in range(world)]
         most = world * max(max(sizes) for _, sizes in self.calls)  # a reduce-scatter's input, an all-gather's output
         self.src = [mem.alloc(4 * most) for _ in range(world)]
@@ -115,11 +121,12 @@ class World:
             collective, n = collectives[r], sizes[r]
             for i in range(n * (self.world if collective == "reduce_scatter" else 1)):
                 mem.store(self.src[r] + 4 * i, self.word(c, r, i), Uint32)
+            kernel = self.kernels[collective]
             args = types.SimpleNamespace(
-                data_table=Int64(self.data_table), data_mc=Int64(0), out=Int64(self.out[r]), src=Int64(self.src[r]),
+                data_table=Int64(self.tables[getattr(kernel, "bits", 32)]), data_mc=Int64(0), out=Int64(self.out[r]),
+                src=Int64(self.src[r]),
                 n=Int64(n), pad_table=Int64(self.pad_table), pad_mc=Int64(0), pad=Int64(self.pads[r]),
                 err=Int64(self.errs[r]), rank=Int32(r), timeout_ns=Int64(self.timeout))
-            kernel = self.kernels[collective]
             blocks = getattr(kernel, "grid", BLOCKS)
             sim.launch(lambda: kernel.kernel(args), Context(rank=r, call=c), blocks, THREADS,
                        [self.rng.choice([0, 0, 300]) for _ in range(blocks)])
@@ -265,6 +272,57 @@ def test_an_empty_rank_among_lamport_ranks_is_a_size_mismatch_on_every_rank_and_
     an_empty_rank_among_lamport_ranks(SOURCE)
 
 
+def lamport_of_another_width_among_lamport_ranks(source: types.ModuleType) -> None:
+    """Ranks whose dtypes differ (so ``auto`` gives them Lamport kernels of different element
+    widths): at call 1 rank 0 runs the Lamport kernel of 2-byte elements where the others run
+    the f32 one, at call 4 the last rank does: each a size mismatch on every rank, never a
+    timeout, and every rank's call count and Lamport counts of both widths stay equal, so the f32
+    calls after sum their inputs (calls 3 and 6 use the buffers the mismatches left dirty) and
+    the 2-byte calls after pass."""
+    n = 40
+    for world_size, seed in ((2, 0), (3, 1)):
+        bf16 = source.LamportKernel(KernelKey("all_reduce", "lamport", "peer", "bf16", world_size, threads=256))
+        other = {1: 0, 4: world_size - 1}
+        calls = [(["bf16" if other.get(c) == r else "all_reduce" for r in range(world_size)], [n] * world_size)
+                 for c in range(8)]
+        calls += [(["bf16"] * world_size, [n] * world_size), (["barrier"] * world_size, [0] * world_size)]
+        world = World(world_size, calls, seed, source, slot=4 * n, timeout=12000,
+                      kernels={"all_reduce": source.LamportKernel, "bf16": bf16,
+                               "barrier": EmptyRank(world_size, source)})
+        for r in range(world_size):
+            assert world.records[r] == [(c, RECOVERABLE_RECORD, SIZE_MISMATCH) for c in other], (
+                world_size, seed, world.records)
+            for c in range(8):
+                if c not in other:
+                    assert world.results[r][c] == world.expected(c, r), (world_size, seed, r, c)
+        layout = PadLayout(world=world_size)
+        words = [layout.calls] + [layout.lamport_step(w, part) for w in (1, 2) for part in range(PARTS)]
+        counts = {tuple(world.sim.memory.load(pad + 4 * w, Uint32).v for w in words) for pad in world.pads}
+        assert len(counts) == 1, counts
+
+
+def test_lamport_of_another_width_is_a_size_mismatch_on_every_rank_and_the_counts_stay_equal() -> None:
+    lamport_of_another_width_among_lamport_ranks(SOURCE)
+
+
+#: Edits that leave a Lamport count behind where ranks' kernels were of different widths, each caught.
+WIDTH_MUTATIONS = {
+    "a Lamport kernel that does not move another width's count": ("collectives.algorithms.lamport", (
+        "                signals.lamport_missed_any(args.pad, calls, self.world, own=self.width)\n", "")),
+    "a scan that moves the kernel's own width too": ("collectives.device.signals", (
+        "            if cutlass.const_expr(width != own):", "            if cutlass.const_expr(True):")),
+}
+
+
+@pytest.mark.parametrize("name", WIDTH_MUTATIONS)
+def test_each_mutation_of_the_width_protocol_fails(name: str) -> None:
+    module, edit = WIDTH_MUTATIONS[name]
+    source = kernels((edit,) if module == "collectives.algorithms.lamport" else (),
+                     (edit,) if module == "collectives.device.signals" else ())
+    with pytest.raises(AssertionError):
+        lamport_of_another_width_among_lamport_ranks(source)
+
+
 #: Edits of the Lamport kernel and the barrier that break issue 48 item 4, each caught.
 EMPTY_RANK_MUTATIONS = {
     "no arrival of a Lamport kernel": ("collectives.algorithms.lamport", (
@@ -281,8 +339,8 @@ EMPTY_RANK_MUTATIONS = {
     "no Lamport count moved on by the barrier": ("collectives.algorithms.design", (
         "            if not ok:\n                signals.lamport_missed", "            if False:\n                signals.lamport_missed")),
     "no dirty mark by the barrier": ("collectives.device.signals", (
-        "                ptxops.st(words + (layout.lamport_dirty(width, 0) + Int32(lamport_buffer(call))),\n"
-        "                          Uint32(lamport_tag(lamport_cleanup_call(call))))\n", "")),
+        "    ptxops.st(words + (layout.lamport_dirty(width, 0) + Int32(lamport_buffer(call))),\n"
+        "              Uint32(lamport_tag(lamport_cleanup_call(call))))\n", "")),
 }
 
 

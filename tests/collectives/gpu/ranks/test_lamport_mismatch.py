@@ -1,6 +1,7 @@
-"""Ranks that pass a Lamport all-reduce different sizes, or an empty tensor where the others run
-Lamport, get a clear error at once (not a hang, not a timeout), and the next call empties the
-Lamport buffers and works.
+"""Ranks that pass a Lamport all-reduce different sizes, an empty tensor where the others run
+Lamport, or tensors of different dtypes (Lamport kernels of different element widths), get a
+clear error at once (not a hang, not a timeout), and the next calls empty the Lamport buffers
+and work.
 
     torchrun --nproc-per-node 2 -m pytest -q tests/collectives/gpu/ranks/test_lamport_mismatch.py
 """
@@ -67,5 +68,35 @@ def test_an_empty_rank_against_lamport_ranks_raises_on_every_rank_and_the_commun
             collectives.all_reduce(ok, algorithm=algorithm)
             collectives.synchronize()
             assert torch.all(ok == comm.world * (comm.world + 1) // 2), (empty, size, algorithm)
+    comm.ctx.host_barrier()
+    collectives.current().close()
+
+
+def test_lamport_kernels_of_different_widths_raise_on_every_rank_and_the_communicator_recovers() -> None:
+    """Ranks of different dtypes (bf16 on rank 0, f32 on the others), each running Lamport: kernels
+    of different element widths meet in one call, every rank raises the size mismatch at once (not
+    a timeout), and each rank moved its count of the other width on as its peers' kernels did, so
+    the Lamport calls of both widths after are exact."""
+    import collectives
+    from collectives.runtime.communicator import communicator
+
+    comm = communicator()
+    for dtype in (torch.bfloat16, torch.float32):  # both widths' buffers made on every rank
+        ok = torch.ones(4096, dtype=dtype, device="cuda")
+        collectives.all_reduce(ok, algorithm="lamport")
+        collectives.synchronize()
+        assert torch.all(ok == comm.world)
+    start = time.monotonic()
+    t = torch.ones(4096, dtype=torch.bfloat16 if comm.rank == 0 else torch.float32, device="cuda")
+    with pytest.raises(collectives.CollectiveError, match="different sizes"):
+        collectives.all_reduce(t, algorithm="lamport")
+        collectives.synchronize()
+    assert time.monotonic() - start < comm.timeout_s / 2, "the mismatch was found by a timeout"
+    for dtype in (torch.float32, torch.bfloat16, torch.float32, torch.bfloat16):
+        for size in (4096, 512):
+            ok = torch.full((size,), comm.rank + 1.0, dtype=dtype, device="cuda")
+            collectives.all_reduce(ok, algorithm="lamport")
+            collectives.synchronize()
+            assert torch.all(ok == comm.world * (comm.world + 1) // 2), (dtype, size)
     comm.ctx.host_barrier()
     collectives.current().close()
