@@ -33,9 +33,11 @@ from ..config import KIND_SHIFT, LAMPORT_BLOCKS  # noqa: E402
 from ..layouts import PadLayout  # noqa: E402
 from .soak import run_ranks  # noqa: E402
 
-#: (elements, algorithm) of each call; the one at :data:`EMPTY_AT` is empty on one rank.
+#: (elements, algorithm) of each call; the one at :data:`EMPTY_AT` is empty on one rank.  Three
+#: kernels (Lamport, one-shot, the barrier): their compiles fit the bound.  The Lamport call after
+#: the one-shot reuses the buffer the empty call left dirty (emptied by the 512-element call).
 CALLS = ((4096, "auto"), (4096, "auto"), (4096, "lamport"), (512, "lamport"), (4096, "one_shot"),
-         (100_003, "lamport"), (4096, "auto"))
+         (4096, "lamport"), (4096, "auto"))
 EMPTY_AT = 1
 WIDTH = 1  # bf16: the Lamport buffers of 2-byte elements
 U32 = (1 << 32) - 1
