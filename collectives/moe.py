@@ -236,19 +236,81 @@ def _check(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, 
             raise CollectiveError(f"moe.dispatch: expert ids must be in 0..{num_experts - 1}, found {low}..{high}")
 
 
+#: ``plans(key, make)``: the :class:`DispatchPlan` (or a combine's plan) of ``key``: ``make()``
+#: (:func:`unplanned`), or a communicator's :meth:`~collectives.runtime.moe.Layer.plan`, made at
+#: the first call of the key and reused.
+Plans = Callable[[tuple, Callable[[], Any]], Any]
+
+
+def unplanned(key: tuple, make: Callable[[], Any]) -> Any:
+    """A :data:`Plans` that keeps nothing: a new plan at every call."""
+    return make()
+
+
+class DispatchPlan:
+    """What a dispatch derives from its shape alone (see :func:`dispatch_with`'s arguments, by
+    the same names): its steps (routing, rows sent, placement), and its buffers (from
+    ``scratch`` and, in low-latency mode, ``empty``) with the views and slices of them that the
+    steps and all-to-alls take, so that a call of a shape seen before only launches."""
+
+    def __init__(self, world: int, x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, max_tokens: int,
+                 mode: str, empty: Empty, fp8: bool, placement_for: PlacementFor | None, pack_for: PackFor | None,
+                 scratch: Scratch, route_for: RouteFor | None) -> None:
+        self.tokens, self.topk = topk_ids.shape
+        hidden, device = x.shape[1], x.device
+        self.local = local = num_experts // world
+        self.capacity = world * max_tokens  # rows per local expert: each source sends it each token once
+        bound = _capacity(max_tokens * self.topk)  # rows sent at most: the allocation's size, whatever the routing
+        self.exact = exact = mode == "throughput"
+        route = route_for(topk_ids.dtype, num_experts) if route_for else None
+        self.route = route or functools.partial(route_ids, scratch=scratch, most=bound)
+        tallies = _tallies(scratch, num_experts + 1, device)
+        self.bins, self.dropped_before = tallies[0], tallies[0, num_experts]
+        # The sent rows, by destination rank and expert, and the dtype they travel as (fp8: hidden
+        # e4m3 bytes, then the scale's 4 bytes, zeros to fp8_row_bytes; as bytes, which torch indexes).
+        self.width, self.wire = (fp8_row_bytes(hidden), torch.float8_e4m3fn) if fp8 else (hidden, x.dtype)
+        self.rows = scratch("rows", (bound, self.width), torch.uint8 if fp8 else x.dtype,
+                            device)[:self.tokens * self.topk]
+        self.rows_wire = self.rows.view(self.wire)
+        self.pack = pack_for(x.dtype, hidden, fp8) if pack_for else None
+        row_bytes = self.width * self.rows.element_size()
+        values = hidden if fp8 else row_bytes  # the bytes of a row placed in expert_x
+        placement = placement_for(local, row_bytes, exact, values) if placement_for else None
+        self.place = placement or functools.partial(place_rows, values=values)
+        # Low latency: the rows a rank can receive, the same on every rank, asked for before any
+        # launch, so that a shape's first call (its buffer allocated collectively) refuses ranks
+        # that differ in hidden size, top-k or max_tokens on every rank before any all-to-all.
+        self.received = self.received_rows = None
+        if not exact:
+            self.received = empty("dispatch", (world * max_tokens * min(self.topk, local), self.width), self.wire,
+                                  device)
+            self.received_rows = self.received.view(self.rows.dtype)
+        self.rows_out = 0 if exact else local * self.capacity
+        # (shape, strides) of the placed rows and scales but the trash row (low latency)
+        self.experts_view = ((local, self.capacity, hidden), (self.capacity * hidden, hidden, 1))
+        self.scales_view = ((local, self.capacity), (self.capacity, 1))
+        self.counts = tallies[1, :num_experts].view(world, local)  # what each source sent each local expert
+        self.counts_wire = self.counts.view(torch.float32)
+        self.per_expert_wire = tallies[0, :num_experts].view(world, local).view(torch.float32)
+        self.tallied = tallies[:, :num_experts].view(2, world, local)
+        self.splits = scratch("splits", (2, world), torch.int64, device)
+        self.send_splits, self.recv_splits = self.splits[0], self.splits[1]
+
+
 def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: torch.Tensor,
                   topk_weights: torch.Tensor, num_experts: int, max_tokens: int, mode: str = "low_latency",
                   validate: bool = False, empty: Empty = plain, fp8: bool = False,
                   placement_for: PlacementFor | None = None, pack_for: PackFor | None = None,
-                  scratch: Scratch = plain,
-                  route_for: RouteFor | None = None) -> tuple[torch.Tensor, torch.Tensor, Handle]:
+                  scratch: Scratch = plain, route_for: RouteFor | None = None,
+                  plans: Plans = unplanned) -> tuple[torch.Tensor, torch.Tensor, Handle]:
     """:func:`dispatch` over ``exchange`` in a world of ``world`` ranks, receiving rows into
     ``empty``'s buffer; the received rows placed by ``placement_for``'s placement (None:
     :func:`place_rows`, some twenty torch operations); the rows sent made by ``pack_for``'s
     :data:`Pack` (None: a gather; with fp8 :func:`pack_rows`, some fifteen operations); the
     entries sorted and counted by ``route_for``'s :data:`Route` (None: :func:`route_ids`, some
     eight operations); the buffers used inside the call (the rows sent, the counts and splits
-    of the all-to-alls) from ``scratch`` (:data:`Scratch`).
+    of the all-to-alls) from ``scratch`` (:data:`Scratch`); all of them, with their views, in the
+    shape's :class:`DispatchPlan` from ``plans`` (:data:`Plans`).
 
     Every allocation above torch's small-block pool (1 MB) has a size the shape fixes (its
     bounds: ``max_tokens`` and top-k, the receive buffers' rows), never the routing: the rows
@@ -257,66 +319,43 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     of calling ``cudaMalloc``, which may wait for the device (other ranks' kernels spin there
     for this rank's next launch)."""
     _check(x, topk_ids, topk_weights, num_experts, world, max_tokens, mode, validate)
-    tokens, topk = topk_ids.shape
-    hidden, device = x.shape[1], x.device
-    local = num_experts // world
-    capacity = world * max_tokens  # rows per local expert: each source sends it each token once
-    bound = _capacity(max_tokens * topk)  # rows sent at most: the allocation's size, whatever the routing
-    exact = mode == "throughput"
-    route = route_for(topk_ids.dtype, num_experts) if route_for else None
-    if route is None:
-        route = functools.partial(route_ids, scratch=scratch, most=bound)
-    tallies = _tallies(scratch, num_experts + 1, device)
+    key = ("dispatch", tuple(x.shape), x.dtype, tuple(topk_ids.shape), topk_ids.dtype, num_experts, max_tokens,
+           mode, fp8, x.device)
+    p: DispatchPlan = plans(key, lambda: DispatchPlan(world, x, topk_ids, num_experts, max_tokens, mode, empty, fp8,
+                                                      placement_for, pack_for, scratch, route_for))
+    tokens, topk = p.tokens, p.topk
     # by expert, then (token, k): by rank too
-    order, valid, bins, send_splits, slots = route(topk_ids, num_experts, world, tallies[0])
-    per_expert = bins[:num_experts]
-    # The sent rows, by destination rank and expert, and the dtype they travel as (fp8: hidden
-    # e4m3 bytes, then the scale's 4 bytes, zeros to fp8_row_bytes; as bytes, which torch indexes).
-    width, wire = (fp8_row_bytes(hidden), torch.float8_e4m3fn) if fp8 else (hidden, x.dtype)
-    rows = scratch("rows", (bound, width), torch.uint8 if fp8 else x.dtype, device)[:order.numel()]
-    pack = pack_for(x.dtype, hidden, fp8) if pack_for else None
-    if pack is not None:  # from each entry's sent row (which the combine reads too)
+    order, valid, bins, send_splits, slots = p.route(topk_ids, num_experts, world, p.bins)
+    if p.pack is not None:  # from each entry's sent row (which the combine reads too)
         slots = inverse(order) if slots is None else slots
-        pack(x, slots, topk, rows)
+        p.pack(x, slots, topk, p.rows)
     elif fp8:
-        pack_rows(x, order, topk, rows)
+        pack_rows(x, order, topk, p.rows)
     else:
-        torch.index_select(x, 0, order // topk, out=rows)
-    row_bytes = width * rows.element_size()
-    values = hidden if fp8 else row_bytes  # the bytes of a row placed in expert_x
-    placement = placement_for(local, row_bytes, exact, values) if placement_for else None
-    # Low latency: the rows a rank can receive, the same on every rank, asked for before any
-    # launch, so that a shape's first call (its buffer allocated collectively) refuses ranks
-    # that differ in hidden size, top-k or max_tokens on every rank before any all-to-all.
-    received = None if exact else empty("dispatch", (world * max_tokens * min(topk, local), width), wire, device)
-
+        torch.index_select(x, 0, order // topk, out=p.rows)
     # The per-expert counts, row s to rank s (their bits, as float32 pairs: the all-to-all moves
     # the library's dtypes); then the rows.
-    counts = tallies[1, :num_experts].view(world, local)
-    exchange(counts.view(torch.float32), per_expert.view(world, local).view(torch.float32), None, None)
+    exchange(p.counts_wire, p.per_expert_wire, None, None)
     # Both all-to-alls' splits in one scratch buffer, by one sum (its place in the rows' plan key the
     # same at each call; the handle's are its own, which the next dispatch does not rewrite).
-    splits = torch.sum(tallies[:, :num_experts].view(2, world, local), 2,
-                       out=scratch("splits", (2, world), torch.int64, device))
-    most = 0
-    if exact:  # every rank's rows to receive and tokens: the buffers' sizes, the same everywhere
-        (total, _), sizes = _everyone(exchange, world, [splits[1].sum(), torch.tensor(tokens, device=device)])
-        received = empty("dispatch", (_capacity(max(r for r, _ in sizes)), width), wire, device)
+    torch.sum(p.tallied, 2, out=p.splits)
+    most, received, received_rows, rows_out = 0, p.received, p.received_rows, p.rows_out
+    if p.exact:  # every rank's rows to receive and tokens: the buffers' sizes, the same everywhere
+        (rows_out, _), sizes = _everyone(exchange, world, [p.splits[1].sum(), torch.tensor(tokens, device=x.device)])
+        received = empty("dispatch", (_capacity(max(r for r, _ in sizes)), p.width), p.wire, x.device)
+        received_rows = received.view(p.rows.dtype)
         most = _capacity(max(t for _, t in sizes) * topk)
-    exchange(received, rows.view(wire), splits[1], splits[0])
-    received = received.view(rows.dtype)
-
-    rows_out = total if exact else local * capacity
-    place_with = placement or functools.partial(place_rows, values=values)
+    exchange(received, p.rows_wire, p.recv_splits, p.send_splits)
     # (dropped: the ids out of range and the rows past a capacity)
-    expert_x, place, kept, expert_counts, dropped, scales, recv_splits = place_with(
-        counts, received, rows_out, capacity, exact, bins[num_experts])
+    expert_x, place, kept, expert_counts, dropped, scales, recv_splits = p.place(
+        p.counts, received_rows, rows_out, p.capacity, p.exact, p.dropped_before)
     handle = Handle(order, valid, topk_weights, send_splits, recv_splits, place, kept, tokens, topk, dropped,
                     most=most, slots=slots)
-    expert_x = expert_x[:-1] if exact else expert_x[:-1].view(local, capacity, expert_x.shape[1])
+    # (low latency: the rows but the trash row, as [L, capacity, hidden], by one torch view)
+    expert_x = expert_x[:-1] if p.exact else expert_x.as_strided(*p.experts_view)
     if fp8:  # placed apart: the values and the scales, each contiguous
-        handle.scales = scales[:-1] if exact else scales[:-1].view(local, capacity)
-        expert_x = expert_x.view(wire)
+        handle.scales = scales[:-1] if p.exact else scales.as_strided(*p.scales_view)
+        expert_x = expert_x.view(p.wire)
     handle.shape, handle.dtype = tuple(expert_x.shape), x.dtype
     return expert_x, expert_counts, handle
 
@@ -400,36 +439,51 @@ def gather_rows(rows: torch.Tensor, place: torch.Tensor, kept: torch.Tensor, sen
     return torch.where(kept[:, None], back, 0)
 
 
+class CombinePlan:
+    """What a combine derives from its shape alone (see :func:`combine_with`'s arguments): the
+    splits' scratch buffer (one, its place in the all-to-all's plan key
+    the same at each call) and the receive buffer with its slice of the entries that arrive."""
+
+    def __init__(self, expert_out: torch.Tensor, h: Handle, empty: Empty, scratch: Scratch) -> None:
+        hidden, device = expert_out.shape[-1], expert_out.device
+        if expert_out.dim() == 3:  # low latency: [L, capacity, hidden]
+            most = expert_out.shape[1] // h.send_splits.numel() * h.topk  # max_tokens x topk, the same everywhere
+        else:  # throughput: the packed rows
+            most = h.most
+        self.splits = scratch("splits", (2, h.send_splits.numel()), torch.int64, device)
+        self.send_splits, self.recv_splits = self.splits[0], self.splits[1]
+        # the whole buffer: its rows size the weighted sum's allocation (the most tokens of the shape)
+        self.received = empty("combine", (most, hidden), expert_out.dtype, device)
+        self.entries = self.received[:h.tokens * h.topk]
+
+
 def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, empty: Empty = plain,
                  weighted_sum: WeightedSum | None = None, gather: Gather | None = None,
-                 scratch: Scratch = plain) -> torch.Tensor:
+                 scratch: Scratch = plain, plans: Plans = unplanned) -> torch.Tensor:
     """:func:`combine` over ``exchange``, receiving rows into ``empty``'s buffer; the weighted
     sum by ``weighted_sum`` (see :data:`WeightedSum`; None: torch operations, ``3 * topk`` of
     them over the rows), the rows sent back by ``gather`` (None: :func:`gather_rows`), the
-    all-to-all's splits copied into ``scratch``'s buffer (:data:`Scratch`)."""
+    all-to-all's splits copied into ``scratch``'s buffer (:data:`Scratch`); both buffers and their
+    views in the shape's :class:`CombinePlan` from ``plans`` (:data:`Plans`)."""
     h = handle
     if h.shape is not None and (tuple(expert_out.shape) != h.shape or expert_out.dtype != h.dtype):
         raise CollectiveError(f"moe.combine: expert_out must be the dispatch's expert rows, hidden size and dtype: "
                               f"{h.dtype} of shape {h.shape}, not {expert_out.dtype} of shape "
                               f"{tuple(expert_out.shape)}")
+    key = ("combine", tuple(expert_out.shape), expert_out.dtype, h.tokens, h.topk, h.most, h.send_splits.numel(),
+           expert_out.device)
+    p: CombinePlan = plans(key, lambda: CombinePlan(expert_out, h, empty, scratch))
     hidden = expert_out.shape[-1]
-    if expert_out.dim() == 3:  # low latency: [L, capacity, hidden]
-        most = expert_out.shape[1] // h.send_splits.numel() * h.topk  # max_tokens x topk, the same everywhere
-    else:  # throughput: the packed rows
-        most = h.most
-    # (the splits copied into one scratch buffer: its place in the all-to-all's plan key the same at each call)
-    splits = scratch("splits", (2, h.send_splits.numel()), torch.int64, expert_out.device)
     back = (gather or gather_rows)(expert_out.reshape(-1, hidden), h.place, h.kept, h.send_splits, h.recv_splits,
-                                   splits)
-    received = empty("combine", (most, hidden), expert_out.dtype, expert_out.device)
-    entries = received[:h.tokens * h.topk]
+                                   p.splits)
+    entries = p.entries
     if weighted_sum is None:  # the torch steps read every entry: the unsent ones as zeros
         entries.zero_()
-    exchange(entries, back, splits[0], splits[1])  # in the dispatch's sorted order
+    exchange(entries, back, p.send_splits, p.recv_splits)  # in the dispatch's sorted order
     if weighted_sum is not None:  # (it takes an unsent entry's weight as 0)
         slots = inverse(h.order) if h.slots is None else h.slots
         # the whole buffer: its rows size the output's allocation (the most tokens of the shape)
-        return weighted_sum(received, slots, h.valid, h.weights.float().reshape(-1), h.tokens, h.topk)
+        return weighted_sum(p.received, slots, h.valid, h.weights.float().reshape(-1), h.tokens, h.topk)
     weights = torch.where(h.valid.view(h.tokens, h.topk), h.weights, 0).float()
     y = torch.empty_like(entries).index_copy_(0, h.order, entries).view(h.tokens, h.topk, hidden)
     total = y[:, 0].float() * weights[:, 0, None]
@@ -468,7 +522,7 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     layer = _layer(comm, group)
     return dispatch_with(layer.exchange, comm.world, x, topk_ids, topk_weights, num_experts, max_tokens, mode,
                          validate, layer.empty, fp8, layer.placement_for, layer.pack_for, layer.scratch,
-                         layer.route_for)
+                         layer.route_for, layer.plan)
 
 
 def combine(expert_out: torch.Tensor, handle: Handle, *, group: Group = None) -> torch.Tensor:
@@ -487,9 +541,10 @@ def combine(expert_out: torch.Tensor, handle: Handle, *, group: Group = None) ->
 
     layer = _layer(communicator(group), group)
     hidden = expert_out.shape[-1]
-    fused = layer.launch(runtime_moe.weighted_sum, expert_out.dtype, hidden, handle.topk)
-    gather = layer.launch(runtime_moe.gather, hidden * expert_out.element_size(), layer.scratch)
-    return combine_with(layer.exchange, expert_out, handle, layer.empty, fused, gather, layer.scratch)
+    fused, gather = layer.plan(("combine kernels", expert_out.dtype, hidden, handle.topk), lambda: (
+        layer.launch(runtime_moe.weighted_sum, expert_out.dtype, hidden, handle.topk),
+        layer.launch(runtime_moe.gather, hidden * expert_out.element_size(), layer.scratch)))
+    return combine_with(layer.exchange, expert_out, handle, layer.empty, fused, gather, layer.scratch, layer.plan)
 
 
 def handle_tensors(handle: Handle, fields: tuple[str, ...] = HANDLE_FIELDS) -> tuple[torch.Tensor, ...]:
@@ -551,19 +606,13 @@ def _layer(comm: Communicator, group: Group) -> runtime_moe.Layer:
     (:meth:`~collectives.runtime.moe.Layer.begin`)."""
     from . import api
 
-    layer = runtime_moe.layer(comm, lambda: (_collective(api, group), _symmetric(group)))
+    layer = comm.moe_layer or runtime_moe.layer(comm, lambda: (functools.partial(api.all_to_all, group=group),
+                                                               _symmetric(group)))
     layer.begin()
     return layer
 
 
-def _collective(api: Any, group: Group) -> Exchange:
-    def exchange(out, inp, out_splits, in_splits):
-        api.all_to_all(out, inp, out_splits, in_splits, group=group)
-
-    return exchange
-
-
-__all__ = ["BUFFER_NAMES", "E4M3_MAX", "MODES", "Empty", "Exchange", "Gather", "Handle", "Pack", "PackFor",
-           "Placement", "PlacementFor", "Route", "RouteFor", "Scratch", "WeightedSum", "combine", "combine_with",
-           "dispatch", "dispatch_with", "fp8_row_bytes", "gather_rows", "handle_from", "handle_tensors", "inverse",
-           "pack_rows", "place_rows", "plain", "quantize", "route_ids"]
+__all__ = ["BUFFER_NAMES", "E4M3_MAX", "MODES", "CombinePlan", "DispatchPlan", "Empty", "Exchange", "Gather", "Handle",
+           "Pack", "PackFor", "Placement", "PlacementFor", "Plans", "Route", "RouteFor", "Scratch", "WeightedSum",
+           "combine", "combine_with", "dispatch", "dispatch_with", "fp8_row_bytes", "gather_rows", "handle_from",
+           "handle_tensors", "inverse", "pack_rows", "place_rows", "plain", "quantize", "route_ids", "unplanned"]

@@ -193,7 +193,10 @@ def weighted_sum(comm: Runtime, dtype: torch.dtype, hidden: int, topk: int):
     def run(entries: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor, tokens: int,
             k: int) -> torch.Tensor:
         # allocated for the most tokens of the shape (see collectives.moe.dispatch_with), cut to these
-        out = torch.empty((entries.shape[0] // k, hidden), dtype=dtype, device=entries.device)[:tokens]
+        # (no slice where they are the most: a torch view costs microseconds on a slow host)
+        most = entries.shape[0] // k
+        out = torch.empty((most, hidden), dtype=dtype, device=entries.device)
+        out = out if most == tokens else out[:tokens]
         _aligned(step, entries, out)
         args = MOE_COMBINE.pack(out=out.data_ptr(), entries=entries.data_ptr(), slots=slots.data_ptr(),
                                 valid=valid.contiguous().data_ptr(), weights=weights.data_ptr(), tokens=tokens,
@@ -217,10 +220,12 @@ def placement(comm: Runtime, local: int, row_bytes: int, exact: bool, values: in
     def run(counts: torch.Tensor, received: torch.Tensor, rows_out: int, capacity: int, _exact: bool,
             dropped_before: torch.Tensor) -> tuple[torch.Tensor, ...]:
         room, at = received.shape[0], received.device
-        alloc = max(rows_out, room) + 1  # fixed by the shape (see collectives.moe.dispatch_with), cut to rows_out + 1
-        expert_x = torch.empty((alloc, out_bytes // received.element_size()), dtype=received.dtype,
-                               device=at)[:rows_out + 1]
-        scales = torch.empty(alloc, dtype=torch.float32, device=at)[:rows_out + 1] if key.scales else None
+        # fixed by the shape (see collectives.moe.dispatch_with), cut to rows_out + 1 (low latency: the same)
+        alloc = max(rows_out, room) + 1
+        expert_x = torch.empty((alloc, out_bytes // received.element_size()), dtype=received.dtype, device=at)
+        scales = torch.empty(alloc, dtype=torch.float32, device=at) if key.scales else None
+        if alloc != rows_out + 1:
+            expert_x, scales = expert_x[:rows_out + 1], None if scales is None else scales[:rows_out + 1]
         place = torch.empty(room, dtype=torch.int64, device=at)
         kept = torch.empty(room, dtype=torch.bool, device=at)
         expert_counts = torch.empty(local, dtype=torch.int64, device=at)
@@ -261,6 +266,7 @@ class Layer:
         self.stream_captured = False
         self._launches: dict[tuple, Any] = {}
         self._scratch: dict[tuple, torch.Tensor] = {}
+        self._plans: dict[tuple, Any] = {}
 
     def begin(self) -> None:
         """Open a call: order its stream after the last call's (its scratch buffers' last use)."""
@@ -289,6 +295,15 @@ class Layer:
     def route_for(self, dtype: torch.dtype, experts: int) -> Any:
         """The :data:`collectives.moe.RouteFor` of :func:`route`, each made once."""
         return self.launch(route, dtype, experts)
+
+    def plan(self, key: tuple, make: Callable[[], Any]) -> Any:
+        """The :data:`collectives.moe.Plans` of this layer: ``make()`` at the first call of
+        ``key`` (and :data:`FUSED`), then reused (made of this layer's launches and buffers)."""
+        key = (FUSED, *key)
+        p = self._plans.get(key)
+        if p is None:
+            p = self._plans[key] = make()
+        return p
 
     def scratch(self, name: str, shape: tuple, dtype: torch.dtype, device: torch.device,
                 fill: int | None = None) -> torch.Tensor:

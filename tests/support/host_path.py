@@ -199,28 +199,34 @@ def moe_calls() -> dict[str, Callable[[], Any]]:
             "moe.combine": lambda: moe.combine(expert_x, handle)}
 
 
-def torch_launches(fn: Callable[[], Any]) -> int:
-    """The torch operators one call of ``fn`` runs that launch GPU work (views and allocations
-    aside: ``tests/collectives/test_moe_launches.py``'s count)."""
+def torch_ops(fn: Callable[[], Any]) -> Counter:
+    """The torch operators one call of ``fn`` runs, allocations and views included (each costs
+    microseconds of host time on a slow GPU host), by name, and how often."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from tests.collectives.test_moe_launches import FREE
-
     class Count(TorchDispatchMode):
-        n = 0
+        seen: Counter = Counter()
 
         def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
-            self.n += func.overloadpacket.__name__ not in FREE
+            self.seen[func.overloadpacket.__name__] += 1
             return func(*args, **(kwargs or {}))
 
     with Count() as count:
         fn()
-    return count.n
+    return count.seen
 
 
-def moe_host(count: int, repeats: int = 5) -> dict[str, tuple[int, int, float]]:
-    """Per MoE call: (Python calls, torch launches, host us: the best of ``repeats`` runs of
-    ``count`` calls)."""
+def torch_launches(fn: Callable[[], Any]) -> int:
+    """The torch operators one call of ``fn`` runs that launch GPU work (views and allocations
+    aside: ``tests/collectives/test_moe_launches.py``'s count)."""
+    from tests.collectives.test_moe_launches import FREE
+
+    return sum(n for op, n in torch_ops(fn).items() if op not in FREE)
+
+
+def moe_host(count: int, repeats: int = 5) -> dict[str, tuple[int, int, int, float]]:
+    """Per MoE call: (Python calls, torch launches, torch operators, host us: the best of
+    ``repeats`` runs of ``count`` calls)."""
     with moe_world():
         out = {}
         for name, fn in moe_calls().items():
@@ -230,7 +236,7 @@ def moe_host(count: int, repeats: int = 5) -> dict[str, tuple[int, int, float]]:
                 for _ in range(count):
                     fn()
                 best = min(best, (time.perf_counter() - start) / count * 1e6)
-            out[name] = (sum(profile(fn).values()), torch_launches(fn), best)
+            out[name] = (sum(profile(fn).values()), torch_launches(fn), sum(torch_ops(fn).values()), best)
     return out
 
 
@@ -243,8 +249,8 @@ def main(argv: list[str] | None = None) -> None:
         for moved in (False, True) if collective not in ("barrier", "all_to_all") else (False,):
             name = f"{collective} ({'new tensors' if moved else 'plan hit'})"
             print(f"{name:32s} {python_calls(collective, moved)[0]:12d} {host_us(collective, moved, args.calls):8.2f}")
-    for name, (python, launches, us) in moe_host(max(args.calls // 10, 1)).items():
-        print(f"{name + f' ({launches} torch launches)':32s} {python:12d} {us:8.2f}")
+    for name, (python, launches, ops, us) in moe_host(max(args.calls // 10, 1)).items():
+        print(f"{name + f' ({launches} launches, {ops} torch ops)':32s} {python:12d} {us:8.2f}")
 
 
 if __name__ == "__main__":
