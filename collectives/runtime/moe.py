@@ -244,6 +244,10 @@ def placement(comm: Runtime, local: int, row_bytes: int, exact: bool, values: in
     return run
 
 
+#: Plans a :class:`Layer` keeps (:meth:`Layer.plan`), at most.
+MAX_PLANS = 256
+
+
 class Layer:
     """A communicator's MoE host state (``comm.moe_layer``, made by its first dispatch or
     combine), so that a call of a shape seen before prepares nothing again: the kernels'
@@ -298,10 +302,14 @@ class Layer:
 
     def plan(self, key: tuple, make: Callable[[], Any]) -> Any:
         """The :data:`collectives.moe.Plans` of this layer: ``make()`` at the first call of
-        ``key`` (and :data:`FUSED`), then reused (made of this layer's launches and buffers)."""
+        ``key`` (and :data:`FUSED`), then reused (made of this layer's launches and buffers, so
+        that dropping one loses nothing: past :data:`MAX_PLANS`, prefills of many token counts,
+        all are dropped and made again)."""
         key = (FUSED, *key)
         p = self._plans.get(key)
         if p is None:
+            if len(self._plans) >= MAX_PLANS:
+                self._plans.clear()
             p = self._plans[key] = make()
         return p
 
@@ -386,6 +394,6 @@ def traced_combine(expert_out: Tensor, topk_weights: Tensor, handle: tuple) -> T
     return torch.ops.collectives.moe_combine(expert_out, topk_weights, *handle)
 
 
-__all__ = ["COMBINE_FIELDS", "FUSED", "HANDLE_FIELDS", "SCHEMAS", "Layer", "combine_key", "gather", "layer", "pack",
-           "pack_key", "place_key", "placement", "route", "route_key", "traced_combine", "traced_dispatch",
-           "weighted_sum"]
+__all__ = ["COMBINE_FIELDS", "FUSED", "HANDLE_FIELDS", "MAX_PLANS", "SCHEMAS", "Layer", "combine_key", "gather",
+           "layer", "pack", "pack_key", "place_key", "placement", "route", "route_key", "traced_combine",
+           "traced_dispatch", "weighted_sum"]

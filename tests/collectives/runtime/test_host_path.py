@@ -267,3 +267,17 @@ def test_an_moe_call_like_the_one_before_prepares_nothing_again(call: str) -> No
     assert sum(mine.values()) <= MOE_CEILING[call], f"{call}: {sorted(mine.items())}"
     assert launches <= MOE_TORCH_CEILING[call], launches
     assert sum(ops.values()) <= MOE_TORCH_OPS_CEILING[call], f"{call}: {dict(ops)}"
+
+
+def test_an_moe_layer_makes_a_plan_once_per_key_and_keeps_a_bounded_number() -> None:
+    from types import SimpleNamespace
+
+    from collectives.runtime import moe as runtime_moe
+
+    layer = runtime_moe.Layer(SimpleNamespace(device_index=0), None, None)
+    made = []
+    first = layer.plan(("shape", 0), lambda: made.append(0) or object())
+    assert layer.plan(("shape", 0), lambda: made.append(1) or object()) is first and made == [0]
+    for i in range(1, 2 * runtime_moe.MAX_PLANS):
+        layer.plan(("shape", i), object)
+    assert len(layer._plans) <= runtime_moe.MAX_PLANS
