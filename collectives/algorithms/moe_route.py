@@ -11,23 +11,26 @@ sorted by expert, stably (by ``i`` within an expert), and its inverse ``slots`` 
 i``: each entry's sent row, which the rows' packing and the combine read), entry ``i`` being at
 ``start[e] + rank`` (``start``: the exclusive prefix sum of ``bins``; ``rank``: the entries of ``e``
 before ``i``). It is a counting sort: the block's threads are groups of ``lanes`` (at most a warp),
-group ``g`` owning a contiguous span of the entries; a round reads ``lanes`` entries of each span,
-one a thread, through shared memory, each thread finding its entry's rank among its group's round by
-comparing it with the round's ``lanes`` entries (no atomics: the result is the stable sort's
-whatever the scheduling), the round's last entry of an expert moving the group's count of that
-expert on. A group's rounds touch only its own shared memory, so they sync as a warp (two
-``bar.warp.sync`` a round, no block barrier), and each round's entry was loaded during the round
-before (the first of each pass while the block zeroes its table, or sums the counts). One pass
-counts; then each expert's count is the sum of its groups', a scan (doubling steps from one buffer
-into another, one barrier each) makes the experts' starts and each group's start within an expert is
-its expert's start plus the earlier groups' counts (entries of a lower group come first: stable); a
-second pass places. Each thread compares ``lanes x n / threads`` entries per pass, whatever the
-entries: the kernel routes every size of the low-latency and throughput modes. The block has as many
-threads as the groups' counts fit in shared memory (:meth:`MoeRouteKey.for_experts`: 1024, 32
-groups, up to 256 experts; 256 at :data:`MAX_EXPERTS`): 1,024 entries are one round a group. It
-replaces torch's id mapping, mask, stable sort (a radix sort: 28 us of GPU time at 1,024 entries),
-count and sum of the splits: seven launches. Until 2026-11-28 every round took three block barriers
-and waited for its own entries' loads (4 x H200, 1,024 entries: 13.6 us; one token: 6.5 us).
+group ``g`` owning a contiguous span of the entries; a round takes ``lanes`` entries of each span,
+one a thread, each thread finding its entry's rank among its group's round by one ``match.any.sync``
+of its warp (the lanes of its expert and group) and a ``popc`` (no atomics: the result is the stable
+sort's whatever the scheduling), the round's last entry of an expert moving the group's count of that
+expert on. A group's rounds touch only its own counts, so they sync as a warp (two ``bar.warp.sync``
+a round, no block barrier), and each round's entry was loaded during the round before (the first of
+each pass while the block zeroes its table, or sums the counts). One pass counts; then each expert's
+count is the sum of its groups' (``BATCH`` groups' counts loaded at once), the experts' starts are one
+scan (each warp shuffles up its chunk of 32 experts; one barrier; each expert adds the chunks' sums
+before its own) and each group's start within an expert is its expert's start plus the earlier
+groups' counts (entries of a lower group come first: stable); a second pass places. Four block
+barriers in all. The block has as many threads as the groups' counts fit in shared memory
+(:meth:`MoeRouteKey.for_experts`: 1024, 32 groups, up to 256 experts; 256 at :data:`MAX_EXPERTS`):
+1,024 entries are one round a group. It replaces torch's id mapping, mask, stable sort (a radix
+sort: 28 us of GPU time at 1,024 entries), count and sum of the splits: seven launches. Until
+2026-11-28 every round took three block barriers and waited for its own entries' loads (4 x H200,
+1,024 entries: 13.6 us; one token: 6.5 us); then (2 x H200, 1,024 entries: 7.5 us) each thread still
+compared its entry with its group's round's through shared memory, each expert summed its groups'
+counts one load after another and the scan took a block barrier for each of its nine doubling steps
+(13 barriers).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Int64, Uint8
+from cutlass import Int32, Int64, Uint8, Uint32
 from cutlass.memory import SmemAllocator
 
 import ptxops
@@ -68,6 +71,12 @@ MOE_ROUTE = Layout("MoeRouteArgs", (
 ))
 
 
+#: Lanes of a warp: the most of a group, the experts a warp's shuffles scan at once.
+WARP = 32
+FULL_WARP = -1  # match.sync's member mask: every lane of the warp
+#: Groups' counts of an expert loaded at once (their latencies overlapping) before they are stored.
+BATCH = 8
+
 #: Shared memory a kernel may take without asking for more (its counts, table and scan).
 SMEM_BYTES = 48 * 1024
 
@@ -76,11 +85,11 @@ SMEM_BYTES = 48 * 1024
 class MoeRouteKey:
     """The compile-time choices of one routing kernel: the ids' dtype (one of
     :data:`ID_DTYPES`), threads per block (one block; a power of two), lanes per group (a power
-    of two from 4 to 32 that divides the threads, keys compared in fours; a group is one warp's
-    lanes) and ``experts``, the most experts it counts (a power of two up to
-    :data:`MAX_EXPERTS`).  Each thread compares ``2 lanes n / threads`` keys; the shared memory
-    holds a group's count of each expert (int32, ``threads / lanes x (experts + 1)``) besides the
-    scan's (int32: entries below 2^31), within :data:`SMEM_BYTES`: 1024 threads of 32 groups at
+    of two up to 32 that divides the threads: a group is lanes of one warp) and ``experts``, the
+    most experts it counts (a power of two up to :data:`MAX_EXPERTS`).  Each thread takes ``2 n /
+    threads`` entries; the shared memory holds a group's count of each expert (int32, ``threads /
+    lanes x (experts + 1)``) besides the scan's (int32: entries below 2^31), within
+    :data:`SMEM_BYTES`: 1024 threads of 32 groups at
     256 experts, 256 threads at :data:`MAX_EXPERTS` (:meth:`for_experts` picks the most threads)."""
 
     ids: str = "i64"
@@ -92,9 +101,9 @@ class MoeRouteKey:
         if self.ids not in ID_DTYPES:
             raise ValueError(f"ids must be one of {tuple(ID_DTYPES)}, not {self.ids!r}")
         check_threads(self.threads)
-        if self.lanes < 4 or self.lanes > 32 or self.lanes & (self.lanes - 1) or self.threads % self.lanes:
-            raise ValueError(f"lanes must be a power of two from 4 (keys are compared in fours) to 32 (a group "
-                             f"syncs as a warp) dividing the threads {self.threads}, not {self.lanes}")
+        if not 1 <= self.lanes <= WARP or self.lanes & (self.lanes - 1) or self.threads % self.lanes:
+            raise ValueError(f"lanes must be a power of two up to {WARP} (a group syncs as a warp) dividing the "
+                             f"threads {self.threads}, not {self.lanes}")
         if not 1 <= self.experts <= MAX_EXPERTS or self.experts & (self.experts - 1):
             raise ValueError(f"experts must be a power of two up to {MAX_EXPERTS}, not {self.experts}")
         if self.smem_bytes() > SMEM_BYTES:
@@ -115,9 +124,9 @@ class MoeRouteKey:
 
 def smem_bytes(threads: int, lanes: int, experts: int) -> int:
     """Shared memory of a routing kernel of ``threads`` in groups of ``lanes`` counting ``experts``: a
-    round's keys, the groups' counts, the scan's two buffers (int32 each; 16 bytes of alignment each)."""
+    the groups' counts, the experts' starts, the scan's chunks' sums (int32 each; 16 bytes of alignment each)."""
     bins = experts + 1
-    return 4 * (threads + threads // lanes * bins + 2 * bins) + 3 * 16
+    return 4 * (threads // lanes * bins + bins + -(-bins // min(threads, WARP))) + 3 * 16
 
 
 def build(key: MoeRouteKey):
@@ -125,7 +134,8 @@ def build(key: MoeRouteKey):
     threads, lanes, (ids, size) = key.threads, key.lanes, ID_DTYPES[key.ids]
     groups = threads // lanes
     most = key.experts  # the experts' bins the shared memory holds (then the out-of-range one)
-    levels = most.bit_length()  # doubling steps of the bins' prefix sums: 2^levels > most + 1
+    chunk = min(threads, WARP)  # the bins a warp's shuffles scan at once
+    chunks = (most + 1 + chunk - 1) // chunk
     by = "collectives.algorithms.moe_route"
 
     @cute.jit
@@ -147,12 +157,13 @@ def build(key: MoeRouteKey):
     def kernel(args: KernelArgs):
         tidx = Int32(cute.arch.thread_idx()[0])
         group, lane = tidx // lanes, tidx % lanes
+        wl = tidx % WARP  # the thread's lane in its warp
         n, experts = Int32(args.n), Int32(args.experts)
         smem = SmemAllocator()
-        keys = smem.allocate_tensor(Int32, cute.make_layout(threads), byte_alignment=16)  # a round's experts
         # table[g * bins + e]: group g's count of expert e, then (placing) where its next one goes
         table = smem.allocate_tensor(Int32, cute.make_layout(groups * (most + 1)), byte_alignment=8)
-        sums = [smem.allocate_tensor(Int32, cute.make_layout(most + 1), byte_alignment=8) for _ in range(2)]
+        starts = smem.allocate_tensor(Int32, cute.make_layout(most + 1), byte_alignment=8)  # e's first entry's place
+        chunk_sums = smem.allocate_tensor(Int32, cute.make_layout(chunks), byte_alignment=8)  # a chunk's entries
         bins = experts + 1
         j = tidx
         while j < groups * bins:
@@ -169,18 +180,12 @@ def build(key: MoeRouteKey):
                 ahead = Int32(-1)  # the next round's entry: its load in flight during this round
                 if step + lanes < span:
                     ahead = expert_of(args, i + lanes)
-                keys[tidx] = e
+                # the group's lanes of this expert (the key names the group within its warp: a match
+                # of the warp's lanes is one of the group's); the group's table moved on by the last round
+                peers = cute.arch.match_sync(FULL_WARP, e * (WARP // lanes) + wl // lanes)
+                before = Int32(cute.arch.popc(peers & ((Uint32(1) << Uint32(wl)) - Uint32(1))))  # the entries before it
+                after = Int32(cute.arch.popc(peers >> Uint32(wl) >> Uint32(1)))  # and after it
                 cute.arch.sync_warp()
-                before, after = Int32(0), Int32(0)  # the group's entries of this expert before and after it
-                first = group * lanes
-                for j4 in cutlass.range_constexpr(lanes // 4):  # (in fours, their loads' latencies overlapping)
-                    four = [keys[first + j4 * 4 + u] for u in range(4)]
-                    for u in cutlass.range_constexpr(4):
-                        if four[u] == e:
-                            if j4 * 4 + u < lane:
-                                before += 1
-                            if j4 * 4 + u > lane:
-                                after += 1
                 at = Int32(0)
                 if e >= Int32(0):
                     at = table[group * bins + e] + before
@@ -191,8 +196,8 @@ def build(key: MoeRouteKey):
                         if e < experts:
                             valid = Uint8(1)
                         ptxops.st(gmem(Uint8, args.valid, 1, LOCAL, by) + i, valid)
-                # the group's lanes have read keys[] and table[] before the last ones move it on; the next
-                # round's keys[] are stored after this, its table[] read after its first sync
+                # the group's lanes have read table[] before the last ones move it on; the next round
+                # reads it after its first sync
                 cute.arch.sync_warp()
                 if e >= Int32(0):
                     if after == Int32(0):
@@ -203,43 +208,46 @@ def build(key: MoeRouteKey):
                 e = expert_of(args, group * span + lane)  # the placing pass's first entry, loaded meanwhile
                 cute.arch.sync_threads()
                 j = tidx
-                while j < bins:  # sums[0][e]: e's entries; table[g, e]: those of the groups before g
-                    total = Int32(0)
-                    for g in cutlass.range_constexpr(groups):
-                        c = table[g * bins + j]
-                        table[g * bins + j] = total
-                        total += c
-                    ptxops.st(gmem(Int64, args.bins, 8, LOCAL, by) + j, Int64(total))
-                    sums[0][j] = total
+                while j - wl < bins:  # a warp's chunk of W bins a step, every lane in (its shuffles)
+                    total = Int32(0)  # e's entries; table[g, e] becomes those of the groups before g
+                    if j < bins:
+                        for g8 in cutlass.range_constexpr(0, groups, BATCH):  # BATCH loads, then their stores
+                            counts = [table[g * bins + j] for g in range(g8, min(g8 + BATCH, groups))]
+                            for u in cutlass.range_constexpr(len(counts)):
+                                table[(g8 + u) * bins + j] = total
+                                total += counts[u]
+                        ptxops.st(gmem(Int64, args.bins, 8, LOCAL, by) + j, Int64(total))
+                    within = total  # the chunk's inclusive prefix sums, by shuffles up the warp
+                    for level in cutlass.range_constexpr(chunk.bit_length() - 1):
+                        up = cute.arch.shuffle_sync_up(within, 1 << level)
+                        if wl >= (1 << level):
+                            within += up
+                    if j < bins:
+                        starts[j] = within - total  # (exclusive)
+                    if wl == chunk - 1:
+                        chunk_sums[j // chunk] = within
                     j += threads
                 cute.arch.sync_threads()
-                for level in cutlass.range_constexpr(levels):  # inclusive prefix sums, one buffer into the other
-                    j = tidx
-                    while j < bins:
-                        v = sums[level % 2][j]
-                        if j >= (1 << level):  # (a copy at the steps past the bins)
-                            v += sums[level % 2][j - (1 << level)]
-                        sums[1 - level % 2][j] = v
-                        j += threads
-                    cute.arch.sync_threads()
-                ends = sums[levels % 2]  # ends[e]: the entries of experts 0..e
                 j = tidx
-                while j < bins:  # table[g, e] += e's start (the exclusive prefix)
-                    start = Int32(0)
-                    if j > Int32(0):
-                        start = ends[j - 1]
-                    for g in cutlass.range_constexpr(groups):
-                        table[g * bins + j] = table[g * bins + j] + start
+                while j < bins:  # e's start: the chunks' before its own, then table[g, e] += it
+                    earlier = [chunk_sums[c] for c in range(chunks)]  # (all loaded, those before e's added)
+                    start = starts[j]
+                    for c in cutlass.range_constexpr(chunks):
+                        if c < j // chunk:
+                            start += earlier[c]
+                    starts[j] = start
+                    for g8 in cutlass.range_constexpr(0, groups, BATCH):
+                        counts = [table[g * bins + j] for g in range(g8, min(g8 + BATCH, groups))]
+                        for u in cutlass.range_constexpr(len(counts)):
+                            table[(g8 + u) * bins + j] = counts[u] + start
                     j += threads
+                cute.arch.sync_threads()
                 local = Int32(args.local)
                 w = tidx
-                while w < experts // local:  # rank w: experts [wL, (w + 1)L)
-                    lower = Int32(0)
-                    if w > Int32(0):
-                        lower = ends[w * local - 1]
-                    ptxops.st(gmem(Int64, args.send_splits, 8, LOCAL, by) + w, Int64(ends[(w + 1) * local - 1] - lower))
+                while w < experts // local:  # rank w: experts [wL, (w + 1)L) (starts[] read by the placing pass never)
+                    ptxops.st(gmem(Int64, args.send_splits, 8, LOCAL, by) + w,
+                              Int64(starts[(w + 1) * local] - starts[w * local]))
                     w += threads
-                cute.arch.sync_threads()
 
     return launcher(kernel, threads, grid=1, layout=MOE_ROUTE)
 
@@ -262,4 +270,4 @@ FAMILY = register(Family("moe_route", MoeRouteKey, ("moe_route",), MOE_ROUTE, bu
                          _from_text, lambda kid: (("moe_route", kid),)))
 
 
-__all__ = ["FAMILY", "ID_DTYPES", "MAX_EXPERTS", "MOE_ROUTE", "SMEM_BYTES", "MoeRouteKey", "build", "smem_bytes"]
+__all__ = ["BATCH", "FAMILY", "ID_DTYPES", "MAX_EXPERTS", "MOE_ROUTE", "SMEM_BYTES", "MoeRouteKey", "build", "smem_bytes"]

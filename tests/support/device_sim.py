@@ -260,6 +260,7 @@ class Block:
     live: int
     arrived: list = field(default_factory=list)
     smem: dict = field(default_factory=dict)
+    lanes: dict = field(default_factory=dict)  # each thread's operand of the warp's match or shuffle
     l1: dict = field(default_factory=dict)
 
     def discard(self, address: int, nbytes: int) -> None:
@@ -572,6 +573,29 @@ def _sync_threads() -> None:
         sim.block()
 
 
+def _match_sync(mask: Any, value: Any, kind: str = "any") -> Uint32:
+    """``match.any.sync`` over the block (the simulated blocks are of one warp at most): the
+    lanes whose value is this thread's, every lane of the block taking part."""
+    assert kind == "any" and as_num(mask).v & 0xFFFFFFFF == 0xFFFFFFFF, (kind, mask)
+    state, tidx = me().ctx.state, me().ctx.tidx
+    state.lanes[tidx] = as_num(value).v
+    _sync_threads()  # every lane's value in
+    peers = sum(1 << lane for lane, v in state.lanes.items() if v == state.lanes[tidx])
+    _sync_threads()  # every lane's mask out before a later match overwrites the values
+    return Uint32(peers)
+
+
+def _shuffle_sync_up(value: Any, offset: Any) -> Num:
+    """``shfl.sync.up`` over the block (one warp at most): lane ``l - offset``'s value, a lane below
+    ``offset`` its own."""
+    state, tidx = me().ctx.state, me().ctx.tidx
+    state.lanes[tidx] = value
+    _sync_threads()
+    got = state.lanes[tidx - int(offset)] if tidx >= int(offset) else value
+    _sync_threads()
+    return got
+
+
 def _globaltimer() -> Int64:
     _sim().step()
     return Int64(_sim().clock)
@@ -613,6 +637,9 @@ def _cute() -> types.SimpleNamespace:
         block_dim=lambda: (Int32(ctx().threads), Int32(1), Int32(1)),
         sync_threads=_sync_threads,
         sync_warp=_sync_threads,  # the simulated blocks are of one warp at most
+        match_sync=_match_sync,
+        shuffle_sync_up=_shuffle_sync_up,
+        popc=lambda value: type(value)(bin(value.v & ((1 << value.width) - 1)).count("1")),
         WARP_SIZE=32,
         globaltimer=_globaltimer,
     )

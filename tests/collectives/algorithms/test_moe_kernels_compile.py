@@ -19,7 +19,7 @@ from collectives.algorithms.moe_gather import MoeGatherKey  # noqa: E402
 from collectives.algorithms.moe_pack import MoePackKey  # noqa: E402
 from collectives.algorithms.moe_combine import MAX_TOPK, MoeCombineKey  # noqa: E402
 from collectives.algorithms.moe_place import LOADS, MAX_BLOCKS, MAX_SEGMENTS, MoePlaceKey  # noqa: E402
-from collectives.algorithms.moe_route import MAX_EXPERTS, SMEM_BYTES, MoeRouteKey  # noqa: E402
+from collectives.algorithms.moe_route import BATCH, MAX_EXPERTS, SMEM_BYTES, MoeRouteKey  # noqa: E402
 from collectives.runtime.kernels import kernel_ptx  # noqa: E402
 from collectives.runtime.moe import combine_key as key_for  # noqa: E402
 from collectives.runtime.moe import place_key, route_key  # noqa: E402
@@ -168,12 +168,22 @@ def test_gather_moves_rows_in_its_words_and_zeros_the_rest(word: int) -> None:
 @pytest.mark.parametrize("ids", ["i32", "i64"])
 def test_routing_compiles_reads_its_ids_and_uses_no_atomics(ids: str) -> None:
     """The dispatch's routing: the ids loaded in their width (each pass's first round's, then the
-    next round's during each round), its counts and chunks in shared memory, a round's syncs the
-    warp's (no block-wide barrier per round), no atomics (the order is the stable sort's whatever
-    the scheduling), no 64-bit division, one GPU's memory, no ordering."""
+    next round's during each round), its counts and chunks in shared memory, a round's entries
+    ranked by one ``match.any.sync`` of the warp (not compared one by one through shared memory)
+    and its syncs the warp's (no block-wide barrier per round), four block barriers, the groups' counts of an expert
+    loaded ``BATCH`` at once before their stores, no spills, no atomics (the order is the stable
+    sort's whatever the scheduling), no 64-bit division, one GPU's memory, no ordering."""
     ptx = kernel_ptx(MoeRouteKey.for_experts(ids, 256), "sm_90a")
-    assert _count(ptx, f"ld.global.{'b32' if ids == 'i32' else 'b64'}") == 4
-    assert ".shared" in ptx and "bar.sync" in ptx and _count(ptx, "bar.warp.sync") == 4
+    matches = _count(ptx, "match.any.sync.b32")  # a round's, in each pass (the compiler may peel rounds)
+    assert matches >= 2 and _count(ptx, "popc.b32") >= matches  # (its ranks: popc of the match)
+    assert _count(ptx, f"ld.global.{'b32' if ids == 'i32' else 'b64'}") == 2 + matches  # + each pass's first
+    assert ".shared" in ptx and _count(ptx, "bar.warp.sync") == 2 * matches
+    # four block barriers: the table zeroed, the counts in, the chunks' sums in, the starts in (the
+    # experts' scan: shuffles up each warp's chunk of 32 bins, not a barrier a doubling step)
+    assert _count(ptx, "bar.sync") == 4 and _count(ptx, "shfl.sync.up.b32") == 5
+    shared = " ".join(re.findall(r"^\s*(ld|st)\.shared\.", ptx, re.M))
+    assert " ".join(["ld"] * BATCH + ["st"]) in shared
+    assert ".local" not in ptx and "local.u" not in ptx
     assert not re.search(r"^\s*(div|rem)\.[su]64", ptx, re.M)
     assert "multimem." not in ptx and ".sys" not in ptx and not re.search(r"^\s*(atom|red)\.", ptx, re.M)
 

@@ -128,17 +128,35 @@ def test_ids_sliced_from_a_wider_tensor_are_read_at_their_stride() -> None:
         check(random_ids(rng, 7, 3, 6, torch.int64), 6, 3, seed, topk=3, gap=2)
 
 
+#: 20 experts (21 bins, the scan over chunks of THREADS of them, each thread several).
+WIDE = random_ids(random.Random(13), 9, 3, 20, torch.int64)
+
+
+def test_more_bins_than_the_block_has_threads() -> None:
+    """The experts' scan over chunks of bins, the block's threads each taking several."""
+    rng = random.Random(14)
+    check(WIDE, 20, 4, seed=5, topk=3)
+    for seed in range(2):
+        check(random_ids(rng, 11, 4, 30, torch.int32), 30, 5, seed, topk=4, gap=1)
+
+
 @pytest.mark.parametrize(("edit", "what"), [
-    (("if j4 * 4 + u < lane:", "if j4 * 4 + u <= lane:"), "the rank among the group's round"),
-    (("if j4 * 4 + u > lane:", "if j4 * 4 + u >= lane:"), "the round's last entry of an expert"),
-    (("table[g * bins + j] = total", "table[g * bins + j] = Int32(0)"), "the earlier groups' entries"),
+    (("(Uint32(1) << Uint32(wl))", "(Uint32(2) << Uint32(wl))"), "the rank among the group's round"),
+    (("peers >> Uint32(wl) >> Uint32(1)", "peers >> Uint32(wl)"), "the round's last entry of an expert"),
+    (("+ wl // lanes)", ")"), "the match's group (two groups share a warp)"),
+    (("table[(g8 + u) * bins + j] = total", "table[(g8 + u) * bins + j] = Int32(0)"), "the earlier groups' entries"),
+    (("table[(g8 + u) * bins + j] = counts[u] + start", "table[(g8 + u) * bins + j] = counts[0] + start"),
+     "each group's start"),
     (("table[group * bins + e] = at + 1", "table[group * bins + e] = at"), "the count carried to the next round"),
     (("+ lanes - 1) // lanes * lanes", ") // lanes * lanes"), "the span's rounding up"),
     (("if raw >= Int64(0):", "if raw >= Int64(-1):"), "the ids below 0"),
     (("if raw < args.experts:", "if raw < args.experts + 8:"), "the ids past the last expert"),
-    (("v += sums[level % 2][j - (1 << level)]", "v = sums[level % 2][j - (1 << level)]"), "the prefix sums"),
-    (("start = ends[j - 1]", "start = ends[j]"), "the exclusive prefix (off by one)"),
-    (("lower = ends[w * local - 1]", "lower = ends[w * local]"), "the splits"),
+    (("within += up", "within = up"), "the chunk's prefix sums (the warp's shuffles)"),
+    (("if wl >= (1 << level):", "if wl >= 0:"), "the shuffles' lowest lanes"),
+    (("starts[j] = within - total", "starts[j] = within"), "the exclusive prefix (off by one)"),
+    (("if c < j // chunk:", "if c <= j // chunk:"), "the earlier chunks' entries"),
+    (("if wl == chunk - 1:", "if wl == 0:"), "a chunk's sum"),
+    (("- starts[w * local])", "- starts[w * local + 1])"), "the splits"),
     (("LOCAL, by) + i, Int64(at))", "LOCAL, by) + at, Int64(i))"), "the slots"),
     (("ahead = expert_of(args, i + lanes)", "ahead = expert_of(args, i)"), "the next round's entry"),
     (("Int64(token) * args.stride", "Int64(token) * args.topk"), "the ids' row stride"),
@@ -153,3 +171,4 @@ def test_a_broken_kernel_fails_the_check(edit: tuple, what: str) -> None:
     with pytest.raises(AssertionError):
         for seed in range(3):
             check(ids, 6, 2, seed, module=broken, topk=2, gap=1)
+            check(WIDE, 20, 4, seed, module=broken, topk=3)  # 21 bins: the scan's three chunks of THREADS
