@@ -238,6 +238,22 @@ class EmptyRank:
         self.barrier(types.SimpleNamespace(**{**vars(args), "n": Int64(0), "kinds": Int32(self.kinds)}))
 
 
+def assert_mismatches_then_sums(world: World, world_size: int, seed: int, mismatched: dict, checked: int) -> None:
+    """Every rank recorded a size mismatch at exactly the calls of ``mismatched`` (recoverable),
+    and its results of the other calls below ``checked`` are the expected sums."""
+    for r in range(world_size):
+        assert world.records[r] == [(c, RECOVERABLE_RECORD, SIZE_MISMATCH) for c in mismatched], (
+            world_size, seed, world.records)
+        for c in range(checked):
+            if c not in mismatched:
+                assert world.results[r][c] == world.expected(c, r), (world_size, seed, r, c)
+
+
+def pad_words(world: World, words: list[int]) -> set[tuple[int, ...]]:
+    """The distinct tuples of the signal pads' 32-bit ``words`` (word indices) over the ranks."""
+    return {tuple(world.sim.memory.load(pad + 4 * w, Uint32).v for w in words) for pad in world.pads}
+
+
 def an_empty_rank_among_lamport_ranks(source: types.ModuleType, design_edits: tuple = ()) -> None:
     """At call 1 rank 0 is empty (it launches the barrier of size 0) and at call 5 rank W - 1 is,
     where the other ranks all-reduce 40 elements with Lamport (three parts: a part of another
@@ -256,15 +272,10 @@ def an_empty_rank_among_lamport_ranks(source: types.ModuleType, design_edits: tu
         world = World(world_size, calls, seed, source, slot=4 * n, timeout=12000,
                       kernels={"all_reduce": source.LamportKernel,
                                "barrier": EmptyRank(world_size, source, design_edits)})
-        for r in range(world_size):
-            assert world.records[r] == [(c, RECOVERABLE_RECORD, SIZE_MISMATCH) for c in empty_at], (
-                world_size, seed, world.records)
-            for c in range(len(calls) - 1):
-                if c not in empty_at:
-                    assert world.results[r][c] == world.expected(c, r), (world_size, seed, r, c)
+        assert_mismatches_then_sums(world, world_size, seed, empty_at, len(calls) - 1)
         layout = PadLayout(world=world_size)
         words = [layout.calls] + [layout.lamport_step(2, part) for part in range(PARTS)]
-        counts = {tuple(world.sim.memory.load(pad + 4 * w, Uint32).v for w in words) for pad in world.pads}
+        counts = pad_words(world, words)
         assert counts == {(len(calls) * CALL_EPOCHS, *[len(calls) - 1] * PARTS)}, counts
 
 
@@ -289,15 +300,10 @@ def lamport_of_another_width_among_lamport_ranks(source: types.ModuleType) -> No
         world = World(world_size, calls, seed, source, slot=4 * n, timeout=12000,
                       kernels={"all_reduce": source.LamportKernel, "bf16": bf16,
                                "barrier": EmptyRank(world_size, source)})
-        for r in range(world_size):
-            assert world.records[r] == [(c, RECOVERABLE_RECORD, SIZE_MISMATCH) for c in other], (
-                world_size, seed, world.records)
-            for c in range(8):
-                if c not in other:
-                    assert world.results[r][c] == world.expected(c, r), (world_size, seed, r, c)
+        assert_mismatches_then_sums(world, world_size, seed, other, 8)
         layout = PadLayout(world=world_size)
         words = [layout.calls] + [layout.lamport_step(w, part) for w in (1, 2) for part in range(PARTS)]
-        counts = {tuple(world.sim.memory.load(pad + 4 * w, Uint32).v for w in words) for pad in world.pads}
+        counts = pad_words(world, words)
         assert len(counts) == 1, counts
 
 
@@ -338,15 +344,10 @@ def a_barriered_rank_among_lamport_ranks(source: types.ModuleType) -> None:
         world = World(world_size, calls, seed, source, slot=4 * n, timeout=12000,
                       kernels={"all_reduce": source.LamportKernel, "one_shot": Barriered(world_size, source),
                                "barrier": EmptyRank(world_size, source)})
-        for r in range(world_size):
-            assert world.records[r] == [(c, RECOVERABLE_RECORD, SIZE_MISMATCH) for c in other], (
-                world_size, seed, world.records)
-            for c in range(8):
-                if c not in other:
-                    assert world.results[r][c] == world.expected(c, r), (world_size, seed, r, c)
+        assert_mismatches_then_sums(world, world_size, seed, other, 8)
         layout = PadLayout(world=world_size)
         words = [layout.calls] + [layout.lamport_step(2, part) for part in range(PARTS)]
-        counts = {tuple(world.sim.memory.load(pad + 4 * w, Uint32).v for w in words) for pad in world.pads}
+        counts = pad_words(world, words)
         assert counts == {(len(calls) * CALL_EPOCHS, *[len(calls) - 1] * PARTS)}, counts
 
 
