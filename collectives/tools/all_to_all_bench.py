@@ -31,7 +31,8 @@ fp8 rows (``fp8=True``: e4m3 and a scale per token, the rows the published pplx-
 send), eager and in graphs, torch steps and fused, against the bf16 dispatch's fused time
 measured in the same part.  ``--profile N`` runs only part 5: where an eager layer's time goes
 at ``N`` tokens per rank (host time to enqueue a dispatch and a combine against their time per
-call, and torch's profiler table of host time by operation, rank 0), then the GPU's timeline of
+call, torch's profiler table of host time by operation and cProfile's table of the Python
+functions by own time, rank 0), then the GPU's timeline of
 one dispatch (bf16, and fp8 with ``--fp8``) and one combine, each eager and replayed from a
 CUDA graph (the last of 3 calls back to back: :func:`gpu_timeline`): every kernel in launch
 order with its start and duration (rank 0; :func:`kernel_table`).  ``--out DIR`` writes the
@@ -426,7 +427,11 @@ def profile_layer(args: argparse.Namespace, tokens: int, calls: int = 50) -> Non
     Rank 0 prints the host time of enqueueing ``calls`` dispatches, then ``calls`` combines,
     with no wait between calls (where it exceeds the time per call, the host is what an eager
     caller waits for), the time per call (:func:`~collectives.tools.bench.time_op`), and
-    torch's profiler table of host time by operation over 10 more layers."""
+    torch's profiler table of host time by operation over 10 more layers, and cProfile's table
+    of the Python functions over ``calls`` more."""
+    import cProfile
+    import io
+    import pstats
     import time
 
     import collectives
@@ -458,12 +463,24 @@ def profile_layer(args: argparse.Namespace, tokens: int, calls: int = 50) -> Non
             e = dispatch()
             moe.combine(e[0], e[2])
         collectives.synchronize()
+    dist.barrier()
+    functions = cProfile.Profile()
+    functions.enable()
+    for _ in range(calls):
+        e = dispatch()
+        moe.combine(e[0], e[2])
+    functions.disable()
+    collectives.synchronize()
     if rank == 0:
         print(f"device: {torch.cuda.get_device_name()} x {dist.get_world_size()}; eager layer at {tokens} tokens, "
               f"hidden {args.hidden}, top-{args.topk} of {args.experts} experts")
         print(f"dispatch: host {host[0]:.1f} us to enqueue, {per_call[0]:.1f} us per call")
         print(f"combine:  host {host[1]:.1f} us to enqueue, {per_call[1]:.1f} us per call")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+        table = io.StringIO()
+        pstats.Stats(functions, stream=table).sort_stats("tottime").print_stats(30)
+        print(f"cProfile of {calls} layers (dispatch + combine), by own time (the profiler's overhead included):")
+        print("\n".join(line[:160] for line in table.getvalue().splitlines()[4:]))
     collectives.synchronize()
     dist.barrier()
     steps = {"dispatch bf16": dispatch}
