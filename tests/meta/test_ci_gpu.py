@@ -47,5 +47,6 @@ def test_the_list_says_which_lines_are_the_seeded_re_runs(tmp_path: Path) -> Non
                            timeout=300).stdout.splitlines()
     seeded = [line.split()[1] for line in lines if "(seeded re-run: COLLECTIVES_TEST_SEED_EPOCH=" in line]
     assert sorted(seeded) == ["tests/collectives/gpu/ranks/test_all_to_all.py",
-                              "tests/collectives/gpu/ranks/test_barrier.py"]
+                              "tests/collectives/gpu/ranks/test_barrier.py",
+                              "tests/collectives/gpu/ranks/test_lamport_mismatch.py"]
     assert all(len(line.split()) == 2 for line in lines if "seeded" not in line)
