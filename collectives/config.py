@@ -39,6 +39,9 @@ BARRIER_THREADS = 32
 #: Bytes per rank a Lamport all-reduce carries at most (the size of each sender's slot in
 #: each of the three rotating receive buffers).
 LAMPORT_MAX_BYTES = 1 << 20
+#: Bytes per rank the Lamport all-gather carries at most: half a slot (each 4 data bytes travel
+#: in an 8-byte word with the call's tag, :class:`~collectives.algorithms.lamport_blocks.GatherKernel`).
+LAMPORT_GATHER_MAX_BYTES = LAMPORT_MAX_BYTES // 2
 #: Thread blocks of every Lamport kernel: a fixed grid, so that each 16-byte vector of a slot
 #: always belongs to the same block (whose call count then picks its buffer).
 LAMPORT_BLOCKS = 128

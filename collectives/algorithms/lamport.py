@@ -186,15 +186,20 @@ class LamportKernel:
             signals.record_error(err, Int32(TIMEOUT), Int32(LAMPORT_EXCHANGE), missing, block, rank)
         return ok
 
+    def vectors(self, n):
+        """The 16-byte vectors of a slot that ``n`` elements take (the parts stride over them)."""
+        return (n + self.per_vector - 1) // self.per_vector
+
     @cute.jit
-    def send(self, addrs, data_mc, region, src, n, first, step):
+    def send(self, addrs, data_mc, region, src, n, first, step, entry):
         """Send this thread's 16-byte vectors of the self.slot (``v = first, first + step, ...``),
         canonical, into our self.slot on every rank; a vector that the data does not fill (or all
-        of them, for data that is not 16-byte aligned) goes element by element."""
+        of them, for data that is not 16-byte aligned) goes element by element (``entry``, our
+        size entry of the call, carries its tag: the tagged all-gather's)."""
         full = n // self.per_vector if cutlass.const_expr(self.vectored) else Int64(0)
         stride = n * (self.bits // 8)
         v = first
-        while v < (n + self.per_vector - 1) // self.per_vector:
+        while v < self.vectors(n):
             at = v * VECTOR_BYTES
             if v < full:
                 self.send_one(cute.make_rmem_tensor(4, Uint32), src + at, addrs, data_mc, region + at, stride)
@@ -208,14 +213,14 @@ class LamportKernel:
             v += step
 
     @cute.jit
-    def receive(self, own, out, n, deadline, err, rank, block, first, step):
+    def receive(self, own, out, n, deadline, err, rank, block, first, step, entry):
         """Wait for every rank's copy of this thread's vectors in our buffer at ``own``, reduce
-        them into ``out`` and empty their slots (the vectors :func:`send` sent)."""
+        them into ``out`` and empty their slots (the vectors :func:`send` sent with ``entry``)."""
         ok = Boolean(True)
         full = n // self.per_vector if cutlass.const_expr(self.vectored) else Int64(0)
         stride = n * (self.bits // 8)
         v = first
-        while v < (n + self.per_vector - 1) // self.per_vector and ok:
+        while v < self.vectors(n) and ok:
             at = v * VECTOR_BYTES
             if v < full:
                 slots = [cute.make_rmem_tensor(4, Uint32) for _ in range(self.world)]
@@ -339,7 +344,7 @@ class LamportKernel:
         self.announce(args.pad_table, args.pad_mc, buffer, entry, rank, part, calls, n)
         base = Int64(buffer) * (self.world * self.slot)
         self.send(addrs, args.data_mc, base + Int64(rank) * self.slot, args.src, n,
-                  Int64(part) * self.threads + tidx, Int64(LAMPORT_BLOCKS * self.threads))
+                  Int64(part) * self.threads + tidx, Int64(LAMPORT_BLOCKS * self.threads), entry)
 
     @cute.jit
     def receive_part(self, args: KernelArgs, part: Int32, flag, dirty, deadline, tidx, calls):
@@ -351,13 +356,13 @@ class LamportKernel:
         buffer = Int32(lamport_buffer(call))
         entry = self.entry(call, n)
         # A part with no vectors has nothing to wait for.
-        if Int64(part) * self.threads < (n + self.per_vector - 1) // self.per_vector:
+        if Int64(part) * self.threads < self.vectors(n):
             ok = self.sizes_agree(args.pad, buffer, entry, deadline, args.err, rank, part, calls, dirty + buffer,
                                   call)
             if signals.block_all(flag, ok):
                 own = signals.peer_address(args.data_table, rank) + Int64(buffer) * (self.world * self.slot)
                 self.receive(own, args.out, n, deadline, args.err, rank, part, Int64(part) * self.threads + tidx,
-                             Int64(LAMPORT_BLOCKS * self.threads))
+                             Int64(LAMPORT_BLOCKS * self.threads), entry)
             elif part == 0 and tidx == 0:  # every rank's part 0 gets here: mark the buffer dirty
                 # (relaxed, gpu scope: the other parts' blocks poll it in sizes_agree)
                 ptxops.st(dirty + buffer, Uint32(lamport_tag(lamport_cleanup_call(call))), sem="relaxed", scope="gpu")

@@ -69,11 +69,14 @@ def test_kernel_compiles(collective: str, algorithm: str, backend: str, dtype: s
         assert not bulk, bulk
     if algorithm == "lamport":  # no barrier: relaxed sys-scope data stores and polls
         # (its one release store is the error record's status, 32 bits)
-        assert "ld.relaxed.sys.global.v4.b32" in ptx and not re.findall(r"st\.release\.sys\.global\.(?!b32\b)", ptx)
+        assert ("ld.relaxed.sys.global.v4.b32" in ptx or collective == "all_gather") and not re.findall(r"st\.release\.sys\.global\.(?!b32\b)", ptx)
         # part 0's verdict (the dirty word), polled by the other parts' blocks: strong at gpu
         # scope on both sides, never a weak access that another SM's L1 may serve stale
         assert "st.relaxed.gpu.global.b32" in ptx and "ld.relaxed.gpu.global.b32" in ptx
-        if backend == "peer":
+        if collective == "all_gather":  # tagged 64-bit words: stored and polled 16 bytes at a time
+            assert "st.relaxed.sys.global.v2.b64" in ptx and "ld.relaxed.sys.global.v2.b64" in ptx
+            assert found <= {"multimem.st.relaxed.sys.global.b64"}, found  # the size entries alone
+        elif backend == "peer":
             assert not found and "st.relaxed.sys.global.v4.b32" in ptx
         elif collective == "reduce_scatter":  # each rank gets other data: peer stores, multicast size entries
             assert found == {"multimem.st.relaxed.sys.global.b64"} and "st.relaxed.sys.global.v4.b32" in ptx, found

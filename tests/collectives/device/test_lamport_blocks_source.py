@@ -89,7 +89,7 @@ def test_different_collectives_of_one_count_are_a_size_mismatch() -> None:
 
 MUTATIONS = {
     "scatter sends block 0 to every rank": ("src + Int64(q) * stride, None", "src, None"),
-    "gather stores every slot at block 0": ("out + Int64(q) * stride, count", "out, count"),
+    "gather stores every slot at block 0": ("block_out = out + Int64(q) * nbytes", "block_out = out"),
     "scatter sends to rank 0 only": ("lamport.send(blocks[q], [addrs[q] + at]", "lamport.send(blocks[q], [addrs[0] + at]"),
 }
 

@@ -30,6 +30,7 @@ from collectives.layouts import ERROR_FIELDS, ERROR_RECORDS, RECOVERABLE_RECORD,
 
 FAKES = fakes()
 Int32, Int64, Uint32 = FAKES["cutlass"].Int32, FAKES["cutlass"].Int64, FAKES["cutlass"].Uint32
+CARRIER = {bits: getattr(FAKES["cutlass"], f"Uint{bits}") for bits in (8, 16, 32)}  # an element's, by width
 THREADS, SLOT, PARTS, BLOCKS = 4, 64, 4, 2
 NEGATIVE_ZERO = negative_zero(32, 32)  # an f32 -0.0's bits
 
@@ -71,9 +72,11 @@ class World:
 
     def __init__(self, world: int, calls: list, seed: int, source: types.ModuleType = SOURCE,
                  kernels: dict | None = None, word: types.FunctionType | None = None, slot: int = SLOT,
-                 timeout: int = 3000) -> None:
-        """``word(c, r, i)``: rank ``r``'s input word ``i`` of call ``c`` (default: :meth:`word`);
-        ``slot``: the bytes of a slot; ``timeout``: each wait's bound, in ticks.  A kernel with a
+                 timeout: int = 3000, seed_call: int = 0) -> None:
+        """``word(c, r, i)``: rank ``r``'s input element ``i`` of call ``c`` (default: :meth:`word`;
+        elements of the kernel's ``bits``, 32 without); ``slot``: the bytes of a slot;
+        ``timeout``: each wait's bound, in ticks; ``seed_call``: every Lamport call count's start
+        (as :func:`~collectives.algorithms.lamport.seed_counts` sets it).  A kernel with a
         ``grid`` runs that many blocks."""
         self.world, self.timeout = world, timeout
         self.calls = [call if isinstance(call, tuple) else (["all_reduce"] * world, call) for call in calls]
@@ -93,6 +96,9 @@ class World:
         self.pad_table = mem.alloc(8 * world)
         for r in range(world):
             mem.store(self.pad_table + 8 * r, self.pads[r], Int64)
+            for width in range(3):
+                for part in range(PARTS):
+                    mem.store(self.pads[r] + 4 * (layout.lamport_step(width, 0) + part), seed_call, Uint32)
         # each element width's receive buffers (Lamport's of 32-bit elements unless a kernel's
         # ``bits`` says otherwise), filled with its -0.0, and their table, by width
         self.tables = {}
@@ -119,9 +125,10 @@ class World:
         sim, mem = self.sim, self.sim.memory
         for c, (collectives, sizes) in enumerate(self.calls):
             collective, n = collectives[r], sizes[r]
-            for i in range(n * (self.world if collective == "reduce_scatter" else 1)):
-                mem.store(self.src[r] + 4 * i, self.word(c, r, i), Uint32)
             kernel = self.kernels[collective]
+            element = CARRIER[getattr(kernel, "bits", 32)]
+            for i in range(n * (self.world if collective == "reduce_scatter" else 1)):
+                mem.store(self.src[r] + element.width // 8 * i, self.word(c, r, i), element)
             args = types.SimpleNamespace(
                 data_table=Int64(self.tables[getattr(kernel, "bits", 32)]), data_mc=Int64(0), out=Int64(self.out[r]),
                 src=Int64(self.src[r]),
@@ -131,7 +138,7 @@ class World:
             sim.launch(lambda: kernel.kernel(args), Context(rank=r, call=c), blocks, THREADS,
                        [self.rng.choice([0, 0, 300]) for _ in range(blocks)])
             outs = n * (self.world if collective == "all_gather" else 1)
-            self.results[r].append(mem.words(self.out[r], outs, Uint32))
+            self.results[r].append(mem.words(self.out[r], outs, element))
             for index in range(ERROR_RECORDS):
                 at = self.errs[r] + 4 * len(ERROR_FIELDS) * index
                 status = mem.load(at, Int32).v
