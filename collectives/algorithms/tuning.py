@@ -14,7 +14,7 @@ remote copies per element, so its crossovers fall as W grows).
 
 from __future__ import annotations
 
-from ..config import LAMPORT_MAX_BYTES
+from ..config import LAMPORT_GATHER_MAX_BYTES, LAMPORT_MAX_BYTES
 
 #: (backend, world size) -> largest message (bytes per rank) for which Lamport is chosen.
 LAMPORT_MAX: dict[tuple[str, int], int] = {
@@ -74,10 +74,19 @@ RS_LAMPORT_MAX: dict[tuple[str, int], int] = {
 }
 
 #: (backend, world size) -> largest all-gather output (bytes per rank) for which ``auto`` picks
-#: the Lamport all-gather: none.  An all-gather moves data without arithmetic, and ``auto`` keeps
-#: it bit for bit; the Lamport all-gather delivers a -0.0 as +0.0 (its "not yet written" mark),
-#: so it runs only when asked for by name (``algorithm="lamport"``).
-AG_LAMPORT_MAX: dict[tuple[str, int], int] = {key: 0 for key in RS_LAMPORT_MAX}
+#: the Lamport all-gather (bit-exact: tagged 8-byte words, each carrying 4 data bytes).
+#: Estimates until re-measured: the -0.0 Lamport all-gather (1 byte on the wire per byte) beat
+#: one-shot in graphs at every size up to 1 MB on 2 x H200 (3.1-4.3 vs 5.0-7.5 us) and up to
+#: 4 MB on 4 x H200 (2.9-14.3 vs 5.2-16.8 us); the tagged one moves twice the bytes, so the
+#: crossovers are halved; 8 GPUs halved again from 4.
+AG_LAMPORT_MAX: dict[tuple[str, int], int] = {
+    ("peer", 2): 512 << 10,
+    ("peer", 4): 2 << 20,
+    ("peer", 8): 256 << 10,
+    ("multicast", 2): 512 << 10,
+    ("multicast", 4): 2 << 20,
+    ("multicast", 8): 256 << 10,
+}
 
 #: (backend, world size) -> largest all-reduce (bytes per rank) of a tensor outside symmetric
 #: memory for which one-shot (staging in-kernel) is chosen over push.  Measured 2026-11-23 on
@@ -136,10 +145,12 @@ def _lookup(table: dict[tuple[str, int], int], backend: str, world: int) -> int:
     return table[(backend, next((w for w in sizes if w >= world), sizes[-1]))]
 
 
-def lamport_blocks(table: dict[tuple[str, int], int], world: int, nbytes: int, backend: str) -> bool:
+def lamport_blocks(table: dict[tuple[str, int], int], world: int, nbytes: int, backend: str,
+                   block_max: int = LAMPORT_MAX_BYTES) -> bool:
     """Whether a reduce-scatter's input or an all-gather's output of ``nbytes`` takes Lamport by
-    ``table``: at most its entry, and a block (``nbytes / world``) that fits a Lamport slot."""
-    return nbytes <= min(_lookup(table, backend, world), world * LAMPORT_MAX_BYTES)
+    ``table``: at most its entry, and a block (``nbytes / world``) of at most ``block_max`` (a
+    slot; the all-gather's: :data:`~collectives.config.LAMPORT_GATHER_MAX_BYTES`)."""
+    return nbytes <= min(_lookup(table, backend, world), world * block_max)
 
 
 def all_reduce_algorithm(world: int, nbytes: int, backend: str, aligned: bool = True,
@@ -183,7 +194,7 @@ def all_gather_algorithm(world: int, nbytes: int, backend: str, aligned: bool = 
     slower) and lost badly on plain ones (926 vs 497-509 us at 256 MB: its copy-out runs on the
     quarter of the SMs it is given).  4 and 8 GPUs are not yet measured: one-shot until they are.
     Lamport up to its crossover (:data:`AG_LAMPORT_MAX`)."""
-    if lamport_blocks(AG_LAMPORT_MAX, world, nbytes, backend):
+    if lamport_blocks(AG_LAMPORT_MAX, world, nbytes, backend, LAMPORT_GATHER_MAX_BYTES):
         return "lamport"
     return "one_shot"
 

@@ -3,7 +3,7 @@
 import pytest
 
 from collectives.algorithms import tuning
-from collectives.config import LAMPORT_MAX_BYTES
+from collectives.config import LAMPORT_GATHER_MAX_BYTES, LAMPORT_MAX_BYTES
 
 
 def test_sizes_go_lamport_then_one_shot_then_two_shot_or_tma() -> None:
@@ -74,19 +74,22 @@ def test_small_reduce_scatters_go_lamport_up_to_the_table(pick, table) -> None:
     assert pick(4, 4096, "peer") == "lamport" and pick(3, 4096, "multicast_emulated") == "lamport"
 
 
-def test_auto_all_gather_stays_bit_exact() -> None:
-    """The Lamport all-gather turns -0.0 into +0.0: ``auto`` never picks it, at any size."""
-    for (backend, world) in tuning.AG_LAMPORT_MAX:
-        for nbytes in (16, 4096, 64 << 10):
-            assert tuning.all_gather_algorithm(world, nbytes, backend) == "one_shot"
+def test_auto_all_gather_takes_the_exact_lamport_up_to_its_entry_and_half_a_slot() -> None:
+    """The Lamport all-gather is bit-exact (tagged words): ``auto`` picks it up to its crossover,
+    whose blocks fit half a slot (:data:`~collectives.config.LAMPORT_GATHER_MAX_BYTES`)."""
+    for (backend, world), limit in tuning.AG_LAMPORT_MAX.items():
+        assert 0 < limit <= world * LAMPORT_GATHER_MAX_BYTES
+        for nbytes in (16, 4096, 64 << 10, limit):
+            assert tuning.all_gather_algorithm(world, nbytes, backend) == "lamport"
+        assert tuning.all_gather_algorithm(world, limit + 16, backend) == "one_shot"
 
 
 def test_lamport_blocks_read_the_table_and_the_slot(monkeypatch) -> None:
     monkeypatch.setitem(tuning.RS_LAMPORT_MAX, ("peer", 4), 0)
     assert tuning.reduce_scatter_algorithm(4, 4096, "peer") == "one_shot"
     monkeypatch.setitem(tuning.AG_LAMPORT_MAX, ("peer", 2), 1 << 40)
-    assert tuning.all_gather_algorithm(2, 2 * LAMPORT_MAX_BYTES, "peer") == "lamport"
-    assert tuning.all_gather_algorithm(2, 2 * LAMPORT_MAX_BYTES + 16, "peer") == "one_shot"
+    assert tuning.all_gather_algorithm(2, 2 * LAMPORT_GATHER_MAX_BYTES, "peer") == "lamport"
+    assert tuning.all_gather_algorithm(2, 2 * LAMPORT_GATHER_MAX_BYTES + 16, "peer") == "one_shot"
 
 
 def test_crossover_falls_with_world_size() -> None:

@@ -59,7 +59,7 @@ def tensors(comm, n: int, dtype: str, placement: str) -> tuple[torch.Tensor, tor
 @pytest.mark.parametrize("dtype", list(TORCH))
 def test_all_gather_matches_reference(comm, dtype: str, algorithm: str, placement: str) -> None:
     import collectives
-    from collectives.config import LAMPORT_MAX_BYTES
+    from collectives.config import LAMPORT_GATHER_MAX_BYTES
 
     if algorithm == "tma" and placement == "offset":
         out, inp = tensors(comm, 64, dtype, placement)
@@ -67,7 +67,7 @@ def test_all_gather_matches_reference(comm, dtype: str, algorithm: str, placemen
             collectives.all_gather(out, inp, algorithm="tma", backend="peer")
         return
     for n in ALIGNED_SIZES if algorithm == "tma" else SIZES:
-        if algorithm == "lamport" and n * TORCH[dtype].itemsize > LAMPORT_MAX_BYTES:
+        if algorithm == "lamport" and n * TORCH[dtype].itemsize > LAMPORT_GATHER_MAX_BYTES:
             continue
         out, inp = tensors(comm, n, dtype, placement)
         before = inp.view(torch.uint8).clone()
@@ -75,6 +75,60 @@ def test_all_gather_matches_reference(comm, dtype: str, algorithm: str, placemen
         collectives.synchronize()
         check(out, comm.world, n, dtype)
         assert torch.equal(inp.view(torch.uint8), before), "all_gather changed its input"
+
+
+#: Bit patterns of each element size an all-gather must carry: -0.0 (the -0.0 Lamport format's
+#: empty lane), NaNs with payloads (quiet, signalling, negative), all ones, +0.0, and the -0.0
+#: of narrower lanes.
+SPECIAL_BITS = {1: [0x80, 0x7F, 0xFF, 0xFE, 0x00, 0x01],
+                2: [0x8000, 0x7FC1, 0x7F81, 0xFFFF, 0xFFA5, 0x0000, 0x8080],
+                4: [0x80000000, 0x7FC12345, 0x7F800001, 0xFFFFFFFF, 0xFFA5A5A5, 0x80008000, 0x80808080]}
+
+
+def special_input(rank: int, n: int, dtype: str) -> torch.Tensor:
+    """Rank ``rank``'s input of ``n`` elements: every other element one of :data:`SPECIAL_BITS`."""
+    size = TORCH[dtype].itemsize
+    unsigned, signed = {1: (np.uint8, np.uint8), 2: (np.uint16, np.int16), 4: (np.uint32, np.int32)}[size]
+    bits = device_values(rank, n, dtype).cpu().view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[size])
+    bits = bits.numpy().view(unsigned).copy()
+    specials = np.array(SPECIAL_BITS[size], dtype=unsigned)
+    bits[::2] = specials[(np.arange(len(bits[::2])) + rank) % len(specials)]
+    return torch.from_numpy(bits.view(signed)).to("cuda").view(TORCH[dtype])
+
+
+@pytest.mark.parametrize("placement", ["symmetric", "plain", "offset"])
+@pytest.mark.parametrize("dtype", list(TORCH))
+def test_lamport_all_gather_delivers_every_bit(comm, dtype: str, placement: str) -> None:
+    """-0.0, NaN payloads and all-ones elements arrive bit for bit from the Lamport all-gather
+    (tagged words; the -0.0 format delivered a -0.0 as +0.0), by name and as ``auto`` picks it,
+    eagerly and replayed from a CUDA graph."""
+    import collectives
+
+    for n in (1, 7, 1000, 4096 + 3):
+        want = torch.cat([special_input(r, n, dtype).view(torch.uint8) for r in range(comm.world)])
+        for algorithm in ("lamport", "auto"):
+            out, inp = tensors(comm, n, dtype, placement)
+            inp.copy_(special_input(comm.rank, n, dtype))
+            collectives.all_gather(out, inp, algorithm=algorithm, backend="peer")
+            collectives.synchronize()
+            assert torch.equal(out.view(torch.uint8), want), (n, algorithm)
+    out, inp = tensors(comm, 1000, dtype, placement)
+    source = special_input(comm.rank, 1000, dtype)
+    stream = warmup_stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # compile and plan outside the capture
+        collectives.all_gather(out, inp, algorithm="lamport", backend="peer")
+        collectives.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with capture(graph):
+        inp.copy_(source)
+        collectives.all_gather(out, inp, algorithm="lamport", backend="peer")
+    want = torch.cat([special_input(r, 1000, dtype).view(torch.uint8) for r in range(comm.world)])
+    for _ in range(4):  # every buffer of the rotation
+        out.view(torch.uint8).fill_(0xAB)
+        graph.replay()
+        collectives.synchronize()
+        assert torch.equal(out.view(torch.uint8), want)
 
 
 def test_in_place_input_is_a_block_of_out(comm) -> None:
