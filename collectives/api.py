@@ -167,8 +167,9 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
     a symmetric ``out`` is that buffer (zero-copy), any other is copied from an internal one.
     ``algorithm``: ``"one_shot"`` (16-byte vectors, or one element at a time when the tensors
     or M are not 16-byte aligned), ``"tma"`` (bulk copies on at most a quarter of the SMs;
-    16-byte aligned tensors and block size), ``"lamport"`` (no barrier, the data its own flag: an
-    ``inp`` of at most 1 MB; a -0.0 arrives as +0.0) or ``"auto"``; ``backend`` as for all_reduce;
+    16-byte aligned tensors and block size), ``"lamport"`` (no barrier: each 4 bytes travel with
+    the call's tag in one 8-byte word, every bit exact; an ``inp`` of at most 512 KB,
+    ``config.LAMPORT_GATHER_MAX_BYTES``) or ``"auto"``; ``backend`` as for all_reduce;
     ``max_blocks`` and ``group`` as for reduce_scatter."""
     if _compiling():
         traceable(group, "all_gather")

@@ -54,8 +54,12 @@ CLEANUP_TOO_EARLY = Rule(cleanup_call=lamport_next, stale=lambda c: (c + 2) % LA
 
 
 def elements(size) -> int:
-    """The element count of a size: ``n``, or ``(collective, n)``."""
-    return size[1] if isinstance(size, tuple) else size
+    """The slot positions a size fills: ``n`` (an all-reduce's, or ``(collective, n)``), twice
+    ``n`` for an all-gather (:class:`~collectives.algorithms.lamport_blocks.GatherKernel`: 8
+    bytes of tagged words per 4 of data, in the same slots)."""
+    if not isinstance(size, tuple):
+        return size
+    return size[1] * (2 if size[0] == "all_gather" else 1)
 
 
 class Model:

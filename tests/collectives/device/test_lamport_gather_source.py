@@ -92,17 +92,28 @@ def test_mixed_with_all_reduces_and_reduce_scatters_of_the_same_buffers() -> Non
         check(World(3, calls, seed, kernels=classes, word=word(32), slot=SLOT, timeout=TIMEOUT, seed_call=LAMPORT_CALLS - 4), set())
 
 
+@pytest.mark.parametrize("bits", [32, 8])
+def test_aligned_and_unaligned_ranks_agree_on_the_words(bits: int) -> None:
+    """Ranks whose tensors differ in alignment (one loads 8 bytes at once, the other element by
+    element) exchange the same words: word ``k`` is bytes ``4k .. 4k + 3`` of the block."""
+    ranks = [gather(bits, 3, vector) for vector in (0, 1, 0)]
+    calls = [(["all_gather"] * 3, [n] * 3) for n in ALIGNED[bits] * 2]
+    check(World(3, calls, 0, kernels={"all_gather": ranks}, word=word(bits), slot=SLOT, timeout=TIMEOUT), set())
+
+
 def test_size_mismatches_then_exact_calls() -> None:
     """Call 1: rank 1 all-reduces where the others all-gather, the same count; call 3: the
-    all-gathers' sizes differ.  Both are a size mismatch on every rank; every other call, the
-    buffers reused after the clean-up, is exact."""
+    all-gathers' sizes differ; call 9: rank 2 all-gathers where the others all-reduce, with
+    vectors in a part the all-reduce leaves out.  Each is a size mismatch on every rank; every
+    other call, the buffers reused after the clean-up, is exact."""
     classes = {**kernels(), "all_gather": gather(32, 3, 1)}
     calls = [(["all_gather"] * 3, [5] * 3), (["all_gather", "all_reduce", "all_gather"], [8] * 3),
              (["all_gather"] * 3, [7] * 3), (["all_gather"] * 3, [3, 16, 3]), (["all_reduce"] * 3, [16] * 3),
              (["all_gather"] * 3, [16] * 3), (["all_gather"] * 3, [9] * 3), (["reduce_scatter"] * 3, [4] * 3),
-             (["all_gather"] * 3, [11] * 3)]
-    for seed in range(2):
-        check(World(3, calls, seed, kernels=classes, word=word(32), slot=SLOT, timeout=TIMEOUT), {1, 3})
+             (["all_gather"] * 3, [11] * 3), (["all_reduce", "all_reduce", "all_gather"], [16] * 3),
+             (["all_gather"] * 3, [16] * 3), (["all_reduce"] * 3, [16] * 3), (["all_gather"] * 3, [15] * 3)]
+    for seed in range(2):  # (call 9: the all-gather's 16 elements reach part 1, the all-reduce's part 0 only)
+        check(World(3, calls, seed, kernels=classes, word=word(32), slot=SLOT, timeout=TIMEOUT), {1, 3, 9})
 
 
 def test_the_data_as_its_own_flag_loses_a_negative_zero() -> None:
@@ -137,6 +148,10 @@ def _ptr(address):
 MUTATIONS = {
     "the tag's low bit not set": ("(entry | Uint64(1 << 32)) & Uint64", "(entry | Uint64(0)) & Uint64"),
     "any word not empty taken for this call's": ("if (slots[q][0] & high) != tag or", "if (slots[q][0] & high) == Uint64(0) or"),
+    "aligned data read 16 bytes a vector": ("lamport.load_words(data, src + v * 8,", "lamport.load_words(data, src + v * 16,"),
+    "elements packed a byte apart": ("<< (8 * self.bytes * i))", "<< (8 * i))"),
+    "a lone last word not sent": ("                    lamport.send(last, [a + at for a in addrs], data_mc, False)\n",
+                                  "                    pass\n"),
     "the words not emptied": ("                    lamport.clear(slots[q], where[q], self.bits)\n",
                               "                    pass\n"),
 }
@@ -151,8 +166,9 @@ def test_each_mutation_fails(name: str) -> None:
 
 def _mutated(edits: tuple) -> None:
     """The checks above that a mutation of the kernel should fail."""
-    for bits in (32, 8):
+    for bits in (32, 16, 8):
         exact(bits, 2, UNALIGNED[bits], 1, negative_zero(32, bits) - 3, edits, seeds=range(1))
+    exact(32, 2, ALIGNED[32], 0, 0, edits, seeds=range(1))
     classes = {**kernels(edits), "all_gather": gather(32, 3, 1, edits)}
     order = ["all_gather", "all_reduce", "all_gather", "reduce_scatter", "all_reduce", "all_gather", "all_reduce"]
     calls = [([c] * 3, [4 + 3 * (i % 3)] * 3) for i, c in enumerate(order)]

@@ -89,8 +89,10 @@ class World:
         for collective, kernel in (kernels or {"all_reduce": source.LamportKernel}).items():
             if isinstance(kernel, type):  # a Lamport kernel class (else a kernel made already)
                 kernel = kernel(KernelKey(collective, "lamport", "peer", "f32", world, threads=256))
-            self.kernels[collective] = kernel
-            self.kernels[collective].threads, self.kernels[collective].slot = THREADS, slot
+            # one for every rank, or a list of each rank's (ranks' keys may differ: alignment)
+            self.kernels[collective] = kernel if isinstance(kernel, list) else [kernel] * world
+            for each in self.kernels[collective]:
+                each.threads, each.slot = THREADS, slot
         layout = PadLayout(world=world)
         self.pads = [mem.alloc(4 * layout.words) for _ in range(world)]
         self.pad_table = mem.alloc(8 * world)
@@ -102,7 +104,7 @@ class World:
         # each element width's receive buffers (Lamport's of 32-bit elements unless a kernel's
         # ``bits`` says otherwise), filled with its -0.0, and their table, by width
         self.tables = {}
-        for bits in sorted({getattr(k, "bits", 32) for k in self.kernels.values()}, reverse=True):
+        for bits in sorted({getattr(k[0], "bits", 32) for k in self.kernels.values()}, reverse=True):
             buffers = [mem.alloc(LAMPORT_BUFFERS * world * slot) for _ in range(world)]
             empty = negative_zero(32, bits)
             for buffer in buffers:
@@ -125,7 +127,7 @@ class World:
         sim, mem = self.sim, self.sim.memory
         for c, (collectives, sizes) in enumerate(self.calls):
             collective, n = collectives[r], sizes[r]
-            kernel = self.kernels[collective]
+            kernel = self.kernels[collective][r]
             element = CARRIER[getattr(kernel, "bits", 32)]
             for i in range(n * (self.world if collective == "reduce_scatter" else 1)):
                 mem.store(self.src[r] + element.width // 8 * i, self.word(c, r, i), element)

@@ -419,7 +419,7 @@ def test_lamport_reduces_negative_zero_and_subnormals(comm, backend: str, dtype:
 def test_lamport_blocks_move_negative_zero_and_subnormals(comm, backend: str, dtype: str) -> None:
     """The Lamport reduce-scatter and all-gather on -0.0 (the empty-slot mark) and negative
     subnormals: the reduce-scatter reduces as the reference does, the all-gather delivers every
-    value (a -0.0 as +0.0, equal as floats: collectives.algorithms.lamport_blocks)."""
+    bit (a -0.0 as -0.0: the tagged words of collectives.algorithms.lamport_blocks.GatherKernel)."""
     import collectives
 
     if fp8_refused(backend, dtype):
@@ -440,6 +440,8 @@ def test_lamport_blocks_move_negative_zero_and_subnormals(comm, backend: str, dt
     want = reference.reduce_scatter(rounded, dtype)[comm.rank]
     assert np.array_equal(out.float().cpu().numpy(), want), dtype
     assert np.array_equal(gathered.float().cpu().numpy(), reference.all_gather(rounded)), dtype
+    sent = torch.cat([torch.from_numpy(x).to("cuda").to(TORCH[dtype]).view(torch.uint8) for x in inputs])
+    assert torch.equal(gathered.view(torch.uint8), sent), dtype  # bit for bit: the -0.0s too
     assert np.any((want != 0) & (np.abs(want) < info.smallest_normal)), "no subnormal result tested"
 
 
