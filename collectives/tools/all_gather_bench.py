@@ -7,7 +7,7 @@ best of 3 (``collectives.tools.bench.time_op``), eager launches and CUDA-graph r
 one row per size with each NCCL column's time (:mod:`collectives.tools.nccl_baselines`: plain
 tensors, symmetric windows, copy engines on symmetric windows, where this torch and NCCL have
 them), the fastest, and each of ours with ours / that fastest NCCL (Lamport ``-`` where the
-input exceeds its slot, :data:`~collectives.config.LAMPORT_MAX_BYTES`; the issue's targets:
+input exceeds half its slot, :data:`~collectives.config.LAMPORT_GATHER_MAX_BYTES`; the issue's targets:
 <= 0.5 at 4-64 KB in graphs, <= 1/1.10 at 16-256 MB).  Symmetric input and output (zero-copy) and plain ones (the
 output copied out of the internal buffer) are timed separately.  The records are those of
 :mod:`collectives.tools.bench` (which times the same rows,

@@ -284,10 +284,10 @@ def gather_rows(rec, nccl, dtype_name: str, nbytes: int, mode: str, iters: int) 
     """Time one all-gather row (``nbytes`` of output per rank, rounded down to whole 16-element
     blocks per rank, which every algorithm takes) into ``rec``: every NCCL column of ``nccl``
     (:class:`~collectives.tools.nccl_baselines.Baselines`), then ours on symmetric and on plain
-    tensors (Lamport where the input fits its slot, :data:`~collectives.config.LAMPORT_MAX_BYTES`);
+    tensors (Lamport where the input fits, :data:`~collectives.config.LAMPORT_GATHER_MAX_BYTES`);
     returns implementation -> us of what was timed (nothing where the size rounds to 0)."""
     import collectives
-    from collectives.config import LAMPORT_MAX_BYTES
+    from collectives.config import LAMPORT_GATHER_MAX_BYTES
     from collectives.runtime.communicator import communicator
 
     comm = communicator()
@@ -315,7 +315,7 @@ def gather_rows(rec, nccl, dtype_name: str, nbytes: int, mode: str, iters: int) 
     try:
         for suffix, out, inp in (("", sym_out, sym_in), ("_plain", plain_out, plain_in)):
             for algorithm in ALGORITHMS_ALL_GATHER:
-                if algorithm == "lamport" and n * size > LAMPORT_MAX_BYTES:  # the input exceeds its slot
+                if algorithm == "lamport" and n * size > LAMPORT_GATHER_MAX_BYTES:  # the input exceeds half a slot
                     continue
                 us[f"ours_{algorithm}{suffix}"] = rec.ours(lambda o=out, i=inp, a=algorithm: time_op(
                     lambda: collectives.all_gather(o, i, algorithm=a, backend="peer"), iters, graph),

@@ -33,7 +33,7 @@ import torch  # noqa: E402
 
 from .. import reference  # noqa: E402
 from ..algorithms import ALGORITHMS  # noqa: E402
-from ..config import LAMPORT_MAX_BYTES  # noqa: E402
+from ..config import LAMPORT_GATHER_MAX_BYTES, LAMPORT_MAX_BYTES  # noqa: E402
 from ..dtypes import DTYPES  # noqa: E402
 from ..testing import capture  # noqa: E402
 
@@ -81,7 +81,7 @@ class Soak:
         if algorithm == "tma":
             n = -(-n // 16) * 16  # TMA moves whole 16-byte tiles
         if algorithm == "lamport":
-            n = min(n, LAMPORT_MAX_BYTES // 4)
+            n = min(n, (LAMPORT_GATHER_MAX_BYTES if collective == "all_gather" else LAMPORT_MAX_BYTES) // 4)
         return collective, algorithm, backend, dtype, n, rng.random() < self.args.graph_fraction
 
     def tensors(self, collective: str, dtype: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:
