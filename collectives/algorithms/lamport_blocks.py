@@ -224,7 +224,8 @@ def build(key: KernelKey):
 
 class LamportBlocks(Lamport):
     """Reduce-scatter and all-gather without barriers (lowest latency, a block of at most
-    :data:`~collectives.config.LAMPORT_MAX_BYTES` per rank): the all-reduce's buffers, parts
+    :data:`~collectives.config.LAMPORT_MAX_BYTES` per rank, the all-gather's
+    :data:`~collectives.config.LAMPORT_GATHER_MAX_BYTES`): the all-reduce's buffers, parts
     and grid.  Input and output are read and written where they lie."""
 
     collectives = ("reduce_scatter", "all_gather")
