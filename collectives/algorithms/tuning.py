@@ -75,15 +75,18 @@ RS_LAMPORT_MAX: dict[tuple[str, int], int] = {
 
 #: (backend, world size) -> largest all-gather output (bytes per rank) for which ``auto`` picks
 #: the Lamport all-gather (bit-exact: tagged 8-byte words, each carrying 4 data bytes).
-#: Estimates until re-measured: the -0.0 Lamport all-gather (1 byte on the wire per byte) beat
-#: one-shot in graphs at every size up to 1 MB on 2 x H200 (3.1-4.3 vs 5.0-7.5 us) and up to
-#: 4 MB on 4 x H200 (2.9-14.3 vs 5.2-16.8 us); the tagged one moves twice the bytes, so the
-#: crossovers are halved; 8 GPUs halved again from 4.
+#: Measured 2026-11-28 on 2 x H200 (``torchrun --nproc-per-node 2 -m collectives.tools.bench
+#: --dtypes bf16``, docs/data/bench-2xH200.json): the tagged kernel ahead of one-shot in graphs
+#: at every size it takes, 4 KB-1 MB of output (3.0-3.5 us at 4-256 KB vs 5.0-6.2; 5.8 vs 7.5
+#: at 1 MB, eagerly 10.7 vs 10.4 there), symmetric or not.  4 and 8 GPUs are estimates until
+#: measured: the -0.0 kernel (1 byte on the wire per byte) beat one-shot up to 4 MB on 4 x
+#: H200, halved for the tagged one's doubled bytes (and its block limit,
+#: :data:`~collectives.config.LAMPORT_GATHER_MAX_BYTES`); 8 GPUs halved again from 4.
 AG_LAMPORT_MAX: dict[tuple[str, int], int] = {
-    ("peer", 2): 512 << 10,
+    ("peer", 2): 1 << 20,
     ("peer", 4): 2 << 20,
     ("peer", 8): 256 << 10,
-    ("multicast", 2): 512 << 10,
+    ("multicast", 2): 1 << 20,
     ("multicast", 4): 2 << 20,
     ("multicast", 8): 256 << 10,
 }
