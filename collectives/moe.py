@@ -60,6 +60,19 @@ if TYPE_CHECKING:
 
 #: ``exchange(out, inp, out_splits, in_splits)``: an all-to-all of rows (device int64 splits).
 Exchange = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], Any]
+
+
+def bind(exchange: Exchange, out: torch.Tensor, inp: torch.Tensor, out_splits: torch.Tensor | None,
+          in_splits: torch.Tensor | None) -> Callable[[], Any]:
+    """``exchange`` of these tensors (a plan's buffers, the same at every call of its shape) as a
+    call without arguments: ``exchange.bind``'s where it has one (the communicator's
+    all-to-all, :class:`GroupExchange`: its plan kept and launched directly), else a partial."""
+    method = getattr(exchange, "bind", None)
+    if method is None:
+        return functools.partial(exchange, out, inp, out_splits, in_splits)
+    return method(out, inp, out_splits, in_splits)
+
+
 #: ``empty(name, shape, dtype, device)``: the receive buffer ``name`` (the same shape on every
 #: rank; reused by the next call of the same shape).
 Empty = Callable[[str, tuple, torch.dtype, torch.device], torch.Tensor]
@@ -98,12 +111,13 @@ Route = Callable[[torch.Tensor, int, int, torch.Tensor], tuple]
 #: number of entries, either mode), or None for :func:`route_ids` (asked once the call's
 #: arguments are checked).
 RouteFor = Callable[[torch.dtype, int], "Route | None"]
-#: ``gather(rows, place, kept, send_splits, recv_splits, copy)``: the rows a combine sends back,
-#: ``[place.numel(), hidden]``: row ``i`` is ``rows[place[i]]`` where ``kept[i]``, else zeros,
-#: and both splits copied into ``copy`` (``[2, W]``) (:func:`gather_rows`; one kernel:
+#: ``gather(rows, place, kept, send_splits, recv_splits, copy, out)``: the rows a combine sends
+#: back into ``out`` (``[place.numel(), hidden]``, returned): row ``i`` is ``rows[place[i]]``
+#: where ``kept[i]``, else zeros, and both splits copied into ``copy`` (``[2, W]``) (:func:`gather_rows`; one kernel:
 #: :mod:`collectives.algorithms.moe_gather`, which leaves the rows past the first
 #: ``sum(recv_splits)``, those that arrived, never sent back, unwritten).
-Gather = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+Gather = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+                  torch.Tensor]
 #: ``weighted_sum(entries, slots, valid, weights, tokens, topk)``: the combine's output,
 #: ``[tokens, hidden]`` in ``entries``' dtype (allocated for ``entries.shape[0] // topk`` tokens,
 #: the most of any call of the shape, and cut to ``tokens``: see :func:`dispatch_with`): token
@@ -253,9 +267,9 @@ class DispatchPlan:
     ``scratch`` and, in low-latency mode, ``empty``) with the views and slices of them that the
     steps and all-to-alls take, so that a call of a shape seen before only launches."""
 
-    def __init__(self, world: int, x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, max_tokens: int,
-                 mode: str, empty: Empty, fp8: bool, placement_for: PlacementFor | None, pack_for: PackFor | None,
-                 scratch: Scratch, route_for: RouteFor | None) -> None:
+    def __init__(self, exchange: Exchange, world: int, x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
+                 max_tokens: int, mode: str, empty: Empty, fp8: bool, placement_for: PlacementFor | None,
+                 pack_for: PackFor | None, scratch: Scratch, route_for: RouteFor | None) -> None:
         self.tokens, self.topk = topk_ids.shape
         hidden, device = x.shape[1], x.device
         self.local = local = num_experts // world
@@ -295,6 +309,10 @@ class DispatchPlan:
         self.tallied = tallies[:, :num_experts].view(2, world, local)
         self.splits = scratch("splits", (2, world), torch.int64, device)
         self.send_splits, self.recv_splits = self.splits[0], self.splits[1]
+        # The all-to-alls of these buffers (:func:`bind`): the counts; low latency, the rows too.
+        self.send_counts = bind(exchange, self.counts_wire, self.per_expert_wire, None, None)
+        self.send_rows = None if exact else bind(exchange, self.received, self.rows_wire, self.recv_splits,
+                                                  self.send_splits)
 
 
 def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: torch.Tensor,
@@ -321,8 +339,8 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     _check(x, topk_ids, topk_weights, num_experts, world, max_tokens, mode, validate)
     key = ("dispatch", tuple(x.shape), x.dtype, tuple(topk_ids.shape), topk_ids.dtype, num_experts, max_tokens,
            mode, fp8, x.device)
-    p: DispatchPlan = plans(key, lambda: DispatchPlan(world, x, topk_ids, num_experts, max_tokens, mode, empty, fp8,
-                                                      placement_for, pack_for, scratch, route_for))
+    p: DispatchPlan = plans(key, lambda: DispatchPlan(exchange, world, x, topk_ids, num_experts, max_tokens, mode,
+                                                      empty, fp8, placement_for, pack_for, scratch, route_for))
     tokens, topk = p.tokens, p.topk
     # by expert, then (token, k): by rank too
     order, valid, bins, send_splits, slots = p.route(topk_ids, num_experts, world, p.bins)
@@ -335,7 +353,7 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
         torch.index_select(x, 0, order // topk, out=p.rows)
     # The per-expert counts, row s to rank s (their bits, as float32 pairs: the all-to-all moves
     # the library's dtypes); then the rows.
-    exchange(p.counts_wire, p.per_expert_wire, None, None)
+    p.send_counts()
     # Both all-to-alls' splits in one scratch buffer, by one sum (its place in the rows' plan key the
     # same at each call; the handle's are its own, which the next dispatch does not rewrite).
     torch.sum(p.tallied, 2, out=p.splits)
@@ -345,7 +363,9 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
         received = empty("dispatch", (_capacity(max(r for r, _ in sizes)), p.width), p.wire, x.device)
         received_rows = received.view(p.rows.dtype)
         most = _capacity(max(t for _, t in sizes) * topk)
-    exchange(received, p.rows_wire, p.recv_splits, p.send_splits)
+        exchange(received, p.rows_wire, p.recv_splits, p.send_splits)
+    else:
+        p.send_rows()
     # (dropped: the ids out of range and the rows past a capacity)
     expert_x, place, kept, expert_counts, dropped, scales, recv_splits = p.place(
         p.counts, received_rows, rows_out, p.capacity, p.exact, p.dropped_before)
@@ -429,22 +449,25 @@ def place_rows(counts: torch.Tensor, received: torch.Tensor, rows_out: int, capa
 
 
 def gather_rows(rows: torch.Tensor, place: torch.Tensor, kept: torch.Tensor, send_splits: torch.Tensor,
-                recv_splits: torch.Tensor, copy: torch.Tensor) -> torch.Tensor:
+                recv_splits: torch.Tensor, copy: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """The torch steps of a :data:`Gather` (every row made)."""
     torch.stack((send_splits, recv_splits), out=copy)
     if rows.shape[0]:
         back = rows.index_select(0, place.clamp(max=rows.shape[0] - 1))
     else:  # nothing was received: every row sent back is a zero
         back = rows.new_zeros((place.shape[0], rows.shape[1]))
-    return torch.where(kept[:, None], back, 0)
+    return torch.where(kept[:, None], back, back.new_zeros(()), out=out)
 
 
 class CombinePlan:
     """What a combine derives from its shape alone (see :func:`combine_with`'s arguments): the
     splits' scratch buffer (one, its place in the all-to-all's plan key
-    the same at each call) and the receive buffer with its slice of the entries that arrive."""
+    the same at each call) and the receive buffer with its slice of the entries that arrive;
+    in low-latency mode the rows sent back (a scratch buffer of a size the shape fixes) and
+    their all-to-all (:func:`bind`)."""
 
-    def __init__(self, expert_out: torch.Tensor, h: Handle, empty: Empty, scratch: Scratch) -> None:
+    def __init__(self, exchange: Exchange, expert_out: torch.Tensor, h: Handle, empty: Empty,
+                 scratch: Scratch) -> None:
         hidden, device = expert_out.shape[-1], expert_out.device
         if expert_out.dim() == 3:  # low latency: [L, capacity, hidden]
             most = expert_out.shape[1] // h.send_splits.numel() * h.topk  # max_tokens x topk, the same everywhere
@@ -455,6 +478,10 @@ class CombinePlan:
         # the whole buffer: its rows size the weighted sum's allocation (the most tokens of the shape)
         self.received = empty("combine", (most, hidden), expert_out.dtype, device)
         self.entries = self.received[:h.tokens * h.topk]
+        self.back = self.send_back = None
+        if expert_out.dim() == 3:
+            self.back = scratch("back", (h.place.numel(), hidden), expert_out.dtype, device)
+            self.send_back = bind(exchange, self.entries, self.back, self.send_splits, self.recv_splits)
 
 
 def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, empty: Empty = plain,
@@ -472,14 +499,20 @@ def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, e
                               f"{tuple(expert_out.shape)}")
     key = ("combine", tuple(expert_out.shape), expert_out.dtype, h.tokens, h.topk, h.most, h.send_splits.numel(),
            expert_out.device)
-    p: CombinePlan = plans(key, lambda: CombinePlan(expert_out, h, empty, scratch))
+    p: CombinePlan = plans(key, lambda: CombinePlan(exchange, expert_out, h, empty, scratch))
     hidden = expert_out.shape[-1]
-    back = (gather or gather_rows)(expert_out.reshape(-1, hidden), h.place, h.kept, h.send_splits, h.recv_splits,
-                                   p.splits)
+    back = p.back
+    if back is None:  # throughput: rows for the call's receive buffer
+        back = scratch("back", (h.place.numel(), hidden), expert_out.dtype, expert_out.device)
+    (gather or gather_rows)(expert_out.reshape(-1, hidden), h.place, h.kept, h.send_splits, h.recv_splits, p.splits,
+                            back)
     entries = p.entries
     if weighted_sum is None:  # the torch steps read every entry: the unsent ones as zeros
         entries.zero_()
-    exchange(entries, back, p.send_splits, p.recv_splits)  # in the dispatch's sorted order
+    if p.send_back is None:  # in the dispatch's sorted order
+        exchange(entries, back, p.send_splits, p.recv_splits)
+    else:
+        p.send_back()
     if weighted_sum is not None:  # (it takes an unsent entry's weight as 0)
         slots = inverse(h.order) if h.slots is None else h.slots
         # the whole buffer: its rows size the output's allocation (the most tokens of the shape)
@@ -543,7 +576,7 @@ def combine(expert_out: torch.Tensor, handle: Handle, *, group: Group = None) ->
     hidden = expert_out.shape[-1]
     fused, gather = layer.plan(("combine kernels", expert_out.dtype, hidden, handle.topk), lambda: (
         layer.launch(runtime_moe.weighted_sum, expert_out.dtype, hidden, handle.topk),
-        layer.launch(runtime_moe.gather, hidden * expert_out.element_size(), layer.scratch)))
+        layer.launch(runtime_moe.gather, hidden * expert_out.element_size())))
     return combine_with(layer.exchange, expert_out, handle, layer.empty, fused, gather, layer.scratch, layer.plan)
 
 
@@ -600,19 +633,40 @@ def _symmetric(group: Group) -> Empty:
     return lambda name, shape, dtype, device: comm.receive_buffer(name, shape, dtype, -(8 + BUFFER_NAMES.index(name)))
 
 
+class GroupExchange:
+    """``group``'s all-to-all as an :data:`Exchange` (:func:`collectives.all_to_all`), whose
+    ``bind`` keeps a call's plan for tensors used again (:class:`collectives.api.BoundAllToAll`)."""
+
+    def __init__(self, group: Group) -> None:
+        self.group = group
+
+    def __call__(self, out: torch.Tensor, inp: torch.Tensor, out_splits: torch.Tensor | None,
+                 in_splits: torch.Tensor | None) -> torch.Tensor:
+        from . import api
+
+        return api.all_to_all(out, inp, out_splits, in_splits, group=self.group)
+
+    def bind(self, out: torch.Tensor, inp: torch.Tensor, out_splits: torch.Tensor | None,
+             in_splits: torch.Tensor | None) -> Callable[[], torch.Tensor]:
+        """The all-to-all of these tensors, its plan kept (:class:`collectives.api.BoundAllToAll`)."""
+        from . import api
+
+        return api.BoundAllToAll(out, inp, out_splits, in_splits, group=self.group)
+
+
 def _layer(comm: Communicator, group: Group) -> runtime_moe.Layer:
     """``comm``'s :class:`~collectives.runtime.moe.Layer` (made at its first call, on
     ``group``'s all-to-all and receive buffers), its call opened
     (:meth:`~collectives.runtime.moe.Layer.begin`)."""
     from . import api
 
-    layer = comm.moe_layer or runtime_moe.layer(comm, lambda: (functools.partial(api.all_to_all, group=group),
-                                                               _symmetric(group)))
+    layer = comm.moe_layer or runtime_moe.layer(comm, lambda: (GroupExchange(group), _symmetric(group)))
     layer.begin()
     return layer
 
 
-__all__ = ["BUFFER_NAMES", "E4M3_MAX", "MODES", "CombinePlan", "DispatchPlan", "Empty", "Exchange", "Gather", "Handle",
-           "Pack", "PackFor", "Placement", "PlacementFor", "Plans", "Route", "RouteFor", "Scratch", "WeightedSum",
-           "combine", "combine_with", "dispatch", "dispatch_with", "fp8_row_bytes", "gather_rows", "handle_from",
-           "handle_tensors", "inverse", "pack_rows", "place_rows", "plain", "quantize", "route_ids", "unplanned"]
+__all__ = ["BUFFER_NAMES", "E4M3_MAX", "MODES", "CombinePlan", "DispatchPlan", "Empty", "Exchange", "Gather",
+           "GroupExchange", "Handle", "Pack", "PackFor", "Placement", "PlacementFor", "Plans", "Route", "RouteFor",
+           "Scratch", "WeightedSum", "bind", "combine", "combine_with", "dispatch", "dispatch_with", "fp8_row_bytes",
+           "gather_rows", "handle_from", "handle_tensors", "inverse", "pack_rows", "place_rows", "plain", "quantize",
+           "route_ids", "unplanned"]

@@ -152,24 +152,20 @@ def route(comm: Runtime, dtype: torch.dtype, experts: int):
     return run
 
 
-def gather(comm: Runtime, row_bytes: int, empty: Callable[..., torch.Tensor] | None = None):
+def gather(comm: Runtime, row_bytes: int):
     """The kernel's :data:`collectives.moe.Gather` on ``comm``'s GPU for rows of ``row_bytes``
     (moved in the widest word that divides them; its kernel loaded now) that makes only the
     first ``sum(recv_splits)`` rows (int64 on the GPU: the dispatch's, the rows the combine sends
-    back), into ``empty("back", shape, dtype, device)`` (None: a new tensor;
-    :meth:`Layer.scratch`: the one of the call before), None where :data:`FUSED` is off or the
-    rows are empty."""
+    back), None where :data:`FUSED` is off or the rows are empty."""
     if not FUSED or row_bytes <= 0:
         return None
     key = MoeGatherKey(MoePlaceKey.word_for(row_bytes))
     fn, device = comm.kernel_together(key), comm.device_index
-    empty = empty or (lambda name, shape, dtype, at: torch.empty(shape, dtype=dtype, device=at))
 
     def run(rows: torch.Tensor, place: torch.Tensor, kept: torch.Tensor, send_splits: torch.Tensor,
-            splits: torch.Tensor, copy: torch.Tensor) -> torch.Tensor:
+            splits: torch.Tensor, copy: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         rows = rows.contiguous()
         room = place.numel()
-        out = empty("back", (room, rows.shape[1]), rows.dtype, place.device)
         _aligned(key.word, rows, out)
         args = MOE_GATHER.pack(out=out.data_ptr(), rows=rows.data_ptr(), place=place.data_ptr(),
                                kept=kept.data_ptr(), room=room, splits=splits.data_ptr(), world=splits.numel(),

@@ -81,7 +81,7 @@ def launches(fused: bool, monkeypatch, fp8: bool = False, sliced: bool = False) 
     counter.count = 0
     with counter:
         moe.combine_with(counter.note, expert_out, handle, weighted_sum=weighted_sum,
-                         gather=runtime_moe.gather(comm, hidden * expert_out.element_size(), scratch),
+                         gather=runtime_moe.gather(comm, hidden * expert_out.element_size()),
                          scratch=scratch)
     return dispatch, counter.count
 
