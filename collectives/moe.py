@@ -210,7 +210,7 @@ class Handle:
     def ptrs(self, *names: str) -> list[int | None]:
         """Fields ``names``' addresses (no view made; None: neither given nor carved)."""
         given, carved = self.__dict__, self.carved
-        at = {} if carved is None else carved.carve.offsets
+        at = {} if carved is None else carved.offsets
         out: list[int | None] = []
         for n in names:
             t = given[n]
@@ -368,7 +368,7 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
                   validate: bool = False, empty: Empty = plain, fp8: bool = False,
                   placement_for: PlacementFor | None = None, pack_for: PackFor | None = None,
                   scratch: Scratch = plain, route_for: RouteFor | None = None,
-                  plans: Plans = unplanned) -> tuple[torch.Tensor, torch.Tensor, Handle]:
+                  plans: Plans = unplanned, apart: bool = False) -> tuple[torch.Tensor, torch.Tensor, Handle]:
     """:func:`dispatch` over ``exchange`` in a world of ``world`` ranks, receiving rows into
     ``empty``'s buffer; the received rows placed by ``placement_for``'s placement (None:
     :func:`place_rows`, some twenty torch operations); the rows sent made by ``pack_for``'s
@@ -376,7 +376,9 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     entries sorted and counted by ``route_for``'s :data:`Route` (None: :func:`route_ids`, some
     eight operations); the buffers used inside the call (the rows sent, the counts and splits
     of the all-to-alls) from ``scratch`` (:data:`Scratch`); all of them, with their views, in the
-    shape's :class:`DispatchPlan` from ``plans`` (:data:`Plans`).
+    shape's :class:`DispatchPlan` from ``plans`` (:data:`Plans`).  The kernels' small outputs
+    (the handle's tensors, the counts) lie in one allocation of the call, or with ``apart`` each
+    in its own (the torch operator's: its outputs must not alias each other).
 
     Every allocation above torch's small-block pool (1 MB) has a size the shape fixes (its
     bounds: ``max_tokens`` and top-k, the receive buffers' rows), never the routing: the rows
@@ -392,7 +394,7 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     tokens, topk = p.tokens, p.topk
     # by expert, then (token, k): by rank too
     # The kernels' small outputs (the handle's, the counts) in one allocation, the call's own.
-    carved = None if p.carve is None else p.carve(x.device)
+    carved = None if p.carve is None else p.carve.apart(x.device) if apart else p.carve(x.device)
     handle = Handle(None, None, topk_weights, None, None, None, None, tokens, topk, carved=carved, world=world)
     if p.routed:
         p.route(topk_ids, num_experts, world, p.bins, carved)
@@ -401,7 +403,7 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
                                                                                   p.bins)
     if p.pack is not None:  # from each entry's sent row (which the combine reads too)
         if p.routed:
-            slots = carved.base + p.carve.offsets["slots"]
+            slots = carved.base + carved.offsets["slots"]
         else:
             handle.slots = inverse(handle.order)
             slots = handle.slots.data_ptr()
@@ -615,7 +617,7 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     entries, one makes the rows sent, one places the received rows
     (:mod:`collectives.runtime.moe`; torch steps with ``COLLECTIVES_MOE_FUSED=0``).
     Returns ``(expert_x, counts, handle)``."""
-    from .runtime.communicator import communicator, traceable
+    from .runtime.communicator import traceable
 
     max_tokens = x.shape[0] if max_tokens is None else max_tokens
     if torch.compiler.is_compiling():  # the custom operator (collectives.runtime.moe), on the default communicator
@@ -627,11 +629,20 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         expert_x, counts, handle = runtime_moe.traced_dispatch(x, topk_ids, topk_weights, num_experts, max_tokens,
                                                                _world())
         return expert_x, counts, handle_from(handle, topk_weights)
+    return _dispatch(group, x, topk_ids, topk_weights, num_experts, max_tokens, mode, validate, fp8)
+
+
+def _dispatch(group: Group, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
+              max_tokens: int, mode: str = "low_latency", validate: bool = False, fp8: bool = False,
+              apart: bool = False) -> tuple[torch.Tensor, torch.Tensor, Handle]:
+    """The eager :func:`dispatch` on ``group``'s layer (``apart``: see :func:`dispatch_with`)."""
+    from .runtime.communicator import communicator
+
     comm = communicator(group)
     layer = _layer(comm, group)
     return dispatch_with(layer.exchange, comm.world, x, topk_ids, topk_weights, num_experts, max_tokens, mode,
                          validate, layer.empty, fp8, layer.placement_for, layer.pack_for, layer.scratch,
-                         layer.route_for, layer.plan)
+                         layer.route_for, layer.plan, apart)
 
 
 def combine(expert_out: torch.Tensor, handle: Handle, *, group: Group = None) -> torch.Tensor:
@@ -670,7 +681,8 @@ def handle_from(tensors: tuple[torch.Tensor, ...], topk_weights: torch.Tensor) -
 
 @torch_ops.implement("moe_dispatch")
 def _dispatch_kernel(x, topk_ids, topk_weights, num_experts, max_tokens, world):
-    expert_x, counts, handle = dispatch(x, topk_ids, topk_weights, num_experts, max_tokens=max_tokens)
+    # (each output its own allocation: a custom operator's outputs must not alias each other)
+    expert_x, counts, handle = _dispatch(None, x, topk_ids, topk_weights, num_experts, max_tokens, apart=True)
     return (expert_x, counts) + handle_tensors(handle)
 
 

@@ -65,7 +65,8 @@ class Carve:
     """Where a call's small int64 and bool tensors (the handle's, the counts) lie in one
     allocation of int64 words: ``fields``, ``(name, shape, dtype)`` each, the int64 ones first
     (8-byte aligned), each bool one from a word's start; ``carve(device)``: a call's
-    :class:`Carved` (one ``torch.empty``)."""
+    :class:`Carved` (one ``torch.empty``); ``carve.apart(device)``: each field its own
+    allocation (a torch operator's outputs, which must not alias each other)."""
 
     def __init__(self, fields: list[tuple[str, tuple[int, ...], torch.dtype]]) -> None:
         #: name: (first word, shape, dtype)
@@ -80,7 +81,13 @@ class Carve:
         self.offsets = {name: 8 * word for name, (word, _, _) in self.at.items()}
 
     def __call__(self, device: torch.device) -> Carved:
-        return Carved(self, torch.empty(self.words, dtype=torch.int64, device=device))
+        blob = torch.empty(self.words, dtype=torch.int64, device=device)
+        return Carved(self, blob, blob.data_ptr(), self.offsets)
+
+    def apart(self, device: torch.device) -> Carved:
+        """The fields in allocations of their own (its ``base`` 0, its offsets their addresses)."""
+        tensors = {name: torch.empty(shape, dtype=dtype, device=device) for name, (_, shape, dtype) in self.at.items()}
+        return Carved(self, tensors, 0, {name: t.data_ptr() for name, t in tensors.items()})
 
 
 def route_fields(entries: int, world: int) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
@@ -97,18 +104,22 @@ def place_fields(room: int, local: int, world: int) -> list[tuple[str, tuple[int
 
 
 class Carved:
-    """One call's allocation of a :class:`Carve` at ``base``: each field's address (``base +
-    carve.offsets[name]``, what the kernels take) and, where asked, its tensor (:meth:`tensor`: a view, made on demand: each
-    costs microseconds of host time on a slow GPU host).  Per call, never reused: a handle kept
-    by its caller (micro-batches) keeps its own."""
+    """One call's allocation of a :class:`Carve` (``blob``; or a tensor per field,
+    :meth:`Carve.apart`): each field's address, ``base + offsets[name]`` (what the kernels
+    take), and where asked its tensor (:meth:`tensor`: a view, made on demand: each costs
+    microseconds of host time on a slow GPU host).  Per call, never reused: a handle kept by
+    its caller (micro-batches) keeps its own."""
 
-    __slots__ = ("carve", "blob", "base")
+    __slots__ = ("carve", "blob", "base", "offsets")
 
-    def __init__(self, carve: Carve, blob: torch.Tensor) -> None:
-        self.carve, self.blob, self.base = carve, blob, blob.data_ptr()
+    def __init__(self, carve: Carve, blob: torch.Tensor | dict[str, torch.Tensor], base: int,
+                 offsets: dict[str, int]) -> None:
+        self.carve, self.blob, self.base, self.offsets = carve, blob, base, offsets
 
     def tensor(self, name: str) -> torch.Tensor:
-        """Field ``name`` as a tensor (a view of the allocation)."""
+        """Field ``name`` as a tensor (a view of the allocation, or its own)."""
+        if isinstance(self.blob, dict):
+            return self.blob[name]
         word, shape, dtype = self.carve.at[name]
         n = math.prod(shape)
         if dtype == torch.bool:
@@ -194,7 +205,7 @@ def route(comm: Runtime, dtype: torch.dtype, experts: int):
             rows = rows.contiguous()
         topk = max(rows.shape[1], 1)
         stride = rows.stride(0) if rows.shape[0] > 1 else topk
-        base, at = into.base, into.carve.offsets
+        base, at = into.base, into.offsets
         args = MOE_ROUTE.pack(ids=rows.data_ptr(), topk=topk, stride=stride, n=n, experts=num_experts,
                               local=num_experts // world, order=base + at["order"], valid=base + at["valid"],
                               bins=bins.data_ptr(), send_splits=base + at["send_splits"], slots=base + at["slots"])
@@ -273,7 +284,7 @@ def placement(comm: Runtime, local: int, row_bytes: int, exact: bool, values: in
         if alloc != rows_out + 1:
             expert_x, scales = expert_x[:rows_out + 1], None if scales is None else scales[:rows_out + 1]
         _aligned(key.word, received, expert_x)
-        base, at = into.base, into.carve.offsets
+        base, at = into.base, into.offsets
         args = MOE_PLACE.pack(counts=counts.contiguous().data_ptr(), received=received.data_ptr(),
                               expert_x=expert_x.data_ptr(), scales=0 if scales is None else scales.data_ptr(),
                               place=base + at["place"], kept=base + at["kept"],

@@ -135,10 +135,10 @@ def test_the_kernels_small_outputs_lie_in_one_allocation_per_call_where_the_hand
     ids = torch.stack([torch.randperm(experts, generator=gen)[:topk] for _ in range(tokens)])
     w = torch.rand((tokens, topk), generator=gen)
 
-    def dispatch():
+    def dispatch(apart=False):
         return moe.dispatch_with(lambda *a: None, 2, x, ids, w, experts, tokens, scratch=scratch,
                                  placement_for=layer.placement_for, pack_for=layer.pack_for,
-                                 route_for=layer.route_for, plans=layer.plan)
+                                 route_for=layer.route_for, plans=layer.plan, apart=apart)
 
     expert_x, counts, h = dispatch()
     route = dict(zip(MOE_ROUTE.index, seen[MoeRouteKey]))
@@ -166,3 +166,11 @@ def test_the_kernels_small_outputs_lie_in_one_allocation_per_call_where_the_hand
     _, _, again = dispatch()
     assert dict(zip(MOE_ROUTE.index, seen[MoeRouteKey]))["order"] != fields["order"]
     assert again.carved.blob.data_ptr() != h.carved.blob.data_ptr()
+    # apart (the torch operator's outputs, which must not alias): each its own allocation, the same wiring
+    _, counts, h = dispatch(apart=True)
+    tensors = [counts, *moe.handle_tensors(h)]
+    assert len({t.untyped_storage().data_ptr() for t in tensors}) == len(tensors)
+    route = dict(zip(MOE_ROUTE.index, seen[MoeRouteKey]))
+    place = dict(zip(MOE_PLACE.index, seen[MoePlaceKey]))
+    assert (h.order.data_ptr(), h.valid.data_ptr(), h.place.data_ptr(), counts.data_ptr()) == (
+        route["order"], route["valid"], place["place"], place["expert_counts"])
