@@ -77,7 +77,8 @@ def bind(exchange: Exchange, out: torch.Tensor, inp: torch.Tensor, out_splits: t
 Empty = Callable[[str, tuple, torch.dtype, torch.device], torch.Tensor]
 #: ``placement(counts, received, rows_out, capacity, exact, dropped_before, into)``: ``(expert_x,
 #: scales)``, and ``place, kept, expert_counts, dropped, recv_splits`` into ``into``'s fields
-#: (:class:`~collectives.runtime.moe.Carved`; :func:`place_rows`: the seven as tensors), for the received rows (``counts``:
+#: (:class:`~collectives.runtime.moe.Carved`; :func:`place_rows`: the seven as tensors), for the
+#: received rows (``counts``:
 #: ``[W, L]``, what each source sent each local expert): ``expert_x`` of ``rows_out + 1`` rows
 #: (the last: the trash row) of each row's values, each kept row at its ``place``, the dropped
 #: rows' place the trash row, the arrived rows dropped plus ``dropped_before`` (a GPU scalar: the

@@ -173,8 +173,8 @@ def pack(comm: Runtime, dtype: torch.dtype, hidden: int, fp8: bool):
     def run(x: torch.Tensor, slots: int, topk: int, out: torch.Tensor) -> None:
         x = x.contiguous()
         _aligned(key.vec * x.element_size(), x, out)
-        args = MOE_PACK.pack(rows=out.data_ptr(), x=x.data_ptr(), slots=slots, tokens=x.shape[0],
-                             topk=topk, hidden=hidden, row_bytes=out.shape[1] * out.element_size())
+        args = MOE_PACK.take(dict(rows=out.data_ptr(), x=x.data_ptr(), slots=slots, tokens=x.shape[0],
+                                  topk=topk, hidden=hidden, row_bytes=out.shape[1] * out.element_size()))
         fn(*args, key.blocks(x.shape[0]), current_stream(device))
 
     return run
@@ -206,9 +206,10 @@ def route(comm: Runtime, dtype: torch.dtype, experts: int):
         topk = max(rows.shape[1], 1)
         stride = rows.stride(0) if rows.shape[0] > 1 else topk
         base, at = into.base, into.offsets
-        args = MOE_ROUTE.pack(ids=rows.data_ptr(), topk=topk, stride=stride, n=n, experts=num_experts,
-                              local=num_experts // world, order=base + at["order"], valid=base + at["valid"],
-                              bins=bins.data_ptr(), send_splits=base + at["send_splits"], slots=base + at["slots"])
+        args = MOE_ROUTE.take(dict(ids=rows.data_ptr(), topk=topk, stride=stride, n=n, experts=num_experts,
+                                   local=num_experts // world, order=base + at["order"], valid=base + at["valid"],
+                                   bins=bins.data_ptr(), send_splits=base + at["send_splits"],
+                                   slots=base + at["slots"]))
         fn(*args, 1, current_stream(device))
 
     return run
@@ -229,9 +230,9 @@ def gather(comm: Runtime, row_bytes: int):
         rows = rows.contiguous()
         room = out.shape[0]
         _aligned(key.word, rows, out)
-        args = MOE_GATHER.pack(out=out.data_ptr(), rows=rows.data_ptr(), place=place, kept=kept, room=room,
-                               splits=splits, world=copy.shape[1], send_splits=send_splits, copy=copy.data_ptr(),
-                               row_words=row_bytes // key.word)
+        args = MOE_GATHER.take(dict(out=out.data_ptr(), rows=rows.data_ptr(), place=place, kept=kept, room=room,
+                                    splits=splits, world=copy.shape[1], send_splits=send_splits, copy=copy.data_ptr(),
+                                    row_words=row_bytes // key.word))
         fn(*args, key.blocks(room), current_stream(device))
         return out
 
@@ -256,8 +257,8 @@ def weighted_sum(comm: Runtime, dtype: torch.dtype, hidden: int, topk: int):
         _aligned(step, entries, out)
         if weights.dtype != torch.float32 or not weights.is_contiguous():
             weights = weights.float().contiguous()
-        args = MOE_COMBINE.pack(out=out.data_ptr(), entries=entries.data_ptr(), slots=slots, valid=valid,
-                                weights=weights.data_ptr(), tokens=tokens, hidden=hidden)
+        args = MOE_COMBINE.take(dict(out=out.data_ptr(), entries=entries.data_ptr(), slots=slots, valid=valid,
+                                     weights=weights.data_ptr(), tokens=tokens, hidden=hidden))
         fn(*args, key.blocks(tokens, hidden), current_stream(device))
         return out
 
@@ -285,13 +286,13 @@ def placement(comm: Runtime, local: int, row_bytes: int, exact: bool, values: in
             expert_x, scales = expert_x[:rows_out + 1], None if scales is None else scales[:rows_out + 1]
         _aligned(key.word, received, expert_x)
         base, at = into.base, into.offsets
-        args = MOE_PLACE.pack(counts=counts.contiguous().data_ptr(), received=received.data_ptr(),
-                              expert_x=expert_x.data_ptr(), scales=0 if scales is None else scales.data_ptr(),
-                              place=base + at["place"], kept=base + at["kept"],
-                              expert_counts=base + at["expert_counts"], lost=base + at["dropped"],
-                              dropped_before=dropped_before.data_ptr(), recv_splits=base + at["recv_splits"],
-                              room=room, capacity=capacity,
-                              row_words=row_bytes // key.word, out_words=out_bytes // key.word)
+        args = MOE_PLACE.take(dict(counts=counts.contiguous().data_ptr(), received=received.data_ptr(),
+                                   expert_x=expert_x.data_ptr(), scales=0 if scales is None else scales.data_ptr(),
+                                   place=base + at["place"], kept=base + at["kept"],
+                                   expert_counts=base + at["expert_counts"], lost=base + at["dropped"],
+                                   dropped_before=dropped_before.data_ptr(), recv_splits=base + at["recv_splits"],
+                                   room=room, capacity=capacity,
+                                   row_words=row_bytes // key.word, out_words=out_bytes // key.word))
         fn(*args, key.blocks(room), current_stream(device))
         return expert_x, scales
 
