@@ -69,7 +69,7 @@ class Carve:
     allocation (a torch operator's outputs, which must not alias each other)."""
 
     def __init__(self, fields: list[tuple[str, tuple[int, ...], torch.dtype]]) -> None:
-        #: name: (first word, shape, dtype)
+        #: Each field's first word, shape and dtype, by name.
         self.at: dict[str, tuple[int, tuple[int, ...], torch.dtype]] = {}
         words = 0
         for name, shape, dtype in sorted(fields, key=lambda f: f[2] == torch.bool):
@@ -77,7 +77,7 @@ class Carve:
             n = math.prod(shape)
             words += n if dtype == torch.int64 else -(-n // 8)
         self.words = max(words, 1)
-        #: name: its byte offset
+        #: Each field's byte offset, by name.
         self.offsets = {name: 8 * word for name, (word, _, _) in self.at.items()}
 
     def __call__(self, device: torch.device) -> Carved:
