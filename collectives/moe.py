@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .config import E4M3_MAX
-from .runtime import moe as runtime_moe, torch_ops
+from .runtime import communicator as comms, moe as runtime_moe, torch_ops
 from .errors import CollectiveError
 from .runtime.moe import COMBINE_FIELDS, HANDLE_FIELDS
 
@@ -618,11 +618,9 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     entries, one makes the rows sent, one places the received rows
     (:mod:`collectives.runtime.moe`; torch steps with ``COLLECTIVES_MOE_FUSED=0``).
     Returns ``(expert_x, counts, handle)``."""
-    from .runtime.communicator import traceable
-
     max_tokens = x.shape[0] if max_tokens is None else max_tokens
     if torch.compiler.is_compiling():  # the custom operator (collectives.runtime.moe), on the default communicator
-        traceable(group, "moe.dispatch")
+        comms.traceable(group, "moe.dispatch")
         if validate or fp8 or mode != "low_latency":
             raise CollectiveError("moe.dispatch inside torch.compile: mode must be 'low_latency' (throughput mode "
                                   "reads sizes back to the host), without validate (it reads the ids back) and "
@@ -637,9 +635,7 @@ def _dispatch(group: Group, x: torch.Tensor, topk_ids: torch.Tensor, topk_weight
               max_tokens: int, mode: str = "low_latency", validate: bool = False, fp8: bool = False,
               apart: bool = False) -> tuple[torch.Tensor, torch.Tensor, Handle]:
     """The eager :func:`dispatch` on ``group``'s layer (``apart``: see :func:`dispatch_with`)."""
-    from .runtime.communicator import communicator
-
-    comm = communicator(group)
+    comm = comms.communicator(group)
     layer = _layer(comm, group)
     return dispatch_with(layer.exchange, comm.world, x, topk_ids, topk_weights, num_experts, max_tokens, mode,
                          validate, layer.empty, fp8, layer.placement_for, layer.pack_for, layer.scratch,
@@ -654,13 +650,9 @@ def combine(expert_out: torch.Tensor, handle: Handle, *, group: Group = None) ->
     16 (:mod:`collectives.runtime.moe`; torch steps with ``COLLECTIVES_MOE_FUSED=0`` and
     for other rows)."""
     if torch.compiler.is_compiling():
-        from .runtime.communicator import traceable
-
-        traceable(group, "moe.combine")
+        comms.traceable(group, "moe.combine")
         return runtime_moe.traced_combine(expert_out, handle.weights, handle_tensors(handle, COMBINE_FIELDS))
-    from .runtime.communicator import communicator
-
-    layer = _layer(communicator(group), group)
+    layer = _layer(comms.communicator(group), group)
     hidden = expert_out.shape[-1]
     fused, gather = layer.plan(("combine kernels", expert_out.dtype, hidden, handle.topk), lambda: (
         layer.launch(runtime_moe.weighted_sum, expert_out.dtype, hidden, handle.topk),
@@ -747,8 +739,6 @@ def _layer(comm: Communicator, group: Group) -> runtime_moe.Layer:
     """``comm``'s :class:`~collectives.runtime.moe.Layer` (made at its first call, on
     ``group``'s all-to-all and receive buffers), its call opened
     (:meth:`~collectives.runtime.moe.Layer.begin`)."""
-    from . import api
-
     layer = comm.moe_layer or runtime_moe.layer(comm, lambda: (GroupExchange(group), _symmetric(group)))
     layer.begin()
     return layer

@@ -235,8 +235,9 @@ def test_a_symmetric_tensors_plan_is_never_moved(monkeypatch, collective: str) -
 #: each plan kept its all-to-alls' plans and launched them directly (:class:`collectives.api.BoundAllToAll`)
 #: (then 24 and 18; the kernels' small outputs in one allocation: its fields' addresses and the
 #: dispatch's eager body shared with the torch operator's, 4 more and 1; then the kernels'
-#: arguments by a C getter, :meth:`collectives.layouts.Layout.take`: 3 and 2 fewer).
-MOE_CEILING = {"moe.dispatch": 25, "moe.combine": 17}
+#: arguments by a C getter, :meth:`collectives.layouts.Layout.take`: 3 and 2 fewer; the function-level
+#: imports gone, and every function counted, collectives.moe's and runtime.moe's of one name apart).
+MOE_CEILING = {"moe.dispatch": 26, "moe.combine": 17}
 #: Torch operators that launch GPU work in them (the dispatch: both all-to-alls' splits summed
 #: into one scratch buffer; the combine: none, its gather kernel copies the splits).  Before
 #: (to 2026-11-27) the dispatch's were 10: the id mapping, the mask, the sort, the counts, the
@@ -269,7 +270,8 @@ def test_an_moe_call_like_the_one_before_prepares_nothing_again(call: str) -> No
     mine = {(path.rsplit("/", 1)[-1].removesuffix(".py"), name): n for (path, name), n in seen.items()
             if "/collectives/" in path}
     assert not MOE_FIRST & set(mine), f"{call} prepared again: {sorted(MOE_FIRST & set(mine))}"
-    assert sum(mine.values()) <= MOE_CEILING[call], f"{call}: {sorted(mine.items())}"
+    calls = sum(n for (path, _), n in seen.items() if "/collectives/" in path)  # (mine merges moe's and runtime.moe's)
+    assert calls <= MOE_CEILING[call], f"{call}: {calls}, {sorted(mine.items())}"
     assert launches <= MOE_TORCH_CEILING[call], launches
     assert sum(ops.values()) <= MOE_TORCH_OPS_CEILING[call], f"{call}: {dict(ops)}"
 
