@@ -238,6 +238,48 @@ def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits
     return out
 
 
+class BoundAllToAll:
+    """:func:`all_to_all` of fixed tensors, called again and again (the MoE layer's exchanges
+    between its scratch and receive buffers, :mod:`collectives.moe`): ``bound()`` runs the
+    call.  The first goes through :func:`all_to_all` (checked and planned there), and its plan
+    is kept; later calls launch that plan directly, no key made, while it holds: the
+    context's generation unchanged (no symmetric allocation made or freed since: the plan's
+    key holds it) and the memory of its adopted buffers alive (:attr:`Plan.alive`); else the
+    call goes through :func:`all_to_all` again and its plan is taken anew.  As there, each call
+    first polls the communicator's error record, launches after the communicator's last
+    collective (:meth:`~collectives.algorithms.plan.Plan.run`; pinning its split tensors
+    under CUDA-graph capture) and closes where an error is deferred.  The tensors must not
+    change place or size (they are held here); ``group`` as for :func:`all_to_all`."""
+
+    __slots__ = ("args", "group", "comm", "plan", "generation")
+
+    def __init__(self, out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits = None,
+                 in_splits: exchange.Splits = None, *, group: Group = None) -> None:
+        self.args, self.group = (out, inp, out_splits, in_splits), group
+        self.comm = communicator(group)
+        self.plan: Any = None
+        self.generation = -1
+
+    def __call__(self) -> torch.Tensor:
+        comm, plan = self.comm, self.plan
+        if plan is None or comm.ctx.generation != self.generation or (plan.alive and plan.expired()):
+            return self._through_api()
+        comm.errors.poll()
+        plan.run(_capturing())
+        if comm.errors.deferred is not None:
+            comm.errors.finish()
+        return self.args[0]
+
+    def _through_api(self) -> torch.Tensor:
+        """The call through :func:`all_to_all`, then its plan kept (None where it has none)."""
+        comm, (out, inp, out_splits, in_splits) = self.comm, self.args
+        self.plan = None
+        all_to_all(out, inp, out_splits, in_splits, group=self.group)
+        self.plan = comm.plans.hit(exchange.plan_key(comm, out, inp, out_splits, in_splits))
+        self.generation = comm.ctx.generation
+        return out
+
+
 # -- the one call skeleton's miss path (the plan hit is inline in each collective: _replan says how) --------
 
 

@@ -51,6 +51,8 @@ mismatch never costs a timeout.  Pairs whose sizes agree complete on both ends.
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -385,6 +387,14 @@ class Layout:
             raise TypeError(f"{self.name}: missing {sorted(set(self.index) - set(values))}, "
                             f"unknown {sorted(set(values) - set(self.index))}")
         return tuple(map(values.__getitem__, self.names))
+
+    @cached_property
+    def take(self) -> Callable[[dict[str, int]], tuple[int, ...]]:
+        """:meth:`pack` of a dictionary, without a Python frame (a C getter: the MoE kernels'
+        launches, at every call): a missing argument raises KeyError; a name not in the layout
+        is not looked for."""
+        names = self.names
+        return operator.itemgetter(*names) if len(names) > 1 else lambda values: (values[names[0]],)
 
     def renamed(self, name: str, **replacements: Arg) -> Layout:
         """This layout with the arguments named in ``replacements`` replaced (same types)."""

@@ -45,13 +45,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .config import E4M3_MAX
-from .runtime import moe as runtime_moe, torch_ops
+from .runtime import communicator as comms, moe as runtime_moe, torch_ops
 from .errors import CollectiveError
 from .runtime.moe import COMBINE_FIELDS, HANDLE_FIELDS
 
@@ -60,32 +59,49 @@ if TYPE_CHECKING:
 
 #: ``exchange(out, inp, out_splits, in_splits)``: an all-to-all of rows (device int64 splits).
 Exchange = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], Any]
+
+
+def bind(exchange: Exchange, out: torch.Tensor, inp: torch.Tensor, out_splits: torch.Tensor | None,
+          in_splits: torch.Tensor | None) -> Callable[[], Any]:
+    """``exchange`` of these tensors (a plan's buffers, the same at every call of its shape) as a
+    call without arguments: ``exchange.bind``'s where it has one (the communicator's
+    all-to-all, :class:`GroupExchange`: its plan kept and launched directly), else a partial."""
+    method = getattr(exchange, "bind", None)
+    if method is None:
+        return functools.partial(exchange, out, inp, out_splits, in_splits)
+    return method(out, inp, out_splits, in_splits)
+
+
 #: ``empty(name, shape, dtype, device)``: the receive buffer ``name`` (the same shape on every
 #: rank; reused by the next call of the same shape).
 Empty = Callable[[str, tuple, torch.dtype, torch.device], torch.Tensor]
-#: ``placement(counts, received, rows_out, capacity, exact, dropped_before)``: ``(expert_x, place,
-#: kept, expert_counts, dropped, scales, recv_splits)`` for the received rows (``counts``:
+#: ``placement(counts, received, rows_out, capacity, exact, dropped_before, into)``: ``(expert_x,
+#: scales)``, and ``place, kept, expert_counts, dropped, recv_splits`` into ``into``'s fields
+#: (:class:`~collectives.runtime.moe.Carved`; :func:`place_rows`: the seven as tensors), for the
+#: received rows (``counts``:
 #: ``[W, L]``, what each source sent each local expert): ``expert_x`` of ``rows_out + 1`` rows
 #: (the last: the trash row) of each row's values, each kept row at its ``place``, the dropped
 #: rows' place the trash row, the arrived rows dropped plus ``dropped_before`` (a GPU scalar: the
 #: entries dropped before the exchange; ``dropped``, a GPU scalar); with fp8 rows, their scales
 #: (f32, ``rows_out + 1``; else None); the rows each source sent (``counts``' sums); see
 #: :mod:`collectives.algorithms.moe_place`.
-Placement = Callable[[torch.Tensor, torch.Tensor, int, int, bool, torch.Tensor], tuple]
+Placement = Callable[[torch.Tensor, torch.Tensor, int, int, bool, torch.Tensor, Any], tuple]
 #: ``placement_for(local, row_bytes, exact, values)``: the :data:`Placement` of a dispatch to
 #: ``local`` experts per rank whose rows travel as ``row_bytes`` bytes, the first ``values`` of
 #: them its values (fewer than ``row_bytes``: fp8, the scale's 4 bytes next), or None for
 #: :func:`place_rows` (asked once the call's arguments are checked, before its first all-to-all).
 PlacementFor = Callable[[int, int, bool, int], "Placement | None"]
-#: ``pack(x, slots, topk, out)``: the rows a dispatch sends into ``out`` (``[slots.numel(), ...]``):
-#: row ``slots[t * topk + k]`` token ``t`` of ``x`` (``slots``: :func:`inverse` of the entries'
-#: sort), with fp8 quantized (:func:`quantize`; uint8 rows: the values, the scale's 4 bytes,
+#: ``pack(x, slots, topk, out)``: the rows a dispatch sends into ``out`` (``[tokens * topk, ...]``):
+#: row ``slots[t * topk + k]`` token ``t`` of ``x`` (``slots``: the address of :func:`inverse` of the entries'
+#: sort, int64), with fp8 quantized (:func:`quantize`; uint8 rows: the values, the scale's 4 bytes,
 #: zeros: :func:`pack_rows`); one kernel: :mod:`collectives.algorithms.moe_pack`.
-Pack = Callable[[torch.Tensor, torch.Tensor, int, torch.Tensor], None]
+Pack = Callable[[torch.Tensor, int, int, torch.Tensor], None]
 #: ``pack_for(dtype, hidden, fp8)``: the :data:`Pack` of a dispatch of ``hidden`` values of
 #: ``dtype`` per token, or None for torch steps (asked once the call's arguments are checked).
 PackFor = Callable[[torch.dtype, int, bool], "Pack | None"]
-#: ``route(ids, num_experts, world, bins)``: ``(order, valid, bins, send_splits, slots)`` of the
+#: ``route(ids, num_experts, world, bins, into)``: ``order, valid, send_splits, slots`` into
+#: ``into``'s fields (:class:`~collectives.runtime.moe.Carved`; :func:`route_ids`: ``(order,
+#: valid, bins, send_splits, slots)`` as tensors) and ``bins``, of the
 #: expert ids ``[tokens, k]`` of a dispatch's ``(token, k)`` entries, flattened in that order (int32
 #: or int64, any strides: the kernel reads sliced ids where they lie; an id out of
 #: ``0..num_experts-1`` counts in a bin past the last expert's, ``bins[num_experts]``): the
@@ -93,17 +109,18 @@ PackFor = Callable[[torch.dtype, int, bool], "Pack | None"]
 #: out-of-range ones (into ``bins``, int64[num_experts + 1]); the entries of each rank's experts;
 #: the sort's :func:`inverse` (None: not made) (:func:`route_ids`; one kernel:
 #: :mod:`collectives.algorithms.moe_route`).
-Route = Callable[[torch.Tensor, int, int, torch.Tensor], tuple]
+Route = Callable[[torch.Tensor, int, int, torch.Tensor, Any], None]
 #: ``route_for(dtype, num_experts)``: the :data:`Route` of a dispatch of ids of ``dtype`` (any
 #: number of entries, either mode), or None for :func:`route_ids` (asked once the call's
 #: arguments are checked).
 RouteFor = Callable[[torch.dtype, int], "Route | None"]
-#: ``gather(rows, place, kept, send_splits, recv_splits, copy)``: the rows a combine sends back,
-#: ``[place.numel(), hidden]``: row ``i`` is ``rows[place[i]]`` where ``kept[i]``, else zeros,
-#: and both splits copied into ``copy`` (``[2, W]``) (:func:`gather_rows`; one kernel:
+#: ``gather(rows, place, kept, send_splits, recv_splits, copy, out)``: the rows a combine sends
+#: back into ``out`` (``[room, hidden]``, returned): row ``i`` is ``rows[place[i]]`` where
+#: ``kept[i]``, else zeros, and both splits copied into ``copy`` (``[2, W]``) (the handle's
+#: fields by address; :func:`gather_rows`: as tensors; one kernel:
 #: :mod:`collectives.algorithms.moe_gather`, which leaves the rows past the first
 #: ``sum(recv_splits)``, those that arrived, never sent back, unwritten).
-Gather = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+Gather = Callable[[torch.Tensor, int, int, int, int, torch.Tensor, torch.Tensor], torch.Tensor]
 #: ``weighted_sum(entries, slots, valid, weights, tokens, topk)``: the combine's output,
 #: ``[tokens, hidden]`` in ``entries``' dtype (allocated for ``entries.shape[0] // topk`` tokens,
 #: the most of any call of the shape, and cut to ``tokens``: see :func:`dispatch_with`): token
@@ -111,7 +128,7 @@ Gather = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch
 #: (f32 weights; both taken as zeros where not ``valid``), each product and sum rounded to f32
 #: (an entry that is not ``valid`` was not sent, and counts as zeros whatever its row holds),
 #: rounded once to the dtype (:mod:`collectives.algorithms.moe_combine`'s kernel).
-WeightedSum = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int], torch.Tensor]
+WeightedSum = Callable[[torch.Tensor, int, int, torch.Tensor, int, int], torch.Tensor]
 
 
 #: ``scratch(name, shape, dtype, device, fill=None)``: a buffer the call uses inside itself only
@@ -132,7 +149,27 @@ def plain(name: str, shape: tuple, dtype: torch.dtype, device: torch.device, fil
 MODES = ("low_latency", "throughput")
 
 
-@dataclass
+class _Carved:
+    """A :class:`Handle` field that its dispatch's kernels may have written into the call's one
+    allocation (:class:`~collectives.runtime.moe.Carved`): the tensor given, else a view of the
+    allocation made at the first read (views cost microseconds of host time on a slow GPU host;
+    the combine's kernels take the addresses: :meth:`Handle.ptr`)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, h: Handle | None, owner: type | None = None) -> Any:
+        if h is None:
+            return self
+        t = h.__dict__.get(self.name)
+        if t is None and h.carved is not None and self.name in h.carved.carve.at:
+            t = h.__dict__[self.name] = h.carved.tensor(self.name)
+        return t
+
+    def __set__(self, h: Handle, value: torch.Tensor | None) -> None:
+        h.__dict__[self.name] = value
+
+
 class Handle:
     """What :func:`combine` needs of a :func:`dispatch`: the entries' sort by expert
     (``order``), which entries were sent (``valid``), their weights, both sides' splits, each
@@ -140,28 +177,46 @@ class Handle:
     shapes, and the count of dropped entries (``dropped``, a GPU scalar; a combine needs
     none of it); with fp8, ``scales`` ``[L, W * max_tokens]`` (f32: a row's values are
     ``expert_x * scale``); in throughput mode, ``most``: the rows of the combine's receive
-    buffer."""
+    buffer; ``slots``: each entry's row among the rows sent (``slots[order[i]] = i``) where the
+    dispatch's kernels made it (the routing's, or for the packing's), else None (the combine
+    computes it); ``shape`` and ``dtype``: the ``expert_out`` :func:`combine` takes, the shape
+    of the dispatch's ``expert_x`` and the dtype of its ``x`` (None: unchecked, a handle
+    rebuilt from a traced graph's tensors).  The tensors the kernels wrote lie in the call's
+    one allocation ``carved`` (its own: a handle kept for a later combine stays valid), each
+    made a tensor where read."""
 
-    order: torch.Tensor
-    valid: torch.Tensor
-    weights: torch.Tensor
-    send_splits: torch.Tensor
-    recv_splits: torch.Tensor
-    place: torch.Tensor
-    kept: torch.Tensor
-    tokens: int
-    topk: int
-    dropped: torch.Tensor | None = None
-    scales: torch.Tensor | None = None
-    #: Throughput mode: rows of every rank's combine receive buffer (the same on every rank).
-    most: int = 0
-    #: Each entry's row among the rows sent (``slots[order[i]] = i``) where the dispatch's kernels
-    #: made it (the routing's, or for the packing's), else None (the combine computes it).
-    slots: torch.Tensor | None = None
-    #: The ``expert_out`` :func:`combine` takes: the shape of the dispatch's ``expert_x`` and the
-    #: dtype of its ``x`` (None: unchecked, a handle rebuilt from a traced graph's tensors).
-    shape: tuple | None = None
-    dtype: torch.dtype | None = None
+    order = _Carved()
+    valid = _Carved()
+    send_splits = _Carved()
+    recv_splits = _Carved()
+    place = _Carved()
+    kept = _Carved()
+    dropped = _Carved()
+    slots = _Carved()
+
+    def __init__(self, order: torch.Tensor | None, valid: torch.Tensor | None, weights: torch.Tensor,
+                 send_splits: torch.Tensor | None, recv_splits: torch.Tensor | None, place: torch.Tensor | None,
+                 kept: torch.Tensor | None, tokens: int, topk: int, dropped: torch.Tensor | None = None,
+                 scales: torch.Tensor | None = None, most: int = 0, slots: torch.Tensor | None = None,
+                 shape: tuple | None = None, dtype: torch.dtype | None = None, carved: Any = None,
+                 world: int | None = None) -> None:
+        # (into the instance's dictionary: the fields' _Carved read it, no setter called)
+        self.__dict__.update(order=order, valid=valid, send_splits=send_splits, recv_splits=recv_splits, place=place,
+                             kept=kept, dropped=dropped, slots=slots)
+        self.carved, self.weights, self.tokens, self.topk, self.scales = carved, weights, tokens, topk, scales
+        self.most, self.shape, self.dtype = most, shape, dtype
+        #: The ranks (the splits' entries).
+        self.world = send_splits.numel() if world is None else world
+
+    def ptrs(self, *names: str) -> list[int | None]:
+        """Fields ``names``' addresses (no view made; None: neither given nor carved)."""
+        given, carved = self.__dict__, self.carved
+        at = {} if carved is None else carved.offsets
+        out: list[int | None] = []
+        for n in names:
+            t = given[n]
+            out.append(t.data_ptr() if t is not None else carved.base + at[n] if n in at else None)
+        return out
 
 
 def _scatter_count(index: torch.Tensor, out: torch.Tensor, scratch: Scratch, most: int) -> torch.Tensor:
@@ -253,9 +308,9 @@ class DispatchPlan:
     ``scratch`` and, in low-latency mode, ``empty``) with the views and slices of them that the
     steps and all-to-alls take, so that a call of a shape seen before only launches."""
 
-    def __init__(self, world: int, x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, max_tokens: int,
-                 mode: str, empty: Empty, fp8: bool, placement_for: PlacementFor | None, pack_for: PackFor | None,
-                 scratch: Scratch, route_for: RouteFor | None) -> None:
+    def __init__(self, exchange: Exchange, world: int, x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
+                 max_tokens: int, mode: str, empty: Empty, fp8: bool, placement_for: PlacementFor | None,
+                 pack_for: PackFor | None, scratch: Scratch, route_for: RouteFor | None) -> None:
         self.tokens, self.topk = topk_ids.shape
         hidden, device = x.shape[1], x.device
         self.local = local = num_experts // world
@@ -263,6 +318,7 @@ class DispatchPlan:
         bound = _capacity(max_tokens * self.topk)  # rows sent at most: the allocation's size, whatever the routing
         self.exact = exact = mode == "throughput"
         route = route_for(topk_ids.dtype, num_experts) if route_for else None
+        self.routed = route is not None
         self.route = route or functools.partial(route_ids, scratch=scratch, most=bound)
         tallies = _tallies(scratch, num_experts + 1, device)
         self.bins, self.dropped_before = tallies[0], tallies[0, num_experts]
@@ -276,6 +332,7 @@ class DispatchPlan:
         row_bytes = self.width * self.rows.element_size()
         values = hidden if fp8 else row_bytes  # the bytes of a row placed in expert_x
         placement = placement_for(local, row_bytes, exact, values) if placement_for else None
+        self.placed = placement is not None
         self.place = placement or functools.partial(place_rows, values=values)
         # Low latency: the rows a rank can receive, the same on every rank, asked for before any
         # launch, so that a shape's first call (its buffer allocated collectively) refuses ranks
@@ -295,6 +352,16 @@ class DispatchPlan:
         self.tallied = tallies[:, :num_experts].view(2, world, local)
         self.splits = scratch("splits", (2, world), torch.int64, device)
         self.send_splits, self.recv_splits = self.splits[0], self.splits[1]
+        # The fields of the kernels' small outputs in a call's one allocation (throughput: the
+        # placement's apart, for the call's rows received).
+        fields = runtime_moe.route_fields(self.tokens * self.topk, world) if self.routed else []
+        if self.placed and not exact:
+            fields += runtime_moe.place_fields(self.received.shape[0], local, world)
+        self.carve = runtime_moe.Carve(fields) if fields else None
+        # The all-to-alls of these buffers (:func:`bind`): the counts; low latency, the rows too.
+        self.send_counts = bind(exchange, self.counts_wire, self.per_expert_wire, None, None)
+        self.send_rows = None if exact else bind(exchange, self.received, self.rows_wire, self.recv_splits,
+                                                  self.send_splits)
 
 
 def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: torch.Tensor,
@@ -302,7 +369,7 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
                   validate: bool = False, empty: Empty = plain, fp8: bool = False,
                   placement_for: PlacementFor | None = None, pack_for: PackFor | None = None,
                   scratch: Scratch = plain, route_for: RouteFor | None = None,
-                  plans: Plans = unplanned) -> tuple[torch.Tensor, torch.Tensor, Handle]:
+                  plans: Plans = unplanned, apart: bool = False) -> tuple[torch.Tensor, torch.Tensor, Handle]:
     """:func:`dispatch` over ``exchange`` in a world of ``world`` ranks, receiving rows into
     ``empty``'s buffer; the received rows placed by ``placement_for``'s placement (None:
     :func:`place_rows`, some twenty torch operations); the rows sent made by ``pack_for``'s
@@ -310,7 +377,9 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     entries sorted and counted by ``route_for``'s :data:`Route` (None: :func:`route_ids`, some
     eight operations); the buffers used inside the call (the rows sent, the counts and splits
     of the all-to-alls) from ``scratch`` (:data:`Scratch`); all of them, with their views, in the
-    shape's :class:`DispatchPlan` from ``plans`` (:data:`Plans`).
+    shape's :class:`DispatchPlan` from ``plans`` (:data:`Plans`).  The kernels' small outputs
+    (the handle's tensors, the counts) lie in one allocation of the call, or with ``apart`` each
+    in its own (the torch operator's: its outputs must not alias each other).
 
     Every allocation above torch's small-block pool (1 MB) has a size the shape fixes (its
     bounds: ``max_tokens`` and top-k, the receive buffers' rows), never the routing: the rows
@@ -321,21 +390,32 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     _check(x, topk_ids, topk_weights, num_experts, world, max_tokens, mode, validate)
     key = ("dispatch", tuple(x.shape), x.dtype, tuple(topk_ids.shape), topk_ids.dtype, num_experts, max_tokens,
            mode, fp8, x.device)
-    p: DispatchPlan = plans(key, lambda: DispatchPlan(world, x, topk_ids, num_experts, max_tokens, mode, empty, fp8,
-                                                      placement_for, pack_for, scratch, route_for))
+    p: DispatchPlan = plans(key, lambda: DispatchPlan(exchange, world, x, topk_ids, num_experts, max_tokens, mode,
+                                                      empty, fp8, placement_for, pack_for, scratch, route_for))
     tokens, topk = p.tokens, p.topk
     # by expert, then (token, k): by rank too
-    order, valid, bins, send_splits, slots = p.route(topk_ids, num_experts, world, p.bins)
+    # The kernels' small outputs (the handle's, the counts) in one allocation, the call's own.
+    carved = None if p.carve is None else p.carve.apart(x.device) if apart else p.carve(x.device)
+    handle = Handle(None, None, topk_weights, None, None, None, None, tokens, topk, carved=carved, world=world)
+    if p.routed:
+        p.route(topk_ids, num_experts, world, p.bins, carved)
+    else:
+        handle.order, handle.valid, _, handle.send_splits, handle.slots = p.route(topk_ids, num_experts, world,
+                                                                                  p.bins)
     if p.pack is not None:  # from each entry's sent row (which the combine reads too)
-        slots = inverse(order) if slots is None else slots
+        if p.routed:
+            slots = carved.base + carved.offsets["slots"]
+        else:
+            handle.slots = inverse(handle.order)
+            slots = handle.slots.data_ptr()
         p.pack(x, slots, topk, p.rows)
     elif fp8:
-        pack_rows(x, order, topk, p.rows)
+        pack_rows(x, handle.order, topk, p.rows)
     else:
-        torch.index_select(x, 0, order // topk, out=p.rows)
+        torch.index_select(x, 0, handle.order // topk, out=p.rows)
     # The per-expert counts, row s to rank s (their bits, as float32 pairs: the all-to-all moves
     # the library's dtypes); then the rows.
-    exchange(p.counts_wire, p.per_expert_wire, None, None)
+    p.send_counts()
     # Both all-to-alls' splits in one scratch buffer, by one sum (its place in the rows' plan key the
     # same at each call; the handle's are its own, which the next dispatch does not rewrite).
     torch.sum(p.tallied, 2, out=p.splits)
@@ -345,12 +425,23 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
         received = empty("dispatch", (_capacity(max(r for r, _ in sizes)), p.width), p.wire, x.device)
         received_rows = received.view(p.rows.dtype)
         most = _capacity(max(t for _, t in sizes) * topk)
-    exchange(received, p.rows_wire, p.recv_splits, p.send_splits)
+        exchange(received, p.rows_wire, p.recv_splits, p.send_splits)
+    else:
+        p.send_rows()
+    handle.most = most
     # (dropped: the ids out of range and the rows past a capacity)
-    expert_x, place, kept, expert_counts, dropped, scales, recv_splits = p.place(
-        p.counts, received_rows, rows_out, p.capacity, p.exact, p.dropped_before)
-    handle = Handle(order, valid, topk_weights, send_splits, recv_splits, place, kept, tokens, topk, dropped,
-                    most=most, slots=slots)
+    if p.placed:
+        into = carved
+        if p.exact:  # its fields for this call's rows received, set on the handle as tensors
+            into = runtime_moe.Carve(runtime_moe.place_fields(received_rows.shape[0], p.local, world))(x.device)
+        expert_x, scales = p.place(p.counts, received_rows, rows_out, p.capacity, p.exact, p.dropped_before, into)
+        expert_counts = into.tensor("expert_counts")
+        if p.exact:
+            handle.place, handle.kept, handle.dropped, handle.recv_splits = (
+                into.tensor(f) for f in ("place", "kept", "dropped", "recv_splits"))
+    else:
+        expert_x, handle.place, handle.kept, expert_counts, handle.dropped, scales, handle.recv_splits = p.place(
+            p.counts, received_rows, rows_out, p.capacity, p.exact, p.dropped_before)
     # (low latency: the rows but the trash row, as [L, capacity, hidden], by one torch view)
     expert_x = expert_x[:-1] if p.exact else expert_x.as_strided(*p.experts_view)
     if fp8:  # placed apart: the values and the scales, each contiguous
@@ -429,32 +520,39 @@ def place_rows(counts: torch.Tensor, received: torch.Tensor, rows_out: int, capa
 
 
 def gather_rows(rows: torch.Tensor, place: torch.Tensor, kept: torch.Tensor, send_splits: torch.Tensor,
-                recv_splits: torch.Tensor, copy: torch.Tensor) -> torch.Tensor:
+                recv_splits: torch.Tensor, copy: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """The torch steps of a :data:`Gather` (every row made)."""
     torch.stack((send_splits, recv_splits), out=copy)
     if rows.shape[0]:
         back = rows.index_select(0, place.clamp(max=rows.shape[0] - 1))
     else:  # nothing was received: every row sent back is a zero
         back = rows.new_zeros((place.shape[0], rows.shape[1]))
-    return torch.where(kept[:, None], back, 0)
+    return torch.where(kept[:, None], back, back.new_zeros(()), out=out)
 
 
 class CombinePlan:
     """What a combine derives from its shape alone (see :func:`combine_with`'s arguments): the
     splits' scratch buffer (one, its place in the all-to-all's plan key
-    the same at each call) and the receive buffer with its slice of the entries that arrive."""
+    the same at each call) and the receive buffer with its slice of the entries that arrive;
+    in low-latency mode the rows sent back (a scratch buffer of a size the shape fixes) and
+    their all-to-all (:func:`bind`)."""
 
-    def __init__(self, expert_out: torch.Tensor, h: Handle, empty: Empty, scratch: Scratch) -> None:
+    def __init__(self, exchange: Exchange, expert_out: torch.Tensor, h: Handle, empty: Empty,
+                 scratch: Scratch) -> None:
         hidden, device = expert_out.shape[-1], expert_out.device
         if expert_out.dim() == 3:  # low latency: [L, capacity, hidden]
-            most = expert_out.shape[1] // h.send_splits.numel() * h.topk  # max_tokens x topk, the same everywhere
+            most = expert_out.shape[1] // h.world * h.topk  # max_tokens x topk, the same everywhere
         else:  # throughput: the packed rows
             most = h.most
-        self.splits = scratch("splits", (2, h.send_splits.numel()), torch.int64, device)
+        self.splits = scratch("splits", (2, h.world), torch.int64, device)
         self.send_splits, self.recv_splits = self.splits[0], self.splits[1]
         # the whole buffer: its rows size the weighted sum's allocation (the most tokens of the shape)
         self.received = empty("combine", (most, hidden), expert_out.dtype, device)
         self.entries = self.received[:h.tokens * h.topk]
+        self.back = self.send_back = None
+        if expert_out.dim() == 3:
+            self.back = scratch("back", (h.place.numel(), hidden), expert_out.dtype, device)
+            self.send_back = bind(exchange, self.entries, self.back, self.send_splits, self.recv_splits)
 
 
 def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, empty: Empty = plain,
@@ -470,20 +568,34 @@ def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, e
         raise CollectiveError(f"moe.combine: expert_out must be the dispatch's expert rows, hidden size and dtype: "
                               f"{h.dtype} of shape {h.shape}, not {expert_out.dtype} of shape "
                               f"{tuple(expert_out.shape)}")
-    key = ("combine", tuple(expert_out.shape), expert_out.dtype, h.tokens, h.topk, h.most, h.send_splits.numel(),
+    key = ("combine", tuple(expert_out.shape), expert_out.dtype, h.tokens, h.topk, h.most, h.world,
            expert_out.device)
-    p: CombinePlan = plans(key, lambda: CombinePlan(expert_out, h, empty, scratch))
+    p: CombinePlan = plans(key, lambda: CombinePlan(exchange, expert_out, h, empty, scratch))
     hidden = expert_out.shape[-1]
-    back = (gather or gather_rows)(expert_out.reshape(-1, hidden), h.place, h.kept, h.send_splits, h.recv_splits,
-                                   p.splits)
+    back = p.back
+    if back is None:  # throughput: rows for the call's receive buffer
+        back = scratch("back", (h.place.numel(), hidden), expert_out.dtype, expert_out.device)
+    if gather is None:
+        gather_rows(expert_out.reshape(-1, hidden), h.place, h.kept, h.send_splits, h.recv_splits, p.splits, back)
+    else:  # (the handle's fields by address: no view made)
+        place, kept, send_splits, recv_splits, slots, valid = h.ptrs("place", "kept", "send_splits", "recv_splits",
+                                                                     "slots", "valid")
+        gather(expert_out, place, kept, send_splits, recv_splits, p.splits, back)
     entries = p.entries
     if weighted_sum is None:  # the torch steps read every entry: the unsent ones as zeros
         entries.zero_()
-    exchange(entries, back, p.send_splits, p.recv_splits)  # in the dispatch's sorted order
+    if p.send_back is None:  # in the dispatch's sorted order
+        exchange(entries, back, p.send_splits, p.recv_splits)
+    else:
+        p.send_back()
     if weighted_sum is not None:  # (it takes an unsent entry's weight as 0)
-        slots = inverse(h.order) if h.slots is None else h.slots
+        if gather is None:
+            slots, valid = h.ptrs("slots", "valid")
+        if slots is None:
+            h.slots = inverse(h.order)
+            slots = h.slots.data_ptr()
         # the whole buffer: its rows size the output's allocation (the most tokens of the shape)
-        return weighted_sum(p.received, slots, h.valid, h.weights.float().reshape(-1), h.tokens, h.topk)
+        return weighted_sum(p.received, slots, valid, h.weights, h.tokens, h.topk)
     weights = torch.where(h.valid.view(h.tokens, h.topk), h.weights, 0).float()
     y = torch.empty_like(entries).index_copy_(0, h.order, entries).view(h.tokens, h.topk, hidden)
     total = y[:, 0].float() * weights[:, 0, None]
@@ -506,11 +618,9 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
     entries, one makes the rows sent, one places the received rows
     (:mod:`collectives.runtime.moe`; torch steps with ``COLLECTIVES_MOE_FUSED=0``).
     Returns ``(expert_x, counts, handle)``."""
-    from .runtime.communicator import communicator, traceable
-
     max_tokens = x.shape[0] if max_tokens is None else max_tokens
     if torch.compiler.is_compiling():  # the custom operator (collectives.runtime.moe), on the default communicator
-        traceable(group, "moe.dispatch")
+        comms.traceable(group, "moe.dispatch")
         if validate or fp8 or mode != "low_latency":
             raise CollectiveError("moe.dispatch inside torch.compile: mode must be 'low_latency' (throughput mode "
                                   "reads sizes back to the host), without validate (it reads the ids back) and "
@@ -518,11 +628,18 @@ def dispatch(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor
         expert_x, counts, handle = runtime_moe.traced_dispatch(x, topk_ids, topk_weights, num_experts, max_tokens,
                                                                _world())
         return expert_x, counts, handle_from(handle, topk_weights)
-    comm = communicator(group)
+    return _dispatch(group, x, topk_ids, topk_weights, num_experts, max_tokens, mode, validate, fp8)
+
+
+def _dispatch(group: Group, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int,
+              max_tokens: int, mode: str = "low_latency", validate: bool = False, fp8: bool = False,
+              apart: bool = False) -> tuple[torch.Tensor, torch.Tensor, Handle]:
+    """The eager :func:`dispatch` on ``group``'s layer (``apart``: see :func:`dispatch_with`)."""
+    comm = comms.communicator(group)
     layer = _layer(comm, group)
     return dispatch_with(layer.exchange, comm.world, x, topk_ids, topk_weights, num_experts, max_tokens, mode,
                          validate, layer.empty, fp8, layer.placement_for, layer.pack_for, layer.scratch,
-                         layer.route_for, layer.plan)
+                         layer.route_for, layer.plan, apart)
 
 
 def combine(expert_out: torch.Tensor, handle: Handle, *, group: Group = None) -> torch.Tensor:
@@ -533,17 +650,13 @@ def combine(expert_out: torch.Tensor, handle: Handle, *, group: Group = None) ->
     16 (:mod:`collectives.runtime.moe`; torch steps with ``COLLECTIVES_MOE_FUSED=0`` and
     for other rows)."""
     if torch.compiler.is_compiling():
-        from .runtime.communicator import traceable
-
-        traceable(group, "moe.combine")
+        comms.traceable(group, "moe.combine")
         return runtime_moe.traced_combine(expert_out, handle.weights, handle_tensors(handle, COMBINE_FIELDS))
-    from .runtime.communicator import communicator
-
-    layer = _layer(communicator(group), group)
+    layer = _layer(comms.communicator(group), group)
     hidden = expert_out.shape[-1]
     fused, gather = layer.plan(("combine kernels", expert_out.dtype, hidden, handle.topk), lambda: (
         layer.launch(runtime_moe.weighted_sum, expert_out.dtype, hidden, handle.topk),
-        layer.launch(runtime_moe.gather, hidden * expert_out.element_size(), layer.scratch)))
+        layer.launch(runtime_moe.gather, hidden * expert_out.element_size())))
     return combine_with(layer.exchange, expert_out, handle, layer.empty, fused, gather, layer.scratch, layer.plan)
 
 
@@ -561,7 +674,8 @@ def handle_from(tensors: tuple[torch.Tensor, ...], topk_weights: torch.Tensor) -
 
 @torch_ops.implement("moe_dispatch")
 def _dispatch_kernel(x, topk_ids, topk_weights, num_experts, max_tokens, world):
-    expert_x, counts, handle = dispatch(x, topk_ids, topk_weights, num_experts, max_tokens=max_tokens)
+    # (each output its own allocation: a custom operator's outputs must not alias each other)
+    expert_x, counts, handle = _dispatch(None, x, topk_ids, topk_weights, num_experts, max_tokens, apart=True)
     return (expert_x, counts) + handle_tensors(handle)
 
 
@@ -600,19 +714,38 @@ def _symmetric(group: Group) -> Empty:
     return lambda name, shape, dtype, device: comm.receive_buffer(name, shape, dtype, -(8 + BUFFER_NAMES.index(name)))
 
 
+class GroupExchange:
+    """``group``'s all-to-all as an :data:`Exchange` (:func:`collectives.all_to_all`), whose
+    ``bind`` keeps a call's plan for tensors used again (:class:`collectives.api.BoundAllToAll`)."""
+
+    def __init__(self, group: Group) -> None:
+        self.group = group
+
+    def __call__(self, out: torch.Tensor, inp: torch.Tensor, out_splits: torch.Tensor | None,
+                 in_splits: torch.Tensor | None) -> torch.Tensor:
+        from . import api
+
+        return api.all_to_all(out, inp, out_splits, in_splits, group=self.group)
+
+    def bind(self, out: torch.Tensor, inp: torch.Tensor, out_splits: torch.Tensor | None,
+             in_splits: torch.Tensor | None) -> Callable[[], torch.Tensor]:
+        """The all-to-all of these tensors, its plan kept (:class:`collectives.api.BoundAllToAll`)."""
+        from . import api
+
+        return api.BoundAllToAll(out, inp, out_splits, in_splits, group=self.group)
+
+
 def _layer(comm: Communicator, group: Group) -> runtime_moe.Layer:
     """``comm``'s :class:`~collectives.runtime.moe.Layer` (made at its first call, on
     ``group``'s all-to-all and receive buffers), its call opened
     (:meth:`~collectives.runtime.moe.Layer.begin`)."""
-    from . import api
-
-    layer = comm.moe_layer or runtime_moe.layer(comm, lambda: (functools.partial(api.all_to_all, group=group),
-                                                               _symmetric(group)))
+    layer = comm.moe_layer or runtime_moe.layer(comm, lambda: (GroupExchange(group), _symmetric(group)))
     layer.begin()
     return layer
 
 
-__all__ = ["BUFFER_NAMES", "E4M3_MAX", "MODES", "CombinePlan", "DispatchPlan", "Empty", "Exchange", "Gather", "Handle",
-           "Pack", "PackFor", "Placement", "PlacementFor", "Plans", "Route", "RouteFor", "Scratch", "WeightedSum",
-           "combine", "combine_with", "dispatch", "dispatch_with", "fp8_row_bytes", "gather_rows", "handle_from",
-           "handle_tensors", "inverse", "pack_rows", "place_rows", "plain", "quantize", "route_ids", "unplanned"]
+__all__ = ["BUFFER_NAMES", "E4M3_MAX", "MODES", "CombinePlan", "DispatchPlan", "Empty", "Exchange", "Gather",
+           "GroupExchange", "Handle", "Pack", "PackFor", "Placement", "PlacementFor", "Plans", "Route", "RouteFor",
+           "Scratch", "WeightedSum", "bind", "combine", "combine_with", "dispatch", "dispatch_with", "fp8_row_bytes",
+           "gather_rows", "handle_from", "handle_tensors", "inverse", "pack_rows", "place_rows", "plain", "quantize",
+           "route_ids", "unplanned"]

@@ -61,6 +61,72 @@ _TORCH_QUANTIZED = tuple(DTYPES[name].torch for name in DTYPES_QUANTIZED)
 _TORCH_REGISTERED = tuple(d.torch for d in DTYPES.values())
 
 
+class Carve:
+    """Where a call's small int64 and bool tensors (the handle's, the counts) lie in one
+    allocation of int64 words: ``fields``, ``(name, shape, dtype)`` each, the int64 ones first
+    (8-byte aligned), each bool one from a word's start; ``carve(device)``: a call's
+    :class:`Carved` (one ``torch.empty``); ``carve.apart(device)``: each field its own
+    allocation (a torch operator's outputs, which must not alias each other)."""
+
+    def __init__(self, fields: list[tuple[str, tuple[int, ...], torch.dtype]]) -> None:
+        #: Each field's first word, shape and dtype, by name.
+        self.at: dict[str, tuple[int, tuple[int, ...], torch.dtype]] = {}
+        words = 0
+        for name, shape, dtype in sorted(fields, key=lambda f: f[2] == torch.bool):
+            self.at[name] = (words, shape, dtype)
+            n = math.prod(shape)
+            words += n if dtype == torch.int64 else -(-n // 8)
+        self.words = max(words, 1)
+        #: Each field's byte offset, by name.
+        self.offsets = {name: 8 * word for name, (word, _, _) in self.at.items()}
+
+    def __call__(self, device: torch.device) -> Carved:
+        blob = torch.empty(self.words, dtype=torch.int64, device=device)
+        return Carved(self, blob, blob.data_ptr(), self.offsets)
+
+    def apart(self, device: torch.device) -> Carved:
+        """The fields in allocations of their own (its ``base`` 0, its offsets their addresses)."""
+        tensors = {name: torch.empty(shape, dtype=dtype, device=device) for name, (_, shape, dtype) in self.at.items()}
+        return Carved(self, tensors, 0, {name: t.data_ptr() for name, t in tensors.items()})
+
+
+def route_fields(entries: int, world: int) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """The :class:`Carve` fields the routing kernel writes (:func:`route`) for ``entries``."""
+    return [("order", (entries,), torch.int64), ("slots", (entries,), torch.int64),
+            ("send_splits", (world,), torch.int64), ("valid", (entries,), torch.bool)]
+
+
+def place_fields(room: int, local: int, world: int) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """The :class:`Carve` fields the placement kernel writes (:func:`placement`) for ``room``
+    received rows."""
+    return [("place", (room,), torch.int64), ("expert_counts", (local,), torch.int64), ("dropped", (), torch.int64),
+            ("recv_splits", (world,), torch.int64), ("kept", (room,), torch.bool)]
+
+
+class Carved:
+    """One call's allocation of a :class:`Carve` (``blob``; or a tensor per field,
+    :meth:`Carve.apart`): each field's address, ``base + offsets[name]`` (what the kernels
+    take), and where asked its tensor (:meth:`tensor`: a view, made on demand: each costs
+    microseconds of host time on a slow GPU host).  Per call, never reused: a handle kept by
+    its caller (micro-batches) keeps its own."""
+
+    __slots__ = ("carve", "blob", "base", "offsets")
+
+    def __init__(self, carve: Carve, blob: torch.Tensor | dict[str, torch.Tensor], base: int,
+                 offsets: dict[str, int]) -> None:
+        self.carve, self.blob, self.base, self.offsets = carve, blob, base, offsets
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """Field ``name`` as a tensor (a view of the allocation, or its own)."""
+        if isinstance(self.blob, dict):
+            return self.blob[name]
+        word, shape, dtype = self.carve.at[name]
+        n = math.prod(shape)
+        if dtype == torch.bool:
+            return self.blob[word:word + -(-n // 8)].view(torch.bool)[:n]
+        return self.blob[word] if shape == () else self.blob[word:word + n]
+
+
 def combine_key(dtype: torch.dtype, hidden: int, topk: int) -> MoeCombineKey | None:
     """The weighted sum's key for rows of ``hidden`` ``dtype`` elements and ``topk`` entries
     per token (16-byte vectors where ``hidden`` is a multiple of one), None where the kernel
@@ -104,11 +170,11 @@ def pack(comm: Runtime, dtype: torch.dtype, hidden: int, fp8: bool):
         return None
     fn, device = comm.kernel_together(key), comm.device_index
 
-    def run(x: torch.Tensor, slots: torch.Tensor, topk: int, out: torch.Tensor) -> None:
+    def run(x: torch.Tensor, slots: int, topk: int, out: torch.Tensor) -> None:
         x = x.contiguous()
         _aligned(key.vec * x.element_size(), x, out)
-        args = MOE_PACK.pack(rows=out.data_ptr(), x=x.data_ptr(), slots=slots.data_ptr(), tokens=x.shape[0],
-                             topk=topk, hidden=hidden, row_bytes=out.shape[1] * out.element_size())
+        args = MOE_PACK.take(dict(rows=out.data_ptr(), x=x.data_ptr(), slots=slots, tokens=x.shape[0],
+                                  topk=topk, hidden=hidden, row_bytes=out.shape[1] * out.element_size()))
         fn(*args, key.blocks(x.shape[0]), current_stream(device))
 
     return run
@@ -132,49 +198,41 @@ def route(comm: Runtime, dtype: torch.dtype, experts: int):
         return None
     fn, device = comm.kernel_together(key), comm.device_index
 
-    def run(ids: torch.Tensor, num_experts: int, world: int, bins: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        n, at = ids.numel(), ids.device
+    def run(ids: torch.Tensor, num_experts: int, world: int, bins: torch.Tensor, into: Carved) -> None:
+        n = ids.numel()
         rows = ids if ids.dim() == 2 else ids.reshape(1, -1)  # read at its row stride: no copy of sliced ids
         if rows.shape[1] > 1 and rows.stride(1) != 1:
             rows = rows.contiguous()
         topk = max(rows.shape[1], 1)
         stride = rows.stride(0) if rows.shape[0] > 1 else topk
-        order = torch.empty(n, dtype=torch.int64, device=at)
-        valid = torch.empty(n, dtype=torch.bool, device=at)
-        send_splits = torch.empty(world, dtype=torch.int64, device=at)
-        slots = torch.empty(n, dtype=torch.int64, device=at)
-        args = MOE_ROUTE.pack(ids=rows.data_ptr(), topk=topk, stride=stride, n=n, experts=num_experts,
-                              local=num_experts // world, order=order.data_ptr(), valid=valid.data_ptr(),
-                              bins=bins.data_ptr(), send_splits=send_splits.data_ptr(), slots=slots.data_ptr())
+        base, at = into.base, into.offsets
+        args = MOE_ROUTE.take(dict(ids=rows.data_ptr(), topk=topk, stride=stride, n=n, experts=num_experts,
+                                   local=num_experts // world, order=base + at["order"], valid=base + at["valid"],
+                                   bins=bins.data_ptr(), send_splits=base + at["send_splits"],
+                                   slots=base + at["slots"]))
         fn(*args, 1, current_stream(device))
-        return order, valid, bins, send_splits, slots
 
     return run
 
 
-def gather(comm: Runtime, row_bytes: int, empty: Callable[..., torch.Tensor] | None = None):
+def gather(comm: Runtime, row_bytes: int):
     """The kernel's :data:`collectives.moe.Gather` on ``comm``'s GPU for rows of ``row_bytes``
     (moved in the widest word that divides them; its kernel loaded now) that makes only the
     first ``sum(recv_splits)`` rows (int64 on the GPU: the dispatch's, the rows the combine sends
-    back), into ``empty("back", shape, dtype, device)`` (None: a new tensor;
-    :meth:`Layer.scratch`: the one of the call before), None where :data:`FUSED` is off or the
-    rows are empty."""
+    back), None where :data:`FUSED` is off or the rows are empty."""
     if not FUSED or row_bytes <= 0:
         return None
     key = MoeGatherKey(MoePlaceKey.word_for(row_bytes))
     fn, device = comm.kernel_together(key), comm.device_index
-    empty = empty or (lambda name, shape, dtype, at: torch.empty(shape, dtype=dtype, device=at))
 
-    def run(rows: torch.Tensor, place: torch.Tensor, kept: torch.Tensor, send_splits: torch.Tensor,
-            splits: torch.Tensor, copy: torch.Tensor) -> torch.Tensor:
+    def run(rows: torch.Tensor, place: int, kept: int, send_splits: int, splits: int, copy: torch.Tensor,
+            out: torch.Tensor) -> torch.Tensor:
         rows = rows.contiguous()
-        room = place.numel()
-        out = empty("back", (room, rows.shape[1]), rows.dtype, place.device)
+        room = out.shape[0]
         _aligned(key.word, rows, out)
-        args = MOE_GATHER.pack(out=out.data_ptr(), rows=rows.data_ptr(), place=place.data_ptr(),
-                               kept=kept.data_ptr(), room=room, splits=splits.data_ptr(), world=splits.numel(),
-                               send_splits=send_splits.data_ptr(), copy=copy.data_ptr(),
-                               row_words=row_bytes // key.word)
+        args = MOE_GATHER.take(dict(out=out.data_ptr(), rows=rows.data_ptr(), place=place, kept=kept, room=room,
+                                    splits=splits, world=copy.shape[1], send_splits=send_splits, copy=copy.data_ptr(),
+                                    row_words=row_bytes // key.word))
         fn(*args, key.blocks(room), current_stream(device))
         return out
 
@@ -190,17 +248,17 @@ def weighted_sum(comm: Runtime, dtype: torch.dtype, hidden: int, topk: int):
     fn, device = comm.kernel_together(key), comm.device_index
     step = key.vec * DTYPES[key.dtype].bytes
 
-    def run(entries: torch.Tensor, slots: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor, tokens: int,
-            k: int) -> torch.Tensor:
+    def run(entries: torch.Tensor, slots: int, valid: int, weights: torch.Tensor, tokens: int, k: int) -> torch.Tensor:
         # allocated for the most tokens of the shape (see collectives.moe.dispatch_with), cut to these
         # (no slice where they are the most: a torch view costs microseconds on a slow host)
         most = entries.shape[0] // k
         out = torch.empty((most, hidden), dtype=dtype, device=entries.device)
         out = out if most == tokens else out[:tokens]
         _aligned(step, entries, out)
-        args = MOE_COMBINE.pack(out=out.data_ptr(), entries=entries.data_ptr(), slots=slots.data_ptr(),
-                                valid=valid.contiguous().data_ptr(), weights=weights.data_ptr(), tokens=tokens,
-                                hidden=hidden)
+        if weights.dtype != torch.float32 or not weights.is_contiguous():
+            weights = weights.float().contiguous()
+        args = MOE_COMBINE.take(dict(out=out.data_ptr(), entries=entries.data_ptr(), slots=slots, valid=valid,
+                                     weights=weights.data_ptr(), tokens=tokens, hidden=hidden))
         fn(*args, key.blocks(tokens, hidden), current_stream(device))
         return out
 
@@ -218,7 +276,7 @@ def placement(comm: Runtime, local: int, row_bytes: int, exact: bool, values: in
     out_bytes = row_bytes if values is None else values
 
     def run(counts: torch.Tensor, received: torch.Tensor, rows_out: int, capacity: int, _exact: bool,
-            dropped_before: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            dropped_before: torch.Tensor, into: Carved) -> tuple[torch.Tensor, torch.Tensor | None]:
         room, at = received.shape[0], received.device
         # fixed by the shape (see collectives.moe.dispatch_with), cut to rows_out + 1 (low latency: the same)
         alloc = max(rows_out, room) + 1
@@ -226,20 +284,17 @@ def placement(comm: Runtime, local: int, row_bytes: int, exact: bool, values: in
         scales = torch.empty(alloc, dtype=torch.float32, device=at) if key.scales else None
         if alloc != rows_out + 1:
             expert_x, scales = expert_x[:rows_out + 1], None if scales is None else scales[:rows_out + 1]
-        place = torch.empty(room, dtype=torch.int64, device=at)
-        kept = torch.empty(room, dtype=torch.bool, device=at)
-        expert_counts = torch.empty(local, dtype=torch.int64, device=at)
-        dropped = torch.empty((), dtype=torch.int64, device=at)
-        recv_splits = torch.empty(comm.world, dtype=torch.int64, device=at)
         _aligned(key.word, received, expert_x)
-        args = MOE_PLACE.pack(counts=counts.contiguous().data_ptr(), received=received.data_ptr(),
-                              expert_x=expert_x.data_ptr(), scales=0 if scales is None else scales.data_ptr(),
-                              place=place.data_ptr(), kept=kept.data_ptr(), expert_counts=expert_counts.data_ptr(),
-                              lost=dropped.data_ptr(), dropped_before=dropped_before.data_ptr(),
-                              recv_splits=recv_splits.data_ptr(), room=room, capacity=capacity,
-                              row_words=row_bytes // key.word, out_words=out_bytes // key.word)
+        base, at = into.base, into.offsets
+        args = MOE_PLACE.take(dict(counts=counts.contiguous().data_ptr(), received=received.data_ptr(),
+                                   expert_x=expert_x.data_ptr(), scales=0 if scales is None else scales.data_ptr(),
+                                   place=base + at["place"], kept=base + at["kept"],
+                                   expert_counts=base + at["expert_counts"], lost=base + at["dropped"],
+                                   dropped_before=dropped_before.data_ptr(), recv_splits=base + at["recv_splits"],
+                                   room=room, capacity=capacity,
+                                   row_words=row_bytes // key.word, out_words=out_bytes // key.word))
         fn(*args, key.blocks(room), current_stream(device))
-        return expert_x, place, kept, expert_counts, dropped, scales, recv_splits
+        return expert_x, scales
 
     return run
 
@@ -394,6 +449,6 @@ def traced_combine(expert_out: Tensor, topk_weights: Tensor, handle: tuple) -> T
     return torch.ops.collectives.moe_combine(expert_out, topk_weights, *handle)
 
 
-__all__ = ["COMBINE_FIELDS", "FUSED", "HANDLE_FIELDS", "MAX_PLANS", "SCHEMAS", "Layer", "combine_key", "gather",
+__all__ = ["COMBINE_FIELDS", "Carve", "Carved", "place_fields", "route_fields", "FUSED", "HANDLE_FIELDS", "MAX_PLANS", "SCHEMAS", "Layer", "combine_key", "gather",
            "layer", "pack", "pack_key", "place_key", "placement", "route", "route_key", "traced_combine",
            "traced_dispatch", "weighted_sum"]

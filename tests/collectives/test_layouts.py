@@ -58,3 +58,18 @@ def test_config_holds_constants_only() -> None:
     defined = [(type(n).__name__, n.name) for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))
                and not (isinstance(n, ast.ClassDef) and [ast.unparse(b) for b in n.bases] == ["IntEnum"])]
     assert defined == []
+
+
+def test_take_gives_packs_arguments_and_refuses_a_missing_one() -> None:
+    from collectives.algorithms.moe_combine import MOE_COMBINE
+    from collectives.algorithms.moe_gather import MOE_GATHER
+    from collectives.algorithms.moe_pack import MOE_PACK
+    from collectives.algorithms.moe_place import MOE_PLACE
+    from collectives.algorithms.moe_route import MOE_ROUTE
+
+    for layout in (MOE_COMBINE, MOE_GATHER, MOE_PACK, MOE_PLACE, MOE_ROUTE):
+        values = {name: 3 * i + 1 for i, name in enumerate(reversed(layout.names))}
+        assert layout.take(values) == layout.pack(**values)
+        del values[layout.names[-1]]
+        with pytest.raises(KeyError):
+            layout.take(values)

@@ -81,7 +81,7 @@ def launches(fused: bool, monkeypatch, fp8: bool = False, sliced: bool = False) 
     counter.count = 0
     with counter:
         moe.combine_with(counter.note, expert_out, handle, weighted_sum=weighted_sum,
-                         gather=runtime_moe.gather(comm, hidden * expert_out.element_size(), scratch),
+                         gather=runtime_moe.gather(comm, hidden * expert_out.element_size()),
                          scratch=scratch)
     return dispatch, counter.count
 
@@ -109,3 +109,68 @@ def test_sliced_ids_are_read_where_they_lie(monkeypatch) -> None:
     """The routing kernel reads ids at their row stride: ids sliced from a wider tensor launch no
     copy first."""
     assert launches(True, monkeypatch, sliced=True)[0] == launches(True, monkeypatch)[0]
+
+
+def test_the_kernels_small_outputs_lie_in_one_allocation_per_call_where_the_handle_reads_them(monkeypatch) -> None:
+    """The routing and placement kernels write the handle's tensors and the counts into one
+    allocation of the call (:class:`collectives.runtime.moe.Carve`): each field's address in their
+    arguments is the one of the handle's view (made where read), the fields apart, and a second
+    call's allocation another (a handle kept for a later combine is never rewritten); the combine's
+    kernels read the same addresses."""
+    from collectives.algorithms.moe_combine import MOE_COMBINE, MoeCombineKey
+    from collectives.algorithms.moe_gather import MOE_GATHER, MoeGatherKey
+    from collectives.algorithms.moe_place import MOE_PLACE, MoePlaceKey
+    from collectives.algorithms.moe_route import MOE_ROUTE, MoeRouteKey
+
+    monkeypatch.setattr(runtime_moe, "FUSED", True)
+    monkeypatch.setattr(runtime_moe, "current_stream", lambda device: 0)
+    seen: dict[type, tuple] = {}
+    comm = types.SimpleNamespace(world=2, device_index=0,
+                                 kernel_together=lambda key: lambda *args: seen.__setitem__(type(key), args))
+    scratch = runtime_moe.Layer(comm, None, None).scratch
+    layer = runtime_moe.Layer(comm, None, None)
+    tokens, topk, experts, hidden = 4, 2, 8, 64
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn((tokens, hidden), generator=gen).bfloat16()
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:topk] for _ in range(tokens)])
+    w = torch.rand((tokens, topk), generator=gen)
+
+    def dispatch(apart=False):
+        return moe.dispatch_with(lambda *a: None, 2, x, ids, w, experts, tokens, scratch=scratch,
+                                 placement_for=layer.placement_for, pack_for=layer.pack_for,
+                                 route_for=layer.route_for, plans=layer.plan, apart=apart)
+
+    expert_x, counts, h = dispatch()
+    route = dict(zip(MOE_ROUTE.index, seen[MoeRouteKey]))
+    place = dict(zip(MOE_PLACE.index, seen[MoePlaceKey]))
+    fields = {"order": route["order"], "valid": route["valid"], "send_splits": route["send_splits"],
+              "slots": route["slots"], "place": place["place"], "kept": place["kept"],
+              "dropped": place["lost"], "recv_splits": place["recv_splits"]}
+    for name, address in fields.items():
+        assert getattr(h, name).data_ptr() == address, name
+    assert counts.data_ptr() == place["expert_counts"] and counts.shape == (experts // 2,)
+    spans = sorted((getattr(h, n).data_ptr(), getattr(h, n).nbytes) for n in fields)
+    spans.append((counts.data_ptr(), counts.nbytes))
+    spans.sort()
+    assert all(a + n <= b for (a, n), (b, _) in zip(spans, spans[1:])), spans  # apart
+    assert h.order.shape == h.valid.shape == (tokens * topk,) and h.dropped.shape == ()
+    assert h.place.shape == h.kept.shape and h.send_splits.shape == h.recv_splits.shape == (2,)
+    moe.combine_with(lambda *a: None, torch.zeros_like(expert_x), h, moe.plain,
+                     layer.launch(runtime_moe.weighted_sum, torch.bfloat16, hidden, topk),
+                     layer.launch(runtime_moe.gather, hidden * 2), scratch, layer.plan)
+    gather = dict(zip(MOE_GATHER.index, seen[MoeGatherKey]))
+    combine = dict(zip(MOE_COMBINE.index, seen[MoeCombineKey]))
+    assert (gather["place"], gather["kept"], gather["send_splits"], gather["splits"]) == (
+        fields["place"], fields["kept"], fields["send_splits"], fields["recv_splits"])
+    assert (combine["slots"], combine["valid"]) == (fields["slots"], fields["valid"])
+    _, _, again = dispatch()
+    assert dict(zip(MOE_ROUTE.index, seen[MoeRouteKey]))["order"] != fields["order"]
+    assert again.carved.blob.data_ptr() != h.carved.blob.data_ptr()
+    # apart (the torch operator's outputs, which must not alias): each its own allocation, the same wiring
+    _, counts, h = dispatch(apart=True)
+    tensors = [counts, *moe.handle_tensors(h)]
+    assert len({t.untyped_storage().data_ptr() for t in tensors}) == len(tensors)
+    route = dict(zip(MOE_ROUTE.index, seen[MoeRouteKey]))
+    place = dict(zip(MOE_PLACE.index, seen[MoePlaceKey]))
+    assert (h.order.data_ptr(), h.valid.data_ptr(), h.place.data_ptr(), counts.data_ptr()) == (
+        route["order"], route["valid"], place["place"], place["expert_counts"])

@@ -5,6 +5,8 @@ one per rank, whose all-to-alls meet at a barrier and move rows with the referen
 
 from __future__ import annotations
 
+import functools
+
 import random
 import threading
 
@@ -62,12 +64,15 @@ class World:
         return results
 
 
-def kernel_sum(entries, slots, valid, weights, tokens, topk):
+def kernel_sum(handle, entries, slots, valid, weights, tokens, topk):
     """:mod:`collectives.algorithms.moe_combine`'s kernel step for step in torch (a
-    :data:`collectives.moe.WeightedSum`): entry ``(t, k)`` is row ``slots[t * topk + k]`` of
+    :data:`collectives.moe.WeightedSum` with ``handle``: ``slots`` and ``valid`` are the addresses
+    of its tensors): entry ``(t, k)`` is row ``slots[t * topk + k]`` of
     ``entries``, zeros where not ``valid`` (whatever the row holds), times its f32 weight (0 where
     not ``valid``, whatever it holds), summed in ``k`` order in f32 (each step rounded: torch's
     CPU ``mul`` and ``add``), then rounded."""
+    assert (slots, valid) == (handle.slots.data_ptr(), handle.valid.data_ptr())
+    slots, valid, weights = handle.slots, handle.valid, weights.float().reshape(-1)
     total = None
     for k in range(topk):
         f = torch.arange(tokens) * topk + k
@@ -98,7 +103,8 @@ def run_layer(world, experts, topk, tokens, max_tokens, seed, hidden=8, dtype=to
         out_rows = torch.empty_like(ex)
         for le in range(local):
             out_rows[le] = expert_fn(ex[le], r * local + le)
-        return ex, counts, handle, moe.combine_with(sim.exchange(r), out_rows, handle, empty, weighted_sum)
+        fused = weighted_sum and functools.partial(weighted_sum, handle)
+        return ex, counts, handle, moe.combine_with(sim.exchange(r), out_rows, handle, empty, fused)
 
     results = sim.run(body)
     per_expert, outs = reference(world, experts, xs, ids, ws)
