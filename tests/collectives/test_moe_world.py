@@ -65,14 +65,18 @@ class World:
 
 
 def kernel_sum(handle, entries, slots, valid, weights, tokens, topk):
-    """:mod:`collectives.algorithms.moe_combine`'s kernel step for step in torch (a
-    :data:`collectives.moe.WeightedSum` with ``handle``: ``slots`` and ``valid`` are the addresses
-    of its tensors): entry ``(t, k)`` is row ``slots[t * topk + k]`` of
-    ``entries``, zeros where not ``valid`` (whatever the row holds), times its f32 weight (0 where
-    not ``valid``, whatever it holds), summed in ``k`` order in f32 (each step rounded: torch's
-    CPU ``mul`` and ``add``), then rounded."""
+    """:func:`entry_sum` as a :data:`collectives.moe.WeightedSum` with ``handle``: ``slots`` and
+    ``valid`` are the addresses of its tensors."""
     assert (slots, valid) == (handle.slots.data_ptr(), handle.valid.data_ptr())
-    slots, valid, weights = handle.slots, handle.valid, weights.float().reshape(-1)
+    return entry_sum(entries, handle.slots, handle.valid, weights, tokens, topk)
+
+
+def entry_sum(entries, slots, valid, weights, tokens, topk):
+    """:mod:`collectives.algorithms.moe_combine`'s kernel step for step in torch: entry ``(t, k)``
+    is row ``slots[t * topk + k]`` of ``entries``, zeros where not ``valid`` (whatever the row
+    holds), times its f32 weight (0 where not ``valid``, whatever it holds), summed in ``k``
+    order in f32 (each step rounded: torch's CPU ``mul`` and ``add``), then rounded."""
+    weights = weights.float().reshape(-1)
     total = None
     for k in range(topk):
         f = torch.arange(tokens) * topk + k

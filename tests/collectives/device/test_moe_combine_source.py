@@ -8,7 +8,7 @@ rounded as the PTX's ``mul.rn.f32`` / ``add.rn.f32`` / ``cvt.rn`` are (the PTX i
 in ``tests/collectives/algorithms/test_moe_kernels_compile.py``).  So this checks which rows the
 kernel reads for which token and weight, in which order it sums them, and that an unsent entry's
 row (NaN here) never reaches an output: every output bit must be the torch steps'
-(``tests/collectives/test_moe_world.py``'s ``kernel_sum``, which gives the reference layer's
+(``tests/collectives/test_moe_world.py``'s ``entry_sum``, which gives the reference layer's
 bits).  Grids of fewer threads than pieces (each thread takes several), 16-byte vectors and
 single elements.
 """
@@ -22,7 +22,7 @@ import pytest
 
 np = pytest.importorskip("numpy")
 torch = pytest.importorskip("torch")
-from tests.collectives.test_moe_world import kernel_sum  # noqa: E402
+from tests.collectives.test_moe_world import entry_sum  # noqa: E402
 from tests.support.device_sim import Context, Sim, fakes, load  # noqa: E402
 
 from collectives.algorithms.moe_combine import MoeCombineKey  # noqa: E402
@@ -124,7 +124,7 @@ def test_weighted_sum_matches_the_torch_steps(dtype: torch.dtype, topk: int, hid
         entries, slots, valid, weights = case(tokens, topk, hidden, dtype, seed)
         got = run_kernel(module, entries, slots, valid, weights, tokens, topk, vec, blocks=rng.choice([1, 2]),
                          seed=seed)
-        want = kernel_sum(entries, slots, valid, weights, tokens, topk)
+        want = entry_sum(entries, slots, valid, weights, tokens, topk)
         assert not torch.isnan(want).any()
         assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (seed, got, want)
 
@@ -141,5 +141,5 @@ def test_a_broken_kernel_fails_the_check(edit: tuple) -> None:
     broken = source(torch.float32, (edit,))
     entries, slots, valid, weights = case(3, 8, 8, torch.float32, 0)
     got = run_kernel(broken, entries, slots, valid, weights, 3, 8, 4, blocks=2, seed=0)
-    want = kernel_sum(entries, slots, valid, weights, 3, 8)
+    want = entry_sum(entries, slots, valid, weights, 3, 8)
     assert not torch.equal(got.view(torch.uint8), want.view(torch.uint8))

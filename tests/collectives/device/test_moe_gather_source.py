@@ -76,7 +76,8 @@ def check(counts: torch.Tensor, room: int, row_bytes: int, capacity: int, blocks
     got = torch.tensor(mem.words(at["out"], room * row_bytes, Uint8), dtype=torch.uint8).view(room, row_bytes)
     arrived = int(splits.sum())
     copy = torch.empty((2, world), dtype=torch.int64)
-    assert torch.equal(got[:arrived], moe.gather_rows(rows, place, kept, send, splits, copy)[:arrived])
+    assert torch.equal(got[:arrived], moe.gather_rows(rows, place, kept, send, splits, copy,
+                                                        torch.empty_like(got))[:arrived])
     assert bool((got[arrived:] == 0xEE).all()), "a row nothing arrived in was written"
     assert torch.equal(torch.tensor(mem.words(at["copy"], 2 * world, Int64)).view(2, world), copy)
 
