@@ -269,6 +269,7 @@ def kernel(key: KernelKey, b: Blocks, stage: Callable | None, move: Callable | N
                 signals.lamport_missed(pad, calls, counts, world)
         if cutlass.const_expr(move is not None):  # a bare barrier has nothing to guard
             ok = signals.block_all(flag, ok)
+            signals.lamport_missed_start(pad, calls, ok, world)  # (a rank that ran Lamport here?)
             if cutlass.const_expr(push is None):
                 addrs = [signals.peer_address(data_table, Int32(r)) for r in range(world)]
             if cutlass.const_expr(not key.end_barrier):
