@@ -470,25 +470,30 @@ def lamport_missed_any(pad: Int64, calls: Uint32, world: cutlass.Constexpr, own:
 
 
 @cute.jit
-def lamport_missed_start(pad: Int64, calls: Uint32, ok: Boolean, world: cutlass.Constexpr) -> None:
-    """In a barriered kernel with data whose first wait failed in the call at count ``calls``
-    (every thread calls it; block 0's thread 0 acts: block 0 runs on every rank and waits for
-    every rank's block 0, where a Lamport kernel leaves its arrival word): for each Lamport
-    element width that some rank ran there (its ``auto`` picked Lamport: its size far from
-    ours), our count moves on as that kernel's did, once (:func:`lamport_skip`; one thread reads
-    and stores the counts: no order among threads to keep).  Run-time loops over the ranks and
-    widths, not unrolled ones: these few instructions off the data path then cost the push
-    kernels no spills (``ptxas``; tests/collectives/algorithms/test_kernel_registers.py)."""
-    if not ok and cute.arch.block_idx()[0] == 0 and cute.arch.thread_idx()[0] == 0:
+def lamport_missed_start(pad_table: Int64, rank: Int32, calls: Uint32, world: cutlass.Constexpr) -> None:
+    """In a barriered kernel with data whose start failed in the call at count ``calls`` (called
+    on that failure branch only, by every thread; thread 0 of block 0 acts: block 0 runs on every
+    rank and waited for every rank's block 0, where a Lamport kernel leaves its arrival word):
+    for each Lamport element width that some rank ran there (its ``auto`` picked Lamport: its
+    size far from ours), our count of it moves on as that kernel's did, once
+    (:func:`lamport_skip`; one thread reads and stores the counts: no order among threads to
+    keep).  So the ranks' Lamport counts stay equal.  Our pad's address is read from the pad
+    table (entry ``rank``) here, and the ranks and widths are run-time loops: nothing of this
+    branch is kept live across the kernel's data phase (``ptxas`` registers of the push kernels:
+    tests/collectives/algorithms/test_kernel_registers.py)."""
+    if cute.arch.block_idx()[0] == 0 and cute.arch.thread_idx()[0] == 0:
+        pad = peer_address(pad_table, rank)  # (our pad, read here: none of its addresses kept live)
         layout = PadLayout(world=world)
         words = gmem(Uint32, pad, 4, LOCAL, "collectives.device.signals.lamport_missed_start")
-        base = arrival_word(pad, calls, Int32(0), Int32(0), world)  # (rank r's: base + r)
         ran = Uint32(0)  # bit w: some rank ran width w
+        base = arrival_word(pad, calls, Int32(0), Int32(0), world)  # (rank r's: base + r)
         r = Int32(0)
         while r < world:
             word = ptxops.ld(base + r, sem="relaxed", scope="sys", dtype=Uint64)
-            # a Lamport epoch of this call: lamport_epoch(calls, w) for width w (in the call); any other is >= 3
-            ran = ran | (Uint32(1) << (Uint32(lamport_epoch(calls, 0)) - Uint32(word & Uint64(0xFFFFFFFF))))
+            # width w's epoch is lamport_epoch(calls, 0) - w (w < 3); every other epoch is further
+            w = Uint32(lamport_epoch(calls, 0)) - Uint32(word & Uint64(0xFFFFFFFF))
+            if w < Uint32(3):
+                ran = ran | (Uint32(1) << w)
             r += 1
         width = Int32(0)
         while width < 3:
