@@ -61,6 +61,11 @@ _TORCH_QUANTIZED = tuple(DTYPES[name].torch for name in DTYPES_QUANTIZED)
 _TORCH_REGISTERED = tuple(d.torch for d in DTYPES.values())
 
 
+def _words(n: int, dtype: torch.dtype) -> int:
+    """The int64 words of ``n`` elements of ``dtype`` (int64, or bool: eight to a word) in a :class:`Carve`."""
+    return n if dtype == torch.int64 else -(-n // 8)
+
+
 class Carve:
     """Where a call's small int64 and bool tensors (the handle's, the counts) lie in one
     allocation of int64 words: ``fields``, ``(name, shape, dtype)`` each, the int64 ones first
@@ -74,8 +79,7 @@ class Carve:
         words = 0
         for name, shape, dtype in sorted(fields, key=lambda f: f[2] == torch.bool):
             self.at[name] = (words, shape, dtype)
-            n = math.prod(shape)
-            words += n if dtype == torch.int64 else -(-n // 8)
+            words += _words(math.prod(shape), dtype)
         self.words = max(words, 1)
         #: Each field's byte offset, by name.
         self.offsets = {name: 8 * word for name, (word, _, _) in self.at.items()}
@@ -123,7 +127,7 @@ class Carved:
         word, shape, dtype = self.carve.at[name]
         n = math.prod(shape)
         if dtype == torch.bool:
-            return self.blob[word:word + -(-n // 8)].view(torch.bool)[:n]
+            return self.blob[word:word + _words(n, dtype)].view(torch.bool)[:n]
         return self.blob[word] if shape == () else self.blob[word:word + n]
 
 
@@ -449,6 +453,6 @@ def traced_combine(expert_out: Tensor, topk_weights: Tensor, handle: tuple) -> T
     return torch.ops.collectives.moe_combine(expert_out, topk_weights, *handle)
 
 
-__all__ = ["COMBINE_FIELDS", "Carve", "Carved", "place_fields", "route_fields", "FUSED", "HANDLE_FIELDS", "MAX_PLANS", "SCHEMAS", "Layer", "combine_key", "gather",
-           "layer", "pack", "pack_key", "place_key", "placement", "route", "route_key", "traced_combine",
-           "traced_dispatch", "weighted_sum"]
+__all__ = ["COMBINE_FIELDS", "FUSED", "HANDLE_FIELDS", "MAX_PLANS", "SCHEMAS", "Carve", "Carved", "Layer", "combine_key",
+           "gather", "layer", "pack", "pack_key", "place_fields", "place_key", "placement", "route", "route_fields",
+           "route_key", "traced_combine", "traced_dispatch", "weighted_sum"]
