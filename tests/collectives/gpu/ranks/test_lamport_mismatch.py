@@ -110,7 +110,12 @@ def test_a_barriered_rank_against_lamport_ranks_raises_on_every_rank_and_the_lam
     0 and then on the last rank: every rank raises the recorded size mismatch at once (not a
     timeout), and the barriered rank's kernel moved its bf16 Lamport count on as its peers' Lamport
     kernels did (:func:`collectives.device.signals.lamport_missed_start`), so the Lamport calls of
-    both widths after, and a one-shot call, are exact."""
+    both widths after, and a one-shot call, are exact.
+
+    Every buffer the calls use is made first on every rank: a buffer that one rank alone grows
+    (the larger tensor's, where its peers run Lamport) is a collective allocation its peers never
+    join, found on the host by the allocation agreement's timeout (a different error: not this
+    device protocol's case)."""
     import collectives
     from collectives.runtime.communicator import communicator
 
@@ -120,6 +125,10 @@ def test_a_barriered_rank_against_lamport_ranks_raises_on_every_rank_and_the_lam
         collectives.all_reduce(ok, algorithm="lamport")
         collectives.synchronize()
         assert torch.all(ok == comm.world)
+    big = torch.ones(16 * 4096, dtype=torch.bfloat16, device="cuda")  # the barriered kernel's buffers, every rank
+    collectives.all_reduce(big, algorithm=barriered)
+    collectives.synchronize()
+    assert torch.all(big == comm.world)
     for odd in (0, comm.world - 1):
         start = time.monotonic()
         mine = comm.rank == odd
