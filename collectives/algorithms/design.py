@@ -271,12 +271,9 @@ def kernel(key: KernelKey, b: Blocks, stage: Callable | None, move: Callable | N
             ok = signals.block_all(flag, ok)
             if cutlass.const_expr(push is None):
                 addrs = [signals.peer_address(data_table, Int32(r)) for r in range(world)]
-            if cutlass.const_expr(not key.end_barrier):
-                if ok:
-                    move(addrs, data_mc, out, src, n, rank, first, step, shared, deadline, err)
-            if cutlass.const_expr(key.barriers == 2):
-                if ok:
-                    move(addrs, data_mc, out, src, n, rank, first, step, shared, deadline, err)
+            if ok:
+                move(addrs, data_mc, out, src, n, rank, first, step, shared, deadline, err)
+                if cutlass.const_expr(key.barriers == 2):
                     ok2 = b.barrier(pad_table, pad_mc, pad, rank, block, calls, calls + Uint32(2), deadline, err, Int32(1),
                                     size)
                     ok2 = signals.block_all(flag, ok2)
@@ -286,6 +283,8 @@ def kernel(key: KernelKey, b: Blocks, stage: Callable | None, move: Callable | N
                     if cutlass.const_expr(pull is not None):
                         if ok2:
                             pull(addrs, data_mc, out, n, rank, first, step)
+            else:  # a failed start: only here, so no value of it is live across the data phase
+                signals.lamport_missed_start(pad_table, rank, calls, world)  # (a rank that ran Lamport here?)
         signals.leave_call(pad, calls, last, world, single)
 
     return launcher(kernel, threads, emulate=key.backend == "multicast_emulated" and world, pdl=key.pdl,

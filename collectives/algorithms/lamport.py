@@ -44,10 +44,13 @@ every rank and the communicator goes on.  Where the entries are there at once th
 load and ``W`` stores in block 0 (as many as the size entries).  The same holds where ranks'
 dtypes gave them Lamport kernels of different element widths: each part 0 that failed moves
 our count of every other width some rank ran on
-(:func:`~collectives.device.signals.lamport_missed_any`, on the failure path only).  (Not
-handled yet: a barriered kernel with data whose start barrier meets a Lamport kernel, where
-ranks' sizes made ``auto`` choose differently, records the size mismatch but leaves its
-Lamport count behind: a later Lamport call pairs different calls, stale data or a timeout.)
+(:func:`~collectives.device.signals.lamport_missed_any`, on the failure path only).  And where
+ranks' sizes made ``auto`` choose a barriered algorithm with data on some and Lamport on others:
+the barriered kernel's start records the size mismatch, and on that failure path only thread 0
+of its block 0 (which waited for every rank's block 0, where a Lamport kernel leaves its
+arrival word) reads the ranks' arrival words of the call and moves our count of each width some
+rank ran on, once (:func:`~collectives.device.signals.lamport_missed_start`; the design
+kernels and the push pipeline).
 
 The launch takes the same arguments as :mod:`collectives.algorithms.design` (``data_table`` and
 ``data_mc`` are the receive buffers', ``src`` is the input, ``out`` the output).

@@ -313,6 +313,8 @@ class PushKernel:
         signals.signal_peers(pad_table, rank, block, calls, calls + Uint32(1), size, self.world)
         # Every rank's size before any other push: a failed call's pushes are all signalled.
         ok = self.wait(flag, pad_table, pad, rank, block, calls, Int64(0), deadline, err, Int32(0), size)
+        if not ok:
+            signals.lamport_missed_start(pad_table, rank, calls, self.world)  # (a rank that ran Lamport here?)
         k = Int64(0)
         while ok and k < rounds:
             if k + 1 < rounds:

@@ -12,8 +12,9 @@ try:  # CuTeDSL functions, every one: without CuTeDSL, say which extra installs 
     # signals, bounded waits, barriers, the call count, the error record
     from .signals import (
         HOST, LOCAL, MULTICAST, PEER, arrival_word, barrier_multicast, barrier_peer, block_all, enter_call, gave_up,
-        gmem, in_call, lamport_counts, lamport_missed, lamport_missed_any, lamport_skip, leave_call, peer_address,
-        reached, record_error, signal, signal_multicast, signal_peers, size_word, spin, wait_peers, wait_until,
+        gmem, in_call, lamport_counts, lamport_missed, lamport_missed_any, lamport_missed_start, lamport_skip,
+        leave_call, peer_address, reached, record_error, signal, signal_multicast, signal_peers, size_word, spin,
+        wait_peers, wait_until,
     )
     # load-reduce and store-to-all, multicast or peer
     from .reduce import combine, convert, load_reduce_multicast, load_reduce_peer, store_multicast, store_peers
@@ -39,8 +40,8 @@ except ModuleNotFoundError as err:
 #: Every block module's names, by file.
 __all__ = ["HOST", "LOCAL", "MULTICAST", "PEER", "arrival_word", "barrier_multicast", "barrier_peer", "block_all",
            "enter_call", "gave_up", "gmem", "in_call", "lamport_counts", "lamport_missed", "lamport_missed_any",
-           "lamport_skip", "leave_call", "peer_address", "reached", "record_error", "signal", "signal_multicast",
-           "signal_peers", "size_word", "spin", "wait_peers", "wait_until", "combine", "convert",
+           "lamport_missed_start", "lamport_skip", "leave_call", "peer_address", "reached", "record_error", "signal",
+           "signal_multicast", "signal_peers", "size_word", "spin", "wait_peers", "wait_until", "combine", "convert",
            "load_reduce_multicast", "load_reduce_peer", "store_multicast", "store_peers", "CARRIER", "canonical",
            "clear", "empty_lanes", "lanes", "load_words", "negative_zero", "send", "wait_slots", "reduce_tiles",
            "shared_buffers", "smem_bytes", "post", "wait", "arrived_word", "epoch_of", "pack", "place", "place_of",

@@ -430,7 +430,8 @@ def lamport_missed(pad: Int64, calls: Uint32, counts: list, world: cutlass.Const
 
 @cute.jit
 def lamport_skip(pad: Int64, width: cutlass.Constexpr, call: Uint32, world: cutlass.Constexpr) -> None:
-    """Our Lamport count of ``width`` (``call``, every part's) moved on as a Lamport kernel of
+    """Our Lamport count of ``width`` (a constant, or an ``Int32`` in :func:`lamport_missed_start`;
+    ``call``, every part's) moved on as a Lamport kernel of
     that width moved its own, in a call where a peer ran one and we did not, and the buffer
     that kernel sent into marked dirty (emptied by
     :func:`~collectives.layouts.lamport_cleanup_call`, as a Lamport kernel's size mismatch marks it)."""
@@ -469,6 +470,39 @@ def lamport_missed_any(pad: Int64, calls: Uint32, world: cutlass.Constexpr, own:
 
 
 @cute.jit
+def lamport_missed_start(pad_table: Int64, rank: Int32, calls: Uint32, world: cutlass.Constexpr) -> None:
+    """In a barriered kernel with data whose start failed in the call at count ``calls`` (called
+    on that failure branch only, by every thread; thread 0 of block 0 acts: block 0 runs on every
+    rank and waited for every rank's block 0, where a Lamport kernel leaves its arrival word):
+    for each Lamport element width that some rank ran there (its ``auto`` picked Lamport: its
+    size far from ours), our count of it moves on as that kernel's did, once
+    (:func:`lamport_skip`; one thread reads and stores the counts: no order among threads to
+    keep).  So the ranks' Lamport counts stay equal.  Our pad's address is read from the pad
+    table (entry ``rank``) here, and the ranks and widths are run-time loops: nothing of this
+    branch is kept live across the kernel's data phase (``ptxas`` registers of the push kernels:
+    tests/collectives/algorithms/test_kernel_registers.py)."""
+    if cute.arch.block_idx()[0] == 0 and cute.arch.thread_idx()[0] == 0:
+        pad = peer_address(pad_table, rank)  # (our pad, read here: none of its addresses kept live)
+        layout = PadLayout(world=world)
+        words = gmem(Uint32, pad, 4, LOCAL, "collectives.device.signals.lamport_missed_start")
+        ran = Uint32(0)  # bit w: some rank ran width w
+        base = arrival_word(pad, calls, Int32(0), Int32(0), world)  # (rank r's: base + r)
+        r = Int32(0)
+        while r < world:
+            word = ptxops.ld(base + r, sem="relaxed", scope="sys", dtype=Uint64)
+            # width w's epoch is lamport_epoch(calls, 0) - w (w < 3); every other epoch is further
+            w = Uint32(lamport_epoch(calls, 0)) - Uint32(word & Uint64(0xFFFFFFFF))
+            if w < Uint32(3):
+                ran = ran | (Uint32(1) << w)
+            r += 1
+        width = Int32(0)
+        while width < 3:
+            if (ran >> Uint32(width)) & Uint32(1):
+                lamport_skip(pad, width, ptxops.ld(words + layout.lamport_step(width, 0), dtype=Uint32), world)
+            width += 1
+
+
+@cute.jit
 def block_all(flag: cute.Tensor, ok: Boolean) -> Boolean:
     """True in every thread of the block iff ``ok`` held in every thread (one shared word)."""
     tidx = cute.arch.thread_idx()[0]
@@ -485,5 +519,5 @@ def block_all(flag: cute.Tensor, ok: Boolean) -> Boolean:
 
 __all__ = ["HOST", "LOCAL", "MULTICAST", "PEER", "arrival_word", "barrier_multicast", "barrier_peer", "block_all",
            "enter_call", "gave_up", "gmem", "in_call", "lamport_counts", "lamport_missed", "lamport_missed_any",
-           "lamport_skip", "leave_call", "peer_address", "reached", "record_error", "signal", "signal_multicast",
-           "signal_peers", "size_word", "spin", "wait_peers", "wait_until"]
+           "lamport_missed_start", "lamport_skip", "leave_call", "peer_address", "reached", "record_error", "signal",
+           "signal_multicast", "signal_peers", "size_word", "spin", "wait_peers", "wait_until"]

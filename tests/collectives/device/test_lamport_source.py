@@ -360,10 +360,16 @@ def a_barriered_rank_among_lamport_ranks(source: types.ModuleType) -> None:
         assert counts == {(len(calls) * CALL_EPOCHS, *[len(calls) - 1] * PARTS)}, counts
 
 
-@pytest.mark.xfail(strict=True, reason="issue 48 item 4's gap: a barriered kernel whose start fails leaves its "
-                   "Lamport counts behind (the move in the kernels made the push kernels spill: not landed)")
 def test_a_barriered_rank_among_lamport_ranks_is_a_size_mismatch_and_the_counts_stay_equal() -> None:
     a_barriered_rank_among_lamport_ranks(SOURCE)
+
+
+def test_a_barriered_kernel_that_moves_no_lamport_count_fails() -> None:
+    """The gap as it was: a barriered kernel whose start failed leaves its Lamport counts as they were."""
+    with pytest.raises(AssertionError):
+        a_barriered_rank_among_lamport_ranks(kernels(signal_edits=((
+            "        ran = Uint32(0)  # bit w: some rank ran width w\n",
+            "        ran = Uint32(0)  # bit w: some rank ran width w\n        return\n"),)))
 
 
 #: Edits that leave a Lamport count behind where ranks' kernels were of different widths, each caught.

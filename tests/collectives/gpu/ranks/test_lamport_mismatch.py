@@ -1,7 +1,7 @@
 """Ranks that pass a Lamport all-reduce different sizes, an empty tensor where the others run
-Lamport, or tensors of different dtypes (Lamport kernels of different element widths), get a
-clear error at once (not a hang, not a timeout), and the next calls empty the Lamport buffers
-and work.
+Lamport, tensors of different dtypes (Lamport kernels of different element widths), or a
+barriered all-reduce on one rank where the others run Lamport, get a clear error at once (not a
+hang, not a timeout), and the next calls empty the Lamport buffers and work.
 
     torchrun --nproc-per-node 2 -m pytest -q tests/collectives/gpu/ranks/test_lamport_mismatch.py
 """
@@ -98,5 +98,51 @@ def test_lamport_kernels_of_different_widths_raise_on_every_rank_and_the_communi
             collectives.all_reduce(ok, algorithm="lamport")
             collectives.synchronize()
             assert torch.all(ok == comm.world * (comm.world + 1) // 2), (dtype, size)
+    comm.ctx.host_barrier()
+    collectives.current().close()
+
+
+@pytest.mark.parametrize("barriered", ["one_shot", "two_shot", "push"])
+def test_a_barriered_rank_against_lamport_ranks_raises_on_every_rank_and_the_lamport_counts_stay_equal(
+        barriered: str) -> None:
+    """Issue 48 item 4's gap: one rank runs a barriered all-reduce (``barriered``, on a tensor 16
+    times larger: several blocks) where the others run Lamport (bf16, 4096 elements), first on rank
+    0 and then on the last rank: every rank raises the recorded size mismatch at once (not a
+    timeout), and the barriered rank's kernel moved its bf16 Lamport count on as its peers' Lamport
+    kernels did (:func:`collectives.device.signals.lamport_missed_start`), so the Lamport calls of
+    both widths after, and a one-shot call, are exact.
+
+    Every buffer the calls use is made first on every rank: a buffer that one rank alone grows
+    (the larger tensor's, where its peers run Lamport) is a collective allocation its peers never
+    join, found on the host by the allocation agreement's timeout (a different error: not this
+    device protocol's case)."""
+    import collectives
+    from collectives.runtime.communicator import communicator
+
+    comm = communicator()
+    for dtype in (torch.bfloat16, torch.float32):  # both widths' buffers made on every rank
+        ok = torch.ones(4096, dtype=dtype, device="cuda")
+        collectives.all_reduce(ok, algorithm="lamport")
+        collectives.synchronize()
+        assert torch.all(ok == comm.world)
+    big = torch.ones(16 * 4096, dtype=torch.bfloat16, device="cuda")  # the barriered kernel's buffers, every rank
+    collectives.all_reduce(big, algorithm=barriered)
+    collectives.synchronize()
+    assert torch.all(big == comm.world)
+    for odd in (0, comm.world - 1):
+        start = time.monotonic()
+        mine = comm.rank == odd
+        t = torch.ones(16 * 4096 if mine else 4096, dtype=torch.bfloat16, device="cuda")
+        with pytest.raises(collectives.CollectiveError, match="different sizes"):
+            collectives.all_reduce(t, algorithm=barriered if mine else "lamport")
+            collectives.synchronize()
+        assert time.monotonic() - start < comm.timeout_s / 2, "the mismatch was found by a timeout"
+        for dtype, size, algorithm in ((torch.bfloat16, 4096, "lamport"), (torch.float32, 4096, "lamport"),
+                                       (torch.bfloat16, 512, "lamport"), (torch.float32, 512, "lamport"),
+                                       (torch.bfloat16, 4096, "one_shot"), (torch.bfloat16, 100_003, "lamport")):
+            ok = torch.full((size,), comm.rank + 1.0, dtype=dtype, device="cuda")
+            collectives.all_reduce(ok, algorithm=algorithm)
+            collectives.synchronize()
+            assert torch.all(ok == comm.world * (comm.world + 1) // 2), (barriered, odd, dtype, size, algorithm)
     comm.ctx.host_barrier()
     collectives.current().close()
