@@ -78,16 +78,17 @@ RS_LAMPORT_MAX: dict[tuple[str, int], int] = {
 #: Measured 2026-11-28 on 2 x H200 (``torchrun --nproc-per-node 2 -m collectives.tools.bench
 #: --dtypes bf16``, docs/data/bench-2xH200.json): the tagged kernel ahead of one-shot in graphs
 #: at every size it takes, 4 KB-1 MB of output (3.0-3.5 us at 4-256 KB vs 5.0-6.2; 5.8 vs 7.5
-#: at 1 MB, eagerly 10.7 vs 10.4 there), symmetric or not.  4 and 8 GPUs are estimates until
-#: measured: the -0.0 kernel (1 byte on the wire per byte) beat one-shot up to 4 MB on 4 x
-#: H200, halved for the tagged one's doubled bytes (and its block limit,
-#: :data:`~collectives.config.LAMPORT_GATHER_MAX_BYTES`); 8 GPUs halved again from 4.
+#: at 1 MB, eagerly 10.7 vs 10.4 there), symmetric or not.  On 4 x H200 (the same bench,
+#: docs/data/bench-4xH200.json, tree 3f33ec4) it was ahead in graphs at every size measured up to
+#: 1 MB (3.2-4.1 us at 4-256 KB vs one-shot 5.2-7.0; 8.2 vs 9.0 at 1 MB); 2 MB, the most its
+#: block limit allows at 4 ranks (:data:`~collectives.config.LAMPORT_GATHER_MAX_BYTES`), was not
+#: measured, so the entry stops at 1 MB.  8 GPUs: an estimate (a quarter of 4's), not measured.
 AG_LAMPORT_MAX: dict[tuple[str, int], int] = {
     ("peer", 2): 1 << 20,
-    ("peer", 4): 2 << 20,
+    ("peer", 4): 1 << 20,
     ("peer", 8): 256 << 10,
     ("multicast", 2): 1 << 20,
-    ("multicast", 4): 2 << 20,
+    ("multicast", 4): 1 << 20,
     ("multicast", 8): 256 << 10,
 }
 

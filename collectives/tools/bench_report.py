@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 from collections import defaultdict
 
 from .bench import _size, markdown, skipped_lines, strongest_nccl
@@ -262,16 +263,26 @@ def render(runs: dict[str, dict], device: str, level: int = 2) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _marker(text: str, marker: str) -> int:
+    """Where ``marker`` first starts as a line of its own in ``text``, or -1: prose that quotes
+    a marker (in backticks, mid-line) is never taken for one."""
+    found = re.search(rf"^{re.escape(marker)}$", text, re.MULTILINE)
+    return found.start() if found else -1
+
+
 def write(path: str, device: str, section: str) -> None:
-    """Put ``section`` between ``device``'s markers in the Markdown file ``path``."""
+    """Put ``section`` between ``device``'s markers (each a line of its own) in the Markdown file
+    ``path``."""
     begin, end = f"<!-- bench_report {device} -->", f"<!-- /bench_report {device} -->"
     with open(path) as f:
         text = f.read()
     block = f"{begin}\n{section}{end}\n"
-    if begin in text and end in text:
-        text = text[:text.index(begin)] + block + text[text.index(end) + len(end) + 1:]
+    first, stop = _marker(text, begin), _marker(text, end)
+    if 0 <= first < stop:
+        text = text[:first] + block + text[stop + len(end) + 1:]
     else:  # after the other machines' sections, else before the first section of the page
-        last = text.rfind("<!-- /bench_report ")
+        last = max((m.start() for m in re.finditer(r"^<!-- /bench_report \S+ -->$", text, re.MULTILINE)),
+                   default=-1)
         at = text.index("\n", last) + 2 if last >= 0 else text.find("\n## ") + 1
         at = len(text) if at <= 0 else at
         text = text[:at] + block + "\n" + text[at:]

@@ -133,6 +133,17 @@ def test_report_goes_between_its_markers_and_leaves_the_prose(tmp_path) -> None:
                                 "<!-- /bench_report 2xH100 -->\n\n## Older figures\n\ntext\n")
 
 
+def test_report_markers_quoted_in_the_prose_are_not_markers(tmp_path) -> None:
+    """A sentence that names the markers (in backticks, mid-line) is prose: the section replaces
+    only the markers on lines of their own, and the sentence stays."""
+    prose = "The section goes between `<!-- bench_report 4xH200 -->` markers (and `<!-- /bench_report 4xH200 -->`).\n"
+    page = tmp_path / "benchmarks.md"
+    page.write_text(f"# Benchmarks\n\n{prose}\n<!-- bench_report 4xH200 -->\nold\n<!-- /bench_report 4xH200 -->\n\ntail\n")
+    bench_report.write(str(page), "4xH200", "## new\n")
+    assert page.read_text() == (f"# Benchmarks\n\n{prose}\n<!-- bench_report 4xH200 -->\n## new\n"
+                                "<!-- /bench_report 4xH200 -->\n\ntail\n")
+
+
 @pytest.mark.parametrize("op", ["gemm_reduce_scatter", "all_gather_gemm"])
 def test_the_chunked_gemm_makes_our_blocks_products_in_our_order(monkeypatch, op: str) -> None:
     """gemm_overlap_bench's gemm_chunked: one GEMM per rank's block of rows, in ours' order (the
