@@ -6,7 +6,8 @@
 ``--world W`` runs W ranks as threads on one GPU instead (:mod:`collectives.tools.world_bench`:
 each algorithm's bytes per second against a device copy, a one-GPU regression guard).
 
-Times the barrier, all-reduce, reduce-scatter and all-gather (its rows:
+Times the barrier (beside an empty kernel: the floor of a call that is one launch),
+all-reduce, reduce-scatter and all-gather (its rows:
 :func:`gather_rows`) back to back with CUDA events, eager
 launches from Python and CUDA-graph replays separately, ours on symmetric and on plain tensors;
 prints a table with times, bus bandwidth and ratios (rank 0), writes ``DIR/bench-<device>.json``
@@ -189,6 +190,8 @@ def main(argv: list[str] | None = None) -> int | None:
                 handle = symm_mem.rendezvous(symm_mem.empty(1024, device="cuda"), group_name)
                 return time_op(lambda: handle.barrier(channel=0), iters, graph)
             rec.baseline(torch_barrier, impl="torch_symm_mem", **row)
+            # The floor of any one-kernel call: an empty kernel (torch's), launched the same way.
+            rec.baseline(lambda: time_op(lambda: torch.cuda._sleep(0), iters, graph), impl="empty_kernel", **row)
 
         for name in args.dtypes.split(","):
             dtype = DTYPES[name].torch
@@ -441,10 +444,13 @@ def _tables(results: list[dict], world: int):
 
 
 def _barrier_lines(results: list[dict]) -> list[str]:
+    """A line per mode: our barrier against torch symm_mem's, and the empty kernel (the floor of
+    any call that is one kernel launch) where the run has it."""
     index = {(r["impl"], r["mode"]): r["us"] for r in results if r["collective"] == "barrier"}
     return [f"Barrier ({mode}): ours {index[('ours', mode)]:.2f} us, torch symm_mem "
-            f"{index[('torch_symm_mem', mode)]:.2f} us (ours/torch {index[('ours', mode)] / index[('torch_symm_mem', mode)]:.2f})."
-            for mode in ("eager", "graph") if ("ours", mode) in index and ("torch_symm_mem", mode) in index]
+            f"{index[('torch_symm_mem', mode)]:.2f} us (ours/torch {index[('ours', mode)] / index[('torch_symm_mem', mode)]:.2f})"
+            + (f"; an empty kernel {index[('empty_kernel', mode)]:.2f} us" if ("empty_kernel", mode) in index else "")
+            + "." for mode in ("eager", "graph") if ("ours", mode) in index and ("torch_symm_mem", mode) in index]
 
 
 def report(rec, world: int, out_dir: str, meta: dict) -> None:

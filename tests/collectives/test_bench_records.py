@@ -86,7 +86,8 @@ def _runs() -> dict[str, dict]:
         ("all_gather", "ours_auto_plain", "bf16", 1 << 20, "graph", 30.0),
         ("all_gather", "nccl", "bf16", 1 << 20, "graph", 20.0),
         ("all_gather", "nccl_symm", "bf16", 1 << 20, "graph", 15.0),
-        ("barrier", "ours", "-", 0, "graph", 3.0), ("barrier", "torch_symm_mem", "-", 0, "graph", 2.0)]),
+        ("barrier", "ours", "-", 0, "graph", 3.0), ("barrier", "torch_symm_mem", "-", 0, "graph", 2.0),
+        ("barrier", "empty_kernel", "-", 0, "graph", 1.5)]),
         "skipped": [{**_row(1 << 20, "graph"), "impl": "nccl_ce", "reason": "RuntimeError: invalid argument"}]}
     gemm = {"world": 4, "gpu": "NVIDIA H200", "results": rows(("op", "impl", "M", "N", "K", "chunks", "mode"), [
         ("all_gather_gemm", "gemm", 4096, 4096, 4096, 1, "graph", 200.0),
@@ -120,6 +121,14 @@ def test_report_puts_where_we_lose_first_worst_first_from_the_records() -> None:
     assert cell["best ours / GEMM alone"] == "1.25" and cell["best ours / best baseline"] == "1.22"
     leaders = [line for line in text.splitlines() if line.startswith("| dispatch | 128 | pplx-kernels")]
     assert leaders == ["| dispatch | 128 | pplx-kernels (fp8 dispatch), 8 x H100 | 83.6 | - | 650.0 | 4 x NVIDIA H200 |"]
+
+
+def test_the_empty_kernel_is_the_barriers_floor_and_no_loss() -> None:
+    """The empty kernel (a floor, faster than every call) is printed beside the barrier and never
+    listed as a row where we lose."""
+    text = bench_report.render(_runs(), "4xH200")
+    assert "Barrier (graph): ours 3.00 us, torch symm_mem 2.00 us (ours/torch 1.50); an empty kernel 1.50 us." in text
+    assert "empty" not in text[text.index("### Where we lose"):text.index("### Skipped")]
 
 
 def test_report_goes_between_its_markers_and_leaves_the_prose(tmp_path) -> None:
