@@ -419,3 +419,15 @@ def test_an_eager_row_records_the_median_of_interleaved_bursts_and_their_spread(
     failing.add("ours_x")
     with pytest.raises(RuntimeError, match="ours_x failed in a timed burst"):
         bench.time_row(rec, cols[:2], 10, False, mode="eager", **row)
+
+
+def test_the_report_says_how_the_eager_rows_were_timed() -> None:
+    """Records with a spread (us_min: interleaved eager bursts) render as the median; a run
+    without (the older JSON files) as best of 3; the extra keys change no table."""
+    runs = _runs()
+    assert "the slowest rank's, best of 3." in bench_report.render(runs, "4xH200")
+    plain = bench_report.render(runs, "4xH200")
+    runs["bench"]["results"] = [dict(r, us_min=r["us"] - 1, us_max=r["us"] + 1) for r in runs["bench"]["results"]]
+    text = bench_report.render(runs, "4xH200")
+    assert "eager rows the median of interleaved bursts" in text
+    assert text.split("### Where we lose")[1] == plain.split("### Where we lose")[1]
