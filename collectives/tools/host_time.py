@@ -6,7 +6,8 @@ symm_mem's (issue 50's targets are eager times, which the host sets for small te
 
 Per collective and size: microseconds of host time per call (``time.perf_counter`` around
 ``--calls`` back-to-back eager calls, the GPU synchronised before and after, never inside; the
-slowest rank's, best of 3), for a plan hit (the same tensors again) and for tensors made anew at
+slowest rank's, best of :data:`REPEATS` runs, the runs of the rows compared with each other
+interleaved: :func:`measure_rows`), for a plan hit (the same tensors again) and for tensors made anew at
 each call (the allocator's other addresses; made before the timing).  ``--profile``: rank 0
 also prints cProfile's top functions of the plan hits.  ``--breakdown``: first, where a plan
 hit of the all-reduce of the first size goes (:func:`breakdown`).  bf16; NVLink multicast
@@ -31,32 +32,63 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 
-def host_us(calls: Callable[[], list[Callable[[], object]]], repeats: int = 3) -> float:
+#: Timed runs per row (:func:`host_us`, :func:`interleaved_us`): the best is reported.
+REPEATS = 5
+
+
+def host_run(calls: Callable[[], list[Callable[[], object]]]) -> tuple[float, Exception | None]:
+    """One timed run: microseconds of host time per call of the functions ``calls()`` returns
+    (made outside the timing; each called once, in order), the slowest rank's (infinite where a
+    rank failed), and the Python error this rank met (every rank does the same
+    synchronisations either way, so that none waits for it)."""
+    mine, error = math.inf, None
+    try:
+        fns = calls()
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 (returned, once every rank has met)
+        error, fns = e, []
+    dist.barrier()
+    try:
+        start = time.perf_counter()
+        for fn in fns:
+            fn()
+        if fns:
+            mine = (time.perf_counter() - start) / len(fns) * 1e6
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001
+        error, mine = e, math.inf
+    return _slowest(mine), error
+
+
+def _best(runs: list[tuple[float, Exception | None]]) -> float:
+    """The best of ``runs`` (:func:`host_run`'s), or the first error this rank met, or, where
+    another rank failed, a :class:`RuntimeError` saying so (:func:`_agreed`)."""
+    return _agreed(min(us for us, _ in runs), next((e for _, e in runs if e is not None), None))
+
+
+def host_us(calls: Callable[[], list[Callable[[], object]]], repeats: int = REPEATS) -> float:
     """Microseconds of host time per call of the functions ``calls()`` returns (made anew for
-    each of ``repeats`` runs, outside the timing; each called once, in order): the slowest
-    rank's, best of ``repeats``.  A Python error raised on a rank is raised there after every
-    rank has done the same synchronisations (so that none waits for it), and a
-    :class:`RuntimeError` on the others."""
-    best, error = math.inf, None
-    for _ in range(repeats):
-        mine = math.inf
+    each of ``repeats`` runs, outside the timing: :func:`host_run`), the slowest rank's, best of
+    ``repeats``.  A Python error raised on a rank is raised there after every rank has done the
+    same synchronisations (so that none waits for it), and a :class:`RuntimeError` on the
+    others."""
+    return _best([host_run(calls) for _ in range(repeats)])
+
+
+def interleaved_us(rows: list[Callable[[], list[Callable[[], object]]]], repeats: int = REPEATS) -> list[float | Exception]:
+    """:func:`host_us` of each of ``rows`` (their ``calls``), the runs interleaved
+    (:func:`collectives.tools.bench.interleaved`: round ``r`` runs every row once, starting at
+    the ``r``-th), so that the host's drift lands on every row alike; each row's best, or the
+    error that ended it (as :func:`host_us` raises it)."""
+    from .bench import interleaved
+
+    results: list[float | Exception] = []
+    for runs in interleaved([lambda calls=calls: host_run(calls) for calls in rows], repeats):
         try:
-            fns = calls()
-            torch.cuda.synchronize()
-        except Exception as e:  # noqa: BLE001 (raised below, once every rank has met)
-            error, fns = e, []
-        dist.barrier()
-        try:
-            start = time.perf_counter()
-            for fn in fns:
-                fn()
-            if fns:
-                mine = (time.perf_counter() - start) / len(fns) * 1e6
-            torch.cuda.synchronize()
-        except Exception as e:  # noqa: BLE001
-            error, mine = e, math.inf
-        best = min(best, _slowest(mine))
-    return _agreed(best, error)
+            results.append(_best(runs))
+        except Exception as e:  # noqa: BLE001 (the row's error is its result)
+            results.append(e)
+    return results
 
 
 def _slowest(mine: float) -> float:
@@ -201,6 +233,31 @@ def breakdown(comm, t: torch.Tensor, calls: int) -> list[Row]:
     return rows
 
 
+def measure_rows(rows: list[Row], group: list[tuple[str, Callable[[], Callable[[], object]], bool]],
+                 calls: int) -> None:
+    """Append the rows of ``group`` to ``rows``: per (name, make, moved), ``make()`` returning one
+    call of a collective on tensors made then: its plan hit (that call made once, then ``calls``
+    times per run, after one untimed call), and with ``moved`` its calls on tensors made anew at
+    each call (made before the timing); the runs of every row of the group interleaved
+    (:func:`interleaved_us`), each row its best, or the error that ended it (:func:`failed`)."""
+    labels, runs = [], []
+    for name, make, moved in group:
+        made: list[Callable[[], object]] = []
+
+        def hits(make: Callable[[], Callable[[], object]] = make, made: list = made) -> list[Callable[[], object]]:
+            if not made:
+                made.append(make())
+            made[0]()  # (the plan made, the kernel loaded; and warm again after the other rows)
+            return [made[0]] * calls
+        labels.append(f"{name}, plan hit")
+        runs.append(hits)
+        if moved:
+            labels.append(f"{name}, new tensors")
+            runs.append(lambda make=make: [make() for _ in range(calls)])
+    for label, us in zip(labels, interleaved_us(runs)):
+        rows.append((label, us) if isinstance(us, float) else failed(label, us))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m collectives.tools.host_time", description=__doc__)
     parser.add_argument("--bytes", default="4096,65536", help="bytes per rank")
@@ -219,40 +276,39 @@ def main(argv: list[str] | None = None) -> None:
     group = dist.group.WORLD.group_name
     rows: list[Row] = []
 
-    def measure(name: str, make: Callable[[], Callable[[], object]], moved: bool = True) -> None:
-        hit = make()
-        add(rows, f"{name}, plan hit", lambda: (hit(), host_us(lambda: [hit] * calls))[1])
-        if moved:
-            add(rows, f"{name}, new tensors", lambda: host_us(lambda: [make() for _ in range(calls)]))
-        if args.profile and comm.rank == 0:
-            profile = cProfile.Profile()
-            profile.runcall(lambda: [hit() for _ in range(calls)])
-            print(f"== {name}, plan hit: cProfile, {calls} calls")
-            pstats.Stats(profile).sort_stats("tottime").print_stats(12)
+    def measure(group: list[tuple[str, Callable[[], Callable[[], object]], bool]]) -> None:
+        measure_rows(rows, group, calls)
+        for name, make, _ in group:
+            if args.profile and comm.rank == 0:
+                hit = make()
+                profile = cProfile.Profile()
+                profile.runcall(lambda: [hit() for _ in range(calls)])
+                print(f"== {name}, plan hit: cProfile, {calls} calls")
+                pstats.Stats(profile).sort_stats("tottime").print_stats(12)
 
     if args.breakdown:
         first = int(args.bytes.split(",")[0]) // 2
         rows += breakdown(comm, torch.ones(first, dtype=torch.bfloat16, device="cuda"), calls)
         collectives.synchronize()
-    measure("barrier", lambda: collectives.barrier, moved=False)
     handle_buffer = symm_mem.empty(1024, device="cuda")
     handle = symm_mem.rendezvous(handle_buffer, group)
-    measure("torch symm_mem barrier", lambda: lambda: handle.barrier(channel=0), moved=False)
+    measure([("barrier", lambda: collectives.barrier, False),
+             ("torch symm_mem barrier", lambda: lambda: handle.barrier(channel=0), False)])
     for nbytes in (int(b) for b in args.bytes.split(",")):
         n = nbytes // 2
 
         def plain(m: int) -> torch.Tensor:
             return torch.ones(m, dtype=torch.bfloat16, device="cuda")
 
-        measure(f"all_reduce {nbytes} B", lambda: (lambda t=plain(n): collectives.all_reduce(t)))
-        measure(f"reduce_scatter {nbytes} B",
-                lambda: (lambda o=plain(n // world), i=plain(n): collectives.reduce_scatter(o, i)))
-        measure(f"all_gather {nbytes} B",
-                lambda: (lambda o=plain(n), i=plain(n // world): collectives.all_gather(o, i)))
         theirs = symm_mem.empty(n, dtype=torch.bfloat16, device="cuda")
         symm_mem.rendezvous(theirs, group)
-        measure(f"torch two_shot_all_reduce_ {nbytes} B",
-                lambda: lambda: torch.ops.symm_mem.two_shot_all_reduce_(theirs, "sum", group), moved=False)
+        measure([(f"all_reduce {nbytes} B", lambda: (lambda t=plain(n): collectives.all_reduce(t)), True),
+                 (f"reduce_scatter {nbytes} B",
+                  lambda: (lambda o=plain(n // world), i=plain(n): collectives.reduce_scatter(o, i)), True),
+                 (f"all_gather {nbytes} B", lambda: (lambda o=plain(n), i=plain(n // world): collectives.all_gather(o, i)),
+                  True),
+                 (f"torch two_shot_all_reduce_ {nbytes} B",
+                  lambda: lambda: torch.ops.symm_mem.two_shot_all_reduce_(theirs, "sum", group), False)])
         collectives.synchronize()
     if comm.rank == 0:
         print(f"host time per eager call, {world} ranks, bf16 ({torch.cuda.get_device_name()}):")

@@ -43,7 +43,7 @@ def test_a_row_that_raises_prints_its_error_and_the_next_row_is_measured(host_ti
     assert rows[0] == ("  bad", "failed: ValueError: boom")
     assert "rank 0: bad: ValueError: boom" in capsys.readouterr().out
     assert rows[1][0] == "good" and isinstance(rows[1][1], float) and math.isfinite(rows[1][1])
-    assert failing == met == ["barrier", "slowest"] * 3
+    assert failing == met == ["barrier", "slowest"] * module.REPEATS
 
 
 def test_a_row_another_rank_failed_says_so(host_time, monkeypatch) -> None:
@@ -52,3 +52,38 @@ def test_a_row_another_rank_failed_says_so(host_time, monkeypatch) -> None:
     rows: list = []
     module.add(rows, "row", lambda: module.host_us(lambda: [lambda: None]))
     assert rows == [("row", "failed: RuntimeError: failed on another rank")]
+
+
+def test_the_rows_compared_are_timed_interleaved_each_its_best(host_time, monkeypatch) -> None:
+    """measure_rows on a host that slows down run by run (a fake clock): every round runs each
+    row once, the first row rotating, so that the drift reaches every row alike (timed one row
+    after the other, the last would read 2 x (REPEATS - 1) steps slower); each row reports its
+    best run; a row whose call raises becomes its error (after the same runs as the others)."""
+    module, _ = host_time
+    order: list[str] = []
+
+    def host_run(calls):
+        try:
+            fns = calls()
+        except Exception as e:  # noqa: BLE001
+            return math.inf, e
+        order.append(fns[0].__name__)
+        return 10.0 + len(order), None  # (every call costs the same; the host drifts a step a run)
+
+    monkeypatch.setattr(module, "host_run", host_run)
+
+    def make(name: str):
+        def call() -> None:
+            pass
+        call.__name__ = name
+        return lambda: call
+
+    rows: list = []
+    module.measure_rows(rows, [("a", make("a"), False), ("b", make("b"), False), ("c", make("c"), False),
+                               ("bad", lambda: boom, False)], calls=4)
+    rounds = [order[r * 3:(r + 1) * 3] for r in range(module.REPEATS)]
+    assert all(sorted(r) == ["a", "b", "c"] for r in rounds) and {r[0] for r in rounds} == {"a", "b", "c"}
+    best = dict(rows[:3])
+    assert max(best.values()) - min(best.values()) <= 2  # less than a round apart
+    assert best == {f"{name}, plan hit": 11.0 + order.index(name) for name in "abc"}
+    assert rows[3] == ("bad, plan hit", "failed: ValueError: boom")
