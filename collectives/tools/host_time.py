@@ -10,8 +10,8 @@ slowest rank's, best of :data:`REPEATS` runs, the runs of the rows compared with
 interleaved: :func:`measure_rows`), for a plan hit (the same tensors again) and for tensors made anew at
 each call (the allocator's other addresses; made before the timing).  ``--profile``: rank 0
 also prints cProfile's top functions of the plan hits.  ``--breakdown``: first, where a plan
-hit of the all-reduce of the first size goes (:func:`breakdown`).  bf16; NVLink multicast
-stays off.
+hit of the all-reduce and of the reduce-scatter of the first size goes (:func:`breakdown`).
+bf16; NVLink multicast stays off.
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ def host_us(calls: Callable[[], list[Callable[[], object]]], repeats: int = REPE
     return _best([host_run(calls) for _ in range(repeats)])
 
 
-def interleaved_us(rows: list[Callable[[], list[Callable[[], object]]]], repeats: int = REPEATS) -> list[float | Exception]:
+def interleaved_us(rows: list[Callable[[], list[Callable[[], object]]]],
+                   repeats: int = REPEATS) -> list[float | Exception]:
     """:func:`host_us` of each of ``rows`` (their ``calls``), the runs interleaved
     (:func:`collectives.tools.bench.interleaved`: round ``r`` runs every row once, starting at
     the ``r``-th), so that the host's drift lands on every row alike; each row's best, or the
@@ -156,43 +157,48 @@ def failed(name: str, error: Exception) -> Row:
 
 def breakdown(comm, t: torch.Tensor, calls: int) -> list[Row]:
     """Host microseconds per call of each part of a plan hit of ``collectives.all_reduce(t)``,
-    each timed alone as :func:`host_us` times a call (every rank doing the same, so that the
-    collective launches pair), each row measured on its own (:func:`add`): the call; the call
-    in runs too short to fill the launch queue, and the GPU time per call (:func:`gpu_us`: where
-    it is the host time or more, the long runs' host time may be the GPU's); the call with its
-    launch a no-op (our Python); the key (the all-reduce's flat key of
-    :func:`~collectives.runtime.staging.tensor_key`'s fields, and the plan lookup); the error
-    record's reads (poll and finish); the stream (torch's raw handle, and
-    ``torch.cuda.current_stream``); whether a capture is on; the launch alone (the plan's
-    TVM-FFI function, bound to its arguments once); an empty torch kernel
-    (``torch.cuda._sleep(0)``); torch symm_mem's two-shot all-reduce of as many elements, as
-    the call.  A plan of two argument sets launches them in turn from the communicator's, an
-    even number of times (it ends where it began)."""
+    then of ``collectives.reduce_scatter`` of ``t`` (its key reads a second tensor), each timed
+    alone as :func:`host_us` times a call (every rank doing the same, so that the collective
+    launches pair), each row measured on its own (:func:`add`): the call; the call in runs too
+    short to fill the launch queue, and the GPU time per call (:func:`gpu_us`: where it is the
+    host time or more, the long runs' host time may be the GPU's); the call with its launch a
+    no-op (our Python); the key (the call's flat key of
+    :func:`~collectives.runtime.staging.tensor_key`'s fields, as the API builds it, and the plan
+    lookup); the launch alone (the plan's TVM-FFI function, bound to its arguments once); after
+    the all-reduce the error record's reads (poll and finish), the stream (torch's raw handle,
+    and ``torch.cuda.current_stream``), whether a capture is on, an empty torch kernel
+    (``torch.cuda._sleep(0)``); torch symm_mem's two-shot all-reduce and reduce-scatter of as
+    many elements, as the calls.  A plan of two argument sets launches them in turn from the
+    communicator's, an even number of times (it ends where it began)."""
     import collectives
     from collectives.algorithms.plan import capturing, current_stream
     from collectives.symmetric.context import address
 
     rows: list[Row] = []
-    key = plan = None
-    try:
-        collectives.all_reduce(t)
-        key = next(k for k in reversed(comm.plans._plans) if k[:3] == ("all_reduce", None, t.data_ptr()))
-        plan = comm.plans.get(key)
-    except Exception as e:  # noqa: BLE001 (the rows that need the plan are left out)
-        rows.append(failed("all_reduce plan hit: its plan", e))
     device, errors, stream = comm.device_index, comm.errors, current_stream(comm.device_index)
     calls += calls % 2
+    out = torch.empty(t.numel() // comm.world, dtype=t.dtype, device=t.device)
 
     def row(name: str, fn: Callable[[], object], runs: int = calls) -> None:
         add(rows, name, lambda: host_us(lambda: [fn] * runs))
 
-    def call() -> None:
-        collectives.all_reduce(t)
-
-    row("all_reduce, plan hit: the call", call)
-    row(f"  the call, runs of {SHORT} (the launch queue never full)", call, SHORT)
-    add(rows, f"  GPU time per call, {calls} back to back", lambda: gpu_us([call] * calls))
-    if plan is not None:
+    def parts(name: str, call: Callable[[], object], head: tuple, flat: Callable[[tuple], tuple]) -> None:
+        """The rows of a plan hit of ``call`` (its key starting with ``head``; ``flat(key)``: the
+        key as the API builds it)."""
+        key = plan = None
+        try:
+            call()
+            key = next(k for k in reversed(comm.plans._plans) if k[:len(head)] == head)
+            plan = comm.plans.get(key)
+            if comm.plans.hit(flat(key)) is not plan:
+                raise RuntimeError(f"the breakdown's key is not {name}'s: {flat(key)} against {key}")
+        except Exception as e:  # noqa: BLE001 (the rows that need the plan are left out)
+            rows.append(failed(f"{name} plan hit: its plan", e))
+        row(f"{name}, plan hit: the call", call)
+        row(f"  the call, runs of {SHORT} (the launch queue never full)", call, SHORT)
+        add(rows, f"  GPU time per call, {calls} back to back", lambda: gpu_us([call] * calls))
+        if plan is None:
+            return
         kept = plan.launches
 
         def idle() -> float:
@@ -203,16 +209,28 @@ def breakdown(comm, t: torch.Tensor, calls: int) -> list[Row]:
                 plan.launches = kept
 
         add(rows, "  the call, its launch a no-op (our Python)", idle)
-        row("  key: the flat key + plan lookup (PlanCache.hit)",  # (as collectives.all_reduce builds it)
-            lambda: comm.plans.hit(("all_reduce", None, t.data_ptr() or address(t), t.dtype, t.shape,
-                                    t.is_contiguous(), t.get_device(), *key[7:])))
+        row("  key: the flat key + plan lookup (PlanCache.hit)", lambda: comm.plans.hit(flat(key)))
         add(rows, "  launch alone: the plan's TVM-FFI function, bound once",
             lambda: host_us(lambda: [functools.partial(kept[(comm.turn + i) % len(kept)], stream)
                                      for i in range(calls)]))
+
+    def facts(x: torch.Tensor) -> tuple:
+        return x.data_ptr() or address(x), x.dtype, x.shape, x.is_contiguous(), x.get_device()
+
+    # (the keys as collectives.all_reduce and collectives.reduce_scatter build them)
+    parts("all_reduce", lambda: collectives.all_reduce(t), ("all_reduce", None, t.data_ptr()),
+          lambda key: ("all_reduce", None, t.data_ptr() or address(t), t.dtype, t.shape, t.is_contiguous(),
+                       t.get_device(), *key[7:]))
     row("  error record: poll + the check before finish", lambda: (errors.poll(), errors.deferred is not None))
     row("  stream: torch._C raw handle", lambda: current_stream(device))
     row("  stream: torch.cuda.current_stream()", lambda: torch.cuda.current_stream().cuda_stream)
     row("  capturing()", capturing)
+    row("  one tensor's five key facts (data_ptr, dtype, shape, is_contiguous, get_device)", lambda: facts(t))
+    parts("reduce_scatter", lambda: collectives.reduce_scatter(out, t),
+          ("reduce_scatter", out.data_ptr(), t.data_ptr()),
+          lambda key: ("reduce_scatter", out.data_ptr() or address(out), t.data_ptr() or address(t), t.dtype, t.shape,
+                       t.is_contiguous(), t.get_device(), out.dtype, out.shape, out.is_contiguous(), out.get_device(),
+                       *key[11:]))
     row("torch: an empty kernel's launch (torch.cuda._sleep(0))", lambda: torch.cuda._sleep(0))
     import torch.distributed._symmetric_memory as symm_mem
 
@@ -221,15 +239,19 @@ def breakdown(comm, t: torch.Tensor, calls: int) -> list[Row]:
         theirs = symm_mem.empty(t.numel(), dtype=t.dtype, device="cuda")
         symm_mem.rendezvous(theirs, group)
     except Exception as e:  # noqa: BLE001 (torch's rows are left out)
-        rows.append(failed("torch two_shot_all_reduce_: its buffer", e))
+        rows.append(failed("torch symm_mem: its buffer", e))
         return rows
 
     def two_shot() -> None:
         torch.ops.symm_mem.two_shot_all_reduce_(theirs, "sum", group)
 
-    add(rows, "torch two_shot_all_reduce_: the call", lambda: (two_shot(), host_us(lambda: [two_shot] * calls))[1])
-    row(f"  the call, runs of {SHORT}", two_shot, SHORT)
-    add(rows, f"  GPU time per call, {calls} back to back", lambda: gpu_us([two_shot] * calls))
+    def scatter() -> None:
+        torch.ops.symm_mem.reduce_scatter_out(theirs, group, False, out)
+
+    for name, fn in (("torch two_shot_all_reduce_", two_shot), ("torch reduce_scatter_out", scatter)):
+        add(rows, f"{name}: the call", lambda fn=fn: (fn(), host_us(lambda: [fn] * calls))[1])
+        row(f"  the call, runs of {SHORT}", fn, SHORT)
+        add(rows, f"  GPU time per call, {calls} back to back", lambda fn=fn: gpu_us([fn] * calls))
     return rows
 
 
@@ -263,7 +285,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bytes", default="4096,65536", help="bytes per rank")
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--profile", action="store_true")
-    parser.add_argument("--breakdown", action="store_true", help="first, where an all-reduce plan hit goes")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="first, where an all-reduce's and a reduce-scatter's plan hits go")
     args = parser.parse_args(argv)
 
     import torch.distributed._symmetric_memory as symm_mem
@@ -305,8 +328,8 @@ def main(argv: list[str] | None = None) -> None:
         measure([(f"all_reduce {nbytes} B", lambda: (lambda t=plain(n): collectives.all_reduce(t)), True),
                  (f"reduce_scatter {nbytes} B",
                   lambda: (lambda o=plain(n // world), i=plain(n): collectives.reduce_scatter(o, i)), True),
-                 (f"all_gather {nbytes} B", lambda: (lambda o=plain(n), i=plain(n // world): collectives.all_gather(o, i)),
-                  True),
+                 (f"all_gather {nbytes} B",
+                  lambda: (lambda o=plain(n), i=plain(n // world): collectives.all_gather(o, i)), True),
                  (f"torch two_shot_all_reduce_ {nbytes} B",
                   lambda: lambda: torch.ops.symm_mem.two_shot_all_reduce_(theirs, "sum", group), False)])
         collectives.synchronize()

@@ -87,3 +87,37 @@ def test_the_rows_compared_are_timed_interleaved_each_its_best(host_time, monkey
     assert max(best.values()) - min(best.values()) <= 2  # less than a round apart
     assert best == {f"{name}, plan hit": 11.0 + order.index(name) for name in "abc"}
     assert rows[3] == ("bad, plan hit", "failed: ValueError: boom")
+
+
+def test_the_breakdown_times_the_apis_own_keys_and_parts(monkeypatch) -> None:
+    """--breakdown on the stubbed world of tests.support.host_path (launches no-ops, timings
+    stood in for): the all-reduce's and the reduce-scatter's rows are all there, its flat keys
+    hit the plans the API made (a key built otherwise than the API's raises, and its rows go
+    missing), and torch's rows fail alone where torch symm_mem cannot run (no GPU here)."""
+    from ptxops.nvls import MULTICAST_OFF
+
+    for name, value in MULTICAST_OFF.items():
+        monkeypatch.setenv(name, value)
+    torch = pytest.importorskip("torch")
+    from collectives.algorithms import plan
+    from collectives.tools import host_time
+    from tests.support import host_path
+
+    with host_path.world() as comm:
+        monkeypatch.setattr(host_time, "host_us", lambda calls, repeats=5: ([f() for f in calls()[:2]], 1.0)[1])
+        monkeypatch.setattr(host_time, "gpu_us", lambda fns: (fns[0](), 2.0)[1])
+        monkeypatch.setattr(plan, "current_stream", lambda device: 0)
+        monkeypatch.setattr(torch.cuda, "_sleep", lambda n: None, raising=False)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda: SimpleNamespace(cuda_stream=0))
+        monkeypatch.setattr(host_time, "dist", SimpleNamespace(
+            get_rank=lambda: 0, group=SimpleNamespace(WORLD=SimpleNamespace(group_name="world"))))
+        rows = host_time.breakdown(comm, torch.ones(host_path.N, dtype=torch.bfloat16), 10)
+    names = [name.strip() for name, _ in rows]
+    for head in ("all_reduce", "reduce_scatter"):
+        part = names[names.index(f"{head}, plan hit: the call"):]
+        assert part[:6] == [f"{head}, plan hit: the call", f"the call, runs of {host_time.SHORT} (the launch queue never full)",
+                            "GPU time per call, 10 back to back", "the call, its launch a no-op (our Python)",
+                            "key: the flat key + plan lookup (PlanCache.hit)",
+                            "launch alone: the plan's TVM-FFI function, bound once"]
+    failures = [name for name, us in rows if isinstance(us, str)]
+    assert failures == ["torch symm_mem: its buffer"], rows
