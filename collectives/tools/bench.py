@@ -114,8 +114,9 @@ def time_op(fn: Callable[[], object], iters: int, graph: bool, repeats: int = 3)
     return best
 
 
-#: Timed bursts per eager column of a row (:func:`time_row`): the record's ``us`` is their median.
-BURSTS = 7
+#: Timed bursts per eager column of a row (:func:`time_row`): the record's ``us`` is their median
+#: (5: about as many calls per column as the best of 3 runs after a warm-up run timed before).
+BURSTS = 5
 
 
 @dataclass
