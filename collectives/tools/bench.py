@@ -9,7 +9,9 @@ each algorithm's bytes per second against a device copy, a one-GPU regression gu
 Times the barrier (beside an empty kernel: the floor of a call that is one launch),
 all-reduce, reduce-scatter and all-gather (its rows:
 :func:`gather_rows`) back to back with CUDA events, eager
-launches from Python and CUDA-graph replays separately, ours on symmetric and on plain tensors;
+launches from Python and CUDA-graph replays separately, ours on symmetric and on plain tensors
+(a row's eager columns interleaved, the median of :data:`BURSTS` bursts each: :func:`time_row`;
+``--sizes 4096,16384,65536 --no-graph``: the small eager rows alone, a few minutes);
 prints a table with times, bus bandwidth and ratios (rank 0), writes ``DIR/bench-<device>.json``
 (``bench-4xH200.json``: :class:`collectives.tools.records.Recorder`, records ``collective, impl,
 dtype, bytes, mode, us``) and, where matplotlib is installed, its plot (``.png``).  NCCL is
@@ -28,10 +30,14 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
 import os
+import statistics
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
 
 from ..symmetric.capability import force_multicast_off
 
@@ -108,6 +114,132 @@ def time_op(fn: Callable[[], object], iters: int, graph: bool, repeats: int = 3)
     return best
 
 
+#: Timed bursts per eager column of a row (:func:`time_row`): the record's ``us`` is their median
+#: (5: about as many calls per column as the best of 3 runs after a warm-up run timed before).
+BURSTS = 5
+
+
+@dataclass
+class Column:
+    """One column of a row: its ``impl``; ``make()``, the call it times (made once, at its
+    warm-up: a baseline's setup failing is that column's failure); whether it is a
+    ``baseline`` (it may fail: :meth:`~collectives.tools.records.Recorder.attempt`); the
+    ``context`` it runs in (NCCL's stream, a variant's knobs)."""
+
+    impl: str
+    make: Callable[[], Callable[[], object]]
+    baseline: bool = False
+    context: Callable[[], AbstractContextManager] = nullcontext
+
+
+def interleaved(bursts: list[Callable[[], float]], repeats: int) -> list[list[float]]:
+    """Each of ``bursts`` called ``repeats`` times, interleaved: round ``r`` calls every one
+    once, starting at the ``r``-th (mod their count), so that drift of the host (its clock,
+    other processes) lands on every column alike, not on the ones timed last; returns each
+    one's results in the order they were taken."""
+    results: list[list[float]] = [[] for _ in bursts]
+    for r in range(repeats):
+        for k in range(len(bursts)):
+            i = (r + k) % len(bursts)
+            results[i].append(bursts[i]())
+    return results
+
+
+def warm_up(fn: Callable[[], object]) -> None:
+    """Three calls of ``fn`` (plans made, kernels loaded), then the GPU synchronised."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+
+
+def burst(fn: Callable[[], object], iters: int) -> tuple[float, BaseException | None]:
+    """One timed burst: microseconds per call of ``iters`` back-to-back eager calls of ``fn``
+    after one untimed call (CUDA events around them, every rank starting together), the
+    slowest rank's; infinite where a rank raised, and the error this rank met (every rank
+    takes the same collectives either way, so none waits in vain)."""
+    mine, error = math.inf, None
+    try:
+        fn()
+        torch.cuda.synchronize()
+    except Exception as err:  # noqa: BLE001 (returned, once every rank has met)
+        error = err
+    dist.barrier()
+    if error is None:
+        try:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            end.synchronize()
+            mine = start.elapsed_time(end) * 1e3 / iters
+        except Exception as err:  # noqa: BLE001
+            error = err
+    slowest = torch.tensor([mine], device="cuda")
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return float(slowest), error
+
+
+def column(impl: str, fn: Callable[[], object], baseline: bool = False,
+           context: Callable[[], AbstractContextManager] = nullcontext) -> Column:
+    """A :class:`Column` timing ``fn`` itself (nothing to set up)."""
+    return Column(impl, lambda: fn, baseline, context)
+
+
+def time_row(rec, columns: list[Column], iters: int, graph: bool, **row: Any) -> dict[str, float]:
+    """Time and record (``rec``: a :class:`~collectives.tools.records.Recorder`) the columns of
+    one row (``row``: its fields but ``impl``); returns implementation -> us of those recorded.
+    Graphs: each column on its own (:func:`time_op`).  Eager: every column warmed up
+    (:func:`warm_up`; a baseline that raises is skipped), then :data:`BURSTS` timed bursts of
+    each (:func:`burst`), interleaved (:func:`interleaved`); ``us`` is the median of its bursts,
+    ``us_min`` and ``us_max`` their spread.  A column a burst of which failed is skipped (a
+    baseline) or raises (ours)."""
+    us: dict[str, float] = {}
+    if graph:
+        for c in columns:
+            def timed(c: Column = c) -> float:
+                with c.context():
+                    return time_op(c.make(), iters, True)
+            got = (rec.baseline if c.baseline else rec.ours)(timed, impl=c.impl, **row)
+            if got is not None:
+                us[c.impl] = got
+        return us
+    ready: list[tuple[Column, Callable[[], object]]] = []
+    for c in columns:
+        def warmed(c: Column = c) -> Callable[[], object]:
+            with c.context():
+                fn = c.make()
+                warm_up(fn)
+            return fn
+        ok, fn = rec.attempt(warmed, impl=c.impl, **row) if c.baseline else (True, warmed())
+        if ok:
+            ready.append((c, fn))
+    errors: dict[str, BaseException] = {}
+
+    def timed_burst(c: Column, fn: Callable[[], object]) -> float:
+        with c.context():
+            slowest, error = burst(fn, iters)
+        if error is not None:
+            errors.setdefault(c.impl, error)
+        return slowest
+
+    samples = interleaved([functools.partial(timed_burst, c, fn) for c, fn in ready], BURSTS)
+    for (c, _), times in zip(ready, samples):
+        if math.isinf(max(times)):
+            error = errors.get(c.impl, RuntimeError("failed on another rank"))
+            if not c.baseline:
+                raise RuntimeError(f"{c.impl} failed in a timed burst") from error
+            rec.attempt(functools.partial(_raise, error), impl=c.impl, **row)
+            continue
+        us[c.impl] = rec.add(statistics.median(times), spread={"us_min": min(times), "us_max": max(times)},
+                             impl=c.impl, **row)
+    return us
+
+
+def _raise(error: BaseException) -> None:
+    raise error
+
+
 @contextmanager
 def knobs(comm, values: dict[str, int]) -> Iterator[None]:
     """The :mod:`collectives.config` knobs set to ``values`` for the plans made inside (the
@@ -182,16 +314,13 @@ def main(argv: list[str] | None = None) -> int | None:
             "nccl_version": nccl.version, "nccl_skipped": nccl.skipped}
     try:
         for mode in modes:
-            graph, iters = mode == "graph", 200
-            row = dict(collective="barrier", dtype="-", bytes=0, mode=mode)
-            rec.ours(lambda: time_op(collectives.barrier, iters, graph), impl="ours", **row)
-
-            def torch_barrier() -> float:  # (setting up torch's buffer may fail too: a baseline's failure)
+            def torch_barrier() -> Callable[[], object]:  # (setting up torch's buffer may fail: a baseline's failure)
                 handle = symm_mem.rendezvous(symm_mem.empty(1024, device="cuda"), group_name)
-                return time_op(lambda: handle.barrier(channel=0), iters, graph)
-            rec.baseline(torch_barrier, impl="torch_symm_mem", **row)
-            # The floor of any one-kernel call: an empty kernel (torch's), launched the same way.
-            rec.baseline(lambda: time_op(lambda: torch.cuda._sleep(0), iters, graph), impl="empty_kernel", **row)
+                return lambda: handle.barrier(channel=0)
+            # (beside them the floor of any one-kernel call: an empty kernel (torch's), launched the same way)
+            time_row(rec, [Column("ours", lambda: collectives.barrier), Column("torch_symm_mem", torch_barrier, True),
+                           column("empty_kernel", functools.partial(torch.cuda._sleep, 0), baseline=True)],
+                     200, mode == "graph", collective="barrier", dtype="-", bytes=0, mode=mode)
 
         for name in args.dtypes.split(","):
             dtype = DTYPES[name].torch
@@ -213,62 +342,50 @@ def main(argv: list[str] | None = None) -> int | None:
                 algorithms = ["one_shot", "two_shot", "tma"] + (["lamport"] if nbytes <= LAMPORT_MAX_BYTES else [])
                 rs_lamport = ["lamport"] if nbytes // world <= LAMPORT_MAX_BYTES else []  # a block per Lamport slot
                 for mode in modes:
-                    graph = mode == "graph"
-
-                    def timed(fn: Callable[[], object]) -> Callable[[], float]:
-                        return lambda: time_op(fn, iters, graph)
-
                     ar = dict(collective="all_reduce", dtype=name, bytes=nbytes, mode=mode)
-                    for algorithm in (*algorithms, "push", "auto"):
-                        rec.ours(timed(lambda a=algorithm: collectives.all_reduce(ours, algorithm=a, backend="peer")),
-                                 impl=f"ours_{algorithm}", **ar)
-                    for algorithm in ("one_shot", "two_shot", "tma", "push", "auto"):  # a tensor from torch's allocator
-                        rec.ours(timed(lambda a=algorithm: collectives.all_reduce(plain, algorithm=a, backend="peer")),
-                                 impl=f"ours_{algorithm}_plain", **ar)
-                    for suffix, algorithm, tensor, placement in variants("all_reduce", nbytes, ours, plain, args.sweep):
-                        with knobs(comm, KNOBS[suffix]):  # an experiment: a failure skips it, not the run
-                            rec.baseline(timed(lambda a=algorithm, t=tensor: collectives.all_reduce(t, algorithm=a,
-                                                                                                backend="peer")),
-                                     impl=f"ours_{algorithm}{suffix}{placement}", **ar)
-                    for column in nccl.columns("all_reduce"):
-                        if column == "nccl":
-                            rec.baseline(timed(lambda: dist.all_reduce(plain)), impl=column, **ar)
+                    reduce = functools.partial(collectives.all_reduce, backend="peer")
+                    cols = [column(f"ours_{a}", functools.partial(reduce, ours, algorithm=a))
+                            for a in (*algorithms, "push", "auto")]
+                    cols += [column(f"ours_{a}_plain", functools.partial(reduce, plain, algorithm=a))  # torch's allocator
+                             for a in ("one_shot", "two_shot", "tma", "push", "auto")]
+                    cols += [column(f"ours_{a}{suffix}{placement}", functools.partial(reduce, t, algorithm=a), baseline=True,
+                                    context=functools.partial(knobs, comm, KNOBS[suffix]))  # an experiment: may fail
+                             for suffix, a, t, placement in variants("all_reduce", nbytes, ours, plain, args.sweep)]
+                    for c in nccl.columns("all_reduce"):
+                        if c == "nccl":
+                            cols.append(column(c, functools.partial(dist.all_reduce, plain), baseline=True))
                             continue
-                        window, _ = nccl.windows[column].views(n, 0, dtype)
+                        window, _ = nccl.windows[c].views(n, 0, dtype)
                         window.fill_(1)
-                        with nccl.stream(column):
-                            rec.baseline(timed(lambda w=window, g=nccl.group(column): dist.all_reduce(w, group=g)),
-                                         impl=column, **ar)
-                    for impl, op in (("torch_one_shot", "one_shot_all_reduce"), ("torch_two_shot", "two_shot_all_reduce_")):
-                        rec.baseline(lambda op=op: time_op(functools.partial(getattr(torch.ops.symm_mem, op), torch_buffer(),
-                                                                             "sum", group_name), iters, graph),
-                                     impl=impl, **ar)
+                        cols.append(column(c, functools.partial(dist.all_reduce, window, group=nccl.group(c)),
+                                           baseline=True, context=functools.partial(nccl.stream, c)))
+                    cols += [Column(impl, lambda op=op: functools.partial(getattr(torch.ops.symm_mem, op), torch_buffer(),
+                                                                          "sum", group_name), True)
+                             for impl, op in (("torch_one_shot", "one_shot_all_reduce"),
+                                              ("torch_two_shot", "two_shot_all_reduce_"))]
+                    time_row(rec, cols, iters, mode == "graph", **ar)
+
                     rs = dict(ar, collective="reduce_scatter")
-                    for algorithm in (*rs_lamport, "one_shot", "tma", "push", "auto"):
-                        rec.ours(timed(lambda a=algorithm: collectives.reduce_scatter(rs_out, ours, algorithm=a,
-                                                                                      backend="peer")),
-                                 impl=f"ours_{algorithm}", **rs)
-                    for algorithm in (*rs_lamport, "one_shot", "tma", "push", "auto"):  # an input outside symmetric memory
-                        rec.ours(timed(lambda a=algorithm: collectives.reduce_scatter(rs_out, plain, algorithm=a,
-                                                                                      backend="peer")),
-                                 impl=f"ours_{algorithm}_plain", **rs)
-                    for suffix, algorithm, tensor, placement in variants("reduce_scatter", nbytes, ours, plain):
-                        with knobs(comm, KNOBS[suffix]):  # an experiment: a failure skips it, not the run
-                            rec.baseline(timed(lambda a=algorithm, t=tensor: collectives.reduce_scatter(
-                                rs_out, t, algorithm=a, backend="peer")), impl=f"ours_{algorithm}{suffix}{placement}", **rs)
-                    for column in nccl.columns("reduce_scatter"):
-                        if column == "nccl":
-                            rec.baseline(timed(lambda: dist.reduce_scatter_tensor(rs_out, plain)), impl=column, **rs)
+                    scatter = functools.partial(collectives.reduce_scatter, rs_out, backend="peer")
+                    cols = [column(f"ours_{a}{placement}", functools.partial(scatter, t, algorithm=a))
+                            for t, placement in ((ours, ""), (plain, "_plain"))  # (plain: outside symmetric memory)
+                            for a in (*rs_lamport, "one_shot", "tma", "push", "auto")]
+                    cols += [column(f"ours_{a}{suffix}{placement}", functools.partial(scatter, t, algorithm=a), baseline=True,
+                                    context=functools.partial(knobs, comm, KNOBS[suffix]))  # an experiment: may fail
+                             for suffix, a, t, placement in variants("reduce_scatter", nbytes, ours, plain)]
+                    for c in nccl.columns("reduce_scatter"):
+                        if c == "nccl":
+                            cols.append(column(c, functools.partial(dist.reduce_scatter_tensor, rs_out, plain),
+                                               baseline=True))
                             continue
-                        window, out = nccl.windows[column].views(n, n // world, dtype)
+                        window, out = nccl.windows[c].views(n, n // world, dtype)
                         window.fill_(1)
-                        with nccl.stream(column):
-                            rec.baseline(timed(lambda w=window, o=out, g=nccl.group(column):
-                                               dist.reduce_scatter_tensor(o, w, group=g)), impl=column, **rs)
+                        cols.append(column(c, functools.partial(dist.reduce_scatter_tensor, out, window, group=nccl.group(c)),
+                                           baseline=True, context=functools.partial(nccl.stream, c)))
                     # torch's reduce-scatter on its own buffer (peer loads; the issue's eager target: <= 0.8x its time)
-                    rec.baseline(lambda: time_op(functools.partial(torch.ops.symm_mem.reduce_scatter_out, torch_buffer(),
-                                                                   group_name, False, rs_out), iters, graph),
-                                 impl="torch_reduce_scatter", **rs)
+                    cols.append(Column("torch_reduce_scatter", lambda: functools.partial(
+                        torch.ops.symm_mem.reduce_scatter_out, torch_buffer(), group_name, False, rs_out), True))
+                    time_row(rec, cols, iters, mode == "graph", **rs)
                     gather_rows(rec, nccl, name, nbytes, mode, iters)
                 collectives.synchronize()
                 comm.ctx.free(ours)
@@ -299,35 +416,32 @@ def gather_rows(rec, nccl, dtype_name: str, nbytes: int, mode: str, iters: int) 
     n = nbytes // size // world // 16 * 16
     if n == 0:
         return {}
-    graph = mode == "graph"
     row = dict(collective="all_gather", dtype=dtype_name, bytes=world * n * size, mode=mode)
     plain_in = torch.ones(n, dtype=dtype, device="cuda")
     plain_out = torch.empty(world * n, dtype=dtype, device="cuda")
-    us: dict[str, float | None] = {}
-    for column in nccl.columns("all_gather"):
-        if column == "nccl":
+    cols = []
+    for c in nccl.columns("all_gather"):
+        if c == "nccl":
             out, inp = plain_out, plain_in
         else:
-            out, inp = nccl.windows[column].views(world * n, n, dtype)
+            out, inp = nccl.windows[c].views(world * n, n, dtype)
             inp.fill_(1)
-        with nccl.stream(column):
-            us[column] = rec.baseline(lambda o=out, i=inp, g=nccl.group(column): time_op(
-                lambda: dist.all_gather_into_tensor(o, i, group=g), iters, graph), impl=column, **row)
+        cols.append(column(c, functools.partial(dist.all_gather_into_tensor, out, inp, group=nccl.group(c)),
+                           baseline=True, context=functools.partial(nccl.stream, c)))
     sym_in, sym_out = collectives.empty(n, dtype), collectives.empty(world * n, dtype)
     sym_in.fill_(1)
     try:
-        for suffix, out, inp in (("", sym_out, sym_in), ("_plain", plain_out, plain_in)):
-            for algorithm in ALGORITHMS_ALL_GATHER:
-                if algorithm == "lamport" and n * size > LAMPORT_GATHER_MAX_BYTES:  # the input exceeds half a slot
-                    continue
-                us[f"ours_{algorithm}{suffix}"] = rec.ours(lambda o=out, i=inp, a=algorithm: time_op(
-                    lambda: collectives.all_gather(o, i, algorithm=a, backend="peer"), iters, graph),
-                    impl=f"ours_{algorithm}{suffix}", **row)
+        cols += [column(f"ours_{algorithm}{suffix}",
+                        functools.partial(collectives.all_gather, out, inp, algorithm=algorithm, backend="peer"))
+                 for suffix, out, inp in (("", sym_out, sym_in), ("_plain", plain_out, plain_in))
+                 for algorithm in ALGORITHMS_ALL_GATHER
+                 if algorithm != "lamport" or n * size <= LAMPORT_GATHER_MAX_BYTES]  # (Lamport: at most half a slot)
+        us = time_row(rec, cols, iters, mode == "graph", **row)
         collectives.synchronize()
     finally:
         comm.ctx.free(sym_in)
         comm.ctx.free(sym_out)
-    return {k: v for k, v in us.items() if v is not None}
+    return us
 
 
 #: The fields of a record of the collectives' benches, before ``us`` (``bytes``: per rank,
@@ -459,7 +573,8 @@ def report(rec, world: int, out_dir: str, meta: dict) -> None:
     matplotlib) into ``out_dir``."""
     gpu, results = torch.cuda.get_device_name(), rec.results
     print(f"\n{world} x {gpu}, NVLink multicast off (our backend: peer); microseconds per call, "
-          "back-to-back, slowest rank, best of 3; 'plain': a tensor from torch's allocator")
+          f"back-to-back, slowest rank; eager: the median of {BURSTS} bursts, a row's columns interleaved; graphs: "
+          "best of 3; 'plain': a tensor from torch's allocator")
     print(f"{meta['sms']} SMs per GPU; thread blocks (one per SM at most) of the tma all-reduce by "
           f"size: {', '.join(f'{_size(b)}: {n}' for b, n in meta['tma_blocks_all_reduce_bf16'].items())}")
     print(_nccl_line(meta))

@@ -6,11 +6,12 @@ symm_mem's (issue 50's targets are eager times, which the host sets for small te
 
 Per collective and size: microseconds of host time per call (``time.perf_counter`` around
 ``--calls`` back-to-back eager calls, the GPU synchronised before and after, never inside; the
-slowest rank's, best of 3), for a plan hit (the same tensors again) and for tensors made anew at
+slowest rank's, best of :data:`REPEATS` runs, the runs of the rows compared with each other
+interleaved: :func:`measure_rows`), for a plan hit (the same tensors again) and for tensors made anew at
 each call (the allocator's other addresses; made before the timing).  ``--profile``: rank 0
 also prints cProfile's top functions of the plan hits.  ``--breakdown``: first, where a plan
-hit of the all-reduce of the first size goes (:func:`breakdown`).  bf16; NVLink multicast
-stays off.
+hit of the all-reduce and of the reduce-scatter of the first size goes (:func:`breakdown`).
+bf16; NVLink multicast stays off.
 """
 
 from __future__ import annotations
@@ -31,32 +32,64 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 
-def host_us(calls: Callable[[], list[Callable[[], object]]], repeats: int = 3) -> float:
+#: Timed runs per row (:func:`host_us`, :func:`interleaved_us`): the best is reported.
+REPEATS = 5
+
+
+def host_run(calls: Callable[[], list[Callable[[], object]]]) -> tuple[float, Exception | None]:
+    """One timed run: microseconds of host time per call of the functions ``calls()`` returns
+    (made outside the timing; each called once, in order), the slowest rank's (infinite where a
+    rank failed), and the Python error this rank met (every rank does the same
+    synchronisations either way, so that none waits for it)."""
+    mine, error = math.inf, None
+    try:
+        fns = calls()
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 (returned, once every rank has met)
+        error, fns = e, []
+    dist.barrier()
+    try:
+        start = time.perf_counter()
+        for fn in fns:
+            fn()
+        if fns:
+            mine = (time.perf_counter() - start) / len(fns) * 1e6
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001
+        error, mine = e, math.inf
+    return _slowest(mine), error
+
+
+def _best(runs: list[tuple[float, Exception | None]]) -> float:
+    """The best of ``runs`` (:func:`host_run`'s), or the first error this rank met, or, where
+    another rank failed, a :class:`RuntimeError` saying so (:func:`_agreed`)."""
+    return _agreed(min(us for us, _ in runs), next((e for _, e in runs if e is not None), None))
+
+
+def host_us(calls: Callable[[], list[Callable[[], object]]], repeats: int = REPEATS) -> float:
     """Microseconds of host time per call of the functions ``calls()`` returns (made anew for
-    each of ``repeats`` runs, outside the timing; each called once, in order): the slowest
-    rank's, best of ``repeats``.  A Python error raised on a rank is raised there after every
-    rank has done the same synchronisations (so that none waits for it), and a
-    :class:`RuntimeError` on the others."""
-    best, error = math.inf, None
-    for _ in range(repeats):
-        mine = math.inf
+    each of ``repeats`` runs, outside the timing: :func:`host_run`), the slowest rank's, best of
+    ``repeats``.  A Python error raised on a rank is raised there after every rank has done the
+    same synchronisations (so that none waits for it), and a :class:`RuntimeError` on the
+    others."""
+    return _best([host_run(calls) for _ in range(repeats)])
+
+
+def interleaved_us(rows: list[Callable[[], list[Callable[[], object]]]],
+                   repeats: int = REPEATS) -> list[float | Exception]:
+    """:func:`host_us` of each of ``rows`` (their ``calls``), the runs interleaved
+    (:func:`collectives.tools.bench.interleaved`: round ``r`` runs every row once, starting at
+    the ``r``-th), so that the host's drift lands on every row alike; each row's best, or the
+    error that ended it (as :func:`host_us` raises it)."""
+    from .bench import interleaved
+
+    results: list[float | Exception] = []
+    for runs in interleaved([lambda calls=calls: host_run(calls) for calls in rows], repeats):
         try:
-            fns = calls()
-            torch.cuda.synchronize()
-        except Exception as e:  # noqa: BLE001 (raised below, once every rank has met)
-            error, fns = e, []
-        dist.barrier()
-        try:
-            start = time.perf_counter()
-            for fn in fns:
-                fn()
-            if fns:
-                mine = (time.perf_counter() - start) / len(fns) * 1e6
-            torch.cuda.synchronize()
-        except Exception as e:  # noqa: BLE001
-            error, mine = e, math.inf
-        best = min(best, _slowest(mine))
-    return _agreed(best, error)
+            results.append(_best(runs))
+        except Exception as e:  # noqa: BLE001 (the row's error is its result)
+            results.append(e)
+    return results
 
 
 def _slowest(mine: float) -> float:
@@ -124,43 +157,48 @@ def failed(name: str, error: Exception) -> Row:
 
 def breakdown(comm, t: torch.Tensor, calls: int) -> list[Row]:
     """Host microseconds per call of each part of a plan hit of ``collectives.all_reduce(t)``,
-    each timed alone as :func:`host_us` times a call (every rank doing the same, so that the
-    collective launches pair), each row measured on its own (:func:`add`): the call; the call
-    in runs too short to fill the launch queue, and the GPU time per call (:func:`gpu_us`: where
-    it is the host time or more, the long runs' host time may be the GPU's); the call with its
-    launch a no-op (our Python); the key (the all-reduce's flat key of
-    :func:`~collectives.runtime.staging.tensor_key`'s fields, and the plan lookup); the error
-    record's reads (poll and finish); the stream (torch's raw handle, and
-    ``torch.cuda.current_stream``); whether a capture is on; the launch alone (the plan's
-    TVM-FFI function, bound to its arguments once); an empty torch kernel
-    (``torch.cuda._sleep(0)``); torch symm_mem's two-shot all-reduce of as many elements, as
-    the call.  A plan of two argument sets launches them in turn from the communicator's, an
-    even number of times (it ends where it began)."""
+    then of ``collectives.reduce_scatter`` of ``t`` (its key reads a second tensor), each timed
+    alone as :func:`host_us` times a call (every rank doing the same, so that the collective
+    launches pair), each row measured on its own (:func:`add`): the call; the call in runs too
+    short to fill the launch queue, and the GPU time per call (:func:`gpu_us`: where it is the
+    host time or more, the long runs' host time may be the GPU's); the call with its launch a
+    no-op (our Python); the key (the call's flat key of
+    :func:`~collectives.runtime.staging.tensor_key`'s fields, as the API builds it, and the plan
+    lookup); the launch alone (the plan's TVM-FFI function, bound to its arguments once); after
+    the all-reduce the error record's reads (poll and finish), the stream (torch's raw handle,
+    and ``torch.cuda.current_stream``), whether a capture is on, an empty torch kernel
+    (``torch.cuda._sleep(0)``); torch symm_mem's two-shot all-reduce and reduce-scatter of as
+    many elements, as the calls.  A plan of two argument sets launches them in turn from the
+    communicator's, an even number of times (it ends where it began)."""
     import collectives
     from collectives.algorithms.plan import capturing, current_stream
     from collectives.symmetric.context import address
 
     rows: list[Row] = []
-    key = plan = None
-    try:
-        collectives.all_reduce(t)
-        key = next(k for k in reversed(comm.plans._plans) if k[:3] == ("all_reduce", None, t.data_ptr()))
-        plan = comm.plans.get(key)
-    except Exception as e:  # noqa: BLE001 (the rows that need the plan are left out)
-        rows.append(failed("all_reduce plan hit: its plan", e))
     device, errors, stream = comm.device_index, comm.errors, current_stream(comm.device_index)
     calls += calls % 2
+    out = torch.empty(t.numel() // comm.world, dtype=t.dtype, device=t.device)
 
     def row(name: str, fn: Callable[[], object], runs: int = calls) -> None:
         add(rows, name, lambda: host_us(lambda: [fn] * runs))
 
-    def call() -> None:
-        collectives.all_reduce(t)
-
-    row("all_reduce, plan hit: the call", call)
-    row(f"  the call, runs of {SHORT} (the launch queue never full)", call, SHORT)
-    add(rows, f"  GPU time per call, {calls} back to back", lambda: gpu_us([call] * calls))
-    if plan is not None:
+    def parts(name: str, call: Callable[[], object], head: tuple, flat: Callable[[tuple], tuple]) -> None:
+        """The rows of a plan hit of ``call`` (its key starting with ``head``; ``flat(key)``: the
+        key as the API builds it)."""
+        key = plan = None
+        try:
+            call()
+            key = next(k for k in reversed(comm.plans._plans) if k[:len(head)] == head)
+            plan = comm.plans.get(key)
+            if comm.plans.hit(flat(key)) is not plan:
+                raise RuntimeError(f"the breakdown's key is not {name}'s: {flat(key)} against {key}")
+        except Exception as e:  # noqa: BLE001 (the rows that need the plan are left out)
+            rows.append(failed(f"{name} plan hit: its plan", e))
+        row(f"{name}, plan hit: the call", call)
+        row(f"  the call, runs of {SHORT} (the launch queue never full)", call, SHORT)
+        add(rows, f"  GPU time per call, {calls} back to back", lambda: gpu_us([call] * calls))
+        if plan is None:
+            return
         kept = plan.launches
 
         def idle() -> float:
@@ -171,16 +209,28 @@ def breakdown(comm, t: torch.Tensor, calls: int) -> list[Row]:
                 plan.launches = kept
 
         add(rows, "  the call, its launch a no-op (our Python)", idle)
-        row("  key: the flat key + plan lookup (PlanCache.hit)",  # (as collectives.all_reduce builds it)
-            lambda: comm.plans.hit(("all_reduce", None, t.data_ptr() or address(t), t.dtype, t.shape,
-                                    t.is_contiguous(), t.get_device(), *key[7:])))
+        row("  key: the flat key + plan lookup (PlanCache.hit)", lambda: comm.plans.hit(flat(key)))
         add(rows, "  launch alone: the plan's TVM-FFI function, bound once",
             lambda: host_us(lambda: [functools.partial(kept[(comm.turn + i) % len(kept)], stream)
                                      for i in range(calls)]))
+
+    def facts(x: torch.Tensor) -> tuple:
+        return x.data_ptr() or address(x), x.dtype, x.shape, x.is_contiguous(), x.get_device()
+
+    # (the keys as collectives.all_reduce and collectives.reduce_scatter build them)
+    parts("all_reduce", lambda: collectives.all_reduce(t), ("all_reduce", None, t.data_ptr()),
+          lambda key: ("all_reduce", None, t.data_ptr() or address(t), t.dtype, t.shape, t.is_contiguous(),
+                       t.get_device(), *key[7:]))
     row("  error record: poll + the check before finish", lambda: (errors.poll(), errors.deferred is not None))
     row("  stream: torch._C raw handle", lambda: current_stream(device))
     row("  stream: torch.cuda.current_stream()", lambda: torch.cuda.current_stream().cuda_stream)
     row("  capturing()", capturing)
+    row("  one tensor's five key facts (data_ptr, dtype, shape, is_contiguous, get_device)", lambda: facts(t))
+    parts("reduce_scatter", lambda: collectives.reduce_scatter(out, t),
+          ("reduce_scatter", out.data_ptr(), t.data_ptr()),
+          lambda key: ("reduce_scatter", out.data_ptr() or address(out), t.data_ptr() or address(t), t.dtype, t.shape,
+                       t.is_contiguous(), t.get_device(), out.dtype, out.shape, out.is_contiguous(), out.get_device(),
+                       *key[11:]))
     row("torch: an empty kernel's launch (torch.cuda._sleep(0))", lambda: torch.cuda._sleep(0))
     import torch.distributed._symmetric_memory as symm_mem
 
@@ -189,16 +239,45 @@ def breakdown(comm, t: torch.Tensor, calls: int) -> list[Row]:
         theirs = symm_mem.empty(t.numel(), dtype=t.dtype, device="cuda")
         symm_mem.rendezvous(theirs, group)
     except Exception as e:  # noqa: BLE001 (torch's rows are left out)
-        rows.append(failed("torch two_shot_all_reduce_: its buffer", e))
+        rows.append(failed("torch symm_mem: its buffer", e))
         return rows
 
     def two_shot() -> None:
         torch.ops.symm_mem.two_shot_all_reduce_(theirs, "sum", group)
 
-    add(rows, "torch two_shot_all_reduce_: the call", lambda: (two_shot(), host_us(lambda: [two_shot] * calls))[1])
-    row(f"  the call, runs of {SHORT}", two_shot, SHORT)
-    add(rows, f"  GPU time per call, {calls} back to back", lambda: gpu_us([two_shot] * calls))
+    def scatter() -> None:
+        torch.ops.symm_mem.reduce_scatter_out(theirs, group, False, out)
+
+    for name, fn in (("torch two_shot_all_reduce_", two_shot), ("torch reduce_scatter_out", scatter)):
+        add(rows, f"{name}: the call", lambda fn=fn: (fn(), host_us(lambda: [fn] * calls))[1])
+        row(f"  the call, runs of {SHORT}", fn, SHORT)
+        add(rows, f"  GPU time per call, {calls} back to back", lambda fn=fn: gpu_us([fn] * calls))
     return rows
+
+
+def measure_rows(rows: list[Row], group: list[tuple[str, Callable[[], Callable[[], object]], bool]],
+                 calls: int) -> None:
+    """Append the rows of ``group`` to ``rows``: per (name, make, moved), ``make()`` returning one
+    call of a collective on tensors made then: its plan hit (that call made once, then ``calls``
+    times per run, after one untimed call), and with ``moved`` its calls on tensors made anew at
+    each call (made before the timing); the runs of every row of the group interleaved
+    (:func:`interleaved_us`), each row its best, or the error that ended it (:func:`failed`)."""
+    labels, runs = [], []
+    for name, make, moved in group:
+        made: list[Callable[[], object]] = []
+
+        def hits(make: Callable[[], Callable[[], object]] = make, made: list = made) -> list[Callable[[], object]]:
+            if not made:
+                made.append(make())
+            made[0]()  # (the plan made, the kernel loaded; and warm again after the other rows)
+            return [made[0]] * calls
+        labels.append(f"{name}, plan hit")
+        runs.append(hits)
+        if moved:
+            labels.append(f"{name}, new tensors")
+            runs.append(lambda make=make: [make() for _ in range(calls)])
+    for label, us in zip(labels, interleaved_us(runs)):
+        rows.append((label, us) if isinstance(us, float) else failed(label, us))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -206,7 +285,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bytes", default="4096,65536", help="bytes per rank")
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--profile", action="store_true")
-    parser.add_argument("--breakdown", action="store_true", help="first, where an all-reduce plan hit goes")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="first, where an all-reduce's and a reduce-scatter's plan hits go")
     args = parser.parse_args(argv)
 
     import torch.distributed._symmetric_memory as symm_mem
@@ -219,40 +299,40 @@ def main(argv: list[str] | None = None) -> None:
     group = dist.group.WORLD.group_name
     rows: list[Row] = []
 
-    def measure(name: str, make: Callable[[], Callable[[], object]], moved: bool = True) -> None:
-        hit = make()
-        add(rows, f"{name}, plan hit", lambda: (hit(), host_us(lambda: [hit] * calls))[1])
-        if moved:
-            add(rows, f"{name}, new tensors", lambda: host_us(lambda: [make() for _ in range(calls)]))
-        if args.profile and comm.rank == 0:
-            profile = cProfile.Profile()
-            profile.runcall(lambda: [hit() for _ in range(calls)])
-            print(f"== {name}, plan hit: cProfile, {calls} calls")
-            pstats.Stats(profile).sort_stats("tottime").print_stats(12)
+    def measure(entries: list[tuple[str, Callable[[], Callable[[], object]], bool]]) -> None:
+        measure_rows(rows, entries, calls)
+        for name, make, _ in entries:
+            if args.profile and comm.rank == 0:
+                hit = make()
+                hit()  # (its plan made: the profile is of plan hits)
+                profile = cProfile.Profile()
+                profile.runcall(lambda: [hit() for _ in range(calls)])
+                print(f"== {name}, plan hit: cProfile, {calls} calls")
+                pstats.Stats(profile).sort_stats("tottime").print_stats(12)
 
     if args.breakdown:
         first = int(args.bytes.split(",")[0]) // 2
         rows += breakdown(comm, torch.ones(first, dtype=torch.bfloat16, device="cuda"), calls)
         collectives.synchronize()
-    measure("barrier", lambda: collectives.barrier, moved=False)
     handle_buffer = symm_mem.empty(1024, device="cuda")
     handle = symm_mem.rendezvous(handle_buffer, group)
-    measure("torch symm_mem barrier", lambda: lambda: handle.barrier(channel=0), moved=False)
+    measure([("barrier", lambda: collectives.barrier, False),
+             ("torch symm_mem barrier", lambda: lambda: handle.barrier(channel=0), False)])
     for nbytes in (int(b) for b in args.bytes.split(",")):
         n = nbytes // 2
 
         def plain(m: int) -> torch.Tensor:
             return torch.ones(m, dtype=torch.bfloat16, device="cuda")
 
-        measure(f"all_reduce {nbytes} B", lambda: (lambda t=plain(n): collectives.all_reduce(t)))
-        measure(f"reduce_scatter {nbytes} B",
-                lambda: (lambda o=plain(n // world), i=plain(n): collectives.reduce_scatter(o, i)))
-        measure(f"all_gather {nbytes} B",
-                lambda: (lambda o=plain(n), i=plain(n // world): collectives.all_gather(o, i)))
         theirs = symm_mem.empty(n, dtype=torch.bfloat16, device="cuda")
         symm_mem.rendezvous(theirs, group)
-        measure(f"torch two_shot_all_reduce_ {nbytes} B",
-                lambda: lambda: torch.ops.symm_mem.two_shot_all_reduce_(theirs, "sum", group), moved=False)
+        measure([(f"all_reduce {nbytes} B", lambda: (lambda t=plain(n): collectives.all_reduce(t)), True),
+                 (f"reduce_scatter {nbytes} B",
+                  lambda: (lambda o=plain(n // world), i=plain(n): collectives.reduce_scatter(o, i)), True),
+                 (f"all_gather {nbytes} B",
+                  lambda: (lambda o=plain(n), i=plain(n // world): collectives.all_gather(o, i)), True),
+                 (f"torch two_shot_all_reduce_ {nbytes} B",
+                  lambda: lambda: torch.ops.symm_mem.two_shot_all_reduce_(theirs, "sum", group), False)])
         collectives.synchronize()
     if comm.rank == 0:
         print(f"host time per eager call, {world} ranks, bf16 ({torch.cuda.get_device_name()}):")

@@ -59,9 +59,10 @@ class Recorder:
             raise ValueError(f"{self.bench} records have fields {self.keys}, not {tuple(fields)}")
         return {k: fields[k] for k in self.keys}
 
-    def add(self, us: float, **fields: Any) -> float:
-        """Record ``us`` microseconds under ``fields`` (exactly :attr:`keys`); returns ``us``."""
-        self.results.append({**self._fields(fields), "us": float(us)})
+    def add(self, us: float, spread: dict[str, float] | None = None, **fields: Any) -> float:
+        """Record ``us`` microseconds under ``fields`` (exactly :attr:`keys`), ``spread`` (extra
+        keys after ``us``: an interleaved column's ``us_min``, ``us_max``) with it; returns ``us``."""
+        self.results.append({**self._fields(fields), "us": float(us), **(spread or {})})
         return us
 
     def ours(self, time: Callable[[], float], **fields: Any) -> float:
@@ -70,29 +71,35 @@ class Recorder:
 
     def baseline(self, time: Callable[[], float], **fields: Any) -> float | None:
         """Time a baseline column (``time()``: microseconds, called on every rank) and record
-        it; where it raises on any rank, record it as skipped with the reason on every rank,
-        print that (rank 0) and return None.  A column (:attr:`column`) that failed once is
-        skipped, untried, for the rest of the run."""
+        it; where it raises on any rank, it is skipped (:meth:`attempt`) and None returned."""
+        ok, us = self.attempt(time, **fields)
+        return self.add(us, **fields) if ok else None
+
+    def attempt(self, fn: Callable[[], Any], **fields: Any) -> tuple[bool, Any]:
+        """``(True, fn())`` where ``fn`` (a baseline column's setup or timing, called on every
+        rank) returned on every rank; where it raised on any rank, record the column as skipped
+        with the reason on every rank, print that (rank 0) and return ``(False, None)``.  A
+        column (:attr:`column`) that failed once is skipped, untried, for the rest of the run."""
         record = self._fields(fields)
         impl, column = record["impl"], tuple(record[k] for k in self.column)
         if column in self.failed:
             self.skipped.append({**record, "reason": f"not tried: {self.failed[column]}"})
-            return None
-        error = None
+            return False, None
+        error = value = None
         try:
-            us = time()
+            value = fn()
         except Exception as err:  # noqa: BLE001 (a baseline's failure is recorded, not fatal)
             error = _reason(err)
         everywhere = self.agree(error is None)
         if error is None and everywhere:
-            return self.add(us, **fields)
+            return True, value
         reason = error or "failed on another rank"
         self.failed[column] = f"failed at {', '.join(f'{k}={v}' for k, v in record.items() if k != 'impl')}: {reason}"
         self.skipped.append({**record, "reason": reason})
         if self.rank == 0:
             print(f"  {self.bench}: {impl} skipped ({', '.join(str(v) for v in record.values())}): {reason}",
                   flush=True)
-        return None
+        return False, None
 
     def write(self, out_dir: str, world: int, gpu: str, **meta: Any) -> str:
         """Write ``<out_dir>/<bench>-<device>.json`` (:func:`device_tag`) with ``meta``, the

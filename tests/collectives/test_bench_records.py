@@ -203,6 +203,8 @@ def test_the_all_gather_rows_survive_nccls_copy_engine_column_failing(monkeypatc
 
     monkeypatch.setattr(bench.dist, "all_gather_into_tensor", all_gather_into_tensor)
     monkeypatch.setattr(bench, "time_op", lambda fn, iters, graph: (fn(), 7.0)[1])
+    monkeypatch.setattr(bench, "warm_up", lambda fn: fn())
+    monkeypatch.setattr(bench, "burst", lambda fn, iters: (fn(), (7.0, None))[1])
     windows = {name: nccl_baselines.Windows(group, None, torch.zeros(1 << 16, dtype=torch.uint8),
                                             torch.zeros(1 << 16, dtype=torch.uint8))
                for name, group in (("nccl_symm", "symm group"), ("nccl_ce", "ce group"))}
@@ -212,7 +214,10 @@ def test_the_all_gather_rows_survive_nccls_copy_engine_column_failing(monkeypatc
         us = bench.gather_rows(rec, nccl, "bf16", 1 << 14, mode, 10)
         assert set(us) == {"nccl", "nccl_symm"} | {f"ours_{a}{s}" for a in bench.ALGORITHMS_ALL_GATHER
                                                   for s in ("", "_plain")}
-    assert calls == [None, "symm group", "ce group", None, "symm group"]  # the failed column is not retried
+    # eager: each column's warm-up (where the copy-engine column fails), then BURSTS bursts of the others;
+    # graphs: the failed column is not retried
+    assert calls[:3] == [None, "symm group", "ce group"] and calls[-2:] == [None, "symm group"]
+    assert sorted(calls[3:-2], key=str) == [None] * bench.BURSTS + ["symm group"] * bench.BURSTS
     assert [(s["impl"], s["mode"]) for s in rec.skipped] == [("nccl_ce", "eager"), ("nccl_ce", "graph")]
     assert "unhandled cuda error" in rec.skipped[0]["reason"]
     assert {r["bytes"] for r in rec.results} == {1 << 14}
@@ -337,3 +342,92 @@ def test_host_time_rows_of_the_gemm_overlap_are_no_loss() -> None:
                        record("ours", "eager", 300.0), record("mm_nccl", "eager", 290.0)]}
     assert [line.split(":")[0] for _, line in bench_report.gemm_losses(run)] == [
         "all_gather_gemm, M = 4096, N = K = 4096, eager"]
+
+
+class _Drift:
+    """A fake clock of a drifting host: every burst takes its column's cost plus ``step`` more
+    than the burst before (the host slowing down), and records its column."""
+
+    def __init__(self, step: float = 1.0) -> None:
+        self.step, self.t, self.order = step, 0.0, []
+
+    def burst(self, impl: str, cost: float) -> float:
+        self.order.append(impl)
+        self.t += self.step
+        return cost + self.t
+
+
+def test_interleaved_bursts_rotate_so_that_drift_lands_on_every_column_alike() -> None:
+    """Three columns of equal cost on a host that slows down burst by burst: timed one after the
+    other (the old order) the last would read 2 x BURSTS steps slower than the first; interleaved
+    with a rotating start their medians differ by less than a round, and each goes first in
+    some round."""
+    import statistics
+
+    from collectives.tools import bench
+
+    clock = _Drift()
+    names = ("a", "b", "c")
+    samples = bench.interleaved([lambda i=i: clock.burst(i, 10.0) for i in names], bench.BURSTS)
+    assert [len(s) for s in samples] == [bench.BURSTS] * 3
+    rounds = [clock.order[r * 3:(r + 1) * 3] for r in range(bench.BURSTS)]
+    assert all(sorted(r) == list(names) for r in rounds)
+    assert {r[0] for r in rounds} == set(names)  # each column goes first in some round
+    medians = [statistics.median(s) for s in samples]
+    assert max(medians) - min(medians) <= (len(names) - 1) * clock.step
+
+
+def test_an_eager_row_records_the_median_of_interleaved_bursts_and_their_spread(monkeypatch) -> None:
+    """time_row on a drifting fake clock: each column's record is the median of its bursts, with
+    us_min and us_max; a baseline failing at its warm-up is skipped, one failing in a burst (on
+    any rank: an infinite slowest time) is skipped with its error, ours failing raises; graphs
+    are timed column by column (time_op)."""
+    from collectives.tools import bench
+
+    clock = _Drift(step=0.5)
+    failing = {"broken_burst"}
+
+    def burst(fn, iters):
+        impl, cost = fn()
+        if impl in failing:
+            return float("inf"), RuntimeError(f"{impl} died")
+        return clock.burst(impl, cost), None
+
+    def warm_up(fn):
+        if fn()[0] == "broken_warm":
+            raise RuntimeError("no window")
+
+    monkeypatch.setattr(bench, "burst", burst)
+    monkeypatch.setattr(bench, "warm_up", warm_up)
+    monkeypatch.setattr(bench, "time_op", lambda fn, iters, graph: fn()[1])
+    rec = Recorder("bench", FIELDS, agree=lambda ok: ok)
+    cols = [bench.column("ours_x", lambda: ("ours_x", 5.0)), bench.column("nccl", lambda: ("nccl", 5.0), True),
+            bench.column("broken_warm", lambda: ("broken_warm", 1.0), True),
+            bench.column("broken_burst", lambda: ("broken_burst", 1.0), True)]
+    row = dict(collective="all_reduce", dtype="bf16", bytes=4096)
+    us = bench.time_row(rec, cols, 10, False, mode="eager", **row)
+    assert set(us) == {"ours_x", "nccl"} and abs(us["ours_x"] - us["nccl"]) <= clock.step
+    records = {r["impl"]: r for r in rec.results}
+    for impl in us:
+        times = [clock.step * (k + 1) + 5.0 for k, i in enumerate(clock.order) if i == impl]
+        assert len(times) == bench.BURSTS
+        assert records[impl]["us"] == sorted(times)[bench.BURSTS // 2]
+        assert (records[impl]["us_min"], records[impl]["us_max"]) == (min(times), max(times))
+    assert [(s["impl"], s["reason"]) for s in rec.skipped] == [("broken_warm", "RuntimeError: no window"),
+                                                                ("broken_burst", "RuntimeError: broken_burst died")]
+    assert bench.time_row(rec, cols[:2], 10, True, mode="graph", **row) == {"ours_x": 5.0, "nccl": 5.0}
+    failing.add("ours_x")
+    with pytest.raises(RuntimeError, match="ours_x failed in a timed burst"):
+        bench.time_row(rec, cols[:2], 10, False, mode="eager", **row)
+
+
+def test_the_report_says_how_the_eager_rows_were_timed() -> None:
+    """Records with a spread (us_min: interleaved eager bursts) render as the median; a run
+    without (the older JSON files) as best of 3; the extra keys change no table."""
+    runs = _runs()
+    assert "the slowest rank's, best of 3." in bench_report.render(runs, "4xH200")
+    plain = bench_report.render(runs, "4xH200")
+    runs["bench"]["results"] = [dict(r, us_min=r["us"] - 1, us_max=r["us"] + 1) for r in runs["bench"]["results"]]
+    text = bench_report.render(runs, "4xH200")
+    assert "eager rows the median of interleaved bursts" in text
+    assert text.split("### Where we lose")[1] == plain.split("### Where we lose")[1]

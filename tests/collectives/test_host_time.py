@@ -43,7 +43,7 @@ def test_a_row_that_raises_prints_its_error_and_the_next_row_is_measured(host_ti
     assert rows[0] == ("  bad", "failed: ValueError: boom")
     assert "rank 0: bad: ValueError: boom" in capsys.readouterr().out
     assert rows[1][0] == "good" and isinstance(rows[1][1], float) and math.isfinite(rows[1][1])
-    assert failing == met == ["barrier", "slowest"] * 3
+    assert failing == met == ["barrier", "slowest"] * module.REPEATS
 
 
 def test_a_row_another_rank_failed_says_so(host_time, monkeypatch) -> None:
@@ -52,3 +52,72 @@ def test_a_row_another_rank_failed_says_so(host_time, monkeypatch) -> None:
     rows: list = []
     module.add(rows, "row", lambda: module.host_us(lambda: [lambda: None]))
     assert rows == [("row", "failed: RuntimeError: failed on another rank")]
+
+
+def test_the_rows_compared_are_timed_interleaved_each_its_best(host_time, monkeypatch) -> None:
+    """measure_rows on a host that slows down run by run (a fake clock): every round runs each
+    row once, the first row rotating, so that the drift reaches every row alike (timed one row
+    after the other, the last would read 2 x (REPEATS - 1) steps slower); each row reports its
+    best run; a row whose call raises becomes its error (after the same runs as the others)."""
+    module, _ = host_time
+    order: list[str] = []
+
+    def host_run(calls):
+        try:
+            fns = calls()
+        except Exception as e:  # noqa: BLE001
+            return math.inf, e
+        order.append(fns[0].__name__)
+        return 10.0 + len(order), None  # (every call costs the same; the host drifts a step a run)
+
+    monkeypatch.setattr(module, "host_run", host_run)
+
+    def make(name: str):
+        def call() -> None:
+            pass
+        call.__name__ = name
+        return lambda: call
+
+    rows: list = []
+    module.measure_rows(rows, [("a", make("a"), False), ("b", make("b"), False), ("c", make("c"), False),
+                               ("bad", lambda: boom, False)], calls=4)
+    rounds = [order[r * 3:(r + 1) * 3] for r in range(module.REPEATS)]
+    assert all(sorted(r) == ["a", "b", "c"] for r in rounds) and {r[0] for r in rounds} == {"a", "b", "c"}
+    best = dict(rows[:3])
+    assert max(best.values()) - min(best.values()) <= 2  # less than a round apart
+    assert best == {f"{name}, plan hit": 11.0 + order.index(name) for name in "abc"}
+    assert rows[3] == ("bad, plan hit", "failed: ValueError: boom")
+
+
+def test_the_breakdown_times_the_apis_own_keys_and_parts(monkeypatch) -> None:
+    """--breakdown on the stubbed world of tests.support.host_path (launches no-ops, timings
+    stood in for): the all-reduce's and the reduce-scatter's rows are all there, its flat keys
+    hit the plans the API made (a key built otherwise than the API's raises, and its rows go
+    missing), and torch's rows fail alone where torch symm_mem cannot run (no GPU here)."""
+    from ptxops.nvls import MULTICAST_OFF
+
+    for name, value in MULTICAST_OFF.items():
+        monkeypatch.setenv(name, value)
+    torch = pytest.importorskip("torch")
+    from collectives.algorithms import plan
+    from collectives.tools import host_time
+    from tests.support import host_path
+
+    with host_path.world() as comm:
+        monkeypatch.setattr(host_time, "host_us", lambda calls, repeats=5: ([f() for f in calls()[:2]], 1.0)[1])
+        monkeypatch.setattr(host_time, "gpu_us", lambda fns: (fns[0](), 2.0)[1])
+        monkeypatch.setattr(plan, "current_stream", lambda device: 0)
+        monkeypatch.setattr(torch.cuda, "_sleep", lambda n: None, raising=False)
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda: SimpleNamespace(cuda_stream=0))
+        monkeypatch.setattr(host_time, "dist", SimpleNamespace(
+            get_rank=lambda: 0, group=SimpleNamespace(WORLD=SimpleNamespace(group_name="world"))))
+        rows = host_time.breakdown(comm, torch.ones(host_path.N, dtype=torch.bfloat16), 10)
+    names = [name.strip() for name, _ in rows]
+    for head in ("all_reduce", "reduce_scatter"):
+        part = names[names.index(f"{head}, plan hit: the call"):]
+        assert part[:6] == [f"{head}, plan hit: the call", f"the call, runs of {host_time.SHORT} (the launch queue never full)",
+                            "GPU time per call, 10 back to back", "the call, its launch a no-op (our Python)",
+                            "key: the flat key + plan lookup (PlanCache.hit)",
+                            "launch alone: the plan's TVM-FFI function, bound once"]
+    failures = [name for name, us in rows if isinstance(us, str)]
+    assert failures == ["torch symm_mem: its buffer"], rows

@@ -51,6 +51,21 @@ def test_a_plan_hit_stays_under_its_ceiling_of_python_calls(collective: str) -> 
     assert sum(mine.values()) <= HIT_CEILING[collective], f"{collective} plan hit: {sorted(mine.items())}"
 
 
+@pytest.mark.parametrize("collective", ["all_gather", "all_reduce", "barrier", "reduce_scatter"])
+def test_a_plan_hit_runs_no_torch_operator(collective: str) -> None:
+    """No torch operator on a plan hit: no view, slice or allocation of ``out``, no copy (each
+    costs 1.5-6 us of host time on the H200 host; the all-to-all's harness slices its tensors
+    in the call itself, so it is left out here).  The reduce-scatter's hit enters the same
+    functions as the all-reduce's (issue 50: its eager time at 4-64 KB); what it adds is its key's
+    second tensor (five attribute reads, no operator)."""
+    with host_path.world():
+        warm, hit = host_path.calls(collective, False)
+        warm()
+        warm()
+        ops = host_path.torch_ops(hit)
+    assert not ops, f"{collective} plan hit runs torch operators: {dict(ops)}"
+
+
 @pytest.mark.parametrize("collective", sorted(HIT_CEILING))
 def test_a_plan_hit_asks_once_whether_a_capture_is_on(collective: str) -> None:
     """``capturing()`` costs about 0.6 us on an H100 host: a call asks it once (its key needs it)
