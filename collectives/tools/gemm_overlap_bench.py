@@ -2,7 +2,7 @@
 back to back vs ``torch.ops.symm_mem``'s fused ops (where this torch has them).
 
     torchrun --nproc-per-node 4 -m collectives.tools.gemm_overlap_bench [--shapes 4096x4096,16384x8192]
-        [--variants side,carve16,side+carve16] [--comm-priority 0] [--no-graph] [--no-host] [--out DIR]
+        [--variants side,carve16,side+carve16,alternate] [--comm-priority 0] [--no-graph] [--no-host] [--out DIR]
 
 Shapes are ``MxN`` with K = N, bf16 (tensor-parallel layers).  gemm_reduce_scatter: each rank's
 ``a`` is M x K, the output M/W x N; all_gather_gemm: each rank's shard is M/W x K, the output
@@ -26,8 +26,10 @@ M x N.  Per shape, op and mode (eager calls, CUDA-graph replays; slowest rank's 
   blocks, or one GEMM and one collective, whatever the shape; graphs always run the blocks, so
   those variants have no graph row), ``engine`` (:data:`~collectives.config.OVERLAP_COPY`: the
   peer copies by ``cuMemcpyBatchAsync`` hinted to a copy engine; eager only, as the library
-  runs it; timed as a baseline is: where the driver refuses it, skipped with the reason), or
-  these joined by ``+``;
+  runs it; timed as a baseline is: where the driver refuses it, skipped with the reason),
+  ``alternate`` (:data:`~collectives.config.OVERLAP_SCHEDULE`: torch's fused ops' decomposition,
+  each peer block's copy and GEMM on one stream, the side and the current one alternating, so
+  two blocks' GEMMs may run at once; graph and eager rows), or these joined by ``+``;
 - ``mm_nccl`` (chunks 1) and ``torch_fused`` (chunks 0: its own) baselines; a baseline that
   raises is skipped with its reason, never the run.
 
@@ -98,13 +100,15 @@ def applied(variant: str) -> Iterator[None]:
     inside; the defaults restored after."""
     carving = hasattr(torch._C, "_set_sm_carveout_experimental")
     start, carveout = config.OVERLAP_START, torch._C._get_sm_carveout_experimental() if carving else None
-    host_us, copy = config.OVERLAP_EAGER_HOST_US_PER_BLOCK, config.OVERLAP_COPY
+    host_us, copy, schedule = config.OVERLAP_EAGER_HOST_US_PER_BLOCK, config.OVERLAP_COPY, config.OVERLAP_SCHEDULE
     try:
         for part in filter(None, variant.split("+")):
             if part in config.OVERLAP_STARTS:
                 config.OVERLAP_START = part
             elif part == "engine":
                 config.OVERLAP_COPY = part
+            elif part in config.OVERLAP_SCHEDULES:
+                config.OVERLAP_SCHEDULE = part
             elif part in overlap.EAGER_PATHS:
                 config.OVERLAP_EAGER_HOST_US_PER_BLOCK = overlap.EAGER_PATHS[part]
             elif part.startswith("carve") and part[5:].isdigit():
@@ -112,10 +116,11 @@ def applied(variant: str) -> Iterator[None]:
                     raise ValueError(f"variant {part!r}: this torch has no torch._C._set_sm_carveout_experimental")
                 torch._C._set_sm_carveout_experimental(int(part[5:]))
             else:
-                raise ValueError(f"unknown variant {part!r} (side, first, carve<N>, blocks, one, engine)")
+                raise ValueError(f"unknown variant {part!r} (side, first, carve<N>, blocks, one, engine, alternate)")
         yield
     finally:
         config.OVERLAP_START, config.OVERLAP_EAGER_HOST_US_PER_BLOCK, config.OVERLAP_COPY = start, host_us, copy
+        config.OVERLAP_SCHEDULE = schedule
         if carving:
             torch._C._set_sm_carveout_experimental(carveout)
 
@@ -129,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
                              "library's (0: default; lower: higher)")
     parser.add_argument("--variants", default="side,carve16,side+carve16,blocks,one",
                         help="comma-separated variants of ours to time besides the library's (side, first, carve<N>, "
-                             "blocks, one, engine, joined by +; empty: none)")
+                             "blocks, one, engine, alternate, joined by +; empty: none)")
     parser.add_argument("--no-graph", action="store_true")
     parser.add_argument("--no-host", action="store_true", help="skip the host time per eager call")
     parser.add_argument("--out", help="write DIR/gemm-overlap-<device>.json")

@@ -324,6 +324,9 @@ def test_the_gemm_overlap_variants_set_their_knobs_inside_and_restore_them() -> 
         assert not overlap.eager_blocks(*big) and (config.OVERLAP_START, config.OVERLAP_COPY) == ("side", "engine")
     assert config.OVERLAP_EAGER_HOST_US_PER_BLOCK == host_us and config.OVERLAP_START == before[0]
     assert config.OVERLAP_COPY == "copy"
+    with applied("alternate+first"):
+        assert (config.OVERLAP_SCHEDULE, config.OVERLAP_START) == ("alternate", "first")
+    assert config.OVERLAP_SCHEDULE == "comm"
     with applied("carve8"):
         assert (config.OVERLAP_START, torch._C._get_sm_carveout_experimental()) == (before[0], 8)
     with pytest.raises(ValueError, match="unknown variant"), applied("first+ce"):
