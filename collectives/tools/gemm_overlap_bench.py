@@ -13,6 +13,8 @@ M x N.  Per shape, op and mode (eager calls, CUDA-graph replays; slowest rank's 
   no communication: the limit of an overlap;
 - ``gemm_chunked`` (chunks W): the GEMMs ours launches, one per rank's block of rows in ours'
   order, on one stream, no communication (:func:`gemm_chunked`): what the blocks cost;
+  ``gemm_alternate`` (where a variant has ``alternate``): the same GEMMs on two streams in turn,
+  as that schedule runs them: what two GEMMs at once gain or lose without the communication;
 - ``ours`` (chunks W, or 1 where an eager call runs one GEMM and one collective:
   :func:`collectives.overlap.eager_blocks`): as the library runs it (its side stream of
   :data:`~collectives.runtime.stream_flags.SIDE_PRIORITY`), and ``ours_prioP`` for every
@@ -46,7 +48,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 from ..symmetric.capability import force_multicast_off
 
@@ -76,20 +78,34 @@ def variant(priority: int | None) -> str:
 
 
 def gemm_chunked(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, world: int,
-                 rank: int) -> Callable[[], None]:
-    """The GEMMs ours (``collectives.<op>``) launches, in its order, on the current stream,
-    without the communication: one per rank's block of M/W rows, for the peers
-    (:func:`collectives.overlap.peer_order`) and this rank's own (gemm_reduce_scatter: own last,
-    ``a``: M x K; all_gather_gemm: own first, ``a``: the M/W x K shard standing for every
-    rank's); ``out``: M x N, block q for rank q."""
+                 rank: int, side: torch.cuda.Stream | None = None) -> Callable[[], None]:
+    """The GEMMs ours (``collectives.<op>``) launches, in its order, without the communication:
+    one per rank's block of M/W rows, for the peers (:func:`collectives.overlap.peer_order`) and
+    this rank's own (gemm_reduce_scatter: own last, ``a``: M x K; all_gather_gemm: own first,
+    ``a``: the M/W x K shard standing for every rank's); ``out``: M x N, block q for rank q.  On
+    the current stream, or given ``side``, as ``OVERLAP_SCHEDULE = "alternate"`` runs them: the
+    peers' blocks on ``side`` and the current stream in turn (``side`` first), the own block on
+    the current one, ``side`` forked from it and joined back."""
     m = out.shape[0] // world
     peers = overlap.peer_order(world, rank)
-    blocks = peers + [rank] if op == "gemm_reduce_scatter" else [rank] + peers
     rows = (lambda q: a[q * m:(q + 1) * m]) if op == "gemm_reduce_scatter" else (lambda q: a)
 
-    def run() -> None:
-        for q in blocks:
+    def block(q: int, stream: torch.cuda.Stream | None) -> None:
+        with nullcontext() if stream is None else torch.cuda.stream(stream):
             torch.mm(rows(q), b, out=out[q * m:(q + 1) * m])
+
+    def run() -> None:
+        main = None if side is None else torch.cuda.current_stream()
+        if side is not None:
+            side.wait_stream(main)
+        if op == "all_gather_gemm":
+            block(rank, None)
+        for step, q in enumerate(peers):
+            block(q, side if side is not None and step % 2 == 0 else None)
+        if op == "gemm_reduce_scatter":
+            block(rank, None)
+        if side is not None:
+            main.wait_stream(side)
     return run
 
 
@@ -216,6 +232,10 @@ def main(argv: list[str] | None = None) -> None:
                     chunked = rec.ours(timed(gemm_chunked(op, gemm_in, b, whole, world, rank)), impl="gemm_chunked",
                                        chunks=world, **row)
                     _line(rank, op, mode, m, n, "gemm_chunked", world, chunked, alone, best)
+                    if any("alternate" in v.split("+") for v in variants):
+                        two = rec.ours(timed(gemm_chunked(op, gemm_in, b, whole, world, rank, default_side)),
+                                       impl="gemm_alternate", chunks=world, **row)
+                        _line(rank, op, mode, m, n, "gemm_alternate", world, two, alone, best)
 
                     def chunks() -> int:
                         """Ours' blocks in this mode, as the knobs are now."""
