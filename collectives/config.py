@@ -134,6 +134,18 @@ OVERLAP_GEMM_FLOPS = 7.5e14
 OVERLAP_COPIES = ("copy", "engine")
 OVERLAP_COPY = "copy"
 
+#: Which streams run GEMM overlap's blocks (:mod:`collectives.overlap`): ``"comm"``, every GEMM
+#: on the current stream and every peer copy on the side stream (the communication beside the
+#: GEMMs, which run one after another); or ``"alternate"``, torch's fused ops' decomposition
+#: (``_pipelined_all_gather_and_consume``, ``_pipelined_produce_and_all2all``): a peer block's
+#: copy and GEMM on one stream, the side stream for the first peer, the current one for the
+#: second, and so on (this rank's own GEMM on the current stream), so that two blocks' GEMMs can
+#: run at once (the next one's tiles fill the last wave of the other's) and each copy waits
+#: only for its stream's previous GEMM.  The copies are ``cudaMemcpyAsync`` either way (copy
+#: engines, a memcpy node of a captured graph).  ``gemm_overlap_bench --variants alternate``.
+OVERLAP_SCHEDULES = ("comm", "alternate")
+OVERLAP_SCHEDULE = "comm"
+
 
 #: Slots of a communicator's stream flags (:meth:`collectives.runtime.stream_flags.StreamFlags.post`;
 #: the GEMM-overlap functions use none).

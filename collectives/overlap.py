@@ -16,6 +16,17 @@ block's copy runs while the next block is multiplied:
   stream before the own GEMM instead (as torch's fused all-gather matmul): exposed, but no
   pull then waits for a barrier kernel dispatched behind a GEMM that holds every SM.
 
+:data:`~collectives.config.OVERLAP_SCHEDULE` ``"alternate"`` runs the blocks as torch's fused
+ops do (``torch.distributed._symmetric_memory``: ``_pipelined_all_gather_and_consume``,
+``_pipelined_produce_and_all2all``): a peer block's copy and GEMM both on one stream, the side
+stream for the first peer, the current stream for the second, and so on, this rank's own GEMM
+on the current stream, so that two blocks' GEMMs may run at once (one's tiles filling the
+other's last wave, which one stream of GEMMs leaves idle).  The start barrier's stream hands its
+end to the other stream by one event (the pushes and pulls there wait for it), and the
+reduce-scatter's end barrier waits for the current stream's last push by another.  Unlike
+torch's reduce-scatter (pulls from double-buffered workspaces, two barriers per step) the
+pushes and the two barriers per call stay.
+
 The side stream forks from the current one at the start of a call and joins it at the end;
 between them each block's producer and consumer are ordered by CUDA events (a stream wait
 resolved by the GPU's scheduler: no kernel, no SM, no host sync, an edge of a captured graph);
@@ -139,8 +150,8 @@ def gemm_reduce_scatter(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | No
 def eager_gemm_reduce_scatter(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None = None, *,
                               timeline: list | None = None, group: Group = None) -> torch.Tensor:
     """:func:`gemm_reduce_scatter` run now (never traced); given ``timeline``, appends
-    ``(kind, block, start, end)`` CUDA events around each block's GEMM (``"gemm"``, current
-    stream) and copy (``"comm"``, side stream), ``block`` the rank it is for (-1: this rank's own)
+    ``(kind, block, start, end)`` CUDA events around each block's GEMM (``"gemm"``) and copy
+    (``"comm"``) on the stream each ran on, ``block`` the rank it is for (-1: this rank's own)
     (``collectives.tools.overlap_timeline``)."""
     comm = communicator(group)
     with comm.errors.call(), _on_device(comm.device_index):
@@ -163,6 +174,7 @@ def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None
         return out
     capture = capturing()
     engine = _engine("gemm_reduce_scatter") and not capture  # (copy-engine copies: eager only)
+    alternate = _alternate("gemm_reduce_scatter")
     workspace = _workspace(comm, "gemm_reduce_scatter", rows * n, a.dtype)  # (either way: a capture needs it)
     values = [rows, n]
     if timeline is None and not capture and not eager_blocks(world, rows, k, n):
@@ -182,33 +194,45 @@ def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None
     owners = comm.ctx.peer_tensors(mine)  # owners[d]: block ``rank`` of rank d's received
     blocks, peers = a.split(m), peer_order(world, rank)
     main, side = _current(comm.device_index), comm.stream_flags.side()
-    fork, join, *done = comm.stream_flags.events(world + 1)
+    fork, join, started, pushed, *done = comm.stream_flags.events(world + 3)
+    # "comm": GEMM d on main, push d on side after it (event done[d]); "alternate": both on lanes[d]
+    lanes = _lanes(alternate, len(peers), main, side)
     comm.meet_ranks_on_device("gemm_reduce_scatter: before the start barrier (values: rows, N)", values)
+    to = _At(main)
     try:
         fork.record(main)
         fork.wait(side)
-        _switch(side)  # before the GEMMs are enqueued (see "Host order" above)
+        to(side)  # before the GEMMs are enqueued (see "Host order" above)
         barrier(group=comm)  # every rank's previous call has summed its received blocks
-        _switch(main)
+        if main in lanes:
+            started.record(side)  # main's pushes follow the start barrier
+        to(main)
         comm.meet_ranks_on_device("gemm_reduce_scatter: start barrier launched (values: rows, N)", values)
-        for d, event in zip(peers, done):  # each push enqueued right after its GEMM (see "Eager calls")
-            marks = _marks(timeline, "gemm", d, main)
+        waited = False
+        for d, event, lane in zip(peers, done, lanes):  # each push enqueued right after its GEMM (see "Eager calls")
+            to(lane or main)
+            marks = _marks(timeline, "gemm", d, to.stream)
             torch.mm(blocks[d], b, out=sent[d])
-            _close(marks, main)
-            event.record(main)
-            _switch(side)
-            event.wait(side)
-            marks = _marks(timeline, "comm", d, side)
-            if engine:
-                _engine_copy(owners[d], sent[d], side)
-            else:
-                owners[d].copy_(sent[d])
-            _close(marks, side)
-            _switch(main)
+            _close(marks, to.stream)
+            if lane is None:
+                event.record(main)
+                to(side)
+                event.wait(side)
+            elif lane is main and not waited:
+                started.wait(main)
+                waited = True
+            marks = _marks(timeline, "comm", d, to.stream)
+            _copy(engine, owners[d], sent[d], to.stream)
+            _close(marks, to.stream)
+        if waited:
+            pushed.record(main)  # main's last push (the end barrier need not wait for the own GEMM)
+        to(main)
         marks = _marks(timeline, "gemm", -1, main)
         torch.mm(blocks[rank], b, out=mine)  # hides the last push
         _close(marks, main)
-        _switch(side)
+        to(side)
+        if waited:
+            pushed.wait(side)
         comm.meet_ranks_on_device("gemm_reduce_scatter: GEMMs enqueued (values: rows, N)", values)
         barrier(group=comm)  # every rank's pushes have landed (the start barrier's stream: see "Host order")
     finally:
@@ -255,6 +279,7 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
         raise CollectiveError(f"all_gather_gemm: config.OVERLAP_START is {start!r}, not one of {config.OVERLAP_STARTS}")
     capture = capturing()
     engine = _engine("all_gather_gemm") and not capture  # (copy-engine copies: eager only)
+    alternate = _alternate("all_gather_gemm")
     workspace = _workspace(comm, "all_gather_gemm", world * m * k, a_shard.dtype)  # (either way: a capture needs it)
     values = [m, k]
     if timeline is None and not capture and not eager_blocks(world, world * m, k, n):
@@ -270,39 +295,53 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
     owners = comm.ctx.peer_tensors(gathered)
     shards, products, peers = gathered.unbind(0), out.split(m), peer_order(world, rank)
     main, side = _current(comm.device_index), comm.stream_flags.side()
-    fork, join, *arrived = comm.stream_flags.events(world + 1)
+    fork, join, started, *arrived = comm.stream_flags.events(world + 2)
+    # "comm": pull q on side (event arrived[q]), GEMM q on main after it; "alternate": both on lanes[q]
+    lanes = _lanes(alternate, len(peers), main, side)
     comm.meet_ranks_on_device("all_gather_gemm: before the barriers (values: rows, K)", values)
+    to = _At(main)
     try:
         if start == "side":
             fork.record(main)
             fork.wait(side)
-            _switch(side)  # before the GEMMs (see "Host order" above)
+            to(side)  # before the GEMMs (see "Host order" above)
         barrier(group=comm)  # every rank's previous call has read its block
         shards[rank].copy_(a_shard)
         barrier(group=comm)  # every rank's block is in place
         if start == "first":
             fork.record(main)  # the pulls follow the start
             fork.wait(side)
-            _switch(side)
-        for q, event in zip(peers, arrived):
-            marks = _marks(timeline, "comm", q, side)
-            if engine:
-                _engine_copy(shards[q], owners[q][q], side)
-            else:
-                shards[q].copy_(owners[q][q])
-            _close(marks, side)
-            event.record(side)
+        elif main in lanes:
+            started.record(side)  # main's pulls follow the start
+        for q, event, lane in zip(peers, arrived, lanes):
+            if lane is None:
+                to(side)
+                marks = _marks(timeline, "comm", q, side)
+                _copy(engine, shards[q], owners[q][q], side)
+                _close(marks, side)
+                event.record(side)
     finally:
-        _switch(main)
+        to(main)
     comm.meet_ranks_on_device("all_gather_gemm: barriers launched (values: rows, K)", values)
     marks = _marks(timeline, "gemm", -1, main)
     torch.mm(a_shard, b, out=products[rank])  # hides the first pull (start "side": the start too)
     _close(marks, main)
-    for q, event in zip(peers, arrived):
-        event.wait(main)
-        marks = _marks(timeline, "gemm", q, main)
-        torch.mm(shards[q], b, out=products[q])
-        _close(marks, main)
+    try:
+        for q, event, lane in zip(peers, arrived, lanes):
+            if lane is None:
+                event.wait(main)
+            else:  # the pull, then the GEMM, on the block's stream
+                to(lane)
+                if lane is main and start == "side" and q == peers[1]:  # (main's first pull)
+                    started.wait(main)
+                marks = _marks(timeline, "comm", q, lane)
+                _copy(engine, shards[q], owners[q][q], lane)
+                _close(marks, lane)
+            marks = _marks(timeline, "gemm", q, to.stream)
+            torch.mm(shards[q], b, out=products[q])
+            _close(marks, to.stream)
+    finally:
+        to(main)
     join.record(side)
     join.wait(main)
     return out
@@ -329,6 +368,46 @@ def _engine_copy(dst: torch.Tensor, src: torch.Tensor, stream: torch.cuda.Stream
                                     [dst.numel() * dst.element_size()], 1, [attrs], [0], 1, stream.cuda_stream)[0]
     if err != driver.CUresult.CUDA_SUCCESS:
         raise CollectiveError(f"cuMemcpyBatchAsync (config.OVERLAP_COPY 'engine') failed: {err}")
+
+
+def _copy(engine: bool, dst: torch.Tensor, src: torch.Tensor, stream: torch.cuda.Stream) -> None:
+    """``dst.copy_(src)`` on ``stream``, the current one (``engine``: by :func:`_engine_copy`)."""
+    if engine:
+        _engine_copy(dst, src, stream)
+    else:
+        dst.copy_(src)
+
+
+def _alternate(name: str) -> bool:
+    """Whether :data:`~collectives.config.OVERLAP_SCHEDULE` is ``"alternate"`` (refusing another
+    value than its choices)."""
+    schedule = config.OVERLAP_SCHEDULE
+    if schedule not in config.OVERLAP_SCHEDULES:
+        raise CollectiveError(f"{name}: config.OVERLAP_SCHEDULE is {schedule!r}, "
+                              f"not one of {config.OVERLAP_SCHEDULES}")
+    return schedule == "alternate"
+
+
+def _lanes(alternate: bool, count: int, main: torch.cuda.Stream,
+           side: torch.cuda.Stream) -> list[torch.cuda.Stream | None]:
+    """The stream of each of ``count`` peer blocks' copy and GEMM: ``alternate``, the side stream
+    for the first, the current one (``main``) for the second, and so on (as torch's fused ops);
+    else None each (the copy on the side stream, the GEMM on the current one)."""
+    return [(side, main)[step % 2] if alternate else None for step in range(count)]
+
+
+class _At:
+    """The current stream as a call last set it: :func:`_switch` only where it changes."""
+
+    __slots__ = ("stream",)
+
+    def __init__(self, stream: torch.cuda.Stream) -> None:
+        self.stream = stream
+
+    def __call__(self, stream: torch.cuda.Stream) -> None:
+        if stream is not self.stream:
+            _switch(stream)
+            self.stream = stream
 
 
 #: :data:`~collectives.config.OVERLAP_EAGER_HOST_US_PER_BLOCK` that makes every eager call run

@@ -2,7 +2,7 @@
 back to back vs ``torch.ops.symm_mem``'s fused ops (where this torch has them).
 
     torchrun --nproc-per-node 4 -m collectives.tools.gemm_overlap_bench [--shapes 4096x4096,16384x8192]
-        [--variants side,carve16,side+carve16] [--comm-priority 0] [--no-graph] [--no-host] [--out DIR]
+        [--variants side,carve16,side+carve16,alternate] [--comm-priority 0] [--no-graph] [--no-host] [--out DIR]
 
 Shapes are ``MxN`` with K = N, bf16 (tensor-parallel layers).  gemm_reduce_scatter: each rank's
 ``a`` is M x K, the output M/W x N; all_gather_gemm: each rank's shard is M/W x K, the output
@@ -13,6 +13,8 @@ M x N.  Per shape, op and mode (eager calls, CUDA-graph replays; slowest rank's 
   no communication: the limit of an overlap;
 - ``gemm_chunked`` (chunks W): the GEMMs ours launches, one per rank's block of rows in ours'
   order, on one stream, no communication (:func:`gemm_chunked`): what the blocks cost;
+  ``gemm_alternate`` (where a variant has ``alternate``): the same GEMMs on two streams in turn,
+  as that schedule runs them: what two GEMMs at once gain or lose without the communication;
 - ``ours`` (chunks W, or 1 where an eager call runs one GEMM and one collective:
   :func:`collectives.overlap.eager_blocks`): as the library runs it (its side stream of
   :data:`~collectives.runtime.stream_flags.SIDE_PRIORITY`), and ``ours_prioP`` for every
@@ -26,8 +28,10 @@ M x N.  Per shape, op and mode (eager calls, CUDA-graph replays; slowest rank's 
   blocks, or one GEMM and one collective, whatever the shape; graphs always run the blocks, so
   those variants have no graph row), ``engine`` (:data:`~collectives.config.OVERLAP_COPY`: the
   peer copies by ``cuMemcpyBatchAsync`` hinted to a copy engine; eager only, as the library
-  runs it; timed as a baseline is: where the driver refuses it, skipped with the reason), or
-  these joined by ``+``;
+  runs it; timed as a baseline is: where the driver refuses it, skipped with the reason),
+  ``alternate`` (:data:`~collectives.config.OVERLAP_SCHEDULE`: torch's fused ops' decomposition,
+  each peer block's copy and GEMM on one stream, the side and the current one alternating, so
+  two blocks' GEMMs may run at once; graph and eager rows), or these joined by ``+``;
 - ``mm_nccl`` (chunks 1) and ``torch_fused`` (chunks 0: its own) baselines; a baseline that
   raises is skipped with its reason, never the run.
 
@@ -44,7 +48,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 from ..symmetric.capability import force_multicast_off
 
@@ -74,20 +78,34 @@ def variant(priority: int | None) -> str:
 
 
 def gemm_chunked(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, world: int,
-                 rank: int) -> Callable[[], None]:
-    """The GEMMs ours (``collectives.<op>``) launches, in its order, on the current stream,
-    without the communication: one per rank's block of M/W rows, for the peers
-    (:func:`collectives.overlap.peer_order`) and this rank's own (gemm_reduce_scatter: own last,
-    ``a``: M x K; all_gather_gemm: own first, ``a``: the M/W x K shard standing for every
-    rank's); ``out``: M x N, block q for rank q."""
+                 rank: int, side: torch.cuda.Stream | None = None) -> Callable[[], None]:
+    """The GEMMs ours (``collectives.<op>``) launches, in its order, without the communication:
+    one per rank's block of M/W rows, for the peers (:func:`collectives.overlap.peer_order`) and
+    this rank's own (gemm_reduce_scatter: own last, ``a``: M x K; all_gather_gemm: own first,
+    ``a``: the M/W x K shard standing for every rank's); ``out``: M x N, block q for rank q.  On
+    the current stream, or given ``side``, as ``OVERLAP_SCHEDULE = "alternate"`` runs them: the
+    peers' blocks on ``side`` and the current stream in turn (``side`` first), the own block on
+    the current one, ``side`` forked from it and joined back."""
     m = out.shape[0] // world
     peers = overlap.peer_order(world, rank)
-    blocks = peers + [rank] if op == "gemm_reduce_scatter" else [rank] + peers
     rows = (lambda q: a[q * m:(q + 1) * m]) if op == "gemm_reduce_scatter" else (lambda q: a)
 
-    def run() -> None:
-        for q in blocks:
+    def block(q: int, stream: torch.cuda.Stream | None) -> None:
+        with nullcontext() if stream is None else torch.cuda.stream(stream):
             torch.mm(rows(q), b, out=out[q * m:(q + 1) * m])
+
+    def run() -> None:
+        main = None if side is None else torch.cuda.current_stream()
+        if side is not None:
+            side.wait_stream(main)
+        if op == "all_gather_gemm":
+            block(rank, None)
+        for step, q in enumerate(peers):
+            block(q, side if side is not None and step % 2 == 0 else None)
+        if op == "gemm_reduce_scatter":
+            block(rank, None)
+        if side is not None:
+            main.wait_stream(side)
     return run
 
 
@@ -98,13 +116,15 @@ def applied(variant: str) -> Iterator[None]:
     inside; the defaults restored after."""
     carving = hasattr(torch._C, "_set_sm_carveout_experimental")
     start, carveout = config.OVERLAP_START, torch._C._get_sm_carveout_experimental() if carving else None
-    host_us, copy = config.OVERLAP_EAGER_HOST_US_PER_BLOCK, config.OVERLAP_COPY
+    host_us, copy, schedule = config.OVERLAP_EAGER_HOST_US_PER_BLOCK, config.OVERLAP_COPY, config.OVERLAP_SCHEDULE
     try:
         for part in filter(None, variant.split("+")):
             if part in config.OVERLAP_STARTS:
                 config.OVERLAP_START = part
             elif part == "engine":
                 config.OVERLAP_COPY = part
+            elif part in config.OVERLAP_SCHEDULES:
+                config.OVERLAP_SCHEDULE = part
             elif part in overlap.EAGER_PATHS:
                 config.OVERLAP_EAGER_HOST_US_PER_BLOCK = overlap.EAGER_PATHS[part]
             elif part.startswith("carve") and part[5:].isdigit():
@@ -112,10 +132,11 @@ def applied(variant: str) -> Iterator[None]:
                     raise ValueError(f"variant {part!r}: this torch has no torch._C._set_sm_carveout_experimental")
                 torch._C._set_sm_carveout_experimental(int(part[5:]))
             else:
-                raise ValueError(f"unknown variant {part!r} (side, first, carve<N>, blocks, one, engine)")
+                raise ValueError(f"unknown variant {part!r} (side, first, carve<N>, blocks, one, engine, alternate)")
         yield
     finally:
         config.OVERLAP_START, config.OVERLAP_EAGER_HOST_US_PER_BLOCK, config.OVERLAP_COPY = start, host_us, copy
+        config.OVERLAP_SCHEDULE = schedule
         if carving:
             torch._C._set_sm_carveout_experimental(carveout)
 
@@ -129,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
                              "library's (0: default; lower: higher)")
     parser.add_argument("--variants", default="side,carve16,side+carve16,blocks,one",
                         help="comma-separated variants of ours to time besides the library's (side, first, carve<N>, "
-                             "blocks, one, engine, joined by +; empty: none)")
+                             "blocks, one, engine, alternate, joined by +; empty: none)")
     parser.add_argument("--no-graph", action="store_true")
     parser.add_argument("--no-host", action="store_true", help="skip the host time per eager call")
     parser.add_argument("--out", help="write DIR/gemm-overlap-<device>.json")
@@ -211,6 +232,10 @@ def main(argv: list[str] | None = None) -> None:
                     chunked = rec.ours(timed(gemm_chunked(op, gemm_in, b, whole, world, rank)), impl="gemm_chunked",
                                        chunks=world, **row)
                     _line(rank, op, mode, m, n, "gemm_chunked", world, chunked, alone, best)
+                    if any("alternate" in v.split("+") for v in variants):
+                        two = rec.ours(timed(gemm_chunked(op, gemm_in, b, whole, world, rank, default_side)),
+                                       impl="gemm_alternate", chunks=world, **row)
+                        _line(rank, op, mode, m, n, "gemm_alternate", world, two, alone, best)
 
                     def chunks() -> int:
                         """Ours' blocks in this mode, as the knobs are now."""

@@ -153,13 +153,33 @@ def test_report_markers_quoted_in_the_prose_are_not_markers(tmp_path) -> None:
                                 "<!-- /bench_report 4xH200 -->\n\ntail\n")
 
 
+@pytest.mark.parametrize("alternate", [False, True])
 @pytest.mark.parametrize("op", ["gemm_reduce_scatter", "all_gather_gemm"])
-def test_the_chunked_gemm_makes_our_blocks_products_in_our_order(monkeypatch, op: str) -> None:
+def test_the_chunked_gemm_makes_our_blocks_products_in_our_order(monkeypatch, op: str, alternate: bool) -> None:
     """gemm_overlap_bench's gemm_chunked: one GEMM per rank's block of rows, in ours' order (the
     peers by collectives.overlap.peer_order; this rank's own last in gemm_reduce_scatter, first in
-    all_gather_gemm), each block's product in its place, no communication."""
+    all_gather_gemm), each block's product in its place, no communication; given a side stream
+    (``gemm_alternate``), the peers' blocks on it and the current stream in turn, the side stream
+    forked from the current one first and joined back last."""
+    import contextlib
+    import types
+
     from collectives import overlap
     from collectives.tools.gemm_overlap_bench import gemm_chunked
+
+    on, edges = ["main"], []
+    main, side = (types.SimpleNamespace(name=name) for name in ("main", "side"))
+    for stream in (main, side):
+        stream.wait_stream = lambda other, stream=stream: edges.append((stream.name, other.name, len(blocks)))
+
+    @contextlib.contextmanager
+    def switched(stream):
+        on.append(stream.name)
+        yield
+        on.pop()
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: main)
+    monkeypatch.setattr(torch.cuda, "stream", switched)
 
     world, rank, m, k, n = 3, 2, 2, 4, 5
     a = torch.arange((world * m if op == "gemm_reduce_scatter" else m) * k, dtype=torch.float32).view(-1, k) % 7
@@ -167,11 +187,16 @@ def test_the_chunked_gemm_makes_our_blocks_products_in_our_order(monkeypatch, op
     out = torch.zeros(world * m, n)
     blocks = []
     real = torch.mm
-    monkeypatch.setattr(torch, "mm", lambda x, y, out: (blocks.append(out.data_ptr()), real(x, y, out=out))[1])
-    gemm_chunked(op, a, b, out, world, rank)()
+    streams = []
+    monkeypatch.setattr(torch, "mm", lambda x, y, out: (blocks.append(out.data_ptr()), streams.append(on[-1]),
+                                                        real(x, y, out=out))[2])
+    gemm_chunked(op, a, b, out, world, rank, side if alternate else None)()
     order = [out[q * m].data_ptr() for q in overlap.peer_order(world, rank)]
     own = out[rank * m].data_ptr()
     assert blocks == (order + [own] if op == "gemm_reduce_scatter" else [own] + order)
+    lanes = ["side", "main"] if alternate else ["main", "main"]  # (world 3: two peers)
+    assert streams == (lanes + ["main"] if op == "gemm_reduce_scatter" else ["main"] + lanes)
+    assert edges == ([("side", "main", 0), ("main", "side", world)] if alternate else [])
     want = a @ b if op == "gemm_reduce_scatter" else torch.cat([a] * world) @ b
     assert torch.equal(out, want)
 
@@ -324,6 +349,9 @@ def test_the_gemm_overlap_variants_set_their_knobs_inside_and_restore_them() -> 
         assert not overlap.eager_blocks(*big) and (config.OVERLAP_START, config.OVERLAP_COPY) == ("side", "engine")
     assert config.OVERLAP_EAGER_HOST_US_PER_BLOCK == host_us and config.OVERLAP_START == before[0]
     assert config.OVERLAP_COPY == "copy"
+    with applied("alternate+first"):
+        assert (config.OVERLAP_SCHEDULE, config.OVERLAP_START) == ("alternate", "first")
+    assert config.OVERLAP_SCHEDULE == "comm"
     with applied("carve8"):
         assert (config.OVERLAP_START, torch._C._get_sm_carveout_experimental()) == (before[0], 8)
     with pytest.raises(ValueError, match="unknown variant"), applied("first+ce"):

@@ -316,11 +316,12 @@ def _thread_collectives(monkeypatch, together, world: int) -> None:
     monkeypatch.setattr(collectives.api, "all_gather", all_gather)
 
 
+@pytest.mark.parametrize("schedule", ["comm", "alternate"])
 @pytest.mark.parametrize("path", [*EAGER_PATHS, "engine"])
 @pytest.mark.parametrize("start", ["side", "first"])
 @pytest.mark.parametrize("world", [1, 2, 4])
 def test_every_rank_gets_its_rows_of_the_sum_and_the_gathered_product(on_cpu, monkeypatch, world: int,
-                                                                      start: str, path: str) -> None:
+                                                                      start: str, path: str, schedule: str) -> None:
     """W ranks as threads, each barrier a thread barrier: twice in a row (the workspaces
     reused), gemm_reduce_scatter gives each rank its rows of sum_r a_r @ b_r and all_gather_gemm
     concat_r(shard_r) @ b, exactly, run as blocks (their copies torch's or, ``"engine"``, the
@@ -330,8 +331,9 @@ def test_every_rank_gets_its_rows_of_the_sum_and_the_gathered_product(on_cpu, mo
 
     from collectives import config
 
-    if path == "one" and start == "side":
-        pytest.skip("(the start is the blocks')")
+    if path == "one" and (start == "side" or schedule == "alternate"):
+        pytest.skip("(the start and the schedule are the blocks')")
+    monkeypatch.setattr(config, "OVERLAP_SCHEDULE", schedule)
     monkeypatch.setattr(config, "OVERLAP_START", start)
     monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", EAGER_PATHS.get(path, 0.0))
     engine_copies: list = []
@@ -372,8 +374,10 @@ def test_every_rank_gets_its_rows_of_the_sum_and_the_gathered_product(on_cpu, mo
         for rank in range(world):
             assert torch.equal(results["rs", rank, call].float(), total[rank * m:(rank + 1) * m]), (rank, call)
             assert torch.equal(results["ag", rank, call].float(), gathered), (rank, call)
-    # (every peer copy by the copy engine, on the side stream: W ranks, W - 1 pushes and pulls, 2 calls)
-    assert engine_copies == (["side"] * (world * (world - 1) * 2 * 2) if path == "engine" else [])
+    # (every peer copy by the copy engine, on the side stream ("alternate": the block's stream, the
+    # side one first): W ranks, W - 1 pushes and pulls, 2 calls)
+    lanes = ["side"] * (world - 1) if schedule == "comm" else [("side", "main")[s % 2] for s in range(world - 1)]
+    assert sorted(engine_copies) == (sorted(lanes * world * 2 * 2) if path == "engine" else [])
 
 
 def _recorded(monkeypatch, events: list[str], world: int, rank: int) -> _Rank:
@@ -608,3 +612,114 @@ def test_copy_engine_copies_are_eager_only_and_another_copy_is_refused(on_cpu, m
         with pytest.raises(CollectiveError, match="OVERLAP_COPY"):
             call()
     assert events == []
+
+
+class _Order:
+    """One rank's GPU work as a call enqueues it, on the CPU: a node per operation on its stream
+    (``_STREAMS``), after the stream's previous node and the records of the events waited on; what
+    each node reads and writes (byte ranges); whether one node happens before another."""
+
+    def __init__(self, monkeypatch, comm: _Rank) -> None:
+        import types
+
+        import collectives.api
+
+        self.nodes: list[tuple[str, str, set[int], list, list]] = []  # (name, stream, preds, reads, writes)
+        self.last: dict[str, int] = {}
+        order = self
+
+        def event():
+            made = types.SimpleNamespace(at=None)
+            made.record = lambda stream: setattr(made, "at", order.last.get(stream.name))
+            made.wait = lambda stream: order.add("wait", stream.name, deps=[made.at] if made.at is not None else [])
+            return made
+
+        def mm(x, y, *, out):
+            order.add("mm", reads=[x, y], writes=[out])
+
+        def total(x, dim, *, out):
+            order.add("sum", reads=[x], writes=[out])
+
+        monkeypatch.setattr(torch.cuda, "Event", event)
+        monkeypatch.setattr(torch, "mm", mm)
+        monkeypatch.setattr(torch, "sum", total)
+        monkeypatch.setattr(torch.Tensor, "copy_", lambda dst, src: order.add("copy", reads=[src], writes=[dst]))
+        monkeypatch.setattr(collectives.api, "barrier", lambda group: order.add("barrier"))
+        self.comm = comm
+
+    def add(self, name: str, stream: str | None = None, deps=(), reads=(), writes=()) -> int:
+        stream = stream or _STREAMS.current.name
+        preds = set(deps) | ({self.last[stream]} if stream in self.last else set())
+        self.nodes.append((name, stream, preds, [_span(t) for t in reads], [_span(t) for t in writes]))
+        self.last[stream] = len(self.nodes) - 1
+        return self.last[stream]
+
+    def before(self, first: int, then: int) -> bool:
+        """Whether node ``first`` happens before node ``then`` (stream order and event waits)."""
+        seen, todo = set(), [then]
+        while todo:
+            node = todo.pop()
+            if node == first:
+                return True
+            if node not in seen:
+                seen.add(node)
+                todo.extend(self.nodes[node][2])
+        return False
+
+    def on_peer(self, node: int) -> bool:
+        """Whether the node reads or writes a peer's workspace."""
+        _, _, _, reads, writes = self.nodes[node]
+        peers = [w for r, held in enumerate(self.comm.workspaces) if r != self.comm.rank for w in held.values()]
+        return any(_overlap(span, _span(w)) for span in reads + writes for w in peers)
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+
+def _overlap(x: tuple[int, int], y: tuple[int, int]) -> bool:
+    return x[0] < y[1] and y[0] < x[1]
+
+
+@pytest.mark.parametrize("schedule", ["comm", "alternate"])
+@pytest.mark.parametrize("start", ["side", "first"])
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_every_block_is_ordered_after_what_it_needs_on_either_schedule(on_cpu, monkeypatch, world: int,
+                                                                      start: str, schedule: str) -> None:
+    """What the streams and events order, per rank, as blocks (``OVERLAP_SCHEDULE`` "comm": GEMMs
+    on the current stream, copies on the side one; "alternate": a block's copy and GEMM on one
+    stream, the streams alternating): a node that reads or writes memory an earlier node wrote
+    (or writes what it read) happens after it; a node that reads or writes a peer's workspace
+    happens after the last barrier enqueued before it and before the next one (the call's end:
+    a node the caller enqueues next on the current stream); every node before that end."""
+    from collectives import config
+
+    monkeypatch.setattr(config, "OVERLAP_SCHEDULE", schedule)
+    monkeypatch.setattr(config, "OVERLAP_START", start)
+    monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", EAGER_PATHS["blocks"])
+    m, k, n = 4, 8, 16
+    comm = _Rank(world, 1, [{} for _ in range(world)])
+    a, b = torch.zeros(world * m, k, dtype=torch.float16), torch.zeros(k, n, dtype=torch.float16)
+    order = _Order(monkeypatch, comm)
+    for call in (lambda: overlap._gemm_reduce_scatter_on(comm, a, b, None, None),
+                 lambda: overlap._all_gather_gemm_on(comm, a[:m], b, None, None)):
+        call()  # (grows the workspace and makes the events)
+        order.nodes.clear()
+        order.last.clear()
+        call()
+        end = order.add("next", "main")
+        nodes = order.nodes
+        streams = {s for _, s, _, _, _ in nodes}
+        assert streams == {"main", "side"}, streams
+        barriers = [i for i, node in enumerate(nodes) if node[0] == "barrier"] + [end]
+        for j, (name, _, _, reads, writes) in enumerate(nodes):
+            assert order.before(j, end) or j == end, (j, name)
+            for i in range(j):
+                earlier = nodes[i]
+                if any(_overlap(x, y) for x in earlier[4] for y in reads + writes) or \
+                        any(_overlap(x, y) for x in earlier[3] for y in writes):
+                    assert order.before(i, j), f"{earlier[0]} {i} ({earlier[1]}) and {name} {j} unordered: {nodes}"
+            if order.on_peer(j):
+                after = max(i for i in barriers if i < j)
+                until = min(i for i in barriers if i > j)
+                assert order.before(after, j) and order.before(j, until), (j, name, after, until, nodes)

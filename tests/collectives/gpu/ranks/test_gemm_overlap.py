@@ -50,13 +50,15 @@ def want_reduce_scatter(world: int, rank: int, salts: list[int], shape: tuple[in
     return reference.reduce_scatter(partials, dtype)[rank].reshape(m, n)
 
 
-@pytest.mark.parametrize("path", list(EAGER_PATHS))
+@pytest.mark.parametrize("path, schedule", [("blocks", "comm"), ("one", "comm"), ("blocks", "alternate")])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", list(KINDS))
-def test_gemm_reduce_scatter_is_exact(comm, monkeypatch, dtype: str, shape: tuple[int, int, int], path: str) -> None:
+def test_gemm_reduce_scatter_is_exact(comm, monkeypatch, dtype: str, shape: tuple[int, int, int], path: str,
+                                      schedule: str) -> None:
     import collectives
     from collectives import config
 
+    monkeypatch.setattr(config, "OVERLAP_SCHEDULE", schedule)  # (collectives.config.OVERLAP_SCHEDULE)
     monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", EAGER_PATHS[path])
     m, k, n = shape
     world, rank = comm.world, comm.rank
@@ -66,14 +68,17 @@ def test_gemm_reduce_scatter_is_exact(comm, monkeypatch, dtype: str, shape: tupl
     assert np.array_equal(out.float().cpu().numpy(), want_reduce_scatter(world, rank, list(range(world)), shape, dtype))
 
 
-@pytest.mark.parametrize("path, start", [("blocks", "side"), ("blocks", "first"), ("one", "first")])
+@pytest.mark.parametrize("path, start, schedule", [("blocks", "side", "comm"), ("blocks", "first", "comm"),
+                                                   ("one", "first", "comm"), ("blocks", "side", "alternate"),
+                                                   ("blocks", "first", "alternate")])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("dtype", list(KINDS))
 def test_all_gather_gemm_is_exact(comm, monkeypatch, dtype: str, shape: tuple[int, int, int], start: str,
-                                  path: str) -> None:
+                                  path: str, schedule: str) -> None:
     import collectives
     from collectives import config
 
+    monkeypatch.setattr(config, "OVERLAP_SCHEDULE", schedule)
     monkeypatch.setattr(config, "OVERLAP_START", start)  # (collectives.config.OVERLAP_START)
     monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", EAGER_PATHS[path])
     m, k, n = shape
@@ -103,8 +108,9 @@ def test_random_inputs_match_matmul(comm, dtype: str) -> None:
     assert torch.allclose(gathered.float(), full.float(), rtol=2**-5, atol=2**-4)
 
 
+@pytest.mark.parametrize("schedule", ["comm", "alternate"])
 @pytest.mark.parametrize("start", ["side", "first"])
-def test_cuda_graph_replay(comm, monkeypatch, start: str) -> None:
+def test_cuda_graph_replay(comm, monkeypatch, start: str, schedule: str) -> None:
     """Graph replays and eager calls of the same calls, interleaved: exact every round (the
     events between the streams and the barriers were captured); either all-gather start.  (At
     these sizes the eager calls, the warm-up included, run one GEMM and one collective, and the
@@ -113,6 +119,7 @@ def test_cuda_graph_replay(comm, monkeypatch, start: str) -> None:
     from collectives import config
 
     monkeypatch.setattr(config, "OVERLAP_START", start)
+    monkeypatch.setattr(config, "OVERLAP_SCHEDULE", schedule)
     world, m, k, n = comm.world, 64, 64, 256
     a = torch.empty(world * m, k, dtype=torch.bfloat16, device="cuda")
     b = small_ints(7 + comm.rank, k, n, "bf16")
