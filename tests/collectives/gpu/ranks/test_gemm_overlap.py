@@ -217,7 +217,7 @@ def test_unposted_flag_wait_times_out_and_the_communicator_stays_usable(comm, mo
         comm.errors.timeout_s = saved
     comm.ctx.host_barrier()
     test_gemm_reduce_scatter_is_exact(comm, monkeypatch, "bf16", SHAPES[0], "blocks", "comm")
-    test_all_gather_gemm_is_exact(comm, monkeypatch, "bf16", SHAPES[0], "side", "blocks")
+    test_all_gather_gemm_is_exact(comm, monkeypatch, "bf16", SHAPES[0], "side", "blocks", "comm")
 
 
 def test_bad_shapes_and_dtypes_are_refused(comm) -> None:
