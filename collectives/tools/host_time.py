@@ -8,8 +8,8 @@ Per collective and size: microseconds of host time per call (``time.perf_counter
 ``--calls`` back-to-back eager calls, the GPU synchronised before and after, never inside; the
 slowest rank's, best of :data:`REPEATS` runs, the runs of the rows compared with each other
 interleaved: :func:`measure_rows`), for a plan hit (the same tensors again) and for tensors made anew at
-each call (the allocator's other addresses; made before the timing).  ``--profile``: rank 0
-also prints cProfile's top functions of the plan hits.  ``--breakdown``: first, where a plan
+each call (the allocator's other addresses; made before the timing).  ``--profile``: every rank
+profiles the plan hits, rank 0 prints cProfile's top functions of the plan hits.  ``--breakdown``: first, where a plan
 hit of the all-reduce and of the reduce-scatter of the first size goes (:func:`breakdown`).
 bf16; NVLink multicast stays off.
 """
@@ -302,13 +302,15 @@ def main(argv: list[str] | None = None) -> None:
     def measure(entries: list[tuple[str, Callable[[], Callable[[], object]], bool]]) -> None:
         measure_rows(rows, entries, calls)
         for name, make, _ in entries:
-            if args.profile and comm.rank == 0:
+            if args.profile:  # every rank makes the calls (they are collectives); rank 0 prints
                 hit = make()
                 hit()  # (its plan made: the profile is of plan hits)
                 profile = cProfile.Profile()
                 profile.runcall(lambda: [hit() for _ in range(calls)])
-                print(f"== {name}, plan hit: cProfile, {calls} calls")
-                pstats.Stats(profile).sort_stats("tottime").print_stats(12)
+                torch.cuda.synchronize()
+                if comm.rank == 0:
+                    print(f"== {name}, plan hit: cProfile, {calls} calls")
+                    pstats.Stats(profile).sort_stats("tottime").print_stats(12)
 
     if args.breakdown:
         first = int(args.bytes.split(",")[0]) // 2
