@@ -112,10 +112,13 @@ PLAIN_ONE_SHOT_MAX: dict[tuple[str, int], int] = {
 #: push is chosen over two-shot and TMA.  Measured 2026-11-28 on 4 x H100 (docs/data/
 #: bench-4xH100*.json): push stores only, where two-shot and TMA read 0.75 S over NVLink, and
 #: was ahead from 64 MB (plain push 316 vs TMA 323 us in graphs; on symmetric tensors at 256 MB
-#: 1165 vs 1240, eagerly 1164 vs 1244); at 16 MB TMA was ahead (92.6 vs 97.7).  Not measured
-#: on 2 or 8 GPUs, nor with multicast (whose two-shot reduces in the switch): never there.
+#: 1165 vs 1240, eagerly 1164 vs 1244); at 16 MB TMA was ahead (92.6 vs 97.7).  On 2 x H200
+#: (docs/data/bench-2xH200.json, tree d1a9677) push was ahead from 64 MB too (graph / eager: 202.9 /
+#: 209.7 us vs TMA 205.3 / 219.2 and two-shot 206.8 / 212.8; at 256 MB 764.6 / 768.0 vs TMA 791.3 /
+#: 799.8), behind at 16 MB (59.2 vs TMA 57.6 in a graph).  Not measured on 8 GPUs, nor with
+#: multicast (whose two-shot reduces in the switch): never there.
 SYMMETRIC_PUSH_MIN: dict[tuple[str, int], int] = {
-    ("peer", 2): 1 << 62,
+    ("peer", 2): 64 << 20,
     ("peer", 4): 64 << 20,
     ("peer", 8): 1 << 62,
     ("multicast", 2): 1 << 62,
@@ -127,10 +130,14 @@ SYMMETRIC_PUSH_MIN: dict[tuple[str, int], int] = {
 #: from which push is chosen over one-shot and TMA.  Measured 2026-11-28 on 4 x H200
 #: (docs/data/bench-4xH200.json, tree e88f8b8): at 256 MB push 601.3 / 604.4 us vs TMA 621.0 /
 #: 632.2 (graph / eager); at 64 MB they tie (push 172.0 / 169.4, TMA 169.4 / 175.8), so the
-#: crossover is put between.  Not measured on 2 or 8 GPUs (TMA there), nor with multicast.
+#: crossover is put between.  The same bench of tree 3f33ec4 there had push ahead at 16 MB as well
+#: (50.7 / 55.3 us vs one-shot 53.4 / 59.6, graph / eager) and tying at 64 MB (166.8 / 170.7 vs TMA
+#: 166.5 / 171.5), so on 4 GPUs push from 16 MB.  On 2 x H200 (tree d1a9677) push was ahead at
+#: 256 MB (401.7 / 401.4 vs TMA 409.4 / 413.0) and behind at 64 MB (117.2 / 116.3 vs 110.0 /
+#: 114.4): the crossover between.  Not measured on 8 GPUs, nor with multicast.
 RS_SYMMETRIC_PUSH_MIN: dict[tuple[str, int], int] = {
-    ("peer", 2): 1 << 62,
-    ("peer", 4): 128 << 20,
+    ("peer", 2): 128 << 20,
+    ("peer", 4): 16 << 20,
     ("peer", 8): 1 << 62,
     ("multicast", 2): 1 << 62,
     ("multicast", 4): 1 << 62,

@@ -11,7 +11,7 @@ def test_sizes_go_lamport_then_one_shot_then_two_shot_or_tma() -> None:
     for world in range(2, 9):
         for backend in ("peer", "multicast"):
             assert tuning.all_reduce_algorithm(world, 4096, backend) == "lamport"
-            large = "push" if backend == "peer" and world in (3, 4) else "tma"  # SYMMETRIC_PUSH_MIN (W = 3 reads W = 4)
+            large = "push" if backend == "peer" and world <= 4 else "tma"  # SYMMETRIC_PUSH_MIN (W = 3 reads W = 4)
             assert tuning.all_reduce_algorithm(world, 256 << 20, backend) == large
             assert tuning.all_reduce_algorithm(world, 256 << 20, backend, aligned=False) == (
                 "push" if large == "push" else "two_shot")
@@ -47,17 +47,20 @@ def test_plain_reduce_scatter_inputs_past_lamport_are_pushed() -> None:
 
 
 def test_large_symmetric_reduce_scatters_are_pushed_from_the_table() -> None:
-    """Symmetric inputs past the measured crossover (4 GPUs: 128 MB) are pushed, aligned or not;
-    below it one-shot or TMA; a world without a measured crossover never pushes them."""
+    """Symmetric inputs past the measured crossover (4 GPUs: 16 MB, 2 GPUs: 128 MB) are pushed,
+    aligned or not; below it one-shot or TMA; a backend without a measured crossover never
+    pushes them."""
     assert tuning.reduce_scatter_algorithm(4, 256 << 20, "peer") == "push"
-    assert tuning.reduce_scatter_algorithm(4, 256 << 20, "peer", aligned=False) == "push"
-    assert tuning.reduce_scatter_algorithm(4, 64 << 20, "peer") == "tma"
-    assert tuning.reduce_scatter_algorithm(2, 256 << 20, "peer") == "tma"
+    assert tuning.reduce_scatter_algorithm(4, 16 << 20, "peer", aligned=False) == "push"
+    assert tuning.reduce_scatter_algorithm(4, 8 << 20, "peer") == "one_shot"
+    assert tuning.reduce_scatter_algorithm(2, 256 << 20, "peer") == "push"
+    assert tuning.reduce_scatter_algorithm(2, 64 << 20, "peer") == "tma"
     assert tuning.reduce_scatter_algorithm(4, 256 << 20, "multicast") == "tma"
 
 
 def test_unaligned_reduce_scatter_never_picks_tma() -> None:
-    assert tuning.reduce_scatter_algorithm(2, 1 << 30, "peer", aligned=False) == "one_shot"
+    assert tuning.reduce_scatter_algorithm(2, 64 << 20, "peer", aligned=False) == "one_shot"
+    assert tuning.reduce_scatter_algorithm(8, 1 << 30, "peer", aligned=False) == "one_shot"
     assert tuning.reduce_scatter_algorithm(4, 8 << 20, "peer") == "one_shot"
 
 
