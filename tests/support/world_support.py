@@ -107,10 +107,13 @@ def fresh_communicator() -> Any:
 
 
 def warmup_stream() -> Any:
-    """A stream to warm a graph's calls up on: a new side stream under torchrun (the current one
-    is the default stream, where nothing is captured), the rank's own stream in the world (a
-    new one there would come from torch's stream pool and might share a hardware queue with
-    another rank's stream)."""
+    """A stream to warm a graph's calls up on, ordered after the current one's work so far: a new
+    side stream under torchrun (the current one is the default stream, where nothing is
+    captured), the rank's own stream in the world (a new one there would come from torch's
+    stream pool and might share a hardware queue with another rank's stream)."""
     import torch
 
-    return torch.cuda.current_stream() if WORLD else torch.cuda.Stream()
+    current = torch.cuda.current_stream()
+    stream = current if WORLD else torch.cuda.Stream()
+    stream.wait_stream(current)
+    return stream

@@ -147,7 +147,6 @@ def test_graph_replay_after_its_staging_buffer_was_superseded(comm) -> None:
     t = torch.empty(n, dtype=torch.bfloat16, device="cuda")
     source = torch.empty(n, dtype=torch.bfloat16, device="cuda")
     stream = warmup_stream()
-    stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         collectives.all_reduce(t, algorithm="one_shot", backend="peer")
         collectives.synchronize()
@@ -326,7 +325,6 @@ def test_push_reduce_scatter_in_graphs_at_offsets_and_reused_addresses(comm) -> 
     inp = torch.empty(m * world, dtype=torch.bfloat16, device="cuda")
     out = torch.empty(m, dtype=torch.bfloat16, device="cuda")
     stream = warmup_stream()
-    stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         collectives.reduce_scatter(out, inp, algorithm="push", backend="peer")
         collectives.synchronize()
@@ -501,7 +499,6 @@ def test_cuda_graph_replay_matches_eager(comm, backend: str) -> None:
     sym = collectives.empty(4096, torch.float32)
     source = torch.empty(n, dtype=torch.bfloat16, device="cuda")
     stream = warmup_stream()
-    stream.wait_stream(torch.cuda.current_stream())
     lamport = torch.empty(n, dtype=torch.bfloat16, device="cuda")
     big = collectives.empty(1 << 20, torch.bfloat16)
     pushed = torch.empty(n, dtype=torch.bfloat16, device="cuda")

@@ -128,7 +128,6 @@ def test_cuda_graph_replay(comm, monkeypatch, start: str, schedule: str) -> None
     ag_out = torch.empty(world * m, n, dtype=torch.bfloat16, device="cuda")
     b0 = small_ints(7, k, n, "bf16")
     stream = warmup_stream()
-    stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # the same calls eagerly first: workspace and kernels
         collectives.gemm_reduce_scatter(a.zero_(), b, out=rs_out)
         collectives.all_gather_gemm(shard.zero_(), b0, out=ag_out)

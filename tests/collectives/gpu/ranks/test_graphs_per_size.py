@@ -29,7 +29,6 @@ CASES = [("all_reduce", a) for a in ("one_shot", "two_shot", "tma", "push", "lam
 def _capture(fn) -> torch.cuda.CUDAGraph:
     """Warm ``fn`` up eagerly on a side stream, then capture it."""
     stream = warmup_stream()
-    stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         fn()
     torch.cuda.current_stream().wait_stream(stream)
