@@ -47,6 +47,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from ..dtypes import DTYPES  # noqa: E402
+from .timing import event_us, repeat_calls  # noqa: E402
 
 #: The dtypes the benchmarks measure by default (registry names).
 BENCH_DTYPES = ("bf16", "f32")
@@ -86,31 +87,27 @@ def capture(fn: Callable[[], object], iters: int) -> torch.cuda.CUDAGraph:
     return g
 
 
+def slowest_rank(us: float) -> float:
+    """The largest of every rank's ``us`` (a collective of the default group)."""
+    mine = torch.tensor([us], device="cuda")
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+    return float(mine)
+
+
 def time_op(fn: Callable[[], object], iters: int, graph: bool, repeats: int = 3) -> float:
     """Microseconds per call of ``fn`` run ``iters`` times back to back (after warm-up): the
     slowest rank's time, the best of ``repeats`` timed runs (shared hosts are noisy)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
+    warm_up(fn)
     if graph:
         run = capture(fn, iters).replay
     else:
-        def run() -> None:
-            for _ in range(iters):
-                fn()
+        run = functools.partial(repeat_calls, fn, iters)
     run()
     best = float("inf")
     for _ in range(repeats):
         dist.barrier()
         torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        mine = torch.tensor([start.elapsed_time(end) * 1e3 / iters], device="cuda")
-        dist.all_reduce(mine, op=dist.ReduceOp.MAX)  # the slowest rank's time
-        best = min(best, float(mine))
+        best = min(best, slowest_rank(event_us(run, iters)))
     return best
 
 
@@ -166,18 +163,10 @@ def burst(fn: Callable[[], object], iters: int) -> tuple[float, BaseException | 
     dist.barrier()
     if error is None:
         try:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                fn()
-            end.record()
-            end.synchronize()
-            mine = start.elapsed_time(end) * 1e3 / iters
+            mine = event_us(functools.partial(repeat_calls, fn, iters), iters)
         except Exception as err:  # noqa: BLE001
             error = err
-    slowest = torch.tensor([mine], device="cuda")
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return float(slowest), error
+    return slowest_rank(mine), error
 
 
 def column(impl: str, fn: Callable[[], object], baseline: bool = False,

@@ -42,7 +42,11 @@ def moved_bytes(collective: str, world: int, nbytes: int) -> int:
 def time_us(fn: Any, iters: int, meet: Any) -> float:
     """Microseconds per call of ``fn`` on this rank's current stream, all ranks starting
     together (``meet()``), the best of 3 runs."""
+    import functools
+
     import torch
+
+    from .timing import event_us, repeat_calls
 
     for _ in range(3):
         fn()
@@ -51,13 +55,7 @@ def time_us(fn: Any, iters: int, meet: Any) -> float:
     for _ in range(3):
         stream.synchronize()
         meet()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) * 1e3 / iters)
+        best = min(best, event_us(functools.partial(repeat_calls, fn, iters), iters))
     return best
 
 
