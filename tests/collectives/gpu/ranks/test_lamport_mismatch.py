@@ -20,6 +20,39 @@ pytestmark = pytest.mark.multigpu
 torch = pytest.importorskip("torch")
 
 
+def _sums_exactly(comm, size: int, dtype, algorithm: str = "lamport", *what) -> None:
+    """An all-reduce of ``size`` elements (``rank + 1`` on each rank) by ``algorithm`` sums
+    exactly on this rank (``what``: the assertion's context)."""
+    import collectives
+
+    ok = torch.full((size,), comm.rank + 1.0, dtype=dtype, device="cuda")
+    collectives.all_reduce(ok, algorithm=algorithm)
+    collectives.synchronize()
+    assert torch.all(ok == comm.world * (comm.world + 1) // 2), (*what, dtype, size, algorithm)
+
+
+def _lamport_buffers_of_both_widths(comm) -> None:
+    """A Lamport all-reduce of bf16 and of f32 on every rank: both widths' buffers made."""
+    import collectives
+
+    for dtype in (torch.bfloat16, torch.float32):
+        ok = torch.ones(4096, dtype=dtype, device="cuda")
+        collectives.all_reduce(ok, algorithm="lamport")
+        collectives.synchronize()
+        assert torch.all(ok == comm.world)
+
+
+def _raises_the_mismatch_at_once(comm, call) -> None:
+    """``call()`` raises the recorded size mismatch, within half the timeout (not by one)."""
+    import collectives
+
+    start = time.monotonic()
+    with pytest.raises(collectives.CollectiveError, match="different sizes"):
+        call()
+        collectives.synchronize()
+    assert time.monotonic() - start < comm.timeout_s / 2, "the mismatch was found by a timeout"
+
+
 def test_lamport_size_mismatch_raises_and_the_communicator_recovers() -> None:
     import collectives
     from collectives.runtime.communicator import communicator
@@ -29,17 +62,10 @@ def test_lamport_size_mismatch_raises_and_the_communicator_recovers() -> None:
     collectives.all_reduce(ok, algorithm="lamport")
     collectives.synchronize()
     assert torch.all(ok == comm.world)
-    start = time.monotonic()
     t = torch.ones(512 + 8 * comm.rank, dtype=torch.bfloat16, device="cuda")
-    with pytest.raises(collectives.CollectiveError, match="different sizes"):
-        collectives.all_reduce(t, algorithm="lamport")
-        collectives.synchronize()
-    assert time.monotonic() - start < comm.timeout_s / 2, "the mismatch was found by a timeout"
+    _raises_the_mismatch_at_once(comm, lambda: collectives.all_reduce(t, algorithm="lamport"))
     for size in (4096, 512, 100_003):  # every buffer phase, sizes the mismatch left data past
-        ok = torch.full((size,), comm.rank + 1.0, dtype=torch.bfloat16, device="cuda")
-        collectives.all_reduce(ok, algorithm="lamport")
-        collectives.synchronize()
-        assert torch.all(ok == comm.world * (comm.world + 1) // 2), size
+        _sums_exactly(comm, size, torch.bfloat16)
     comm.ctx.host_barrier()
     collectives.current().close()
 
@@ -57,17 +83,10 @@ def test_an_empty_rank_against_lamport_ranks_raises_on_every_rank_and_the_commun
     collectives.all_reduce(ok)  # auto: Lamport (its buffers made on every rank)
     collectives.synchronize()
     for empty in (0, comm.world - 1):
-        start = time.monotonic()
         t = torch.ones(0 if comm.rank == empty else 4096, dtype=torch.bfloat16, device="cuda")
-        with pytest.raises(collectives.CollectiveError, match="different sizes"):
-            collectives.all_reduce(t)
-            collectives.synchronize()
-        assert time.monotonic() - start < comm.timeout_s / 2, "the mismatch was found by a timeout"
+        _raises_the_mismatch_at_once(comm, lambda t=t: collectives.all_reduce(t))
         for size, algorithm in ((4096, "lamport"), (512, "lamport"), (4096, "one_shot"), (100_003, "lamport")):
-            ok = torch.full((size,), comm.rank + 1.0, dtype=torch.bfloat16, device="cuda")
-            collectives.all_reduce(ok, algorithm=algorithm)
-            collectives.synchronize()
-            assert torch.all(ok == comm.world * (comm.world + 1) // 2), (empty, size, algorithm)
+            _sums_exactly(comm, size, torch.bfloat16, algorithm, empty)
     comm.ctx.host_barrier()
     collectives.current().close()
 
@@ -81,23 +100,12 @@ def test_lamport_kernels_of_different_widths_raise_on_every_rank_and_the_communi
     from collectives.runtime.communicator import communicator
 
     comm = communicator()
-    for dtype in (torch.bfloat16, torch.float32):  # both widths' buffers made on every rank
-        ok = torch.ones(4096, dtype=dtype, device="cuda")
-        collectives.all_reduce(ok, algorithm="lamport")
-        collectives.synchronize()
-        assert torch.all(ok == comm.world)
-    start = time.monotonic()
+    _lamport_buffers_of_both_widths(comm)
     t = torch.ones(4096, dtype=torch.bfloat16 if comm.rank == 0 else torch.float32, device="cuda")
-    with pytest.raises(collectives.CollectiveError, match="different sizes"):
-        collectives.all_reduce(t, algorithm="lamport")
-        collectives.synchronize()
-    assert time.monotonic() - start < comm.timeout_s / 2, "the mismatch was found by a timeout"
+    _raises_the_mismatch_at_once(comm, lambda: collectives.all_reduce(t, algorithm="lamport"))
     for dtype in (torch.float32, torch.bfloat16, torch.float32, torch.bfloat16):
         for size in (4096, 512):
-            ok = torch.full((size,), comm.rank + 1.0, dtype=dtype, device="cuda")
-            collectives.all_reduce(ok, algorithm="lamport")
-            collectives.synchronize()
-            assert torch.all(ok == comm.world * (comm.world + 1) // 2), (dtype, size)
+            _sums_exactly(comm, size, dtype)
     comm.ctx.host_barrier()
     collectives.current().close()
 
@@ -120,29 +128,19 @@ def test_a_barriered_rank_against_lamport_ranks_raises_on_every_rank_and_the_lam
     from collectives.runtime.communicator import communicator
 
     comm = communicator()
-    for dtype in (torch.bfloat16, torch.float32):  # both widths' buffers made on every rank
-        ok = torch.ones(4096, dtype=dtype, device="cuda")
-        collectives.all_reduce(ok, algorithm="lamport")
-        collectives.synchronize()
-        assert torch.all(ok == comm.world)
+    _lamport_buffers_of_both_widths(comm)
     big = torch.ones(16 * 4096, dtype=torch.bfloat16, device="cuda")  # the barriered kernel's buffers, every rank
     collectives.all_reduce(big, algorithm=barriered)
     collectives.synchronize()
     assert torch.all(big == comm.world)
     for odd in (0, comm.world - 1):
-        start = time.monotonic()
         mine = comm.rank == odd
         t = torch.ones(16 * 4096 if mine else 4096, dtype=torch.bfloat16, device="cuda")
-        with pytest.raises(collectives.CollectiveError, match="different sizes"):
-            collectives.all_reduce(t, algorithm=barriered if mine else "lamport")
-            collectives.synchronize()
-        assert time.monotonic() - start < comm.timeout_s / 2, "the mismatch was found by a timeout"
+        _raises_the_mismatch_at_once(
+            comm, lambda t=t, mine=mine: collectives.all_reduce(t, algorithm=barriered if mine else "lamport"))
         for dtype, size, algorithm in ((torch.bfloat16, 4096, "lamport"), (torch.float32, 4096, "lamport"),
                                        (torch.bfloat16, 512, "lamport"), (torch.float32, 512, "lamport"),
                                        (torch.bfloat16, 4096, "one_shot"), (torch.bfloat16, 100_003, "lamport")):
-            ok = torch.full((size,), comm.rank + 1.0, dtype=dtype, device="cuda")
-            collectives.all_reduce(ok, algorithm=algorithm)
-            collectives.synchronize()
-            assert torch.all(ok == comm.world * (comm.world + 1) // 2), (barriered, odd, dtype, size, algorithm)
+            _sums_exactly(comm, size, dtype, algorithm, barriered, odd)
     comm.ctx.host_barrier()
     collectives.current().close()
