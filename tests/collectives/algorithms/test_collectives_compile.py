@@ -290,22 +290,23 @@ def test_peer_push_all_reduce_is_a_pipeline_of_split_signals(dtype: str, world: 
     the bf16 one (whose data moves in 16-bit and vector accesses only) and taken out: the call
     count (read, stored), the tickets, and the failed start's Lamport count move
     (:func:`~collectives.device.signals.lamport_missed_start`: one count read, its stores)."""
-    def accesses(kind: str) -> tuple[list[str], list[str]]:
-        ptx = kernel_ptx(KernelKey("all_reduce", "push", "peer", kind, world, vector=vector, stage_in=True),
-                         "sm_100a" if DTYPES[kind].fp8 else "sm_90a")
+    def push_ptx(kind: str) -> str:
+        return kernel_ptx(KernelKey("all_reduce", "push", "peer", kind, world, vector=vector, stage_in=True),
+                          "sm_100a" if DTYPES[kind].fp8 else "sm_90a")
+
+    def accesses(ptx: str) -> tuple[list[str], list[str]]:
         return (sorted(op for op in re.findall(r"\bld\.global\.([\w.]+)", ptx) if op != "b64"),  # not the tables
                 sorted(re.findall(r"\bst\.global\.([\w.]+)", ptx)))
 
-    ptx = kernel_ptx(KernelKey("all_reduce", "push", "peer", dtype, world, vector=vector, stage_in=True),
-                     "sm_100a" if DTYPES[dtype].fp8 else "sm_90a")
+    ptx = push_ptx(dtype)
     assert _signals(ptx) == (2 + 3, 6), _signals(ptx)
     records = ptx.count("st.release.sys.global.b32")  # each wait's error record, published
     assert len(re.findall(r"\.(release|acquire)\.", ptx)) - records == 11
     assert not _multimem(ptx)
-    words = accesses("bf16")
+    words = accesses(ptx if dtype == "bf16" else push_ptx("bf16"))
     words = (words[0].count("b32"), words[1].count("b32"))  # the bookkeeping's 32-bit loads and stores
     assert words[0] == 2 and words[1] > 3, words  # the two counts read; tickets, call count, the move's stores
-    loads, stores = accesses(dtype)
+    loads, stores = accesses(ptx)
     for _ in range(words[0]):
         loads.remove("b32")
     for _ in range(words[1]):
