@@ -47,7 +47,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from ..dtypes import DTYPES  # noqa: E402
-from .timing import event_us, repeat_calls  # noqa: E402
+from .timing import event_us, repeat_calls, slowest_rank  # noqa: E402
 
 #: The dtypes the benchmarks measure by default (registry names).
 BENCH_DTYPES = ("bf16", "f32")
@@ -85,13 +85,6 @@ def capture(fn: Callable[[], object], iters: int) -> torch.cuda.CUDAGraph:
             for _ in range(iters):
                 fn()
     return g
-
-
-def slowest_rank(us: float) -> float:
-    """The largest of every rank's ``us`` (a collective of the default group)."""
-    mine = torch.tensor([us], device="cuda")
-    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
-    return float(mine)
 
 
 def time_op(fn: Callable[[], object], iters: int, graph: bool, repeats: int = 3) -> float:

@@ -31,6 +31,8 @@ force_multicast_off()
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from .timing import slowest_rank as _slowest  # noqa: E402  (a module name the tests stub)
+
 
 #: Timed runs per row (:func:`host_us`, :func:`interleaved_us`): the best is reported.
 REPEATS = 5
@@ -90,13 +92,6 @@ def interleaved_us(rows: list[Callable[[], list[Callable[[], object]]]],
         except Exception as e:  # noqa: BLE001 (the row's error is its result)
             results.append(e)
     return results
-
-
-def _slowest(mine: float) -> float:
-    """The largest of every rank's ``mine`` (infinite where a rank failed)."""
-    slowest = torch.tensor([mine], device="cuda")
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return float(slowest)
 
 
 def _agreed(us: float, error: Exception | None) -> float:

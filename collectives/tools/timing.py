@@ -1,11 +1,13 @@
 """The benches' CUDA-event timing of back-to-back calls (:mod:`collectives.tools.bench`, its
-one-GPU world :mod:`collectives.tools.world_bench`)."""
+one-GPU world :mod:`collectives.tools.world_bench`) and the slowest rank's figure
+(:mod:`collectives.tools.bench`, :mod:`collectives.tools.host_time`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 
 
 def repeat_calls(fn: Callable[[], object], times: int) -> None:
@@ -23,3 +25,11 @@ def event_us(run: Callable[[], object], calls: int) -> float:
     end.record()
     end.synchronize()
     return start.elapsed_time(end) * 1e3 / calls
+
+
+def slowest_rank(us: float) -> float:
+    """The largest of every rank's ``us`` (a collective of the default group; infinite where a
+    rank failed)."""
+    mine = torch.tensor([us], device="cuda")
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+    return float(mine)
