@@ -19,6 +19,7 @@ object; :meth:`Context.multicast_tensor` re-checks env and capabilities before a
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import threading
@@ -55,10 +56,43 @@ class _Alloc:
     mc: torch.Tensor | None = None
     adopted: bool = False  # the heap's memory from outside the context (Heap.adopt): the caller's to free
     no_multicast: str | None = None  # an adopted one without a multicast view: why
+    ptr: int = dataclasses.field(init=False)  # raw's address (asked once: a lookup compares it)
 
-    @property
-    def ptr(self) -> int:
-        return self.raw.data_ptr()
+    def __post_init__(self) -> None:
+        self.ptr = self.raw.data_ptr()
+
+
+class _Allocations(dict[int, _Alloc]):
+    """A context's allocations by address, their addresses also kept in order, so that the one
+    holding an address is found by bisection (:meth:`holding`), not by a scan: the API asks
+    at each call on tensors it has not seen (:meth:`Context.is_symmetric`), with as many
+    allocations as the program made.  Allocations never overlap."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._starts: list[int] = []
+
+    def __setitem__(self, ptr: int, a: _Alloc) -> None:
+        if ptr not in self:
+            bisect.insort(self._starts, ptr)
+        super().__setitem__(ptr, a)
+
+    def pop(self, ptr: int, default: _Alloc | None = None) -> _Alloc | None:  # type: ignore[override]
+        if ptr in self:
+            del self._starts[bisect.bisect_left(self._starts, ptr)]
+        return super().pop(ptr, default)
+
+    def clear(self) -> None:
+        self._starts.clear()
+        super().clear()
+
+    def holding(self, p: int) -> _Alloc | None:
+        """The allocation whose bytes (``nbytes`` from its address) hold address ``p``, if any."""
+        i = bisect.bisect_right(self._starts, p) - 1
+        if i < 0:
+            return None
+        a = self[self._starts[i]]
+        return a if p < a.ptr + a.nbytes else None
 
 
 def address(t: torch.Tensor) -> int:
@@ -96,7 +130,7 @@ class Context:
         self.device, self.caps, self.backend = device, caps, backend
         self.agreement = agreement or DistAgreement(group, rank, world_size)
         self.ranks_on_device = ranks_on_device
-        self._allocs: dict[int, _Alloc] = {}
+        self._allocs = _Allocations()
         self._seq = 0
         #: Advances at every allocation and free: what was looked up in this context's
         #: allocations (a tensor's symmetry, its allocation) holds while it stands still.
@@ -108,6 +142,7 @@ class Context:
         self.closed = False
         # The sub-group pool (base context only, :meth:`reserve`) and this rank's free ranges of it.
         self.pool: torch.Tensor | None = None
+        self._pool_at: int | None = None  # its address
         self.ranges = Ranges(0)
 
     def reserve(self, nbytes: int) -> None:
@@ -116,6 +151,7 @@ class Context:
         nbytes -= nbytes % ALIGN
         if nbytes:
             self.pool = self.empty(nbytes, torch.uint8)
+            self._pool_at = self.pool.data_ptr()
             self.ranges = Ranges(nbytes)
 
     # ---- collective agreement -------------------------------------------------------
@@ -226,11 +262,11 @@ class Context:
         self._check_open()
         if not isinstance(t, torch.Tensor):
             raise SymmetricMemoryError(f"expected a torch.Tensor, got {type(t).__name__}")
-        p, n = address(t), _extent(t)
-        pool = self.pool.data_ptr() if self.pool is not None else None
-        for a in self._allocs.values():  # (not the sub-group pool: symmetric over its groups only)
-            if a.ptr <= p and p + n <= a.ptr + a.nbytes and (n or p < a.ptr + a.nbytes) and a.ptr != pool:
-                return a, p - a.ptr
+        p = address(t)
+        a = self._allocs.holding(p)
+        # (not the sub-group pool: symmetric over its groups only)
+        if a is not None and a.ptr != self._pool_at and p + _extent(t) <= a.ptr + a.nbytes:
+            return a, p - a.ptr
         adopted = self.heap.adopt(t)
         if adopted is not None:
             a = _Alloc(-1, adopted.raw, adopted.raw.numel(), peers=adopted.peers, mc=adopted.multicast,

@@ -161,8 +161,8 @@ def breakdown(comm, t: torch.Tensor, calls: int) -> list[Row]:
     :func:`~collectives.runtime.staging.tensor_key`'s fields, as the API builds it, and the plan
     lookup); the launch alone (the plan's TVM-FFI function, bound to its arguments once); after
     the all-reduce the error record's reads (poll and finish), the stream (torch's raw handle,
-    and ``torch.cuda.current_stream``), whether a capture is on, an empty torch kernel
-    (``torch.cuda._sleep(0)``); torch symm_mem's two-shot all-reduce and reduce-scatter of as
+    and ``torch.cuda.current_stream``), whether a capture is on, the symmetry lookup of a plain
+    tensor (a call on new tensors asks it), an empty torch kernel (``torch.cuda._sleep(0)``); torch symm_mem's two-shot all-reduce and reduce-scatter of as
     many elements, as the calls.  A plan of two argument sets launches them in turn from the
     communicator's, an even number of times (it ends where it began)."""
     import collectives
@@ -221,6 +221,8 @@ def breakdown(comm, t: torch.Tensor, calls: int) -> list[Row]:
     row("  stream: torch.cuda.current_stream()", lambda: torch.cuda.current_stream().cuda_stream)
     row("  capturing()", capturing)
     row("  one tensor's five key facts (data_ptr, dtype, shape, is_contiguous, get_device)", lambda: facts(t))
+    row("  is_symmetric(a plain tensor) (a call on new tensors asks)",
+        lambda: comm.ctx.is_symmetric(out))
     parts("reduce_scatter", lambda: collectives.reduce_scatter(out, t),
           ("reduce_scatter", out.data_ptr(), t.data_ptr()),
           lambda key: ("reduce_scatter", out.data_ptr() or address(out), t.data_ptr() or address(t), t.dtype, t.shape,

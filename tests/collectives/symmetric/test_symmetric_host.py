@@ -10,6 +10,8 @@ import multiprocessing as mp
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -310,4 +312,51 @@ def test_allocation_names_the_whole_buffer_and_its_number() -> None:
     assert ctx.allocation(b[5:])[1] == 1
     with pytest.raises(SymmetricMemoryError, match="not .*in this context's symmetric heap"):
         ctx.allocation(torch.empty(4))
+    ctx.close()
+
+
+class ArenaHeap(FakeHeap):
+    """A FakeHeap whose allocations lie in one CPU arena, ``gaps[i]`` bytes after the one before:
+    neighbours at any distance, so that a probe can touch, straddle or fall between them."""
+
+    def __init__(self, gaps: list[int]) -> None:
+        super().__init__()
+        self.arena = torch.zeros(1 << 16, dtype=torch.uint8)
+        self.gaps, self.at = list(gaps), 0
+
+    def alloc(self, nbytes: int) -> torch.Tensor:
+        self.at += self.gaps.pop(0) if self.gaps else 0
+        t = self.arena[self.at:self.at + nbytes]
+        self.at += nbytes
+        self.live[t.data_ptr()] = t
+        return t
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 200), st.integers(0, 3).map(lambda k: 16 * k)), min_size=1, max_size=12),
+       st.sets(st.integers(0, 11)), st.lists(st.tuples(st.integers(0, 4000), st.integers(0, 300)), max_size=40))
+def test_a_tensor_is_found_in_the_allocation_that_holds_all_of_it(allocs: list[tuple[int, int]], freed: set[int],
+                                                                  probes: list[tuple[int, int]]) -> None:
+    """:meth:`Context.is_symmetric` and :meth:`Context.allocation` (found by bisection over the
+    allocations' addresses) agree with a scan of every live allocation: a tensor is symmetric
+    where one allocation's bytes hold all of it (an empty one: where its address lies in one),
+    after frees too, whichever neighbours it touches or straddles (each allocation's first and
+    last bytes and the bytes either side probed too)."""
+    ctx = Context(heap=ArenaHeap([gap for _, gap in allocs]), group=None, rank=0, world_size=1, device=0,
+                  caps=caps(), backend="peer")  # type: ignore[arg-type]
+    tensors = [ctx.empty(n, torch.uint8) for n, _ in allocs]
+    for i in sorted(freed & set(range(len(tensors)))):
+        ctx.free(tensors[i])
+    live = [(t.data_ptr(), t.numel()) for i, t in enumerate(tensors) if i not in freed]
+    base = ctx.heap.arena.data_ptr()
+    edges = [(a - base + d, length) for a, n in live for d in (-1, 0, n - 1, n) for length in (0, 1) if a - base + d >= 0]
+    for offset, length in probes + edges:
+        if offset + length > ctx.heap.arena.numel():
+            continue
+        view = ctx.heap.arena[offset:offset + length]
+        p = base + offset
+        holder = [a for a, n in live if a <= p and (p + length <= a + n if length else p < a + n)]
+        assert ctx.is_symmetric(view) == bool(holder), (offset, length, live)
+        if holder:
+            assert ctx.allocation(view)[0].data_ptr() == holder[0]
     ctx.close()
