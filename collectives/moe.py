@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -250,12 +250,32 @@ def _everyone(exchange: Exchange, world: int, values: list[torch.Tensor]) -> tup
     return both[0], both[1:]
 
 
-def fp8_row_bytes(hidden: int) -> int:
-    """The bytes of an fp8 row as it travels: ``hidden`` e4m3 values, the scale's 4 bytes, and
-    zeros up to a whole number of 16-byte vectors (the all-to-all copies 16-byte vectors only
-    where source and destination agree modulo 16, else single elements: rows of 7172 bytes
-    moved byte by byte, 10x slower than the bf16 rows of twice the size)."""
-    return -(-(hidden + 4) // 16) * 16
+class Wire(NamedTuple):
+    """How a dispatch's row travels: one row per (token, destination rank) that has >= 1 of the
+    token's entries (see :func:`route_ids`), as bytes: the token's ``values`` bytes (fp8: its
+    ``hidden`` e4m3 values, then its f32 scale's 4 bytes), zeros to ``header`` (a multiple of
+    4), the header: ``topk`` int32, slot ``k`` the index ``j`` of the token's entry ``k`` in
+    the per-entry stream to the rank (its place in the entries' sort by expert less the rank's
+    first: the receiver places it as entry ``j`` of the source's entries) or -1 where entry
+    ``k`` is not in the row, then zeros to ``bytes``, a whole number of 16-byte vectors (the
+    all-to-all copies 16-byte vectors only where source and destination agree modulo 16, else
+    single elements).  The header travels on the row, not beside it: the row's tail is written
+    by the block that writes the row, read by the block that places it, and needs no exchange
+    or buffer of its own (``4 * topk`` bytes: 0.2 % of a 7168-wide bf16 row at top-8)."""
+
+    values: int
+    scale: bool
+    header: int
+    topk: int
+    bytes: int
+
+
+def wire(hidden: int, element_size: int, fp8: bool, topk: int) -> Wire:
+    """The :class:`Wire` of a dispatch of ``hidden`` values of ``element_size`` bytes per token
+    (fp8: quantized, a byte each and the scale) and ``topk`` entries per token."""
+    values = hidden if fp8 else hidden * element_size
+    header = -(-(values + (4 if fp8 else 0)) // 4) * 4
+    return Wire(values, fp8, header, topk, -(-(header + 4 * topk) // 16) * 16)
 
 
 def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -315,51 +335,57 @@ class DispatchPlan:
         hidden, device = x.shape[1], x.device
         self.local = local = num_experts // world
         self.capacity = world * max_tokens  # rows per local expert: each source sends it each token once
-        bound = _capacity(max_tokens * self.topk)  # rows sent at most: the allocation's size, whatever the routing
+        # rows sent at most (a row per token and rank): the allocation's size, whatever the routing
+        bound = _capacity(max_tokens * min(self.topk, world))
         self.exact = exact = mode == "throughput"
         route = route_for(topk_ids.dtype, num_experts) if route_for else None
         self.routed = route is not None
-        self.route = route or functools.partial(route_ids, scratch=scratch, most=bound)
-        tallies = _tallies(scratch, num_experts + 1, device)
-        self.bins, self.dropped_before = tallies[0], tallies[0, num_experts]
-        # The sent rows, by destination rank and expert, and the dtype they travel as (fp8: hidden
-        # e4m3 bytes, then the scale's 4 bytes, zeros to fp8_row_bytes; as bytes, which torch indexes).
-        self.width, self.wire = (fp8_row_bytes(hidden), torch.float8_e4m3fn) if fp8 else (hidden, x.dtype)
-        self.rows = scratch("rows", (bound, self.width), torch.uint8 if fp8 else x.dtype,
-                            device)[:self.tokens * self.topk]
-        self.rows_wire = self.rows.view(self.wire)
+        self.route = route or functools.partial(route_ids, scratch=scratch, most=_capacity(max_tokens * self.topk))
+        tallies = _tallies(scratch, message_size(num_experts, world), device)
+        self.bins, self.dropped_before = tallies[0], tallies[0, -1]
+        # The sent rows (Wire: the values, the header), as bytes (which torch indexes), and the
+        # dtype they travel as; one more: the torch steps' trash row.
+        self.layout = wire(hidden, x.element_size(), fp8, self.topk)
+        self.wire = torch.float8_e4m3fn if fp8 else x.dtype
+        self.width = self.layout.bytes // (1 if fp8 else x.element_size())
+        self.rows = scratch("rows", (bound + 1, self.layout.bytes), torch.uint8, device)
+        self.rows_wire = self.rows[:self.tokens * min(self.topk, world)].view(self.wire)
         self.pack = pack_for(x.dtype, hidden, fp8) if pack_for else None
-        row_bytes = self.width * self.rows.element_size()
-        values = hidden if fp8 else row_bytes  # the bytes of a row placed in expert_x
-        placement = placement_for(local, row_bytes, exact, values) if placement_for else None
+        placement = placement_for(local, self.layout, exact) if placement_for else None
         self.placed = placement is not None
-        self.place = placement or functools.partial(place_rows, values=values)
-        # Low latency: the rows a rank can receive, the same on every rank, asked for before any
-        # launch, so that a shape's first call (its buffer allocated collectively) refuses ranks
-        # that differ in hidden size, top-k or max_tokens on every rank before any all-to-all.
+        self.place = placement or functools.partial(place_rows, layout=self.layout)
+        # Low latency: the rows a rank can receive (each source's tokens once), the same on every
+        # rank, asked for before any launch with the combine's (its rows: the entries), so that a
+        # shape's first call (its buffers allocated collectively) refuses ranks that differ in
+        # hidden size, top-k or max_tokens on every rank before any all-to-all; the entries they
+        # carry at most (the handle's places).
         self.received = self.received_rows = None
+        self.room = 0
         if not exact:
-            self.received = empty("dispatch", (world * max_tokens * min(self.topk, local), self.width), self.wire,
-                                  device)
-            self.received_rows = self.received.view(self.rows.dtype)
+            self.received = empty("dispatch", (world * max_tokens, self.width), self.wire, device)
+            empty("combine", (max_tokens * self.topk, hidden), x.dtype, device)
+            self.received_rows = self.received.view(torch.uint8)
+            self.room = world * max_tokens * self.topk  # (a token may name an expert twice)
         self.rows_out = 0 if exact else local * self.capacity
         # (shape, strides) of the placed rows and scales but the trash row (low latency)
         self.experts_view = ((local, self.capacity, hidden), (self.capacity * hidden, hidden, 1))
         self.scales_view = ((local, self.capacity), (self.capacity, 1))
-        self.counts = tallies[1, :num_experts].view(world, local)  # what each source sent each local expert
+        # what each source sent: each local expert's entries, then its rows
+        message = tallies[:, :-1].view(2, world, local + 1)
+        self.counts = message[1]
         self.counts_wire = self.counts.view(torch.float32)
-        self.per_expert_wire = tallies[0, :num_experts].view(world, local).view(torch.float32)
-        self.tallied = tallies[:, :num_experts].view(2, world, local)
+        self.message_wire = message[0].view(torch.float32)
+        self.rows_tallied = message[:, :, local]
         self.splits = scratch("splits", (2, world), torch.int64, device)
         self.send_splits, self.recv_splits = self.splits[0], self.splits[1]
         # The fields of the kernels' small outputs in a call's one allocation (throughput: the
-        # placement's apart, for the call's rows received).
+        # placement's apart, for the call's entries received).
         fields = runtime_moe.route_fields(self.tokens * self.topk, world) if self.routed else []
         if self.placed and not exact:
-            fields += runtime_moe.place_fields(self.received.shape[0], local, world)
+            fields += runtime_moe.place_fields(self.room, local, world)
         self.carve = runtime_moe.Carve(fields) if fields else None
         # The all-to-alls of these buffers (:func:`bind`): the counts; low latency, the rows too.
-        self.send_counts = bind(exchange, self.counts_wire, self.per_expert_wire, None, None)
+        self.send_counts = bind(exchange, self.counts_wire, self.message_wire, None, None)
         self.send_rows = None if exact else bind(exchange, self.received, self.rows_wire, self.recv_splits,
                                                   self.send_splits)
 
@@ -393,75 +419,97 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     p: DispatchPlan = plans(key, lambda: DispatchPlan(exchange, world, x, topk_ids, num_experts, max_tokens, mode,
                                                       empty, fp8, placement_for, pack_for, scratch, route_for))
     tokens, topk = p.tokens, p.topk
-    # by expert, then (token, k): by rank too
     # The kernels' small outputs (the handle's, the counts) in one allocation, the call's own.
     carved = None if p.carve is None else p.carve.apart(x.device) if apart else p.carve(x.device)
     handle = Handle(None, None, topk_weights, None, None, None, None, tokens, topk, carved=carved, world=world)
+    rows = None
     if p.routed:
         p.route(topk_ids, num_experts, world, p.bins, carved)
     else:
-        handle.order, handle.valid, _, handle.send_splits, handle.slots = p.route(topk_ids, num_experts, world,
-                                                                                  p.bins)
-    if p.pack is not None:  # from each entry's sent row (which the combine reads too)
-        if p.routed:
-            slots = carved.base + carved.offsets["slots"]
-        else:
-            handle.slots = inverse(handle.order)
-            slots = handle.slots.data_ptr()
-        p.pack(x, slots, topk, p.rows)
-    elif fp8:
-        pack_rows(x, handle.order, topk, p.rows)
+        handle.order, handle.valid, _, handle.send_splits, _, rows = p.route(topk_ids, num_experts, world, p.bins)
+        handle.slots = inverse(handle.order)
+    if p.pack is not None:  # a row per (token, rank), its header naming its entries (Wire)
+        at = rows.data_ptr() if rows is not None else carved.base + carved.offsets["rows"]
+        p.pack(x, at, *handle.ptrs("slots", "send_splits"), topk, p.rows)
     else:
-        torch.index_select(x, 0, handle.order // topk, out=p.rows)
-    # The per-expert counts, row s to rank s (their bits, as float32 pairs: the all-to-all moves
-    # the library's dtypes); then the rows.
+        pack_rows(x, carved.tensor("rows") if rows is None else rows, handle.slots, handle.send_splits, topk,
+                  p.layout, p.rows)
+    # Each rank's message (its experts' entries, its rows; their bits, as float32 pairs: the
+    # all-to-all moves the library's dtypes); then the rows.
     p.send_counts()
-    # Both all-to-alls' splits in one scratch buffer, by one sum (its place in the rows' plan key the
-    # same at each call; the handle's are its own, which the next dispatch does not rewrite).
-    torch.sum(p.tallied, 2, out=p.splits)
-    most, received, received_rows, rows_out = 0, p.received, p.received_rows, p.rows_out
-    if p.exact:  # every rank's rows to receive and tokens: the buffers' sizes, the same everywhere
-        (rows_out, _), sizes = _everyone(exchange, world, [p.splits[1].sum(), torch.tensor(tokens, device=x.device)])
-        received = empty("dispatch", (_capacity(max(r for r, _ in sizes)), p.width), p.wire, x.device)
-        received_rows = received.view(p.rows.dtype)
-        most = _capacity(max(t for _, t in sizes) * topk)
+    # The rows' splits, sent and received, in one scratch buffer by one copy (its place in the
+    # rows' plan key the same at each call; the handle's splits are the entries', its own).
+    p.splits.copy_(p.rows_tallied)
+    most, received_rows, rows_out, room = 0, p.received_rows, p.rows_out, p.room
+    if p.exact:  # every rank's rows and entries to receive, and tokens: the buffers' sizes, the same everywhere
+        (_, rows_out, _), sizes = _everyone(exchange, world, [p.splits[1].sum(), p.counts[:, :p.local].sum(),
+                                                              torch.tensor(tokens, device=x.device)])
+        received = empty("dispatch", (_capacity(max(r for r, _, _ in sizes)), p.width), p.wire, x.device)
+        received_rows = received.view(torch.uint8)
+        room = _capacity(max(e for _, e, _ in sizes))
+        most = _capacity(max(t for _, _, t in sizes) * topk)
         exchange(received, p.rows_wire, p.recv_splits, p.send_splits)
     else:
         p.send_rows()
     handle.most = most
-    # (dropped: the ids out of range and the rows past a capacity)
+    # (dropped: the ids out of range and the entries past a capacity)
     if p.placed:
         into = carved
-        if p.exact:  # its fields for this call's rows received, set on the handle as tensors
-            into = runtime_moe.Carve(runtime_moe.place_fields(received_rows.shape[0], p.local, world))(x.device)
-        expert_x, scales = p.place(p.counts, received_rows, rows_out, p.capacity, p.exact, p.dropped_before, into)
+        if p.exact:  # its fields for this call's entries received, set on the handle as tensors
+            into = runtime_moe.Carve(runtime_moe.place_fields(room, p.local, world))(x.device)
+        expert_x, scales = p.place(p.counts, received_rows, room, rows_out, p.capacity, p.exact, p.dropped_before,
+                                   into)
         expert_counts = into.tensor("expert_counts")
         if p.exact:
             handle.place, handle.kept, handle.dropped, handle.recv_splits = (
                 into.tensor(f) for f in ("place", "kept", "dropped", "recv_splits"))
     else:
         expert_x, handle.place, handle.kept, expert_counts, handle.dropped, scales, handle.recv_splits = p.place(
-            p.counts, received_rows, rows_out, p.capacity, p.exact, p.dropped_before)
-    # (low latency: the rows but the trash row, as [L, capacity, hidden], by one torch view)
+            p.counts, received_rows, room, rows_out, p.capacity, p.exact, p.dropped_before)
+    # (the values' bytes in their dtype; low latency: but the trash row, as [L, capacity, hidden], by one torch view)
+    expert_x = expert_x.view(p.wire)
     expert_x = expert_x[:-1] if p.exact else expert_x.as_strided(*p.experts_view)
     if fp8:  # placed apart: the values and the scales, each contiguous
         handle.scales = scales[:-1] if p.exact else scales.as_strided(*p.scales_view)
-        expert_x = expert_x.view(p.wire)
     handle.shape, handle.dtype = tuple(expert_x.shape), x.dtype
     return expert_x, expert_counts, handle
 
 
 def route_ids(ids: torch.Tensor, num_experts: int, world: int, bins: torch.Tensor | None = None,
               scratch: Scratch = plain, most: int | None = None) -> tuple[torch.Tensor, ...]:
-    """The torch steps of a :data:`Route` (``bins`` None: a new tensor; ``most``: the entries
-    of any call of the shape, ``ids.numel()`` by default: the ones counted from ``scratch``)."""
+    """The torch steps of a :data:`Route` (``ids``: ``[tokens, topk]``; ``bins`` None: a new
+    tensor; ``most``: the entries of any call of the shape, ``ids.numel()`` by default: the ones
+    counted from ``scratch``): ``(order, valid, bins, send_splits, slots, rows)``, ``slots``
+    None (not made).  ``bins`` is the counts' message (:func:`message_size`): for each rank ``r``
+    its ``L`` experts' entries, then the rows sent to it (its tokens with >= 1 entry there),
+    and last the out-of-range entries; ``rows[t * topk + k]``: the row that carries entry
+    ``(t, k)``, its token's row to the entry's rank (rows by rank, then by token), -1 where out of
+    range."""
+    local = num_experts // world
+    tokens, topk = ids.shape
     # An id out of range goes to a bin past the last rank's (below 0: clamped to -1, which the
     # remainder maps there).
     expert = ids.reshape(-1).to(torch.int64).clamp(-1, num_experts).remainder(num_experts + 1)
-    bins = torch.empty(num_experts + 1, dtype=torch.int64, device=ids.device) if bins is None else bins
-    bins = _scatter_count(expert, bins, scratch, ids.numel() if most is None else most)
+    counts = _scatter_count(expert, scratch("route_bins", (num_experts + 1,), torch.int64, ids.device), scratch,
+                            ids.numel() if most is None else most)
+    rank = (expert // local).view(tokens, topk)  # out of range: world
+    has = torch.zeros((tokens, world + 1), dtype=torch.int64, device=ids.device).scatter_(1, rank, 1)[:, :world]
+    rows_to = has.sum(0)
+    row = torch.cumsum(has, 0) - has + (torch.cumsum(rows_to, 0) - rows_to)  # (token, rank)'s row
+    rows = torch.where(rank < world, row.gather(1, rank.clamp(max=world - 1)), -1).view(-1)
+    bins = torch.empty(message_size(num_experts, world), dtype=torch.int64, device=ids.device) if bins is None else bins
+    message = bins[:-1].view(world, local + 1)
+    message[:, :local] = counts[:num_experts].view(world, local)
+    message[:, local] = rows_to
+    bins[-1] = counts[num_experts]
     return (torch.sort(expert, stable=True).indices, expert < num_experts, bins,
-            bins[:num_experts].view(world, -1).sum(1), None)
+            counts[:num_experts].view(world, local).sum(1), None, rows)
+
+
+def message_size(num_experts: int, world: int) -> int:
+    """The int64 words of a dispatch's counts' message (:func:`route_ids`' ``bins``): ``L + 1``
+    to each rank, then the out-of-range entries' count (not sent)."""
+    return num_experts + world + 1
 
 
 def inverse(order: torch.Tensor) -> torch.Tensor:
@@ -469,26 +517,54 @@ def inverse(order: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
 
 
-def pack_rows(x: torch.Tensor, order: torch.Tensor, topk: int, out: torch.Tensor) -> None:
-    """The torch steps of a :data:`Pack`: the tokens quantized, packed with their scales, then
-    the sent rows gathered into ``out``."""
+def pack_rows(x: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, send_splits: torch.Tensor, topk: int,
+              layout: Wire, out: torch.Tensor) -> None:
+    """The torch steps of a :data:`Pack`: into ``out`` (uint8 ``[rows sent + 1, layout.bytes]``
+    at least: its last row the trash row, written by entries out of range) each row sent, as
+    :class:`Wire` lays it out (fp8: quantized, :func:`quantize`), from :func:`route_ids`'
+    ``rows``, the entries' sort's :func:`inverse` ``slots`` and ``send_splits`` (entries per
+    rank)."""
     tokens, hidden = x.shape
-    q, scale = quantize(x)
-    source = torch.zeros((tokens, out.shape[1]), dtype=torch.uint8, device=x.device)
-    source[:, :hidden] = q.view(torch.uint8)
-    source[:, hidden:hidden + 4] = scale.view(torch.uint8).view(tokens, 4)
-    torch.index_select(source, 0, order // topk, out=out)
+    if layout.scale:
+        q, scale = quantize(x)
+        values = torch.cat((q.view(torch.uint8), scale.view(torch.uint8).view(tokens, 4)), 1)
+    else:
+        values = x.contiguous().view(torch.uint8).view(tokens, layout.values)
+    n, trash = rows.numel(), out.shape[0] - 1
+    ends = torch.cumsum(send_splits, 0)
+    rank = torch.searchsorted(ends, slots, right=True).clamp(max=send_splits.numel() - 1)
+    j = (slots - (ends - send_splits)[rank]).to(torch.int32)
+    target = torch.where(rows >= 0, rows, trash)
+    entry = torch.arange(n, device=x.device)
+    header = torch.full((out.shape[0], topk), -1, dtype=torch.int32, device=x.device)
+    header.index_put_((target, entry % topk), j)
+    out[:, values.shape[1]:] = 0
+    out[:, :values.shape[1]].index_put_((target,), values.repeat_interleave(topk, 0))
+    out[:, layout.header:layout.header + 4 * topk] = header.view(torch.uint8)
 
 
-def place_rows(counts: torch.Tensor, received: torch.Tensor, rows_out: int, capacity: int, exact: bool,
-               dropped_before: torch.Tensor | None = None,
-               values: int | None = None) -> tuple[torch.Tensor | None, ...]:
-    """The torch steps of a :data:`Placement`: each received row's place, expert ``l``'s rows by
-    source, then in the source's order (see :mod:`collectives.algorithms.moe_place`); the first
-    ``values`` bytes of a row placed (None: all; fewer: fp8, the scale's 4 bytes next); the
-    dropped count without ``dropped_before`` where None."""
-    world, local = counts.shape
-    room, device = received.shape[0], received.device
+def place_rows(counts: torch.Tensor, received: torch.Tensor, room: int, rows_out: int, capacity: int, exact: bool,
+               dropped_before: torch.Tensor | None = None, *, layout: Wire) -> tuple[torch.Tensor | None, ...]:
+    """The torch steps of a :data:`Placement`: each arrived row (``received``: uint8 rows of
+    :class:`Wire` ``layout``, by source, ``counts[s, L]`` of source ``s``) expanded into the
+    entries its header names (entry ``j`` of source ``s``: entry ``sum(counts[:s, :L]) + j`` of
+    ``room``), then each entry's place, expert ``l``'s entries by source, then in the source's
+    order (see :mod:`collectives.algorithms.moe_place`): ``expert_x`` (uint8, the rows' values),
+    ``place``, ``kept``, ``expert_counts``, ``dropped`` (without ``dropped_before`` where None),
+    ``scales`` (fp8) and ``recv_splits`` (entries each source sent)."""
+    world, local = counts.shape[0], counts.shape[1] - 1
+    device = received.device
+    row_counts, counts = counts[:, local], counts[:, :local]
+    # each entry's row: from the headers of the rows that arrived
+    q = torch.arange(received.shape[0], device=device)
+    source = torch.searchsorted(torch.cumsum(row_counts, 0), q, right=True)
+    entries_of = counts.sum(1)
+    header = received[:, layout.header:layout.header + 4 * layout.topk].contiguous().view(torch.int32).long()
+    entry = (torch.cumsum(entries_of, 0) - entries_of)[source.clamp(max=world - 1)][:, None] + header
+    named = (source < world)[:, None] & (header >= 0) & (entry < room)
+    row_of = torch.zeros(room + 1, dtype=torch.int64, device=device)
+    row_of.index_put_((torch.where(named, entry, room).view(-1),), q.repeat_interleave(layout.topk))
+    entries = received[row_of[:room]]
     room_out = max(rows_out, room) + 1  # expert_x's allocated rows: fixed by the shape (see dispatch_with)
     segments = counts.reshape(-1)  # (source, expert) in arrival order
     ends = torch.cumsum(segments, 0)
@@ -507,16 +583,17 @@ def place_rows(counts: torch.Tensor, received: torch.Tensor, rows_out: int, capa
     else:
         kept = arrived & (slot < capacity)
         place = torch.where(kept, (segment % local) * capacity + slot, rows_out)  # else: the trash row
-    expert_x = torch.empty((room_out, received.shape[1]), dtype=received.dtype, device=device)[:rows_out + 1]
-    expert_x.index_copy_(0, place, received)
+    expert_x = torch.empty((room_out, layout.values), dtype=torch.uint8, device=device)[:rows_out + 1]
+    expert_x.index_copy_(0, place, entries[:, :layout.values])
     scales = None
-    if values is not None and values < expert_x.shape[1] * expert_x.element_size():
-        scales = expert_x[:, values:values + 4].contiguous().view(torch.float32)[:, 0]
-        expert_x = expert_x[:, :values].contiguous()
+    if layout.scale:
+        scales = torch.empty((room_out, 4), dtype=torch.uint8, device=device)[:rows_out + 1]
+        scales.index_copy_(0, place, entries[:, layout.values:layout.values + 4])
+        scales = scales.view(torch.float32)[:, 0]
     dropped = (arrived & ~kept).sum()
     if dropped_before is not None:
         dropped = dropped + dropped_before
-    return expert_x, place, kept, expert_counts, dropped, scales, counts.sum(1)
+    return expert_x, place, kept, expert_counts, dropped, scales, entries_of
 
 
 def gather_rows(rows: torch.Tensor, place: torch.Tensor, kept: torch.Tensor, send_splits: torch.Tensor,

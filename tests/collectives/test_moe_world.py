@@ -237,8 +237,8 @@ def test_bad_arguments() -> None:
 
 
 @pytest.mark.parametrize(("dtype", "fp8", "mode", "row_bytes"), [
-    (torch.bfloat16, False, "low_latency", 64), (torch.float32, False, "throughput", 128),
-    (torch.bfloat16, True, "low_latency", 48)])  # fp8: 32 bytes, the scale's 4, zeros to 48
+    (torch.bfloat16, False, "low_latency", 80), (torch.float32, False, "throughput", 144),
+    (torch.bfloat16, True, "low_latency", 48)])  # values, (fp8: the scale's 4), the header's 2 x 4, zeros to 16 x n
 def test_the_placement_is_asked_for_the_rows_as_they_travel(dtype, fp8, mode, row_bytes) -> None:
     """A dispatch asks ``placement_for`` once, after its checks, with its local experts, the
     bytes of a row as it travels, the layout and the bytes it places (fp8: the values, the
@@ -258,7 +258,8 @@ def test_the_placement_is_asked_for_the_rows_as_they_travel(dtype, fp8, mode, ro
                                  placement_for=placement_for)
 
     sim.run(body)
-    assert asked == [[(experts // world, row_bytes, mode == "throughput", 32 if fp8 else row_bytes)]] * world
+    assert asked == [[(experts // world, moe.wire(32, xs[0].element_size(), fp8, 2), mode == "throughput")]] * world
+    assert moe.wire(32, xs[0].element_size(), fp8, 2).bytes == row_bytes
     with pytest.raises(CollectiveError, match="num_experts"):  # checked before it is asked
         moe.dispatch_with(None, 2, xs[0], ids[0], ws[0], 5, 3, placement_for=lambda *a: pytest.fail("asked"))
 
@@ -286,8 +287,9 @@ def test_fp8_dispatch_moves_each_token_quantized_with_its_scale(hidden) -> None:
         return moe.dispatch_with(spy, world, xs[r], ids[r], ws[r], experts, 5, fp8=True)
 
     results = sim.run(body)
-    assert widths == [(moe.fp8_row_bytes(hidden),) * 2] * world
-    assert moe.fp8_row_bytes(hidden) % 16 == 0 and hidden + 4 <= moe.fp8_row_bytes(hidden) < hidden + 20
+    layout = moe.wire(hidden, 2, True, topk)
+    assert widths == [(layout.bytes,) * 2] * world and layout.values == hidden
+    assert layout.bytes % 16 == 0 and hidden + 4 + 4 * topk <= layout.bytes < hidden + 4 * topk + 20
     qs = [moe.quantize(x) for x in xs]
     rows, _ = reference(world, experts, [q.view(torch.uint8) for q, _ in qs], ids, ws)
     scales, _ = reference(world, experts, [s[:, None] for _, s in qs], ids, ws)
@@ -383,7 +385,8 @@ def test_throughput_buffers_are_powers_of_two_of_the_largest_rank() -> None:
         return ex.shape[0]
 
     assert sim.run(body) == [0, 53]
-    assert shapes[0] == shapes[1] == [("dispatch", (64, 8)), ("combine", (64, 8))]
+    row = moe.wire(8, 2, False, 1).bytes // 2  # bf16 values, then the header
+    assert shapes[0] == shapes[1] == [("dispatch", (64, row)), ("combine", (64, 8))]
 
 
 def test_throughput_mode_with_no_tokens_anywhere_or_one_token() -> None:
