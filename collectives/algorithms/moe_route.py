@@ -65,9 +65,12 @@ MOE_ROUTE = Layout("MoeRouteArgs", (
     Arg("local", Int64, "experts per rank L (a divisor of E)"),
     Arg("order", Int64, "int64[n], out: the entries sorted by expert, stably; out-of-range ones last"),
     Arg("valid", Int64, "uint8[n], out: 1 where the entry's id is in range"),
-    Arg("bins", Int64, "int64[E + 1], out: entries per expert, then the out-of-range ones"),
+    Arg("bins", Int64, "int64[E + W + 1], out: the counts' message: for each rank its L experts' entries, then "
+                       "the rows sent to it; then the out-of-range entries"),
     Arg("send_splits", Int64, "int64[E / L], out: entries per destination rank"),
     Arg("slots", Int64, "int64[n], out: each entry's place in order (order[slots[i]] = i)"),
+    Arg("rows", Int64, "int64[n], out: the row that carries each entry (its token's to its rank; by rank, then "
+                       "token), -1 out of range"),
 ))
 
 
@@ -86,9 +89,10 @@ class MoeRouteKey:
     """The compile-time choices of one routing kernel: the ids' dtype (one of
     :data:`ID_DTYPES`), threads per block (one block; a power of two), lanes per group (a power
     of two up to 32 that divides the threads: a group is lanes of one warp) and ``experts``, the
-    most experts it counts (a power of two up to :data:`MAX_EXPERTS`).  Each thread takes ``2 n /
-    threads`` entries; the shared memory holds a group's count of each expert (int32, ``threads /
-    lanes x (experts + 1)``) besides the scan's (int32: entries below 2^31), within
+    most experts it counts (a power of two up to :data:`MAX_EXPERTS`), and ``ranks``, the most
+    ranks whose rows it counts (a power of two up to ``experts``).  Each thread takes ``2 n /
+    threads`` entries; the shared memory holds a group's count of each expert and each rank's rows
+    (int32, ``threads / lanes x (experts + 1 + ranks)``) besides the scan's (int32: entries below 2^31), within
     :data:`SMEM_BYTES`: 1024 threads of 32 groups at
     256 experts, 256 threads at :data:`MAX_EXPERTS` (:meth:`for_experts` picks the most threads)."""
 
@@ -96,6 +100,7 @@ class MoeRouteKey:
     threads: int = 256
     lanes: int = 32
     experts: int = MAX_EXPERTS
+    ranks: int = 8
 
     def __post_init__(self) -> None:
         if self.ids not in ID_DTYPES:
@@ -106,26 +111,31 @@ class MoeRouteKey:
                              f"threads {self.threads}, not {self.lanes}")
         if not 1 <= self.experts <= MAX_EXPERTS or self.experts & (self.experts - 1):
             raise ValueError(f"experts must be a power of two up to {MAX_EXPERTS}, not {self.experts}")
+        if not 1 <= self.ranks <= self.experts or self.ranks & (self.ranks - 1):
+            raise ValueError(f"ranks must be a power of two up to experts ({self.experts}), not {self.ranks}")
         if self.smem_bytes() > SMEM_BYTES:
             raise ValueError(f"{self.threads} threads in groups of {self.lanes} counting {self.experts} experts take "
                              f"{self.smem_bytes()} bytes of shared memory, past {SMEM_BYTES}")
 
     def smem_bytes(self) -> int:
         """Shared memory the kernel takes."""
-        return smem_bytes(self.threads, self.lanes, self.experts)
+        return smem_bytes(self.threads, self.lanes, self.experts, self.ranks)
 
     @classmethod
-    def for_experts(cls, ids: str, experts: int) -> MoeRouteKey:
-        """The key for ``experts`` experts (1 to :data:`MAX_EXPERTS`): counting the next power of
-        two of them, with the most threads (groups of 32) whose counts fit :data:`SMEM_BYTES`."""
-        bound = 1 << max(experts - 1, 0).bit_length()
-        return cls(ids, max(t for t in BLOCK_THREADS if smem_bytes(t, 32, bound) <= SMEM_BYTES), experts=bound)
+    def for_experts(cls, ids: str, experts: int, world: int) -> MoeRouteKey:
+        """The key for ``experts`` experts (1 to :data:`MAX_EXPERTS`) on ``world`` ranks: counting
+        the next power of two of each, with the most threads (groups of 32) whose counts fit
+        :data:`SMEM_BYTES`."""
+        bound, ranks = (1 << max(v - 1, 0).bit_length() for v in (experts, world))
+        return cls(ids, max(t for t in BLOCK_THREADS if smem_bytes(t, 32, bound, ranks) <= SMEM_BYTES),
+                   experts=bound, ranks=ranks)
 
 
-def smem_bytes(threads: int, lanes: int, experts: int) -> int:
-    """Shared memory of a routing kernel of ``threads`` in groups of ``lanes`` counting ``experts``: a
-    the groups' counts, the experts' starts, the scan's chunks' sums (int32 each; 16 bytes of alignment each)."""
-    bins = experts + 1
+def smem_bytes(threads: int, lanes: int, experts: int, ranks: int) -> int:
+    """Shared memory of a routing kernel of ``threads`` in groups of ``lanes`` counting ``experts``
+    and ``ranks``' rows: the groups' counts, the bins' starts, the scan's chunks' sums (int32 each;
+    16 bytes of alignment each)."""
+    bins = experts + 1 + ranks
     return 4 * (threads // lanes * bins + bins + -(-bins // min(threads, WARP))) + 3 * 16
 
 
@@ -133,25 +143,41 @@ def build(key: MoeRouteKey):
     """The ``@cute.jit`` launcher of the routing kernel for ``key`` (one block)."""
     threads, lanes, (ids, size) = key.threads, key.lanes, ID_DTYPES[key.ids]
     groups = threads // lanes
-    most = key.experts  # the experts' bins the shared memory holds (then the out-of-range one)
+    most, ranks = key.experts, key.ranks  # the bins the shared memory holds (and the out-of-range one)
     chunk = min(threads, WARP)  # the bins a warp's shuffles scan at once
-    chunks = (most + 1 + chunk - 1) // chunk
+    chunks = (most + 1 + ranks + chunk - 1) // chunk
     by = "collectives.algorithms.moe_route"
 
     @cute.jit
-    def expert_of(args: KernelArgs, i: Int32) -> Int32:
+    def id_of(args: KernelArgs, token: Int32, k: Int32) -> Int32:
+        """Token ``token``'s ``k``-th expert where in range, else ``E``."""
+        raw = Int64(ptxops.ld(gmem(ids, args.ids, size, LOCAL, by) + Int64(token) * args.stride + Int64(k)))
+        e = Int32(args.experts)
+        if raw >= Int64(0):
+            if raw < args.experts:
+                e = Int32(raw)
+        return e
+
+    @cute.jit
+    def expert_of(args: KernelArgs, i: Int32):
         """Entry ``i``'s bin (token ``i / topk``'s id ``i % topk``): its id where in range, else ``E``; -1
-        past the entries."""
-        e = Int32(-1)
+        past the entries; and its rank where in range (else -1), and 1 where it owns its token's row to
+        that rank (no earlier entry of the token goes there), else 0."""
+        e, rank, owner = Int32(-1), Int32(-1), Int32(0)
         if i < Int32(args.n):
             token = i // Int32(args.topk)
-            at = Int64(token) * args.stride + Int64(i - token * Int32(args.topk))
-            raw = Int64(ptxops.ld(gmem(ids, args.ids, size, LOCAL, by) + at))
-            e = Int32(args.experts)
-            if raw >= Int64(0):
-                if raw < args.experts:
-                    e = Int32(raw)
-        return e
+            k = i - token * Int32(args.topk)
+            e = id_of(args, token, k)
+            if e < Int32(args.experts):
+                local = Int32(args.local)
+                rank = e // local
+                owner = Int32(1)
+                earlier = Int32(0)
+                while earlier < k:
+                    if id_of(args, token, earlier) // local == rank:  # (out of range: E // L = W, no rank)
+                        owner = Int32(0)
+                    earlier += 1
+        return e, rank, owner
 
     @cute.jit
     def kernel(args: KernelArgs):
@@ -159,32 +185,39 @@ def build(key: MoeRouteKey):
         group, lane = tidx // lanes, tidx % lanes
         wl = tidx % WARP  # the thread's lane in its warp
         n, experts = Int32(args.n), Int32(args.experts)
+        world = experts // Int32(args.local)
         smem = SmemAllocator()
         # table[g * bins + e]: group g's count of expert e, then (placing) where its next one goes
-        table = smem.allocate_tensor(Int32, cute.make_layout(groups * (most + 1)), byte_alignment=8)
-        starts = smem.allocate_tensor(Int32, cute.make_layout(most + 1), byte_alignment=8)  # e's first entry's place
+        # (bins E + 1 + r: rank r's rows, counting their owners, placed after the n entries)
+        table = smem.allocate_tensor(Int32, cute.make_layout(groups * (most + 1 + ranks)), byte_alignment=8)
+        starts = smem.allocate_tensor(Int32, cute.make_layout(most + 1 + ranks), byte_alignment=8)  # e's first place
         chunk_sums = smem.allocate_tensor(Int32, cute.make_layout(chunks), byte_alignment=8)  # a chunk's entries
-        bins = experts + 1
+        bins = experts + 1 + world
         j = tidx
         while j < groups * bins:
             table[j] = Int32(0)
             j += threads
         # group g's entries: [g * span, (g + 1) * span), span a multiple of lanes (every group the same rounds)
         span = ((n + groups - 1) // groups + lanes - 1) // lanes * lanes
-        e = expert_of(args, group * span + lane)  # the first round's entry (its load in flight meanwhile)
+        e, rank, owner = expert_of(args, group * span + lane)  # the first round's entry (loaded meanwhile)
         cute.arch.sync_threads()
         for placing in cutlass.range_constexpr(2):  # count, then place
             step = Int32(0)
             while step < span:  # a round: lanes entries of each group, one a thread (a group: lanes of one warp)
                 i = group * span + step + lane
-                ahead = Int32(-1)  # the next round's entry: its load in flight during this round
-                if step + lanes < span:
-                    ahead = expert_of(args, i + lanes)
+                ahead, ahead_rank, ahead_owner = Int32(-1), Int32(-1), Int32(0)  # the next round's entry: in
+                if step + lanes < span:  # flight during this round
+                    ahead, ahead_rank, ahead_owner = expert_of(args, i + lanes)
                 # the group's lanes of this expert (the key names the group within its warp: a match
                 # of the warp's lanes is one of the group's); the group's table moved on by the last round
                 peers = cute.arch.match_sync(FULL_WARP, e * (WARP // lanes) + wl // lanes)
                 before = Int32(cute.arch.popc(peers & ((Uint32(1) << Uint32(wl)) - Uint32(1))))  # the entries before it
                 after = Int32(cute.arch.popc(peers >> Uint32(wl) >> Uint32(1)))  # and after it
+                # its row's: the group's lanes of its rank, their owners (one a token), those before it
+                row_peers = cute.arch.match_sync(FULL_WARP, (rank + 1) * (WARP // lanes) + wl // lanes)
+                owners = Uint32(cute.arch.vote_ballot_sync(owner == Int32(1))) & row_peers
+                owners_before = Int32(cute.arch.popc(owners & ((Uint32(1) << Uint32(wl)) - Uint32(1))))
+                row_after = Int32(cute.arch.popc(row_peers >> Uint32(wl) >> Uint32(1)))
                 cute.arch.sync_warp()
                 at = Int32(0)
                 if e >= Int32(0):
@@ -196,16 +229,28 @@ def build(key: MoeRouteKey):
                         if e < experts:
                             valid = Uint8(1)
                         ptxops.st(gmem(Uint8, args.valid, 1, LOCAL, by) + i, valid)
+                row_at = Int32(0)
+                if rank >= Int32(0):  # its row: its owner's (this entry, or one counted before it)
+                    row_at = table[group * bins + experts + 1 + rank]
+                    if cutlass.const_expr(placing):
+                        ptxops.st(gmem(Int64, args.rows, 8, LOCAL, by) + i,
+                                  Int64(row_at + owners_before + owner - 1 - n))
+                elif cutlass.const_expr(placing):
+                    if e >= Int32(0):
+                        ptxops.st(gmem(Int64, args.rows, 8, LOCAL, by) + i, Int64(-1))
                 # the group's lanes have read table[] before the last ones move it on; the next round
                 # reads it after its first sync
                 cute.arch.sync_warp()
                 if e >= Int32(0):
                     if after == Int32(0):
                         table[group * bins + e] = at + 1
-                e = ahead
+                if rank >= Int32(0):
+                    if row_after == Int32(0):  # the round's last lane of the rank moves its rows on
+                        table[group * bins + experts + 1 + rank] = row_at + Int32(cute.arch.popc(owners))
+                e, rank, owner = ahead, ahead_rank, ahead_owner
                 step += lanes
             if cutlass.const_expr(not placing):  # the counts out, then table[] becomes each group's starts
-                e = expert_of(args, group * span + lane)  # the placing pass's first entry, loaded meanwhile
+                e, rank, owner = expert_of(args, group * span + lane)  # the placing pass's first, loaded meanwhile
                 cute.arch.sync_threads()
                 j = tidx
                 while j - wl < bins:  # a warp's chunk of W bins a step, every lane in (its shuffles)
@@ -216,7 +261,10 @@ def build(key: MoeRouteKey):
                             for u in cutlass.range_constexpr(len(counts)):
                                 table[(g8 + u) * bins + j] = total
                                 total += counts[u]
-                        ptxops.st(gmem(Int64, args.bins, 8, LOCAL, by) + j, Int64(total))
+                        word = j + j // Int32(args.local)  # the message: expert j and the out-of-range bin
+                        if j > experts:  # rank j - E - 1's rows, after its experts'
+                            word = (j - experts) * (Int32(args.local) + 1) - 1
+                        ptxops.st(gmem(Int64, args.bins, 8, LOCAL, by) + word, Int64(total))
                     within = total  # the chunk's inclusive prefix sums, by shuffles up the warp
                     for level in cutlass.range_constexpr(chunk.bit_length() - 1):
                         up = cute.arch.shuffle_sync_up(within, 1 << level)
@@ -253,17 +301,17 @@ def build(key: MoeRouteKey):
 
 
 def _to_text(key: MoeRouteKey) -> str:
-    return f"moe_route/{key.ids}/e{key.experts}/t{key.threads}/l{key.lanes}"
+    return f"moe_route/{key.ids}/e{key.experts}/r{key.ranks}/t{key.threads}/l{key.lanes}"
 
 
 def _from_text(kid: str) -> MoeRouteKey:
-    _, ids, experts, threads, lanes = kid.split("/")
-    return MoeRouteKey(ids, int(threads[1:]), int(lanes[1:]), int(experts[1:]))
+    _, ids, experts, ranks, threads, lanes = kid.split("/")
+    return MoeRouteKey(ids, int(threads[1:]), int(lanes[1:]), int(experts[1:]), int(ranks[1:]))
 
 
 def _snapshot() -> list[str]:
-    """Both id dtypes at 256 experts (1024 threads), and at :data:`MAX_EXPERTS` (256 threads)."""
-    return [_to_text(MoeRouteKey.for_experts(ids, experts)) for ids in ID_DTYPES for experts in (256, MAX_EXPERTS)]
+    """Both id dtypes at 256 experts on 8 ranks (1024 threads), and at :data:`MAX_EXPERTS` (256 threads)."""
+    return [_to_text(MoeRouteKey.for_experts(ids, experts, 8)) for ids in ID_DTYPES for experts in (256, MAX_EXPERTS)]
 
 
 FAMILY = register(Family("moe_route", MoeRouteKey, ("moe_route",), MOE_ROUTE, build, _snapshot, _to_text,

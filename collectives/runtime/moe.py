@@ -96,7 +96,7 @@ class Carve:
 
 def route_fields(entries: int, world: int) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
     """The :class:`Carve` fields the routing kernel writes (:func:`route`) for ``entries``."""
-    return [("order", (entries,), torch.int64), ("slots", (entries,), torch.int64),
+    return [("order", (entries,), torch.int64), ("slots", (entries,), torch.int64), ("rows", (entries,), torch.int64),
             ("send_splits", (world,), torch.int64), ("valid", (entries,), torch.bool)]
 
 
@@ -184,20 +184,21 @@ def pack(comm: Runtime, dtype: torch.dtype, hidden: int, fp8: bool):
     return run
 
 
-def route_key(dtype: torch.dtype, experts: int) -> MoeRouteKey | None:
-    """The routing kernel's key for ids of ``dtype`` and ``experts`` experts (any number of
-    entries; :meth:`~collectives.algorithms.moe_route.MoeRouteKey.for_experts`), None where it
-    does not take them (other dtypes, past :data:`~collectives.algorithms.moe_route.MAX_EXPERTS`)."""
+def route_key(dtype: torch.dtype, experts: int, world: int) -> MoeRouteKey | None:
+    """The routing kernel's key for ids of ``dtype`` and ``experts`` experts on ``world`` ranks
+    (any number of entries; :meth:`~collectives.algorithms.moe_route.MoeRouteKey.for_experts`),
+    None where it does not take them (other dtypes, past
+    :data:`~collectives.algorithms.moe_route.MAX_EXPERTS`)."""
     ids = {torch.int32: "i32", torch.int64: "i64"}.get(dtype)
     if ids is None or not 1 <= experts <= MAX_EXPERTS:
         return None
-    return MoeRouteKey.for_experts(ids, experts)
+    return MoeRouteKey.for_experts(ids, experts, world)
 
 
 def route(comm: Runtime, dtype: torch.dtype, experts: int):
     """The kernel's :data:`collectives.moe.Route` on ``comm``'s GPU (its kernel loaded now), None
     where :data:`FUSED` is off or the kernel does not take the call (:func:`route_key`)."""
-    key = route_key(dtype, experts) if FUSED else None
+    key = route_key(dtype, experts, comm.world) if FUSED else None
     if key is None:
         return None
     fn, device = comm.kernel_together(key), comm.device_index
@@ -213,7 +214,7 @@ def route(comm: Runtime, dtype: torch.dtype, experts: int):
         args = MOE_ROUTE.take(dict(ids=rows.data_ptr(), topk=topk, stride=stride, n=n, experts=num_experts,
                                    local=num_experts // world, order=base + at["order"], valid=base + at["valid"],
                                    bins=bins.data_ptr(), send_splits=base + at["send_splits"],
-                                   slots=base + at["slots"]))
+                                   slots=base + at["slots"], rows=base + at["rows"]))
         fn(*args, 1, current_stream(device))
 
     return run

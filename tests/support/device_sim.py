@@ -585,6 +585,18 @@ def _match_sync(mask: Any, value: Any, kind: str = "any") -> Uint32:
     return Uint32(peers)
 
 
+def _vote_ballot_sync(pred: Any, mask: Any = -1) -> Int32:
+    """``vote.sync.ballot.b32`` over the block (one warp at most): bit ``l`` set where lane
+    ``l``'s predicate holds, every lane taking part."""
+    assert as_num(mask).v & 0xFFFFFFFF == 0xFFFFFFFF, mask
+    state, tidx = me().ctx.state, me().ctx.tidx
+    state.lanes[tidx] = bool(pred)
+    _sync_threads()
+    bits = sum(1 << lane for lane, v in state.lanes.items() if v)
+    _sync_threads()
+    return Int32(bits)
+
+
 def _shuffle_sync_up(value: Any, offset: Any) -> Num:
     """``shfl.sync.up`` over the block (one warp at most): lane ``l - offset``'s value, a lane below
     ``offset`` its own."""
@@ -638,6 +650,7 @@ def _cute() -> types.SimpleNamespace:
         sync_threads=_sync_threads,
         sync_warp=_sync_threads,  # the simulated blocks are of one warp at most
         match_sync=_match_sync,
+        vote_ballot_sync=_vote_ballot_sync,
         shuffle_sync_up=_shuffle_sync_up,
         popc=lambda value: type(value)(bin(value.v & ((1 << value.width) - 1)).count("1")),
         WARP_SIZE=32,

@@ -169,15 +169,19 @@ def test_gather_moves_rows_in_its_words_and_zeros_the_rest(word: int) -> None:
 def test_routing_compiles_reads_its_ids_and_uses_no_atomics(ids: str) -> None:
     """The dispatch's routing: the ids loaded in their width (each pass's first round's, then the
     next round's during each round), its counts and chunks in shared memory, a round's entries
-    ranked by one ``match.any.sync`` of the warp (not compared one by one through shared memory)
+    ranked by one ``match.any.sync`` of the warp (and their rows by one more and a ballot of
+    their owners) (not compared one by one through shared memory)
     and its syncs the warp's (no block-wide barrier per round), four block barriers, the groups' counts of an expert
     loaded ``BATCH`` at once before their stores, no spills, no atomics (the order is the stable
     sort's whatever the scheduling), no 64-bit division, one GPU's memory, no ordering."""
-    ptx = kernel_ptx(MoeRouteKey.for_experts(ids, 256), "sm_90a")
-    matches = _count(ptx, "match.any.sync.b32")  # a round's, in each pass (the compiler may peel rounds)
-    assert matches >= 2 and _count(ptx, "popc.b32") >= matches  # (its ranks: popc of the match)
-    assert _count(ptx, f"ld.global.{'b32' if ids == 'i32' else 'b64'}") == 2 + matches  # + each pass's first
-    assert ".shared" in ptx and _count(ptx, "bar.warp.sync") == 2 * matches
+    ptx = kernel_ptx(MoeRouteKey.for_experts(ids, 256, 8), "sm_90a")
+    # a round's two (its expert's, its row's), in each pass (the compiler may peel rounds)
+    matches = _count(ptx, "match.any.sync.b32")
+    assert matches >= 4 and _count(ptx, "popc.b32") >= matches  # (its ranks: popc of the match)
+    assert _count(ptx, "vote.sync.ballot.b32") == matches // 2  # (the row's owners)
+    # the next round's id, and each pass's first, with their tokens' earlier ids (a loop, unrolled)
+    assert _count(ptx, f"ld.global.{'b32' if ids == 'i32' else 'b64'}") >= 2 + matches // 2
+    assert ".shared" in ptx and _count(ptx, "bar.warp.sync") == matches
     # four block barriers: the table zeroed, the counts in, the chunks' sums in, the starts in (the
     # experts' scan: shuffles up each warp's chunk of 32 bins, not a barrier a doubling step)
     assert _count(ptx, "bar.sync") == 4 and _count(ptx, "shfl.sync.up.b32") == 5
@@ -189,20 +193,24 @@ def test_routing_compiles_reads_its_ids_and_uses_no_atomics(ids: str) -> None:
 
 
 def test_host_picks_the_routing_key() -> None:
-    assert route_key(torch.int64, 256) == MoeRouteKey("i64", 1024, experts=256)  # 32 groups of 257 counts
-    assert route_key(torch.int32, 200) == MoeRouteKey("i32", 1024, experts=256)
-    assert route_key(torch.int64, 257) == MoeRouteKey("i64", 512, experts=512)
-    assert route_key(torch.int64, MAX_EXPERTS) == MoeRouteKey("i64", 256, experts=MAX_EXPERTS)
-    assert route_key(torch.int64, MAX_EXPERTS + 1) is None  # its counts would not fit shared memory
+    # 32 groups of 257 counts and 4 ranks' rows
+    assert route_key(torch.int64, 256, 4) == MoeRouteKey("i64", 1024, experts=256, ranks=4)
+    assert route_key(torch.int32, 200, 8) == MoeRouteKey("i32", 1024, experts=256, ranks=8)
+    assert route_key(torch.int64, 257, 3) == MoeRouteKey("i64", 512, experts=512, ranks=4)
+    assert route_key(torch.int64, MAX_EXPERTS, 8) == MoeRouteKey("i64", 256, experts=MAX_EXPERTS, ranks=8)
+    assert route_key(torch.int64, MAX_EXPERTS + 1, 8) is None  # its counts would not fit shared memory
     for experts in (1, 3, 64, 256, 300, 1000, MAX_EXPERTS):
-        key = route_key(torch.int64, experts)
-        assert key.experts >= experts and key.smem_bytes() <= SMEM_BYTES
+        for world in {1, min(experts, 2), min(experts, 8), experts}:
+            key = route_key(torch.int64, experts, world)
+            assert key.experts >= experts and key.ranks >= world and key.smem_bytes() <= SMEM_BYTES
     with pytest.raises(ValueError, match="shared memory"):
         MoeRouteKey("i64", 1024, experts=MAX_EXPERTS)
     with pytest.raises(ValueError, match="power of two"):
         MoeRouteKey("i64", experts=300)
     with pytest.raises(ValueError, match="lanes"):
         MoeRouteKey("i64", lanes=64)
-    assert route_key(torch.int16, 256) is None
+    assert route_key(torch.int16, 256, 8) is None
+    with pytest.raises(ValueError, match="ranks"):
+        MoeRouteKey("i64", experts=4, ranks=8)
     with pytest.raises(ValueError, match="ids"):
         MoeRouteKey("i16")

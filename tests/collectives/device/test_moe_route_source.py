@@ -40,8 +40,8 @@ SOURCE = source()
 def run_kernel(ids: torch.Tensor, experts: int, world: int, seed: int, module: types.ModuleType = SOURCE,
                topk: int = 1, gap: int = 0) -> tuple[torch.Tensor, ...]:
     """The kernel on the flat ``ids``, rows of ``topk`` of them ``gap`` elements apart in memory (a
-    slice of a wider tensor): what it wrote (order, valid, bins, send_splits, slots)."""
-    key = MoeRouteKey.for_experts("i32" if ids.dtype == torch.int32 else "i64", experts)  # (its bound on them)
+    slice of a wider tensor): what it wrote (order, valid, bins, send_splits, slots, rows)."""
+    key = MoeRouteKey.for_experts("i32" if ids.dtype == torch.int32 else "i64", experts, world)  # (its bounds)
     object.__setattr__(key, "threads", THREADS)  # scaled down: entries outnumber the threads, two groups
     object.__setattr__(key, "lanes", LANES)
     kernel = module.build(key)
@@ -50,39 +50,42 @@ def run_kernel(ids: torch.Tensor, experts: int, world: int, seed: int, module: t
     sim = Sim(seed)
     mem = sim.memory
     at = {name: mem.alloc(max(nbytes, 1)) for name, nbytes in [
-        ("ids", size * stride * -(-n // topk)), ("order", 8 * n), ("valid", n), ("bins", 8 * (experts + 1)),
-        ("send", 8 * world), ("slots", 8 * n)]}
+        ("ids", size * stride * -(-n // topk)), ("order", 8 * n), ("valid", n), ("bins", 8 * (experts + world + 1)),
+        ("send", 8 * world), ("slots", 8 * n), ("rows", 8 * n)]}
     for i, v in enumerate(ids.tolist()):
         mem.store(at["ids"] + size * (i // topk * stride + i % topk), v, Int32 if size == 4 else Int64)
     for t in range(-(-n // topk)):  # the gaps hold ids of expert 0, which must not be read
         for g in range(gap):
             mem.store(at["ids"] + size * (t * stride + topk + g), 0, Int32 if size == 4 else Int64)
-    sizes = {"order": 8 * n, "valid": n, "bins": 8 * (experts + 1), "send": 8 * world, "slots": 8 * n}
+    sizes = {"order": 8 * n, "valid": n, "bins": 8 * (experts + world + 1), "send": 8 * world, "slots": 8 * n,
+             "rows": 8 * n}
     for name, nbytes in sizes.items():
         for b in range(nbytes):
             mem.store(at[name] + b, UNTOUCHED, Uint8)
     args = types.SimpleNamespace(ids=Int64(at["ids"]), topk=Int64(topk), stride=Int64(stride), n=Int64(n),
                                  experts=Int64(experts), local=Int64(experts // world), order=Int64(at["order"]),
                                  valid=Int64(at["valid"]), bins=Int64(at["bins"]), send_splits=Int64(at["send"]),
-                                 slots=Int64(at["slots"]))
+                                 slots=Int64(at["slots"]), rows=Int64(at["rows"]))
     sim.spawn(lambda: sim.launch(lambda: kernel(args), Context(rank=0, call=0), 1, THREADS, [0]), Context(rank=0))
     sim.run()
     return (torch.tensor(mem.words(at["order"], n, Int64), dtype=torch.int64),
             torch.tensor(mem.words(at["valid"], n, Uint8), dtype=torch.uint8),
-            torch.tensor(mem.words(at["bins"], experts + 1, Int64), dtype=torch.int64),
+            torch.tensor(mem.words(at["bins"], experts + world + 1, Int64), dtype=torch.int64),
             torch.tensor(mem.words(at["send"], world, Int64), dtype=torch.int64),
-            torch.tensor(mem.words(at["slots"], n, Int64), dtype=torch.int64))
+            torch.tensor(mem.words(at["slots"], n, Int64), dtype=torch.int64),
+            torch.tensor(mem.words(at["rows"], n, Int64), dtype=torch.int64))
 
 
 def check(ids: torch.Tensor, experts: int, world: int, seed: int, module: types.ModuleType = SOURCE,
           topk: int = 1, gap: int = 0) -> None:
-    order, valid, bins, send, slots = run_kernel(ids, experts, world, seed, module, topk, gap)
-    want = moe.route_ids(ids, experts, world)
+    order, valid, bins, send, slots, rows = run_kernel(ids, experts, world, seed, module, topk, gap)
+    want = moe.route_ids(ids.view(-1, topk), experts, world)
     assert torch.equal(order, want[0]), (order, want[0])
     assert torch.equal(valid, want[1].to(torch.uint8)), (valid, want[1])
     assert torch.equal(bins, want[2]), (bins, want[2])
     assert torch.equal(send, want[3]), (send, want[3])
     assert torch.equal(slots, moe.inverse(want[0])), (slots, want[0])
+    assert torch.equal(rows, want[5]), (rows, want[5])
 
 
 def random_ids(rng: random.Random, tokens: int, topk: int, experts: int, dtype: torch.dtype) -> torch.Tensor:
@@ -104,7 +107,7 @@ def test_routing_matches_the_torch_steps(dtype: torch.dtype) -> None:
     for seed in range(4):
         world, local = rng.choice([(2, 1), (2, 3), (3, 2), (4, 2), (1, 5)])
         experts = world * local
-        tokens, topk = rng.choice([1, 2, 3, 5]), rng.choice([1, 2, 4])
+        tokens, topk = rng.choice([1, 2, 3, 5]), min(rng.choice([1, 2, 4]), experts)  # (random_ids' rows)
         check(random_ids(rng, tokens, topk, experts, dtype), experts, world, seed, topk=topk,
               gap=rng.choice([0, 3]))
 
@@ -140,10 +143,26 @@ def test_more_bins_than_the_block_has_threads() -> None:
         check(random_ids(rng, 11, 4, 30, torch.int32), 30, 5, seed, topk=4, gap=1)
 
 
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_a_row_per_token_and_rank_across_rounds_and_groups(world: int) -> None:
+    """Tokens of 3 entries over two groups of several rounds (a token's entries split between
+    rounds and between the groups): its rows to 1, some and every rank, experts named twice."""
+    rng = random.Random(20 + world)
+    for seed in range(2):
+        check(random_ids(rng, 13, 3, 2 * world, torch.int64), 2 * world, world, seed, topk=3)
+    check(torch.tensor([0, 0, 1, 1, 2 * world - 1, 0, -1, 9, 3] * 3, dtype=torch.int64), 2 * world, world, 2,
+          topk=3)
+
+
 @pytest.mark.parametrize(("edit", "what"), [
-    (("(Uint32(1) << Uint32(wl))", "(Uint32(2) << Uint32(wl))"), "the rank among the group's round"),
-    (("peers >> Uint32(wl) >> Uint32(1)", "peers >> Uint32(wl)"), "the round's last entry of an expert"),
-    (("+ wl // lanes)", ")"), "the match's group (two groups share a warp)"),
+    (("popc(peers & ((Uint32(1) << Uint32(wl))", "popc(peers & ((Uint32(2) << Uint32(wl))"),
+     "the rank among the group's round"),
+    (("popc(owners & ((Uint32(1) << Uint32(wl))", "popc(owners & ((Uint32(2) << Uint32(wl))"),
+     "the owners before an entry in the group's round"),
+    (("popc(peers >> Uint32(wl) >> Uint32(1)", "popc(peers >> Uint32(wl)"), "the round's last entry of an expert"),
+    (("popc(row_peers >> Uint32(wl) >> Uint32(1)", "popc(row_peers >> Uint32(wl)"),
+     "the round's last entry of a rank"),
+    (("e * (WARP // lanes) + wl // lanes)", "e * (WARP // lanes))"), "the match's group (two groups share a warp)"),
     (("table[(g8 + u) * bins + j] = total", "table[(g8 + u) * bins + j] = Int32(0)"), "the earlier groups' entries"),
     (("table[(g8 + u) * bins + j] = counts[u] + start", "table[(g8 + u) * bins + j] = counts[0] + start"),
      "each group's start"),
@@ -158,10 +177,19 @@ def test_more_bins_than_the_block_has_threads() -> None:
     (("if wl == chunk - 1:", "if wl == 0:"), "a chunk's sum"),
     (("- starts[w * local])", "- starts[w * local + 1])"), "the splits"),
     (("LOCAL, by) + i, Int64(at))", "LOCAL, by) + at, Int64(i))"), "the slots"),
-    (("ahead = expert_of(args, i + lanes)", "ahead = expert_of(args, i)"), "the next round's entry"),
+    (("ahead_owner = expert_of(args, i + lanes)", "ahead_owner = expert_of(args, i)"), "the next round's entry"),
     (("Int64(token) * args.stride", "Int64(token) * args.topk"), "the ids' row stride"),
-    (("e = expert_of(args, group * span + lane)  # the placing", "e = Int32(0)  # the placing"),
-     "the placing pass's first entry"),
+    (("e, rank, owner = expert_of(args, group * span + lane)  # the placing",
+      "e, rank, owner = Int32(0), Int32(0), Int32(1)  # the placing"), "the placing pass's first entry"),
+    (("while earlier < k:", "while earlier < k - 1:"), "a row's owner: every earlier entry of its token"),
+    (("if id_of(args, token, earlier) // local == rank:", "if id_of(args, token, earlier) == e:"),
+     "a row's owner: the token's entries to its rank, not its expert"),
+    (("Int64(row_at + owners_before + owner - 1 - n)", "Int64(row_at + owners_before - n)"), "a row's entries"),
+    (("row_at + Int32(cute.arch.popc(owners))", "row_at + Int32(1)"), "the rows a round counts"),
+    (("(rank + 1) * (WARP // lanes) + wl // lanes)", "(rank + 1) * (WARP // lanes))"), "the row match's group"),
+    (("+ i, Int64(-1))", "+ i, Int64(0))"), "an out-of-range entry's row"),
+    (("word = (j - experts) * (Int32(args.local) + 1) - 1", "word = (j - experts) * Int32(args.local) - 1"),
+     "the rows' place in the message"),
 ])
 def test_a_broken_kernel_fails_the_check(edit: tuple, what: str) -> None:
     """Each edit of the kernel's source is caught (so the check reads what the kernel does)."""
