@@ -91,11 +91,13 @@ Placement = Callable[[torch.Tensor, torch.Tensor, int, int, bool, torch.Tensor, 
 #: them its values (fewer than ``row_bytes``: fp8, the scale's 4 bytes next), or None for
 #: :func:`place_rows` (asked once the call's arguments are checked, before its first all-to-all).
 PlacementFor = Callable[[int, int, bool, int], "Placement | None"]
-#: ``pack(x, slots, topk, out)``: the rows a dispatch sends into ``out`` (``[tokens * topk, ...]``):
-#: row ``slots[t * topk + k]`` token ``t`` of ``x`` (``slots``: the address of :func:`inverse` of the entries'
-#: sort, int64), with fp8 quantized (:func:`quantize`; uint8 rows: the values, the scale's 4 bytes,
-#: zeros: :func:`pack_rows`); one kernel: :mod:`collectives.algorithms.moe_pack`.
-Pack = Callable[[torch.Tensor, int, int, torch.Tensor], None]
+#: ``pack(x, carriers, slots, send_splits, layout, out)``: the rows a dispatch sends into ``out``
+#: (uint8 ``[rows, layout.bytes]``), one per (token, rank) with >= 1 of its entries, as the
+#: :class:`Wire` ``layout`` lays them out (fp8: quantized, :func:`quantize`), from the routing's
+#: outputs by address (int64: each entry's row, ``carriers``; :func:`inverse` of the entries' sort,
+#: ``slots``; the entries per rank, ``send_splits``): :func:`pack_rows`; one kernel:
+#: :mod:`collectives.algorithms.moe_pack`.
+Pack = Callable[[torch.Tensor, int, int, int, "Wire", torch.Tensor], None]
 #: ``pack_for(dtype, hidden, fp8)``: the :data:`Pack` of a dispatch of ``hidden`` values of
 #: ``dtype`` per token, or None for torch steps (asked once the call's arguments are checked).
 PackFor = Callable[[torch.dtype, int, bool], "Pack | None"]
@@ -430,7 +432,7 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
         handle.slots = inverse(handle.order)
     if p.pack is not None:  # a row per (token, rank), its header naming its entries (Wire)
         at = rows.data_ptr() if rows is not None else carved.base + carved.offsets["rows"]
-        p.pack(x, at, *handle.ptrs("slots", "send_splits"), topk, p.rows)
+        p.pack(x, at, *handle.ptrs("slots", "send_splits"), p.layout, p.rows)
     else:
         pack_rows(x, carved.tensor("rows") if rows is None else rows, handle.slots, handle.send_splits, topk,
                   p.layout, p.rows)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int64, Uint8, Uint32
+from cutlass import Float32, Int32, Int64, Uint8, Uint32
 from cutlass.memory import SmemAllocator
 
 import ptxops
@@ -49,12 +49,16 @@ MAX_BLOCKS = 264
 MOE_PACK = Layout("MoePackArgs", (
     Arg("rows", Int64, "out: the sent rows, row_bytes each (16-byte aligned)"),
     Arg("x", Int64, "the tokens: tokens x hidden of the key's dtype"),
-    Arg("slots", Int64, "int64[tokens * topk]: each entry's sent row"),
-    Arg("tokens", Int64, "tokens (rows sent: tokens * topk)"),
+    Arg("carriers", Int64, "int64[tokens * topk]: the row that carries each entry (its token's to its rank), -1 "
+                           "out of range"),
+    Arg("slots", Int64, "int64[tokens * topk]: each entry's place in the entries' sort by expert"),
+    Arg("send_splits", Int64, "int64[world]: entries per destination rank (each rank's first: their sums before)"),
+    Arg("world", Int64, "ranks"),
+    Arg("tokens", Int64, "tokens"),
     Arg("topk", Int64, "entries per token"),
     Arg("hidden", Int64, "values per token (a multiple of the key's vec, and of 4)"),
-    Arg("row_bytes", Int64, "bytes per sent row: hidden, the scale's 4, zeros (a multiple of 16; quantize), "
-                            "else hidden values"),
+    Arg("header", Int64, "the header's byte in a row (a multiple of 4): topk int32 after the values (and scale)"),
+    Arg("row_bytes", Int64, "bytes per sent row (a multiple of 16; collectives.moe.Wire)"),
 ))
 
 
@@ -91,12 +95,46 @@ def build(key: MoePackKey):
     by = "collectives.algorithms.moe_pack"
 
     @cute.jit
+    def row_of(args: KernelArgs, token: Int64, k: Int64) -> Int64:
+        """The row token ``token``'s entry ``k`` writes: its carrier where no earlier entry of the
+        token has it (one writer a row), else -1."""
+        carriers = gmem(Int64, args.carriers, 8, LOCAL, by) + token * args.topk
+        row = ptxops.ld(carriers + k, dtype=Int64)
+        earlier = Int64(0)
+        while earlier < k:
+            if ptxops.ld(carriers + earlier, dtype=Int64) == row:
+                row = Int64(-1)
+            earlier += 1
+        return row
+
+    @cute.jit
+    def index_in_rank(args: KernelArgs, slot: Int64) -> Int64:
+        """An entry's index in the per-entry stream to its rank: its place in the sort less the
+        rank's first (the send splits' sum before the rank that holds it)."""
+        first = Int64(0)
+        found = Int64(0)
+        w = Int64(0)
+        while w < args.world:
+            if found == Int64(0):
+                count = ptxops.ld(gmem(Int64, args.send_splits, 8, LOCAL, by) + w, dtype=Int64)
+                if slot < first + count:
+                    found = Int64(1)
+                else:
+                    first += count
+            w += 1
+        return slot - first
+
+    @cute.jit
     def kernel(args: KernelArgs):
         tidx = Int64(cute.arch.thread_idx()[0])
         if cutlass.const_expr(key.quantize):  # each thread's largest magnitude, then the block's
             most = SmemAllocator().allocate_tensor(Float32, cute.make_layout(threads), byte_alignment=4)
         pieces = args.hidden // vec
         slots = gmem(Int64, args.slots, 8, LOCAL, by)
+        carriers = gmem(Int64, args.carriers, 8, LOCAL, by)
+        values = args.hidden * DTYPES[key.dtype].bytes  # the values' bytes, then (fp8) the scale's
+        if cutlass.const_expr(key.quantize):
+            values = args.hidden + 4
         token = Int64(cute.arch.block_idx()[0])
         while token < args.tokens:
             src = gmem(dtype, args.x, align, LOCAL, by) + cute.assume(token * args.hidden, divby=vec)
@@ -108,11 +146,12 @@ def build(key: MoePackKey):
                     batch = [ptxops.ld(src + at, num_elements=vec) for at in ats]
                     k = Int64(0)
                     while k < args.topk:  # the token's rows
-                        i = ptxops.ld(slots + token * args.topk + k, dtype=Int64)
-                        row = gmem(dtype, args.rows, align, LOCAL, by) + cute.assume(i * args.hidden, divby=vec)
-                        for u in cutlass.range_constexpr(LOADS):
-                            if p + u * threads <= last:
-                                ptxops.st(row + ats[u], batch[u])
+                        i = row_of(args, token, k)
+                        if i >= Int64(0):
+                            row = gmem(dtype, args.rows + i * args.row_bytes, align, LOCAL, by)
+                            for u in cutlass.range_constexpr(LOADS):
+                                if p + u * threads <= last:
+                                    ptxops.st(row + ats[u], batch[u])
                         k += 1
                     p += LOADS * threads
             else:
@@ -153,28 +192,51 @@ def build(key: MoePackKey):
                                 word = packed.load()
                                 k = Int64(0)
                                 while k < args.topk:  # the token's rows
-                                    row = (args.rows + ptxops.ld(slots + token * args.topk + k, dtype=Int64)
-                                           * args.row_bytes)
-                                    ptxops.st(gmem(Uint32, row, 4 * words, LOCAL, by) + at, word)
+                                    i = row_of(args, token, k)
+                                    if i >= Int64(0):
+                                        ptxops.st(gmem(Uint32, args.rows + i * args.row_bytes, 4 * words, LOCAL, by)
+                                                  + at, word)
                                     k += 1
                             else:
                                 k = Int64(0)
                                 while k < args.topk:
-                                    row = (args.rows + ptxops.ld(slots + token * args.topk + k, dtype=Int64)
-                                           * args.row_bytes)
-                                    ptxops.st(gmem(Uint8, row, 1, LOCAL, by) + piece, q[0])
+                                    i = row_of(args, token, k)
+                                    if i >= Int64(0):
+                                        ptxops.st(gmem(Uint8, args.rows + i * args.row_bytes, 1, LOCAL, by) + piece,
+                                                  q[0])
                                     k += 1
                     p += LOADS * threads
                 k = tidx
-                while k < args.topk:  # a thread per row: the scale (4-byte aligned: hidden is a multiple of 4), zeros
-                    row = args.rows + ptxops.ld(slots + token * args.topk + k, dtype=Int64) * args.row_bytes
-                    ptxops.st(gmem(Float32, row + args.hidden, 4, LOCAL, by), rounding.narrow([scale], Float32))
-                    b = args.hidden + 4
-                    while b < args.row_bytes:
-                        ptxops.st(gmem(Uint8, row, 1, LOCAL, by) + b, Uint8(0))
-                        b += 1
+                while k < args.topk:  # a thread per row: the scale (4-byte aligned: hidden is a multiple of 4)
+                    i = row_of(args, token, k)
+                    if i >= Int64(0):
+                        ptxops.st(gmem(Float32, args.rows + i * args.row_bytes + args.hidden, 4, LOCAL, by),
+                                  rounding.narrow([scale], Float32))
                     k += threads
                 cute.arch.sync_threads()  # every thread is done with most[] before the next token's
+            k = tidx
+            while k < args.topk:  # a thread per row: zeros around its header
+                i = row_of(args, token, k)
+                if i >= Int64(0):
+                    row = gmem(Uint8, args.rows + i * args.row_bytes, 1, LOCAL, by)
+                    b = values
+                    while b < args.row_bytes:
+                        if b == args.header:
+                            b += 4 * args.topk
+                        else:
+                            ptxops.st(row + b, Uint8(0))
+                            b += 1
+                k += threads
+            pair = tidx
+            while pair < args.topk * args.topk:  # a thread per (row, slot): the header, slot k of row k0's
+                k0, k = pair // args.topk, pair % args.topk
+                i = row_of(args, token, k0)
+                if i >= Int64(0):
+                    named = Int32(-1)  # entry k's index in the stream to the row's rank, where the row carries it
+                    if ptxops.ld(carriers + token * args.topk + k, dtype=Int64) == i:
+                        named = Int32(index_in_rank(args, ptxops.ld(slots + token * args.topk + k, dtype=Int64)))
+                    ptxops.st(gmem(Int32, args.rows + i * args.row_bytes + args.header + 4 * k, 4, LOCAL, by), named)
+                pair += threads
             token += Int64(cute.arch.grid_dim()[0])
 
     return launcher(kernel, threads, layout=MOE_PACK)

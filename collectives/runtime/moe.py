@@ -174,11 +174,12 @@ def pack(comm: Runtime, dtype: torch.dtype, hidden: int, fp8: bool):
         return None
     fn, device = comm.kernel_together(key), comm.device_index
 
-    def run(x: torch.Tensor, slots: int, topk: int, out: torch.Tensor) -> None:
+    def run(x: torch.Tensor, carriers: int, slots: int, send_splits: int, layout: Any, out: torch.Tensor) -> None:
         x = x.contiguous()
         _aligned(key.vec * x.element_size(), x, out)
-        args = MOE_PACK.take(dict(rows=out.data_ptr(), x=x.data_ptr(), slots=slots, tokens=x.shape[0],
-                                  topk=topk, hidden=hidden, row_bytes=out.shape[1] * out.element_size()))
+        args = MOE_PACK.take(dict(rows=out.data_ptr(), x=x.data_ptr(), carriers=carriers, slots=slots,
+                                  send_splits=send_splits, world=comm.world, tokens=x.shape[0], topk=layout.topk,
+                                  hidden=hidden, header=layout.header, row_bytes=layout.bytes))
         fn(*args, key.blocks(x.shape[0]), current_stream(device))
 
     return run

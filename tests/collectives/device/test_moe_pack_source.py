@@ -89,48 +89,69 @@ def tokens_of(dtype: torch.dtype, tokens: int, hidden: int, seed: int) -> torch.
     return x.to(dtype)
 
 
-def run_kernel(x: torch.Tensor, slots: torch.Tensor, topk: int, blocks: int, seed: int,
+def run_kernel(x: torch.Tensor, routed: tuple, world: int, topk: int, blocks: int, seed: int,
                module: types.ModuleType, fp8: bool = True) -> torch.Tensor:
-    """The kernel's sent rows (as bytes) for tokens ``x``, entry ``e`` sent as row ``slots[e]``."""
+    """The kernel's sent rows (as bytes) for tokens ``x`` routed by :func:`collectives.moe.route_ids`
+    (``routed``: its order, send splits and rows)."""
+    order, send, carriers = routed
     tokens, hidden = x.shape
     key = pack_key(x.dtype, hidden, fp8)
     object.__setattr__(key, "threads", THREADS)  # scaled down: a row's pieces outnumber the threads
     kernel = module.build(key)
-    row_bytes, n = moe.fp8_row_bytes(hidden) if fp8 else hidden * x.element_size(), slots.numel()
+    layout = moe.wire(hidden, x.element_size(), fp8, topk)
+    n, sent = carriers.numel(), int(carriers.max()) + 1 if carriers.numel() else 0
     sim = Sim(seed)
     mem = sim.memory
     at = {name: mem.alloc(size) for name, size in [
-        ("rows", max(n * row_bytes, 1)), ("x", max(x.numel() * x.element_size(), 1)), ("slots", max(8 * n, 1))]}
+        ("rows", max(sent * layout.bytes, 1)), ("x", max(x.numel() * x.element_size(), 1)), ("slots", max(8 * n, 1)),
+        ("carriers", max(8 * n, 1)), ("send", 8 * world)]}
     bits_type, num = BITS[x.dtype]
     for i, v in enumerate(x.reshape(-1).view(bits_type).tolist()):
         mem.store(at["x"] + i * x.element_size(), v, num)
-    for i, v in enumerate(slots.tolist()):
-        mem.store(at["slots"] + 8 * i, v, Int64)
-    for b in range(n * row_bytes):
+    for name, values in (("slots", moe.inverse(order)), ("carriers", carriers), ("send", send)):
+        for i, v in enumerate(values.tolist()):
+            mem.store(at[name] + 8 * i, v, Int64)
+    for b in range(sent * layout.bytes):
         mem.store(at["rows"] + b, 0xEE, Uint8)
-    args = types.SimpleNamespace(rows=Int64(at["rows"]), x=Int64(at["x"]), slots=Int64(at["slots"]),
+    args = types.SimpleNamespace(rows=Int64(at["rows"]), x=Int64(at["x"]), carriers=Int64(at["carriers"]),
+                                 slots=Int64(at["slots"]), send_splits=Int64(at["send"]), world=Int64(world),
                                  tokens=Int64(tokens), topk=Int64(topk), hidden=Int64(hidden),
-                                 row_bytes=Int64(row_bytes))
+                                 header=Int64(layout.header), row_bytes=Int64(layout.bytes))
     rng = random.Random(seed)
     sim.spawn(lambda: sim.launch(lambda: kernel(args), Context(rank=0, call=0), blocks, THREADS,
                                  [rng.choice([0, 0, 50]) for _ in range(blocks)]), Context(rank=0))
     sim.run()
-    return torch.tensor(mem.words(at["rows"], n * row_bytes, Uint8), dtype=torch.uint8).view(n, row_bytes)
+    return torch.tensor(mem.words(at["rows"], sent * layout.bytes, Uint8), dtype=torch.uint8).view(sent, layout.bytes)
+
+
+def routing_of(tokens: int, topk: int, world: int, seed: int) -> torch.Tensor:
+    """Ids of 2 experts a rank: tokens to one rank, to some, to every rank; an expert named twice,
+    ids out of range."""
+    rng = random.Random(seed)
+    rows = []
+    for t in range(tokens):
+        kind = t % 3
+        row = [(rng.randrange(world) if kind == 0 else k % world if kind == 1 else rng.randrange(world)) * 2
+               + rng.randrange(2) for k in range(topk)]
+        if kind == 0:
+            row = [row[0] // 2 * 2 + rng.randrange(2) for _ in range(topk)]
+        if rng.random() < 0.3:
+            row[rng.randrange(topk)] = rng.choice([-1, 2 * world])
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.int64).view(tokens, topk)
 
 
 def check(dtype: torch.dtype, tokens: int, hidden: int, topk: int, blocks: int, seed: int,
-          module: types.ModuleType | None = None, fp8: bool = True) -> None:
-    """The rows as the torch steps make them (fp8: :func:`collectives.moe.pack_rows`, else a
-    gather), from the entries' order's inverse."""
+          module: types.ModuleType | None = None, fp8: bool = True, world: int = 3) -> None:
+    """The rows as the torch steps make them (:func:`collectives.moe.pack_rows`), a row per
+    (token, rank) from the routing's."""
     x = tokens_of(dtype, tokens, hidden, seed)
-    order = torch.randperm(tokens * topk, generator=torch.Generator().manual_seed(seed))
-    got = run_kernel(x, moe.inverse(order), topk, blocks, seed, module or source(dtype), fp8)
-    if fp8:
-        want = torch.empty((order.numel(), moe.fp8_row_bytes(hidden)), dtype=torch.uint8)
-        moe.pack_rows(x, order, topk, want)
-    else:
-        want = x.index_select(0, order // topk).view(torch.uint8).view(order.numel(), -1)
-    assert torch.equal(got, want), (got != want).nonzero()[:4].tolist()
+    order, _, _, send, _, carriers = moe.route_ids(routing_of(tokens, topk, world, seed), 2 * world, world)
+    got = run_kernel(x, (order, send, carriers), world, topk, blocks, seed, module or source(dtype), fp8)
+    layout = moe.wire(hidden, x.element_size(), fp8, topk)
+    want = torch.full((got.shape[0] + 1, layout.bytes), 0xEE, dtype=torch.uint8)
+    moe.pack_rows(x, carriers, moe.inverse(order), send, topk, layout, want)
+    assert torch.equal(got, want[:-1]), (got != want[:-1]).nonzero()[:4].tolist()
 
 
 @pytest.mark.parametrize(("dtype", "hidden"), [(torch.bfloat16, 16), (torch.bfloat16, 64), (torch.bfloat16, 12),
@@ -164,25 +185,31 @@ def test_the_host_takes_what_the_kernel_takes() -> None:
 
 
 @pytest.mark.parametrize(("edit", "what"), [
-    (("ptxops.ld(slots + token * args.topk + k, dtype=Int64)\n"
-      "                                           * args.row_bytes)\n"
-      "                                    ptxops.st(gmem(Uint32",
-      "ptxops.ld(slots + token + k, dtype=Int64)\n"
-      "                                           * args.row_bytes)\n"
-      "                                    ptxops.st(gmem(Uint32"), "the token's rows"),
+    (("if ptxops.ld(carriers + earlier, dtype=Int64) == row:", "if ptxops.ld(carriers + k, dtype=Int64) == row:"),
+     "one writer a row (its owner, the token's first entry there)"),
+    (("carriers = gmem(Int64, args.carriers, 8, LOCAL, by) + token * args.topk\n",
+      "carriers = gmem(Int64, args.carriers, 8, LOCAL, by) + token\n"), "the token's rows"),
+    (("if slot < first + count:", "if slot <= first + count:"), "an entry's rank"),
+    (("if ptxops.ld(carriers + token * args.topk + k, dtype=Int64) == i:", "if True:"),
+     "the header's slots of entries the row does not carry"),
+    (("+ args.header + 4 * k, 4", "+ args.header + 4 * k0, 4"), "a header slot's entry"),
+    (("b += 4 * args.topk", "b += 4"), "the zeros after the header"),
+    (("b = values\n", "b = values + 1\n"), "the zeros after the values"),
     (("piece = p + u * threads", "piece = p + u"), "the quantized pieces of a batch"),
     (("m = rounding.amax(m, rounding.widen(batch[u][e]", "m = rounding.amax(m, rounding.widen(batch[0][e]"),
      "the largest magnitude's batch"),
-    (("while k < args.topk:  # a thread per row", "while k < args.topk - 1:  # a thread per row"),
+    (("while k < args.topk:  # a thread per row: the scale", "while k < args.topk - 1:  # a thread per row: the scale"),
      "every row's scale"),
+    (("while k < args.topk:  # a thread per row: zeros", "while k < args.topk - 1:  # a thread per row: zeros"),
+     "every row's zeros"),
     (("while k < args.topk:  # the token's rows\n                        i =",
       "while k < args.topk - 1:  # the token's rows\n                        i ="), "every row's copy"),
-    (("if p + u * threads <= last:\n                                ptxops.st(row",
-      "if p + u * threads < last:\n                                ptxops.st(row"), "a copy's last piece"),
+    (("values = args.hidden + 4\n", "values = args.hidden\n"), "the scale before the zeros"),
+    (("if p + u * threads <= last:\n                                    ptxops.st(row",
+      "if p + u * threads < last:\n                                    ptxops.st(row"), "a copy's last piece"),
     (("for u in range(LOADS)]\n                    batch", "for u in range(1, LOADS + 1)]\n                    batch"),
      "the pieces of a batch (copy)"),
     (("half = threads >> (level + 1)", "half = threads >> (level + 2)"), "the block's largest magnitude"),
-    (("b = args.hidden + 4", "b = args.hidden + 5"), "the zeros after the scale"),
     (("(Uint32(q[4 * w + 2]) << Uint32(16))", "(Uint32(q[4 * w + 2]) << Uint32(8))"), "the bytes' order"),
 ])
 def test_a_broken_kernel_fails_the_check(edit: tuple, what: str) -> None:
