@@ -75,22 +75,23 @@ def bind(exchange: Exchange, out: torch.Tensor, inp: torch.Tensor, out_splits: t
 #: ``empty(name, shape, dtype, device)``: the receive buffer ``name`` (the same shape on every
 #: rank; reused by the next call of the same shape).
 Empty = Callable[[str, tuple, torch.dtype, torch.device], torch.Tensor]
-#: ``placement(counts, received, rows_out, capacity, exact, dropped_before, into)``: ``(expert_x,
-#: scales)``, and ``place, kept, expert_counts, dropped, recv_splits`` into ``into``'s fields
-#: (:class:`~collectives.runtime.moe.Carved`; :func:`place_rows`: the seven as tensors), for the
-#: received rows (``counts``:
-#: ``[W, L]``, what each source sent each local expert): ``expert_x`` of ``rows_out + 1`` rows
-#: (the last: the trash row) of each row's values, each kept row at its ``place``, the dropped
-#: rows' place the trash row, the arrived rows dropped plus ``dropped_before`` (a GPU scalar: the
-#: entries dropped before the exchange; ``dropped``, a GPU scalar); with fp8 rows, their scales
-#: (f32, ``rows_out + 1``; else None); the rows each source sent (``counts``' sums); see
-#: :mod:`collectives.algorithms.moe_place`.
-Placement = Callable[[torch.Tensor, torch.Tensor, int, int, bool, torch.Tensor, Any], tuple]
-#: ``placement_for(local, row_bytes, exact, values)``: the :data:`Placement` of a dispatch to
-#: ``local`` experts per rank whose rows travel as ``row_bytes`` bytes, the first ``values`` of
-#: them its values (fewer than ``row_bytes``: fp8, the scale's 4 bytes next), or None for
-#: :func:`place_rows` (asked once the call's arguments are checked, before its first all-to-all).
-PlacementFor = Callable[[int, int, bool, int], "Placement | None"]
+#: ``placement(counts, received, room, rows_out, capacity, exact, dropped_before, into)``:
+#: ``(expert_x, scales)``, and ``place, kept, expert_counts, dropped, recv_splits`` into
+#: ``into``'s fields (:class:`~collectives.runtime.moe.Carved`; :func:`place_rows`: the seven as
+#: tensors), for the received rows (uint8, :class:`Wire`; ``counts``: ``[W, L + 1]``, each
+#: source's message: what it sent each local expert, then its rows): each row's entries (its
+#: header: entry ``j`` of the source's, of ``room`` entries) placed: ``expert_x`` (uint8) of
+#: ``rows_out + 1`` rows (the last: the trash row) of each entry's values, each kept entry at its
+#: ``place``, the dropped entries' place the trash row, the arrived entries dropped plus
+#: ``dropped_before`` (a GPU scalar: the entries dropped before the exchange; ``dropped``, a GPU
+#: scalar); with fp8 rows, their scales (f32, ``rows_out + 1``; else None); the entries each
+#: source sent (``counts``' sums); see :mod:`collectives.algorithms.moe_place`.
+Placement = Callable[[torch.Tensor, torch.Tensor, int, int, int, bool, torch.Tensor, Any], tuple]
+#: ``placement_for(local, layout, exact, dtype)``: the :data:`Placement` of a dispatch to
+#: ``local`` experts per rank whose rows travel as :class:`Wire` ``layout``, its ``expert_x`` of
+#: ``dtype`` (the kernel's; :func:`place_rows`' uint8), or None for :func:`place_rows` (asked once
+#: the call's arguments are checked, before its first all-to-all).
+PlacementFor = Callable[[int, "Wire", bool, torch.dtype], "Placement | None"]
 #: ``pack(x, carriers, slots, send_splits, layout, out)``: the rows a dispatch sends into ``out``
 #: (uint8 ``[rows, layout.bytes]``), one per (token, rank) with >= 1 of its entries, as the
 #: :class:`Wire` ``layout`` lays them out (fp8: quantized, :func:`quantize`), from the routing's
@@ -101,15 +102,15 @@ Pack = Callable[[torch.Tensor, int, int, int, "Wire", torch.Tensor], None]
 #: ``pack_for(dtype, hidden, fp8)``: the :data:`Pack` of a dispatch of ``hidden`` values of
 #: ``dtype`` per token, or None for torch steps (asked once the call's arguments are checked).
 PackFor = Callable[[torch.dtype, int, bool], "Pack | None"]
-#: ``route(ids, num_experts, world, bins, into)``: ``order, valid, send_splits, slots`` into
-#: ``into``'s fields (:class:`~collectives.runtime.moe.Carved`; :func:`route_ids`: ``(order,
-#: valid, bins, send_splits, slots)`` as tensors) and ``bins``, of the
-#: expert ids ``[tokens, k]`` of a dispatch's ``(token, k)`` entries, flattened in that order (int32
-#: or int64, any strides: the kernel reads sliced ids where they lie; an id out of
-#: ``0..num_experts-1`` counts in a bin past the last expert's, ``bins[num_experts]``): the
-#: entries sorted by expert, stably; which are in range; the entries of each expert, then the
-#: out-of-range ones (into ``bins``, int64[num_experts + 1]); the entries of each rank's experts;
-#: the sort's :func:`inverse` (None: not made) (:func:`route_ids`; one kernel:
+#: ``route(ids, num_experts, world, bins, into)``: ``order, valid, send_splits, slots, rows``
+#: into ``into``'s fields (:class:`~collectives.runtime.moe.Carved`; :func:`route_ids`: ``(order,
+#: valid, bins, send_splits, slots, rows)`` as tensors) and ``bins``, of the expert ids ``[tokens,
+#: k]`` of a dispatch's ``(token, k)`` entries, flattened in that order (int32 or int64, any
+#: strides: the kernel reads sliced ids where they lie; an id out of ``0..num_experts-1`` is
+#: counted last): the entries sorted by expert, stably; which are in range; the counts' message
+#: (into ``bins``, int64[:func:`message_size`]: each rank's experts' entries and rows, then the
+#: out-of-range entries); the entries of each rank's experts; the sort's :func:`inverse` (None:
+#: not made); the row that carries each entry (:func:`route_ids`; one kernel:
 #: :mod:`collectives.algorithms.moe_route`).
 Route = Callable[[torch.Tensor, int, int, torch.Tensor, Any], None]
 #: ``route_for(dtype, num_experts)``: the :data:`Route` of a dispatch of ids of ``dtype`` (any
@@ -229,9 +230,8 @@ def _scatter_count(index: torch.Tensor, out: torch.Tensor, scratch: Scratch, mos
 
 
 def _tallies(scratch: Scratch, bins: int, device: torch.device) -> torch.Tensor:
-    """A dispatch's ``[2, bins]`` scratch buffer: its ``bins`` (the entries of each expert, then
-    the out-of-range ones), then the counts the exchange brings (every expert but the last bin's),
-    so that one sum makes both all-to-alls' splits."""
+    """A dispatch's ``[2, bins]`` scratch buffer: its counts' message (:func:`route_ids`' ``bins``),
+    then the messages the exchange brings, so that one copy makes the rows' all-to-all's splits."""
     return scratch("tallies", (2, bins), torch.int64, device)
 
 
@@ -353,7 +353,7 @@ class DispatchPlan:
         self.rows = scratch("rows", (bound + 1, self.layout.bytes), torch.uint8, device)
         self.rows_wire = self.rows[:self.tokens * min(self.topk, world)].view(self.wire)
         self.pack = pack_for(x.dtype, hidden, fp8) if pack_for else None
-        placement = placement_for(local, self.layout, exact) if placement_for else None
+        placement = placement_for(local, self.layout, exact, self.wire) if placement_for else None
         self.placed = placement is not None
         self.place = placement or functools.partial(place_rows, layout=self.layout)
         # Low latency: the rows a rank can receive (each source's tokens once), the same on every
@@ -430,9 +430,12 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     else:
         handle.order, handle.valid, _, handle.send_splits, _, rows = p.route(topk_ids, num_experts, world, p.bins)
         handle.slots = inverse(handle.order)
-    if p.pack is not None:  # a row per (token, rank), its header naming its entries (Wire)
-        at = rows.data_ptr() if rows is not None else carved.base + carved.offsets["rows"]
-        p.pack(x, at, *handle.ptrs("slots", "send_splits"), p.layout, p.rows)
+    if p.pack is not None:  # a row per (token, rank), its header naming its entries (Wire), by address
+        if rows is None:
+            base, at = carved.base, carved.offsets
+            p.pack(x, base + at["rows"], base + at["slots"], base + at["send_splits"], p.layout, p.rows)
+        else:
+            p.pack(x, rows.data_ptr(), handle.slots.data_ptr(), handle.send_splits.data_ptr(), p.layout, p.rows)
     else:
         pack_rows(x, carved.tensor("rows") if rows is None else rows, handle.slots, handle.send_splits, topk,
                   p.layout, p.rows)
@@ -468,8 +471,10 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     else:
         expert_x, handle.place, handle.kept, expert_counts, handle.dropped, scales, handle.recv_splits = p.place(
             p.counts, received_rows, room, rows_out, p.capacity, p.exact, p.dropped_before)
-    # (the values' bytes in their dtype; low latency: but the trash row, as [L, capacity, hidden], by one torch view)
-    expert_x = expert_x.view(p.wire)
+    # (the torch steps' bytes in their dtype; low latency: but the trash row, as [L, capacity, hidden], by one
+    # torch view)
+    if expert_x.dtype != p.wire:
+        expert_x = expert_x.view(p.wire)
     expert_x = expert_x[:-1] if p.exact else expert_x.as_strided(*p.experts_view)
     if fp8:  # placed apart: the values and the scales, each contiguous
         handle.scales = scales[:-1] if p.exact else scales.as_strided(*p.scales_view)
@@ -567,7 +572,7 @@ def place_rows(counts: torch.Tensor, received: torch.Tensor, room: int, rows_out
     row_of = torch.zeros(room + 1, dtype=torch.int64, device=device)
     row_of.index_put_((torch.where(named, entry, room).view(-1),), q.repeat_interleave(layout.topk))
     entries = received[row_of[:room]]
-    room_out = max(rows_out, room) + 1  # expert_x's allocated rows: fixed by the shape (see dispatch_with)
+    room_out = max(rows_out, room) + 1 if exact else rows_out + 1  # expert_x's rows: fixed by the shape (dispatch_with)
     segments = counts.reshape(-1)  # (source, expert) in arrival order
     ends = torch.cumsum(segments, 0)
     i = torch.arange(room, device=device)
@@ -825,6 +830,6 @@ def _layer(comm: Communicator, group: Group) -> runtime_moe.Layer:
 
 __all__ = ["BUFFER_NAMES", "E4M3_MAX", "MODES", "CombinePlan", "DispatchPlan", "Empty", "Exchange", "Gather",
            "GroupExchange", "Handle", "Pack", "PackFor", "Placement", "PlacementFor", "Plans", "Route", "RouteFor",
-           "Scratch", "WeightedSum", "bind", "combine", "combine_with", "dispatch", "dispatch_with", "fp8_row_bytes",
-           "gather_rows", "handle_from", "handle_tensors", "inverse", "pack_rows", "place_rows", "plain", "quantize",
-           "route_ids", "unplanned"]
+           "Scratch", "WeightedSum", "bind", "combine", "combine_with", "dispatch", "dispatch_with",
+           "Wire", "gather_rows", "handle_from", "handle_tensors", "inverse", "message_size", "pack_rows", "place_rows",
+           "plain", "quantize", "route_ids", "unplanned", "wire"]

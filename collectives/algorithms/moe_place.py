@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int64, Uint8, Uint16, Uint32
+from cutlass import Int32, Int64, Uint8, Uint16, Uint32
 from cutlass.memory import SmemAllocator
 
 import ptxops
@@ -67,23 +67,27 @@ LOADS = 4
 WORDS = {16: (Uint32, 4), 8: (Uint32, 2), 4: (Uint32, 1), 2: (Uint16, 1), 1: (Uint8, 1)}
 
 MOE_PLACE = Layout("MoePlaceArgs", (
-    Arg("counts", Int64, "int64[W * L]: rows each source sent each local expert, source-major (arrival order)"),
-    Arg("received", Int64, "the received rows, in arrival order (room rows of row_words words)"),
+    Arg("counts", Int64, "int64[W * (L + 1)]: each source's message: the entries it sent each local expert, then "
+                         "its rows (arrival order)"),
+    Arg("received", Int64, "the received rows, in arrival order (rows of row_words words: values, header)"),
     Arg("expert_x", Int64, "the placed rows, out_words words each (their places, below; the trash row is never "
                            "written)"),
     Arg("scales", Int64, "f32[rows of expert_x], out (the key's scales): each placed row's scale, the 4 bytes "
                          "after its out_words words (unused otherwise)"),
-    Arg("place", Int64, "int64[room], out: each received row's place in expert_x (the trash row: not kept)"),
-    Arg("kept", Int64, "uint8[room], out: 1 where the row arrived and was placed"),
-    Arg("expert_counts", Int64, "int64[L], out: rows each local expert received"),
-    Arg("lost", Int64, "int64[1], out: rows that arrived and were dropped (past an expert's capacity), plus "
+    Arg("place", Int64, "int64[room], out: each entry's place in expert_x (the trash row: not kept)"),
+    Arg("kept", Int64, "uint8[room], out: 1 where the entry arrived and was placed"),
+    Arg("expert_counts", Int64, "int64[L], out: entries each local expert received"),
+    Arg("lost", Int64, "int64[1], out: entries that arrived and were dropped (past an expert's capacity), plus "
                        "dropped_before's"),
     Arg("dropped_before", Int64, "int64[1]: entries the dispatch dropped before (ids out of range)"),
-    Arg("recv_splits", Int64, "int64[W], out: rows each source sent (block 0)"),
-    Arg("room", Int64, "rows of the receive buffer (place and kept have as many)"),
+    Arg("recv_splits", Int64, "int64[W], out: entries each source sent (block 0)"),
+    Arg("room", Int64, "entries place and kept have room for"),
+    Arg("rows", Int64, "rows of the receive buffer"),
     Arg("capacity", Int64, "rows per local expert in expert_x (low latency; unused when exact)"),
     Arg("row_words", Int64, "words per received row"),
-    Arg("out_words", Int64, "words per placed row: row_words, or fewer with the key's scales"),
+    Arg("out_words", Int64, "words per placed row (the values)"),
+    Arg("topk", Int64, "a row's header slots: each an entry's index among its source's, or -1"),
+    Arg("header", Int64, "the header's byte in a row (a multiple of 4)"),
 ))
 
 
@@ -158,12 +162,22 @@ def build(key: MoePlaceKey):
         starts = smem.allocate_tensor(Int64, cute.make_layout(segments + 1), byte_alignment=8)  # + the total
         before = smem.allocate_tensor(Int64, cute.make_layout(segments), byte_alignment=8)
         first = smem.allocate_tensor(Int64, cute.make_layout(local), byte_alignment=8)
+        row_starts = smem.allocate_tensor(Int64, cute.make_layout(world + 1), byte_alignment=8)  # sources' rows
+        message = gmem(Int64, args.counts, 8, LOCAL, by)
         j = tidx
         while j < Int64(segments):  # the counts into shared memory, every thread a share
-            c = ptxops.ld(gmem(Int64, args.counts, 8, LOCAL, by) + j, dtype=Int64)
+            c = ptxops.ld(message + j + j // local, dtype=Int64)
             counts[j] = c
             starts[j + 1] = c
             j += threads
+        w = tidx
+        while w <= Int64(world):  # the rows of the sources before w
+            sent = Int64(0)
+            for source in range(world):
+                if Int64(source) < w:
+                    sent += ptxops.ld(message + source * (local + 1) + local, dtype=Int64)
+            row_starts[w] = sent
+            w += threads
         if tidx == Int64(0):
             starts[0] = Int64(0)
         cute.arch.sync_threads()
@@ -250,33 +264,55 @@ def build(key: MoePlaceKey):
             ptxops.st(gmem(Int64, args.place, 8, LOCAL, by) + i, place)
             ptxops.st(gmem(Uint8, args.kept, 1, LOCAL, by) + i, Uint8(kept))
             i += grid * threads
-        arrived = cutlass.min(total, args.room)  # (counts past the buffer's room: its rows only, as the places)
+        arrived = cutlass.min(row_starts[world], args.rows)  # (counts past the buffer's rows: its rows only)
         i = block
-        while i < arrived:  # the rows that arrived, a block a row (each thread finds its place)
-            place, kept = where(args, i, starts, before, first, trash)
-            if kept == Int64(1):
-                src = gmem(element, args.received, key.word, LOCAL, by) + i * args.row_words * per_word
-                dst = gmem(element, args.expert_x, key.word, LOCAL, by) + place * args.out_words * per_word
-                w = tidx
-                while w < args.out_words:  # LOADS words in flight, then their stores
-                    last = args.out_words - 1  # (a word past the row: its load repeats the last, not stored)
-                    ats = [cute.assume(cutlass.min(w + u * threads, last) * per_word, divby=per_word)
-                           for u in range(LOADS)]
-                    words = [ptxops.ld(src + at, num_elements=per_word) for at in ats]
-                    for u in cutlass.range_constexpr(LOADS):
-                        if w + u * threads <= last:
-                            ptxops.st(dst + ats[u], words[u])
-                    w += LOADS * threads
-                if cutlass.const_expr(key.scales):
-                    if tidx == Int64(0):  # the scale (aligned to 4 only when the values' bytes are)
-                        at = (i * args.row_words + args.out_words) * key.word
-                        if cutlass.const_expr(key.word >= 4):  # one load, not four in a row
-                            scale = ptxops.ld(gmem(Uint32, args.received, 4, LOCAL, by) + at // 4)
-                            ptxops.st(gmem(Uint32, args.scales, 4, LOCAL, by) + place, scale)
-                        else:
-                            for b in cutlass.range_constexpr(4):
-                                byte = ptxops.ld(gmem(Uint8, args.received, 1, LOCAL, by) + at + b)
-                                ptxops.st(gmem(Uint8, args.scales, 1, LOCAL, by) + place * 4 + b, byte)
+        while i < arrived:  # the rows that arrived, a block a row: each into its entries' places
+            lo, hi = Int64(0), Int64(world)  # its source: the first whose rows end past row i
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if row_starts[mid + 1] <= i:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            entries = starts[lo * local]  # the source's first entry
+            header = gmem(Int32, args.received, 4, LOCAL, by) + (i * args.row_words * key.word + args.header) // 4
+            src = gmem(element, args.received, key.word, LOCAL, by) + i * args.row_words * per_word
+            w = tidx
+            while w < args.out_words:  # LOADS words in flight, then their stores to each of the row's places
+                last = args.out_words - 1  # (a word past the row: its load repeats the last, not stored)
+                ats = [cute.assume(cutlass.min(w + u * threads, last) * per_word, divby=per_word)
+                       for u in range(LOADS)]
+                words = [ptxops.ld(src + at, num_elements=per_word) for at in ats]
+                k = Int64(0)
+                while k < args.topk:
+                    named = Int64(ptxops.ld(header + k, dtype=Int32))
+                    if named >= Int64(0):
+                        if entries + named < args.room:
+                            place, kept = where(args, entries + named, starts, before, first, trash)
+                            if kept == Int64(1):
+                                dst = gmem(element, args.expert_x, key.word, LOCAL, by) + place * args.out_words * per_word
+                                for u in cutlass.range_constexpr(LOADS):
+                                    if w + u * threads <= last:
+                                        ptxops.st(dst + ats[u], words[u])
+                    k += 1
+                w += LOADS * threads
+            if cutlass.const_expr(key.scales):
+                k = tidx  # a thread per header slot: the scale (aligned to 4 only when the values' bytes are)
+                while k < args.topk:
+                    named = Int64(ptxops.ld(header + k, dtype=Int32))
+                    if named >= Int64(0):
+                        if entries + named < args.room:
+                            place, kept = where(args, entries + named, starts, before, first, trash)
+                            if kept == Int64(1):
+                                at = (i * args.row_words + args.out_words) * key.word
+                                if cutlass.const_expr(key.word >= 4):  # one load, not four in a row
+                                    scale = ptxops.ld(gmem(Uint32, args.received, 4, LOCAL, by) + at // 4)
+                                    ptxops.st(gmem(Uint32, args.scales, 4, LOCAL, by) + place, scale)
+                                else:
+                                    for b in cutlass.range_constexpr(4):
+                                        byte = ptxops.ld(gmem(Uint8, args.received, 1, LOCAL, by) + at + b)
+                                        ptxops.st(gmem(Uint8, args.scales, 1, LOCAL, by) + place * 4 + b, byte)
+                    k += threads
             i += grid
 
     return launcher(kernel, threads, layout=MOE_PLACE)

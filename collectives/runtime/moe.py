@@ -142,16 +142,15 @@ def combine_key(dtype: torch.dtype, hidden: int, topk: int) -> MoeCombineKey | N
     return MoeCombineKey(name, topk, vector if hidden % vector == 0 else 1)
 
 
-def place_key(world: int, local: int, row_bytes: int, exact: bool, values: int | None = None) -> MoePlaceKey | None:
-    """The placement's key for ``world`` ranks of ``local`` experts and rows of ``row_bytes``
-    whose first ``values`` bytes are placed (None: all; fewer: an fp8 row, its scale's 4 bytes
-    after them placed apart), moved in the widest word that divides both; None past
+def place_key(world: int, local: int, layout: Any, exact: bool) -> MoePlaceKey | None:
+    """The placement's key for ``world`` ranks of ``local`` experts and rows laid out as
+    ``layout`` (:class:`collectives.moe.Wire`: its values placed, an fp8 row's scale apart),
+    moved in the widest word that divides the row and its values; None past
     :data:`~collectives.algorithms.moe_place.MAX_SEGMENTS` segments or for empty rows."""
-    values = row_bytes if values is None else values
-    if world * local > MAX_SEGMENTS or values <= 0:
+    if world * local > MAX_SEGMENTS or layout.values <= 0:
         return None
-    return MoePlaceKey(world, local, exact, MoePlaceKey.word_for(math.gcd(row_bytes, values)),
-                       scales=values < row_bytes)
+    return MoePlaceKey(world, local, exact, MoePlaceKey.word_for(math.gcd(layout.bytes, layout.values)),
+                       scales=layout.scale)
 
 
 def pack_key(dtype: torch.dtype, hidden: int, fp8: bool = True) -> MoePackKey | None:
@@ -271,35 +270,35 @@ def weighted_sum(comm: Runtime, dtype: torch.dtype, hidden: int, topk: int):
     return run
 
 
-def placement(comm: Runtime, local: int, row_bytes: int, exact: bool, values: int | None = None):
-    """The kernel's :data:`collectives.moe.Placement` on ``comm``'s GPU for rows of
-    ``row_bytes``, ``values`` of them placed (see :func:`place_key`; its kernel loaded now),
-    None where :data:`FUSED` is off or the kernel does not take the call."""
-    key = place_key(comm.world, local, row_bytes, exact, values) if FUSED else None
+def placement(comm: Runtime, local: int, layout: Any, exact: bool, dtype: torch.dtype):
+    """The kernel's :data:`collectives.moe.Placement` on ``comm``'s GPU for rows laid out as
+    ``layout`` (:class:`collectives.moe.Wire`; see :func:`place_key`; its kernel loaded now),
+    whose values it places as ``dtype`` elements, None where :data:`FUSED` is off or the kernel
+    does not take the call."""
+    key = place_key(comm.world, local, layout, exact) if FUSED else None
     if key is None:
         return None
     fn, device = comm.kernel_together(key), comm.device_index
-    out_bytes = row_bytes if values is None else values
 
-    def run(counts: torch.Tensor, received: torch.Tensor, rows_out: int, capacity: int, _exact: bool,
+    def run(counts: torch.Tensor, received: torch.Tensor, room: int, rows_out: int, capacity: int, _exact: bool,
             dropped_before: torch.Tensor, into: Carved) -> tuple[torch.Tensor, torch.Tensor | None]:
-        room, at = received.shape[0], received.device
-        # fixed by the shape (see collectives.moe.dispatch_with), cut to rows_out + 1 (low latency: the same)
-        alloc = max(rows_out, room) + 1
-        expert_x = torch.empty((alloc, out_bytes // received.element_size()), dtype=received.dtype, device=at)
+        rows, at = received.shape[0], received.device
+        # fixed by the shape (see collectives.moe.dispatch_with; throughput: cut to rows_out + 1)
+        alloc = max(rows_out, room) + 1 if exact else rows_out + 1
+        expert_x = torch.empty((alloc, layout.values // dtype.itemsize), dtype=dtype, device=at)
         scales = torch.empty(alloc, dtype=torch.float32, device=at) if key.scales else None
         if alloc != rows_out + 1:
             expert_x, scales = expert_x[:rows_out + 1], None if scales is None else scales[:rows_out + 1]
         _aligned(key.word, received, expert_x)
         base, at = into.base, into.offsets
-        args = MOE_PLACE.take(dict(counts=counts.contiguous().data_ptr(), received=received.data_ptr(),
+        args = MOE_PLACE.take(dict(counts=counts.data_ptr(), received=received.data_ptr(),
                                    expert_x=expert_x.data_ptr(), scales=0 if scales is None else scales.data_ptr(),
                                    place=base + at["place"], kept=base + at["kept"],
                                    expert_counts=base + at["expert_counts"], lost=base + at["dropped"],
                                    dropped_before=dropped_before.data_ptr(), recv_splits=base + at["recv_splits"],
-                                   room=room, capacity=capacity,
-                                   row_words=row_bytes // key.word, out_words=out_bytes // key.word))
-        fn(*args, key.blocks(room), current_stream(device))
+                                   room=room, rows=rows, capacity=capacity, row_words=layout.bytes // key.word,
+                                   out_words=layout.values // key.word, topk=layout.topk, header=layout.header))
+        fn(*args, key.blocks(max(room, rows)), current_stream(device))
         return expert_x, scales
 
     return run
@@ -353,9 +352,9 @@ class Layer:
         """The :data:`collectives.moe.PackFor` of :func:`pack`, each made once."""
         return self.launch(pack, dtype, hidden, fp8)
 
-    def placement_for(self, local: int, row_bytes: int, exact: bool, values: int | None = None) -> Any:
+    def placement_for(self, local: int, layout: Any, exact: bool, dtype: torch.dtype) -> Any:
         """The :data:`collectives.moe.PlacementFor` of :func:`placement`, each made once."""
-        return self.launch(placement, local, row_bytes, exact, values)
+        return self.launch(placement, local, layout, exact, dtype)
 
     def route_for(self, dtype: torch.dtype, experts: int) -> Any:
         """The :data:`collectives.moe.RouteFor` of :func:`route`, each made once."""

@@ -258,8 +258,9 @@ def test_the_placement_is_asked_for_the_rows_as_they_travel(dtype, fp8, mode, ro
                                  placement_for=placement_for)
 
     sim.run(body)
-    assert asked == [[(experts // world, moe.wire(32, xs[0].element_size(), fp8, 2), mode == "throughput")]] * world
-    assert moe.wire(32, xs[0].element_size(), fp8, 2).bytes == row_bytes
+    layout = moe.wire(32, xs[0].element_size(), fp8, 2)
+    assert asked == [[(experts // world, layout, mode == "throughput", torch.float8_e4m3fn if fp8 else dtype)]] * world
+    assert layout.bytes == row_bytes
     with pytest.raises(CollectiveError, match="num_experts"):  # checked before it is asked
         moe.dispatch_with(None, 2, xs[0], ids[0], ws[0], 5, 3, placement_for=lambda *a: pytest.fail("asked"))
 
@@ -398,7 +399,7 @@ def test_throughput_mode_with_no_tokens_anywhere_or_one_token() -> None:
                                                            ((8, 8), (3, 3), (2, 1))])
 def test_ranks_that_differ_in_hidden_max_tokens_or_topk_are_refused_before_any_launch(hidden, max_tokens,
                                                                                      topk) -> None:
-    """Low latency: the receive buffer is asked for before the first all-to-all, and a symmetric
+    """Low latency: the receive buffers are asked for before the first all-to-all, and a symmetric
     allocation agrees on its shape (collectives.empty), so a shape's first call refuses ranks
     whose hidden size, max_tokens or top-k differ, on every rank, with no all-to-all launched."""
     world, experts = 2, 4
@@ -410,7 +411,9 @@ def test_ranks_that_differ_in_hidden_max_tokens_or_topk_are_refused_before_any_l
         def empty(name, shape, dtype, device):  # a symmetric allocation: every rank's shape agreed first
             asked[r] = (name, shape)
             sim.barrier.wait()
-            if asked[0] != asked[1]:
+            disagree = asked[0] != asked[1]
+            sim.barrier.wait()  # (both ranks compared before either asks for its next buffer)
+            if disagree:
                 raise CollectiveError(f"ranks disagree on {name}'s shape: {asked}")
             return torch.empty(shape, dtype=dtype)
         return empty
@@ -425,7 +428,9 @@ def test_ranks_that_differ_in_hidden_max_tokens_or_topk_are_refused_before_any_l
 
         moe.dispatch_with(counted, world, xs[r], ids[r], ws[r], experts, max_tokens[r], empty=agreed_empty(r))
 
-    with pytest.raises(CollectiveError, match="ranks disagree on dispatch's shape"):
+    # (top-k: the dispatch's rows, one per token and rank, may agree; the combine's, asked for with
+    # them, do not)
+    with pytest.raises(CollectiveError, match=f"ranks disagree on {'combine' if topk[0] != topk[1] else 'dispatch'}'s"):
         sim.run(body)
     assert launched == []
 

@@ -43,30 +43,28 @@ def source(edits: tuple = ()) -> types.ModuleType:
 SOURCE = source()
 
 
-def run_kernel(counts: torch.Tensor, room: int, row_bytes: int, capacity: int, exact: bool, blocks: int,
-               seed: int, module: types.ModuleType = SOURCE, values: int | None = None) -> dict:
-    """The kernel on ``counts`` ([W, L]) and ``room`` received rows of ``row_bytes`` (byte
-    ``b`` of row ``i``: ``(7 * i + b) % 251``), ``values`` bytes of each placed (None: all;
-    fewer: fp8 rows, the 4 bytes after them placed into ``scales``); what it wrote."""
-    world, local = counts.shape
-    out_bytes = row_bytes if values is None else values
-    key = MoePlaceKey(world, local, exact, MoePlaceKey.word_for(math.gcd(row_bytes, out_bytes)),
-                      scales=out_bytes < row_bytes)
+def run_kernel(counts: torch.Tensor, received: torch.Tensor, layout: moe.Wire, room: int, capacity: int,
+               exact: bool, blocks: int, seed: int, module: types.ModuleType = SOURCE) -> dict:
+    """The kernel on the counts' messages ``counts`` ([W, L + 1]) and the ``received`` rows (uint8,
+    :class:`collectives.moe.Wire` ``layout``), ``room`` entries; what it wrote."""
+    world, local = counts.shape[0], counts.shape[1] - 1
+    rows, row_bytes = received.shape
+    out_bytes = layout.values
+    key = MoePlaceKey(world, local, exact, MoePlaceKey.word_for(math.gcd(row_bytes, out_bytes)), scales=layout.scale)
     object.__setattr__(key, "threads", THREADS)  # scaled down: a row's words outnumber the threads
     kernel = module.build(key)
-    rows_out = int(counts.sum()) if exact else local * capacity
+    rows_out = int(counts[:, :local].sum()) if exact else local * capacity
     sim = Sim(seed)
     mem = sim.memory
     at = {name: mem.alloc(size) for name, size in [
-        ("counts", 8 * world * local), ("received", max(room * row_bytes, 1)),
-        ("expert_x", (rows_out + 1) * out_bytes), ("scales", 4 * (rows_out + 1)), ("place", 8 * room),
+        ("counts", 8 * counts.numel()), ("received", max(rows * row_bytes, 1)),
+        ("expert_x", (rows_out + 1) * out_bytes), ("scales", 4 * (rows_out + 1)), ("place", max(8 * room, 1)),
         ("kept", max(room, 1)), ("tallies", 8 * (local + 2 + world))]}  # counts, lost, dropped before, splits
     for s, c in enumerate(counts.reshape(-1).tolist()):
         mem.store(at["counts"] + 8 * s, c, Int64)
     mem.store(at["tallies"] + 8 * (local + 1), DROPPED_BEFORE, Int64)
-    for i in range(room):
-        for b in range(row_bytes):
-            mem.store(at["received"] + i * row_bytes + b, (7 * i + b) % 251, Uint8)
+    for b, v in enumerate(received.reshape(-1).tolist()):
+        mem.store(at["received"] + b, v, Uint8)
     for name, size in (("expert_x", (rows_out + 1) * out_bytes), ("scales", 4 * (rows_out + 1))):
         for b in range(size):
             mem.store(at[name] + b, UNTOUCHED, Uint8)
@@ -75,8 +73,9 @@ def run_kernel(counts: torch.Tensor, room: int, row_bytes: int, capacity: int, e
         scales=Int64(at["scales"]), out_words=Int64(out_bytes // key.word),
         place=Int64(at["place"]), kept=Int64(at["kept"]), expert_counts=Int64(at["tallies"]),
         lost=Int64(at["tallies"] + 8 * local), dropped_before=Int64(at["tallies"] + 8 * (local + 1)),
-        recv_splits=Int64(at["tallies"] + 8 * (local + 2)), room=Int64(room), capacity=Int64(capacity),
-        row_words=Int64(row_bytes // key.word))
+        recv_splits=Int64(at["tallies"] + 8 * (local + 2)), room=Int64(room), rows=Int64(rows),
+        capacity=Int64(capacity), row_words=Int64(row_bytes // key.word), topk=Int64(layout.topk),
+        header=Int64(layout.header))
     rng = random.Random(seed)
     sim.spawn(lambda: sim.launch(lambda: kernel(args), Context(rank=0, call=0), blocks, THREADS,
                                  [rng.choice([0, 0, 50]) for _ in range(blocks)]), Context(rank=0))
@@ -94,15 +93,38 @@ def run_kernel(counts: torch.Tensor, room: int, row_bytes: int, capacity: int, e
     }
 
 
-def check(counts: torch.Tensor, room: int, row_bytes: int, capacity: int, exact: bool, blocks: int, seed: int,
-          module: types.ModuleType = SOURCE, values: int | None = None, counted: bool = True) -> None:
+def arrivals(rng: random.Random, world: int, local: int, topk: int, hidden: int, fp8: bool, seed: int,
+             spare: int = 0, tokens: int = 3) -> tuple[torch.Tensor, torch.Tensor, moe.Wire]:
+    """What rank 0 receives from every source's routing (ids to one rank, some, every rank, an
+    expert named twice, ids out of range; up to ``tokens`` tokens), the torch steps'
+    (:func:`collectives.moe.route_ids`, :func:`collectives.moe.pack_rows`): the counts' messages
+    ``[W, L + 1]``, the rows (``spare`` more of stale bytes) and their layout."""
+    experts, gen = world * local, torch.Generator().manual_seed(seed)
+    layout = moe.wire(hidden, 2, fp8, topk)
+    messages, rows = [], []
+    for _ in range(world):
+        n = rng.randrange(tokens + 1)
+        ids = torch.tensor([[rng.choice([0, 0, rng.randrange(experts), -1, experts]) if rng.random() < 0.7
+                             else rng.randrange(local) for _ in range(topk)] for _ in range(n)],
+                           dtype=torch.int64).view(n, topk)
+        x = (torch.randn((n, hidden), generator=gen) * 3).to(torch.bfloat16)
+        order, _, bins, send, _, carriers = moe.route_ids(ids, experts, world)
+        out = torch.full((n * topk + 1, layout.bytes), UNTOUCHED, dtype=torch.uint8)
+        moe.pack_rows(x, carriers, moe.inverse(order), send, topk, layout, out)
+        messages.append(bins[:local + 1])  # rank 0's: its experts' entries, its rows (the first)
+        rows.append(out[:int(bins[local])])
+    stale = torch.full((spare, layout.bytes), 0x5A, dtype=torch.uint8)
+    return torch.stack(messages), torch.cat(rows + [stale]), layout
+
+
+def check(counts: torch.Tensor, received: torch.Tensor, layout: moe.Wire, room: int, capacity: int, exact: bool,
+          blocks: int, seed: int, module: types.ModuleType = SOURCE, counted: bool = True) -> None:
     """The kernel's writes against the torch steps' (``counted``: the dropped count too)."""
-    got = run_kernel(counts, room, row_bytes, capacity, exact, blocks, seed, module, values)
-    received = torch.tensor([[(7 * i + b) % 251 for b in range(row_bytes)] for i in range(room)],
-                            dtype=torch.uint8).view(room, row_bytes)
-    rows_out = int(counts.sum()) if exact else counts.shape[1] * capacity
+    got = run_kernel(counts, received, layout, room, capacity, exact, blocks, seed, module)
+    local = counts.shape[1] - 1
+    rows_out = int(counts[:, :local].sum()) if exact else local * capacity
     want_x, place, kept, expert_counts, lost, scales, recv = moe.place_rows(
-        counts, received, rows_out, capacity, exact, torch.tensor(DROPPED_BEFORE), values)
+        counts, received, room, rows_out, capacity, exact, torch.tensor(DROPPED_BEFORE), layout=layout)
     assert torch.equal(got["place"], place)
     assert torch.equal(got["kept"], kept)
     assert torch.equal(got["expert_counts"], expert_counts)
@@ -119,37 +141,35 @@ def check(counts: torch.Tensor, room: int, row_bytes: int, capacity: int, exact:
         assert bool((got["scales"][~placed] == UNTOUCHED).all())
 
 
-def random_counts(rng: random.Random, world: int, local: int, most: int) -> torch.Tensor:
-    counts = torch.tensor([[rng.choice([0, 0, 1, 2, most]) for _ in range(local)] for _ in range(world)])
-    if rng.random() < 0.5:
-        counts[rng.randrange(world)] = 0  # a source that sent this rank nothing
-    return counts
+def entries_of(counts: torch.Tensor) -> int:
+    return int(counts[:, :-1].sum())
 
 
 @pytest.mark.parametrize("exact", [False, True], ids=["low_latency", "throughput"])
-@pytest.mark.parametrize("row_bytes", [16, 24, 12, 6, 5])
-def test_placement_matches_the_torch_steps(exact: bool, row_bytes: int) -> None:
-    rng = random.Random(row_bytes * 2 + exact)
+@pytest.mark.parametrize("hidden", [8, 12, 6, 3])
+def test_placement_matches_the_torch_steps(exact: bool, hidden: int) -> None:
+    """bf16 rows of 16-, 8-, 4- and 2-byte words (values and header: 16 + 8, 24 + 8, ...)."""
+    rng = random.Random(hidden * 2 + exact)
     for seed in range(3):
         world, local = rng.choice([(2, 1), (2, 3), (3, 2), (4, 1)])
-        counts = random_counts(rng, world, local, 3)
-        capacity = rng.choice([1, 2, 4])
-        room = int(counts.sum()) + rng.choice([0, 2])  # the receive buffer may have rows to spare
-        check(counts, room, row_bytes, capacity, exact, blocks=rng.choice([1, 2, 3]), seed=seed)
+        counts, received, layout = arrivals(rng, world, local, rng.choice([1, 2, 3]), hidden, False, seed,
+                                            spare=rng.choice([0, 2]))
+        room = entries_of(counts) + rng.choice([0, 2])  # room to spare for entries too
+        check(counts, received, layout, room, rng.choice([1, 2, 4]), exact, blocks=rng.choice([1, 2, 3]), seed=seed)
 
 
 @pytest.mark.parametrize("exact", [False, True], ids=["low_latency", "throughput"])
-@pytest.mark.parametrize(("values", "row_bytes"), [(32, 48), (28, 48), (6, 16), (16, 32)])
-def test_fp8_rows_are_split_into_values_and_scales(exact: bool, values: int, row_bytes: int) -> None:
-    """fp8 rows (``values`` e4m3 bytes, the scale's 4, zeros to ``row_bytes``): the values placed
-    as rows of their own and the scales as f32s of their own, as the torch steps split them."""
-    rng = random.Random(values + row_bytes + exact)
+@pytest.mark.parametrize("hidden", [32, 28, 8, 16])
+def test_fp8_rows_are_split_into_values_and_scales(exact: bool, hidden: int) -> None:
+    """fp8 rows (``hidden`` e4m3 bytes, the scale's 4, the header): the values placed as rows of
+    their own and the scales as f32s of their own, as the torch steps split them."""
+    rng = random.Random(hidden + exact)
     for seed in range(2):
         world, local = rng.choice([(2, 1), (2, 3), (3, 2)])
-        counts = random_counts(rng, world, local, 3)
-        room = int(counts.sum()) + rng.choice([0, 2])
-        check(counts, room, row_bytes, rng.choice([1, 2, 4]), exact, blocks=rng.choice([1, 2]), seed=seed,
-              values=values)
+        counts, received, layout = arrivals(rng, world, local, rng.choice([1, 2, 4]), hidden, True, seed,
+                                            spare=rng.choice([0, 2]))
+        check(counts, received, layout, entries_of(counts) + rng.choice([0, 2]), rng.choice([1, 2, 4]), exact,
+              blocks=rng.choice([1, 2]), seed=seed)
 
 
 @pytest.mark.parametrize("exact", [False, True], ids=["low_latency", "throughput"])
@@ -158,22 +178,26 @@ def test_more_experts_and_segments_than_threads(exact: bool) -> None:
     run over segments several times the threads."""
     rng = random.Random(11 + exact)
     for seed, (world, local) in enumerate([(2, 6), (3, 9), (1, 5)]):
-        counts = random_counts(rng, world, local, 3)
-        room = int(counts.sum()) + 1
-        check(counts, room, 8, rng.choice([1, 2, 4]), exact, blocks=2, seed=seed)
+        counts, received, layout = arrivals(rng, world, local, 3, 4, False, seed, tokens=4)
+        check(counts, received, layout, entries_of(counts) + 1, rng.choice([1, 2, 4]), exact, blocks=2, seed=seed)
 
 
-def test_counts_past_the_room_place_only_its_rows() -> None:
-    """Counts that sum past the receive buffer's rows (never from a completed exchange): only its
-    rows are read, placed and flagged, as the torch steps do (the dropped count is the counts')."""
-    counts = torch.tensor([[2, 1], [3, 2]])
+def test_counts_past_the_room_place_only_its_entries() -> None:
+    """Counts that sum past the entries' room (never from a completed exchange): only its
+    entries are placed and flagged, as the torch steps do (the dropped count is the counts')."""
+    rng = random.Random(5)
+    counts, received, layout = arrivals(rng, 2, 2, 3, 8, False, 5, tokens=4)
+    while entries_of(counts) < 3:
+        counts, received, layout = arrivals(rng, 2, 2, 3, 8, False, 5, tokens=4)
     for exact in (False, True):
-        check(counts, 5, 8, 4, exact, blocks=2, seed=5, counted=False)
+        check(counts, received, layout, entries_of(counts) - 2, 4, exact, blocks=2, seed=6, counted=False)
 
 
 def test_nothing_received() -> None:
-    check(torch.zeros((2, 2), dtype=torch.int64), 3, 8, 2, False, blocks=2, seed=1)
-    check(torch.zeros((2, 2), dtype=torch.int64), 0, 8, 2, True, blocks=1, seed=2)
+    layout = moe.wire(8, 2, False, 2)
+    nothing = torch.zeros((2, 3), dtype=torch.int64)
+    check(nothing, torch.full((3, layout.bytes), 0x5A, dtype=torch.uint8), layout, 3, 2, False, blocks=2, seed=1)
+    check(nothing, torch.zeros((0, layout.bytes), dtype=torch.uint8), layout, 0, 2, True, blocks=1, seed=2)
 
 
 def test_the_words_move_every_byte_of_a_row() -> None:
@@ -194,7 +218,7 @@ COPY_EDITS = [
     (("elif slot < args.capacity:", "elif slot <= args.capacity:"), "the capacity"),
     (("before[s] = acc", "before[s] = Int64(0)"), "the earlier sources' rows"),
     (("lost += c - room", "lost += c"), "the dropped count"),
-    (("starts[(w + 1) * local] - starts[w * local]", "starts[(w + 1) * local]"), "the rows each source sent"),
+    (("starts[(w + 1) * local] - starts[w * local]", "starts[(w + 1) * local]"), "the entries each source sent"),
     (("lost = ptxops.ld(gmem(Int64, args.dropped_before, 8, LOCAL, by), dtype=Int64)", "lost = Int64(0)"),
      "the entries dropped before"),
     (("v += ping[j + 1 - level % 2 - (1 << level)]", "v = ping[j + 1 - level % 2 - (1 << level)]"),
@@ -203,20 +227,30 @@ COPY_EDITS = [
      "the prefix sums' rounds"),
     (("starts[j + 1] = before[j]", "starts[j] = before[j]"), "the sums back from the spare"),
     (("while i < arrived:", "while i < arrived - 1:"), "the arrived rows' copies"),
-    (("i += grid * threads", "i += grid * threads + 1"), "the rows' places over the grid"),
+    (("i += grid * threads", "i += grid * threads + 1"), "the entries' places over the grid"),
     (("+ args.out_words) * key.word", "+ args.out_words + 1) * key.word"), "the scale's bytes"),
     (("LOCAL, by) + place, scale)", "LOCAL, by) + place + 1, scale)"), "the scale's word"),
     (("dst = gmem(element, args.expert_x, key.word, LOCAL, by) + place * args.out_words * per_word",
       "dst = gmem(element, args.expert_x, key.word, LOCAL, by) + place * args.row_words * per_word"),
      "the placed rows' width"),
+    (("c = ptxops.ld(message + j + j // local, dtype=Int64)", "c = ptxops.ld(message + j, dtype=Int64)"),
+     "the message's counts (each source's rows after its experts')"),
+    (("message + source * (local + 1) + local, dtype=Int64)", "message + source * (local + 1), dtype=Int64)"),
+     "the message's rows"),
+    (("if Int64(source) < w:", "if Int64(source) <= w:"), "the rows of the sources before"),
+    (("if row_starts[mid + 1] <= i:", "if row_starts[mid + 1] < i:"), "a row's source"),
+    (("entries = starts[lo * local]", "entries = starts[lo]"), "the source's first entry"),
+    (("+ args.header) // 4", "+ args.header + 4) // 4"), "the header's place in a row"),
 ])
 def test_a_broken_kernel_fails_the_check(edit: tuple, what: str) -> None:
     """Each edit of the kernel's source is caught (so the check reads what the kernel does)."""
     broken = source((edit,))
-    counts = torch.tensor([[2, 1, 0], [3, 0, 1]])  # 6 segments, 3 experts: more than the 4 threads
+    rng = random.Random(3)
     with pytest.raises(AssertionError):
-        for seed in range(3):
-            check(counts, 8, 16, 2, False, blocks=1 + seed % 2, seed=seed, module=broken, values=8)
+        for seed in range(3):  # 3 sources of 2 experts each (6 segments: more than the 4 threads), drops
+            counts, received, layout = arrivals(rng, 3, 2, 3, 8, True, seed, tokens=4)
+            check(counts, received, layout, entries_of(counts) + 1, 3, False, blocks=1 + seed % 2, seed=seed,
+                  module=broken)
 
 
 @pytest.mark.parametrize(("edit", "what"), [
@@ -225,16 +259,19 @@ def test_a_broken_kernel_fails_the_check(edit: tuple, what: str) -> None:
 ])
 def test_a_broken_throughput_kernel_fails_the_check(edit: tuple, what: str) -> None:
     broken = source((edit,))
-    counts = torch.tensor([[2, 1, 0, 2, 1], [3, 0, 1, 1, 2]])  # 5 experts: more than the 4 threads
+    rng = random.Random(4)
     with pytest.raises(AssertionError):
-        for seed in range(3):
-            check(counts, 14, 16, 2, True, blocks=2, seed=seed, module=broken)
+        for seed in range(3):  # 5 experts: more than the 4 threads
+            counts, received, layout = arrivals(rng, 2, 5, 3, 8, False, seed, tokens=4)
+            check(counts, received, layout, entries_of(counts), 2, True, blocks=2, seed=seed, module=broken)
 
 
 @pytest.mark.parametrize(("edit", "what"), COPY_EDITS)
 def test_a_broken_copy_fails_the_check(edit: tuple, what: str) -> None:
-    """Rows of 37 one-byte words, 4 threads of LOADS words each: three rounds, the last ragged."""
+    """fp8 rows of 37 one-byte words, 4 threads of LOADS words each: three rounds, the last ragged."""
     broken = source((edit,))
+    rng = random.Random(6)
     with pytest.raises(AssertionError):
         for seed in range(2):
-            check(torch.tensor([[2, 1], [1, 2]]), 7, 37, 4, False, blocks=2, seed=seed, module=broken)
+            counts, received, layout = arrivals(rng, 2, 2, 2, 37, True, seed, tokens=3)
+            check(counts, received, layout, entries_of(counts), 4, False, blocks=2, seed=seed, module=broken)
