@@ -18,7 +18,6 @@ import types
 import pytest
 
 torch = pytest.importorskip("torch")
-from tests.collectives.device.test_moe_place_source import random_counts  # noqa: E402
 from tests.support.device_sim import Context, Sim, fakes, load  # noqa: E402
 
 from collectives import moe  # noqa: E402
@@ -38,11 +37,20 @@ def source(edits: tuple = ()) -> types.ModuleType:
 SOURCE = source()
 
 
+def random_counts(rng: random.Random, world: int, local: int, most: int) -> torch.Tensor:
+    counts = torch.tensor([[rng.choice([0, 0, 1, 2, most]) for _ in range(local)] for _ in range(world)])
+    if rng.random() < 0.5:
+        counts[rng.randrange(world)] = 0  # a source that sent this rank nothing
+    return counts
+
+
 def check(counts: torch.Tensor, room: int, row_bytes: int, capacity: int, blocks: int, seed: int,
           module: types.ModuleType = SOURCE) -> None:
     world, local = counts.shape
-    received = torch.zeros((room, row_bytes), dtype=torch.uint8)
-    place, kept = moe.place_rows(counts, received, local * capacity, capacity, False)[1:3]
+    layout = moe.wire(1, 1, False, 1)  # (the places only: no row arrives)
+    message = torch.cat((counts, torch.zeros((world, 1), dtype=counts.dtype)), 1)
+    place, kept = moe.place_rows(message, torch.zeros((1, layout.bytes), dtype=torch.uint8), room, local * capacity,
+                                 capacity, False, layout=layout)[1:3]
     rows = torch.tensor([[(7 * i + b) % 251 for b in range(row_bytes)] for i in range(local * capacity)],
                         dtype=torch.uint8).view(-1, row_bytes)
     key = MoeGatherKey(MoePlaceKey.word_for(row_bytes))
