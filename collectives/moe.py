@@ -367,7 +367,7 @@ class DispatchPlan:
             self.received = empty("dispatch", (world * max_tokens, self.width), self.wire, device)
             empty("combine", (max_tokens * self.topk, hidden), x.dtype, device)
             self.received_rows = self.received.view(torch.uint8)
-            self.room = world * max_tokens * self.topk  # (a token may name an expert twice)
+            self.room = runtime_moe.entry_room(world, max_tokens, self.topk)
         self.rows_out = 0 if exact else local * self.capacity
         # (shape, strides) of the placed rows and scales but the trash row (low latency)
         self.experts_view = ((local, self.capacity, hidden), (self.capacity * hidden, hidden, 1))

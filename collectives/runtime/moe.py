@@ -100,6 +100,13 @@ def route_fields(entries: int, world: int) -> list[tuple[str, tuple[int, ...], t
             ("send_splits", (world,), torch.int64), ("valid", (entries,), torch.bool)]
 
 
+def entry_room(world: int, max_tokens: int, topk: int) -> int:
+    """The entries a low-latency dispatch's placement has room for (its handle's ``place`` and
+    ``kept``): every source's ``max_tokens`` tokens, each with ``topk`` entries here (a token may
+    name one expert, or several of this rank's, more than once)."""
+    return world * max_tokens * topk
+
+
 def place_fields(room: int, local: int, world: int) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
     """The :class:`Carve` fields the placement kernel writes (:func:`placement`) for ``room``
     received rows."""
@@ -429,7 +436,7 @@ COMBINE_FIELDS = HANDLE_FIELDS[:-1]
 def _(x, topk_ids, topk_weights, num_experts, max_tokens, world):
     tokens, topk = topk_ids.shape
     local = num_experts // world
-    room = world * max_tokens * min(topk, local)
+    room = entry_room(world, max_tokens, topk)
     i64 = dict(dtype=torch.int64)
     return (x.new_empty((local, world * max_tokens, x.shape[1])), x.new_empty((local,), **i64),
             x.new_empty((tokens * topk,), **i64), x.new_empty((tokens * topk,), dtype=torch.bool),
@@ -455,5 +462,5 @@ def traced_combine(expert_out: Tensor, topk_weights: Tensor, handle: tuple) -> T
 
 
 __all__ = ["COMBINE_FIELDS", "FUSED", "HANDLE_FIELDS", "MAX_PLANS", "SCHEMAS", "Carve", "Carved", "Layer", "combine_key",
-           "gather", "layer", "pack", "pack_key", "place_fields", "place_key", "placement", "route", "route_fields",
+           "entry_room", "gather", "layer", "pack", "pack_key", "place_fields", "place_key", "placement", "route", "route_fields",
            "route_key", "traced_combine", "traced_dispatch", "weighted_sum"]
