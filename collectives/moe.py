@@ -27,7 +27,9 @@ inside themselves (the rows sent, the counts and splits) are its
 expert's capacity (possible only when a token names one expert twice), are dropped and counted
 (``handle.dropped``, on the GPU; ``validate=True`` checks the ids on the host first and raises);
 a receive buffer too small for the rows sent fails the all-to-all's pairs with a size mismatch,
-never silently.
+never silently.  A token travels once to each rank that has >= 1 of its entries, its row's
+header naming them (:class:`Wire`); the receiver expands each row into its entries, placed as
+one row per entry would be.
 
 Throughput: ``expert_x`` is exact, ``[sum(counts), H]``, local expert ``l``'s rows at
 ``[sum(counts[:l]), +counts[l])`` in the same order (the packed layout of a grouped GEMM), and

@@ -1,24 +1,26 @@
 """The rows an MoE dispatch sends (:func:`collectives.moe.dispatch`), one kernel on one GPU:
 each straight from its token, quantized to fp8 with ``fp8=True`` (``quantize``), else copied.
 
-Entry ``(t, k)`` of token ``t`` is sent as row ``slots[t * topk + k]`` (the inverse of the
-entries' sort by expert: :mod:`collectives.algorithms.moe_route` writes it), as it travels
-(:func:`collectives.moe.fp8_row_bytes`): its ``hidden`` values as float8_e4m3fn, its f32 scale's
-4 bytes, zeros to ``row_bytes``.  The scale is the token's largest magnitude over 448 (1 where
-that is 0 or NaN) and each value ``x / scale`` converted as torch converts
-(:mod:`collectives.device.rounding`: ``amax``, ``fp8_scale``, ``div_rn``, ``e4m3``), so the
-bytes are :func:`collectives.moe.quantize`'s.  One block per token (the grid strides): its
+A token is sent once to each rank that has >= 1 of its entries: as row ``carriers[t * topk + k]``
+(the routing's numbering, :mod:`collectives.algorithms.moe_route`), written by the token's first
+entry to that rank (:func:`row_of`), laid out as :class:`collectives.moe.Wire` lays it out: its
+values (fp8: its ``hidden`` e4m3 values and its f32 scale's 4 bytes), zeros to the header, the
+header (``topk`` int32: slot ``k`` entry ``k``'s index in the per-entry stream to the row's rank,
+``slots[t * topk + k]`` less the rank's first entry, or -1 where the row does not carry entry
+``k``: a thread per (row, slot)), zeros to ``row_bytes``.  The scale is the token's largest
+magnitude over 448 (1 where that is 0 or NaN) and each value ``x / scale`` converted as torch
+converts (:mod:`collectives.device.rounding`: ``amax``, ``fp8_scale``, ``div_rn``, ``e4m3``), so
+the bytes are :func:`collectives.moe.quantize`'s.  One block per token (the grid strides): its
 threads take the token's largest magnitude over their share of its values, a tree in shared
 memory gives the block's, then they read the values again (from the L1/L2 cache), quantize each
-once and store its bytes, ``vec`` of them at once, into each of the token's ``topk`` rows.  Each
-pass loads :data:`~collectives.algorithms.moe_place.LOADS` pieces a thread before it uses them
-(their latencies overlapping; until 2026-11-28 a piece at a time: 6.6 us for 128 bf16 tokens
-of 7168 to 8 rows each on one H200).  It
-replaces some fifteen torch operations over the tokens (the quantization, the packing of values
-and scale, the gather of the sent rows).  Without ``quantize`` a row is its token's, copied
-``vec`` values at once (a gather and the division that found its token, in torch).  Until
-2026-11-28 a block made one row, so that each token was read, and with fp8 its largest magnitude
-found and its values quantized, ``topk`` times.
+once and store its bytes, ``vec`` of them at once, into each of the token's rows.  Each pass loads
+:data:`~collectives.algorithms.moe_place.LOADS` pieces a thread before it uses them (their
+latencies overlapping; until 2026-11-28 a piece at a time: 6.6 us for 128 bf16 tokens of 7168 to 8
+rows each on one H200).  It replaces some fifteen torch operations over the tokens
+(:func:`collectives.moe.pack_rows`).  Without ``quantize`` a row is its token's values, copied
+``vec`` at once.  Until 2026-11-28 a block made one row, so that each token was read, and with fp8
+its largest magnitude found and its values quantized, ``topk`` times; until issue 51 item 1 a
+token was sent as one row per entry (``topk`` rows, several to one rank).
 """
 
 from __future__ import annotations

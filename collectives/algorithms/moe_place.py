@@ -2,20 +2,26 @@
 kernel on one GPU.
 
 After a dispatch's all-to-all of rows, ``received`` holds, in arrival order, the rows every
-source sent this rank: source ``0``'s rows for local expert ``0``, then for expert ``1``, ...,
-then source ``1``'s, as ``counts[source * L + l]`` says (the ``W x L`` counts that arrived
-first).  Row ``i`` lies in segment ``s`` (the first whose running end passes ``i``; none past
-the last end: the row did not arrive), ``within`` rows into it; its slot in expert ``l = s %
-L`` is ``before[s] + within``, ``before[s]`` the rows earlier sources sent the same expert.
-Its place in ``expert_x``:
+source sent this rank, a row per token and rank (:class:`collectives.moe.Wire`), each with a
+header naming the entries it carries: slot ``k`` an index ``j`` among its source's entries (or
+-1).  A source's entries are those of today's per-entry stream: source ``0``'s for local expert
+``0``, then for expert ``1``, ..., then source ``1``'s, as each source's message says
+(``counts[source * (L + 1) + l]``; its rows at ``counts[source * (L + 1) + L]``: the messages
+arrived first).  Entry ``i`` (``j`` of source ``s``: ``i`` its source's first entry plus ``j``)
+lies in segment ``s`` (the first whose running end passes ``i``; none past the last end: the
+entry did not arrive), ``within`` entries into it; its slot in expert ``l = s % L`` is
+``before[s] + within``, ``before[s]`` the entries earlier sources sent the same expert.  Its
+place in ``expert_x``:
 
 - low latency (``exact`` off): ``l * capacity + slot`` where ``slot < capacity`` (kept), else
   the trash row ``L * capacity`` (dropped and counted);
 - throughput (``exact``): ``first[l] + slot``, ``first[l]`` the rows of the experts before
   ``l``: every arrived row is kept; the trash row is the total.
 
-The kernel writes ``place[i]`` and ``kept[i]`` for every row of ``received`` (what the combine
-reads back), copies each kept row to its place (rows are moved as words of ``word`` bytes: any
+The kernel writes ``place[i]`` and ``kept[i]`` for every entry of ``room`` (what the combine
+reads back), copies each arrived row to the places of the kept entries its header names (a
+block a row: its words loaded once, stored to each place; until issue 51 item 1 a row per
+entry arrived and was copied once) (rows are moved as words of ``word`` bytes: any
 dtype; fp8 rows, ``scales`` on, split on the way: their first ``out_words`` words, the e4m3
 values, to ``expert_x``, rows of that many words, and the scale's 4 bytes after them to
 ``scales[place]``, so that neither needs a copy of its own), and, from block 0, each local

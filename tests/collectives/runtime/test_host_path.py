@@ -253,8 +253,9 @@ def test_a_symmetric_tensors_plan_is_never_moved(monkeypatch, collective: str) -
 #: arguments by a C getter, :meth:`collectives.layouts.Layout.take`: 3 and 2 fewer; the function-level
 #: imports gone, and every function counted, collectives.moe's and runtime.moe's of one name apart).
 MOE_CEILING = {"moe.dispatch": 26, "moe.combine": 17}
-#: Torch operators that launch GPU work in them (the dispatch: both all-to-alls' splits summed
-#: into one scratch buffer; the combine: none, its gather kernel copies the splits).  Before
+#: Torch operators that launch GPU work in them (the dispatch: the rows' all-to-all's splits
+#: copied from the counts' messages into one scratch buffer, until the rows per token and rank
+#: a sum of the counts; the combine: none, its gather kernel copies the splits).  Before
 #: (to 2026-11-27) the dispatch's were 10: the id mapping, the mask, the sort, the counts, the
 #: splits and the dropped count in torch.
 MOE_TORCH_CEILING = {"moe.dispatch": 1, "moe.combine": 0}
