@@ -34,7 +34,7 @@ one row per entry would be.
 Throughput: ``expert_x`` is exact, ``[sum(counts), H]``, local expert ``l``'s rows at
 ``[sum(counts[:l]), +counts[l])`` in the same order (the packed layout of a grouped GEMM), and
 no entry is dropped but those of out-of-range ids.  The dispatch reads back, once, every rank's
-number of rows to receive and of tokens (an all-gather through the all-to-all), so that its
+number of rows and entries to receive and of tokens (an all-gather through the all-to-all), so that its
 receive buffers have the same size on every rank, as symmetric ones must: the next power of two
 of the largest, each size allocated once and reused.  Not capturable in a CUDA graph (the sizes
 come from the routing) and not inside ``torch.compile``.
@@ -413,7 +413,7 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
 
     Every allocation above torch's small-block pool (1 MB) has a size the shape fixes (its
     bounds: ``max_tokens`` and top-k, the receive buffers' rows), never the routing: the rows
-    sent are allocated for ``_capacity(max_tokens * topk)`` of them and cut.  A run of calls
+    sent are allocated for ``_capacity(max_tokens * min(topk, world)) + 1`` of them and cut.  A run of calls
     of one shape then finds each such block in torch's cache, freed by the call before, instead
     of calling ``cudaMalloc``, which may wait for the device (other ranks' kernels spin there
     for this rank's next launch)."""

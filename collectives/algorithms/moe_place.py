@@ -296,7 +296,8 @@ def build(key: MoePlaceKey):
                         if entries + named < args.room:
                             place, kept = where(args, entries + named, starts, before, first, trash)
                             if kept == Int64(1):
-                                dst = gmem(element, args.expert_x, key.word, LOCAL, by) + place * args.out_words * per_word
+                                at = place * args.out_words * per_word  # (its row of expert_x)
+                                dst = gmem(element, args.expert_x, key.word, LOCAL, by) + at
                                 for u in cutlass.range_constexpr(LOADS):
                                     if w + u * threads <= last:
                                         ptxops.st(dst + ats[u], words[u])

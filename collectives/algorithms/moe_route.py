@@ -24,18 +24,17 @@ before its own) and each group's start within an expert is its expert's start pl
 groups' counts (entries of a lower group come first: stable); a second pass places. Four block
 barriers in all. The block has as many threads as the groups' counts fit in shared memory
 (:meth:`MoeRouteKey.for_experts`: 1024, 32 groups, up to 256 experts; 256 at :data:`MAX_EXPERTS`):
-1,024 entries are one round a group. The same rounds number the rows sent (a row per token and destination rank with >= 1 of its
-entries: :class:`collectives.moe.Wire`): an in-range entry *owns* its token's row to its rank
-where no earlier entry of the token goes there (its token's earlier ids read again), and each
-rank's rows are counted as a bin past the experts' (``E + 1 + r``), by its owners only: a round
-matches the group's lanes of its rank (a second ``match.any.sync``) and ballots their owners, an
-entry's row being its bin's start plus the owners before it, less one where it is not one itself
-(its owner came earlier in its group, or in an earlier group: the same row).  The scan over all
-the bins places the rows after the ``n`` entries, so that rank ``r``'s rows are numbered from the
-rows before ``r``, by token.  The kernel writes each entry's row (``rows``; -1 out of range) and
-the counts' message (``bins``: each rank's ``L`` experts' entries, then its rows; then the
-out-of-range entries).  It replaces torch's id mapping, mask, stable sort (a radix
-sort: 28 us of GPU time at 1,024 entries), count and sum of the splits: seven launches. Until
+1,024 entries are one round a group. The same rounds number the rows sent (a row per token and
+destination rank with >= 1 of its entries: :class:`collectives.moe.Wire`): an in-range entry *owns*
+its token's row to its rank where no earlier entry of the token goes there (its token's earlier ids
+read again), and each rank's rows are counted as a bin past the experts' (``E + 1 + r``), by its
+owners only: a round matches the group's lanes of its rank (a second ``match.any.sync``) and ballots
+their owners, an entry's row being its bin's start plus the owners before it, less one where it is
+not one itself (its owner came earlier in its group, or in an earlier group: the same row). The scan
+over all the bins places the rows after the ``n`` entries, so that rank ``r``'s rows are numbered
+from the rows before ``r``, by token. The kernel writes each entry's row (``rows``; -1 out of range)
+and the counts' message (``bins``: each rank's ``L`` experts' entries, then its rows; then the
+out-of-range entries). It replaces torch's id mapping, mask, stable sort (a radix sort: 28 us of GPU time at 1,024 entries), count and sum of the splits: seven launches. Until
 2026-11-28 every round took three block barriers and waited for its own entries' loads (4 x H200,
 1,024 entries: 13.6 us; one token: 6.5 us); then (2 x H200, 1,024 entries: 7.5 us) each thread still
 compared its entry with its group's round's through shared memory, each expert summed its groups'

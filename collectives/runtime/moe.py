@@ -462,5 +462,5 @@ def traced_combine(expert_out: Tensor, topk_weights: Tensor, handle: tuple) -> T
 
 
 __all__ = ["COMBINE_FIELDS", "FUSED", "HANDLE_FIELDS", "MAX_PLANS", "SCHEMAS", "Carve", "Carved", "Layer", "combine_key",
-           "entry_room", "gather", "layer", "pack", "pack_key", "place_fields", "place_key", "placement", "route", "route_fields",
-           "route_key", "traced_combine", "traced_dispatch", "weighted_sum"]
+           "entry_room", "gather", "layer", "pack", "pack_key", "place_fields", "place_key", "placement", "route",
+           "route_fields", "route_key", "traced_combine", "traced_dispatch", "weighted_sum"]
