@@ -262,7 +262,8 @@ MOE_TORCH_CEILING = {"moe.dispatch": 1, "moe.combine": 0}
 #: Every torch operator in them, allocations and views included (each 1.5-6 us of host time on
 #: the 4 x H200 host): the dispatch's expert_x and one allocation of its kernels' small outputs
 #: (:class:`collectives.runtime.moe.Carve`: the handle's fields made views only where read), the
-#: counts' view, its sum and one view of expert_x; the combine's output.  12 and 3 before that
+#: counts' view, its sum (since the rows per token and rank: the rows' splits' copy) and one view of
+#: expert_x; the combine's output.  12 and 3 before that
 #: (the handle's tensors allocated one by one, the combine's two views), 34 (5 select, 6 slice,
 #: 8 view, 4 detach) and 7 before the layer's plans of a shape.
 MOE_TORCH_OPS_CEILING = {"moe.dispatch": 5, "moe.combine": 1}
