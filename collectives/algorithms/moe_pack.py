@@ -12,15 +12,21 @@ magnitude over 448 (1 where that is 0 or NaN) and each value ``x / scale`` conve
 converts (:mod:`collectives.device.rounding`: ``amax``, ``fp8_scale``, ``div_rn``, ``e4m3``), so
 the bytes are :func:`collectives.moe.quantize`'s.  One block per token (the grid strides): its
 threads take the token's largest magnitude over their share of its values, a tree in shared
-memory gives the block's, then they read the values again (from the L1/L2 cache), quantize each
-once and store its bytes, ``vec`` of them at once, into each of the token's rows.  Each pass loads
+memory gives the block's; a thread per entry finds the row it writes (:func:`row_of`, -1: none)
+into shared memory (the entries ``threads`` at a time: one round at top-k <= threads), then the
+threads read the values again (from the L1/L2 cache), quantize each once and store its bytes,
+``vec`` of them at once, into each of those rows.  Each pass loads
 :data:`~collectives.algorithms.moe_place.LOADS` pieces a thread before it uses them (their
 latencies overlapping; until 2026-11-28 a piece at a time: 6.6 us for 128 bf16 tokens of 7168 to 8
 rows each on one H200).  It replaces some fifteen torch operations over the tokens
 (:func:`collectives.moe.pack_rows`).  Without ``quantize`` a row is its token's values, copied
 ``vec`` at once.  Until 2026-11-28 a block made one row, so that each token was read, and with fp8
 its largest magnitude found and its values quantized, ``topk`` times; until issue 51 item 1 a
-token was sent as one row per entry (``topk`` rows, several to one rank).
+token was sent as one row per entry (``topk`` rows, several to one rank); until the fp8 pack of
+issue 51 each thread found the token's rows again (``topk`` x ``topk`` / 2 loads of ``carriers``,
+behind the stores) for each batch of pieces, and with fp8 for each piece of it, and for the
+scale, the zeros and every header slot (4 x H200, 128 tokens of 7168 to top-8 of 256 experts:
+the fp8 pack 11.8 us, the copy's 5.2).
 """
 
 from __future__ import annotations
@@ -129,8 +135,10 @@ def build(key: MoePackKey):
     @cute.jit
     def kernel(args: KernelArgs):
         tidx = Int64(cute.arch.thread_idx()[0])
+        smem = SmemAllocator()
+        owned = smem.allocate_tensor(Int64, cute.make_layout(threads), byte_alignment=8)  # a chunk's rows
         if cutlass.const_expr(key.quantize):  # each thread's largest magnitude, then the block's
-            most = SmemAllocator().allocate_tensor(Float32, cute.make_layout(threads), byte_alignment=4)
+            most = smem.allocate_tensor(Float32, cute.make_layout(threads), byte_alignment=4)
         pieces = args.hidden // vec
         slots = gmem(Int64, args.slots, 8, LOCAL, by)
         carriers = gmem(Int64, args.carriers, 8, LOCAL, by)
@@ -141,32 +149,17 @@ def build(key: MoePackKey):
         while token < args.tokens:
             src = gmem(dtype, args.x, align, LOCAL, by) + cute.assume(token * args.hidden, divby=vec)
             last = pieces - 1  # (a piece past the token: its load repeats the last, unused)
-            if cutlass.const_expr(not key.quantize):
-                p = tidx
-                while p < pieces:  # LOADS pieces in flight, then their stores to each of the token's rows
-                    ats = [cute.assume(cutlass.min(p + u * threads, last) * vec, divby=vec) for u in range(LOADS)]
-                    batch = [ptxops.ld(src + at, num_elements=vec) for at in ats]
-                    k = Int64(0)
-                    while k < args.topk:  # the token's rows
-                        i = row_of(args, token, k)
-                        if i >= Int64(0):
-                            row = gmem(dtype, args.rows + i * args.row_bytes, align, LOCAL, by)
-                            for u in cutlass.range_constexpr(LOADS):
-                                if p + u * threads <= last:
-                                    ptxops.st(row + ats[u], batch[u])
-                        k += 1
-                    p += LOADS * threads
-            else:
+            if cutlass.const_expr(key.quantize):
                 m = rounding.zero()
-                p = tidx
-                while p < pieces:  # this thread's share of the token's largest magnitude, LOADS pieces in flight
-                    batch = [ptxops.ld(src + cute.assume(cutlass.min(p + u * threads, last) * vec, divby=vec),
-                                       num_elements=vec) for u in range(LOADS)]
+                a = tidx
+                while a < pieces:  # this thread's share of the token's largest magnitude, LOADS pieces in flight
+                    seen = [ptxops.ld(src + cute.assume(cutlass.min(a + u * threads, last) * vec, divby=vec),
+                                      num_elements=vec) for u in range(LOADS)]
                     for u in cutlass.range_constexpr(LOADS):  # (a repeated piece changes no largest magnitude)
                         for e in cutlass.range_constexpr(vec):
-                            m = rounding.amax(m, rounding.widen(batch[u][e] if cutlass.const_expr(vec > 1)
-                                                                else batch[u]))
-                    p += LOADS * threads
+                            m = rounding.amax(m, rounding.widen(seen[u][e] if cutlass.const_expr(vec > 1)
+                                                                else seen[u]))
+                    a += LOADS * threads
                 most[tidx] = m
                 cute.arch.sync_threads()
                 for level in cutlass.range_constexpr(threads.bit_length() - 1):  # the block's, by halves
@@ -175,70 +168,85 @@ def build(key: MoePackKey):
                         most[tidx] = rounding.amax(most[tidx], most[tidx + half])
                     cute.arch.sync_threads()
                 scale = rounding.fp8_scale(most[0])
+            base = Int64(0)
+            while base < args.topk:  # the token's entries, a chunk of `threads` at a time (one at top-k <= threads)
+                if base + tidx < args.topk:  # a thread per entry: the row it writes (-1: none)
+                    owned[tidx] = row_of(args, token, base + tidx)
+                cute.arch.sync_threads()
+                chunk = cutlass.min(args.topk - base, Int64(threads))
                 p = tidx
-                while p < pieces:  # LOADS pieces in flight (from the cache), each quantized, then stored
-                    batch = [ptxops.ld(src + cute.assume(cutlass.min(p + u * threads, last) * vec, divby=vec),
-                                       num_elements=vec) for u in range(LOADS)]
-                    for u in cutlass.range_constexpr(LOADS):
-                        if p + u * threads <= last:
-                            piece = p + u * threads
-                            q = [rounding.e4m3(rounding.div_rn(rounding.widen(batch[u][e] if cutlass.const_expr(
-                                vec > 1) else batch[u]), scale)) for e in range(vec)]
-                            if cutlass.const_expr(vec >= 4):
-                                packed = cute.make_rmem_tensor(words, Uint32)
-                                for w in cutlass.range_constexpr(words):
-                                    packed[w] = (Uint32(q[4 * w]) | (Uint32(q[4 * w + 1]) << Uint32(8))
-                                                 | (Uint32(q[4 * w + 2]) << Uint32(16))
-                                                 | (Uint32(q[4 * w + 3]) << Uint32(24)))
-                                at = cute.assume(piece * words, divby=words)
-                                word = packed.load()
-                                k = Int64(0)
-                                while k < args.topk:  # the token's rows
-                                    i = row_of(args, token, k)
-                                    if i >= Int64(0):
-                                        ptxops.st(gmem(Uint32, args.rows + i * args.row_bytes, 4 * words, LOCAL, by)
-                                                  + at, word)
-                                    k += 1
-                            else:
-                                k = Int64(0)
-                                while k < args.topk:
-                                    i = row_of(args, token, k)
-                                    if i >= Int64(0):
-                                        ptxops.st(gmem(Uint8, args.rows + i * args.row_bytes, 1, LOCAL, by) + piece,
-                                                  q[0])
-                                    k += 1
+                while p < pieces:  # LOADS pieces in flight, then (fp8: each quantized) their stores to each row
+                    ats = [cute.assume(cutlass.min(p + u * threads, last) * vec, divby=vec) for u in range(LOADS)]
+                    batch = [ptxops.ld(src + at, num_elements=vec) for at in ats]
+                    if cutlass.const_expr(not key.quantize):
+                        j = Int64(0)
+                        while j < chunk:  # the chunk's rows
+                            i = owned[j]
+                            if i >= Int64(0):
+                                row = gmem(dtype, args.rows + i * args.row_bytes, align, LOCAL, by)
+                                for u in cutlass.range_constexpr(LOADS):
+                                    if p + u * threads <= last:
+                                        ptxops.st(row + ats[u], batch[u])
+                            j += 1
+                    else:
+                        for u in cutlass.range_constexpr(LOADS):
+                            if p + u * threads <= last:
+                                piece = p + u * threads
+                                q = [rounding.e4m3(rounding.div_rn(rounding.widen(batch[u][e] if cutlass.const_expr(
+                                    vec > 1) else batch[u]), scale)) for e in range(vec)]
+                                if cutlass.const_expr(vec >= 4):
+                                    packed = cute.make_rmem_tensor(words, Uint32)
+                                    for w in cutlass.range_constexpr(words):
+                                        packed[w] = (Uint32(q[4 * w]) | (Uint32(q[4 * w + 1]) << Uint32(8))
+                                                     | (Uint32(q[4 * w + 2]) << Uint32(16))
+                                                     | (Uint32(q[4 * w + 3]) << Uint32(24)))
+                                    at = cute.assume(piece * words, divby=words)
+                                    word = packed.load()
+                                    j = Int64(0)
+                                    while j < chunk:  # the chunk's rows
+                                        i = owned[j]
+                                        if i >= Int64(0):
+                                            ptxops.st(gmem(Uint32, args.rows + i * args.row_bytes, 4 * words, LOCAL,
+                                                           by) + at, word)
+                                        j += 1
+                                else:
+                                    j = Int64(0)
+                                    while j < chunk:
+                                        i = owned[j]
+                                        if i >= Int64(0):
+                                            ptxops.st(gmem(Uint8, args.rows + i * args.row_bytes, 1, LOCAL, by)
+                                                      + piece, q[0])
+                                        j += 1
                     p += LOADS * threads
-                k = tidx
-                while k < args.topk:  # a thread per row: the scale (4-byte aligned: hidden is a multiple of 4)
-                    i = row_of(args, token, k)
+                j = tidx
+                while j < chunk:  # a thread per row: (fp8) its scale (4-byte aligned: hidden is a multiple of 4),
+                    i = owned[j]  # and zeros around its header
                     if i >= Int64(0):
-                        ptxops.st(gmem(Float32, args.rows + i * args.row_bytes + args.hidden, 4, LOCAL, by),
-                                  rounding.narrow([scale], Float32))
-                    k += threads
-                cute.arch.sync_threads()  # every thread is done with most[] before the next token's
-            k = tidx
-            while k < args.topk:  # a thread per row: zeros around its header
-                i = row_of(args, token, k)
-                if i >= Int64(0):
-                    row = gmem(Uint8, args.rows + i * args.row_bytes, 1, LOCAL, by)
-                    b = values
-                    while b < args.row_bytes:
-                        if b == args.header:
-                            b += 4 * args.topk
-                        else:
-                            ptxops.st(row + b, Uint8(0))
-                            b += 1
-                k += threads
-            pair = tidx
-            while pair < args.topk * args.topk:  # a thread per (row, slot): the header, slot k of row k0's
-                k0, k = pair // args.topk, pair % args.topk
-                i = row_of(args, token, k0)
-                if i >= Int64(0):
-                    named = Int32(-1)  # entry k's index in the stream to the row's rank, where the row carries it
-                    if ptxops.ld(carriers + token * args.topk + k, dtype=Int64) == i:
-                        named = Int32(index_in_rank(args, ptxops.ld(slots + token * args.topk + k, dtype=Int64)))
-                    ptxops.st(gmem(Int32, args.rows + i * args.row_bytes + args.header + 4 * k, 4, LOCAL, by), named)
-                pair += threads
+                        if cutlass.const_expr(key.quantize):
+                            ptxops.st(gmem(Float32, args.rows + i * args.row_bytes + args.hidden, 4, LOCAL, by),
+                                      rounding.narrow([scale], Float32))
+                        row = gmem(Uint8, args.rows + i * args.row_bytes, 1, LOCAL, by)
+                        b = values
+                        while b < args.row_bytes:
+                            if b == args.header:
+                                b += 4 * args.topk
+                            else:
+                                ptxops.st(row + b, Uint8(0))
+                                b += 1
+                    j += threads
+                pair = tidx
+                while pair < chunk * args.topk:  # a thread per (row, slot): the header, slot k of row j's
+                    j, k = pair // args.topk, pair % args.topk
+                    i = owned[j]
+                    if i >= Int64(0):
+                        named = Int32(-1)  # entry k's index in the stream to the row's rank, where the row carries it
+                        if ptxops.ld(carriers + token * args.topk + k, dtype=Int64) == i:
+                            named = Int32(index_in_rank(args, ptxops.ld(slots + token * args.topk + k, dtype=Int64)))
+                        ptxops.st(gmem(Int32, args.rows + i * args.row_bytes + args.header + 4 * k, 4, LOCAL, by),
+                                  named)
+                    pair += threads
+                cute.arch.sync_threads()  # every thread is done with owned[] and most[] before the next chunk's
+                base += threads
             token += Int64(cute.arch.grid_dim()[0])
 
     return launcher(kernel, threads, layout=MOE_PACK)

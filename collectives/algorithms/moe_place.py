@@ -20,8 +20,11 @@ place in ``expert_x``:
 
 The kernel writes ``place[i]`` and ``kept[i]`` for every entry of ``room`` (what the combine
 reads back), copies each arrived row to the places of the kept entries its header names (a
-block a row: its words loaded once, stored to each place; until issue 51 item 1 a row per
-entry arrived and was copied once) (rows are moved as words of ``word`` bytes: any
+block a row: a thread per header slot finds its entry's place, -1 where it names none or the
+entry is not kept, into shared memory, the slots ``threads`` at a time (one round at top-k <=
+threads); the row's words loaded once, stored to each place; until issue 51 item 1 a row per
+entry arrived and was copied once; until the fp8 pack of issue 51 every thread read each slot
+and searched its place in turn, for each batch of words and again for the scale) (rows are moved as words of ``word`` bytes: any
 dtype; fp8 rows, ``scales`` on, split on the way: their first ``out_words`` words, the e4m3
 values, to ``expert_x``, rows of that many words, and the scale's 4 bytes after them to
 ``scales[place]``, so that neither needs a copy of its own), and, from block 0, each local
@@ -60,7 +63,8 @@ from ..layouts import Arg, Layout
 from .family import SNAPSHOT_WORLDS, Family, register
 
 #: The most ``(source, local expert)`` segments (``W x L``) a kernel takes: its shared memory
-#: (four int64 arrays of them at most, 32 KB: under the 48 KB a kernel gets without asking).
+#: (four int64 arrays of them at most, 32 KB, and a row's places, 2 KB at 256 threads: under the
+#: 48 KB a kernel gets without asking).
 MAX_SEGMENTS = 1024
 #: Most thread blocks of a launch (each row is one block's; the grid strides past them): six
 #: blocks of 256 threads on each of an H100's or H200's 132 SMs, all resident (the placement and
@@ -169,6 +173,7 @@ def build(key: MoePlaceKey):
         before = smem.allocate_tensor(Int64, cute.make_layout(segments), byte_alignment=8)
         first = smem.allocate_tensor(Int64, cute.make_layout(local), byte_alignment=8)
         row_starts = smem.allocate_tensor(Int64, cute.make_layout(world + 1), byte_alignment=8)  # sources' rows
+        places = smem.allocate_tensor(Int64, cute.make_layout(threads), byte_alignment=8)  # a row's entries' places
         message = gmem(Int64, args.counts, 8, LOCAL, by)
         j = tidx
         while j < Int64(segments):  # the counts into shared memory, every thread a share
@@ -283,43 +288,52 @@ def build(key: MoePlaceKey):
             entries = starts[lo * local]  # the source's first entry
             header = gmem(Int32, args.received, 4, LOCAL, by) + (i * args.row_words * key.word + args.header) // 4
             src = gmem(element, args.received, key.word, LOCAL, by) + i * args.row_words * per_word
-            w = tidx
-            while w < args.out_words:  # LOADS words in flight, then their stores to each of the row's places
-                last = args.out_words - 1  # (a word past the row: its load repeats the last, not stored)
-                ats = [cute.assume(cutlass.min(w + u * threads, last) * per_word, divby=per_word)
-                       for u in range(LOADS)]
-                words = [ptxops.ld(src + at, num_elements=per_word) for at in ats]
-                k = Int64(0)
-                while k < args.topk:
-                    named = Int64(ptxops.ld(header + k, dtype=Int32))
+            base = Int64(0)
+            while base < args.topk:  # the header's slots, a chunk of `threads` at a time (one at top-k <= threads)
+                if base + tidx < args.topk:  # a thread per slot: its entry's place where it is kept, else -1
+                    spot = Int64(-1)
+                    named = Int64(ptxops.ld(header + base + tidx, dtype=Int32))
                     if named >= Int64(0):
                         if entries + named < args.room:
                             place, kept = where(args, entries + named, starts, before, first, trash)
                             if kept == Int64(1):
-                                at = place * args.out_words * per_word  # (its row of expert_x)
-                                dst = gmem(element, args.expert_x, key.word, LOCAL, by) + at
-                                for u in cutlass.range_constexpr(LOADS):
-                                    if w + u * threads <= last:
-                                        ptxops.st(dst + ats[u], words[u])
-                    k += 1
-                w += LOADS * threads
-            if cutlass.const_expr(key.scales):
-                k = tidx  # a thread per header slot: the scale (aligned to 4 only when the values' bytes are)
-                while k < args.topk:
-                    named = Int64(ptxops.ld(header + k, dtype=Int32))
-                    if named >= Int64(0):
-                        if entries + named < args.room:
-                            place, kept = where(args, entries + named, starts, before, first, trash)
-                            if kept == Int64(1):
-                                at = (i * args.row_words + args.out_words) * key.word
-                                if cutlass.const_expr(key.word >= 4):  # one load, not four in a row
-                                    scale = ptxops.ld(gmem(Uint32, args.received, 4, LOCAL, by) + at // 4)
-                                    ptxops.st(gmem(Uint32, args.scales, 4, LOCAL, by) + place, scale)
-                                else:
-                                    for b in cutlass.range_constexpr(4):
-                                        byte = ptxops.ld(gmem(Uint8, args.received, 1, LOCAL, by) + at + b)
-                                        ptxops.st(gmem(Uint8, args.scales, 1, LOCAL, by) + place * 4 + b, byte)
-                    k += threads
+                                spot = place
+                    places[tidx] = spot
+                cute.arch.sync_threads()
+                chunk = cutlass.min(args.topk - base, Int64(threads))
+                w = tidx
+                while w < args.out_words:  # LOADS words in flight, then their stores to each of the row's places
+                    last = args.out_words - 1  # (a word past the row: its load repeats the last, not stored)
+                    ats = [cute.assume(cutlass.min(w + u * threads, last) * per_word, divby=per_word)
+                           for u in range(LOADS)]
+                    words = [ptxops.ld(src + at, num_elements=per_word) for at in ats]
+                    k = Int64(0)
+                    while k < chunk:
+                        place = places[k]
+                        if place >= Int64(0):
+                            at = place * args.out_words * per_word  # (its row of expert_x)
+                            dst = gmem(element, args.expert_x, key.word, LOCAL, by) + at
+                            for u in cutlass.range_constexpr(LOADS):
+                                if w + u * threads <= last:
+                                    ptxops.st(dst + ats[u], words[u])
+                        k += 1
+                    w += LOADS * threads
+                if cutlass.const_expr(key.scales):
+                    k = tidx  # a thread per slot: the scale (aligned to 4 only when the values' bytes are)
+                    while k < chunk:
+                        place = places[k]
+                        if place >= Int64(0):
+                            at = (i * args.row_words + args.out_words) * key.word
+                            if cutlass.const_expr(key.word >= 4):  # one load, not four in a row
+                                scale = ptxops.ld(gmem(Uint32, args.received, 4, LOCAL, by) + at // 4)
+                                ptxops.st(gmem(Uint32, args.scales, 4, LOCAL, by) + place, scale)
+                            else:
+                                for b in cutlass.range_constexpr(4):
+                                    byte = ptxops.ld(gmem(Uint8, args.received, 1, LOCAL, by) + at + b)
+                                    ptxops.st(gmem(Uint8, args.scales, 1, LOCAL, by) + place * 4 + b, byte)
+                        k += threads
+                cute.arch.sync_threads()  # every thread is done with places[] before the next chunk's
+                base += threads
             i += grid
 
     return launcher(kernel, threads, layout=MOE_PLACE)

@@ -96,15 +96,16 @@ def test_placement_compiles_and_moves_rows_in_its_words(world: int, local: int, 
 
 def test_fp8_placement_moves_the_values_in_vectors_and_the_scale_apart() -> None:
     """fp8 rows (``scales``): the values still in 16-byte words (LOADS at a time: the compiler
-    may issue a second copy of the batch's loads), the scale's 4 bytes by a thread per header
-    slot (its entry read again), in one 4-byte load where the words are aligned to 4, else byte
-    by byte."""
+    may issue a second copy of the batch's loads, and unroll the stores to the row's places),
+    the scale's 4 bytes by a thread per header slot (its place from shared memory: the header
+    read once, a thread a slot, not again for the scale), in one 4-byte load where the words are
+    aligned to 4, else byte by byte."""
     plain, split = (kernel_ptx(MoePlaceKey(8, 32, False, 16, scales=s), "sm_90a") for s in (False, True))
     for ptx in (plain, split):
-        assert _count(ptx, "ld.global.v4.b32") % LOADS == 0 and _count(ptx, "st.global.v4.b32") == LOADS
+        assert _count(ptx, "ld.global.v4.b32") % LOADS == 0 and _count(ptx, "st.global.v4.b32") % LOADS == 0
         _loads_before_stores(ptx, "v4.b32")
+        assert _count(ptx, "ld.global.b32") - (ptx is split) == 1  # the header's slot (and the scale)
     assert _count(plain, "ld.global.b8") == 0 and _count(split, "ld.global.b8") == 0
-    assert _count(split, "ld.global.b32") == _count(plain, "ld.global.b32") + 2
     assert _count(split, "st.global.b32") == _count(plain, "st.global.b32") + 1
     plain, split = (kernel_ptx(MoePlaceKey(8, 32, False, 2, scales=s), "sm_90a") for s in (False, True))
     assert _count(plain, "ld.global.b8") == 0 and _count(split, "ld.global.b8") == 4
@@ -143,17 +144,19 @@ def test_fp8_packing_quantizes_as_torch_does(dtype: str, vec: int) -> None:
         assert _count(ptx, "st.global.v2.b32" if vec == 8 else "st.global.b32") >= 1
     assert _count(ptx, "st.global.b32") >= 1  # the scale
     assert _count(ptx, "st.global.b64") == 0 and _count(ptx, "ld.global.b64") >= 1  # the rows' slots: read
+    assert _count(ptx, "st.shared.b64") == 1  # each entry's row found once (a thread each), not at each store
 
 
 def test_rows_without_fp8_are_copied_in_vectors() -> None:
     """The sent rows without fp8: 16-byte loads of the token's row, ``LOADS`` of them in flight
-    before their stores, each stored to the token's rows (their slots read), no arithmetic on the
-    values."""
+    before their stores, each stored to the token's rows (each entry's row found once, into shared
+    memory), no arithmetic on the values."""
     ptx = kernel_ptx(MoePackKey("bf16", 8, quantize=False), "sm_90a")
     _loads_before_stores(ptx, "v4.b32")
     assert _count(ptx, "ld.global.v4.b32") >= 1 and _count(ptx, "st.global.v4.b32") >= 1  # (unrolled as it likes)
     assert _count(ptx, "st.global.b64") == 0 and _count(ptx, "ld.global.b64") >= 1
-    assert "cvt.rn" not in ptx and "div.rn" not in ptx and ".shared" not in ptx
+    assert "cvt.rn" not in ptx and "div.rn" not in ptx
+    assert _count(ptx, "st.shared.b64") == 1 and ".shared.v" not in ptx  # shared: each entry's row, found once
 
 
 @pytest.mark.parametrize("word", [16, 4, 1])

@@ -171,6 +171,14 @@ def test_rows_without_fp8_are_their_tokens(dtype: torch.dtype, hidden: int) -> N
           module=source(torch.bfloat16 if dtype == torch.float8_e4m3fn else dtype))
 
 
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "copy"])
+def test_entries_past_the_threads(world: int, fp8: bool) -> None:
+    """Top-k 6 over blocks of 4 threads (the token's entries in two chunks, its rows owned by
+    either), W = 2, 3, 4."""
+    check(torch.bfloat16, tokens=5, hidden=16, topk=6, blocks=2, seed=world, fp8=fp8, world=world)
+
+
 def test_the_host_takes_what_the_kernel_takes() -> None:
     assert pack_key(torch.bfloat16, 7168) == MoePackKey("bf16", 8)
     assert pack_key(torch.bfloat16, 100) == MoePackKey("bf16", 1)
@@ -192,21 +200,24 @@ def test_the_host_takes_what_the_kernel_takes() -> None:
     (("if slot < first + count:", "if slot <= first + count:"), "an entry's rank"),
     (("if ptxops.ld(carriers + token * args.topk + k, dtype=Int64) == i:", "if True:"),
      "the header's slots of entries the row does not carry"),
-    (("+ args.header + 4 * k, 4", "+ args.header + 4 * k0, 4"), "a header slot's entry"),
+    (("+ args.header + 4 * k, 4", "+ args.header + 4 * j, 4"), "a header slot's entry"),
     (("b += 4 * args.topk", "b += 4"), "the zeros after the header"),
     (("b = values\n", "b = values + 1\n"), "the zeros after the values"),
     (("piece = p + u * threads", "piece = p + u"), "the quantized pieces of a batch"),
-    (("m = rounding.amax(m, rounding.widen(batch[u][e]", "m = rounding.amax(m, rounding.widen(batch[0][e]"),
+    (("m = rounding.amax(m, rounding.widen(seen[u][e]", "m = rounding.amax(m, rounding.widen(seen[0][e]"),
      "the largest magnitude's batch"),
-    (("while k < args.topk:  # a thread per row: the scale", "while k < args.topk - 1:  # a thread per row: the scale"),
-     "every row's scale"),
-    (("while k < args.topk:  # a thread per row: zeros", "while k < args.topk - 1:  # a thread per row: zeros"),
-     "every row's zeros"),
-    (("while k < args.topk:  # the token's rows\n                        i =",
-      "while k < args.topk - 1:  # the token's rows\n                        i ="), "every row's copy"),
+    (("while j < chunk:  # a thread per row", "while j < chunk - 1:  # a thread per row"),
+     "every row's scale and zeros"),
+    (("while j < chunk:  # the chunk's rows\n                                        i =",
+      "while j < chunk - 1:  # the chunk's rows\n                                        i ="), "every row's values"),
+    (("while j < chunk:  # the chunk's rows\n                            i =",
+      "while j < chunk - 1:  # the chunk's rows\n                            i ="), "every row's copy"),
+    (("owned[tidx] = row_of(args, token, base + tidx)", "owned[tidx] = row_of(args, token, tidx)"),
+     "the entries of a chunk"),
+    (("while pair < chunk * args.topk:", "while pair < args.topk:"), "every row's header"),
     (("values = args.hidden + 4\n", "values = args.hidden\n"), "the scale before the zeros"),
-    (("if p + u * threads <= last:\n                                    ptxops.st(row",
-      "if p + u * threads < last:\n                                    ptxops.st(row"), "a copy's last piece"),
+    (("if p + u * threads <= last:\n                                        ptxops.st(row",
+      "if p + u * threads < last:\n                                        ptxops.st(row"), "a copy's last piece"),
     (("for u in range(LOADS)]\n                    batch", "for u in range(1, LOADS + 1)]\n                    batch"),
      "the pieces of a batch (copy)"),
     (("half = threads >> (level + 1)", "half = threads >> (level + 2)"), "the block's largest magnitude"),
@@ -217,5 +228,5 @@ def test_a_broken_kernel_fails_the_check(edit: tuple, what: str) -> None:
     fp8 = "copy" not in what
     module = source(torch.bfloat16, (edit,))
     with pytest.raises(AssertionError):
-        for seed in (1, 2, 3):
-            check(torch.bfloat16, tokens=4, hidden=64, topk=2, blocks=2, seed=seed, module=module, fp8=fp8)
+        for seed, topk in ((1, 2), (2, 2), (3, 2), (2, 6)):  # (top-k 6: two chunks of entries)
+            check(torch.bfloat16, tokens=4, hidden=64, topk=topk, blocks=2, seed=seed, module=module, fp8=fp8)

@@ -182,6 +182,17 @@ def test_more_experts_and_segments_than_threads(exact: bool) -> None:
         check(counts, received, layout, entries_of(counts) + 1, rng.choice([1, 2, 4]), exact, blocks=2, seed=seed)
 
 
+@pytest.mark.parametrize("fp8", [True, False], ids=["fp8", "bf16"])
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_header_slots_past_the_threads(world: int, fp8: bool) -> None:
+    """Top-k 6 over blocks of 4 threads: a row's header slots in two chunks, the places of
+    either's entries found a thread a slot (W = 2, 3, 4; drops past a capacity of 2)."""
+    rng = random.Random(world + 10 * fp8)
+    for seed in range(2):
+        counts, received, layout = arrivals(rng, world, 2, 6, 8, fp8, seed, spare=1, tokens=4)
+        check(counts, received, layout, entries_of(counts) + 1, 2, False, blocks=2, seed=seed)
+
+
 def test_counts_past_the_room_place_only_its_entries() -> None:
     """Counts that sum past the entries' room (never from a completed exchange): only its
     entries are placed and flagged, as the torch steps do (the dropped count is the counts')."""
@@ -249,6 +260,27 @@ def test_a_broken_kernel_fails_the_check(edit: tuple, what: str) -> None:
             counts, received, layout = arrivals(rng, 3, 2, 3, 8, True, seed, tokens=4)
             check(counts, received, layout, entries_of(counts) + 1, 3, False, blocks=1 + seed % 2, seed=seed,
                   module=broken)
+
+
+@pytest.mark.parametrize(("edit", "what"), [
+    (("header + base + tidx, dtype=Int32", "header + tidx, dtype=Int32"), "the slots of a chunk"),
+    (("if kept == Int64(1):\n                                spot = place", "if True:\n                                spot = place"),
+     "the dropped entries' places (the trash row)"),
+    (("while k < chunk:\n                        place = places[k]\n                        if place >= Int64(0):\n"
+      "                            at = place", "while k < chunk - 1:\n                        place = places[k]\n"
+      "                        if place >= Int64(0):\n                            at = place"), "every slot's values"),
+    (("while k < chunk:\n                        place = places[k]\n                        if place >= Int64(0):\n"
+      "                            at = (i", "while k < chunk - 1:\n                        place = places[k]\n"
+      "                        if place >= Int64(0):\n                            at = (i"), "every slot's scale"),
+])
+def test_a_broken_chunk_fails_the_check(edit: tuple, what: str) -> None:
+    """Each edit of the header's chunks is caught: top-k 3 (one chunk of 4 threads) and 6 (two)."""
+    broken = source((edit,))
+    rng = random.Random(7)
+    with pytest.raises(AssertionError):
+        for seed, topk in ((0, 3), (1, 3), (2, 6), (3, 6)):
+            counts, received, layout = arrivals(rng, 3, 2, topk, 8, True, seed, tokens=4)
+            check(counts, received, layout, entries_of(counts) + 1, 2, False, blocks=2, seed=seed, module=broken)
 
 
 @pytest.mark.parametrize(("edit", "what"), [
