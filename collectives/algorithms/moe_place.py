@@ -24,10 +24,10 @@ block a row: a thread per header slot finds its entry's place, -1 where it names
 entry is not kept, into shared memory, the slots ``threads`` at a time (one round at top-k <=
 threads); the row's words loaded once, stored to each place; until issue 51 item 1 a row per
 entry arrived and was copied once; until the fp8 pack of issue 51 every thread read each slot
-and searched its place in turn, for each batch of words and again for the scale) (rows are moved as words of ``word`` bytes: any
-dtype; fp8 rows, ``scales`` on, split on the way: their first ``out_words`` words, the e4m3
-values, to ``expert_x``, rows of that many words, and the scale's 4 bytes after them to
-``scales[place]``, so that neither needs a copy of its own), and, from block 0, each local
+and searched its place in turn, for each batch of words and again for the scale) (rows are
+moved as words of ``word`` bytes: any dtype; fp8 rows, ``scales`` on, split on the way: their
+first ``out_words`` words, the e4m3 values, to ``expert_x``, rows of that many words, and the
+scale's 4 bytes after them to ``scales[place]``, so that neither needs a copy of its own), and, from block 0, each local
 expert's count, the rows each source sent (the handle's ``recv_splits``) and the dispatch's
 dropped count: the arrived rows it dropped and ``dropped_before``'s entries (ids out of range:
 a torch addition less).  Every block first loads ``counts`` into shared memory
@@ -37,8 +37,10 @@ one buffer into another, one barrier each: ``log2(W x L)`` of them, ``W x L`` at
 ``first``: up to ``L``).  Then the grid's threads take a row of ``room`` each for ``place`` and
 ``kept`` (a binary search of the starts), and its blocks take the rows that arrived, a block a row,
 its words spread over the threads, each loading :data:`LOADS` words before storing them (their
-latencies overlapping), up to :data:`MAX_BLOCKS` blocks (six of 256 threads on each of 132
-SMs) so that many rows are in flight at once.  Until 2026-11-28 the grid was 264 blocks and each
+latencies overlapping), up to :data:`PLACE_BLOCKS` blocks (four of 256 threads on each of 132
+SMs, all resident: until the fp8 pack of issue 51 :data:`MAX_BLOCKS`, of which the last third
+waited for an SM and then ran the prologue above for no row) so that many rows are in flight
+at once.  Until 2026-11-28 the grid was 264 blocks and each
 block walked every row of ``room`` (arrived or not), one at a time, finding its place before its
 copy (4 x H200, 1,024 rows of 14 KB: 19.1 us).  The
 same arithmetic as the torch steps it replaces (``searchsorted``, prefix sums, ``index_copy_``)
@@ -66,10 +68,15 @@ from .family import SNAPSHOT_WORLDS, Family, register
 #: (four int64 arrays of them at most, 32 KB, and a row's places, 2 KB at 256 threads: under the
 #: 48 KB a kernel gets without asking).
 MAX_SEGMENTS = 1024
-#: Most thread blocks of a launch (each row is one block's; the grid strides past them): six
-#: blocks of 256 threads on each of an H100's or H200's 132 SMs, all resident (the placement and
-#: the gather take 40 registers a thread: 6 x 256 x 40 of the 64 Ki), a row each in flight.
-MAX_BLOCKS = 792
+#: SMs of an H100 or H200.
+SMS = 132
+#: Most thread blocks of a gather (each row is one block's; the grid strides past them): six
+#: blocks of 256 threads on each SM, all resident (the gather takes 40 registers a thread: 6 x
+#: 256 x 40 of the 64 Ki), a row each in flight.
+MAX_BLOCKS = 6 * SMS
+#: Most thread blocks of a placement: four of 256 threads on each SM, all resident (it takes
+#: 56-60 registers a thread: 4 x 256 x 64 = 64 Ki; six would need 42 at most).
+PLACE_BLOCKS = 4 * SMS
 #: Words each thread of the placement and the combine's gather loads before it stores them
 #: (16-byte words: a 7168-wide bf16 row is 896 of them, 3.5 a thread of 256).
 LOADS = 4
@@ -130,7 +137,7 @@ class MoePlaceKey:
 
     def blocks(self, room: int) -> int:
         """Thread blocks of a launch for ``room`` rows (at least 1)."""
-        return max(1, min(MAX_BLOCKS, room))
+        return max(1, min(PLACE_BLOCKS, room))
 
 
 def build(key: MoePlaceKey):
@@ -365,4 +372,5 @@ FAMILY = register(Family("moe_place", MoePlaceKey, ("moe_place",), MOE_PLACE, bu
                          _facets))
 
 
-__all__ = ["FAMILY", "LOADS", "MAX_BLOCKS", "MAX_SEGMENTS", "MOE_PLACE", "WORDS", "MoePlaceKey", "build"]
+__all__ = ["FAMILY", "LOADS", "MAX_BLOCKS", "MAX_SEGMENTS", "MOE_PLACE", "PLACE_BLOCKS", "SMS", "WORDS", "MoePlaceKey",
+           "build"]

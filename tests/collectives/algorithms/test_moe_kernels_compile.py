@@ -18,11 +18,13 @@ from collectives import moe  # noqa: E402
 from collectives.algorithms.moe_gather import MoeGatherKey  # noqa: E402
 from collectives.algorithms.moe_pack import MoePackKey  # noqa: E402
 from collectives.algorithms.moe_combine import MAX_TOPK, MoeCombineKey  # noqa: E402
-from collectives.algorithms.moe_place import LOADS, MAX_BLOCKS, MAX_SEGMENTS, MoePlaceKey  # noqa: E402
+from collectives.algorithms.moe_place import LOADS, MAX_BLOCKS, MAX_SEGMENTS, PLACE_BLOCKS, SMS  # noqa: E402
+from collectives.algorithms.moe_place import MoePlaceKey  # noqa: E402
 from collectives.algorithms.moe_route import BATCH, MAX_EXPERTS, SMEM_BYTES, MoeRouteKey  # noqa: E402
 from collectives.runtime.kernels import kernel_ptx  # noqa: E402
 from collectives.runtime.moe import combine_key as key_for  # noqa: E402
 from collectives.runtime.moe import place_key, route_key  # noqa: E402
+from ptxops import ptxas  # noqa: E402
 
 FORMS = [("bf16", 8, 8), ("bf16", 1, 1), ("f16", 3, 8), ("f32", 16, 4), ("f32", 2, 1), ("bf16", 16, 8)]
 
@@ -112,6 +114,20 @@ def test_fp8_placement_moves_the_values_in_vectors_and_the_scale_apart() -> None
     assert _count(split, "st.global.b8") == _count(plain, "st.global.b8") + 4
 
 
+@pytest.mark.parametrize(("key", "blocks"), [
+    (MoePlaceKey(4, 64, False, 16), PLACE_BLOCKS), (MoePlaceKey(4, 64, False, 16, scales=True), PLACE_BLOCKS),
+    (MoePlaceKey(8, 32, True, 16), PLACE_BLOCKS), (MoeGatherKey(16), MAX_BLOCKS)], ids=str)
+def test_the_grid_fits_the_sms_at_once(key, blocks: int) -> None:
+    """The placement's and the gather's largest grids are resident at once on 132 SMs (``blocks //
+    SMS`` blocks an SM by ptxas's register count, 64 Ki registers an SM): no block waits for
+    another's SM (the placement's 792 blocks did: 60 registers a thread fit 4 blocks an SM)."""
+    try:
+        (usage,) = ptxas.resource_usage(kernel_ptx(key, "sm_90a"), "sm_90a")
+    except ptxas.PtxasUnavailable as err:
+        pytest.skip(str(err))
+    assert usage.registers * key.threads * (blocks // SMS) <= 65536 and blocks % SMS == 0, usage
+
+
 def test_host_picks_the_placement_key() -> None:
     assert place_key(8, 32, moe.wire(7168, 2, False, 8), False) == MoePlaceKey(8, 32, False, 16)
     fp8 = MoePlaceKey(8, 32, True, 16, scales=True)  # 7168 e4m3 values, the scale, the header, zeros to 7216
@@ -124,7 +140,7 @@ def test_host_picks_the_placement_key() -> None:
         MoePlaceKey(4, MAX_SEGMENTS)
     with pytest.raises(ValueError, match="word"):
         MoePlaceKey(2, 2, word=3)
-    assert MoePlaceKey(2, 2).blocks(0) == 1 and MoePlaceKey(2, 2).blocks(5000) == MAX_BLOCKS == 792
+    assert MoePlaceKey(2, 2).blocks(0) == 1 and MoePlaceKey(2, 2).blocks(5000) == PLACE_BLOCKS == 528
 
 
 @pytest.mark.parametrize(("dtype", "vec"), [("bf16", 8), ("f16", 1), ("f32", 4)])

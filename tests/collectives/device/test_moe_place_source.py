@@ -264,8 +264,8 @@ def test_a_broken_kernel_fails_the_check(edit: tuple, what: str) -> None:
 
 @pytest.mark.parametrize(("edit", "what"), [
     (("header + base + tidx, dtype=Int32", "header + tidx, dtype=Int32"), "the slots of a chunk"),
-    (("if kept == Int64(1):\n                                spot = place", "if True:\n                                spot = place"),
-     "the dropped entries' places (the trash row)"),
+    (("if kept == Int64(1):\n                                spot = place",
+      "if True:\n                                spot = place"), "the dropped entries' places (the trash row)"),
     (("while k < chunk:\n                        place = places[k]\n                        if place >= Int64(0):\n"
       "                            at = place", "while k < chunk - 1:\n                        place = places[k]\n"
       "                        if place >= Int64(0):\n                            at = place"), "every slot's values"),
