@@ -143,8 +143,10 @@ OVERLAP_COPY = "copy"
 #: run at once (the next one's tiles fill the last wave of the other's) and each copy waits
 #: only for its stream's previous GEMM.  The copies are ``cudaMemcpyAsync`` either way (copy
 #: engines, a memcpy node of a captured graph).  ``gemm_overlap_bench --variants alternate``.
-OVERLAP_SCHEDULES = ("comm", "alternate")
-OVERLAP_SCHEDULE = "comm"
+#: ``"auto"`` (the default): ``"alternate"`` for an all-gather GEMM of at most
+#: :data:`~collectives.algorithms.tuning.OVERLAP_ALTERNATE_MAX_MNK`, else ``"comm"``.
+OVERLAP_SCHEDULES = ("auto", "comm", "alternate")
+OVERLAP_SCHEDULE = "auto"
 
 
 #: Slots of a communicator's stream flags (:meth:`collectives.runtime.stream_flags.StreamFlags.post`;

@@ -16,7 +16,9 @@ block's copy runs while the next block is multiplied:
   stream before the own GEMM instead (as torch's fused all-gather matmul): exposed, but no
   pull then waits for a barrier kernel dispatched behind a GEMM that holds every SM.
 
-:data:`~collectives.config.OVERLAP_SCHEDULE` ``"alternate"`` runs the blocks as torch's fused
+:data:`~collectives.config.OVERLAP_SCHEDULE` ``"alternate"`` (by default, ``"auto"``: for an
+all-gather GEMM up to :data:`~collectives.algorithms.tuning.OVERLAP_ALTERNATE_MAX_MNK`, where it
+was measured faster on 2 and 4 x H200) runs the blocks as torch's fused
 ops do (``torch.distributed._symmetric_memory``: ``_pipelined_all_gather_and_consume``,
 ``_pipelined_produce_and_all2all``): a peer block's copy and GEMM both on one stream, the side
 stream for the first peer, the current stream for the second, and so on, this rank's own GEMM
@@ -98,6 +100,7 @@ from . import config
 from .config import Slot
 from .dtypes import DTYPES
 from .errors import CollectiveError
+from .algorithms import tuning
 from .algorithms.plan import capturing, current_stream
 from .runtime import torch_ops
 from .runtime.communicator import Communicator, Group, communicator, traceable
@@ -174,7 +177,7 @@ def _gemm_reduce_scatter_on(comm: Communicator, a, b, out, timeline: list | None
         return out
     capture = capturing()
     engine = _engine("gemm_reduce_scatter") and not capture  # (copy-engine copies: eager only)
-    alternate = _alternate("gemm_reduce_scatter")
+    alternate = _alternate("gemm_reduce_scatter", rows * n * k)
     workspace = _workspace(comm, "gemm_reduce_scatter", rows * n, a.dtype)  # (either way: a capture needs it)
     values = [rows, n]
     if timeline is None and not capture and not eager_blocks(world, rows, k, n):
@@ -279,7 +282,7 @@ def _all_gather_gemm_on(comm: Communicator, a_shard, b, out, timeline: list | No
         raise CollectiveError(f"all_gather_gemm: config.OVERLAP_START is {start!r}, not one of {config.OVERLAP_STARTS}")
     capture = capturing()
     engine = _engine("all_gather_gemm") and not capture  # (copy-engine copies: eager only)
-    alternate = _alternate("all_gather_gemm")
+    alternate = _alternate("all_gather_gemm", world * m * n * k)
     workspace = _workspace(comm, "all_gather_gemm", world * m * k, a_shard.dtype)  # (either way: a capture needs it)
     values = [m, k]
     if timeline is None and not capture and not eager_blocks(world, world * m, k, n):
@@ -378,13 +381,17 @@ def _copy(engine: bool, dst: torch.Tensor, src: torch.Tensor, stream: torch.cuda
         dst.copy_(src)
 
 
-def _alternate(name: str) -> bool:
-    """Whether :data:`~collectives.config.OVERLAP_SCHEDULE` is ``"alternate"`` (refusing another
-    value than its choices)."""
+def _alternate(name: str, mnk: int) -> bool:
+    """Whether ``name``'s blocks run in the ``"alternate"`` schedule: as
+    :data:`~collectives.config.OVERLAP_SCHEDULE` says (refusing another value than its choices);
+    ``"auto"``: an all-gather GEMM of ``mnk`` (``M x N x K``) at most
+    :data:`~collectives.algorithms.tuning.OVERLAP_ALTERNATE_MAX_MNK` (the measured crossover)."""
     schedule = config.OVERLAP_SCHEDULE
     if schedule not in config.OVERLAP_SCHEDULES:
         raise CollectiveError(f"{name}: config.OVERLAP_SCHEDULE is {schedule!r}, "
                               f"not one of {config.OVERLAP_SCHEDULES}")
+    if schedule == "auto":
+        return name == "all_gather_gemm" and mnk <= tuning.OVERLAP_ALTERNATE_MAX_MNK
     return schedule == "alternate"
 
 

@@ -144,6 +144,17 @@ RS_SYMMETRIC_PUSH_MIN: dict[tuple[str, int], int] = {
     ("multicast", 8): 1 << 62,
 }
 
+#: The largest all-gather GEMM (``M x N x K``, M the gathered rows) that GEMM overlap runs in the
+#: ``"alternate"`` schedule when :data:`~collectives.config.OVERLAP_SCHEDULE` is ``"auto"`` (larger
+#: ones, and every GEMM reduce-scatter: ``"comm"``).  Measured 2026-11-28 with
+#: ``gemm_overlap_bench --variants ...,alternate`` (bf16, 4 blocks, graphs, us, comm / alternate):
+#: on 4 x H200 (docs/data/gemm-overlap-4xH200.json) 210.8 / 203.1 at 4096^3, 806.9 / 801.3 at
+#: 4096 x 8192^2, 824.6 / 777.5 at 16384 x 4096^2, 3290.7 / 3423.3 at 16384 x 8192^2; on 2 x H200
+#: (docs/data/gemm-overlap-2xH200.json) 204.5 / 198.3, 791.4 / 771.3, 816.8 / 788.3, 3421.2 /
+#: 3452.9.  The GEMM reduce-scatter lost every row in the alternate schedule on both machines
+#: (4 x H200: 206.5 / 246.7 at 4096^3, 3356.3 / 3536.9 at 16384 x 8192^2).
+OVERLAP_ALTERNATE_MAX_MNK = 1 << 38
+
 #: reduce_scatter stages inputs up to this size (bytes per rank) even when they are symmetric:
 #: the in-kernel copy costs less than the end barrier it saves.
 STAGE_MAX_BYTES = 4 << 20

@@ -31,7 +31,8 @@ M x N.  Per shape, op and mode (eager calls, CUDA-graph replays; slowest rank's 
   runs it; timed as a baseline is: where the driver refuses it, skipped with the reason),
   ``alternate`` (:data:`~collectives.config.OVERLAP_SCHEDULE`: torch's fused ops' decomposition,
   each peer block's copy and GEMM on one stream, the side and the current one alternating, so
-  two blocks' GEMMs may run at once; graph and eager rows), or these joined by ``+``;
+  two blocks' GEMMs may run at once; graph and eager rows), ``comm`` (the other schedule: every
+  GEMM on the current stream; the default ``"auto"`` picks one by op and size), or these joined by ``+``;
 - ``mm_nccl`` (chunks 1) and ``torch_fused`` (chunks 0: its own) baselines; a baseline that
   raises is skipped with its reason, never the run.
 
@@ -132,7 +133,8 @@ def applied(variant: str) -> Iterator[None]:
                     raise ValueError(f"variant {part!r}: this torch has no torch._C._set_sm_carveout_experimental")
                 torch._C._set_sm_carveout_experimental(int(part[5:]))
             else:
-                raise ValueError(f"unknown variant {part!r} (side, first, carve<N>, blocks, one, engine, alternate)")
+                raise ValueError(f"unknown variant {part!r} (side, first, carve<N>, blocks, one, engine, comm, "
+                                 "alternate)")
         yield
     finally:
         config.OVERLAP_START, config.OVERLAP_EAGER_HOST_US_PER_BLOCK, config.OVERLAP_COPY = start, host_us, copy

@@ -351,7 +351,7 @@ def test_the_gemm_overlap_variants_set_their_knobs_inside_and_restore_them() -> 
     assert config.OVERLAP_COPY == "copy"
     with applied("alternate+first"):
         assert (config.OVERLAP_SCHEDULE, config.OVERLAP_START) == ("alternate", "first")
-    assert config.OVERLAP_SCHEDULE == "comm"
+    assert config.OVERLAP_SCHEDULE == "auto"
     with applied("carve8"):
         assert (config.OVERLAP_START, torch._C._get_sm_carveout_experimental()) == (before[0], 8)
     with pytest.raises(ValueError, match="unknown variant"), applied("first+ce"):

@@ -466,13 +466,15 @@ def test_an_eager_call_makes_no_cuda_object_and_launches_only_its_work(on_cpu, m
     torch.cuda.current_stream and torch.cuda.stream), and the host enqueues, as blocks (each push
     right after its GEMM), W GEMMs, W - 1 peer copies (+ the shard's), two barriers, a sum
     (reduce-scatter), one event record and one wait per cross-stream edge; as one GEMM, that
-    GEMM and one collective, nothing else."""
+    GEMM and one collective, nothing else (the ``"comm"`` schedule's streams: ``"auto"`` would
+    alternate this small all-gather GEMM's)."""
     import collections
     import types
 
     import collectives.api
     from collectives import config
 
+    monkeypatch.setattr(config, "OVERLAP_SCHEDULE", "comm")
     monkeypatch.setattr(config, "OVERLAP_START", start)
     monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", EAGER_PATHS[path])
     made: collections.Counter = collections.Counter()
@@ -523,13 +525,14 @@ def test_an_eager_call_makes_no_cuda_object_and_launches_only_its_work(on_cpu, m
 @pytest.mark.parametrize("start", ["side", "first"])
 def test_the_all_gather_start_goes_where_the_knob_says_before_any_gemm(on_cpu, monkeypatch, start: str) -> None:
     """``OVERLAP_START``: the start (barrier, shard copy, barrier) on the side stream or the
-    current one, before the own GEMM either way; the pulls on the side stream; another value
-    is refused before anything is launched."""
+    current one, before the own GEMM either way; the pulls on the side stream (the ``"comm"``
+    schedule's); another value is refused before anything is launched."""
     from collectives import config
 
     events: list[str] = []
     comm = _recorded(monkeypatch, events, 2, rank=0)
     a, b = torch.zeros(8, 16, dtype=torch.float16), torch.zeros(16, 32, dtype=torch.float16)
+    monkeypatch.setattr(config, "OVERLAP_SCHEDULE", "comm")
     monkeypatch.setattr(config, "OVERLAP_START", start)
     monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", EAGER_PATHS["blocks"])
     overlap._all_gather_gemm_on(comm, a, b, None, None)
@@ -723,3 +726,37 @@ def test_every_block_is_ordered_after_what_it_needs_on_either_schedule(on_cpu, m
                 after = max(i for i in barriers if i < j)
                 until = min(i for i in barriers if i > j)
                 assert order.before(after, j) and order.before(j, until), (j, name, after, until, nodes)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_the_auto_schedule_alternates_all_gather_gemms_up_to_the_measured_size(on_cpu, monkeypatch,
+                                                                               world: int) -> None:
+    """``OVERLAP_SCHEDULE = "auto"`` (the default): the all-gather GEMM's blocks in the
+    ``"alternate"`` schedule up to :data:`~collectives.algorithms.tuning.OVERLAP_ALTERNATE_MAX_MNK`
+    of ``M x N x K`` (M: the gathered rows, as the call computes them), ``"comm"`` past it and
+    for every GEMM reduce-scatter; the forced schedules as set; another value refused."""
+    from collectives import config
+    from collectives.algorithms import tuning
+
+    assert config.OVERLAP_SCHEDULE == "auto"
+    limit = tuning.OVERLAP_ALTERNATE_MAX_MNK
+    assert overlap._alternate("all_gather_gemm", limit) and not overlap._alternate("all_gather_gemm", limit + 1)
+    assert not overlap._alternate("gemm_reduce_scatter", 1)
+    for schedule in ("comm", "alternate"):
+        monkeypatch.setattr(config, "OVERLAP_SCHEDULE", schedule)
+        assert overlap._alternate("all_gather_gemm", 1) == overlap._alternate("gemm_reduce_scatter", 1) == (
+            schedule == "alternate")
+    monkeypatch.setattr(config, "OVERLAP_SCHEDULE", "both")
+    with pytest.raises(CollectiveError, match="OVERLAP_SCHEDULE"):
+        overlap._alternate("all_gather_gemm", 1)
+    monkeypatch.setattr(config, "OVERLAP_SCHEDULE", "auto")
+    monkeypatch.setattr(config, "OVERLAP_EAGER_HOST_US_PER_BLOCK", EAGER_PATHS["blocks"])
+    asked, alternate = [], overlap._alternate
+    monkeypatch.setattr(overlap, "_alternate", lambda name, mnk: (asked.append((name, mnk)), alternate(name, mnk))[1])
+    m, k, n = 4, 8, 16
+    comm = _Rank(world, 1, [{} for _ in range(world)])
+    a, b = torch.zeros(world * m, k, dtype=torch.float16), torch.zeros(k, n, dtype=torch.float16)
+    _Order(monkeypatch, comm)
+    overlap._gemm_reduce_scatter_on(comm, a, b, None, None)
+    overlap._all_gather_gemm_on(comm, a[:m], b, None, None)
+    assert asked == [("gemm_reduce_scatter", world * m * n * k), ("all_gather_gemm", world * m * n * k)]
