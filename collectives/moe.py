@@ -573,7 +573,8 @@ def place_rows(counts: torch.Tensor, received: torch.Tensor, room: int, rows_out
     named = (source < world)[:, None] & (header >= 0) & (entry < room)
     row_of = torch.zeros(room + 1, dtype=torch.int64, device=device)
     row_of.index_put_((torch.where(named, entry, room).view(-1),), q.repeat_interleave(layout.topk))
-    entries = received[row_of[:room]]
+    # (no row arrived: every entry unnamed, read as zeros)
+    entries = received[row_of[:room]] if received.shape[0] else received.new_zeros((room, received.shape[1]))
     room_out = max(rows_out, room) + 1 if exact else rows_out + 1  # expert_x's rows: fixed by the shape (dispatch_with)
     segments = counts.reshape(-1)  # (source, expert) in arrival order
     ends = torch.cumsum(segments, 0)

@@ -110,3 +110,19 @@ def test_a_row_per_token_and_rank_placed_as_the_entries(world: int, mode: str, f
             if not fp8 and lost == 0:  # every entry came back: the reference's sums, bit for bit
                 _, outs = reference(world, experts, xs, ids, ws)
                 assert torch.equal(out.view(torch.int16), outs[r].view(torch.int16)), r
+
+
+@pytest.mark.parametrize("exact", [False, True])
+def test_a_placement_of_no_arrived_rows_keeps_no_entry(exact: bool) -> None:
+    """:func:`collectives.moe.place_rows` given no rows (room for entries, none arrived): every
+    entry unkept, placed at the trash row, no expert counted (it indexed an empty tensor)."""
+    from collectives.moe import place_rows, wire
+
+    world, local, capacity, room = 2, 3, 4, 6
+    layout = wire(8, 2, False, 2)
+    counts = torch.zeros((world, local + 1), dtype=torch.int64)
+    rows_out = 0 if exact else local * capacity
+    out = place_rows(counts, torch.zeros((0, layout.bytes), dtype=torch.uint8), room, rows_out, capacity, exact,
+                     layout=layout)
+    _, place, kept, expert_counts = out[:4]
+    assert not kept.any() and (place == rows_out).all() and not expert_counts.any()
