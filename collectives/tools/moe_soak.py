@@ -259,11 +259,27 @@ class Soak:
                 after = self.layer.allocator_calls()
                 e.add_note(f"[moe soak] rank {self.rank}: the GPU's allocator calls during call {step} (every "
                            f"rank's): " + ", ".join(f"{k} {after[k] - v}" for k, v in before.items()))
+                if args.trace_allocations:
+                    for line in new_segments(after["cudaMalloc"] - before["cudaMalloc"]):
+                        e.add_note(f"[moe soak] rank {self.rank}: {line}")
                 raise
         if self.rank == 0:
             print(f"moe soak: {args.calls} calls on {self.world} ranks in {time.monotonic() - start:.0f}s, every "
                   f"result exact: {self.stats}")
         return 0
+
+
+def new_segments(count: int) -> list[str]:
+    """The last ``count`` ``cudaMalloc`` calls of torch's allocator on this GPU (every rank's), each
+    with its size, stream and the Python frames that asked for it (``--trace-allocations``: torch's
+    memory history, recorded since the start)."""
+    if count <= 0:
+        return []
+    traces = torch.cuda.memory._snapshot()["device_traces"]
+    mallocs = [t for trace in traces for t in trace if t["action"] == "segment_alloc"][-count:]
+    return [f"cudaMalloc {t['size']} bytes on stream {t['stream']:#x} from "
+            + " < ".join(f"{f['filename'].rsplit('/', 2)[-1]}:{f['line']} {f['name']}" for f in t["frames"][:10])
+            for t in mallocs]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -275,11 +291,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--graph-fraction", type=float, default=0.3)
     p.add_argument("--world", type=int, default=0, help="W rank threads on one GPU instead of torchrun")
     p.add_argument("--timeout", type=float, default=30.0, help="GPU-side bound of every wait (--world)")
+    p.add_argument("--trace-allocations", action="store_true",
+                   help="record torch's allocator history; a failing call's notes name its cudaMalloc calls' callers")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.trace_allocations:
+        torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
     return run_ranks("moe soak", args, lambda rank, world: Soak(rank, world, args).run())
 
 

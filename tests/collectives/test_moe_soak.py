@@ -46,7 +46,7 @@ class SimulatedLayer(moe_soak.Layer):
 def soak(world: int, calls: int, seed: int = 0, spoil=None, spoiled_rank: int = 1) -> list[dict]:
     """Every rank's stats after ``calls`` eager cases of ``seed`` (``spoil``: on ``spoiled_rank``)."""
     sim = World(world)
-    args = argparse.Namespace(calls=calls, seconds=600.0, seed=seed, graph_fraction=0.0)
+    args = argparse.Namespace(calls=calls, seconds=600.0, seed=seed, graph_fraction=0.0, trace_allocations=False)
 
     def body(rank: int) -> dict:
         layer = SimulatedLayer(sim, rank, spoil if rank == spoiled_rank else None)
