@@ -311,6 +311,26 @@ def judge(word: int, calls: int, expected: int) -> int:
     return 0
 
 
+def judge_within(word: int, calls: int, low: int, high: int) -> int:
+    """:func:`judge` in a bounded all-to-all: a size in ``[low, high]`` passes (never
+    :data:`REFUSED`), any other is ``SIZE_MISMATCH``.  The sender judges the receiver's
+    ``ready`` (its capacity) with ``low`` its own size, the receiver the sender's ``arrived``
+    (the size sent) with ``high`` its capacity."""
+    size, _ = unpack(word)
+    status = judge(word, calls, size)
+    if status == 0 and not low <= size <= high:
+        return SIZE_MISMATCH
+    return status
+
+
+def slot(n: int, row: int, world: int) -> int:
+    """Elements each source may send a rank in a bounded all-to-all whose output holds ``n``
+    elements of rows of ``row``: a ``world``-th of its whole rows (at most :data:`MAX_CHUNK`
+    elements); source ``s``'s chunk lands at element ``s * slot``.  0 where rows are empty."""
+    rows = n // row // world if row > 0 else 0
+    return min(rows, MAX_CHUNK // max(row, 1)) * row
+
+
 def part(count: int, parts: int, j: int, align: int = 1) -> tuple[int, int]:
     """Elements ``[begin, end)`` of part ``j`` of a chunk of ``count``: parts of
     ``ceil(count / parts)`` rounded up to a multiple of ``align`` (the last ones shorter or
@@ -443,4 +463,4 @@ __all__ = ["ARG_TYPES", "ARRIVED_WAIT", "Arg", "CLAIMED", "COLLECTIVE", "DATA_PH
            "LAMPORT_EXCHANGE", "Layout", "MAX_CHUNK", "PHASES", "PLACE_BITS", "PLACE_MISMATCH",
            "PUSH_ALL_REDUCE", "PUSH_ROUND", "PadLayout", "READY_WAIT", "RECOVERABLE_RECORD", "REFUSED",
            "SIZE_MISMATCH", "TIMEOUT", "U32", "announced", "call_last", "call_parity", "chunk", "judge",
-           "pack", "part", "place", "reached", "receiving", "unpack", "unplace"]
+           "judge_within", "pack", "part", "place", "reached", "receiving", "slot", "unpack", "unplace"]

@@ -153,7 +153,16 @@ class AllToAllKey:
     blocks per pair of ranks), threads per block (256 by default: a block of 256 needs at most
     128 registers a thread for two to fit an SM, so a one-GPU world of 8 ranks' 32 blocks each
     stays resident), ``direct`` (the output is the receive buffer), ``pdl`` (as
-    :attr:`collectives.algorithms.KernelKey.pdl`) and ``transport`` (:data:`TRANSPORTS`)."""
+    :attr:`collectives.algorithms.KernelKey.pdl`), ``transport`` (:data:`TRANSPORTS`) and
+    ``bounded``.
+
+    ``bounded`` (off by default): the receiver does not know what each source sends.  Its
+    output is cut in ``world`` equal slots of whole rows (:func:`collectives.layouts.slot`),
+    source ``s``'s chunk landing at slot ``s``; its ``ready`` announces the slot as the most it
+    takes, each sender's ``arrived`` the size it sent, and the kernel writes the rows each
+    source sent into ``out_splits`` (an output here: never read).  A chunk above the slot is a
+    size mismatch on both ends of its pair (:func:`collectives.layouts.judge_within`), nothing
+    stored and 0 rows written, never an overrun."""
 
     dtype: str
     world: int
@@ -162,11 +171,14 @@ class AllToAllKey:
     direct: bool = False
     pdl: bool = field(default_factory=lambda: config.PDL)
     transport: str = "nvlink"
+    bounded: bool = False
 
     def __post_init__(self) -> None:
         registered(self.dtype)  # ValueError naming the registered dtypes
         if self.transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, not {self.transport!r}")
+        if self.bounded and self.transport != "nvlink":
+            raise ValueError("a bounded all-to-all moves its chunks over the nvlink transport only")
         if not 2 <= self.world <= MAX_WORLD:
             raise ValueError(f"world size must be 2..{MAX_WORLD}, not {self.world}")
         if not 1 <= self.parts or self.world * self.parts > MAX_BLOCKS:
@@ -315,6 +327,24 @@ def chunk_of(splits: Int64, peer: Int32, n: Int64, row: Int64, world: cutlass.Co
     return at, count, size
 
 
+@cute.jit
+def slot_of(peer: Int32, n: Int64, row: Int64, world: cutlass.Constexpr) -> tuple:
+    """:func:`chunk_of` of a bounded all-to-all's receiver: (element offset of ``peer``'s slot,
+    its elements, the size announced for it: the most ``peer`` may send), as
+    :func:`collectives.layouts.slot` cuts an output of ``n`` elements."""
+    rows = Int64(0)
+    if row > Int64(0):
+        rows = cutlass.min(n // row // Int64(world), Int64(MAX_CHUNK) // row)
+    size = rows * row
+    return Int64(peer) * size, size, Uint32(size)
+
+
+@cute.jit
+def record_rows(splits: Int64, peer: Int32, rows: Int64) -> None:
+    """A bounded all-to-all's receiver: ``splits[peer] = rows`` (the rows ``peer`` sent)."""
+    ptxops.st(signals.gmem(Int64, splits, 8, LOCAL, "collectives.algorithms.all_to_all.record_rows") + peer, rows)
+
+
 class NvshmemTransport(Transport):
     """The chunks and handshake words over NVSHMEM put-with-signal and signal updates
     (:mod:`collectives.algorithms.nvshmem_exchange`: what each call orders); the protocol, the waits
@@ -385,15 +415,30 @@ def build(key: AllToAllKey):
         d, j = block % world, block // world
         receiver, sender = (rank + d) % world, (rank + world - d) % world
         smem = SmemAllocator()
-        shared = smem.allocate_tensor(Int64, cute.make_layout(3), byte_alignment=8)
+        shared = smem.allocate_tensor(Int64, cute.make_layout(4 if key.bounded else 3), byte_alignment=8)
         counter = ExchangeLayout(world, parts).counter
         calls, last = signals.enter_call(slots, world, counter=counter)
         deadline = cute.arch.globaltimer() + args.timeout_ns
         epoch = calls + Uint32(1)
         send_at, send_n, send_size = chunk_of(args.in_splits, receiver, args.in_n, args.row, world)
-        recv_at, recv_n, recv_size = chunk_of(args.out_splits, sender, args.out_n, args.row, world)
+        if cutlass.const_expr(key.bounded):  # our slot of each sender's, the most it may send
+            recv_at, recv_n, recv_size = slot_of(sender, args.out_n, args.row, world)
+        else:
+            recv_at, recv_n, recv_size = chunk_of(args.out_splits, sender, args.out_n, args.row, world)
         if d == 0:  # our own chunk
-            if send_size == recv_size and send_size != Uint32(REFUSED):
+            if cutlass.const_expr(key.bounded):
+                fits = send_size <= recv_size  # (REFUSED is above every slot)
+                if fits:
+                    transport.copy_part(args.src + send_at * element, args.out + recv_at * element, send_n, j,
+                                        LOCAL, output)
+                if j == 0 and tidx == 0:
+                    rows = Int64(0)
+                    if fits:
+                        rows = send_n // cutlass.max(args.row, Int64(1))
+                    else:
+                        signals.record_error(err, Int32(SIZE_MISMATCH), Int32(READY_WAIT), rank, block, rank)
+                    record_rows(args.out_splits, rank, rows)
+            elif send_size == recv_size and send_size != Uint32(REFUSED):
                 transport.copy_part(args.src + send_at * element, args.out + recv_at * element, send_n, j, LOCAL,
                                     output)
             elif j == 0 and tidx == 0:
@@ -404,8 +449,12 @@ def build(key: AllToAllKey):
                 transport.post_ready(args.slot_table, slots, rank, sender, exchange.place(args.recv_id, offset),
                                      recv_size, epoch, world, parts)
             if tidx == 0:  # the sender's side: wait for the receiver's ready
-                status = exchange.wait_word(exchange.ready_word(slots, receiver, world, parts), calls, send_size,
-                                            deadline)
+                if cutlass.const_expr(key.bounded):  # its slot must take our chunk
+                    status, _ = exchange.wait_within(exchange.ready_word(slots, receiver, world, parts), calls,
+                                                     send_size, Uint32(MAX_CHUNK), deadline)
+                else:
+                    status = exchange.wait_word(exchange.ready_word(slots, receiver, world, parts), calls,
+                                                send_size, deadline)
                 allocation, offset = exchange.place_of(exchange.ready_offset(slots, receiver, world, parts))
                 if status != 0:
                     signals.record_error(err, status, Int32(READY_WAIT), receiver, block, rank)
@@ -417,8 +466,19 @@ def build(key: AllToAllKey):
             transport.send_part(shared, args, send_at, send_n, send_size, j, tidx, rank, receiver, epoch, world,
                                 parts)
             if tidx == 0:  # the receiver's side: wait for our part of the sender's chunk
-                status = exchange.wait_word(exchange.arrived_word(slots, sender, j, world, parts), calls, recv_size,
-                                            deadline)
+                if cutlass.const_expr(key.bounded):  # what it sent, at most our slot
+                    status, sent = exchange.wait_within(exchange.arrived_word(slots, sender, j, world, parts), calls,
+                                                        Uint32(0), recv_size, deadline)
+                    got = Int64(0)
+                    if status == 0:
+                        got = Int64(sent)
+                    shared[3] = got
+                    rows = got // cutlass.max(args.row, Int64(1))
+                    if j == 0:
+                        record_rows(args.out_splits, sender, rows)
+                else:
+                    status = exchange.wait_word(exchange.arrived_word(slots, sender, j, world, parts), calls,
+                                                recv_size, deadline)
                 shared[2] = Int64(status)
                 if status != 0:
                     signals.record_error(err, status, Int32(ARRIVED_WAIT), sender, block, rank)
@@ -427,6 +487,8 @@ def build(key: AllToAllKey):
                                          signals.gave_up(calls), world, parts)
             cute.arch.sync_threads()
             if cutlass.const_expr(not key.direct):
+                if cutlass.const_expr(key.bounded):  # the size the sender sent
+                    recv_n = shared[3]
                 if shared[2] == Int64(0):
                     transport.copy_part(args.recv + recv_at * element, args.out + recv_at * element, recv_n, j,
                                         PEER, LOCAL)
@@ -470,26 +532,32 @@ class PushAllToAll(Algorithm):
 
 
 def _to_text(key: AllToAllKey) -> str:
-    """The key's id (an NVSHMEM transport's ends in ``/nvshmem``; the NVLink one's has no suffix)."""
+    """The key's id (a bounded key's ends in ``/bounded``, an NVSHMEM transport's then in
+    ``/nvshmem``; the default ones have no suffix)."""
     text = f"all_to_all/push/peer/{key.dtype}/w{key.world}/p{key.parts}/t{key.threads}/d{int(key.direct)}"
-    return text if key.transport == "nvlink" else f"{text}/{key.transport}"
+    suffixes = ["bounded"] * key.bounded + [key.transport] * (key.transport != "nvlink")
+    return "/".join([text, *suffixes])
 
 
 def _from_text(kid: str) -> AllToAllKey:
-    _, _, _, dtype, world, parts, threads, direct, *transport = kid.split("/")
+    _, _, _, dtype, world, parts, threads, direct, *rest = kid.split("/")
+    bounded = rest[:1] == ["bounded"]
+    transport = rest[bounded:]
     return AllToAllKey(dtype, int(world[1:]), parts=int(parts[1:]), threads=int(threads[1:]), direct=direct == "d1",
-                       transport=transport[0] if transport else "nvlink")
+                       transport=transport[0] if transport else "nvlink", bounded=bounded)
 
 
 def _snapshot() -> list[str]:
-    """The all-to-all's kernels: dtype x world x staged or direct, as the runtime launches them."""
-    return [_to_text(AllToAllKey(dtype, world, default_parts(world), direct=direct))
-            for dtype, world, direct in itertools.product(DTYPES, SNAPSHOT_WORLDS, (False, True))]
+    """The all-to-all's kernels: dtype x world x staged or direct, exact or bounded, as the
+    runtime launches them."""
+    return [_to_text(AllToAllKey(dtype, world, default_parts(world), direct=direct, bounded=bounded))
+            for dtype, world, direct, bounded in itertools.product(DTYPES, SNAPSHOT_WORLDS, (False, True),
+                                                                   (False, True))]
 
 
 def _facets(kid: str) -> tuple[tuple, ...]:
     key = _from_text(kid)
-    return ("all_to_all", key.dtype), ("all_to_all", key.world, key.direct)
+    return ("all_to_all", key.dtype), ("all_to_all", key.world, key.direct), ("all_to_all", "bounded", key.bounded)
 
 
 FAMILY = register(Family("all_to_all", AllToAllKey, ("all_to_all",), ALL_TO_ALL, build, _snapshot, _to_text,

@@ -27,7 +27,7 @@ try:  # CuTeDSL functions, every one: without CuTeDSL, say which extra installs 
     # the all-to-all's ready and arrived words
     from .all_to_all import (
         arrived_word, epoch_of, pack, place, place_of, post_arrived, post_ready, ready_offset, ready_word, size_of,
-        wait_word,
+        wait_within, wait_word,
     )
     # f32 products, sums and fp8 conversions rounded as torch rounds them (the MoE kernels)
     from .rounding import E4M3_MAX, E4M3_NAN_PAST, add_rn, amax, div_rn, e4m3, fp8_scale, mul_rn, narrow, widen, zero
@@ -45,5 +45,6 @@ __all__ = ["HOST", "LOCAL", "MULTICAST", "PEER", "arrival_word", "barrier_multic
            "load_reduce_multicast", "load_reduce_peer", "store_multicast", "store_peers", "CARRIER", "canonical",
            "clear", "empty_lanes", "lanes", "load_words", "negative_zero", "send", "wait_slots", "reduce_tiles",
            "shared_buffers", "smem_bytes", "post", "wait", "arrived_word", "epoch_of", "pack", "place", "place_of",
-           "post_arrived", "post_ready", "ready_offset", "ready_word", "size_of", "wait_word", "E4M3_MAX",
+           "post_arrived", "post_ready", "ready_offset", "ready_word", "size_of", "wait_within", "wait_word",
+           "E4M3_MAX",
            "E4M3_NAN_PAST", "add_rn", "amax", "div_rn", "e4m3", "fp8_scale", "mul_rn", "narrow", "widen", "zero"]

@@ -133,6 +133,27 @@ def wait_word(word: cute.Pointer, calls: Uint32, expected: Uint32, deadline: Int
     return status
 
 
+@cute.jit
+def wait_within(word: cute.Pointer, calls: Uint32, low: Uint32, high: Uint32, deadline: Int64) -> tuple:
+    """:func:`wait_word` of a bounded all-to-all
+    (:attr:`~collectives.algorithms.all_to_all.AllToAllKey.bounded`), judged as
+    :func:`collectives.layouts.judge_within`: ``(status, size)``, the status ``SIZE_MISMATCH``
+    where the size posted lies outside ``[low, high]`` (or is :data:`~collectives.layouts.REFUSED`)
+    instead of differing from one expected size.  (Its poll is :func:`wait_word`'s, written
+    twice so that the exact kernels' PTX stays the one recorded.)"""
+    want = calls + Uint32(1)
+    seen = ptxops.ld_acquire(word, scope="sys", dtype=Uint64)
+    while not reached(epoch_of(seen), want) and cute.arch.globaltimer() < deadline:
+        seen = ptxops.ld_acquire(word, scope="sys", dtype=Uint64)
+    epoch, size = epoch_of(seen), size_of(seen)
+    status = Int32(0)
+    if not (reached(epoch, want) and in_call(epoch, calls)):
+        status = Int32(TIMEOUT)
+    elif size < low or size > high or size == Uint32(REFUSED):
+        status = Int32(SIZE_MISMATCH)
+    return status, size
+
+
 __all__ = ["arrived_word", "epoch_of", "pack", "place", "place_of", "post_arrived", "post_ready", "ready_offset",
            "ready_word",
-           "size_of", "wait_word"]
+           "size_of", "wait_within", "wait_word"]

@@ -52,6 +52,8 @@ def test_keys_reject_bad_choices() -> None:
         AllToAllKey("f64", 2)
     with pytest.raises(ValueError, match="transport must be one of nvlink, nvshmem, not 'rdma'"):
         AllToAllKey("bf16", 2, transport="rdma")
+    with pytest.raises(ValueError, match="bounded all-to-all moves its chunks over the nvlink transport only"):
+        AllToAllKey("bf16", 2, transport="nvshmem", bounded=True)
 
 
 def test_the_transport_is_in_the_key_id() -> None:
@@ -63,6 +65,25 @@ def test_the_transport_is_in_the_key_id() -> None:
     assert FAMILY.to_text(nvlink) == "all_to_all/push/peer/bf16/w4/p8/t256/d1"
     assert FAMILY.to_text(nvshmem) == "all_to_all/push/peer/bf16/w4/p8/t256/d1/nvshmem"
     assert key_of(FAMILY.to_text(nvshmem)) == nvshmem and key_of(FAMILY.to_text(nvlink)) == nvlink
+
+
+@pytest.mark.parametrize("direct", [False, True])
+def test_the_bounded_form_compiles_and_writes_the_rows_received(direct: bool) -> None:
+    """A bounded key (its id ends in /bounded and reads back) compiles with the exact one's
+    handshake (the same releases and polls, no multimem), and stores the rows each source sent
+    into out_splits: one 64-bit store more per rank than the exact key's (the own chunk's and
+    a sender's)."""
+    from collectives.algorithms import key_of
+
+    exact, bounded = (AllToAllKey("bf16", 4, 8, direct=direct, bounded=b) for b in (False, True))
+    assert FAMILY.to_text(bounded) == FAMILY.to_text(exact) + "/bounded"
+    assert key_of(FAMILY.to_text(bounded)) == bounded
+    both = {key: kernel_ptx(key, "sm_90a") for key in (exact, bounded)}
+    for ptx in both.values():
+        assert "multimem." not in ptx
+        assert ptx.count("st.release.sys.global.b64") == 3 and ptx.count("ld.acquire.sys.global.b64") == 4
+    stores = {key: len(re.findall(r"st\.global\.(?:u64|b64|s64)\s", ptx)) for key, ptx in both.items()}
+    assert stores[bounded] == stores[exact] + 2, stores
 
 
 @pytest.mark.shard_weight(40)  # NVSHMEM's device library linked and assembled: about 20 s

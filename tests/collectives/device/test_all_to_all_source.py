@@ -78,7 +78,9 @@ SOURCE = kernels()
 class Side:
     """One rank's call: its splits (rows of ``row`` elements), dtype, whether it receives
     directly into a symmetric ``out`` (at ``offset`` bytes into its allocation) and the sizes
-    of its input and output in rows (default: its splits' sums)."""
+    of its input and output in rows (default: its splits' sums); ``bounded``: the kernel of
+    :attr:`~collectives.algorithms.all_to_all.AllToAllKey.bounded` (``out_splits`` then only
+    sizes the output: the kernel overwrites them with the rows received)."""
 
     in_splits: list
     out_splits: list
@@ -89,6 +91,7 @@ class Side:
     in_rows: int | None = None
     out_rows: int | None = None
     parts: int = PARTS
+    bounded: bool = False
 
     def __post_init__(self) -> None:
         if self.in_rows is None:
@@ -130,6 +133,7 @@ class World:
                 mem.store(self.regions[r] + 4 * word, start, Uint32)
         self.records: list[list] = [[] for _ in range(world)]  # (call, record, status, phase, peer)
         self.outputs: list[list] = [[] for _ in range(world)]  # per call: (out bytes, allocation bytes)
+        self.received: list[list] = [[] for _ in range(world)]  # per call: out_splits after it
         self.built: dict = {}
         for r in range(world):
             sim.spawn(lambda r=r: self._host(r), Context(rank=r))
@@ -137,7 +141,8 @@ class World:
         self.final = [bytes(mem.words(a, self.alloc_bytes, Uint8)) for a in self.allocations]
 
     def kernel(self, side: Side):
-        key = self.source.all_to_all.AllToAllKey(side.dtype, self.world, side.parts, direct=side.direct, pdl=False)
+        key = self.source.all_to_all.AllToAllKey(side.dtype, self.world, side.parts, direct=side.direct, pdl=False,
+                                                 bounded=side.bounded)
         object.__setattr__(key, "threads", THREADS)
         if key not in self.built:
             self.built[key] = self.source.all_to_all.build(key)
@@ -182,6 +187,7 @@ class World:
             outside = self.alloc_bytes if side.direct else 0
             self.outputs[r].append((bytes(mem.words(out, out_n * e + 8, Uint8)),
                                     bytes(mem.words(self.allocations[r], outside, Uint8)), out - self.allocations[r]))
+            self.received[r].append([mem.load(splits + 8 * (self.world + q), Int64).v for q in range(self.world)])
             for index in range(ERROR_RECORDS):
                 at = self.errs[r] + 4 * len(ERROR_FIELDS) * index
                 status, phase, peer, block, rank = mem.words(at, len(ERROR_FIELDS))
