@@ -193,7 +193,8 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
 
 
 def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits = None,
-               in_splits: exchange.Splits = None, *, group: Group = None, transport: str = "nvlink") -> torch.Tensor:
+               in_splits: exchange.Splits = None, *, group: Group = None, transport: str = "nvlink",
+               bounded: bool = False) -> torch.Tensor:
     """Tested on GPUs bit for bit: one-GPU worlds of 2 to 8 ranks and 2 x H100 under torchrun (issue 34).
 
     The uneven all-to-all, as :func:`torch.distributed.all_to_all_single`: rank ``s`` sends
@@ -216,8 +217,19 @@ def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits
     mapped addresses) or ``"nvshmem"`` (NVSHMEM put-with-signal,
     :class:`~collectives.algorithms.all_to_all.NvshmemTransport`; each of its kernels links NVSHMEM's
     device bitcode: about 10 s to compile, once per key and process; needs nvshmem4py and a context on NVSHMEM's heap, else
-    CollectiveError; not under ``torch.compile``).  Every rank passes the same."""
+    CollectiveError; not under ``torch.compile``).  Every rank passes the same.
+
+    ``bounded=True`` (every rank alike; not under ``torch.compile``): receivers need not know
+    what each source sends.  ``out``'s rows are cut in ``world`` equal slots (``out.shape[0] //
+    world`` rows each; a plain ``out``: of the staging buffer's rows at most), source ``s``'s rows
+    landing at row ``s * slot``; ``out_splits``, an int64 tensor of ``world`` entries on this GPU,
+    is written with the rows each source sent (the kernel's: stream-ordered, no host sync).  A
+    chunk past its slot fails its pair on both ends as a size mismatch and stores nothing (0
+    rows written for it), never an overrun (:attr:`~collectives.algorithms.all_to_all.AllToAllKey.bounded`)."""
     if _compiling():
+        if bounded:
+            raise CollectiveError("all_to_all: bounded=True is not traceable by torch.compile; call it outside the "
+                                  "compiled region")
         if transport != "nvlink":
             raise CollectiveError(f"all_to_all: transport={transport!r} is not traceable by torch.compile; call it "
                                   "outside the compiled region or use transport='nvlink'")
@@ -225,7 +237,7 @@ def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits
         return torch_ops.traced_all_to_all(out, inp, out_splits, in_splits)
     comm = communicator(group)
     comm.errors.poll()
-    key = exchange.plan_key(comm, out, inp, out_splits, in_splits, transport)
+    key = exchange.plan_key(comm, out, inp, out_splits, in_splits, transport, bounded)
     capturing = _capturing()
     plan = comm.plans.hit(key)  # (the plan hit: _replan's docstring)
     if plan is not None and not plan.alive:
@@ -234,7 +246,7 @@ def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits
             comm.errors.finish()
     else:
         _replan(comm, key, capturing, out, inp, "push", "peer", _all_to_all_call, out, inp, out_splits, in_splits,
-                transport)
+                transport, bounded)
     return out
 
 
@@ -249,13 +261,13 @@ class BoundAllToAll:
     first polls the communicator's error record, launches after the communicator's last
     collective (:meth:`~collectives.algorithms.plan.Plan.run`; pinning its split tensors
     under CUDA-graph capture) and closes where an error is deferred.  The tensors must not
-    change place or size (they are held here); ``group`` as for :func:`all_to_all`."""
+    change place or size (they are held here); ``group`` and ``bounded`` as for :func:`all_to_all`."""
 
-    __slots__ = ("args", "group", "comm", "plan", "generation")
+    __slots__ = ("args", "group", "bounded", "comm", "plan", "generation")
 
     def __init__(self, out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits = None,
-                 in_splits: exchange.Splits = None, *, group: Group = None) -> None:
-        self.args, self.group = (out, inp, out_splits, in_splits), group
+                 in_splits: exchange.Splits = None, *, group: Group = None, bounded: bool = False) -> None:
+        self.args, self.group, self.bounded = (out, inp, out_splits, in_splits), group, bounded
         self.comm = communicator(group)
         self.plan: Any = None
         self.generation = -1
@@ -274,8 +286,8 @@ class BoundAllToAll:
         """The call through :func:`all_to_all`, then its plan kept (None where it has none)."""
         comm, (out, inp, out_splits, in_splits) = self.comm, self.args
         self.plan = None
-        all_to_all(out, inp, out_splits, in_splits, group=self.group)
-        self.plan = comm.plans.hit(exchange.plan_key(comm, out, inp, out_splits, in_splits))
+        all_to_all(out, inp, out_splits, in_splits, group=self.group, bounded=self.bounded)
+        self.plan = comm.plans.hit(exchange.plan_key(comm, out, inp, out_splits, in_splits, bounded=self.bounded))
         self.generation = comm.ctx.generation
         return out
 
@@ -442,10 +454,10 @@ def _all_reduce_call(comm: Communicator, t: torch.Tensor, op: str, backend: str,
 
 
 def _all_to_all_call(comm: Communicator, out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits,
-                     in_splits: exchange.Splits, transport: str = "nvlink") -> AllToAllCall:
+                     in_splits: exchange.Splits, transport: str = "nvlink", bounded: bool = False) -> AllToAllCall:
     """The call of an all-to-all (its plan checks the tensors, splits and transport: every rank
     launches, an empty one too)."""
-    return AllToAllCall(out, inp, out_splits, in_splits, transport)
+    return AllToAllCall(out, inp, out_splits, in_splits, transport, bounded)
 
 
 def _block_call(comm: Communicator, collective: str, out: torch.Tensor, inp: torch.Tensor, op: str, backend: str,

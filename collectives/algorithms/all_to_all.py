@@ -500,14 +500,15 @@ def build(key: AllToAllKey):
 @dataclass(frozen=True)
 class AllToAllCall:
     """One all-to-all call as the API received it (its plan checks it): ``inp``'s rows to
-    ``out`` as the splits say, over ``transport`` (:data:`TRANSPORTS`;
-    :func:`collectives.all_to_all`)."""
+    ``out`` as the splits say, over ``transport`` (:data:`TRANSPORTS`), ``bounded`` or exact
+    (:attr:`AllToAllKey.bounded`; :func:`collectives.all_to_all`)."""
 
     out: Any
     inp: Any
     out_splits: Any
     in_splits: Any
     transport: str = "nvlink"
+    bounded: bool = False
     collective: ClassVar[str] = "all_to_all"
 
 

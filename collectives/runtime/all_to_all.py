@@ -89,7 +89,8 @@ class Exchange:
 
     def plan(self, call: AllToAllCall) -> AllToAllPlan:
         """The checked, ready launch of ``call`` (:func:`prepare`)."""
-        return prepare(self.comm, self, call.out, call.inp, call.out_splits, call.in_splits, call.transport)
+        return prepare(self.comm, self, call.out, call.inp, call.out_splits, call.in_splits, call.transport,
+                       call.bounded)
 
     def device_splits(self, splits: Splits, rows: int, what: str, device: torch.device) -> torch.Tensor:
         """``splits`` as the kernel's int64[W] of rows on ``device``; None: ``rows`` in equal
@@ -228,15 +229,15 @@ def check_transport(comm: Runtime, transport: str) -> None:
 
 
 def plan_key(comm: Runtime, out: torch.Tensor, inp: torch.Tensor, out_splits: Splits, in_splits: Splits,
-             transport: str = "nvlink") -> tuple:
+             transport: str = "nvlink", bounded: bool = False) -> tuple:
     """The plan-cache key of an all-to-all of ``inp`` into ``out``: a call like an earlier one
-    (the same tensors, split values or split tensors, symmetric allocations and bound, and
-    ``transport``) launches that call's :class:`AllToAllPlan`.  Flat: each tensor's fields of
+    (the same tensors, split values or split tensors, symmetric allocations and bound,
+    ``transport`` and ``bounded``) launches that call's :class:`AllToAllPlan`.  Flat: each tensor's fields of
     :func:`~collectives.runtime.staging.tensor_key` inline (a call per tensor saved on every
     call; ``tests/collectives/runtime/test_host_path.py`` holds them to that function's)."""
     return ("all_to_all", out.data_ptr() or address(out), out.dtype, out.shape, out.is_contiguous(), out.get_device(),
             inp.data_ptr() or address(inp), inp.dtype, inp.shape, inp.is_contiguous(), inp.get_device(),
-            _splits_key(out_splits), _splits_key(in_splits), comm.ctx.generation, transport)
+            _splits_key(out_splits), _splits_key(in_splits), comm.ctx.generation, transport, bounded)
 
 
 def _splits_key(splits: Splits) -> Any:
@@ -248,9 +249,14 @@ def _splits_key(splits: Splits) -> Any:
 
 
 def prepare(comm: Runtime, state: Exchange, out: torch.Tensor, inp: torch.Tensor, out_splits: Splits,
-            in_splits: Splits, transport: str = "nvlink") -> AllToAllPlan:
+            in_splits: Splits, transport: str = "nvlink", bounded: bool = False) -> AllToAllPlan:
     """The checked, ready launch of an all-to-all of ``inp`` into ``out`` over ``transport``
-    (:func:`check_transport`)."""
+    (:func:`check_transport`), ``bounded`` (:attr:`AllToAllKey.bounded`: ``out_splits`` a
+    tensor, which the kernel writes) or exact."""
+    if bounded and (transport != "nvlink" or not isinstance(out_splits, torch.Tensor)):
+        raise CollectiveError("all_to_all: bounded=True writes the rows each rank sent into out_splits, which must "
+                              f"be an int64 tensor of ({comm.world},) on this GPU (not {type(out_splits).__name__}), "
+                              f"over transport='nvlink' (not {transport!r})")
     check_transport(comm, transport)
     dtype = check_tensors(comm, out, inp)
     ctx = comm.ctx
@@ -263,7 +269,8 @@ def prepare(comm: Runtime, state: Exchange, out: torch.Tensor, inp: torch.Tensor
     else:
         allocation, recv_n = ctx.allocation(state.staging), min(out.numel(), STAGING_BYTES // out.element_size())
     base, number = allocation
-    key = AllToAllKey(dtype, comm.world, state.parts, direct=direct, pdl=state.pdl, transport=transport)
+    key = AllToAllKey(dtype, comm.world, state.parts, direct=direct, pdl=state.pdl, transport=transport,
+                      bounded=bounded)
     slots, receiver = state.slots, comm.buffer(base)
     args = ALL_TO_ALL.pack(
         recv_table=receiver.table.data_ptr(), recv_id=receiving(number, dtype),

@@ -67,7 +67,7 @@ def stub_exchange(mp: Any, comm: FakeComm) -> None:
     does (a hit then asks whether a capture is on, as on GPUs)."""
     from collectives.runtime import all_to_all as a2a
 
-    def prepare(comm, state, out, inp, out_splits, in_splits, transport="nvlink"):
+    def prepare(comm, state, out, inp, out_splits, in_splits, transport="nvlink", bounded=False):
         keep = tuple(torch.zeros(WORLD, dtype=torch.int64) for s in (in_splits, out_splits)
                      if not isinstance(s, torch.Tensor))
         return a2a.AllToAllPlan(lambda *args: None, (), comm, keep, state.pinned)

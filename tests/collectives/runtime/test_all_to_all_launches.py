@@ -34,16 +34,16 @@ class Fake(FakeComm):
         self._exchange.comm = self
         monkeypatch.setattr(a2a, "prepare", self._prepare)
 
-    def _prepare(self, comm, state, out, inp, out_splits, in_splits, transport):
-        self.prepared.append((out.data_ptr(), inp.data_ptr(), out_splits, in_splits, transport))
+    def _prepare(self, comm, state, out, inp, out_splits, in_splits, transport, bounded=False):
+        self.prepared.append((out.data_ptr(), inp.data_ptr(), out_splits, in_splits, bounded, transport))
 
         def launch(*args) -> None:
             self.launched += 1
 
         return a2a.AllToAllPlan(launch, (), comm, (), {})
 
-    def all_to_all(self, out, inp, out_splits=None, in_splits=None, transport="nvlink") -> None:
-        api.all_to_all(out, inp, out_splits, in_splits, transport=transport)
+    def all_to_all(self, out, inp, out_splits=None, in_splits=None, transport="nvlink", bounded=False) -> None:
+        api.all_to_all(out, inp, out_splits, in_splits, transport=transport, bounded=bounded)
 
 
 def test_a_repeated_call_launches_its_prepared_launch(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -209,6 +209,21 @@ def test_the_transport_is_part_of_the_key(monkeypatch: pytest.MonkeyPatch) -> No
     assert [p[-1] for p in comm.prepared] == ["nvlink", "nvshmem"] and comm.launched == 4
 
 
+def test_bounded_is_part_of_the_key_and_of_the_bound_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bounded call and an exact one of the same tensors are two launches, each reused; a
+    BoundAllToAll's bounded call takes the bounded plan."""
+    comm = Fake(monkeypatch)
+    out, inp = torch.empty(8, 4), torch.ones(8, 4)
+    received, sent = torch.zeros(2, dtype=torch.int64), torch.tensor([4, 4])
+    for bounded in (False, True, False, True):
+        comm.all_to_all(out, inp, received, sent, bounded=bounded)
+    assert [p[-2] for p in comm.prepared] == [False, True] and comm.launched == 4
+    bound = api.BoundAllToAll(out, inp, received, sent, bounded=True)
+    bound()
+    bound()
+    assert len(comm.prepared) == 2 and comm.launched == 6
+
+
 class Refusing(FakeComm):
     """A fake communicator whose all-to-all plans are the real ones (:func:`a2a.prepare`), on a
     context whose heap is ``heap``."""
@@ -254,6 +269,20 @@ def test_nvshmem_needs_the_nvshmem_heap(monkeypatch: pytest.MonkeyPatch) -> None
     message = refused(Refusing(monkeypatch, TorchHeap()), "nvshmem")
     assert "heap is TorchHeap, not NVSHMEM's" in message and "use transport='nvlink'" in message
     a2a.check_transport(Refusing(monkeypatch, object.__new__(NvshmemHeap)), "nvshmem")
+
+
+def test_bounded_needs_out_splits_as_a_tensor_and_nvlink(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel writes the rows received into out_splits: a list (or none) is refused before any
+    launch, as is a transport other than nvlink, and a bounded call under torch.compile."""
+    comm = Refusing(monkeypatch, object())
+    for out_splits, transport in (([4, 4], "nvlink"), (None, "nvlink"), (torch.zeros(2, dtype=torch.int64), "nvshmem")):
+        with pytest.raises(CollectiveError, match="bounded=True writes the rows each rank sent into out_splits"):
+            api.all_to_all(torch.empty(8, 4), torch.ones(8, 4), out_splits, [4, 4], transport=transport,
+                           bounded=True)
+    assert comm.launches == []
+    monkeypatch.setattr(api, "_compiling", lambda: True)
+    with pytest.raises(CollectiveError, match="bounded=True is not traceable by torch.compile"):
+        api.all_to_all(torch.empty(8, 4), torch.ones(8, 4), bounded=True)
 
 
 def test_nvshmem_is_refused_under_torch_compile(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -172,8 +172,71 @@ def check_two_streams(rank: int, world: int, group, rounds: int = 3) -> None:
         assert torch.equal(out.cpu().view(torch.uint8), want.view(torch.uint8))
 
 
+def bounded_call(rank: int, world: int, group, m: list, slot: int, hidden: int, dtype: str, seed: int, *,
+                 symmetric_out: bool) -> None:
+    """One bounded all-to-all (``bounded=True``) of the routing ``m`` (every chunk at most
+    ``slot`` rows) checked on this rank: source s's rows in slot s, bit for bit, the rows outside
+    what arrived untouched, and the rows each source sent in out_splits."""
+    import collectives
+
+    x = inputs(world, m, hidden, TORCH[dtype], seed)
+    got = reference(x, m, [[m[s][r] for s in range(world)] for r in range(world)])[rank]
+    rows = [m[s][rank] for s in range(world)]
+    if symmetric_out:
+        out = collectives.empty((world * slot, hidden), TORCH[dtype], group=group)
+    else:
+        size = torch.empty((), dtype=TORCH[dtype]).element_size()
+        out = torch.empty((world * slot, hidden * size), dtype=torch.uint8, device="cuda").view(TORCH[dtype])
+    out.view(torch.uint8).fill_(0xEE)
+    want = out.cpu().clone()
+    at = 0
+    for s in range(world):
+        want[s * slot:s * slot + rows[s]] = got[at:at + rows[s]]
+        at += rows[s]
+    received = torch.full((world,), -1, dtype=torch.int64, device="cuda")
+    in_splits = torch.tensor(m[rank], dtype=torch.int64, device="cuda")
+    collectives.all_to_all(out, x[rank].cuda(), received, in_splits, group=group, bounded=True)
+    collectives.synchronize(group)
+    assert received.tolist() == rows, (received.tolist(), rows)
+    assert torch.equal(out.cpu().view(torch.uint8), want.view(torch.uint8)), (m, slot, hidden, dtype, symmetric_out)
+
+
+def check_bounded(rank: int, world: int, group, calls: int = 20) -> None:
+    """``bounded=True``: random routings under and at the slot, symmetric and staged outputs,
+    every dtype; then rank 0 sends rank 1 a row past its slot: both raise a size mismatch (no
+    timeout), then correct calls in a row."""
+    import collectives
+
+    case = 0
+    for dtype in TORCH:
+        for hidden in (1, 7168):
+            for symmetric_out in (False, True):
+                case += 1
+                slot = 3 if hidden > 1000 else 9
+                bounded_call(rank, world, group, splits(world, 3000 + case, slot), slot, hidden, dtype, case,
+                             symmetric_out=symmetric_out)
+    slot = 4
+    m = splits(world, 98, slot)
+    m[0][1] = slot + 1
+    received = torch.zeros(world, dtype=torch.int64, device="cuda")
+    inp = torch.ones((sum(m[rank]), 8), dtype=torch.float32, device="cuda")
+    out = torch.zeros((world * slot, 8), dtype=torch.float32, device="cuda")
+    in_splits = torch.tensor(m[rank], dtype=torch.int64, device="cuda")
+    if rank in (0, 1):
+        with pytest.raises(collectives.CollectiveError, match="size"):
+            collectives.all_to_all(out, inp, received, in_splits, group=group, bounded=True)
+            collectives.synchronize(group)
+        if rank == 1:
+            assert received[0].item() == 0 and torch.all(out[:slot] == 0)  # nothing of rank 0's landed
+    else:
+        collectives.all_to_all(out, inp, received, in_splits, group=group, bounded=True)
+        collectives.synchronize(group)
+    for i in range(calls):
+        bounded_call(rank, world, group, splits(world, 4000 + i, 5), 5, 32, "f32", i, symmetric_out=bool(i % 2))
+
+
 CHECKS = [check_routings, check_equal_splits, check_mismatch_then_correct_calls,
-          check_dtype_mismatch_then_correct_calls, check_two_streams]
+          check_dtype_mismatch_then_correct_calls, check_two_streams, check_bounded]
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
