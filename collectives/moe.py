@@ -59,19 +59,23 @@ from .runtime.moe import COMBINE_FIELDS, HANDLE_FIELDS
 if TYPE_CHECKING:
     from .runtime.communicator import Communicator, Group
 
-#: ``exchange(out, inp, out_splits, in_splits)``: an all-to-all of rows (device int64 splits).
+#: ``exchange(out, inp, out_splits, in_splits, bounded=False)``: an all-to-all of rows (device
+#: int64 splits; ``bounded``: :func:`collectives.all_to_all`'s bounded mode, passed only where set).
 Exchange = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], Any]
 
 
 def bind(exchange: Exchange, out: torch.Tensor, inp: torch.Tensor, out_splits: torch.Tensor | None,
-          in_splits: torch.Tensor | None) -> Callable[[], Any]:
+          in_splits: torch.Tensor | None, bounded: bool = False) -> Callable[[], Any]:
     """``exchange`` of these tensors (a plan's buffers, the same at every call of its shape) as a
     call without arguments: ``exchange.bind``'s where it has one (the communicator's
-    all-to-all, :class:`GroupExchange`: its plan kept and launched directly), else a partial."""
+    all-to-all, :class:`GroupExchange`: its plan kept and launched directly), else a partial;
+    ``bounded``: the all-to-all's bounded mode (``collectives.all_to_all(..., bounded=True)``:
+    ``out`` cut in a slot per source, ``out_splits`` written with the rows each sent)."""
+    kw = {"bounded": True} if bounded else {}
     method = getattr(exchange, "bind", None)
     if method is None:
-        return functools.partial(exchange, out, inp, out_splits, in_splits)
-    return method(out, inp, out_splits, in_splits)
+        return functools.partial(exchange, out, inp, out_splits, in_splits, **kw)
+    return method(out, inp, out_splits, in_splits, **kw)
 
 
 #: ``empty(name, shape, dtype, device)``: the receive buffer ``name`` (the same shape on every
@@ -352,8 +356,11 @@ class DispatchPlan:
         self.layout = wire(hidden, x.element_size(), fp8, self.topk)
         self.wire = torch.float8_e4m3fn if fp8 else x.dtype
         self.width = self.layout.bytes // (1 if fp8 else x.element_size())
-        self.rows = scratch("rows", (bound + 1, self.layout.bytes), torch.uint8, device)
-        self.rows_wire = self.rows[:self.tokens * min(self.topk, world)].view(self.wire)
+        # Low latency: one exchange, each rank's chunk its message (header_rows(), written by the
+        # routing) then its rows; throughput: the message apart (its own all-to-all)
+        self.head_rows = head = 0 if exact else header_rows(local, self.layout)
+        self.rows = scratch("rows", (bound + world * head + 1, self.layout.bytes), torch.uint8, device)
+        self.rows_wire = self.rows[:self.tokens * min(self.topk, world) + world * head].view(self.wire)
         self.pack = pack_for(x.dtype, hidden, fp8) if pack_for else None
         placement = placement_for(local, self.layout, exact, self.wire) if placement_for else None
         self.placed = placement is not None
@@ -365,8 +372,8 @@ class DispatchPlan:
         # carry at most (the handle's places).
         self.received = self.received_rows = None
         self.room = 0
-        if not exact:
-            self.received = empty("dispatch", (world * max_tokens, self.width), self.wire, device)
+        if not exact:  # a region per source: its message, then its max_tokens rows at most
+            self.received = empty("dispatch", (world * (max_tokens + head), self.width), self.wire, device)
             empty("combine", (max_tokens * self.topk, hidden), x.dtype, device)
             self.received_rows = self.received.view(torch.uint8)
             self.room = runtime_moe.entry_room(world, max_tokens, self.topk)
@@ -374,24 +381,33 @@ class DispatchPlan:
         # (shape, strides) of the placed rows and scales but the trash row (low latency)
         self.experts_view = ((local, self.capacity, hidden), (self.capacity * hidden, hidden, 1))
         self.scales_view = ((local, self.capacity), (self.capacity, 1))
-        # what each source sent: each local expert's entries, then its rows
+        # what each source sent: each local expert's entries, then its rows (low latency: read where
+        # they arrived, the head of each source's region: a strided view)
         message = tallies[:, :-1].view(2, world, local + 1)
         self.counts = message[1]
-        self.counts_wire = self.counts.view(torch.float32)
-        self.message_wire = message[0].view(torch.float32)
+        if not exact:
+            self.counts = self.received_rows.view(world, -1)[:, :8 * (local + 1)].view(torch.int64)
         self.rows_tallied = message[:, :, local]
         self.splits = scratch("splits", (2, world), torch.int64, device)
         self.send_splits, self.recv_splits = self.splits[0], self.splits[1]
+        # the routing's writes of the messages and the rows' splits (low latency)
+        self.head = None if exact else (self.rows, head, self.send_splits)
         # The fields of the kernels' small outputs in a call's one allocation (throughput: the
         # placement's apart, for the call's entries received).
         fields = runtime_moe.route_fields(self.tokens * self.topk, world) if self.routed else []
         if self.placed and not exact:
             fields += runtime_moe.place_fields(self.room, local, world)
         self.carve = runtime_moe.Carve(fields) if fields else None
-        # The all-to-alls of these buffers (:func:`bind`): the counts; low latency, the rows too.
-        self.send_counts = bind(exchange, self.counts_wire, self.message_wire, None, None)
-        self.send_rows = None if exact else bind(exchange, self.received, self.rows_wire, self.recv_splits,
-                                                  self.send_splits)
+        # The all-to-alls of these buffers (:func:`bind`): low latency, the one of the rows (bounded:
+        # a region per source, the rows each sent written into recv_splits); throughput, the counts'
+        # (each rank's message as float32 pairs: the all-to-all moves the library's dtypes).
+        self.send_counts = self.send_rows = None
+        if exact:
+            self.send_counts = bind(exchange, self.counts.view(torch.float32), message[0].view(torch.float32), None,
+                                    None)
+        else:
+            self.send_rows = bind(exchange, self.received, self.rows_wire, self.recv_splits, self.send_splits,
+                                  bounded=True)
 
 
 def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: torch.Tensor,
@@ -428,9 +444,10 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     handle = Handle(None, None, topk_weights, None, None, None, None, tokens, topk, carved=carved, world=world)
     rows = None
     if p.routed:
-        p.route(topk_ids, num_experts, world, p.bins, carved)
+        p.route(topk_ids, num_experts, world, p.bins, carved, p.head)
     else:
-        handle.order, handle.valid, _, handle.send_splits, _, rows = p.route(topk_ids, num_experts, world, p.bins)
+        handle.order, handle.valid, _, handle.send_splits, _, rows = p.route(topk_ids, num_experts, world, p.bins,
+                                                                             head=p.head)
         handle.slots = inverse(handle.order)
     if p.pack is not None:  # a row per (token, rank), its header naming its entries (Wire), by address
         if rows is None:
@@ -441,14 +458,14 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     else:
         pack_rows(x, carved.tensor("rows") if rows is None else rows, handle.slots, handle.send_splits, topk,
                   p.layout, p.rows)
-    # Each rank's message (its experts' entries, its rows; their bits, as float32 pairs: the
-    # all-to-all moves the library's dtypes); then the rows.
-    p.send_counts()
-    # The rows' splits, sent and received, in one scratch buffer by one copy (its place in the
-    # rows' plan key the same at each call; the handle's splits are the entries', its own).
-    p.splits.copy_(p.rows_tallied)
     most, received_rows, rows_out, room = 0, p.received_rows, p.rows_out, p.room
-    if p.exact:  # every rank's rows and entries to receive, and tokens: the buffers' sizes, the same everywhere
+    if p.exact:
+        # Each rank's message (its experts' entries, its rows); the rows' splits, sent and received, in
+        # one scratch buffer by one copy (its place in the rows' plan key the same at each call; the
+        # handle's splits are the entries', its own); every rank's rows and entries to receive, and
+        # tokens: the buffers' sizes, the same everywhere; then the rows.
+        p.send_counts()
+        p.splits.copy_(p.rows_tallied)
         (_, rows_out, _), sizes = _everyone(exchange, world, [p.splits[1].sum(), p.counts[:, :p.local].sum(),
                                                               torch.tensor(tokens, device=x.device)])
         received = empty("dispatch", (_capacity(max(r for r, _, _ in sizes)), p.width), p.wire, x.device)
@@ -456,7 +473,7 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
         room = _capacity(max(e for _, e, _ in sizes))
         most = _capacity(max(t for _, _, t in sizes) * topk)
         exchange(received, p.rows_wire, p.recv_splits, p.send_splits)
-    else:
+    else:  # one exchange: each source's message and rows into its region (low latency)
         p.send_rows()
     handle.most = most
     # (dropped: the ids out of range and the entries past a capacity)
@@ -485,7 +502,8 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
 
 
 def route_ids(ids: torch.Tensor, num_experts: int, world: int, bins: torch.Tensor | None = None,
-              scratch: Scratch = plain, most: int | None = None) -> tuple[torch.Tensor, ...]:
+              scratch: Scratch = plain, most: int | None = None,
+              head: tuple[torch.Tensor, int, torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:
     """The torch steps of a :data:`Route` (``ids``: ``[tokens, topk]``; ``bins`` None: a new
     tensor; ``most``: the entries of any call of the shape, ``ids.numel()`` by default: the ones
     counted from ``scratch``): ``(order, valid, bins, send_splits, slots, rows)``, ``slots``
@@ -493,7 +511,11 @@ def route_ids(ids: torch.Tensor, num_experts: int, world: int, bins: torch.Tenso
     its ``L`` experts' entries, then the rows sent to it (its tokens with >= 1 entry there),
     and last the out-of-range entries; ``rows[t * topk + k]``: the row that carries entry
     ``(t, k)``, its token's row to the entry's rank (rows by rank, then by token), -1 where out of
-    range."""
+    range.  ``head`` (low latency: ``(sent, h, splits)``): each rank's chunk of the rows sent is
+    headed by ``h`` rows (:func:`header_rows`) holding its message (``bins``' ``L + 1`` words; the
+    head's other bytes are not written), written into ``sent`` (uint8 rows), the rows numbered after them (rank ``r``'s rows
+    ``(r + 1) h`` further on), and ``splits`` (int64[W]) the rows of each rank's chunk, ``h`` and
+    its rows."""
     local = num_experts // world
     tokens, topk = ids.shape
     # An id out of range goes to a bin past the last rank's (below 0: clamped to -1, which the
@@ -504,15 +526,28 @@ def route_ids(ids: torch.Tensor, num_experts: int, world: int, bins: torch.Tenso
     rank = (expert // local).view(tokens, topk)  # out of range: world
     has = torch.zeros((tokens, world + 1), dtype=torch.int64, device=ids.device).scatter_(1, rank, 1)[:, :world]
     rows_to = has.sum(0)
-    row = torch.cumsum(has, 0) - has + (torch.cumsum(rows_to, 0) - rows_to)  # (token, rank)'s row
+    h = 0 if head is None else head[1]
+    heads = torch.cumsum(rows_to, 0) - rows_to + torch.arange(world, device=ids.device) * h  # each chunk's first row
+    row = torch.cumsum(has, 0) - has + heads + h  # (token, rank)'s row
     rows = torch.where(rank < world, row.gather(1, rank.clamp(max=world - 1)), -1).view(-1)
     bins = torch.empty(message_size(num_experts, world), dtype=torch.int64, device=ids.device) if bins is None else bins
     message = bins[:-1].view(world, local + 1)
     message[:, :local] = counts[:num_experts].view(world, local)
     message[:, local] = rows_to
     bins[-1] = counts[num_experts]
+    if head is not None:  # each rank's message's bytes at the head of its chunk (the head's other bytes unwritten)
+        sent, _, splits = head
+        at = heads[:, None] * sent.shape[1] + torch.arange(8 * (local + 1), device=ids.device)
+        sent.view(-1)[at.view(-1)] = message.contiguous().view(torch.uint8).view(-1)
+        splits.copy_(rows_to + h)
     return (torch.sort(expert, stable=True).indices, expert < num_experts, bins,
             counts[:num_experts].view(world, local).sum(1), None, rows)
+
+
+def header_rows(local: int, layout: Wire) -> int:
+    """Rows of :class:`Wire` ``layout`` that a low-latency dispatch's message to a rank takes at
+    the head of its chunk (its ``local + 1`` int64 words: the rank's experts' entries, the rows)."""
+    return -(-8 * (local + 1) // layout.bytes)
 
 
 def message_size(num_experts: int, world: int) -> int:
@@ -529,7 +564,8 @@ def inverse(order: torch.Tensor) -> torch.Tensor:
 def pack_rows(x: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, send_splits: torch.Tensor, topk: int,
               layout: Wire, out: torch.Tensor) -> None:
     """The torch steps of a :data:`Pack`: into ``out`` (uint8 ``[rows sent + 1, layout.bytes]``
-    at least: its last row the trash row, written by entries out of range) each row sent, as
+    at least: its last row the trash row, written by entries out of range; no other row written)
+    each row sent, as
     :class:`Wire` lays it out (fp8: quantized, :func:`quantize`), from :func:`route_ids`'
     ``rows``, the entries' sort's :func:`inverse` ``slots`` and ``send_splits`` (entries per
     rank)."""
@@ -547,9 +583,12 @@ def pack_rows(x: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, send_spl
     entry = torch.arange(n, device=x.device)
     header = torch.full((out.shape[0], topk), -1, dtype=torch.int32, device=x.device)
     header.index_put_((target, entry % topk), j)
-    out[:, values.shape[1]:] = 0
-    out[:, :values.shape[1]].index_put_((target,), values.repeat_interleave(topk, 0))
-    out[:, layout.header:layout.header + 4 * topk] = header.view(torch.uint8)
+    made = torch.zeros_like(out)
+    made[:, :values.shape[1]].index_put_((target,), values.repeat_interleave(topk, 0))
+    made[:, layout.header:layout.header + 4 * topk] = header.view(torch.uint8)
+    # only the rows sent (and the trash row): the others keep what the routing wrote (the messages)
+    sent = torch.zeros(out.shape[0], dtype=torch.bool, device=x.device).index_fill_(0, target, True)
+    out.copy_(torch.where(sent[:, None], made, out))
 
 
 def place_rows(counts: torch.Tensor, received: torch.Tensor, room: int, rows_out: int, capacity: int, exact: bool,
@@ -560,13 +599,25 @@ def place_rows(counts: torch.Tensor, received: torch.Tensor, room: int, rows_out
     ``room``), then each entry's place, expert ``l``'s entries by source, then in the source's
     order (see :mod:`collectives.algorithms.moe_place`): ``expert_x`` (uint8, the rows' values),
     ``place``, ``kept``, ``expert_counts``, ``dropped`` (without ``dropped_before`` where None),
-    ``scales`` (fp8) and ``recv_splits`` (entries each source sent)."""
+    ``scales`` (fp8) and ``recv_splits`` (entries each source sent).  Low latency (not ``exact``):
+    ``received`` is a region per source (``received.shape[0] / W`` rows: :func:`header_rows` of
+    its message, which ``counts`` views, then its rows; a source's rows past its region are not
+    read)."""
     world, local = counts.shape[0], counts.shape[1] - 1
     device = received.device
     row_counts, counts = counts[:, local], counts[:, :local]
     # each entry's row: from the headers of the rows that arrived
-    q = torch.arange(received.shape[0], device=device)
-    source = torch.searchsorted(torch.cumsum(row_counts, 0), q, right=True)
+    if exact:  # in arrival order
+        q = torch.arange(received.shape[0], device=device)
+        source = torch.searchsorted(torch.cumsum(row_counts, 0), q, right=True)
+    else:  # each source's rows after its message, in its region
+        head = header_rows(local, layout)
+        slot = received.shape[0] // world - head
+        width = received.shape[1]
+        received = received.view(world, slot + head, width)[:, head:].reshape(world * slot, width)
+        q = torch.arange(received.shape[0], device=device)
+        source = q // slot
+        source = torch.where(q - source * slot < row_counts[source], source, world)
     entries_of = counts.sum(1)
     header = received[:, layout.header:layout.header + 4 * layout.topk].contiguous().view(torch.int32).long()
     entry = (torch.cumsum(entries_of, 0) - entries_of)[source.clamp(max=world - 1)][:, None] + header
@@ -809,17 +860,17 @@ class GroupExchange:
         self.group = group
 
     def __call__(self, out: torch.Tensor, inp: torch.Tensor, out_splits: torch.Tensor | None,
-                 in_splits: torch.Tensor | None) -> torch.Tensor:
+                 in_splits: torch.Tensor | None, bounded: bool = False) -> torch.Tensor:
         from . import api
 
-        return api.all_to_all(out, inp, out_splits, in_splits, group=self.group)
+        return api.all_to_all(out, inp, out_splits, in_splits, group=self.group, bounded=bounded)
 
     def bind(self, out: torch.Tensor, inp: torch.Tensor, out_splits: torch.Tensor | None,
-             in_splits: torch.Tensor | None) -> Callable[[], torch.Tensor]:
+             in_splits: torch.Tensor | None, bounded: bool = False) -> Callable[[], torch.Tensor]:
         """The all-to-all of these tensors, its plan kept (:class:`collectives.api.BoundAllToAll`)."""
         from . import api
 
-        return api.BoundAllToAll(out, inp, out_splits, in_splits, group=self.group)
+        return api.BoundAllToAll(out, inp, out_splits, in_splits, group=self.group, bounded=bounded)
 
 
 def _layer(comm: Communicator, group: Group) -> runtime_moe.Layer:
@@ -834,5 +885,5 @@ def _layer(comm: Communicator, group: Group) -> runtime_moe.Layer:
 __all__ = ["BUFFER_NAMES", "E4M3_MAX", "MODES", "CombinePlan", "DispatchPlan", "Empty", "Exchange", "Gather",
            "GroupExchange", "Handle", "Pack", "PackFor", "Placement", "PlacementFor", "Plans", "Route", "RouteFor",
            "Scratch", "WeightedSum", "bind", "combine", "combine_with", "dispatch", "dispatch_with",
-           "Wire", "gather_rows", "handle_from", "handle_tensors", "inverse", "message_size", "pack_rows", "place_rows",
+           "Wire", "gather_rows", "handle_from", "handle_tensors", "header_rows", "inverse", "message_size", "pack_rows", "place_rows",
            "plain", "quantize", "route_ids", "unplanned", "wire"]

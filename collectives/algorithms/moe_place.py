@@ -1,13 +1,15 @@
 """The MoE dispatch's placement of received rows (:func:`collectives.moe.dispatch`), one
 kernel on one GPU.
 
-After a dispatch's all-to-all of rows, ``received`` holds, in arrival order, the rows every
+After a dispatch's all-to-all of rows, ``received`` holds (throughput, ``exact``: in arrival
+order; low latency: each source's in its region of ``rows / W`` rows, after the rows of its
+message, which the same exchange brought: :func:`collectives.moe.header_rows`) the rows every
 source sent this rank, a row per token and rank (:class:`collectives.moe.Wire`), each with a
 header naming the entries it carries: slot ``k`` an index ``j`` among its source's entries (or
 -1).  A source's entries are those of today's per-entry stream: source ``0``'s for local expert
 ``0``, then for expert ``1``, ..., then source ``1``'s, as each source's message says
-(``counts[source * (L + 1) + l]``; its rows at ``counts[source * (L + 1) + L]``: the messages
-arrived first).  Entry ``i`` (``j`` of source ``s``: ``i`` its source's first entry plus ``j``)
+(``counts[source * (L + 1) + l]``; its rows at ``counts[source * (L + 1) + L]``; low latency: the
+words at the head of the source's region, its rows at most the region's).  Entry ``i`` (``j`` of source ``s``: ``i`` its source's first entry plus ``j``)
 lies in segment ``s`` (the first whose running end passes ``i``; none past the last end: the
 entry did not arrive), ``within`` entries into it; its slot in expert ``l = s % L`` is
 ``before[s] + within``, ``before[s]`` the entries earlier sources sent the same expert.  Its
@@ -85,8 +87,11 @@ WORDS = {16: (Uint32, 4), 8: (Uint32, 2), 4: (Uint32, 1), 2: (Uint16, 1), 1: (Ui
 
 MOE_PLACE = Layout("MoePlaceArgs", (
     Arg("counts", Int64, "int64[W * (L + 1)]: each source's message: the entries it sent each local expert, then "
-                         "its rows (arrival order)"),
-    Arg("received", Int64, "the received rows, in arrival order (rows of row_words words: values, header)"),
+                         "its rows (exact; low latency: the head of received, each source's message at the head "
+                         "of its region)"),
+    Arg("received", Int64, "the received rows (rows of row_words words: values, header): exact, in arrival order; "
+                           "low latency, a region of rows / W rows per source: its message's rows "
+                           "(collectives.moe.header_rows), then its rows"),
     Arg("expert_x", Int64, "the placed rows, out_words words each (their places, below; the trash row is never "
                            "written)"),
     Arg("scales", Int64, "f32[rows of expert_x], out (the key's scales): each placed row's scale, the 4 bytes "
@@ -182,9 +187,19 @@ def build(key: MoePlaceKey):
         row_starts = smem.allocate_tensor(Int64, cute.make_layout(world + 1), byte_alignment=8)  # sources' rows
         places = smem.allocate_tensor(Int64, cute.make_layout(threads), byte_alignment=8)  # a row's entries' places
         message = gmem(Int64, args.counts, 8, LOCAL, by)
+        stride = Int64(local + 1)  # words from a source's message to the next's
+        head, region = Int64(0), Int64(0)
+        if cutlass.const_expr(not exact):  # a region per source: its message's rows, then its rows
+            row_bytes = args.row_words * key.word
+            head = (Int64(8 * (local + 1)) + row_bytes - 1) // row_bytes
+            region = args.rows // world
+            stride = region * row_bytes // 8
         j = tidx
         while j < Int64(segments):  # the counts into shared memory, every thread a share
-            c = ptxops.ld(message + j + j // local, dtype=Int64)
+            if cutlass.const_expr(exact):
+                c = ptxops.ld(message + j + j // local, dtype=Int64)
+            else:
+                c = ptxops.ld(message + (j // local) * stride + j % local, dtype=Int64)
             counts[j] = c
             starts[j + 1] = c
             j += threads
@@ -193,7 +208,11 @@ def build(key: MoePlaceKey):
             sent = Int64(0)
             for source in range(world):
                 if Int64(source) < w:
-                    sent += ptxops.ld(message + source * (local + 1) + local, dtype=Int64)
+                    if cutlass.const_expr(exact):
+                        sent += ptxops.ld(message + source * (local + 1) + local, dtype=Int64)
+                    else:  # (at most its region's rows)
+                        sent += cutlass.min(cutlass.max(ptxops.ld(message + source * stride + local, dtype=Int64),
+                                                        Int64(0)), region - head)
             row_starts[w] = sent
             w += threads
         if tidx == Int64(0):
@@ -293,8 +312,11 @@ def build(key: MoePlaceKey):
                 else:
                     hi = mid
             entries = starts[lo * local]  # the source's first entry
-            header = gmem(Int32, args.received, 4, LOCAL, by) + (i * args.row_words * key.word + args.header) // 4
-            src = gmem(element, args.received, key.word, LOCAL, by) + i * args.row_words * per_word
+            row = i  # its row in the receive buffer: in arrival order, or in its source's region after the message
+            if cutlass.const_expr(not exact):
+                row = lo * region + head + i - row_starts[lo]
+            header = gmem(Int32, args.received, 4, LOCAL, by) + (row * args.row_words * key.word + args.header) // 4
+            src = gmem(element, args.received, key.word, LOCAL, by) + row * args.row_words * per_word
             base = Int64(0)
             while base < args.topk:  # the header's slots, a chunk of `threads` at a time (one at top-k <= threads)
                 if base + tidx < args.topk:  # a thread per slot: its entry's place where it is kept, else -1
@@ -330,7 +352,7 @@ def build(key: MoePlaceKey):
                     while k < chunk:
                         place = places[k]
                         if place >= Int64(0):
-                            at = (i * args.row_words + args.out_words) * key.word
+                            at = (row * args.row_words + args.out_words) * key.word
                             if cutlass.const_expr(key.word >= 4):  # one load, not four in a row
                                 scale = ptxops.ld(gmem(Uint32, args.received, 4, LOCAL, by) + at // 4)
                                 ptxops.st(gmem(Uint32, args.scales, 4, LOCAL, by) + place, scale)

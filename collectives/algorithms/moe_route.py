@@ -34,7 +34,10 @@ not one itself (its owner came earlier in its group, or in an earlier group: the
 over all the bins places the rows after the ``n`` entries, so that rank ``r``'s rows are numbered
 from the rows before ``r``, by token. The kernel writes each entry's row (``rows``; -1 out of range)
 and the counts' message (``bins``: each rank's ``L`` experts' entries, then its rows; then the
-out-of-range entries). It replaces torch's id mapping, mask, stable sort (a radix sort: 28 us of GPU time at 1,024 entries), count and sum of the splits: seven launches. Until
+out-of-range entries). With ``head_rows`` (a low-latency dispatch's one exchange), each rank's
+rows come ``head_rows`` later per rank up to its own (rank ``r``'s: ``(r + 1) head_rows``), and
+after the scan the kernel writes each rank's message (its ``L + 1`` words) into the head of its
+chunk of the sent rows and the chunk's rows (``row_splits``): the exchange's in_splits. It replaces torch's id mapping, mask, stable sort (a radix sort: 28 us of GPU time at 1,024 entries), count and sum of the splits: seven launches. Until
 2026-11-28 every round took three block barriers and waited for its own entries' loads (4 x H200,
 1,024 entries: 13.6 us; one token: 6.5 us); then (2 x H200, 1,024 entries: 7.5 us) each thread still
 compared its entry with its group's round's through shared memory, each expert summed its groups'
@@ -79,7 +82,12 @@ MOE_ROUTE = Layout("MoeRouteArgs", (
     Arg("send_splits", Int64, "int64[E / L], out: entries per destination rank"),
     Arg("slots", Int64, "int64[n], out: each entry's place in order (order[slots[i]] = i)"),
     Arg("rows", Int64, "int64[n], out: the row that carries each entry (its token's to its rank; by rank, then "
-                       "token), -1 out of range"),
+                       "token, each rank's after head_rows), -1 out of range"),
+    Arg("head_rows", Int64, "rows heading each rank's chunk with its message (0: none; low latency: "
+                            "collectives.moe.header_rows)"),
+    Arg("sent", Int64, "with head_rows: the rows sent (row_bytes each), out: each rank's message into its head"),
+    Arg("row_bytes", Int64, "with head_rows: bytes per sent row"),
+    Arg("row_splits", Int64, "with head_rows: int64[W], out: the rows of each rank's chunk (head_rows + its rows)"),
 ))
 
 
@@ -241,9 +249,9 @@ def build(key: MoeRouteKey):
                 row_at = Int32(0)
                 if rank >= Int32(0):  # its row: its owner's (this entry, or one counted before it)
                     row_at = table[group * bins + experts + 1 + rank]
-                    if cutlass.const_expr(placing):
+                    if cutlass.const_expr(placing):  # (after the heads of the ranks up to its own)
                         ptxops.st(gmem(Int64, args.rows, 8, LOCAL, by) + i,
-                                  Int64(row_at + owners_before + owner - 1 - n))
+                                  Int64(row_at + owners_before + owner - 1 - n) + Int64(rank + 1) * args.head_rows)
                 elif cutlass.const_expr(placing):
                     if e >= Int32(0):
                         ptxops.st(gmem(Int64, args.rows, 8, LOCAL, by) + i, Int64(-1))
@@ -305,6 +313,19 @@ def build(key: MoeRouteKey):
                     ptxops.st(gmem(Int64, args.send_splits, 8, LOCAL, by) + w,
                               Int64(starts[(w + 1) * local] - starts[w * local]))
                     w += threads
+                if args.head_rows > Int64(0):  # each rank's message at the head of its chunk, and the chunk's rows
+                    words = gmem(Int64, args.bins, 8, LOCAL, by)  # (stored above, before two block barriers)
+                    w = tidx  # (32-bit index arithmetic: no 64-bit division)
+                    while w < world * (local + 1):
+                        r = w // (local + 1)
+                        head = Int64(starts[experts + 1 + r] - n) + Int64(r) * args.head_rows
+                        ptxops.st(gmem(Int64, args.sent, 8, LOCAL, by)
+                                  + (head * (args.row_bytes >> 3) + Int64(w - r * (local + 1))),
+                                  ptxops.ld(words + w, dtype=Int64))
+                        if w - r * (local + 1) == local:  # its rows' word
+                            ptxops.st(gmem(Int64, args.row_splits, 8, LOCAL, by) + r,
+                                      ptxops.ld(words + w, dtype=Int64) + args.head_rows)
+                        w += threads
 
     return launcher(kernel, threads, grid=1, layout=MOE_ROUTE)
 

@@ -210,7 +210,8 @@ def route(comm: Runtime, dtype: torch.dtype, experts: int):
         return None
     fn, device = comm.kernel_together(key), comm.device_index
 
-    def run(ids: torch.Tensor, num_experts: int, world: int, bins: torch.Tensor, into: Carved) -> None:
+    def run(ids: torch.Tensor, num_experts: int, world: int, bins: torch.Tensor, into: Carved,
+            head: tuple[torch.Tensor, int, torch.Tensor] | None = None) -> None:
         n = ids.numel()
         rows = ids if ids.dim() == 2 else ids.reshape(1, -1)  # read at its row stride: no copy of sliced ids
         if rows.shape[1] > 1 and rows.stride(1) != 1:
@@ -221,7 +222,11 @@ def route(comm: Runtime, dtype: torch.dtype, experts: int):
         args = MOE_ROUTE.take(dict(ids=rows.data_ptr(), topk=topk, stride=stride, n=n, experts=num_experts,
                                    local=num_experts // world, order=base + at["order"], valid=base + at["valid"],
                                    bins=bins.data_ptr(), send_splits=base + at["send_splits"],
-                                   slots=base + at["slots"], rows=base + at["rows"]))
+                                   slots=base + at["slots"], rows=base + at["rows"],
+                                   head_rows=0 if head is None else head[1],
+                                   sent=0 if head is None else head[0].data_ptr(),
+                                   row_bytes=0 if head is None else head[0].shape[1],
+                                   row_splits=0 if head is None else head[2].data_ptr()))
         fn(*args, 1, current_stream(device))
 
     return run

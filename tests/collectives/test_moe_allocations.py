@@ -60,7 +60,7 @@ def _tensors(tree) -> list[torch.Tensor]:
     return []
 
 
-def exchange(out, *_: object) -> None:
+def exchange(out, *_: object, **__: object) -> None:
     """An all-to-all that delivers zeros (uncounted)."""
     with _disable_current_modes():
         out.zero_()

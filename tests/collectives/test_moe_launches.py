@@ -34,7 +34,7 @@ class Launches(TorchDispatchMode):
         super().__init__()
         self.count = 0
 
-    def note(self, *args: object) -> None:
+    def note(self, *args: object, **_: object) -> None:
         """One launch (an all-to-all: its output zeroed, uncounted, so that no step after it
         reads uninitialised counts)."""
         self.count += 1
@@ -90,7 +90,7 @@ def test_the_fused_kernels_cut_the_launches_around_our_all_to_alls(monkeypatch) 
     torch_steps = launches(False, monkeypatch)
     fused = launches(True, monkeypatch)
     print(f"\nlaunches per call (dispatch, combine): torch steps {torch_steps}, fused kernels {fused}")
-    assert fused[0] <= 6 and fused[1] <= 3, fused
+    assert fused[0] <= 4 and fused[1] <= 3, fused  # routing, packing, the one all-to-all, placement
     assert 2 * fused[0] < torch_steps[0] and 3 * fused[1] < torch_steps[1], (torch_steps, fused)
 
 
@@ -136,7 +136,7 @@ def test_the_kernels_small_outputs_lie_in_one_allocation_per_call_where_the_hand
     w = torch.rand((tokens, topk), generator=gen)
 
     def dispatch(apart=False):
-        return moe.dispatch_with(lambda *a: None, 2, x, ids, w, experts, tokens, scratch=scratch,
+        return moe.dispatch_with(lambda *a, **k: None, 2, x, ids, w, experts, tokens, scratch=scratch,
                                  placement_for=layer.placement_for, pack_for=layer.pack_for,
                                  route_for=layer.route_for, plans=layer.plan, apart=apart)
 

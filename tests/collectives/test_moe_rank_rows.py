@@ -63,10 +63,11 @@ def test_a_row_per_token_and_rank_placed_as_the_entries(world: int, mode: str, f
         def body(r):
             exchange = sim.exchange(r)
 
-            def spy(out, inp, out_splits, in_splits):
-                if in_splits is not None:
-                    sent[r] = [int(v) for v in in_splits]
-                return exchange(out, inp, out_splits, in_splits)
+            def spy(out, inp, out_splits, in_splits, bounded=False):
+                if in_splits is not None:  # (low latency: each chunk headed by the message's rows)
+                    head = moe.header_rows(local, moe.wire(hidden, 2, fp8, topk)) if bounded else 0
+                    sent[r] = [int(v) - head for v in in_splits]
+                return exchange(out, inp, out_splits, in_splits, **({"bounded": True} if bounded else {}))
 
             ex, counts, handle = moe.dispatch_with(spy, world, xs[r], ids[r], ws[r], experts, max_tokens, mode,
                                                    fp8=fp8)
@@ -114,15 +115,16 @@ def test_a_row_per_token_and_rank_placed_as_the_entries(world: int, mode: str, f
 
 @pytest.mark.parametrize("exact", [False, True])
 def test_a_placement_of_no_arrived_rows_keeps_no_entry(exact: bool) -> None:
-    """:func:`collectives.moe.place_rows` given no rows (room for entries, none arrived): every
-    entry unkept, placed at the trash row, no expert counted (it indexed an empty tensor)."""
-    from collectives.moe import place_rows, wire
+    """:func:`collectives.moe.place_rows` given no rows (room for entries, none arrived; low
+    latency: each source's region but its message): every entry unkept, placed at the trash row,
+    no expert counted (it indexed an empty tensor)."""
+    from collectives.moe import header_rows, place_rows, wire
 
     world, local, capacity, room = 2, 3, 4, 6
     layout = wire(8, 2, False, 2)
     counts = torch.zeros((world, local + 1), dtype=torch.int64)
     rows_out = 0 if exact else local * capacity
-    out = place_rows(counts, torch.zeros((0, layout.bytes), dtype=torch.uint8), room, rows_out, capacity, exact,
-                     layout=layout)
+    received = torch.zeros((0 if exact else world * header_rows(local, layout), layout.bytes), dtype=torch.uint8)
+    out = place_rows(counts, received, room, rows_out, capacity, exact, layout=layout)
     _, place, kept, expert_counts = out[:4]
     assert not kept.any() and (place == rows_out).all() and not expert_counts.any()

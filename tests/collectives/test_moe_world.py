@@ -28,19 +28,31 @@ class World:
         self.calls: list = [None] * world
 
     def exchange(self, rank: int):
-        def run(out, inp, out_splits, in_splits):
+        """Rank ``rank``'s all-to-all; ``bounded``: ``out`` cut in a slot per source, each source's
+        rows at the head of its slot and their count written into ``out_splits`` (a chunk past
+        its slot raises, as collectives.all_to_all(..., bounded=True) fails its pair)."""
+        def run(out, inp, out_splits, in_splits, bounded=False):
             as_list = (lambda s: None if s is None else [int(v) for v in s])
-            self.calls[rank] = (inp.clone(), as_list(in_splits), as_list(out_splits))
+            self.calls[rank] = (inp.clone(), as_list(in_splits), None if bounded else as_list(out_splits))
             self.barrier.wait()
             inputs = [c[0] for c in self.calls]
             ins = [c[1] for c in self.calls]
-            outs = [c[2] for c in self.calls]
             rows = [sum(s) if s is not None else inputs[q].shape[0] for q, s in enumerate(ins)]
             ins = [s if s is not None else [rows[q] // self.world] * self.world for q, s in enumerate(ins)]
-            outs = [s if s is not None else [ins[q][r] for q in range(self.world)] for r, s in enumerate(outs)]
+            outs = [c[2] if c[2] is not None else [ins[q][r] for q in range(self.world)]
+                    for r, c in enumerate(self.calls)]
             got = reference_all_to_all([x[:n] for x, n in zip(inputs, rows)], ins, outs)[rank]
             self.barrier.wait()
-            out[:got.shape[0]] = got
+            if not bounded:
+                out[:got.shape[0]] = got
+                return
+            slot = out.shape[0] // self.world
+            sent = outs[rank]
+            if max(sent) > slot:
+                raise ValueError(f"a rank sends rank {rank} {max(sent)} rows, past its slot of {slot}")
+            for q, (chunk, n) in enumerate(zip(torch.split(got, sent), sent)):
+                out[q * slot:q * slot + n] = chunk
+            out_splits.copy_(torch.tensor(sent))
         return run
 
     def run(self, body) -> list:
@@ -281,10 +293,10 @@ def test_fp8_dispatch_moves_each_token_quantized_with_its_scale(hidden) -> None:
     def body(r):
         exchange = sim.exchange(r)
 
-        def spy(out, inp, out_splits, in_splits):
+        def spy(out, inp, out_splits, in_splits, **kw):
             if inp.dtype == torch.float8_e4m3fn:
                 widths[r] = (inp.shape[1], out.shape[1])
-            exchange(out, inp, out_splits, in_splits)
+            exchange(out, inp, out_splits, in_splits, **kw)
         return moe.dispatch_with(spy, world, xs[r], ids[r], ws[r], experts, 5, fp8=True)
 
     results = sim.run(body)

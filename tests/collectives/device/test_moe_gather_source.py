@@ -49,8 +49,8 @@ def check(counts: torch.Tensor, room: int, row_bytes: int, capacity: int, blocks
     world, local = counts.shape
     layout = moe.wire(1, 1, False, 1)  # (the places only: no row arrives)
     message = torch.cat((counts, torch.zeros((world, 1), dtype=counts.dtype)), 1)
-    place, kept = moe.place_rows(message, torch.zeros((1, layout.bytes), dtype=torch.uint8), room, local * capacity,
-                                 capacity, False, layout=layout)[1:3]
+    received = torch.zeros((world * moe.header_rows(local, layout), layout.bytes), dtype=torch.uint8)  # regions
+    place, kept = moe.place_rows(message, received, room, local * capacity, capacity, False, layout=layout)[1:3]
     rows = torch.tensor([[(7 * i + b) % 251 for b in range(row_bytes)] for i in range(local * capacity)],
                         dtype=torch.uint8).view(-1, row_bytes)
     key = MoeGatherKey(MoePlaceKey.word_for(row_bytes))

@@ -68,8 +68,8 @@ def run_kernel(counts: torch.Tensor, received: torch.Tensor, layout: moe.Wire, r
     for name, size in (("expert_x", (rows_out + 1) * out_bytes), ("scales", 4 * (rows_out + 1))):
         for b in range(size):
             mem.store(at[name] + b, UNTOUCHED, Uint8)
-    args = types.SimpleNamespace(
-        counts=Int64(at["counts"]), received=Int64(at["received"]), expert_x=Int64(at["expert_x"]),
+    args = types.SimpleNamespace(  # (low latency: the messages at the heads of the sources' regions)
+        counts=Int64(at["counts" if exact else "received"]), received=Int64(at["received"]), expert_x=Int64(at["expert_x"]),
         scales=Int64(at["scales"]), out_words=Int64(out_bytes // key.word),
         place=Int64(at["place"]), kept=Int64(at["kept"]), expert_counts=Int64(at["tallies"]),
         lost=Int64(at["tallies"] + 8 * local), dropped_before=Int64(at["tallies"] + 8 * (local + 1)),
@@ -117,9 +117,31 @@ def arrivals(rng: random.Random, world: int, local: int, topk: int, hidden: int,
     return torch.stack(messages), torch.cat(rows + [stale]), layout
 
 
+def regions(counts: torch.Tensor, received: torch.Tensor, layout: moe.Wire) -> tuple[torch.Tensor, torch.Tensor]:
+    """The low-latency layout of the messages ``counts`` and the rows ``received`` in arrival
+    order (its rows past the sources' stale): a region per source of the same rows, its message's
+    rows (:func:`collectives.moe.header_rows`), its rows, then stale rows; and the messages as the
+    dispatch views them there."""
+    world, local = counts.shape[0], counts.shape[1] - 1
+    head, sent = moe.header_rows(local, layout), counts[:, local].tolist()
+    region = head + max(received.shape[0] - sum(sent) + max(sent), 1)
+    out = torch.full((world * region, layout.bytes), 0x5A, dtype=torch.uint8)
+    at = 0
+    for s, n in enumerate(sent):
+        words = torch.zeros(head * layout.bytes, dtype=torch.uint8)
+        words[:8 * (local + 1)] = counts[s].contiguous().view(torch.uint8)
+        out[s * region:s * region + head] = words.view(head, -1)
+        out[s * region + head:s * region + head + n] = received[at:at + n]
+        at += n
+    return out.view(world, -1)[:, :8 * (local + 1)].view(torch.int64), out
+
+
 def check(counts: torch.Tensor, received: torch.Tensor, layout: moe.Wire, room: int, capacity: int, exact: bool,
           blocks: int, seed: int, module: types.ModuleType = SOURCE, counted: bool = True) -> None:
-    """The kernel's writes against the torch steps' (``counted``: the dropped count too)."""
+    """The kernel's writes against the torch steps' (``counted``: the dropped count too; low
+    latency: in the sources' regions, :func:`regions`)."""
+    if not exact:
+        counts, received = regions(counts, received, layout)
     got = run_kernel(counts, received, layout, room, capacity, exact, blocks, seed, module)
     local = counts.shape[1] - 1
     rows_out = int(counts[:, :local].sum()) if exact else local * capacity
@@ -242,10 +264,15 @@ COPY_EDITS = [
     (("+ args.out_words) * key.word", "+ args.out_words + 1) * key.word"), "the scale's bytes"),
     (("LOCAL, by) + place, scale)", "LOCAL, by) + place + 1, scale)"), "the scale's word"),
     (("at = place * args.out_words * per_word", "at = place * args.row_words * per_word"), "the placed rows' width"),
-    (("c = ptxops.ld(message + j + j // local, dtype=Int64)", "c = ptxops.ld(message + j, dtype=Int64)"),
-     "the message's counts (each source's rows after its experts')"),
-    (("message + source * (local + 1) + local, dtype=Int64)", "message + source * (local + 1), dtype=Int64)"),
+    (("c = ptxops.ld(message + (j // local) * stride + j % local, dtype=Int64)",
+      "c = ptxops.ld(message + j, dtype=Int64)"), "the message's counts (each source's in its region)"),
+    (("message + source * stride + local, dtype=Int64)", "message + source * stride, dtype=Int64)"),
      "the message's rows"),
+    (("row = lo * region + head + i - row_starts[lo]", "row = lo * region + i - row_starts[lo]"),
+     "a row's place in its source's region (after the message)"),
+    (("head = (Int64(8 * (local + 1)) + row_bytes - 1) // row_bytes", "head = Int64(8 * (local + 1)) // row_bytes"),
+     "the message's rows in a region"),
+    (("region = args.rows // world", "region = args.rows // world - 1"), "the regions' rows"),
     (("if Int64(source) < w:", "if Int64(source) <= w:"), "the rows of the sources before"),
     (("if row_starts[mid + 1] <= i:", "if row_starts[mid + 1] < i:"), "a row's source"),
     (("entries = starts[lo * local]", "entries = starts[lo]"), "the source's first entry"),
@@ -270,8 +297,8 @@ def test_a_broken_kernel_fails_the_check(edit: tuple, what: str) -> None:
       "                            at = place", "while k < chunk - 1:\n                        place = places[k]\n"
       "                        if place >= Int64(0):\n                            at = place"), "every slot's values"),
     (("while k < chunk:\n                        place = places[k]\n                        if place >= Int64(0):\n"
-      "                            at = (i", "while k < chunk - 1:\n                        place = places[k]\n"
-      "                        if place >= Int64(0):\n                            at = (i"), "every slot's scale"),
+      "                            at = (row", "while k < chunk - 1:\n                        place = places[k]\n"
+      "                        if place >= Int64(0):\n                            at = (row"), "every slot's scale"),
 ])
 def test_a_broken_chunk_fails_the_check(edit: tuple, what: str) -> None:
     """Each edit of the header's chunks is caught: top-k 3 (one chunk of 4 threads) and 6 (two)."""

@@ -26,6 +26,7 @@ from collectives.algorithms.moe_route import MoeRouteKey  # noqa: E402
 FAKES = fakes()
 Int32, Int64, Uint8 = FAKES["cutlass"].Int32, FAKES["cutlass"].Int64, FAKES["cutlass"].Uint8
 THREADS, LANES, UNTOUCHED = 8, 4, 0x5A  # two groups of four
+ROW_BYTES = 16  # a sent row's (the messages' rows: 8 (L + 1) bytes over 16-byte rows)
 
 
 def source(edits: tuple = ()) -> types.ModuleType:
@@ -38,9 +39,11 @@ SOURCE = source()
 
 
 def run_kernel(ids: torch.Tensor, experts: int, world: int, seed: int, module: types.ModuleType = SOURCE,
-               topk: int = 1, gap: int = 0) -> tuple[torch.Tensor, ...]:
+               topk: int = 1, gap: int = 0, head: int = 0) -> tuple[torch.Tensor, ...]:
     """The kernel on the flat ``ids``, rows of ``topk`` of them ``gap`` elements apart in memory (a
-    slice of a wider tensor): what it wrote (order, valid, bins, send_splits, slots, rows)."""
+    slice of a wider tensor): what it wrote (order, valid, bins, send_splits, slots, rows, and the
+    sent rows of :data:`ROW_BYTES` and the rows' splits: with ``head`` rows heading each rank's
+    chunk, a low-latency dispatch's)."""
     key = MoeRouteKey.for_experts("i32" if ids.dtype == torch.int32 else "i64", experts, world)  # (its bounds)
     object.__setattr__(key, "threads", THREADS)  # scaled down: entries outnumber the threads, two groups
     object.__setattr__(key, "lanes", LANES)
@@ -51,21 +54,24 @@ def run_kernel(ids: torch.Tensor, experts: int, world: int, seed: int, module: t
     mem = sim.memory
     at = {name: mem.alloc(max(nbytes, 1)) for name, nbytes in [
         ("ids", size * stride * -(-n // topk)), ("order", 8 * n), ("valid", n), ("bins", 8 * (experts + world + 1)),
-        ("send", 8 * world), ("slots", 8 * n), ("rows", 8 * n)]}
+        ("send", 8 * world), ("slots", 8 * n), ("rows", 8 * n), ("sent", ROW_BYTES * (n + world * head)),
+        ("row_splits", 8 * world)]}
     for i, v in enumerate(ids.tolist()):
         mem.store(at["ids"] + size * (i // topk * stride + i % topk), v, Int32 if size == 4 else Int64)
     for t in range(-(-n // topk)):  # the gaps hold ids of expert 0, which must not be read
         for g in range(gap):
             mem.store(at["ids"] + size * (t * stride + topk + g), 0, Int32 if size == 4 else Int64)
     sizes = {"order": 8 * n, "valid": n, "bins": 8 * (experts + world + 1), "send": 8 * world, "slots": 8 * n,
-             "rows": 8 * n}
+             "rows": 8 * n, "sent": ROW_BYTES * (n + world * head), "row_splits": 8 * world}
     for name, nbytes in sizes.items():
         for b in range(nbytes):
             mem.store(at[name] + b, UNTOUCHED, Uint8)
     args = types.SimpleNamespace(ids=Int64(at["ids"]), topk=Int64(topk), stride=Int64(stride), n=Int64(n),
                                  experts=Int64(experts), local=Int64(experts // world), order=Int64(at["order"]),
                                  valid=Int64(at["valid"]), bins=Int64(at["bins"]), send_splits=Int64(at["send"]),
-                                 slots=Int64(at["slots"]), rows=Int64(at["rows"]))
+                                 slots=Int64(at["slots"]), rows=Int64(at["rows"]), head_rows=Int64(head),
+                                 sent=Int64(at["sent"]), row_bytes=Int64(ROW_BYTES),
+                                 row_splits=Int64(at["row_splits"]))
     sim.spawn(lambda: sim.launch(lambda: kernel(args), Context(rank=0, call=0), 1, THREADS, [0]), Context(rank=0))
     sim.run()
     return (torch.tensor(mem.words(at["order"], n, Int64), dtype=torch.int64),
@@ -73,13 +79,23 @@ def run_kernel(ids: torch.Tensor, experts: int, world: int, seed: int, module: t
             torch.tensor(mem.words(at["bins"], experts + world + 1, Int64), dtype=torch.int64),
             torch.tensor(mem.words(at["send"], world, Int64), dtype=torch.int64),
             torch.tensor(mem.words(at["slots"], n, Int64), dtype=torch.int64),
-            torch.tensor(mem.words(at["rows"], n, Int64), dtype=torch.int64))
+            torch.tensor(mem.words(at["rows"], n, Int64), dtype=torch.int64),
+            torch.tensor(mem.words(at["sent"], sizes["sent"], Uint8), dtype=torch.uint8),
+            torch.tensor(mem.words(at["row_splits"], world, Int64), dtype=torch.int64))
 
 
 def check(ids: torch.Tensor, experts: int, world: int, seed: int, module: types.ModuleType = SOURCE,
-          topk: int = 1, gap: int = 0) -> None:
-    order, valid, bins, send, slots, rows = run_kernel(ids, experts, world, seed, module, topk, gap)
-    want = moe.route_ids(ids.view(-1, topk), experts, world)
+          topk: int = 1, gap: int = 0, head: int = 0) -> None:
+    """The kernel's writes against :func:`collectives.moe.route_ids`' (``head``: with the
+    messages heading each rank's chunk of the sent rows; none written without)."""
+    order, valid, bins, send, slots, rows, sent, row_splits = run_kernel(ids, experts, world, seed, module, topk,
+                                                                         gap, head)
+    want_sent = torch.full((sent.numel() // ROW_BYTES, ROW_BYTES), UNTOUCHED, dtype=torch.uint8)
+    want_splits = torch.full((world,), int.from_bytes(bytes([UNTOUCHED]) * 8, "little", signed=True))
+    want = moe.route_ids(ids.view(-1, topk), experts, world,
+                         head=(want_sent, head, want_splits) if head else None)
+    assert torch.equal(sent, want_sent.view(-1)), (sent, want_sent)
+    assert torch.equal(row_splits, want_splits), (row_splits, want_splits)
     assert torch.equal(order, want[0]), (order, want[0])
     assert torch.equal(valid, want[1].to(torch.uint8)), (valid, want[1])
     assert torch.equal(bins, want[2]), (bins, want[2])
@@ -200,3 +216,35 @@ def test_a_broken_kernel_fails_the_check(edit: tuple, what: str) -> None:
         for seed in range(3):
             check(ids, 6, 2, seed, module=broken, topk=2, gap=1)
             check(WIDE, 20, 4, seed, module=broken, topk=3)  # 21 bins: the scan's three chunks of THREADS
+
+
+def heads(world: int, seed: int, module: types.ModuleType = SOURCE) -> None:
+    """Each rank's message heading its chunk of the sent rows (1, 2 and 3 rows of it: 1, 2 and 5
+    experts a rank), its rows after it, the chunks' rows: the torch steps' (low latency)."""
+    rng = random.Random(40 + world + seed)
+    for local in (1, 2, 5):
+        experts = local * world
+        topk = min(3, experts)
+        ids = random_ids(rng, 13, topk, experts, torch.int64)
+        check(ids, experts, world, seed, module, topk=topk, head=-(-8 * (local + 1) // ROW_BYTES))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_the_messages_head_each_ranks_chunk_of_the_rows(world: int) -> None:
+    heads(world, world)
+
+
+@pytest.mark.parametrize(("edit", "what"), [
+    (("+ Int64(rank + 1) * args.head_rows)", "+ Int64(rank) * args.head_rows)"), "the rows after their rank's head"),
+    (("- n) + Int64(r) * args.head_rows", "- n) + Int64(r)"), "a rank's head after the heads before it"),
+    (("ptxops.ld(words + w, dtype=Int64) + args.head_rows)", "ptxops.ld(words + w, dtype=Int64))"),
+     "a chunk's rows: its head's too"),
+    (("if w - r * (local + 1) == local:", "if w - r * (local + 1) == 0:"),
+     "the message's word of the rows"),
+    (("if args.head_rows > Int64(0):", "if args.head_rows > Int64(1):"), "the messages written for one head row"),
+])
+def test_a_broken_head_fails_the_check(edit: tuple, what: str) -> None:
+    broken = source((edit,))
+    with pytest.raises(AssertionError):
+        for world in (2, 3):
+            heads(world, 0, broken)
