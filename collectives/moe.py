@@ -14,8 +14,9 @@ the input's dtype.
 
 Low latency: no step reads a value back to the host, and every shape is fixed by
 ``max_tokens`` (the same on every rank): a CUDA graph captures both calls, and replays with new
-routings.  The device work is two all-to-alls per dispatch (the per-expert counts, then the
-rows; a combine: the rows), whose rows land directly in receive buffers of symmetric memory
+routings.  The device work is one all-to-all per dispatch (each rank's chunk to a rank its
+per-expert counts, then its rows: the bounded all-to-all, into a region per source; a combine:
+the rows), whose rows land directly in receive buffers of symmetric memory
 (allocated by the first call of each shape: make it eagerly before a capture), and local
 steps: the dispatch's routing (a stable sort of the ``(token, k)`` entries by expert, their
 counts), its sent rows and its placement of the received rows, the combine's rows sent back and
@@ -85,7 +86,8 @@ Empty = Callable[[str, tuple, torch.dtype, torch.device], torch.Tensor]
 #: ``(expert_x, scales)``, and ``place, kept, expert_counts, dropped, recv_splits`` into
 #: ``into``'s fields (:class:`~collectives.runtime.moe.Carved`; :func:`place_rows`: the seven as
 #: tensors), for the received rows (uint8, :class:`Wire`; ``counts``: ``[W, L + 1]``, each
-#: source's message: what it sent each local expert, then its rows): each row's entries (its
+#: source's message: what it sent each local expert, then its rows; low latency: a view of the
+#: messages at the head of each source's region of ``received``): each row's entries (its
 #: header: entry ``j`` of the source's, of ``room`` entries) placed: ``expert_x`` (uint8) of
 #: ``rows_out + 1`` rows (the last: the trash row) of each entry's values, each kept entry at its
 #: ``place``, the dropped entries' place the trash row, the arrived entries dropped plus
@@ -108,7 +110,7 @@ Pack = Callable[[torch.Tensor, int, int, int, "Wire", torch.Tensor], None]
 #: ``pack_for(dtype, hidden, fp8)``: the :data:`Pack` of a dispatch of ``hidden`` values of
 #: ``dtype`` per token, or None for torch steps (asked once the call's arguments are checked).
 PackFor = Callable[[torch.dtype, int, bool], "Pack | None"]
-#: ``route(ids, num_experts, world, bins, into)``: ``order, valid, send_splits, slots, rows``
+#: ``route(ids, num_experts, world, bins, into, head=None)``: ``order, valid, send_splits, slots, rows``
 #: into ``into``'s fields (:class:`~collectives.runtime.moe.Carved`; :func:`route_ids`: ``(order,
 #: valid, bins, send_splits, slots, rows)`` as tensors) and ``bins``, of the expert ids ``[tokens,
 #: k]`` of a dispatch's ``(token, k)`` entries, flattened in that order (int32 or int64, any
@@ -116,7 +118,8 @@ PackFor = Callable[[torch.dtype, int, bool], "Pack | None"]
 #: counted last): the entries sorted by expert, stably; which are in range; the counts' message
 #: (into ``bins``, int64[:func:`message_size`]: each rank's experts' entries and rows, then the
 #: out-of-range entries); the entries of each rank's experts; the sort's :func:`inverse` (None:
-#: not made); the row that carries each entry (:func:`route_ids`; one kernel:
+#: not made); the row that carries each entry; with ``head`` (low latency), each rank's message
+#: heading its chunk of the rows sent and the chunks' rows (:func:`route_ids`; one kernel:
 #: :mod:`collectives.algorithms.moe_route`).
 Route = Callable[[torch.Tensor, int, int, torch.Tensor, Any], None]
 #: ``route_for(dtype, num_experts)``: the :data:`Route` of a dispatch of ids of ``dtype`` (any
@@ -237,7 +240,8 @@ def _scatter_count(index: torch.Tensor, out: torch.Tensor, scratch: Scratch, mos
 
 def _tallies(scratch: Scratch, bins: int, device: torch.device) -> torch.Tensor:
     """A dispatch's ``[2, bins]`` scratch buffer: its counts' message (:func:`route_ids`' ``bins``),
-    then the messages the exchange brings, so that one copy makes the rows' all-to-all's splits."""
+    then (throughput) the messages the counts' exchange brings, so that one copy makes the rows'
+    all-to-all's splits."""
     return scratch("tallies", (2, bins), torch.int64, device)
 
 
@@ -358,7 +362,7 @@ class DispatchPlan:
         self.width = self.layout.bytes // (1 if fp8 else x.element_size())
         # Low latency: one exchange, each rank's chunk its message (header_rows(), written by the
         # routing) then its rows; throughput: the message apart (its own all-to-all)
-        self.head_rows = head = 0 if exact else header_rows(local, self.layout)
+        head = 0 if exact else header_rows(local, self.layout)
         self.rows = scratch("rows", (bound + world * head + 1, self.layout.bytes), torch.uint8, device)
         self.rows_wire = self.rows[:self.tokens * min(self.topk, world) + world * head].view(self.wire)
         self.pack = pack_for(x.dtype, hidden, fp8) if pack_for else None
@@ -429,7 +433,8 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
 
     Every allocation above torch's small-block pool (1 MB) has a size the shape fixes (its
     bounds: ``max_tokens`` and top-k, the receive buffers' rows), never the routing: the rows
-    sent are allocated for ``_capacity(max_tokens * min(topk, world)) + 1`` of them and cut.  A run of calls
+    sent are allocated for ``_capacity(max_tokens * min(topk, world)) + 1`` of them (low latency:
+    and the messages' :func:`header_rows` for each rank) and cut.  A run of calls
     of one shape then finds each such block in torch's cache, freed by the call before, instead
     of calling ``cudaMalloc``, which may wait for the device (other ranks' kernels spin there
     for this rank's next launch)."""
@@ -513,9 +518,9 @@ def route_ids(ids: torch.Tensor, num_experts: int, world: int, bins: torch.Tenso
     ``(t, k)``, its token's row to the entry's rank (rows by rank, then by token), -1 where out of
     range.  ``head`` (low latency: ``(sent, h, splits)``): each rank's chunk of the rows sent is
     headed by ``h`` rows (:func:`header_rows`) holding its message (``bins``' ``L + 1`` words; the
-    head's other bytes are not written), written into ``sent`` (uint8 rows), the rows numbered after them (rank ``r``'s rows
-    ``(r + 1) h`` further on), and ``splits`` (int64[W]) the rows of each rank's chunk, ``h`` and
-    its rows."""
+    head's other bytes are not written), written into ``sent`` (uint8 rows), the rows numbered
+    after them (rank ``r``'s rows ``(r + 1) h`` further on), and ``splits`` (int64[W]) the rows of
+    each rank's chunk, ``h`` and its rows."""
     local = num_experts // world
     tokens, topk = ids.shape
     # An id out of range goes to a bin past the last rank's (below 0: clamped to -1, which the
@@ -885,5 +890,6 @@ def _layer(comm: Communicator, group: Group) -> runtime_moe.Layer:
 __all__ = ["BUFFER_NAMES", "E4M3_MAX", "MODES", "CombinePlan", "DispatchPlan", "Empty", "Exchange", "Gather",
            "GroupExchange", "Handle", "Pack", "PackFor", "Placement", "PlacementFor", "Plans", "Route", "RouteFor",
            "Scratch", "WeightedSum", "bind", "combine", "combine_with", "dispatch", "dispatch_with",
-           "Wire", "gather_rows", "handle_from", "handle_tensors", "header_rows", "inverse", "message_size", "pack_rows", "place_rows",
+           "Wire", "gather_rows", "handle_from", "handle_tensors", "header_rows", "inverse", "message_size", "pack_rows",
+           "place_rows",
            "plain", "quantize", "route_ids", "unplanned", "wire"]

@@ -69,7 +69,8 @@ def run_kernel(counts: torch.Tensor, received: torch.Tensor, layout: moe.Wire, r
         for b in range(size):
             mem.store(at[name] + b, UNTOUCHED, Uint8)
     args = types.SimpleNamespace(  # (low latency: the messages at the heads of the sources' regions)
-        counts=Int64(at["counts" if exact else "received"]), received=Int64(at["received"]), expert_x=Int64(at["expert_x"]),
+        counts=Int64(at["counts" if exact else "received"]), received=Int64(at["received"]),
+        expert_x=Int64(at["expert_x"]),
         scales=Int64(at["scales"]), out_words=Int64(out_bytes // key.word),
         place=Int64(at["place"]), kept=Int64(at["kept"]), expert_counts=Int64(at["tallies"]),
         lost=Int64(at["tallies"] + 8 * local), dropped_before=Int64(at["tallies"] + 8 * (local + 1)),
