@@ -127,7 +127,9 @@ class ErrorRecord:
             if barrier in EXCHANGE_PHASES:  # (an all-to-all: only the pairs concerned fail)
                 rule = ("each sender's in_splits[r] must equal its receiver's out_splits[s], every split be "
                         "0 or more rows of at most 2^32-2 elements in all, the splits fit their tensors (a "
-                        "plain out: the staging buffer), and every rank's tensors be of one dtype")
+                        "plain out: the staging buffer), and every rank's tensors be of one dtype (bounded=True: "
+                        "each chunk at most its receiver's slot, out.shape[0] // world rows; a low-latency MoE "
+                        "dispatch: max_tokens rows and its counts' rows)")
                 what = "different sizes"
             else:
                 rule = ("every rank must make the same call (collective, dtype, op) with the same shape, and "
