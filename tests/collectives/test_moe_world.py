@@ -227,6 +227,37 @@ def test_f32_top_8_sums_in_k_order() -> None:
     run_layer(2, 8, 8, [5, 4], 5, seed=11, hidden=64, dtype=torch.float32)
 
 
+@pytest.mark.parametrize("mode", moe.MODES)
+def test_a_low_latency_dispatch_makes_one_exchange_its_counts_heading_its_rows(mode: str) -> None:
+    """Low latency: one all-to-all a dispatch, bounded (each rank's chunk its counts' rows, then
+    its rows; a rank with no tokens sends its counts alone), into NaN-filled regions (no row a
+    source did not send is read), bit for bit; throughput keeps its three (counts, sizes, rows)."""
+    world, experts, topk, tokens = 3, 6, 2, [4, 0, 3]
+    xs, ids, ws = routing(world, experts, topk, tokens, 5, 8, torch.bfloat16)
+    sim = World(world)
+    calls: list = [[] for _ in range(world)]
+
+    def body(r):
+        exchange = sim.exchange(r)
+
+        def spy(out, inp, out_splits, in_splits, **kw):
+            calls[r].append(kw.get("bounded", False))
+            return exchange(out, inp, out_splits, in_splits, **kw)
+        return moe.dispatch_with(spy, world, xs[r], ids[r], ws[r], experts, 4, mode, empty=nan_filled)
+
+    results = sim.run(body)
+    assert calls == ([[True]] if mode == "low_latency" else [[False] * 3]) * world
+    per_expert, _ = reference(world, experts, xs, ids, ws)
+    local = experts // world
+    for r, (ex, counts, _) in enumerate(results):
+        starts = torch.cumsum(counts, 0) - counts
+        for le in range(local):
+            want = per_expert[r * local + le]
+            got = ex[le][:want.shape[0]] if mode == "low_latency" else ex[int(starts[le]):int(starts[le] + counts[le])]
+            assert int(counts[le]) == want.shape[0]
+            assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), (r, le)
+
+
 def test_out_of_range_ids_are_dropped_and_counted() -> None:
     results = run_layer(2, 4, 2, [5, 3], 5, seed=3, bad=3)
     assert [int(h.dropped) for _, _, h, _ in results] == [3, 0]
