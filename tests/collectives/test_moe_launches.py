@@ -174,3 +174,44 @@ def test_the_kernels_small_outputs_lie_in_one_allocation_per_call_where_the_hand
     place = dict(zip(MOE_PLACE.index, seen[MoePlaceKey]))
     assert (h.order.data_ptr(), h.valid.data_ptr(), h.place.data_ptr(), counts.data_ptr()) == (
         route["order"], route["valid"], place["place"], place["expert_counts"])
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_the_one_exchange_is_wired_to_the_routing_and_the_placement(monkeypatch, fp8: bool) -> None:
+    """The kernels' arguments around a low-latency dispatch's one all-to-all (what only GPUs run):
+    the routing writes the counts' rows (header_rows of the rows' layout) into the rows the
+    exchange sends and the chunks' rows into its in_splits; the exchange is bounded, into a region
+    of max_tokens + header rows per source; the placement reads the counts and rows there."""
+    from collectives.algorithms.moe_place import MOE_PLACE, MoePlaceKey
+    from collectives.algorithms.moe_route import MOE_ROUTE, MoeRouteKey
+
+    monkeypatch.setattr(runtime_moe, "FUSED", True)
+    monkeypatch.setattr(runtime_moe, "current_stream", lambda device: 0)
+    seen: dict[type, tuple] = {}
+    comm = types.SimpleNamespace(world=2, device_index=0,
+                                 kernel_together=lambda key: lambda *args: seen.__setitem__(type(key), args))
+    layer = runtime_moe.Layer(comm, None, None)
+    tokens, topk, experts, hidden, max_tokens = 4, 2, 8, 64, 6
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn((tokens, hidden), generator=gen).bfloat16()
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:topk] for _ in range(tokens)])
+    exchanges: list = []
+
+    def exchange(out, inp, out_splits, in_splits, **kw):
+        exchanges.append((out, inp, out_splits, in_splits, kw))
+
+    moe.dispatch_with(exchange, 2, x, ids, torch.rand((tokens, topk), generator=gen), experts, max_tokens, fp8=fp8,
+                      scratch=layer.scratch, placement_for=layer.placement_for, pack_for=layer.pack_for,
+                      route_for=layer.route_for, plans=layer.plan)
+    (out, inp, out_splits, in_splits, kw), = exchanges
+    layout = moe.wire(hidden, 2, fp8, topk)
+    head = moe.header_rows(experts // 2, layout)
+    route = dict(zip(MOE_ROUTE.index, seen[MoeRouteKey]))
+    place = dict(zip(MOE_PLACE.index, seen[MoePlaceKey]))
+    assert kw == {"bounded": True} and head >= 1
+    assert out.view(torch.uint8).shape == (2 * (max_tokens + head), layout.bytes)
+    assert (route["head_rows"], route["row_bytes"]) == (head, layout.bytes)
+    assert (route["sent"], route["row_splits"]) == (inp.data_ptr(), in_splits.data_ptr())
+    assert inp.view(torch.uint8).shape[0] >= tokens * min(topk, 2) + 2 * head  # every rank's head and rows
+    assert place["counts"] == place["received"] == out.data_ptr() and place["rows"] == out.shape[0]
+    assert out_splits.dtype == in_splits.dtype == torch.int64 and out_splits.data_ptr() != in_splits.data_ptr()
