@@ -33,6 +33,15 @@ the pair (a recoverable error; pairs that agree complete).  Each copy moves 16-b
 where the source and destination addresses agree modulo 16 (the elements before the first
 whole vector and after the last one singly), else single elements.
 
+Bounded (:attr:`AllToAllKey.bounded`, ``collectives.all_to_all(..., bounded=True)``): receivers
+need not know what each source sends.  Receiver ``r``'s output is cut in ``world`` slots of
+whole rows (:func:`collectives.layouts.slot`), sender ``s``'s chunk landing at slot ``s``; its
+``ready`` announces the slot as the most it takes, the sender's wait passes a slot at least its
+chunk, its ``arrived`` carries the size it sent, the receiver's wait passes a size at most its
+slot (:func:`collectives.layouts.judge_within`) and writes the rows into ``out_splits`` (0 where
+its wait failed).  A chunk past its slot is a size mismatch on both ends, nothing stored.  The
+MoE dispatch sends its counts this way, at the head of its rows (:mod:`collectives.moe`).
+
 The transport sits behind :class:`Transport`'s methods (the part's copy, the peer's buffer
 address, the sender's part with its ``arrived``, the receiver's ``ready``), chosen by the key's
 ``transport``: ``nvlink`` (ptxops loads and stores through the peers' mapped addresses, the
