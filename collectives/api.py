@@ -313,7 +313,7 @@ def _replan(comm: Communicator, key: tuple, capture: bool, out: torch.Tensor, in
     with the collective's describing function (its checks and :class:`Call`, an all-to-all's
     :class:`~collectives.algorithms.all_to_all.AllToAllCall`).  A collective's key holds every
     argument the plan and the checks depend on: the output's and the input's addresses (its
-    second and third fields, None for an in-place all-reduce's output: :func:`_facts` drops
+    second and third fields, None for an in-place all-reduce's output: a call's facts drop
     them), then the input's and (where given) the output's other fields
     of :func:`~collectives.runtime.staging.tensor_key` (inline; a hit is a call whose tensors
     passed the same checks), and no tuple; an all-to-all's:
@@ -321,12 +321,17 @@ def _replan(comm: Communicator, key: tuple, capture: bool, out: torch.Tensor, in
 
     Tensors outside symmetric memory that the allocator placed elsewhere prepare nothing again:
     a call whose key differs from an earlier one's only in its tensors' addresses (the same
-    checked facts, :func:`_facts`) takes that call's plan with its own addresses swapped in
-    (:meth:`~collectives.algorithms.plan.Plan.moved`).  Else the call is described
-    (``describe(comm, *args)``: its checks and :class:`Call`) and planned with ``algorithm``.
-    A symmetric tensor's plan holds its peer table: never moved; nor is an all-to-all's (its
-    arguments are not the collective layout's, whose ``out`` and ``src`` :meth:`moved` swaps, and
-    its key holds split values, not only tensor descriptions).
+    checked facts: the plan cache holds the first plan of each under them)
+    launches that call's plan with its own addresses swapped in
+    (:meth:`~collectives.algorithms.plan.Plan.run`'s ``at``), making and caching no plan: the
+    launch's staging buffers, adopted memory and turn are the earlier plan's (pinned under
+    capture, checked for expiry and passed on as its own launch's), and a call on those tensors
+    again goes the same way (a dictionary lookup, the symmetric-memory lookup of its tensors and
+    the launch; no plan of theirs fills the cache or outlives their memory).  Else the call is
+    described (``describe(comm, *args)``: its checks and :class:`Call`) and planned with
+    ``algorithm``.  A symmetric tensor's plan holds its peer table: never moved, nor used for
+    another; nor is an all-to-all's (its arguments are not the collective layout's, whose ``out``
+    and ``src`` a move swaps, and its key holds split values, not only tensor descriptions).
 
     A rank with nothing to move (``describe`` returns None) launches a barrier of size 0 on
     ``backend`` instead and closes the call: its peers' kernels advance the call
@@ -338,11 +343,29 @@ def _replan(comm: Communicator, key: tuple, capture: bool, out: torch.Tensor, in
     ranks share the GPU, that barrier is planned with every rank's first plan of a call: its kernel's load
     could otherwise come while the other ranks' kernels spin for it, and a load waits for them
     (:func:`collectives.runtime.kernels.load`)."""
-    plan = comm.plans.hit(key)
+    plans = comm.plans
+    plan = plans.hit(key)
     if plan is not None:  # (over adopted memory: the checked lookup)
-        plan = comm.plans.get(key)
+        plan = plans.get(key)
+    facts = None
+    if plan is None and key[0] in COLLECTIVES:
+        ctx = comm.ctx
+        at = (0, out.data_ptr(), inp.data_ptr())
+        if not (ctx.is_symmetric(out) or (inp is not out and ctx.is_symmetric(inp))):
+            # The facts: what the plan depends on but the tensors' addresses (the key without
+            # its second and third fields) and whether each is 16-byte aligned (the vector
+            # width, the kinds).
+            facts = ("moved", key[0], *key[3:], at[1] % VECTOR_BYTES == 0, at[2] % VECTOR_BYTES == 0)
+            earlier = plans.hit(facts)
+            if earlier is not None and earlier.alive:
+                earlier = plans.get(facts)  # (over adopted memory: the checked lookup)
+            if earlier is not None and earlier.moves is not None and earlier.moves[0] == (at[1] == at[2]):
+                earlier.run(capture, at)
+                if comm.errors.deferred is not None:
+                    comm.errors.finish()
+                return
     if plan is None:
-        plan = _plan_of(comm, key, capture, out, inp, algorithm, backend, describe, args)
+        plan = _plan_of(comm, key, facts, capture, out, inp, algorithm, backend, describe, args)
     if plan is None:
         comm.barrier(backend, capture)
         comm.errors.finish()
@@ -352,45 +375,32 @@ def _replan(comm: Communicator, key: tuple, capture: bool, out: torch.Tensor, in
         comm.errors.finish()
 
 
-def _plan_of(comm: Communicator, key: tuple, capture: bool, out: torch.Tensor, inp: torch.Tensor, algorithm: str,
-             backend: str, describe: Callable[..., Call | None], args: tuple) -> Any:
-    """The plan of :func:`_replan`'s call, cached under ``key``; None for a rank with nothing to
-    move."""
-    at = (out.data_ptr(), inp.data_ptr())
-    movable = key[0] in COLLECTIVES and not (comm.ctx.is_symmetric(out) or
-                                             (inp is not out and comm.ctx.is_symmetric(inp)))
-    facts = _facts(key, at) if movable else None
-    earlier = comm.plans.get(facts) if facts is not None else None
-    plan = earlier.moved(earlier.caller, at) if earlier is not None else None
+def _plan_of(comm: Communicator, key: tuple, facts: tuple | None, capture: bool, out: torch.Tensor,
+             inp: torch.Tensor, algorithm: str, backend: str, describe: Callable[..., Call | None], args: tuple) -> Any:
+    """The plan of :func:`_replan`'s call, planned and cached under ``key`` and, where its
+    tensors may move (``facts``: none symmetric), made movable from them
+    (:meth:`~collectives.algorithms.plan.Plan.movable_from`) and cached under ``facts`` too;
+    None for a rank with nothing to move."""
+    if comm.residency is not None:
+        comm.barrier_plan(backend)
+    try:
+        _check_algorithm(key[0], algorithm)  # an empty rank too: it plans nothing
+        call = describe(comm, *args)
+        plan = None if call is None else _plan(comm, call, algorithm)
+    except CollectiveError:
+        # Refused on this rank: its peers' kernels meet a barrier of size 0 and record a
+        # size mismatch, instead of waiting for a launch that never comes (a fatal timeout).
+        # (The all-to-all's kernels meet no barrier: it only raises.)
+        if key[0] in COLLECTIVES:
+            comm.barrier(backend if backend in BACKENDS else "auto", capture)
+        raise
     if plan is None:
-        if comm.residency is not None:
-            comm.barrier_plan(backend)
-        try:
-            _check_algorithm(key[0], algorithm)  # an empty rank too: it plans nothing
-            call = describe(comm, *args)
-            plan = None if call is None else _plan(comm, call, algorithm)
-        except CollectiveError:
-            # Refused on this rank: its peers' kernels meet a barrier of size 0 and record a
-            # size mismatch, instead of waiting for a launch that never comes (a fatal timeout).
-            # (The all-to-all's kernels meet no barrier: it only raises.)
-            if key[0] in COLLECTIVES:
-                comm.barrier(backend if backend in BACKENDS else "auto", capture)
-            raise
-        if plan is None:
-            return None
-        if facts is not None:
-            comm.plans[facts] = plan
-    plan.caller = at
+        return None
+    if facts is not None:
+        plan.movable_from(out.data_ptr(), inp.data_ptr())
+        comm.plans[facts] = plan
     comm.plans[key] = plan
     return plan
-
-
-def _facts(key: tuple, at: tuple[int, int]) -> tuple:
-    """What a plan of ``key`` depends on but its tensors' addresses (``at``: the output's and
-    the input's): the key without its second and third fields (a collective key's addresses,
-    in a collective's key, :func:`_replan`; never an all-to-all's), and whether each address is 16-byte aligned (the
-    vector width, the kinds)."""
-    return ("moved", key[0], *key[3:], at[0] % VECTOR_BYTES == 0, at[1] % VECTOR_BYTES == 0)
 
 
 def _check_options(collective: str, op: str = "sum", backend: str = "auto") -> None:

@@ -32,14 +32,16 @@ class Plan:
     the launch lies in; ``uses``: the addresses it reads or writes (its buffers', ``out``, ``src``: a
     free of memory holding one drops the plan); ``alive``: the storages of adopted buffers it uses
     (:attr:`collectives.runtime.views.Buffer.storage`: the plan holds while they live); ``device``: the
-    communicator's GPU; ``caller``: the addresses of the output and input of the call it was made for
-    (:meth:`moved`); ``counted``: whether its kernel counts the call on the signal pad and meets every
+    communicator's GPU; ``moves``: the launch of each turn with its caller's output and input
+    addresses left out, to launch for a call whose tensors lie elsewhere (:meth:`movable_from`,
+    :meth:`run`'s ``at``), None where the plan cannot move; ``counted``: whether its kernel counts the call on the signal pad and meets every
     rank in it (a barriered kernel's start barrier, a Lamport kernel's wait for every rank's entry or
     arrival; not the all-to-all's): every launch of such a plan passes the turn on, see :meth:`run`;
     ``used``: launched since the plan cache last swept the marks
     (its recency: :class:`~collectives.runtime.staging.PlanCache`)."""
 
-    __slots__ = ("fn", "args", "comm", "holds", "uses", "alive", "device", "caller", "counted", "launches", "used")
+    __slots__ = ("fn", "args", "comm", "holds", "uses", "alive", "device", "moves", "counted", "launches",
+                 "used")
 
     def __init__(self, fn: Callable[..., Any], args: list[tuple], comm: Runtime, holds: tuple[int, ...] = (),
                  uses: tuple[int, ...] = (), alive: tuple[Any, ...] = (), counted: bool = False) -> None:
@@ -47,32 +49,35 @@ class Plan:
         launches = [functools.partial(fn, *a) for a in args]
         self.launches = launches * 2 if len(launches) == 1 else launches
         self.device = comm.device_index
-        self.caller = (0, 0)
+        self.moves: tuple | None = None
         self.counted = counted
         self.used = False
 
-    def moved(self, old: tuple[int, int], new: tuple[int, int]) -> Plan | None:
-        """This plan for a call like the one it was made for (the same checked facts) whose
-        output and input lie at ``new`` instead of ``old`` (their addresses): the caller's
-        addresses swapped in its arguments, nothing else prepared again.  None where an
-        argument that takes them holds another address (a view of the caller's memory, not
-        portable) or the new call aliases differently."""
-        if (old[0] == old[1]) != (new[0] == new[1]):
-            return None
-        where = {0: 0, old[0]: new[0], old[1]: new[1]}
-        if [a for a in self.args if a[OUT] not in where or a[SRC] not in where]:
-            return None
-        args = [a[:OUT] + (where[a[OUT]], where[a[SRC]]) + a[SRC + 1:] for a in self.args]
-        return Plan(self.fn, args, self.comm, self.holds, tuple([where.get(u, u) for u in self.uses]), self.alive,
-                    self.counted)
+    def movable_from(self, out: int, src: int) -> None:
+        """Make the plan movable (:attr:`moves`) from the call it was made for, whose output and
+        input lie at ``out`` and ``src``: each turn's arguments split around the two it swaps
+        (:data:`OUT`, :data:`SRC`), each of those told as 0 (no address), 1 (the output's) or
+        2 (the input's), and whether the two alias (a call that aliases otherwise cannot move
+        it).  Not movable (None) where an argument that takes them holds another address (a
+        view of the caller's memory: not portable)."""
+        where = {0: 0, out: 1, src: 2}
+        args = self.args * 2 if len(self.args) == 1 else self.args
+        if any(a[OUT] not in where or a[SRC] not in where for a in args):
+            self.moves = None
+            return
+        self.moves = (out == src, *((a[:OUT], where[a[OUT]], where[a[SRC]], a[SRC + 1:]) for a in args))
 
     def expired(self) -> bool:
         """Whether memory an adopted buffer of the plan lay in has been freed."""
         return any(storage.expired() for storage in self.alive)
 
-    def run(self, capture: bool | None) -> None:
+    def run(self, capture: bool | None, at: tuple[int, int, int] | None = None) -> None:
         """Launch on the current stream, after the communicator's last collective
-        (:func:`follow`, where the stream changed).  ``capture``: whether the current stream is
+        (:func:`follow`, where the stream changed); with ``at`` (0, an output's and an input's
+        addresses: a call like the one the plan was made for, the same checked facts, whose
+        tensors lie elsewhere), its arguments with those addresses swapped in (:attr:`moves`;
+        nothing prepared, nothing cached: the plan's ``holds``, ``alive`` and turn are the
+        call's too).  ``capture``: whether the current stream is
         capturing a CUDA graph (:func:`capturing`, asked once per call by the caller, which
         keys on it too), or None where the caller's key does not hold it: then asked here only
         where needed (the stream changed, or the plan holds staging buffers; about 0.6 us on an
@@ -101,10 +106,14 @@ class Plan:
             if capture:
                 comm.pool.capture(self.holds)
         self.used = True
-        launch = self.launches[comm.turn]
+        turn = comm.turn
         if self.counted:
-            comm.turn ^= 1
-        launch(stream)
+            comm.turn = turn ^ 1
+        if at is None:
+            self.launches[turn](stream)
+        else:
+            head, out, src, tail = self.moves[1 + turn]
+            self.fn(*head, at[out], at[src], *tail, stream)
 
 
 def follow(comm: Runtime, stream: int, capture: bool) -> None:
