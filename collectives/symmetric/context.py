@@ -267,10 +267,11 @@ class Context:
         """Allocation containing all of ``t`` and ``t``'s byte offset in it: one of this
         context's, else the heap's memory from outside it (:meth:`Heap.adopt`, looked up anew
         each time: its owner may free it); None where ``t`` is in neither."""
-        self._check_open()
+        if self.closed:  # (asked at each call on new tensors: no call where open)
+            self._check_open()
         if not isinstance(t, torch.Tensor):
             raise SymmetricMemoryError(f"expected a torch.Tensor, got {type(t).__name__}")
-        p = address(t)
+        p = t.data_ptr() or address(t)  # (address: an empty tensor's)
         a = self._allocs.holding(p)
         # (not the sub-group pool: symmetric over its groups only)
         if a is not None and a.ptr != self._pool_at and p + _extent(t) <= a.ptr + a.nbytes:

@@ -57,6 +57,8 @@ class TorchHeap:
         if symm_mem is None:
             from torch.distributed import _symmetric_memory as symm_mem
         self._sm = symm_mem
+        #: torch's ``is_symm_mem_tensor`` (None in older releases, where only the rendezvous tells).
+        self._is_symmetric = getattr(symm_mem, "is_symm_mem_tensor", None)
         self.device, self.rank, self.group_name = device, rank, group_name
         self._handles: dict[int, Any] = {}  # raw.data_ptr() -> the rendezvous handle of its allocation
 
@@ -93,6 +95,8 @@ class TorchHeap:
     def adopt(self, t: torch.Tensor) -> Adopted | None:
         """``t``'s bytes, every rank's copy and their multicast view, where ``t`` is torch
         symmetric memory (``symm_mem.empty`` rendezvoused over this heap's group), else None."""
+        if self._is_symmetric is not None and not self._is_symmetric(t):  # (a plain tensor's common case)
+            return None
         handle = self._handle_of(t)
         if handle is None:
             return None
@@ -109,8 +113,8 @@ class TorchHeap:
         """``t``'s rendezvous handle over this heap's group, or None where torch did not
         allocate ``t``.  Where ``symm_mem`` has no ``is_symm_mem_tensor`` (older releases), the
         rendezvous itself tells: it refuses such a tensor (or warns and returns None)."""
-        if hasattr(self._sm, "is_symm_mem_tensor"):
-            return self._sm.rendezvous(t, self.group_name) if self._sm.is_symm_mem_tensor(t) else None
+        if self._is_symmetric is not None:
+            return self._sm.rendezvous(t, self.group_name) if self._is_symmetric(t) else None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
