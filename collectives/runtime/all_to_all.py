@@ -159,8 +159,8 @@ class AllToAllPlan(Plan):
     ``uses`` are none (its key holds the context's generation: a free of the context changes
     it); its ``alive``: the storage of an adopted receive allocation
     (:attr:`collectives.runtime.views.Buffer.storage`: the plan holds while it lives).  Never
-    :meth:`~collectives.algorithms.plan.Plan.moved` (its arguments are not the collective
-    layout's)."""
+    movable (:meth:`~collectives.algorithms.plan.Plan.movable_from`: its arguments are not the
+    collective layout's)."""
 
     __slots__ = ("keep", "pinned")
 
@@ -240,12 +240,21 @@ def plan_key(comm: Runtime, out: torch.Tensor, inp: torch.Tensor, out_splits: Sp
             _splits_key(out_splits), _splits_key(in_splits), comm.ctx.generation, transport, bounded)
 
 
+#: The one type whose entries a list of splits holds as its values unchecked (:func:`_splits_key`).
+_INT = {int}
+
+
 def _splits_key(splits: Splits) -> Any:
     """What a launch reads of ``splits``: a tensor's place (the kernel reads its values), a
     list's values."""
     if isinstance(splits, torch.Tensor):
         return tensor_key(splits)
-    return None if splits is None else split_values(splits, "splits")
+    if splits is None:
+        return None
+    values = tuple(splits)
+    # (a list of ints, the common case, is its own values: no Python call on a plan hit; any
+    # other entry is checked: a bool or a float refused, a numpy or 0-dim torch integer taken)
+    return values if set(map(type, values)) <= _INT else split_values(values, "splits")
 
 
 def prepare(comm: Runtime, state: Exchange, out: torch.Tensor, inp: torch.Tensor, out_splits: Splits,
