@@ -118,7 +118,8 @@ def all_reduce(
         if comm.errors.deferred is not None:
             comm.errors.finish()
     else:
-        _replan(comm, key, capturing, result, t, algorithm, backend, _all_reduce_call, t, op, backend, out, capturing)
+        _replan(comm, key, plan, capturing, result, t, algorithm, backend, _all_reduce_call, t, op, backend, out,
+                capturing)
     return result
 
 
@@ -153,7 +154,7 @@ def reduce_scatter(
         if comm.errors.deferred is not None:
             comm.errors.finish()
     else:
-        _replan(comm, key, capturing, out, inp, algorithm, backend, _block_call, "reduce_scatter", out, inp, op,
+        _replan(comm, key, plan, capturing, out, inp, algorithm, backend, _block_call, "reduce_scatter", out, inp, op,
                 backend, capturing, max_blocks)
     return out
 
@@ -187,7 +188,7 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
         if comm.errors.deferred is not None:
             comm.errors.finish()
     else:
-        _replan(comm, key, _capturing(), out, inp, algorithm, backend, _block_call, "all_gather", out, inp, "sum",
+        _replan(comm, key, plan, _capturing(), out, inp, algorithm, backend, _block_call, "all_gather", out, inp, "sum",
                 backend, False, max_blocks)
     return out
 
@@ -245,8 +246,8 @@ def all_to_all(out: torch.Tensor, inp: torch.Tensor, out_splits: exchange.Splits
         if comm.errors.deferred is not None:
             comm.errors.finish()
     else:
-        _replan(comm, key, capturing, out, inp, "push", "peer", _all_to_all_call, out, inp, out_splits, in_splits,
-                transport, bounded)
+        _replan(comm, key, plan, capturing, out, inp, "push", "peer", _all_to_all_call, out, inp, out_splits,
+                in_splits, transport, bounded)
     return out
 
 
@@ -295,10 +296,11 @@ class BoundAllToAll:
 # -- the one call skeleton's miss path (the plan hit is inline in each collective: _replan says how) --------
 
 
-def _replan(comm: Communicator, key: tuple, capture: bool, out: torch.Tensor, inp: torch.Tensor, algorithm: str,
-            backend: str, describe: Callable[..., Call | None], *args: Any) -> None:
-    """The call of ``key`` that missed the plan hit: its plan (the cache's checked lookup, else
-    planned and cached under ``key``) launched, then the call closed (raising a deferred error:
+def _replan(comm: Communicator, key: tuple, plan: Any, capture: bool, out: torch.Tensor, inp: torch.Tensor,
+            algorithm: str, backend: str, describe: Callable[..., Call | None], *args: Any) -> None:
+    """The call of ``key`` that missed the plan hit: its plan (``plan``, the hit's: None, or one
+    over adopted memory, then the cache's checked lookup; else planned and cached under ``key``)
+    launched, then the call closed (raising a deferred error:
     :meth:`~collectives.runtime.error_record.ErrorRecord.finish`).  ``out`` and ``inp``: the
     tensors written and read; ``capture``: whether the current stream is capturing a CUDA
     graph, asked once per call (:func:`~collectives.algorithms.plan.capturing`: the
@@ -323,11 +325,13 @@ def _replan(comm: Communicator, key: tuple, capture: bool, out: torch.Tensor, in
     a call whose key differs from an earlier one's only in its tensors' addresses (the same
     checked facts: the plan cache holds the first plan of each under them)
     launches that call's plan with its own addresses swapped in
-    (:meth:`~collectives.algorithms.plan.Plan.run`'s ``at``), making and caching no plan: the
-    launch's staging buffers, adopted memory and turn are the earlier plan's (pinned under
-    capture, checked for expiry and passed on as its own launch's), and a call on those tensors
-    again goes the same way (a dictionary lookup, the symmetric-memory lookup of its tensors and
-    the launch; no plan of theirs fills the cache or outlives their memory).  Else the call is
+    (:meth:`~collectives.algorithms.plan.Plan.run`'s ``at``), making and caching no plan (the
+    launch's staging buffers, adopted memory and turn are the earlier plan's: pinned under
+    capture, checked for expiry and passed on as its own launch's), and remembers the call's key
+    (:attr:`~collectives.runtime.staging.PlanCache.moved`); a call of a remembered key (the
+    allocator handing a loop's tensors the same addresses again) caches a plan of its own, that
+    plan with its addresses (:meth:`~collectives.algorithms.plan.Plan.moved`), a plan hit from
+    then on.  So tensors met once fill no cache, and tensors met again cost a hit.  Else the call is
     described (``describe(comm, *args)``: its checks and :class:`Call`) and planned with
     ``algorithm``.  A symmetric tensor's plan holds its peer table: never moved, nor used for
     another; nor is an all-to-all's (its arguments are not the collective layout's, whose ``out``
@@ -344,7 +348,6 @@ def _replan(comm: Communicator, key: tuple, capture: bool, out: torch.Tensor, in
     could otherwise come while the other ranks' kernels spin for it, and a load waits for them
     (:func:`collectives.runtime.kernels.load`)."""
     plans = comm.plans
-    plan = plans.hit(key)
     if plan is not None:  # (over adopted memory: the checked lookup)
         plan = plans.get(key)
     facts = None
@@ -360,10 +363,18 @@ def _replan(comm: Communicator, key: tuple, capture: bool, out: torch.Tensor, in
             if earlier is not None and earlier.alive:
                 earlier = plans.get(facts)  # (over adopted memory: the checked lookup)
             if earlier is not None and earlier.moves is not None and earlier.moves[0] == (at[1] == at[2]):
-                earlier.run(capture, at)
-                if comm.errors.deferred is not None:
-                    comm.errors.finish()
-                return
+                moved = plans.moved
+                seen = len(moved)
+                moved.add(key)
+                if len(moved) == seen:  # (its tensors again: a plan of their own, a plan hit from now on)
+                    plan = plans[key] = earlier.moved(at)
+                else:
+                    if seen >= plans.capacity:
+                        moved.clear()
+                    earlier.run(capture, at)
+                    if comm.errors.deferred is not None:
+                        comm.errors.finish()
+                    return
     if plan is None:
         plan = _plan_of(comm, key, facts, capture, out, inp, algorithm, backend, describe, args)
     if plan is None:

@@ -32,9 +32,10 @@ class Plan:
     the launch lies in; ``uses``: the addresses it reads or writes (its buffers', ``out``, ``src``: a
     free of memory holding one drops the plan); ``alive``: the storages of adopted buffers it uses
     (:attr:`collectives.runtime.views.Buffer.storage`: the plan holds while they live); ``device``: the
-    communicator's GPU; ``moves``: the launch of each turn with its caller's output and input
-    addresses left out, to launch for a call whose tensors lie elsewhere (:meth:`movable_from`,
-    :meth:`run`'s ``at``), None where the plan cannot move; ``counted``: whether its kernel counts the call on the signal pad and meets every
+    communicator's GPU; ``moves``: the arguments of each turn and the ``uses`` with its caller's
+    output and input addresses left out, for a call whose tensors lie elsewhere
+    (:meth:`movable_from`; :meth:`run`'s ``at``, :meth:`moved`), None where the plan cannot move;
+    ``counted``: whether its kernel counts the call on the signal pad and meets every
     rank in it (a barriered kernel's start barrier, a Lamport kernel's wait for every rank's entry or
     arrival; not the all-to-all's): every launch of such a plan passes the turn on, see :meth:`run`;
     ``used``: launched since the plan cache last swept the marks
@@ -46,8 +47,8 @@ class Plan:
     def __init__(self, fn: Callable[..., Any], args: list[tuple], comm: Runtime, holds: tuple[int, ...] = (),
                  uses: tuple[int, ...] = (), alive: tuple[Any, ...] = (), counted: bool = False) -> None:
         self.fn, self.args, self.comm, self.holds, self.uses, self.alive = fn, args, comm, holds, uses, alive
-        launches = [functools.partial(fn, *a) for a in args]
-        self.launches = launches * 2 if len(launches) == 1 else launches
+        first = functools.partial(fn, *args[0])
+        self.launches = [first, first if len(args) == 1 else functools.partial(fn, *args[1])]
         self.device = comm.device_index
         self.moves: tuple | None = None
         self.counted = counted
@@ -55,17 +56,28 @@ class Plan:
 
     def movable_from(self, out: int, src: int) -> None:
         """Make the plan movable (:attr:`moves`) from the call it was made for, whose output and
-        input lie at ``out`` and ``src``: each turn's arguments split around the two it swaps
-        (:data:`OUT`, :data:`SRC`), each of those told as 0 (no address), 1 (the output's) or
-        2 (the input's), and whether the two alias (a call that aliases otherwise cannot move
-        it).  Not movable (None) where an argument that takes them holds another address (a
-        view of the caller's memory: not portable)."""
+        input lie at ``out`` and ``src``: whether the two alias (a call that aliases otherwise
+        cannot move it), each turn's arguments split around the two it swaps (:data:`OUT`,
+        :data:`SRC`), each of those told as 0 (no address), 1 (the output's) or 2 (the
+        input's), and its ``uses`` but those two.  Not movable (None) where an argument that
+        takes them holds another address (a view of the caller's memory: not portable)."""
         where = {0: 0, out: 1, src: 2}
         args = self.args * 2 if len(self.args) == 1 else self.args
         if any(a[OUT] not in where or a[SRC] not in where for a in args):
             self.moves = None
             return
-        self.moves = (out == src, *((a[:OUT], where[a[OUT]], where[a[SRC]], a[SRC + 1:]) for a in args))
+        self.moves = (out == src, *((a[:OUT], where[a[OUT]], where[a[SRC]], a[SRC + 1:]) for a in args),
+                      tuple(u for u in self.uses if u != out and u != src))
+
+    def moved(self, at: tuple[int, int, int]) -> Plan:
+        """This plan (movable: :attr:`moves`) for a call like the one it was made for whose
+        output and input lie elsewhere (``at``: 0, their addresses): their addresses swapped into
+        its arguments and ``uses``, nothing else prepared again (its ``holds`` and ``alive`` this
+        plan's)."""
+        _, (head, out, src, tail), (head1, out1, src1, tail1), fixed = self.moves
+        first = head + (at[out], at[src]) + tail
+        args = [first] if len(self.args) == 1 else [first, head1 + (at[out1], at[src1]) + tail1]
+        return Plan(self.fn, args, self.comm, self.holds, fixed + (at[1], at[2]), self.alive, self.counted)
 
     def expired(self) -> bool:
         """Whether memory an adopted buffer of the plan lay in has been freed."""
@@ -76,8 +88,8 @@ class Plan:
         (:func:`follow`, where the stream changed); with ``at`` (0, an output's and an input's
         addresses: a call like the one the plan was made for, the same checked facts, whose
         tensors lie elsewhere), its arguments with those addresses swapped in (:attr:`moves`;
-        nothing prepared, nothing cached: the plan's ``holds``, ``alive`` and turn are the
-        call's too).  ``capture``: whether the current stream is
+        nothing prepared: the plan's ``holds``, ``alive`` and turn are the call's too).
+        ``capture``: whether the current stream is
         capturing a CUDA graph (:func:`capturing`, asked once per call by the caller, which
         keys on it too), or None where the caller's key does not hold it: then asked here only
         where needed (the stream changed, or the plan holds staging buffers; about 0.6 us on an

@@ -26,9 +26,10 @@ from tests.support.fake_comm import FakeComm, FakeHeap, FakeTensor, install  # n
 #: one: split_values twice).  (Before issue 50 item 1-3's second pass:
 #: 7, 8, 8, 7 and 14, with ``communicator()`` a stand-in, uncounted.)
 HIT_CEILING = {"all_reduce": 5, "reduce_scatter": 5, "all_gather": 5, "barrier": 5, "all_to_all": 9}
-#: ... of one call on moved tensors: the hit's and ``_replan``, where the key misses and the plan
-#: of its facts (one lookup) is run with the call's addresses (no plan made or cached).  17 before
-#: (the facts' plan copied into a new Plan, bound anew and cached; 19, 20, 20 without
+#: ... of one call on moved tensors met the first time: the hit's and ``_replan``, where the key
+#: misses and the plan of its facts (one lookup) is run with the call's addresses (no plan made
+#: or cached; met again: a plan of their own cached, then plan hits).  17 before (the facts' plan
+#: copied into a new Plan, bound anew and cached at once; 19, 20, 20 without
 #: ``communicator()``'s lookup).
 MOVED_CEILING = {"all_reduce": 6, "reduce_scatter": 6, "all_gather": 6}
 #: What only planning does: none of it on either path.
@@ -231,11 +232,64 @@ def test_a_moved_plan_launches_what_planning_afresh_launches(monkeypatch, collec
     # or not (2 bytes off: another vector width) where the algorithm takes both.
     offsets = (48, 2, 96) if algorithm in ("one_shot", "auto") else (48, 64, 96)
     for k, offset in enumerate(offsets, 1):
-        turn, base = comm.turn, k << 40
-        moved = call(base, offset)
-        comm.plans.clear()  # the same call planned afresh, from the same turn
-        comm.turn = turn
-        assert call(base, offset) == moved
+        base, turns, moved = k << 40, [], []
+        for _ in range(2):  # through the facts' plan, then (its tensors again) a plan of its own
+            turns.append(comm.turn)
+            moved.append(call(base, offset))
+        comm.plans.clear()  # the same calls planned afresh (then a plan hit), from the same turns
+        for turn, launch in zip(turns, moved, strict=True):
+            comm.turn = turn
+            assert call(base, offset) == launch
+
+
+@pytest.mark.parametrize("collective", sorted(MOVED_CEILING))
+def test_a_call_on_moved_tensors_again_gets_a_plan_of_its_own(collective: str) -> None:
+    """The allocator hands a loop's tensors the same addresses again (its steps allocate
+    alike): the second call on them caches a plan of theirs (the facts' plan with their
+    addresses, :meth:`~collectives.algorithms.plan.Plan.moved`), and the third is a plan hit."""
+    with host_path.world() as comm:
+        warm, measured = host_path.calls(collective, True)
+        warm()
+        plans = len(comm.plans)
+        measured()
+        assert len(comm.plans) == plans
+        seen = ours(host_path.profile(measured))
+        assert len(comm.plans) == plans + 1 and "moved" in seen and not PLANNING & set(seen), sorted(seen.items())
+        seen = ours(host_path.profile(measured))
+        assert "_replan" not in seen and sum(seen.values()) <= HIT_CEILING[collective], sorted(seen.items())
+
+
+def test_the_keys_of_calls_on_moved_tensors_are_remembered_up_to_the_caches_capacity() -> None:
+    with host_path.world() as comm:
+        comm.plans.capacity = 8
+        for _ in range(3 * comm.plans.capacity):
+            warm, measured = host_path.calls("all_reduce", True)
+            warm()
+            measured()
+            assert len(comm.plans.moved) <= comm.plans.capacity
+
+
+def test_a_moved_plan_uses_its_tensors_and_holds_the_staging_of_the_plan_it_came_from(monkeypatch) -> None:
+    """A plan of moved tensors is cached: a free of memory it uses, or the staging buffer's
+    retirement, drops it as it drops the plan it came from."""
+    import collectives as api
+
+    comm = FakeComm(FakeHeap(world_size=2))
+    install(monkeypatch, comm, [False])
+    n = 4096
+    first, moved = (FakeTensor(1 << 40, n), FakeTensor(4 << 40, n)), (FakeTensor(2 << 40, n), FakeTensor(3 << 40, n))
+    api.all_reduce(first[1], algorithm="one_shot", out=first[0])
+    for _ in range(2):
+        api.all_reduce(moved[1], algorithm="one_shot", out=moved[0])
+    origin, plan = {k[0]: p for k, p in comm.plans._plans.items() if k[0] == "moved" or k[1] == 2 << 40}.values()
+    assert plan is not origin and plan.holds == origin.holds and plan.alive == origin.alive
+    assert sorted(plan.uses) == sorted([u for u in origin.uses if u not in (1 << 40, 4 << 40)] + [2 << 40, 3 << 40])
+    comm.plans.drop_using(3 << 40, 2 * n)
+    assert plan not in comm.plans._plans.values() and origin in comm.plans._plans.values()
+    for _ in range(2):
+        api.all_reduce(moved[1], algorithm="one_shot", out=moved[0])
+    comm.plans.drop_holding(origin.holds[0])
+    assert not comm.plans._plans
 
 
 def test_a_call_on_moved_tensors_under_capture_pins_the_staging_its_launch_uses(monkeypatch) -> None:
