@@ -327,8 +327,9 @@ def _replan(comm: Communicator, key: tuple, plan: Any, capture: bool, out: torch
     launches that call's plan with its own addresses swapped in
     (:meth:`~collectives.algorithms.plan.Plan.run`'s ``at``), making and caching no plan (the
     launch's staging buffers, adopted memory and turn are the earlier plan's: pinned under
-    capture, checked for expiry and passed on as its own launch's), and remembers the call's key
-    (:attr:`~collectives.runtime.staging.PlanCache.moved`); a call of a remembered key (the
+    capture, checked for expiry and passed on as its own launch's), and remembers the call's
+    addresses (the plan's :attr:`~collectives.algorithms.plan.Plan.met`, at most the plan cache's
+    capacity); a call on remembered addresses (the
     allocator handing a loop's tensors the same addresses again) caches a plan of its own, that
     plan with its addresses (:meth:`~collectives.algorithms.plan.Plan.moved`), a plan hit from
     then on.  So tensors met once fill no cache, and tensors met again cost a hit.  Else the call is
@@ -363,14 +364,14 @@ def _replan(comm: Communicator, key: tuple, plan: Any, capture: bool, out: torch
             if earlier is not None and earlier.alive:
                 earlier = plans.get(facts)  # (over adopted memory: the checked lookup)
             if earlier is not None and earlier.moves is not None and earlier.moves[0] == (at[1] == at[2]):
-                moved = plans.moved
-                seen = len(moved)
-                moved.add(key)
-                if len(moved) == seen:  # (its tensors again: a plan of their own, a plan hit from now on)
+                met = earlier.met
+                seen = len(met)
+                met.add(at[1:])
+                if len(met) == seen:  # (its tensors again: a plan of their own, a plan hit from now on)
                     plan = plans[key] = earlier.moved(at)
                 else:
                     if seen >= plans.capacity:
-                        moved.clear()
+                        met.clear()
                     earlier.run(capture, at)
                     if comm.errors.deferred is not None:
                         comm.errors.finish()

@@ -35,14 +35,15 @@ class Plan:
     communicator's GPU; ``moves``: the arguments of each turn and the ``uses`` with its caller's
     output and input addresses left out, for a call whose tensors lie elsewhere
     (:meth:`movable_from`; :meth:`run`'s ``at``, :meth:`moved`), None where the plan cannot move;
-    ``counted``: whether its kernel counts the call on the signal pad and meets every
+    ``met``: the addresses (output, input) of the calls launched through it so (a call of them
+    again gets a plan of its own: :func:`collectives.api._replan`); ``counted``: whether its kernel counts the call on the signal pad and meets every
     rank in it (a barriered kernel's start barrier, a Lamport kernel's wait for every rank's entry or
     arrival; not the all-to-all's): every launch of such a plan passes the turn on, see :meth:`run`;
     ``used``: launched since the plan cache last swept the marks
     (its recency: :class:`~collectives.runtime.staging.PlanCache`)."""
 
-    __slots__ = ("fn", "args", "comm", "holds", "uses", "alive", "device", "moves", "counted", "launches",
-                 "used")
+    __slots__ = ("fn", "args", "comm", "holds", "uses", "alive", "device", "moves", "met", "counted",
+                 "launches", "used")
 
     def __init__(self, fn: Callable[..., Any], args: list[tuple], comm: Runtime, holds: tuple[int, ...] = (),
                  uses: tuple[int, ...] = (), alive: tuple[Any, ...] = (), counted: bool = False) -> None:
@@ -51,6 +52,7 @@ class Plan:
         self.launches = [first, first if len(args) == 1 else functools.partial(fn, *args[1])]
         self.device = comm.device_index
         self.moves: tuple | None = None
+        self.met: set[tuple[int, int]] = set()
         self.counted = counted
         self.used = False
 
@@ -68,6 +70,7 @@ class Plan:
             return
         self.moves = (out == src, *((a[:OUT], where[a[OUT]], where[a[SRC]], a[SRC + 1:]) for a in args),
                       tuple(u for u in self.uses if u != out and u != src))
+        self.met = set()
 
     def moved(self, at: tuple[int, int, int]) -> Plan:
         """This plan (movable: :attr:`moves`) for a call like the one it was made for whose

@@ -77,7 +77,7 @@ class PlanCache:
     and drops the oldest.  A plan cached under two keys (a call's and its facts') keeps its
     mark for both."""
 
-    __slots__ = ("_plans", "capacity", "hit", "moved")
+    __slots__ = ("_plans", "capacity", "hit")
 
     def __init__(self, capacity: int = PLAN_CACHE_SIZE) -> None:
         self._plans: OrderedDict[Hashable, Any] = OrderedDict()
@@ -86,10 +86,6 @@ class PlanCache:
         #: ``get``: no Python call).  A plan with ``alive`` storages may be expired: the caller
         #: takes it only through :meth:`get`.
         self.hit = self._plans.get
-        #: The keys of calls launched once through the plan of their facts, with their tensors'
-        #: addresses swapped in (:func:`collectives.api._replan`): such a call again gets a plan
-        #: of its own, cached; at most ``capacity`` (then forgotten at once).
-        self.moved: set[Hashable] = set()
 
     def get(self, key: Hashable) -> Any:
         """The plan of ``key``, None if there is none or the memory of an adopted buffer it
@@ -135,7 +131,6 @@ class PlanCache:
     def clear(self) -> None:
         """Forget every plan (the next call of each plans anew)."""
         self._plans.clear()
-        self.moved.clear()
 
     def drop_using(self, ptr: int, nbytes: int) -> None:
         """Forget every plan that uses an address in the ``nbytes`` at ``ptr`` (freed memory)."""
