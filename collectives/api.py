@@ -104,20 +104,20 @@ def all_reduce(
         return torch_ops.traced_all_reduce(t, op, algorithm, backend, out)
     comm = communicator(group)
     comm.errors.poll()
-    capturing = _capturing()
     if out is None:
         result, key = t, ("all_reduce", None, t.data_ptr() or address(t), t.dtype, t.shape, t.is_contiguous(),
-                          t.get_device(), op, algorithm, backend, capturing, config.PDL)
+                          t.get_device(), op, algorithm, backend, config.PDL)
     else:
         result, key = out, ("all_reduce", out.data_ptr() or address(out), t.data_ptr() or address(t), t.dtype,
                             t.shape, t.is_contiguous(), t.get_device(), out.dtype, out.shape, out.is_contiguous(),
-                            out.get_device(), op, algorithm, backend, capturing, config.PDL)
+                            out.get_device(), op, algorithm, backend, config.PDL)
     plan = comm.plans.hit(key)  # (the plan hit: _replan's docstring)
-    if plan is not None and not plan.alive:
-        plan.run(capturing)
+    if plan is not None and not plan.alive and (plan.capture is None or plan.capture == _capturing()):
+        plan.run(plan.capture)
         if comm.errors.deferred is not None:
             comm.errors.finish()
     else:
+        capturing = _capturing()
         _replan(comm, key, plan, capturing, result, t, algorithm, backend, _all_reduce_call, t, op, backend, out,
                 capturing)
     return result
@@ -144,16 +144,16 @@ def reduce_scatter(
         _check_max_blocks("reduce_scatter", max_blocks)
     comm = communicator(group)
     comm.errors.poll()
-    capturing = _capturing()
     key = ("reduce_scatter", out.data_ptr() or address(out), inp.data_ptr() or address(inp), inp.dtype, inp.shape,
            inp.is_contiguous(), inp.get_device(), out.dtype, out.shape, out.is_contiguous(), out.get_device(), op,
-           algorithm, backend, capturing, max_blocks, config.PDL)
+           algorithm, backend, max_blocks, config.PDL)
     plan = comm.plans.hit(key)  # (the plan hit: _replan's docstring)
-    if plan is not None and not plan.alive:
-        plan.run(capturing)
+    if plan is not None and not plan.alive and (plan.capture is None or plan.capture == _capturing()):
+        plan.run(plan.capture)
         if comm.errors.deferred is not None:
             comm.errors.finish()
     else:
+        capturing = _capturing()
         _replan(comm, key, plan, capturing, out, inp, algorithm, backend, _block_call, "reduce_scatter", out, inp, op,
                 backend, capturing, max_blocks)
     return out
@@ -303,8 +303,10 @@ def _replan(comm: Communicator, key: tuple, plan: Any, capture: bool, out: torch
     launched, then the call closed (raising a deferred error:
     :meth:`~collectives.runtime.error_record.ErrorRecord.finish`).  ``out`` and ``inp``: the
     tensors written and read; ``capture``: whether the current stream is capturing a CUDA
-    graph, asked once per call (:func:`~collectives.algorithms.plan.capturing`: the
-    collective's key holds it where its plan depends on it, and the plan's run takes it).
+    graph, asked once on a miss (:func:`~collectives.algorithms.plan.capturing`, about 0.6 us
+    on a GPU host: no key holds it; a plan whose launch depends on it records it,
+    :attr:`~collectives.algorithms.plan.Plan.capture`, and only its hit asks: in the other
+    state, the call comes here and is planned anew, its plan cached under the key instead).
 
     The one call skeleton, inline in each collective (a Python call less per call):
     ``comm = communicator(group)``, ``comm.errors.poll()`` (raise an error a kernel recorded
@@ -314,9 +316,9 @@ def _replan(comm: Communicator, key: tuple, plan: Any, capture: bool, out: torch
     checked lookup here reads), run, and the call closed where an error is deferred; else this,
     with the collective's describing function (its checks and :class:`Call`, an all-to-all's
     :class:`~collectives.algorithms.all_to_all.AllToAllCall`).  A collective's key holds every
-    argument the plan and the checks depend on: the output's and the input's addresses (its
-    second and third fields, None for an in-place all-reduce's output: a call's facts drop
-    them), then the input's and (where given) the output's other fields
+    argument the plan and the checks depend on (but the capture state, above): the output's
+    and the input's addresses (its second and third fields, None for an in-place all-reduce's
+    output: a call's facts drop them), then the input's and (where given) the output's other fields
     of :func:`~collectives.runtime.staging.tensor_key` (inline; a hit is a call whose tensors
     passed the same checks), and no tuple; an all-to-all's:
     :func:`collectives.runtime.all_to_all.plan_key`.
@@ -349,8 +351,10 @@ def _replan(comm: Communicator, key: tuple, plan: Any, capture: bool, out: torch
     could otherwise come while the other ranks' kernels spin for it, and a load waits for them
     (:func:`collectives.runtime.kernels.load`)."""
     plans = comm.plans
-    if plan is not None:  # (over adopted memory: the checked lookup)
+    if plan is not None:  # (over adopted memory: the checked lookup; made for the other capture state: planned anew)
         plan = plans.get(key)
+        if plan is not None and plan.capture is not None and plan.capture != capture:
+            plan = None
     facts = None
     if plan is None and key[0] in COLLECTIVES:
         ctx = comm.ctx
@@ -363,7 +367,8 @@ def _replan(comm: Communicator, key: tuple, plan: Any, capture: bool, out: torch
             earlier = plans.hit(facts)
             if earlier is not None and earlier.alive:
                 earlier = plans.get(facts)  # (over adopted memory: the checked lookup)
-            if earlier is not None and earlier.moves is not None and earlier.moves[0] == (at[1] == at[2]):
+            if (earlier is not None and earlier.moves is not None and earlier.moves[0] == (at[1] == at[2])
+                    and (earlier.capture is None or earlier.capture == capture)):
                 met = earlier.met
                 seen = len(met)
                 met.add(at[1:])

@@ -193,7 +193,9 @@ class Algorithm:
         return None
 
     def plan(self, comm: Runtime, call: Call) -> Any:
-        """The prepared launch (:class:`~collectives.algorithms.plan.Plan`) of ``call`` on ``comm``."""
+        """The prepared launch (:class:`~collectives.algorithms.plan.Plan`) of ``call`` on ``comm``;
+        a plan whose launch depends on ``call.capturing`` records it in its ``capture`` (a plan
+        hit under the other capture state plans anew: the collective's key does not hold it)."""
         raise NotImplementedError
 
     def build(self, key: Any) -> Any:

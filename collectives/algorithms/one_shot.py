@@ -77,7 +77,9 @@ class OneShot(Algorithm):
                         vector=call.vector, stage_in=not zero_copy, end_barrier=not alternate)
         if zero_copy:
             return self.launch(comm, call, key, comm.buffer(call.inp), 0)
-        return self.launch(comm, call, key, self.staging(comm, call, key, Slot.STAGED), call.inp.data_ptr())
+        plan = self.launch(comm, call, key, self.staging(comm, call, key, Slot.STAGED), call.inp.data_ptr())
+        plan.capture = call.capturing  # (its staging alternates eagerly only)
+        return plan
 
     def build(self, key: KernelKey):
         return build(key)

@@ -36,17 +36,23 @@ class Plan:
     output and input addresses left out, for a call whose tensors lie elsewhere
     (:meth:`movable_from`; :meth:`run`'s ``at``, :meth:`moved`), None where the plan cannot move;
     ``met``: the addresses (output, input) of the calls launched through it so (a call of them
-    again gets a plan of its own: :func:`collectives.api._replan`); ``counted``: whether its kernel counts the call on the signal pad and meets every
-    rank in it (a barriered kernel's start barrier, a Lamport kernel's wait for every rank's entry or
-    arrival; not the all-to-all's): every launch of such a plan passes the turn on, see :meth:`run`;
+    again gets a plan of its own: :func:`collectives.api._replan`); ``counted``: whether its
+    kernel counts the call on the signal pad and meets every rank in it (a barriered kernel's
+    start barrier, a Lamport kernel's wait for every rank's entry or arrival; not the
+    all-to-all's): every launch of such a plan passes the turn on, see :meth:`run`;
+    ``capture``: whether the stream was capturing a CUDA graph when the plan was made, where its
+    arguments depend on it (an eagerly alternating staging:
+    :meth:`~collectives.algorithms.base.Algorithm.plan` sets it), else None (a call takes it
+    whether a capture is on or not: a plan hit then asks no :func:`capturing`);
     ``used``: launched since the plan cache last swept the marks
     (its recency: :class:`~collectives.runtime.staging.PlanCache`)."""
 
     __slots__ = ("fn", "args", "comm", "holds", "uses", "alive", "device", "moves", "met", "counted",
-                 "launches", "used")
+                 "capture", "launches", "used")
 
     def __init__(self, fn: Callable[..., Any], args: list[tuple], comm: Runtime, holds: tuple[int, ...] = (),
-                 uses: tuple[int, ...] = (), alive: tuple[Any, ...] = (), counted: bool = False) -> None:
+                 uses: tuple[int, ...] = (), alive: tuple[Any, ...] = (), counted: bool = False,
+                 capture: bool | None = None) -> None:
         self.fn, self.args, self.comm, self.holds, self.uses, self.alive = fn, args, comm, holds, uses, alive
         first = functools.partial(fn, *args[0])
         self.launches = [first, first if len(args) == 1 else functools.partial(fn, *args[1])]
@@ -54,6 +60,7 @@ class Plan:
         self.moves: tuple | None = None
         self.met: set[tuple[int, int]] = set()
         self.counted = counted
+        self.capture = capture
         self.used = False
 
     def movable_from(self, out: int, src: int) -> None:
@@ -80,7 +87,8 @@ class Plan:
         _, (head, out, src, tail), (head1, out1, src1, tail1), fixed = self.moves
         first = head + (at[out], at[src]) + tail
         args = [first] if len(self.args) == 1 else [first, head1 + (at[out1], at[src1]) + tail1]
-        return Plan(self.fn, args, self.comm, self.holds, fixed + (at[1], at[2]), self.alive, self.counted)
+        return Plan(self.fn, args, self.comm, self.holds, fixed + (at[1], at[2]), self.alive, self.counted,
+                    self.capture)
 
     def expired(self) -> bool:
         """Whether memory an adopted buffer of the plan lay in has been freed."""
@@ -92,11 +100,11 @@ class Plan:
         addresses: a call like the one the plan was made for, the same checked facts, whose
         tensors lie elsewhere), its arguments with those addresses swapped in (:attr:`moves`;
         nothing prepared: the plan's ``holds``, ``alive`` and turn are the call's too).
-        ``capture``: whether the current stream is
-        capturing a CUDA graph (:func:`capturing`, asked once per call by the caller, which
-        keys on it too), or None where the caller's key does not hold it: then asked here only
-        where needed (the stream changed, or the plan holds staging buffers; about 0.6 us on an
-        H200 host).  Under capture, first pin what the launch uses: the graph replays these
+        ``capture``: whether the current stream is capturing a CUDA graph (:func:`capturing`,
+        asked once per call by the caller: the plan's own :attr:`capture`, or asked on a miss),
+        or None where the caller did not ask (a plan that does not depend on it): then asked
+        here only where needed (the stream changed, or the plan holds staging buffers; about
+        0.6 us on an H200 host).  Under capture, first pin what the launch uses: the graph replays these
         addresses for good, whichever call made the plan (an eager warm-up's plan is reused
         under capture).
 

@@ -367,7 +367,9 @@ class Push(Algorithm):
             key = KernelKey(call.collective, self.name, call.backend, call.dtype, call.world, op=call.op,
                             vector=call.vector, stage_in=True, end_barrier=not alternate)
             data = self.staging(comm, call, key, Slot.PUSH_REDUCE_SCATTER)
-            return self.launch(comm, call, key, data, call.inp.data_ptr())
+            plan = self.launch(comm, call, key, data, call.inp.data_ptr())
+            plan.capture = call.capturing  # (its staging alternates eagerly only)
+            return plan
         key = KernelKey(call.collective, self.name, call.backend, call.dtype, call.world, op=call.op,
                         vector=call.vector, stage_in=True)
         m = push_slice_elements(call.n, call.world, key.elements_per_access)

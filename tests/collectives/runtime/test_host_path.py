@@ -87,16 +87,98 @@ def test_a_plan_hit_runs_no_torch_operator(collective: str) -> None:
 
 
 @pytest.mark.parametrize("collective", sorted(HIT_CEILING))
-def test_a_plan_hit_asks_once_whether_a_capture_is_on(collective: str) -> None:
-    """``capturing()`` costs about 0.6 us on an H100 host: a call asks it once (its key needs it)
-    and passes the answer on to the plan's run, which asked it again before issue 50.  A barrier
-    on the stream of the last collective, and an all-gather (``auto`` at this size: the Lamport
-    one, which stages nothing), do not ask at all: their keys do not hold it, their plans hold
-    no staging buffer (a staged all-gather's plan run asks where it needs to)."""
+def test_a_plan_hit_asks_whether_a_capture_is_on_only_where_its_plan_depends_on_it(collective: str) -> None:
+    """``capturing()`` costs about 0.6 us on an H100 host.  No key holds it (but the
+    all-to-all's plan run, which pins its split tensors under capture): a plan records whether
+    it depends on it (:attr:`~collectives.algorithms.plan.Plan.capture`: an eagerly alternating
+    staging), and only such a plan's hit asks.  At this size ``auto`` runs the Lamport kernels,
+    which stage nothing: on the stream of the last collective, no hit asks (the all-reduce's and
+    the reduce-scatter's asked once before, twice before issue 50)."""
     _, seen = host_path.python_calls(collective)
     asks = sum(n for (_, name), n in seen.items() if name == "capturing_now")
-    want = 0 if collective in ("barrier", "all_gather") else 1
+    want = 1 if collective == "all_to_all" else 0
     assert asks == want, f"{collective} plan hit asked capturing() {asks} times"
+
+
+@pytest.mark.parametrize(("collective", "algorithm"), [("all_reduce", "one_shot"), ("reduce_scatter", "one_shot"),
+                                                       ("reduce_scatter", "push")])
+def test_a_plan_made_for_one_capture_state_is_not_launched_in_the_other(monkeypatch, collective: str,
+                                                                         algorithm: str) -> None:
+    """A staged one-shot (or pushed reduce-scatter) plan alternates two buffers eagerly, one
+    under capture: its hit asks ``capturing()`` and, in the other state, the call is planned
+    anew, launching what a communicator that never saw the other state launches; back in the
+    first state, the same."""
+    import collectives as api
+
+    def launches(states: list[bool]) -> list[tuple]:
+        """Per call: its kernel and blocks, and the capture state and argument sets of the plan
+        under its key (addresses differ from heap to heap)."""
+        comm, capturing = FakeComm(FakeHeap(world_size=4)), [False]
+        install(monkeypatch, comm, capturing)
+        block, whole, seen = FakeTensor(1 << 40, 4096), FakeTensor(2 << 40, 4 * 4096), []
+        for state in states:
+            capturing[0] = state
+            if collective == "all_reduce":
+                api.all_reduce(block, algorithm=algorithm)
+            else:
+                api.reduce_scatter(block, whole, algorithm=algorithm)
+            (plan,) = [p for k, p in comm.plans._plans.items() if k[0] == collective]
+            seen.append((comm.grids[-1], plan.capture, len(plan.args)))
+        return seen
+
+    mixed = launches([False, False, True, True, False])
+    assert mixed[2:4] == launches([True, True]) and mixed[4] == mixed[0] == launches([False])[0]
+    assert mixed[0][1:] == (False, 2) and mixed[2][1:] == (True, 1)  # (alternating eagerly only)
+
+
+def test_a_call_on_moved_tensors_in_the_other_capture_state_is_planned(monkeypatch) -> None:
+    """An eager plan that alternates its staging is no template for tensors placed elsewhere
+    under capture: the call is planned for the capture (one buffer, the end barrier kept)."""
+    import collectives as api
+
+    comm, capturing = FakeComm(FakeHeap(world_size=4)), [False]
+    install(monkeypatch, comm, capturing)
+    api.all_reduce(FakeTensor(1 << 40, 4096), algorithm="one_shot")
+    assert not comm.grids[-1][0].end_barrier
+    capturing[0] = True
+    api.all_reduce(FakeTensor(2 << 40, 4096), algorithm="one_shot")
+    assert comm.grids[-1][0].end_barrier
+
+
+@pytest.mark.parametrize(("collective", "algorithm"), CASES_BY_ALGORITHM := [
+    (c, a) for c in ("all_reduce", "reduce_scatter", "all_gather")
+    for a in ("one_shot", "two_shot", "tma", "push", "lamport") if not (c == "all_gather" and a in ("two_shot", "push"))
+    and not (c == "reduce_scatter" and a == "two_shot")])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_a_plan_records_the_capture_state_wherever_its_launch_depends_on_it(monkeypatch, collective: str,
+                                                                             algorithm: str, symmetric: bool) -> None:
+    """The guard of :attr:`~collectives.algorithms.plan.Plan.capture`: every algorithm's call
+    planned eagerly and under capture; where the two launch differently (another kernel or
+    block count, or alternating argument sets), the plans record the state they were made for
+    (else an eager plan would be launched under capture: no key holds the state)."""
+    import collectives as api
+
+    def plan(state: bool):
+        heap = FakeHeap(world_size=4)
+        comm = FakeComm(heap)
+        install(monkeypatch, comm, [state])
+        # (past tuning.STAGE_MAX_BYTES, a symmetric reduce-scatter input is read in place)
+        n = (8 << 20) // 2 // 4 if symmetric and collective == "reduce_scatter" and algorithm != "lamport" else 4096
+        whole = heap.empty(4 * n * 2) if symmetric else FakeTensor(2 << 40, 4 * n)
+        whole = FakeTensor(whole.data_ptr(), 4 * n)
+        block = FakeTensor(1 << 40, n)
+        if collective == "all_reduce":
+            api.all_reduce(whole, algorithm=algorithm)
+        elif collective == "reduce_scatter":
+            api.reduce_scatter(block, whole, algorithm=algorithm)
+        else:
+            api.all_gather(whole, block, algorithm=algorithm)
+        (made,) = {id(p): p for k, p in comm.plans._plans.items() if k[0] in (collective, "moved")}.values()
+        return (comm.grids[-1], len(made.args)), made  # (kernel, blocks, argument sets; addresses: each heap's)
+
+    (eager, eager_plan), (captured, captured_plan) = plan(False), plan(True)
+    if eager != captured:
+        assert (eager_plan.capture, captured_plan.capture) == (False, True)
 
 
 def test_a_barrier_on_another_stream_asks_whether_a_capture_is_on() -> None:
