@@ -114,6 +114,16 @@ def post_arrived(slot_table: Int64, rank: Int32, receiver: Int32, part: Int32, s
 
 
 @cute.jit
+def _poll(word: cute.Pointer, want: Uint32, deadline: Int64) -> Uint64:
+    """The slot word ``word`` read with ``ld.acquire.sys`` until its epoch reaches ``want``
+    (wrap-safe) or ``%globaltimer`` passes ``deadline``: the last value read."""
+    seen = ptxops.ld_acquire(word, scope="sys", dtype=Uint64)
+    while not reached(epoch_of(seen), want) and cute.arch.globaltimer() < deadline:
+        seen = ptxops.ld_acquire(word, scope="sys", dtype=Uint64)
+    return seen
+
+
+@cute.jit
 def wait_word(word: cute.Pointer, calls: Uint32, expected: Uint32, deadline: Int64) -> Int32:
     """Poll a slot word with ``ld.acquire.sys`` until its epoch reaches ``calls + 1`` (wrap-safe)
     or ``%globaltimer`` passes ``deadline``; then judge it as
@@ -121,9 +131,7 @@ def wait_word(word: cute.Pointer, calls: Uint32, expected: Uint32, deadline: Int
     ``SIZE_MISMATCH`` (a size other than ``expected``, or :data:`~collectives.layouts.REFUSED`).
     The caller's ``bar.sync`` after it carries the acquire to the block."""
     want = calls + Uint32(1)
-    seen = ptxops.ld_acquire(word, scope="sys", dtype=Uint64)
-    while not reached(epoch_of(seen), want) and cute.arch.globaltimer() < deadline:
-        seen = ptxops.ld_acquire(word, scope="sys", dtype=Uint64)
+    seen = _poll(word, want, deadline)
     epoch, size = epoch_of(seen), size_of(seen)
     status = Int32(0)
     if not reached(epoch, want) or not in_call(epoch, calls):
@@ -139,12 +147,9 @@ def wait_within(word: cute.Pointer, calls: Uint32, low: Uint32, high: Uint32, de
     (:attr:`~collectives.algorithms.all_to_all.AllToAllKey.bounded`), judged as
     :func:`collectives.layouts.judge_within`: ``(status, size)``, the status ``SIZE_MISMATCH``
     where the size posted lies outside ``[low, high]`` (or is :data:`~collectives.layouts.REFUSED`)
-    instead of differing from one expected size.  (Its poll is :func:`wait_word`'s, written
-    twice so that the exact kernels' PTX stays the one recorded.)"""
+    instead of differing from one expected size (the same poll)."""
     want = calls + Uint32(1)
-    seen = ptxops.ld_acquire(word, scope="sys", dtype=Uint64)
-    while not reached(epoch_of(seen), want) and cute.arch.globaltimer() < deadline:
-        seen = ptxops.ld_acquire(word, scope="sys", dtype=Uint64)
+    seen = _poll(word, want, deadline)
     epoch, size = epoch_of(seen), size_of(seen)
     status = Int32(0)
     if not (reached(epoch, want) and in_call(epoch, calls)):
