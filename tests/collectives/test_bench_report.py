@@ -208,3 +208,13 @@ def test_without_matplotlib_the_report_names_the_bench_extra(tmp_path, monkeypat
                                 write=lambda out_dir, world, gpu, **meta: str(tmp_path / "bench-gpu.json"))
     bench.report(rec, 2, str(tmp_path), {"sms": 132, "tma_blocks_all_reduce_bf16": {}, "nccl_version": "2.28.3"})
     assert "matplotlib not installed: no plot (pip install 'ptxops[bench]')" in capsys.readouterr().out
+
+
+def test_the_kernel_table_names_each_layer_part() -> None:
+    """collectives.tools.moe_kernels files each profiled kernel under the layer's part its
+    argument layout names (the routing, packing, exchange, placement, gather, combine) and
+    keeps any other kernel's name."""
+    from collectives.tools.moe_kernels import PARTS, part_of
+
+    assert [part_of(f"kernel_cutlass_kernel_{layout}_0") for layout in PARTS] == list(PARTS.values())
+    assert part_of("void at::native::vectorized_elementwise_kernel") == "void at::native::vectorized_elementwise_kernel"
