@@ -733,10 +733,11 @@ class CombinePlan:
     splits' scratch buffer (one, its place in the all-to-all's plan key
     the same at each call) and the receive buffer with its slice of the entries that arrive;
     in low-latency mode the rows sent back (a scratch buffer of a size the shape fixes) and
-    their all-to-all (:func:`bind`)."""
+    their all-to-all (:func:`bind`); ``kernels()``' ``(weighted_sum, gather)`` (None: not given)."""
 
     def __init__(self, exchange: Exchange, expert_out: torch.Tensor, h: Handle, empty: Empty,
-                 scratch: Scratch) -> None:
+                 scratch: Scratch, kernels: Callable[[], tuple] | None = None) -> None:
+        self.kernels = kernels() if kernels else None
         hidden, device = expert_out.shape[-1], expert_out.device
         if expert_out.dim() == 3:  # low latency: [L, capacity, hidden]
             most = expert_out.shape[1] // h.world * h.topk  # max_tokens x topk, the same everywhere
@@ -753,22 +754,34 @@ class CombinePlan:
             self.send_back = bind(exchange, self.entries, self.back, self.send_splits, self.recv_splits)
 
 
-def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, empty: Empty = plain,
-                 weighted_sum: WeightedSum | None = None, gather: Gather | None = None,
-                 scratch: Scratch = plain, plans: Plans = unplanned) -> torch.Tensor:
-    """:func:`combine` over ``exchange``, receiving rows into ``empty``'s buffer; the weighted
-    sum by ``weighted_sum`` (see :data:`WeightedSum`; None: torch operations, ``3 * topk`` of
-    them over the rows), the rows sent back by ``gather`` (None: :func:`gather_rows`), the
-    all-to-all's splits copied into ``scratch``'s buffer (:data:`Scratch`); both buffers and their
-    views in the shape's :class:`CombinePlan` from ``plans`` (:data:`Plans`)."""
-    h = handle
+def _combine_plan(exchange: Exchange, expert_out: torch.Tensor, h: Handle, empty: Empty, scratch: Scratch,
+                  kernels: Callable[[], tuple] | None) -> CombinePlan:
+    """The :class:`CombinePlan` of a combine whose ``expert_out`` is the dispatch's (a plan miss)."""
     if h.shape is not None and (tuple(expert_out.shape) != h.shape or expert_out.dtype != h.dtype):
         raise CollectiveError(f"moe.combine: expert_out must be the dispatch's expert rows, hidden size and dtype: "
                               f"{h.dtype} of shape {h.shape}, not {expert_out.dtype} of shape "
                               f"{tuple(expert_out.shape)}")
-    key = ("combine", tuple(expert_out.shape), expert_out.dtype, h.tokens, h.topk, h.most, h.world,
-           expert_out.device)
-    p: CombinePlan = plans(key, lambda: CombinePlan(exchange, expert_out, h, empty, scratch))
+    return CombinePlan(exchange, expert_out, h, empty, scratch, kernels)
+
+
+def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, empty: Empty = plain,
+                 weighted_sum: WeightedSum | None = None, gather: Gather | None = None,
+                 scratch: Scratch = plain, plans: Plans = unplanned,
+                 kernels: Callable[[], tuple[WeightedSum | None, Gather | None]] | None = None) -> torch.Tensor:
+    """:func:`combine` over ``exchange``, receiving rows into ``empty``'s buffer; the weighted
+    sum by ``weighted_sum`` (see :data:`WeightedSum`; None: torch operations, ``3 * topk`` of
+    them over the rows), the rows sent back by ``gather`` (None: :func:`gather_rows`), the
+    all-to-all's splits copied into ``scratch``'s buffer (:data:`Scratch`); both buffers and their
+    views in the shape's :class:`CombinePlan` from ``plans`` (:data:`Plans`), made once
+    ``expert_out`` passes its check against the handle's shape and dtype (both in the plan's key:
+    a key seen before passed it); ``kernels``: ``(weighted_sum, gather)`` asked once per plan, in
+    place of those two (:func:`combine`'s, the communicator's kernels)."""
+    h = handle
+    key = ("combine", expert_out.shape, expert_out.dtype, h.shape, h.dtype, h.tokens, h.topk, h.most, h.world,
+           expert_out.device, kernels is None)
+    p: CombinePlan = plans(key, lambda: _combine_plan(exchange, expert_out, h, empty, scratch, kernels))
+    if p.kernels is not None:
+        weighted_sum, gather = p.kernels
     hidden = expert_out.shape[-1]
     back = p.back
     if back is None:  # throughput: rows for the call's receive buffer
@@ -851,11 +864,10 @@ def combine(expert_out: torch.Tensor, handle: Handle, *, group: Group = None) ->
         comms.traceable(group, "moe.combine")
         return runtime_moe.traced_combine(expert_out, handle.weights, handle_tensors(handle, COMBINE_FIELDS))
     layer = _layer(comms.communicator(group), group)
-    hidden = expert_out.shape[-1]
-    fused, gather = layer.plan(("combine kernels", expert_out.dtype, hidden, handle.topk), lambda: (
-        layer.launch(runtime_moe.weighted_sum, expert_out.dtype, hidden, handle.topk),
-        layer.launch(runtime_moe.gather, hidden * expert_out.element_size())))
-    return combine_with(layer.exchange, expert_out, handle, layer.empty, fused, gather, layer.scratch, layer.plan)
+    return combine_with(layer.exchange, expert_out, handle, layer.empty, None, None, layer.scratch, layer.plan,
+                        lambda: (layer.launch(runtime_moe.weighted_sum, expert_out.dtype, expert_out.shape[-1],
+                                              handle.topk),
+                                 layer.launch(runtime_moe.gather, expert_out.shape[-1] * expert_out.element_size())))
 
 
 def handle_tensors(handle: Handle, fields: tuple[str, ...] = HANDLE_FIELDS) -> tuple[torch.Tensor, ...]:

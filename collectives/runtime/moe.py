@@ -34,6 +34,7 @@ kernels are the eager functions, on the default communicator (``group=None``), r
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable
@@ -286,15 +287,21 @@ def gather(comm: Runtime, row_bytes: int):
     key = MoeGatherKey(MoePlaceKey.word_for(row_bytes))
     fn, device = comm.kernel_together(key), comm.device_index
 
+    args, (i_out, i_rows, i_place, i_kept, i_room, i_splits, i_world, i_send, i_copy) = _template(
+        MOE_GATHER, dict(row_words=row_bytes // key.word), "out", "rows", "place", "kept", "room", "splits", "world",
+        "send_splits", "copy")
+    blocks = functools.cache(key.blocks)  # (no Python frame once seen: a call's room is its shape's)
+
     def run(rows: torch.Tensor, place: int, kept: int, send_splits: int, splits: int, copy: torch.Tensor,
             out: torch.Tensor) -> torch.Tensor:
         rows = rows.contiguous()
         room = out.shape[0]
-        _aligned(key.word, rows, out)
-        args = MOE_GATHER.take(dict(out=out.data_ptr(), rows=rows.data_ptr(), place=place, kept=kept, room=room,
-                                    splits=splits, world=copy.shape[1], send_splits=send_splits, copy=copy.data_ptr(),
-                                    row_words=row_bytes // key.word))
-        fn(*args, key.blocks(room), current_stream(device))
+        a = args.copy()
+        a[i_out], a[i_rows], a[i_place], a[i_kept], a[i_room] = out.data_ptr(), rows.data_ptr(), place, kept, room
+        a[i_splits], a[i_world], a[i_send], a[i_copy] = splits, copy.shape[1], send_splits, copy.data_ptr()
+        if a[i_out] % key.word or a[i_rows] % key.word:
+            _aligned(key.word, rows, out)
+        fn(*a, blocks(room), current_stream(device))
         return out
 
     return run
@@ -309,18 +316,24 @@ def weighted_sum(comm: Runtime, dtype: torch.dtype, hidden: int, topk: int):
     fn, device = comm.kernel_together(key), comm.device_index
     step = key.vec * DTYPES[key.dtype].bytes
 
+    args, (i_out, i_entries, i_slots, i_valid, i_weights, i_tokens) = _template(
+        MOE_COMBINE, dict(hidden=hidden), "out", "entries", "slots", "valid", "weights", "tokens")
+    blocks = functools.cache(lambda tokens: key.blocks(tokens, hidden))  # (no Python frame once seen)
+
     def run(entries: torch.Tensor, slots: int, valid: int, weights: torch.Tensor, tokens: int, k: int) -> torch.Tensor:
         # allocated for the most tokens of the shape (see collectives.moe.dispatch_with), cut to these
         # (no slice where they are the most: a torch view costs microseconds on a slow host)
         most = entries.shape[0] // k
         out = torch.empty((most, hidden), dtype=dtype, device=entries.device)
         out = out if most == tokens else out[:tokens]
-        _aligned(step, entries, out)
         if weights.dtype != torch.float32 or not weights.is_contiguous():
             weights = weights.float().contiguous()
-        args = MOE_COMBINE.take(dict(out=out.data_ptr(), entries=entries.data_ptr(), slots=slots, valid=valid,
-                                     weights=weights.data_ptr(), tokens=tokens, hidden=hidden))
-        fn(*args, key.blocks(tokens, hidden), current_stream(device))
+        a = args.copy()
+        a[i_out], a[i_entries], a[i_slots], a[i_valid] = out.data_ptr(), entries.data_ptr(), slots, valid
+        a[i_weights], a[i_tokens] = weights.data_ptr(), tokens
+        if a[i_out] % step or a[i_entries] % step:
+            _aligned(step, entries, out)
+        fn(*a, blocks(tokens), current_stream(device))
         return out
 
     return run
