@@ -52,7 +52,6 @@ from ..algorithms.plan import capturing, current_stream, follow
 from ..algorithms.protocol import Runtime
 from ..dtypes import DTYPES, from_torch
 from ..errors import CollectiveError
-from ..layouts import Layout
 
 #: Whether :func:`collectives.moe.dispatch` and :func:`~collectives.moe.combine` run the kernels
 #: (unless ``COLLECTIVES_MOE_FUSED=0``).
@@ -195,16 +194,6 @@ def pack_key(dtype: torch.dtype, hidden: int, fp8: bool = True) -> MoePackKey | 
     return MoePackKey(name, vector if hidden % vector == 0 else 1, quantize=fp8)
 
 
-def _template(layout: Layout, fixed: dict[str, int], *per_call: str) -> tuple[list[int], tuple[int, ...]]:
-    """A kernel's launch arguments in ``layout``'s order, ``fixed``'s given and the ``per_call``
-    ones 0, and the places of those (in that order): a plan's launch copies the list and sets
-    them (no dictionary per call).  Every argument must be named once."""
-    if sorted(fixed.keys() | set(per_call)) != sorted(layout.names) or fixed.keys() & set(per_call):
-        raise TypeError(f"{layout.name}: the fixed {sorted(fixed)} and per-call {sorted(per_call)} arguments must "
-                        f"be {sorted(layout.names)}, each once")
-    return [fixed.get(n, 0) for n in layout.names], tuple(layout.index[n] for n in per_call)
-
-
 def pack(comm: Runtime, dtype: torch.dtype, hidden: int, fp8: bool):
     """The kernel's :data:`collectives.moe.Pack` on ``comm``'s GPU (its kernel loaded now), None
     where :data:`FUSED` is off or the kernel does not take the tokens."""
@@ -216,9 +205,9 @@ def pack(comm: Runtime, dtype: torch.dtype, hidden: int, fp8: bool):
 
     def bind(tokens: int, layout: Any, out: torch.Tensor) -> Callable[[torch.Tensor, int, int, int], None]:
         _aligned(step, out)
-        args, (i_x, i_carriers, i_slots, i_splits) = _template(
-            MOE_PACK, dict(rows=out.data_ptr(), world=comm.world, tokens=tokens, topk=layout.topk, hidden=hidden,
-                           header=layout.header, row_bytes=layout.bytes),
+        args, (i_x, i_carriers, i_slots, i_splits) = MOE_PACK.template(
+            dict(rows=out.data_ptr(), world=comm.world, tokens=tokens, topk=layout.topk, hidden=hidden,
+                 header=layout.header, row_bytes=layout.bytes),
             "x", "carriers", "slots", "send_splits")
         args.append(key.blocks(tokens))
 
@@ -257,8 +246,8 @@ def route(comm: Runtime, dtype: torch.dtype, experts: int):
 
     def bind(tokens: int, topk: int, num_experts: int, world: int, bins: torch.Tensor,
              head: tuple[torch.Tensor, int, torch.Tensor] | None = None) -> Callable[[torch.Tensor, Carved], None]:
-        args, places = _template(
-            MOE_ROUTE, dict(topk=max(topk, 1), n=tokens * topk, experts=num_experts, local=num_experts // world,
+        args, places = MOE_ROUTE.template(
+            dict(topk=max(topk, 1), n=tokens * topk, experts=num_experts, local=num_experts // world,
                             bins=bins.data_ptr(), head_rows=0 if head is None else head[1],
                             sent=0 if head is None else head[0].data_ptr(),
                             row_bytes=0 if head is None else head[0].shape[1],
@@ -293,8 +282,8 @@ def gather(comm: Runtime, row_bytes: int):
     key = MoeGatherKey(MoePlaceKey.word_for(row_bytes))
     fn, device = comm.kernel_together(key), comm.device_index
 
-    args, (i_out, i_rows, i_place, i_kept, i_room, i_splits, i_world, i_send, i_copy) = _template(
-        MOE_GATHER, dict(row_words=row_bytes // key.word), "out", "rows", "place", "kept", "room", "splits", "world",
+    args, (i_out, i_rows, i_place, i_kept, i_room, i_splits, i_world, i_send, i_copy) = MOE_GATHER.template(
+        dict(row_words=row_bytes // key.word), "out", "rows", "place", "kept", "room", "splits", "world",
         "send_splits", "copy")
     blocks = functools.cache(key.blocks)  # (no Python frame once seen: a call's room is its shape's)
 
@@ -322,8 +311,8 @@ def weighted_sum(comm: Runtime, dtype: torch.dtype, hidden: int, topk: int):
     fn, device = comm.kernel_together(key), comm.device_index
     step = key.vec * DTYPES[key.dtype].bytes
 
-    args, (i_out, i_entries, i_slots, i_valid, i_weights, i_tokens) = _template(
-        MOE_COMBINE, dict(hidden=hidden), "out", "entries", "slots", "valid", "weights", "tokens")
+    args, (i_out, i_entries, i_slots, i_valid, i_weights, i_tokens) = MOE_COMBINE.template(
+        dict(hidden=hidden), "out", "entries", "slots", "valid", "weights", "tokens")
     blocks = functools.cache(lambda tokens: key.blocks(tokens, hidden))  # (no Python frame once seen)
 
     def run(entries: torch.Tensor, slots: int, valid: int, weights: torch.Tensor, tokens: int, k: int) -> torch.Tensor:
@@ -359,8 +348,8 @@ def placement(comm: Runtime, local: int, layout: Any, exact: bool, dtype: torch.
              dropped_before: torch.Tensor) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
         _aligned(key.word, received)
         rows = received.shape[0]
-        args, places = _template(
-            MOE_PLACE, dict(counts=counts.data_ptr(), received=received.data_ptr(),
+        args, places = MOE_PLACE.template(
+            dict(counts=counts.data_ptr(), received=received.data_ptr(),
                             dropped_before=dropped_before.data_ptr(), room=room, rows=rows, capacity=capacity,
                             row_words=layout.bytes // key.word, out_words=layout.values // key.word, topk=layout.topk,
                             header=layout.header),

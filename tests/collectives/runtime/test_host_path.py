@@ -429,7 +429,8 @@ def test_a_symmetric_tensors_plan_is_never_moved(monkeypatch, collective: str) -
 #: each plan kept its all-to-alls' plans and launched them directly (:class:`collectives.api.BoundAllToAll`)
 #: (then 24 and 18; the kernels' small outputs in one allocation: its fields' addresses and the
 #: dispatch's eager body shared with the torch operator's, 4 more and 1; then the kernels'
-#: arguments by a C getter, :meth:`collectives.layouts.Layout.take`: 3 and 2 fewer; the function-level
+#: arguments by a C getter (``Layout.take``, since replaced by
+#: :meth:`collectives.layouts.Layout.template`): 3 and 2 fewer; the function-level
 #: imports gone, and every function counted, collectives.moe's and runtime.moe's of one name apart;
 #: then 26 -> 22 for the dispatch: one all-to-all, the counts travelling at the head of the rows';
 #: then 22 -> 14 and 17 -> 12 (issue 50/51's host path): the checks on a plan miss only (their
