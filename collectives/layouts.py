@@ -51,7 +51,6 @@ mismatch never costs a timeout.  Pairs whose sizes agree complete on both ends.
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -401,20 +400,22 @@ class Layout:
         return tuple(a.name for a in self.args)
 
     def pack(self, **values: int) -> tuple[int, ...]:
-        """The host's launch arguments in order, given every one by name (no Python frame per
-        argument: the MoE kernels pack theirs at every call)."""
+        """The host's launch arguments in order, given every one by name."""
         if values.keys() != self.index.keys():
             raise TypeError(f"{self.name}: missing {sorted(set(self.index) - set(values))}, "
                             f"unknown {sorted(set(values) - set(self.index))}")
         return tuple(map(values.__getitem__, self.names))
 
-    @cached_property
-    def take(self) -> Callable[[dict[str, int]], tuple[int, ...]]:
-        """:meth:`pack` of a dictionary, without a Python frame (a C getter: the MoE kernels'
-        launches, at every call): a missing argument raises KeyError; a name not in the layout
-        is not looked for."""
-        names = self.names
-        return operator.itemgetter(*names) if len(names) > 1 else lambda values: (values[names[0]],)
+    def template(self, fixed: dict[str, int], *per_call: str) -> tuple[list[int], tuple[int, ...]]:
+        """The launch arguments in order, ``fixed``'s given and the ``per_call`` ones 0, and the
+        places of those (in that order): a launch prepared once copies the list and sets them at
+        each call (the MoE kernels': no dictionary and no Python frame per call).  Every argument
+        must be named once, else TypeError."""
+        named = list(fixed) + list(per_call)
+        if sorted(named) != sorted(self.names):
+            raise TypeError(f"{self.name}: the fixed and per-call arguments must name each of {list(self.names)} "
+                            f"once, not {named}")
+        return [fixed.get(n, 0) for n in self.names], tuple(self.index[n] for n in per_call)
 
     def renamed(self, name: str, **replacements: Arg) -> Layout:
         """This layout with the arguments named in ``replacements`` replaced (same types)."""

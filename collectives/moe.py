@@ -82,46 +82,53 @@ def bind(exchange: Exchange, out: torch.Tensor, inp: torch.Tensor, out_splits: t
 #: ``empty(name, shape, dtype, device)``: the receive buffer ``name`` (the same shape on every
 #: rank; reused by the next call of the same shape).
 Empty = Callable[[str, tuple, torch.dtype, torch.device], torch.Tensor]
-#: ``placement(counts, received, room, rows_out, capacity, exact, dropped_before, into)``:
-#: ``(expert_x, scales)``, and ``place, kept, expert_counts, dropped, recv_splits`` into
-#: ``into``'s fields (:class:`~collectives.runtime.moe.Carved`; :func:`place_rows`: the seven as
-#: tensors), for the received rows (uint8, :class:`Wire`; ``counts``: ``[W, L + 1]``, each
-#: source's message: what it sent each local expert, then its rows; low latency: a view of the
-#: messages at the head of each source's region of ``received``): each row's entries (its
-#: header: entry ``j`` of the source's, of ``room`` entries) placed: ``expert_x`` (uint8) of
-#: ``rows_out + 1`` rows (the last: the trash row) of each entry's values, each kept entry at its
-#: ``place``, the dropped entries' place the trash row, the arrived entries dropped plus
-#: ``dropped_before`` (a GPU scalar: the entries dropped before the exchange; ``dropped``, a GPU
-#: scalar); with fp8 rows, their scales (f32, ``rows_out + 1``; else None); the entries each
-#: source sent (``counts``' sums); see :mod:`collectives.algorithms.moe_place`.
-Placement = Callable[[torch.Tensor, torch.Tensor, int, int, int, bool, torch.Tensor, Any], tuple]
+#: ``placement(counts, received, room, rows_out, capacity, dropped_before)``: the placement
+#: kernel's launch for these (a plan's, the same at each call of its shape: low latency; in
+#: throughput mode the call's), ``launch(into, expert_x=None)``: ``(expert_x, scales)``, and
+#: ``place, kept, expert_counts, dropped, recv_splits`` into ``into``'s fields
+#: (:class:`~collectives.runtime.moe.Carved`; :func:`place_rows`, the torch steps: the seven as
+#: tensors, from the same arguments and ``exact``), for the received rows (uint8,
+#: :class:`Wire`; ``counts``: ``[W, L + 1]``, each source's message: what it sent each local
+#: expert, then its rows; low latency: a view of the messages at the head of each source's
+#: region of ``received``): each row's entries (its header: entry ``j`` of the source's, of
+#: ``room`` entries) placed: ``expert_x`` of each entry's values, each kept entry at its
+#: ``place`` (given: the call's ``[rows_out]`` rows, the scales into ``into``'s field ``scales``;
+#: else allocated, ``rows_out + 1`` rows, the last the trash row, which the kernel never
+#: writes, with the scales; the torch steps' uint8), the dropped entries' place the trash row,
+#: the arrived entries dropped plus ``dropped_before`` (a GPU scalar: the entries dropped before
+#: the exchange; ``dropped``, a GPU scalar); with fp8 rows, their scales (f32, ``rows_out +
+#: 1``; else None); the entries each source sent (``counts``' sums); see
+#: :mod:`collectives.algorithms.moe_place`.
+Placement = Callable[[torch.Tensor, torch.Tensor, int, int, int, torch.Tensor], Callable[[Any], tuple]]
 #: ``placement_for(local, layout, exact, dtype)``: the :data:`Placement` of a dispatch to
 #: ``local`` experts per rank whose rows travel as :class:`Wire` ``layout``, its ``expert_x`` of
-#: ``dtype`` (the kernel's; :func:`place_rows`' uint8), or None for :func:`place_rows` (asked once
-#: the call's arguments are checked, before its first all-to-all).
+#: ``dtype``, or None for :func:`place_rows` (asked once the call's arguments are checked, before
+#: its first all-to-all).
 PlacementFor = Callable[[int, "Wire", bool, torch.dtype], "Placement | None"]
-#: ``pack(x, carriers, slots, send_splits, layout, out)``: the rows a dispatch sends into ``out``
-#: (uint8 ``[rows, layout.bytes]``), one per (token, rank) with >= 1 of its entries, as the
-#: :class:`Wire` ``layout`` lays them out (fp8: quantized, :func:`quantize`), from the routing's
-#: outputs by address (int64: each entry's row, ``carriers``; :func:`inverse` of the entries' sort,
-#: ``slots``; the entries per rank, ``send_splits``): :func:`pack_rows`; one kernel:
-#: :mod:`collectives.algorithms.moe_pack`.
-Pack = Callable[[torch.Tensor, int, int, int, "Wire", torch.Tensor], None]
+#: ``pack(tokens, layout, out)``: the packing kernel's launch for a plan's ``tokens`` tokens
+#: and rows sent ``out`` (uint8 ``[rows, layout.bytes]``), ``launch(x, carriers, slots,
+#: send_splits)``: the rows a dispatch sends into ``out``, one per (token, rank) with >= 1 of its
+#: entries, as the :class:`Wire` ``layout`` lays them out (fp8: quantized, :func:`quantize`),
+#: from the routing's outputs by address (int64: each entry's row, ``carriers``; :func:`inverse`
+#: of the entries' sort, ``slots``; the entries per rank, ``send_splits``): :func:`pack_rows`'
+#: steps in one kernel (:mod:`collectives.algorithms.moe_pack`).
+Pack = Callable[[int, "Wire", torch.Tensor], Callable[[torch.Tensor, int, int, int], None]]
 #: ``pack_for(dtype, hidden, fp8)``: the :data:`Pack` of a dispatch of ``hidden`` values of
 #: ``dtype`` per token, or None for torch steps (asked once the call's arguments are checked).
 PackFor = Callable[[torch.dtype, int, bool], "Pack | None"]
-#: ``route(ids, num_experts, world, bins, into, head=None)``: ``order, valid, send_splits, slots, rows``
-#: into ``into``'s fields (:class:`~collectives.runtime.moe.Carved`; :func:`route_ids`: ``(order,
-#: valid, bins, send_splits, slots, rows)`` as tensors) and ``bins``, of the expert ids ``[tokens,
-#: k]`` of a dispatch's ``(token, k)`` entries, flattened in that order (int32 or int64, any
-#: strides: the kernel reads sliced ids where they lie; an id out of ``0..num_experts-1`` is
-#: counted last): the entries sorted by expert, stably; which are in range; the counts' message
-#: (into ``bins``, int64[:func:`message_size`]: each rank's experts' entries and rows, then the
-#: out-of-range entries); the entries of each rank's experts; the sort's :func:`inverse` (None:
-#: not made); the row that carries each entry; with ``head`` (low latency), each rank's message
-#: heading its chunk of the rows sent and the chunks' rows (:func:`route_ids`; one kernel:
-#: :mod:`collectives.algorithms.moe_route`).
-Route = Callable[[torch.Tensor, int, int, torch.Tensor, Any], None]
+#: ``route(tokens, topk, num_experts, world, bins, head=None)``: the routing kernel's launch for
+#: a plan's ``[tokens, topk]`` ids, ``launch(ids, into)``: ``order, valid, send_splits, slots,
+#: rows`` into ``into``'s fields (:class:`~collectives.runtime.moe.Carved`; :func:`route_ids`,
+#: the torch steps: ``(order, valid, bins, send_splits, slots, rows)`` as tensors) and ``bins``,
+#: of the expert ids of a dispatch's ``(token, k)`` entries, flattened in that order (int32 or
+#: int64, any strides: the kernel reads sliced ids where they lie; an id out of
+#: ``0..num_experts-1`` is counted last): the entries sorted by expert, stably; which are in
+#: range; the counts' message (into ``bins``, int64[:func:`message_size`]: each rank's experts'
+#: entries and rows, then the out-of-range entries); the entries of each rank's experts; the
+#: sort's :func:`inverse` (None: not made); the row that carries each entry; with ``head`` (low
+#: latency), each rank's message heading its chunk of the rows sent and the chunks' rows
+#: (:func:`route_ids`; one kernel: :mod:`collectives.algorithms.moe_route`).
+Route = Callable[[int, int, int, int, torch.Tensor, Any], Callable[[torch.Tensor, Any], None]]
 #: ``route_for(dtype, num_experts)``: the :data:`Route` of a dispatch of ids of ``dtype`` (any
 #: number of entries, either mode), or None for :func:`route_ids` (asked once the call's
 #: arguments are checked).
@@ -205,6 +212,7 @@ class Handle:
     kept = _Carved()
     dropped = _Carved()
     slots = _Carved()
+    scales = _Carved()
 
     def __init__(self, order: torch.Tensor | None, valid: torch.Tensor | None, weights: torch.Tensor,
                  send_splits: torch.Tensor | None, recv_splits: torch.Tensor | None, place: torch.Tensor | None,
@@ -214,8 +222,8 @@ class Handle:
                  world: int | None = None) -> None:
         # (into the instance's dictionary: the fields' _Carved read it, no setter called)
         self.__dict__.update(order=order, valid=valid, send_splits=send_splits, recv_splits=recv_splits, place=place,
-                             kept=kept, dropped=dropped, slots=slots)
-        self.carved, self.weights, self.tokens, self.topk, self.scales = carved, weights, tokens, topk, scales
+                             kept=kept, dropped=dropped, slots=slots, scales=scales)
+        self.carved, self.weights, self.tokens, self.topk = carved, weights, tokens, topk
         self.most, self.shape, self.dtype = most, shape, dtype
         #: The ranks (the splits' entries).
         self.world = send_splits.numel() if world is None else world
@@ -301,7 +309,9 @@ def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _check(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, num_experts: int, world: int,
-           max_tokens: int, mode: str, validate: bool) -> None:
+           max_tokens: int, mode: str) -> None:
+    """The arguments' checks (each of their facts in the dispatch's plan key: a key seen before
+    passed them)."""
     if mode not in MODES:
         raise CollectiveError(f"moe.dispatch: mode must be one of {MODES}, not {mode!r}")
     if num_experts % world or num_experts <= 0:
@@ -317,7 +327,11 @@ def _check(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, 
                               f"{topk_ids.dtype}, {topk_weights.dtype}")
     if len({x.device, topk_ids.device, topk_weights.device}) != 1:
         raise CollectiveError("moe.dispatch: x, topk_ids and topk_weights must be on one device")
-    if validate and topk_ids.numel():
+
+
+def _check_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
+    """``validate=True``'s check of the ids' values (read back: at every call)."""
+    if topk_ids.numel():
         low, high = int(topk_ids.min()), int(topk_ids.max())
         if low < 0 or high >= num_experts:
             raise CollectiveError(f"moe.dispatch: expert ids must be in 0..{num_experts - 1}, found {low}..{high}")
@@ -336,9 +350,12 @@ def unplanned(key: tuple, make: Callable[[], Any]) -> Any:
 
 class DispatchPlan:
     """What a dispatch derives from its shape alone (see :func:`dispatch_with`'s arguments, by
-    the same names): its steps (routing, rows sent, placement), and its buffers (from
-    ``scratch`` and, in low-latency mode, ``empty``) with the views and slices of them that the
-    steps and all-to-alls take, so that a call of a shape seen before only launches."""
+    the same names): its steps (routing, rows sent, placement: the kernels' launches bound to
+    the plan's buffers), its buffers (from ``scratch`` and, in low-latency mode, ``empty``) with
+    the views and slices of them that the steps and all-to-alls take, the call's one allocation
+    (:class:`~collectives.runtime.moe.Carve`) with its returned tensors' views, and the handle's
+    facts, so that a call of a shape seen before only allocates once and launches.  Holds no
+    tensor of a call (a CUDA graph captures its calls)."""
 
     def __init__(self, exchange: Exchange, world: int, x: torch.Tensor, topk_ids: torch.Tensor, num_experts: int,
                  max_tokens: int, mode: str, empty: Empty, fp8: bool, placement_for: PlacementFor | None,
@@ -350,9 +367,6 @@ class DispatchPlan:
         # rows sent at most (a row per token and rank): the allocation's size, whatever the routing
         bound = _capacity(max_tokens * min(self.topk, world))
         self.exact = exact = mode == "throughput"
-        route = route_for(topk_ids.dtype, num_experts) if route_for else None
-        self.routed = route is not None
-        self.route = route or functools.partial(route_ids, scratch=scratch, most=_capacity(max_tokens * self.topk))
         tallies = _tallies(scratch, message_size(num_experts, world), device)
         self.bins, self.dropped_before = tallies[0], tallies[0, -1]
         # The sent rows (Wire: the values, the header), as bytes (which torch indexes), and the
@@ -365,10 +379,19 @@ class DispatchPlan:
         head = 0 if exact else header_rows(local, self.layout)
         self.rows = scratch("rows", (bound + world * head + 1, self.layout.bytes), torch.uint8, device)
         self.rows_wire = self.rows[:self.tokens * min(self.topk, world) + world * head].view(self.wire)
-        self.pack = pack_for(x.dtype, hidden, fp8) if pack_for else None
+        self.splits = scratch("splits", (2, world), torch.int64, device)
+        self.send_splits, self.recv_splits = self.splits[0], self.splits[1]
+        # the routing's writes of the messages and the rows' splits (low latency)
+        self.head = None if exact else (self.rows, head, self.send_splits)
+        route = route_for(topk_ids.dtype, num_experts) if route_for else None
+        self.routed = route is not None
+        self.route = route(self.tokens, self.topk, num_experts, world, self.bins, self.head) if route else \
+            functools.partial(route_ids, scratch=scratch, most=_capacity(max_tokens * self.topk))
+        pack = pack_for(x.dtype, hidden, fp8) if pack_for else None
+        self.pack = pack and pack(self.tokens, self.layout, self.rows)
         placement = placement_for(local, self.layout, exact, self.wire) if placement_for else None
         self.placed = placement is not None
-        self.place = placement or functools.partial(place_rows, layout=self.layout)
+        self.placement = placement  # (throughput: bound at each call, to its sizes)
         # Low latency: the rows a rank can receive (each source's tokens once), the same on every
         # rank, asked for before any launch with the combine's (its rows: the entries), so that a
         # shape's first call (its buffers allocated collectively) refuses ranks that differ in
@@ -382,7 +405,7 @@ class DispatchPlan:
             self.received_rows = self.received.view(torch.uint8)
             self.room = runtime_moe.entry_room(world, max_tokens, self.topk)
         self.rows_out = 0 if exact else local * self.capacity
-        # (shape, strides) of the placed rows and scales but the trash row (low latency)
+        # (shape, strides) of the torch steps' placed rows and scales but the trash row (low latency)
         self.experts_view = ((local, self.capacity, hidden), (self.capacity * hidden, hidden, 1))
         self.scales_view = ((local, self.capacity), (self.capacity, 1))
         # what each source sent: each local expert's entries, then its rows (low latency: read where
@@ -392,16 +415,28 @@ class DispatchPlan:
         if not exact:
             self.counts = self.received_rows.view(world, -1)[:, :8 * (local + 1)].view(torch.int64)
         self.rows_tallied = message[:, :, local]
-        self.splits = scratch("splits", (2, world), torch.int64, device)
-        self.send_splits, self.recv_splits = self.splits[0], self.splits[1]
-        # the routing's writes of the messages and the rows' splits (low latency)
-        self.head = None if exact else (self.rows, head, self.send_splits)
-        # The fields of the kernels' small outputs in a call's one allocation (throughput: the
-        # placement's apart, for the call's entries received).
+        # The kernels' small outputs in a call's one allocation: the routing's, and in low latency
+        # the placement's with the fp8 scales (throughput: the placement's apart, for the call's
+        # entries received); the placed rows (low latency) allocated apart, exactly their [L,
+        # capacity, hidden] (the kernel never writes the trash row): no view of them made, the
+        # counts one view by its precomputed arguments.
         fields = runtime_moe.route_fields(self.tokens * self.topk, world) if self.routed else []
-        if self.placed and not exact:
+        self.carried = self.placed and not exact  # the placement's outputs in the call's allocation
+        if self.carried:
             fields += runtime_moe.place_fields(self.room, local, world)
+            if fp8:
+                fields.append(("scales", self.scales_view[0], torch.float32))
+            self.place = placement(self.counts, self.received_rows, self.room, self.rows_out, self.capacity,
+                                   self.dropped_before)
+        elif not self.placed:
+            self.place = functools.partial(place_rows, layout=self.layout)
         self.carve = runtime_moe.Carve(fields) if fields else None
+        if self.carried:
+            _, *self.counts_view = self.carve.view("expert_counts")
+        # The handle's facts (its fields' tensors: the call's, set or carved)
+        self.handle = dict(order=None, valid=None, send_splits=None, recv_splits=None, place=None, kept=None,
+                           dropped=None, slots=None, scales=None, tokens=self.tokens, topk=self.topk, most=0,
+                           shape=self.experts_view[0], dtype=x.dtype, world=world)
         # The all-to-alls of these buffers (:func:`bind`): low latency, the one of the rows (bounded:
         # a region per source, the rows each sent written into recv_splits); throughput, the counts'
         # (each rank's message as float32 pairs: the all-to-all moves the library's dtypes).
@@ -412,6 +447,20 @@ class DispatchPlan:
         else:
             self.send_rows = bind(exchange, self.received, self.rows_wire, self.recv_splits, self.send_splits,
                                   bounded=True)
+
+
+def _plan(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+          num_experts: int, max_tokens: int, mode: str, empty: Empty, fp8: bool,
+          placement_for: PlacementFor | None, pack_for: PackFor | None, scratch: Scratch,
+          route_for: RouteFor | None) -> DispatchPlan:
+    """The :class:`DispatchPlan` of a call whose arguments pass :func:`_check` (a plan miss)."""
+    _check(x, topk_ids, topk_weights, num_experts, world, max_tokens, mode)
+    return DispatchPlan(exchange, world, x, topk_ids, num_experts, max_tokens, mode, empty, fp8, placement_for,
+                        pack_for, scratch, route_for)
+
+
+#: A handle without its ``__init__`` (a dispatch sets its dictionary from its plan's facts).
+_new_handle = object.__new__
 
 
 def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: torch.Tensor,
@@ -427,9 +476,12 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     entries sorted and counted by ``route_for``'s :data:`Route` (None: :func:`route_ids`, some
     eight operations); the buffers used inside the call (the rows sent, the counts and splits
     of the all-to-alls) from ``scratch`` (:data:`Scratch`); all of them, with their views, in the
-    shape's :class:`DispatchPlan` from ``plans`` (:data:`Plans`).  The kernels' small outputs
-    (the handle's tensors, the counts) lie in one allocation of the call, or with ``apart`` each
-    in its own (the torch operator's: its outputs must not alias each other).
+    shape's :class:`DispatchPlan` from ``plans`` (:data:`Plans`), made once the arguments pass
+    their checks: the plan's key holds every fact checked (the shapes, dtypes and devices of
+    the three tensors, the sizes, the mode), so a key seen before passed them; ``validate``
+    checks them and reads the ids back at every call, before the plan.  The kernels' outputs (the handle's tensors, the counts;
+    low latency: expert_x and the fp8 scales too) lie in one allocation of the call, or with
+    ``apart`` each in its own (the torch operator's: its outputs must not alias each other).
 
     Every allocation above torch's small-block pool (1 MB) has a size the shape fixes (its
     bounds: ``max_tokens`` and top-k, the receive buffers' rows), never the routing: the rows
@@ -438,18 +490,20 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     of one shape then finds each such block in torch's cache, freed by the call before, instead
     of calling ``cudaMalloc``, which may wait for the device (other ranks' kernels spin there
     for this rank's next launch)."""
-    _check(x, topk_ids, topk_weights, num_experts, world, max_tokens, mode, validate)
-    key = ("dispatch", tuple(x.shape), x.dtype, tuple(topk_ids.shape), topk_ids.dtype, num_experts, max_tokens,
-           mode, fp8, x.device)
-    p: DispatchPlan = plans(key, lambda: DispatchPlan(exchange, world, x, topk_ids, num_experts, max_tokens, mode,
-                                                      empty, fp8, placement_for, pack_for, scratch, route_for))
-    tokens, topk = p.tokens, p.topk
-    # The kernels' small outputs (the handle's, the counts) in one allocation, the call's own.
+    if validate:  # (the ids read back, before any plan is made: the arguments checked first)
+        _check(x, topk_ids, topk_weights, num_experts, world, max_tokens, mode)
+        _check_ids(topk_ids, num_experts)
+    key = ("dispatch", x.shape, x.dtype, x.device, topk_ids.shape, topk_ids.dtype, topk_ids.device, topk_weights.shape,
+           topk_weights.dtype, topk_weights.device, num_experts, world, max_tokens, mode, fp8)
+    p: DispatchPlan = plans(key, lambda: _plan(exchange, world, x, topk_ids, topk_weights, num_experts, max_tokens,
+                                               mode, empty, fp8, placement_for, pack_for, scratch, route_for))
+    # The kernels' outputs in one allocation, the call's own.
     carved = None if p.carve is None else p.carve.apart(x.device) if apart else p.carve(x.device)
-    handle = Handle(None, None, topk_weights, None, None, None, None, tokens, topk, carved=carved, world=world)
+    handle = _new_handle(Handle)
+    handle.__dict__.update(p.handle, weights=topk_weights, carved=carved)
     rows = None
     if p.routed:
-        p.route(topk_ids, num_experts, world, p.bins, carved, p.head)
+        p.route(topk_ids, carved)
     else:
         handle.order, handle.valid, _, handle.send_splits, _, rows = p.route(topk_ids, num_experts, world, p.bins,
                                                                              head=p.head)
@@ -457,12 +511,17 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     if p.pack is not None:  # a row per (token, rank), its header naming its entries (Wire), by address
         if rows is None:
             base, at = carved.base, carved.offsets
-            p.pack(x, base + at["rows"], base + at["slots"], base + at["send_splits"], p.layout, p.rows)
+            p.pack(x, base + at["rows"], base + at["slots"], base + at["send_splits"])
         else:
-            p.pack(x, rows.data_ptr(), handle.slots.data_ptr(), handle.send_splits.data_ptr(), p.layout, p.rows)
+            p.pack(x, rows.data_ptr(), handle.slots.data_ptr(), handle.send_splits.data_ptr())
     else:
-        pack_rows(x, carved.tensor("rows") if rows is None else rows, handle.slots, handle.send_splits, topk,
+        pack_rows(x, carved.tensor("rows") if rows is None else rows, handle.slots, handle.send_splits, p.topk,
                   p.layout, p.rows)
+    if p.carried:  # low latency, placed into the call's allocations: the counts a view (the handle's where read)
+        expert_x = torch.empty(p.experts_view[0], dtype=p.wire, device=x.device)
+        p.send_rows()
+        p.place(carved, expert_x)
+        return expert_x, carved.tensor("expert_counts") if apart else carved.blob.as_strided(*p.counts_view), handle
     most, received_rows, rows_out, room = 0, p.received_rows, p.rows_out, p.room
     if p.exact:
         # Each rank's message (its experts' entries, its rows); the rows' splits, sent and received, in
@@ -472,26 +531,22 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
         p.send_counts()
         p.splits.copy_(p.rows_tallied)
         (_, rows_out, _), sizes = _everyone(exchange, world, [p.splits[1].sum(), p.counts[:, :p.local].sum(),
-                                                              torch.tensor(tokens, device=x.device)])
+                                                              torch.tensor(p.tokens, device=x.device)])
         received = empty("dispatch", (_capacity(max(r for r, _, _ in sizes)), p.width), p.wire, x.device)
         received_rows = received.view(torch.uint8)
         room = _capacity(max(e for _, e, _ in sizes))
-        most = _capacity(max(t for _, _, t in sizes) * topk)
+        most = _capacity(max(t for _, _, t in sizes) * p.topk)
         exchange(received, p.rows_wire, p.recv_splits, p.send_splits)
     else:  # one exchange: each source's message and rows into its region (low latency)
         p.send_rows()
     handle.most = most
     # (dropped: the ids out of range and the entries past a capacity)
-    if p.placed:
-        into = carved
-        if p.exact:  # its fields for this call's entries received, set on the handle as tensors
-            into = runtime_moe.Carve(runtime_moe.place_fields(room, p.local, world))(x.device)
-        expert_x, scales = p.place(p.counts, received_rows, room, rows_out, p.capacity, p.exact, p.dropped_before,
-                                   into)
+    if p.placed:  # throughput: its fields for this call's entries received, set on the handle as tensors
+        into = runtime_moe.Carve(runtime_moe.place_fields(room, p.local, world))(x.device)
+        expert_x, scales = p.placement(p.counts, received_rows, room, rows_out, p.capacity, p.dropped_before)(into)
         expert_counts = into.tensor("expert_counts")
-        if p.exact:
-            handle.place, handle.kept, handle.dropped, handle.recv_splits = (
-                into.tensor(f) for f in ("place", "kept", "dropped", "recv_splits"))
+        handle.place, handle.kept, handle.dropped, handle.recv_splits = (
+            into.tensor(f) for f in ("place", "kept", "dropped", "recv_splits"))
     else:
         expert_x, handle.place, handle.kept, expert_counts, handle.dropped, scales, handle.recv_splits = p.place(
             p.counts, received_rows, room, rows_out, p.capacity, p.exact, p.dropped_before)
@@ -502,7 +557,7 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     expert_x = expert_x[:-1] if p.exact else expert_x.as_strided(*p.experts_view)
     if fp8:  # placed apart: the values and the scales, each contiguous
         handle.scales = scales[:-1] if p.exact else scales.as_strided(*p.scales_view)
-    handle.shape, handle.dtype = tuple(expert_x.shape), x.dtype
+    handle.shape = tuple(expert_x.shape)
     return expert_x, expert_counts, handle
 
 
@@ -678,10 +733,11 @@ class CombinePlan:
     splits' scratch buffer (one, its place in the all-to-all's plan key
     the same at each call) and the receive buffer with its slice of the entries that arrive;
     in low-latency mode the rows sent back (a scratch buffer of a size the shape fixes) and
-    their all-to-all (:func:`bind`)."""
+    their all-to-all (:func:`bind`); ``kernels()``' ``(weighted_sum, gather)`` (None: not given)."""
 
     def __init__(self, exchange: Exchange, expert_out: torch.Tensor, h: Handle, empty: Empty,
-                 scratch: Scratch) -> None:
+                 scratch: Scratch, kernels: Callable[[], tuple] | None = None) -> None:
+        self.kernels = kernels() if kernels else None
         hidden, device = expert_out.shape[-1], expert_out.device
         if expert_out.dim() == 3:  # low latency: [L, capacity, hidden]
             most = expert_out.shape[1] // h.world * h.topk  # max_tokens x topk, the same everywhere
@@ -698,22 +754,34 @@ class CombinePlan:
             self.send_back = bind(exchange, self.entries, self.back, self.send_splits, self.recv_splits)
 
 
-def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, empty: Empty = plain,
-                 weighted_sum: WeightedSum | None = None, gather: Gather | None = None,
-                 scratch: Scratch = plain, plans: Plans = unplanned) -> torch.Tensor:
-    """:func:`combine` over ``exchange``, receiving rows into ``empty``'s buffer; the weighted
-    sum by ``weighted_sum`` (see :data:`WeightedSum`; None: torch operations, ``3 * topk`` of
-    them over the rows), the rows sent back by ``gather`` (None: :func:`gather_rows`), the
-    all-to-all's splits copied into ``scratch``'s buffer (:data:`Scratch`); both buffers and their
-    views in the shape's :class:`CombinePlan` from ``plans`` (:data:`Plans`)."""
-    h = handle
+def _combine_plan(exchange: Exchange, expert_out: torch.Tensor, h: Handle, empty: Empty, scratch: Scratch,
+                  kernels: Callable[[], tuple] | None) -> CombinePlan:
+    """The :class:`CombinePlan` of a combine whose ``expert_out`` is the dispatch's (a plan miss)."""
     if h.shape is not None and (tuple(expert_out.shape) != h.shape or expert_out.dtype != h.dtype):
         raise CollectiveError(f"moe.combine: expert_out must be the dispatch's expert rows, hidden size and dtype: "
                               f"{h.dtype} of shape {h.shape}, not {expert_out.dtype} of shape "
                               f"{tuple(expert_out.shape)}")
-    key = ("combine", tuple(expert_out.shape), expert_out.dtype, h.tokens, h.topk, h.most, h.world,
-           expert_out.device)
-    p: CombinePlan = plans(key, lambda: CombinePlan(exchange, expert_out, h, empty, scratch))
+    return CombinePlan(exchange, expert_out, h, empty, scratch, kernels)
+
+
+def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, empty: Empty = plain,
+                 weighted_sum: WeightedSum | None = None, gather: Gather | None = None,
+                 scratch: Scratch = plain, plans: Plans = unplanned,
+                 kernels: Callable[[], tuple[WeightedSum | None, Gather | None]] | None = None) -> torch.Tensor:
+    """:func:`combine` over ``exchange``, receiving rows into ``empty``'s buffer; the weighted
+    sum by ``weighted_sum`` (see :data:`WeightedSum`; None: torch operations, ``3 * topk`` of
+    them over the rows), the rows sent back by ``gather`` (None: :func:`gather_rows`), the
+    all-to-all's splits copied into ``scratch``'s buffer (:data:`Scratch`); both buffers and their
+    views in the shape's :class:`CombinePlan` from ``plans`` (:data:`Plans`), made once
+    ``expert_out`` passes its check against the handle's shape and dtype (both in the plan's key:
+    a key seen before passed it); ``kernels``: ``(weighted_sum, gather)`` asked once per plan, in
+    place of those two (:func:`combine`'s, the communicator's kernels)."""
+    h = handle
+    key = ("combine", expert_out.shape, expert_out.dtype, h.shape, h.dtype, h.tokens, h.topk, h.most, h.world,
+           expert_out.device, kernels is None)
+    p: CombinePlan = plans(key, lambda: _combine_plan(exchange, expert_out, h, empty, scratch, kernels))
+    if p.kernels is not None:
+        weighted_sum, gather = p.kernels
     hidden = expert_out.shape[-1]
     back = p.back
     if back is None:  # throughput: rows for the call's receive buffer
@@ -796,11 +864,10 @@ def combine(expert_out: torch.Tensor, handle: Handle, *, group: Group = None) ->
         comms.traceable(group, "moe.combine")
         return runtime_moe.traced_combine(expert_out, handle.weights, handle_tensors(handle, COMBINE_FIELDS))
     layer = _layer(comms.communicator(group), group)
-    hidden = expert_out.shape[-1]
-    fused, gather = layer.plan(("combine kernels", expert_out.dtype, hidden, handle.topk), lambda: (
-        layer.launch(runtime_moe.weighted_sum, expert_out.dtype, hidden, handle.topk),
-        layer.launch(runtime_moe.gather, hidden * expert_out.element_size())))
-    return combine_with(layer.exchange, expert_out, handle, layer.empty, fused, gather, layer.scratch, layer.plan)
+    return combine_with(layer.exchange, expert_out, handle, layer.empty, None, None, layer.scratch, layer.plan,
+                        lambda: (layer.launch(runtime_moe.weighted_sum, expert_out.dtype, expert_out.shape[-1],
+                                              handle.topk),
+                                 layer.launch(runtime_moe.gather, expert_out.shape[-1] * expert_out.element_size())))
 
 
 def handle_tensors(handle: Handle, fields: tuple[str, ...] = HANDLE_FIELDS) -> tuple[torch.Tensor, ...]:

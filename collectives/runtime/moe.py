@@ -34,6 +34,7 @@ kernels are the eager functions, on the default communicator (``group=None``), r
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable
@@ -61,37 +62,61 @@ _TORCH_QUANTIZED = tuple(DTYPES[name].torch for name in DTYPES_QUANTIZED)
 _TORCH_REGISTERED = tuple(d.torch for d in DTYPES.values())
 
 
-def _words(n: int, dtype: torch.dtype) -> int:
-    """The int64 words of ``n`` elements of ``dtype`` (int64, or bool: eight to a word) in a :class:`Carve`."""
-    return n if dtype == torch.int64 else -(-n // 8)
+#: Bytes every :class:`Carve` field starts on (the kernels' widest access, 16-byte vectors).
+ALIGN = 16
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a contiguous tensor of ``shape``."""
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
 
 
 class Carve:
-    """Where a call's small int64 and bool tensors (the handle's, the counts) lie in one
-    allocation of int64 words: ``fields``, ``(name, shape, dtype)`` each, the int64 ones first
-    (8-byte aligned), each bool one from a word's start; ``carve(device)``: a call's
-    :class:`Carved` (one ``torch.empty``); ``carve.apart(device)``: each field its own
-    allocation (a torch operator's outputs, which must not alias each other)."""
+    """Where a call's small tensors written by the kernels (the handle's, the counts; fp8: the
+    placed rows' scales) lie in one allocation of int64 words: ``fields``, ``(name, shape,
+    dtype)`` each, in that order, each from a multiple of :data:`ALIGN` bytes; ``carve(device)``:
+    a call's :class:`Carved` (one ``torch.empty``); ``carve.apart(device)``: each field its own
+    allocation (a torch operator's outputs, which must not alias each other).  An int64 field is
+    one view of the allocation (``Tensor.as_strided``), another dtype's three (its dtype view,
+    which torch's dispatcher runs as two operators, then that)."""
 
     def __init__(self, fields: list[tuple[str, tuple[int, ...], torch.dtype]]) -> None:
-        #: Each field's first word, shape and dtype, by name.
-        self.at: dict[str, tuple[int, tuple[int, ...], torch.dtype]] = {}
-        words = 0
-        for name, shape, dtype in sorted(fields, key=lambda f: f[2] == torch.bool):
-            self.at[name] = (words, shape, dtype)
-            words += _words(math.prod(shape), dtype)
-        self.words = max(words, 1)
+        #: Each field's ``(shape, strides, dtype)``, by name.
+        self.at: dict[str, tuple[tuple[int, ...], tuple[int, ...], torch.dtype]] = {}
         #: Each field's byte offset, by name.
-        self.offsets = {name: 8 * word for name, (word, _, _) in self.at.items()}
+        self.offsets: dict[str, int] = {}
+        end = 0
+        for name, shape, dtype in fields:
+            self.offsets[name] = -(-end // ALIGN) * ALIGN
+            self.at[name] = (shape, _contiguous(shape), dtype)
+            end = self.offsets[name] + math.prod(shape) * dtype.itemsize
+        #: The allocation's words (whole :data:`ALIGN`-byte blocks: a view of any field's dtype fits).
+        self.words = max(-(-end // ALIGN), 1) * ALIGN // 8
 
     def __call__(self, device: torch.device) -> Carved:
         blob = torch.empty(self.words, dtype=torch.int64, device=device)
-        return Carved(self, blob, blob.data_ptr(), self.offsets)
+        carved = _new_carved(Carved)  # (no __init__: a Python frame less per call)
+        carved.carve, carved.blob, carved.base, carved.offsets = self, blob, blob.data_ptr(), self.offsets
+        return carved
 
     def apart(self, device: torch.device) -> Carved:
         """The fields in allocations of their own (its ``base`` 0, its offsets their addresses)."""
-        tensors = {name: torch.empty(shape, dtype=dtype, device=device) for name, (_, shape, dtype) in self.at.items()}
+        tensors = {name: torch.empty(shape, dtype=dtype, device=device) for name, (shape, _, dtype) in self.at.items()}
         return Carved(self, tensors, 0, {name: t.data_ptr() for name, t in tensors.items()})
+
+    def view(self, name: str) -> tuple[torch.dtype | None, tuple[int, ...], tuple[int, ...], int]:
+        """Field ``name``'s view of the allocation: (the dtype view first, None for int64; then
+        ``as_strided``'s size, strides and offset in elements of that dtype)."""
+        shape, strides, dtype = self.at[name]
+        return None if dtype == torch.int64 else dtype, shape, strides, self.offsets[name] // dtype.itemsize
+
+
+#: A :class:`Carved` without its ``__init__`` (:meth:`Carve.__call__` sets its slots).
+_new_carved = object.__new__
 
 
 def route_fields(entries: int, world: int) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
@@ -131,11 +156,8 @@ class Carved:
         """Field ``name`` as a tensor (a view of the allocation, or its own)."""
         if isinstance(self.blob, dict):
             return self.blob[name]
-        word, shape, dtype = self.carve.at[name]
-        n = math.prod(shape)
-        if dtype == torch.bool:
-            return self.blob[word:word + _words(n, dtype)].view(torch.bool)[:n]
-        return self.blob[word] if shape == () else self.blob[word:word + n]
+        dtype, shape, strides, offset = self.carve.view(name)
+        return (self.blob if dtype is None else self.blob.view(dtype)).as_strided(shape, strides, offset)
 
 
 def combine_key(dtype: torch.dtype, hidden: int, topk: int) -> MoeCombineKey | None:
@@ -179,16 +201,28 @@ def pack(comm: Runtime, dtype: torch.dtype, hidden: int, fp8: bool):
     if key is None:
         return None
     fn, device = comm.kernel_together(key), comm.device_index
+    step = key.vec * dtype.itemsize
 
-    def run(x: torch.Tensor, carriers: int, slots: int, send_splits: int, layout: Any, out: torch.Tensor) -> None:
-        x = x.contiguous()
-        _aligned(key.vec * x.element_size(), x, out)
-        args = MOE_PACK.take(dict(rows=out.data_ptr(), x=x.data_ptr(), carriers=carriers, slots=slots,
-                                  send_splits=send_splits, world=comm.world, tokens=x.shape[0], topk=layout.topk,
-                                  hidden=hidden, header=layout.header, row_bytes=layout.bytes))
-        fn(*args, key.blocks(x.shape[0]), current_stream(device))
+    def bind(tokens: int, layout: Any, out: torch.Tensor) -> Callable[[torch.Tensor, int, int, int], None]:
+        _aligned(step, out)
+        args, (i_x, i_carriers, i_slots, i_splits) = MOE_PACK.template(
+            dict(rows=out.data_ptr(), world=comm.world, tokens=tokens, topk=layout.topk, hidden=hidden,
+                 header=layout.header, row_bytes=layout.bytes),
+            "x", "carriers", "slots", "send_splits")
+        args.append(key.blocks(tokens))
 
-    return run
+        def launch(x: torch.Tensor, carriers: int, slots: int, send_splits: int) -> None:
+            x = x.contiguous()
+            at = x.data_ptr()
+            if at % step:
+                _aligned(step, x)
+            a = args.copy()
+            a[i_x], a[i_carriers], a[i_slots], a[i_splits] = at, carriers, slots, send_splits
+            fn(*a, current_stream(device))
+
+        return launch
+
+    return bind
 
 
 def route_key(dtype: torch.dtype, experts: int, world: int) -> MoeRouteKey | None:
@@ -210,26 +244,32 @@ def route(comm: Runtime, dtype: torch.dtype, experts: int):
         return None
     fn, device = comm.kernel_together(key), comm.device_index
 
-    def run(ids: torch.Tensor, num_experts: int, world: int, bins: torch.Tensor, into: Carved,
-            head: tuple[torch.Tensor, int, torch.Tensor] | None = None) -> None:
-        n = ids.numel()
-        rows = ids if ids.dim() == 2 else ids.reshape(1, -1)  # read at its row stride: no copy of sliced ids
-        if rows.shape[1] > 1 and rows.stride(1) != 1:
-            rows = rows.contiguous()
-        topk = max(rows.shape[1], 1)
-        stride = rows.stride(0) if rows.shape[0] > 1 else topk
-        base, at = into.base, into.offsets
-        args = MOE_ROUTE.take(dict(ids=rows.data_ptr(), topk=topk, stride=stride, n=n, experts=num_experts,
-                                   local=num_experts // world, order=base + at["order"], valid=base + at["valid"],
-                                   bins=bins.data_ptr(), send_splits=base + at["send_splits"],
-                                   slots=base + at["slots"], rows=base + at["rows"],
-                                   head_rows=0 if head is None else head[1],
-                                   sent=0 if head is None else head[0].data_ptr(),
-                                   row_bytes=0 if head is None else head[0].shape[1],
-                                   row_splits=0 if head is None else head[2].data_ptr()))
-        fn(*args, 1, current_stream(device))
+    def bind(tokens: int, topk: int, num_experts: int, world: int, bins: torch.Tensor,
+             head: tuple[torch.Tensor, int, torch.Tensor] | None = None) -> Callable[[torch.Tensor, Carved], None]:
+        args, places = MOE_ROUTE.template(
+            dict(topk=max(topk, 1), n=tokens * topk, experts=num_experts, local=num_experts // world,
+                            bins=bins.data_ptr(), head_rows=0 if head is None else head[1],
+                            sent=0 if head is None else head[0].data_ptr(),
+                            row_bytes=0 if head is None else head[0].shape[1],
+                            row_splits=0 if head is None else head[2].data_ptr()),
+            "ids", "stride", "order", "valid", "send_splits", "slots", "rows")
+        i_ids, i_stride, *i_fields = places
+        fields = tuple(zip(i_fields, ("order", "valid", "send_splits", "slots", "rows")))
+        args.append(1)
 
-    return run
+        def launch(ids: torch.Tensor, into: Carved) -> None:
+            if topk > 1 and ids.stride(1) != 1:  # else read at its row stride: no copy of sliced ids
+                ids = ids.contiguous()
+            a = args.copy()
+            a[i_ids], a[i_stride] = ids.data_ptr(), ids.stride(0) if tokens > 1 else max(topk, 1)
+            base, at = into.base, into.offsets
+            for i, name in fields:
+                a[i] = base + at[name]
+            fn(*a, current_stream(device))
+
+        return launch
+
+    return bind
 
 
 def gather(comm: Runtime, row_bytes: int):
@@ -242,15 +282,21 @@ def gather(comm: Runtime, row_bytes: int):
     key = MoeGatherKey(MoePlaceKey.word_for(row_bytes))
     fn, device = comm.kernel_together(key), comm.device_index
 
+    args, (i_out, i_rows, i_place, i_kept, i_room, i_splits, i_world, i_send, i_copy) = MOE_GATHER.template(
+        dict(row_words=row_bytes // key.word), "out", "rows", "place", "kept", "room", "splits", "world",
+        "send_splits", "copy")
+    blocks = functools.cache(key.blocks)  # (no Python frame once seen: a call's room is its shape's)
+
     def run(rows: torch.Tensor, place: int, kept: int, send_splits: int, splits: int, copy: torch.Tensor,
             out: torch.Tensor) -> torch.Tensor:
         rows = rows.contiguous()
         room = out.shape[0]
-        _aligned(key.word, rows, out)
-        args = MOE_GATHER.take(dict(out=out.data_ptr(), rows=rows.data_ptr(), place=place, kept=kept, room=room,
-                                    splits=splits, world=copy.shape[1], send_splits=send_splits, copy=copy.data_ptr(),
-                                    row_words=row_bytes // key.word))
-        fn(*args, key.blocks(room), current_stream(device))
+        a = args.copy()
+        a[i_out], a[i_rows], a[i_place], a[i_kept], a[i_room] = out.data_ptr(), rows.data_ptr(), place, kept, room
+        a[i_splits], a[i_world], a[i_send], a[i_copy] = splits, copy.shape[1], send_splits, copy.data_ptr()
+        if a[i_out] % key.word or a[i_rows] % key.word:
+            _aligned(key.word, rows, out)
+        fn(*a, blocks(room), current_stream(device))
         return out
 
     return run
@@ -265,18 +311,24 @@ def weighted_sum(comm: Runtime, dtype: torch.dtype, hidden: int, topk: int):
     fn, device = comm.kernel_together(key), comm.device_index
     step = key.vec * DTYPES[key.dtype].bytes
 
+    args, (i_out, i_entries, i_slots, i_valid, i_weights, i_tokens) = MOE_COMBINE.template(
+        dict(hidden=hidden), "out", "entries", "slots", "valid", "weights", "tokens")
+    blocks = functools.cache(lambda tokens: key.blocks(tokens, hidden))  # (no Python frame once seen)
+
     def run(entries: torch.Tensor, slots: int, valid: int, weights: torch.Tensor, tokens: int, k: int) -> torch.Tensor:
         # allocated for the most tokens of the shape (see collectives.moe.dispatch_with), cut to these
         # (no slice where they are the most: a torch view costs microseconds on a slow host)
         most = entries.shape[0] // k
         out = torch.empty((most, hidden), dtype=dtype, device=entries.device)
         out = out if most == tokens else out[:tokens]
-        _aligned(step, entries, out)
         if weights.dtype != torch.float32 or not weights.is_contiguous():
             weights = weights.float().contiguous()
-        args = MOE_COMBINE.take(dict(out=out.data_ptr(), entries=entries.data_ptr(), slots=slots, valid=valid,
-                                     weights=weights.data_ptr(), tokens=tokens, hidden=hidden))
-        fn(*args, key.blocks(tokens, hidden), current_stream(device))
+        a = args.copy()
+        a[i_out], a[i_entries], a[i_slots], a[i_valid] = out.data_ptr(), entries.data_ptr(), slots, valid
+        a[i_weights], a[i_tokens] = weights.data_ptr(), tokens
+        if a[i_out] % step or a[i_entries] % step:
+            _aligned(step, entries, out)
+        fn(*a, blocks(tokens), current_stream(device))
         return out
 
     return run
@@ -292,28 +344,45 @@ def placement(comm: Runtime, local: int, layout: Any, exact: bool, dtype: torch.
         return None
     fn, device = comm.kernel_together(key), comm.device_index
 
-    def run(counts: torch.Tensor, received: torch.Tensor, room: int, rows_out: int, capacity: int, _exact: bool,
-            dropped_before: torch.Tensor, into: Carved) -> tuple[torch.Tensor, torch.Tensor | None]:
-        rows, at = received.shape[0], received.device
+    def bind(counts: torch.Tensor, received: torch.Tensor, room: int, rows_out: int, capacity: int,
+             dropped_before: torch.Tensor) -> Callable[..., tuple[torch.Tensor, torch.Tensor | None]]:
+        _aligned(key.word, received)
+        rows = received.shape[0]
+        args, places = MOE_PLACE.template(
+            dict(counts=counts.data_ptr(), received=received.data_ptr(),
+                            dropped_before=dropped_before.data_ptr(), room=room, rows=rows, capacity=capacity,
+                            row_words=layout.bytes // key.word, out_words=layout.values // key.word, topk=layout.topk,
+                            header=layout.header),
+            "expert_x", "scales", "place", "kept", "expert_counts", "lost", "recv_splits")
+        i_x, i_scales, *i_fields = places
+        fields = tuple(zip(i_fields, ("place", "kept", "expert_counts", "dropped", "recv_splits")))
+        args.append(key.blocks(max(room, rows)))
         # fixed by the shape (see collectives.moe.dispatch_with; throughput: cut to rows_out + 1)
         alloc = max(rows_out, room) + 1 if exact else rows_out + 1
-        expert_x = torch.empty((alloc, layout.values // dtype.itemsize), dtype=dtype, device=at)
-        scales = torch.empty(alloc, dtype=torch.float32, device=at) if key.scales else None
-        if alloc != rows_out + 1:
-            expert_x, scales = expert_x[:rows_out + 1], None if scales is None else scales[:rows_out + 1]
-        _aligned(key.word, received, expert_x)
-        base, at = into.base, into.offsets
-        args = MOE_PLACE.take(dict(counts=counts.data_ptr(), received=received.data_ptr(),
-                                   expert_x=expert_x.data_ptr(), scales=0 if scales is None else scales.data_ptr(),
-                                   place=base + at["place"], kept=base + at["kept"],
-                                   expert_counts=base + at["expert_counts"], lost=base + at["dropped"],
-                                   dropped_before=dropped_before.data_ptr(), recv_splits=base + at["recv_splits"],
-                                   room=room, rows=rows, capacity=capacity, row_words=layout.bytes // key.word,
-                                   out_words=layout.values // key.word, topk=layout.topk, header=layout.header))
-        fn(*args, key.blocks(max(room, rows)), current_stream(device))
-        return expert_x, scales
 
-    return run
+        def launch(into: Carved, expert_x: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+            a = args.copy()
+            base, at = into.base, into.offsets
+            for i, name in fields:
+                a[i] = base + at[name]
+            scales = None
+            if expert_x is None:
+                expert_x = torch.empty((alloc, layout.values // dtype.itemsize), dtype=dtype, device=received.device)
+                scales = torch.empty(alloc, dtype=torch.float32, device=received.device) if key.scales else None
+                if alloc != rows_out + 1:
+                    expert_x, scales = expert_x[:rows_out + 1], None if scales is None else scales[:rows_out + 1]
+                a[i_scales] = 0 if scales is None else scales.data_ptr()
+            elif key.scales:
+                a[i_scales] = base + at["scales"]
+            a[i_x] = expert_x.data_ptr()
+            if a[i_x] % key.word:
+                _aligned(key.word, expert_x)
+            fn(*a, current_stream(device))
+            return expert_x, scales
+
+        return launch
+
+    return bind
 
 
 #: Plans a :class:`Layer` keeps (:meth:`Layer.plan`), at most.

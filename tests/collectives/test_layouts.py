@@ -60,7 +60,7 @@ def test_config_holds_constants_only() -> None:
     assert defined == []
 
 
-def test_take_gives_packs_arguments_and_refuses_a_missing_one() -> None:
+def test_a_template_with_its_per_call_arguments_set_packs_the_arguments_and_refuses_a_wrong_naming() -> None:
     from collectives.algorithms.moe_combine import MOE_COMBINE
     from collectives.algorithms.moe_gather import MOE_GATHER
     from collectives.algorithms.moe_pack import MOE_PACK
@@ -69,7 +69,11 @@ def test_take_gives_packs_arguments_and_refuses_a_missing_one() -> None:
 
     for layout in (MOE_COMBINE, MOE_GATHER, MOE_PACK, MOE_PLACE, MOE_ROUTE):
         values = {name: 3 * i + 1 for i, name in enumerate(reversed(layout.names))}
-        assert layout.take(values) == layout.pack(**values)
-        del values[layout.names[-1]]
-        with pytest.raises(KeyError):
-            layout.take(values)
+        per_call = layout.names[1::2][::-1]  # (every other one, out of order)
+        args, places = layout.template({n: v for n, v in values.items() if n not in per_call}, *per_call)
+        for i, name in zip(places, per_call):
+            args[i] = values[name]
+        assert tuple(args) == layout.pack(**values)
+        for wrong in (per_call[1:], per_call + per_call[:1], per_call + ("unknown",)):
+            with pytest.raises(TypeError, match=layout.name):
+                layout.template({n: v for n, v in values.items() if n not in per_call}, *wrong)

@@ -279,6 +279,44 @@ def test_bad_arguments() -> None:
         moe.dispatch_with(None, 2, xs[0], ids[0], ws[0], 4, 3, mode="fast")
 
 
+def test_a_planned_layer_still_checks_every_call_whose_facts_it_has_not_seen() -> None:
+    """With the plans kept (a communicator's layer), the checks run on a plan miss only: each
+    fact they check is in the key, so arguments that differ from a planned call's in any of
+    them (the weights' dtype, shape or device, the ids', x's, the sizes) still raise, after a
+    good call of the same shape; ``validate`` reads the ids at every call; a combine's
+    ``expert_out`` unlike the handle's still raises on a planned layer."""
+    xs, ids, ws = routing(2, 4, 2, [3, 3], 0, 8, torch.bfloat16)
+    kept: dict = {}
+
+    def plans(key, make):
+        return kept[key] if key in kept else kept.setdefault(key, make())
+
+    def dispatch(x=xs[0], i=ids[0], w=ws[0], experts=4, most=3, **kw):
+        return moe.dispatch_with(lambda *a, **k: None, 2, x, i, w, experts, most, plans=plans, **kw)
+
+    _, _, handle = dispatch()
+    dispatch()  # a hit
+    planned = len(kept)
+    for wrong, match in [(dict(w=ws[0].to(torch.int64)), "topk_weights floating"),
+                         (dict(w=ws[0][:, :1]), "topk_weights"), (dict(w=ws[0].to("meta")), "one device"),
+                         (dict(i=ids[0].float()), "int32/int64"), (dict(i=ids[0][:2]), r"\[tokens, k\]"),
+                         (dict(x=xs[0][:, None]), r"\[tokens, hidden\]"), (dict(most=2), "exceed max_tokens"),
+                         (dict(experts=5), "multiple of the world size"), (dict(mode="fast"), "mode must be one of")]:
+        with pytest.raises(CollectiveError, match=match):
+            dispatch(**wrong)
+    assert len(kept) == planned, "a call that fails its checks is never planned"
+    bad = ids[0].clone()
+    bad[0, 0] = 9
+    dispatch(validate=True)
+    with pytest.raises(CollectiveError, match="expert ids must be in 0..3"):
+        dispatch(i=bad, validate=True)
+    rows = torch.zeros(handle.shape, dtype=xs[0].dtype)
+    with pytest.raises(CollectiveError, match="expert_out must be"):
+        moe.combine_with(lambda *a, **k: None, rows.float(), handle, plans=plans)
+    with pytest.raises(CollectiveError, match="expert_out must be"):
+        moe.combine_with(lambda *a, **k: None, rows[:, :-1], handle, plans=plans)
+
+
 @pytest.mark.parametrize(("dtype", "fp8", "mode", "row_bytes"), [
     (torch.bfloat16, False, "low_latency", 80), (torch.float32, False, "throughput", 144),
     (torch.bfloat16, True, "low_latency", 48)])  # values, (fp8: the scale's 4), the header's 2 x 4, zeros to 16 x n

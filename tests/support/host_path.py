@@ -183,8 +183,8 @@ def moe_world() -> Any:
 
 
 def moe_calls() -> dict[str, Callable[[], Any]]:
-    """The public dispatch and combine of one :data:`MOE` layer (fused kernels, low latency), by
-    name, each after two warm-up layers (inside :func:`moe_world`)."""
+    """The public dispatch (bf16 and fp8 rows) and combine of one :data:`MOE` layer (fused kernels,
+    low latency), by name, each after two warm-up layers (inside :func:`moe_world`)."""
     from collectives import moe
 
     gen = torch.Generator().manual_seed(0)
@@ -195,7 +195,9 @@ def moe_calls() -> dict[str, Callable[[], Any]]:
     for _ in range(2):
         expert_x, _, handle = moe.dispatch(x, ids, w, experts, max_tokens=tokens)
         moe.combine(expert_x, handle)
+        moe.dispatch(x, ids, w, experts, max_tokens=tokens, fp8=True)
     return {"moe.dispatch": lambda: moe.dispatch(x, ids, w, experts, max_tokens=tokens),
+            "moe.dispatch fp8": lambda: moe.dispatch(x, ids, w, experts, max_tokens=tokens, fp8=True),
             "moe.combine": lambda: moe.combine(expert_x, handle)}
 
 
