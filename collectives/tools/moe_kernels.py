@@ -72,11 +72,13 @@ def main(argv: list[str] | None = None) -> None:
         collectives.synchronize()
         meet.wait()
         if prof is None:
+            meet.wait()
             return
         prof.__exit__(None, None, None)
+        meet.wait()  # (the other ranks' next inputs are made after the profile)
         times = defaultdict(list)
         for e in prof.events():
-            if e.device_type == DeviceType.CUDA:
+            if e.device_type == DeviceType.CUDA and part_of(e.name) in PARTS.values():
                 times[part_of(e.name)].append(e.time_range.elapsed_us())
         for part, us in times.items():
             records.append(dict(part=part, dtype=dtype, tokens=tokens, us=sum(us) / len(us), us_min=min(us)))
