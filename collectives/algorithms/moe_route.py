@@ -166,9 +166,8 @@ def build(key: MoeRouteKey):
     by = "collectives.algorithms.moe_route"
 
     @cute.jit
-    def id_of(args: KernelArgs, token: Int32, k: Int32) -> Int32:
-        """Token ``token``'s ``k``-th expert where in range, else ``E``."""
-        raw = Int64(ptxops.ld(gmem(ids, args.ids, size, LOCAL, by) + Int64(token) * args.stride + Int64(k)))
+    def bin_of(args: KernelArgs, raw: Int64) -> Int32:
+        """The bin of id ``raw``: itself where in ``0..E-1``, else ``E``."""
         e = Int32(args.experts)
         if raw >= Int64(0):
             if raw < args.experts:
@@ -176,25 +175,56 @@ def build(key: MoeRouteKey):
         return e
 
     @cute.jit
-    def expert_of(args: KernelArgs, i: Int32):
-        """Entry ``i``'s bin (token ``i / topk``'s id ``i % topk``): its id where in range, else ``E``; -1
-        past the entries; and its rank where in range (else -1), and 1 where it owns its token's row to
-        that rank (no earlier entry of the token goes there), else 0."""
-        e, rank, owner = Int32(-1), Int32(-1), Int32(0)
+    def id_at(args: KernelArgs, token: Int32, k: Int32) -> Int64:
+        """Token ``token``'s ``k``-th id, as loaded."""
+        return Int64(ptxops.ld(gmem(ids, args.ids, size, LOCAL, by) + Int64(token) * args.stride + Int64(k)))
+
+    @cute.jit
+    def load_of(args: KernelArgs, i: Int32):
+        """Entry ``i``'s id as loaded (token ``i / topk``'s id ``i % topk``; nothing reads it before
+        the next round: its load in flight meanwhile) and 1, or 0 and 0 past the entries."""
+        raw, inside = Int64(0), Int32(0)
         if i < Int32(args.n):
             token = i // Int32(args.topk)
-            k = i - token * Int32(args.topk)
-            e = id_of(args, token, k)
+            raw = id_at(args, token, i - token * Int32(args.topk))
+            inside = Int32(1)
+        return raw, inside
+
+    @cute.jit
+    def expert_of(args: KernelArgs, raw: Int64, inside: Int32):
+        """An entry's bin (of its loaded id ``raw``; -1 past the entries) and its rank where in
+        range, else -1."""
+        e, rank = Int32(-1), Int32(-1)
+        if inside == Int32(1):
+            e = bin_of(args, raw)
             if e < Int32(args.experts):
-                local = Int32(args.local)
-                rank = e // local
+                rank = e // Int32(args.local)
+        return e, rank
+
+    @cute.jit
+    def owns(args: KernelArgs, i: Int32, rank: Int32, base: Int32, wl: Int32) -> Int32:
+        """1 where in-range entry ``i`` (of rank ``rank``, in its group's round from entry ``base``)
+        owns its token's row to its rank: no earlier entry of the token goes there; else 0.  Its
+        token's entries in the round are the group's lanes of its token (one ``match.any.sync``:
+        a round's ``lanes`` entries are of distinct tokens mod 32) and of its rank; only those
+        before ``base`` (a token across rounds or groups: none where ``topk`` divides ``lanes``)
+        are loaded again.  Every lane of the warp calls it (the match)."""
+        token = Int32(-1)
+        if i < Int32(args.n):
+            token = i // Int32(args.topk)
+        mates = cute.arch.match_sync(FULL_WARP, ((rank + 1) * WARP + token % WARP) * (WARP // lanes) + wl // lanes)
+        owner = Int32(0)
+        if rank >= Int32(0):
+            if cute.arch.popc(mates & ((Uint32(1) << Uint32(wl)) - Uint32(1))) == 0:
                 owner = Int32(1)
+                first = token * Int32(args.topk)
+                local = Int32(args.local)
                 earlier = Int32(0)
-                while earlier < k:
-                    if id_of(args, token, earlier) // local == rank:  # (out of range: E // L = W, no rank)
+                while earlier < base - first:  # (out of range: E // L = W, no rank)
+                    if bin_of(args, id_at(args, token, earlier)) // local == rank:
                         owner = Int32(0)
                     earlier += 1
-        return e, rank, owner
+        return owner
 
     @cute.jit
     def kernel(args: KernelArgs):
@@ -216,15 +246,17 @@ def build(key: MoeRouteKey):
             j += threads
         # group g's entries: [g * span, (g + 1) * span), span a multiple of lanes (every group the same rounds)
         span = ((n + groups - 1) // groups + lanes - 1) // lanes * lanes
-        e, rank, owner = expert_of(args, group * span + lane)  # the first round's entry (loaded meanwhile)
+        raw, inside = load_of(args, group * span + lane)  # the first round's id (loaded meanwhile)
         cute.arch.sync_threads()
         for placing in cutlass.range_constexpr(2):  # count, then place
             step = Int32(0)
             while step < span:  # a round: lanes entries of each group, one a thread (a group: lanes of one warp)
                 i = group * span + step + lane
-                ahead, ahead_rank, ahead_owner = Int32(-1), Int32(-1), Int32(0)  # the next round's entry: in
-                if step + lanes < span:  # flight during this round
-                    ahead, ahead_rank, ahead_owner = expert_of(args, i + lanes)
+                e, rank = expert_of(args, raw, inside)  # (loaded during the round before)
+                raw, inside = Int64(0), Int32(0)  # the next round's id: in flight during this round
+                if step + lanes < span:
+                    raw, inside = load_of(args, i + lanes)
+                owner = owns(args, i, rank, group * span + step, wl)
                 # the group's lanes of this expert (the key names the group within its warp: a match
                 # of the warp's lanes is one of the group's); the group's table moved on by the last round
                 peers = cute.arch.match_sync(FULL_WARP, e * (WARP // lanes) + wl // lanes)
@@ -264,10 +296,9 @@ def build(key: MoeRouteKey):
                 if rank >= Int32(0):
                     if row_after == Int32(0):  # the round's last lane of the rank moves its rows on
                         table[group * bins + experts + 1 + rank] = row_at + Int32(cute.arch.popc(owners))
-                e, rank, owner = ahead, ahead_rank, ahead_owner
                 step += lanes
             if cutlass.const_expr(not placing):  # the counts out, then table[] becomes each group's starts
-                e, rank, owner = expert_of(args, group * span + lane)  # the placing pass's first, loaded meanwhile
+                raw, inside = load_of(args, group * span + lane)  # the placing pass's first, loaded meanwhile
                 cute.arch.sync_threads()
                 j = tidx
                 while j - wl < bins:  # a warp's chunk of W bins a step, every lane in (its shuffles)
