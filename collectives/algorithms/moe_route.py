@@ -16,8 +16,9 @@ one a thread, each thread finding its entry's rank among its group's round by on
 of its warp (the lanes of its expert and group) and a ``popc`` (no atomics: the result is the stable
 sort's whatever the scheduling), the round's last entry of an expert moving the group's count of that
 expert on. A group's rounds touch only its own counts, so they sync as a warp (two ``bar.warp.sync``
-a round, no block barrier), and each round's entry was loaded during the round before (the first of
-each pass while the block zeroes its table, or sums the counts). One pass counts; then each expert's
+a round, no block barrier), and each round's id is loaded during the round before (the first of
+each pass while the block zeroes its table, or sums the counts), nothing reading it (its range
+check) before its round: one load in flight a thread. One pass counts; then each expert's
 count is the sum of its groups' (``BATCH`` groups' counts loaded at once), the experts' starts are one
 scan (each warp shuffles up its chunk of 32 experts; one barrier; each expert adds the chunks' sums
 before its own) and each group's start within an expert is its expert's start plus the earlier
@@ -26,8 +27,11 @@ barriers in all. The block has as many threads as the groups' counts fit in shar
 (:meth:`MoeRouteKey.for_experts`: 1024, 32 groups, up to 256 experts; 256 at :data:`MAX_EXPERTS`):
 1,024 entries are one round a group. The same rounds number the rows sent (a row per token and
 destination rank with >= 1 of its entries: :class:`collectives.moe.Wire`): an in-range entry *owns*
-its token's row to its rank where no earlier entry of the token goes there (its token's earlier ids
-read again), and each rank's rows are counted as a bin past the experts' (``E + 1 + r``), by its
+its token's row to its rank where no earlier entry of the token goes there: none of the group's
+lanes before it in the round of its token and rank (one more ``match.any.sync``, keyed by the token
+mod 32: a round's lanes are consecutive entries), nor of its token's entries before the group's
+round, which are loaded again (only a token across rounds or groups: none where ``topk`` divides
+``lanes``, 8 of 32), and each rank's rows are counted as a bin past the experts' (``E + 1 + r``), by its
 owners only: a round matches the group's lanes of its rank (a second ``match.any.sync``) and ballots
 their owners, an entry's row being its bin's start plus the owners before it, less one where it is
 not one itself (its owner came earlier in its group, or in an earlier group: the same row). The scan
@@ -42,7 +46,10 @@ chunk of the sent rows and the chunk's rows (``row_splits``): the exchange's in_
 1,024 entries: 13.6 us; one token: 6.5 us); then (2 x H200, 1,024 entries: 7.5 us) each thread still
 compared its entry with its group's round's through shared memory, each expert summed its groups'
 counts one load after another and the scan took a block barrier for each of its nine doubling steps
-(13 barriers).
+(13 barriers); then (1 x H200, a world of 2 ranks, top-8 of 256 experts; 1, 128 and 512 tokens:
+5.1, 9.6 and 27.4 us, ~5 us a round) each entry's owner check loaded its token's earlier ids again,
+up to topk - 1 loads one after another, twice (both passes), and each round's range check of the id
+loaded for the next waited for that load at once.
 """
 
 from __future__ import annotations
@@ -166,9 +173,8 @@ def build(key: MoeRouteKey):
     by = "collectives.algorithms.moe_route"
 
     @cute.jit
-    def id_of(args: KernelArgs, token: Int32, k: Int32) -> Int32:
-        """Token ``token``'s ``k``-th expert where in range, else ``E``."""
-        raw = Int64(ptxops.ld(gmem(ids, args.ids, size, LOCAL, by) + Int64(token) * args.stride + Int64(k)))
+    def bin_of(args: KernelArgs, raw: Int64) -> Int32:
+        """The bin of id ``raw``: itself where in ``0..E-1``, else ``E``."""
         e = Int32(args.experts)
         if raw >= Int64(0):
             if raw < args.experts:
@@ -176,25 +182,56 @@ def build(key: MoeRouteKey):
         return e
 
     @cute.jit
-    def expert_of(args: KernelArgs, i: Int32):
-        """Entry ``i``'s bin (token ``i / topk``'s id ``i % topk``): its id where in range, else ``E``; -1
-        past the entries; and its rank where in range (else -1), and 1 where it owns its token's row to
-        that rank (no earlier entry of the token goes there), else 0."""
-        e, rank, owner = Int32(-1), Int32(-1), Int32(0)
+    def id_at(args: KernelArgs, token: Int32, k: Int32) -> Int64:
+        """Token ``token``'s ``k``-th id, as loaded."""
+        return Int64(ptxops.ld(gmem(ids, args.ids, size, LOCAL, by) + Int64(token) * args.stride + Int64(k)))
+
+    @cute.jit
+    def load_of(args: KernelArgs, i: Int32):
+        """Entry ``i``'s id as loaded (token ``i / topk``'s id ``i % topk``; nothing reads it before
+        the next round: its load in flight meanwhile) and 1, or 0 and 0 past the entries."""
+        raw, inside = Int64(0), Int32(0)
         if i < Int32(args.n):
             token = i // Int32(args.topk)
-            k = i - token * Int32(args.topk)
-            e = id_of(args, token, k)
+            raw = id_at(args, token, i - token * Int32(args.topk))
+            inside = Int32(1)
+        return raw, inside
+
+    @cute.jit
+    def expert_of(args: KernelArgs, raw: Int64, inside: Int32):
+        """An entry's bin (of its loaded id ``raw``; -1 past the entries) and its rank where in
+        range, else -1."""
+        e, rank = Int32(-1), Int32(-1)
+        if inside == Int32(1):
+            e = bin_of(args, raw)
             if e < Int32(args.experts):
-                local = Int32(args.local)
-                rank = e // local
+                rank = e // Int32(args.local)
+        return e, rank
+
+    @cute.jit
+    def owns(args: KernelArgs, i: Int32, rank: Int32, base: Int32, wl: Int32) -> Int32:
+        """1 where in-range entry ``i`` (of rank ``rank``, in its group's round from entry ``base``)
+        owns its token's row to its rank: no earlier entry of the token goes there; else 0.  Its
+        token's entries in the round are the group's lanes of its token (one ``match.any.sync``:
+        a round's ``lanes`` entries are of distinct tokens mod 32) and of its rank; only those
+        before ``base`` (a token across rounds or groups: none where ``topk`` divides ``lanes``)
+        are loaded again.  Every lane of the warp calls it (the match)."""
+        token = Int32(-1)
+        if i < Int32(args.n):
+            token = i // Int32(args.topk)
+        mates = cute.arch.match_sync(FULL_WARP, ((rank + 1) * WARP + token % WARP) * (WARP // lanes) + wl // lanes)
+        owner = Int32(0)
+        if rank >= Int32(0):
+            if cute.arch.popc(mates & ((Uint32(1) << Uint32(wl)) - Uint32(1))) == 0:
                 owner = Int32(1)
+                first = token * Int32(args.topk)
+                local = Int32(args.local)
                 earlier = Int32(0)
-                while earlier < k:
-                    if id_of(args, token, earlier) // local == rank:  # (out of range: E // L = W, no rank)
+                while earlier < base - first:  # (out of range: E // L = W, no rank)
+                    if bin_of(args, id_at(args, token, earlier)) // local == rank:
                         owner = Int32(0)
                     earlier += 1
-        return e, rank, owner
+        return owner
 
     @cute.jit
     def kernel(args: KernelArgs):
@@ -216,15 +253,17 @@ def build(key: MoeRouteKey):
             j += threads
         # group g's entries: [g * span, (g + 1) * span), span a multiple of lanes (every group the same rounds)
         span = ((n + groups - 1) // groups + lanes - 1) // lanes * lanes
-        e, rank, owner = expert_of(args, group * span + lane)  # the first round's entry (loaded meanwhile)
+        raw, inside = load_of(args, group * span + lane)  # the first round's id (loaded meanwhile)
         cute.arch.sync_threads()
         for placing in cutlass.range_constexpr(2):  # count, then place
             step = Int32(0)
             while step < span:  # a round: lanes entries of each group, one a thread (a group: lanes of one warp)
                 i = group * span + step + lane
-                ahead, ahead_rank, ahead_owner = Int32(-1), Int32(-1), Int32(0)  # the next round's entry: in
-                if step + lanes < span:  # flight during this round
-                    ahead, ahead_rank, ahead_owner = expert_of(args, i + lanes)
+                e, rank = expert_of(args, raw, inside)  # (loaded during the round before)
+                raw, inside = Int64(0), Int32(0)  # the next round's id: in flight during this round
+                if step + lanes < span:
+                    raw, inside = load_of(args, i + lanes)
+                owner = owns(args, i, rank, group * span + step, wl)
                 # the group's lanes of this expert (the key names the group within its warp: a match
                 # of the warp's lanes is one of the group's); the group's table moved on by the last round
                 peers = cute.arch.match_sync(FULL_WARP, e * (WARP // lanes) + wl // lanes)
@@ -264,10 +303,9 @@ def build(key: MoeRouteKey):
                 if rank >= Int32(0):
                     if row_after == Int32(0):  # the round's last lane of the rank moves its rows on
                         table[group * bins + experts + 1 + rank] = row_at + Int32(cute.arch.popc(owners))
-                e, rank, owner = ahead, ahead_rank, ahead_owner
                 step += lanes
             if cutlass.const_expr(not placing):  # the counts out, then table[] becomes each group's starts
-                e, rank, owner = expert_of(args, group * span + lane)  # the placing pass's first, loaded meanwhile
+                raw, inside = load_of(args, group * span + lane)  # the placing pass's first, loaded meanwhile
                 cute.arch.sync_threads()
                 j = tidx
                 while j - wl < bins:  # a warp's chunk of W bins a step, every lane in (its shuffles)

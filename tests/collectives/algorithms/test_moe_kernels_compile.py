@@ -190,19 +190,20 @@ def test_gather_moves_rows_in_its_words_and_zeros_the_rest(word: int) -> None:
 def test_routing_compiles_reads_its_ids_and_uses_no_atomics(ids: str) -> None:
     """The dispatch's routing: the ids loaded in their width (each pass's first round's, then the
     next round's during each round), its counts and chunks in shared memory, a round's entries
-    ranked by one ``match.any.sync`` of the warp (and their rows by one more and a ballot of
-    their owners) (not compared one by one through shared memory)
+    ranked by one ``match.any.sync`` of the warp (their rows by one more and a ballot of their
+    owners, the owners by one more: their token's lanes) (not compared one by one through shared
+    memory)
     and its syncs the warp's (no block-wide barrier per round), four block barriers, the groups' counts of an expert
     loaded ``BATCH`` at once before their stores, no spills, no atomics (the order is the stable
     sort's whatever the scheduling), no 64-bit division, one GPU's memory, no ordering."""
     ptx = kernel_ptx(MoeRouteKey.for_experts(ids, 256, 8), "sm_90a")
-    # a round's two (its expert's, its row's), in each pass (the compiler may peel rounds)
+    # a round's three (its expert's, its row's, its token's), in each pass (the compiler may peel rounds)
     matches = _count(ptx, "match.any.sync.b32")
-    assert matches >= 4 and _count(ptx, "popc.b32") >= matches  # (its ranks: popc of the match)
-    assert _count(ptx, "vote.sync.ballot.b32") == matches // 2  # (the row's owners)
-    # the next round's id, and each pass's first, with their tokens' earlier ids (a loop, unrolled)
-    assert _count(ptx, f"ld.global.{'b32' if ids == 'i32' else 'b64'}") >= 2 + matches // 2
-    assert ".shared" in ptx and _count(ptx, "bar.warp.sync") == matches
+    assert matches >= 6 and matches % 3 == 0 and _count(ptx, "popc.b32") >= 2 * matches // 3  # (ranks: popc)
+    assert _count(ptx, "vote.sync.ballot.b32") == matches // 3  # (the row's owners)
+    # the next round's id, and each pass's first, with their tokens' ids before the round (a loop)
+    assert _count(ptx, f"ld.global.{'b32' if ids == 'i32' else 'b64'}") >= 2 + matches // 3
+    assert ".shared" in ptx and _count(ptx, "bar.warp.sync") == 2 * matches // 3
     # four block barriers: the table zeroed, the counts in, the chunks' sums in, the starts in (the
     # experts' scan: shuffles up each warp's chunk of 32 bins, not a barrier a doubling step)
     assert _count(ptx, "bar.sync") == 4 and _count(ptx, "shfl.sync.up.b32") == 5

@@ -147,6 +147,8 @@ def test_ids_sliced_from_a_wider_tensor_are_read_at_their_stride() -> None:
         check(random_ids(rng, 7, 3, 6, torch.int64), 6, 3, seed, topk=3, gap=2)
 
 
+#: 64 tokens of one id of 4 experts: spans of 32, the two groups' tokens of a round 32 apart.
+SPANS = torch.tensor([random.Random(15).randrange(-1, 5) for _ in range(64)], dtype=torch.int64)
 #: 20 experts (21 bins, the scan over chunks of THREADS of them, each thread several).
 WIDE = random_ids(random.Random(13), 9, 3, 20, torch.int64)
 
@@ -168,6 +170,18 @@ def test_a_row_per_token_and_rank_across_rounds_and_groups(world: int) -> None:
         check(random_ids(rng, 13, 3, 2 * world, torch.int64), 2 * world, world, seed, topk=3)
     check(torch.tensor([0, 0, 1, 1, 2 * world - 1, 0, -1, 9, 3] * 3, dtype=torch.int64), 2 * world, world, 2,
           topk=3)
+
+
+@pytest.mark.parametrize("topk", [2, 4, 5, 8])
+def test_a_tokens_rows_within_a_round_and_across_rounds(topk: int) -> None:
+    """A row's owner from the token's lanes in its group's round (2 and 4 ids a token: none
+    across rounds of 4 lanes) and from its ids loaded again (5 and 8: a token's entries over
+    rounds and groups), tokens naming a rank's experts several times, at a stride, with heads."""
+    rng = random.Random(60 + topk)
+    for seed, (world, local) in enumerate([(2, 4), (3, 3), (4, 2)]):
+        experts = world * local
+        ids = random_ids(rng, 9, topk, experts, torch.int32 if seed % 2 else torch.int64)
+        check(ids, experts, world, seed, topk=topk, gap=seed, head=seed % 2)
 
 
 @pytest.mark.parametrize(("edit", "what"), [
@@ -193,12 +207,22 @@ def test_a_row_per_token_and_rank_across_rounds_and_groups(world: int) -> None:
     (("if wl == chunk - 1:", "if wl == 0:"), "a chunk's sum"),
     (("- starts[w * local])", "- starts[w * local + 1])"), "the splits"),
     (("LOCAL, by) + i, Int64(at))", "LOCAL, by) + at, Int64(i))"), "the slots"),
-    (("ahead_owner = expert_of(args, i + lanes)", "ahead_owner = expert_of(args, i)"), "the next round's entry"),
+    (("raw, inside = load_of(args, i + lanes)", "raw, inside = load_of(args, i)"), "the next round's entry"),
+    (("e, rank = expert_of(args, raw, inside)  # (loaded", "e, rank = expert_of(args, raw, Int32(1))  # (loaded"),
+     "the entries past n"),
     (("Int64(token) * args.stride", "Int64(token) * args.topk"), "the ids' row stride"),
-    (("e, rank, owner = expert_of(args, group * span + lane)  # the placing",
-      "e, rank, owner = Int32(0), Int32(0), Int32(1)  # the placing"), "the placing pass's first entry"),
-    (("while earlier < k:", "while earlier < k - 1:"), "a row's owner: every earlier entry of its token"),
-    (("if id_of(args, token, earlier) // local == rank:", "if id_of(args, token, earlier) == e:"),
+    (("raw, inside = load_of(args, group * span + lane)  # the placing",
+      "raw, inside = Int64(0), Int32(1)  # the placing"), "the placing pass's first entry"),
+    (("while earlier < base - first:", "while earlier < base - first - 1:"),
+     "a row's owner: every earlier entry of its token before the round"),
+    (("if cute.arch.popc(mates & ((Uint32(1) << Uint32(wl))", "if cute.arch.popc(mates & ((Uint32(2) << Uint32(wl))"),
+     "a row's owner: the token's lanes before it in the round"),
+    (("+ token % WARP) * (WARP // lanes)", ") * (WARP // lanes)"), "a row's owner: its token's lanes, not its rank's"),
+    (("((rank + 1) * WARP + token", "((rank + 1) * 0 + token"), "a row's owner: its token's lanes of its rank"),
+    (("+ token % WARP) * (WARP // lanes) + wl // lanes)", "+ token % WARP) * (WARP // lanes))"),
+     "a row's owner: the token's lanes of its group (a token across groups: loaded)"),
+    (("if bin_of(args, id_at(args, token, earlier)) // local == rank:",
+      "if bin_of(args, id_at(args, token, earlier)) == rank * local:"),
      "a row's owner: the token's entries to its rank, not its expert"),
     (("Int64(row_at + owners_before + owner - 1 - n)", "Int64(row_at + owners_before - n)"), "a row's entries"),
     (("row_at + Int32(cute.arch.popc(owners))", "row_at + Int32(1)"), "the rows a round counts"),
@@ -216,6 +240,7 @@ def test_a_broken_kernel_fails_the_check(edit: tuple, what: str) -> None:
         for seed in range(3):
             check(ids, 6, 2, seed, module=broken, topk=2, gap=1)
             check(WIDE, 20, 4, seed, module=broken, topk=3)  # 21 bins: the scan's three chunks of THREADS
+            check(SPANS, 4, 2, seed, module=broken)  # tokens 32 apart in a warp's two groups (one round)
 
 
 def heads(world: int, seed: int, module: types.ModuleType = SOURCE) -> None:
