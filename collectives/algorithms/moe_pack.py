@@ -10,15 +10,19 @@ header (``topk`` int32: slot ``k`` entry ``k``'s index in the per-entry stream t
 ``k``: a thread per (row, slot)), zeros to ``row_bytes``.  The scale is the token's largest
 magnitude over 448 (1 where that is 0 or NaN) and each value ``x / scale`` converted as torch
 converts (:mod:`collectives.device.rounding`: ``amax``, ``fp8_scale``, ``div_rn``, ``e4m3``), so
-the bytes are :func:`collectives.moe.quantize`'s.  One block per token (the grid strides): its
-threads take the token's largest magnitude over their share of its values, a tree in shared
-memory gives the block's; a thread per entry finds the row it writes (:func:`row_of`, -1: none)
-into shared memory (the entries ``threads`` at a time: one round at top-k <= threads), then the
-threads read the values again (from the L1/L2 cache), quantize each once and store its bytes,
-``vec`` of them at once, into each of those rows.  Each pass loads
-:data:`~collectives.algorithms.moe_place.LOADS` pieces a thread before it uses them (their
-latencies overlapping; until 2026-11-28 a piece at a time: 6.6 us for 128 bf16 tokens of 7168 to 8
-rows each on one H200).  It replaces some fifteen torch operations over the tokens
+the bytes are :func:`collectives.moe.quantize`'s.  One block per token (the grid strides): with
+fp8 each thread loads its first :data:`~collectives.algorithms.moe_place.LOADS` pieces of the
+token (``vec`` values each, all in flight) into registers, where they stay until they are
+quantized; pieces past those (hidden > ``LOADS`` x ``threads`` x ``vec``; 7168 bf16 at 256
+threads fit) are read for the largest magnitude, ``LOADS`` in flight, and again (from the L1/L2
+cache) to quantize.  The thread's largest magnitude becomes its warp's by butterfly shuffles and
+the block's by one round in shared memory of the warps' (read after the barrier the rows need
+anyway: two block barriers a token, as the copy).  A thread per entry finds the row it writes
+(:func:`row_of`, -1: none) into shared memory (the entries ``threads`` at a time: one round at
+top-k <= threads); each piece is quantized once and its bytes stored, ``vec`` at once, into each
+of those rows.  Each pass loads ``LOADS`` pieces a thread before it uses them (their latencies
+overlapping; until 2026-11-28 a piece at a time: 6.6 us for 128 bf16 tokens of 7168 to 8 rows
+each on one H200).  It replaces some fifteen torch operations over the tokens
 (:func:`collectives.moe.pack_rows`).  Without ``quantize`` a row is its token's values, copied
 ``vec`` at once.  Until 2026-11-28 a block made one row, so that each token was read, and with fp8
 its largest magnitude found and its values quantized, ``topk`` times; until issue 51 item 1 a
@@ -26,7 +30,11 @@ token was sent as one row per entry (``topk`` rows, several to one rank); until 
 issue 51 each thread found the token's rows again (``topk`` x ``topk`` / 2 loads of ``carriers``,
 behind the stores) for each batch of pieces, and with fp8 for each piece of it, and for the
 scale, the zeros and every header slot (4 x H200, 128 tokens of 7168 to top-8 of 256 experts:
-the fp8 pack 11.8 us, the copy's 5.2).
+the fp8 pack 11.8 us, the copy's 5.2).  Until issue 51's register pack (2026-11-29) the fp8 pack
+read every piece twice (the largest magnitude's pass, then the quantizing one) and reduced the
+magnitudes by a tree in shared memory, a block barrier a level (9 barriers a token more than the
+copy): 1 H200, world of 2 ranks, hidden 7168 bf16, top-8 of 256 experts, 1 / 128 / 512 tokens a rank:
+the fp8 pack 5.33 / 6.35 / 14.28 us, the copy 2.83 / 3.97 / 8.76 us.
 """
 
 from __future__ import annotations
@@ -88,7 +96,7 @@ class MoePackKey:
             raise ValueError(f"the MoE fp8 packing kernel takes dtypes {DTYPES_QUANTIZED}, not {self.dtype!r}")
         if self.vec not in (1, DTYPES[self.dtype].elements(16)):
             raise ValueError(f"vec must be 1 or {DTYPES[self.dtype].elements(16)} for {self.dtype}, not {self.vec}")
-        check_threads(self.threads)  # a power of two: the shared-memory tree halves them
+        check_threads(self.threads)  # whole warps (128 to 1024): the shuffles take a full warp
 
     def blocks(self, tokens: int) -> int:
         """Thread blocks of a launch for ``tokens`` tokens (at least 1)."""
@@ -100,6 +108,8 @@ def build(key: MoePackKey):
     dtype, vec, threads = DTYPES[key.dtype].cute, key.vec, key.threads
     align = vec * DTYPES[key.dtype].bytes
     words = max(vec // 4, 1)  # a piece's bytes as 32-bit words (vec 8 or 4), else one byte
+    lanes = min(threads, cute.arch.WARP_SIZE)  # a warp's threads
+    warps = threads // lanes
     by = "collectives.algorithms.moe_pack"
 
     @cute.jit
@@ -133,52 +143,99 @@ def build(key: MoePackKey):
         return slot - first
 
     @cute.jit
+    def put(args: KernelArgs, owned: cute.Tensor, chunk: Int64, scale: Float32, value, piece: Int64):
+        """Piece ``piece`` of the token (``value``: its ``vec`` values) quantized, its bytes stored
+        into each of the chunk's rows (``owned``, -1: none)."""
+        q = [rounding.e4m3(rounding.div_rn(rounding.widen(value[e] if cutlass.const_expr(vec > 1) else value), scale))
+             for e in range(vec)]
+        if cutlass.const_expr(vec >= 4):
+            packed = cute.make_rmem_tensor(words, Uint32)
+            for w in cutlass.range_constexpr(words):
+                packed[w] = (Uint32(q[4 * w]) | (Uint32(q[4 * w + 1]) << Uint32(8))
+                             | (Uint32(q[4 * w + 2]) << Uint32(16)) | (Uint32(q[4 * w + 3]) << Uint32(24)))
+            at = cute.assume(piece * words, divby=words)
+            word = packed.load()
+            j = Int64(0)
+            while j < chunk:  # the chunk's rows (fp8 vectors)
+                i = owned[j]
+                if i >= Int64(0):
+                    ptxops.st(gmem(Uint32, args.rows + i * args.row_bytes, 4 * words, LOCAL, by) + at, word)
+                j += 1
+        else:
+            j = Int64(0)
+            while j < chunk:  # the chunk's rows (fp8 bytes)
+                i = owned[j]
+                if i >= Int64(0):
+                    ptxops.st(gmem(Uint8, args.rows + i * args.row_bytes, 1, LOCAL, by) + piece, q[0])
+                j += 1
+
+    @cute.jit
     def kernel(args: KernelArgs):
         tidx = Int64(cute.arch.thread_idx()[0])
         smem = SmemAllocator()
         owned = smem.allocate_tensor(Int64, cute.make_layout(threads), byte_alignment=8)  # a chunk's rows
-        if cutlass.const_expr(key.quantize):  # each thread's largest magnitude, then the block's
-            most = smem.allocate_tensor(Float32, cute.make_layout(threads), byte_alignment=4)
+        if cutlass.const_expr(key.quantize):  # each warp's largest magnitude
+            most = smem.allocate_tensor(Float32, cute.make_layout(warps), byte_alignment=4)
         pieces = args.hidden // vec
         slots = gmem(Int64, args.slots, 8, LOCAL, by)
         carriers = gmem(Int64, args.carriers, 8, LOCAL, by)
         values = args.hidden * DTYPES[key.dtype].bytes  # the values' bytes, then (fp8) the scale's
         if cutlass.const_expr(key.quantize):
             values = args.hidden + 4
+        step = Int64(LOADS * threads)
         token = Int64(cute.arch.block_idx()[0])
         while token < args.tokens:
             src = gmem(dtype, args.x, align, LOCAL, by) + cute.assume(token * args.hidden, divby=vec)
             last = pieces - 1  # (a piece past the token: its load repeats the last, unused)
             if cutlass.const_expr(key.quantize):
+                # the thread's first LOADS pieces stay in registers from the largest magnitude to the stores
+                held = [ptxops.ld(src + cute.assume(cutlass.min(tidx + u * threads, last) * vec, divby=vec),
+                                  num_elements=vec) for u in range(LOADS)]
                 m = rounding.zero()
-                a = tidx
-                while a < pieces:  # this thread's share of the token's largest magnitude, LOADS pieces in flight
+                for u in cutlass.range_constexpr(LOADS):  # (a repeated piece changes no largest magnitude)
+                    for e in cutlass.range_constexpr(vec):
+                        m = rounding.amax(m, rounding.widen(held[u][e] if cutlass.const_expr(vec > 1) else held[u]))
+                a = tidx + step
+                while a < pieces:  # pieces past the registers' (hidden > LOADS x threads x vec), LOADS in flight
                     seen = [ptxops.ld(src + cute.assume(cutlass.min(a + u * threads, last) * vec, divby=vec),
                                       num_elements=vec) for u in range(LOADS)]
-                    for u in cutlass.range_constexpr(LOADS):  # (a repeated piece changes no largest magnitude)
+                    for u in cutlass.range_constexpr(LOADS):
                         for e in cutlass.range_constexpr(vec):
                             m = rounding.amax(m, rounding.widen(seen[u][e] if cutlass.const_expr(vec > 1)
                                                                 else seen[u]))
-                    a += LOADS * threads
-                most[tidx] = m
-                cute.arch.sync_threads()
-                for level in cutlass.range_constexpr(threads.bit_length() - 1):  # the block's, by halves
-                    half = threads >> (level + 1)
-                    if tidx < Int64(half):
-                        most[tidx] = rounding.amax(most[tidx], most[tidx + half])
-                    cute.arch.sync_threads()
-                scale = rounding.fp8_scale(most[0])
+                    a += step
+                for level in cutlass.range_constexpr(lanes.bit_length() - 1):  # the warp's, by butterfly shuffles
+                    m = rounding.amax(m, cute.arch.shuffle_sync_bfly(m, offset=1 << level))
+                if tidx % Int64(lanes) == Int64(0):
+                    most[tidx // Int64(lanes)] = m
             base = Int64(0)
             while base < args.topk:  # the token's entries, a chunk of `threads` at a time (one at top-k <= threads)
                 if base + tidx < args.topk:  # a thread per entry: the row it writes (-1: none)
                     owned[tidx] = row_of(args, token, base + tidx)
-                cute.arch.sync_threads()
+                cute.arch.sync_threads()  # the chunk's rows (and the warps' largest magnitudes) in
+                if cutlass.const_expr(key.quantize):
+                    most_of_all = most[0]
+                    for w in cutlass.range_constexpr(1, warps):  # the block's
+                        most_of_all = rounding.amax(most_of_all, most[w])
+                    scale = rounding.fp8_scale(most_of_all)
                 chunk = cutlass.min(args.topk - base, Int64(threads))
-                p = tidx
-                while p < pieces:  # LOADS pieces in flight, then (fp8: each quantized) their stores to each row
-                    ats = [cute.assume(cutlass.min(p + u * threads, last) * vec, divby=vec) for u in range(LOADS)]
-                    batch = [ptxops.ld(src + at, num_elements=vec) for at in ats]
-                    if cutlass.const_expr(not key.quantize):
+                if cutlass.const_expr(key.quantize):
+                    for u in cutlass.range_constexpr(LOADS):  # the registers' pieces
+                        if tidx + u * threads <= last:
+                            put(args, owned, chunk, scale, held[u], tidx + u * threads)
+                    p = tidx + step
+                    while p < pieces:  # the others: LOADS in flight, then each quantized and stored to each row
+                        batch = [ptxops.ld(src + cute.assume(cutlass.min(p + u * threads, last) * vec, divby=vec),
+                                           num_elements=vec) for u in range(LOADS)]
+                        for u in cutlass.range_constexpr(LOADS):
+                            if p + u * threads <= last:
+                                put(args, owned, chunk, scale, batch[u], p + u * threads)
+                        p += step
+                else:
+                    p = tidx
+                    while p < pieces:  # LOADS pieces in flight, then their stores to each row
+                        ats = [cute.assume(cutlass.min(p + u * threads, last) * vec, divby=vec) for u in range(LOADS)]
+                        batch = [ptxops.ld(src + at, num_elements=vec) for at in ats]
                         j = Int64(0)
                         while j < chunk:  # the chunk's rows
                             i = owned[j]
@@ -188,36 +245,7 @@ def build(key: MoePackKey):
                                     if p + u * threads <= last:
                                         ptxops.st(row + ats[u], batch[u])
                             j += 1
-                    else:
-                        for u in cutlass.range_constexpr(LOADS):
-                            if p + u * threads <= last:
-                                piece = p + u * threads
-                                q = [rounding.e4m3(rounding.div_rn(rounding.widen(batch[u][e] if cutlass.const_expr(
-                                    vec > 1) else batch[u]), scale)) for e in range(vec)]
-                                if cutlass.const_expr(vec >= 4):
-                                    packed = cute.make_rmem_tensor(words, Uint32)
-                                    for w in cutlass.range_constexpr(words):
-                                        packed[w] = (Uint32(q[4 * w]) | (Uint32(q[4 * w + 1]) << Uint32(8))
-                                                     | (Uint32(q[4 * w + 2]) << Uint32(16))
-                                                     | (Uint32(q[4 * w + 3]) << Uint32(24)))
-                                    at = cute.assume(piece * words, divby=words)
-                                    word = packed.load()
-                                    j = Int64(0)
-                                    while j < chunk:  # the chunk's rows
-                                        i = owned[j]
-                                        if i >= Int64(0):
-                                            ptxops.st(gmem(Uint32, args.rows + i * args.row_bytes, 4 * words, LOCAL,
-                                                           by) + at, word)
-                                        j += 1
-                                else:
-                                    j = Int64(0)
-                                    while j < chunk:
-                                        i = owned[j]
-                                        if i >= Int64(0):
-                                            ptxops.st(gmem(Uint8, args.rows + i * args.row_bytes, 1, LOCAL, by)
-                                                      + piece, q[0])
-                                        j += 1
-                    p += LOADS * threads
+                        p += LOADS * threads
                 j = tidx
                 while j < chunk:  # a thread per row: (fp8) its scale (4-byte aligned: hidden is a multiple of 4),
                     i = owned[j]  # and zeros around its header

@@ -608,6 +608,18 @@ def _shuffle_sync_up(value: Any, offset: Any) -> Num:
     return got
 
 
+def _shuffle_sync_bfly(value: Any, offset: Any, mask: Any = -1, mask_and_clamp: Any = 31) -> Num:
+    """``shfl.sync.bfly`` over the block (every lane taking part): lane ``l ^ offset``'s value
+    (``offset`` below the warp's lanes, so the lane is one of this thread's warp)."""
+    assert as_num(mask).v & 0xFFFFFFFF == 0xFFFFFFFF, mask
+    state, tidx = me().ctx.state, me().ctx.tidx
+    state.lanes[tidx] = value
+    _sync_threads()
+    got = state.lanes[tidx ^ int(offset)]
+    _sync_threads()
+    return got
+
+
 def _globaltimer() -> Int64:
     _sim().step()
     return Int64(_sim().clock)
@@ -652,6 +664,7 @@ def _cute() -> types.SimpleNamespace:
         match_sync=_match_sync,
         vote_ballot_sync=_vote_ballot_sync,
         shuffle_sync_up=_shuffle_sync_up,
+        shuffle_sync_bfly=_shuffle_sync_bfly,
         popc=lambda value: type(value)(bin(value.v & ((1 << value.width) - 1)).count("1")),
         WARP_SIZE=32,
         globaltimer=_globaltimer,

@@ -148,7 +148,10 @@ def test_fp8_packing_quantizes_as_torch_does(dtype: str, vec: int) -> None:
     """The fp8 rows' kernel: IEEE division (``div.rn.f32``: each value, and the scale by 448),
     a NaN-keeping largest magnitude (``max.NaN.f32``, as torch's ``amax``), e4m3 by
     ``cvt.rn.satfinite`` with torch's NaN past 464 (``0f43E80000``) where PTX saturates, no
-    ``fma``; tokens read in 16-byte vectors where ``vec`` says, bytes stored ``vec`` at once."""
+    ``fma``; tokens read in 16-byte vectors where ``vec`` says, bytes stored ``vec`` at once; the
+    largest magnitude by 5 butterfly shuffles (a warp of 32) and one shared-memory round of the
+    warps' (two block barriers a token: the rows and magnitudes in, then done with them), the
+    registers' pieces kept without spilling."""
     ptx = kernel_ptx(MoePackKey(dtype, vec), "sm_90a")
     conversions = _count(ptx, "cvt.rn.satfinite.e4m3x2.f32")  # a multiple of vec where the compiler unrolls
     assert conversions % vec == 0 and conversions >= vec
@@ -161,6 +164,8 @@ def test_fp8_packing_quantizes_as_torch_does(dtype: str, vec: int) -> None:
     assert _count(ptx, "st.global.b32") >= 1  # the scale
     assert _count(ptx, "st.global.b64") == 0 and _count(ptx, "ld.global.b64") >= 1  # the rows' slots: read
     assert _count(ptx, "st.shared.b64") == 1  # each entry's row found once (a thread each), not at each store
+    assert _count(ptx, "shfl.sync.bfly.b32") == 5 and _count(ptx, "bar.sync") == 2
+    assert "ld.local" not in ptx and "st.local" not in ptx
 
 
 def test_rows_without_fp8_are_copied_in_vectors() -> None:
@@ -173,6 +178,7 @@ def test_rows_without_fp8_are_copied_in_vectors() -> None:
     assert _count(ptx, "st.global.b64") == 0 and _count(ptx, "ld.global.b64") >= 1
     assert "cvt.rn" not in ptx and "div.rn" not in ptx
     assert _count(ptx, "st.shared.b64") == 1 and ".shared.v" not in ptx  # shared: each entry's row, found once
+    assert _count(ptx, "bar.sync") == 2 and _count(ptx, "shfl.sync.bfly.b32") == 0  # (the copy: no largest magnitude)
 
 
 @pytest.mark.parametrize("word", [16, 4, 1])

@@ -68,11 +68,17 @@ def rounding(rows: torch.dtype) -> types.SimpleNamespace:
         fp8_scale=lambda most: np.float32(most) / np.float32(moe.E4M3_MAX) if most > 0 else np.float32(1.0))
 
 
-def source(rows: torch.dtype, edits: tuple = ()) -> types.ModuleType:
+def source(rows: torch.dtype, edits: tuple = (), warp: int = 2) -> types.ModuleType:
+    """The kernel's module over simulated memory, its warps of ``warp`` lanes (2: a block of
+    :data:`THREADS` is two warps, so both the shuffles and the warps' round in shared memory run)."""
     signals = load("collectives.device.signals", FAKES)
+    cute = types.SimpleNamespace(**{**vars(FAKES["cutlass.cute"]),
+                                    "arch": types.SimpleNamespace(**{**vars(FAKES["cutlass.cute"].arch),
+                                                                     "WARP_SIZE": warp})})
     return load("collectives.algorithms.moe_pack", {
         **FAKES,
-        "cutlass": types.SimpleNamespace(**{**vars(FAKES["cutlass"]), "Float32": F32}),
+        "cutlass.cute": cute,
+        "cutlass": types.SimpleNamespace(**{**vars(FAKES["cutlass"]), "Float32": F32, "cute": cute}),
         "collectives.device.signals": signals,
         "collectives.device": types.SimpleNamespace(rounding=rounding(rows)),
     }, edits)
@@ -86,6 +92,9 @@ def tokens_of(dtype: torch.dtype, tokens: int, hidden: int, seed: int) -> torch.
         x[1, 0], x[1, 1], x[1, 2] = float("nan"), 470.0, -1000.0
     if tokens > 2:
         x[2] = x[2] * 1e-6  # tiny values (subnormal e4m3 bytes)
+    if tokens > 3 and hidden > 176:  # largest magnitudes past a thread's registers (16 pieces of 8 bf16 at 4
+        x[3, 130] = 50.0  # threads): in the first piece of the next batch, and in its second piece
+        x[2, 170] = -1e-3
     return x.to(dtype)
 
 
@@ -162,6 +171,22 @@ def test_rows_are_the_torch_steps_bit_for_bit(dtype: torch.dtype, hidden: int) -
     check(dtype, tokens=4, hidden=hidden, topk=2, blocks=3, seed=hidden)
 
 
+@pytest.mark.parametrize("warp", [2, 4], ids=["2-warps", "1-warp"])
+@pytest.mark.parametrize(("dtype", "hidden"), [(torch.bfloat16, 128), (torch.bfloat16, 200), (torch.bfloat16, 100),
+                                               (torch.float32, 68)])
+def test_tokens_past_the_registers(dtype: torch.dtype, hidden: int, warp: int) -> None:
+    """Tokens of more pieces than a thread holds in registers (``LOADS`` x :data:`THREADS`): bf16
+    128 exactly the registers' 16 pieces, 200 (25 pieces: the reloaded batch ends mid-share), 100
+    (single values, 100 pieces), f32 68 (17 pieces); warps of 2 lanes (two warps a block) and of 4."""
+    check(dtype, tokens=4, hidden=hidden, topk=3, blocks=3, seed=hidden + warp, module=source(dtype, warp=warp))
+
+
+def test_grid_strides_past_the_blocks() -> None:
+    """A block makes several tokens' rows in turn (tokens past the grid: :data:`MAX_BLOCKS` is
+    the most a launch takes), each token's registers, largest magnitude and rows its own."""
+    check(torch.bfloat16, tokens=7, hidden=200, topk=4, blocks=2, seed=7)
+
+
 @pytest.mark.parametrize(("dtype", "hidden"), [(torch.bfloat16, 64), (torch.bfloat16, 12), (torch.float32, 20),
                                                (torch.float8_e4m3fn, 32)])
 def test_rows_without_fp8_are_their_tokens(dtype: torch.dtype, hidden: int) -> None:
@@ -203,13 +228,23 @@ def test_the_host_takes_what_the_kernel_takes() -> None:
     (("+ args.header + 4 * k, 4", "+ args.header + 4 * j, 4"), "a header slot's entry"),
     (("b += 4 * args.topk", "b += 4"), "the zeros after the header"),
     (("b = values\n", "b = values + 1\n"), "the zeros after the values"),
-    (("piece = p + u * threads", "piece = p + u"), "the quantized pieces of a batch"),
+    (("put(args, owned, chunk, scale, batch[u], p + u * threads)", "put(args, owned, chunk, scale, batch[u], p + u)"),
+     "the quantized pieces of a reloaded batch"),
+    (("put(args, owned, chunk, scale, held[u], tidx + u * threads)", "put(args, owned, chunk, scale, held[0], "
+      "tidx + u * threads)"), "the registers' pieces"),
+    (("if tidx + u * threads <= last:", "if tidx + u * threads < last:"), "the registers' last piece"),
+    (("a = tidx + step", "a = tidx + step + threads"), "the largest magnitude past the registers"),
+    (("p = tidx + step\n", "p = tidx + step + threads\n"), "the pieces past the registers"),
     (("m = rounding.amax(m, rounding.widen(seen[u][e]", "m = rounding.amax(m, rounding.widen(seen[0][e]"),
      "the largest magnitude's batch"),
+    (("m = rounding.amax(m, rounding.widen(held[u][e]", "m = rounding.amax(m, rounding.widen(held[0][e]"),
+     "the largest magnitude of the registers"),
     (("while j < chunk:  # a thread per row", "while j < chunk - 1:  # a thread per row"),
      "every row's scale and zeros"),
-    (("while j < chunk:  # the chunk's rows\n                                        i =",
-      "while j < chunk - 1:  # the chunk's rows\n                                        i ="), "every row's values"),
+    (("while j < chunk:  # the chunk's rows (fp8 vectors)", "while j < chunk - 1:  # the chunk's rows (fp8 vectors)"),
+     "every row's values"),
+    (("while j < chunk:  # the chunk's rows (fp8 bytes)", "while j < chunk - 1:  # the chunk's rows (fp8 bytes)"),
+     "every row's values (single bytes)"),
     (("while j < chunk:  # the chunk's rows\n                            i =",
       "while j < chunk - 1:  # the chunk's rows\n                            i ="), "every row's copy"),
     (("owned[tidx] = row_of(args, token, base + tidx)", "owned[tidx] = row_of(args, token, tidx)"),
@@ -218,9 +253,12 @@ def test_the_host_takes_what_the_kernel_takes() -> None:
     (("values = args.hidden + 4\n", "values = args.hidden\n"), "the scale before the zeros"),
     (("if p + u * threads <= last:\n                                        ptxops.st(row",
       "if p + u * threads < last:\n                                        ptxops.st(row"), "a copy's last piece"),
-    (("for u in range(LOADS)]\n                    batch", "for u in range(1, LOADS + 1)]\n                    batch"),
-     "the pieces of a batch (copy)"),
-    (("half = threads >> (level + 1)", "half = threads >> (level + 2)"), "the block's largest magnitude"),
+    (("for u in range(LOADS)]\n                        batch",
+      "for u in range(1, LOADS + 1)]\n                        batch"), "the pieces of a batch (copy)"),
+    (("lanes.bit_length() - 1):", "lanes.bit_length() - 2):"), "the warp's largest magnitude"),
+    (("range_constexpr(1, warps):", "range_constexpr(1, 1):"), "the block's largest magnitude"),
+    (("most_of_all = rounding.amax(most_of_all, most[w])", "most_of_all = most[w]"), "the warps' largest magnitudes"),
+    (("most[tidx // Int64(lanes)] = m", "most[Int64(0)] = m"), "each warp's largest magnitude"),
     (("(Uint32(q[4 * w + 2]) << Uint32(16))", "(Uint32(q[4 * w + 2]) << Uint32(8))"), "the bytes' order"),
 ])
 def test_a_broken_kernel_fails_the_check(edit: tuple, what: str) -> None:
@@ -228,5 +266,6 @@ def test_a_broken_kernel_fails_the_check(edit: tuple, what: str) -> None:
     fp8 = "copy" not in what
     module = source(torch.bfloat16, (edit,))
     with pytest.raises(AssertionError):
-        for seed, topk in ((1, 2), (2, 2), (3, 2), (2, 6)):  # (top-k 6: two chunks of entries)
-            check(torch.bfloat16, tokens=4, hidden=64, topk=topk, blocks=2, seed=seed, module=module, fp8=fp8)
+        # (hidden 200: past the registers; 100: single values; top-k 6: two chunks of entries)
+        for seed, topk, hidden in ((1, 2, 64), (2, 2, 200), (3, 2, 100), (2, 6, 64), (4, 6, 200)):
+            check(torch.bfloat16, tokens=4, hidden=hidden, topk=topk, blocks=2, seed=seed, module=module, fp8=fp8)
