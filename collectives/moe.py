@@ -444,6 +444,9 @@ class DispatchPlan:
         if exact:
             self.send_counts = bind(exchange, self.counts.view(torch.float32), message[0].view(torch.float32), None,
                                     None)
+            # (its tokens on the GPU for the sizes' all-gather, made here: a copy from the host at
+            # the call would wait for the counts' all-to-all, see collectives.runtime.views.filled)
+            self.tokens_held = torch.full((), self.tokens, dtype=torch.int64, device=device)
         else:
             self.send_rows = bind(exchange, self.received, self.rows_wire, self.recv_splits, self.send_splits,
                                   bounded=True)
@@ -531,7 +534,7 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
         p.send_counts()
         p.splits.copy_(p.rows_tallied)
         (_, rows_out, _), sizes = _everyone(exchange, world, [p.splits[1].sum(), p.counts[:, :p.local].sum(),
-                                                              torch.tensor(p.tokens, device=x.device)])
+                                                              p.tokens_held])
         received = empty("dispatch", (_capacity(max(r for r, _, _ in sizes)), p.width), p.wire, x.device)
         received_rows = received.view(torch.uint8)
         room = _capacity(max(e for _, e, _ in sizes))

@@ -42,6 +42,7 @@ from ..errors import CollectiveError
 from ..layouts import ExchangeLayout, receiving
 from ..symmetric.context import address
 from .staging import tensor_key
+from .views import filled
 
 #: Bytes of the staging buffer through which a plain output receives (each rank's, allocated
 #: at its communicator's first all-to-all; ``COLLECTIVES_ALL_TO_ALL_STAGING_BYTES``, the same on
@@ -113,7 +114,7 @@ class Exchange:
             raise CollectiveError(f"all_to_all: {what} must have world size ({world}) entries, not {len(values)}")
         cached = self.splits.get(values)
         if cached is None:
-            cached = self.splits[values] = _upload(values, device, pin=self.comm.residency is None)
+            cached = self.splits[values] = _upload(values, device, shared=self.comm.residency is not None)
             while len(self.splits) > SPLIT_TENSORS:
                 self.splits.popitem(last=False)  # stream-ordered free: a queued kernel still reads it
         self.splits.move_to_end(values)
@@ -135,20 +136,17 @@ def split_values(splits: Sequence[Any], what: str) -> tuple[int, ...]:
     return tuple(values)
 
 
-def _upload(values: tuple[int, ...], device: torch.device, pin: bool = True) -> torch.Tensor:
-    """``values`` as an int64 tensor on ``device``.  Eager: one copy from pinned memory, or with
-    ``pin`` False (ranks sharing the GPU) from pageable memory: pinning may allocate
-    (``cudaHostAlloc``), which waits for every kernel on the GPU, another rank's spinning
-    all-to-all included (:func:`collectives.runtime.views.device_table`).  Under CUDA-graph
-    capture, one fill kernel per value (the value in its arguments): a copy would be recorded
-    reading a host buffer that the graph does not own."""
-    if capturing():
-        t = torch.empty(len(values), dtype=torch.int64, device=device)
-        for i, v in enumerate(values):
-            t[i].fill_(v)
-        return t
-    host = torch.tensor(values, dtype=torch.int64)
-    return host.pin_memory().to(device, non_blocking=True) if pin else host.to(device)
+def _upload(values: tuple[int, ...], device: torch.device, shared: bool = False) -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device``.  Eager: one copy from pinned memory; with
+    ``shared`` (ranks sharing the GPU), and under CUDA-graph capture, one fill kernel per value
+    (:func:`collectives.runtime.views.filled`): pinning may allocate (``cudaHostAlloc``), which
+    waits for every kernel on the GPU, another rank's spinning all-to-all included, and a copy
+    from pageable memory waits behind the other ranks' (one of them reading a result back
+    behind an all-to-all that spins for this rank's launch); a copy under capture would be
+    recorded reading a host buffer that the graph does not own."""
+    if shared or capturing():
+        return filled(values, device)
+    return torch.tensor(values, dtype=torch.int64).pin_memory().to(device, non_blocking=True)
 
 
 class AllToAllPlan(Plan):

@@ -4,6 +4,7 @@ buffer's fake multicast window onto every rank's copy (:func:`ptxops.translation
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,17 +22,32 @@ FAKE_MULTICAST = 1 << 62
 DATA_WINDOW_BYTES = 1 << 40
 
 
-def device_table(values: list[int], device: str = "cuda") -> tuple[torch.Tensor, torch.Tensor]:
-    """``values`` as an int64 tensor on ``device`` (the current GPU), and its host copy.  Eagerly the copy is
-    pageable: it waits for this rank's stream only, where a pinned allocation (cudaHostAlloc)
-    waits for every kernel on the GPU; in a world of 4 ranks on one H200, a rank pinning a new
-    buffer's table waited for another rank's all-to-all, which spun for that rank's launch,
-    until both timed out (the MoE soak, 2 runs of 2).  Inside a CUDA-graph capture the copy is
-    from pinned memory, the only copy a capture records, which the graph reads at each replay:
-    the returned host copy must live as long as the device table."""
+def filled(values: Sequence[int], device: str | torch.device = "cuda") -> torch.Tensor:
+    """``values`` as an int64 tensor on ``device`` made by one fill kernel per value (the value
+    in the kernel's arguments): no copy, so no host wait.  Where ranks share the GPU (a one-GPU
+    world) a copy from pageable memory waits behind every other rank's pageable copy on the GPU
+    (CUDA stages them one at a time), and those wait for their own streams: a rank reading a
+    result back (``.tolist()``) behind its all-to-all, which spun for this rank's launch, held
+    this rank's upload of a new buffer's table until both timed out (the MoE soak at W = 6 to
+    8, 1 x H200).  Under CUDA-graph capture the fills are recorded: they run at each replay."""
+    t = torch.empty(len(values), dtype=torch.int64, device=device)
+    for i, v in enumerate(values):
+        t[i].fill_(v)
+    return t
+
+
+def device_table(values: list[int], device: str = "cuda", shared: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``values`` as an int64 tensor on ``device`` (the current GPU), and its host copy.  Eagerly
+    the copy is pageable: it waits for this rank's stream only, where a pinned allocation
+    (cudaHostAlloc) waits for every kernel on the GPU (in a world of 4 ranks on one H200, a
+    rank pinning a new buffer's table waited for another rank's all-to-all, which spun for that
+    rank's launch, until both timed out); with ``shared`` (ranks share the GPU) no copy at all,
+    :func:`filled`.  Inside a CUDA-graph capture the copy is from pinned memory, the only copy a
+    capture records, which the graph reads at each replay: the returned host copy must live as
+    long as the device table."""
     host = torch.tensor(values, dtype=torch.int64)
     if not capturing():
-        return host.to(device), host
+        return (filled(values, device) if shared else host.to(device)), host
     host = host.pin_memory()
     return host.to(device, non_blocking=True), host
 
@@ -81,14 +97,16 @@ class BufferViews:
             import ptxops
 
             peers = self.ctx.peer_pointers(t, align=1)
-            table, host = device_table(peers)
+            shared = self.ctx.ranks_on_device > 1
+            table, host = device_table(peers, shared=shared)
             mc = self.ctx.multicast_tensor(t).data_ptr() if self.ctx.backend == "multicast" else 0
             base = FAKE_MULTICAST + peers[self.ctx.rank]
             if self._pad is not None:
                 window, pad = (base, DATA_WINDOW_BYTES, peers), self._pad.window
             else:  # the signal pad, the first buffer
                 window = pad = (base, t.nbytes, peers)
-            emulation, emulation_host = device_table(ptxops.translation_table([window, pad]))
+            emulation, emulation_host = device_table(ptxops.translation_table([window, pad]),
+                                                     shared=shared)
             storage = StorageWeakRef(t.untyped_storage()) if self.ctx.is_adopted(t) else None
             buffer = self._buffers[key] = Buffer(table, mc, host, window, emulation, emulation_host, key, storage)
             if self._pad is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 
 import random
+import sys
 import threading
 
 import pytest
@@ -469,6 +470,45 @@ def test_throughput_buffers_are_powers_of_two_of_the_largest_rank() -> None:
     assert sim.run(body) == [0, 53]
     row = moe.wire(8, 2, False, 1).bytes // 2  # bf16 values, then the header
     assert shapes[0] == shapes[1] == [("dispatch", (64, row)), ("combine", (64, 8))]
+
+
+def test_a_throughput_dispatch_copies_no_host_value_to_the_device_once_it_has_launched(monkeypatch) -> None:
+    """A copy from the host waits for the rank's stream, its all-to-all that spins for the other
+    ranks' launches included, and where ranks share a GPU it held another rank's copy behind it
+    (its upload of a new buffer's table) until both timed out (the MoE soak at W = 6 to 8 on
+    one H200): past its first all-to-all a dispatch makes no tensor of host values (its token
+    count is the plan's, on the GPU from the start)."""
+    world, experts = 3, 6
+    xs, ids, ws = routing(world, experts, 2, [4, 0, 7], 6, 8, torch.bfloat16)
+    sim = World(world)
+    launched = [False] * world
+    late: list = []
+    make = torch.tensor
+
+    def tensor(*args, **kwargs):
+        caller = sys._getframe(1).f_code.co_filename
+        rank = int(threading.current_thread().name.rpartition("-")[2])
+        if caller.endswith("collectives/moe.py") and launched[rank]:
+            late.append((rank, args, kwargs))
+        return make(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "tensor", tensor)
+
+    def body(r):
+        threading.current_thread().name = f"rank-{r}"
+        exchange = sim.exchange(r)
+
+        def first(*args, **kwargs):
+            launched[r] = True
+            return exchange(*args, **kwargs)
+
+        for _ in range(2):  # the plan made, then a plan hit
+            launched[r] = False
+            moe.dispatch_with(first, world, xs[r], ids[r], ws[r], experts, 7, mode="throughput")
+        return launched[r]
+
+    assert sim.run(body) == [True] * world
+    assert not late, f"host values made into tensors after the first all-to-all: {late[:3]}"
 
 
 def test_throughput_mode_with_no_tokens_anywhere_or_one_token() -> None:

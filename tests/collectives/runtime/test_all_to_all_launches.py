@@ -145,12 +145,14 @@ def test_splits_made_under_capture_are_filled_on_the_device_not_copied(monkeypat
     assert t.dtype == torch.int64 and t.tolist() == [3, 0, 1 << 40]
 
 
-def test_ranks_sharing_a_gpu_copy_host_splits_without_pinning(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Pinning may allocate, which waits for every kernel on the GPU: in a one-GPU world that
-    includes another rank's all-to-all spinning for this rank's launch."""
+def test_ranks_sharing_a_gpu_fill_host_splits_without_a_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pinning may allocate, which waits for every kernel on the GPU, and a pageable copy waits
+    behind the other ranks' pageable copies (one reading a result back behind an all-to-all that
+    spins for this rank's launch): where ranks share the GPU the values go into fill kernels."""
     monkeypatch.setattr(a2a, "capturing", lambda: False)
     monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: pytest.fail("pinned where ranks share the GPU"))
-    assert a2a._upload((4, 5), torch.device("cpu"), pin=False).tolist() == [4, 5]
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: pytest.fail("copied where ranks share the GPU"))
+    assert a2a._upload((4, 5), torch.device("cpu"), shared=True).tolist() == [4, 5]
 
 
 @pytest.mark.parametrize("bad", [2.7, True, 2.0, torch.tensor(True)])

@@ -32,7 +32,7 @@ CAPS = Capabilities(device=0, world_size=2, multicast=False, multicast_reason="a
 @pytest.fixture(autouse=True)
 def cpu_tables(monkeypatch: pytest.MonkeyPatch) -> None:
     """Device tables on the CPU (the table's values are what the tests read)."""
-    def table(values: list[int], device: str = "cuda") -> tuple[torch.Tensor, torch.Tensor]:
+    def table(values: list[int], device: str = "cuda", shared: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         host = torch.tensor(values, dtype=torch.int64)
         return host, host
 
