@@ -259,15 +259,27 @@ def _capacity(rows: int) -> int:
     return 1 << max(rows - 1, 0).bit_length()
 
 
-def _everyone(exchange: Exchange, world: int, values: list[torch.Tensor]) -> tuple[list[int], list[list[int]]]:
+def _everyone(exchange: Exchange, world: int, values: list[torch.Tensor],
+              scratch: Scratch) -> tuple[list[int], list[list[int]]]:
     """(this rank's ``values``, every rank's), int64 scalars on the GPU read back to the host in
-    one sync: an all-gather through the all-to-all (each rank sends its row to every rank)."""
+    one sync: an all-gather through the all-to-all (each rank sends its row to every rank),
+    copied into a host buffer from ``scratch`` (a communicator's is pinned: the copy is the
+    GPU's, and the host waits for the stream).  Never a copy into pageable memory: where ranks
+    share the GPU, a thread in one holds every other thread's pageable copy, allocation and
+    pinning until it ends (1 x H200), and this one ends only once the slowest rank has launched
+    its all-gather, which may come after such a step."""
     mine = torch.stack(values).view(1, -1)
     sent = mine.expand(world, -1).contiguous()
     got = torch.empty_like(sent)
     exchange(got.view(torch.float32), sent.view(torch.float32), None, None)
-    both = torch.cat([mine, got]).cpu().tolist()
-    return both[0], both[1:]
+    both = torch.cat([mine, got])
+    if both.is_cuda:
+        host = scratch("readback", tuple(both.shape), torch.int64, torch.device("cpu"))
+        host.copy_(both, non_blocking=True)
+        torch.cuda.current_stream(both.device).synchronize()
+        both = host
+    rows = both.tolist()
+    return rows[0], rows[1:]
 
 
 class Wire(NamedTuple):
@@ -534,7 +546,7 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
         p.send_counts()
         p.splits.copy_(p.rows_tallied)
         (_, rows_out, _), sizes = _everyone(exchange, world, [p.splits[1].sum(), p.counts[:, :p.local].sum(),
-                                                              p.tokens_held])
+                                                              p.tokens_held], scratch)
         received = empty("dispatch", (_capacity(max(r for r, _, _ in sizes)), p.width), p.wire, x.device)
         received_rows = received.view(torch.uint8)
         room = _capacity(max(e for _, e, _ in sizes))

@@ -457,13 +457,17 @@ class Layer:
     def scratch(self, name: str, shape: tuple, dtype: torch.dtype, device: torch.device,
                 fill: int | None = None) -> torch.Tensor:
         """The scratch buffer ``name`` of ``shape`` and ``dtype`` (contents left by the last
-        call), allocated at the first ask; with ``fill``, a constant: made filled with it, and
-        kept only where made eagerly (a fill captured in a CUDA graph runs only at its replays)."""
+        call), allocated at the first ask (on the host: pinned, so that the GPU copies into it
+        while the host waits for the stream, not inside a pageable copy); with ``fill``, a
+        constant: made filled with it, and kept only where made eagerly (a fill captured in a
+        CUDA graph runs only at its replays)."""
         key = (name, shape, dtype)
         t = self._scratch.get(key)
         if t is None:
             if fill is None:
-                t = self._scratch[key] = torch.empty(shape, dtype=dtype, device=device)
+                t = self._scratch[key] = torch.empty(shape, dtype=dtype, device=device,
+                                                     pin_memory=torch.device(device).type == "cpu"
+                                                     and torch.cuda.is_available())
             else:
                 t = torch.full(shape, fill, dtype=dtype, device=device)
                 if not capturing():
