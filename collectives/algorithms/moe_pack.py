@@ -142,6 +142,14 @@ def build(key: MoePackKey):
             w += 1
         return slot - first
 
+    def largest(most: Float32, loaded: list) -> Float32:
+        """``most`` and the magnitudes of ``loaded`` (pieces of ``vec`` values), the largest
+        (NaN once any is NaN), in order: unrolled where traced."""
+        for piece in loaded:
+            for e in range(vec):
+                most = rounding.amax(most, rounding.widen(piece[e] if vec > 1 else piece))
+        return most
+
     @cute.jit
     def put(args: KernelArgs, owned: cute.Tensor, chunk: Int64, scale: Float32, value, piece: Int64):
         """Piece ``piece`` of the token (``value``: its ``vec`` values) quantized, its bytes stored
@@ -191,18 +199,12 @@ def build(key: MoePackKey):
                 # the thread's first LOADS pieces stay in registers from the largest magnitude to the stores
                 held = [ptxops.ld(src + cute.assume(cutlass.min(tidx + u * threads, last) * vec, divby=vec),
                                   num_elements=vec) for u in range(LOADS)]
-                m = rounding.zero()
-                for u in cutlass.range_constexpr(LOADS):  # (a repeated piece changes no largest magnitude)
-                    for e in cutlass.range_constexpr(vec):
-                        m = rounding.amax(m, rounding.widen(held[u][e] if cutlass.const_expr(vec > 1) else held[u]))
+                m = largest(rounding.zero(), held)  # (a repeated piece changes no largest magnitude)
                 a = tidx + step
                 while a < pieces:  # pieces past the registers' (hidden > LOADS x threads x vec), LOADS in flight
                     seen = [ptxops.ld(src + cute.assume(cutlass.min(a + u * threads, last) * vec, divby=vec),
                                       num_elements=vec) for u in range(LOADS)]
-                    for u in cutlass.range_constexpr(LOADS):
-                        for e in cutlass.range_constexpr(vec):
-                            m = rounding.amax(m, rounding.widen(seen[u][e] if cutlass.const_expr(vec > 1)
-                                                                else seen[u]))
+                    m = largest(m, seen)
                     a += step
                 for level in cutlass.range_constexpr(lanes.bit_length() - 1):  # the warp's, by butterfly shuffles
                     m = rounding.amax(m, cute.arch.shuffle_sync_bfly(m, offset=1 << level))
