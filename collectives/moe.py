@@ -748,11 +748,12 @@ class CombinePlan:
     splits' scratch buffer (one, its place in the all-to-all's plan key
     the same at each call) and the receive buffer with its slice of the entries that arrive;
     in low-latency mode the rows sent back (a scratch buffer of a size the shape fixes) and
-    their all-to-all (:func:`bind`); ``kernels()``' ``(weighted_sum, gather)`` (None: not given)."""
+    their all-to-all (:func:`bind`); ``kernels()``' ``(weighted_sum, gather)`` (no ``kernels``: both
+    None)."""
 
     def __init__(self, exchange: Exchange, expert_out: torch.Tensor, h: Handle, empty: Empty,
                  scratch: Scratch, kernels: Callable[[], tuple] | None = None) -> None:
-        self.kernels = kernels() if kernels else None
+        self.kernels = kernels() if kernels else (None, None)
         hidden, device = expert_out.shape[-1], expert_out.device
         if expert_out.dim() == 3:  # low latency: [L, capacity, hidden]
             most = expert_out.shape[1] // h.world * h.topk  # max_tokens x topk, the same everywhere
@@ -780,23 +781,21 @@ def _combine_plan(exchange: Exchange, expert_out: torch.Tensor, h: Handle, empty
 
 
 def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, empty: Empty = plain,
-                 weighted_sum: WeightedSum | None = None, gather: Gather | None = None,
                  scratch: Scratch = plain, plans: Plans = unplanned,
                  kernels: Callable[[], tuple[WeightedSum | None, Gather | None]] | None = None) -> torch.Tensor:
-    """:func:`combine` over ``exchange``, receiving rows into ``empty``'s buffer; the weighted
-    sum by ``weighted_sum`` (see :data:`WeightedSum`; None: torch operations, ``3 * topk`` of
-    them over the rows), the rows sent back by ``gather`` (None: :func:`gather_rows`), the
+    """:func:`combine` over ``exchange``, receiving rows into ``empty``'s buffer, the
     all-to-all's splits copied into ``scratch``'s buffer (:data:`Scratch`); both buffers and their
     views in the shape's :class:`CombinePlan` from ``plans`` (:data:`Plans`), made once
     ``expert_out`` passes its check against the handle's shape and dtype (both in the plan's key:
-    a key seen before passed it); ``kernels``: ``(weighted_sum, gather)`` asked once per plan, in
-    place of those two (:func:`combine`'s, the communicator's kernels)."""
+    a key seen before passed it); ``kernels()``: ``(weighted_sum, gather)``, asked once per plan
+    (:func:`combine`'s: the communicator's kernels), the weighted sum's (:data:`WeightedSum`;
+    None: torch operations, ``3 * topk`` of them over the rows) and the rows sent back's
+    (:data:`Gather`; None: :func:`gather_rows`); no ``kernels``: both None."""
     h = handle
     key = ("combine", expert_out.shape, expert_out.dtype, h.shape, h.dtype, h.tokens, h.topk, h.most, h.world,
            expert_out.device, kernels is None)
     p: CombinePlan = plans(key, lambda: _combine_plan(exchange, expert_out, h, empty, scratch, kernels))
-    if p.kernels is not None:
-        weighted_sum, gather = p.kernels
+    weighted_sum, gather = p.kernels
     hidden = expert_out.shape[-1]
     back = p.back
     if back is None:  # throughput: rows for the call's receive buffer
@@ -879,7 +878,7 @@ def combine(expert_out: torch.Tensor, handle: Handle, *, group: Group = None) ->
         comms.traceable(group, "moe.combine")
         return runtime_moe.traced_combine(expert_out, handle.weights, handle_tensors(handle, COMBINE_FIELDS))
     layer = _layer(comms.communicator(group), group)
-    return combine_with(layer.exchange, expert_out, handle, layer.empty, None, None, layer.scratch, layer.plan,
+    return combine_with(layer.exchange, expert_out, handle, layer.empty, layer.scratch, layer.plan,
                         lambda: (layer.launch(runtime_moe.weighted_sum, expert_out.dtype, expert_out.shape[-1],
                                               handle.topk),
                                  layer.launch(runtime_moe.gather, expert_out.shape[-1] * expert_out.element_size())))
