@@ -259,26 +259,31 @@ def _capacity(rows: int) -> int:
     return 1 << max(rows - 1, 0).bit_length()
 
 
+def _read_back(t: torch.Tensor, scratch: Scratch) -> list:
+    """``t`` (int64) as Python values: from the GPU through a host buffer of ``scratch`` (a
+    communicator's is pinned: the copy is the GPU's) after a wait for the stream, never by a
+    copy into pageable memory.  Where ranks share the GPU, a thread waiting inside such a copy
+    held every other thread's pageable copy, ``cudaMalloc`` and pinning (measured on one H200:
+    ``tests/collectives/gpu/one_gpu/test_host_copies.py``), and the copy waits for this rank's
+    collectives, which may wait for a slower rank's launch after one of those steps."""
+    if t.is_cuda:
+        host = scratch("readback", tuple(t.shape), t.dtype, torch.device("cpu"))
+        host.copy_(t, non_blocking=True)
+        torch.cuda.current_stream(t.device).synchronize()
+        t = host
+    return t.tolist()
+
+
 def _everyone(exchange: Exchange, world: int, values: list[torch.Tensor],
               scratch: Scratch) -> tuple[list[int], list[list[int]]]:
     """(this rank's ``values``, every rank's), int64 scalars on the GPU read back to the host in
-    one sync: an all-gather through the all-to-all (each rank sends its row to every rank),
-    copied into a host buffer from ``scratch`` (a communicator's is pinned: the copy is the
-    GPU's, and the host waits for the stream).  Never a copy into pageable memory: where ranks
-    share the GPU, a thread in one holds every other thread's pageable copy, allocation and
-    pinning until it ends (1 x H200), and this one ends only once the slowest rank has launched
-    its all-gather, which may come after such a step."""
+    one sync (:func:`_read_back`): an all-gather through the all-to-all (each rank sends its row
+    to every rank)."""
     mine = torch.stack(values).view(1, -1)
     sent = mine.expand(world, -1).contiguous()
     got = torch.empty_like(sent)
     exchange(got.view(torch.float32), sent.view(torch.float32), None, None)
-    both = torch.cat([mine, got])
-    if both.is_cuda:
-        host = scratch("readback", tuple(both.shape), torch.int64, torch.device("cpu"))
-        host.copy_(both, non_blocking=True)
-        torch.cuda.current_stream(both.device).synchronize()
-        both = host
-    rows = both.tolist()
+    rows = _read_back(torch.cat([mine, got]), scratch)
     return rows[0], rows[1:]
 
 
@@ -341,10 +346,10 @@ def _check(x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor, 
         raise CollectiveError("moe.dispatch: x, topk_ids and topk_weights must be on one device")
 
 
-def _check_ids(topk_ids: torch.Tensor, num_experts: int) -> None:
-    """``validate=True``'s check of the ids' values (read back: at every call)."""
+def _check_ids(topk_ids: torch.Tensor, num_experts: int, scratch: Scratch) -> None:
+    """``validate=True``'s check of the ids' values (read back: at every call, :func:`_read_back`)."""
     if topk_ids.numel():
-        low, high = int(topk_ids.min()), int(topk_ids.max())
+        low, high = _read_back(torch.stack([topk_ids.min(), topk_ids.max()]).long(), scratch)
         if low < 0 or high >= num_experts:
             raise CollectiveError(f"moe.dispatch: expert ids must be in 0..{num_experts - 1}, found {low}..{high}")
 
@@ -507,7 +512,7 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
     for this rank's next launch)."""
     if validate:  # (the ids read back, before any plan is made: the arguments checked first)
         _check(x, topk_ids, topk_weights, num_experts, world, max_tokens, mode)
-        _check_ids(topk_ids, num_experts)
+        _check_ids(topk_ids, num_experts, scratch)
     key = ("dispatch", x.shape, x.dtype, x.device, topk_ids.shape, topk_ids.dtype, topk_ids.device, topk_weights.shape,
            topk_weights.dtype, topk_weights.device, num_experts, world, max_tokens, mode, fp8)
     p: DispatchPlan = plans(key, lambda: _plan(exchange, world, x, topk_ids, topk_weights, num_experts, max_tokens,

@@ -41,6 +41,11 @@ refuses to run where it started without them.  A kernel of your own that waits f
 must be loaded the same way before its first launch (the first call of a CuTeDSL kernel loads
 it): call it once under a throwaway stream capture, as
 :func:`~collectives.runtime.kernels.load` does, while no rank's kernel waits for this one.
+Read results back after :func:`collectives.synchronize`, as above: a thread waiting inside a
+copy to the host (``.cpu()``, ``.tolist()``, ``.item()``) for its collectives holds every other
+rank's copy from the host, ``cudaMalloc`` and pinning until it ends (one H200:
+``tests/collectives/gpu/one_gpu/test_host_copies.py``), and a slower rank may need one of those
+before it launches what that copy waits for; a wait for the stream holds nothing.
 """
 
 from __future__ import annotations

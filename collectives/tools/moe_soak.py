@@ -160,6 +160,10 @@ class Soak:
             return ex, counts, handle, None
         first = self.rank * case.local
         if case.mode == "throughput":
+            # (the stream waited for first: in a one-GPU world a thread waiting inside a copy to the host
+            # holds the other ranks' copies to the GPU and cudaMalloc, which a slower rank may need
+            # before its launch: tests/collectives/gpu/one_gpu/test_host_copies.py)
+            self.layer.synchronize()
             ends = torch.cumsum(counts, 0).tolist()
             starts = [0] + ends[:-1]
             rows = torch.empty((moe_capacity(ex.shape[0]), ex.shape[1]), dtype=ex.dtype, device=ex.device)[:ex.shape[0]]

@@ -131,6 +131,9 @@ def check_throughput(rank: int, world: int, group) -> None:
         local = experts // world
         ex, counts, handle = moe.dispatch(xs[rank].cuda(), ids[rank].cuda(), ws[rank].cuda(), experts,
                                           mode="throughput", group=group)
+        # (its stream waited for before the counts are read: in a one-GPU world a thread waiting in a copy
+        # to the host holds the other ranks' copies to the GPU, a slower rank's inputs among them)
+        collectives.synchronize(group)
         starts = [int(v) for v in torch.cumsum(counts, 0) - counts]
         out_rows = torch.cat([expert_fn(ex[starts[le]:starts[le] + int(counts[le])], rank * local + le)
                               for le in range(local)])
