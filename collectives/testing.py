@@ -360,7 +360,19 @@ class World:
         """
         if self.closed:
             raise WorldError("this world is closed; open a new one", [])
-        return self.threads.run(fn)
+        try:
+            return self.threads.run(fn)
+        except BaseException as e:
+            e.add_note(self.records())
+            raise
+
+    def records(self) -> str:
+        """Every rank's kernel error records as its kernels left them
+        (:meth:`~collectives.runtime.error_record.ErrorRecord.describe`): where a rank's first
+        error is of the host (an agreement, a check), what its collectives' kernels saw."""
+        lines = [f"rank {r}: " + (c.errors.describe() if c is not None else "no communicator")
+                 for r, c in enumerate(self.communicators)]
+        return "[collectives.testing] kernel records: " + " | ".join(lines)
 
     def close(self) -> None:
         """Close every rank's context (collective, where the world is not broken), end the

@@ -20,8 +20,8 @@ import torch
 
 from ..algorithms import REGISTRY
 from ..errors import CollectiveError, CollectiveTimeout
-from ..layouts import (ERROR_FIELD, ERROR_FIELDS, ERROR_RECORDS, FATAL_RECORD, FLAG_WAIT, RECOVERABLE_RECORD,
-                       SIZE_MISMATCH, TIMEOUT)
+from ..layouts import (CLAIMED, ERROR_FIELD, ERROR_FIELDS, ERROR_RECORDS, FATAL_RECORD, FLAG_WAIT,
+                       RECOVERABLE_RECORD, SIZE_MISMATCH, TIMEOUT)
 from ..layouts import PHASES as EXCHANGE_PHASES
 
 #: Where the fatal and the recoverable record's status field lie in the flat record array.
@@ -141,6 +141,19 @@ class ErrorRecord:
             ))
         else:
             raise self.fail(CollectiveError(f"kernel error record {self.error.tolist()}"))
+
+    def describe(self) -> str:
+        """The records as the kernels left them (host-mapped: read without a GPU sync, whatever
+        the host has raised or cleared since), for a failure's report: each record's status,
+        phase, thread block and the peer waited for or disagreeing."""
+        names = {TIMEOUT: "timeout", SIZE_MISMATCH: "size mismatch", CLAIMED: "being written"}
+        parts = []
+        for which, record in (("fatal", FATAL_RECORD), ("recoverable", RECOVERABLE_RECORD)):
+            status, barrier, peer, block, rank = (int(v) for v in self.error[record].tolist())
+            parts.append(f"{which}: none" if status == 0 else
+                         f"{which}: {names.get(status, status)} in {PHASE_NAMES.get(barrier, barrier)}, thread block "
+                         f"{block}, peer {peer}")
+        return "; ".join(parts)
 
     def fail(self, error: CollectiveError) -> CollectiveError:
         """Mark the communicator lost with ``error`` (every later call raises it); returns it."""

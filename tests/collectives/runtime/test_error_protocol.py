@@ -107,9 +107,25 @@ def test_the_old_per_rank_reset_desynchronises_the_ranks(monkeypatch) -> None:
 def test_a_size_mismatch_names_the_rule_of_its_collective(phase: int, rule: str) -> None:
     """An all-to-all's mismatch (its phases: collectives.layouts.PHASES) names the splits' rule,
     a barrier's the shapes'."""
-    from collectives.runtime.error_record import ErrorRecord
+    from collectives.runtime.error_record import PHASE_NAMES, ErrorRecord
 
     errors = ErrorRecord(30.0, lambda: None, pin_memory=False)
     errors.error[RECOVERABLE_RECORD] = torch.tensor([SIZE_MISMATCH, phase, 1, 0, 0])
     with pytest.raises(CollectiveError, match=rule):
         errors.check()
+
+
+def test_a_failure_report_describes_both_records_as_the_kernels_left_them() -> None:
+    """:meth:`ErrorRecord.describe` (a one-GPU world's failure note names every rank's): read
+    whatever the host raised or cleared, with the phase's name and the peer."""
+    from collectives.layouts import ERROR_FIELDS, FATAL_RECORD, TIMEOUT
+    from collectives.runtime.error_record import PHASE_NAMES, ErrorRecord
+
+    errors = ErrorRecord(30.0, lambda: None, pin_memory=False)
+    assert errors.describe() == "fatal: none; recoverable: none"
+    fields = dict(status=TIMEOUT, barrier=READY_WAIT, peer=2, block=4, rank=6)
+    errors.error[FATAL_RECORD] = torch.tensor([fields[f] for f in ERROR_FIELDS], dtype=torch.int32)
+    fields.update(status=SIZE_MISMATCH, barrier=PLACE_MISMATCH, peer=1, block=0)
+    errors.error[RECOVERABLE_RECORD] = torch.tensor([fields[f] for f in ERROR_FIELDS], dtype=torch.int32)
+    assert errors.describe() == ("fatal: timeout in all-to-all ready wait, thread block 4, peer 2; recoverable: size "
+                                 f"mismatch in {PHASE_NAMES[PLACE_MISMATCH]}, thread block 0, peer 1")
