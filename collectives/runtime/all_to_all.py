@@ -138,12 +138,9 @@ def split_values(splits: Sequence[Any], what: str) -> tuple[int, ...]:
 
 def _upload(values: tuple[int, ...], device: torch.device, shared: bool = False) -> torch.Tensor:
     """``values`` as an int64 tensor on ``device``.  Eager: one copy from pinned memory; with
-    ``shared`` (ranks sharing the GPU), and under CUDA-graph capture, one fill kernel per value
-    (:func:`collectives.runtime.views.filled`): pinning may allocate (``cudaHostAlloc``), which
-    waits for every kernel on the GPU, another rank's spinning all-to-all included, and a copy
-    from pageable memory waits behind the other ranks' (one of them reading a result back
-    behind an all-to-all that spins for this rank's launch); a copy under capture would be
-    recorded reading a host buffer that the graph does not own."""
+    ``shared`` (ranks sharing the GPU: another rank's host copy may hold this one's pinning or
+    copy, :func:`collectives.runtime.views.filled`) and under CUDA-graph capture (a copy would
+    be recorded reading a host buffer that the graph does not own), one fill kernel per value."""
     if shared or capturing():
         return filled(values, device)
     return torch.tensor(values, dtype=torch.int64).pin_memory().to(device, non_blocking=True)

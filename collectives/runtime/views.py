@@ -24,12 +24,13 @@ DATA_WINDOW_BYTES = 1 << 40
 
 def filled(values: Sequence[int], device: str | torch.device = "cuda") -> torch.Tensor:
     """``values`` as an int64 tensor on ``device`` made by one fill kernel per value (the value
-    in the kernel's arguments): no copy, so no host wait.  Where ranks share the GPU (a one-GPU
-    world) a copy from pageable memory waits behind every other rank's pageable copy on the GPU
-    (CUDA stages them one at a time), and those wait for their own streams: a rank reading a
-    result back (``.tolist()``) behind its all-to-all, which spun for this rank's launch, held
-    this rank's upload of a new buffer's table until both timed out (the MoE soak at W = 6 to
-    8, 1 x H200).  Under CUDA-graph capture the fills are recorded: they run at each replay."""
+    in the kernel's arguments): no copy.  Where ranks share the GPU (a one-GPU world), a thread
+    waiting inside a host copy for its stream holds every other thread's copy from pageable
+    memory, ``cudaMalloc`` and pinning, not its fills (one H200:
+    ``tests/collectives/gpu/one_gpu/test_host_copies.py``): a rank's upload of a new buffer's
+    table waited there for ranks whose copies waited for its launch, until every kernel timed
+    out (the MoE soak at W = 6 to 8).  Under CUDA-graph capture the fills are recorded: they run
+    at each replay."""
     t = torch.empty(len(values), dtype=torch.int64, device=device)
     for i, v in enumerate(values):
         t[i].fill_(v)
@@ -38,13 +39,11 @@ def filled(values: Sequence[int], device: str | torch.device = "cuda") -> torch.
 
 def device_table(values: list[int], device: str = "cuda", shared: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``values`` as an int64 tensor on ``device`` (the current GPU), and its host copy.  Eagerly
-    the copy is pageable: it waits for this rank's stream only, where a pinned allocation
-    (cudaHostAlloc) waits for every kernel on the GPU (in a world of 4 ranks on one H200, a
-    rank pinning a new buffer's table waited for another rank's all-to-all, which spun for that
-    rank's launch, until both timed out); with ``shared`` (ranks share the GPU) no copy at all,
-    :func:`filled`.  Inside a CUDA-graph capture the copy is from pinned memory, the only copy a
-    capture records, which the graph reads at each replay: the returned host copy must live as
-    long as the device table."""
+    the copy is pageable (no pinned allocation: in a world of 4 ranks on one H200 a rank pinning
+    a new buffer's table waited until the kernels' timeout), and with ``shared`` (ranks share
+    the GPU) there is no copy at all, :func:`filled` (why: there).  Inside a CUDA-graph capture
+    the copy is from pinned memory, the only copy a capture records, which the graph reads at
+    each replay: the returned host copy must live as long as the device table."""
     host = torch.tensor(values, dtype=torch.int64)
     if not capturing():
         return (filled(values, device) if shared else host.to(device)), host
