@@ -479,19 +479,36 @@ def _access(family: str, ptr: Ptr, dtype: type, n: int = 1, **qualifiers: Any) -
     :func:`ptxops.ops.forms.memory_types` packs them), its pointer tagged (the kernels trace
     under ``pointer_reach.required``) and an ordered form's scope wide enough for the pointer's
     reach."""
-    candidates = [(_ptx_type(family, dtype, qualifiers.get("op")), n)]
+    with required("a collectives kernel (simulated)"):
+        check_tag(_form(family, dtype, n, tuple(qualifiers.items())), ptr.reach)
+
+
+#: The PTX form of each access the kernels made, by :func:`_form`'s arguments: found once, not
+#: at every simulated access (``spec.instruction`` takes tens of microseconds, a third of a
+#: Lamport simulation's time).
+_FORMS: dict[tuple, Any] = {}
+
+
+def _form(family: str, dtype: type, n: int, qualifiers: tuple[tuple[str, Any], ...]) -> Any:
+    """The form :func:`_access` checks: its first legal candidate (an illegal access raises
+    ``spec.instruction``'s error at every attempt: failures are not kept)."""
+    key = (family, dtype, n, qualifiers)
+    if key in _FORMS:
+        return _FORMS[key]
+    q = dict(qualifiers)
+    candidates = [(_ptx_type(family, dtype, q.get("op")), n)]
     if family in ("ld", "st"):
         candidates = memory_types(dtype, n)
     for i, (ptx_type, registers) in enumerate(candidates):
         try:
             inst = spec.instruction(family, target=TARGET, space="global", type=ptx_type,
-                                    vec=registers if registers > 1 else None, **qualifiers)
+                                    vec=registers if registers > 1 else None, **q)
             break
         except QualifierError:
             if i == len(candidates) - 1:
                 raise
-    with required("a collectives kernel (simulated)"):
-        check_tag(inst, ptr.reach)
+    _FORMS[key] = inst
+    return inst
 
 
 def _load(ptr: Ptr, dtype: type | None, num_elements: int = 1, **qualifiers: Any) -> Any:

@@ -3,6 +3,7 @@ the ptxas oracle and the device-forms test."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterator
 
@@ -38,7 +39,21 @@ def domain(family: Family, target: str) -> Iterator[dict]:
     """The forms the oracle asks ptxas about: each group's whole product, every other key
     completed to values that keep the rules reading them (the first such completion; the
     first value of each domain where none exists).  A family without groups: its whole
-    cross product."""
+    cross product.  A family of :data:`spec.FAMILIES` is walked once a process (the oracle,
+    its crash records and :func:`legal_forms` ask for the same targets): copies of its forms."""
+    if spec.FAMILIES.get(family.name) is not family:
+        yield from _domain(family, target)
+        return
+    for q in _known_domain(family.name, target):
+        yield dict(q)
+
+
+@functools.cache
+def _known_domain(name: str, target: str) -> tuple[dict, ...]:
+    return tuple(_domain(spec.FAMILIES[name], target))
+
+
+def _domain(family: Family, target: str) -> Iterator[dict]:
     if family.name not in ORACLE_GROUPS:
         yield from family.space(target=target)
         return
@@ -64,10 +79,14 @@ def domain(family: Family, target: str) -> Iterator[dict]:
 
 def legal_forms(name: str, target: str) -> list:
     """Every legal form of a family; for a grouped family, the legal forms of :func:`domain`
-    (each group's legal combinations, with the other keys at a legal completion)."""
+    (each group's legal combinations, with the other keys at a legal completion).  Found once
+    a process (the oracle and the device-forms test ask for the same): a new list each call."""
+    return list(_legal_forms(name, target))
+
+
+@functools.cache
+def _legal_forms(name: str, target: str) -> tuple:
     family = spec.FAMILIES[name]
     if name not in ORACLE_GROUPS:
-        return list(spec.forms(name, target=target))
-    return [
-        spec.instruction(name, **q) for q in domain(family, target) if family.is_legal(q)
-    ]
+        return tuple(spec.forms(name, target=target))
+    return tuple(spec.instruction(name, **q) for q in domain(family, target) if family.is_legal(q))
