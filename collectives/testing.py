@@ -367,9 +367,10 @@ class World:
             raise
 
     def records(self) -> str:
-        """Every rank's kernel error records as its kernels left them
-        (:meth:`~collectives.runtime.error_record.ErrorRecord.describe`): where a rank's first
-        error is of the host (an agreement, a check), what its collectives' kernels saw."""
+        """Every rank's kernel error records as they stand
+        (:meth:`~collectives.runtime.error_record.ErrorRecord.describe`: a fatal one as its
+        kernel wrote it): where a rank's first error is of the host (an agreement, a check),
+        what its collectives' kernels saw."""
         lines = [f"rank {r}: " + (c.errors.describe() if c is not None else "no communicator")
                  for r, c in enumerate(self.communicators)]
         return "[collectives.testing] kernel records: " + " | ".join(lines)

@@ -143,9 +143,10 @@ class ErrorRecord:
             raise self.fail(CollectiveError(f"kernel error record {self.error.tolist()}"))
 
     def describe(self) -> str:
-        """The records as the kernels left them (host-mapped: read without a GPU sync, whatever
-        the host has raised or cleared since), for a failure's report: each record's status,
-        phase, thread block and the peer waited for or disagreeing."""
+        """The records as they stand (host-mapped: read without a GPU sync), for a failure's
+        report: each record's status, phase, thread block and the peer waited for or
+        disagreeing.  A fatal record stays as its kernel wrote it, whatever the host raised
+        since; a recoverable one the host has read is cleared (its error was raised)."""
         names = {TIMEOUT: "timeout", SIZE_MISMATCH: "size mismatch", CLAIMED: "being written"}
         parts = []
         for which, record in (("fatal", FATAL_RECORD), ("recoverable", RECOVERABLE_RECORD)):
