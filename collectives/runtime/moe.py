@@ -248,10 +248,9 @@ def route(comm: Runtime, dtype: torch.dtype, experts: int):
              head: tuple[torch.Tensor, int, torch.Tensor] | None = None) -> Callable[[torch.Tensor, Carved], None]:
         args, places = MOE_ROUTE.template(
             dict(topk=max(topk, 1), n=tokens * topk, experts=num_experts, local=num_experts // world,
-                            bins=bins.data_ptr(), head_rows=0 if head is None else head[1],
-                            sent=0 if head is None else head[0].data_ptr(),
-                            row_bytes=0 if head is None else head[0].shape[1],
-                            row_splits=0 if head is None else head[2].data_ptr()),
+                 bins=bins.data_ptr(), head_rows=0 if head is None else head[1],
+                 sent=0 if head is None else head[0].data_ptr(), row_bytes=0 if head is None else head[0].shape[1],
+                 row_splits=0 if head is None else head[2].data_ptr()),
             "ids", "stride", "order", "valid", "send_splits", "slots", "rows")
         i_ids, i_stride, *i_fields = places
         fields = tuple(zip(i_fields, ("order", "valid", "send_splits", "slots", "rows")))
@@ -349,10 +348,9 @@ def placement(comm: Runtime, local: int, layout: Any, exact: bool, dtype: torch.
         _aligned(key.word, received)
         rows = received.shape[0]
         args, places = MOE_PLACE.template(
-            dict(counts=counts.data_ptr(), received=received.data_ptr(),
-                            dropped_before=dropped_before.data_ptr(), room=room, rows=rows, capacity=capacity,
-                            row_words=layout.bytes // key.word, out_words=layout.values // key.word, topk=layout.topk,
-                            header=layout.header),
+            dict(counts=counts.data_ptr(), received=received.data_ptr(), dropped_before=dropped_before.data_ptr(),
+                 room=room, rows=rows, capacity=capacity, row_words=layout.bytes // key.word,
+                 out_words=layout.values // key.word, topk=layout.topk, header=layout.header),
             "expert_x", "scales", "place", "kept", "expert_counts", "lost", "recv_splits")
         i_x, i_scales, *i_fields = places
         fields = tuple(zip(i_fields, ("place", "kept", "expert_counts", "dropped", "recv_splits")))
