@@ -101,6 +101,8 @@ from .protocol import Runtime
 
 
 BUFFERS = LAMPORT_BUFFERS
+#: Threads of every Lamport kernel's block (a part is this many 16-byte vectors per stride).
+THREADS = 256
 #: Test only: a communicator's first Lamport call, while this is set, starts every Lamport call
 #: count there (below :data:`~collectives.config.LAMPORT_CALLS`; ``LAMPORT_CALLS - 2`` crosses
 #: the wrap in a few calls).  Every rank must set the same value.
@@ -443,7 +445,7 @@ class Lamport(Algorithm):
 
     def plan(self, comm: Runtime, call: Call) -> Any:
         key = KernelKey("all_reduce", self.name, call.backend, call.dtype, call.world, op=call.op,
-                        vector=call.vector, threads=256)
+                        vector=call.vector, threads=THREADS)
         data = comm.buffer(receive_buffers(comm, call.inp.element_size()))
         return self.launch(comm, call, key, data, call.inp.data_ptr())
 
@@ -495,5 +497,5 @@ def seed_counts(comm: Runtime, call: int) -> None:
             comm.pad[start:start + LAMPORT_BLOCKS].fill_(as_int32)
 
 
-__all__ = ["BUFFERS", "SEED_CALL_ENV", "Lamport", "build", "lamport_buffer", "lamport_cleanup_call", "lamport_next",
+__all__ = ["BUFFERS", "SEED_CALL_ENV", "THREADS", "Lamport", "build", "lamport_buffer", "lamport_cleanup_call", "lamport_next",
            "lamport_stale", "lamport_tag", "receive_buffers", "seed_counts", "width_index"]

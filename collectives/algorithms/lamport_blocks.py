@@ -48,7 +48,7 @@ from ..dtypes import dtype
 from ..layouts import LAMPORT_EXCHANGE, TIMEOUT
 from .base import Call
 from .key import KernelKey
-from .lamport import Lamport, LamportKernel, receive_buffers
+from .lamport import THREADS, Lamport, LamportKernel, receive_buffers
 from .protocol import Runtime
 
 #: Each collective's code in its size entries (the all-reduce's is 0).
@@ -240,7 +240,7 @@ class LamportBlocks(Lamport):
 
     def plan(self, comm: Runtime, call: Call) -> Any:
         key = KernelKey(call.collective, self.name, call.backend, call.dtype, call.world, op=call.op,
-                        vector=call.vector, threads=256)
+                        vector=call.vector, threads=THREADS)
         data = comm.buffer(receive_buffers(comm, call.inp.element_size()))
         return self.launch(comm, call, key, data, call.inp.data_ptr())
 

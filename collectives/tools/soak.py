@@ -32,8 +32,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from .. import reference  # noqa: E402
-from ..algorithms import ALGORITHMS  # noqa: E402
-from ..config import LAMPORT_GATHER_MAX_BYTES, LAMPORT_MAX_BYTES  # noqa: E402
+from ..algorithms import ALGORITHMS, lamport  # noqa: E402
+from ..config import (LAMPORT_BLOCKS, LAMPORT_BUFFERS, LAMPORT_GATHER_MAX_BYTES, LAMPORT_MAX_BYTES,  # noqa: E402
+                      VECTOR_BYTES)
 from ..dtypes import DTYPES  # noqa: E402
 from ..testing import capture  # noqa: E402
 
@@ -155,8 +156,25 @@ class Soak:
         got = out.float().cpu().numpy()
         want = self.want(collective, dtype, t.numel(), step)
         if not np.array_equal(got, want):
-            bad = int(np.flatnonzero(got != want)[0])
-            raise AssertionError(f"call {step} {shape}: element {bad} is {got[bad]}, not {want[bad]}")
+            bad = np.flatnonzero(got != want)
+            first = int(bad[0])
+            raise AssertionError(f"call {step} {shape}: element {first} is {got[first]}, not {want[first]} "
+                                 f"({self.wrong(shape, step, got, bad, t.element_size())})")
+
+    def wrong(self, shape: tuple, step: int, got: np.ndarray, bad: np.ndarray, element_bytes: int) -> str:
+        """What a wrong result's note says besides its first element: how many are wrong, how
+        many of them still hold this rank's input (never written: an all-reduce is in place),
+        and, for a Lamport call, the parts they lie in and the rank's Lamport state."""
+        collective, algorithm = shape[:2]
+        own = reference.round_to(inputs(self.rank, step, got.size), shape[3]) if collective == "all_reduce" else None
+        unwritten = int(np.count_nonzero(got[bad] == own[bad])) if own is not None else 0
+        note = f"{bad.size} of {got.size} elements wrong, the last {int(bad[-1])}, {unwritten} of them this rank's input"
+        if algorithm == "lamport":
+            if collective == "all_reduce":  # (vector v of a slot: part v // THREADS % LAMPORT_BLOCKS)
+                parts = np.unique(bad * element_bytes // VECTOR_BYTES // lamport.THREADS % LAMPORT_BLOCKS)
+                note += f"; in Lamport parts {spans(parts)}"
+            note += f"; {lamport_state(self.comm, element_bytes)}"
+        return note
 
     def mismatch(self, step: int) -> None:
         """Rank 1 brings 8 more elements (one block and one staging capacity either way)."""
@@ -205,6 +223,37 @@ class Progress:
         if self.on and self.tenths < tenths < 10:
             self.tenths = tenths
             print(f"{self.name}: {done} of {self.total} calls in {time.monotonic() - self.start:.0f}s", flush=True)
+
+
+def spans(values) -> str:
+    """Sorted integers as runs: ``0-3, 7, 9-12``."""
+    runs: list[list[int]] = []
+    for v in map(int, values):
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def lamport_state(comm, element_bytes: int) -> str:
+    """This rank's Lamport words of an element width, as its kernels left them
+    (:class:`~collectives.layouts.PadLayout` of the world size): the call count of collective
+    calls, each part's call count (parts of equal counts as runs), each buffer's dirty word and
+    every rank's size entry in each buffer (``tag:count``)."""
+    from ..layouts import PadLayout
+
+    layout, width = PadLayout(world=comm.world), lamport.width_index(element_bytes)
+    if comm.pad.is_cuda:
+        torch.cuda.current_stream().synchronize()
+    pad = comm.pad.cpu().numpy().view(np.uint32)
+    steps = pad[layout.lamport_step(width, 0):layout.lamport_step(width, 0) + LAMPORT_BLOCKS]
+    counts = "; ".join(f"{int(c)} in parts {spans(np.flatnonzero(steps == c))}" for c in np.unique(steps))
+    dirty = [int(pad[layout.lamport_dirty(width, b)]) for b in range(LAMPORT_BUFFERS)]
+    sizes = [[f"{int(pad[layout.lamport_size(width, b, q) + 1])}:{int(pad[layout.lamport_size(width, b, q)])}"
+              for q in range(comm.world)] for b in range(LAMPORT_BUFFERS)]
+    return (f"Lamport state of width {element_bytes} B: calls {int(pad[layout.calls])}, counts {counts}, "
+            f"dirty {dirty}, size entries per buffer {sizes}")
 
 
 def trace_report(trace: dict) -> str:

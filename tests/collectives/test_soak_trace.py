@@ -63,3 +63,47 @@ def test_a_failed_torchrun_rank_prints_its_error_notes_and_report(monkeypatch, c
     err = capsys.readouterr().err.splitlines()
     assert status == 1 and reported == [True]
     assert err == ["moe soak failed: ValueError('wrong rows')", "[moe soak] rank 0 at call 7: Case(...)"]
+
+
+def test_spans_writes_runs() -> None:
+    from collectives.tools.soak import spans
+
+    assert spans([0, 1, 2, 3, 7, 9, 10, 11, 12]) == "0-3, 7, 9-12"
+    assert spans([]) == ""
+
+
+def test_a_wrong_lamport_result_names_its_unwritten_elements_parts_and_the_ranks_lamport_words() -> None:
+    """A wrong all-reduce's note: how many elements are wrong, how many still hold the rank's input
+    (never written), the Lamport parts they lie in and the rank's Lamport words (counts per part,
+    dirty words, size entries), read from the pad at the world size's layout."""
+    import argparse
+    import random
+    import types
+
+    import numpy as np
+    import torch
+
+    from collectives.algorithms.lamport import THREADS
+    from collectives.config import LAMPORT_BLOCKS
+    from collectives.layouts import PadLayout
+    from collectives.tools.soak import Soak, inputs
+
+    world, rank, step, n = 3, 1, 62, 262144
+    layout = PadLayout(world=world)
+    pad = torch.zeros(PadLayout().words, dtype=torch.int32)
+    pad[layout.calls] = 64 * 100
+    pad[layout.lamport_step(1, 0):layout.lamport_step(1, 0) + LAMPORT_BLOCKS] = 12
+    pad[layout.lamport_step(1, 0) + 1] = 13
+    pad[layout.lamport_dirty(1, 2)] = 15
+    pad[layout.lamport_size(1, 0, 2)], pad[layout.lamport_size(1, 0, 2) + 1] = n, 13
+    soak = Soak.__new__(Soak)
+    soak.rank, soak.comm = rank, types.SimpleNamespace(world=world, pad=pad)
+    soak.args, soak.rng = argparse.Namespace(seed=1), random.Random(1)
+    got = inputs(rank, step, n)  # every element written in part 1 left as this rank's input
+    first, last = THREADS * 8, 2 * THREADS * 8 - 1  # part 1: vectors THREADS .. 2 THREADS - 1 of 8 f16
+    bad = np.arange(first, last + 1)
+    note = soak.wrong(("all_reduce", "lamport", "peer", "f16", n, False), step, got, bad, 2)
+    assert note.startswith(f"{bad.size} of {n} elements wrong, the last {last}, {bad.size} of them this rank's input")
+    assert "in Lamport parts 1;" in note
+    assert "calls 6400, counts 12 in parts 0, 2-127; 13 in parts 1, dirty [0, 0, 15]" in note
+    assert "['0:0', '0:0', '13:262144']" in note

@@ -43,10 +43,17 @@ def cycles_per_s() -> float:
     return 200_000_000 / (start.elapsed_time(end) / 1000)
 
 
-def b_waits(cycles_per_s: float, a_copy: Callable[[torch.cuda.Stream], None], b_step: Callable[[], None]) -> float:
+def b_waits(cycles_per_s: float, a_copy: Callable[[torch.cuda.Stream], None], b_step: Callable[[], None],
+            warm: bool = False) -> float:
     """Seconds ``b_step`` took on a stream of its own while thread A ran ``a_copy`` behind a
-    kernel of ``SPIN_S`` on A's stream."""
+    kernel of ``SPIN_S`` on A's stream.  ``warm``: B's stream ran the step once before, so
+    torch's allocator holds a block of that stream for what the step allocates (as a rank's
+    stream does after its first calls; a new stream's first block is a ``cudaMalloc``)."""
     a_stream, b_stream = torch.cuda.Stream(), torch.cuda.Stream()
+    if warm:
+        with torch.cuda.stream(b_stream):
+            b_step()
+        b_stream.synchronize()
     started = threading.Event()
 
     def a() -> None:
@@ -89,12 +96,14 @@ def test_a_copy_into_pageable_memory_holds_another_threads_pageable_copy_and_all
 
 
 def test_fills_and_pinned_copies_pass_a_copy_into_pageable_memory(cycles_per_s) -> None:
-    """What a rank sharing the GPU uses instead (device tables, split lists)."""
+    """What a rank sharing the GPU uses instead (device tables, split lists), on a stream whose
+    allocator blocks exist (a fill allocates its tensor: on a new stream, a ``cudaMalloc``,
+    which waits as the first test shows)."""
     dst = torch.zeros(8, dtype=torch.int64, device="cuda")
     pinned = torch.arange(8, dtype=torch.int64).pin_memory()
     from collectives.runtime.views import filled
 
-    took = {name: b_waits(cycles_per_s, into_pageable, step) for name, step in (
+    took = {name: b_waits(cycles_per_s, into_pageable, step, warm=True) for name, step in (
         ("fills", lambda: filled([1, 2, 3], "cuda")),
         ("a copy from pinned memory", lambda: dst.copy_(pinned, non_blocking=True)),
     )}
