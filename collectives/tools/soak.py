@@ -19,6 +19,7 @@ or missed mismatch, or when ``--seconds`` runs out before the calls are done.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import time
@@ -38,6 +39,10 @@ from ..config import (LAMPORT_BLOCKS, LAMPORT_BUFFERS, LAMPORT_GATHER_MAX_BYTES,
 from ..dtypes import DTYPES  # noqa: E402
 from ..testing import capture  # noqa: E402
 
+#: Set to 1: every rank prints its Lamport words after each call that changed them (``--watch-lamport``).
+WATCH_ENV = "COLLECTIVES_SOAK_WATCH_LAMPORT"
+#: Lamport element widths (1-, 2-, 4-byte).
+LAMPORT_WIDTHS = 3
 #: The dtypes the soak draws from (registry names).
 SOAK_DTYPES = ("bf16", "f16", "f32")
 BACKENDS = ("peer", "multicast_emulated")
@@ -152,6 +157,7 @@ class Soak:
             self.started(step)
             g.replay()
         self.collectives.synchronize()
+        self.watch(step, shape)
         self.stats["graph" if graph else "eager"] += self.args.graph_calls if graph else 1
         got = out.float().cpu().numpy()
         want = self.want(collective, dtype, t.numel(), step)
@@ -160,6 +166,17 @@ class Soak:
             first = int(bad[0])
             raise AssertionError(f"call {step} {shape}: element {first} is {got[first]}, not {want[first]} "
                                  f"({self.wrong(shape, step, got, bad, t.element_size())})")
+
+    def watch(self, step: int, shape: tuple) -> None:
+        """With ``--watch-lamport`` (or :data:`WATCH_ENV` set to 1): print this rank's Lamport
+        words of every width after each call that changed them (the call and what changed)."""
+        if not (getattr(self.args, "watch_lamport", False) or os.environ.get(WATCH_ENV) == "1"):
+            return
+        state = [lamport_words(self.comm, width) for width in range(LAMPORT_WIDTHS)]
+        last, self.watched = getattr(self, "watched", None), state
+        if state != last:
+            changed = [f"width {1 << w} B: {words}" for w, words in enumerate(state) if last is None or words != last[w]]
+            print(f"rank {self.rank} after call {step} {shape}: " + "; ".join(changed), flush=True)
 
     def wrong(self, shape: tuple, step: int, got: np.ndarray, bad: np.ndarray, element_bytes: int) -> str:
         """What a wrong result's note says besides its first element: how many are wrong, how
@@ -236,24 +253,33 @@ def spans(values) -> str:
     return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
 
 
-def lamport_state(comm, element_bytes: int) -> str:
-    """This rank's Lamport words of an element width, as its kernels left them
-    (:class:`~collectives.layouts.PadLayout` of the world size): the call count of collective
-    calls, each part's call count (parts of equal counts as runs), each buffer's dirty word and
-    every rank's size entry in each buffer (``tag:count``)."""
+def lamport_words(comm, width: int) -> str:
+    """The dirty words and the parts' call counts (runs of equal counts) of one Lamport width."""
     from ..layouts import PadLayout
 
-    layout, width = PadLayout(world=comm.world), lamport.width_index(element_bytes)
+    layout = PadLayout(world=comm.world)
     if comm.pad.is_cuda:
         torch.cuda.current_stream().synchronize()
     pad = comm.pad.cpu().numpy().view(np.uint32)
     steps = pad[layout.lamport_step(width, 0):layout.lamport_step(width, 0) + LAMPORT_BLOCKS]
     counts = "; ".join(f"{int(c)} in parts {spans(np.flatnonzero(steps == c))}" for c in np.unique(steps))
     dirty = [int(pad[layout.lamport_dirty(width, b)]) for b in range(LAMPORT_BUFFERS)]
+    return f"counts {counts}, dirty {dirty}"
+
+
+def lamport_state(comm, element_bytes: int) -> str:
+    """This rank's Lamport words of an element width, as its kernels left them
+    (:class:`~collectives.layouts.PadLayout` of the world size): the count of collective calls,
+    :func:`lamport_words` and every rank's size entry in each buffer (``tag:count``)."""
+    from ..layouts import PadLayout
+
+    layout, width = PadLayout(world=comm.world), lamport.width_index(element_bytes)
+    words = lamport_words(comm, width)
+    pad = comm.pad.cpu().numpy().view(np.uint32)
     sizes = [[f"{int(pad[layout.lamport_size(width, b, q) + 1])}:{int(pad[layout.lamport_size(width, b, q)])}"
               for q in range(comm.world)] for b in range(LAMPORT_BUFFERS)]
-    return (f"Lamport state of width {element_bytes} B: calls {int(pad[layout.calls])}, counts {counts}, "
-            f"dirty {dirty}, size entries per buffer {sizes}")
+    return (f"Lamport state of width {element_bytes} B: calls {int(pad[layout.calls])}, {words}, "
+            f"size entries per buffer {sizes}")
 
 
 def trace_report(trace: dict) -> str:
@@ -278,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--graph-calls", type=int, default=1, help="calls per graph (each replay makes them all)")
     parser.add_argument("--world", type=int, default=0, help="W rank threads on one GPU instead of torchrun")
     parser.add_argument("--timeout", type=float, default=30.0, help="GPU-side bound of every wait (--world)")
+    parser.add_argument("--watch-lamport", action="store_true",
+                        help="print each rank's Lamport words (call counts, dirty words) after every call that changed them")
     parser.add_argument("--trace", action="store_true",
                         help="(--world) on a failure, print when each rank's stream reached the last call's launches, "
                              "from CUDA events: ranks whose kernels could not run together start a deadline apart")
