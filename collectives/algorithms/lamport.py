@@ -27,7 +27,9 @@ A size mismatch leaves the call's buffer dirty (the receivers skip it; data past
 sizes is never cleared).  Every rank's part 0 sees the mismatch and writes, in its own pad,
 the tag of the call two later (:func:`~collectives.layouts.lamport_cleanup_call`); that call's
 part 0 empties the whole buffer before it announces its size
-(:func:`~collectives.layouts.lamport_stale` says why then).  Each rank decides from its own
+(:func:`~collectives.layouts.lamport_stale` says why then) and clears the mark: the count
+comes back to the failed call's after the wrap, where a mark left standing would read as a
+mismatch of that call (its parts other than 0 would deliver nothing, with no error).  Each rank decides from its own
 earlier kernel, on the GPU, at the same call: no host step, no collective reset.
 
 A rank may run another kernel where its peers run Lamport: a rank with nothing to move launches
@@ -334,8 +336,8 @@ class LamportKernel:
     @cute.jit
     def send_part(self, args: KernelArgs, part: Int32, addrs, dirty, tidx, calls):
         """Part ``part`` (a fixed share of the vectors) of our data of this call into every rank's
-        buffer; part 0 first empties a buffer a size mismatch left dirty and announces our size
-        (and our arrival in the call at count ``calls``)."""
+        buffer; part 0 first empties a buffer a size mismatch left dirty (and clears its mark)
+        and announces our size (and our arrival in the call at count ``calls``)."""
         data_table, n, rank = args.data_table, args.n, args.rank
         call = ptxops.ld(self.counter(args.pad, part), dtype=Uint32)  # unsigned: up to LAMPORT_CALLS > 2^31
         buffer = Int32(lamport_buffer(call))
@@ -346,6 +348,8 @@ class LamportKernel:
                 own = signals.peer_address(data_table, rank)
                 self.empty_buffer(own + Int64(stale) * (self.world * self.slot), tidx)
                 cute.arch.sync_threads()
+                if tidx == 0:  # the mark is spent: the count comes back to its call after the wrap
+                    ptxops.st(dirty + stale, Uint32(0))
         self.announce(args.pad_table, args.pad_mc, buffer, entry, rank, part, calls, n)
         base = Int64(buffer) * (self.world * self.slot)
         self.send(addrs, args.data_mc, base + Int64(rank) * self.slot, args.src, n,
@@ -486,11 +490,18 @@ def receive_buffers(comm: Runtime, element_bytes: int) -> Any:
 def seed_counts(comm: Runtime, call: int) -> None:
     """Start every Lamport call count of ``comm`` at ``call`` (test only, :data:`SEED_CALL_ENV`;
     0, the zeroed pad's, needs no write).  The counts are the kernels' words: the layout of this
-    world size, not the pad's allocation layout (of the largest world)."""
+    world size, not the pad's allocation layout (of the largest world).  Refused where a size
+    mismatch's clean-up is pending: its mark names a count the move would skip."""
     if not 0 <= call < LAMPORT_CALLS:
         raise CollectiveError(f"{SEED_CALL_ENV}={call}: a Lamport call count is 0..{LAMPORT_CALLS - 1}")
+    kernel_layout = PadLayout(world=comm.world)
+    if comm.lamport_buffers:  # counts moved mid-life: no clean-up may be pending (its mark names a count)
+        first, last = kernel_layout.lamport_dirty(0, 0), kernel_layout.lamport_dirty(2, LAMPORT_BUFFERS - 1)
+        marks = comm.pad[first:last + 1].tolist()  # (synchronizes: the test hook runs between calls)
+        if any(marks):
+            raise CollectiveError(f"the Lamport counts can be moved only where no size mismatch's clean-up is pending "
+                                  f"(its buffer is emptied two calls of its width later); marks {marks}")
     if call:
-        kernel_layout = PadLayout(world=comm.world)
         as_int32 = call - (1 << 32) if call >= 1 << 31 else call  # the pad holds int32 words
         for width in range(3):
             start = kernel_layout.lamport_step(width, 0)

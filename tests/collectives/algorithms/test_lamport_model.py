@@ -41,6 +41,7 @@ class Rule:
     stale: Callable[[int], int] = lamport_stale
     cleanup_call: Callable[[int], int] = lamport_cleanup_call
     cleans: bool = True  # a mismatch marks its buffer dirty
+    clears: bool = True  # the clean-up clears the mark
 
 
 REAL = Rule()
@@ -49,6 +50,10 @@ OLD_WRAP = Rule(buffer=lambda c: c % 3, next=lambda c: (c + 1) % 2**32, tag=lamb
                 stale=lambda c: (c + 1) % 3, cleanup_call=lambda c: (c + 2) % 2**32)
 #: Before the fix, no kernel emptied a buffer a mismatch left dirty.
 NO_CLEANUP = Rule(cleans=False)
+#: The count wrapping at 9 (``LAMPORT_CALLS`` scaled down, a multiple of 3): a mark's call comes back in 9 calls.
+SHORT_WRAP = Rule(next=lambda c: (c + 1) % 9, cleanup_call=lambda c: (c + 2) % 9)
+#: Before the fix, the mark outlived its clean-up (found on one H200: the soak at W = 6).
+MARK_KEPT = Rule(next=SHORT_WRAP.next, cleanup_call=SHORT_WRAP.cleanup_call, clears=False)
 #: Emptying it one call later instead of two: a slow rank's stores of the failed call land after.
 CLEANUP_TOO_EARLY = Rule(cleanup_call=lamport_next, stale=lambda c: (c + 2) % LAMPORT_BUFFERS)
 
@@ -89,6 +94,8 @@ class Model:
             stale = rule.stale(c)
             if self.dirty[r][stale] == tag:  # block 0 empties the dirty buffer before announcing
                 self._clean(r, stale)
+                if rule.clears:
+                    self.dirty[r][stale] = 0
             for q in range(world):
                 self.size[q][b][r] = (tag, n)
             for q in range(world):
@@ -99,6 +106,9 @@ class Model:
                                      f"holding call {self.data[q][b][r][i][0]}")
                     self.data[q][b][r][i] = (g, r)
             yield ("sizes", g, tag)
+            if self.dirty[r][b] == rule.tag(rule.cleanup_call(c)):  # the other parts' view of part 0's verdict
+                raise Hazard(f"rank {r} call {g}: buffer {b}'s mark of an earlier call reads as this call's mismatch "
+                             "(the parts but part 0 deliver nothing)")
             agree = all(self.size[r][b][q] == (tag, n) for q in range(world))
             if agree != (len(set(sizes)) == 1):
                 raise Hazard(f"rank {r} call {g}: sizes {sizes}, but the check says agree={agree}")
@@ -167,8 +177,8 @@ def test_the_count_wraps_at_a_multiple_of_the_buffers_below_2_32() -> None:
 @pytest.mark.parametrize("world", range(2, 9))
 def test_the_old_uint32_count_repeats_buffer_0_at_the_wrap(world: int) -> None:
     """Calls 2^32 - 1 and 2^32 both used buffer 0: the fast rank's next data lands on a slot the
-    slow rank has not read yet."""
-    with pytest.raises(Hazard, match="overwrote"):
+    slow rank has not read yet (or, first, a clean-up tag of 0 reads as a fresh mark)."""
+    with pytest.raises(Hazard, match="overwrote|reads as this call"):
         for seed in range(SEEDS):
             Model(world, [[2] * world] * 12, 2**32 - 4, OLD_WRAP).run(seed)
 
@@ -189,6 +199,19 @@ def test_a_size_mismatch_fails_every_rank_and_its_buffer_is_clean_by_its_next_us
         model.run(seed)
         assert model.failed == [{2}] * world
         assert len(model.read) == 8 * world
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+def test_a_mismatch_leaves_no_mark_when_its_count_comes_back_after_the_wrap(world: int) -> None:
+    """A mismatch at count 1, then calls past the (scaled-down) wrap and through count 1 again:
+    every call after it reads its own data; a mark left standing reads as that later call's
+    mismatch."""
+    for seed in range(SEEDS):
+        model = Model(world, _mismatch(world, 1, 14), 0, SHORT_WRAP)
+        model.run(seed)
+        assert model.failed == [{1}] * world and len(model.read) == 13 * world
+    with pytest.raises(Hazard, match="reads as this call's mismatch"):
+        Model(world, _mismatch(world, 1, 14), 0, MARK_KEPT).run(0)
 
 
 @pytest.mark.parametrize(("rule", "match"), [(NO_CLEANUP, "read|overwrote"),
@@ -220,7 +243,7 @@ def test_the_test_seed_starts_exactly_the_kernels_counts(world: int) -> None:
     from collectives.runtime.communicator import Communicator
 
     comm = Communicator.__new__(Communicator)
-    comm.world = world
+    comm.world, comm.lamport_buffers = world, {}
     comm.pad = torch.zeros(PadLayout().words, dtype=torch.int32)
     seed_counts(comm, LAMPORT_CALLS - 2)
     kernel = PadLayout(world=world)
@@ -230,6 +253,13 @@ def test_the_test_seed_starts_exactly_the_kernels_counts(world: int) -> None:
     assert {int(comm.pad[i]) % 2**32 for i in written} == {LAMPORT_CALLS - 2}
     with pytest.raises(CollectiveError, match="COLLECTIVES_TEST_SEED_CALL"):
         seed_counts(comm, LAMPORT_CALLS)
+    comm.lamport_buffers = {2: None}  # moved mid-life: refused while a mark awaits its clean-up
+    comm.pad[kernel.lamport_dirty(1, 2)] = 32
+    with pytest.raises(CollectiveError, match="clean-up is pending"):
+        seed_counts(comm, 7)
+    comm.pad[kernel.lamport_dirty(1, 2)] = 0
+    seed_counts(comm, 7)
+    assert {int(comm.pad[i]) for i in steps} == {7}
 
 
 def _mixed(world: int, calls: int, seed: int) -> list[list]:
@@ -254,7 +284,7 @@ def test_mixed_collectives_share_the_rotation_across_2_31_and_the_wrap(world: in
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_mixed_collectives_repeat_buffer_0_at_2_32_under_the_old_wrap(world: int) -> None:
-    with pytest.raises(Hazard, match="overwrote"):
+    with pytest.raises(Hazard, match="overwrote|reads as this call"):
         for seed in range(SEEDS):
             Model(world, _mixed(world, 12, seed), 2**32 - 4, OLD_WRAP).run(seed)
 

@@ -419,3 +419,51 @@ def test_each_mutation_of_the_empty_rank_protocol_fails(name: str) -> None:
     design_edits = (edit,) if module == "collectives.algorithms.design" else ()
     with pytest.raises(AssertionError):
         an_empty_rank_among_lamport_ranks(kernels(lamport_edits, signal_edits), design_edits)
+
+
+# -- a size mismatch's mark across the wrap of the count ---------------------------------------------
+
+#: The wrap of the Lamport count in :func:`wrapping_at` (``LAMPORT_CALLS`` scaled down: a multiple of 3).
+SHORT_WRAP = 9
+
+
+def wrapping_at(calls: int, edits: tuple = ()) -> types.ModuleType:
+    """The simulated ``collectives.algorithms.lamport`` whose counts wrap at ``calls`` instead of
+    :data:`~collectives.config.LAMPORT_CALLS` (its ``lamport_next`` and ``lamport_cleanup_call``,
+    and its signals' own)."""
+    module = kernels(edits)
+
+    def following(call):
+        return (call + type(call)(1)) % type(call)(calls)
+
+    for namespace in (module, module.signals):
+        namespace.lamport_next = following
+        namespace.lamport_cleanup_call = lambda call: following(following(call))
+    return module
+
+
+def a_mismatch_leaves_no_mark_for_the_count_after_the_wrap(source: types.ModuleType) -> None:
+    """Call 1 (count 1) is a size mismatch: it marks its buffer dirty with the tag of its clean-up
+    call (count 3), which empties the buffer.  The count wraps after :data:`SHORT_WRAP` calls and
+    comes back to 1 at call 10: that call must sum its inputs in every part.  (Before the fix the
+    mark outlived its clean-up: a part other than part 0 that polled for a size entry there took
+    it for part 0's verdict of a mismatch in this call and delivered nothing, with no error; on
+    GPUs, the soak at W = 6 after the test hook had moved the counts back: every part of blocks
+    1 to 8 of a 512 KB all-reduce left its output unwritten.)  40 elements: parts 0 to 2 hold
+    vectors, block 1 runs parts 1 and 3."""
+    n = 40
+    calls = [[n, n]] + [[n, n + 8]] + [[n, n]] * (SHORT_WRAP + 4)
+    for seed in range(4):
+        world = World(2, calls, seed, source, slot=4 * (n + 8), timeout=12000)
+        assert_mismatches_then_sums(world, 2, seed, {1: None}, len(calls))
+
+
+def test_a_mismatch_leaves_no_mark_for_the_count_after_the_wrap() -> None:
+    a_mismatch_leaves_no_mark_for_the_count_after_the_wrap(wrapping_at(SHORT_WRAP))
+
+
+def test_a_mark_left_standing_after_its_clean_up_fails_the_wrap_check() -> None:
+    """The kernel before the fix: the clean-up emptied the buffer and left the mark."""
+    with pytest.raises(AssertionError):
+        a_mismatch_leaves_no_mark_for_the_count_after_the_wrap(wrapping_at(SHORT_WRAP, (
+            ("                    ptxops.st(dirty + stale, Uint32(0))", "                    pass"),)))
