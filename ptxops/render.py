@@ -154,7 +154,7 @@ class Instruction:
 
 def opcode(family: Family, q: Mapping[str, Value]) -> str:
     """The dotted opcode: the mnemonic and each qualifier present, in the family's order."""
-    return family.name + "".join(slot.render_in(q) for slot in family.qualifiers)
+    return family.name + "".join([slot.render_in(q) for slot in family.qualifiers])
 
 
 def slot_value(family: Family, q: Mapping[str, Value], key: str) -> Value:

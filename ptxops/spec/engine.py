@@ -59,7 +59,8 @@ class Qualifier:
     def render_in(self, q: Mapping[str, Value]) -> str:
         """This slot's text in the opcode of form ``q``."""
         if self.implied_by is None:
-            return self.render(q.get(self.key))
+            value = q.get(self.key)
+            return "" if value is None else f"{self.prefix}{value}"
         implied = all(q.get(k) in vs for k, vs in self.implied_by.items())
         return self.render(self.values[0]) if implied else ""
 
@@ -184,12 +185,21 @@ def rule(
     )
 
 
-def _present(token: str, q: Mapping[str, Value]) -> bool:
+#: An operand token parsed: (name, optional, key, has a value, value) of ``name?key=value``.
+Token = tuple[str, bool, str, bool, str]
+
+
+def _token(token: str) -> Token:
+    name, optional, condition = token.partition("?")
+    key, eq, value = condition.partition("=")
+    return name, bool(optional), key, bool(eq), value
+
+
+def _present(token: Token, q: Mapping[str, Value]) -> bool:
     """Whether an operand token (``tok``, ``tok?key`` or ``tok?key=value``) is in form ``q``."""
-    _, optional, condition = token.partition("?")
+    _, optional, key, eq, value = token
     if not optional:
         return True
-    key, eq, value = condition.partition("=")
     return q.get(key) is not None if not eq else str(q.get(key)) == value
 
 
@@ -246,13 +256,23 @@ class Family:
 
     def signature(self, q: Mapping[str, Value]) -> tuple[str, ...]:
         """Operand tokens for a form (``atom.cas`` takes one more source than ``atom.add``)."""
-        tokens = self.operands
-        for condition, variant in self.operand_variants.items():
-            pairs = (c.partition("=") for c in condition.split(","))
-            if all(str(q.get(key)) == value for key, _, value in pairs):
+        tokens, variants = self._signatures
+        for pairs, variant in variants:
+            if all(str(q.get(key)) == value for key, value in pairs):
                 tokens = variant
                 break
-        return tuple(t.partition("?")[0] for t in tokens if _present(t, q))
+        return tuple(t[0] for t in tokens if _present(t, q))
+
+    @functools.cached_property
+    def _signatures(self) -> tuple[tuple[Token, ...], tuple[tuple[tuple[tuple[str, str], ...], tuple[Token, ...]], ...]]:
+        """:attr:`operands` and :attr:`operand_variants` parsed once: the tokens, and each
+        variant's (key, value) conditions with its tokens."""
+        variants = tuple(
+            (tuple((key, value) for key, _, value in (c.partition("=") for c in condition.split(","))),
+             tuple(map(_token, variant)))
+            for condition, variant in self.operand_variants.items()
+        )
+        return tuple(map(_token, self.operands)), variants
 
     # -- validation -------------------------------------------------------------------------
 
