@@ -20,7 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # the checkout's ptxops, installed or not
 
-from ptxops import spec  # noqa: E402
+from ptxops import render, spec  # noqa: E402
 from ptxops.render import ROLE_DOC  # noqa: E402
 from ptxops.spec import nvshmem, reach  # noqa: E402
 from ptxops.spec.engine import Family, Rule, Value  # noqa: E402
@@ -63,7 +63,10 @@ CORE_KEYS = ("sem", "scope", "space", "op", "vec", "type")
 
 
 class Forms:
-    """Every legal form of a family on every target, enumerated once through ``spec.forms``."""
+    """Every legal form of a family on every target, enumerated once: the forms of
+    ``spec.forms`` (its walk, :meth:`Family.enumerate`), each with its statement as
+    :attr:`Instruction.statement` writes it (:func:`ptxops.render.symbolic`; the rest of an
+    instruction, its inline-asm template, is not needed here)."""
 
     def __init__(self, family: Family) -> None:
         self.family = family
@@ -74,10 +77,11 @@ class Forms:
         self.values: dict[str, dict[Value, set[str]]] = defaultdict(lambda: defaultdict(set))
         for target in spec.TARGETS:
             n = 0
-            for inst in spec.forms(family.name, target=target):
+            for form in family.enumerate(target=target):
                 n += 1
-                q = {k: v for k, v in inst.qualifiers.items() if k != "target"}
-                entry = self.by_statement.setdefault(inst.statement, (q, []))
+                statement = render.symbolic(render.opcode(family, form), render.operands(family, form))
+                q = {k: v for k, v in form.items() if k != "target"}
+                entry = self.by_statement.setdefault(statement, (q, []))
                 entry[1].append(target)
                 for k, v in q.items():
                     self.values[k][v].add(target)

@@ -6,6 +6,7 @@ them.  :func:`ptxops.spec.instruction` validates first and then renders.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -140,11 +141,7 @@ class Instruction:
     @property
     def statement(self) -> str:
         """The instruction in PTX syntax with symbolic operand names (``d``, ``[a]``, ...)."""
-        names = [
-            [f"{op.role}{i}" for i in range(op.count)] if op.count > 1 else [op.role]
-            for op in self.operands
-        ]
-        return statement(self.opcode, self.operands, names)
+        return symbolic(self.opcode, self.operands)
 
     @property
     def outputs(self) -> tuple[Operand, ...]:
@@ -157,7 +154,7 @@ class Instruction:
 
 def opcode(family: Family, q: Mapping[str, Value]) -> str:
     """The dotted opcode: the mnemonic and each qualifier present, in the family's order."""
-    return family.name + "".join(slot.render_in(q) for slot in family.qualifiers)
+    return family.name + "".join([slot.render_in(q) for slot in family.qualifiers])
 
 
 def slot_value(family: Family, q: Mapping[str, Value], key: str) -> Value:
@@ -203,9 +200,28 @@ def operands(family: Family, q: Mapping[str, Value]) -> tuple[Operand, ...]:
     return tuple(out)
 
 
+def symbolic(op_text: str, layout: tuple[Operand, ...]) -> str:
+    """The statement of an opcode and layout with symbolic operand names (``d``, ``[a]``, ...):
+    :attr:`Instruction.statement`, without rendering the rest of an instruction."""
+    return statement(op_text, layout, _symbolic_names(layout))
+
+
+@functools.cache
+def _symbolic_names(layout: tuple[Operand, ...]) -> tuple[tuple[str, ...], ...]:
+    return tuple(tuple(f"{op.role}{i}" for i in range(op.count)) if op.count > 1 else (op.role,) for op in layout)
+
+
 def statement(op_text: str, layout: Iterable[Operand], names: Iterable[Iterable[str]]) -> str:
     """Join an opcode and per-operand register names into one PTX statement (a :data:`JOIN`
     literal glues its neighbours: ``d|p``)."""
+    text = _operand_text(tuple(layout), tuple(tuple(regs) for regs in names))
+    return f"{op_text};" if text is None else f"{op_text} {text};"
+
+
+@functools.cache
+def _operand_text(layout: tuple[Operand, ...], names: tuple[tuple[str, ...], ...]) -> str | None:
+    """The operands of :func:`statement` (None where there are none), once per layout and names
+    (the forms' walks render hundreds of thousands of forms over a few hundred layouts)."""
     parts: list[str] = []
     for op, regs in zip(layout, names):
         regs = list(regs)
@@ -219,8 +235,7 @@ def statement(op_text: str, layout: Iterable[Operand], names: Iterable[Iterable[
             parts.append("{" + ", ".join(regs) + "}")
         else:
             parts.append(regs[0])
-    text = ", ".join(parts).replace(f", {JOIN}, ", JOIN)
-    return f"{op_text} {text};" if parts else f"{op_text};"
+    return ", ".join(parts).replace(f", {JOIN}, ", JOIN) if parts else None
 
 
 def asm_template(op_text: str, layout: tuple[Operand, ...]) -> tuple[str, str]:
@@ -232,6 +247,17 @@ def asm_template(op_text: str, layout: tuple[Operand, ...]) -> tuple[str, str]:
     carriers (a ``selp`` turns a predicate into 0 or 1).  An immediate takes an ``n``
     constraint: its value must be a constant.
     """
+    names, before, after, constraints = _asm_parts(layout)
+    body = statement(op_text, layout, names)
+    if before or after:
+        body = "{ " + " ".join([*before, body, *after]) + " }"
+    return body, constraints
+
+
+@functools.cache
+def _asm_parts(layout: tuple[Operand, ...]) -> tuple[tuple[tuple[str, ...], ...], tuple[str, ...], tuple[str, ...], str]:
+    """What :func:`asm_template` writes around the opcode, which the layout alone decides: each
+    operand's register names, the statements before and after it, the constraint string."""
     order = [o for o in layout if o.is_output] + [o for o in layout if not o.is_output]
     names: dict[int, list[str]] = {}
     constraints: list[str] = []
@@ -268,10 +294,8 @@ def asm_template(op_text: str, layout: tuple[Operand, ...]) -> tuple[str, str]:
             else:
                 before.append(f"mov.b{32 if op.bits == 8 else 128} {joined}, {carrier};")
         names[id(op)] = temps
-    body = statement(op_text, layout, (names.get(id(o), []) for o in layout))
-    if before or after:
-        body = "{ " + " ".join(before + [body] + after) + " }"
-    return body, ",".join(constraints + ["~{memory}"])
+    return (tuple(tuple(names.get(id(o), ())) for o in layout), tuple(before), tuple(after),
+            ",".join(constraints + ["~{memory}"]))
 
 
 def register_names(layout: Iterable[Operand], counter: dict[int, int]) -> list[list[str]]:

@@ -10,6 +10,7 @@ instruction.
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -58,7 +59,8 @@ class Qualifier:
     def render_in(self, q: Mapping[str, Value]) -> str:
         """This slot's text in the opcode of form ``q``."""
         if self.implied_by is None:
-            return self.render(q.get(self.key))
+            value = q.get(self.key)
+            return "" if value is None else f"{self.prefix}{value}"
         implied = all(q.get(k) in vs for k, vs in self.implied_by.items())
         return self.render(self.values[0]) if implied else ""
 
@@ -183,12 +185,21 @@ def rule(
     )
 
 
-def _present(token: str, q: Mapping[str, Value]) -> bool:
+#: An operand token parsed: (name, optional, key, has a value, value) of ``name?key=value``.
+Token = tuple[str, bool, str, bool, str]
+
+
+def _token(token: str) -> Token:
+    name, optional, condition = token.partition("?")
+    key, eq, value = condition.partition("=")
+    return name, bool(optional), key, bool(eq), value
+
+
+def _present(token: Token, q: Mapping[str, Value]) -> bool:
     """Whether an operand token (``tok``, ``tok?key`` or ``tok?key=value``) is in form ``q``."""
-    _, optional, condition = token.partition("?")
+    _, optional, key, eq, value = token
     if not optional:
         return True
-    key, eq, value = condition.partition("=")
     return q.get(key) is not None if not eq else str(q.get(key)) == value
 
 
@@ -225,30 +236,43 @@ class Family:
         return tuple(q.key for q in self.settable) + ("target",)
 
     def qualifier(self, key: str) -> Qualifier:
+        return self._by_key[key]
+
+    @functools.cached_property
+    def _by_key(self) -> dict[str, Qualifier]:
+        """The qualifiers by key (the first of a key)."""
+        found: dict[str, Qualifier] = {}
         for q in self.qualifiers:
-            if q.key == key:
-                return q
-        raise KeyError(key)
+            found.setdefault(q.key, q)
+        return found
 
     def effective(self, q: Mapping[str, Value]) -> dict[str, Value]:
         """The form with every absent qualifier replaced by what PTX assumes for it."""
-        return {
-            k: (v if v is not None or k == "target" else self.qualifier(k).absent)
-            for k, v in q.items()
-        }
+        by_key = self._by_key
+        return {k: (v if v is not None or k == "target" else by_key[k].absent) for k, v in q.items()}
 
     def domain(self, key: str) -> tuple[Value, ...]:
         return TARGETS if key == "target" else self.qualifier(key).values
 
     def signature(self, q: Mapping[str, Value]) -> tuple[str, ...]:
         """Operand tokens for a form (``atom.cas`` takes one more source than ``atom.add``)."""
-        tokens = self.operands
-        for condition, variant in self.operand_variants.items():
-            pairs = (c.partition("=") for c in condition.split(","))
-            if all(str(q.get(key)) == value for key, _, value in pairs):
+        tokens, variants = self._signatures
+        for pairs, variant in variants:
+            if all(str(q.get(key)) == value for key, value in pairs):
                 tokens = variant
                 break
-        return tuple(t.partition("?")[0] for t in tokens if _present(t, q))
+        return tuple(t[0] for t in tokens if _present(t, q))
+
+    @functools.cached_property
+    def _signatures(self) -> tuple[tuple[Token, ...], tuple[tuple[tuple[tuple[str, str], ...], tuple[Token, ...]], ...]]:
+        """:attr:`operands` and :attr:`operand_variants` parsed once: the tokens, and each
+        variant's (key, value) conditions with its tokens."""
+        variants = tuple(
+            (tuple((key, value) for key, _, value in (c.partition("=") for c in condition.split(","))),
+             tuple(map(_token, variant)))
+            for condition, variant in self.operand_variants.items()
+        )
+        return tuple(map(_token, self.operands)), variants
 
     # -- validation -------------------------------------------------------------------------
 
@@ -401,13 +425,33 @@ class Family:
     ) -> tuple[tuple[str, ...], list[list[Rule]]]:
         """The order the walk sets keys in, and the rules checked once each key is set (a rule
         as soon as every key it reads has a value)."""
-        keys = ("target",) + tuple(q.key for q in self.settable)
-        if fixed_first:  # then the free keys from the type back: type and vector decide most
-            keys = tuple(k for k in keys if k in fixed) + tuple(k for k in reversed(keys) if k not in fixed)
-        ready: list[list[Rule]] = [[] for _ in keys]
-        for r in rules:
-            ready[max(keys.index(k) for k in r.keys)].append(r)
-        return keys, ready
+        keys, ready, _ = self._plan(frozenset(fixed), tuple(rules), fixed_first)
+        return keys, [list(rs) for rs in ready]
+
+    @functools.cached_property
+    def _plans(self) -> dict[tuple, tuple]:
+        """:meth:`_plan`'s results, by (fixed keys, ids of the rules, fixed_first): each value
+        holds its rules, so no id is reused while its entry lives."""
+        return {}
+
+    def _plan(
+        self, fixed: frozenset[str], rules: tuple[Rule, ...], fixed_first: bool
+    ) -> tuple[tuple[str, ...], tuple[tuple[Rule, ...], ...], tuple[tuple[str, ...], ...]]:
+        """:meth:`_schedule`'s order and rules, and for each key the earlier keys its rules
+        read; found once per family and arguments (the oracle's walks complete forms thousands
+        of times)."""
+        index = (fixed, tuple(map(id, rules)), fixed_first)
+        plan = self._plans.get(index)
+        if plan is None:
+            keys = ("target",) + tuple(q.key for q in self.settable)
+            if fixed_first:  # then the free keys from the type back: type and vector decide most
+                keys = tuple(k for k in keys if k in fixed) + tuple(k for k in reversed(keys) if k not in fixed)
+            ready: list[list[Rule]] = [[] for _ in keys]
+            for r in rules:
+                ready[max(keys.index(k) for k in r.keys)].append(r)
+            reads = tuple(tuple(k for k in keys[:i] if any(k in r.keys for r in rs)) for i, rs in enumerate(ready))
+            plan = self._plans[index] = (keys, tuple(map(tuple, ready)), reads)
+        return plan
 
     def _walk(
         self, fixed: Mapping[str, Value], rules: Iterable[Rule], *, fixed_first: bool = False
@@ -416,17 +460,43 @@ class Family:
         rule is checked as soon as every key it reads has a value.  Keys are walked in opcode
         order, or with ``fixed_first`` the fixed ones first and then the free ones from the
         last (the type) back, so that a completion the type and vector rule out fails fast."""
-        keys, ready = self._schedule(fixed, rules, fixed_first=fixed_first)
+        keys, ready, reads = self._plan(frozenset(fixed), tuple(rules), fixed_first)
+        choices = [(fixed[k],) if k in fixed else self.domain(k) for k in keys]
+        last = len(keys) - 1
+        q: dict[str, Value] = {}
+        # The values of key i that keep the rules checked there depend only on the earlier keys
+        # those rules read: a whole walk finds them once per combination of those (memo); a
+        # completion, after the first form, checks them one at a time as it goes.
+        memo: list[dict[tuple[Value, ...], tuple[Value, ...]]] = [{} for _ in keys]
 
-        def walk(i: int, q: dict[str, Value]) -> Iterator[dict[str, Value]]:
-            if i == len(keys):
-                yield dict(q)
-                return
-            key = keys[i]
-            for v in (fixed[key],) if key in fixed else self.domain(key):
+        def kept(i: int) -> Iterator[Value]:
+            key, rs = keys[i], ready[i]
+            for v in choices[i]:
                 q[key] = v
-                if not any(r.broken_keys(q) for r in ready[i]):
-                    yield from walk(i + 1, q)
-            del q[key]
+                if not any(r.broken_keys(q) for r in rs):
+                    yield v
 
-        yield from walk(0, {})
+        def allowed(i: int) -> Iterable[Value]:
+            if not ready[i]:
+                return choices[i]
+            if fixed_first:
+                return kept(i)
+            state = tuple([q[k] for k in reads[i]])
+            found = memo[i].get(state)
+            if found is None:
+                found = memo[i][state] = tuple(kept(i))
+            return found
+
+        # depth-first, each key set in walk order (so each form's dict is in that order)
+        stack = [iter(allowed(0))]
+        while stack:
+            i = len(stack) - 1
+            for v in stack[i]:
+                q[keys[i]] = v
+                if i == last:
+                    yield dict(q)
+                else:
+                    stack.append(iter(allowed(i + 1)))
+                    break
+            else:
+                stack.pop()

@@ -63,14 +63,14 @@ def _domain(family: Family, target: str) -> Iterator[dict]:
         others = [r for r in family.rules if not r.keys <= {*group, "target"}]
         reads = [k for k in group if any(k in r.keys for r in others)]
         completions: dict[tuple, dict | None] = {}  # the completion depends on ``reads`` only
+        first = {k: family.domain(k)[0] for k in order}
         for values in itertools.product(*(family.domain(k) for k in group)):
             fixed = dict(zip(group, values), target=target)
             read = tuple(fixed[k] for k in reads)
             if read not in completions:
                 completions[read] = family.complete(others, target=target, **dict(zip(reads, read)))
-            base = completions[read]
-            q = {**(base or next(family.space(**fixed))), **fixed}
-            q = {k: q[k] for k in order}
+            base = completions[read] or first  # (no completion: the first value of each domain)
+            q = {k: fixed[k] if k in fixed else base[k] for k in order}
             key = tuple(q.items())
             if key not in seen:
                 seen.add(key)
