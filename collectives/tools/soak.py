@@ -37,6 +37,7 @@ from ..algorithms import ALGORITHMS, lamport  # noqa: E402
 from ..config import (LAMPORT_BLOCKS, LAMPORT_BUFFERS, LAMPORT_GATHER_MAX_BYTES, LAMPORT_MAX_BYTES,  # noqa: E402
                       VECTOR_BYTES)
 from ..dtypes import DTYPES  # noqa: E402
+from ..layouts import PadLayout  # noqa: E402
 from ..testing import capture  # noqa: E402
 
 #: Set to 1: every rank prints its Lamport words after each call that changed them (``--watch-lamport``).
@@ -71,6 +72,8 @@ class Soak:
         #: ``--trace``: rank -> (call, CUDA event recorded on the rank's stream just before the
         #: call's launches), shared by the ranks of a world.
         self.trace: dict | None = getattr(args, "trace_events", None)
+        #: ``--watch-lamport``: the Lamport words of each width after the last call.
+        self.watched: list[str] | None = None
 
     def started(self, step: int) -> None:
         """With ``--trace``: mark on this rank's stream where call ``step``'s work begins."""
@@ -172,8 +175,9 @@ class Soak:
         words of every width after each call that changed them (the call and what changed)."""
         if not (getattr(self.args, "watch_lamport", False) or os.environ.get(WATCH_ENV) == "1"):
             return
-        state = [lamport_words(self.comm, width) for width in range(LAMPORT_WIDTHS)]
-        last, self.watched = getattr(self, "watched", None), state
+        pad, layout = pad_words(self.comm), PadLayout(world=self.comm.world)
+        state = [lamport_words(pad, layout, width) for width in range(LAMPORT_WIDTHS)]
+        last, self.watched = self.watched, state
         if state != last:
             changed = [f"width {1 << w} B: {words}" for w, words in enumerate(state) if last is None or words != last[w]]
             print(f"rank {self.rank} after call {step} {shape}: " + "; ".join(changed), flush=True)
@@ -253,14 +257,16 @@ def spans(values) -> str:
     return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
 
 
-def lamport_words(comm, width: int) -> str:
-    """The dirty words and the parts' call counts (runs of equal counts) of one Lamport width."""
-    from ..layouts import PadLayout
-
-    layout = PadLayout(world=comm.world)
+def pad_words(comm) -> np.ndarray:
+    """This rank's signal pad as the host reads it after the rank's stream: uint32 words."""
     if comm.pad.is_cuda:
         torch.cuda.current_stream().synchronize()
-    pad = comm.pad.cpu().numpy().view(np.uint32)
+    return comm.pad.cpu().numpy().view(np.uint32)
+
+
+def lamport_words(pad: np.ndarray, layout: PadLayout, width: int) -> str:
+    """The dirty words and the parts' call counts (runs of equal counts) of one Lamport width
+    in ``pad`` (:func:`pad_words`; ``layout``: the kernels', of the world size)."""
     steps = pad[layout.lamport_step(width, 0):layout.lamport_step(width, 0) + LAMPORT_BLOCKS]
     counts = "; ".join(f"{int(c)} in parts {spans(np.flatnonzero(steps == c))}" for c in np.unique(steps))
     dirty = [int(pad[layout.lamport_dirty(width, b)]) for b in range(LAMPORT_BUFFERS)]
@@ -271,15 +277,11 @@ def lamport_state(comm, element_bytes: int) -> str:
     """This rank's Lamport words of an element width, as its kernels left them
     (:class:`~collectives.layouts.PadLayout` of the world size): the count of collective calls,
     :func:`lamport_words` and every rank's size entry in each buffer (``tag:count``)."""
-    from ..layouts import PadLayout
-
-    layout, width = PadLayout(world=comm.world), lamport.width_index(element_bytes)
-    words = lamport_words(comm, width)
-    pad = comm.pad.cpu().numpy().view(np.uint32)
+    layout, width, pad = PadLayout(world=comm.world), lamport.width_index(element_bytes), pad_words(comm)
     sizes = [[f"{int(pad[layout.lamport_size(width, b, q) + 1])}:{int(pad[layout.lamport_size(width, b, q)])}"
               for q in range(comm.world)] for b in range(LAMPORT_BUFFERS)]
-    return (f"Lamport state of width {element_bytes} B: calls {int(pad[layout.calls])}, {words}, "
-            f"size entries per buffer {sizes}")
+    return (f"Lamport state of width {element_bytes} B: calls {int(pad[layout.calls])}, "
+            f"{lamport_words(pad, layout, width)}, size entries per buffer {sizes}")
 
 
 def trace_report(trace: dict) -> str:

@@ -107,3 +107,26 @@ def test_a_wrong_lamport_result_names_its_unwritten_elements_parts_and_the_ranks
     assert "in Lamport parts 1;" in note
     assert "calls 6400, counts 12 in parts 0, 2-127; 13 in parts 1, dirty [0, 0, 15]" in note
     assert "['0:0', '0:0', '13:262144']" in note
+
+
+def test_watch_prints_the_lamport_words_after_a_call_that_changed_them(capsys) -> None:
+    """``--watch-lamport``: every width after the first call, then only a width whose words
+    changed, nothing after a call that changed none."""
+    import argparse
+    import types
+
+    import torch
+
+    from collectives.layouts import PadLayout
+    from collectives.tools.soak import Soak
+
+    soak = Soak.__new__(Soak)
+    soak.rank, soak.watched, soak.args = 0, None, argparse.Namespace(watch_lamport=True)
+    soak.comm = types.SimpleNamespace(world=2, pad=torch.zeros(PadLayout().words, dtype=torch.int32))
+    soak.watch(1, ("a",))
+    soak.watch(2, ("b",))
+    soak.comm.pad[PadLayout(world=2).lamport_dirty(1, 2)] = 5
+    soak.watch(3, ("c",))
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[0].count("width") == 3
+    assert lines[1] == "rank 0 after call 3 ('c',): width 2 B: counts 0 in parts 0-127, dirty [0, 0, 5]"

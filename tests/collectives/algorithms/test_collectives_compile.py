@@ -1,6 +1,6 @@
 """Every collective kernel compiles without a GPU (ptxas included): each collective, algorithm,
-backend, dtype and world size 2 and 8 (4: bf16; ``slim``); multicast kernels hold the multimem instructions and peer
-kernels none."""
+backend, dtype and world size 2 and 8 (4: bf16; ``slim``); multicast kernels hold the multimem
+instructions and peer kernels none."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""``backend="multicast_emulated"``: every collective, algorithm, dtype and world size 2 and 8 (4: bf16)
-compiles without a GPU with the multicast code paths under ptxops emulation, and its PTX holds
-no ``multimem`` instruction but the unicast accesses that replace them; the runtime's safety net
-refuses a kernel with multimem on a context without multicast."""
+"""``backend="multicast_emulated"``: every collective, algorithm, dtype and world size 2 and 8
+(4: bf16; ``test_collectives_compile.slim``) compiles without a GPU with the multicast code
+paths under ptxops emulation, and its PTX holds no ``multimem`` instruction but the unicast
+accesses that replace them; the runtime's safety net refuses a kernel with multimem on a
+context without multicast."""
 
 from __future__ import annotations
 
@@ -14,18 +15,7 @@ from collectives.dtypes import DTYPES
 
 pytest.importorskip("cutlass")
 from collectives.runtime.kernels import kernel_ptx  # noqa: E402
-
-def slim(collective: str, algorithm: str, dtype: str, world: int) -> bool:
-    """Cases left out to keep CI short (``PTX_IDENTITY=all`` compiles every key): the world size
-    enters a kernel only as the unrolled count of its per-rank loops and its pad layout, so
-    worlds 2 and 8 (the fewest and most unrolled ranks, the most registers) for every dtype and
-    world 4 for bf16; the Lamport reduce-scatter and all-gather differ from the Lamport
-    all-reduce (compiled so) only in their send and delivery, so every dtype at world 4 and bf16
-    at 2 and 8."""
-    if collective in ("reduce_scatter", "all_gather") and algorithm == "lamport":
-        return world != 4 and dtype != "bf16"
-    return world == 4 and dtype != "bf16"
-
+from tests.collectives.algorithms.test_collectives_compile import slim  # noqa: E402 (the same cases left out)
 
 CASES = [
     (collective, algorithm, dtype, world)
