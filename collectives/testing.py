@@ -62,6 +62,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from .errors import CollectiveError, MissingDependency
+from .runtime.collection import no_collection
 from .symmetric.capability import cuda_missing
 
 try:  # every rank runs torch: without it, say which extra installs it
@@ -591,7 +592,8 @@ def capture(graph: Any, *, pool: Any = None) -> Iterator[Any]:
     """Capture what this thread launches inside the block into ``graph`` (a
     ``torch.cuda.CUDAGraph``), in ``thread_local`` capture mode and without the device-wide
     synchronisation and cache flush of ``torch.cuda.graph``: several ranks of a world may
-    capture at once.  It captures on the current stream, or, where that is the default stream
+    capture at once, and with Python's automatic garbage collection paused
+    (:func:`~collectives.runtime.collection.no_collection`).  It captures on the current stream, or, where that is the default stream
     (a torchrun rank's), on a side stream that joins it before and after.  Warm every
     collective of the capture up eagerly first (compiles and plans happen outside it).
 
@@ -609,7 +611,7 @@ def capture(graph: Any, *, pool: Any = None) -> Iterator[Any]:
     if side:
         stream.wait_stream(current)
     stream.synchronize()
-    with torch.cuda.stream(stream):
+    with torch.cuda.stream(stream), no_collection():
         graph.capture_begin(pool=pool, capture_error_mode="thread_local")
         try:
             yield graph
@@ -620,3 +622,4 @@ def capture(graph: Any, *, pool: Any = None) -> Iterator[Any]:
     ctx = bound()
     if ctx is not None and isinstance(ctx.agreement, ThreadAgreement):
         ctx.agreement.barrier("a CUDA graph captured and instantiated")
+

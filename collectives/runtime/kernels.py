@@ -16,6 +16,7 @@ from typing import Any
 from ..algorithms.family import Family
 from ..algorithms.key import KernelKey
 from ..errors import CollectiveError
+from .collection import no_collection
 from .driver_streams import create_stream
 from .nvshmem_launch import NvshmemLaunch, uses_nvshmem
 
@@ -124,8 +125,9 @@ def load(key: Key, target: str, device: int) -> None:
 
 def _call_in_throwaway_capture(fn: Callable[..., Any], key: Key, device: int) -> None:
     """Call ``fn`` with placeholder arguments (null addresses, one block) on a private stream of
-    GPU ``device`` under a thread-local stream capture, then end the capture and destroy its
-    graph: CuTeDSL's first-call library load happens, the launch is only recorded."""
+    GPU ``device`` under a thread-local stream capture (garbage collection paused:
+    :mod:`~collectives.runtime.collection`), then end the capture and destroy its graph:
+    CuTeDSL's first-call library load happens, the launch is only recorded."""
     import torch
     from cuda.bindings import driver
 
@@ -134,14 +136,16 @@ def _call_in_throwaway_capture(fn: Callable[..., Any], key: Key, device: int) ->
         if stream is None:
             stream = _LOAD_STREAMS[device] = create_stream()
         *values, _ = example_arguments(key)
+        arguments = (*(int(v) for v in values), int(stream))
         mode = driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
-        _check(driver.cuStreamBeginCapture(stream, mode)[0], "cuStreamBeginCapture")
-        try:
-            fn(*(int(v) for v in values), int(stream))
-        finally:
-            err, graph = driver.cuStreamEndCapture(stream)
-            if err == driver.CUresult.CUDA_SUCCESS and graph is not None and int(graph):
-                driver.cuGraphDestroy(graph)
+        with no_collection():
+            _check(driver.cuStreamBeginCapture(stream, mode)[0], "cuStreamBeginCapture")
+            try:
+                fn(*arguments)
+            finally:
+                err, graph = driver.cuStreamEndCapture(stream)
+                if err == driver.CUresult.CUDA_SUCCESS and graph is not None and int(graph):
+                    driver.cuGraphDestroy(graph)
         _check(err, "cuStreamEndCapture")
 
 
