@@ -119,17 +119,22 @@ def versions() -> dict[str, str]:
 
 
 def sample(ids: list[str]) -> list[str]:
-    """A few keys covering every facet of their family (:attr:`collectives.algorithms.Family.facets`:
-    every collective x algorithm x backend and variant flag, ...): what CI compiles (the whole
-    set takes a quarter of an hour on two cores)."""
+    """Few keys that together show every facet of their families
+    (:attr:`collectives.algorithms.Family.facets`: every collective x algorithm x backend and
+    variant flag, ...), in ``ids``' order: what CI compiles (the whole set takes a quarter of an
+    hour on two cores).  A greedy cover: each next key the one with the most facets not yet
+    shown, the first in ``ids`` among equals (about 100 keys of 1,096 where the first key of
+    each facet took 161)."""
     from collectives.algorithms import family_of_id
 
-    chosen: dict[tuple, str] = {}
-    for kid in ids:
-        family = family_of_id(kid)
-        for facet in family.facets(kid):
-            chosen.setdefault((family.name, *facet), kid)
-    return sorted(set(chosen.values()), key=ids.index)
+    facets = {kid: {(family_of_id(kid).name, *facet) for facet in family_of_id(kid).facets(kid)} for kid in ids}
+    needed = set().union(*facets.values())
+    chosen: list[str] = []
+    while needed:
+        best = max(ids, key=lambda kid: len(facets[kid] & needed))
+        chosen.append(best)
+        needed -= facets[best]
+    return sorted(chosen, key=ids.index)
 
 
 def main(argv: list[str] | None = None) -> int:
