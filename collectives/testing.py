@@ -593,9 +593,10 @@ def capture(graph: Any, *, pool: Any = None) -> Iterator[Any]:
     ``torch.cuda.CUDAGraph``), in ``thread_local`` capture mode and without the device-wide
     synchronisation and cache flush of ``torch.cuda.graph``: several ranks of a world may
     capture at once, and with Python's automatic garbage collection paused
-    (:func:`~collectives.runtime.collection.no_collection`).  It captures on the current stream, or, where that is the default stream
-    (a torchrun rank's), on a side stream that joins it before and after.  Warm every
-    collective of the capture up eagerly first (compiles and plans happen outside it).
+    (:func:`~collectives.runtime.collection.no_collection`).  It captures on the current
+    stream, or, where that is the default stream (a torchrun rank's), on a side stream that
+    joins it before and after.  Warm every collective of the capture up eagerly first (compiles
+    and plans happen outside it).
 
     In a rank of a world, the capture is collective: after instantiating its graph (at the end
     of the capture, torch's default), every rank meets the others before going on, so that no
@@ -622,4 +623,3 @@ def capture(graph: Any, *, pool: Any = None) -> Iterator[Any]:
     ctx = bound()
     if ctx is not None and isinstance(ctx.agreement, ThreadAgreement):
         ctx.agreement.barrier("a CUDA graph captured and instantiated")
-

@@ -127,7 +127,8 @@ def sample(ids: list[str]) -> list[str]:
     each facet took 161)."""
     from collectives.algorithms import family_of_id
 
-    facets = {kid: {(family_of_id(kid).name, *facet) for facet in family_of_id(kid).facets(kid)} for kid in ids}
+    families = {kid: family_of_id(kid) for kid in ids}
+    facets = {kid: {(family.name, *facet) for facet in family.facets(kid)} for kid, family in families.items()}
     needed = set().union(*facets.values())
     chosen: list[str] = []
     while needed:
