@@ -45,6 +45,9 @@ LAMPORT_GATHER_MAX_BYTES = LAMPORT_MAX_BYTES // 2
 #: Thread blocks of every Lamport kernel: a fixed grid, so that each 16-byte vector of a slot
 #: always belongs to the same block (whose call count then picks its buffer).
 LAMPORT_BLOCKS = 128
+#: Lamport element widths: 1-, 2- and 4-byte elements (fp8; bf16 and f16; f32), each with its own
+#: receive buffers and call count (:func:`~collectives.algorithms.lamport.width_index`).
+LAMPORT_WIDTHS = 3
 #: Rotating Lamport receive buffers per element width.
 LAMPORT_BUFFERS = 3
 #: A Lamport call count runs modulo this multiple of :data:`LAMPORT_BUFFERS` (below 2^32, so a

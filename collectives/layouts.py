@@ -55,7 +55,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
-from .config import CALL_EPOCHS, LAMPORT_BLOCKS, LAMPORT_BUFFERS, LAMPORT_CALLS, MAX_WORLD, PUSH_EPOCHS
+from .config import (CALL_EPOCHS, LAMPORT_BLOCKS, LAMPORT_BUFFERS, LAMPORT_CALLS, LAMPORT_WIDTHS, MAX_WORLD,
+                     PUSH_EPOCHS)
 from .dtypes import DTYPES
 
 # -- the signal pad -------------------------------------------------------------------------------
@@ -128,7 +129,7 @@ def lamport_epoch(calls, width: int):
     return calls + (CALL_EPOCHS - 1 - width)
 
 
-assert CALL_EPOCHS - 3 > PUSH_EPOCHS
+assert CALL_EPOCHS - LAMPORT_WIDTHS > PUSH_EPOCHS
 
 
 @dataclass(frozen=True)
@@ -161,20 +162,30 @@ class PadLayout:
         """First word of the Lamport state (even: the size entries are 8-byte aligned)."""
         return self.calls + 2
 
+    @property
+    def _lamport_sizes(self) -> int:
+        """Words of the size entries: 64 bits per width, buffer and source rank."""
+        return 2 * LAMPORT_WIDTHS * LAMPORT_BUFFERS * self.world
+
     def lamport_size(self, width: int, buffer: int, src: int) -> int:
-        return self.lamport_base + 2 * ((width * 3 + buffer) * self.world + src)
+        return self.lamport_base + 2 * ((width * LAMPORT_BUFFERS + buffer) * self.world + src)
 
     def lamport_step(self, width: int, block: int) -> int:
-        return self.lamport_base + 18 * self.world + width * LAMPORT_BLOCKS + block
+        return self.lamport_base + self._lamport_sizes + width * LAMPORT_BLOCKS + block
 
     def lamport_dirty(self, width: int, buffer: int) -> int:
         """The tag of the call that must empty ``buffer`` (:func:`~collectives.layouts.lamport_stale`), written by a
         call whose sizes differed across ranks."""
-        return self.lamport_base + 18 * self.world + 3 * LAMPORT_BLOCKS + width * LAMPORT_BUFFERS + buffer
+        return self._lamport_marks + width * LAMPORT_BUFFERS + buffer
+
+    @property
+    def _lamport_marks(self) -> int:
+        """First of the dirty marks, after the size entries and every width's call counts."""
+        return self.lamport_base + self._lamport_sizes + LAMPORT_WIDTHS * LAMPORT_BLOCKS
 
     @property
     def words(self) -> int:
-        return self.lamport_base + 18 * self.world + 3 * LAMPORT_BLOCKS + 3 * LAMPORT_BUFFERS
+        return self._lamport_marks + LAMPORT_WIDTHS * LAMPORT_BUFFERS
 
 
 # -- the error records ----------------------------------------------------------------------------

@@ -77,6 +77,7 @@ from ..config import (
     LAMPORT_BUFFERS,
     LAMPORT_CALLS,
     LAMPORT_MAX_BYTES,
+    LAMPORT_WIDTHS,
     MULTICAST_PATHS,
     VECTOR_BYTES,
 )
@@ -503,7 +504,7 @@ def seed_counts(comm: Runtime, call: int) -> None:
                                   f"(its buffer is emptied two calls of its width later); marks {marks}")
     if call:
         as_int32 = call - (1 << 32) if call >= 1 << 31 else call  # the pad holds int32 words
-        for width in range(3):
+        for width in range(LAMPORT_WIDTHS):
             start = kernel_layout.lamport_step(width, 0)
             comm.pad[start:start + LAMPORT_BLOCKS].fill_(as_int32)
 

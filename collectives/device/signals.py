@@ -54,7 +54,7 @@ from cutlass import Boolean, Int32, Int64, Uint32, Uint64
 
 import ptxops
 
-from ..config import CALL_EPOCHS
+from ..config import CALL_EPOCHS, LAMPORT_WIDTHS
 from ..layouts import (
     CLAIMED,
     ERROR_FIELD,
@@ -408,7 +408,7 @@ def lamport_counts(pad: Int64, world: cutlass.Constexpr) -> list:
     the same), for :func:`lamport_missed`: read before any thread of the kernel may store it."""
     layout = PadLayout(world=world)
     words = gmem(Uint32, pad, 4, LOCAL, "collectives.device.signals.lamport_counts")
-    return [ptxops.ld(words + layout.lamport_step(width, 0), dtype=Uint32) for width in range(3)]
+    return [ptxops.ld(words + layout.lamport_step(width, 0), dtype=Uint32) for width in range(LAMPORT_WIDTHS)]
 
 
 @cute.jit
@@ -423,7 +423,7 @@ def lamport_missed(pad: Int64, calls: Uint32, counts: list, world: cutlass.Const
     if tidx < world:
         word = ptxops.ld(arrival_word(pad, calls, Int32(0), tidx, world), sem="relaxed", scope="sys", dtype=Uint64)
         epoch = Uint32(word & Uint64(0xFFFFFFFF))
-        for width in cutlass.range_constexpr(3):
+        for width in cutlass.range_constexpr(LAMPORT_WIDTHS):
             if in_call(epoch, calls) and epoch == Uint32(lamport_epoch(calls, width)):
                 lamport_skip(pad, width, counts[width], world)
 
@@ -456,7 +456,7 @@ def lamport_missed_any(pad: Int64, calls: Uint32, world: cutlass.Constexpr, own:
     if cute.arch.thread_idx()[0] == 0:
         layout = PadLayout(world=world)
         words = gmem(Uint32, pad, 4, LOCAL, "collectives.device.signals.lamport_missed_any")
-        for width in cutlass.range_constexpr(3):
+        for width in cutlass.range_constexpr(LAMPORT_WIDTHS):
             if cutlass.const_expr(width != own):
                 ran = Boolean(False)
                 for r in cutlass.range_constexpr(world):

@@ -29,7 +29,7 @@ force_multicast_off()
 
 import torch  # noqa: E402
 
-from ..config import KIND_SHIFT, LAMPORT_BLOCKS  # noqa: E402
+from ..config import KIND_SHIFT, LAMPORT_BLOCKS, LAMPORT_BUFFERS  # noqa: E402
 from ..layouts import PadLayout  # noqa: E402
 from .soak import run_ranks  # noqa: E402
 
@@ -49,22 +49,23 @@ def pad_state(comm, before: int) -> list[int]:
     pad = comm.pad.cpu().tolist()
     word = lambda i: pad[i] & U32  # noqa: E731
     steps = [word(layout.lamport_step(WIDTH, p)) for p in range(LAMPORT_BLOCKS)]
-    sizes = [word(layout.lamport_size(WIDTH, b, s) + h) for b in range(3) for s in range(comm.world) for h in (0, 1)]
+    buffers = range(LAMPORT_BUFFERS)
+    sizes = [word(layout.lamport_size(WIDTH, b, s) + h) for b in buffers for s in range(comm.world) for h in (0, 1)]
     arrivals = [word(layout.arrival(p, 0, s) + h) for p in (0, 1) for s in range(comm.world) for h in (0, 1)]
-    return ([word(layout.calls), min(steps), max(steps)] + [word(layout.lamport_dirty(WIDTH, b)) for b in range(3)]
+    return ([word(layout.calls), min(steps), max(steps)] + [word(layout.lamport_dirty(WIDTH, b)) for b in buffers]
             + sizes + arrivals + [before])
 
 
 def describe(rank: int, outcome: str, state: list[int], world: int) -> str:
     """One rank's line: what its call did and its pad words, decoded."""
     calls, lo, hi, *rest = state
-    dirty, rest = rest[:3], rest[3:]
-    sizes, rest = rest[:6 * world], rest[6 * world:]
+    dirty, rest = rest[:LAMPORT_BUFFERS], rest[LAMPORT_BUFFERS:]
+    sizes, rest = rest[:2 * LAMPORT_BUFFERS * world], rest[2 * LAMPORT_BUFFERS * world:]
     arrivals, before = rest[:4 * world], rest[4 * world]
     step = f"{lo}" if lo == hi else f"{lo}..{hi} (PARTS DIFFER)"
     entry = lambda lo_, hi_: f"{hi_}:{lo_ & ((1 << KIND_SHIFT) - 1)}"  # noqa: E731  (tag:n)
     entries = " | ".join(",".join(entry(sizes[2 * (b * world + s)], sizes[2 * (b * world + s) + 1])
-                                  for s in range(world)) for b in range(3))
+                                  for s in range(world)) for b in range(LAMPORT_BUFFERS))
     parity = [",".join(f"C{(arrivals[2 * (p * world + s)] - before + (1 << 31)) % (1 << 32) - (1 << 31):+d}:"
                        f"{arrivals[2 * (p * world + s) + 1]:#x}" for s in range(world)) for p in (0, 1)]
     return (f"  rank {rank}: {outcome:<14} C={calls} step={step} dirty={dirty} entries[buffer 0|1|2]={entries} "

@@ -35,15 +35,13 @@ import torch  # noqa: E402
 from .. import reference  # noqa: E402
 from ..algorithms import ALGORITHMS, lamport  # noqa: E402
 from ..config import (LAMPORT_BLOCKS, LAMPORT_BUFFERS, LAMPORT_GATHER_MAX_BYTES, LAMPORT_MAX_BYTES,  # noqa: E402
-                      VECTOR_BYTES)
+                      LAMPORT_WIDTHS, VECTOR_BYTES)
 from ..dtypes import DTYPES  # noqa: E402
 from ..layouts import PadLayout  # noqa: E402
 from ..testing import capture  # noqa: E402
 
 #: Set to 1: every rank prints its Lamport words after each call that changed them (``--watch-lamport``).
 WATCH_ENV = "COLLECTIVES_SOAK_WATCH_LAMPORT"
-#: Lamport element widths (1-, 2-, 4-byte).
-LAMPORT_WIDTHS = 3
 #: The dtypes the soak draws from (registry names).
 SOAK_DTYPES = ("bf16", "f16", "f32")
 BACKENDS = ("peer", "multicast_emulated")
