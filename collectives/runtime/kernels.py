@@ -40,18 +40,20 @@ def _target(device: int) -> str:
     return f"sm_{major}{minor}a"
 
 
-def compile_kernel(key: Key, target: str) -> Any:
+def compile_kernel(key: Key, target: str, *, ptx_only: bool = False) -> Any:
     """CuTeDSL's compiled kernel for ``key`` on ``target`` (no GPU needed; ptxas runs), with its
     PTX (``__ptx__``) and its TVM-FFI function (``__tvm_ffi_object__()``): built by the key's
-    kernel family (:func:`collectives.algorithms.family_of`)."""
+    kernel family (:func:`collectives.algorithms.family_of`).  ``ptx_only``: the PTX and cubin
+    alone, nothing to launch (no TVM-FFI function, no host JIT engine: about a tenth less time)."""
     import cutlass.cute as cute
     from cutlass.base_dsl.compiler import DumpDir
 
     family = _family(key)
-    ffi = () if uses_nvshmem(key) else (cute.EnableTVMFFI,)  # collectives.runtime.nvshmem_launch says why
+    launchable = not (ptx_only or uses_nvshmem(key))
+    ffi = (cute.EnableTVMFFI,) if launchable else ()  # (NVSHMEM: collectives.runtime.nvshmem_launch says why)
     with tempfile.TemporaryDirectory() as dump:  # the PTX and cubin are kept in memory, the files dropped
         return cute.compile[cute.KeepPTX, cute.KeepCUBIN, *ffi, cute.GPUArch(target),
-                            DumpDir(dump)](family.build(key), *family.example_arguments())
+                            DumpDir(dump)](family.build(key), *family.example_arguments(), no_jit_engine=ptx_only)
 
 
 def example_arguments(key: Key) -> tuple:
@@ -205,7 +207,7 @@ def _driver_blocks_per_sm(kernel: Any, threads: int, shared: int, device: int) -
 def kernel_ptx(key: KernelKey, arch: str = "sm_90a") -> str:
     """The PTX of ``key``'s kernel compiled for ``arch`` (ptxas runs, so it also assembles):
     what ``python -m collectives ptx`` prints."""
-    return compile_kernel(key, arch).__ptx__
+    return compile_kernel(key, arch, ptx_only=True).__ptx__
 
 
 def refuse_multimem(ptx: str | None, key: Key, backend: str) -> None:

@@ -128,12 +128,12 @@ def scan_key(kid: str) -> tuple[str, list[str]]:
     """(key id, findings as text) for a key id of :mod:`collectives.tools.ptx_identity`; a
     refused key has none."""
     os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
-    from collectives.runtime.kernels import compile_kernel
+    from collectives.runtime.kernels import kernel_ptx
     from collectives.tools.ptx_identity import make_key
 
     try:
         key = make_key(kid)
-        ptx = compile_kernel(key, "sm_90a").__ptx__
+        ptx = kernel_ptx(key, "sm_90a")
     except Exception:  # noqa: BLE001 (a refused key compiles nothing to scan)
         return kid, []
     return kid, [str(f) for f in scan(ptx)]

@@ -18,8 +18,9 @@ _DUMP = tempfile.mkdtemp(prefix="ptxops-ptx-")
 
 
 def compile_ptx(launcher: Callable, *args, arch: str = "sm_90a") -> str:
-    """Compile ``launcher(*args)`` for ``arch`` (ptxas runs) and return the PTX text."""
-    compiled = cute.compile[cute.KeepPTX, cute.GPUArch(arch), DumpDir(_DUMP)](launcher, *args)
+    """Compile ``launcher(*args)`` for ``arch`` (ptxas runs; no host JIT engine: nothing is
+    launched) and return the PTX text."""
+    compiled = cute.compile[cute.KeepPTX, cute.GPUArch(arch), DumpDir(_DUMP)](launcher, *args, no_jit_engine=True)
     ptx = compiled.__ptx__
     assert ptx.lstrip().startswith("//") or ".version" in ptx, f"no PTX returned: {ptx[:200]}"
     return ptx

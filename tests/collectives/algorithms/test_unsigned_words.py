@@ -63,9 +63,9 @@ def test_lamport_kernels_compare_tags_unsigned(collective: str, backend: str, dt
 @pytest.mark.parametrize("key", ["wait", "post"])
 def test_stream_flag_kernels_count_unsigned(key: str) -> None:
     pytest.importorskip("cutlass")
-    from collectives.runtime.kernels import compile_kernel
+    from collectives.runtime.kernels import kernel_ptx
 
-    assert [str(f) for f in scan(compile_kernel(key, "sm_90a").__ptx__)] == []
+    assert [str(f) for f in scan(kernel_ptx(key, "sm_90a"))] == []
 
 
 # -- the tag model: the kernel's 64-bit compare, pure Python -------------------------------------

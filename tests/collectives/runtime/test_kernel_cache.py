@@ -26,7 +26,7 @@ def _fake_compile(monkeypatch, text: str) -> list[tuple]:
     occupancy probe (recorded in ``loads``)."""
     calls: list[tuple] = []
 
-    def compile_kernel(key, target):
+    def compile_kernel(key, target, *, ptx_only=False):  # (the PTX alone or a launchable kernel: one build)
         calls.append((key, target))
         time.sleep(0.01)  # a compile takes a while: other threads ask meanwhile
         return SimpleNamespace(__ptx__=text, __tvm_ffi_object__=lambda: ("launch", key, target))
