@@ -2,11 +2,14 @@
 multigpu tests as rank threads on one GPU where ``COLLECTIVES_TEST_WORLD=W`` asks for a world
 (tests/support/world_support.py); ``--shard I/N`` keeps the I-th of N parts of about equal
 weight (``.ci/gpu``'s ``SHARD``: a group that outgrows one device call runs in N calls); fail a run
-that leaves a PTX or cubin file in the repository root; name each failure the moment it happens."""
+that leaves a PTX or cubin file in the repository root; name each failure the moment it happens;
+compile each kernel key's PTX once a run (tests/support/shared_ptx.py)."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -159,3 +162,15 @@ def _reporter():
 
 def pytest_configure(config: pytest.Config) -> None:
     _CONFIG[:] = [config]
+    from tests.support import shared_ptx
+
+    if not hasattr(config, "workerinput"):  # the run's first process: its workers inherit the folder
+        os.environ[shared_ptx.FOLDER_ENV] = tempfile.mkdtemp(prefix="ptxops-test-ptx-")
+    shared_ptx.install(Path(os.environ[shared_ptx.FOLDER_ENV]))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    from tests.support import shared_ptx
+
+    if not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ.pop(shared_ptx.FOLDER_ENV, ""), ignore_errors=True)

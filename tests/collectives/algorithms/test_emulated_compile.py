@@ -1,5 +1,5 @@
-"""``backend="multicast_emulated"``: every collective, algorithm and dtype at world size 8
-(2 and 4 too: bf16; ``test_collectives_compile.slim``) compiles without a GPU with the multicast code
+"""``backend="multicast_emulated"``: every collective, algorithm and dtype at world size 2
+(4 and 8 too: bf16; ``test_collectives_compile.slim``) compiles without a GPU with the multicast code
 paths under ptxops emulation, and its PTX holds no ``multimem`` instruction but the unicast
 accesses that replace them; the runtime's safety net refuses a kernel with multimem on a
 context without multicast."""
