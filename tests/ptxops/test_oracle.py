@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ptxops import QualifierError, render, spec
+from ptxops import QualifierError, ptxas, render, spec
 from ptxops.ptxas import PtxasUnavailable, assemble, ptxas_path, release
 from ptxops.spec.engine import Family
 from tests.support.spec_groups import ORACLE_GROUPS, domain, groups, legal_forms
@@ -28,6 +28,38 @@ try:
     ptxas_path()
 except PtxasUnavailable as err:  # pragma: no cover - every CI machine has ptxas
     pytest.skip(str(err), allow_module_level=True)
+
+
+def machine_assemblers() -> dict[str, str]:
+    """The assembler of each PTX ISA version the spec uses, where the machine has one."""
+    found = {}
+    for version in sorted({f.ptx_version for f in spec.FAMILIES.values()}):
+        try:
+            found[version] = ptxas_path(version)
+        except PtxasUnavailable:
+            pass
+    return found
+
+
+#: Before any test narrows the candidates (:func:`assembler`).
+MACHINE = machine_assemblers()
+
+
+@pytest.fixture(params=["machine", "extra"])
+def assembler(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Whose assemblers a test asks: the machine's (every candidate, each PTX ISA version by
+    the oldest that reads it), then the ``ptxas`` extra's alone, as a user without a CUDA
+    toolkit has it (skipped where the machine's are the extra's already).  Every form on every
+    target and the recorded quirks are asked of both; the drawn and whole-domain comparisons
+    of the machine's only."""
+    if request.param == "extra":
+        extra = ptxas.wheel_ptxas()
+        if not extra:
+            pytest.skip(f"no ptxas extra installed ({ptxas.INSTALL})")
+        if set(MACHINE.values()) <= set(extra):
+            pytest.skip("the machine's assemblers are the ptxas extra's")
+        monkeypatch.setattr(ptxas, "candidates", lambda: list(extra))
+    return request.param
 
 
 def isa(family: Family) -> tuple[str, str]:
@@ -100,11 +132,13 @@ def not_on(family: Family, target: str) -> bool:
 
 @pytest.mark.parametrize("version", sorted({f.ptx_version for f in spec.FAMILIES.values()}))
 @pytest.mark.parametrize("target", spec.TARGETS)
-def test_every_form_of_every_family_assembles(target: str, version: str) -> None:
+def test_every_form_of_every_family_assembles(target: str, version: str, assembler: str) -> None:
     """Every legal form (for ld and st: every legal form of the oracle groups) of the families
     of one PTX ISA version assembles, but those the spec records this ptxas release rejecting."""
     families = [f for f in spec.FAMILIES.values() if f.ptx_version == version]
     _, found = isa(families[0])
+    if assembler == "extra" and ptxas_path(version) == MACHINE.get(version):
+        pytest.skip(f"PTX ISA {version}: the machine's assembler is the extra's, asked already")
     statements = [
         line(family, inst.qualifiers)
         for family in families
@@ -116,7 +150,7 @@ def test_every_form_of_every_family_assembles(target: str, version: str) -> None
     assert not rejected, rejected[:5]
 
 
-def test_a_docs_only_rule_really_is_lenient_in_ptxas() -> None:
+def test_a_docs_only_rule_really_is_lenient_in_ptxas(assembler: str) -> None:
     """st.v8 of a 16-bit type: ptxas assembles it, the PTX ISA forbids it, ptxops rejects it."""
     with pytest.raises(QualifierError, match="v8-32bit-only"):
         spec.instruction("st", space="global", vec=8, type="b16", target="sm_100a")
@@ -124,7 +158,7 @@ def test_a_docs_only_rule_really_is_lenient_in_ptxas() -> None:
     assert assemble([line(spec.FAMILIES["st"], q)], "sm_100a") == [None]
 
 
-def test_prefetch_eviction_priority_follows_the_isa_where_ptxas_is_lenient() -> None:
+def test_prefetch_eviction_priority_follows_the_isa_where_ptxas_is_lenient(assembler: str) -> None:
     """prefetch.L2::evict_last on a generic address: ptxas assembles it, the ISA's syntax writes
     .global, ptxops refuses it and takes prefetch.global.L2::evict_last."""
     fam = spec.FAMILIES["prefetch"]
@@ -135,7 +169,7 @@ def test_prefetch_eviction_priority_follows_the_isa_where_ptxas_is_lenient() -> 
     assert spec.instruction("prefetch", space="global", level="L2::evict_last").opcode == "prefetch.global.L2::evict_last"
 
 
-def test_membar_proxy_async_follows_the_isa_and_ptxas_13_5() -> None:
+def test_membar_proxy_async_follows_the_isa_and_ptxas_13_5(assembler: str) -> None:
     """membar.proxy.async: the ISA lists it and ptxas 13.5 assembles it, so ptxops emits it;
     ptxas 13.0 rejects it, as the rule records."""
     fam = spec.FAMILIES["membar"]
@@ -148,7 +182,7 @@ def test_membar_proxy_async_follows_the_isa_and_ptxas_13_5() -> None:
 
 @pytest.mark.parametrize("name", [n for n, f in spec.FAMILIES.items()
                                   if any(p.verdict == "crashes" for r in f.rules for p in r.ptxas)])
-def test_the_crashes_the_spec_records_happen(name: str) -> None:
+def test_the_crashes_the_spec_records_happen(name: str, assembler: str) -> None:
     """Each record of a crash of this ptxas release: a form it covers, alone in a module, stops
     ptxas with an error that names no line (so the oracle leaves out no form it could ask about)."""
     family = spec.FAMILIES[name]
@@ -170,7 +204,7 @@ def test_the_crashes_the_spec_records_happen(name: str) -> None:
                         f"none of {len(covered[:24])} of its forms crashed it")
 
 
-def test_a_rule_where_the_isa_lists_forms_ptxas_rejects() -> None:
+def test_a_rule_where_the_isa_lists_forms_ptxas_rejects(assembler: str) -> None:
     """membar.proxy.async.global: the ISA lists it, ptxas rejects it, so ptxops refuses it."""
     fam = spec.FAMILIES["membar"]
     (r,) = [r for r in fam.rules if r.isa_allows]
