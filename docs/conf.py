@@ -36,7 +36,6 @@ extensions = [
     "myst_parser",
     "sphinx.ext.autodoc",
     "sphinx.ext.napoleon",
-    "sphinx.ext.viewcode",
 ]
 
 source_suffix = {".md": "markdown"}
@@ -50,6 +49,9 @@ myst_heading_anchors = 3
 # collectives' host modules are documented against mocks of them, here too.
 autodoc_mock_imports = ["torch", "nvshmem"]
 autodoc_member_order = "bysource"
+# Documented objects stay out of the pages' tables of contents: the navigation of every page
+# copies the whole tree, and the API pages' thousands of entries made that most of the build.
+toc_object_entries = False
 autodoc_typehints = "signature"
 autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": True}
 napoleon_google_docstring = True

@@ -75,12 +75,17 @@ class Forms:
         self.by_statement: dict[str, tuple[dict, list[str]]] = {}
         # qualifier key -> value -> targets where some legal form uses it
         self.values: dict[str, dict[Value, set[str]]] = defaultdict(lambda: defaultdict(set))
+        statements: dict[tuple, str] = {}  # rendered once per form, whatever the target (opcode and operands read none)
         for target in spec.TARGETS:
             n = 0
             for form in family.enumerate(target=target):
                 n += 1
-                statement = render.symbolic(render.opcode(family, form), render.operands(family, form))
                 q = {k: v for k, v in form.items() if k != "target"}
+                key = tuple(q.items())
+                statement = statements.get(key)
+                if statement is None:
+                    statement = statements[key] = render.symbolic(render.opcode(family, form),
+                                                                  render.operands(family, form))
                 entry = self.by_statement.setdefault(statement, (q, []))
                 entry[1].append(target)
                 for k, v in q.items():
