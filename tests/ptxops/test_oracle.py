@@ -59,6 +59,7 @@ def assembler(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
         if set(MACHINE.values()) <= set(extra):
             pytest.skip("the machine's assemblers are the ptxas extra's")
         monkeypatch.setattr(ptxas, "candidates", lambda: list(extra))
+        assert {ptxas_path(v) for v in MACHINE} <= set(extra), "another ptxas is still asked"
     return request.param
 
 
@@ -150,7 +151,8 @@ def test_every_form_of_every_family_assembles(target: str, version: str, assembl
     assert not rejected, rejected[:5]
 
 
-def test_a_docs_only_rule_really_is_lenient_in_ptxas(assembler: str) -> None:
+@pytest.mark.usefixtures("assembler")
+def test_a_docs_only_rule_really_is_lenient_in_ptxas() -> None:
     """st.v8 of a 16-bit type: ptxas assembles it, the PTX ISA forbids it, ptxops rejects it."""
     with pytest.raises(QualifierError, match="v8-32bit-only"):
         spec.instruction("st", space="global", vec=8, type="b16", target="sm_100a")
@@ -158,7 +160,8 @@ def test_a_docs_only_rule_really_is_lenient_in_ptxas(assembler: str) -> None:
     assert assemble([line(spec.FAMILIES["st"], q)], "sm_100a") == [None]
 
 
-def test_prefetch_eviction_priority_follows_the_isa_where_ptxas_is_lenient(assembler: str) -> None:
+@pytest.mark.usefixtures("assembler")
+def test_prefetch_eviction_priority_follows_the_isa_where_ptxas_is_lenient() -> None:
     """prefetch.L2::evict_last on a generic address: ptxas assembles it, the ISA's syntax writes
     .global, ptxops refuses it and takes prefetch.global.L2::evict_last."""
     fam = spec.FAMILIES["prefetch"]
@@ -169,7 +172,8 @@ def test_prefetch_eviction_priority_follows_the_isa_where_ptxas_is_lenient(assem
     assert spec.instruction("prefetch", space="global", level="L2::evict_last").opcode == "prefetch.global.L2::evict_last"
 
 
-def test_membar_proxy_async_follows_the_isa_and_ptxas_13_5(assembler: str) -> None:
+@pytest.mark.usefixtures("assembler")
+def test_membar_proxy_async_follows_the_isa_and_ptxas_13_5() -> None:
     """membar.proxy.async: the ISA lists it and ptxas 13.5 assembles it, so ptxops emits it;
     ptxas 13.0 rejects it, as the rule records."""
     fam = spec.FAMILIES["membar"]
@@ -182,7 +186,8 @@ def test_membar_proxy_async_follows_the_isa_and_ptxas_13_5(assembler: str) -> No
 
 @pytest.mark.parametrize("name", [n for n, f in spec.FAMILIES.items()
                                   if any(p.verdict == "crashes" for r in f.rules for p in r.ptxas)])
-def test_the_crashes_the_spec_records_happen(name: str, assembler: str) -> None:
+@pytest.mark.usefixtures("assembler")
+def test_the_crashes_the_spec_records_happen(name: str) -> None:
     """Each record of a crash of this ptxas release: a form it covers, alone in a module, stops
     ptxas with an error that names no line (so the oracle leaves out no form it could ask about)."""
     family = spec.FAMILIES[name]
@@ -204,7 +209,8 @@ def test_the_crashes_the_spec_records_happen(name: str, assembler: str) -> None:
                         f"none of {len(covered[:24])} of its forms crashed it")
 
 
-def test_a_rule_where_the_isa_lists_forms_ptxas_rejects(assembler: str) -> None:
+@pytest.mark.usefixtures("assembler")
+def test_a_rule_where_the_isa_lists_forms_ptxas_rejects() -> None:
     """membar.proxy.async.global: the ISA lists it, ptxas rejects it, so ptxops refuses it."""
     fam = spec.FAMILIES["membar"]
     (r,) = [r for r in fam.rules if r.isa_allows]
