@@ -8,8 +8,8 @@ elements), twice: once with rank 0 empty at the second call, once with the last 
 empty rank launches the barrier of size 0, :func:`collectives.api._launch`).  After each call
 every rank synchronizes and reads its signal pad (the kernels' layout, ``PadLayout(world=W)``):
 its call count ``C``, its Lamport counts of the bf16 width (every part's: ``step`` is one number
-where all parts agree, ``lo..hi`` where they do not), the dirty words of the three buffers, the
-size entries the ranks left in its pad (``tag:n`` per buffer and rank) and the block-0 arrival
+where all parts agree, ``lo..hi`` where they do not), the dirty word of each of its buffers
+(:data:`~collectives.config.LAMPORT_BUFFERS`), the size entries the ranks left in its pad (``tag:n`` per buffer and rank) and the block-0 arrival
 words of both parities (``epoch:size`` per rank, the epoch relative to ``C`` before the call).
 Rank 0 prints every rank's line per call, then whether the ranks' ``C`` and Lamport counts
 agreed.  Exit 0 only where every empty call raised the size mismatch on every rank, every other
@@ -68,7 +68,8 @@ def describe(rank: int, outcome: str, state: list[int], world: int) -> str:
                                   for s in range(world)) for b in range(LAMPORT_BUFFERS))
     parity = [",".join(f"C{(arrivals[2 * (p * world + s)] - before + (1 << 31)) % (1 << 32) - (1 << 31):+d}:"
                        f"{arrivals[2 * (p * world + s) + 1]:#x}" for s in range(world)) for p in (0, 1)]
-    return (f"  rank {rank}: {outcome:<14} C={calls} step={step} dirty={dirty} entries[buffer 0|1|2]={entries} "
+    buffers = "|".join(map(str, range(LAMPORT_BUFFERS)))
+    return (f"  rank {rank}: {outcome:<14} C={calls} step={step} dirty={dirty} entries[buffer {buffers}]={entries} "
             f"arrivals[parity 0]={parity[0]} [parity 1]={parity[1]}")
 
 
