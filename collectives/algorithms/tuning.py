@@ -92,15 +92,36 @@ AG_LAMPORT_MAX: dict[tuple[str, int], int] = {
     ("multicast", 8): 256 << 10,
 }
 
+#: (backend, world size) -> the all-gather outputs (bytes per rank, from, to) of a symmetric,
+#: 16-byte aligned output for which ``auto`` picks TMA over one-shot.  Measured on 4 x H200 in
+#: three runs (docs/data/bench-4xH200.json of trees e88f8b8, 3f33ec4, 5dbb7ad; graphs, us): TMA
+#: ahead at 16 MB in each (48.2 / 47.0 / 45.9 vs one-shot 53.0 / 49.7 / 50.7), tied at 4 MB (17.3 /
+#: 16.8 / 17.5 vs 17.2 / 17.1 / 17.3), behind at 64 MB (162.2 / 162.4 / 159.9 vs 161.7 / 158.4 /
+#: 157.0) and 256 MB; on 2 x H200 one-shot ahead or tied at every size (16 MB: 33.4 vs 32.1), and
+#: on plain outputs TMA loses everywhere (its copy-out runs on the quarter of the SMs it has:
+#: 65.9 vs 60.2 at 16 MB on 4 x H200).  The window covers the measured size, up to the next one
+#: where TMA lost; none where not measured (8 GPUs, multicast).
+AG_TMA_WINDOW: dict[tuple[str, int], tuple[int, int]] = {
+    ("peer", 2): (0, -1),
+    ("peer", 4): (16 << 20, 32 << 20),
+    ("peer", 8): (0, -1),
+    ("multicast", 2): (0, -1),
+    ("multicast", 4): (0, -1),
+    ("multicast", 8): (0, -1),
+}
+
 #: (backend, world size) -> largest all-reduce (bytes per rank) of a tensor outside symmetric
 #: memory for which one-shot (staging in-kernel) is chosen over push.  Measured 2026-11-23 on
 #: 2 x H200 with the pipelined push that stores its results: one-shot 68.2 / 63.0 us vs push
 #: 73.7 / 70.1 at 16 MB (eager / graph), push ahead from 64 MB (209.9 vs 244.2 us; 776 vs 944
-#: at 256 MB).  On 4 x H200 (2026-11-22, the earlier push) push was the fastest plain algorithm
-#: from 1 MB (16.9 us vs two-shot staged 18.0) to 256 MB (1300 vs 1562 us), so one-shot's own
-#: crossover (inside Lamport's range) stands there; 8 GPUs extrapolated.
+#: at 256 MB).  The push with 4 loads in flight (three 2 x H200 runs since, docs/data/
+#: bench-2xH200.json of trees 9e61878, 5723ac3, d1a9677; graphs, us) was ahead at 16 MB in each
+#: (61.6 / 58.3 / 59.5 vs one-shot 66.0 / 64.2 / 66.8) and tied or ahead at 4 MB (21.3 / 21.0 /
+#: 22.1 vs 21.8 / 22.5 / 22.1), so on 2 GPUs one-shot stays inside Lamport's range, as on 4: there
+#: (2026-11-22, the earlier push) push was the fastest plain algorithm from 1 MB (16.9 us vs
+#: two-shot staged 18.0) to 256 MB (1300 vs 1562 us); 8 GPUs extrapolated.
 PLAIN_ONE_SHOT_MAX: dict[tuple[str, int], int] = {
-    ("peer", 2): 16 << 20,
+    ("peer", 2): 1 << 20,
     ("peer", 4): 256 << 10,
     ("peer", 8): 8 << 10,
     ("multicast", 2): 4 << 20,
@@ -209,15 +230,19 @@ def reduce_scatter_algorithm(world: int, nbytes: int, backend: str, aligned: boo
     return "one_shot"
 
 
-def all_gather_algorithm(world: int, nbytes: int, backend: str, aligned: bool = True) -> str:
-    """One-shot at every size.  Measured 2026-11-23 on 2 x H200 (``collectives.tools.all_gather_bench``,
-    bf16, 4 KB-256 MB of output per rank, eager and graphs): TMA never beat one-shot by more
-    than noise on symmetric tensors (16 MB graph 34.5 vs 37.0 us; 256 MB 409 vs 376-380 us, 8%
-    slower) and lost badly on plain ones (926 vs 497-509 us at 256 MB: its copy-out runs on the
-    quarter of the SMs it is given).  4 and 8 GPUs are not yet measured: one-shot until they are.
-    Lamport up to its crossover (:data:`AG_LAMPORT_MAX`)."""
+def all_gather_algorithm(world: int, nbytes: int, backend: str, aligned: bool = True,
+                         symmetric: bool = True) -> str:
+    """Lamport up to its crossover (:data:`AG_LAMPORT_MAX`), then one-shot, but TMA for a
+    symmetric, 16-byte aligned output inside :data:`AG_TMA_WINDOW`.  Measured 2026-11-23 on 2 x
+    H200 (``collectives.tools.all_gather_bench``, bf16, 4 KB-256 MB of output per rank, eager and
+    graphs): TMA never beat one-shot by more than noise on symmetric tensors (16 MB graph 34.5 vs
+    37.0 us; 256 MB 409 vs 376-380 us, 8% slower) and lost badly on plain ones (926 vs 497-509 us
+    at 256 MB: its copy-out runs on the quarter of the SMs it is given); 4 GPUs: the window."""
     if lamport_blocks(AG_LAMPORT_MAX, world, nbytes, backend, LAMPORT_GATHER_MAX_BYTES):
         return "lamport"
+    low, high = _lookup(AG_TMA_WINDOW, backend, world)
+    if symmetric and aligned and low <= nbytes <= high:
+        return "tma"
     return "one_shot"
 
 
@@ -230,4 +255,4 @@ def choose(call) -> str:
                                     call.in_place and call.symmetric)
     if call.collective == "reduce_scatter":
         return reduce_scatter_algorithm(call.world, call.nbytes, call.backend, call.aligned, call.symmetric)
-    return all_gather_algorithm(call.world, call.nbytes, call.backend, call.aligned)
+    return all_gather_algorithm(call.world, call.nbytes, call.backend, call.aligned, call.symmetric)

@@ -93,6 +93,58 @@ def collective_losses(run: dict) -> list[tuple[float, str]]:
     return found
 
 
+#: How much slower than our fastest algorithm the one ``auto`` picks may be in a graph row (best
+#: of 3, no spread recorded) before :func:`auto_misses` names the row: about twice the spread of
+#: one column's graph rows from run to run (three 2 x H200 runs of the same kernels: 16.16-16.38
+#: and 16.31-17.0 us for the plain reduce-scatter's one-shot and push at 4 MB).
+AUTO_SLACK = 1.06
+
+
+def auto_pick(collective: str, world: int, nbytes: int, symmetric: bool) -> str | None:
+    """The algorithm ``auto`` picks now (:mod:`collectives.algorithms.tuning`) for a 16-byte
+    aligned tensor of ``nbytes`` per rank on the peer backend, symmetric or not (None: the
+    collective has one algorithm, the barrier)."""
+    from ..algorithms import tuning
+
+    choose = getattr(tuning, f"{collective}_algorithm", None)
+    return None if choose is None else choose(world, nbytes, "peer", symmetric=symmetric)
+
+
+def auto_misses(run: dict) -> list[tuple[float, str]]:
+    """(pick / fastest, line) of every collective row where the algorithm ``auto`` picks now
+    (:func:`auto_pick`, for the run's world; symmetric and plain tensors apart) was not our
+    fastest algorithm in that run: in an eager row of interleaved bursts (``us_min`` and
+    ``us_max`` recorded) slower with the bursts apart (the pick's fastest burst slower than the
+    other's slowest: eager rows at one size spread by up to 2x on a busy host), in any other row
+    (graphs: best of 3) more than :data:`AUTO_SLACK` slower.  The pick's own column
+    (``ours_<algorithm>``) is compared, not ``ours_auto``'s, so that the tuning is judged and not
+    that column's noise; variants (other knobs than the defaults) and rows whose pick was not
+    timed are left out."""
+    from ..algorithms import ALGORITHMS
+
+    records: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    for r in run["results"]:
+        records[(r["collective"], r["dtype"], r["mode"], r["bytes"])][r["impl"]] = r
+    found = []
+    for (collective, dtype, mode, nbytes), row in records.items():
+        for symmetric, placement in ((True, ""), (False, "_plain")):
+            pick = auto_pick(collective, run["world"], nbytes, symmetric)
+            timed = {a: row[f"ours_{a}{placement}"] for a in ALGORITHMS.get(collective, ())
+                     if f"ours_{a}{placement}" in row}
+            if pick not in timed:
+                continue
+            best = min(timed, key=lambda a: timed[a]["us"])
+            mine, fastest = timed[pick], timed[best]
+            if "us_min" in mine and "us_max" in fastest:  # (eager rows of interleaved bursts)
+                missed = mine["us_min"] > fastest["us_max"]
+            else:
+                missed = mine["us"] > AUTO_SLACK * fastest["us"]
+            if missed:
+                what = f"{collective}, {dtype}, {mode}, {_size(nbytes)}, {'symmetric' if symmetric else 'plain'}"
+                found.append(_loss(what, f"auto's pick {pick}", mine["us"], best, fastest["us"]))
+    return found
+
+
 def _best_ours(us: dict[tuple[str, int], float]) -> tuple[str, int, float] | None:
     ours = [(impl, chunks, t) for (impl, chunks), t in us.items() if impl.startswith("ours")]
     return min(ours, key=lambda o: o[2]) if ours else None
@@ -257,6 +309,13 @@ def render(runs: dict[str, dict], device: str, level: int = 2) -> str:
              + "; microseconds per call, the slowest rank's, " + _method(runs.get("bench")) + ".", "",
              f"{h}# Where we lose ({device})", ""]
     lines += [f"- {line}" for _, line in sorted(losses, key=lambda x: -x[0])] or ["Nowhere: ours is ahead in every row."]
+    if "bench" in runs:
+        misses = [f"- {line}" for _, line in sorted(auto_misses(runs["bench"]), key=lambda x: -x[0])]
+        lines += ["", f"{h}# Where auto is not our fastest ({device})", "",
+                  "Rows where the algorithm `auto` picks with today's tuning (`collectives.algorithms.tuning`) "
+                  f"was not our fastest in this run: in graphs more than {AUTO_SLACK - 1:.0%} slower, eagerly "
+                  "slower with the bursts' ranges apart (`collectives.tools.bench_report.auto_misses`).", ""]
+        lines += misses or ["Nowhere: every pick was our fastest algorithm, or within that margin."]
     skipped = [f"- {b}: {line}" for b, run in runs.items() for line in skipped_lines(run.get("skipped", []))]
     lines += ["", f"{h}# Skipped columns ({device})", ""] + (skipped or ["None."]) + [""]
     if "bench" in runs:
@@ -313,7 +372,7 @@ def main(argv: list[str] | None = None) -> None:
         print(section, end="")
 
 
-__all__ = ["BENCHES", "LEADERS", "leader_table", "load", "render", "write"]
+__all__ = ["AUTO_SLACK", "BENCHES", "LEADERS", "auto_misses", "auto_pick", "leader_table", "load", "render", "write"]
 
 if __name__ == "__main__":
     main()

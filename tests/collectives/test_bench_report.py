@@ -218,3 +218,50 @@ def test_the_kernel_table_names_each_layer_part() -> None:
 
     assert [part_of(f"kernel_cutlass_kernel_{layout}_0") for layout in PARTS] == list(PARTS.values())
     assert part_of("void at::native::vectorized_elementwise_kernel") == "void at::native::vectorized_elementwise_kernel"
+
+
+def _row(collective: str, nbytes: int, mode: str, **us) -> list[dict]:
+    """Records of one row: impl -> us, or (us, us_min, us_max) for interleaved eager bursts."""
+    out = []
+    for impl, t in us.items():
+        r = dict(collective=collective, impl=impl, dtype="bf16", bytes=nbytes, mode=mode)
+        if isinstance(t, tuple):
+            r.update(us=t[0], us_min=t[1], us_max=t[2])
+        else:
+            r["us"] = t
+        out.append(r)
+    return out
+
+
+def test_auto_misses_judge_the_pick_by_its_own_column_with_the_slack_in_graphs_and_the_spread_eagerly() -> None:
+    """A graph row names the pick (its own ``ours_<algorithm>`` column, not ``ours_auto``'s) past
+    AUTO_SLACK over our fastest algorithm, placements apart; an eager row of bursts only where the
+    ranges are apart; variants, baselines and untimed picks never count."""
+    from collectives.tools import bench_report
+
+    world, big = 4, 256 << 20
+    assert bench_report.auto_pick("all_reduce", world, big, True) == "push"
+    slack = bench_report.AUTO_SLACK
+    results = (_row("all_reduce", big, "graph", ours_push=100.0 * slack + 1, ours_tma=100.0, ours_auto=50.0,
+                    ours_push_u4=10.0, nccl=1.0, ours_push_plain=100.0, ours_tma_plain=100.0 * slack)
+               + _row("all_reduce", big, "eager", ours_push=(120.0, 101.0, 130.0), ours_tma=(100.0, 90.0, 102.0))
+               + _row("reduce_scatter", big, "eager", ours_push=(120.0, 103.0, 130.0), ours_tma=(100.0, 90.0, 102.0))
+               + _row("all_gather", 4 << 10, "graph", ours_one_shot=1.0))  # (its pick, Lamport, not timed)
+    misses = [line for _, line in bench_report.auto_misses({"world": world, "results": results})]
+    assert misses == [f"all_reduce, bf16, graph, 256 MB, symmetric: auto's pick push {100.0 * slack + 1:.1f} us, "
+                      f"tma 100.0 us (**{(100.0 * slack + 1) / 100:.2f}x** its time)",
+                      "reduce_scatter, bf16, eager, 256 MB, symmetric: auto's pick push 120.0 us, tma 100.0 us "
+                      "(**1.20x** its time)"]
+
+
+@pytest.mark.parametrize("device", ["2xH200", "4xH200"])
+def test_auto_picks_our_fastest_algorithm_in_the_committed_runs(device: str) -> None:
+    """Issue 49: ``auto`` picks the fastest measured algorithm at every size on 2 and 4 GPUs:
+    today's tuning against the committed bench of each machine (a new run that disagrees fails
+    here until the tuning follows it)."""
+    from collectives.tools import bench_report
+
+    import pathlib
+
+    run = bench_report.load(str(pathlib.Path(__file__).parents[2] / "docs" / "data"), device)["bench"]
+    assert bench_report.auto_misses(run) == []
