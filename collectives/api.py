@@ -168,8 +168,10 @@ def all_gather(out: torch.Tensor, inp: torch.Tensor, algorithm: str = "auto", ba
     a symmetric ``out`` is that buffer (zero-copy), any other is copied from an internal one.
     ``algorithm``: ``"one_shot"`` (16-byte vectors, or one element at a time when the tensors
     or M are not 16-byte aligned), ``"tma"`` (bulk copies on at most a quarter of the SMs;
-    16-byte aligned tensors and block size), ``"lamport"`` (no barrier: each 4 bytes travel with
-    the call's tag in one 8-byte word, every bit exact; an ``inp`` of at most 512 KB,
+    16-byte aligned tensors and block size), ``"push"`` (the one-shot's pushes in pipelined
+    rounds whose copies out of the internal buffer overlap the remote stores; peer backend:
+    :mod:`collectives.algorithms.push_gather`), ``"lamport"`` (no barrier: each 4 bytes travel
+    with the call's tag in one 8-byte word, every bit exact; an ``inp`` of at most 512 KB,
     ``config.LAMPORT_GATHER_MAX_BYTES``) or ``"auto"``; ``backend`` as for all_reduce;
     ``max_blocks`` and ``group`` as for reduce_scatter."""
     if _compiling():

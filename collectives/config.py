@@ -180,6 +180,9 @@ class Slot(IntEnum):
     #: The GEMM-overlap workspaces (:mod:`collectives.overlap`).
     GEMM_REDUCE_SCATTER = 6
     ALL_GATHER_GEMM = 7
+    #: Push all-gathers' receive slots (:mod:`collectives.algorithms.push_gather`): pushed into
+    #: before their first wait, read until their last.
+    PUSH_ALL_GATHER = 8
 
 #: The largest finite float8_e4m3fn: the MoE dispatch's fp8 quantization maps a token's largest
 #: magnitude to it (:func:`collectives.moe.quantize`, and its kernel's steps in

@@ -166,8 +166,10 @@ def _snapshot() -> list[str]:
         for algorithm, backend in itertools.product(algorithms(collective), BACKENDS):
             threads = 32 if collective == "barrier" else 512
             for dtype, world in itertools.product(("bf16",) if collective == "barrier" else DTYPES, SNAPSHOT_WORLDS):
-                ids.append(collective_id(collective, algorithm, backend, dtype, world, threads=threads,
-                                         stage_in=algorithm == "push"))
+                kid = collective_id(collective, algorithm, backend, dtype, world, threads=threads,
+                                    stage_in=algorithm == "push")
+                if _legal(kid):  # (the push all-gather: peer backend only)
+                    ids.append(kid)
             if collective == "barrier":
                 continue
             variants = itertools.chain(

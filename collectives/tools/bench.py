@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> int | None:
 
 
 #: Our algorithms in the all-gather rows.
-ALGORITHMS_ALL_GATHER = ("one_shot", "tma", "lamport", "auto")
+ALGORITHMS_ALL_GATHER = ("one_shot", "tma", "push", "lamport", "auto")
 
 
 def gather_rows(rec, nccl, dtype_name: str, nbytes: int, mode: str, iters: int) -> dict[str, float]:

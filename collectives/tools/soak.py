@@ -89,6 +89,8 @@ class Soak:
             n = -(-n // 16) * 16  # TMA moves whole 16-byte tiles
         if algorithm == "lamport":
             n = min(n, (LAMPORT_GATHER_MAX_BYTES if collective == "all_gather" else LAMPORT_MAX_BYTES) // 4)
+        if (collective, algorithm) == ("all_gather", "push"):
+            backend = "peer"  # (the push all-gather's only backend: drawn there, not refused)
         return collective, algorithm, backend, dtype, n, rng.random() < self.args.graph_fraction
 
     def tensors(self, collective: str, dtype: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -28,7 +28,7 @@ from ..symmetric.capability import cuda_missing
 CASES = [
     *(("all_reduce", a, p) for a in ("one_shot", "two_shot", "tma", "push") for p in ("symmetric", "plain")),
     *(("reduce_scatter", a, p) for a in ("one_shot", "tma", "push") for p in ("symmetric", "plain")),
-    *(("all_gather", a, p) for a in ("one_shot", "tma") for p in ("symmetric", "plain")),
+    *(("all_gather", a, p) for a in ("one_shot", "tma", "push") for p in ("symmetric", "plain")),
     ("all_to_all", "direct", "symmetric"), ("all_to_all", "staged", "plain"),
 ]
 

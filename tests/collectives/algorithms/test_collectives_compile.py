@@ -5,6 +5,7 @@ instructions and peer kernels none."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -30,6 +31,12 @@ def slim(collective: str, algorithm: str, dtype: str, world: int) -> bool:
     return world != 2 and dtype != "bf16"
 
 
+def peer_only(collective: str, algorithm: str, backend: str) -> bool:
+    """The keys an algorithm refuses by backend: the push all-gather's on the multicast backends
+    (its pipeline signals through the peers' pads; ``test_push_all_gather_refuses_the_multicast_backends``)."""
+    return (collective, algorithm) == ("all_gather", "push") and backend != "peer"
+
+
 CASES = [
     (collective, algorithm, backend, dtype, world)
     for collective, algorithms in ALGORITHMS.items()
@@ -37,8 +44,21 @@ CASES = [
     for backend in ("multicast", "peer")
     for dtype in (DTYPES if collective != "barrier" else ("bf16",))
     for world in (2, 4, 8)
-    if not slim(collective, algorithm, dtype, world)
+    if not slim(collective, algorithm, dtype, world) and not peer_only(collective, algorithm, backend)
 ]
+
+
+@pytest.mark.parametrize("backend", ["multicast", "multicast_emulated"])
+def test_push_all_gather_refuses_the_multicast_backends(backend: str) -> None:
+    """Its key names the rule; a call gets the refusal with the algorithms that take it."""
+    from collectives.algorithms import REGISTRY, Call
+
+    with pytest.raises(ValueError, match="peer backend only"):
+        KernelKey("all_gather", "push", backend, "bf16", 4, stage_in=True)
+    call = Call("all_gather", None, None, "bf16", "sum", backend, 4, n=64, nbytes=512, symmetric=False,
+                in_place=False, whole_vectors=True, pointers_aligned=True, capturing=False)
+    assert "algorithm='one_shot' or backend='peer'" in REGISTRY["all_gather", "push"].refusal(call)
+    assert REGISTRY["all_gather", "push"].refusal(replace(call, backend="peer")) is None
 
 
 def test_every_collective_has_its_algorithms_registered_once() -> None:

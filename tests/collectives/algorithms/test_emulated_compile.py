@@ -15,7 +15,7 @@ from collectives.dtypes import DTYPES
 
 pytest.importorskip("cutlass")
 from collectives.runtime.kernels import kernel_ptx  # noqa: E402
-from tests.collectives.algorithms.test_collectives_compile import slim  # noqa: E402 (the same cases left out)
+from tests.collectives.algorithms.test_collectives_compile import peer_only, slim  # noqa: E402 (the same cases left out)
 
 CASES = [
     (collective, algorithm, dtype, world)
@@ -23,7 +23,7 @@ CASES = [
     for algorithm in algorithms
     for dtype in (DTYPES if collective != "barrier" else ("bf16",))
     for world in (2, 4, 8)
-    if not slim(collective, algorithm, dtype, world)
+    if not slim(collective, algorithm, dtype, world) and not peer_only(collective, algorithm, "multicast_emulated")
 ]
 
 

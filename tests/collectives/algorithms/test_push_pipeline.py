@@ -52,8 +52,10 @@ def test_rounds_of_large_tensors() -> None:
     assert push_rounds(ceil_div(ceil_div(1 << 20, 8), step)) == 1  # 4 MB on 2 GPUs: one round
 
 
-def program(rounds: int, all_reduce: bool, final: bool, mutation: str = ""):
-    """The steps of one block of one rank in one call, in the kernel's order."""
+def program(rounds: int, all_reduce: bool, final: bool, mutation: str = "", gather: bool = False):
+    """The steps of one block of one rank in one call, in the kernel's order (``gather``: the
+    push all-gather's, :mod:`collectives.algorithms.push_gather`, whose step after each wait
+    copies the other ranks' slots out instead of reducing them)."""
     events = push_events(rounds, final)
     yield "push", 0
     yield "signal", 0
@@ -66,7 +68,7 @@ def program(rounds: int, all_reduce: bool, final: bool, mutation: str = ""):
             yield "collect", k - 1
         if k > 0 and mutation != "reduce before wait" or k == 0 and mutation == "push before the first wait":
             yield "wait", k
-        yield "reduce", k
+        yield ("copy" if gather else "reduce"), k
         if all_reduce and k > 0 and mutation != "collect before wait":
             yield "collect", k - 1
         if k + 1 < events:
@@ -89,8 +91,10 @@ class Model:
     stores its result on its own rank and the others pull it (calls of one round)."""
 
     def __init__(self, world: int, calls: list, all_reduce: bool, final: bool, mutation: str = "",
-                 alternate: bool | None = None, apart: bool = True, multicast: bool = False) -> None:
+                 alternate: bool | None = None, apart: bool = True, multicast: bool = False,
+                 gather: bool = False) -> None:
         self.world, self.calls, self.all_reduce, self.final = world, calls, all_reduce, final
+        self.gather = gather  # the push all-gather: slot r of every other rank, copied out there
         self.mutation, self.apart, self.multicast = mutation, apart, multicast
         self.alternate = (not final) if alternate is None else alternate
         self.memory: dict = {}  # (owner, buffer, element) -> value record
@@ -106,7 +110,7 @@ class Model:
 
     def _run(self, r: int):
         for c, call in enumerate(self.calls):
-            steps = program(call[r][1], self.all_reduce, self.final, self.mutation)
+            steps = program(call[r][1], self.all_reduce, self.final, self.mutation, self.gather)
             for step in steps:
                 if step[0] == "wait":
                     yield ("wait", c, step[1])
@@ -175,10 +179,14 @@ class Model:
         kind, c, k = self.pending[r]
         m, rounds = self.calls[c][r]
         b = self._buffer(c)
-        if kind == "push":
+        if kind == "push":  # (the all-gather stores its own chunk into its output, not its buffer)
             for q in range(self.world):
-                for i in self._chunk(c, r, k):
+                for i in self._chunk(c, r, k) if q != r or not self.gather else ():
                     self._write(r, c, (q, b, r * m + i), {q})
+        elif kind == "copy":  # the all-gather: the other ranks' slots of our buffer into our output
+            for s in set(range(self.world)) - {r}:
+                for i in self._chunk(c, r, k):
+                    self._read(r, c, (r, b, s * m + i))
         elif kind == "reduce":
             for i in self._chunk(c, r, k):
                 for s in range(self.world):
@@ -227,6 +235,33 @@ def test_schedule_is_race_free_over_consecutive_calls(kind: str, world: int) -> 
     all_reduce, final = KINDS[kind]
     for seed in range(150):
         Model(world, _calls(world, SHAPES), all_reduce, final).run(seed)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_the_all_gather_schedule_is_race_free_over_consecutive_calls(world: int) -> None:
+    """The push all-gather: one buffer, its final wait (every rank copied everything out)."""
+    for seed in range(150):
+        Model(world, _calls(world, SHAPES), False, True, gather=True).run(seed)
+
+
+@pytest.mark.parametrize("mutation", ["no final wait", "reduce before wait", "push before the first wait"])
+def test_the_model_catches_a_broken_all_gather_schedule(mutation: str) -> None:
+    """Without its final wait the next call's first pushes land on slots a rank still copies
+    out; a copy before its wait reads a chunk not yet pushed; a push before the first wait
+    outlives a failed call."""
+    calls = _calls(4, [(12, 3)]) + [MISMATCH] + _calls(4, [(12, 3), (16, 4)]) if "first" in mutation else _calls(
+        3, SHAPES)
+    with pytest.raises(Hazard):
+        for seed in range(300):
+            Model(len(calls[0]), calls, False, True, mutation, gather=True).run(seed)
+
+
+def test_all_gather_sizes_that_differ_fail_every_rank_and_keep_the_epochs() -> None:
+    for seed in range(300):
+        model = Model(4, _calls(4, [(12, 3)]) + [MISMATCH] + _calls(4, [(12, 3), (16, 4)]), False, True, gather=True)
+        model.run(seed)
+        assert all(f == [1] for f in model.failed), model.failed
+        assert len(set(model.epoch)) == 1
 
 
 @pytest.mark.parametrize(("kind", "mutation", "alternate", "apart"), [

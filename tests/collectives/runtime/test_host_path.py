@@ -281,7 +281,7 @@ def test_a_plan_hit_keeps_its_plan_past_the_caches_capacity() -> None:
 CASES = [("all_reduce", a) for a in ("one_shot", "two_shot", "tma", "push", "lamport", "auto")] + \
         [("all_reduce_out", a) for a in ("one_shot", "two_shot", "auto")] + \
         [("reduce_scatter", a) for a in ("one_shot", "tma", "push", "lamport", "auto")] + \
-        [("all_gather", a) for a in ("one_shot", "tma", "lamport", "auto")]
+        [("all_gather", a) for a in ("one_shot", "tma", "push", "lamport", "auto")]
 
 
 @pytest.mark.parametrize(("collective", "algorithm"), CASES)

@@ -55,7 +55,7 @@ def tensors(comm, n: int, dtype: str, placement: str) -> tuple[torch.Tensor, tor
 
 
 @pytest.mark.parametrize("placement", ["symmetric", "plain", "offset"])
-@pytest.mark.parametrize("algorithm", ["one_shot", "tma", "lamport", "auto"])
+@pytest.mark.parametrize("algorithm", ["one_shot", "tma", "push", "lamport", "auto"])
 @pytest.mark.parametrize("dtype", list(TORCH))
 def test_all_gather_matches_reference(comm, dtype: str, algorithm: str, placement: str) -> None:
     import collectives

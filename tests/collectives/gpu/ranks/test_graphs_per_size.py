@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 SIZES = [round(2 ** (10 + 0.8 * i)) // 64 * 64 for i in range(16)]
 CASES = [("all_reduce", a) for a in ("one_shot", "two_shot", "tma", "push", "lamport")] + \
         [("reduce_scatter", a) for a in ("one_shot", "tma", "push", "lamport")] + \
-        [("all_gather", a) for a in ("one_shot", "tma", "lamport")]
+        [("all_gather", a) for a in ("one_shot", "tma", "push", "lamport")]
 
 
 def _capture(fn) -> torch.cuda.CUDAGraph:
