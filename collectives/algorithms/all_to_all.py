@@ -95,6 +95,16 @@ MAX_BLOCKS = 128
 
 #: Vectors each thread loads before it stores them (loads in flight at once).
 UNROLL = 4
+#: The same for a staged receive's copy out of the staging buffer (a local copy, once the
+#: sender's part has arrived), which runs on the kernel's few blocks (``world x parts``, 32) after
+#: their sends: at 4 loads in flight a plain output's all-to-all took 30 us more than a symmetric
+#: one at 7.3 MB on 4 x H200 (114.6 vs 84.4, 512 tokens of the MoE bench), a copy at ~190 GB/s.
+#: Measured in one-GPU worlds (1 x H200, ``collectives.tools.bench --world W``, all-to-all rows,
+#: 2026-11-29, two alternated runs, us, staged at 56 MB per rank): W = 4: 471 / 474 at 4, 444 / 445
+#: at 8, 401 / 395 at 16 (direct: 253-258 throughout); W = 2: 190 / 191, 181 / 180, 159 / 159;
+#: no change past noise at 1.8 and 7.3 MB.  90 registers a thread at 16 (60 at 4): two blocks of
+#: 256 still fit an SM.
+COPY_OUT_UNROLL = 16
 #: Thread blocks of an all-to-all kernel the runtime launches (:func:`default_parts`).
 DEFAULT_BLOCKS = 32
 #: How a chunk reaches its receiver (:class:`Transport`): ``nvlink``, this GPU's stores through
@@ -270,16 +280,16 @@ class Transport:
 
     @cute.jit
     def copy_part(self, src: Int64, dst: Int64, m: Int64, j: Int32, src_reach: cutlass.Constexpr,
-                  dst_reach: cutlass.Constexpr) -> None:
+                  dst_reach: cutlass.Constexpr, unroll: cutlass.Constexpr = UNROLL) -> None:
         begin, size = self.part(m, j)
         self.copy(src + begin * self.bytes, dst + begin * self.bytes, cutlass.min(Int64(j + 1) * size, m) - begin,
-                  src_reach, dst_reach)
+                  src_reach, dst_reach, unroll)
 
     @cute.jit
     def copy(self, src: Int64, dst: Int64, m: Int64, src_reach: cutlass.Constexpr,
-             dst_reach: cutlass.Constexpr) -> None:
+             dst_reach: cutlass.Constexpr, unroll: cutlass.Constexpr = UNROLL) -> None:
         """dst[0:m] = src[0:m] by the block's threads (``src_reach``, ``dst_reach``: the
-        addresses' reaches)."""
+        addresses' reaches), ``unroll`` vectors loaded at a time by each."""
         by = "collectives.algorithms.all_to_all.Transport.copy"
         tidx = Int64(cute.arch.thread_idx()[0])
         head = m  # elements before the first 16-byte boundary: all of them unless both addresses agree
@@ -290,14 +300,14 @@ class Transport:
             vectors = (m - head) // self.vec
         src_v, dst_v = src + head * self.bytes, dst + head * self.bytes  # 16-byte aligned
         v = tidx
-        while v + (UNROLL - 1) * self.threads < vectors:  # UNROLL loads in flight, then their stores
-            ats = [cute.assume((v + u * self.threads) * self.vec, divby=self.vec) for u in range(UNROLL)]
+        while v + (unroll - 1) * self.threads < vectors:  # unroll loads in flight, then their stores
+            ats = [cute.assume((v + u * self.threads) * self.vec, divby=self.vec) for u in range(unroll)]
             loaded = [ptxops.ld(signals.gmem(self.dtype, src_v, VECTOR_BYTES, src_reach, by) + at,
                                 num_elements=self.vec)
                       for at in ats]
             for at, values in zip(ats, loaded):
                 ptxops.st(signals.gmem(self.dtype, dst_v, VECTOR_BYTES, dst_reach, by) + at, values)
-            v += UNROLL * self.threads
+            v += unroll * self.threads
         while v < vectors:
             at = cute.assume(v * self.vec, divby=self.vec)
             values = ptxops.ld(signals.gmem(self.dtype, src_v, VECTOR_BYTES, src_reach, by) + at, num_elements=self.vec)
@@ -500,7 +510,7 @@ def build(key: AllToAllKey):
                     recv_n = shared[3]
                 if shared[2] == Int64(0):
                     transport.copy_part(args.recv + recv_at * element, args.out + recv_at * element, recv_n, j,
-                                        PEER, LOCAL)
+                                        PEER, LOCAL, COPY_OUT_UNROLL)
         signals.leave_call(slots, calls, last, world, counter=counter)
 
     return launcher(kernel, key.threads, key.blocks, pdl=key.pdl, layout=ALL_TO_ALL)

@@ -92,6 +92,23 @@ AG_LAMPORT_MAX: dict[tuple[str, int], int] = {
     ("multicast", 8): 256 << 10,
 }
 
+#: (backend, world size) -> smallest all-gather output (bytes per rank) outside symmetric memory
+#: from which ``auto`` picks the push all-gather (:mod:`collectives.algorithms.push_gather`: its
+#: copies out overlap the NVLink stores) over one-shot.  Measured 2026-11-29 on 2 x H200
+#: (docs/data/bench-2xH200.json, tree 156fdf8 + the copy-out unroll; us, graph / eager): ahead at
+#: 256 MB (398.9 / 401.3 vs one-shot 436.5 / 437.8) and 64 MB (110.3 / 117.7 vs 117.4 / 122.7),
+#: behind at 16 MB (39.9 / 41.5 vs 38.8 / 38.5).  Not yet measured on 4 GPUs (where the copy out
+#: is three quarters of the output, not half): never there until it is; nor with multicast (the
+#: push all-gather runs on the peer backend only).
+AG_PLAIN_PUSH_MIN: dict[tuple[str, int], int] = {
+    ("peer", 2): 64 << 20,
+    ("peer", 4): 1 << 62,
+    ("peer", 8): 1 << 62,
+    ("multicast", 2): 1 << 62,
+    ("multicast", 4): 1 << 62,
+    ("multicast", 8): 1 << 62,
+}
+
 #: (backend, world size) -> the all-gather outputs (bytes per rank, from, to) of a symmetric,
 #: 16-byte aligned output for which ``auto`` picks TMA over one-shot.  Measured on 4 x H200 in
 #: three runs (docs/data/bench-4xH200.json of trees e88f8b8, 3f33ec4, 5dbb7ad; graphs, us): TMA
@@ -117,11 +134,13 @@ AG_TMA_WINDOW: dict[tuple[str, int], tuple[int, int]] = {
 #: at 256 MB).  The push with 4 loads in flight (three 2 x H200 runs since, docs/data/
 #: bench-2xH200.json of trees 9e61878, 5723ac3, d1a9677; graphs, us) was ahead at 16 MB in each
 #: (61.6 / 58.3 / 59.5 vs one-shot 66.0 / 64.2 / 66.8) and tied or ahead at 4 MB (21.3 / 21.0 /
-#: 22.1 vs 21.8 / 22.5 / 22.1), so on 2 GPUs one-shot stays inside Lamport's range, as on 4: there
-#: (2026-11-22, the earlier push) push was the fastest plain algorithm from 1 MB (16.9 us vs
-#: two-shot staged 18.0) to 256 MB (1300 vs 1562 us); 8 GPUs extrapolated.
+#: 22.1 vs 21.8 / 22.5 / 22.1); a fourth (2026-11-29, tree 156fdf8) had them tied at 16 MB (63.0 vs
+#: 63.4) and split at 4 MB (graph 21.1 vs 22.3, eagerly 22.8 vs 20.4 with the bursts apart), so the
+#: crossover is put at 4 MB.  On 4 GPUs (2026-11-22, the earlier push) push was the fastest plain
+#: algorithm from 1 MB (16.9 us vs two-shot staged 18.0) to 256 MB (1300 vs 1562 us), so one-shot's
+#: own crossover (inside Lamport's range) stands there; 8 GPUs extrapolated.
 PLAIN_ONE_SHOT_MAX: dict[tuple[str, int], int] = {
-    ("peer", 2): 1 << 20,
+    ("peer", 2): 4 << 20,
     ("peer", 4): 256 << 10,
     ("peer", 8): 8 << 10,
     ("multicast", 2): 4 << 20,
@@ -232,14 +251,17 @@ def reduce_scatter_algorithm(world: int, nbytes: int, backend: str, aligned: boo
 
 def all_gather_algorithm(world: int, nbytes: int, backend: str, aligned: bool = True,
                          symmetric: bool = True) -> str:
-    """Lamport up to its crossover (:data:`AG_LAMPORT_MAX`), then one-shot, but TMA for a
-    symmetric, 16-byte aligned output inside :data:`AG_TMA_WINDOW`.  Measured 2026-11-23 on 2 x
+    """Lamport up to its crossover (:data:`AG_LAMPORT_MAX`), then one-shot, but push for an
+    output outside symmetric memory from :data:`AG_PLAIN_PUSH_MIN` and TMA for a symmetric,
+    16-byte aligned output inside :data:`AG_TMA_WINDOW`.  Measured 2026-11-23 on 2 x
     H200 (``collectives.tools.all_gather_bench``, bf16, 4 KB-256 MB of output per rank, eager and
     graphs): TMA never beat one-shot by more than noise on symmetric tensors (16 MB graph 34.5 vs
     37.0 us; 256 MB 409 vs 376-380 us, 8% slower) and lost badly on plain ones (926 vs 497-509 us
     at 256 MB: its copy-out runs on the quarter of the SMs it is given); 4 GPUs: the window."""
     if lamport_blocks(AG_LAMPORT_MAX, world, nbytes, backend, LAMPORT_GATHER_MAX_BYTES):
         return "lamport"
+    if not symmetric and nbytes >= _lookup(AG_PLAIN_PUSH_MIN, backend, world):
+        return "push"
     low, high = _lookup(AG_TMA_WINDOW, backend, world)
     if symmetric and aligned and low <= nbytes <= high:
         return "tma"

@@ -110,22 +110,16 @@ def auto_pick(collective: str, world: int, nbytes: int, symmetric: bool) -> str 
     return None if choose is None else choose(world, nbytes, "peer", symmetric=symmetric)
 
 
-def auto_misses(run: dict) -> list[tuple[float, str]]:
-    """(pick / fastest, line) of every collective row where the algorithm ``auto`` picks now
-    (:func:`auto_pick`, for the run's world; symmetric and plain tensors apart) was not our
-    fastest algorithm in that run: in an eager row of interleaved bursts (``us_min`` and
-    ``us_max`` recorded) slower with the bursts apart (the pick's fastest burst slower than the
-    other's slowest: eager rows at one size spread by up to 2x on a busy host), in any other row
-    (graphs: best of 3) more than :data:`AUTO_SLACK` slower.  The pick's own column
-    (``ours_<algorithm>``) is compared, not ``ours_auto``'s, so that the tuning is judged and not
-    that column's noise; variants (other knobs than the defaults) and rows whose pick was not
-    timed are left out."""
+def _auto_rows(run: dict) -> list[tuple]:
+    """Per collective row and placement timed with the pick: (collective, dtype, mode, bytes,
+    placement, pick, our fastest algorithm, the pick's us, the fastest's us, missed) (see
+    :func:`auto_misses`)."""
     from ..algorithms import ALGORITHMS
 
     records: dict[tuple, dict[str, dict]] = defaultdict(dict)
     for r in run["results"]:
         records[(r["collective"], r["dtype"], r["mode"], r["bytes"])][r["impl"]] = r
-    found = []
+    rows = []
     for (collective, dtype, mode, nbytes), row in records.items():
         for symmetric, placement in ((True, ""), (False, "_plain")):
             pick = auto_pick(collective, run["world"], nbytes, symmetric)
@@ -135,14 +129,44 @@ def auto_misses(run: dict) -> list[tuple[float, str]]:
                 continue
             best = min(timed, key=lambda a: timed[a]["us"])
             mine, fastest = timed[pick], timed[best]
+            missed = mine["us"] > AUTO_SLACK * fastest["us"]
             if "us_min" in mine and "us_max" in fastest:  # (eager rows of interleaved bursts)
-                missed = mine["us_min"] > fastest["us_max"]
-            else:
-                missed = mine["us"] > AUTO_SLACK * fastest["us"]
-            if missed:
-                what = f"{collective}, {dtype}, {mode}, {_size(nbytes)}, {'symmetric' if symmetric else 'plain'}"
-                found.append(_loss(what, f"auto's pick {pick}", mine["us"], best, fastest["us"]))
+                missed = missed and mine["us_min"] > fastest["us_max"]
+            rows.append((collective, dtype, mode, nbytes, "symmetric" if symmetric else "plain", pick, best,
+                         mine["us"], fastest["us"], missed))
+    return rows
+
+
+def auto_misses(run: dict) -> list[tuple[float, str]]:
+    """(pick / fastest, line) of every collective row where the algorithm ``auto`` picks now
+    (:func:`auto_pick`, for the run's world; symmetric and plain tensors apart) was not our
+    fastest algorithm in that run: more than :data:`AUTO_SLACK` slower, and in an eager row of
+    interleaved bursts (``us_min`` and ``us_max`` recorded) with the bursts apart besides (the
+    pick's fastest burst slower than the other's slowest: eager rows at one size spread by up to
+    2x on a busy host).  The pick's own column (``ours_<algorithm>``) is compared, not
+    ``ours_auto``'s, so that the tuning is judged and not that column's noise; variants (other
+    knobs than the defaults) and rows whose pick was not timed are left out.  A row missed in
+    every mode timed is marked so (:func:`decisive_misses`)."""
+    decisive = set(decisive_misses(run))
+    found = []
+    for collective, dtype, mode, nbytes, placement, pick, best, us, them, missed in _auto_rows(run):
+        if missed:
+            what = f"{collective}, {dtype}, {mode}, {_size(nbytes)}, {placement}"
+            ratio, line = _loss(what, f"auto's pick {pick}", us, best, them)
+            both = " (in every mode: a clear loss)" if (collective, dtype, nbytes, placement) in decisive else ""
+            found.append((ratio, line + both))
     return found
+
+
+def decisive_misses(run: dict) -> list[tuple[str, str, int, str]]:
+    """The rows (collective, dtype, bytes, placement) that ``auto``'s pick missed in every mode
+    timed (graphs and eagerly, :func:`auto_misses`): where one run's graph and eager columns
+    agree, run-to-run noise (the same column moves by up to 10-15 % between runs of one
+    machine: 2 x H200, the 16 MB all-reduce's TMA 57.6 then 67.1 us) does not explain it."""
+    modes: dict[tuple, list[bool]] = defaultdict(list)
+    for collective, dtype, _, nbytes, placement, _, _, _, _, missed in _auto_rows(run):
+        modes[(collective, dtype, nbytes, placement)].append(missed)
+    return sorted(row for row, missed in modes.items() if all(missed))
 
 
 def _best_ours(us: dict[tuple[str, int], float]) -> tuple[str, int, float] | None:
@@ -313,8 +337,9 @@ def render(runs: dict[str, dict], device: str, level: int = 2) -> str:
         misses = [f"- {line}" for _, line in sorted(auto_misses(runs["bench"]), key=lambda x: -x[0])]
         lines += ["", f"{h}# Where auto is not our fastest ({device})", "",
                   "Rows where the algorithm `auto` picks with today's tuning (`collectives.algorithms.tuning`) "
-                  f"was not our fastest in this run: in graphs more than {AUTO_SLACK - 1:.0%} slower, eagerly "
-                  "slower with the bursts' ranges apart (`collectives.tools.bench_report.auto_misses`).", ""]
+                  f"was not our fastest in this run: more than {AUTO_SLACK - 1:.0%} slower, eagerly with the "
+                  "bursts' ranges apart too (`collectives.tools.bench_report.auto_misses`); a row missed both in "
+                  "graphs and eagerly is marked.", ""]
         lines += misses or ["Nowhere: every pick was our fastest algorithm, or within that margin."]
     skipped = [f"- {b}: {line}" for b, run in runs.items() for line in skipped_lines(run.get("skipped", []))]
     lines += ["", f"{h}# Skipped columns ({device})", ""] + (skipped or ["None."]) + [""]
@@ -372,7 +397,8 @@ def main(argv: list[str] | None = None) -> None:
         print(section, end="")
 
 
-__all__ = ["AUTO_SLACK", "BENCHES", "LEADERS", "auto_misses", "auto_pick", "leader_table", "load", "render", "write"]
+__all__ = ["AUTO_SLACK", "BENCHES", "LEADERS", "auto_misses", "auto_pick", "decisive_misses", "leader_table", "load",
+           "render", "write"]
 
 if __name__ == "__main__":
     main()

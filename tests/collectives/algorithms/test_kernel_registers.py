@@ -35,6 +35,8 @@ KEYS = [
     KernelKey("reduce_scatter", "one_shot", "multicast_emulated", "bf16", 8),
     KernelKey("all_reduce", "two_shot", "multicast_emulated", "bf16", 8),
     KernelKey("all_gather", "one_shot", "multicast_emulated", "bf16", 8),
+    # the push all-gather's destinations (one per rank, held in registers): 109 at 8 ranks (2026-11-29)
+    KernelKey("all_gather", "push", "peer", "bf16", 8, stage_in=True),
     # the bit-exact Lamport all-gather's tagged words: 56 and 64 registers at 8 ranks (2026-11-28)
     KernelKey("all_gather", "lamport", "peer", "bf16", 8, threads=256),
     KernelKey("all_gather", "lamport", "peer", "bf16", 8, threads=256, vector=1),

@@ -101,16 +101,19 @@ def test_crossover_falls_with_world_size() -> None:
     assert limits == sorted(limits, reverse=True) and limits[0] > limits[-1]
 
 
-def test_all_gather_picks_one_shot_past_lamport_but_tma_in_its_measured_window() -> None:
+def test_all_gather_picks_one_shot_past_lamport_but_tma_or_push_where_measured_ahead() -> None:
     """TMA lost or tied at every measured size on 2 x H200, and on plain outputs everywhere; on 4
     x H200 it led at 16 MB of symmetric output in three runs: TMA there (aligned, symmetric)
-    only, on the peer backend where measured."""
+    only.  The push all-gather led the one-shot on plain outputs from 64 MB on 2 x H200, aligned
+    or not: push there.  Both on the peer backend only, where measured."""
     for world in (2, 4, 8):
         for backend in ("peer", "multicast"):
             for nbytes in (8 << 20, 16 << 20, 64 << 20, 1 << 30):
                 for aligned in (True, False):
                     for symmetric in (True, False):
                         window = (world, backend, aligned, symmetric) == (4, "peer", True, True) and nbytes == 16 << 20
+                        push = (world, backend, symmetric) == (2, "peer", False) and nbytes >= 64 << 20
                         assert tuning.all_gather_algorithm(world, nbytes, backend, aligned, symmetric) == (
-                            "tma" if window else "one_shot"), (world, backend, nbytes, aligned, symmetric)
+                            "tma" if window else "push" if push else "one_shot"), (world, backend, nbytes, aligned,
+                                                                                   symmetric)
     assert tuning.all_gather_algorithm(3, 32 << 20, "peer") == "tma"  # (3 ranks read 4's entry)
