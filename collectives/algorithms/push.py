@@ -146,7 +146,81 @@ def results_table(results: Int64) -> Int64:
     return results if active is None else active.bases(0)
 
 
-class PushKernel:
+class Pipeline:
+    """The pipelined push's schedule for one thread block (the module docstring), shared by the
+    push kernels of this module and the push all-gather
+    (:mod:`collectives.algorithms.push_gather`).  A subclass sets ``world``, ``threads``, ``vec``
+    and ``final`` (a last wait for every rank's last event) and writes the rounds' work:
+    :meth:`slot_elements` (the elements of a slot, which the rounds cut), :meth:`send` (chunk
+    ``k``'s pushes, before any wait of that round), :meth:`work` (what round ``k`` does once every
+    rank's event ``k`` came) and :meth:`finish` (after the final wait)."""
+
+    @cute.jit
+    def slot_elements(self, n):
+        return n
+
+    @cute.jit
+    def send(self, args: KernelArgs, k, chunk, first, step):
+        raise NotImplementedError
+
+    @cute.jit
+    def work(self, args: KernelArgs, k, chunk, first, step):
+        raise NotImplementedError
+
+    @cute.jit
+    def finish(self, args: KernelArgs, rounds, chunk, first, step):
+        pass
+
+    @cute.jit
+    def wait(self, flag, pad_table, pad, rank, block, calls, j, deadline, err, which, size):
+        """Wait for every rank's event ``j`` (True in every thread of the block if it came,
+        with our size)."""
+        return signals.block_all(flag, signals.wait_peers(
+            pad_table, pad, rank, block, calls, calls + Uint32(j + 1), deadline, err, which, size, self.world))
+
+    @cute.jit
+    def pipeline_kernel(self, args: KernelArgs):
+        n = args.n
+        pad_table, pad, err, rank, timeout_ns = args.pad_table, args.pad, args.err, args.rank, args.timeout_ns
+        tidx = cute.arch.thread_idx()[0]
+        block = cute.arch.block_idx()[0]
+        flag = SmemAllocator().allocate_tensor(Int32, cute.make_layout(1), byte_alignment=4)
+        calls, last = signals.enter_call(pad, self.world)  # this call's events are calls + 1 ...
+        deadline = cute.arch.globaltimer() + timeout_ns
+        size = signals.size_word(n, args.kinds)
+        first = Int64(block) * self.threads + tidx
+        step = Int64(cute.arch.grid_dim()[0]) * self.threads
+        strides = ceil_div(ceil_div(self.slot_elements(n), self.vec), step)
+        chunk = push_round_strides(strides) * step * self.vec
+        rounds = push_rounds(strides)
+        events = push_events(rounds, self.final)
+
+        self.send(args, Int64(0), chunk, first, step)
+        signals.signal_peers(pad_table, rank, block, calls, calls + Uint32(1), size, self.world)
+        # Every rank's size before any other push: a failed call's pushes are all signalled.
+        ok = self.wait(flag, pad_table, pad, rank, block, calls, Int64(0), deadline, err, Int32(0), size)
+        if not ok:
+            signals.lamport_missed_start(pad_table, rank, calls, self.world)  # (a rank that ran Lamport here?)
+        k = Int64(0)
+        while ok and k < rounds:
+            if k + 1 < rounds:
+                self.send(args, k + 1, chunk, first, step)
+            if k > 0:
+                ok = self.wait(flag, pad_table, pad, rank, block, calls, k, deadline, err, Int32(PUSH_ROUND), size)
+            if ok:
+                self.work(args, k, chunk, first, step)
+                if k + 1 < events:
+                    signals.signal_peers(pad_table, rank, block, calls, calls + Uint32(k + 2), size, self.world)
+            k += 1
+        if cutlass.const_expr(self.final):
+            if ok:
+                ok = self.wait(flag, pad_table, pad, rank, block, calls, rounds, deadline, err, Int32(1), size)
+                if ok:
+                    self.finish(args, rounds, chunk, first, step)
+        signals.leave_call(pad, calls, last, self.world)
+
+
+class PushKernel(Pipeline):
     """The push kernel of one key: its compile-time choices as attributes, one ``@cute.jit``
     method per phase (the module docstring gives the schedule): the pipeline on the peer
     backend, one round between two multicast barriers on the others; the reduce-scatter and
@@ -285,57 +359,24 @@ class PushKernel:
         self.pull(results_table(results), out, n, rank, Int64(0), self.slot_elements(n), first, step)
 
     @cute.jit
-    def wait(self, flag, pad_table, pad, rank, block, calls, j, deadline, err, which, size):
-        """Wait for every rank's event ``j`` (True in every thread of the block if it came,
-        with our size)."""
-        return signals.block_all(flag, signals.wait_peers(
-            pad_table, pad, rank, block, calls, calls + Uint32(j + 1), deadline, err, which, size, self.world))
+    def send(self, args: KernelArgs, k, chunk, first, step):
+        self.push(args.data_table, args.src, args.n, args.rank, k, chunk, first, step)
 
     @cute.jit
-    def pipeline_kernel(self, args: KernelArgs):
-        data_table, out, src, n = args.data_table, args.out, args.src, args.n
-        pad_table, pad, err, rank, timeout_ns = args.pad_table, args.pad, args.err, args.rank, args.timeout_ns
-        tidx = cute.arch.thread_idx()[0]
-        block = cute.arch.block_idx()[0]
-        flag = SmemAllocator().allocate_tensor(Int32, cute.make_layout(1), byte_alignment=4)
-        calls, last = signals.enter_call(pad, self.world)  # this call's events are calls + 1 ...
-        deadline = cute.arch.globaltimer() + timeout_ns
-        size = signals.size_word(n, args.kinds)
-        first = Int64(block) * self.threads + tidx
-        step = Int64(cute.arch.grid_dim()[0]) * self.threads
+    def work(self, args: KernelArgs, k, chunk, first, step):
+        """Chunk ``k`` reduced; the all-reduce's chunk ``k - 1`` of the other owners' results
+        copied out."""
         results = args.results if cutlass.const_expr(self.all_reduce) else None  # read where it is used
-        strides = ceil_div(ceil_div(self.slot_elements(n), self.vec), step)
-        chunk = push_round_strides(strides) * step * self.vec
-        rounds = push_rounds(strides)
-        events = push_events(rounds, self.final)
-
-        self.push(data_table, src, n, rank, Int64(0), chunk, first, step)
-        signals.signal_peers(pad_table, rank, block, calls, calls + Uint32(1), size, self.world)
-        # Every rank's size before any other push: a failed call's pushes are all signalled.
-        ok = self.wait(flag, pad_table, pad, rank, block, calls, Int64(0), deadline, err, Int32(0), size)
-        if not ok:
-            signals.lamport_missed_start(pad_table, rank, calls, self.world)  # (a rank that ran Lamport here?)
-        k = Int64(0)
-        while ok and k < rounds:
-            if k + 1 < rounds:
-                self.push(data_table, src, n, rank, k + 1, chunk, first, step)
+        self.reduce_chunk(args.data_table, results, args.out, args.n, args.rank, k, chunk, first, step)
+        if cutlass.const_expr(self.all_reduce):
             if k > 0:
-                ok = self.wait(flag, pad_table, pad, rank, block, calls, k, deadline, err, Int32(PUSH_ROUND), size)
-            if ok:
-                self.reduce_chunk(data_table, results, out, n, rank, k, chunk, first, step)
-                if cutlass.const_expr(self.all_reduce):
-                    if k > 0:
-                        self.collect(results, out, n, rank, k - 1, chunk, first, step)
-                if k + 1 < events:
-                    signals.signal_peers(pad_table, rank, block, calls, calls + Uint32(k + 2), size, self.world)
-            k += 1
-        if cutlass.const_expr(self.final):
-            if ok:
-                ok = self.wait(flag, pad_table, pad, rank, block, calls, rounds, deadline, err, Int32(1), size)
-                if cutlass.const_expr(self.all_reduce):
-                    if ok:
-                        self.collect(results, out, n, rank, rounds - 1, chunk, first, step)
-        signals.leave_call(pad, calls, last, self.world)
+                self.collect(results, args.out, args.n, args.rank, k - 1, chunk, first, step)
+
+    @cute.jit
+    def finish(self, args: KernelArgs, rounds, chunk, first, step):
+        """The all-reduce's last chunk of the other owners' results copied out."""
+        if cutlass.const_expr(self.all_reduce):
+            self.collect(args.results, args.out, args.n, args.rank, rounds - 1, chunk, first, step)
 
 
 def build(key: KernelKey):
@@ -383,5 +424,5 @@ class Push(Algorithm):
         return build(key)
 
 
-__all__ = ["Push", "PushKernel", "build", "layout", "push_events", "push_round_strides", "push_rounds",
+__all__ = ["Pipeline", "Push", "PushKernel", "build", "layout", "push_events", "push_round_strides", "push_rounds",
            "push_slice_elements", "results_table"]

@@ -37,8 +37,7 @@ from typing import Any
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Int64, Uint32
-from cutlass.memory import SmemAllocator
+from cutlass import Int64
 
 import ptxops
 
@@ -48,14 +47,19 @@ from ..device.kernel_args import KernelArgs
 from ..device.launch import launcher
 from ..layouts import PUSH_ROUND
 from . import design
-from .base import Algorithm, Call, ceil_div
+from .base import Algorithm, Call
 from .key import KernelKey
 from .protocol import Runtime
-from .push import push_events, push_round_strides, push_rounds
+from .push import Pipeline
 
 
-class PushGatherKernel:
-    """The push all-gather kernel of one key (the module docstring gives the schedule)."""
+class PushGatherKernel(Pipeline):
+    """The push all-gather kernel of one key: the push pipeline's schedule
+    (:class:`~collectives.algorithms.push.Pipeline`, the module docstring) over slots of ``n``
+    elements, whose rounds push our chunk (:meth:`push`) and copy the others' out
+    (:meth:`collect`), with a final wait."""
+
+    final = True
 
     def __init__(self, key: KernelKey) -> None:
         self.key = key
@@ -103,54 +107,17 @@ class PushGatherKernel:
             self.b.copy_local(own + at, out + at, lo, hi, first, step)
 
     @cute.jit
-    def wait(self, flag, pad_table, pad, rank, block, calls, j, deadline, err, which, size):
-        """Wait for every rank's event ``j`` (True in every thread of the block if it came, with
-        our size)."""
-        return signals.block_all(flag, signals.wait_peers(
-            pad_table, pad, rank, block, calls, calls + Uint32(j + 1), deadline, err, which, size, self.world))
+    def send(self, args: KernelArgs, k, chunk, first, step):
+        self.push(args.data_table, args.out, args.src, args.n, args.rank, k, chunk, first, step)
 
     @cute.jit
-    def kernel(self, args: KernelArgs):
-        table, out, src, n = args.data_table, args.out, args.src, args.n
-        pad_table, pad, err, rank, timeout_ns = args.pad_table, args.pad, args.err, args.rank, args.timeout_ns
-        tidx = cute.arch.thread_idx()[0]
-        block = cute.arch.block_idx()[0]
-        flag = SmemAllocator().allocate_tensor(Int32, cute.make_layout(1), byte_alignment=4)
-        calls, last = signals.enter_call(pad, self.world)  # this call's events are calls + 1 ...
-        deadline = cute.arch.globaltimer() + timeout_ns
-        size = signals.size_word(n, args.kinds)
-        first = Int64(block) * self.threads + tidx
-        step = Int64(cute.arch.grid_dim()[0]) * self.threads
-        strides = ceil_div(ceil_div(n, self.vec), step)
-        chunk = push_round_strides(strides) * step * self.vec
-        rounds = push_rounds(strides)
-        events = push_events(rounds, True)
-
-        self.push(table, out, src, n, rank, Int64(0), chunk, first, step)
-        signals.signal_peers(pad_table, rank, block, calls, calls + Uint32(1), size, self.world)
-        # Every rank's size before any other push: a failed call's pushes are all signalled.
-        ok = self.wait(flag, pad_table, pad, rank, block, calls, Int64(0), deadline, err, Int32(0), size)
-        if not ok:
-            signals.lamport_missed_start(pad_table, rank, calls, self.world)  # (a rank that ran Lamport here?)
-        k = Int64(0)
-        while ok and k < rounds:
-            if k + 1 < rounds:
-                self.push(table, out, src, n, rank, k + 1, chunk, first, step)
-            if k > 0:
-                ok = self.wait(flag, pad_table, pad, rank, block, calls, k, deadline, err, Int32(PUSH_ROUND), size)
-            if ok:
-                self.collect(table, out, n, rank, k, chunk, first, step)
-                if k + 1 < events:
-                    signals.signal_peers(pad_table, rank, block, calls, calls + Uint32(k + 2), size, self.world)
-            k += 1
-        if ok:  # every rank copied everything out: its buffer is free for the next call's pushes
-            ok = self.wait(flag, pad_table, pad, rank, block, calls, rounds, deadline, err, Int32(1), size)
-        signals.leave_call(pad, calls, last, self.world)
+    def work(self, args: KernelArgs, k, chunk, first, step):
+        self.collect(args.data_table, args.out, args.n, args.rank, k, chunk, first, step)
 
 
 def build(key: KernelKey):
     """The ``@cute.jit`` launcher of the push all-gather for ``key``."""
-    return launcher(PushGatherKernel(key).kernel, key.threads, pdl=key.pdl)
+    return launcher(PushGatherKernel(key).pipeline_kernel, key.threads, pdl=key.pdl)
 
 
 class PushGather(Algorithm):
