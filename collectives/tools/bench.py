@@ -677,16 +677,20 @@ def _nccl_line(run: dict) -> str:
     return f"NCCL {run['nccl_version']}." + (f" {skipped}." if skipped else "")
 
 
-def _auto_pick(collective: str, world: int, nbytes: int) -> str:
-    """The algorithms ``auto`` runs for a 16-byte aligned tensor of ``nbytes`` on the peer
-    backend, symmetric / plain (alike where the collective's choice ignores the placement)."""
-    import inspect
-
+def auto_pick(collective: str, world: int, nbytes: int, symmetric: bool) -> str | None:
+    """The algorithm ``auto`` picks now (:mod:`collectives.algorithms.tuning`) for a 16-byte
+    aligned tensor of ``nbytes`` per rank on the peer backend, symmetric or not (None: the
+    collective has one algorithm, the barrier)."""
     from ..algorithms import tuning
 
-    pick = getattr(tuning, f"{collective}_algorithm")
-    placed = "symmetric" in inspect.signature(pick).parameters
-    return " / ".join(pick(world, nbytes, "peer", **({"symmetric": s} if placed else {})) for s in (True, False))
+    choose = getattr(tuning, f"{collective}_algorithm", None)
+    return None if choose is None else choose(world, nbytes, "peer", symmetric=symmetric)
+
+
+def _auto_pick(collective: str, world: int, nbytes: int) -> str:
+    """The algorithms ``auto`` runs for a 16-byte aligned tensor of ``nbytes`` on the peer
+    backend, symmetric / plain (:func:`auto_pick`)."""
+    return " / ".join(auto_pick(collective, world, nbytes, s) for s in (True, False))
 
 
 def _size(nbytes: int) -> str:

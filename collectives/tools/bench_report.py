@@ -23,7 +23,7 @@ import os
 import re
 from collections import defaultdict
 
-from .bench import _size, markdown, skipped_lines, strongest_nccl
+from .bench import _size, auto_pick, markdown, skipped_lines, strongest_nccl
 
 #: The benches whose JSON a section renders, in its order (file name prefixes).
 BENCHES = ("bench", "gemm-overlap", "moe", "moe-symm-mem", "overlap-timeline")
@@ -100,16 +100,6 @@ def collective_losses(run: dict) -> list[tuple[float, str]]:
 AUTO_SLACK = 1.06
 
 
-def auto_pick(collective: str, world: int, nbytes: int, symmetric: bool) -> str | None:
-    """The algorithm ``auto`` picks now (:mod:`collectives.algorithms.tuning`) for a 16-byte
-    aligned tensor of ``nbytes`` per rank on the peer backend, symmetric or not (None: the
-    collective has one algorithm, the barrier)."""
-    from ..algorithms import tuning
-
-    choose = getattr(tuning, f"{collective}_algorithm", None)
-    return None if choose is None else choose(world, nbytes, "peer", symmetric=symmetric)
-
-
 def _auto_rows(run: dict) -> list[tuple]:
     """Per collective row and placement timed with the pick: (collective, dtype, mode, bytes,
     placement, pick, our fastest algorithm, the pick's us, the fastest's us, missed) (see
@@ -139,7 +129,7 @@ def _auto_rows(run: dict) -> list[tuple]:
 
 def auto_misses(run: dict) -> list[tuple[float, str]]:
     """(pick / fastest, line) of every collective row where the algorithm ``auto`` picks now
-    (:func:`auto_pick`, for the run's world; symmetric and plain tensors apart) was not our
+    (:func:`~collectives.tools.bench.auto_pick`, for the run's world; symmetric and plain tensors apart) was not our
     fastest algorithm in that run: more than :data:`AUTO_SLACK` slower, and in an eager row of
     interleaved bursts (``us_min`` and ``us_max`` recorded) with the bursts apart besides (the
     pick's fastest burst slower than the other's slowest: eager rows at one size spread by up to
