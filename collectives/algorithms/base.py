@@ -16,7 +16,7 @@ from itertools import product
 from typing import Any, ClassVar
 
 from .. import config
-from ..config import KIND_SHIFT, MAX_ELEMENTS, MULTICAST_PATHS, OPS, VECTOR_BYTES, Slot
+from ..config import BACKENDS, KIND_SHIFT, MAX_ELEMENTS, MULTICAST_PATHS, OPS, VECTOR_BYTES, Slot
 from ..dtypes import DTYPES
 from ..errors import CollectiveError
 from ..layouts import COLLECTIVE, Layout
@@ -151,6 +151,8 @@ class Algorithm:
     non-symmetric input in itself), ``drops_end_barrier`` (the collectives whose staged variant
     may skip its end barrier: the caller alternates two buffers), ``whole_vectors_only`` (moves
     16-byte tiles: no ``vector=1``).
+    ``backends``: the backends it runs on (every one but where its kernel needs another's
+    means: the push all-gather's pipeline signals through the peers' pads).
     ``barriered``: its kernels pass the start (and end) barrier of
     :mod:`~collectives.algorithms.design` (not so a Lamport one).  ``phases``: the error-record
     phase codes its kernel writes beyond the start and end barriers, with their names.  A
@@ -162,6 +164,7 @@ class Algorithm:
     stages_in: ClassVar[str] = "optional"
     drops_end_barrier: ClassVar[tuple[str, ...]] = ()
     whole_vectors_only: ClassVar[bool] = False
+    backends: ClassVar[tuple[str, ...]] = BACKENDS
     barriered: ClassVar[bool] = True
     phases: ClassVar[dict[int, str]] = {}
 
@@ -173,6 +176,9 @@ class Algorithm:
 
     def check(self, key: Any) -> None:
         """Raise ValueError for a kernel key whose choices this algorithm does not take."""
+        if key.backend not in self.backends:
+            raise ValueError(f"{self.name} {key.collective} runs on the {' and '.join(self.backends)} backend only, "
+                             f"not {key.backend!r}")
         if key.gather_out and key.collective not in self.gathers_out:
             raise ValueError("gather_out copies a two-shot or TMA all-reduce's or an all-gather's result out: "
                              "not for this algorithm")

@@ -129,18 +129,16 @@ class PushGather(Algorithm):
     collectives = ("all_gather",)
     name = "push"
     stages_in = "always"
+    backends = ("peer",)  # (its pipeline signals through the peers' pads)
     phases = {PUSH_ROUND: "push round"}
 
     def check(self, key: KernelKey) -> None:
-        if key.backend != "peer":
-            raise ValueError(f"push all_gather runs on the peer backend only (its pipeline signals through the "
-                             f"peers' pads), not {key.backend!r}")
+        super().check(key)
         if not key.stage_in:
             raise ValueError("push sends its input straight from where it lies (stage_in=True)")
-        super().check(key)
 
     def refusal(self, call: Call) -> str | None:
-        if call.backend != "peer":
+        if call.backend not in self.backends:
             return (f"push all_gather runs on the peer backend only, not {call.backend!r}: use "
                     "algorithm='one_shot' or backend='peer'")
         return super().refusal(call)

@@ -33,7 +33,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from .. import reference  # noqa: E402
-from ..algorithms import ALGORITHMS, lamport  # noqa: E402
+from ..algorithms import ALGORITHMS, REGISTRY, lamport  # noqa: E402
 from ..config import (LAMPORT_BLOCKS, LAMPORT_BUFFERS, LAMPORT_GATHER_MAX_BYTES, LAMPORT_MAX_BYTES,  # noqa: E402
                       LAMPORT_WIDTHS, VECTOR_BYTES)
 from ..dtypes import DTYPES  # noqa: E402
@@ -89,8 +89,9 @@ class Soak:
             n = -(-n // 16) * 16  # TMA moves whole 16-byte tiles
         if algorithm == "lamport":
             n = min(n, (LAMPORT_GATHER_MAX_BYTES if collective == "all_gather" else LAMPORT_MAX_BYTES) // 4)
-        if (collective, algorithm) == ("all_gather", "push"):
-            backend = "peer"  # (the push all-gather's only backend: drawn there, not refused)
+        impl = REGISTRY.get((collective, algorithm))
+        if impl is not None and backend not in impl.backends:  # (the push all-gather's: drawn there, not refused)
+            backend = next(b for b in BACKENDS if b in impl.backends)
         return collective, algorithm, backend, dtype, n, rng.random() < self.args.graph_fraction
 
     def tensors(self, collective: str, dtype: str, n: int) -> tuple[torch.Tensor, torch.Tensor]:

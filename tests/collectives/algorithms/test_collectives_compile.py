@@ -32,9 +32,11 @@ def slim(collective: str, algorithm: str, dtype: str, world: int) -> bool:
 
 
 def peer_only(collective: str, algorithm: str, backend: str) -> bool:
-    """The keys an algorithm refuses by backend: the push all-gather's on the multicast backends
-    (its pipeline signals through the peers' pads; ``test_push_all_gather_refuses_the_multicast_backends``)."""
-    return (collective, algorithm) == ("all_gather", "push") and backend != "peer"
+    """The keys an algorithm refuses by backend (:attr:`Algorithm.backends`): the push
+    all-gather's on the multicast backends (``test_push_all_gather_refuses_the_multicast_backends``)."""
+    from collectives.algorithms import REGISTRY
+
+    return backend not in REGISTRY[collective, algorithm].backends
 
 
 CASES = [
