@@ -137,9 +137,10 @@ def auto_misses(run: dict) -> list[tuple[float, str]]:
     ``ours_auto``'s, so that the tuning is judged and not that column's noise; variants (other
     knobs than the defaults) and rows whose pick was not timed are left out.  A row missed in
     every mode timed is marked so (:func:`decisive_misses`)."""
-    decisive = set(decisive_misses(run))
+    rows = _auto_rows(run)
+    decisive = set(_decisive(rows))
     found = []
-    for collective, dtype, mode, nbytes, placement, pick, best, us, them, missed in _auto_rows(run):
+    for collective, dtype, mode, nbytes, placement, pick, best, us, them, missed in rows:
         if missed:
             what = f"{collective}, {dtype}, {mode}, {_size(nbytes)}, {placement}"
             ratio, line = _loss(what, f"auto's pick {pick}", us, best, them)
@@ -153,8 +154,13 @@ def decisive_misses(run: dict) -> list[tuple[str, str, int, str]]:
     timed (graphs and eagerly, :func:`auto_misses`): where one run's graph and eager columns
     agree, run-to-run noise (the same column moves by up to 10-15 % between runs of one
     machine: 2 x H200, the 16 MB all-reduce's TMA 57.6 then 67.1 us) does not explain it."""
+    return _decisive(_auto_rows(run))
+
+
+def _decisive(rows: list[tuple]) -> list[tuple[str, str, int, str]]:
+    """:func:`decisive_misses` of :func:`_auto_rows`' rows."""
     modes: dict[tuple, list[bool]] = defaultdict(list)
-    for collective, dtype, _, nbytes, placement, _, _, _, _, missed in _auto_rows(run):
+    for collective, dtype, _, nbytes, placement, _, _, _, _, missed in rows:
         modes[(collective, dtype, nbytes, placement)].append(missed)
     return sorted(row for row, missed in modes.items() if all(missed))
 
