@@ -1,5 +1,6 @@
 """Host cost of one kernel launch: CuTeDSL's TVM-FFI call vs ``cuLaunchKernel`` with
-pre-packed parameters (the floor of any eager collective call), and a torch op for scale.
+pre-packed parameters (the floor of any eager collective call), a torch op for scale, and the
+forms of making a tensor that an eager call can take (an allocation, a view: the MoE layer's).
 
     python -m collectives.tools.bench_launch        # one GPU
 
@@ -75,6 +76,30 @@ def main() -> None:
     print(f"  cuLaunchKernel, pre-packed  "
           f"{host_us(lambda: driver.cuLaunchKernel(kernel, 1, 1, 1, 256, 1, 1, 0, stream, ctypes.addressof(params), 0)):.2f}")
     print(f"  torch x.add_(1)             {host_us(lambda: x.add_(1)):.2f}")
+    print("host microseconds per tensor made (two rounds: a host's speed drifts)")
+    for _ in range(2):
+        for name, us in tensor_forms():
+            print(f"  {name:40s} {us:6.2f}")
+
+
+def tensor_forms(n: int = 20000) -> list[tuple[str, float]]:
+    """Host microseconds of each way to make an MoE dispatch's tensors on the current GPU: its
+    rows' allocation ([128, 2, 7168] bf16: top-8 of 256 experts, 1 token, 2 ranks), its small
+    outputs' (600 int64 words) and the counts' view of them."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    shape, strides = (128, 2, 7168), (2 * 7168, 7168, 1)
+    words = torch.empty(600, dtype=torch.int64, device=device)
+    forms = {
+        "torch.empty(shape, dtype, device)": lambda: torch.empty(shape, dtype=torch.bfloat16, device=device),
+        "torch.empty_strided(shape, strides, ...)": lambda: torch.empty_strided(shape, strides, dtype=torch.bfloat16,
+                                                                                device=device),
+        "torch.empty(600 int64 words)": lambda: torch.empty(600, dtype=torch.int64, device=device),
+        "torch.empty_strided((600,), (1,), int64)": lambda: torch.empty_strided((600,), (1,), dtype=torch.int64,
+                                                                                device=device),
+        "words.as_strided((2, 64), (64, 1), 8)": lambda: words.as_strided((2, 64), (64, 1), 8),
+        "torch.as_strided(words, ...)": lambda: torch.as_strided(words, (2, 64), (64, 1), 8),
+    }
+    return [(name, host_us(fn, n)) for name, fn in forms.items()]
 
 
 if __name__ == "__main__":
