@@ -538,10 +538,13 @@ def dispatch_with(exchange: Exchange, world: int, x: torch.Tensor, topk_ids: tor
         pack_rows(x, carved.tensor("rows") if rows is None else rows, handle.slots, handle.send_splits, p.topk,
                   p.layout, p.rows)
     if p.carried:  # low latency, placed into the call's allocations: the counts a view (the handle's where read)
-        expert_x = torch.empty(p.experts_view[0], dtype=p.wire, device=x.device)
+        # (torch's strided forms: 1.1-2.0 us less host time than torch.empty of a shape, 0.2-1.7
+        # less than Tensor.as_strided, on a 2 x H200 host: collectives.tools.bench_launch)
+        expert_x = torch.empty_strided(*p.experts_view, dtype=p.wire, device=x.device)
         p.send_rows()
         p.place(carved, expert_x)
-        return expert_x, carved.tensor("expert_counts") if apart else carved.blob.as_strided(*p.counts_view), handle
+        counts = carved.tensor("expert_counts") if apart else torch.as_strided(carved.blob, *p.counts_view)
+        return expert_x, counts, handle
     most, received_rows, rows_out, room = 0, p.received_rows, p.rows_out, p.room
     if p.exact:
         # Each rank's message (its experts' entries, its rows); the rows' splits, sent and received, in

@@ -24,7 +24,7 @@ from collectives.runtime import moe as runtime_moe  # noqa: E402
 #: Operators that launch nothing on a GPU (``scalar_tensor``: a Python number, such as
 #: ``torch.where``'s 0, wrapped in a 0-dim tensor on the host).
 FREE = {"view", "slice", "detach", "unsqueeze", "select", "alias", "expand", "reshape", "as_strided", "empty",
-        "empty_like", "_reshape_alias", "scalar_tensor"}
+        "empty_strided", "empty_like", "_reshape_alias", "scalar_tensor"}
 
 
 class Launches(TorchDispatchMode):
