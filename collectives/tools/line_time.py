@@ -23,6 +23,7 @@ empty statement, measured) beside the lines, and the lines' sum beside the funct
 
 from __future__ import annotations
 
+import __future__
 import ast
 import inspect
 import textwrap
@@ -71,7 +72,7 @@ class Lines:
 
     def table(self, calls: int) -> list[str]:
         """Microseconds per call of each line hit (in source order), then each function's total."""
-        overhead = _mark_cost(self)
+        overhead = _mark_cost()
         lines = [f"(one timer call: about {overhead:.2f} us, in every line's time below)"]
         for name in sorted({k[0] for k in self.ns}):
             lines.append(f"{name}: {self.total[name] / calls / 1e3:.2f} us per call")
@@ -81,8 +82,8 @@ class Lines:
         return lines
 
 
-def _mark_cost(lines: Lines, n: int = 20000) -> float:
-    """Microseconds of one :meth:`Lines.mark` (on a scratch copy of ``lines``' state)."""
+def _mark_cost(n: int = 20000) -> float:
+    """Microseconds of one :meth:`Lines.mark` (timed on a :class:`Lines` of its own)."""
     probe = Lines()
     probe.enter()
     start = _now()
@@ -121,7 +122,6 @@ class _Marks(ast.NodeTransformer):
         return node  # (nested functions are not timed line by line: their calls are their line's)
 
     visit_AsyncFunctionDef = visit_FunctionDef
-    visit_Lambda = visit_FunctionDef
 
 
 def instrument(module: ModuleType, *names: str, lines: Lines | None = None) -> Lines:
@@ -141,7 +141,10 @@ def instrument(module: ModuleType, *names: str, lines: Lines | None = None) -> L
         fdef.body = marks._block(fdef.body)
         ast.fix_missing_locations(tree)
         space: dict = {}
-        exec(compile(tree, inspect.getsourcefile(fn) or "<instrumented>", "exec"), module.__dict__, space)
+        # (annotations postponed, as in our modules: a copy defined now evaluates none of them)
+        code = compile(tree, inspect.getsourcefile(fn) or "<instrumented>", "exec",
+                       flags=__future__.annotations.compiler_flag, dont_inherit=True)
+        exec(code, module.__dict__, space)
         timed, label = space[attr], f"{module.__name__}.{name}"
 
         def wrapper(*args, __timed=timed, __label=label, **kwargs):
