@@ -11,6 +11,7 @@ interleaved: :func:`measure_rows`), for a plan hit (the same tensors again) and 
 each call (the allocator's other addresses; made before the timing).  ``--profile``: every rank
 profiles the plan hits, rank 0 prints cProfile's top functions of the plan hits.  ``--breakdown``: first, where a plan
 hit of the all-reduce and of the reduce-scatter of the first size goes (:func:`breakdown`).
+Last, ours against torch symm_mem's same call, from the interleaved rows (:func:`ratios`).
 bf16; NVLink multicast stays off.
 """
 
@@ -277,6 +278,26 @@ def measure_rows(rows: list[Row], group: list[tuple[str, Callable[[], Callable[[
         rows.append((label, us) if isinstance(us, float) else failed(label, us))
 
 
+#: (ours, torch symm_mem's) row name prefixes compared by :func:`ratios`, ``{}`` the size.
+COMPARED = (("barrier", "torch symm_mem barrier"), ("all_reduce {} B", "torch two_shot_all_reduce_ {} B"),
+            ("reduce_scatter {} B", "torch reduce_scatter_out {} B"))
+
+
+def ratios(rows: list[Row]) -> list[str]:
+    """``ours / torch's`` of each plan-hit pair of :data:`COMPARED` that ``rows`` measured (at
+    every size of the rows), in the rows' order; a pair with a failed row is left out."""
+    times = {name: us for name, us in rows if isinstance(us, float)}
+    sizes = [name.split()[1] for name, _ in rows if name.startswith("all_reduce ") and name.endswith("B, plan hit")]
+    out = []
+    for ours, theirs in COMPARED:
+        for size in sizes if "{}" in ours else [None]:
+            a, b = (f"{name.format(size)}, plan hit" for name in (ours, theirs))
+            if a in times and b in times:
+                out.append(f"{a.removesuffix(', plan hit')}: {times[a]:.2f} / {times[b]:.2f} us = "
+                           f"{times[a] / times[b]:.2f}x")
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m collectives.tools.host_time", description=__doc__)
     parser.add_argument("--bytes", default="4096,65536", help="bytes per rank")
@@ -331,12 +352,19 @@ def main(argv: list[str] | None = None) -> None:
                  (f"all_gather {nbytes} B",
                   lambda: (lambda o=plain(n), i=plain(n // world): collectives.all_gather(o, i)), True),
                  (f"torch two_shot_all_reduce_ {nbytes} B",
-                  lambda: lambda: torch.ops.symm_mem.two_shot_all_reduce_(theirs, "sum", group), False)])
+                  lambda: lambda: torch.ops.symm_mem.two_shot_all_reduce_(theirs, "sum", group), False),
+                 (f"torch reduce_scatter_out {nbytes} B",
+                  lambda: (lambda o=plain(n // world): torch.ops.symm_mem.reduce_scatter_out(theirs, group, False, o)),
+                  False)])
         collectives.synchronize()
     if comm.rank == 0:
         print(f"host time per eager call, {world} ranks, bf16 ({torch.cuda.get_device_name()}):")
         for name, us in rows:
             print(f"  {name:45s} {us:8.2f} us" if isinstance(us, float) else f"  {name:45s} {us}")
+        print("ours against torch symm_mem's same call (plan hits, timed interleaved; issue 50: <= 0.8x, the "
+              "barrier <= 1x):")
+        for line in ratios(rows):
+            print(f"  {line}")
     dist.barrier()
     collectives.current().close()
 

@@ -71,13 +71,15 @@ class Lines:
         self.total.clear()
 
     def table(self, calls: int) -> list[str]:
-        """Microseconds per call of each line hit (in source order), then each function's total."""
+        """Microseconds per call of each line hit (in source order): as timed, and net of the timer
+        calls in it (one a hit, :func:`_mark_cost`); each function's total first."""
         overhead = _mark_cost()
-        lines = [f"(one timer call: about {overhead:.2f} us, in every line's time below)"]
+        lines = [f"(one timer call: about {overhead:.2f} us, in every line's time; net: without it)"]
         for name in sorted({k[0] for k in self.ns}):
             lines.append(f"{name}: {self.total[name] / calls / 1e3:.2f} us per call")
             for key in sorted(k for k in self.ns if k[0] == name):
-                lines.append(f"  {key[1]:5d} {self.ns[key] / calls / 1e3:8.2f} us  x{self.hits[key] / calls:<4.1f} "
+                us, hits = self.ns[key] / calls / 1e3, self.hits[key] / calls
+                lines.append(f"  {key[1]:5d} {us:8.2f} us  net {max(us - overhead * hits, 0.0):7.2f}  x{hits:<4.1f} "
                              f"{self.text[key][:100]}")
         return lines
 

@@ -121,3 +121,19 @@ def test_the_breakdown_times_the_apis_own_keys_and_parts(monkeypatch) -> None:
                             "launch alone: the plan's TVM-FFI function, bound once"]
     failures = [name for name, us in rows if isinstance(us, str)]
     assert failures == ["torch symm_mem: its buffer"], rows
+
+
+def test_the_ratios_compare_each_plan_hit_with_torchs_same_call_at_each_size(host_time) -> None:
+    module, _ = host_time
+    rows = [("barrier, plan hit", 6.5), ("torch symm_mem barrier, plan hit", 6.5),
+            ("all_reduce 4096 B, plan hit", 5.0), ("all_reduce 4096 B, new tensors", 8.0),
+            ("reduce_scatter 4096 B, plan hit", 7.0), ("torch two_shot_all_reduce_ 4096 B, plan hit", 8.0),
+            ("torch reduce_scatter_out 4096 B, plan hit", "failed: RuntimeError: x"),
+            ("all_reduce 65536 B, plan hit", 6.0), ("torch two_shot_all_reduce_ 65536 B, plan hit", 9.0),
+            ("reduce_scatter 65536 B, plan hit", 9.0), ("torch reduce_scatter_out 65536 B, plan hit", 10.0)]
+    assert module.ratios(rows) == [
+        "barrier: 6.50 / 6.50 us = 1.00x",
+        "all_reduce 4096 B: 5.00 / 8.00 us = 0.62x",
+        "all_reduce 65536 B: 6.00 / 9.00 us = 0.67x",
+        "reduce_scatter 65536 B: 9.00 / 10.00 us = 0.90x",  # (4 KB: torch's row failed, left out)
+    ]
