@@ -193,6 +193,10 @@ class Algorithm:
 
     def refusal(self, call: Call) -> str | None:
         """Why ``call`` cannot use this algorithm (None: it can)."""
+        # (asked of an algorithm that leaves out a backend only: an all-to-all call names a transport)
+        if self.backends != BACKENDS and call.backend not in self.backends:
+            return (f"{self.name} {call.collective} runs on the {' and '.join(self.backends)} backend only, not "
+                    f"{call.backend!r}: use algorithm='one_shot' or backend={self.backends[0]!r}")
         if self.whole_vectors_only and not call.aligned:
             return (f"{self.name} {call.collective} moves 16-byte tiles: its tensors (and a reduce-scatter's "
                     "output or an all-gather's input size) must be 16-byte aligned; use algorithm='auto'")

@@ -137,12 +137,6 @@ class PushGather(Algorithm):
         if not key.stage_in:
             raise ValueError("push sends its input straight from where it lies (stage_in=True)")
 
-    def refusal(self, call: Call) -> str | None:
-        if call.backend not in self.backends:
-            return (f"push all_gather runs on the peer backend only, not {call.backend!r}: use "
-                    "algorithm='one_shot' or backend='peer'")
-        return super().refusal(call)
-
     def plan(self, comm: Runtime, call: Call) -> Any:
         key = KernelKey(call.collective, self.name, call.backend, call.dtype, call.world, vector=call.vector,
                         stage_in=True)

@@ -278,23 +278,22 @@ def measure_rows(rows: list[Row], group: list[tuple[str, Callable[[], Callable[[
         rows.append((label, us) if isinstance(us, float) else failed(label, us))
 
 
-#: (ours, torch symm_mem's) row name prefixes compared by :func:`ratios`, ``{}`` the size.
-COMPARED = (("barrier", "torch symm_mem barrier"), ("all_reduce {} B", "torch two_shot_all_reduce_ {} B"),
+#: (ours, torch symm_mem's) rows compared by :func:`ratios` at each size (``{}``: bytes per rank).
+COMPARED = (("all_reduce {} B", "torch two_shot_all_reduce_ {} B"),
             ("reduce_scatter {} B", "torch reduce_scatter_out {} B"))
 
 
-def ratios(rows: list[Row]) -> list[str]:
-    """``ours / torch's`` of each plan-hit pair of :data:`COMPARED` that ``rows`` measured (at
-    every size of the rows), in the rows' order; a pair with a failed row is left out."""
+def ratios(rows: list[Row], sizes: list[int]) -> list[str]:
+    """``ours / torch's`` plan hits: the barrier's, then each pair of :data:`COMPARED` at each
+    of ``sizes``; a pair with a failed or missing row is left out."""
     times = {name: us for name, us in rows if isinstance(us, float)}
-    sizes = [name.split()[1] for name, _ in rows if name.startswith("all_reduce ") and name.endswith("B, plan hit")]
+    pairs = [("barrier", "torch symm_mem barrier")]
+    pairs += [(ours.format(size), theirs.format(size)) for ours, theirs in COMPARED for size in sizes]
     out = []
-    for ours, theirs in COMPARED:
-        for size in sizes if "{}" in ours else [None]:
-            a, b = (f"{name.format(size)}, plan hit" for name in (ours, theirs))
-            if a in times and b in times:
-                out.append(f"{a.removesuffix(', plan hit')}: {times[a]:.2f} / {times[b]:.2f} us = "
-                           f"{times[a] / times[b]:.2f}x")
+    for ours, theirs in pairs:
+        a, b = times.get(f"{ours}, plan hit"), times.get(f"{theirs}, plan hit")
+        if a is not None and b is not None:
+            out.append(f"{ours}: {a:.2f} / {b:.2f} us = {a / b:.2f}x")
     return out
 
 
@@ -306,6 +305,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--breakdown", action="store_true",
                         help="first, where an all-reduce's and a reduce-scatter's plan hits go")
     args = parser.parse_args(argv)
+    sizes = [int(b) for b in args.bytes.split(",")]
 
     import torch.distributed._symmetric_memory as symm_mem
 
@@ -331,14 +331,14 @@ def main(argv: list[str] | None = None) -> None:
                     pstats.Stats(profile).sort_stats("tottime").print_stats(12)
 
     if args.breakdown:
-        first = int(args.bytes.split(",")[0]) // 2
+        first = sizes[0] // 2
         rows += breakdown(comm, torch.ones(first, dtype=torch.bfloat16, device="cuda"), calls)
         collectives.synchronize()
     handle_buffer = symm_mem.empty(1024, device="cuda")
     handle = symm_mem.rendezvous(handle_buffer, group)
     measure([("barrier", lambda: collectives.barrier, False),
              ("torch symm_mem barrier", lambda: lambda: handle.barrier(channel=0), False)])
-    for nbytes in (int(b) for b in args.bytes.split(",")):
+    for nbytes in sizes:
         n = nbytes // 2
 
         def plain(m: int) -> torch.Tensor:
@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  {name:45s} {us:8.2f} us" if isinstance(us, float) else f"  {name:45s} {us}")
         print("ours against torch symm_mem's same call (plan hits, timed interleaved; issue 50: <= 0.8x, the "
               "barrier <= 1x):")
-        for line in ratios(rows):
+        for line in ratios(rows, sizes):
             print(f"  {line}")
     dist.barrier()
     collectives.current().close()

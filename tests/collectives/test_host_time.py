@@ -131,7 +131,7 @@ def test_the_ratios_compare_each_plan_hit_with_torchs_same_call_at_each_size(hos
             ("torch reduce_scatter_out 4096 B, plan hit", "failed: RuntimeError: x"),
             ("all_reduce 65536 B, plan hit", 6.0), ("torch two_shot_all_reduce_ 65536 B, plan hit", 9.0),
             ("reduce_scatter 65536 B, plan hit", 9.0), ("torch reduce_scatter_out 65536 B, plan hit", 10.0)]
-    assert module.ratios(rows) == [
+    assert module.ratios(rows, [4096, 65536]) == [
         "barrier: 6.50 / 6.50 us = 1.00x",
         "all_reduce 4096 B: 5.00 / 8.00 us = 0.62x",
         "all_reduce 65536 B: 6.00 / 9.00 us = 0.67x",
