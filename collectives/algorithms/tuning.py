@@ -97,12 +97,14 @@ AG_LAMPORT_MAX: dict[tuple[str, int], int] = {
 #: copies out overlap the NVLink stores) over one-shot.  Measured 2026-11-29 on 2 x H200
 #: (docs/data/bench-2xH200.json, tree 156fdf8 + the copy-out unroll; us, graph / eager): ahead at
 #: 256 MB (398.9 / 401.3 vs one-shot 436.5 / 437.8) and 64 MB (110.3 / 117.7 vs 117.4 / 122.7),
-#: behind at 16 MB (39.9 / 41.5 vs 38.8 / 38.5).  Not yet measured on 4 GPUs (where the copy out
-#: is three quarters of the output, not half): never there until it is; nor with multicast (the
-#: push all-gather runs on the peer backend only).
+#: behind at 16 MB (39.9 / 41.5 vs 38.8 / 38.5).  On 4 x H200 (docs/data/bench-4xH200.json, tree
+#: be08ba1, 2026-11-29; the copy out three quarters of the output): ahead at 256 MB (605.9 / 614.2
+#: vs 675.0 / 689.7) and 64 MB (167.4 / 177.5 vs 182.5 / 189.1), tied at 16 MB (53.7 / 62.3 vs
+#: 52.1 / 63.8).  8 GPUs not measured: never there; nor with multicast (the push all-gather runs
+#: on the peer backend only).
 AG_PLAIN_PUSH_MIN: dict[tuple[str, int], int] = {
     ("peer", 2): 64 << 20,
-    ("peer", 4): 1 << 62,
+    ("peer", 4): 64 << 20,
     ("peer", 8): 1 << 62,
     ("multicast", 2): 1 << 62,
     ("multicast", 4): 1 << 62,

@@ -479,8 +479,8 @@ IMPLS = {
         "baselines": ("nccl", "nccl_symm", "torch_reduce_scatter"),
     },
     "all_gather": {
-        "symmetric": ("ours_lamport", "ours_one_shot", "ours_tma", "ours_auto"),
-        "plain": ("ours_lamport_plain", "ours_one_shot_plain", "ours_tma_plain", "ours_auto_plain"),
+        "symmetric": ("ours_lamport", "ours_one_shot", "ours_tma", "ours_push", "ours_auto"),
+        "plain": ("ours_lamport_plain", "ours_one_shot_plain", "ours_tma_plain", "ours_push_plain", "ours_auto_plain"),
         "baselines": ("nccl", "nccl_symm", "nccl_ce"),
     },
 }

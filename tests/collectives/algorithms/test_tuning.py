@@ -104,15 +104,15 @@ def test_crossover_falls_with_world_size() -> None:
 def test_all_gather_picks_one_shot_past_lamport_but_tma_or_push_where_measured_ahead() -> None:
     """TMA lost or tied at every measured size on 2 x H200, and on plain outputs everywhere; on 4
     x H200 it led at 16 MB of symmetric output in three runs: TMA there (aligned, symmetric)
-    only.  The push all-gather led the one-shot on plain outputs from 64 MB on 2 x H200, aligned
-    or not: push there.  Both on the peer backend only, where measured."""
+    only.  The push all-gather led the one-shot on plain outputs from 64 MB on 2 and 4 x H200,
+    aligned or not: push there.  Both on the peer backend only, where measured."""
     for world in (2, 4, 8):
         for backend in ("peer", "multicast"):
             for nbytes in (8 << 20, 16 << 20, 64 << 20, 1 << 30):
                 for aligned in (True, False):
                     for symmetric in (True, False):
                         window = (world, backend, aligned, symmetric) == (4, "peer", True, True) and nbytes == 16 << 20
-                        push = (world, backend, symmetric) == (2, "peer", False) and nbytes >= 64 << 20
+                        push = world in (2, 4) and (backend, symmetric) == ("peer", False) and nbytes >= 64 << 20
                         assert tuning.all_gather_algorithm(world, nbytes, backend, aligned, symmetric) == (
                             "tma" if window else "push" if push else "one_shot"), (world, backend, nbytes, aligned,
                                                                                    symmetric)
