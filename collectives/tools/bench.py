@@ -21,7 +21,9 @@ NCCL column.  From :data:`VARIANT_MIN_BYTES` up it also times :data:`VARIANTS` o
 bandwidth-bound kernels (grid and loads in flight, set through :mod:`collectives.config`'s
 knobs), printed under ``[variants]`` against the defaults; ``--sweep`` adds :data:`SWEEP` (the
 large all-reduce's push and two_shot at each blocks-per-SM x vectors-per-thread pair).  A baseline column that raises is skipped with its reason (printed, and in the
-JSON's ``skipped``), never the run.  NVLink multicast stays off: our backend is peer, torch's
+JSON's ``skipped``), never the run.  Each column of ours (variants too) is checked once before
+it is timed: one call on known inputs, every rank's result exact (:func:`result_check`; a wrong
+one stops the run, a variant's is skipped with the reason).  NVLink multicast stays off: our backend is peer, torch's
 symm_mem runs without multicast, NCCL without NVLS.
 """
 
@@ -114,12 +116,16 @@ class Column:
     """One column of a row: its ``impl``; ``make()``, the call it times (made once, at its
     warm-up: a baseline's setup failing is that column's failure); whether it is a
     ``baseline`` (it may fail: :meth:`~collectives.tools.records.Recorder.attempt`); the
-    ``context`` it runs in (NCCL's stream, a variant's knobs)."""
+    ``context`` it runs in (NCCL's stream, a variant's knobs); ``check(call)``, ours' result
+    check (:func:`result_check`), made once in that context after the warm-up, before the
+    timing: a column of ours computing a wrong result stops the run, a variant's is skipped
+    with the reason."""
 
     impl: str
     make: Callable[[], Callable[[], object]]
     baseline: bool = False
     context: Callable[[], AbstractContextManager] = nullcontext
+    check: Callable[[Callable[[], object]], None] | None = None
 
 
 def interleaved(bursts: list[Callable[[], float]], repeats: int) -> list[list[float]]:
@@ -140,6 +146,70 @@ def warm_up(fn: Callable[[], object]) -> None:
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
+
+
+class WrongResult(RuntimeError):
+    """A call of ours returned a wrong result in the bench's check (here or on another rank)."""
+
+
+def check_values(rank: int, n: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """Rank ``rank``'s input of ``n`` elements for a result check: ``(i + 3 rank) mod 5 + rank +
+    1`` at element ``i``, different on every rank and along the tensor (of period 5: blocks of a
+    length no multiple of 5, as the bench's powers of two, differ, so a block put in another's
+    place is caught); small integers whose sums over up to 8 ranks (at most 96) every benched
+    dtype holds exactly, in any order."""
+    i = torch.arange(n, device=device)
+    return ((i + 3 * rank) % 5 + rank + 1).to(dtype)
+
+
+def summed_values(world: int, n: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """The sum over ``world`` ranks of their :func:`check_values` (exact)."""
+    total = torch.zeros(n, dtype=torch.float32, device=device)
+    for r in range(world):
+        total += check_values(r, n, torch.float32, device)
+    return total.to(dtype)
+
+
+def result_check(prepare: Callable[[], object], got: torch.Tensor, want: Callable[[], torch.Tensor],
+                 agree: Callable[[bool], bool]) -> Callable[[Callable[[], object]], None]:
+    """A column's check (:attr:`Column.check`): ``prepare()`` sets the inputs, one call, then
+    ``got`` must equal ``want()`` element for element (bitwise for these integers; a NaN is
+    wrong); ``agree(ok)`` (a collective: whether every rank's was right) makes every rank raise
+    :class:`WrongResult` together, so that none waits for a rank that stopped."""
+
+    def check(call: Callable[[], object]) -> None:
+        prepare()
+        call()
+        if got.is_cuda:
+            torch.cuda.synchronize()
+        wrong = int((got != want()).sum())
+        if not agree(wrong == 0):
+            raise WrongResult(f"{wrong} of {got.numel()} elements wrong on this rank" if wrong
+                              else "a wrong result on another rank")
+    return check
+
+
+def all_reduce_check(t: torch.Tensor, rank: int, world: int, agree: Callable[[bool], bool]):
+    """The check of an in-place all-reduce of ``t`` (sum): every rank's sum of the inputs."""
+    return result_check(lambda: t.copy_(check_values(rank, t.numel(), t.dtype, t.device)), t,
+                        lambda: summed_values(world, t.numel(), t.dtype, t.device), agree)
+
+
+def reduce_scatter_check(out: torch.Tensor, inp: torch.Tensor, rank: int, world: int,
+                         agree: Callable[[bool], bool]):
+    """The check of a reduce-scatter of ``inp`` into ``out`` (sum): block ``rank`` of the sum."""
+    m = out.numel()
+    return result_check(lambda: inp.copy_(check_values(rank, inp.numel(), inp.dtype, inp.device)), out,
+                        lambda: summed_values(world, inp.numel(), out.dtype, out.device)[rank * m:(rank + 1) * m],
+                        agree)
+
+
+def all_gather_check(out: torch.Tensor, inp: torch.Tensor, rank: int, world: int,
+                     agree: Callable[[bool], bool]):
+    """The check of an all-gather of ``inp`` into ``out``: every rank's input, in rank order."""
+    n = inp.numel()
+    return result_check(lambda: inp.copy_(check_values(rank, n, inp.dtype, inp.device)), out,
+                        lambda: torch.cat([check_values(r, n, out.dtype, out.device) for r in range(world)]), agree)
 
 
 def burst(fn: Callable[[], object], iters: int) -> tuple[float, BaseException | None]:
@@ -163,14 +233,16 @@ def burst(fn: Callable[[], object], iters: int) -> tuple[float, BaseException | 
 
 
 def column(impl: str, fn: Callable[[], object], baseline: bool = False,
-           context: Callable[[], AbstractContextManager] = nullcontext) -> Column:
+           context: Callable[[], AbstractContextManager] = nullcontext,
+           check: Callable[[Callable[[], object]], None] | None = None) -> Column:
     """A :class:`Column` timing ``fn`` itself (nothing to set up)."""
-    return Column(impl, lambda: fn, baseline, context)
+    return Column(impl, lambda: fn, baseline, context, check)
 
 
 def time_row(rec, columns: list[Column], iters: int, graph: bool, **row: Any) -> dict[str, float]:
     """Time and record (``rec``: a :class:`~collectives.tools.records.Recorder`) the columns of
     one row (``row``: its fields but ``impl``); returns implementation -> us of those recorded.
+    A column's :attr:`~Column.check` runs once before it is timed.
     Graphs: each column on its own (:func:`time_op`).  Eager: every column warmed up
     (:func:`warm_up`; a baseline that raises is skipped), then :data:`BURSTS` timed bursts of
     each (:func:`burst`), interleaved (:func:`interleaved`); ``us`` is the median of its bursts,
@@ -181,7 +253,10 @@ def time_row(rec, columns: list[Column], iters: int, graph: bool, **row: Any) ->
         for c in columns:
             def timed(c: Column = c) -> float:
                 with c.context():
-                    return time_op(c.make(), iters, True)
+                    fn = c.make()
+                    if c.check is not None:
+                        c.check(fn)
+                    return time_op(fn, iters, True)
             got = (rec.baseline if c.baseline else rec.ours)(timed, impl=c.impl, **row)
             if got is not None:
                 us[c.impl] = got
@@ -192,6 +267,8 @@ def time_row(rec, columns: list[Column], iters: int, graph: bool, **row: Any) ->
             with c.context():
                 fn = c.make()
                 warm_up(fn)
+                if c.check is not None:
+                    c.check(fn)
             return fn
         ok, fn = rec.attempt(warmed, impl=c.impl, **row) if c.baseline else (True, warmed())
         if ok:
@@ -326,12 +403,14 @@ def main(argv: list[str] | None = None) -> int | None:
                 for mode in modes:
                     ar = dict(collective="all_reduce", dtype=name, bytes=nbytes, mode=mode)
                     reduce = functools.partial(collectives.all_reduce, backend="peer")
-                    cols = [column(f"ours_{a}", functools.partial(reduce, ours, algorithm=a))
+                    checks = {id(t): all_reduce_check(t, rank, world, rec.agree) for t in (ours, plain)}
+                    cols = [column(f"ours_{a}", functools.partial(reduce, ours, algorithm=a), check=checks[id(ours)])
                             for a in (*algorithms, "push", "auto")]
-                    cols += [column(f"ours_{a}_plain", functools.partial(reduce, plain, algorithm=a))  # torch's allocator
-                             for a in ("one_shot", "two_shot", "tma", "push", "auto")]
+                    cols += [column(f"ours_{a}_plain", functools.partial(reduce, plain, algorithm=a),  # torch's allocator
+                                    check=checks[id(plain)]) for a in ("one_shot", "two_shot", "tma", "push", "auto")]
                     cols += [column(f"ours_{a}{suffix}{placement}", functools.partial(reduce, t, algorithm=a), baseline=True,
-                                    context=functools.partial(knobs, comm, KNOBS[suffix]))  # an experiment: may fail
+                                    context=functools.partial(knobs, comm, KNOBS[suffix]),  # an experiment: may fail
+                                    check=checks[id(t)])
                              for suffix, a, t, placement in variants("all_reduce", nbytes, ours, plain, args.sweep)]
                     for c in nccl.columns("all_reduce"):
                         if c == "nccl":
@@ -349,11 +428,13 @@ def main(argv: list[str] | None = None) -> int | None:
 
                     rs = dict(ar, collective="reduce_scatter")
                     scatter = functools.partial(collectives.reduce_scatter, rs_out, backend="peer")
-                    cols = [column(f"ours_{a}{placement}", functools.partial(scatter, t, algorithm=a))
+                    checks = {id(t): reduce_scatter_check(rs_out, t, rank, world, rec.agree) for t in (ours, plain)}
+                    cols = [column(f"ours_{a}{placement}", functools.partial(scatter, t, algorithm=a), check=checks[id(t)])
                             for t, placement in ((ours, ""), (plain, "_plain"))  # (plain: outside symmetric memory)
                             for a in (*rs_lamport, "one_shot", "tma", "push", "auto")]
                     cols += [column(f"ours_{a}{suffix}{placement}", functools.partial(scatter, t, algorithm=a), baseline=True,
-                                    context=functools.partial(knobs, comm, KNOBS[suffix]))  # an experiment: may fail
+                                    context=functools.partial(knobs, comm, KNOBS[suffix]),  # an experiment: may fail
+                                    check=checks[id(t)])
                              for suffix, a, t, placement in variants("reduce_scatter", nbytes, ours, plain)]
                     for c in nccl.columns("reduce_scatter"):
                         if c == "nccl":
@@ -414,7 +495,8 @@ def gather_rows(rec, nccl, dtype_name: str, nbytes: int, mode: str, iters: int) 
     sym_in.fill_(1)
     try:
         cols += [column(f"ours_{algorithm}{suffix}",
-                        functools.partial(collectives.all_gather, out, inp, algorithm=algorithm, backend="peer"))
+                        functools.partial(collectives.all_gather, out, inp, algorithm=algorithm, backend="peer"),
+                        check=all_gather_check(out, inp, comm.rank, world, rec.agree))
                  for suffix, out, inp in (("", sym_out, sym_in), ("_plain", plain_out, plain_in))
                  for algorithm in ALGORITHMS_ALL_GATHER
                  if algorithm != "lamport" or n * size <= LAMPORT_GATHER_MAX_BYTES]  # (Lamport: at most half a slot)

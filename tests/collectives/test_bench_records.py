@@ -6,6 +6,8 @@ the chunked GEMM timed with exactly our blocks' launches."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 
 import pytest
@@ -213,9 +215,17 @@ def test_the_all_gather_rows_survive_nccls_copy_engine_column_failing(monkeypatc
     from collectives.tools import bench
 
     monkeypatch.setattr(communicator, "communicator",
-                        lambda: types.SimpleNamespace(world=4, ctx=types.SimpleNamespace(free=lambda t: None)))
+                        lambda: types.SimpleNamespace(world=4, rank=0, ctx=types.SimpleNamespace(free=lambda t: None)))
     monkeypatch.setattr(collectives, "empty", lambda n, dtype: torch.zeros(n, dtype=dtype))
-    monkeypatch.setattr(collectives, "all_gather", lambda out, inp, **kwargs: None)
+    monkeypatch.setattr(collectives, "all_gather", lambda out, inp, **kwargs: out.copy_(  # (as if every rank's
+        torch.cat([bench.check_values(r, inp.numel(), inp.dtype, "cpu") for r in range(4)])))  # input were its check's)
+    checked, time_row = [], bench.time_row
+
+    def checking_time_row(rec, columns, *args, **row):
+        checked.extend((c.impl, c.check is not None) for c in columns)
+        return time_row(rec, columns, *args, **row)
+
+    monkeypatch.setattr(bench, "time_row", checking_time_row)
     monkeypatch.setattr(collectives, "synchronize", lambda: None)
     for name in ("ones", "empty"):  # the CPU build has no cuda device
         real = getattr(torch, name)
@@ -248,6 +258,7 @@ def test_the_all_gather_rows_survive_nccls_copy_engine_column_failing(monkeypatc
     assert "unhandled cuda error" in rec.skipped[0]["reason"]
     assert {r["bytes"] for r in rec.results} == {1 << 14}
     assert len(rec.results) == 2 * (2 + 2 * len(bench.ALGORITHMS_ALL_GATHER))  # 2 modes: 2 NCCL columns and ours
+    assert {impl for impl, check in checked if check} == {impl for impl, _ in checked if impl.startswith("ours")}
 
 
 def _bench_all_commands() -> list[tuple[str, list[str]]]:
@@ -460,3 +471,86 @@ def test_the_report_says_how_the_eager_rows_were_timed() -> None:
     text = bench_report.render(runs, "4xH200")
     assert "eager rows the median of interleaved bursts" in text
     assert text.split("### Where we lose")[1] == plain.split("### Where we lose")[1]
+
+
+def test_result_checks_pass_the_right_result_and_catch_a_wrong_one_on_any_rank() -> None:
+    """The checks of ours' columns, on CPU tensors as rank 1 of 4: the right result passes; a
+    call that does nothing (the input left in place), leaves a rank out or takes another rank's
+    block raises WrongResult, as does a wrong result on another rank (``agree`` False)."""
+    from collectives.tools import bench
+
+    world, rank, dtype = 4, 1, torch.bfloat16
+    values = functools.partial(bench.check_values, device="cpu")
+    assert sorted({float(v) for r in range(8) for v in values(r, 40, torch.float32)}) == [float(v) for v in range(1, 13)]
+    total = bench.summed_values(world, 40, dtype, "cpu")
+    assert torch.equal(total, sum(values(r, 40, torch.float32) for r in range(world)).to(dtype))
+
+    def everyone(ok: bool) -> bool:
+        return ok
+
+    t = torch.zeros(40, dtype=dtype)
+    check = bench.all_reduce_check(t, rank, world, everyone)
+    check(lambda: t.copy_(total))
+    for wrong in (lambda: None, lambda: t.copy_(bench.summed_values(world - 1, 40, dtype, "cpu"))):
+        with pytest.raises(bench.WrongResult, match="elements wrong on this rank"):
+            check(wrong)
+    with pytest.raises(bench.WrongResult, match="another rank"):
+        bench.all_reduce_check(t, rank, world, lambda ok: False)(lambda: t.copy_(total))
+
+    inp, out = torch.zeros(4 * 8, dtype=dtype), torch.zeros(8, dtype=dtype)  # (blocks of a power of two, as benched)
+    check = bench.reduce_scatter_check(out, inp, rank, world, everyone)
+    check(lambda: out.copy_(total[8:16]))
+    with pytest.raises(bench.WrongResult):
+        check(lambda: out.copy_(total[:8]))  # rank 0's block
+
+    inp, out = torch.zeros(8, dtype=dtype), torch.zeros(4 * 8, dtype=dtype)
+    check = bench.all_gather_check(out, inp, rank, world, everyone)
+    check(lambda: out.copy_(torch.cat([values(r, 8, dtype) for r in range(world)])))
+    for wrong in (lambda: out.copy_(inp.repeat(world)),  # this rank's input in every block
+                  lambda: out.copy_(torch.cat([values(r, 8, dtype) for r in (1, 0, 2, 3)]))):  # two blocks swapped
+        with pytest.raises(bench.WrongResult):
+            check(wrong)
+
+
+def test_a_wrong_result_stops_the_run_for_ours_and_skips_a_variant(monkeypatch) -> None:
+    """time_row runs a column's check once before timing it, in its context: ours' wrong
+    result raises (eager and graphs), a variant's (a baseline) is skipped with the reason, a
+    right one is timed."""
+    from collectives.tools import bench
+
+    monkeypatch.setattr(bench, "burst", lambda fn, iters: (fn(), None))
+    monkeypatch.setattr(bench, "warm_up", lambda fn: fn())
+    monkeypatch.setattr(bench, "time_op", lambda fn, iters, graph: fn())
+    inside: list[bool] = []
+    knob = [False]
+
+    @contextlib.contextmanager
+    def context():
+        knob[0] = True
+        try:
+            yield
+        finally:
+            knob[0] = False
+
+    def check(ok: bool):
+        def run(call) -> None:
+            inside.append(knob[0])
+            call()
+            if not ok:
+                raise bench.WrongResult("3 of 40 elements wrong on this rank")
+        return run
+
+    row = dict(collective="all_reduce", dtype="bf16", bytes=4096)
+    for mode in ("eager", "graph"):
+        rec = Recorder("bench", FIELDS, agree=lambda ok: ok)
+        cols = [bench.column("ours_x", lambda: 5.0, check=check(True)),
+                bench.column("ours_x_u4", lambda: 4.0, baseline=True, context=context, check=check(False))]
+        us = bench.time_row(rec, cols, 10, mode == "graph", mode=mode, **row)
+        assert us == {"ours_x": 5.0}
+        assert [(s["impl"], s["reason"]) for s in rec.skipped] == [
+            ("ours_x_u4", "WrongResult: 3 of 40 elements wrong on this rank")]
+        with pytest.raises(bench.WrongResult):
+            bench.time_row(Recorder("bench", FIELDS, agree=lambda ok: ok),
+                           [bench.column("ours_x", lambda: 5.0, check=check(False))], 10, mode == "graph",
+                           mode=mode, **row)
+    assert inside == [False, True, False] * 2  # (the variant's check inside its knobs' context)
