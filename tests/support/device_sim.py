@@ -712,6 +712,7 @@ def fakes() -> dict[str, Any]:
     memory = types.SimpleNamespace(SmemAllocator=_Smem)
     cutlass = types.SimpleNamespace(
         cute=cute, memory=memory, Constexpr=Any, const_expr=lambda x: x, range_constexpr=range,
+        range=lambda *bounds, **_: (Int32(i) for i in range(*map(int, bounds))),  # a runtime loop: Int32 indices
         select_=lambda condition, a, b: a if condition else b,
         max=lambda a, b: a if a >= b else b, min=lambda a, b: a if a <= b else b,
         Boolean=Boolean, Int8=Int8, Int16=Int16, Int32=Int32, Int64=Int64,
