@@ -22,7 +22,7 @@ bandwidth-bound kernels (grid and loads in flight, set through :mod:`collectives
 knobs), printed under ``[variants]`` against the defaults; ``--sweep`` adds :data:`SWEEP` (the
 large all-reduce's push and two_shot at each blocks-per-SM x vectors-per-thread pair).  A baseline column that raises is skipped with its reason (printed, and in the
 JSON's ``skipped``), never the run.  Each column of ours (variants too) is checked once before
-it is timed: one call on known inputs, every rank's result exact (:func:`result_check`; a wrong
+it is timed: one call on known inputs, every rank's result exact (:mod:`~collectives.tools.result_checks`; a wrong
 one stops the run, a variant's is skipped with the reason).  NVLink multicast stays off: our backend is peer, torch's
 symm_mem runs without multicast, NCCL without NVLS.
 """
@@ -49,6 +49,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from ..dtypes import DTYPES  # noqa: E402
+from .result_checks import all_gather_check, all_reduce_check, reduce_scatter_check  # noqa: E402
 from .timing import event_us, repeat_calls, slowest_rank  # noqa: E402
 
 #: The dtypes the benchmarks measure by default (registry names).
@@ -117,7 +118,7 @@ class Column:
     warm-up: a baseline's setup failing is that column's failure); whether it is a
     ``baseline`` (it may fail: :meth:`~collectives.tools.records.Recorder.attempt`); the
     ``context`` it runs in (NCCL's stream, a variant's knobs); ``check(call)``, ours' result
-    check (:func:`result_check`), made once in that context after the warm-up, before the
+    check (:func:`~collectives.tools.result_checks.result_check`), made once in that context after the warm-up, before the
     timing: a column of ours computing a wrong result stops the run, a variant's is skipped
     with the reason."""
 
@@ -146,70 +147,6 @@ def warm_up(fn: Callable[[], object]) -> None:
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
-
-
-class WrongResult(RuntimeError):
-    """A call of ours returned a wrong result in the bench's check (here or on another rank)."""
-
-
-def check_values(rank: int, n: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    """Rank ``rank``'s input of ``n`` elements for a result check: ``(i + 3 rank) mod 5 + rank +
-    1`` at element ``i``, different on every rank and along the tensor (of period 5: blocks of a
-    length no multiple of 5, as the bench's powers of two, differ, so a block put in another's
-    place is caught); small integers whose sums over up to 8 ranks (at most 96) every benched
-    dtype holds exactly, in any order."""
-    i = torch.arange(n, device=device)
-    return ((i + 3 * rank) % 5 + rank + 1).to(dtype)
-
-
-def summed_values(world: int, n: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    """The sum over ``world`` ranks of their :func:`check_values` (exact)."""
-    total = torch.zeros(n, dtype=torch.float32, device=device)
-    for r in range(world):
-        total += check_values(r, n, torch.float32, device)
-    return total.to(dtype)
-
-
-def result_check(prepare: Callable[[], object], got: torch.Tensor, want: Callable[[], torch.Tensor],
-                 agree: Callable[[bool], bool]) -> Callable[[Callable[[], object]], None]:
-    """A column's check (:attr:`Column.check`): ``prepare()`` sets the inputs, one call, then
-    ``got`` must equal ``want()`` element for element (bitwise for these integers; a NaN is
-    wrong); ``agree(ok)`` (a collective: whether every rank's was right) makes every rank raise
-    :class:`WrongResult` together, so that none waits for a rank that stopped."""
-
-    def check(call: Callable[[], object]) -> None:
-        prepare()
-        call()
-        if got.is_cuda:
-            torch.cuda.synchronize()
-        wrong = int((got != want()).sum())
-        if not agree(wrong == 0):
-            raise WrongResult(f"{wrong} of {got.numel()} elements wrong on this rank" if wrong
-                              else "a wrong result on another rank")
-    return check
-
-
-def all_reduce_check(t: torch.Tensor, rank: int, world: int, agree: Callable[[bool], bool]):
-    """The check of an in-place all-reduce of ``t`` (sum): every rank's sum of the inputs."""
-    return result_check(lambda: t.copy_(check_values(rank, t.numel(), t.dtype, t.device)), t,
-                        lambda: summed_values(world, t.numel(), t.dtype, t.device), agree)
-
-
-def reduce_scatter_check(out: torch.Tensor, inp: torch.Tensor, rank: int, world: int,
-                         agree: Callable[[bool], bool]):
-    """The check of a reduce-scatter of ``inp`` into ``out`` (sum): block ``rank`` of the sum."""
-    m = out.numel()
-    return result_check(lambda: inp.copy_(check_values(rank, inp.numel(), inp.dtype, inp.device)), out,
-                        lambda: summed_values(world, inp.numel(), out.dtype, out.device)[rank * m:(rank + 1) * m],
-                        agree)
-
-
-def all_gather_check(out: torch.Tensor, inp: torch.Tensor, rank: int, world: int,
-                     agree: Callable[[bool], bool]):
-    """The check of an all-gather of ``inp`` into ``out``: every rank's input, in rank order."""
-    n = inp.numel()
-    return result_check(lambda: inp.copy_(check_values(rank, n, inp.dtype, inp.device)), out,
-                        lambda: torch.cat([check_values(r, n, out.dtype, out.device) for r in range(world)]), agree)
 
 
 def burst(fn: Callable[[], object], iters: int) -> tuple[float, BaseException | None]:

@@ -13,7 +13,7 @@ import json
 import pytest
 
 torch = pytest.importorskip("torch")
-from collectives.tools import bench_report, nccl_baselines  # noqa: E402
+from collectives.tools import bench_report, nccl_baselines, result_checks  # noqa: E402
 from collectives.tools.bench import FIELDS  # noqa: E402
 from collectives.tools.records import Recorder, device_tag  # noqa: E402
 
@@ -164,7 +164,6 @@ def test_the_chunked_gemm_makes_our_blocks_products_in_our_order(monkeypatch, op
     all_gather_gemm), each block's product in its place, no communication; given a side stream
     (``gemm_alternate``), the peers' blocks on it and the current stream in turn, the side stream
     forked from the current one first and joined back last."""
-    import contextlib
     import types
 
     from collectives import overlap
@@ -218,7 +217,7 @@ def test_the_all_gather_rows_survive_nccls_copy_engine_column_failing(monkeypatc
                         lambda: types.SimpleNamespace(world=4, rank=0, ctx=types.SimpleNamespace(free=lambda t: None)))
     monkeypatch.setattr(collectives, "empty", lambda n, dtype: torch.zeros(n, dtype=dtype))
     monkeypatch.setattr(collectives, "all_gather", lambda out, inp, **kwargs: out.copy_(  # (as if every rank's
-        torch.cat([bench.check_values(r, inp.numel(), inp.dtype, "cpu") for r in range(4)])))  # input were its check's)
+        torch.cat([result_checks.check_values(r, inp.numel(), inp.dtype, "cpu") for r in range(4)])))  # input were its check's)
     checked, time_row = [], bench.time_row
 
     def checking_time_row(rec, columns, *args, **row):
@@ -477,38 +476,36 @@ def test_result_checks_pass_the_right_result_and_catch_a_wrong_one_on_any_rank()
     """The checks of ours' columns, on CPU tensors as rank 1 of 4: the right result passes; a
     call that does nothing (the input left in place), leaves a rank out or takes another rank's
     block raises WrongResult, as does a wrong result on another rank (``agree`` False)."""
-    from collectives.tools import bench
-
     world, rank, dtype = 4, 1, torch.bfloat16
-    values = functools.partial(bench.check_values, device="cpu")
+    values = functools.partial(result_checks.check_values, device="cpu")
     assert sorted({float(v) for r in range(8) for v in values(r, 40, torch.float32)}) == [float(v) for v in range(1, 13)]
-    total = bench.summed_values(world, 40, dtype, "cpu")
+    total = result_checks.summed_values(world, 40, dtype, "cpu")
     assert torch.equal(total, sum(values(r, 40, torch.float32) for r in range(world)).to(dtype))
 
     def everyone(ok: bool) -> bool:
         return ok
 
     t = torch.zeros(40, dtype=dtype)
-    check = bench.all_reduce_check(t, rank, world, everyone)
+    check = result_checks.all_reduce_check(t, rank, world, everyone)
     check(lambda: t.copy_(total))
-    for wrong in (lambda: None, lambda: t.copy_(bench.summed_values(world - 1, 40, dtype, "cpu"))):
-        with pytest.raises(bench.WrongResult, match="elements wrong on this rank"):
+    for wrong in (lambda: None, lambda: t.copy_(result_checks.summed_values(world - 1, 40, dtype, "cpu"))):
+        with pytest.raises(result_checks.WrongResult, match="elements wrong on this rank"):
             check(wrong)
-    with pytest.raises(bench.WrongResult, match="another rank"):
-        bench.all_reduce_check(t, rank, world, lambda ok: False)(lambda: t.copy_(total))
+    with pytest.raises(result_checks.WrongResult, match="another rank"):
+        result_checks.all_reduce_check(t, rank, world, lambda ok: False)(lambda: t.copy_(total))
 
     inp, out = torch.zeros(4 * 8, dtype=dtype), torch.zeros(8, dtype=dtype)  # (blocks of a power of two, as benched)
-    check = bench.reduce_scatter_check(out, inp, rank, world, everyone)
+    check = result_checks.reduce_scatter_check(out, inp, rank, world, everyone)
     check(lambda: out.copy_(total[8:16]))
-    with pytest.raises(bench.WrongResult):
+    with pytest.raises(result_checks.WrongResult):
         check(lambda: out.copy_(total[:8]))  # rank 0's block
 
     inp, out = torch.zeros(8, dtype=dtype), torch.zeros(4 * 8, dtype=dtype)
-    check = bench.all_gather_check(out, inp, rank, world, everyone)
+    check = result_checks.all_gather_check(out, inp, rank, world, everyone)
     check(lambda: out.copy_(torch.cat([values(r, 8, dtype) for r in range(world)])))
     for wrong in (lambda: out.copy_(inp.repeat(world)),  # this rank's input in every block
                   lambda: out.copy_(torch.cat([values(r, 8, dtype) for r in (1, 0, 2, 3)]))):  # two blocks swapped
-        with pytest.raises(bench.WrongResult):
+        with pytest.raises(result_checks.WrongResult):
             check(wrong)
 
 
@@ -537,7 +534,7 @@ def test_a_wrong_result_stops_the_run_for_ours_and_skips_a_variant(monkeypatch) 
             inside.append(knob[0])
             call()
             if not ok:
-                raise bench.WrongResult("3 of 40 elements wrong on this rank")
+                raise result_checks.WrongResult("3 of 40 elements wrong on this rank")
         return run
 
     row = dict(collective="all_reduce", dtype="bf16", bytes=4096)
@@ -549,7 +546,7 @@ def test_a_wrong_result_stops_the_run_for_ours_and_skips_a_variant(monkeypatch) 
         assert us == {"ours_x": 5.0}
         assert [(s["impl"], s["reason"]) for s in rec.skipped] == [
             ("ours_x_u4", "WrongResult: 3 of 40 elements wrong on this rank")]
-        with pytest.raises(bench.WrongResult):
+        with pytest.raises(result_checks.WrongResult):
             bench.time_row(Recorder("bench", FIELDS, agree=lambda ok: ok),
                            [bench.column("ours_x", lambda: 5.0, check=check(False))], 10, mode == "graph",
                            mode=mode, **row)
