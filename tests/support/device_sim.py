@@ -244,6 +244,20 @@ class Memory:
     def words(self, address: int, count: int, dtype: type = Int32) -> list[int]:
         return [self.load(address + i * dtype.width // 8, dtype).v for i in range(count)]
 
+    def take_records(self, address: int, records: int, fields: int) -> list[tuple[int, list[int]]]:
+        """The error records at ``address`` (``records`` of ``fields`` int32 words) a kernel
+        filled, as ``(index, words)`` of each whose first word (its status) is set; then every
+        record cleared, as the host does after each call."""
+        taken = []
+        for index in range(records):
+            at = address + 4 * fields * index
+            found = self.words(at, fields)
+            if found[0]:
+                taken.append((index, found))
+            for i in range(fields):
+                self.store(at + 4 * i, 0, Int32)
+        return taken
+
 
 # -- threads -----------------------------------------------------------------------------------
 

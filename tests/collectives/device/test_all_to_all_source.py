@@ -188,13 +188,8 @@ class World:
             self.outputs[r].append((bytes(mem.words(out, out_n * e + 8, Uint8)),
                                     bytes(mem.words(self.allocations[r], outside, Uint8)), out - self.allocations[r]))
             self.received[r].append([mem.load(splits + 8 * (self.world + q), Int64).v for q in range(self.world)])
-            for index in range(ERROR_RECORDS):
-                at = self.errs[r] + 4 * len(ERROR_FIELDS) * index
-                status, phase, peer, block, rank = mem.words(at, len(ERROR_FIELDS))
-                if status:
-                    self.records[r].append((c, index, status, phase, peer))
-                for i in range(len(ERROR_FIELDS)):
-                    mem.store(at + 4 * i, 0, Int32)
+            self.records[r] += [(c, index, status, phase, peer) for index, (status, phase, peer, *_) in
+                                mem.take_records(self.errs[r], ERROR_RECORDS, len(ERROR_FIELDS))]
 
     def statuses(self, r: int) -> set:
         """(call, record, status) of rank ``r``'s records."""

@@ -141,13 +141,8 @@ class World:
                        [self.rng.choice([0, 0, 300]) for _ in range(blocks)])
             outs = n * (self.world if collective == "all_gather" else 1)
             self.results[r].append(mem.words(self.out[r], outs, element))
-            for index in range(ERROR_RECORDS):
-                at = self.errs[r] + 4 * len(ERROR_FIELDS) * index
-                status = mem.load(at, Int32).v
-                if status:
-                    self.records[r].append((c, index, status))
-                for i in range(len(ERROR_FIELDS)):
-                    mem.store(at + 4 * i, 0, Int32)
+            self.records[r] += [(c, index, status) for index, (status, *_) in
+                                mem.take_records(self.errs[r], ERROR_RECORDS, len(ERROR_FIELDS))]
 
     @staticmethod
     def word(c: int, r: int, i: int) -> int:

@@ -211,13 +211,8 @@ class World:
             sim.launch(lambda args=args: self.kernel(args), Context(rank=r, call=c), self.blocks, THREADS,
                        [self.rng.choice([0, 0, 300]) for _ in range(self.blocks)])
             self.outputs[r].append(mem.words(self.out[r], n + self.vec, element))
-            for index in range(ERROR_RECORDS):
-                at = self.errs[r] + 4 * len(ERROR_FIELDS) * index
-                status = mem.load(at, Int32).v
-                if status:
-                    self.records[r].append((c, index, status))
-                for i in range(len(ERROR_FIELDS)):
-                    mem.store(at + 4 * i, 0, Int32)
+            self.records[r] += [(c, index, status) for index, (status, *_) in
+                                mem.take_records(self.errs[r], ERROR_RECORDS, len(ERROR_FIELDS))]
 
     def expected(self, c: int, r: int) -> list[int]:
         """Rank ``r``'s output bits of call ``c``, and the canary past them: the ranks' values of
