@@ -22,9 +22,10 @@ bandwidth-bound kernels (grid and loads in flight, set through :mod:`collectives
 knobs), printed under ``[variants]`` against the defaults; ``--sweep`` adds :data:`SWEEP` (the
 large all-reduce's push and two_shot at each blocks-per-SM x vectors-per-thread pair).  A baseline column that raises is skipped with its reason (printed, and in the
 JSON's ``skipped``), never the run.  Each column of ours (variants too) is checked once before
-it is timed: one call on known inputs, every rank's result exact (:mod:`~collectives.tools.result_checks`; a wrong
-one stops the run, a variant's is skipped with the reason).  NVLink multicast stays off: our backend is peer, torch's
-symm_mem runs without multicast, NCCL without NVLS.
+it is timed: one call on known inputs, every rank's result exact
+(:mod:`~collectives.tools.result_checks`; a wrong one stops the run, a variant's is skipped with
+the reason).  NVLink multicast stays off: our backend is peer, torch's symm_mem runs without
+multicast, NCCL without NVLS.
 """
 
 from __future__ import annotations
@@ -118,9 +119,9 @@ class Column:
     warm-up: a baseline's setup failing is that column's failure); whether it is a
     ``baseline`` (it may fail: :meth:`~collectives.tools.records.Recorder.attempt`); the
     ``context`` it runs in (NCCL's stream, a variant's knobs); ``check(call)``, ours' result
-    check (:func:`~collectives.tools.result_checks.result_check`), made once in that context after the warm-up, before the
-    timing: a column of ours computing a wrong result stops the run, a variant's is skipped
-    with the reason."""
+    check (:func:`~collectives.tools.result_checks.result_check`), made once in that context
+    after the warm-up, before the timing: a column of ours computing a wrong result stops the
+    run, a variant's is skipped with the reason."""
 
     impl: str
     make: Callable[[], Callable[[], object]]
@@ -337,17 +338,20 @@ def main(argv: list[str] | None = None) -> int | None:
                 rs_out = torch.empty(n // world, dtype=dtype, device="cuda")
                 algorithms = ["one_shot", "two_shot", "tma"] + (["lamport"] if nbytes <= LAMPORT_MAX_BYTES else [])
                 rs_lamport = ["lamport"] if nbytes // world <= LAMPORT_MAX_BYTES else []  # a block per Lamport slot
+                tensors = ((ours, ""), (plain, "_plain"))  # (plain: outside symmetric memory)
+                ar_checks = {placement: all_reduce_check(t, rank, world, rec.agree) for t, placement in tensors}
+                rs_checks = {placement: reduce_scatter_check(rs_out, t, rank, world, rec.agree)
+                             for t, placement in tensors}
                 for mode in modes:
                     ar = dict(collective="all_reduce", dtype=name, bytes=nbytes, mode=mode)
                     reduce = functools.partial(collectives.all_reduce, backend="peer")
-                    checks = {id(t): all_reduce_check(t, rank, world, rec.agree) for t in (ours, plain)}
-                    cols = [column(f"ours_{a}", functools.partial(reduce, ours, algorithm=a), check=checks[id(ours)])
+                    cols = [column(f"ours_{a}", functools.partial(reduce, ours, algorithm=a), check=ar_checks[""])
                             for a in (*algorithms, "push", "auto")]
                     cols += [column(f"ours_{a}_plain", functools.partial(reduce, plain, algorithm=a),  # torch's allocator
-                                    check=checks[id(plain)]) for a in ("one_shot", "two_shot", "tma", "push", "auto")]
+                                    check=ar_checks["_plain"]) for a in ("one_shot", "two_shot", "tma", "push", "auto")]
                     cols += [column(f"ours_{a}{suffix}{placement}", functools.partial(reduce, t, algorithm=a), baseline=True,
                                     context=functools.partial(knobs, comm, KNOBS[suffix]),  # an experiment: may fail
-                                    check=checks[id(t)])
+                                    check=ar_checks[placement])
                              for suffix, a, t, placement in variants("all_reduce", nbytes, ours, plain, args.sweep)]
                     for c in nccl.columns("all_reduce"):
                         if c == "nccl":
@@ -365,13 +369,12 @@ def main(argv: list[str] | None = None) -> int | None:
 
                     rs = dict(ar, collective="reduce_scatter")
                     scatter = functools.partial(collectives.reduce_scatter, rs_out, backend="peer")
-                    checks = {id(t): reduce_scatter_check(rs_out, t, rank, world, rec.agree) for t in (ours, plain)}
-                    cols = [column(f"ours_{a}{placement}", functools.partial(scatter, t, algorithm=a), check=checks[id(t)])
-                            for t, placement in ((ours, ""), (plain, "_plain"))  # (plain: outside symmetric memory)
-                            for a in (*rs_lamport, "one_shot", "tma", "push", "auto")]
+                    cols = [column(f"ours_{a}{placement}", functools.partial(scatter, t, algorithm=a),
+                                   check=rs_checks[placement])
+                            for t, placement in tensors for a in (*rs_lamport, "one_shot", "tma", "push", "auto")]
                     cols += [column(f"ours_{a}{suffix}{placement}", functools.partial(scatter, t, algorithm=a), baseline=True,
                                     context=functools.partial(knobs, comm, KNOBS[suffix]),  # an experiment: may fail
-                                    check=checks[id(t)])
+                                    check=rs_checks[placement])
                              for suffix, a, t, placement in variants("reduce_scatter", nbytes, ours, plain)]
                     for c in nccl.columns("reduce_scatter"):
                         if c == "nccl":
