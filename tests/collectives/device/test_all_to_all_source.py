@@ -23,7 +23,6 @@ stores into the release after it) is pinned in the PTX (``test_block_syncs_befor
 from __future__ import annotations
 
 import random
-import re
 import types
 from dataclasses import dataclass
 
