@@ -63,10 +63,13 @@ LAMPORT_CALLS = LAMPORT_BUFFERS << 30
 #: ``sms // TMA_SM_DIVISOR`` blocks.
 BLOCKS_PER_SM = 2
 TMA_SM_DIVISOR = 4
-#: Vectors each thread of a register-path loop has in flight (the default of
-#: :attr:`KernelKey.unroll <collectives.algorithms.KernelKey>` for keys made from now on): a
-#: reduction loads ``UNROLL`` vectors of every rank before it stores, a copy ``UNROLL // 2``.
-UNROLL = 2
+#: Vectors each thread of a register-path loop has in flight (a reduction loads ``unroll``
+#: vectors of every rank before it stores, a copy ``unroll // 2``): :data:`DEFAULT_UNROLL`, and
+#: the push all-reduce's where :func:`collectives.algorithms.tuning.push_unroll` measured more to
+#: pay.  ``UNROLL``, where set (a bench variant's), is every key's made from now on (the default of
+#: :attr:`KernelKey.unroll <collectives.algorithms.KernelKey>`, the tuned choice overruled).
+DEFAULT_UNROLL = 2
+UNROLL: int | None = None
 #: TMA kernels: shared memory their pipeline may use, and its stages.
 TMA_SMEM_BYTES = 192 << 10
 TMA_STAGES = 4

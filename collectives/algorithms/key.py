@@ -20,6 +20,12 @@ from .family import Family, register
 from .rules import key_backend_refusal
 
 
+def default_unroll() -> int:
+    """The unroll of a key made now without one: :data:`~collectives.config.UNROLL` where set (a
+    bench variant's), else :data:`~collectives.config.DEFAULT_UNROLL`."""
+    return config.UNROLL or config.DEFAULT_UNROLL
+
+
 @dataclass(frozen=True)
 class KernelKey:
     """The compile-time choices of one collective kernel.
@@ -37,7 +43,8 @@ class KernelKey:
     it so start (``griddepcontrol.launch_dependents``); default :data:`~collectives.config.PDL`.
     ``unroll``: the vectors a thread of a 16-byte register-path loop has in flight (a reduction
     ``unroll`` vectors of every rank, a copy ``unroll // 2``, at least one); default
-    :data:`~collectives.config.UNROLL`.
+    :data:`~collectives.config.UNROLL` where set, else :data:`~collectives.config.DEFAULT_UNROLL`
+    (:func:`default_unroll`).
     Which choices an algorithm takes is its own (:meth:`Algorithm.check`).
     """
 
@@ -53,7 +60,7 @@ class KernelKey:
     stage_in: bool = False
     end_barrier: bool = True
     pdl: bool = field(default_factory=lambda: config.PDL)
-    unroll: int = field(default_factory=lambda: config.UNROLL)
+    unroll: int = field(default_factory=default_unroll)
 
     def __post_init__(self) -> None:
         if self.collective not in COLLECTIVES:
@@ -116,7 +123,8 @@ class KernelKey:
 # -- the collective family (collectives.algorithms.family): key ids and the gates' keys ----------
 #
 # An id: ``collective/algorithm/backend/dtype/w<world>/<op>/v<vector>/t<threads>/g<gather_out>s<stage_in>e<end_barrier>``,
-# then ``/u<unroll>`` for a key whose unroll is not :data:`~collectives.config.UNROLL` (a bench variant's).
+# then ``/u<unroll>`` for a key whose unroll is not :func:`default_unroll` (a bench variant's, the tuned push
+# all-reduce's: :func:`~collectives.algorithms.tuning.push_unroll`).
 
 
 def collective_id(collective: str, algorithm: str, backend: str, dtype: str, world: int, op: str = "sum",
@@ -130,7 +138,7 @@ def collective_id(collective: str, algorithm: str, backend: str, dtype: str, wor
 def _to_text(key: KernelKey) -> str:
     kid = collective_id(key.collective, key.algorithm, key.backend, key.dtype, key.world, key.op, key.vector,
                         key.threads, key.gather_out, key.stage_in, key.end_barrier)
-    return kid if key.unroll == config.UNROLL else f"{kid}/u{key.unroll}"
+    return kid if key.unroll == default_unroll() else f"{kid}/u{key.unroll}"
 
 
 def fields(kid: str) -> dict:
@@ -157,7 +165,8 @@ def _legal(kid: str) -> bool:
 def _snapshot() -> list[str]:
     """Every key ``python -m collectives ptx`` builds (collective x algorithm x backend x dtype x
     world 2/4/8, sum, aligned), at world 4 every variant the API builds (staging, gather,
-    end barrier, unaligned, min/max, the Lamport's 256 threads) for bf16, f32 and e4m3."""
+    end barrier, unaligned, min/max, the Lamport's 256 threads) for bf16, f32 and e4m3, and the push
+    all-reduce unrolled 4 that :func:`~collectives.algorithms.tuning.push_unroll` picks at world 4."""
     from ..dtypes import DTYPES
     from .family import SNAPSHOT_WORLDS
 
@@ -181,6 +190,13 @@ def _snapshot() -> list[str]:
                 kid = collective_id(collective, algorithm, backend, dtype, 4, op, vector, t, g, s, e)
                 if kid not in ids and _legal(kid):
                     ids.append(kid)
+    # the push all-reduce unrolled 4, as tuning.push_unroll makes it at world 4 (peer), for every
+    # dtype, op and vector width the API sends it
+    for dtype, op, vector in itertools.chain(itertools.product(DTYPES, ("sum",), (0, 1)),
+                                             itertools.product(("bf16", "f32", "e4m3"), ("min", "max"), (0, 1))):
+        kid = collective_id("all_reduce", "push", "peer", dtype, 4, op, vector, stage_in=True) + "/u4"
+        if _legal(kid):
+            ids.append(kid)
     return ids
 
 
@@ -197,4 +213,4 @@ COLLECTIVE_FAMILY = register(Family(
     _from_text, _facets))
 
 
-__all__ = ["COLLECTIVE_FAMILY", "KernelKey", "collective_id", "fields"]
+__all__ = ["COLLECTIVE_FAMILY", "KernelKey", "collective_id", "default_unroll", "fields"]

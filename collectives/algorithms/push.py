@@ -98,7 +98,7 @@ from ..device import reduce, signals
 from ..device.kernel_args import KernelArgs
 from ..layouts import COLLECTIVE, PUSH_ALL_REDUCE, PUSH_ROUND, Layout
 from ..device.launch import launcher
-from . import design
+from . import design, tuning
 from .base import Algorithm, Call, ceil_div
 from .key import KernelKey
 from .protocol import Runtime
@@ -412,7 +412,7 @@ class Push(Algorithm):
             plan.capture = call.capturing  # (its staging alternates eagerly only)
             return plan
         key = KernelKey(call.collective, self.name, call.backend, call.dtype, call.world, op=call.op,
-                        vector=call.vector, stage_in=True)
+                        vector=call.vector, stage_in=True, unroll=tuning.push_unroll(call.world, call.nbytes, call.backend))
         m = push_slice_elements(call.n, call.world, key.elements_per_access)
         nbytes = call.world * m * call.inp.element_size()
         data = comm.buffer(comm.staging(nbytes, Slot.PUSH_ALL_REDUCE))

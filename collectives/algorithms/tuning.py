@@ -14,6 +14,7 @@ remote copies per element, so its crossovers fall as W grows).
 
 from __future__ import annotations
 
+from .. import config
 from ..config import LAMPORT_GATHER_MAX_BYTES, LAMPORT_MAX_BYTES
 
 #: (backend, world size) -> largest message (bytes per rank) for which Lamport is chosen.
@@ -158,10 +159,37 @@ PLAIN_ONE_SHOT_MAX: dict[tuple[str, int], int] = {
 #: (docs/data/bench-2xH200.json, tree d1a9677) push was ahead from 64 MB too (graph / eager: 202.9 /
 #: 209.7 us vs TMA 205.3 / 219.2 and two-shot 206.8 / 212.8; at 256 MB 764.6 / 768.0 vs TMA 791.3 /
 #: 799.8), behind at 16 MB (59.2 vs TMA 57.6 in a graph).  Not measured on 8 GPUs, nor with
-#: multicast (whose two-shot reduces in the switch): never there.
+#: multicast (whose two-shot reduces in the switch): never there.  On 4 GPUs from 16 MB since
+#: 2026-11-29: there the push all-reduce unrolled 4 (:data:`PUSH_UNROLL4_MIN`) was ahead of TMA
+#: (87.3 vs 90.8 us on 4 x H200, 91.6 vs 93.4 on 4 x H100, graphs).
 SYMMETRIC_PUSH_MIN: dict[tuple[str, int], int] = {
     ("peer", 2): 64 << 20,
-    ("peer", 4): 64 << 20,
+    ("peer", 3): 64 << 20,  # (as before: the push unrolled 4 was measured on 4 GPUs only)
+    ("peer", 4): 16 << 20,
+    ("peer", 8): 1 << 62,
+    ("multicast", 2): 1 << 62,
+    ("multicast", 4): 1 << 62,
+    ("multicast", 8): 1 << 62,
+}
+
+#: (backend, world size) -> smallest all-reduce (bytes per rank) from which the push all-reduce
+#: keeps 4 vectors of every rank in flight a thread (:func:`push_unroll`; below it, and elsewhere,
+#: :data:`~collectives.config.DEFAULT_UNROLL`).  On 4 GPUs its ``_u4`` bench column was our fastest
+#: all-reduce from 16 MB on in every run (graph, us, symmetric / plain, against the default's push):
+#: 4 x H200 (docs/data/bench-4xH200.json, tree be08ba1, 2026-11-29) 87.3 / 86.1 vs 96.4 / 95.7 at
+#: 16 MB (and TMA, auto's pick then for a symmetric tensor, 90.8), 310.6 / 309.0 vs 314.9 / 313.7 at
+#: 64 MB, 1171.4 / 1167.4 vs 1185.7 / 1181.7 at 256 MB (eagerly 92.5 vs 96.7 at 16 MB); 4 x H200
+#: tree e88f8b8 88.8 vs 98.2 and 4 x H100 (docs/data/bench-4xH100.json) 91.6 / 89.0 vs 92.0 at
+#: 16 MB, 310.2 / 310.5 vs 320.6 / 321.3 at 64 MB.  Why (the kernel's CPU simulation,
+#: tests/collectives/device/test_push_source.py): a push round is two grid strides for every slot
+#: of up to 64 strides, so the 4-vector loop itself never runs at these sizes; unrolled 4 the
+#: kernel takes 60 registers a thread, not 86, so two 512-thread blocks fit an SM and its 264
+#: blocks run in one wave.  On 2 x H200 it was slower at every size (70.3 vs 60.6 us at 16 MB,
+#: 770.5 vs 763.9 at 256 MB): 2 at W = 2.  W = 3 and 8 and multicast not measured: 2 there.
+PUSH_UNROLL4_MIN: dict[tuple[str, int], int] = {
+    ("peer", 2): 1 << 62,
+    ("peer", 3): 1 << 62,
+    ("peer", 4): 16 << 20,
     ("peer", 8): 1 << 62,
     ("multicast", 2): 1 << 62,
     ("multicast", 4): 1 << 62,
@@ -207,6 +235,15 @@ def _lookup(table: dict[tuple[str, int], int], backend: str, world: int) -> int:
     backend = "multicast" if backend == "multicast_emulated" else backend  # the same kernels
     sizes = sorted(w for b, w in table if b == backend)
     return table[(backend, next((w for w in sizes if w >= world), sizes[-1]))]
+
+
+def push_unroll(world: int, nbytes: int, backend: str) -> int:
+    """The ``unroll`` of a push all-reduce of ``nbytes`` per rank: :data:`~collectives.config.UNROLL`
+    where set (a bench variant's), else 4 from :data:`PUSH_UNROLL4_MIN` on, else
+    :data:`~collectives.config.DEFAULT_UNROLL`."""
+    if config.UNROLL is not None:
+        return config.UNROLL
+    return 4 if nbytes >= _lookup(PUSH_UNROLL4_MIN, backend, world) else config.DEFAULT_UNROLL
 
 
 def lamport_blocks(table: dict[tuple[str, int], int], world: int, nbytes: int, backend: str,

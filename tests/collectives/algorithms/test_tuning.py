@@ -117,3 +117,54 @@ def test_all_gather_picks_one_shot_past_lamport_but_tma_or_push_where_measured_a
                             "tma" if window else "push" if push else "one_shot"), (world, backend, nbytes, aligned,
                                                                                    symmetric)
     assert tuning.all_gather_algorithm(3, 32 << 20, "peer") == "tma"  # (3 ranks read 4's entry)
+
+
+def test_the_push_all_reduce_unrolls_4_where_measured_ahead(monkeypatch) -> None:
+    """4 vectors of every rank in flight for the push all-reduce from 16 MB on 4 GPUs (peer), where
+    its ``_u4`` column led in every 4-GPU run; 2 elsewhere (slower on 2 GPUs; 3, 8 and multicast
+    not measured).  A bench variant's ``config.UNROLL`` overrules the table."""
+    from collectives import config
+
+    for world in range(2, 9):
+        for backend in ("peer", "multicast", "multicast_emulated"):
+            for nbytes in (1 << 20, (16 << 20) - 16, 16 << 20, 1 << 30):
+                want = 4 if (world, backend) == (4, "peer") and nbytes >= 16 << 20 else 2
+                assert tuning.push_unroll(world, nbytes, backend) == want, (world, backend, nbytes)
+    monkeypatch.setattr(config, "UNROLL", 8)
+    assert tuning.push_unroll(4, 1 << 30, "peer") == tuning.push_unroll(2, 1024, "peer") == 8
+
+
+def test_three_ranks_keep_their_symmetric_all_reduce_choice() -> None:
+    """The 4-GPU push from 16 MB (unrolled 4) does not reach 3 ranks, who read 4's entries
+    elsewhere: they keep push from 64 MB."""
+    assert tuning.all_reduce_algorithm(4, 16 << 20, "peer") == "push"
+    assert tuning.all_reduce_algorithm(3, 16 << 20, "peer") == "tma"
+    assert tuning.all_reduce_algorithm(3, 64 << 20, "peer") == "push"
+
+
+@pytest.mark.parametrize(("world", "nbytes", "unroll"), [(4, 16 << 20, 4), (4, 8 << 20, 2), (2, 64 << 20, 2)])
+def test_the_push_plan_makes_the_tuned_key(monkeypatch, world: int, nbytes: int, unroll: int) -> None:
+    """``Push.plan`` keys the all-reduce's kernel with :func:`tuning.push_unroll` (the reduce-scatter
+    with the default), so the key id names the unroll where it is not the default."""
+    torch = pytest.importorskip("torch")
+    from collectives.algorithms import key_id
+    from collectives.algorithms.base import Call
+    from collectives.algorithms.push import Push
+
+    made = []
+    monkeypatch.setattr(Push, "launch", lambda self, comm, call, key, *a, **k: made.append(key))
+
+    class Comm:
+        @staticmethod
+        def staging(n, slot):
+            return n
+
+        @staticmethod
+        def buffer(n):
+            return n
+
+    t = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="meta")
+    call = Call("all_reduce", t, t, "bf16", "sum", "peer", world, n=t.numel(), nbytes=nbytes, symmetric=False,
+                in_place=True, whole_vectors=True, pointers_aligned=True, capturing=False)
+    Push().plan(Comm(), call)
+    assert made[-1].unroll == unroll and key_id(made[-1]).endswith("/u4") == (unroll == 4)
