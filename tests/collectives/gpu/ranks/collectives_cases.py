@@ -564,16 +564,28 @@ def test_different_dtypes_or_collectives_across_ranks_raise_and_the_communicator
     all-reduce bf16 (rank 0 would move twice the bytes), then rank 0 all-gathers where the
     others reduce-scatter: every rank raises the recorded size mismatch (no timeout), and the
     communicator stays usable.  One-shot, named: ``auto`` may pick Lamport for these sizes, whose
-    buffers are per element width (a Lamport f32 rank and bf16 rank never meet)."""
+    buffers are per element width (a Lamport f32 rank and bf16 rank never meet).
+
+    Every kernel the mismatched calls take is loaded first, by the same calls on every rank: in a
+    one-GPU world a rank that loads a kernel (a CUDA module load waits for every kernel on the
+    GPU: :func:`collectives.runtime.kernels.load`) while another rank's mismatched kernel already
+    spins waits for that kernel's timeout, so the calls would time out (as they did at W = 2, 3
+    and 4 on an H200, 2026-11-29) instead of meeting on the device, which is what this tests."""
     import collectives
 
     n, world = 2048, comm.world
+    big, small = collectives.empty(world * n, torch.float32), collectives.empty(n, torch.float32)
+    for dtype in (torch.float32, torch.bfloat16):
+        collectives.all_reduce(collectives.empty(4 * n, torch.uint8).view(dtype)[:n], algorithm="one_shot",
+                               backend=backend)
+    collectives.all_gather(big, small, algorithm="one_shot", backend=backend)
+    collectives.reduce_scatter(small, big, algorithm="one_shot", backend=backend)
+    collectives.synchronize()
     dtype = torch.float32 if comm.rank == 0 else torch.bfloat16
     t = collectives.empty(4 * n, torch.uint8).view(dtype)[:n]  # one allocation's shape on every rank
     with pytest.raises(collectives.CollectiveError, match="different sizes"):
         collectives.all_reduce(t, algorithm="one_shot", backend=backend)
         collectives.synchronize()
-    big, small = collectives.empty(world * n, torch.float32), collectives.empty(n, torch.float32)
     with pytest.raises(collectives.CollectiveError, match="different sizes"):
         if comm.rank == 0:
             collectives.all_gather(big, small, algorithm="one_shot", backend=backend)
