@@ -2,7 +2,7 @@
 symm_mem's (issue 50's targets are eager times, which the host sets for small tensors).
 
     torchrun --nproc-per-node 4 -m collectives.tools.host_time [--bytes 4096,65536] [--calls 2000] [--profile]
-        [--breakdown]
+        [--breakdown] [--moe 1,128]
 
 Per collective and size: microseconds of host time per call (``time.perf_counter`` around
 ``--calls`` back-to-back eager calls, the GPU synchronised before and after, never inside; the
@@ -11,7 +11,9 @@ interleaved: :func:`measure_rows`), for a plan hit (the same tensors again) and 
 each call (the allocator's other addresses; made before the timing).  ``--profile``: every rank
 profiles the plan hits, rank 0 prints cProfile's top functions of the plan hits.  ``--breakdown``: first, where a plan
 hit of the all-reduce and of the reduce-scatter of the first size goes (:func:`breakdown`).
-Last, ours against torch symm_mem's same call, from the interleaved rows (:func:`ratios`).
+``--moe TOKENS``: last, an MoE layer's eager dispatch and combine at each token count
+(:func:`moe_rows`): each rank's host time per call and the GPU time per call back to back.
+Then ours against torch symm_mem's same call, from the interleaved rows (:func:`ratios`).
 bf16; NVLink multicast stays off.
 """
 
@@ -39,11 +41,13 @@ from .timing import slowest_rank as _slowest  # noqa: E402  (a module name the t
 REPEATS = 5
 
 
-def host_run(calls: Callable[[], list[Callable[[], object]]]) -> tuple[float, Exception | None]:
+def host_run(calls: Callable[[], list[Callable[[], object]]],
+             reduce: Callable[[float], object] | None = None) -> tuple[object, Exception | None]:
     """One timed run: microseconds of host time per call of the functions ``calls()`` returns
     (made outside the timing; each called once, in order), the slowest rank's (infinite where a
-    rank failed), and the Python error this rank met (every rank does the same
-    synchronisations either way, so that none waits for it)."""
+    rank failed; ``reduce``: what to make of every rank's figure instead, given this rank's),
+    and the Python error this rank met (every rank does the same synchronisations either way,
+    so that none waits for it)."""
     mine, error = math.inf, None
     try:
         fns = calls()
@@ -60,7 +64,22 @@ def host_run(calls: Callable[[], list[Callable[[], object]]]) -> tuple[float, Ex
         torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001
         error, mine = e, math.inf
-    return _slowest(mine), error
+    return (reduce or _slowest)(mine), error
+
+
+def _every(mine: float) -> list[float]:
+    """Every rank's ``mine``, by rank (infinite where a rank failed)."""
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return every
+
+
+def each_rank_us(calls: Callable[[], list[Callable[[], object]]], repeats: int = REPEATS) -> list[float]:
+    """:func:`host_us` of every rank, not the slowest's alone: each rank's best of ``repeats``
+    runs (the runs of every rank start together), by rank; errors as :func:`host_us` raises them."""
+    runs = [host_run(calls, _every) for _ in range(repeats)]
+    _best([(max(every), error) for every, error in runs])
+    return [min(every[r] for every, _ in runs) for r in range(len(runs[0][0]))]
 
 
 def _best(runs: list[tuple[float, Exception | None]]) -> float:
@@ -253,6 +272,47 @@ def breakdown(comm, t: torch.Tensor, calls: int) -> list[Row]:
     return rows
 
 
+#: The MoE layer of ``--moe`` (the benches' decode shape): hidden size, experts, top-k; bf16 tokens.
+MOE_SHAPE = dict(hidden=7168, experts=256, topk=8)
+
+
+def moe_rows(tokens: list[int], calls: int, inputs: Callable[[int], tuple] | None = None) -> list[Row]:
+    """Per token count, the eager ``collectives.moe.dispatch`` (low latency, fused kernels) and the
+    ``combine`` of one of its results: host microseconds per call, the slowest rank's and each
+    rank's (runs of ``SHORT // 4`` calls: a dispatch launches four kernels), and GPU
+    microseconds per call of ``calls`` back to back.  An eager layer's exchange kernels spin
+    until every rank has launched its part, so where the GPU time matches the slowest rank's
+    host time the layer is as fast as its slowest host enqueues it (docs/guide-moe.md, "The
+    slowest host sets an eager layer").  ``inputs(tokens)``: the layer's ``(x, topk_ids,
+    topk_weights)`` (default: the benches', :func:`collectives.tools.all_to_all_bench.layer_inputs`,
+    on this GPU)."""
+    from collectives import moe
+
+    shape = argparse.Namespace(**MOE_SHAPE)
+    if inputs is None:
+        from .all_to_all_bench import layer_inputs
+
+        gen = torch.Generator(device="cuda").manual_seed(1 + dist.get_rank())
+        inputs = functools.partial(layer_inputs, shape, gen=gen)
+    rows: list[Row] = []
+    for count in tokens:
+        x, ids, weights = inputs(count)
+        expert_x, _, handle = moe.dispatch(x, ids, weights, shape.experts, max_tokens=count)
+        for part, fn in (("dispatch", lambda: moe.dispatch(x, ids, weights, shape.experts, max_tokens=count)),
+                         ("combine", lambda: moe.combine(expert_x, handle))):
+            name = f"moe {part}, {count} token{'s' if count > 1 else ''}"
+            every: list[float] = []
+
+            def slowest(fn: Callable[[], object] = fn, every: list[float] = every) -> float:
+                every[:] = each_rank_us(lambda: [fn] * (SHORT // 4))
+                return max(every)
+
+            add(rows, f"{name}: host, slowest rank", slowest)
+            rows += [(f"  rank {r}'s host", us) for r, us in enumerate(every)]
+            add(rows, f"  GPU time per call, {calls} back to back", lambda fn=fn: gpu_us([fn] * calls))
+    return rows
+
+
 def measure_rows(rows: list[Row], group: list[tuple[str, Callable[[], Callable[[], object]], bool]],
                  calls: int) -> None:
     """Append the rows of ``group`` to ``rows``: per (name, make, moved), ``make()`` returning one
@@ -304,6 +364,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--breakdown", action="store_true",
                         help="first, where an all-reduce's and a reduce-scatter's plan hits go")
+    parser.add_argument("--moe", metavar="TOKENS", default="",
+                        help="last, an MoE layer's eager dispatch and combine at these token counts per rank (1,128)")
     args = parser.parse_args(argv)
     sizes = [int(b) for b in args.bytes.split(",")]
 
@@ -356,6 +418,9 @@ def main(argv: list[str] | None = None) -> None:
                  (f"torch reduce_scatter_out {nbytes} B",
                   lambda: (lambda o=plain(n // world): torch.ops.symm_mem.reduce_scatter_out(theirs, group, False, o)),
                   False)])
+        collectives.synchronize()
+    if args.moe:
+        rows += moe_rows([int(t) for t in args.moe.split(",")], calls)
         collectives.synchronize()
     if comm.rank == 0:
         print(f"host time per eager call, {world} ranks, bf16 ({torch.cuda.get_device_name()}):")

@@ -137,3 +137,70 @@ def test_the_ratios_compare_each_plan_hit_with_torchs_same_call_at_each_size(hos
         "all_reduce 65536 B: 6.00 / 9.00 us = 0.67x",
         "reduce_scatter 65536 B: 9.00 / 10.00 us = 0.90x",  # (4 KB: torch's row failed, left out)
     ]
+
+
+def test_each_rank_us_is_every_ranks_best_and_fails_as_host_us(host_time, monkeypatch) -> None:
+    """Each rank's best of the runs (not the slowest's alone), every run's figures gathered from
+    every rank; a rank that failed fails the measurement on every rank, as ``host_us``'s rows do."""
+    module, _ = host_time
+    runs = iter([[5.0, 9.0], [4.0, 11.0], [6.0, 8.0], [5.5, 9.5], [4.5, 10.0]])
+    gathered: list = []
+
+    def all_gather_object(out, mine):
+        out[:] = next(runs)
+        gathered.append(mine)
+
+    monkeypatch.setattr(module, "dist", SimpleNamespace(barrier=lambda: None, get_rank=lambda: 0,
+                                                        get_world_size=lambda: 2, all_gather_object=all_gather_object))
+    assert module.each_rank_us(lambda: [lambda: None] * 3) == [4.0, 8.0]
+    assert len(gathered) == module.REPEATS and all(math.isfinite(us) for us in gathered)
+    runs = iter([[5.0, math.inf]] * module.REPEATS)  # (rank 1 failed)
+    with pytest.raises(RuntimeError, match="failed on another rank"):
+        module.each_rank_us(lambda: [lambda: None])
+
+
+def test_moe_rows_time_the_public_dispatch_and_combine(monkeypatch) -> None:
+    """--moe on the stubbed MoE world of tests.support.host_path (kernels loaded, launching
+    nothing): per token count a dispatch's and a combine's rows (the slowest rank's host time,
+    each rank's, the GPU time), each measuring the public call, which runs (a call raising
+    would turn its row into the error)."""
+    from ptxops.nvls import MULTICAST_OFF
+
+    for name, value in MULTICAST_OFF.items():
+        monkeypatch.setenv(name, value)
+    torch = pytest.importorskip("torch")
+    from collectives.tools import host_time
+    from tests.support import host_path
+
+    ran: list[str] = []
+
+    def each_rank_us(calls):
+        fns = calls()
+        ran.append(type(fns[0]()).__name__)
+        return [3.0, 4.0, 2.0, 3.5]
+
+    def gpu_us(fns):
+        fns[0]()
+        return 4.5
+
+    monkeypatch.setattr(host_time, "each_rank_us", each_rank_us)
+    monkeypatch.setattr(host_time, "gpu_us", gpu_us)
+    monkeypatch.setattr(host_time, "dist", SimpleNamespace(get_rank=lambda: 0))
+    shape = host_time.MOE_SHAPE
+
+    def inputs(tokens: int) -> tuple:
+        gen = torch.Generator().manual_seed(tokens)
+        ids = torch.stack([torch.randperm(shape["experts"], generator=gen)[:shape["topk"]] for _ in range(tokens)])
+        return (torch.randn((tokens, shape["hidden"]), generator=gen).bfloat16(), ids,
+                torch.rand((tokens, shape["topk"]), generator=gen))
+
+    with host_path.moe_world():
+        rows = host_time.moe_rows([1, 2], 10, inputs)
+    assert ran == ["tuple", "Tensor"] * 2  # dispatch's (expert_x, ..., handle), combine's output
+    names = [name for name, _ in rows]
+    for tokens in ("1 token", "2 tokens"):
+        for part in ("dispatch", "combine"):
+            at = names.index(f"moe {part}, {tokens}: host, slowest rank")
+            assert rows[at][1] == 4.0
+            assert rows[at + 1:at + 6] == [("  rank 0's host", 3.0), ("  rank 1's host", 4.0), ("  rank 2's host", 2.0),
+                                          ("  rank 3's host", 3.5), ("  GPU time per call, 10 back to back", 4.5)]
