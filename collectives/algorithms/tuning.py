@@ -225,6 +225,20 @@ RS_SYMMETRIC_PUSH_MIN: dict[tuple[str, int], int] = {
 #: (4 x H200: 206.5 / 246.7 at 4096^3, 3356.3 / 3536.9 at 16384 x 8192^2).
 OVERLAP_ALTERNATE_MAX_MNK = 1 << 38
 
+#: World size -> CUDA priority of GEMM overlap's side stream (:func:`overlap_side_priority`;
+#: lower is higher, torch maps it into the device's range), where measured apart from the
+#: default, :data:`~collectives.runtime.stream_flags.SIDE_PRIORITY` (-1: the side stream's
+#: one-block barriers dispatched ahead of a running GEMM's pending blocks).  On 2 x H200 the side
+#: stream of default priority (``gemm_overlap_bench --comm-priority 0``, ``ours_prio0``) was the
+#: faster in six runs of six trees (docs/data/gemm-overlap-2xH200.json and its history, graphs,
+#: its time over the default's): all-gather GEMM 4096 x 8192^2 0.935-0.986 (every run), 16384 x
+#: 4096^2 0.953-1.013, 16384 x 8192^2 0.976-1.013; GEMM reduce-scatter 4096 x 8192^2 0.939-1.013,
+#: 16384 x 4096^2 0.936-1.011, and behind at 16384 x 8192^2 (0.988-1.051); 4096^3 1.00 both ops;
+#: about 1 % less time over the eight shapes on average.  On 4 GPUs (five 4 x H200 runs, one
+#: 4 x H100) it was as often behind as ahead (0.940-1.045): -1 stays there.
+OVERLAP_SIDE_PRIORITY: dict[int, int] = {2: 0}
+
+
 #: reduce_scatter stages inputs up to this size (bytes per rank) even when they are symmetric:
 #: the in-kernel copy costs less than the end barrier it saves.
 STAGE_MAX_BYTES = 4 << 20
@@ -244,6 +258,12 @@ def push_unroll(world: int, nbytes: int, backend: str) -> int:
     if config.UNROLL is not None:
         return config.UNROLL
     return 4 if nbytes >= _lookup(PUSH_UNROLL4_MIN, backend, world) else config.DEFAULT_UNROLL
+
+
+def overlap_side_priority(world: int, default: int) -> int:
+    """The CUDA priority of the side stream of GEMM overlap in a communicator of ``world`` ranks:
+    :data:`OVERLAP_SIDE_PRIORITY`'s, else ``default``."""
+    return OVERLAP_SIDE_PRIORITY.get(world, default)
 
 
 def lamport_blocks(table: dict[tuple[str, int], int], world: int, nbytes: int, backend: str,

@@ -29,7 +29,7 @@ from typing import Any, Union
 import torch
 
 from .. import config
-from ..algorithms import REGISTRY, Call
+from ..algorithms import REGISTRY, Call, tuning
 from ..algorithms.plan import current_stream
 from ..algorithms.rules import resolve_backend
 from ..config import CALL_EPOCHS, Slot
@@ -44,7 +44,7 @@ from .error_record import ErrorRecord
 from ..algorithms.residency import Occupancy, Residency, SmLimits
 from .kernels import KernelCache, compile_target, occupancy
 from .staging import PlanCache, StagingPool
-from .stream_flags import StreamFlags
+from .stream_flags import SIDE_PRIORITY, StreamFlags
 from .views import Buffer, BufferViews
 
 #: What every ``group=`` argument of the API takes: None (every rank), a ``torch.distributed``
@@ -100,7 +100,8 @@ class Communicator:
         if seed:
             self._seed_epochs(seed)
         self.stream_flags = StreamFlags(ctx.device, self.kernel, self.errors, self.rank,
-                                        lambda device: current_stream(device))
+                                        lambda device: current_stream(device),
+                                        tuning.overlap_side_priority(self.world, SIDE_PRIORITY))
         properties = torch.cuda.get_device_properties(ctx.device)
         self.sms = properties.multi_processor_count
         self.residency = (Residency(SmLimits.of(properties), ctx.ranks_on_device)

@@ -23,11 +23,13 @@ class StreamFlags:
     """The :data:`~collectives.config.FLAG_SLOTS` flag slots of one GPU (``device``) and the side
     stream that GEMM overlap runs its copies on (ordered by CUDA events).  ``kernel(kind)`` is the
     compiled ``"post"`` / ``"wait"`` kernel, ``stream(device)`` the current stream's handle; a
-    wait times out after ``record.timeout_s``, recording rank ``rank``'s timeout in ``record``."""
+    wait times out after ``record.timeout_s``, recording rank ``rank``'s timeout in ``record``;
+    ``priority``: the side stream's CUDA priority."""
 
     def __init__(self, device: int, kernel: Callable[[str], Callable[..., Any]], record: ErrorRecord, rank: int,
-                 stream: Callable[[int], int]) -> None:
+                 stream: Callable[[int], int], priority: int = SIDE_PRIORITY) -> None:
         self.device, self.kernel, self.record, self.rank, self.stream = device, kernel, record, rank, stream
+        self.priority = priority
         # Row 0 counts each slot's posts, row 1 the posts its consumer took.
         self.flags = torch.zeros((2, FLAG_SLOTS), dtype=torch.int32, device=device)
         self._side: torch.cuda.Stream | None = None
@@ -83,8 +85,11 @@ class StreamFlags:
 
     def side(self) -> torch.cuda.Stream:
         """The side stream of this GPU (made on first use): GEMM overlap's communication stream,
-        of higher CUDA priority than the default (:data:`SIDE_PRIORITY`), so that its few small
-        kernels (barriers) are dispatched ahead of a GEMM's pending blocks, not after its last wave."""
+        of CUDA priority :attr:`priority`: by default higher than the default stream's
+        (:data:`SIDE_PRIORITY`), so that its few small kernels (barriers) are dispatched ahead of a
+        GEMM's pending blocks, not after its last wave; the communicator's by its world size
+        (:func:`collectives.algorithms.tuning.overlap_side_priority`: default priority on 2 GPUs,
+        where that measured faster)."""
         if self._side is None:
-            self._side = torch.cuda.Stream(self.device, priority=SIDE_PRIORITY)
+            self._side = torch.cuda.Stream(self.device, priority=self.priority)
         return self._side

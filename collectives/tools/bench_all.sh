@@ -44,7 +44,7 @@ bench() {
 }
 bench bench "${BENCH_S:-180}" collectives.tools.bench --dtypes bf16
 bench gemm-overlap "${GEMM_S:-80}" collectives.tools.gemm_overlap_bench \
-    --comm-priority 0
+    --comm-priority 0,-1
 bench moe "${MOE_S:-60}" collectives.tools.all_to_all_bench --fp8
 bench moe-symm-mem "${SYMM_S:-20}" collectives.tools.all_to_all_bench --symm-mem
 bench overlap-timeline "${TIMELINE_S:-30}" collectives.tools.overlap_timeline --shape 4096,4096,4096

@@ -16,9 +16,10 @@ M x N.  Per shape, op and mode (eager calls, CUDA-graph replays; slowest rank's 
   ``gemm_alternate`` (where a variant has ``alternate``): the same GEMMs on two streams in turn,
   as that schedule runs them: what two GEMMs at once gain or lose without the communication;
 - ``ours`` (chunks W, or 1 where an eager call runs one GEMM and one collective:
-  :func:`collectives.overlap.eager_blocks`): as the library runs it (its side stream of
-  :data:`~collectives.runtime.stream_flags.SIDE_PRIORITY`), and ``ours_prioP`` for every
-  ``--comm-priority`` P (a side stream of CUDA priority P: 0 the default, -1..-5 higher);
+  :func:`collectives.overlap.eager_blocks`): as the library runs it (its side stream of the
+  communicator's priority, :func:`collectives.algorithms.tuning.overlap_side_priority`), and
+  ``ours_prioP`` for every other ``--comm-priority`` P (a side stream of CUDA priority P: 0 the
+  default, -1..-5 higher);
 - ``ours_<variant>`` for every ``--variants`` entry, run in the same call: a start,
   ``side`` or ``first`` (:data:`~collectives.config.OVERLAP_START`: the all-gather's start on the
   side stream beside the own GEMM, or on the current stream before it, the default;
@@ -180,7 +181,8 @@ def main(argv: list[str] | None = None) -> None:
     modes = ["eager"] + ([] if args.no_graph else ["graph"]) + ([] if args.no_host else ["host"])
     rec = Recorder("gemm-overlap", FIELDS, all_ranks_agree(), rank, column=("op", "impl", "mode"))
     default_side = comm.stream_flags.side()
-    side_streams = {None: default_side} | {p: torch.cuda.Stream(priority=p) for p in priorities}
+    side_streams = {None: default_side} | {p: torch.cuda.Stream(priority=p) for p in priorities
+                                           if p != comm.stream_flags.priority}  # (not the default's again)
     if rank == 0:
         print(f"bf16, {world} GPUs, {comm.sms} SMs; us per call; /gemm: over one GEMM of the whole shape, "
               "/base: over the fastest of torch.mm + NCCL and torch's fused op; stream priorities "

@@ -113,13 +113,30 @@ def test_max_blocks_caps_the_grid_and_never_raises_it(algorithm: str) -> None:
     assert grid(comm, lamport, big, 8) == LAMPORT_BLOCKS  # a fixed grid: the cap does not apply
 
 
+def test_the_side_stream_takes_the_priority_of_its_communicators_world(monkeypatch) -> None:
+    """A communicator's stream flags make its side stream at the priority
+    :func:`collectives.algorithms.tuning.overlap_side_priority` gives its world size."""
+    from collectives.algorithms import tuning
+    from collectives.runtime.stream_flags import SIDE_PRIORITY
+
+    made: list[int] = []
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device, priority: made.append(priority) or object())
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: None)
+    for world in (2, 4):
+        priority = tuning.overlap_side_priority(world, SIDE_PRIORITY)
+        StreamFlags(0, lambda kind: None, None, 0, lambda device: 0, priority).side()
+    assert made == [0, SIDE_PRIORITY]
+    StreamFlags(0, lambda kind: None, None, 0, lambda device: 0).side()
+    assert made[-1] == SIDE_PRIORITY  # (the default)
+
+
 def test_each_communicator_has_its_own_side_stream(monkeypatch) -> None:
     """The overlap's side stream belongs to a communicator's stream flags (made once, on first
     use), not to the process: two communicators on one device order their calls apart."""
     monkeypatch.setattr(torch.cuda, "Stream", lambda device, priority: object())
     first, second = (StreamFlags.__new__(StreamFlags) for _ in range(2))
     for flags in (first, second):
-        flags.device, flags._side = 0, None
+        flags.device, flags._side, flags.priority = 0, None, -1
     assert first.side() is first.side()
     assert first.side() is not second.side()
 
