@@ -123,8 +123,8 @@ class KernelKey:
 # -- the collective family (collectives.algorithms.family): key ids and the gates' keys ----------
 #
 # An id: ``collective/algorithm/backend/dtype/w<world>/<op>/v<vector>/t<threads>/g<gather_out>s<stage_in>e<end_barrier>``,
-# then ``/u<unroll>`` for a key whose unroll is not :func:`default_unroll` (a bench variant's, the tuned push
-# all-reduce's: :func:`~collectives.algorithms.tuning.push_unroll`).
+# then ``/u<unroll>`` for a key whose unroll is not :func:`default_unroll` (a bench variant's, the tuned
+# push all-reduce's: :func:`~collectives.algorithms.tuning.push_unroll`).
 
 
 def collective_id(collective: str, algorithm: str, backend: str, dtype: str, world: int, op: str = "sum",

@@ -411,8 +411,9 @@ class Push(Algorithm):
             plan = self.launch(comm, call, key, data, call.inp.data_ptr())
             plan.capture = call.capturing  # (its staging alternates eagerly only)
             return plan
+        unroll = tuning.push_unroll(call.world, call.nbytes, call.backend)
         key = KernelKey(call.collective, self.name, call.backend, call.dtype, call.world, op=call.op,
-                        vector=call.vector, stage_in=True, unroll=tuning.push_unroll(call.world, call.nbytes, call.backend))
+                        vector=call.vector, stage_in=True, unroll=unroll)
         m = push_slice_elements(call.n, call.world, key.elements_per_access)
         nbytes = call.world * m * call.inp.element_size()
         data = comm.buffer(comm.staging(nbytes, Slot.PUSH_ALL_REDUCE))

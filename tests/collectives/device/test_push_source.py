@@ -36,7 +36,7 @@ torch = pytest.importorskip("torch")
 from tests.support import device_sim  # noqa: E402
 from tests.support.device_sim import Context, Num, Ptr, Sim, fakes, load, me  # noqa: E402
 
-from collectives.algorithms import REGISTRY, KernelKey  # noqa: E402
+from collectives.algorithms import REGISTRY, KernelKey, tuning  # noqa: E402
 from collectives.config import CALL_EPOCHS  # noqa: E402
 from collectives.dtypes import DTYPES  # noqa: E402
 from collectives.layouts import ERROR_FIELDS, ERROR_RECORDS, PadLayout  # noqa: E402
@@ -109,7 +109,8 @@ def kernels(edits: dict | None = None) -> types.ModuleType:
     registered = dict(REGISTRY)  # the copy's Push class registers itself: put the real one back
     try:
         push = load("collectives.algorithms.push", {
-            **sim, "collectives.device": device, "collectives.algorithms": types.SimpleNamespace(design=design),
+            **sim, "collectives.device": device,
+            "collectives.algorithms": types.SimpleNamespace(design=design, tuning=tuning),  # (the real table)
         }, edits.get("push", ()))
     finally:
         REGISTRY.clear()
