@@ -1,6 +1,7 @@
 """Host cost of one kernel launch: CuTeDSL's TVM-FFI call vs ``cuLaunchKernel`` with
-pre-packed parameters (the floor of any eager collective call), a torch op for scale, and the
-forms of making a tensor that an eager call can take (an allocation, a view: the MoE layer's).
+pre-packed parameters (the floor of any eager collective call), a torch op for scale, four
+launches against one replay of a CUDA graph of them (:func:`grouped`), and the forms of making
+a tensor that an eager call can take (an allocation, a view: the MoE layer's).
 
     python -m collectives.tools.bench_launch        # one GPU
 
@@ -76,10 +77,37 @@ def main() -> None:
     print(f"  cuLaunchKernel, pre-packed  "
           f"{host_us(lambda: driver.cuLaunchKernel(kernel, 1, 1, 1, 256, 1, 1, 0, stream, ctypes.addressof(params), 0)):.2f}")
     print(f"  torch x.add_(1)             {host_us(lambda: x.add_(1)):.2f}")
+    print(f"host microseconds per {GROUP} launches (an eager MoE dispatch launches 4 kernels)")
+    for name, us in grouped(lambda s: fn(*range(1, 12), 1, s)):
+        print(f"  {name:40s} {us:6.2f}")
     print("host microseconds per tensor made (two rounds: a host's speed drifts)")
     for _ in range(2):
         for name, us in tensor_forms():
             print(f"  {name:40s} {us:6.2f}")
+
+
+#: Kernels a group launches (:func:`grouped`): an eager MoE dispatch's.
+GROUP = 4
+
+
+def grouped(launch: Callable[[int], object], n: int = 5000) -> list[tuple[str, float]]:
+    """Host microseconds of :data:`GROUP` launches of ``launch(stream)`` back to back, against one
+    replay of a CUDA graph captured from the same launches (what an eager call would pay if it
+    replayed a graph of its kernels instead of launching each)."""
+    stream = torch.cuda.current_stream()
+    graph, capture = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    capture.wait_stream(stream)
+    with torch.cuda.graph(graph, stream=capture):
+        for _ in range(GROUP):
+            launch(capture.cuda_stream)
+    stream.wait_stream(capture)
+    torch.cuda.synchronize()
+
+    def each() -> None:
+        for _ in range(GROUP):
+            launch(stream.cuda_stream)
+
+    return [(f"{GROUP} launches", host_us(each, n)), (f"a CUDA graph of {GROUP}: replay()", host_us(graph.replay, n))]
 
 
 def tensor_forms(n: int = 20000) -> list[tuple[str, float]]:

@@ -253,6 +253,45 @@ def test_launch_cost_benchmark_kernel_compiles() -> None:
     assert b"kernel_cutlass__idle" in bench_launch.idle_cubin("sm_90a")
 
 
+def test_launch_cost_benchmark_times_a_group_of_launches_against_a_graph_of_them(monkeypatch) -> None:
+    """bench_launch's :func:`grouped` (torch's CUDA pieces stood in for): the graph captures GROUP
+    launches on its capture stream, the eager form launches GROUP on the current stream, each
+    timed by host_us."""
+    pytest.importorskip("torch")
+    from contextlib import contextmanager
+    from types import SimpleNamespace
+
+    from collectives.tools import bench_launch
+
+    launched: list[str] = []
+
+    class Stream:
+        def __init__(self, name: str = "capture") -> None:
+            self.cuda_stream = name
+
+        def wait_stream(self, other) -> None:
+            pass
+
+    class Graph:
+        def replay(self) -> None:
+            launched.append("replay")
+
+    @contextmanager
+    def graph(g, stream):
+        launched.append("capture begins")
+        yield
+
+    current = Stream("current")
+    cuda = SimpleNamespace(current_stream=lambda: current, CUDAGraph=Graph, Stream=Stream, graph=graph,
+                           synchronize=lambda: None)
+    monkeypatch.setattr(bench_launch, "torch", SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(bench_launch, "host_us", lambda fn, n: (fn(), float(len(launched)))[1])
+    rows = bench_launch.grouped(launched.append)
+    group = bench_launch.GROUP
+    assert launched == ["capture begins"] + ["capture"] * group + ["current"] * group + ["replay"]
+    assert [name for name, _ in rows] == [f"{group} launches", f"a CUDA graph of {group}: replay()"]
+
+
 def test_barrier_cost_variants_compile_and_differ_where_named() -> None:
     """python -m collectives.tools.barrier_costs (one GPU) times these kernels; each does what
     its name says: only the barrier releases, only the fence variant fences alone."""
