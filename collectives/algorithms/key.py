@@ -18,12 +18,7 @@ from ..layouts import COLLECTIVE
 from .base import REGISTRY, Algorithm, algorithms
 from .family import Family, register
 from .rules import key_backend_refusal
-
-
-def default_unroll() -> int:
-    """The unroll of a key made now without one: :data:`~collectives.config.UNROLL` where set (a
-    bench variant's), else :data:`~collectives.config.DEFAULT_UNROLL`."""
-    return config.UNROLL or config.DEFAULT_UNROLL
+from .tuning import default_unroll
 
 
 @dataclass(frozen=True)
@@ -44,7 +39,7 @@ class KernelKey:
     ``unroll``: the vectors a thread of a 16-byte register-path loop has in flight (a reduction
     ``unroll`` vectors of every rank, a copy ``unroll // 2``, at least one); default
     :data:`~collectives.config.UNROLL` where set, else :data:`~collectives.config.DEFAULT_UNROLL`
-    (:func:`default_unroll`).
+    (:func:`~collectives.algorithms.tuning.default_unroll`).
     Which choices an algorithm takes is its own (:meth:`Algorithm.check`).
     """
 
@@ -123,7 +118,7 @@ class KernelKey:
 # -- the collective family (collectives.algorithms.family): key ids and the gates' keys ----------
 #
 # An id: ``collective/algorithm/backend/dtype/w<world>/<op>/v<vector>/t<threads>/g<gather_out>s<stage_in>e<end_barrier>``,
-# then ``/u<unroll>`` for a key whose unroll is not :func:`default_unroll` (a bench variant's, the tuned
+# then ``/u<unroll>`` for a key whose unroll is not :func:`~.tuning.default_unroll` (a bench variant's, the tuned
 # push all-reduce's: :func:`~collectives.algorithms.tuning.push_unroll`).
 
 
@@ -213,4 +208,4 @@ COLLECTIVE_FAMILY = register(Family(
     _from_text, _facets))
 
 
-__all__ = ["COLLECTIVE_FAMILY", "KernelKey", "collective_id", "default_unroll", "fields"]
+__all__ = ["COLLECTIVE_FAMILY", "KernelKey", "collective_id", "fields"]

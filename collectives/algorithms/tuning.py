@@ -251,13 +251,18 @@ def _lookup(table: dict[tuple[str, int], int], backend: str, world: int) -> int:
     return table[(backend, next((w for w in sizes if w >= world), sizes[-1]))]
 
 
+def default_unroll() -> int:
+    """The ``unroll`` of a kernel key made now without one: :data:`~collectives.config.UNROLL`
+    where set (a bench variant's), else :data:`~collectives.config.DEFAULT_UNROLL`."""
+    return config.UNROLL or config.DEFAULT_UNROLL
+
+
 def push_unroll(world: int, nbytes: int, backend: str) -> int:
-    """The ``unroll`` of a push all-reduce of ``nbytes`` per rank: :data:`~collectives.config.UNROLL`
-    where set (a bench variant's), else 4 from :data:`PUSH_UNROLL4_MIN` on, else
-    :data:`~collectives.config.DEFAULT_UNROLL`."""
-    if config.UNROLL is not None:
-        return config.UNROLL
-    return 4 if nbytes >= _lookup(PUSH_UNROLL4_MIN, backend, world) else config.DEFAULT_UNROLL
+    """The ``unroll`` of a push all-reduce of ``nbytes`` per rank: 4 from :data:`PUSH_UNROLL4_MIN`
+    on unless a bench variant sets :data:`~collectives.config.UNROLL`, else :func:`default_unroll`."""
+    if config.UNROLL is None and nbytes >= _lookup(PUSH_UNROLL4_MIN, backend, world):
+        return 4
+    return default_unroll()
 
 
 def overlap_side_priority(world: int, default: int) -> int:
