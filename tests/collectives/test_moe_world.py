@@ -293,8 +293,11 @@ def test_a_planned_layer_still_checks_every_call_whose_facts_it_has_not_seen() -
     def plans(key, make):
         return kept[key] if key in kept else kept.setdefault(key, make())
 
+    def zeros(name, shape, dtype, device, fill=None):  # the exchange below delivers nothing: no garbage to place
+        return torch.full(shape, 0 if fill is None else fill, dtype=dtype, device=device)
+
     def dispatch(x=xs[0], i=ids[0], w=ws[0], experts=4, most=3, **kw):
-        return moe.dispatch_with(lambda *a, **k: None, 2, x, i, w, experts, most, plans=plans, **kw)
+        return moe.dispatch_with(lambda *a, **k: None, 2, x, i, w, experts, most, plans=plans, empty=zeros, **kw)
 
     _, _, handle = dispatch()
     dispatch()  # a hit
