@@ -7,6 +7,9 @@ CuTeDSL), read by the host's code and the kernels' alike:
   the status and phase codes);
 - the all-to-all's send/receive slots: :class:`ExchangeLayout`, its words and how a waiter
   judges them (below; the kernels' side is :mod:`collectives.device.all_to_all`);
+- the regions' exchange a two-kernel MoE layer is designed on: :class:`RegionLayout`,
+  :func:`may_store`, :func:`judge_region` (its model: ``tests/collectives/algorithms/test_region_model.py``;
+  no kernel uses it yet);
 - kernel arguments: :class:`Arg` and :class:`Layout`, the collectives' :data:`COLLECTIVE`
   (and :data:`PUSH_ALL_REDUCE`), the stream flags' :data:`FLAGS`; every other kernel family
   declares its own with them next to its kernel (e.g. :data:`collectives.algorithms.all_to_all.ALL_TO_ALL`).
@@ -367,6 +370,115 @@ def chunk(splits: list[int], peer: int, n: int, row: int = 1) -> tuple[int, int,
 def _int64(x: int) -> int:
     """``x`` wrapped to a signed 64-bit integer."""
     return (x + (1 << 63)) % (1 << 64) - (1 << 63)
+
+
+# -- the regions' exchange (designed for the two-kernel MoE layer; no kernel uses it yet) ---------
+#
+# A sending kernel stores each peer's rows straight into the peer's symmetric receive
+# allocation and a receiving kernel, launched after it, waits for them: no ``ready`` round
+# trip and no staging.  The allocation is ``2 x world`` fixed regions of ``region_bytes``
+# (:class:`RegionLayout`): half ``C % 2`` for the call at count ``C``, region ``s`` in it for
+# source ``s``'s rows, row ``i`` at ``i x row_bytes``.  The regions' bytes come from the
+# allocation (the same on every rank: a symmetric allocation), not from a call's shape, so a
+# sender whose shape disagrees with the receiver's still stores inside its own region of the
+# call's half, which nothing else reads in that call.
+#
+# Each (half, source) has two 64-bit words in the receiver's word region, written by the
+# source: ``facts`` (plain: what its rows are, :func:`region_facts`), then ``arrived``
+# (``st.release.sys``: ``rows << 32 | epoch``, the epoch ``C + 1``, :func:`pack`), after all its
+# stores.  Why half ``C % 2`` is free when source ``s`` stores into it: receiver ``r`` last read
+# it in call ``C - 2``, and before sending call ``C`` the source sees ``r``'s ``arrived`` of call
+# ``C - 1`` in its own words (:func:`may_store`), which ``r`` released after its call ``C - 2``
+# receive (stream order).  Usually that has already passed (the source's receive of call
+# ``C - 1`` waited for that word); after a timeout it is waited for again, bounded, and on a
+# second timeout the source refuses the pair (``arrived`` of :data:`REFUSED` rows, nothing
+# stored).  So a source is at most one call ahead of a receiver's reads, each half's words hold
+# the call before last's epoch or this call's, and a word past the call comes only from a
+# source that refused a later call after a timeout: :func:`judge_region` judges it a timeout.
+
+
+def region_facts(row_bytes: int, kind: int) -> int:
+    """The ``facts`` word of a source's rows: ``kind << 32 | row_bytes`` (``kind``: what a row
+    holds, e.g. the dtype's index and fp8; both ends compare it whole)."""
+    if not 0 <= row_bytes < U32 or not 0 <= kind < U32:
+        raise ValueError(f"row bytes and kind are unsigned 32-bit values, not ({row_bytes}, {kind})")
+    return kind << 32 | row_bytes
+
+
+@dataclass(frozen=True)
+class RegionLayout:
+    """One rank's receive allocation (bytes) and word region (uint32 units; every entry 64-bit)
+    of a regions' exchange among ``world`` ranks, ``region_bytes`` a source (a multiple of 16).
+    The words are zeroed or seeded (:meth:`seeded`) once and never reset."""
+
+    world: int
+    region_bytes: int
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.world <= MAX_WORLD or self.region_bytes <= 0 or self.region_bytes % 16:
+            raise ValueError(f"a regions' exchange has 1..{MAX_WORLD} ranks and regions of a positive multiple of "
+                             f"16 bytes, not {self.world} and {self.region_bytes}")
+
+    @property
+    def bytes(self) -> int:
+        """The receive allocation's bytes (two halves of ``world`` regions)."""
+        return 2 * self.world * self.region_bytes
+
+    def region(self, half: int, source: int) -> int:
+        """The byte offset of ``source``'s region in half ``half``."""
+        return (half * self.world + source) * self.region_bytes
+
+    def capacity(self, row_bytes: int) -> int:
+        """Rows of ``row_bytes`` a region holds."""
+        return self.region_bytes // row_bytes if row_bytes > 0 else 0
+
+    def arrived(self, half: int, source: int) -> int:
+        """The ``arrived`` word ``source`` releases into this (receiver's) region."""
+        return 4 * (half * self.world + source)
+
+    def facts(self, half: int, source: int) -> int:
+        """The ``facts`` word ``source`` stores before that release."""
+        return self.arrived(half, source) + 2
+
+    @property
+    def counter(self) -> int:
+        """The word of this rank's count of the exchange's calls."""
+        return 8 * self.world
+
+    @property
+    def words(self) -> int:
+        return self.counter + 2
+
+    def seeded(self, calls: int) -> dict[int, int]:
+        """The ``arrived`` words (by offset) of a rank whose count starts at ``calls`` (the test
+        hook starts counts near the 2^32 wrap): as if every source had sent calls ``calls - 2``
+        and ``calls - 1`` (0 rows), so the first two calls find their halves free."""
+        return {self.arrived((calls - back) % 2, s): pack(0, calls - back + 1)
+                for back in (1, 2) for s in range(self.world)}
+
+
+def may_store(word: int, calls: int) -> bool:
+    """Whether a source at count ``calls`` may store into a receiver's half ``calls % 2``,
+    having read ``word``, the receiver's ``arrived`` of the other half in its own words: the
+    receiver has sent call ``calls - 1`` (epoch ``calls``), so it has finished reading call
+    ``calls - 2``."""
+    return reached(unpack(word)[1], calls % U32)
+
+
+def judge_region(word: int, facts: int, calls: int, expected_facts: int, capacity: int,
+                 expected_rows: int | None = None) -> tuple[int, int]:
+    """(status, rows) of a receiver's wait at count ``calls`` that ended on ``word``, with the
+    ``facts`` word read after it: 0 with the rows sent; ``TIMEOUT`` where the epoch is not this
+    call's (not reached by the deadline, or past the call) or the source refused after a
+    timeout; ``SIZE_MISMATCH`` where the facts differ, the rows pass the region's
+    ``capacity`` (the source stored none), or differ from ``expected_rows`` (where the receiver
+    knows them: a combine's rows come back as the dispatch sent them)."""
+    rows, epoch = unpack(word)
+    if epoch != (calls + 1) % U32 or rows == REFUSED:
+        return TIMEOUT, 0
+    if facts != expected_facts or rows > capacity or expected_rows is not None and rows != expected_rows:
+        return SIZE_MISMATCH, 0
+    return 0, rows
 
 
 # -- kernel arguments -----------------------------------------------------------------------------
