@@ -377,7 +377,10 @@ def _int64(x: int) -> int:
 # A sending kernel stores each peer's rows straight into the peer's symmetric receive
 # allocation and a receiving kernel, launched after it, waits for them: no ``ready`` round
 # trip and no staging.  The allocation is ``2 x world`` fixed regions of ``region_bytes``
-# (:class:`RegionLayout`): half ``C % 2`` for the call at count ``C``, region ``s`` in it for
+# (:class:`RegionLayout`): half :func:`call_parity` ``(C)`` for the call at count ``C`` (a count of
+# the exchange's own, advanced by :data:`~collectives.config.CALL_EPOCHS` a call as every count
+# is, so that the signals' :func:`~collectives.device.signals.enter_call` and ``leave_call``
+# keep it), region ``s`` in it for
 # source ``s``'s rows, row ``i`` at ``i x row_bytes``.  The regions' bytes come from the
 # allocation (the same on every rank: a symmetric allocation), not from a call's shape, so a
 # sender whose shape disagrees with the receiver's still stores inside its own region of the
@@ -386,10 +389,10 @@ def _int64(x: int) -> int:
 # Each (half, source) has two 64-bit words in the receiver's word region, written by the
 # source: ``facts`` (plain: what its rows are, :func:`region_facts`), then ``arrived``
 # (``st.release.sys``: ``rows << 32 | epoch``, the epoch ``C + 1``, :func:`pack`), after all its
-# stores.  Why half ``C % 2`` is free when source ``s`` stores into it: receiver ``r`` last read
-# it in call ``C - 2``, and before sending call ``C`` the source sees ``r``'s ``arrived`` of call
-# ``C - 1`` in its own words (:func:`may_store`), which ``r`` released after its call ``C - 2``
-# receive (stream order).  Usually that has already passed (the source's receive of call
+# stores.  Why the call's half is free when source ``s`` stores into it: receiver ``r`` last
+# read it in the call before last, and before sending this call the source sees ``r``'s
+# ``arrived`` of the call before in its own words (:func:`may_store`), which ``r`` released
+# after its receive of the call before last (stream order).  Usually that has already passed (the source's receive of call
 # ``C - 1`` waited for that word); after a timeout it is waited for again, bounded, and on a
 # second timeout the source refuses the pair (``arrived`` of :data:`REFUSED` rows, nothing
 # stored).  So a source is at most one call ahead of a receiver's reads, each half's words hold
@@ -441,28 +444,31 @@ class RegionLayout:
         return self.arrived(half, source) + 2
 
     @property
-    def counter(self) -> int:
-        """The word of this rank's count of the exchange's calls."""
-        return 8 * self.world
+    def counter(self) -> tuple[int, int]:
+        """The words of this rank's count of the exchange's calls and of its receiving
+        kernel's tickets (:func:`~collectives.device.signals.enter_call`'s ``counter``)."""
+        return 8 * self.world, 8 * self.world + 1
 
     @property
     def words(self) -> int:
-        return self.counter + 2
+        return self.counter[1] + 1
 
     def seeded(self, calls: int) -> dict[int, int]:
-        """The ``arrived`` words (by offset) of a rank whose count starts at ``calls`` (the test
-        hook starts counts near the 2^32 wrap): as if every source had sent calls ``calls - 2``
-        and ``calls - 1`` (0 rows), so the first two calls find their halves free."""
-        return {self.arrived((calls - back) % 2, s): pack(0, calls - back + 1)
-                for back in (1, 2) for s in range(self.world)}
+        """The words (by offset) of a rank whose count starts at ``calls`` (a multiple of
+        :data:`~collectives.config.CALL_EPOCHS`; the test hook starts counts near the 2^32
+        wrap): the count, and ``arrived`` words as if every source had sent the two calls
+        before (0 rows), so the first two calls find their halves free."""
+        before = [(calls - back * CALL_EPOCHS) % U32 for back in (1, 2)]
+        return {self.counter[0]: calls % U32, **{self.arrived(call_parity(c), s): pack(0, c + 1)
+                                                 for c in before for s in range(self.world)}}
 
 
 def may_store(word: int, calls: int) -> bool:
-    """Whether a source at count ``calls`` may store into a receiver's half ``calls % 2``,
+    """Whether a source at count ``calls`` may store into a receiver's half of the call,
     having read ``word``, the receiver's ``arrived`` of the other half in its own words: the
-    receiver has sent call ``calls - 1`` (epoch ``calls``), so it has finished reading call
-    ``calls - 2``."""
-    return reached(unpack(word)[1], calls % U32)
+    receiver has sent the call before (its epoch, ``calls - CALL_EPOCHS + 1``, reached), so it
+    has finished reading the call before last, the last one in this half."""
+    return reached(unpack(word)[1], (calls - CALL_EPOCHS + 1) % U32)
 
 
 def judge_region(word: int, facts: int, calls: int, expected_facts: int, capacity: int,

@@ -34,11 +34,13 @@ import pytest
 from hypothesis import given, strategies as st
 
 from collectives import layouts
+from collectives.config import CALL_EPOCHS
 from collectives.layouts import (
     REFUSED,
     SIZE_MISMATCH,
     TIMEOUT,
     RegionLayout,
+    call_parity,
     judge_region,
     may_store,
     pack,
@@ -95,16 +97,20 @@ class Model:
         self.injected: list[tuple[int, int]] = []  # (rank, call index) of each injected timeout
 
     def half(self, count: int) -> int:
-        return count % 2 if self.halves == 2 else 0
+        return call_parity(count) if self.halves == 2 else 0
+
+    def count(self, n: int) -> int:
+        """Every rank's count at its call ``n``."""
+        return (self.seed + n * CALL_EPOCHS) % U32
 
     # -- the kernels' blocks (generators: yield a predicate to wait on; receive whether it held)
 
     def send(self, s: int, n: int, r: int):
         """Block ``r`` of rank ``s``'s sending kernel of call ``n``."""
-        lay, count, call = self.layout, (self.seed + n) % U32, self.calls[n][s]
+        lay, count, call = self.layout, self.count(n), self.calls[n][s]
         h, mine, theirs = self.half(count), self.ranks[s], self.ranks[r]
         if self.precheck:
-            other = lay.arrived(self.half(count - 1), r)
+            other = lay.arrived(self.half(count - CALL_EPOCHS), r)
             if not (yield lambda: may_store(mine.words.get(other, 0), count)):
                 self.fail(s, n, TIMEOUT)
                 theirs.words[lay.arrived(h, s)] = pack(REFUSED, count + 1)
@@ -124,7 +130,7 @@ class Model:
 
     def receive(self, r: int, n: int, s: int):
         """Block ``s`` of rank ``r``'s receiving kernel of call ``n``."""
-        lay, count, call = self.layout, (self.seed + n) % U32, self.calls[n][r]
+        lay, count, call = self.layout, self.count(n), self.calls[n][r]
         h, mine = self.half(count), self.ranks[r]
         word = lay.arrived(h, s)
         if not (yield lambda: reached(unpack(mine.words.get(word, 0))[1], (count + 1) % U32)):
@@ -204,7 +210,7 @@ def agreed(world: int, count: int, rng: random.Random, region_rows: int = 4, **k
             for _ in range(count)]
 
 
-SEEDS = [0, 1, (1 << 31) - 3, U32 - 5, U32 - 2]
+SEEDS = [0, CALL_EPOCHS, (1 << 31) - 3 * CALL_EPOCHS, U32 - 5 * CALL_EPOCHS, U32 - 2 * CALL_EPOCHS]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -225,7 +231,7 @@ def test_a_rank_whose_shape_disagrees_fails_its_pairs_with_a_size_mismatch_and_t
         rng = random.Random(trial)
         calls = agreed(world, 6, rng, region_rows=2)
         setattr(calls[at][bad], what, 48 if what == "row_bytes" else 2)
-        m = Model(world, calls, U32 - 4, rng=rng).run()
+        m = Model(world, calls, U32 - 4 * CALL_EPOCHS, rng=rng).run()
         assert m.stalls == 0
         for r, rank in enumerate(m.ranks):
             assert rank.status == [0] * at + [SIZE_MISMATCH] + [0] * (6 - at - 1), (r, rank.status)
@@ -248,7 +254,7 @@ def test_rows_past_a_region_or_unlike_a_combines_fail_the_pair_on_both_ends_with
     assert [rank.status for rank in m.ranks] == [[0] * 4, [0] * 4, fails]
 
 
-@pytest.mark.parametrize("seed", [3, U32 - 3])
+@pytest.mark.parametrize("seed", [3 * CALL_EPOCHS, U32 - 3 * CALL_EPOCHS])
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_injected_timeouts_never_accept_a_wrong_row_and_the_calls_recover(seed: int, world: int) -> None:
     calls, injected = 10, 0
@@ -270,7 +276,7 @@ def test_the_model_catches_each_mutation(mutation: str, monkeypatch) -> None:
         rng = random.Random(trial)
         kw: dict = {}
         calls = agreed(world, 6, rng)
-        seed = 11
+        seed = 11 * CALL_EPOCHS
         if mutation == "one half":
             kw["halves"] = 1
         elif mutation == "no may_store":
@@ -282,7 +288,7 @@ def test_the_model_catches_each_mutation(mutation: str, monkeypatch) -> None:
             for r in range(world):
                 calls[2][r].rows[1] = 2
         else:
-            seed = U32 - 3
+            seed = U32 - 3 * CALL_EPOCHS
             monkeypatch.setattr(layouts, "reached", lambda seen, want: seen >= want)
             monkeypatch.setattr(sys.modules[__name__], "reached", lambda seen, want: seen >= want)
         try:
@@ -300,22 +306,34 @@ def test_the_regions_and_words_are_disjoint_and_inside_the_allocation(world: int
     lay = RegionLayout(world, units * UNIT)
     starts = sorted(lay.region(h, s) for h in (0, 1) for s in range(world))
     assert starts == list(range(0, lay.bytes, lay.region_bytes))
-    words = [w for h in (0, 1) for s in range(world) for w in (lay.arrived(h, s), lay.facts(h, s))] + [lay.counter]
-    assert len(set(words)) == len(words) and all(w % 2 == 0 and w + 2 <= lay.words for w in words)
+    data = [w for h in (0, 1) for s in range(world) for w in (lay.arrived(h, s), lay.facts(h, s))]
+    assert len(set(data)) == len(data) and all(w % 2 == 0 and w + 2 <= lay.counter[0] for w in data)
+    assert lay.counter[1] == lay.counter[0] + 1 and lay.words == lay.counter[1] + 1
 
 
-@given(calls=st.integers(0, U32 - 1), back=st.integers(0, 3))
+@given(calls=st.integers(0, U32 // CALL_EPOCHS - 1).map(lambda c: c * CALL_EPOCHS), back=st.integers(0, 3))
 def test_judging_a_word_by_its_epoch_across_the_wrap(calls: int, back: int) -> None:
     facts = region_facts(64, 3)
-    word = pack(2, calls + 1 - back)
+    word = pack(2, calls + 1 - back * CALL_EPOCHS)
     assert judge_region(word, facts, calls, facts, 4) == ((0, 2) if back == 0 else (TIMEOUT, 0))
-    assert judge_region(pack(2, calls + 2), facts, calls, facts, 4) == (TIMEOUT, 0)  # a refusal's, a call later
+    later = pack(2, calls + CALL_EPOCHS + 1)  # a refusal's, a call later
+    assert judge_region(later, facts, calls, facts, 4) == (TIMEOUT, 0)
     assert judge_region(pack(REFUSED, calls + 1), facts, calls, facts, 4) == (TIMEOUT, 0)
-    assert judge_region(word if back == 0 else pack(2, calls + 1), region_facts(64, 4), calls, facts, 4)[0] == \
-        SIZE_MISMATCH
+    assert judge_region(pack(2, calls + 1), region_facts(64, 4), calls, facts, 4) == (SIZE_MISMATCH, 0)
     assert judge_region(pack(5, calls + 1), facts, calls, facts, 4) == (SIZE_MISMATCH, 0)
-    assert may_store(pack(0, calls), calls) and may_store(pack(0, calls + 2), calls)
-    assert not may_store(pack(0, calls - 1), calls)
+    assert judge_region(pack(2, calls + 1), facts, calls, facts, 4, expected_rows=3) == (SIZE_MISMATCH, 0)
+    assert may_store(pack(0, calls - CALL_EPOCHS + 1), calls) and may_store(later, calls)
+    assert not may_store(pack(0, calls - 2 * CALL_EPOCHS + 1), calls)
+
+
+def test_a_seeded_rank_finds_both_halves_free_and_nothing_arrived() -> None:
+    for calls in (0, U32 - CALL_EPOCHS):
+        lay = RegionLayout(3, 64)
+        words = lay.seeded(calls)
+        assert words[lay.counter[0]] == calls
+        for s in range(3):
+            assert may_store(words[lay.arrived(call_parity(calls - CALL_EPOCHS), s)], calls)
+            assert judge_region(words[lay.arrived(call_parity(calls), s)], 0, calls, 0, 4)[0] == TIMEOUT
 
 
 def test_a_layout_refuses_what_it_cannot_address() -> None:
