@@ -226,7 +226,13 @@ MAX_CHUNK = REFUSED - 1
 #: (after :data:`~collectives.layouts.PUSH_ROUND`), and a ready whose place lies in another
 #: allocation than the sender's.
 READY_WAIT, ARRIVED_WAIT, PLACE_MISMATCH = 6, 7, 8
+#: The regions' exchange's (:class:`RegionLayout`): a source's wait before it stores (its
+#: receiver's ``arrived`` of the call before, :func:`may_store`) and a receiver's wait for a
+#: source's rows (:func:`judge_region`).
+REGION_STORE_WAIT, REGION_WAIT = 9, 10
 PHASES = {READY_WAIT: "all-to-all ready wait", ARRIVED_WAIT: "all-to-all data wait",
+          REGION_STORE_WAIT: "regions' exchange: wait for the receiver's previous call",
+          REGION_WAIT: "regions' exchange: wait for a source's rows",
           PLACE_MISMATCH: "all-to-all receive buffers (ranks received elements of different dtypes, or into "
                           "different allocations: "
                           "a symmetric out on some ranks, a plain one on others)"}
@@ -450,8 +456,13 @@ class RegionLayout:
         return 8 * self.world, 8 * self.world + 1
 
     @property
-    def words(self) -> int:
+    def send_tickets(self) -> int:
+        """The word of the sending kernel's tickets (its last block posts every ``arrived``)."""
         return self.counter[1] + 1
+
+    @property
+    def words(self) -> int:
+        return self.send_tickets + 1
 
     def seeded(self, calls: int) -> dict[int, int]:
         """The words (by offset) of a rank whose count starts at ``calls`` (a multiple of
@@ -592,5 +603,6 @@ __all__ = ["ARG_TYPES", "ARRIVED_WAIT", "Arg", "CLAIMED", "COLLECTIVE", "DATA_PH
            "ERROR_FIELDS", "ERROR_RECORDS", "ExchangeLayout", "FATAL_RECORD", "FLAGS", "FLAG_WAIT",
            "LAMPORT_EXCHANGE", "Layout", "MAX_CHUNK", "PHASES", "PLACE_BITS", "PLACE_MISMATCH",
            "PUSH_ALL_REDUCE", "PUSH_ROUND", "PadLayout", "READY_WAIT", "RECOVERABLE_RECORD", "REFUSED",
-           "SIZE_MISMATCH", "TIMEOUT", "U32", "announced", "call_last", "call_parity", "chunk", "judge",
-           "judge_within", "pack", "part", "place", "reached", "receiving", "slot", "unpack", "unplace"]
+           "REGION_STORE_WAIT", "REGION_WAIT", "RegionLayout", "SIZE_MISMATCH", "TIMEOUT", "U32", "announced",
+           "call_last", "call_parity", "chunk", "judge", "judge_region", "judge_within", "may_store", "pack", "part",
+           "place", "reached", "receiving", "region_facts", "slot", "unpack", "unplace"]

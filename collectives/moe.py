@@ -761,7 +761,10 @@ class CombinePlan:
 
     def __init__(self, exchange: Exchange, expert_out: torch.Tensor, h: Handle, empty: Empty,
                  scratch: Scratch, kernels: Callable[[], tuple] | None = None) -> None:
-        self.kernels = kernels() if kernels else (None, None)
+        self.kernels = kernels() if kernels else (None, None, None)
+        self.received = self.entries = self.back = self.send_back = None
+        if self.kernels[2] is not None:  # the two-kernel combine: its own receive regions, no all-to-all
+            return
         hidden, device = expert_out.shape[-1], expert_out.device
         if expert_out.dim() == 3:  # low latency: [L, capacity, hidden]
             most = expert_out.shape[1] // h.world * h.topk  # max_tokens x topk, the same everywhere
@@ -772,7 +775,6 @@ class CombinePlan:
         # the whole buffer: its rows size the weighted sum's allocation (the most tokens of the shape)
         self.received = empty("combine", (most, hidden), expert_out.dtype, device)
         self.entries = self.received[:h.tokens * h.topk]
-        self.back = self.send_back = None
         if expert_out.dim() == 3:
             self.back = scratch("back", (h.place.numel(), hidden), expert_out.dtype, device)
             self.send_back = bind(exchange, self.entries, self.back, self.send_splits, self.recv_splits)
@@ -790,20 +792,30 @@ def _combine_plan(exchange: Exchange, expert_out: torch.Tensor, h: Handle, empty
 
 def combine_with(exchange: Exchange, expert_out: torch.Tensor, handle: Handle, empty: Empty = plain,
                  scratch: Scratch = plain, plans: Plans = unplanned,
-                 kernels: Callable[[], tuple[WeightedSum | None, Gather | None]] | None = None) -> torch.Tensor:
+                 kernels: Callable[[], tuple[WeightedSum | None, Gather | None, Callable | None]] | None = None
+                 ) -> torch.Tensor:
     """:func:`combine` over ``exchange``, receiving rows into ``empty``'s buffer, the
     all-to-all's splits copied into ``scratch``'s buffer (:data:`Scratch`); both buffers and their
     views in the shape's :class:`CombinePlan` from ``plans`` (:data:`Plans`), made once
     ``expert_out`` passes its check against the handle's shape and dtype (both in the plan's key:
-    a key seen before passed it); ``kernels()``: ``(weighted_sum, gather)``, asked once per plan
-    (:func:`combine`'s: the communicator's kernels), the weighted sum's (:data:`WeightedSum`;
-    None: torch operations, ``3 * topk`` of them over the rows) and the rows sent back's
-    (:data:`Gather`; None: :func:`gather_rows`); no ``kernels``: both None."""
+    a key seen before passed it); ``kernels()``: ``(weighted_sum, gather, regions)``, asked once
+    per plan (:func:`combine`'s: the communicator's kernels), the weighted sum's
+    (:data:`WeightedSum`; None: torch operations, ``3 * topk`` of them over the rows), the rows
+    sent back's (:data:`Gather`; None: :func:`gather_rows`) and the two-kernel combine's
+    (:func:`collectives.runtime.moe.regions_combine`, which replaces all three steps; None:
+    they run); no ``kernels``: all None."""
     h = handle
     key = ("combine", expert_out.shape, expert_out.dtype, h.shape, h.dtype, h.tokens, h.topk, h.most, h.world,
            expert_out.device, kernels is None)
     p: CombinePlan = plans(key, lambda: _combine_plan(exchange, expert_out, h, empty, scratch, kernels))
-    weighted_sum, gather = p.kernels
+    weighted_sum, gather, regions = p.kernels
+    if regions is not None:  # (the handle's fields by address: no view made)
+        place, kept, send_splits, recv_splits, slots, valid = h.ptrs("place", "kept", "send_splits", "recv_splits",
+                                                                     "slots", "valid")
+        if slots is None:
+            h.slots = inverse(h.order)
+            slots = h.slots.data_ptr()
+        return regions(expert_out, place, kept, recv_splits, send_splits, slots, valid, h.weights, h.tokens)
     hidden = expert_out.shape[-1]
     back = p.back
     if back is None:  # throughput: rows for the call's receive buffer
@@ -885,11 +897,15 @@ def combine(expert_out: torch.Tensor, handle: Handle, *, group: Group = None) ->
     if torch.compiler.is_compiling():
         comms.traceable(group, "moe.combine")
         return runtime_moe.traced_combine(expert_out, handle.weights, handle_tensors(handle, COMBINE_FIELDS))
-    layer = _layer(comms.communicator(group), group)
+    comm = comms.communicator(group)
+    layer = _layer(comm, group)
     return combine_with(layer.exchange, expert_out, handle, layer.empty, layer.scratch, layer.plan,
                         lambda: (layer.launch(runtime_moe.weighted_sum, expert_out.dtype, expert_out.shape[-1],
                                               handle.topk),
-                                 layer.launch(runtime_moe.gather, expert_out.shape[-1] * expert_out.element_size())))
+                                 layer.launch(runtime_moe.gather, expert_out.shape[-1] * expert_out.element_size()),
+                                 layer.regions_for(expert_out.dtype, expert_out.shape[-1], handle.topk,
+                                                   expert_out.shape[1] // comm.world, expert_out.device)
+                                 if expert_out.dim() == 3 else None))
 
 
 def handle_tensors(handle: Handle, fields: tuple[str, ...] = HANDLE_FIELDS) -> tuple[torch.Tensor, ...]:
@@ -926,7 +942,7 @@ def _world() -> int:
 #: The receive buffers' names; buffer ``i``'s growth is agreed as slot ``-(8 + i)``
 #: (:meth:`~collectives.runtime.communicator.Communicator.agree_growth`; the Lamport buffers
 #: take -1, -2, -4).
-BUFFER_NAMES = ("dispatch", "combine")
+BUFFER_NAMES = ("dispatch", "combine", "regions")
 
 
 def _symmetric(group: Group) -> Empty:

@@ -16,6 +16,7 @@ from ..config import COLLECTIVES
 from ..device.launch import example_arguments
 from . import one_shot, two_shot, lamport, tma, push, all_gather, push_gather, barrier, lamport_blocks  # noqa: F401,E501  (registration order)
 from . import all_to_all, moe_place, moe_pack, moe_gather, moe_combine, moe_route, flags  # noqa: F401  (other families)
+from . import moe_send_back, moe_sum_back  # noqa: F401  (the two-kernel combine, not launched yet)
 from .base import REGISTRY, Algorithm, Call, algorithms
 from .family import FAMILIES, Family, family_of, family_of_id, key_id, key_of
 from .key import KernelKey

@@ -83,39 +83,51 @@ class MoeCombineKey:
         return max(1, min(MAX_BLOCKS, -(-pieces // self.threads)))
 
 
+@cute.jit
+def weighted_sum(args: KernelArgs, row_at, dtype: cutlass.Constexpr, align: cutlass.Constexpr, topk: cutlass.Constexpr,
+                 vec: cutlass.Constexpr, threads: cutlass.Constexpr, reach: cutlass.Constexpr,
+                 by: cutlass.Constexpr) -> None:
+    """The sum of every token's entries (``args``: ``out``, ``slots``, ``valid``, ``weights``,
+    ``tokens``, ``hidden``) by the grid's threads, ``vec`` elements of ``dtype`` at a time
+    (``align``: their bytes), entry row ``row`` read at address ``row_at(row)`` (traced
+    inline; ``reach``: whose memory the rows lie in)."""
+    per_row = args.hidden // vec
+    pieces = args.tokens * per_row
+    g = Int64(cute.arch.block_idx()[0]) * threads + Int64(cute.arch.thread_idx()[0])
+    stride = Int64(cute.arch.grid_dim()[0]) * threads
+    while g < pieces:
+        t = g // per_row
+        at = (g - t * per_row) * vec  # the piece's first element in its row
+        total = [rounding.zero()] * vec
+        for k in cutlass.range_constexpr(topk):
+            f = t * topk + k
+            sent = ptxops.ld(gmem(Uint8, args.valid, 1, LOCAL, by) + f)
+            w = rounding.widen(ptxops.ld(gmem(Float32, args.weights, 4, LOCAL, by) + f))
+            w = cutlass.select_(sent != Uint8(0), w, rounding.zero())  # unsent: 0, whatever it holds
+            row = ptxops.ld(gmem(Int64, args.slots, 8, LOCAL, by) + f, dtype=Int64)
+            row = cutlass.select_(sent != Uint8(0), row, Int64(0))  # unsent: read row 0 (it exists), use zeros
+            src = gmem(dtype, row_at(row), align, reach, by) + cute.assume(at, divby=vec)
+            values = ptxops.ld(src, num_elements=vec)
+            for i in cutlass.range_constexpr(vec):
+                e = rounding.widen(values[i] if cutlass.const_expr(vec > 1) else values)
+                e = cutlass.select_(sent != Uint8(0), e, rounding.zero())
+                term = rounding.mul_rn(e, w)
+                total[i] = term if cutlass.const_expr(k == 0) else rounding.add_rn(total[i], term)
+        dst = gmem(dtype, args.out, align, LOCAL, by) + cute.assume(t * args.hidden + at, divby=vec)
+        ptxops.st(dst, rounding.narrow(total, dtype))
+        g += stride
+
+
 def build(key: MoeCombineKey):
     """The ``@cute.jit`` launcher of the weighted-sum kernel for ``key`` (grid: a runtime argument)."""
     dtype, topk, vec, threads = DTYPES[key.dtype].cute, key.topk, key.vec, key.threads
-    align = vec * DTYPES[key.dtype].bytes
+    element = DTYPES[key.dtype].bytes
     by = "collectives.algorithms.moe_combine"
 
     @cute.jit
     def kernel(args: KernelArgs):
-        per_row = args.hidden // vec
-        pieces = args.tokens * per_row
-        g = Int64(cute.arch.block_idx()[0]) * threads + Int64(cute.arch.thread_idx()[0])
-        stride = Int64(cute.arch.grid_dim()[0]) * threads
-        while g < pieces:
-            t = g // per_row
-            at = (g - t * per_row) * vec  # the piece's first element in its row
-            total = [rounding.zero()] * vec
-            for k in cutlass.range_constexpr(topk):
-                f = t * topk + k
-                sent = ptxops.ld(gmem(Uint8, args.valid, 1, LOCAL, by) + f)
-                w = rounding.widen(ptxops.ld(gmem(Float32, args.weights, 4, LOCAL, by) + f))
-                w = cutlass.select_(sent != Uint8(0), w, rounding.zero())  # unsent: 0, whatever it holds
-                row = ptxops.ld(gmem(Int64, args.slots, 8, LOCAL, by) + f, dtype=Int64)
-                row = cutlass.select_(sent != Uint8(0), row, Int64(0))  # unsent: read row 0 (it exists), use zeros
-                src = gmem(dtype, args.entries, align, LOCAL, by) + cute.assume(row * args.hidden + at, divby=vec)
-                values = ptxops.ld(src, num_elements=vec)
-                for i in cutlass.range_constexpr(vec):
-                    e = rounding.widen(values[i] if cutlass.const_expr(vec > 1) else values)
-                    e = cutlass.select_(sent != Uint8(0), e, rounding.zero())
-                    term = rounding.mul_rn(e, w)
-                    total[i] = term if cutlass.const_expr(k == 0) else rounding.add_rn(total[i], term)
-            dst = gmem(dtype, args.out, align, LOCAL, by) + cute.assume(t * args.hidden + at, divby=vec)
-            ptxops.st(dst, rounding.narrow(total, dtype))
-            g += stride
+        weighted_sum(args, lambda row: args.entries + row * args.hidden * element, dtype, vec * element, topk, vec,
+                     threads, LOCAL, by)
 
     return launcher(kernel, threads, layout=MOE_COMBINE)
 
@@ -144,4 +156,4 @@ FAMILY = register(Family("moe_combine", MoeCombineKey, ("moe_combine",), MOE_COM
                          _from_text, _facets))
 
 
-__all__ = ["DTYPES_ROUNDED", "FAMILY", "MAX_BLOCKS", "MAX_TOPK", "MOE_COMBINE", "MoeCombineKey", "build"]
+__all__ = ["DTYPES_ROUNDED", "FAMILY", "MAX_BLOCKS", "MAX_TOPK", "MOE_COMBINE", "MoeCombineKey", "build", "weighted_sum"]

@@ -48,14 +48,23 @@ from ..algorithms.moe_gather import MOE_GATHER, MoeGatherKey
 from ..algorithms.moe_pack import DTYPES_QUANTIZED, MOE_PACK, MoePackKey
 from ..algorithms.moe_place import MAX_SEGMENTS, MOE_PLACE, MoePlaceKey
 from ..algorithms.moe_route import MAX_EXPERTS, MOE_ROUTE, MoeRouteKey
+from ..algorithms.moe_send_back import MOE_SEND_BACK, MoeSendBackKey
+from ..algorithms.moe_sum_back import MOE_SUM_BACK, MoeSumBackKey
 from ..algorithms.plan import capturing, current_stream, follow
 from ..algorithms.protocol import Runtime
 from ..dtypes import DTYPES, from_torch
 from ..errors import CollectiveError
+from ..layouts import U32, RegionLayout, region_facts
 
 #: Whether :func:`collectives.moe.dispatch` and :func:`~collectives.moe.combine` run the kernels
 #: (unless ``COLLECTIVES_MOE_FUSED=0``).
 FUSED = os.environ.get("COLLECTIVES_MOE_FUSED", "1") != "0"
+#: Whether a low-latency :func:`~collectives.moe.combine` runs the two-kernel combine
+#: (:func:`regions_combine`: the rows sent back stored straight into their sources' receive
+#: regions, then the weighted sum behind the waits) instead of the gather, the all-to-all and the
+#: weighted sum (``COLLECTIVES_MOE_REGIONS=1``; off by default: its kernels have run in the CPU
+#: simulation of the device only, not yet on a GPU).
+REGIONS = os.environ.get("COLLECTIVES_MOE_REGIONS", "0") == "1"
 
 _TORCH_ROUNDED = tuple(DTYPES[name].torch for name in DTYPES_ROUNDED)
 _TORCH_QUANTIZED = tuple(DTYPES[name].torch for name in DTYPES_QUANTIZED)
@@ -385,6 +394,90 @@ def placement(comm: Runtime, local: int, layout: Any, exact: bool, dtype: torch.
     return bind
 
 
+class RegionWords:
+    """A communicator's word region of the two-kernel combine's regions' exchange
+    (:class:`~collectives.layouts.RegionLayout`: each source's ``arrived`` and ``facts`` of
+    each half, the call count, the kernels' tickets): a signal pad (collective, at the first
+    such combine), seeded as :meth:`~collectives.layouts.RegionLayout.seeded` says from the
+    count ``seed`` (the test hook's :func:`~collectives.runtime.communicator.seed_epoch`), and
+    its kernel view (``view.table``: every rank's address of it)."""
+
+    def __init__(self, comm: Runtime, seed: int = 0) -> None:
+        self.layout = RegionLayout(comm.world, 16)  # (the words do not depend on the regions' bytes)
+        self.pad = comm.ctx.signal_pad(4 * self.layout.words, torch.int32)
+        words = {}
+        for offset, value in self.layout.seeded(seed).items():  # 64-bit words as two int32, low first
+            words[offset] = value % U32
+            if offset != self.layout.counter[0]:
+                words[offset + 1] = value >> 32
+        at = torch.tensor(list(words), dtype=torch.int64)
+        values = torch.tensor([v - U32 if v >= 1 << 31 else v for v in words.values()], dtype=torch.int32)
+        self.pad[at.to(self.pad.device)] = values.to(self.pad.device)
+        comm.ctx.host_barrier()  # (syncs this rank's stream first: the words have landed)
+        self.view = comm.buffer(self.pad)
+
+
+def regions_combine(comm: Runtime, words: RegionWords, received: torch.Tensor, dtype: torch.dtype, hidden: int,
+                    topk: int, most: int):
+    """The two-kernel low-latency combine on ``comm``'s GPU (:mod:`~collectives.algorithms.moe_send_back`,
+    then :mod:`~collectives.algorithms.moe_sum_back`; their kernels loaded now) for rows of
+    ``hidden`` ``dtype`` elements, ``topk`` entries a token and at most ``most`` rows from a source
+    (the dispatch's ``max_tokens``), receiving into ``received`` (a symmetric allocation of
+    :meth:`~collectives.layouts.RegionLayout.bytes`, the same on every rank; its regions ``most``
+    rows each) over ``words``; None where :data:`FUSED` or :data:`REGIONS` is off or the
+    kernels do not take the rows (see :func:`combine_key`; rows a whole number of 16 bytes).
+    Returns ``run(expert_out, place, kept, recv_splits, send_splits, slots, valid, weights,
+    tokens) -> out``: the handle's fields by address, ``weights`` a tensor."""
+    total = combine_key(dtype, hidden, topk) if FUSED and REGIONS else None
+    row_bytes = hidden * dtype.itemsize
+    if total is None or row_bytes % 16 or most <= 0:
+        return None
+    world, device = comm.world, comm.device_index
+    layout = RegionLayout(world, most * row_bytes)
+    if received.numel() * received.element_size() < layout.bytes:
+        raise CollectiveError(f"moe.combine: a receive allocation of {layout.bytes} bytes is needed, not "
+                              f"{received.numel() * received.element_size()}")
+    send_key = MoeSendBackKey(world, MoePlaceKey.word_for(row_bytes))
+    sum_key = MoeSumBackKey(world, total.dtype, topk, total.vec)
+    send_fn, sum_fn = comm.kernel_together(send_key), comm.kernel_together(sum_key)
+    # what the rows are, compared by every receiver: their bytes, dtype and regions' rows (ranks
+    # whose regions differ store and read at other places: a size mismatch, not wrong rows)
+    facts = region_facts(row_bytes, list(DTYPES).index(total.dtype) + 256 * most)
+    common = dict(region_bytes=layout.region_bytes, words=int(words.view.host[comm.rank]), facts=facts,
+                  err=comm.error.data_ptr(), rank=comm.rank, timeout_ns=int(comm.timeout_s * 1e9))
+    send_args, (i_rows, i_place, i_kept, i_splits) = MOE_SEND_BACK.template(
+        dict(row_words=row_bytes // send_key.word, regions_table=comm.buffer(received).table.data_ptr(),
+             words_table=words.view.table.data_ptr(), **common), "rows", "place", "kept", "splits")
+    sum_args, (i_out, i_slots, i_valid, i_weights, i_tokens, i_send) = MOE_SUM_BACK.template(
+        dict(hidden=hidden, regions=received.data_ptr(), **common), "out", "slots", "valid", "weights", "tokens",
+        "send_splits")
+    send_blocks = send_key.blocks(world * most)
+    sum_blocks = functools.cache(lambda tokens: sum_key.blocks(tokens, hidden))  # (no Python frame once seen)
+    step = sum_key.vec * dtype.itemsize
+
+    def run(expert_out: torch.Tensor, place: int, kept: int, recv_splits: int, send_splits: int, slots: int,
+            valid: int, weights: torch.Tensor, tokens: int) -> torch.Tensor:
+        rows = expert_out.contiguous()
+        if rows.data_ptr() % send_key.word:
+            _aligned(send_key.word, rows)
+        stream = current_stream(device)
+        a = send_args.copy()
+        a[i_rows], a[i_place], a[i_kept], a[i_splits] = rows.data_ptr(), place, kept, recv_splits
+        send_fn(*a, send_blocks, stream)
+        out = torch.empty_strided((tokens, hidden), (hidden, 1), dtype=dtype, device=rows.device)
+        if weights.dtype != torch.float32 or not weights.is_contiguous():
+            weights = weights.float().contiguous()
+        if out.data_ptr() % step:
+            _aligned(step, out)
+        a = sum_args.copy()
+        a[i_out], a[i_slots], a[i_valid], a[i_weights], a[i_tokens], a[i_send] = (
+            out.data_ptr(), slots, valid, weights.data_ptr(), tokens, send_splits)
+        sum_fn(*a, sum_blocks(tokens), stream)
+        return out
+
+    return run
+
+
 #: Plans a :class:`Layer` keeps (:meth:`Layer.plan`), at most.
 MAX_PLANS = 256
 
@@ -412,6 +505,21 @@ class Layer:
         self._launches: dict[tuple, Any] = {}
         self._scratch: dict[tuple, torch.Tensor] = {}
         self._plans: dict[tuple, Any] = {}
+        self._region_words: RegionWords | None = None
+
+    def regions_for(self, dtype: torch.dtype, hidden: int, topk: int, most: int, device: torch.device) -> Any:
+        """The two-kernel combine of :func:`regions_combine` (None where it does not run), its
+        receive regions from this layer's ``empty`` (``"regions"``), its words made at the first
+        ask (collective: every rank's first low-latency combine asks)."""
+        if not (FUSED and REGIONS) or combine_key(dtype, hidden, topk) is None or hidden * dtype.itemsize % 16:
+            return None
+        if self._region_words is None:
+            from .communicator import seed_epoch
+
+            self._region_words = RegionWords(self.comm, seed_epoch())
+        nbytes = RegionLayout(self.comm.world, most * hidden * dtype.itemsize).bytes
+        received = self.empty("regions", (nbytes,), torch.uint8, device)
+        return self.launch(regions_combine, self._region_words, received, dtype, hidden, topk, most)
 
     def begin(self) -> None:
         """Open a call: order its stream after the last call's (its scratch buffers' last use)."""
@@ -539,6 +647,7 @@ def traced_combine(expert_out: Tensor, topk_weights: Tensor, handle: tuple) -> T
     return torch.ops.collectives.moe_combine(expert_out, topk_weights, *handle)
 
 
-__all__ = ["COMBINE_FIELDS", "FUSED", "HANDLE_FIELDS", "MAX_PLANS", "SCHEMAS", "Carve", "Carved", "Layer", "combine_key",
-           "entry_room", "gather", "layer", "pack", "pack_key", "place_fields", "place_key", "placement", "route",
-           "route_fields", "route_key", "traced_combine", "traced_dispatch", "weighted_sum"]
+__all__ = ["COMBINE_FIELDS", "FUSED", "HANDLE_FIELDS", "MAX_PLANS", "REGIONS", "SCHEMAS", "Carve", "Carved", "Layer",
+           "RegionWords", "combine_key", "entry_room", "gather", "layer", "pack", "pack_key", "place_fields", "place_key",
+           "placement", "regions_combine", "route", "route_fields", "route_key", "traced_combine", "traced_dispatch",
+           "weighted_sum"]

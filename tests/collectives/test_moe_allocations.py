@@ -95,7 +95,7 @@ def large_blocks(tokens: int, fp8: bool, mode: str, monkeypatch) -> list[int]:
                 handle.kept.fill_(False)
             weighted_sum = runtime_moe.weighted_sum(comm, torch.bfloat16, hidden, topk)
             out = moe.combine_with(exchange, torch.zeros_like(expert_x), handle, empty,
-                                   kernels=lambda: (weighted_sum, runtime_moe.gather(comm, hidden * 2)))
+                                   kernels=lambda: (weighted_sum, runtime_moe.gather(comm, hidden * 2), None))
             assert out.shape == (tokens, hidden)
     return sorted(s for s in counter.sizes if s > SMALL)
 

@@ -81,7 +81,7 @@ def launches(fused: bool, monkeypatch, fp8: bool = False, sliced: bool = False) 
     counter.count = 0
     with counter:
         moe.combine_with(counter.note, expert_out, handle, scratch=scratch,
-                         kernels=lambda: (weighted_sum, runtime_moe.gather(comm, hidden * expert_out.element_size())))
+                         kernels=lambda: (weighted_sum, runtime_moe.gather(comm, hidden * expert_out.element_size()), None))
     return dispatch, counter.count
 
 
@@ -156,7 +156,7 @@ def test_the_kernels_small_outputs_lie_in_one_allocation_per_call_where_the_hand
     assert h.place.shape == h.kept.shape and h.send_splits.shape == h.recv_splits.shape == (2,)
     moe.combine_with(lambda *a: None, torch.zeros_like(expert_x), h, moe.plain, scratch, layer.plan,
                      lambda: (layer.launch(runtime_moe.weighted_sum, torch.bfloat16, hidden, topk),
-                              layer.launch(runtime_moe.gather, hidden * 2)))
+                              layer.launch(runtime_moe.gather, hidden * 2), None))
     gather = dict(zip(MOE_GATHER.index, seen[MoeGatherKey]))
     combine = dict(zip(MOE_COMBINE.index, seen[MoeCombineKey]))
     assert (gather["place"], gather["kept"], gather["send_splits"], gather["splits"]) == (

@@ -122,7 +122,7 @@ def run_layer(world, experts, topk, tokens, max_tokens, seed, hidden=8, dtype=to
             out_rows[le] = expert_fn(ex[le], r * local + le)
         fused = weighted_sum and functools.partial(weighted_sum, handle)
         return ex, counts, handle, moe.combine_with(sim.exchange(r), out_rows, handle, empty,
-                                                    kernels=lambda: (fused, None))
+                                                    kernels=lambda: (fused, None, None))
 
     results = sim.run(body)
     per_expert, outs = reference(world, experts, xs, ids, ws)

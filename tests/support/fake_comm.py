@@ -77,6 +77,12 @@ class FakeHeap:
         self.log.append(("empty", t.nbytes))
         return t
 
+    def signal_pad(self, nbytes: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+        t = torch.zeros(nbytes // 4, dtype=dtype)
+        self.live[t.data_ptr()] = t
+        self.log.append(("signal_pad", nbytes))
+        return t
+
     def free(self, t: torch.Tensor) -> None:
         self.freed[t.data_ptr()] = self.live.pop(t.data_ptr())
         for forget in self.on_free:
