@@ -452,7 +452,10 @@ def regions_combine(comm: Runtime, words: RegionWords, received: torch.Tensor, d
         dict(hidden=hidden, regions=received.data_ptr(), **common), "out", "slots", "valid", "weights", "tokens",
         "send_splits")
     send_blocks = send_key.blocks(world * most)
-    sum_blocks = functools.cache(lambda tokens: sum_key.blocks(tokens, hidden))  # (no Python frame once seen)
+    # Ranks sharing the GPU (a one-GPU world): the receiving kernel spins for the others' sending
+    # ones, so its grid stays within what keeps every rank's resident (Runtime.block_cap)
+    cap = comm.block_cap(sum_key) or sum_key.blocks(1 << 40, hidden)
+    sum_blocks = functools.cache(lambda tokens: min(cap, sum_key.blocks(tokens, hidden)))  # (no frame once seen)
     step = sum_key.vec * dtype.itemsize
 
     def run(expert_out: torch.Tensor, place: int, kept: int, recv_splits: int, send_splits: int, slots: int,
