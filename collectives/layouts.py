@@ -398,10 +398,10 @@ def _int64(x: int) -> int:
 # stores.  Why the call's half is free when source ``s`` stores into it: receiver ``r`` last
 # read it in the call before last, and before sending this call the source sees ``r``'s
 # ``arrived`` of the call before in its own words (:func:`may_store`), which ``r`` released
-# after its receive of the call before last (stream order).  Usually that has already passed (the source's receive of call
-# ``C - 1`` waited for that word); after a timeout it is waited for again, bounded, and on a
-# second timeout the source refuses the pair (``arrived`` of :data:`REFUSED` rows, nothing
-# stored).  So a source is at most one call ahead of a receiver's reads, each half's words hold
+# after its receive of the call before last (stream order).  Usually that has already passed
+# (the source's own receive of the call before waited for that word); where that wait timed
+# out, it is waited for again, bounded, and on a timeout the source refuses the pair
+# (``arrived`` of :data:`REFUSED` rows, nothing stored).  So a source is at most one call ahead of a receiver's reads, each half's words hold
 # the call before last's epoch or this call's, and a word past the call comes only from a
 # source that refused a later call after a timeout: :func:`judge_region` judges it a timeout.
 

@@ -170,10 +170,10 @@ def build(key: MoeSendBackKey):
                     if sent > capacity:
                         signals.record_error(args.err, Int32(SIZE_MISMATCH), Int32(REGION_STORE_WAIT), tidx, block,
                                              args.rank)
-                    regions.post(args.words_table, args.rank, tidx, calls, Uint32(cutlass.min(sent, Int64(MAX_CHUNK))),
-                                 args.facts, world)
+                    announced = Uint32(cutlass.min(sent, Int64(MAX_CHUNK)))
+                    regions.post_rows(args.words_table, args.rank, tidx, calls, announced, args.facts, world)
                 else:
-                    regions.refuse(args.words_table, args.rank, tidx, calls, world)
+                    regions.refuse_rows(args.words_table, args.rank, tidx, calls, world)
             if tidx == 0 and cute.arch.grid_dim()[0] > 1:
                 ptxops.st(words + layout.send_tickets, Uint32(0))
 

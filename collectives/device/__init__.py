@@ -7,7 +7,7 @@ launchers of the package's kernels and their view of the argument layouts
 from ..errors import MissingDependency
 
 try:  # CuTeDSL functions, every one: without CuTeDSL, say which extra installs it
-    from . import all_to_all, flags, lamport, reduce, rounding, signals, tiles
+    from . import all_to_all, flags, lamport, reduce, regions, rounding, signals, tiles
 
     # signals, bounded waits, barriers, the call count, the error record
     from .signals import (
@@ -29,6 +29,10 @@ try:  # CuTeDSL functions, every one: without CuTeDSL, say which extra installs 
         arrived_word, epoch_of, pack, place, place_of, post_arrived, post_ready, ready_offset, ready_word, size_of,
         wait_within, wait_word,
     )
+    # the regions' exchange (two kernels: rows stored into each receiver's region, then waited for)
+    from .regions import (
+        post_rows, refuse_rows, region_arrived_at, region_arrived_word, region_facts_word, wait_free, wait_rows,
+    )
     # f32 products, sums and fp8 conversions rounded as torch rounds them (the MoE kernels)
     from .rounding import E4M3_MAX, E4M3_NAN_PAST, add_rn, amax, div_rn, e4m3, fp8_scale, mul_rn, narrow, widen, zero
 
@@ -46,5 +50,6 @@ __all__ = ["HOST", "LOCAL", "MULTICAST", "PEER", "arrival_word", "barrier_multic
            "clear", "empty_lanes", "lanes", "load_words", "negative_zero", "send", "wait_slots", "reduce_tiles",
            "shared_buffers", "smem_bytes", "post", "wait", "arrived_word", "epoch_of", "pack", "place", "place_of",
            "post_arrived", "post_ready", "ready_offset", "ready_word", "size_of", "wait_within", "wait_word",
-           "E4M3_MAX",
+           "post_rows", "refuse_rows", "region_arrived_at", "region_arrived_word", "region_facts_word", "wait_free",
+           "wait_rows", "E4M3_MAX",
            "E4M3_NAN_PAST", "add_rn", "amax", "div_rn", "e4m3", "fp8_scale", "mul_rn", "narrow", "widen", "zero"]

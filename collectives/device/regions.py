@@ -5,7 +5,7 @@ described there and in ``tests/collectives/algorithms/test_region_model.py``).
 A source waits, bounded, until its receiver's ``arrived`` of the call before has reached its
 own words (:func:`wait_free`: the receiver then finished reading the call's half), stores its
 rows into its region of the receiver's half, and after every block's stores the sending
-kernel's last block :func:`post` s the ``facts`` (relaxed) and the ``arrived`` word
+kernel's last block :func:`post_rows` s the ``facts`` (relaxed) and the ``arrived`` word
 (``st.release.sys``) into the receiver's words; a receiver :func:`wait_rows` for each source's
 ``arrived`` of the call with ``ld.acquire.sys`` and judges it as
 :func:`collectives.layouts.judge_region`.  Every word has the reach
@@ -30,7 +30,7 @@ from .signals import PEER, gmem, peer_address, reached, spin
 
 
 @cute.jit
-def arrived_at(words: Int64, half: Uint32, source: Int32, world: cutlass.Constexpr) -> Int64:
+def region_arrived_at(words: Int64, half: Uint32, source: Int32, world: cutlass.Constexpr) -> Int64:
     """The address of the ``arrived`` word ``source`` releases for ``half`` into the word region
     at ``words`` (a receiver's, or ours); its ``facts`` word follows it (8 bytes on)."""
     entry = 4 * RegionLayout(world, 16).arrived(0, 1)  # bytes of a (half, source)'s words
@@ -38,50 +38,51 @@ def arrived_at(words: Int64, half: Uint32, source: Int32, world: cutlass.Constex
 
 
 @cute.jit
-def arrived_word(words: Int64, half: Uint32, source: Int32, world: cutlass.Constexpr) -> cute.Pointer:
+def region_arrived_word(words: Int64, half: Uint32, source: Int32, world: cutlass.Constexpr) -> cute.Pointer:
     """That ``arrived`` word as a pointer."""
-    return gmem(Uint64, arrived_at(words, half, source, world), 8, PEER,
+    return gmem(Uint64, region_arrived_at(words, half, source, world), 8, PEER,
                 "collectives.device.regions.arrived_word (a word region: sources write it)")
 
 
 @cute.jit
-def facts_word(words: Int64, half: Uint32, source: Int32, world: cutlass.Constexpr) -> cute.Pointer:
+def region_facts_word(words: Int64, half: Uint32, source: Int32, world: cutlass.Constexpr) -> cute.Pointer:
     """The ``facts`` word beside it."""
-    return gmem(Int64, arrived_at(words, half, source, world) + Int64(8), 8, PEER,
+    return gmem(Int64, region_arrived_at(words, half, source, world) + Int64(8), 8, PEER,
                 "collectives.device.regions.facts_word (a word region: sources write it)")
 
 
 @cute.jit
-def wait_free(words: Int64, receiver: Int32, calls: Uint32, deadline: Int64, world: cutlass.Constexpr) -> cutlass.Boolean:
+def wait_free(words: Int64, receiver: Int32, calls: Uint32, deadline: Int64,
+              world: cutlass.Constexpr) -> cutlass.Boolean:
     """As a source at count ``calls``: poll our ``arrived`` word of ``receiver``'s call before
     (the other half) with ``ld.acquire.sys`` until it reaches that call's epoch, or
     ``%globaltimer`` passes ``deadline``; True where it did
     (:func:`collectives.layouts.may_store`)."""
     want = calls - Uint32(CALL_EPOCHS - 1)
-    word = arrived_word(words, Uint32(call_parity(calls - Uint32(CALL_EPOCHS))), receiver, world)
+    word = region_arrived_word(words, Uint32(call_parity(calls - Uint32(CALL_EPOCHS))), receiver, world)
     seen = spin(lambda: ptxops.ld_acquire(word, scope="sys", dtype=Uint64), lambda x: reached(epoch_of(x), want),
                 deadline)
     return reached(epoch_of(seen), want)
 
 
 @cute.jit
-def post(words_table: Int64, rank: Int32, receiver: Int32, calls: Uint32, rows: Uint32, facts: Int64,
+def post_rows(words_table: Int64, rank: Int32, receiver: Int32, calls: Uint32, rows: Uint32, facts: Int64,
          world: cutlass.Constexpr) -> None:
     """As source ``rank``: ``facts`` (a relaxed store) and ``arrived`` (``rows``, the call's
     epoch; ``st.release.sys``, which orders the facts and every store this thread has seen
     before it) into ``receiver``'s words of the call's half (``rows``
     :data:`~collectives.layouts.REFUSED`: nothing was stored)."""
     theirs, half = peer_address(words_table, receiver), Uint32(call_parity(calls))
-    ptxops.st(facts_word(theirs, half, rank, world), facts, sem="relaxed", scope="sys")
-    ptxops.st_release(arrived_word(theirs, half, rank, world), pack(rows, calls + Uint32(1)), scope="sys")
+    ptxops.st(region_facts_word(theirs, half, rank, world), facts, sem="relaxed", scope="sys")
+    ptxops.st_release(region_arrived_word(theirs, half, rank, world), pack(rows, calls + Uint32(1)), scope="sys")
 
 
 @cute.jit
-def refuse(words_table: Int64, rank: Int32, receiver: Int32, calls: Uint32, world: cutlass.Constexpr) -> None:
+def refuse_rows(words_table: Int64, rank: Int32, receiver: Int32, calls: Uint32, world: cutlass.Constexpr) -> None:
     """As source ``rank`` after a :func:`wait_free` timed out: ``arrived`` of
     :data:`~collectives.layouts.REFUSED` rows (nothing stored), which the receiver judges a
     timeout instead of waiting for rows that do not come."""
-    word = arrived_word(peer_address(words_table, receiver), Uint32(call_parity(calls)), rank, world)
+    word = region_arrived_word(peer_address(words_table, receiver), Uint32(call_parity(calls)), rank, world)
     ptxops.st_release(word, pack(Uint32(REFUSED), calls + Uint32(1)), scope="sys")
 
 
@@ -94,14 +95,14 @@ def wait_rows(words: Int64, source: Int32, calls: Uint32, facts: Int64, capacity
     the rows known to come, -1 where unknown): ``(status, rows)``, status 0, ``TIMEOUT`` or
     ``SIZE_MISMATCH``."""
     want, half = calls + Uint32(1), Uint32(call_parity(calls))
-    word = arrived_word(words, half, source, world)
+    word = region_arrived_word(words, half, source, world)
     seen = spin(lambda: ptxops.ld_acquire(word, scope="sys", dtype=Uint64), lambda x: reached(epoch_of(x), want),
                 deadline)
     rows, status = size_of(seen), Int32(0)
     if epoch_of(seen) != want or rows == Uint32(REFUSED):
         status = Int32(TIMEOUT)
     else:
-        sent = ptxops.ld(facts_word(words, half, source, world), dtype=Int64)
+        sent = ptxops.ld(region_facts_word(words, half, source, world), dtype=Int64)
         if sent != facts or Int64(rows) > capacity or (expected >= Int64(0) and Int64(rows) != expected):
             status = Int32(SIZE_MISMATCH)
     if status != Int32(0):
@@ -109,4 +110,5 @@ def wait_rows(words: Int64, source: Int32, calls: Uint32, facts: Int64, capacity
     return status, rows
 
 
-__all__ = ["arrived_at", "arrived_word", "facts_word", "post", "refuse", "wait_free", "wait_rows"]
+__all__ = ["post_rows", "refuse_rows", "region_arrived_at", "region_arrived_word", "region_facts_word", "wait_free",
+           "wait_rows"]

@@ -17,6 +17,12 @@ dispatch or combine starts, before its all-to-alls (a load waits for the GPU's r
 :func:`collectives.runtime.kernels.load`), once ranks sharing the GPU have met
 (:meth:`~collectives.runtime.communicator.Communicator.kernel_together`).
 
+With ``COLLECTIVES_MOE_REGIONS=1`` (:data:`REGIONS`) a low-latency combine is two kernels
+instead (:func:`regions_combine`: :mod:`~collectives.algorithms.moe_send_back` stores the rows
+sent back straight into their sources' receive regions, :mod:`~collectives.algorithms.moe_sum_back`
+waits for them and sums): checked in the CPU simulation of the device and by their PTX, not yet
+on a GPU.
+
 The MoE dispatch and combine are also PyTorch custom operators here (namespace ``collectives``,
 next to those of :mod:`collectives.runtime.torch_ops`), with their fake implementations::
 
@@ -532,8 +538,8 @@ class Layer:
 
     def launch(self, make: Callable[..., Any], *facts: Any) -> Any:
         """``make(comm, *facts)`` (one of this module's kernel launches, or None), made at the
-        first call with these facts (and :data:`FUSED`), then reused."""
-        key = (make, FUSED, *facts)
+        first call with these facts (and :data:`FUSED` and :data:`REGIONS`), then reused."""
+        key = (make, FUSED, REGIONS, *facts)
         try:
             return self._launches[key]
         except KeyError:
@@ -554,10 +560,10 @@ class Layer:
 
     def plan(self, key: tuple, make: Callable[[], Any]) -> Any:
         """The :data:`collectives.moe.Plans` of this layer: ``make()`` at the first call of
-        ``key`` (and :data:`FUSED`), then reused (made of this layer's launches and buffers, so
+        ``key`` (and :data:`FUSED` and :data:`REGIONS`), then reused (made of this layer's launches and buffers, so
         that dropping one loses nothing: past :data:`MAX_PLANS`, prefills of many token counts,
         all are dropped and made again)."""
-        key = (FUSED, *key)
+        key = (FUSED, REGIONS, *key)
         p = self._plans.get(key)
         if p is None:
             if len(self._plans) >= MAX_PLANS:
@@ -651,6 +657,6 @@ def traced_combine(expert_out: Tensor, topk_weights: Tensor, handle: tuple) -> T
 
 
 __all__ = ["COMBINE_FIELDS", "FUSED", "HANDLE_FIELDS", "MAX_PLANS", "REGIONS", "SCHEMAS", "Carve", "Carved", "Layer",
-           "RegionWords", "combine_key", "entry_room", "gather", "layer", "pack", "pack_key", "place_fields", "place_key",
-           "placement", "regions_combine", "route", "route_fields", "route_key", "traced_combine", "traced_dispatch",
-           "weighted_sum"]
+           "RegionWords", "combine_key", "entry_room", "gather", "layer", "pack", "pack_key", "place_fields",
+           "place_key", "placement", "regions_combine", "route", "route_fields", "route_key", "traced_combine",
+           "traced_dispatch", "weighted_sum"]

@@ -25,7 +25,8 @@ against the same layer built on NCCL (a sort by expert, ``all_to_all_single`` of
 of the rows, and back).  Times are the slowest rank's, best of 3 runs of 100 eager calls or
 of a CUDA graph of 20 (:func:`collectives.tools.bench.time_op`); rank 0 prints
 the device, then one row per size: us per call, and GB/s of the bytes each rank sends to other
-ranks.  Part 3, at the ``tokens`` above 512: the MoE layer in throughput mode (exact sizes,
+ranks; ``--regions`` adds a column, the combine in two kernels (``COLLECTIVES_MOE_REGIONS=1``:
+:func:`collectives.runtime.moe.regions_combine`), impl ``ours_regions``.  Part 3, at the ``tokens`` above 512: the MoE layer in throughput mode (exact sizes,
 eager), against the same NCCL layer.  ``--fp8`` adds part 4: the low-latency dispatch with
 fp8 rows (``fp8=True``: e4m3 and a scale per token, the rows the published pplx-kernels figures
 send), eager and in graphs, torch steps and fused, against the bf16 dispatch's fused time
@@ -180,6 +181,20 @@ def time_ours(dispatch, iters: int, graph: bool) -> list[float]:
     return torch_steps_then_fused(lambda: list(time_layer(dispatch, lambda d: moe.combine(d[0], d[2]), iters, graph)))
 
 
+def time_regions_combine(dispatch, iters: int, graph: bool) -> float:
+    """us per combine of ``dispatch()``'s result with the combine's two kernels (fused, and
+    :data:`collectives.runtime.moe.REGIONS` on; both flags restored even on an error)."""
+    from collectives import moe
+    from collectives.runtime import moe as runtime_moe
+
+    default = runtime_moe.FUSED, runtime_moe.REGIONS
+    try:
+        runtime_moe.FUSED = runtime_moe.REGIONS = True
+        return time_layer(dispatch, lambda d: moe.combine(d[0], d[2]), iters, graph)[1]
+    finally:
+        runtime_moe.FUSED, runtime_moe.REGIONS = default
+
+
 def time_dispatches(dispatches: dict, iters: int, graph: bool) -> list[float]:
     """us per call of each of ``dispatches`` (name -> ``collectives.moe.dispatch`` call), torch
     steps then fused (:func:`torch_steps_then_fused`)."""
@@ -210,6 +225,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-graph", action="store_true")
     parser.add_argument("--symm-mem", action="store_true", help="time torch.ops.symm_mem.all_to_all_vdev instead")
     parser.add_argument("--fp8", action="store_true", help="also time the dispatch with fp8 rows (part 4)")
+    parser.add_argument("--regions", action="store_true",
+                        help="also time the low-latency combine in two kernels (COLLECTIVES_MOE_REGIONS=1)")
     parser.add_argument("--profile", type=int, default=0, metavar="TOKENS",
                         help="only part 5: the host time of an eager layer at TOKENS tokens per rank")
     parser.add_argument("--out", help="write DIR/moe-<device>.json (parts 1-4)")
@@ -290,7 +307,7 @@ def layer_parts(args: argparse.Namespace, rec: Recorder, modes: list[str], sizes
     if rank == 0:
         print(f"MoE top-{args.topk} of {args.experts} experts: us per call (NCCL: eager only, it syncs the host)")
         print(f"{'mode':6} {'tokens':>6} {'nccl dispatch':>14} {'nccl combine':>13} {'dispatch':>9} {'combine':>8} "
-              f"{'fused dispatch':>15} {'fused combine':>14}")
+              f"{'fused dispatch':>15} {'fused combine':>14}" + (f" {'regions combine':>16}" if args.regions else ""))
     gen = torch.Generator(device="cuda").manual_seed(rank)
 
     def layer(parts: tuple[str, str], ours: list[float], nccl: Callable[[], tuple[float, float]] | None,
@@ -320,10 +337,16 @@ def layer_parts(args: argparse.Namespace, rec: Recorder, modes: list[str], sizes
                              mode == "graph")
             us = layer(("dispatch", "combine"), ours, (lambda: time_nccl(x, ids, weights, args.experts, world, iters))
                        if mode == "eager" else None, dtype="bf16", tokens=tokens, mode=mode)
+            regions = ""
+            if args.regions:
+                t = time_regions_combine(lambda: moe.dispatch(x, ids, weights, args.experts, max_tokens=tokens),
+                                         iters, mode == "graph")
+                rec.add(t, part="combine", impl="ours_regions", dtype="bf16", tokens=tokens, mode=mode)
+                regions = f" {t:16.1f}"
             collectives.synchronize()
             if rank == 0:
                 print(f"{mode:6} {tokens:>6} {_us(us[0]):>14} {_us(us[1]):>13} {us[2]:9.1f} {us[3]:8.1f} "
-                      f"{us[4]:15.1f} {us[5]:14.1f}", flush=True)
+                      f"{us[4]:15.1f} {us[5]:14.1f}{regions}", flush=True)
     throughput = [t for t in sizes if t > 512]
     if throughput and rank == 0:
         print("MoE throughput mode (exact sizes; eager: every call reads sizes back, as NCCL's does): us per call "

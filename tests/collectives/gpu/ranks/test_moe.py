@@ -167,3 +167,15 @@ def test_moe_with_fused_kernels(comm, check, monkeypatch) -> None:  # noqa: F811
 
     monkeypatch.setattr(runtime_moe, "FUSED", True)
     check(comm.rank, comm.world, None)
+
+
+@pytest.mark.parametrize("check", [check_routings, check_graph_replays_with_new_routings], ids=lambda c: c.__name__)
+def test_moe_with_the_two_kernel_combine(comm, check, monkeypatch) -> None:  # noqa: F811  (the fixture)
+    """The low-latency checks with the combine's two kernels (``COLLECTIVES_MOE_REGIONS=1``:
+    the rows sent back stored straight into their sources' regions, then the weighted sum
+    behind the waits; collectives.runtime.moe.regions_combine): the same bits."""
+    from collectives.runtime import moe as runtime_moe
+
+    monkeypatch.setattr(runtime_moe, "FUSED", True)
+    monkeypatch.setattr(runtime_moe, "REGIONS", True)
+    check(comm.rank, comm.world, None)
