@@ -904,7 +904,8 @@ def combine(expert_out: torch.Tensor, handle: Handle, *, group: Group = None) ->
                                               handle.topk),
                                  layer.launch(runtime_moe.gather, expert_out.shape[-1] * expert_out.element_size()),
                                  layer.regions_for(expert_out.dtype, expert_out.shape[-1], handle.topk,
-                                                   expert_out.shape[1] // comm.world, expert_out.device)
+                                                   expert_out.shape[1] // comm.world * handle.topk,
+                                                   expert_out.device)
                                  if expert_out.dim() == 3 else None))
 
 

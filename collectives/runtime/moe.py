@@ -428,7 +428,7 @@ def regions_combine(comm: Runtime, words: RegionWords, received: torch.Tensor, d
     """The two-kernel low-latency combine on ``comm``'s GPU (:mod:`~collectives.algorithms.moe_send_back`,
     then :mod:`~collectives.algorithms.moe_sum_back`; their kernels loaded now) for rows of
     ``hidden`` ``dtype`` elements, ``topk`` entries a token and at most ``most`` rows from a source
-    (the dispatch's ``max_tokens``), receiving into ``received`` (a symmetric allocation of
+    (the dispatch's ``max_tokens x topk``: a row comes back per entry), receiving into ``received`` (a symmetric allocation of
     :meth:`~collectives.layouts.RegionLayout.bytes`, the same on every rank; its regions ``most``
     rows each) over ``words``; None where :data:`FUSED` or :data:`REGIONS` is off or the
     kernels do not take the rows (see :func:`combine_key`; rows a whole number of 16 bytes).

@@ -259,3 +259,63 @@ def test_a_broken_kernel_fails_the_checks(edits: dict, what: str) -> None:
         if what == "facts not compared" and not any(records for records in w.records):
             caught += 1
     assert caught > 0, what
+
+
+def regions_emulated(results: list, world: int, hidden: int) -> list[torch.Tensor]:
+    """The two-kernel combine's addressing in torch, on real handles (``results``: each rank's
+    ``(out_rows, handle)``): rank ``s`` sends received row ``i`` (its source ``r`` and place ``j``
+    in ``r``'s rows by ``recv_splits``) as row ``j`` of its region in ``r``'s allocation, the
+    expert row ``place[i]`` where kept, else zeros (the sending kernel); rank ``r``'s entry row
+    ``q`` is source ``s``'s row ``j`` by ``send_splits`` (the receiving kernel's
+    :func:`~collectives.algorithms.moe_sum_back.region_row`), summed as the kernel sums."""
+    def locate(splits: list[int], i: int) -> tuple[int, int]:
+        before = 0
+        for s, n in enumerate(splits):
+            if i < before + n:
+                return s, i - before
+            before += n
+        raise AssertionError(f"row {i} past the rows {splits}")
+
+    regions: dict[tuple[int, int, int], torch.Tensor] = {}  # (receiver, source, row) -> row
+    for s, (out_rows, h) in enumerate(results):
+        rows = out_rows.reshape(-1, hidden)
+        splits = h.recv_splits.tolist()
+        for i in range(sum(splits)):
+            r, j = locate(splits, i)
+            regions[r, s, j] = rows[int(h.place[i])] if bool(h.kept[i]) else torch.zeros_like(rows[0])
+    outs = []
+    for r, (out_rows, h) in enumerate(results):
+        splits = h.send_splits.tolist()
+        entries = torch.stack([regions[(r, *locate(splits, q))] for q in range(sum(splits))] +
+                              [torch.zeros(hidden, dtype=out_rows.dtype)])
+        slots = h.slots if getattr(h, "slots", None) is not None else moe.inverse(h.order)
+        outs.append(entry_sum(entries, slots, h.valid, h.weights, h.tokens, h.topk))
+    return outs
+
+
+@pytest.mark.parametrize(("world", "topk", "tokens", "max_tokens"), [
+    (2, 2, [3, 1], 3), (3, 4, [2, 0, 5], 5), (4, 8, [1, 1, 1, 1], 1), (4, 2, [6, 2, 0, 3], 6)])
+def test_the_kernels_addressing_on_real_handles_gives_the_combines_bits(world, topk, tokens, max_tokens) -> None:
+    """What the kernels assume of a low-latency dispatch's handle (``recv_splits``: the rows that
+    arrived from each source, in rank order, ``place`` and ``kept`` indexing them so; the entry
+    rows in rank order by ``send_splits``, as ``slots`` read them) holds on the dispatch's own
+    handles: the two-kernel addressing gives the three-step combine's output bit for bit, and
+    each source's rows fit its region (``max_tokens x topk`` rows: a row goes back per entry)."""
+    from collectives.reference.moe import expert_fn, routing
+    from tests.collectives.test_moe_world import World as MoeWorld
+
+    experts, hidden = 4 * world, 8
+    xs, ids, ws = routing(world, experts, topk, tokens, 3, hidden, torch.bfloat16)
+    sim, local = MoeWorld(world), experts // world
+
+    def body(r):
+        ex, _, handle = moe.dispatch_with(sim.exchange(r), world, xs[r], ids[r], ws[r], experts, max_tokens)
+        out_rows = torch.stack([expert_fn(ex[le], r * local + le) for le in range(local)])
+        return out_rows, handle, moe.combine_with(sim.exchange(r), out_rows, handle)
+
+    results = sim.run(body)
+    for r, (_, h, _) in enumerate(results):
+        assert max(h.recv_splits.tolist() + h.send_splits.tolist()) <= max_tokens * topk  # (a row per entry)
+    emulated = regions_emulated([(rows, h) for rows, h, _ in results], world, hidden)
+    for r, (_, _, out) in enumerate(results):
+        assert torch.equal(emulated[r].view(torch.int16), out.view(torch.int16)), r

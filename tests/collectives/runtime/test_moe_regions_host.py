@@ -60,7 +60,7 @@ def test_a_low_latency_combine_is_two_kernels_on_the_handles_fields_and_the_laye
     seed = U32 - 2 * CALL_EPOCHS
     comm, expert_x, h, out, again, first, second, log = layer_calls(monkeypatch, True, seed)
     m = host_path.MOE
-    world, hidden, most = m["world"], m["hidden"], m["tokens"]
+    world, hidden, most = m["world"], m["hidden"], m["tokens"] * m["topk"]  # (a row back per entry)
     assert [type(k) for k, _ in first] == [MoeSendBackKey, MoeSumBackKey]
     assert [type(k) for k, _ in second] == [MoeSendBackKey, MoeSumBackKey] and not log  # planned: nothing made
     (send_key, send), (sum_key, total) = first
