@@ -11,7 +11,9 @@ does), or, where a rank's rows are not what its receivers' are (another row size
 call must fail with a size mismatch on every rank that touches that rank's rows and never time
 out, and the next call pass.  Mutations of the kernels' source fail these checks: one half for
 every call, the facts not compared, the receiver's wait not done.  ``test_region_model`` explores
-the protocol's interleavings at scale; this runs its kernels.
+the protocol's interleavings at scale; this runs its kernels.  Last, what the kernels assume of a
+dispatch's handle is checked on real handles of the torch-step layer
+(:func:`regions_emulated`: the kernels' addressing in torch gives the three-step combine's bits).
 """
 
 from __future__ import annotations
