@@ -423,32 +423,36 @@ class RegionWords:
         self.view = comm.buffer(self.pad)
 
 
+def region_bytes(rows: int, row_bytes: int) -> int:
+    """The bytes of a source's region that holds ``rows`` rows of ``row_bytes``: the next power
+    of two (at least 16), so that the layer's calls share a few receive allocations (at most one
+    per power of two; the largest at most twice what its calls need)."""
+    return 1 << max(4, (rows * row_bytes - 1).bit_length())
+
+
 def regions_combine(comm: Runtime, words: RegionWords, received: torch.Tensor, dtype: torch.dtype, hidden: int,
-                    topk: int, most: int):
+                    topk: int):
     """The two-kernel low-latency combine on ``comm``'s GPU (:mod:`~collectives.algorithms.moe_send_back`,
     then :mod:`~collectives.algorithms.moe_sum_back`; their kernels loaded now) for rows of
-    ``hidden`` ``dtype`` elements, ``topk`` entries a token and at most ``most`` rows from a source
-    (the dispatch's ``max_tokens x topk``: a row comes back per entry), receiving into ``received`` (a symmetric allocation of
-    :meth:`~collectives.layouts.RegionLayout.bytes`, the same on every rank; its regions ``most``
-    rows each) over ``words``; None where :data:`FUSED` or :data:`REGIONS` is off or the
-    kernels do not take the rows (see :func:`combine_key`; rows a whole number of 16 bytes).
-    Returns ``run(expert_out, place, kept, recv_splits, send_splits, slots, valid, weights,
-    tokens) -> out``: the handle's fields by address, ``weights`` a tensor."""
+    ``hidden`` ``dtype`` elements and ``topk`` entries a token, receiving into ``received`` (a
+    symmetric allocation, the same on every rank: two halves of ``world`` regions, each of a
+    power of two bytes, :func:`region_bytes`) over ``words``; None where :data:`FUSED` or
+    :data:`REGIONS` is off or the kernels do not take the rows (see :func:`combine_key`; rows a
+    whole number of 16 bytes).  Returns ``run(expert_out, place, kept, recv_splits, send_splits,
+    slots, valid, weights, tokens) -> out``: the handle's fields by address, ``weights`` a
+    tensor."""
     total = combine_key(dtype, hidden, topk) if FUSED and REGIONS else None
     row_bytes = hidden * dtype.itemsize
-    if total is None or row_bytes % 16 or most <= 0:
+    if total is None or row_bytes % 16:
         return None
     world, device = comm.world, comm.device_index
-    layout = RegionLayout(world, most * row_bytes)
-    if received.numel() * received.element_size() < layout.bytes:
-        raise CollectiveError(f"moe.combine: a receive allocation of {layout.bytes} bytes is needed, not "
-                              f"{received.numel() * received.element_size()}")
+    layout = RegionLayout(world, received.numel() * received.element_size() // (2 * world))
     send_key = MoeSendBackKey(world, MoePlaceKey.word_for(row_bytes))
     sum_key = MoeSumBackKey(world, total.dtype, topk, total.vec)
     send_fn, sum_fn = comm.kernel_together(send_key), comm.kernel_together(sum_key)
-    # what the rows are, compared by every receiver: their bytes, dtype and regions' rows (ranks
+    # what the rows are, compared by every receiver: their bytes, dtype and regions' bytes (ranks
     # whose regions differ store and read at other places: a size mismatch, not wrong rows)
-    facts = region_facts(row_bytes, list(DTYPES).index(total.dtype) + 256 * most)
+    facts = region_facts(row_bytes, list(DTYPES).index(total.dtype) + 256 * layout.region_bytes.bit_length())
     common = dict(region_bytes=layout.region_bytes, words=int(words.view.host[comm.rank]), facts=facts,
                   err=comm.error.data_ptr(), rank=comm.rank, timeout_ns=int(comm.timeout_s * 1e9))
     send_args, (i_rows, i_place, i_kept, i_splits) = MOE_SEND_BACK.template(
@@ -457,7 +461,7 @@ def regions_combine(comm: Runtime, words: RegionWords, received: torch.Tensor, d
     sum_args, (i_out, i_slots, i_valid, i_weights, i_tokens, i_send) = MOE_SUM_BACK.template(
         dict(hidden=hidden, regions=received.data_ptr(), **common), "out", "slots", "valid", "weights", "tokens",
         "send_splits")
-    send_blocks = send_key.blocks(world * most)
+    send_blocks = send_key.blocks(world * layout.capacity(row_bytes))
     # Ranks sharing the GPU (a one-GPU world): the receiving kernel spins for the others' sending
     # ones, so its grid stays within what keeps every rank's resident (Runtime.block_cap)
     cap = comm.block_cap(sum_key) or sum_key.blocks(1 << 40, hidden)
@@ -517,18 +521,20 @@ class Layer:
         self._region_words: RegionWords | None = None
 
     def regions_for(self, dtype: torch.dtype, hidden: int, topk: int, most: int, device: torch.device) -> Any:
-        """The two-kernel combine of :func:`regions_combine` (None where it does not run), its
-        receive regions from this layer's ``empty`` (``"regions"``), its words made at the first
-        ask (collective: every rank's first low-latency combine asks)."""
+        """The two-kernel combine of :func:`regions_combine` for at most ``most`` rows from a
+        source (the dispatch's ``max_tokens x topk``: a row comes back per entry; None where it
+        does not run), its receive regions from this layer's ``empty`` (``"regions"``, of
+        :func:`region_bytes`), its words made at the first ask (collective: every rank's first
+        low-latency combine asks)."""
         if not (FUSED and REGIONS) or combine_key(dtype, hidden, topk) is None or hidden * dtype.itemsize % 16:
             return None
         if self._region_words is None:
             from .communicator import seed_epoch
 
             self._region_words = RegionWords(self.comm, seed_epoch())
-        nbytes = RegionLayout(self.comm.world, most * hidden * dtype.itemsize).bytes
+        nbytes = RegionLayout(self.comm.world, region_bytes(most, hidden * dtype.itemsize)).bytes
         received = self.empty("regions", (nbytes,), torch.uint8, device)
-        return self.launch(regions_combine, self._region_words, received, dtype, hidden, topk, most)
+        return self.launch(regions_combine, self._region_words, received, dtype, hidden, topk)
 
     def begin(self) -> None:
         """Open a call: order its stream after the last call's (its scratch buffers' last use)."""
@@ -658,5 +664,5 @@ def traced_combine(expert_out: Tensor, topk_weights: Tensor, handle: tuple) -> T
 
 __all__ = ["COMBINE_FIELDS", "FUSED", "HANDLE_FIELDS", "MAX_PLANS", "REGIONS", "SCHEMAS", "Carve", "Carved", "Layer",
            "RegionWords", "combine_key", "entry_room", "gather", "layer", "pack", "pack_key", "place_fields",
-           "place_key", "placement", "regions_combine", "route", "route_fields", "route_key", "traced_combine",
+           "place_key", "placement", "region_bytes", "regions_combine", "route", "route_fields", "route_key", "traced_combine",
            "traced_dispatch", "weighted_sum"]

@@ -4,7 +4,7 @@
 a low-latency combine launches the sending kernel, then the receiving one, and nothing else (no
 gather, all-to-all or weighted sum); their arguments are the handle's fields, the layer's receive
 regions and word region (seeded from the test hook's count), one ``facts`` word for both; a call
-like the one before plans and allocates nothing again.  Off (the default), the combine keeps its
+like the one before plans and allocates nothing again; regions come in powers of two.  Off (the default), the combine keeps its
 three steps."""
 
 from __future__ import annotations
@@ -66,7 +66,8 @@ def test_a_low_latency_combine_is_two_kernels_on_the_handles_fields_and_the_laye
     (send_key, send), (sum_key, total) = first
     assert send_key == MoeSendBackKey(world, 16) and sum_key == MoeSumBackKey(world, "bf16", m["topk"], 8)
     send, total = dict(zip(MOE_SEND_BACK.index, send)), dict(zip(MOE_SUM_BACK.index, total))
-    layout = RegionLayout(world, most * hidden * 2)
+    layout = RegionLayout(world, runtime_moe.region_bytes(most, hidden * 2))
+    assert layout.region_bytes == 1 << 17  # 8 rows of 14,336 bytes: 114,688, to the next power of two
     layer = comm.moe_layer
     received = layer.empty("regions", (layout.bytes,), torch.uint8, expert_x.device)
     words = layer._region_words
@@ -79,7 +80,7 @@ def test_a_low_latency_combine_is_two_kernels_on_the_handles_fields_and_the_laye
     assert send["words"] == total["words"] == words.pad.data_ptr()
     assert send["words_table"] == words.view.table.data_ptr()
     assert send["region_bytes"] == total["region_bytes"] == layout.region_bytes
-    assert send["facts"] == total["facts"] == region_facts(hidden * 2, list(DTYPES).index("bf16") + 256 * most)
+    assert send["facts"] == total["facts"] == region_facts(hidden * 2, list(DTYPES).index("bf16") + 256 * 18)
     assert total["out"] == out.data_ptr() and out.shape == (m["tokens"], hidden) and out.dtype == torch.bfloat16
     assert total["tokens"] == m["tokens"] and total["weights"] == h.weights.data_ptr()
     assert again is not out  # a fresh output per call
@@ -98,3 +99,9 @@ def test_off_the_combine_keeps_its_three_steps(monkeypatch) -> None:
     kinds = {type(k).__name__ for k, _ in first}
     assert "MoeSendBackKey" not in kinds and "MoeSumBackKey" not in kinds
     assert {"MoeGatherKey", "MoeCombineKey"} <= kinds
+
+
+def test_regions_come_in_powers_of_two_that_hold_the_rows() -> None:
+    for rows, row_bytes in [(1, 16), (8, 14336), (1024, 14336), (3, 48), (0, 16)]:
+        size = runtime_moe.region_bytes(rows, row_bytes)
+        assert size >= max(16, rows * row_bytes) and size & (size - 1) == 0 and size < max(32, 2 * rows * row_bytes)
