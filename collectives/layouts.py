@@ -460,9 +460,14 @@ class RegionLayout:
         """The word of the sending kernel's tickets (its last block posts every ``arrived``)."""
         return self.counter[1] + 1
 
+    def refused(self, receiver: int) -> int:
+        """The word a block of the sending kernel whose wait for ``receiver`` timed out sets
+        (so that the last block refuses the pair, whatever its own wait saw; it clears it)."""
+        return self.send_tickets + 1 + receiver
+
     @property
     def words(self) -> int:
-        return self.send_tickets + 1
+        return self.refused(self.world)
 
     def seeded(self, calls: int) -> dict[int, int]:
         """The words (by offset) of a rank whose count starts at ``calls`` (a multiple of

@@ -8,11 +8,13 @@ of the experts' outputs where ``kept[i]``, else zeros.  The dispatch's rows arri
 whose rows it lies in, as that source's row ``j = i - (splits[0] + ... + splits[s - 1])``: at
 ``j x row bytes`` into this rank's region of the call's half in ``s``'s receive allocation.  First
 threads ``0 .. W - 1`` of every block wait, bounded, until each source may take the call's rows
-(:func:`collectives.device.regions.wait_free`: normally at once); then the blocks stride over the
+(:func:`collectives.device.regions.wait_free`: normally at once; a block whose wait timed out
+sets the pair's ``refused`` word, so that the pair is refused whatever the other blocks saw);
+then the blocks stride over the
 rows, each row's words spread over a block's threads as the gather's are; then the block whose
 ticket completes the grid (``atom.add.acq_rel.sys`` after a ``bar.sync``: every block's stores
 before it) posts each source its ``facts`` and ``arrived`` (``splits[s]`` rows), or refuses a
-source it may not store to.  Rows past a source's region are not stored: the source's ``arrived``
+source some block may not store to.  Rows past a source's region are not stored: the source's ``arrived``
 announces them all, which its receiver judges a size mismatch, and this rank records one too.
 No wait here depends on another block (each polls only its own words), so the grid need not be
 resident at once.  Designed for the two-kernel combine of ``docs/guide-moe.md``; no runtime
@@ -116,7 +118,8 @@ def build(key: MoeSendBackKey):
         if tidx < world:
             ok = regions.wait_free(args.words, tidx, calls, deadline, world)
             free[tidx] = Int32(ok)
-            if not ok and block == Int32(0):
+            if not ok:  # (blocks may judge apart: any one's timeout refuses the pair, below)
+                ptxops.st(words + layout.refused(0) + tidx, Uint32(1))
                 signals.record_error(args.err, Int32(TIMEOUT), Int32(REGION_STORE_WAIT), tidx, block, args.rank)
         cute.arch.sync_threads()
         half = Int64(call_parity(calls))
@@ -155,17 +158,15 @@ def build(key: MoeSendBackKey):
                         ptxops.st(dst + cute.assume(w * per_word, divby=per_word), zero)
                         w += threads
             i += Int64(cute.arch.grid_dim()[0])
-        cute.arch.sync_threads()  # the block's stores before its ticket
-        last = cutlass.Boolean(True)
-        if cute.arch.grid_dim()[0] > 1:
-            if tidx == 0:
-                ticket = ptxops.atom_add(words + layout.send_tickets, Uint32(1), sem="acq_rel", scope="sys")
-                free[0] = Int32(free[0]) | (Int32(ticket == Uint32(cute.arch.grid_dim()[0] - 1)) << Int32(1))
-            cute.arch.sync_threads()
-            last = (Int32(free[0]) & Int32(2)) != Int32(0)
-        if last:
+        cute.arch.sync_threads()  # the block's stores (and refusals) before its ticket
+        if tidx == 0:
+            ticket = ptxops.atom_add(words + layout.send_tickets, Uint32(1), sem="acq_rel", scope="sys")
+            free[0] = Int32(free[0]) | (Int32(ticket == Uint32(cute.arch.grid_dim()[0] - 1)) << Int32(1))
+        cute.arch.sync_threads()
+        if (Int32(free[0]) & Int32(2)) != Int32(0):  # the last block: every block's stores are before this
             if tidx < world:
-                if (Int32(free[tidx]) & Int32(1)) != Int32(0):
+                refused = ptxops.ld(words + layout.refused(0) + tidx, dtype=Uint32)
+                if (Int32(free[tidx]) & Int32(1)) != Int32(0) and refused == Uint32(0):
                     sent = ptxops.ld(gmem(Int64, args.splits, 8, LOCAL, by) + tidx, dtype=Int64)
                     if sent > capacity:
                         signals.record_error(args.err, Int32(SIZE_MISMATCH), Int32(REGION_STORE_WAIT), tidx, block,
@@ -174,7 +175,9 @@ def build(key: MoeSendBackKey):
                     regions.post_rows(args.words_table, args.rank, tidx, calls, announced, args.facts, world)
                 else:
                     regions.refuse_rows(args.words_table, args.rank, tidx, calls, world)
-            if tidx == 0 and cute.arch.grid_dim()[0] > 1:
+                if refused != Uint32(0):
+                    ptxops.st(words + layout.refused(0) + tidx, Uint32(0))  # (the next kernel reads after this one)
+            if tidx == 0:
                 ptxops.st(words + layout.send_tickets, Uint32(0))
 
     return launcher(kernel, threads, layout=MOE_SEND_BACK)

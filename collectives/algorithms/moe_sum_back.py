@@ -107,10 +107,9 @@ def build(key: MoeSumBackKey):
             status, _ = regions.wait_rows(args.words, tidx, calls, args.facts,
                                           args.region_bytes // cutlass.max(row_bytes, Int64(1)), expected, deadline,
                                           world)
-            if status != Int32(0):
+            if status != Int32(0):  # (blocks may judge apart: each failing one records, the first claims)
                 failed[0] = Int32(1)  # (any thread's: a plain store of the same value)
-                if block == Int32(0):
-                    signals.record_error(args.err, status, Int32(REGION_WAIT), tidx, block, args.rank)
+                signals.record_error(args.err, status, Int32(REGION_WAIT), tidx, block, args.rank)
         cute.arch.sync_threads()  # the waits' acquires (and their verdict) to the block
         if failed[0] == Int32(0):
             half = Int64(call_parity(calls))

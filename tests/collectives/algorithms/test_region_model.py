@@ -309,7 +309,7 @@ def test_the_regions_and_words_are_disjoint_and_inside_the_allocation(world: int
     data = [w for h in (0, 1) for s in range(world) for w in (lay.arrived(h, s), lay.facts(h, s))]
     assert len(set(data)) == len(data) and all(w % 2 == 0 and w + 2 <= lay.counter[0] for w in data)
     assert lay.counter[1] == lay.counter[0] + 1 and lay.send_tickets == lay.counter[1] + 1
-    assert lay.words == lay.send_tickets + 1
+    assert [lay.refused(r) for r in range(world)] == list(range(lay.send_tickets + 1, lay.words))
 
 
 @given(calls=st.integers(0, U32 // CALL_EPOCHS - 1).map(lambda c: c * CALL_EPOCHS), back=st.integers(0, 3))

@@ -177,7 +177,7 @@ class World:
                 regions_table=Int64(self.regions_table), words_table=Int64(self.words_table), **common)
             blocks = self.rng.choice([1, 2, 3])
             sim.launch(lambda: send(args), Context(rank=r, call=c), blocks, THREADS,
-                       [self.rng.choice([0, 0, 50]) for _ in range(blocks)])
+                       [self.rng.choice([0, 0, self.slow]) for _ in range(blocks)])
             out = mem.alloc(2 * side["tokens"] * HIDDEN)
             for b in range(2 * side["tokens"] * HIDDEN):
                 mem.store(out + b, 0xEE, Uint8)
@@ -234,6 +234,47 @@ def test_a_rank_whose_rows_differ_fails_the_call_on_every_rank_without_a_timeout
         peers = {peer for c, *_, peer in w.records[r]}
         assert peers == ({bad} if r != bad else peers - {bad}) and peers
     check_exact(w, calls, skip={(r, at) for r in range(world)})
+
+
+def late_world(world: int, seed: int, source=SOURCE, timeout: int = 1500) -> tuple:
+    """A world of 5 calls in which one rank launches call 1 or 2 two to four waits' bounds late,
+    its blocks started up to about a bound late: (the world, its calls, the (rank, call) pairs
+    that left a record)."""
+    rng = random.Random(seed * 7 + world)
+    calls = rank_calls(world, 5, rng)
+    late = {rng.randrange(world): (rng.choice([1, 2]), rng.choice([2 * timeout, 3 * timeout, 4 * timeout]))}
+    w = World(calls, seed, U32 - 2 * CALL_EPOCHS, source=source, late=late, timeout=timeout,
+              slow=rng.choice([800, 1400]))
+    return w, calls, {(r, c) for r in range(world) for c, *_ in w.records[r]}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_call_that_passes_is_right_whatever_rank_comes_late(world: int) -> None:
+    """Ranks launching calls later than the bound of a wait and blocks starting up to about a
+    bound late (timeouts on other ranks, blocks of one kernel judging a word apart as it arrives
+    near their deadlines): every call that leaves no record on a rank is bit for bit right there,
+    and some calls fail (the worlds are late enough to time out)."""
+    failures = 0
+    for seed in range(6):
+        w, calls, failed = late_world(world, seed)
+        check_exact(w, calls, skip=failed)
+        failures += len(failed)
+    assert failures
+
+
+def test_a_sending_kernel_whose_blocks_judge_apart_refuses_the_pair() -> None:
+    """Without the ``refused`` word the last block posts a pair another block did not store to
+    (its wait timed out as the word arrived): a wrong call passes, in the two of 60 seeded late
+    worlds of 2 and 3 ranks where the blocks judge apart (found by searching them)."""
+    edit = ("if (Int32(free[tidx]) & Int32(1)) != Int32(0) and refused == Uint32(0):",
+            "if (Int32(free[tidx]) & Int32(1)) != Int32(0):")
+    broken = kernels({"send": (edit,)})
+    for seed in (4, 10):
+        w, calls, failed = late_world(2, seed, broken)
+        with pytest.raises(AssertionError):
+            check_exact(w, calls, skip=failed)
+        w, calls, failed = late_world(2, seed)
+        check_exact(w, calls, skip=failed)
 
 
 @pytest.mark.parametrize(("edits", "what"), [
