@@ -67,7 +67,7 @@ def wait_free(words: Int64, receiver: Int32, calls: Uint32, deadline: Int64,
 
 @cute.jit
 def post_rows(words_table: Int64, rank: Int32, receiver: Int32, calls: Uint32, rows: Uint32, facts: Int64,
-         world: cutlass.Constexpr) -> None:
+              world: cutlass.Constexpr) -> None:
     """As source ``rank``: ``facts`` (a relaxed store) and ``arrived`` (``rows``, the call's
     epoch; ``st.release.sys``, which orders the facts and every store this thread has seen
     before it) into ``receiver``'s words of the call's half (``rows``

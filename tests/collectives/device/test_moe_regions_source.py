@@ -212,13 +212,13 @@ def check_exact(world_: World, calls: list, skip: set = frozenset()) -> None:
 @pytest.mark.parametrize("world", [2, 3, 4])
 @pytest.mark.parametrize("start", [0, U32 - 2 * CALL_EPOCHS])
 def test_every_call_sums_its_sources_rows_bit_for_bit_across_the_wrap(world: int, start: int) -> None:
-    for seed in range(2):
-        rng = random.Random(seed * 10 + world)
-        calls = rank_calls(world, 4, rng)
-        w = World(calls, seed, start, late={rng.randrange(world): (rng.randrange(4), 400)}, slow=(50, 1500)[seed])
-        assert w.records == [[] for _ in range(world)]
-        check_exact(w, calls)
-        assert w.counts() == {(start + 4 * CALL_EPOCHS) % U32}
+    seed = world + (start > 0)  # (slow blocks in half the runs)
+    rng = random.Random(seed * 10 + world)
+    calls = rank_calls(world, 4, rng)
+    w = World(calls, seed, start, late={rng.randrange(world): (rng.randrange(4), 400)}, slow=(50, 1500)[seed % 2])
+    assert w.records == [[] for _ in range(world)]
+    check_exact(w, calls)
+    assert w.counts() == {(start + 4 * CALL_EPOCHS) % U32}
 
 
 @pytest.mark.parametrize("what", ["row size", "kind"])
@@ -255,7 +255,7 @@ def test_a_call_that_passes_is_right_whatever_rank_comes_late(world: int) -> Non
     near their deadlines): every call that leaves no record on a rank is bit for bit right there,
     and some calls fail (the worlds are late enough to time out)."""
     failures = 0
-    for seed in range(6):
+    for seed in range(4):
         w, calls, failed = late_world(world, seed)
         check_exact(w, calls, skip=failed)
         failures += len(failed)
@@ -289,6 +289,8 @@ def test_a_broken_kernel_fails_the_checks(edits: dict, what: str) -> None:
     not compared) a rank whose rows differ passing unnoticed."""
     broken, caught = kernels(edits), 0
     for seed in range(4):
+        if caught:
+            break
         rng = random.Random(seed)
         calls = rank_calls(3, 4, rng)
         if what == "facts not compared":
