@@ -10,7 +10,8 @@ of rank 0 out of range (dropped and counted), and eager or a CUDA-graph replay (
 graph per shape of :data:`GRAPH_SHAPES`, captured after an eager warm-up and replayed on new
 routings copied into its inputs).  Each call's counts and rows of this rank's experts (fp8:
 the quantized bytes and scales), its count of dropped entries and its combine output (not with
-fp8) are compared with the reference.  The fused kernels run unless ``COLLECTIVES_MOE_FUSED=0``;
+fp8) are compared with the reference.  The fused kernels run unless ``COLLECTIVES_MOE_FUSED=0``
+(``COLLECTIVES_MOE_REGIONS=1``: every low-latency combine in two kernels, the regions' exchange);
 ``COLLECTIVES_TEST_SEED_EPOCH`` starts the all-to-all's call count near its 2^32 wrap.
 ``--world W`` runs the ranks as W threads on one GPU (:func:`collectives.testing.run_world`).
 Exits non-zero on any wrong result or unexpected error, or when ``--seconds`` runs out first.
