@@ -105,3 +105,20 @@ def test_regions_come_in_powers_of_two_that_hold_the_rows() -> None:
     for rows, row_bytes in [(1, 16), (8, 14336), (1024, 14336), (3, 48), (0, 16)]:
         size = runtime_moe.region_bytes(rows, row_bytes)
         assert size >= max(16, rows * row_bytes) and size & (size - 1) == 0 and size < max(32, 2 * rows * row_bytes)
+
+
+def test_a_two_kernel_combine_like_the_one_before_stays_under_its_ceiling(monkeypatch) -> None:
+    """The guard of ``test_host_path`` for the two-kernel combine (measured: raise only with a
+    reason): 7 Python calls into collectives (the three-step combine's ceiling is 12: its gather
+    and weighted sum's launches and the all-to-all's plan hit), one torch operator (the output's
+    allocation), no torch launch, nothing prepared again."""
+    monkeypatch.setattr(runtime_moe, "REGIONS", True)
+    with host_path.moe_world():
+        fn = host_path.moe_calls()["moe.combine"]
+        seen = host_path.profile(fn)
+        ops = host_path.torch_ops(fn)
+        launches = host_path.torch_launches(fn)
+    mine = {name: n for (path, name), n in seen.items() if "/collectives/" in path}
+    assert sum(mine.values()) <= 7, sorted(mine.items())
+    assert not {"regions_for", "regions_combine", "kernel_together", "agree_growth"} & set(mine)
+    assert sum(ops.values()) <= 1 and launches == 0, dict(ops)
