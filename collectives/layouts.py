@@ -478,6 +478,16 @@ class RegionLayout:
         return {self.counter[0]: calls % U32, **{self.arrived(call_parity(c), s): pack(0, c + 1)
                                                  for c in before for s in range(self.world)}}
 
+    def seeded_words(self, calls: int) -> dict[int, int]:
+        """:meth:`seeded` as the uint32 words a host writes (by offset): a 64-bit word's low
+        half at its offset, its high half after it; the count one word."""
+        words = {}
+        for offset, value in self.seeded(calls).items():
+            words[offset] = value % U32
+            if offset != self.counter[0]:
+                words[offset + 1] = value >> 32
+        return words
+
 
 def may_store(word: int, calls: int) -> bool:
     """Whether a source at count ``calls`` may store into a receiver's half of the call,

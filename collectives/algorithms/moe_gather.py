@@ -90,36 +90,44 @@ def build(key: MoeGatherKey):
                 j += threads
         i = Int64(cute.arch.block_idx()[0])
         while i < end:
-            kept = ptxops.ld(gmem(Uint8, args.kept, 1, LOCAL, by) + i)
             dst = gmem(element, args.out, key.word, LOCAL, by) + i * args.row_words * per_word
-            if kept != Uint8(0):
-                place = ptxops.ld(gmem(Int64, args.place, 8, LOCAL, by) + i, dtype=Int64)
-                src = gmem(element, args.rows, key.word, LOCAL, by) + place * args.row_words * per_word
-                w = tidx
-                while w < args.row_words:  # LOADS words in flight, then their stores
-                    last = args.row_words - 1  # (a word past the row: its load repeats the last, not stored)
-                    ats = [cute.assume(cutlass.min(w + u * threads, last) * per_word, divby=per_word)
-                           for u in range(LOADS)]
-                    words = [ptxops.ld(src + at, num_elements=per_word) for at in ats]
-                    for u in cutlass.range_constexpr(LOADS):
-                        if w + u * threads <= last:
-                            ptxops.st(dst + ats[u], words[u])
-                    w += LOADS * threads
-            else:  # zeros: counts as nothing in its token's sum
-                zero = element(0)
-                if cutlass.const_expr(per_word > 1):
-                    words = cute.make_rmem_tensor(per_word, element)
-                    for e in cutlass.range_constexpr(per_word):
-                        words[e] = element(0)
-                    zero = words.load()
-                w = tidx
-                while w < args.row_words:
-                    at = cute.assume(w * per_word, divby=per_word)
-                    ptxops.st(dst + at, zero)
-                    w += threads
+            row_back(args, i, dst, tidx, key.word, threads, by)
             i += Int64(cute.arch.grid_dim()[0])
 
     return launcher(kernel, threads, layout=MOE_GATHER)
+
+
+@cute.jit
+def row_back(args: KernelArgs, i: Int64, dst: cute.Pointer, tidx: Int64, word: cutlass.Constexpr,
+             threads: cutlass.Constexpr, by: cutlass.Constexpr) -> None:
+    """Row ``i`` of what goes back, stored at ``dst`` (this GPU's, or a peer's) by the block's
+    threads (``args``: ``rows``, ``place``, ``kept``, ``row_words``): row ``place[i]`` of the
+    experts' outputs where ``kept[i]``, each thread loading :data:`LOADS` words before it stores
+    them, else zeros (a row dropped counts as nothing in its token's sum)."""
+    element, per_word = WORDS[word]
+    if ptxops.ld(gmem(Uint8, args.kept, 1, LOCAL, by) + i) != Uint8(0):
+        place = ptxops.ld(gmem(Int64, args.place, 8, LOCAL, by) + i, dtype=Int64)
+        src = gmem(element, args.rows, word, LOCAL, by) + place * args.row_words * per_word
+        w = tidx
+        while w < args.row_words:  # LOADS words in flight, then their stores
+            last = args.row_words - 1  # (a word past the row: its load repeats the last, not stored)
+            ats = [cute.assume(cutlass.min(w + u * threads, last) * per_word, divby=per_word) for u in range(LOADS)]
+            words = [ptxops.ld(src + at, num_elements=per_word) for at in ats]
+            for u in cutlass.range_constexpr(LOADS):
+                if w + u * threads <= last:
+                    ptxops.st(dst + ats[u], words[u])
+            w += LOADS * threads
+    else:
+        zero = element(0)
+        if cutlass.const_expr(per_word > 1):
+            words = cute.make_rmem_tensor(per_word, element)
+            for e in cutlass.range_constexpr(per_word):
+                words[e] = element(0)
+            zero = words.load()
+        w = tidx
+        while w < args.row_words:
+            ptxops.st(dst + cute.assume(w * per_word, divby=per_word), zero)
+            w += threads
 
 
 def _to_text(key: MoeGatherKey) -> str:
@@ -136,4 +144,4 @@ FAMILY = register(Family("moe_gather", MoeGatherKey, ("moe_gather",), MOE_GATHER
                          lambda kid: (("moe_gather", kid),)))
 
 
-__all__ = ["FAMILY", "MOE_GATHER", "MoeGatherKey", "build"]
+__all__ = ["FAMILY", "MOE_GATHER", "MoeGatherKey", "build", "row_back"]

@@ -10,9 +10,8 @@ whose rows it lies in, as that source's row ``j = i - (splits[0] + ... + splits[
 threads ``0 .. W - 1`` of every block wait, bounded, until each source may take the call's rows
 (:func:`collectives.device.regions.wait_free`: normally at once; a block whose wait timed out
 sets the pair's ``refused`` word, so that the pair is refused whatever the other blocks saw);
-then the blocks stride over the
-rows, each row's words spread over a block's threads as the gather's are; then the block whose
-ticket completes the grid (``atom.add.acq_rel.sys`` after a ``bar.sync``: every block's stores
+then the blocks stride over the rows, each made and stored by the gather's
+:func:`~collectives.algorithms.moe_gather.row_back`; then the block whose ticket completes the grid (``atom.add.acq_rel.sys`` after a ``bar.sync``: every block's stores
 before it) posts each source its ``facts`` and ``arrived`` (``splits[s]`` rows), or refuses a
 source some block may not store to.  Rows past a source's region are not stored: the source's ``arrived``
 announces them all, which its receiver judges a size mismatch, and this rank records one too.
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Int64, Uint8, Uint32
+from cutlass import Int32, Int64, Uint32
 from cutlass.memory import SmemAllocator
 
 import ptxops
@@ -40,7 +39,8 @@ from ..device.launch import check_threads, launcher
 from ..device.signals import LOCAL, PEER, gmem
 from ..layouts import MAX_CHUNK, REGION_STORE_WAIT, SIZE_MISMATCH, TIMEOUT, Arg, Layout, RegionLayout, call_parity
 from .family import Family, register
-from .moe_place import LOADS, MAX_BLOCKS, WORDS
+from .moe_gather import row_back
+from .moe_place import MAX_BLOCKS, WORDS
 
 MOE_SEND_BACK = Layout("MoeSendBackArgs", (
     Arg("rows", Int64, "the experts' output rows (the places index them)"),
@@ -100,7 +100,7 @@ def source_of(splits: Int64, i: Int64, world: cutlass.Constexpr) -> tuple:
 def build(key: MoeSendBackKey):
     """The ``@cute.jit`` launcher of the sending kernel for ``key`` (grid: a runtime argument)."""
     threads, world = key.threads, key.world
-    element, per_word = WORDS[key.word]
+    element = WORDS[key.word][0]
     layout = RegionLayout(world, 16)
     by = "collectives.algorithms.moe_send_back"
 
@@ -112,7 +112,7 @@ def build(key: MoeSendBackKey):
         calls = ptxops.ld(words + layout.counter[0], dtype=Uint32)  # (the receiving kernel moves it on)
         deadline = cute.arch.globaltimer() + args.timeout_ns
         smem = SmemAllocator()
-        free = smem.allocate_tensor(Int32, cute.make_layout(world), byte_alignment=4)
+        free = smem.allocate_tensor(Int32, cute.make_layout(world + 1), byte_alignment=4)  # (last: the last block)
         row_bytes = args.row_words * key.word
         capacity = args.region_bytes // cutlass.max(row_bytes, Int64(1))
         if tidx < world:
@@ -132,41 +132,17 @@ def build(key: MoeSendBackKey):
             if free[source] != Int32(0) and j < capacity:
                 to = signals.peer_address(args.regions_table, source) + (
                     half * world + Int64(args.rank)) * args.region_bytes + j * row_bytes
-                dst = gmem(element, to, key.word, PEER, by)
-                if ptxops.ld(gmem(Uint8, args.kept, 1, LOCAL, by) + i) != Uint8(0):
-                    place = ptxops.ld(gmem(Int64, args.place, 8, LOCAL, by) + i, dtype=Int64)
-                    src = gmem(element, args.rows, key.word, LOCAL, by) + place * args.row_words * per_word
-                    w = Int64(tidx)
-                    while w < args.row_words:  # LOADS words in flight, then their stores
-                        last = args.row_words - 1  # (a word past the row: its load repeats the last, not stored)
-                        ats = [cute.assume(cutlass.min(w + u * threads, last) * per_word, divby=per_word)
-                               for u in range(LOADS)]
-                        loaded = [ptxops.ld(src + at, num_elements=per_word) for at in ats]
-                        for u in cutlass.range_constexpr(LOADS):
-                            if w + u * threads <= last:
-                                ptxops.st(dst + ats[u], loaded[u])
-                        w += LOADS * threads
-                else:  # zeros: counts as nothing in its token's sum
-                    zero = element(0)
-                    if cutlass.const_expr(per_word > 1):
-                        values = cute.make_rmem_tensor(per_word, element)
-                        for e in cutlass.range_constexpr(per_word):
-                            values[e] = element(0)
-                        zero = values.load()
-                    w = Int64(tidx)
-                    while w < args.row_words:
-                        ptxops.st(dst + cute.assume(w * per_word, divby=per_word), zero)
-                        w += threads
+                row_back(args, i, gmem(element, to, key.word, PEER, by), Int64(tidx), key.word, threads, by)
             i += Int64(cute.arch.grid_dim()[0])
         cute.arch.sync_threads()  # the block's stores (and refusals) before its ticket
         if tidx == 0:
             ticket = ptxops.atom_add(words + layout.send_tickets, Uint32(1), sem="acq_rel", scope="sys")
-            free[0] = Int32(free[0]) | (Int32(ticket == Uint32(cute.arch.grid_dim()[0] - 1)) << Int32(1))
+            free[world] = Int32(ticket == Uint32(cute.arch.grid_dim()[0] - 1))
         cute.arch.sync_threads()
-        if (Int32(free[0]) & Int32(2)) != Int32(0):  # the last block: every block's stores are before this
+        if free[world] != Int32(0):  # the last block: every block's stores are before this
             if tidx < world:
                 refused = ptxops.ld(words + layout.refused(0) + tidx, dtype=Uint32)
-                if (Int32(free[tidx]) & Int32(1)) != Int32(0) and refused == Uint32(0):
+                if free[tidx] != Int32(0) and refused == Uint32(0):
                     sent = ptxops.ld(gmem(Int64, args.splits, 8, LOCAL, by) + tidx, dtype=Int64)
                     if sent > capacity:
                         signals.record_error(args.err, Int32(SIZE_MISMATCH), Int32(REGION_STORE_WAIT), tidx, block,

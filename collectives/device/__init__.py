@@ -26,8 +26,8 @@ try:  # CuTeDSL functions, every one: without CuTeDSL, say which extra installs 
     from .flags import post, wait
     # the all-to-all's ready and arrived words
     from .all_to_all import (
-        arrived_word, epoch_of, pack, place, place_of, post_arrived, post_ready, ready_offset, ready_word, size_of,
-        wait_within, wait_word,
+        arrived_word, epoch_of, pack, place, place_of, poll_epoch, post_arrived, post_ready, ready_offset, ready_word,
+        size_of, wait_within, wait_word,
     )
     # the regions' exchange (two kernels: rows stored into each receiver's region, then waited for)
     from .regions import (
@@ -49,6 +49,7 @@ __all__ = ["HOST", "LOCAL", "MULTICAST", "PEER", "arrival_word", "barrier_multic
            "load_reduce_multicast", "load_reduce_peer", "store_multicast", "store_peers", "CARRIER", "canonical",
            "clear", "empty_lanes", "lanes", "load_words", "negative_zero", "send", "wait_slots", "reduce_tiles",
            "shared_buffers", "smem_bytes", "post", "wait", "arrived_word", "epoch_of", "pack", "place", "place_of",
+           "poll_epoch",
            "post_arrived", "post_ready", "ready_offset", "ready_word", "size_of", "wait_within", "wait_word",
            "post_rows", "refuse_rows", "region_arrived_at", "region_arrived_word", "region_facts_word", "wait_free",
            "wait_rows", "E4M3_MAX",

@@ -114,7 +114,7 @@ def post_arrived(slot_table: Int64, rank: Int32, receiver: Int32, part: Int32, s
 
 
 @cute.jit
-def _poll(word: cute.Pointer, want: Uint32, deadline: Int64) -> Uint64:
+def poll_epoch(word: cute.Pointer, want: Uint32, deadline: Int64) -> Uint64:
     """The slot word ``word`` read with ``ld.acquire.sys`` until its epoch reaches ``want``
     (wrap-safe) or ``%globaltimer`` passes ``deadline``: the last value read."""
     seen = ptxops.ld_acquire(word, scope="sys", dtype=Uint64)
@@ -131,7 +131,7 @@ def wait_word(word: cute.Pointer, calls: Uint32, expected: Uint32, deadline: Int
     ``SIZE_MISMATCH`` (a size other than ``expected``, or :data:`~collectives.layouts.REFUSED`).
     The caller's ``bar.sync`` after it carries the acquire to the block."""
     want = calls + Uint32(1)
-    seen = _poll(word, want, deadline)
+    seen = poll_epoch(word, want, deadline)
     epoch, size = epoch_of(seen), size_of(seen)
     status = Int32(0)
     if not reached(epoch, want) or not in_call(epoch, calls):
@@ -149,7 +149,7 @@ def wait_within(word: cute.Pointer, calls: Uint32, low: Uint32, high: Uint32, de
     where the size posted lies outside ``[low, high]`` (or is :data:`~collectives.layouts.REFUSED`)
     instead of differing from one expected size (the same poll)."""
     want = calls + Uint32(1)
-    seen = _poll(word, want, deadline)
+    seen = poll_epoch(word, want, deadline)
     epoch, size = epoch_of(seen), size_of(seen)
     status = Int32(0)
     if not (reached(epoch, want) and in_call(epoch, calls)):
@@ -159,6 +159,5 @@ def wait_within(word: cute.Pointer, calls: Uint32, low: Uint32, high: Uint32, de
     return status, size
 
 
-__all__ = ["arrived_word", "epoch_of", "pack", "place", "place_of", "post_arrived", "post_ready", "ready_offset",
-           "ready_word",
-           "size_of", "wait_within", "wait_word"]
+__all__ = ["arrived_word", "epoch_of", "pack", "place", "place_of", "poll_epoch", "post_arrived", "post_ready",
+           "ready_offset", "ready_word", "size_of", "wait_within", "wait_word"]

@@ -25,8 +25,8 @@ import ptxops
 
 from ..config import CALL_EPOCHS
 from ..layouts import REFUSED, SIZE_MISMATCH, TIMEOUT, RegionLayout, call_parity
-from .all_to_all import epoch_of, pack, size_of
-from .signals import PEER, gmem, peer_address, reached, spin
+from .all_to_all import epoch_of, pack, poll_epoch, size_of
+from .signals import PEER, gmem, peer_address, reached
 
 
 @cute.jit
@@ -60,9 +60,7 @@ def wait_free(words: Int64, receiver: Int32, calls: Uint32, deadline: Int64,
     (:func:`collectives.layouts.may_store`)."""
     want = calls - Uint32(CALL_EPOCHS - 1)
     word = region_arrived_word(words, Uint32(call_parity(calls - Uint32(CALL_EPOCHS))), receiver, world)
-    seen = spin(lambda: ptxops.ld_acquire(word, scope="sys", dtype=Uint64), lambda x: reached(epoch_of(x), want),
-                deadline)
-    return reached(epoch_of(seen), want)
+    return reached(epoch_of(poll_epoch(word, want, deadline)), want)
 
 
 @cute.jit
@@ -95,9 +93,7 @@ def wait_rows(words: Int64, source: Int32, calls: Uint32, facts: Int64, capacity
     the rows known to come, -1 where unknown): ``(status, rows)``, status 0, ``TIMEOUT`` or
     ``SIZE_MISMATCH``."""
     want, half = calls + Uint32(1), Uint32(call_parity(calls))
-    word = region_arrived_word(words, half, source, world)
-    seen = spin(lambda: ptxops.ld_acquire(word, scope="sys", dtype=Uint64), lambda x: reached(epoch_of(x), want),
-                deadline)
+    seen = poll_epoch(region_arrived_word(words, half, source, world), want, deadline)
     rows, status = size_of(seen), Int32(0)
     if epoch_of(seen) != want or rows == Uint32(REFUSED):
         status = Int32(TIMEOUT)

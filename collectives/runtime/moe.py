@@ -411,11 +411,7 @@ class RegionWords:
     def __init__(self, comm: Runtime, seed: int = 0) -> None:
         self.layout = RegionLayout(comm.world, 16)  # (the words do not depend on the regions' bytes)
         self.pad = comm.ctx.signal_pad(4 * self.layout.words, torch.int32)
-        words = {}
-        for offset, value in self.layout.seeded(seed).items():  # 64-bit words as two int32, low first
-            words[offset] = value % U32
-            if offset != self.layout.counter[0]:
-                words[offset + 1] = value >> 32
+        words = self.layout.seeded_words(seed)
         at = torch.tensor(list(words), dtype=torch.int64)
         values = torch.tensor([v - U32 if v >= 1 << 31 else v for v in words.values()], dtype=torch.int32)
         self.pad[at.to(self.pad.device)] = values.to(self.pad.device)
@@ -430,21 +426,29 @@ def region_bytes(rows: int, row_bytes: int) -> int:
     return 1 << max(4, (rows * row_bytes - 1).bit_length())
 
 
+def regions_key(dtype: torch.dtype, hidden: int, topk: int) -> MoeCombineKey | None:
+    """The weighted sum's key of a two-kernel combine of rows of ``hidden`` ``dtype`` elements
+    and ``topk`` entries a token (:func:`combine_key`), None where it does not run: :data:`FUSED`
+    or :data:`REGIONS` off, the kernel not taking the rows, rows not a whole number of 16 bytes."""
+    if not (FUSED and REGIONS) or hidden * dtype.itemsize % 16:
+        return None
+    return combine_key(dtype, hidden, topk)
+
+
 def regions_combine(comm: Runtime, words: RegionWords, received: torch.Tensor, dtype: torch.dtype, hidden: int,
                     topk: int):
     """The two-kernel low-latency combine on ``comm``'s GPU (:mod:`~collectives.algorithms.moe_send_back`,
     then :mod:`~collectives.algorithms.moe_sum_back`; their kernels loaded now) for rows of
     ``hidden`` ``dtype`` elements and ``topk`` entries a token, receiving into ``received`` (a
     symmetric allocation, the same on every rank: two halves of ``world`` regions, each of a
-    power of two bytes, :func:`region_bytes`) over ``words``; None where :data:`FUSED` or
-    :data:`REGIONS` is off or the kernels do not take the rows (see :func:`combine_key`; rows a
-    whole number of 16 bytes).  Returns ``run(expert_out, place, kept, recv_splits, send_splits,
+    power of two bytes, :func:`region_bytes`) over ``words``; None where it does not run
+    (:func:`regions_key`).  Returns ``run(expert_out, place, kept, recv_splits, send_splits,
     slots, valid, weights, tokens) -> out``: the handle's fields by address, ``weights`` a
     tensor."""
-    total = combine_key(dtype, hidden, topk) if FUSED and REGIONS else None
-    row_bytes = hidden * dtype.itemsize
-    if total is None or row_bytes % 16:
+    total = regions_key(dtype, hidden, topk)
+    if total is None:
         return None
+    row_bytes = hidden * dtype.itemsize
     world, device = comm.world, comm.device_index
     layout = RegionLayout(world, received.numel() * received.element_size() // (2 * world))
     send_key = MoeSendBackKey(world, MoePlaceKey.word_for(row_bytes))
@@ -526,7 +530,7 @@ class Layer:
         does not run), its receive regions from this layer's ``empty`` (``"regions"``, of
         :func:`region_bytes`), its words made at the first ask (collective: every rank's first
         low-latency combine asks)."""
-        if not (FUSED and REGIONS) or combine_key(dtype, hidden, topk) is None or hidden * dtype.itemsize % 16:
+        if regions_key(dtype, hidden, topk) is None:
             return None
         if self._region_words is None:
             from .communicator import seed_epoch
@@ -664,5 +668,5 @@ def traced_combine(expert_out: Tensor, topk_weights: Tensor, handle: tuple) -> T
 
 __all__ = ["COMBINE_FIELDS", "FUSED", "HANDLE_FIELDS", "MAX_PLANS", "REGIONS", "SCHEMAS", "Carve", "Carved", "Layer",
            "RegionWords", "combine_key", "entry_room", "gather", "layer", "pack", "pack_key", "place_fields",
-           "place_key", "placement", "region_bytes", "regions_combine", "route", "route_fields", "route_key", "traced_combine",
+           "place_key", "placement", "region_bytes", "regions_combine", "regions_key", "route", "route_fields", "route_key", "traced_combine",
            "traced_dispatch", "weighted_sum"]

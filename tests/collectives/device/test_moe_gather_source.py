@@ -101,7 +101,7 @@ def test_gather_matches_the_torch_steps(row_bytes: int) -> None:
 
 
 @pytest.mark.parametrize("edit", [
-    ("if kept != Uint8(0):", "if kept == Uint8(0):"),
+    ("LOCAL, by) + i) != Uint8(0):", "LOCAL, by) + i) == Uint8(0):"),  # (kept rows zeroed, dropped ones copied)
     ("+ place * args.row_words * per_word", "+ i * args.row_words * per_word"),
     ("words[e] = element(0)", "words[e] = element(1)"),
     ("while i < end:", "while i < args.room:"),
